@@ -1,0 +1,304 @@
+//! The page arena: where every allocator's pages come from and go back to.
+//!
+//! Memory is taken from the OS by `mmap` in 2 MiB chunks and handed out one pool page
+//! (4 KiB or 16 KiB) at a time as an owned [`Page`]. A page given back is kept resident on a
+//! small "hot" list for quick reuse; past [`HOT_PAGES_MAX`] it is released to the OS with
+//! `madvise(MADV_DONTNEED)` and parked on the "cold" list, so the process RSS follows the
+//! pages the allocators hold (plus at most the hot list), as `mem_used_total` promises.
+//!
+//! Invariants:
+//! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
+//! - a page is either owned by exactly one [`Page`] value, or on `hot`, `cold` or not yet
+//!   handed out (`next_fresh`), never two of these;
+//! - chunks are unmapped only when no page is out (`pages_out == 0`), so a [`Page`] never
+//!   outlives its mapping; an arena dropped with pages still out leaks its chunks instead.
+//!
+//! Locking: one mutex over the free lists, taken only when a zspage or block is created or
+//! destroyed, never on the object read/write path. It nests inside the allocators' class
+//! locks and takes no other lock.
+//!
+//! This module and nothing else in the allocators uses `unsafe`.
+#![allow(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::ptr::NonNull;
+
+use parking_lot::Mutex;
+
+use crate::{PoolError, Result};
+
+/// Bytes taken from the OS by one `mmap`.
+pub const CHUNK_BYTES: usize = 2 << 20;
+
+/// Free pages kept resident for reuse before further frees are released to the OS.
+pub const HOT_PAGES_MAX: usize = 64;
+
+/// One pool page, owned: the only handle to its memory while it is out of the arena.
+///
+/// Owning a `Page` is what makes reading and writing it safe: no other `Page` value points
+/// at the same memory (arena invariant), so `&Page` and `&mut Page` carry Rust's usual
+/// aliasing guarantees over the bytes.
+#[derive(Debug)]
+pub struct Page {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Page uniquely owns its memory (arena invariant), like a Box<[u8]>; moving it to
+// another thread moves that ownership, and shared references only read.
+unsafe impl Send for Page {}
+// SAFETY: &Page gives only read access to the bytes (see `bytes`), so sharing is sound.
+unsafe impl Sync for Page {}
+
+impl Page {
+    /// The page's bytes.
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is a mapped, page-aligned range owned by this Page alone
+        // (arena invariant); the mapping outlives the Page because chunks are unmapped only
+        // when no page is out.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The page's bytes, mutable.
+    #[inline]
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; &mut self guarantees no other reference to these bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+struct Chunk {
+    base: NonNull<u8>,
+}
+
+struct ArenaState {
+    chunks: Vec<Chunk>,
+    /// Free pages that are still resident.
+    hot: Vec<NonNull<u8>>,
+    /// Free pages released to the OS (reading them gives zeros, touching faults them in).
+    cold: Vec<NonNull<u8>>,
+    /// The untouched tail of the newest chunk: (next page, pages left).
+    next_fresh: Option<(NonNull<u8>, usize)>,
+    pages_out: usize,
+}
+
+// SAFETY: the raw pointers in ArenaState name memory the arena owns; the state is only
+// reached through the Mutex, so it is moved between threads as a whole.
+unsafe impl Send for ArenaState {}
+
+/// A source of pool pages of one size.
+pub struct Arena {
+    page_size: usize,
+    state: Mutex<ArenaState>,
+}
+
+impl Arena {
+    /// An arena handing out pages of `page_size` bytes (a power of two, at least the OS
+    /// page size, dividing [`CHUNK_BYTES`]).
+    pub fn new(page_size: usize) -> Arena {
+        assert!(page_size.is_power_of_two() && page_size >= os_page_size());
+        assert!(CHUNK_BYTES.is_multiple_of(page_size));
+        Arena {
+            page_size,
+            state: Mutex::new(ArenaState {
+                chunks: Vec::new(),
+                hot: Vec::new(),
+                cold: Vec::new(),
+                next_fresh: None,
+                pages_out: 0,
+            }),
+        }
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages currently out of the arena.
+    pub fn pages_out(&self) -> usize {
+        self.state.lock().pages_out
+    }
+
+    /// Free pages kept resident (the RSS the arena holds beyond the pages that are out).
+    pub fn hot_pages(&self) -> usize {
+        self.state.lock().hot.len()
+    }
+
+    /// Takes `n` pages, appending them to `out`; on failure nothing is taken.
+    pub fn alloc_pages(&self, n: usize, out: &mut Vec<Page>) -> Result<()> {
+        let mut st = self.state.lock();
+        let start = out.len();
+        for _ in 0..n {
+            match self.take_one(&mut st) {
+                Ok(ptr) => out.push(Page {
+                    ptr,
+                    len: self.page_size,
+                }),
+                Err(e) => {
+                    for page in out.drain(start..) {
+                        st.hot.push(page.ptr);
+                        st.pages_out -= 1;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives pages back. Pages past the hot list's capacity are released to the OS.
+    pub fn free_pages(&self, pages: impl IntoIterator<Item = Page>) {
+        let mut st = self.state.lock();
+        for page in pages {
+            debug_assert!(self.owns(&st, page.ptr));
+            st.pages_out -= 1;
+            if st.hot.len() < HOT_PAGES_MAX {
+                st.hot.push(page.ptr);
+            } else {
+                release(page.ptr, self.page_size);
+                st.cold.push(page.ptr);
+            }
+        }
+    }
+
+    fn take_one(&self, st: &mut ArenaState) -> Result<NonNull<u8>> {
+        let ptr = if let Some(p) = st.hot.pop() {
+            p
+        } else if let Some(p) = st.cold.pop() {
+            p
+        } else {
+            if st.next_fresh.is_none() {
+                let base = map_chunk()?;
+                st.chunks.push(Chunk { base });
+                st.next_fresh = Some((base, CHUNK_BYTES / self.page_size));
+            }
+            let (p, left) = st.next_fresh.take().expect("set above");
+            if left > 1 {
+                // SAFETY: p is inside a chunk with `left` pages from p on; p + page_size is
+                // the next of them, still inside the same mapping.
+                let next = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
+                st.next_fresh = Some((next, left - 1));
+            }
+            p
+        };
+        st.pages_out += 1;
+        Ok(ptr)
+    }
+
+    fn owns(&self, st: &ArenaState, ptr: NonNull<u8>) -> bool {
+        let p = ptr.as_ptr() as usize;
+        st.chunks.iter().any(|c| {
+            let b = c.base.as_ptr() as usize;
+            p >= b && p < b + CHUNK_BYTES && (p - b).is_multiple_of(self.page_size)
+        })
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        if st.pages_out != 0 {
+            // A Page may still point into these chunks: leaking is the sound choice.
+            return;
+        }
+        for c in st.chunks.drain(..) {
+            // SAFETY: base is the start of a CHUNK_BYTES mapping made by map_chunk, and no
+            // page of it is out, so nothing refers to it any more.
+            unsafe { libc::munmap(c.base.as_ptr().cast(), CHUNK_BYTES) };
+        }
+    }
+}
+
+fn os_page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+fn map_chunk() -> Result<NonNull<u8>> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
+    // existing memory; the result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            CHUNK_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(PoolError::OutOfMemory {
+            bytes: CHUNK_BYTES,
+            reason: std::io::Error::last_os_error().to_string(),
+        });
+    }
+    NonNull::new(p.cast()).ok_or(PoolError::OutOfMemory {
+        bytes: CHUNK_BYTES,
+        reason: "mmap returned NULL".into(),
+    })
+}
+
+/// Returns a free page's memory to the OS; its contents read as zero afterwards.
+fn release(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: ptr..ptr+len is a free page of one of our mappings (no Page owns it), so
+    // discarding its contents can affect no live data.
+    unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
+}
+
+/// Resident set size of this process in bytes, from `/proc/self/statm`.
+pub fn process_rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(resident * os_page_size() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_are_distinct_and_writable() {
+        let arena = Arena::new(4096);
+        let mut pages = Vec::new();
+        arena.alloc_pages(600, &mut pages).unwrap(); // spans two chunks
+        for (i, p) in pages.iter_mut().enumerate() {
+            p.bytes_mut().fill(i as u8);
+        }
+        for (i, p) in pages.iter().enumerate() {
+            assert!(p.bytes().iter().all(|&b| b == i as u8));
+        }
+        assert_eq!(arena.pages_out(), 600);
+        arena.free_pages(pages);
+        assert_eq!(arena.pages_out(), 0);
+        assert_eq!(arena.hot_pages(), HOT_PAGES_MAX);
+    }
+
+    #[test]
+    fn released_pages_come_back_zeroed() {
+        let arena = Arena::new(16384);
+        let mut pages = Vec::new();
+        arena.alloc_pages(HOT_PAGES_MAX + 10, &mut pages).unwrap();
+        for p in pages.iter_mut() {
+            p.bytes_mut().fill(0xAB);
+        }
+        arena.free_pages(pages);
+        let mut again = Vec::new();
+        arena.alloc_pages(HOT_PAGES_MAX + 10, &mut again).unwrap();
+        let zeroed = again
+            .iter()
+            .filter(|p| p.bytes().iter().all(|&b| b == 0))
+            .count();
+        assert_eq!(
+            zeroed, 10,
+            "pages past the hot list were released to the OS"
+        );
+        arena.free_pages(again);
+    }
+}

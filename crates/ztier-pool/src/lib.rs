@@ -1,0 +1,112 @@
+//! Allocators for compressed objects, behind one thin trait.
+//!
+//! - [`arena`]: pages from the OS in 2 MiB chunks, given back with `madvise` (the only
+//!   `unsafe` of the allocators).
+//! - [`zsmalloc`]: the kernel's size-class allocator, reproduced class for class.
+//! - [`testing`]: the conformance suite every [`ZPool`] implementation must pass.
+//!
+//! # Lock ordering
+//! `ZsPool::compacting` (a flag, not a lock) → `SizeClass::state` → `Arena::state`.
+//! No operation holds two class locks at once.
+#![deny(unsafe_code)]
+
+pub mod arena;
+pub mod testing;
+pub mod zsmalloc;
+
+use std::num::NonZeroU64;
+
+pub use arena::process_rss_bytes;
+pub use zsmalloc::{ChainRule, ClassTable, ZsConfig, ZsPool};
+
+/// An allocated object's name. Never 0; stays valid and unchanged for the object's whole
+/// life, across compaction, and is refused once the object is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Handle(NonZeroU64);
+
+impl Handle {
+    pub fn from_raw(raw: u64) -> Option<Handle> {
+        NonZeroU64::new(raw).map(Handle)
+    }
+    pub fn raw(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl std::fmt::Display for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// What an allocator refuses, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    #[error("allocation of 0 bytes")]
+    ZeroSize,
+    #[error("allocation of {len} bytes exceeds the pool's maximum of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("handle {handle:#x} does not name an object of this pool")]
+    UnknownHandle { handle: u64 },
+    #[error("handle {handle:#x} names an object that was freed")]
+    FreedHandle { handle: u64 },
+    #[error("object {handle:#x} holds {stored} bytes; the access was for {requested}")]
+    LengthMismatch {
+        handle: u64,
+        stored: usize,
+        requested: usize,
+    },
+    #[error("out of memory: could not map {bytes} bytes: {reason}")]
+    OutOfMemory { bytes: usize, reason: String },
+}
+
+pub type Result<T, E = PoolError> = std::result::Result<T, E>;
+
+/// The storage interface zram and zswap use.
+///
+/// Contract:
+/// - implementations are `Send + Sync` and do their own locking; every method may be called
+///   from any number of threads at once;
+/// - an object has the length given to [`malloc`](Self::malloc), fixed for its life;
+///   [`write`](Self::write) must supply exactly that many bytes, [`read`](Self::read) needs a
+///   buffer at least that long and returns the length;
+/// - `malloc` fails with [`PoolError::ZeroSize`] for 0 and [`PoolError::TooLarge`] above
+///   [`max_alloc_size`](Self::max_alloc_size);
+/// - handles of other pools, invented numbers and freed objects give
+///   [`PoolError::UnknownHandle`] / [`PoolError::FreedHandle`]; a failed call changes nothing;
+/// - [`total_pages`](Self::total_pages) counts the pool pages the allocator holds (what
+///   zram reports as `mem_used_total`), and those pages are what the process keeps resident.
+pub trait ZPool: Send + Sync {
+    /// The allocator's name as the CLI spells it.
+    fn name(&self) -> &'static str;
+    /// Allocates an object of `len` bytes (contents unspecified until written).
+    fn malloc(&self, len: usize) -> Result<Handle>;
+    /// Frees an object.
+    fn free(&self, handle: Handle) -> Result<()>;
+    /// Overwrites an object's bytes.
+    fn write(&self, handle: Handle, data: &[u8]) -> Result<()>;
+    /// Copies an object's bytes into `out`; returns its length.
+    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize>;
+    /// Allocates and writes in one step.
+    fn store(&self, data: &[u8]) -> Result<Handle> {
+        let handle = self.malloc(data.len())?;
+        if let Err(e) = self.write(handle, data) {
+            let _ = self.free(handle);
+            return Err(e);
+        }
+        Ok(handle)
+    }
+    /// Pool pages held.
+    fn total_pages(&self) -> u64;
+    /// Size of one pool page in bytes.
+    fn page_size(&self) -> usize;
+    /// Largest object `malloc` accepts.
+    fn max_alloc_size(&self) -> usize;
+    /// Compressed lengths from this size up should be stored raw (zram's `huge_class_size`).
+    fn huge_class_size(&self) -> usize;
+    /// Moves objects to free pages; returns the pages freed by this call.
+    fn compact(&self) -> u64;
+    /// Pages freed by compaction over the pool's life.
+    fn pages_compacted(&self) -> u64;
+}

@@ -1,0 +1,207 @@
+//! The conformance suite: the contract of [`ZPool`], checked the same way for every
+//! allocator. Each allocator's tests call [`run_all`] with a constructor.
+
+use crate::{PoolError, ZPool};
+
+/// A byte pattern that differs per object and per offset, so misplaced bytes show.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Runs every check on fresh pools from `make`.
+pub fn run_all<P: ZPool>(make: impl Fn() -> P) {
+    round_trip_every_size(&make());
+    boundary_sizes(&make());
+    bad_handles(&make());
+    wrong_lengths(&make());
+    free_returns_pages(&make());
+    concurrent_round_trips(&make());
+}
+
+/// Every length 1..=max stores and reads back intact, interleaved with frees.
+pub fn round_trip_every_size<P: ZPool>(pool: &P) {
+    let max = pool.max_alloc_size();
+    let mut live = Vec::new();
+    for len in 1..=max {
+        let data = pattern(len as u64, len);
+        let h = pool.store(&data).expect("store");
+        live.push((h, data));
+        if len % 3 == 0 {
+            let (h, data) = live.swap_remove(len % live.len());
+            let mut out = vec![0; max];
+            assert_eq!(pool.read(h, &mut out).unwrap(), data.len());
+            assert_eq!(&out[..data.len()], &data[..]);
+            pool.free(h).unwrap();
+        }
+    }
+    let mut out = vec![0; max];
+    for (h, data) in live.drain(..) {
+        assert_eq!(pool.read(h, &mut out).unwrap(), data.len());
+        assert_eq!(
+            &out[..data.len()],
+            &data[..],
+            "object of {} bytes",
+            data.len()
+        );
+        pool.free(h).unwrap();
+    }
+    assert_eq!(pool.total_pages(), 0);
+}
+
+/// 0 and max+1 are refused; 1 and max are accepted; a write at the start, middle and end of
+/// a page-crossing run of objects lands where it should.
+pub fn boundary_sizes<P: ZPool>(pool: &P) {
+    let max = pool.max_alloc_size();
+    assert_eq!(pool.malloc(0), Err(PoolError::ZeroSize));
+    assert_eq!(
+        pool.malloc(max + 1),
+        Err(PoolError::TooLarge { len: max + 1, max })
+    );
+    for len in [1, 2, 7, 8, 9, 63, 64, 65, max / 2, max - 1, max] {
+        let handles: Vec<_> = (0..40u64)
+            .map(|i| (pool.store(&pattern(i * 7919 + len as u64, len)).unwrap(), i))
+            .collect();
+        let mut out = vec![0; len];
+        for &(h, i) in &handles {
+            assert_eq!(pool.read(h, &mut out).unwrap(), len);
+            assert_eq!(out, pattern(i * 7919 + len as u64, len));
+        }
+        for (h, _) in handles {
+            pool.free(h).unwrap();
+        }
+    }
+    assert_eq!(pool.total_pages(), 0);
+}
+
+/// Freed, double-freed, invented and foreign handles are refused and change nothing.
+pub fn bad_handles<P: ZPool>(pool: &P) {
+    let keep = pool.store(b"kept intact").unwrap();
+    let h = pool.store(b"to be freed").unwrap();
+    pool.free(h).unwrap();
+    let mut out = [0u8; 64];
+    assert!(matches!(
+        pool.read(h, &mut out),
+        Err(PoolError::FreedHandle { .. })
+    ));
+    assert!(matches!(
+        pool.write(h, b"to be freed"),
+        Err(PoolError::FreedHandle { .. })
+    ));
+    assert!(matches!(pool.free(h), Err(PoolError::FreedHandle { .. })));
+    // Reuse of the handle slot must not revive the old handle.
+    let h2 = pool.store(b"reused slot").unwrap();
+    assert_ne!(h, h2);
+    assert!(pool.read(h, &mut out).is_err());
+    for raw in [
+        1u64,
+        2,
+        0xffff_ffff_ffff_ffff,
+        0x1234_5678_9abc_def1,
+        u64::MAX - 1,
+    ] {
+        let bogus = crate::Handle::from_raw(raw).unwrap();
+        if bogus == keep || bogus == h2 {
+            continue;
+        }
+        assert!(pool.read(bogus, &mut out).is_err(), "read of {raw:#x}");
+        assert!(pool.free(bogus).is_err(), "free of {raw:#x}");
+    }
+    assert_eq!(pool.read(keep, &mut out).unwrap(), 11);
+    assert_eq!(&out[..11], b"kept intact");
+    pool.free(keep).unwrap();
+    pool.free(h2).unwrap();
+    assert_eq!(pool.total_pages(), 0);
+}
+
+/// Writes of the wrong length and reads into short buffers are refused, data intact.
+pub fn wrong_lengths<P: ZPool>(pool: &P) {
+    let h = pool.store(&[7u8; 100]).unwrap();
+    assert!(matches!(
+        pool.write(h, &[1u8; 99]),
+        Err(PoolError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        pool.write(h, &[1u8; 101]),
+        Err(PoolError::LengthMismatch { .. })
+    ));
+    let mut short = [0u8; 99];
+    assert!(matches!(
+        pool.read(h, &mut short),
+        Err(PoolError::LengthMismatch { .. })
+    ));
+    let mut out = [0u8; 128];
+    assert_eq!(pool.read(h, &mut out).unwrap(), 100);
+    assert!(out[..100].iter().all(|&b| b == 7));
+    pool.free(h).unwrap();
+}
+
+/// Freeing everything gives every page back, whatever the order.
+pub fn free_returns_pages<P: ZPool>(pool: &P) {
+    let handles: Vec<_> = (0..20_000u64)
+        .map(|i| {
+            pool.store(&pattern(i, 1 + (i as usize * 37) % 3000))
+                .unwrap()
+        })
+        .collect();
+    assert!(pool.total_pages() > 0);
+    for (i, h) in handles.iter().enumerate() {
+        if i % 2 == 0 {
+            pool.free(*h).unwrap();
+        }
+    }
+    pool.compact();
+    for (i, h) in handles.iter().enumerate() {
+        if i % 2 == 1 {
+            let len = 1 + (i * 37) % 3000;
+            let mut out = vec![0; len];
+            pool.read(*h, &mut out).unwrap();
+            assert_eq!(out, pattern(i as u64, len), "object {i} after compaction");
+            pool.free(*h).unwrap();
+        }
+    }
+    assert_eq!(pool.total_pages(), 0);
+}
+
+/// Several threads store, read back, and free at once, with compaction running beside.
+pub fn concurrent_round_trips<P: ZPool>(pool: &P) {
+    let threads = 4;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                let mut live = Vec::new();
+                let mut out = vec![0; pool.max_alloc_size()];
+                for i in 0..20_000u64 {
+                    let seed = (t << 32) | i;
+                    let len = 1 + (seed.wrapping_mul(2654435761) as usize % pool.max_alloc_size());
+                    live.push((pool.store(&pattern(seed, len)).unwrap(), seed, len));
+                    if i % 3 != 0 {
+                        let (h, seed, len) = live.swap_remove((seed as usize * 31) % live.len());
+                        assert_eq!(pool.read(h, &mut out).unwrap(), len);
+                        assert_eq!(out[..len], pattern(seed, len)[..]);
+                        pool.free(h).unwrap();
+                    }
+                }
+                for (h, seed, len) in live {
+                    assert_eq!(pool.read(h, &mut out).unwrap(), len);
+                    assert_eq!(out[..len], pattern(seed, len)[..]);
+                    pool.free(h).unwrap();
+                }
+            });
+        }
+        s.spawn(|| {
+            for _ in 0..50 {
+                pool.compact();
+                std::thread::yield_now();
+            }
+        });
+    });
+    assert_eq!(pool.total_pages(), 0);
+}

@@ -1,0 +1,240 @@
+//! zsmalloc's size-class table, computed as `zs_create_pool()` does.
+//!
+//! Class `i` holds objects of `ZS_MIN_ALLOC_SIZE + i * delta` bytes (delta = page size >> 8,
+//! the last class clamped to the page size). Each class's zspage is a chain of 1..=chain_size
+//! pages chosen by a [`ChainRule`]. Walking from the largest class down, a class with the same
+//! (pages per zspage, objects per zspage) as the previous one is merged into it: requests of
+//! its sizes are served by the larger class. Classes holding one object in one page are
+//! "huge"; `huge_class_size` is the largest non-huge class size minus `ZS_HANDLE_SIZE - 1`,
+//! the compressed length from which zram stores a page raw.
+
+use serde::Serialize;
+
+/// Bytes zsmalloc reserves in every non-huge object for the back-pointer to its handle.
+pub const ZS_HANDLE_SIZE: usize = 8;
+/// Smallest class size (and alignment unit of all class sizes).
+pub const ZS_MIN_ALLOC_SIZE: usize = 32;
+/// `CONFIG_ZSMALLOC_CHAIN_SIZE` of today's kernel.
+pub const DEFAULT_CHAIN_SIZE: usize = 8;
+/// Valid chain sizes (the kernel's Kconfig allows 4..16; 1..3 are accepted for study).
+pub const CHAIN_SIZE_RANGE: std::ops::RangeInclusive<usize> = 1..=16;
+/// Class index bits: the class delta is `page_size >> CLASS_BITS`.
+const CLASS_BITS: u32 = 8;
+
+/// How a class's zspage chain length is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChainRule {
+    /// Today's `calculate_zspage_chain_size()`: the length 1..=N wasting the fewest bytes
+    /// (first found wins ties); power-of-two sizes get one page.
+    #[default]
+    LeastWaste,
+    /// The 2022 seed patch's `get_pages_per_zspage()`: the length with the best integer
+    /// used percentage (first found wins ties).
+    UsedPercent,
+}
+
+impl ChainRule {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainRule::LeastWaste => "least-waste",
+            ChainRule::UsedPercent => "used-percent",
+        }
+    }
+
+    fn pages_per_zspage(self, class_size: usize, page_size: usize, chain_size: usize) -> usize {
+        match self {
+            ChainRule::LeastWaste => {
+                if class_size.is_power_of_two() {
+                    return 1;
+                }
+                let mut best = 1;
+                let mut min_waste = usize::MAX;
+                for i in 1..=chain_size {
+                    let waste = (i * page_size) % class_size;
+                    if waste < min_waste {
+                        min_waste = waste;
+                        best = i;
+                    }
+                }
+                best
+            }
+            ChainRule::UsedPercent => {
+                let mut best = 1;
+                let mut max_used_pc = 0;
+                for i in 1..=chain_size {
+                    let zspage_size = i * page_size;
+                    let waste = zspage_size % class_size;
+                    let used_pc = (zspage_size - waste) * 100 / zspage_size;
+                    if used_pc > max_used_pc {
+                        max_used_pc = used_pc;
+                        best = i;
+                    }
+                }
+                best
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for ChainRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "least-waste" => Ok(ChainRule::LeastWaste),
+            "used-percent" => Ok(ChainRule::UsedPercent),
+            _ => Err(format!(
+                "unknown chain rule '{s}' (least-waste, used-percent)"
+            )),
+        }
+    }
+}
+
+/// One unique (unmerged) size class.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassSpec {
+    /// The kernel's class index (position in `size_class[]`).
+    pub index: usize,
+    /// Object size in bytes, handle header included.
+    pub size: usize,
+    pub pages_per_zspage: usize,
+    pub objs_per_zspage: usize,
+    /// One object per one-page zspage, stored without a header.
+    pub huge: bool,
+}
+
+/// The class layout of a pool.
+#[derive(Debug, Clone)]
+pub struct ClassTable {
+    pub page_size: usize,
+    pub chain_size: usize,
+    pub rule: ChainRule,
+    /// Unique classes in ascending size order.
+    pub classes: Vec<ClassSpec>,
+    /// For each kernel class index, the position in `classes` serving it.
+    slot_of_index: Vec<u16>,
+    /// Largest non-huge class size.
+    pub huge_watermark: usize,
+    /// Compressed lengths from this size up are stored raw by zram.
+    pub huge_class_size: usize,
+}
+
+impl ClassTable {
+    pub fn new(page_size: usize, chain_size: usize, rule: ChainRule) -> ClassTable {
+        assert!(page_size.is_power_of_two() && page_size >= 4096);
+        assert!(CHAIN_SIZE_RANGE.contains(&chain_size));
+        let delta = page_size >> CLASS_BITS;
+        let nr_classes = (page_size - ZS_MIN_ALLOC_SIZE).div_ceil(delta) + 1;
+
+        let mut descending: Vec<ClassSpec> = Vec::new();
+        let mut index_to_desc = vec![0usize; nr_classes];
+        let mut huge_watermark = 0;
+        for i in (0..nr_classes).rev() {
+            let size = (ZS_MIN_ALLOC_SIZE + i * delta).min(page_size);
+            let pages = rule.pages_per_zspage(size, page_size, chain_size);
+            let objs = pages * page_size / size;
+            if pages != 1 && objs != 1 && huge_watermark == 0 {
+                huge_watermark = size;
+            }
+            if let Some(prev) = descending.last() {
+                if prev.pages_per_zspage == pages && prev.objs_per_zspage == objs {
+                    index_to_desc[i] = descending.len() - 1;
+                    continue;
+                }
+            }
+            descending.push(ClassSpec {
+                index: i,
+                size,
+                pages_per_zspage: pages,
+                objs_per_zspage: objs,
+                huge: pages == 1 && objs == 1,
+            });
+            index_to_desc[i] = descending.len() - 1;
+        }
+        let n = descending.len();
+        descending.reverse();
+        let slot_of_index = index_to_desc.iter().map(|&d| (n - 1 - d) as u16).collect();
+        ClassTable {
+            page_size,
+            chain_size,
+            rule,
+            classes: descending,
+            slot_of_index,
+            huge_watermark,
+            huge_class_size: huge_watermark - (ZS_HANDLE_SIZE - 1),
+        }
+    }
+
+    /// Number of kernel class indexes (255 at 4 KiB pages).
+    pub fn nr_indexes(&self) -> usize {
+        self.slot_of_index.len()
+    }
+
+    /// The kernel's `get_size_class_index()`: the class index for an object of `size` bytes
+    /// (handle header included).
+    pub fn size_class_index(&self, size: usize) -> usize {
+        let delta = self.page_size >> CLASS_BITS;
+        let idx = if size > ZS_MIN_ALLOC_SIZE {
+            (size - ZS_MIN_ALLOC_SIZE).div_ceil(delta)
+        } else {
+            0
+        };
+        idx.min(self.nr_indexes() - 1)
+    }
+
+    /// Position in [`classes`](Self::classes) of the class serving a request of `len` bytes
+    /// (before the handle header is added), as `zs_malloc()` picks it.
+    pub fn slot_for_request(&self, len: usize) -> usize {
+        self.slot_of_index[self.size_class_index(len + ZS_HANDLE_SIZE)] as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique(chain: usize, rule: ChainRule) -> (usize, usize, usize) {
+        let t = ClassTable::new(4096, chain, rule);
+        (t.classes.len(), t.huge_watermark, t.huge_class_size)
+    }
+
+    #[test]
+    fn todays_kernel_tables() {
+        assert_eq!(unique(4, ChainRule::LeastWaste), (69, 3264, 3257));
+        assert_eq!(unique(8, ChainRule::LeastWaste), (119, 3632, 3625));
+        assert_eq!(unique(16, ChainRule::LeastWaste), (192, 3840, 3833));
+    }
+
+    #[test]
+    fn seed_patch_tables() {
+        assert_eq!(unique(4, ChainRule::UsedPercent).0, 69);
+        assert_eq!(unique(8, ChainRule::UsedPercent).0, 123);
+        assert_eq!(unique(16, ChainRule::UsedPercent).0, 191);
+        assert_eq!(unique(8, ChainRule::UsedPercent).1, 3632);
+    }
+
+    #[test]
+    fn layout_of_4k_pages() {
+        let t = ClassTable::new(4096, 8, ChainRule::LeastWaste);
+        assert_eq!(t.nr_indexes(), 255);
+        assert_eq!(t.classes.first().unwrap().size, 32);
+        let last = t.classes.last().unwrap();
+        assert_eq!((last.index, last.size, last.huge), (254, 4096, true));
+        // Objects just below huge_class_size fit the watermark class; from it on, huge.
+        assert_eq!(t.classes[t.slot_for_request(3624)].size, 3632);
+        assert!(t.classes[t.slot_for_request(3625)].huge);
+        assert!(t.classes[t.slot_for_request(4096)].huge);
+        assert_eq!(t.classes[t.slot_for_request(1)].size, 32);
+    }
+
+    #[test]
+    fn layout_of_16k_pages() {
+        let t = ClassTable::new(16384, 8, ChainRule::LeastWaste);
+        assert_eq!(t.nr_indexes(), 257);
+        assert_eq!(t.classes.last().unwrap().size, 16384);
+        assert!(t
+            .classes
+            .iter()
+            .all(|c| c.size % 64 == 32 || c.size == 16384));
+    }
+}

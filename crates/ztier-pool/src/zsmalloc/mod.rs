@@ -1,0 +1,842 @@
+//! zsmalloc: the kernel's allocator for compressed objects (`mm/zsmalloc.c`), reproduced.
+//!
+//! Objects are grouped by size into classes ([`ClassTable`]); a class carves its zspages,
+//! chains of 1..=chain_size pool pages, into equal slots. Pages of a zspage need not be
+//! contiguous, so an object may straddle two of them. Each non-huge object starts with an
+//! 8-byte header (`ZS_HANDLE_SIZE`, counted in the class size): the object's handle index and
+//! length when allocated, the next free object's index when free, told apart by the low tag
+//! bit, as the kernel's `link_free`/`OBJ_ALLOCATED_TAG` do. Huge objects fill their page and
+//! keep that header in the zspage descriptor instead.
+//!
+//! Each class keeps its zspages on 12 fullness lists (empty, 10 %, 20 %, … 90 %, 99 %,
+//! full), newest first. Allocation takes the first zspage of the fullest non-full list;
+//! a zspage that becomes empty is freed at once; compaction moves objects from the emptiest
+//! zspages into the fullest, in the kernel's exact order, so `pages_compacted` and
+//! `mem_used_total` match the kernel's on the same sequence of operations.
+//!
+//! Handles are indexes into a per-class handle table whose entries hold the object's
+//! location, so a handle stays valid when compaction moves its object. A handle carries its
+//! class and a generation, so freed and foreign handles are refused, never misread.
+//!
+//! # Lock ordering
+//! `ZsPool::compacting` (a flag that makes compaction single-threaded) →
+//! `SizeClass::state` → `Arena::state`. All access to a class's zspages, objects and
+//! handles — malloc, free, read, write, compaction — happens under that class's lock, so
+//! object bytes are never read and written at once; classes never lock each other.
+//! (The kernel lets readers in under a per-zspage lock; here a read holds the class lock for
+//! the copy of at most one page, which is what makes every access safe Rust.)
+
+mod classes;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+pub use classes::{
+    ChainRule, ClassSpec, ClassTable, CHAIN_SIZE_RANGE, DEFAULT_CHAIN_SIZE, ZS_HANDLE_SIZE,
+    ZS_MIN_ALLOC_SIZE,
+};
+
+use crate::arena::{Arena, Page};
+use crate::{Handle, PoolError, Result, ZPool};
+
+/// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
+const NR_FULLNESS_GROUPS: usize = 12;
+const FG_EMPTY: u8 = 0;
+const FG_10: u8 = 1;
+const FG_99: u8 = 10;
+const FG_FULL: u8 = 11;
+/// Marks a zspage taken off its list (isolated for compaction, or being set up).
+const FG_OFF_LIST: u8 = u8::MAX;
+
+/// End of a list (zspage list, free-object chain, free-handle chain).
+const NONE: u32 = u32::MAX;
+
+// Handle bit layout (u64):
+//
+//   63              42 41     33 32                         1 0
+//  +------------------+---------+----------------------------+-+
+//  | generation (22)  |class (9)| handle table index (32)    |1|
+//  +------------------+---------+----------------------------+-+
+//
+// Bit 0 is always set, so a handle is never 0.
+const H_INDEX_SHIFT: u32 = 1;
+const H_INDEX_BITS: u32 = 32;
+const H_CLASS_SHIFT: u32 = H_INDEX_SHIFT + H_INDEX_BITS;
+const H_CLASS_BITS: u32 = 9;
+const H_GEN_SHIFT: u32 = H_CLASS_SHIFT + H_CLASS_BITS;
+const H_GEN_BITS: u32 = 64 - H_GEN_SHIFT;
+const H_GEN_MASK: u32 = (1 << H_GEN_BITS) - 1;
+const _: () = assert!(
+    H_GEN_BITS >= 16,
+    "generation too narrow to catch stale handles"
+);
+const _: () = assert!(
+    1 << H_CLASS_BITS >= 257,
+    "a 16 KiB pool has 257 class indexes"
+);
+
+// Object header (u64, little-endian, first 8 bytes of every non-huge object):
+//
+//   allocated:  | length (16) << 33 | handle index (32) << 1 | 1 |
+//   free:       |                     next free object (32) << 1 | 0 |
+const OBJ_ALLOCATED_TAG: u64 = 1;
+const OBJ_LEN_SHIFT: u32 = 33;
+
+fn header_allocated(handle_index: u32, len: usize) -> u64 {
+    ((len as u64) << OBJ_LEN_SHIFT) | ((handle_index as u64) << 1) | OBJ_ALLOCATED_TAG
+}
+fn header_free(next: u32) -> u64 {
+    (next as u64) << 1
+}
+fn header_next_free(header: u64) -> u32 {
+    (header >> 1) as u32
+}
+fn header_len(header: u64) -> usize {
+    (header >> OBJ_LEN_SHIFT) as usize & 0xffff
+}
+fn header_handle_index(header: u64) -> u32 {
+    (header >> 1) as u32
+}
+
+/// How a pool is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZsConfig {
+    /// Pool page size: 4096 or 16384.
+    pub page_size: usize,
+    /// Max pages per zspage (`CONFIG_ZSMALLOC_CHAIN_SIZE`), 1..=16.
+    pub chain_size: usize,
+    pub chain_rule: ChainRule,
+}
+
+impl Default for ZsConfig {
+    fn default() -> Self {
+        ZsConfig {
+            page_size: 4096,
+            chain_size: DEFAULT_CHAIN_SIZE,
+            chain_rule: ChainRule::LeastWaste,
+        }
+    }
+}
+
+impl ZsConfig {
+    /// Checks the configuration, with a message fit for a user.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.page_size != 4096 && self.page_size != 16384 {
+            return Err(format!("page size {} (4096 or 16384)", self.page_size));
+        }
+        if !CHAIN_SIZE_RANGE.contains(&self.chain_size) {
+            return Err(format!("chain size {} (1..=16)", self.chain_size));
+        }
+        Ok(())
+    }
+}
+
+/// A zsmalloc pool.
+pub struct ZsPool {
+    table: ClassTable,
+    classes: Box<[SizeClass]>,
+    arena: Arena,
+    /// Pool pages held by all zspages (`pool->pages_allocated`).
+    pages_allocated: AtomicU64,
+    /// Pages freed by compaction (`pool->stats.pages_compacted`).
+    pages_compacted: AtomicU64,
+    /// Set while a compaction runs; a second caller returns at once
+    /// (`pool->compaction_in_progress`).
+    compacting: AtomicBool,
+}
+
+struct SizeClass {
+    spec: ClassSpec,
+    /// Protects every zspage, object and handle of this class.
+    state: Mutex<ClassState>,
+}
+
+/// A class's zspages, lists, handles and counters.
+#[derive(Default)]
+struct ClassState {
+    /// zspage descriptors by id; ids of freed zspages are reused via `free_ids`.
+    zspages: Vec<ZsPage>,
+    free_ids: Vec<u32>,
+    /// Head zspage id of each fullness list (newest first).
+    list_heads: [u32; NR_FULLNESS_GROUPS],
+    /// zspages on each fullness list (the debugfs 10 %..100 % columns).
+    list_len: [u64; NR_FULLNESS_GROUPS],
+    /// Object slots in all zspages (`ZS_OBJS_ALLOCATED`).
+    obj_allocated: u64,
+    /// Objects allocated (`ZS_OBJS_INUSE`).
+    obj_used: u64,
+    /// The handle table: where each live object is.
+    handles: Vec<HandleSlot>,
+    /// Head of the free handle-slot chain.
+    free_handle: u32,
+    /// One object's bytes, for compaction's copies.
+    scratch: Vec<u8>,
+}
+
+/// A zspage descriptor (`struct zspage`).
+struct ZsPage {
+    /// Its pool pages in chain order; empty while the id is free.
+    pages: Box<[Page]>,
+    /// Objects allocated in it.
+    inuse: u32,
+    /// First free object (head of the in-page free chain), or NONE.
+    freeobj: u32,
+    /// The fullness list it is on, or FG_OFF_LIST.
+    fullness: u8,
+    prev: u32,
+    next: u32,
+    /// The header of a huge zspage's only object (huge objects have no room for one).
+    huge_header: u64,
+}
+
+/// One handle-table entry.
+#[derive(Clone, Copy)]
+struct HandleSlot {
+    /// Bumped on every free, so a freed handle no longer matches.
+    generation: u32,
+    live: bool,
+    /// zspage id of the object when live; next free slot when not.
+    zspage: u32,
+    obj: u32,
+}
+
+impl ZsPool {
+    pub fn new(config: ZsConfig) -> std::result::Result<ZsPool, String> {
+        config.validate()?;
+        let table = ClassTable::new(config.page_size, config.chain_size, config.chain_rule);
+        let classes = table
+            .classes
+            .iter()
+            .map(|spec| SizeClass {
+                spec: spec.clone(),
+                state: Mutex::new(ClassState {
+                    list_heads: [NONE; NR_FULLNESS_GROUPS],
+                    free_handle: NONE,
+                    ..ClassState::default()
+                }),
+            })
+            .collect();
+        Ok(ZsPool {
+            arena: Arena::new(config.page_size),
+            table,
+            classes,
+            pages_allocated: AtomicU64::new(0),
+            pages_compacted: AtomicU64::new(0),
+            compacting: AtomicBool::new(false),
+        })
+    }
+
+    pub fn table(&self) -> &ClassTable {
+        &self.table
+    }
+
+    /// Free pages the arena keeps resident for reuse (RSS beyond `total_pages`).
+    pub fn cached_pages(&self) -> usize {
+        self.arena.hot_pages()
+    }
+
+    fn decode(&self, handle: Handle) -> Result<(&SizeClass, u32, u32)> {
+        let raw = handle.raw();
+        let class = ((raw >> H_CLASS_SHIFT) & ((1 << H_CLASS_BITS) - 1)) as usize;
+        let index = (raw >> H_INDEX_SHIFT) as u32;
+        let generation = (raw >> H_GEN_SHIFT) as u32;
+        match self.classes.get(class) {
+            Some(c) if raw & 1 == 1 => Ok((c, index, generation)),
+            _ => Err(PoolError::UnknownHandle { handle: raw }),
+        }
+    }
+
+    fn encode(class: usize, index: u32, generation: u32) -> Handle {
+        let raw = ((generation as u64) << H_GEN_SHIFT)
+            | ((class as u64) << H_CLASS_SHIFT)
+            | ((index as u64) << H_INDEX_SHIFT)
+            | 1;
+        Handle::from_raw(raw).expect("tag bit set")
+    }
+
+    fn malloc_inner(&self, len: usize, data: Option<&[u8]>) -> Result<Handle> {
+        if len == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if len > self.max_alloc_size() {
+            return Err(PoolError::TooLarge {
+                len,
+                max: self.max_alloc_size(),
+            });
+        }
+        let slot = self.table.slot_for_request(len);
+        let class = &self.classes[slot];
+        let spec = &class.spec;
+        let mut st = class.state.lock();
+        let (id, fresh) = match st.find_get_zspage() {
+            Some(id) => (id, false),
+            None => {
+                let id = st.alloc_zspage(spec, &self.arena)?;
+                self.pages_allocated
+                    .fetch_add(spec.pages_per_zspage as u64, Ordering::Relaxed);
+                (id, true)
+            }
+        };
+        let index = st.alloc_handle_slot();
+        let obj = st.obj_malloc(spec, id, header_allocated(index, len));
+        st.handles[index as usize] = HandleSlot {
+            live: true,
+            zspage: id,
+            obj,
+            ..st.handles[index as usize]
+        };
+        if fresh {
+            let fg = fullness_group(spec, st.zspages[id as usize].inuse);
+            st.insert_zspage(id, fg);
+        } else {
+            st.fix_fullness_group(spec, id);
+        }
+        st.obj_used += 1;
+        if let Some(data) = data {
+            let off = payload_offset(spec, obj);
+            copy_to(&mut st.zspages[id as usize].pages, off, data);
+        }
+        Ok(Self::encode(
+            slot,
+            index,
+            st.handles[index as usize].generation,
+        ))
+    }
+
+    /// Looks a handle up under its class lock: (handle index, zspage id, object index).
+    fn locate(
+        &self,
+        st: &ClassState,
+        handle: Handle,
+        index: u32,
+        generation: u32,
+    ) -> Result<(u32, u32)> {
+        let raw = handle.raw();
+        match st.handles.get(index as usize) {
+            Some(h) if h.generation & H_GEN_MASK == generation => {
+                if h.live {
+                    Ok((h.zspage, h.obj))
+                } else {
+                    Err(PoolError::FreedHandle { handle: raw })
+                }
+            }
+            Some(h) if !h.live || h.generation & H_GEN_MASK > generation => {
+                Err(PoolError::FreedHandle { handle: raw })
+            }
+            _ => Err(PoolError::UnknownHandle { handle: raw }),
+        }
+    }
+
+    fn compact_class(&self, class: &SizeClass) -> u64 {
+        let spec = &class.spec;
+        let mut st = class.state.lock();
+        let mut freed = 0;
+        let mut dst: Option<u32> = None;
+        while st.can_compact(spec) > 0 {
+            let d = match dst {
+                Some(d) => d,
+                None => match st.isolate_zspage(true) {
+                    Some(d) => *dst.insert(d),
+                    None => break,
+                },
+            };
+            let Some(src) = st.isolate_zspage(false) else {
+                break;
+            };
+            st.migrate_zspage(spec, src, d);
+            if st.putback_zspage(spec, src) == FG_EMPTY {
+                st.free_zspage(spec, src, &self.arena);
+                freed += spec.pages_per_zspage as u64;
+            }
+            if fullness_group(spec, st.zspages[d as usize].inuse) == FG_FULL {
+                st.putback_zspage(spec, d);
+                dst = None;
+                // As the kernel drops its locks between destination zspages, let waiting
+                // allocations and reads in.
+                parking_lot::MutexGuard::bump(&mut st);
+            }
+        }
+        if let Some(d) = dst {
+            st.putback_zspage(spec, d);
+        }
+        drop(st);
+        self.pages_allocated.fetch_sub(freed, Ordering::Relaxed);
+        freed
+    }
+
+    /// The debugfs `classes` table's rows, one per unique class.
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        self.classes
+            .iter()
+            .map(|c| {
+                let st = c.state.lock();
+                let mut fullness = [0; NR_FULLNESS_GROUPS - 1];
+                fullness.copy_from_slice(&st.list_len[1..]);
+                ClassStats {
+                    class: c.spec.index,
+                    size: c.spec.size,
+                    fullness,
+                    obj_allocated: st.obj_allocated,
+                    obj_used: st.obj_used,
+                    pages_used: st.obj_allocated / c.spec.objs_per_zspage as u64
+                        * c.spec.pages_per_zspage as u64,
+                    pages_per_zspage: c.spec.pages_per_zspage,
+                    freeable: st.can_compact(&c.spec),
+                }
+            })
+            .collect()
+    }
+}
+
+impl ZPool for ZsPool {
+    fn name(&self) -> &'static str {
+        "zsmalloc"
+    }
+
+    fn malloc(&self, len: usize) -> Result<Handle> {
+        self.malloc_inner(len, None)
+    }
+
+    fn store(&self, data: &[u8]) -> Result<Handle> {
+        self.malloc_inner(data.len(), Some(data))
+    }
+
+    fn free(&self, handle: Handle) -> Result<()> {
+        let (class, index, generation) = self.decode(handle)?;
+        let spec = &class.spec;
+        let mut st = class.state.lock();
+        let (id, obj) = self.locate(&st, handle, index, generation)?;
+        st.obj_free(spec, id, obj);
+        st.obj_used -= 1;
+        if st.fix_fullness_group(spec, id) == FG_EMPTY {
+            st.remove_zspage(id);
+            st.free_zspage(spec, id, &self.arena);
+            self.pages_allocated
+                .fetch_sub(spec.pages_per_zspage as u64, Ordering::Relaxed);
+        }
+        st.free_handle_slot(index);
+        Ok(())
+    }
+
+    fn write(&self, handle: Handle, data: &[u8]) -> Result<()> {
+        let (class, index, generation) = self.decode(handle)?;
+        let mut st = class.state.lock();
+        let (id, obj) = self.locate(&st, handle, index, generation)?;
+        let stored = st.object_len(&class.spec, id, obj);
+        if data.len() != stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: data.len(),
+            });
+        }
+        let off = payload_offset(&class.spec, obj);
+        copy_to(&mut st.zspages[id as usize].pages, off, data);
+        Ok(())
+    }
+
+    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
+        let (class, index, generation) = self.decode(handle)?;
+        let st = class.state.lock();
+        let (id, obj) = self.locate(&st, handle, index, generation)?;
+        let stored = st.object_len(&class.spec, id, obj);
+        if out.len() < stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: out.len(),
+            });
+        }
+        let off = payload_offset(&class.spec, obj);
+        copy_from(&st.zspages[id as usize].pages, off, &mut out[..stored]);
+        Ok(stored)
+    }
+
+    fn total_pages(&self) -> u64 {
+        self.pages_allocated.load(Ordering::Relaxed)
+    }
+
+    fn page_size(&self) -> usize {
+        self.table.page_size
+    }
+
+    fn max_alloc_size(&self) -> usize {
+        self.table.page_size
+    }
+
+    fn huge_class_size(&self) -> usize {
+        self.table.huge_class_size
+    }
+
+    /// `zs_compact()`: classes from the largest down.
+    fn compact(&self) -> u64 {
+        if self.compacting.swap(true, Ordering::Acquire) {
+            return 0;
+        }
+        let freed = self
+            .classes
+            .iter()
+            .rev()
+            .map(|c| self.compact_class(c))
+            .sum();
+        self.pages_compacted.fetch_add(freed, Ordering::Relaxed);
+        self.compacting.store(false, Ordering::Release);
+        freed
+    }
+
+    fn pages_compacted(&self) -> u64 {
+        self.pages_compacted.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for ZsPool {
+    fn drop(&mut self) {
+        for class in self.classes.iter_mut() {
+            let st = class.state.get_mut();
+            for zs in st.zspages.iter_mut() {
+                self.arena
+                    .free_pages(std::mem::take(&mut zs.pages).into_vec());
+            }
+        }
+    }
+}
+
+/// `get_fullness_group()`.
+fn fullness_group(spec: &ClassSpec, inuse: u32) -> u8 {
+    let objs = spec.objs_per_zspage as u32;
+    if inuse == 0 {
+        FG_EMPTY
+    } else if inuse == objs {
+        FG_FULL
+    } else {
+        (100 * inuse / objs / 10 + 1) as u8
+    }
+}
+
+fn payload_offset(spec: &ClassSpec, obj: u32) -> usize {
+    obj as usize * spec.size + if spec.huge { 0 } else { ZS_HANDLE_SIZE }
+}
+
+/// Copies `out.len()` bytes starting `off` bytes into a zspage's chain.
+fn copy_from(pages: &[Page], mut off: usize, out: &mut [u8]) {
+    let page_size = pages[0].bytes().len();
+    let mut done = 0;
+    while done < out.len() {
+        let (p, in_page) = (off / page_size, off % page_size);
+        let n = (page_size - in_page).min(out.len() - done);
+        out[done..done + n].copy_from_slice(&pages[p].bytes()[in_page..in_page + n]);
+        done += n;
+        off += n;
+    }
+}
+
+/// Copies `data` to `off` bytes into a zspage's chain.
+fn copy_to(pages: &mut [Page], mut off: usize, data: &[u8]) {
+    let page_size = pages[0].bytes().len();
+    let mut done = 0;
+    while done < data.len() {
+        let (p, in_page) = (off / page_size, off % page_size);
+        let n = (page_size - in_page).min(data.len() - done);
+        pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+        done += n;
+        off += n;
+    }
+}
+
+impl ClassState {
+    /// `find_get_zspage()`: first zspage of the fullest non-full list.
+    fn find_get_zspage(&self) -> Option<u32> {
+        (FG_EMPTY..=FG_99)
+            .rev()
+            .map(|fg| self.list_heads[fg as usize])
+            .find(|&id| id != NONE)
+    }
+
+    /// `alloc_zspage()` + `init_zspage()`: a zspage off every list with all objects free.
+    fn alloc_zspage(&mut self, spec: &ClassSpec, arena: &Arena) -> Result<u32> {
+        let mut pages = Vec::with_capacity(spec.pages_per_zspage);
+        arena.alloc_pages(spec.pages_per_zspage, &mut pages)?;
+        let mut zspage = ZsPage {
+            pages: pages.into_boxed_slice(),
+            inuse: 0,
+            freeobj: 0,
+            fullness: FG_OFF_LIST,
+            prev: NONE,
+            next: NONE,
+            huge_header: 0,
+        };
+        if !spec.huge {
+            let objs = spec.objs_per_zspage as u32;
+            for obj in 0..objs {
+                let next = if obj + 1 < objs { obj + 1 } else { NONE };
+                write_header(
+                    &mut zspage.pages,
+                    spec.size * obj as usize,
+                    header_free(next),
+                );
+            }
+        }
+        self.obj_allocated += spec.objs_per_zspage as u64;
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.zspages[id as usize] = zspage;
+                id
+            }
+            None => {
+                self.zspages.push(zspage);
+                (self.zspages.len() - 1) as u32
+            }
+        };
+        Ok(id)
+    }
+
+    /// `__free_zspage()` for a zspage already off its list.
+    fn free_zspage(&mut self, spec: &ClassSpec, id: u32, arena: &Arena) {
+        let zs = &mut self.zspages[id as usize];
+        debug_assert!(zs.inuse == 0 && zs.fullness == FG_OFF_LIST);
+        arena.free_pages(std::mem::take(&mut zs.pages).into_vec());
+        self.obj_allocated -= spec.objs_per_zspage as u64;
+        self.free_ids.push(id);
+    }
+
+    fn insert_zspage(&mut self, id: u32, fg: u8) {
+        let head = self.list_heads[fg as usize];
+        if head != NONE {
+            self.zspages[head as usize].prev = id;
+        }
+        let zs = &mut self.zspages[id as usize];
+        zs.prev = NONE;
+        zs.next = head;
+        zs.fullness = fg;
+        self.list_heads[fg as usize] = id;
+        self.list_len[fg as usize] += 1;
+    }
+
+    fn remove_zspage(&mut self, id: u32) {
+        let (prev, next, fg) = {
+            let zs = &self.zspages[id as usize];
+            (zs.prev, zs.next, zs.fullness)
+        };
+        debug_assert!(fg != FG_OFF_LIST);
+        if prev == NONE {
+            self.list_heads[fg as usize] = next;
+        } else {
+            self.zspages[prev as usize].next = next;
+        }
+        if next != NONE {
+            self.zspages[next as usize].prev = prev;
+        }
+        let zs = &mut self.zspages[id as usize];
+        zs.prev = NONE;
+        zs.next = NONE;
+        zs.fullness = FG_OFF_LIST;
+        self.list_len[fg as usize] -= 1;
+    }
+
+    /// Moves a zspage to the list its fullness now calls for; returns that group.
+    fn fix_fullness_group(&mut self, spec: &ClassSpec, id: u32) -> u8 {
+        let zs = &self.zspages[id as usize];
+        let fg = fullness_group(spec, zs.inuse);
+        if fg != zs.fullness {
+            self.remove_zspage(id);
+            self.insert_zspage(id, fg);
+        }
+        fg
+    }
+
+    /// `putback_zspage()`: back onto the right list; returns the group.
+    fn putback_zspage(&mut self, spec: &ClassSpec, id: u32) -> u8 {
+        let fg = fullness_group(spec, self.zspages[id as usize].inuse);
+        self.insert_zspage(id, fg);
+        if fg == FG_EMPTY {
+            self.remove_zspage(id);
+        }
+        fg
+    }
+
+    /// `isolate_src_zspage()` / `isolate_dst_zspage()`: takes the first zspage of the
+    /// emptiest (sources) or fullest (destinations) non-empty list among 10 %..99 %.
+    fn isolate_zspage(&mut self, fullest_first: bool) -> Option<u32> {
+        let pick = |fg: u8| Some(self.list_heads[fg as usize]).filter(|&id| id != NONE);
+        let id = if fullest_first {
+            (FG_10..=FG_99).rev().find_map(pick)
+        } else {
+            (FG_10..=FG_99).find_map(pick)
+        }?;
+        self.remove_zspage(id);
+        Some(id)
+    }
+
+    /// `zs_can_compact()`: pages that whole zspages' worth of free slots would give back.
+    fn can_compact(&self, spec: &ClassSpec) -> u64 {
+        let wasted = self.obj_allocated.saturating_sub(self.obj_used);
+        wasted / spec.objs_per_zspage as u64 * spec.pages_per_zspage as u64
+    }
+
+    /// `obj_malloc()`: takes the zspage's first free object and stamps its header.
+    fn obj_malloc(&mut self, spec: &ClassSpec, id: u32, header: u64) -> u32 {
+        let zs = &mut self.zspages[id as usize];
+        let obj = zs.freeobj;
+        debug_assert!(obj != NONE, "obj_malloc on a full zspage");
+        if spec.huge {
+            zs.freeobj = NONE;
+            zs.huge_header = header;
+        } else {
+            let off = spec.size * obj as usize;
+            zs.freeobj = header_next_free(read_header(&zs.pages, off));
+            write_header(&mut zs.pages, off, header);
+        }
+        zs.inuse += 1;
+        obj
+    }
+
+    /// `obj_free()`: pushes the object on its zspage's free chain.
+    fn obj_free(&mut self, spec: &ClassSpec, id: u32, obj: u32) {
+        let zs = &mut self.zspages[id as usize];
+        if spec.huge {
+            zs.huge_header = 0;
+        } else {
+            write_header(
+                &mut zs.pages,
+                spec.size * obj as usize,
+                header_free(zs.freeobj),
+            );
+        }
+        zs.freeobj = obj;
+        zs.inuse -= 1;
+    }
+
+    fn object_header(&self, spec: &ClassSpec, id: u32, obj: u32) -> u64 {
+        let zs = &self.zspages[id as usize];
+        if spec.huge {
+            zs.huge_header
+        } else {
+            read_header(&zs.pages, spec.size * obj as usize)
+        }
+    }
+
+    fn object_len(&self, spec: &ClassSpec, id: u32, obj: u32) -> usize {
+        header_len(self.object_header(spec, id, obj))
+    }
+
+    /// `migrate_zspage()`: moves src's objects, lowest index first, into dst until dst is
+    /// full or src is empty, re-pointing each object's handle.
+    fn migrate_zspage(&mut self, spec: &ClassSpec, src: u32, dst: u32) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(spec.size, 0);
+        let objs = spec.objs_per_zspage as u32;
+        for obj in 0..objs {
+            let header = self.object_header(spec, src, obj);
+            if header & OBJ_ALLOCATED_TAG == 0 {
+                continue;
+            }
+            let base = spec.size * obj as usize;
+            copy_from(&self.zspages[src as usize].pages, base, &mut scratch);
+            let new_obj = self.obj_malloc(spec, dst, header);
+            copy_to(
+                &mut self.zspages[dst as usize].pages,
+                spec.size * new_obj as usize,
+                &scratch,
+            );
+            let h = &mut self.handles[header_handle_index(header) as usize];
+            h.zspage = dst;
+            h.obj = new_obj;
+            self.obj_free(spec, src, obj);
+            if self.zspages[dst as usize].inuse == objs || self.zspages[src as usize].inuse == 0 {
+                break;
+            }
+        }
+        self.scratch = scratch;
+    }
+
+    fn alloc_handle_slot(&mut self) -> u32 {
+        if self.free_handle != NONE {
+            let index = self.free_handle;
+            self.free_handle = self.handles[index as usize].zspage;
+            index
+        } else {
+            self.handles.push(HandleSlot {
+                generation: 0,
+                live: false,
+                zspage: NONE,
+                obj: 0,
+            });
+            (self.handles.len() - 1) as u32
+        }
+    }
+
+    fn free_handle_slot(&mut self, index: u32) {
+        let h = &mut self.handles[index as usize];
+        h.live = false;
+        h.generation = (h.generation + 1) & H_GEN_MASK;
+        h.zspage = self.free_handle;
+        self.free_handle = index;
+    }
+}
+
+fn read_header(pages: &[Page], off: usize) -> u64 {
+    let mut b = [0u8; 8];
+    copy_from(pages, off, &mut b);
+    u64::from_le_bytes(b)
+}
+
+fn write_header(pages: &mut [Page], off: usize, header: u64) {
+    copy_to(pages, off, &header.to_le_bytes());
+}
+
+/// One row of the debugfs `classes` table.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassStats {
+    pub class: usize,
+    pub size: usize,
+    /// zspages per fullness group: 10 %, 20 %, … 90 %, 99 %, 100 %.
+    pub fullness: [u64; NR_FULLNESS_GROUPS - 1],
+    pub obj_allocated: u64,
+    pub obj_used: u64,
+    pub pages_used: u64,
+    pub pages_per_zspage: usize,
+    /// Pages compaction could free now.
+    pub freeable: u64,
+}
+
+/// Formats rows as the kernel's `/sys/kernel/debug/zsmalloc/<pool>/classes`.
+pub fn format_class_stats(rows: &[ClassStats]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        " {:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13} {:>10} {:>10} {:>16} {:>8}",
+        "class", "size", "10%", "20%", "30%", "40%", "50%", "60%", "70%", "80%", "90%", "99%",
+        "100%", "obj_allocated", "obj_used", "pages_used", "pages_per_zspage", "freeable"
+    );
+    let mut totals = [0u64; NR_FULLNESS_GROUPS - 1];
+    let (mut objs, mut used, mut pages, mut freeable) = (0, 0, 0, 0);
+    for r in rows {
+        let _ = write!(s, " {:>5} {:>5} ", r.class, r.size);
+        for (t, n) in totals.iter_mut().zip(r.fullness) {
+            *t += n;
+            let _ = write!(s, "{n:>9} ");
+        }
+        let _ = writeln!(
+            s,
+            "{:>13} {:>10} {:>10} {:>16} {:>8}",
+            r.obj_allocated, r.obj_used, r.pages_used, r.pages_per_zspage, r.freeable
+        );
+        objs += r.obj_allocated;
+        used += r.obj_used;
+        pages += r.pages_used;
+        freeable += r.freeable;
+    }
+    let _ = write!(s, "\n {:>5} {:>5} ", "Total", "");
+    for n in totals {
+        let _ = write!(s, "{n:>9} ");
+    }
+    let _ = writeln!(
+        s,
+        "{objs:>13} {used:>10} {pages:>10} {:>16} {freeable:>8}",
+        ""
+    );
+    s
+}

@@ -1,0 +1,98 @@
+//! zsmalloc against the kernel's own figures: allocating objects of exactly the sizes the
+//! kernel's zram stored for each corpus page (`corpus/ksizes`) must use exactly the pages the
+//! kernel reported (`mem_used_total` in `NAME.truth.json`), after the write, after
+//! discarding every odd page, and after compaction (with `pages_compacted`).
+//!
+//! Needs `../shared/corpus` (or `ZTIER_CORPUS_DIR`); says so and skips when it is absent.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use ztier_pool::{Handle, ZPool, ZsConfig, ZsPool};
+
+fn corpus_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("ZTIER_CORPUS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus")
+        });
+    if dir.join("ksizes").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: no corpus at {} (set ZTIER_CORPUS_DIR)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn mem_used(stat: &Value) -> u64 {
+    stat["mem_used_total"].as_u64().unwrap()
+}
+
+#[test]
+fn pages_used_equal_kernel_mem_used_total() {
+    let Some(dir) = corpus_dir() else { return };
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir.join("ksizes")).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let Some(stem) = file.strip_suffix(".ksizes.u16") else {
+            continue;
+        };
+        let (name, alg) = stem.split_once('.').unwrap();
+        let truth: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.truth.json"))).unwrap())
+                .unwrap();
+        let kernel = &truth["zram"][alg];
+        let bytes = std::fs::read(&path).unwrap();
+        let sizes: Vec<usize> = bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]) as usize)
+            .collect();
+
+        let pool = ZsPool::new(ZsConfig::default()).unwrap();
+        let payload = vec![0x5au8; 4096];
+        let handles: Vec<Option<Handle>> = sizes
+            .iter()
+            .map(|&len| (len > 0).then(|| pool.store(&payload[..len]).unwrap()))
+            .collect();
+        let used = pool.total_pages() * 4096;
+        assert_eq!(
+            used,
+            mem_used(&kernel["mm_stat"]),
+            "{name}/{alg}: after write"
+        );
+
+        let exp = &kernel["discard_odd_pages_then_compact"];
+        for h in handles.iter().skip(1).step_by(2).flatten() {
+            pool.free(*h).unwrap();
+        }
+        let used = pool.total_pages() * 4096;
+        assert_eq!(
+            used,
+            mem_used(&exp["after_discard"]),
+            "{name}/{alg}: after discard"
+        );
+        pool.compact();
+        assert_eq!(
+            pool.total_pages() * 4096,
+            mem_used(&exp["after_compact"]),
+            "{name}/{alg}: after compact"
+        );
+        assert_eq!(
+            pool.pages_compacted(),
+            exp["after_compact"]["pages_compacted"].as_u64().unwrap(),
+            "{name}/{alg}: pages_compacted"
+        );
+        pool.compact();
+        assert_eq!(
+            pool.total_pages() * 4096,
+            mem_used(&exp["after_second_compact"]),
+            "{name}/{alg}: after second compact"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 6, "only {checked} corpus/algorithm pairs found");
+}
