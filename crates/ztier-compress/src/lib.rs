@@ -1,0 +1,242 @@
+//! The kernel's page compressors, behind one trait.
+//!
+//! - [`lz4`]: the kernel's in-tree LZ4 (`lib/lz4`), byte-identical output, and a safe decoder;
+//! - [`lzo`]: the kernel's LZO1X-1 (`lib/lzo`) and its lzo-rle variant, compressor and a safe
+//!   decompressor that reads both;
+//! - [`external`]: zstd, deflate and lz4hc through their reference libraries.
+//!
+//! A [`Compressor`] is one stream's state (hash tables, contexts): create one per thread from
+//! an [`Algorithm`], as zram keeps one per CPU. Compressing allocates nothing.
+//!
+//! The only `unsafe` is the liblz4 FFI in [`liblz4`].
+//!
+//! Decompressors are total: corrupt or truncated input gives an error, never a panic, an
+//! out-of-bounds access or a loop that does not end.
+#![deny(unsafe_code)]
+
+pub mod external;
+pub mod liblz4;
+pub mod lz4;
+pub mod lzo;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Why a compression or decompression failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompressError {
+    #[error("output buffer of {have} bytes is below the worst case of {need} for this input")]
+    OutputTooSmall { have: usize, need: usize },
+    #[error("input of {len} bytes is larger than {algorithm} accepts here ({max})")]
+    InputTooLarge {
+        algorithm: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("corrupt {algorithm} stream at input byte {at}: {reason}")]
+    Corrupt {
+        algorithm: &'static str,
+        at: usize,
+        reason: &'static str,
+    },
+    #[error("{algorithm} stream decodes to more than the {capacity}-byte output")]
+    OutputOverrun {
+        algorithm: &'static str,
+        capacity: usize,
+    },
+    #[error("{algorithm}: {message}")]
+    Library {
+        algorithm: &'static str,
+        message: String,
+    },
+}
+
+pub type Result<T, E = CompressError> = std::result::Result<T, E>;
+
+/// Worst-case compressed size of `len` input bytes for every algorithm here (zram likewise
+/// gives its streams a buffer of two pages).
+pub const fn worst_case_len(len: usize) -> usize {
+    2 * len + 64
+}
+
+/// One compression stream.
+pub trait Compressor: Send {
+    /// The algorithm's name as zram spells it.
+    fn name(&self) -> &'static str;
+    /// Compresses `src` into `dst` (at least [`worst_case_len`]`(src.len())` bytes); returns
+    /// the compressed length.
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize>;
+    /// Decompresses `src` into `dst`; returns the decompressed length.
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize>;
+}
+
+pub(crate) fn check_dst(src: &[u8], dst: &[u8]) -> Result<()> {
+    let need = worst_case_len(src.len());
+    if dst.len() < need {
+        return Err(CompressError::OutputTooSmall {
+            have: dst.len(),
+            need,
+        });
+    }
+    Ok(())
+}
+
+/// An algorithm and its parameters, as `--compressor` and zram's `algorithm_params` name
+/// them: `lz4`, `lzo-rle`, `zstd:level=5`, `lz4:level=2` (acceleration), ...
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Algorithm {
+    pub kind: Kind,
+    /// Level (zstd, deflate, lz4hc) or acceleration (lz4); `None` for the default.
+    pub level: Option<i32>,
+}
+
+/// The algorithms ztier knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Lz4,
+    Lz4hc,
+    Lzo,
+    LzoRle,
+    Zstd,
+    Deflate,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::LzoRle,
+        Kind::Lzo,
+        Kind::Lz4,
+        Kind::Lz4hc,
+        Kind::Zstd,
+        Kind::Deflate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Lz4 => "lz4",
+            Kind::Lz4hc => "lz4hc",
+            Kind::Lzo => "lzo",
+            Kind::LzoRle => "lzo-rle",
+            Kind::Zstd => "zstd",
+            Kind::Deflate => "deflate",
+        }
+    }
+}
+
+impl Algorithm {
+    /// A new stream for this algorithm.
+    pub fn new_compressor(&self) -> Box<dyn Compressor> {
+        match self.kind {
+            Kind::Lz4 => Box::new(lz4::Lz4::new(self.level.unwrap_or(1))),
+            Kind::Lzo => Box::new(lzo::Lzo::new(false)),
+            Kind::LzoRle => Box::new(lzo::Lzo::new(true)),
+            Kind::Lz4hc => Box::new(external::Lz4hc::new(self.level)),
+            Kind::Zstd => Box::new(external::Zstd::new(self.level)),
+            Kind::Deflate => Box::new(external::Deflate::new(self.level)),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.level {
+            Some(l) => write!(f, "{}:level={l}", self.kind.name()),
+            None => f.write_str(self.kind.name()),
+        }
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (name, params) = s.split_once(':').unwrap_or((s, ""));
+        let kind = Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown compressor '{name}' (known: {})", names.join(", "))
+            })?;
+        let mut level = None;
+        for param in params.split(',').filter(|p| !p.is_empty()) {
+            match param.split_once('=') {
+                Some(("level", v)) => {
+                    let n: i32 = v
+                        .parse()
+                        .map_err(|_| format!("level '{v}' is not a number"))?;
+                    let ok = match kind {
+                        Kind::Lz4 => (1..=65537).contains(&n),
+                        Kind::Lz4hc => (1..=12).contains(&n),
+                        Kind::Zstd => (-131072..=22).contains(&n) && n != 0,
+                        Kind::Deflate => (0..=9).contains(&n),
+                        Kind::Lzo | Kind::LzoRle => false,
+                    };
+                    if !ok {
+                        return Err(format!("level {n} is out of range for {name}"));
+                    }
+                    level = Some(n);
+                }
+                _ => return Err(format!("unknown parameter '{param}' for {name} (level=N)")),
+            }
+        }
+        Ok(Algorithm { kind, level })
+    }
+}
+
+/// zram's `page_same_filled()`: if every machine word of `page` is equal, that word.
+pub fn same_filled(page: &[u8]) -> Option<u64> {
+    let (words, rest) = page.as_chunks::<8>();
+    if !rest.is_empty() || words.is_empty() {
+        return None;
+    }
+    let first = words[0];
+    // Checking the last word first rejects most pages after two loads, as zram does.
+    if words[words.len() - 1] != first {
+        return None;
+    }
+    words
+        .iter()
+        .all(|w| *w == first)
+        .then(|| u64::from_ne_bytes(first))
+}
+
+/// Fills `page` with `word` repeated: the inverse of [`same_filled`].
+pub fn fill_page(page: &mut [u8], word: u64) {
+    for chunk in page.chunks_exact_mut(8) {
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_params_parse() {
+        let a: Algorithm = "zstd:level=5".parse().unwrap();
+        assert_eq!((a.kind, a.level), (Kind::Zstd, Some(5)));
+        assert_eq!(a.to_string(), "zstd:level=5");
+        assert_eq!("lzo-rle".parse::<Algorithm>().unwrap().kind, Kind::LzoRle);
+        assert!("lzma"
+            .parse::<Algorithm>()
+            .unwrap_err()
+            .contains("unknown compressor"));
+        assert!("lzo:level=3".parse::<Algorithm>().is_err());
+        assert!("zstd:level=99".parse::<Algorithm>().is_err());
+        assert!("zstd:window=3".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn same_filled_pages() {
+        let mut page = vec![0u8; 4096];
+        assert_eq!(same_filled(&page), Some(0));
+        fill_page(&mut page, 0xdead_beef_0102_0304);
+        assert_eq!(same_filled(&page), Some(0xdead_beef_0102_0304));
+        page[4095] ^= 1;
+        assert_eq!(same_filled(&page), None);
+        page[4095] ^= 1;
+        page[100] ^= 1;
+        assert_eq!(same_filled(&page), None);
+    }
+}
