@@ -124,7 +124,8 @@ fn compress_u16(
     let mut op = 0;
     let mut anchor = 0;
 
-    if n >= MFLIMIT + 1 {
+    // Inputs shorter than LZ4_minLength (MFLIMIT + 1) are all literals.
+    if n > MFLIMIT {
         let mflimit = n - MFLIMIT;
         let matchlimit = n - LASTLITERALS;
         table[hash(read32(src, 0))] = 0;

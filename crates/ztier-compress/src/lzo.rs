@@ -265,15 +265,13 @@ fn compress_chunk(
                 out.push((((m_len - 1) << 5) | ((m_off & 7) << 2)) as u8);
                 out.push((m_off >> 3) as u8);
             } else {
-                let marker;
-                if m_off <= M3_MAX_OFFSET {
+                let (first, max_len) = if m_off <= M3_MAX_OFFSET {
                     m_off -= 1;
-                    marker = (M3_MARKER, M3_MAX_LEN);
+                    (M3_MARKER, M3_MAX_LEN)
                 } else {
                     m_off -= 0x4000;
-                    marker = (M4_MARKER | ((m_off >> 11) & 8) as u8, M4_MAX_LEN);
-                }
-                let (first, max_len) = marker;
+                    (M4_MARKER | ((m_off >> 11) & 8) as u8, M4_MAX_LEN)
+                };
                 if m_len <= max_len {
                     out.push(first | (m_len - 2) as u8);
                 } else {
