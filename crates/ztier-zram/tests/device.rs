@@ -1,0 +1,340 @@
+//! zram device behaviour: round trips, overwrite, partial writes, discard, the memory limit,
+//! reset, threads, and a property test against a model.
+//!
+//! Model properties: a read returns the last bytes written at that offset, zeros where
+//! nothing was written or after discard; `orig_data_size` is the allocated slots × page
+//! size; everything freed returns the pool to zero pages.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use ztier_compress::Algorithm;
+use ztier_pool::{ZsConfig, ZsPool};
+use ztier_zram::{Device, SlotFlag, ZramError};
+
+fn device(pages: u64, alg: &str) -> Device {
+    let pool = ZsPool::new(ZsConfig::default()).unwrap();
+    Device::new(
+        pages * 4096,
+        alg.parse::<Algorithm>().unwrap(),
+        Box::new(pool),
+    )
+    .unwrap()
+}
+
+/// Text-like, compressible, different per seed.
+fn page(seed: u64) -> Vec<u8> {
+    let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta ", b"epsilon "];
+    let mut out = Vec::with_capacity(4096);
+    let mut x = seed | 1;
+    while out.len() < 4096 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(words[(x % 5) as usize]);
+        out.push((x >> 8) as u8);
+    }
+    out.truncate(4096);
+    out
+}
+
+fn noise(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn round_trip_same_huge_and_compressed_pages() {
+    for alg in ["lzo-rle", "lzo", "lz4", "zstd", "deflate", "lz4hc"] {
+        let dev = device(16, alg);
+        let pages = [page(1), vec![0; 4096], vec![0xab; 4096], noise(3), page(5)];
+        for (i, p) in pages.iter().enumerate() {
+            dev.write_page(i as u64, p).unwrap();
+        }
+        let mut out = vec![0; 4096];
+        for (i, p) in pages.iter().enumerate() {
+            dev.read_page(i as u64, &mut out).unwrap();
+            assert_eq!(&out, p, "{alg} page {i}");
+        }
+        dev.read_page(10, &mut out).unwrap();
+        assert!(
+            out.iter().all(|&b| b == 0),
+            "never-written pages read as zeros"
+        );
+        let mm = dev.mm_stat();
+        assert_eq!(mm.orig_data_size, 5 * 4096);
+        assert_eq!(mm.same_pages, 2);
+        assert_eq!(
+            (mm.huge_pages, mm.huge_pages_since),
+            (1, 1),
+            "{alg}: noise is huge"
+        );
+        assert!(dev.entry(3).unwrap().has(SlotFlag::Huge));
+        assert!(dev.entry(1).unwrap().has(SlotFlag::Same));
+        assert!(mm.compr_data_size > 4096 && mm.compr_data_size < 3 * 4096);
+        assert_eq!(mm.mem_used_total, dev.pool().total_pages() * 4096);
+    }
+}
+
+#[test]
+fn overwrite_frees_the_old_object() {
+    let dev = device(4, "lz4");
+    dev.write_page(0, &noise(1)).unwrap();
+    assert_eq!(dev.mm_stat().huge_pages, 1);
+    dev.write_page(0, &page(2)).unwrap();
+    let mm = dev.mm_stat();
+    assert_eq!(
+        (mm.huge_pages, mm.huge_pages_since, mm.orig_data_size),
+        (0, 1, 4096)
+    );
+    dev.write_page(0, &[7; 4096]).unwrap();
+    let mm = dev.mm_stat();
+    assert_eq!(
+        (mm.compr_data_size, mm.same_pages, mm.mem_used_total),
+        (0, 1, 0)
+    );
+}
+
+#[test]
+fn partial_writes_read_modify_write() {
+    let dev = device(4, "lzo-rle");
+    let base = page(9);
+    dev.write_page(1, &base).unwrap();
+    dev.write_bytes(4096 + 100, b"hello").unwrap();
+    dev.write_bytes(4096 * 2 - 2, b"span!").unwrap(); // crosses into page 2
+    let mut all = vec![0; 4 * 4096];
+    dev.read_bytes(0, &mut all).unwrap();
+    let mut expect = vec![0u8; 4 * 4096];
+    expect[4096..8192].copy_from_slice(&base);
+    expect[4196..4201].copy_from_slice(b"hello");
+    expect[8190..8195].copy_from_slice(b"span!");
+    assert!(all == expect);
+    let mut small = [0u8; 7];
+    dev.read_bytes(4096 + 99, &mut small).unwrap();
+    assert_eq!(&small, &expect[4195..4202]);
+}
+
+#[test]
+fn bad_requests_are_refused_and_counted() {
+    let dev = device(2, "lz4");
+    dev.write_page(0, &page(1)).unwrap();
+    assert!(matches!(
+        dev.write_page(2, &page(1)),
+        Err(ZramError::BadIndex { .. })
+    ));
+    assert!(matches!(
+        dev.write_page(0, &[1; 100]),
+        Err(ZramError::BadLength { .. })
+    ));
+    let mut out = vec![0; 4096];
+    assert!(dev.read_page(5, &mut out).is_err());
+    assert!(matches!(
+        dev.write_bytes(8190, b"xyz"),
+        Err(ZramError::OutOfRange { .. })
+    ));
+    assert!(dev.read_bytes(u64::MAX - 1, &mut out).is_err());
+    assert!(dev.discard(4096, 8192).is_err());
+    let io = dev.io_stat();
+    assert_eq!((io.failed_writes, io.failed_reads), (2, 1));
+    dev.read_page(0, &mut out).unwrap();
+    assert_eq!(out, page(1), "refused requests left stored data alone");
+    assert!(Device::new(
+        4095,
+        "lz4".parse().unwrap(),
+        Box::new(ZsPool::new(ZsConfig::default()).unwrap())
+    )
+    .is_err());
+}
+
+#[test]
+fn discard_frees_whole_pages_only() {
+    let dev = device(8, "lzo");
+    for i in 0..8 {
+        dev.write_page(i, &page(i)).unwrap();
+    }
+    // Covers page 2 whole and parts of 1 and 3.
+    assert_eq!(dev.discard(4096 + 1, 3 * 4096 - 2).unwrap(), 1);
+    assert_eq!(dev.io_stat().notify_free, 1);
+    let mut out = vec![0; 4096];
+    dev.read_page(2, &mut out).unwrap();
+    assert!(out.iter().all(|&b| b == 0));
+    for i in [1, 3] {
+        dev.read_page(i, &mut out).unwrap();
+        assert_eq!(out, page(i));
+    }
+    assert_eq!(dev.mm_stat().orig_data_size, 7 * 4096);
+}
+
+#[test]
+fn mem_limit_refuses_and_keeps_old_data() {
+    let dev = device(4096, "lz4");
+    dev.set_mem_limit(64 * 4096);
+    let mut written = 0;
+    let err = loop {
+        match dev.write_page(written, &noise(written)) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 4096, "the limit never refused");
+    };
+    assert!(matches!(err, ZramError::MemLimit { .. }), "{err}");
+    let mm = dev.mm_stat();
+    assert!(mm.mem_used_total <= 64 * 4096);
+    assert_eq!(mm.mem_limit, 64 * 4096);
+    // Overwriting a page with one that does not fit is refused and keeps the old content:
+    // the new object is allocated before the old one is freed, as in the kernel.
+    let before = dev.mm_stat();
+    assert!(matches!(
+        dev.write_page(0, &noise(999)),
+        Err(ZramError::MemLimit { .. })
+    ));
+    let mut out = vec![0; 4096];
+    for i in 0..written {
+        dev.read_page(i, &mut out).unwrap();
+        assert_eq!(out, noise(i), "page {i}");
+    }
+    assert_eq!(dev.mm_stat().orig_data_size, before.orig_data_size);
+    // Same-filled pages need no memory, so they are still accepted.
+    dev.write_page(written, &[0; 4096]).unwrap();
+    assert!(dev.io_stat().failed_writes >= 1);
+}
+
+#[test]
+fn reset_and_compact() {
+    let dev = device(2000, "lzo-rle");
+    for i in 0..2000 {
+        dev.write_page(i, &page(i)).unwrap();
+    }
+    for i in (1..2000).step_by(2) {
+        dev.discard_page(i).unwrap();
+    }
+    let before = dev.mm_stat();
+    let freed = dev.compact();
+    let after = dev.mm_stat();
+    assert!(freed > 0);
+    assert_eq!(after.mem_used_total, before.mem_used_total - freed * 4096);
+    assert_eq!(after.pages_compacted, freed);
+    let mut out = vec![0; 4096];
+    for i in (0..2000).step_by(2) {
+        dev.read_page(i, &mut out).unwrap();
+        assert_eq!(out, page(i), "page {i} after compaction");
+    }
+    dev.reset();
+    let mm = dev.mm_stat();
+    assert_eq!(
+        (mm.orig_data_size, mm.compr_data_size, mm.mem_used_total),
+        (0, 0, 0)
+    );
+    dev.read_page(0, &mut out).unwrap();
+    assert!(out.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn concurrent_writers_and_readers() {
+    let dev = device(4096, "lz4");
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut out = vec![0; 4096];
+                for round in 0..3u64 {
+                    for i in (t..4096).step_by(4) {
+                        dev.write_page(i, &page(i * 10 + round)).unwrap();
+                    }
+                    for i in (t..4096).step_by(4) {
+                        dev.read_page(i, &mut out).unwrap();
+                        assert_eq!(out, page(i * 10 + round));
+                    }
+                }
+            });
+        }
+        // Readers of slots others are writing: each read sees some whole page ever written.
+        let dev = &dev;
+        s.spawn(move || {
+            let mut out = vec![0; 4096];
+            for i in 0..4096u64 {
+                dev.read_page(i, &mut out).unwrap();
+                assert!(out.iter().all(|&b| b == 0) || (0..3).any(|r| out == page(i * 10 + r)));
+            }
+        });
+        s.spawn(move || {
+            for _ in 0..20 {
+                dev.compact();
+            }
+        });
+    });
+    assert_eq!(dev.mm_stat().orig_data_size, 4096 * 4096);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { page: u64, seed: u64, kind: u8 },
+    WriteBytes { offset: u64, len: usize, seed: u64 },
+    Read { page: u64 },
+    Discard { page: u64 },
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0..32u64, any::<u64>(), 0..4u8).prop_map(|(page, seed, kind)| Op::Write { page, seed, kind }),
+        2 => (0..32 * 4096u64, 1..9000usize, any::<u64>()).prop_map(|(offset, len, seed)| Op::WriteBytes { offset, len, seed }),
+        4 => (0..32u64).prop_map(|page| Op::Read { page }),
+        2 => (0..32u64).prop_map(|page| Op::Discard { page }),
+        1 => Just(Op::Compact),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matches_a_model(alg in prop_oneof![Just("lz4"), Just("lzo-rle"), Just("zstd")],
+                       ops in proptest::collection::vec(op(), 1..120)) {
+        let dev = device(32, alg);
+        let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+        let zero = vec![0u8; 4096];
+        let mut out = vec![0u8; 4096];
+        for op in ops {
+            match op {
+                Op::Write { page: p, seed, kind } => {
+                    let data = match kind { 0 => page(seed), 1 => noise(seed), 2 => vec![seed as u8; 4096], _ => zero.clone() };
+                    dev.write_page(p, &data).unwrap();
+                    model.insert(p, data);
+                }
+                Op::WriteBytes { offset, len, seed } => {
+                    let len = len.min((32 * 4096 - offset) as usize);
+                    let data: Vec<u8> = page(seed).iter().cycle().take(len).copied().collect();
+                    dev.write_bytes(offset, &data).unwrap();
+                    for (k, b) in data.iter().enumerate() {
+                        let pos = offset + k as u64;
+                        model.entry(pos / 4096).or_insert_with(|| zero.clone())[(pos % 4096) as usize] = *b;
+                    }
+                }
+                Op::Read { page: p } => {
+                    dev.read_page(p, &mut out).unwrap();
+                    prop_assert_eq!(&out, model.get(&p).unwrap_or(&zero));
+                }
+                Op::Discard { page: p } => {
+                    dev.discard_page(p).unwrap();
+                    model.remove(&p);
+                }
+                Op::Compact => { dev.compact(); }
+            }
+            prop_assert_eq!(dev.mm_stat().orig_data_size, model.len() as u64 * 4096);
+        }
+        for p in 0..32 {
+            dev.read_page(p, &mut out).unwrap();
+            prop_assert_eq!(&out, model.get(&p).unwrap_or(&zero));
+            dev.discard_page(p).unwrap();
+        }
+        prop_assert_eq!(dev.mm_stat().mem_used_total, 0);
+    }
+}

@@ -1,0 +1,69 @@
+//! The whole device against the kernel's zram: writing each corpus page by page in order
+//! with lzo-rle, lzo and lz4 (chain size 8) gives the kernel's `mm_stat` after the write,
+//! after discarding every odd page, and after compacting twice, field for field.
+//! Needs the shared corpus; says so and skips without it.
+
+use ztier_compress::Algorithm;
+use ztier_corpus::{corpus_files, shared_corpus_dir, Corpus};
+use ztier_pool::{ZsConfig, ZsPool};
+use ztier_zram::{Device, MmStat};
+
+fn kernel(v: &serde_json::Value) -> MmStat {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+#[test]
+fn mm_stat_equals_the_kernels() {
+    let Some(dir) = shared_corpus_dir() else {
+        return;
+    };
+    for path in corpus_files(&dir) {
+        let corpus = Corpus::load(&path).unwrap();
+        let truth = corpus.truth().unwrap().expect("truth file");
+        for alg in ["lzo-rle", "lzo", "lz4"] {
+            let what = format!("{}/{alg}", corpus.name);
+            let pool = ZsPool::new(ZsConfig::default()).unwrap();
+            let dev = Device::new(
+                corpus.bytes().len() as u64,
+                alg.parse::<Algorithm>().unwrap(),
+                Box::new(pool),
+            )
+            .unwrap();
+            for (i, page) in corpus.chunks(4096).enumerate() {
+                dev.write_page(i as u64, page).unwrap();
+            }
+            let k = &truth["zram"][alg];
+            assert_eq!(dev.mm_stat(), kernel(&k["mm_stat"]), "{what}: after write");
+            let exp = &k["discard_odd_pages_then_compact"];
+            if exp.is_null() {
+                dev.compact();
+                assert_eq!(
+                    dev.mm_stat(),
+                    kernel(&k["mm_stat_after_compact"]),
+                    "{what}: after compact"
+                );
+                continue;
+            }
+            for i in (1..corpus.pages() as u64).step_by(2) {
+                dev.discard_page(i).unwrap();
+            }
+            assert_eq!(
+                dev.mm_stat(),
+                kernel(&exp["after_discard"]),
+                "{what}: after discard"
+            );
+            dev.compact();
+            assert_eq!(
+                dev.mm_stat(),
+                kernel(&exp["after_compact"]),
+                "{what}: after compact"
+            );
+            dev.compact();
+            assert_eq!(
+                dev.mm_stat(),
+                kernel(&exp["after_second_compact"]),
+                "{what}: second compact"
+            );
+        }
+    }
+}
