@@ -16,10 +16,19 @@ for dirpath, _, files in os.walk(root):
         tp = b.get("throughput") or {}
         nbytes = tp.get("Bytes") or tp.get("BytesDecimal")
         rows.setdefault((g, b.get("value_str") or ""), {})[b["function_id"]] = (e["mean"]["point_estimate"], nbytes)
-REFS = ("memcpy", "liblz4", "liblzo2", "libzstd", "raw")
+REFS = ("memcpy", "liblz4", "liblzo2", "raw")
+
+def reference(fns, f):
+    """The reference a function is measured against: its C library where there is one
+    (lz4 -> liblz4, lzo and lzo-rle -> liblzo2), else the group's memcpy or raw."""
+    for prefix, ref in (("lz4hc", None), ("lz4", "liblz4"), ("lzo", "liblzo2")):
+        if f.startswith(prefix):
+            return fns[ref][0] if ref in fns else None
+    return next((fns[r][0] for r in ("memcpy", "raw") if r in fns), None)
+
 for (g, v), fns in sorted(rows.items()):
-    ref = next((fns[r][0] for r in REFS if r in fns), None)
     for f, (ns, nbytes) in sorted(fns.items()):
+        ref = reference(fns, f)
         mbs = f"{nbytes / ns * 1e3:9.1f} MB/s" if nbytes else ""
         ratio = f"  {ref / ns:5.2f}x ref" if ref and f not in REFS else ""
         print(f"{g:<22} {v:<18} {f:<14} {ns:10.1f} ns {mbs}{ratio}")

@@ -1,11 +1,13 @@
 //! `ztier`: the Linux compressed-memory stack in userspace, from the command line.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod classes;
+mod pools;
 
 use clap::{Parser, Subcommand};
 
-/// The Linux compressed-memory stack (zsmalloc, zram, ...) in userspace.
+/// The Linux compressed-memory stack (zsmalloc, zram, the kernel's compressors) in userspace.
 #[derive(Parser)]
 #[command(name = "ztier", version, about)]
 struct Cli {
@@ -15,6 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Replay real memory through a zram device; print mm_stat, speed, and the kernel's figures.
+    Bench(bench::BenchArgs),
     /// Print zsmalloc's size-class table for a pool layout.
     Classes(classes::ClassesArgs),
 }
@@ -22,6 +26,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Classes(args) => classes::run(&args),
     }
 }

@@ -14,6 +14,7 @@
 //! out-of-bounds access or a loop that does not end.
 #![deny(unsafe_code)]
 
+mod copy;
 pub mod external;
 pub mod liblz4;
 pub mod lz4;

@@ -15,6 +15,7 @@
 //! The last sequence has literals only; the last 5 bytes are always literals and no match
 //! starts in the last 12.
 
+use crate::copy::{copy_literals, copy_match};
 use crate::{check_dst, CompressError, Compressor, Result};
 
 const MINMATCH: usize = 4;
@@ -72,7 +73,7 @@ impl Compressor for Lz4 {
 
 #[inline(always)]
 fn read32(s: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]])
+    u32::from_le_bytes(s[i..i + 4].try_into().unwrap())
 }
 
 #[inline(always)]
@@ -173,7 +174,7 @@ fn compress_u16(
             } else {
                 dst[token] = (lit << 4) as u8;
             }
-            dst[op..op + lit].copy_from_slice(&src[anchor..ip]);
+            copy_literals(dst, op, src, anchor, lit);
             op += lit;
 
             loop {
@@ -258,6 +259,26 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
     let mut ip = 0;
     let mut op = 0;
     loop {
+        // Shortcut for the common sequence, as liblz4's decoder has it: literals and match
+        // both short (no length bytes), input and output with room for fixed-size copies.
+        if ip + 32 <= src.len() && op + 64 <= dst.len() {
+            let token = src[ip] as usize;
+            let (lit, ml) = (token >> 4, token & ML_MASK);
+            if lit < RUN_MASK && ml < ML_MASK {
+                let chunk: [u8; 16] = src[ip + 1..ip + 17].try_into().unwrap();
+                dst[op..op + 16].copy_from_slice(&chunk);
+                let at = ip + 1 + lit;
+                let offset = u16::from_le_bytes([src[at], src[at + 1]]) as usize;
+                let o = op + lit;
+                if offset != 0 && offset <= o {
+                    copy_match(dst, o, offset, ml + MINMATCH);
+                    ip = at + 2;
+                    op = o + ml + MINMATCH;
+                    continue;
+                }
+                // A bad offset: the general path below reports it.
+            }
+        }
         let token = *src
             .get(ip)
             .ok_or_else(|| corrupt(ip, "truncated: no token"))? as usize;
@@ -271,7 +292,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
         if op + lit > dst.len() {
             return Err(overrun());
         }
-        dst[op..op + lit].copy_from_slice(&src[ip..lit_end]);
+        copy_literals(dst, op, src, ip, lit);
         ip = lit_end;
         op += lit;
         if ip == src.len() {
@@ -294,14 +315,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
         if op + len > dst.len() {
             return Err(overrun());
         }
-        let from = op - offset;
-        if offset >= len {
-            dst.copy_within(from..from + len, op);
-        } else {
-            for i in 0..len {
-                dst[op + i] = dst[from + i];
-            }
-        }
+        copy_match(dst, op, offset, len);
         op += len;
     }
 }

@@ -19,6 +19,7 @@
 //! are extended 8 bytes at a time and stop at `ip_end` (20 bytes before the end) on an 8-byte
 //! step; a zero run is tested before the hash and leaves the dictionary untouched.
 
+use crate::copy::{copy_literals, copy_match};
 use crate::{check_dst, CompressError, Compressor, Result};
 
 const M2_MAX_LEN: usize = 8;
@@ -74,7 +75,7 @@ impl Compressor for Lzo {
 
 #[inline(always)]
 fn read32(s: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]])
+    u32::from_le_bytes(s[i..i + 4].try_into().unwrap())
 }
 
 #[inline(always)]
@@ -120,10 +121,16 @@ impl Out<'_> {
         self.op += bytes.len();
     }
 
-    /// A literal run of `t` bytes that follows an instruction (`t` ≥ 1).
     #[inline(always)]
-    fn literals(&mut self, bytes: &[u8]) {
-        let t = bytes.len();
+    fn copy_from(&mut self, src: &[u8], start: usize, end: usize) {
+        copy_literals(self.dst, self.op, src, start, end - start);
+        self.op += end - start;
+    }
+
+    /// The literal run `src[start..end]` (non-empty) after an instruction.
+    #[inline(always)]
+    fn literals(&mut self, src: &[u8], start: usize, end: usize) {
+        let t = end - start;
         if t <= 3 {
             self.or_state(t);
         } else if t <= 18 {
@@ -134,7 +141,7 @@ impl Out<'_> {
             put_zero_extended(self.dst, &mut op, t - 18);
             self.op = op;
         }
-        self.copy(bytes);
+        self.copy_from(src, start, end);
     }
 }
 
@@ -169,9 +176,9 @@ fn compress(src: &[u8], dst: &mut [u8], dict: &mut [u16; D_SIZE], rle: bool) -> 
         let ii = src.len() - t;
         if out.op == data_start && t <= 238 {
             out.push((17 + t) as u8);
-            out.copy(&src[ii..]);
+            out.copy_from(src, ii, src.len());
         } else {
-            out.literals(&src[ii..]);
+            out.literals(src, ii, src.len());
         }
     }
     out.push(M4_MARKER | 1);
@@ -226,7 +233,7 @@ fn compress_chunk(
             ii -= ti;
             ti = 0;
             if ip != ii {
-                out.literals(&src[ii..ip]);
+                out.literals(src, ii, ip);
             }
 
             if run_length != 0 {
@@ -371,28 +378,22 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
 
     loop {
         match next {
-            Next::Literals(t) => {
-                let lits = src
-                    .get(ip..ip + t)
-                    .ok_or_else(|| corrupt(ip, "literals run past the input"))?;
-                dst.get_mut(op..op + t)
-                    .ok_or(overrun.clone())?
-                    .copy_from_slice(lits);
+            Next::Literals(t) | Next::Trailing(t) => {
+                if ip + t > src.len() {
+                    return Err(corrupt(ip, "literals run past the input"));
+                }
+                if op + t > dst.len() {
+                    return Err(overrun);
+                }
+                copy_literals(dst, op, src, ip, t);
                 ip += t;
                 op += t;
-                state = 4;
-                next = Next::Instruction;
-            }
-            Next::Trailing(t) => {
-                state = t;
-                let lits = src
-                    .get(ip..ip + t)
-                    .ok_or_else(|| corrupt(ip, "literals run past the input"))?;
-                dst.get_mut(op..op + t)
-                    .ok_or(overrun.clone())?
-                    .copy_from_slice(lits);
-                ip += t;
-                op += t;
+                // A literal run leaves state 4; a match's 0..3 trailing literals, their count.
+                state = if matches!(next, Next::Literals(_)) {
+                    4
+                } else {
+                    t
+                };
                 next = Next::Instruction;
             }
             Next::Instruction => {
@@ -466,14 +467,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
                 if op + len > dst.len() {
                     return Err(overrun);
                 }
-                let from = op - dist;
-                if dist >= len {
-                    dst.copy_within(from..from + len, op);
-                } else {
-                    for i in 0..len {
-                        dst[op + i] = dst[from + i];
-                    }
-                }
+                copy_match(dst, op, dist, len);
                 op += len;
                 next = Next::Trailing(trailing);
             }

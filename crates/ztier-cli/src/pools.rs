@@ -1,0 +1,82 @@
+//! Which allocator a command builds, and the side-by-side table of allocators.
+
+use ztier_pool::{ZPool, ZsConfig, ZsPool};
+
+use crate::bench::RunReport;
+
+/// An allocator ztier can put under a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorKind {
+    Zsmalloc,
+}
+
+impl AllocatorKind {
+    pub const ALL: &'static [AllocatorKind] = &[AllocatorKind::Zsmalloc];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocatorKind::Zsmalloc => "zsmalloc",
+        }
+    }
+
+    pub fn make_pool(self, config: &ZsConfig) -> anyhow::Result<Box<dyn ZPool>> {
+        Ok(match self {
+            AllocatorKind::Zsmalloc => Box::new(ZsPool::new(*config).map_err(anyhow::Error::msg)?),
+        })
+    }
+}
+
+/// `--allocator NAME` or `--allocator all`.
+#[derive(Debug, Clone)]
+pub struct AllocatorChoice(Vec<AllocatorKind>);
+
+impl AllocatorChoice {
+    pub fn kinds(&self) -> &[AllocatorKind] {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for AllocatorChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "all" {
+            return Ok(AllocatorChoice(AllocatorKind::ALL.to_vec()));
+        }
+        AllocatorKind::ALL
+            .iter()
+            .find(|k| k.name() == s)
+            .map(|k| AllocatorChoice(vec![*k]))
+            .ok_or_else(|| {
+                let names: Vec<_> = AllocatorKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown allocator '{s}' (known: {}, all)", names.join(", "))
+            })
+    }
+}
+
+/// One line per run: density and speed of each allocator on the same corpus and compressor.
+pub fn print_side_by_side(reports: &[RunReport]) {
+    println!(
+        "{:<10} {:<12} {:<10} {:>14} {:>14} {:>9} {:>10} {:>10}",
+        "corpus",
+        "compressor",
+        "allocator",
+        "compr_data",
+        "mem_used",
+        "overhead",
+        "store MB/s",
+        "load MB/s"
+    );
+    for r in reports {
+        println!(
+            "{:<10} {:<12} {:<10} {:>14} {:>14} {:>9.3} {:>10.1} {:>10.1}",
+            r.corpus,
+            r.compressor,
+            r.allocator,
+            r.mm_stat.compr_data_size,
+            r.mm_stat.mem_used_total,
+            r.mm_stat.mem_used_total as f64 / r.mm_stat.compr_data_size.max(1) as f64,
+            r.store_mb_s,
+            r.load_mb_s
+        );
+    }
+}
