@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs what building and testing ztier needs on a Debian machine (run as root or with
-# sudo available). Safe to run again.
+# Installs what building, testing and benchmarking ztier needs on a Debian machine (run as
+# root or with sudo available; liblzo2-dev is the C reference the LZO benches measure
+# against). Safe to run again.
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need=()
-for pkg in build-essential pkg-config zstd; do
+for pkg in build-essential pkg-config zstd liblzo2-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

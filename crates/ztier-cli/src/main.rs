@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 
 /// The Linux compressed-memory stack (zsmalloc, zram, the kernel's compressors) in userspace.
 #[derive(Parser)]
-#[command(name = "ztier", version, about)]
+#[command(name = "ztier", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
