@@ -123,7 +123,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         for &kind in args.allocator.kinds() {
             for alg in &args.compressors {
-                let kernel = kernel_figures(truth.as_ref(), alg, args, config.page_size);
+                let kernel = kernel_figures(truth.as_ref(), kind, alg, args, config.page_size);
                 let report = run_one(&corpus, kind, *alg, args, kernel)?;
                 if args.json {
                     println!("{}", serde_json::to_string(&report)?);
@@ -143,6 +143,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// The truth file's figures, when they describe this configuration (4 KiB pages, chain 8).
 fn kernel_figures(
     truth: Option<&serde_json::Value>,
+    kind: AllocatorKind,
     alg: &Algorithm,
     args: &BenchArgs,
     page_size: usize,
@@ -151,7 +152,12 @@ fn kernel_figures(
     let chain = truth["kernel_config"]["CONFIG_ZSMALLOC_CHAIN_SIZE"]
         .as_u64()
         .unwrap_or(8);
-    if page_size != 4096 || args.layout.chain_size as u64 != chain || alg.level.is_some() {
+    // The kernel's figures are zsmalloc's, at 4 KiB pages and the kernel's chain size.
+    if kind != AllocatorKind::Zsmalloc
+        || page_size != 4096
+        || args.layout.chain_size as u64 != chain
+        || alg.level.is_some()
+    {
         return None;
     }
     let k = truth["zram"].get(alg.kind.name())?;
@@ -435,15 +441,19 @@ fn mib(bytes: u64) -> String {
 
 fn print_report(r: &RunReport) {
     let mm = &r.mm_stat;
+    let layout = if r.allocator == "zsmalloc" {
+        format!(" (chain {})", r.chain_size)
+    } else {
+        String::new()
+    };
     println!(
-        "{}: {} pages of {} B ({}), {} on {} (chain {}), {} thread{}",
+        "{}: {} pages of {} B ({}), {} on {}{layout}, {} thread{}",
         r.corpus,
         r.pages,
         r.page_size,
         mib(r.pages * r.page_size as u64),
         r.compressor,
         r.allocator,
-        r.chain_size,
         r.threads,
         if r.threads == 1 { "" } else { "s" }
     );

@@ -1,6 +1,6 @@
 //! Which allocator a command builds, and the side-by-side table of allocators.
 
-use ztier_pool::{ZPool, ZsConfig, ZsPool};
+use ztier_pool::{ZPool, ZblockConfig, ZblockPool, ZsConfig, ZsPool};
 
 use crate::bench::RunReport;
 
@@ -8,20 +8,29 @@ use crate::bench::RunReport;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocatorKind {
     Zsmalloc,
+    Zblock,
 }
 
 impl AllocatorKind {
-    pub const ALL: &'static [AllocatorKind] = &[AllocatorKind::Zsmalloc];
+    pub const ALL: &'static [AllocatorKind] = &[AllocatorKind::Zsmalloc, AllocatorKind::Zblock];
 
     pub fn name(self) -> &'static str {
         match self {
             AllocatorKind::Zsmalloc => "zsmalloc",
+            AllocatorKind::Zblock => "zblock",
         }
     }
 
     pub fn make_pool(self, config: &ZsConfig) -> anyhow::Result<Box<dyn ZPool>> {
         Ok(match self {
             AllocatorKind::Zsmalloc => Box::new(ZsPool::new(*config).map_err(anyhow::Error::msg)?),
+            AllocatorKind::Zblock => Box::new(
+                ZblockPool::new(ZblockConfig {
+                    page_size: config.page_size,
+                    odd_blocks: false,
+                })
+                .map_err(anyhow::Error::msg)?,
+            ),
         })
     }
 }

@@ -69,6 +69,33 @@ impl Page {
     }
 }
 
+/// Copies `out.len()` bytes starting `off` bytes into a chain of pages (a zspage or a
+/// block), crossing page boundaries as needed.
+pub fn read_chain(pages: &[Page], mut off: usize, out: &mut [u8]) {
+    let page_size = pages[0].bytes().len();
+    let mut done = 0;
+    while done < out.len() {
+        let (p, in_page) = (off / page_size, off % page_size);
+        let n = (page_size - in_page).min(out.len() - done);
+        out[done..done + n].copy_from_slice(&pages[p].bytes()[in_page..in_page + n]);
+        done += n;
+        off += n;
+    }
+}
+
+/// Copies `data` to `off` bytes into a chain of pages.
+pub fn write_chain(pages: &mut [Page], mut off: usize, data: &[u8]) {
+    let page_size = pages[0].bytes().len();
+    let mut done = 0;
+    while done < data.len() {
+        let (p, in_page) = (off / page_size, off % page_size);
+        let n = (page_size - in_page).min(data.len() - done);
+        pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+        done += n;
+        off += n;
+    }
+}
+
 struct Chunk {
     base: NonNull<u8>,
 }

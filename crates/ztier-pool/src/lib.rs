@@ -3,20 +3,24 @@
 //! - [`arena`]: pages from the OS in 2 MiB chunks, given back with `madvise` (the only
 //!   `unsafe` of the allocators).
 //! - [`zsmalloc`]: the kernel's size-class allocator, reproduced class for class.
+//! - [`zblock`]: the block allocator proposed for the kernel (blocks of whole slots).
 //! - [`testing`]: the conformance suite every [`ZPool`] implementation must pass.
 //!
 //! # Lock ordering
-//! `ZsPool::compacting` (a flag, not a lock) → `SizeClass::state` → `Arena::state`.
-//! No operation holds two class locks at once.
+//! zsmalloc: `ZsPool::compacting` (a flag, not a lock) → `SizeClass::state` → `Arena::state`.
+//! zblock: `BlockList::state` → `Arena::state`.
+//! No operation holds two class or list locks at once.
 #![deny(unsafe_code)]
 
 pub mod arena;
 pub mod testing;
+pub mod zblock;
 pub mod zsmalloc;
 
 use std::num::NonZeroU64;
 
 pub use arena::process_rss_bytes;
+pub use zblock::{ZblockConfig, ZblockPool};
 pub use zsmalloc::{ChainRule, ClassTable, ZsConfig, ZsPool};
 
 /// An allocated object's name. Never 0; stays valid and unchanged for the object's whole

@@ -38,7 +38,7 @@ pub use classes::{
     ZS_MIN_ALLOC_SIZE,
 };
 
-use crate::arena::{Arena, Page};
+use crate::arena::{read_chain, write_chain, Arena, Page};
 use crate::{Handle, PoolError, Result, ZPool};
 
 /// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
@@ -296,7 +296,7 @@ impl ZsPool {
         st.obj_used += 1;
         if let Some(data) = data {
             let off = payload_offset(spec, obj);
-            copy_to(&mut st.zspages[id as usize].pages, off, data);
+            write_chain(&mut st.zspages[id as usize].pages, off, data);
         }
         Ok(Self::encode(
             slot,
@@ -433,7 +433,7 @@ impl ZPool for ZsPool {
             });
         }
         let off = payload_offset(&class.spec, obj);
-        copy_to(&mut st.zspages[id as usize].pages, off, data);
+        write_chain(&mut st.zspages[id as usize].pages, off, data);
         Ok(())
     }
 
@@ -450,7 +450,7 @@ impl ZPool for ZsPool {
             });
         }
         let off = payload_offset(&class.spec, obj);
-        copy_from(&st.zspages[id as usize].pages, off, &mut out[..stored]);
+        read_chain(&st.zspages[id as usize].pages, off, &mut out[..stored]);
         Ok(stored)
     }
 
@@ -517,32 +517,6 @@ fn fullness_group(spec: &ClassSpec, inuse: u32) -> u8 {
 
 fn payload_offset(spec: &ClassSpec, obj: u32) -> usize {
     obj as usize * spec.size + if spec.huge { 0 } else { ZS_HANDLE_SIZE }
-}
-
-/// Copies `out.len()` bytes starting `off` bytes into a zspage's chain.
-fn copy_from(pages: &[Page], mut off: usize, out: &mut [u8]) {
-    let page_size = pages[0].bytes().len();
-    let mut done = 0;
-    while done < out.len() {
-        let (p, in_page) = (off / page_size, off % page_size);
-        let n = (page_size - in_page).min(out.len() - done);
-        out[done..done + n].copy_from_slice(&pages[p].bytes()[in_page..in_page + n]);
-        done += n;
-        off += n;
-    }
-}
-
-/// Copies `data` to `off` bytes into a zspage's chain.
-fn copy_to(pages: &mut [Page], mut off: usize, data: &[u8]) {
-    let page_size = pages[0].bytes().len();
-    let mut done = 0;
-    while done < data.len() {
-        let (p, in_page) = (off / page_size, off % page_size);
-        let n = (page_size - in_page).min(data.len() - done);
-        pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-        done += n;
-        off += n;
-    }
 }
 
 impl ClassState {
@@ -733,9 +707,9 @@ impl ClassState {
                 continue;
             }
             let base = spec.size * obj as usize;
-            copy_from(&self.zspages[src as usize].pages, base, &mut scratch);
+            read_chain(&self.zspages[src as usize].pages, base, &mut scratch);
             let new_obj = self.obj_malloc(spec, dst, header);
-            copy_to(
+            write_chain(
                 &mut self.zspages[dst as usize].pages,
                 spec.size * new_obj as usize,
                 &scratch,
@@ -778,12 +752,12 @@ impl ClassState {
 
 fn read_header(pages: &[Page], off: usize) -> u64 {
     let mut b = [0u8; 8];
-    copy_from(pages, off, &mut b);
+    read_chain(pages, off, &mut b);
     u64::from_le_bytes(b)
 }
 
 fn write_header(pages: &mut [Page], off: usize, header: u64) {
-    copy_to(pages, off, &header.to_le_bytes());
+    write_chain(pages, off, &header.to_le_bytes());
 }
 
 /// One row of the debugfs `classes` table.

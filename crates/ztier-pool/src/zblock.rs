@@ -1,0 +1,692 @@
+//! zblock: the block allocator for compressed pages (Vitaly Wool's `mm/zblock.{c,h}` as last
+//! posted, with its Rust version's wider table).
+//!
+//! A block is 2^n pages (1, 2, 4, 8; optionally 3, 5, 6) holding a whole number of equal
+//! slots after the kernel's in-block header. Each block type {slot size, slots per block,
+//! pages} has its own list. The type table is computed when the pool is made, for its page
+//! size: of every (pages, slots) candidate, keep those no larger-slotted candidate beats on
+//! bytes per object (the Pareto frontier of slot size against footprint), so an object goes
+//! to the type that stores it in the fewest bytes. A size → type table indexed by 16-byte
+//! steps makes the lookup one load.
+//!
+//! Each type keeps its non-full blocks on an "active" list and takes slots from its first
+//! block; a block that fills leaves the list and comes back (at the tail) when a slot is freed,
+//! and a block whose last slot is freed is given back at once. So a new block is allocated
+//! only when no block of the type has a free slot; v2's single list, where `[full] ->
+//! [partial] -> ...` made it allocate while partial blocks held free slots, cannot happen.
+//!
+//! Handles carry type, block id, slot and a per-slot generation, so freed and foreign handles
+//! are refused.
+//!
+//! # Lock ordering
+//! `BlockList` (one per type) → `Arena::state`. Every access to a type's blocks, slots and
+//! bytes happens under its list lock; lists never lock each other.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::arena::{read_chain, write_chain, Arena, Page};
+use crate::{Handle, PoolError, Result, ZPool};
+
+/// Block sizes in pages: the kernel's powers of two, and the Rust version's extra sizes.
+pub const BLOCK_PAGES: [usize; 4] = [1, 2, 4, 8];
+pub const BLOCK_PAGES_EXTRA: [usize; 3] = [3, 5, 6];
+/// Slot sizes are multiples of this (the Rust version's alignment).
+const SLOT_ALIGN: usize = 16;
+/// At most this many types (6 handle bits, as the Rust version reserves).
+const MAX_TYPES: usize = 64;
+const NONE: u32 = u32::MAX;
+
+// Handle layout (u64):
+//   63        48 47   41 40                     9 8        1 0
+//  | gen (16)   | type  | block id (32)          | slot (8)  |1|
+const H_SLOT_SHIFT: u32 = 1;
+const H_SLOT_BITS: u32 = 8;
+const H_BLOCK_SHIFT: u32 = H_SLOT_SHIFT + H_SLOT_BITS;
+const H_TYPE_SHIFT: u32 = H_BLOCK_SHIFT + 32;
+const H_TYPE_BITS: u32 = 7;
+const H_GEN_SHIFT: u32 = H_TYPE_SHIFT + H_TYPE_BITS;
+const _: () = assert!(H_GEN_SHIFT + 16 == 64);
+const _: () = assert!(1 << H_TYPE_BITS >= MAX_TYPES);
+
+/// Slots per block at most (the kernel's `MAX_SLOTS`: a bitmap of `1 << SLOT_BITS`).
+fn max_slots(page_size: usize) -> usize {
+    if page_size <= 4096 {
+        32
+    } else {
+        256
+    }
+}
+
+/// `ZBLOCK_HEADER_SIZE`: the kernel's block header (list links, slot bitmap, free count),
+/// kept inside the block so the density matches the kernel's.
+fn header_size(page_size: usize) -> usize {
+    let bitmap = max_slots(page_size) / 8;
+    (16 + bitmap.max(8) + 4).next_multiple_of(8)
+}
+
+/// One block type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BlockType {
+    pub slot_size: usize,
+    pub slots_per_block: usize,
+    pub pages: usize,
+}
+
+impl BlockType {
+    /// Pool bytes per object when blocks are full.
+    fn footprint(&self, page_size: usize) -> f64 {
+        (self.pages * page_size) as f64 / self.slots_per_block as f64
+    }
+}
+
+/// The pool's block types and its size → type lookup.
+#[derive(Debug, Clone)]
+pub struct BlockTable {
+    pub page_size: usize,
+    pub types: Vec<BlockType>,
+    /// Type for sizes in `(16 (i - 1), 16 i]`.
+    lookup: Vec<u8>,
+}
+
+impl BlockTable {
+    /// Computes the table for `page_size` from blocks of `block_pages` pages.
+    pub fn new(page_size: usize, block_pages: &[usize]) -> BlockTable {
+        let header = header_size(page_size);
+        let mut candidates: Vec<BlockType> = block_pages
+            .iter()
+            .flat_map(|&pages| {
+                (1..=max_slots(page_size)).map(move |slots| BlockType {
+                    slot_size: ((pages * page_size - header) / slots) / SLOT_ALIGN * SLOT_ALIGN,
+                    slots_per_block: slots,
+                    pages,
+                })
+            })
+            .filter(|t| t.slot_size >= SLOT_ALIGN)
+            .collect();
+        // No object exceeds a page, so every slot of a page or more is as good as a page.
+        let reach = |t: &BlockType| t.slot_size.min(page_size);
+        candidates.sort_by(|a, b| {
+            reach(b).cmp(&reach(a)).then(
+                a.footprint(page_size)
+                    .total_cmp(&b.footprint(page_size))
+                    .then(a.pages.cmp(&b.pages)),
+            )
+        });
+        // From the largest slots down, a candidate is worth a type only if it stores objects
+        // in fewer bytes than every larger-slotted type already kept.
+        let mut types: Vec<BlockType> = Vec::new();
+        for c in candidates {
+            if types
+                .last()
+                .is_none_or(|l| c.footprint(page_size) < l.footprint(page_size))
+            {
+                types.push(c);
+            }
+        }
+        // More types than the handle can name: keep, from the largest down, only the types
+        // whose objects would pay more than `ratio` times their footprint in the next larger
+        // kept type; the smallest ratio that fits bounds every object's overhead against the
+        // best type for it.
+        let thin = |ratio: f64| -> Vec<BlockType> {
+            let mut kept: Vec<BlockType> = Vec::new();
+            for t in &types {
+                if kept
+                    .last()
+                    .is_none_or(|l| l.footprint(page_size) > ratio * t.footprint(page_size))
+                {
+                    kept.push(*t);
+                }
+            }
+            kept
+        };
+        let (mut lo, mut hi) = (1.0, 2.0);
+        for _ in 0..40 {
+            let mid = (lo + hi) / 2.0;
+            if thin(mid).len() <= MAX_TYPES {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        let mut types = if types.len() <= MAX_TYPES {
+            types
+        } else {
+            thin(hi)
+        };
+        types.reverse();
+        let lookup = (0..=page_size / SLOT_ALIGN)
+            .map(|step| {
+                let t = types.partition_point(|t| t.slot_size < step * SLOT_ALIGN);
+                t.min(types.len() - 1) as u8
+            })
+            .collect();
+        BlockTable {
+            page_size,
+            types,
+            lookup,
+        }
+    }
+
+    /// The type storing an object of `len` bytes (1..=page_size).
+    pub fn type_for(&self, len: usize) -> usize {
+        self.lookup[len.div_ceil(SLOT_ALIGN)] as usize
+    }
+}
+
+/// How a zblock pool is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZblockConfig {
+    /// 4096 or 16384.
+    pub page_size: usize,
+    /// Also use blocks of 3, 5 and 6 pages (the Rust version's sizes).
+    pub odd_blocks: bool,
+}
+
+impl Default for ZblockConfig {
+    fn default() -> Self {
+        ZblockConfig {
+            page_size: 4096,
+            odd_blocks: false,
+        }
+    }
+}
+
+/// A zblock pool.
+pub struct ZblockPool {
+    table: BlockTable,
+    lists: Box<[BlockList]>,
+    arena: Arena,
+    /// Compressed lengths from here are stored raw by zram: zsmalloc's threshold for the same
+    /// page size, so the two allocators are compared on identical objects.
+    huge_class_size: usize,
+    pages_allocated: AtomicU64,
+}
+
+struct BlockList {
+    ty: BlockType,
+    /// Protects every block, slot and byte of this type.
+    state: Mutex<ListState>,
+}
+
+#[derive(Default)]
+struct ListState {
+    /// Block descriptors by id; freed ids are reused.
+    blocks: Vec<Block>,
+    free_ids: Vec<u32>,
+    /// Non-full blocks, allocated from the head (`active_list`).
+    active_head: u32,
+    active_tail: u32,
+    /// Blocks of this type (`block_count`).
+    block_count: u64,
+    /// Slots in use.
+    used_slots: u64,
+}
+
+/// A block descriptor (`struct zblock_block`, kept beside the block instead of in it).
+#[derive(Default)]
+struct Block {
+    /// Its pages; empty while the id is free.
+    pages: Box<[Page]>,
+    free_slots: u32,
+    /// Slot in use, per slot.
+    occupied: Vec<bool>,
+    /// Per slot: object length, and a generation bumped on every free.
+    lens: Vec<u16>,
+    generations: Vec<u16>,
+    on_active: bool,
+    prev: u32,
+    next: u32,
+}
+
+impl ZblockPool {
+    pub fn new(config: ZblockConfig) -> std::result::Result<ZblockPool, String> {
+        if config.page_size != 4096 && config.page_size != 16384 {
+            return Err(format!("page size {} (4096 or 16384)", config.page_size));
+        }
+        let pages: Vec<usize> = if config.odd_blocks {
+            let mut p: Vec<usize> = BLOCK_PAGES
+                .iter()
+                .chain(&BLOCK_PAGES_EXTRA)
+                .copied()
+                .collect();
+            p.sort_unstable();
+            p
+        } else {
+            BLOCK_PAGES.to_vec()
+        };
+        let table = BlockTable::new(config.page_size, &pages);
+        let lists = table
+            .types
+            .iter()
+            .map(|&ty| BlockList {
+                ty,
+                state: Mutex::new(ListState {
+                    active_head: NONE,
+                    active_tail: NONE,
+                    ..ListState::default()
+                }),
+            })
+            .collect();
+        let huge_class_size = crate::zsmalloc::ClassTable::new(
+            config.page_size,
+            crate::zsmalloc::DEFAULT_CHAIN_SIZE,
+            crate::zsmalloc::ChainRule::LeastWaste,
+        )
+        .huge_class_size;
+        Ok(ZblockPool {
+            arena: Arena::new(config.page_size),
+            table,
+            lists,
+            huge_class_size,
+            pages_allocated: AtomicU64::new(0),
+        })
+    }
+
+    pub fn table(&self) -> &BlockTable {
+        &self.table
+    }
+
+    /// Blocks allocated over all types.
+    pub fn blocks(&self) -> u64 {
+        self.lists.iter().map(|l| l.state.lock().block_count).sum()
+    }
+
+    fn encode(ty: usize, block: u32, slot: usize, generation: u16) -> Handle {
+        let raw = ((generation as u64) << H_GEN_SHIFT)
+            | ((ty as u64) << H_TYPE_SHIFT)
+            | ((block as u64) << H_BLOCK_SHIFT)
+            | ((slot as u64) << H_SLOT_SHIFT)
+            | 1;
+        Handle::from_raw(raw).expect("tag bit set")
+    }
+
+    /// Finds a handle's list, and under its lock, its block and slot.
+    fn locate<'a>(
+        &'a self,
+        handle: Handle,
+    ) -> Result<(
+        &'a BlockList,
+        parking_lot::MutexGuard<'a, ListState>,
+        u32,
+        usize,
+    )> {
+        let raw = handle.raw();
+        let ty = ((raw >> H_TYPE_SHIFT) & ((1 << H_TYPE_BITS) - 1)) as usize;
+        let block = (raw >> H_BLOCK_SHIFT) as u32;
+        let slot = ((raw >> H_SLOT_SHIFT) & ((1 << H_SLOT_BITS) - 1)) as usize;
+        let generation = (raw >> H_GEN_SHIFT) as u16;
+        let unknown = PoolError::UnknownHandle { handle: raw };
+        let list = self
+            .lists
+            .get(ty)
+            .filter(|_| raw & 1 == 1)
+            .ok_or(unknown.clone())?;
+        let st = list.state.lock();
+        let b = st.blocks.get(block as usize).ok_or(unknown.clone())?;
+        if slot >= list.ty.slots_per_block || b.pages.is_empty() {
+            return Err(if b.pages.is_empty() && slot < list.ty.slots_per_block {
+                PoolError::FreedHandle { handle: raw }
+            } else {
+                unknown
+            });
+        }
+        if b.generations[slot] != generation || !b.occupied[slot] {
+            return Err(PoolError::FreedHandle { handle: raw });
+        }
+        Ok((list, st, block, slot))
+    }
+
+    fn alloc_inner(&self, len: usize, data: Option<&[u8]>) -> Result<Handle> {
+        let page_size = self.table.page_size;
+        if len == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if len > page_size {
+            return Err(PoolError::TooLarge {
+                len,
+                max: page_size,
+            });
+        }
+        let ty = self.table.type_for(len);
+        let list = &self.lists[ty];
+        let mut st = list.state.lock();
+        let id = match st.active_head {
+            NONE => {
+                let id = st.alloc_block(&list.ty, &self.arena)?;
+                self.pages_allocated
+                    .fetch_add(list.ty.pages as u64, Ordering::Relaxed);
+                id
+            }
+            id => id,
+        };
+        let b = &mut st.blocks[id as usize];
+        let slot = b
+            .occupied
+            .iter()
+            .position(|&o| !o)
+            .expect("an active block has a free slot");
+        b.occupied[slot] = true;
+        b.lens[slot] = len as u16;
+        b.free_slots -= 1;
+        let generation = b.generations[slot];
+        if let Some(data) = data {
+            write_chain(
+                &mut b.pages,
+                slot * list.ty.slot_size + header_size(page_size),
+                data,
+            );
+        }
+        if b.free_slots == 0 {
+            st.unlink_active(id);
+        }
+        st.used_slots += 1;
+        Ok(Self::encode(ty, id, slot, generation))
+    }
+
+    /// The `blocks` table: one row per type.
+    pub fn block_stats(&self) -> Vec<BlockStats> {
+        self.lists
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let st = l.state.lock();
+                BlockStats {
+                    index: i,
+                    slot_size: l.ty.slot_size,
+                    slots_per_block: l.ty.slots_per_block,
+                    pages_per_block: l.ty.pages,
+                    blocks: st.block_count,
+                    used_slots: st.used_slots,
+                }
+            })
+            .collect()
+    }
+}
+
+impl ListState {
+    /// `alloc_block()`: a new block, all slots free, at the head of the active list.
+    fn alloc_block(&mut self, ty: &BlockType, arena: &Arena) -> Result<u32> {
+        let mut pages = Vec::with_capacity(ty.pages);
+        arena.alloc_pages(ty.pages, &mut pages)?;
+        let slots = ty.slots_per_block;
+        let id = self.free_ids.pop().unwrap_or_else(|| {
+            self.blocks.push(Block::default());
+            (self.blocks.len() - 1) as u32
+        });
+        let b = &mut self.blocks[id as usize];
+        let generations = std::mem::take(&mut b.generations);
+        *b = Block {
+            pages: pages.into_boxed_slice(),
+            free_slots: slots as u32,
+            occupied: vec![false; slots],
+            lens: vec![0; slots],
+            // A reused id keeps its slots' generations, so old handles stay refused.
+            generations: if generations.len() == slots {
+                generations
+            } else {
+                vec![0; slots]
+            },
+            on_active: false,
+            prev: NONE,
+            next: NONE,
+        };
+        self.block_count += 1;
+        self.push_active(id, true);
+        Ok(id)
+    }
+
+    fn push_active(&mut self, id: u32, at_head: bool) {
+        let (head, tail) = (self.active_head, self.active_tail);
+        {
+            let b = &mut self.blocks[id as usize];
+            debug_assert!(!b.on_active);
+            b.on_active = true;
+            (b.prev, b.next) = if at_head { (NONE, head) } else { (tail, NONE) };
+        }
+        if at_head {
+            if head != NONE {
+                self.blocks[head as usize].prev = id;
+            } else {
+                self.active_tail = id;
+            }
+            self.active_head = id;
+        } else {
+            if tail != NONE {
+                self.blocks[tail as usize].next = id;
+            } else {
+                self.active_head = id;
+            }
+            self.active_tail = id;
+        }
+    }
+
+    fn unlink_active(&mut self, id: u32) {
+        let (prev, next) = {
+            let b = &mut self.blocks[id as usize];
+            debug_assert!(b.on_active);
+            b.on_active = false;
+            (b.prev, b.next)
+        };
+        if prev == NONE {
+            self.active_head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NONE {
+            self.active_tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+    }
+}
+
+impl ZPool for ZblockPool {
+    fn name(&self) -> &'static str {
+        "zblock"
+    }
+
+    fn malloc(&self, len: usize) -> Result<Handle> {
+        self.alloc_inner(len, None)
+    }
+
+    fn store(&self, data: &[u8]) -> Result<Handle> {
+        self.alloc_inner(data.len(), Some(data))
+    }
+
+    /// `zblock_free()`: a block whose last slot is freed goes back at once; a full block
+    /// that gets a free slot rejoins the active list at its tail.
+    fn free(&self, handle: Handle) -> Result<()> {
+        let (list, mut st, id, slot) = self.locate(handle)?;
+        let slots = list.ty.slots_per_block as u32;
+        let b = &mut st.blocks[id as usize];
+        b.occupied[slot] = false;
+        b.generations[slot] = b.generations[slot].wrapping_add(1);
+        b.free_slots += 1;
+        let free_slots = b.free_slots;
+        st.used_slots -= 1;
+        if free_slots == slots {
+            if st.blocks[id as usize].on_active {
+                st.unlink_active(id);
+            }
+            let pages = std::mem::take(&mut st.blocks[id as usize].pages);
+            self.arena.free_pages(pages.into_vec());
+            st.free_ids.push(id);
+            st.block_count -= 1;
+            self.pages_allocated
+                .fetch_sub(list.ty.pages as u64, Ordering::Relaxed);
+        } else if free_slots == 1 {
+            st.push_active(id, false);
+        }
+        Ok(())
+    }
+
+    fn write(&self, handle: Handle, data: &[u8]) -> Result<()> {
+        let (list, mut st, id, slot) = self.locate(handle)?;
+        let b = &mut st.blocks[id as usize];
+        let stored = b.lens[slot] as usize;
+        if data.len() != stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: data.len(),
+            });
+        }
+        let off = slot * list.ty.slot_size + header_size(self.table.page_size);
+        write_chain(&mut b.pages, off, data);
+        Ok(())
+    }
+
+    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
+        let (list, st, id, slot) = self.locate(handle)?;
+        let b = &st.blocks[id as usize];
+        let stored = b.lens[slot] as usize;
+        if out.len() < stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: out.len(),
+            });
+        }
+        let off = slot * list.ty.slot_size + header_size(self.table.page_size);
+        read_chain(&b.pages, off, &mut out[..stored]);
+        Ok(stored)
+    }
+
+    fn total_pages(&self) -> u64 {
+        self.pages_allocated.load(Ordering::Relaxed)
+    }
+
+    fn page_size(&self) -> usize {
+        self.table.page_size
+    }
+
+    fn max_alloc_size(&self) -> usize {
+        self.table.page_size
+    }
+
+    fn huge_class_size(&self) -> usize {
+        self.huge_class_size
+    }
+
+    /// zblock has no compaction: its blocks are freed as soon as they empty.
+    fn compact(&self) -> u64 {
+        0
+    }
+
+    fn pages_compacted(&self) -> u64 {
+        0
+    }
+}
+
+impl Drop for ZblockPool {
+    fn drop(&mut self) {
+        for list in self.lists.iter_mut() {
+            for b in list.state.get_mut().blocks.iter_mut() {
+                self.arena
+                    .free_pages(std::mem::take(&mut b.pages).into_vec());
+            }
+        }
+    }
+}
+
+/// One row of the `blocks` table.
+#[derive(Debug, Clone, Serialize)]
+pub struct BlockStats {
+    pub index: usize,
+    pub slot_size: usize,
+    pub slots_per_block: usize,
+    pub pages_per_block: usize,
+    pub blocks: u64,
+    pub used_slots: u64,
+}
+
+/// Formats rows like the debugfs `blocks` file, with slot columns added.
+pub fn format_block_stats(rows: &[BlockStats]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:>4} {:>9} {:>15} {:>15} {:>10} {:>10} {:>11}",
+        "type",
+        "slot_size",
+        "slots_per_block",
+        "pages_per_block",
+        "blocks",
+        "used_slots",
+        "total_pages"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:>4} {:>9} {:>15} {:>15} {:>10} {:>10} {:>11}",
+            r.index,
+            r.slot_size,
+            r.slots_per_block,
+            r.pages_per_block,
+            r.blocks,
+            r.used_slots,
+            r.blocks * r.pages_per_block as u64
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn thinning_bounds_the_overhead() {
+        // Against the full frontier, no object pays more than a few percent for the cap.
+        let t = BlockTable::new(16384, &BLOCK_PAGES);
+        assert_eq!(t.types.len(), MAX_TYPES);
+        let gaps = t
+            .types
+            .windows(2)
+            .map(|w| w[1].footprint(16384) / w[0].footprint(16384));
+        assert!(gaps.clone().all(|g| g > 1.0));
+        let worst_small = t.types.iter().filter(|t| t.slot_size >= 256).count();
+        assert!(
+            worst_small > 40,
+            "types spread over the sizes compressed pages have"
+        );
+    }
+
+    #[test]
+    fn tables_cover_every_size_in_ascending_types() {
+        for page_size in [4096, 16384] {
+            for pages in [&BLOCK_PAGES[..], &[1, 2, 3, 4, 5, 6, 8]] {
+                let t = BlockTable::new(page_size, pages);
+                assert!(
+                    t.types.len() <= MAX_TYPES && t.types.len() > 8,
+                    "{}",
+                    t.types.len()
+                );
+                assert!(t.types.windows(2).all(|w| w[0].slot_size < w[1].slot_size));
+                for len in 1..=page_size {
+                    let ty = t.types[t.type_for(len)];
+                    assert!(ty.slot_size >= len, "{len} into {ty:?}");
+                    if t.type_for(len) > 0 {
+                        assert!(
+                            t.types[t.type_for(len) - 1].slot_size < len,
+                            "{len}: a smaller type fits"
+                        );
+                    }
+                    assert!(ty.slots_per_block <= max_slots(page_size));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_whole_page_takes_seven_slots_in_eight_pages() {
+        // As the kernel's last descriptor, SLOT_SIZE(7, 3): the header keeps a 4 KiB object
+        // out of one- and two-page blocks' single slots at a lower cost.
+        let t = BlockTable::new(4096, &BLOCK_PAGES);
+        let last = t.types[t.type_for(4096)];
+        assert_eq!((last.slots_per_block, last.pages), (7, 8));
+    }
+}

@@ -1,0 +1,127 @@
+//! zblock: the conformance suite every allocator passes, and the scenario that sank v2 in
+//! review (free slots trapped behind full blocks).
+
+use ztier_pool::testing::{self, pattern};
+use ztier_pool::{Handle, ZPool, ZblockConfig, ZblockPool};
+
+fn pool(page_size: usize, odd_blocks: bool) -> ZblockPool {
+    ZblockPool::new(ZblockConfig {
+        page_size,
+        odd_blocks,
+    })
+    .unwrap()
+}
+
+#[test]
+fn conformance_4k() {
+    testing::run_all(|| pool(4096, false));
+}
+
+#[test]
+fn conformance_16k_and_odd_blocks() {
+    testing::run_all(|| pool(16384, false));
+    testing::run_all(|| pool(4096, true));
+}
+
+#[test]
+fn bad_page_size_is_refused() {
+    assert!(ZblockPool::new(ZblockConfig {
+        page_size: 8192,
+        odd_blocks: false
+    })
+    .is_err());
+}
+
+/// Fill many blocks of every type, free a random half of the objects, then allocate as many
+/// again: while the freed slots last, not one block may be added; and the pool's pages are
+/// exactly its blocks' pages throughout.
+#[test]
+fn freed_slots_are_reused_before_new_blocks() {
+    for page_size in [4096, 16384] {
+        let pool = pool(page_size, false);
+        let sizes: Vec<usize> = (0..40_000u64)
+            .map(|i| 64 + (i.wrapping_mul(2654435761) as usize % (page_size - 64)))
+            .collect();
+        let mut handles: Vec<Option<Handle>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Some(pool.store(&pattern(i as u64, len)).unwrap()))
+            .collect();
+        let blocks_full = pool.blocks();
+        let pages_full = pool.total_pages();
+        // A random half, by a fixed-seed shuffle.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut freed = Vec::new();
+        for (i, h) in handles.iter_mut().enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x.is_multiple_of(2) {
+                pool.free(h.take().unwrap()).unwrap();
+                freed.push(i);
+            }
+        }
+        let blocks_after_free = pool.blocks();
+        assert!(blocks_after_free <= blocks_full);
+        // Allocate the same sizes again: each fits a slot freed above.
+        for &i in &freed {
+            handles[i] = Some(pool.store(&pattern(i as u64 + 1, sizes[i])).unwrap());
+        }
+        assert!(
+            pool.blocks() <= blocks_full,
+            "{page_size}: {} blocks after refilling, {} when full, {} after freeing",
+            pool.blocks(),
+            blocks_full,
+            blocks_after_free
+        );
+        assert!(pool.total_pages() <= pages_full);
+        let stats = pool.block_stats();
+        assert_eq!(
+            stats
+                .iter()
+                .map(|r| r.blocks * r.pages_per_block as u64)
+                .sum::<u64>(),
+            pool.total_pages()
+        );
+        assert_eq!(
+            stats.iter().map(|r| r.used_slots).sum::<u64>(),
+            sizes.len() as u64
+        );
+        let mut out = vec![0; page_size];
+        for (i, h) in handles.iter().enumerate() {
+            let seed = if freed.binary_search(&i).is_ok() {
+                i as u64 + 1
+            } else {
+                i as u64
+            };
+            let n = pool.read(h.unwrap(), &mut out).unwrap();
+            assert_eq!(out[..n], pattern(seed, sizes[i])[..]);
+        }
+        for h in handles.into_iter().flatten() {
+            pool.free(h).unwrap();
+        }
+        assert_eq!((pool.blocks(), pool.total_pages()), (0, 0));
+    }
+}
+
+/// Within a type, allocation never adds a block while one of that type has a free slot.
+#[test]
+fn no_new_block_while_a_partial_one_exists() {
+    let pool = pool(4096, false);
+    let len = 1000;
+    let handles: Vec<Handle> = (0..1000)
+        .map(|i| pool.store(&pattern(i, len)).unwrap())
+        .collect();
+    let blocks = pool.blocks();
+    // One free slot in each of many blocks, full blocks all around them.
+    for h in handles.iter().step_by(5) {
+        pool.free(*h).unwrap();
+    }
+    for i in 0..200 {
+        pool.store(&pattern(i, len)).unwrap();
+        assert!(
+            pool.blocks() <= blocks,
+            "a block was added with free slots left"
+        );
+    }
+}

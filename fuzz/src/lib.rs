@@ -1,0 +1,43 @@
+//! The checks behind every fuzz target: a decompressor is total (any input gives Ok or Err,
+//! never a panic, an overrun or a hang, and never more output than room), and every
+//! compressor round-trips whatever it is given.
+
+use ztier_compress::{worst_case_len, Algorithm};
+
+/// Output room: the largest page ztier stores.
+const OUT: usize = 16384;
+
+pub fn decompress_is_total(alg: &str, data: &[u8]) {
+    let mut c = alg.parse::<Algorithm>().unwrap().new_compressor();
+    let mut out = vec![0u8; OUT];
+    if let Ok(n) = c.decompress(data, &mut out) {
+        assert!(n <= OUT);
+    }
+    // A short output buffer must be refused, not overrun.
+    let mut small = vec![0u8; 64];
+    if let Ok(n) = c.decompress(data, &mut small) {
+        assert!(n <= 64);
+    }
+}
+
+pub fn round_trips(alg: &str, data: &[u8]) {
+    let data = &data[..data.len().min(OUT)];
+    let mut c = alg.parse::<Algorithm>().unwrap().new_compressor();
+    let mut comp = vec![0u8; worst_case_len(data.len())];
+    let n = c.compress(data, &mut comp).expect("compress");
+    let mut back = vec![0u8; data.len()];
+    let m = c
+        .decompress(&comp[..n], &mut back)
+        .expect("decompress own output");
+    assert_eq!(m, data.len());
+    assert_eq!(back, data);
+    if alg == "lz4" {
+        // The kernel variant writes standard LZ4 blocks: liblz4 must read them.
+        let mut lib = vec![0u8; data.len()];
+        assert_eq!(
+            ztier_compress::liblz4::decompress_safe(&comp[..n], &mut lib),
+            Some(data.len())
+        );
+        assert_eq!(lib, data);
+    }
+}
