@@ -65,7 +65,11 @@ impl Compressor for Lzo {
 
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         check_dst(src, dst)?;
-        Ok(compress(src, dst, &mut self.dict, self.rle))
+        Ok(if self.rle {
+            compress::<true>(src, dst, &mut self.dict)
+        } else {
+            compress::<false>(src, dst, &mut self.dict)
+        })
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
@@ -145,14 +149,15 @@ impl Out<'_> {
     }
 }
 
-/// `lzogeneric1x_1_compress()`.
-fn compress(src: &[u8], dst: &mut [u8], dict: &mut [u16; D_SIZE], rle: bool) -> usize {
+/// `lzogeneric1x_1_compress()`; `RLE` selects lzo-rle (a constant, so that the hot loop
+/// carries no flag).
+fn compress<const RLE: bool>(src: &[u8], dst: &mut [u8], dict: &mut [u16; D_SIZE]) -> usize {
     let mut out = Out {
         dst,
         op: 0,
         state_offset: -2,
     };
-    let m4_max_offset = if rle {
+    let m4_max_offset = if RLE {
         out.push(17);
         out.push(LZO_RLE_VERSION);
         M4_MAX_OFFSET_V1
@@ -166,7 +171,8 @@ fn compress(src: &[u8], dst: &mut [u8], dict: &mut [u16; D_SIZE], rle: bool) -> 
     while l > 20 {
         let ll = l.min(m4_max_offset + 1);
         dict.fill(0);
-        t = compress_chunk(src, ip, ll, &mut out, t, dict, rle);
+        // The chunk's input ends where the slice ends, so bounds follow from `ip < ip_end`.
+        t = compress_chunk::<RLE>(&src[..ip + ll], ip, &mut out, t, dict);
         ip += ll;
         l -= ll;
     }
@@ -187,18 +193,16 @@ fn compress(src: &[u8], dst: &mut [u8], dict: &mut [u16; D_SIZE], rle: bool) -> 
     out.op
 }
 
-/// `lzo1x_1_do_compress()` over `src[base..base + len]`, with `ti` literals pending from the
-/// previous chunk; returns the literals left pending at its end.
-fn compress_chunk(
+/// `lzo1x_1_do_compress()` over `src[base..]`, with `ti` literals pending from the previous
+/// chunk; returns the literals left pending at its end.
+fn compress_chunk<const RLE: bool>(
     src: &[u8],
     base: usize,
-    len: usize,
     out: &mut Out,
     ti: usize,
     dict: &mut [u16; D_SIZE],
-    rle: bool,
 ) -> usize {
-    let in_end = base + len;
+    let in_end = src.len();
     let ip_end = in_end - 20;
     let mut ti = ti;
     let mut ip = base + 4usize.saturating_sub(ti);
@@ -214,7 +218,7 @@ fn compress_chunk(
             let dv = read32(src, ip);
             let mut m_pos = 0;
             let mut run_length = 0;
-            if dv == 0 && rle {
+            if RLE && dv == 0 {
                 let limit = ip_end.min(ip + MAX_ZERO_RUN_LENGTH + 1);
                 let mut ir = ip + 4;
                 while ir < limit && src[ir] == 0 {
