@@ -205,3 +205,75 @@ pub fn concurrent_round_trips<P: ZPool>(pool: &P) {
     });
     assert_eq!(pool.total_pages(), 0);
 }
+
+/// One step of the model-based property test ([`run_model`]).
+#[derive(Debug, Clone)]
+pub enum ModelOp {
+    Store { len: usize, seed: u64 },
+    Rewrite { pick: usize, seed: u64 },
+    Read { pick: usize },
+    Free { pick: usize },
+    FreeStale { pick: usize },
+    Compact,
+}
+
+/// Runs `ops` against `pool` and a `HashMap` model, checking after every step:
+/// - every live object reads back exactly as last written, across compaction;
+/// - a freed handle is refused by free and read, and nothing else changes;
+/// - no live handle is ever handed out twice;
+/// - `pages_of(pool)` (the allocator's own per-class or per-type count) equals `total_pages`;
+/// - once everything is freed, `total_pages` is 0.
+pub fn run_model<P: ZPool>(pool: &P, ops: &[ModelOp], pages_of: impl Fn(&P) -> u64) {
+    use std::collections::HashMap;
+    let max = pool.max_alloc_size();
+    let mut model: HashMap<crate::Handle, Vec<u8>> = HashMap::new();
+    let mut keys = Vec::new();
+    let mut freed = Vec::new();
+    let mut out = vec![0u8; max];
+    for op in ops {
+        match *op {
+            ModelOp::Store { len, seed } => {
+                let data = pattern(seed, 1 + len % max);
+                let h = pool.store(&data).unwrap();
+                assert!(
+                    model.insert(h, data).is_none(),
+                    "handle {h} handed out twice"
+                );
+                keys.push(h);
+            }
+            ModelOp::Rewrite { pick, seed } if !keys.is_empty() => {
+                let h = keys[pick % keys.len()];
+                let data = pattern(seed, model[&h].len());
+                pool.write(h, &data).unwrap();
+                model.insert(h, data);
+            }
+            ModelOp::Read { pick } if !keys.is_empty() => {
+                let h = keys[pick % keys.len()];
+                let len = pool.read(h, &mut out).unwrap();
+                assert_eq!(&out[..len], &model[&h][..]);
+            }
+            ModelOp::Free { pick } if !keys.is_empty() => {
+                let h = keys.swap_remove(pick % keys.len());
+                pool.free(h).unwrap();
+                model.remove(&h);
+                freed.push(h);
+            }
+            ModelOp::FreeStale { pick } if !freed.is_empty() => {
+                let h = freed[pick % freed.len()];
+                assert!(matches!(pool.free(h), Err(PoolError::FreedHandle { .. })));
+                assert!(pool.read(h, &mut out).is_err());
+            }
+            ModelOp::Compact => {
+                pool.compact();
+            }
+            _ => {}
+        }
+        assert_eq!(pages_of(pool), pool.total_pages());
+    }
+    for (h, data) in &model {
+        let len = pool.read(*h, &mut out).unwrap();
+        assert_eq!(&out[..len], &data[..]);
+        pool.free(*h).unwrap();
+    }
+    assert_eq!(pool.total_pages(), 0);
+}

@@ -1,6 +1,10 @@
-//! zblock: the conformance suite every allocator passes, and the scenario that sank v2 in
-//! review (free slots trapped behind full blocks).
+//! zblock: the conformance suite every allocator passes, the model-based property test, and
+//! the scenario that sank v2 in review (free slots trapped behind full blocks).
 
+mod common;
+
+use common::model_op;
+use proptest::prelude::*;
 use ztier_pool::testing::{self, pattern};
 use ztier_pool::{Handle, ZPool, ZblockConfig, ZblockPool};
 
@@ -123,5 +127,19 @@ fn no_new_block_while_a_partial_one_exists() {
             pool.blocks() <= blocks,
             "a block was added with free slots left"
         );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The model properties of `testing::run_model`, with the types' block counts as the
+    /// allocator's own page count.
+    #[test]
+    fn matches_a_model(big in any::<bool>(), odd in any::<bool>(), ops in proptest::collection::vec(model_op(), 1..400)) {
+        let pool = pool(if big { 16384 } else { 4096 }, odd);
+        testing::run_model(&pool, &ops, |p| {
+            p.block_stats().iter().map(|r| r.blocks * r.pages_per_block as u64).sum()
+        });
     }
 }

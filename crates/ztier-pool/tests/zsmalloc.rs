@@ -7,12 +7,13 @@
 //! - malloc of 0 or of more than a page is refused;
 //! - `total_pages` equals the sum of the classes' `pages_used`, and is 0 once all is freed.
 
-use std::collections::HashMap;
+mod common;
 
+use common::model_op;
 use proptest::prelude::*;
 use ztier_pool::testing::{self, pattern};
 use ztier_pool::zsmalloc::ChainRule;
-use ztier_pool::{Handle, PoolError, ZPool, ZsConfig, ZsPool};
+use ztier_pool::{Handle, ZPool, ZsConfig, ZsPool};
 
 fn pool(page_size: usize, chain_size: usize, chain_rule: ChainRule) -> ZsPool {
     ZsPool::new(ZsConfig {
@@ -92,79 +93,12 @@ fn handles_survive_compaction_and_stats_add_up() {
         .starts_with("Total"));
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Store { len: usize, seed: u64 },
-    Rewrite { pick: usize, seed: u64 },
-    Read { pick: usize },
-    Free { pick: usize },
-    FreeStale { pick: usize },
-    Compact,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        6 => (1usize..=4096, any::<u64>()).prop_map(|(len, seed)| Op::Store { len, seed }),
-        2 => (any::<usize>(), any::<u64>()).prop_map(|(pick, seed)| Op::Rewrite { pick, seed }),
-        3 => any::<usize>().prop_map(|pick| Op::Read { pick }),
-        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        1 => any::<usize>().prop_map(|pick| Op::FreeStale { pick }),
-        1 => Just(Op::Compact),
-    ]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn matches_a_model(chain in 1usize..=16, ops in proptest::collection::vec(op(), 1..400)) {
+    fn matches_a_model(chain in 1usize..=16, ops in proptest::collection::vec(model_op(), 1..400)) {
         let pool = pool(4096, chain, ChainRule::LeastWaste);
-        let mut model: HashMap<Handle, Vec<u8>> = HashMap::new();
-        let mut freed: Vec<Handle> = Vec::new();
-        let mut keys: Vec<Handle> = Vec::new();
-        let mut out = vec![0u8; 4096];
-        for op in ops {
-            match op {
-                Op::Store { len, seed } => {
-                    let data = pattern(seed, len);
-                    let h = pool.store(&data).unwrap();
-                    prop_assert!(model.insert(h, data).is_none(), "handle reused while live");
-                    keys.push(h);
-                }
-                Op::Rewrite { pick, seed } if !keys.is_empty() => {
-                    let h = keys[pick % keys.len()];
-                    let data = pattern(seed, model[&h].len());
-                    pool.write(h, &data).unwrap();
-                    model.insert(h, data);
-                }
-                Op::Read { pick } if !keys.is_empty() => {
-                    let h = keys[pick % keys.len()];
-                    let len = pool.read(h, &mut out).unwrap();
-                    prop_assert_eq!(&out[..len], &model[&h][..]);
-                }
-                Op::Free { pick } if !keys.is_empty() => {
-                    let h = keys.swap_remove(pick % keys.len());
-                    pool.free(h).unwrap();
-                    model.remove(&h);
-                    freed.push(h);
-                }
-                Op::FreeStale { pick } if !freed.is_empty() => {
-                    let h = freed[pick % freed.len()];
-                    let stale = matches!(pool.free(h), Err(PoolError::FreedHandle { .. }));
-                    prop_assert!(stale, "stale free accepted");
-                    prop_assert!(pool.read(h, &mut out).is_err());
-                }
-                Op::Compact => { pool.compact(); }
-                _ => {}
-            }
-            let by_class: u64 = pool.class_stats().iter().map(|r| r.pages_used).sum();
-            prop_assert_eq!(by_class, pool.total_pages());
-        }
-        for (h, data) in &model {
-            let len = pool.read(*h, &mut out).unwrap();
-            prop_assert_eq!(&out[..len], &data[..]);
-            pool.free(*h).unwrap();
-        }
-        prop_assert_eq!(pool.total_pages(), 0);
+        testing::run_model(&pool, &ops, |p| p.class_stats().iter().map(|r| r.pages_used).sum());
     }
 }
