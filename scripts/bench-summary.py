@@ -16,7 +16,7 @@ for dirpath, _, files in os.walk(root):
         tp = b.get("throughput") or {}
         nbytes = tp.get("Bytes") or tp.get("BytesDecimal")
         rows.setdefault((g, b.get("value_str") or ""), {})[b["function_id"]] = (e["mean"]["point_estimate"], nbytes)
-REFS = ("memcpy", "liblz4", "liblzo2", "raw")
+REFS = ("memcpy", "memcpy-hot", "liblz4", "liblzo2", "raw")
 
 def reference(fns, f):
     """The reference a function is measured against: its C library where there is one
