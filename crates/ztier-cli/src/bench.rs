@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Print one JSON object per run instead of the report.
     #[arg(long)]
     pub json: bool,
+    /// Also print the allocator's table after the write (zsmalloc's debugfs `classes`,
+    /// zblock's `blocks`).
+    #[arg(long)]
+    pub stats: bool,
 }
 
 /// One run's results, as `--json` prints them.
@@ -71,6 +75,9 @@ pub struct RunReport {
     pub load_vs_raw: f64,
     pub rss_bytes: u64,
     pub verified: bool,
+    /// The allocator's table after the write, with `--stats`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_stats: Option<String>,
     /// The kernel's figures for the same corpus and algorithm, when a truth file has them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelFigures>,
@@ -326,6 +333,7 @@ fn run_one(
     let dev = dev.expect("at least one pass");
     let mm_stat = dev.mm_stat();
     let rss_bytes = ztier_pool::process_rss_bytes().unwrap_or(0);
+    let stats_table = args.stats.then(|| dev.pool().stats_table());
 
     let progress = Progress::new("load", total);
     let load_s = best(&mut || {
@@ -392,6 +400,7 @@ fn run_one(
         load_vs_raw: round3(load / raw_d),
         rss_bytes,
         verified: true,
+        allocator_stats: stats_table,
         kernel,
     })
 }
@@ -478,6 +487,12 @@ fn print_report(r: &RunReport) {
         r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s
     );
     println!("  rss {} after the write", mib(r.rss_bytes));
+    if let Some(table) = &r.allocator_stats {
+        println!("  {} after the write:", r.allocator);
+        for line in table.lines() {
+            println!("    {line}");
+        }
+    }
     if let Some(k) = &r.kernel {
         println!("  the kernel's zram ({}) on the same pages:", k.release);
         println!(

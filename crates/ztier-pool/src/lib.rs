@@ -113,4 +113,6 @@ pub trait ZPool: Send + Sync {
     fn compact(&self) -> u64;
     /// Pages freed by compaction over the pool's life.
     fn pages_compacted(&self) -> u64;
+    /// The allocator's debugfs table: zsmalloc's `classes`, zblock's `blocks`.
+    fn stats_table(&self) -> String;
 }

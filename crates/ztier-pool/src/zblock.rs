@@ -579,6 +579,10 @@ impl ZPool for ZblockPool {
     fn pages_compacted(&self) -> u64 {
         0
     }
+
+    fn stats_table(&self) -> String {
+        format_block_stats(&self.block_stats())
+    }
 }
 
 impl Drop for ZblockPool {

@@ -489,6 +489,10 @@ impl ZPool for ZsPool {
     fn pages_compacted(&self) -> u64 {
         self.pages_compacted.load(Ordering::Relaxed)
     }
+
+    fn stats_table(&self) -> String {
+        format_class_stats(&self.class_stats())
+    }
 }
 
 impl Drop for ZsPool {
