@@ -278,9 +278,9 @@ fn run_one(
     let pages: Vec<&[u8]> = corpus.chunks(ps).collect();
     let bytes = pages.len() * ps;
 
-    // Short corpora are timed several times and the best pass kept, so that one pass of a
-    // few milliseconds does not decide the figures.
-    let reps = (64usize << 20).div_ceil(bytes).clamp(1, 10);
+    // Every phase is timed at least three times and the best pass kept (short corpora more
+    // often), so that one disturbed pass on a shared machine does not decide the figures.
+    let reps = (64usize << 20).div_ceil(bytes).clamp(3, 10);
     let best = |f: &mut dyn FnMut() -> anyhow::Result<f64>| -> anyhow::Result<f64> {
         let mut best = f64::INFINITY;
         for _ in 0..reps {
