@@ -10,7 +10,7 @@
 //! decompress after releasing it.
 //!
 //! # Lock ordering
-//! `Device::streams` (held only to take or return a stream, never with another lock) ;
+//! `Device::streams[shard]` (held only to take or return a stream, never with another lock);
 //! `Slot` lock → the pool's own locks (`SizeClass::state` → `Arena::state`).
 //! No operation holds two slot locks.
 #![forbid(unsafe_code)]
@@ -27,9 +27,10 @@ use ztier_compress::{
 use ztier_pool::{PoolError, ZPool};
 
 pub use slot::{Entry, SlotFlag};
-pub use stats::{DebugStat, IoStat, MmStat, Stats};
+pub use stats::{Counter, DebugStat, IoStat, MmStat, Stats};
 
 use slot::Slot;
+use stats::{shard_index, SHARDS};
 
 /// What a device operation refuses.
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +77,9 @@ pub struct Device {
     algorithm: Algorithm,
     pool: Box<dyn ZPool>,
     slots: Box<[Slot]>,
-    /// Idle streams; an operation takes one and gives it back (zram's per-CPU streams).
-    streams: Mutex<Vec<Stream>>,
+    /// Idle streams by shard; an operation takes one from its thread's shard and gives it
+    /// back (zram's per-CPU streams).
+    streams: Box<[Mutex<Vec<Stream>>]>,
     stats: Stats,
     /// Pool pages allowed, 0 = unlimited (`limit_pages`).
     limit_pages: AtomicU64,
@@ -98,7 +100,7 @@ impl Device {
             algorithm,
             pool,
             slots: (0..pages).map(|_| Slot::default()).collect(),
-            streams: Mutex::new(Vec::new()),
+            streams: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
             stats: Stats::default(),
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
@@ -143,12 +145,13 @@ impl Device {
     }
 
     fn with_stream<T>(&self, f: impl FnOnce(&mut Stream) -> T) -> T {
-        let mut stream = self.streams.lock().pop().unwrap_or_else(|| Stream {
+        let shard = &self.streams[shard_index()];
+        let mut stream = shard.lock().pop().unwrap_or_else(|| Stream {
             comp: self.algorithm.new_compressor(),
             buf: vec![0; worst_case_len(self.page_size)],
         });
         let r = f(&mut stream);
-        self.streams.lock().push(stream);
+        shard.lock().push(stream);
         r
     }
 
@@ -156,7 +159,7 @@ impl Device {
     pub fn write_page(&self, index: u64, page: &[u8]) -> Result<()> {
         let r = self.write_page_inner(index, page);
         if r.is_err() {
-            self.stats.failed_writes.fetch_add(1, Relaxed);
+            self.stats.add(Counter::FailedWrites, 1);
         }
         r
     }
@@ -174,8 +177,8 @@ impl Device {
             self.free_slot(&mut g.entry);
             g.entry.handle = word;
             g.entry.set(SlotFlag::Same, true);
-            self.stats.same_pages.fetch_add(1, Relaxed);
-            self.stats.pages_stored.fetch_add(1, Relaxed);
+            self.stats.add(Counter::SamePages, 1);
+            self.stats.add(Counter::PagesStored, 1);
             return Ok(());
         }
 
@@ -190,7 +193,10 @@ impl Device {
         })?;
 
         let used = self.pool.total_pages();
-        self.max_used_pages.fetch_max(used, Relaxed);
+        // Read first: the line stays shared between threads until a new maximum is set.
+        if used > self.max_used_pages.load(Relaxed) {
+            self.max_used_pages.fetch_max(used, Relaxed);
+        }
         let limit = self.limit_pages.load(Relaxed);
         if limit != 0 && used > limit {
             self.pool.free(handle)?;
@@ -206,11 +212,11 @@ impl Device {
         g.entry.set_size(size);
         if size == self.page_size {
             g.entry.set(SlotFlag::Huge, true);
-            self.stats.huge_pages.fetch_add(1, Relaxed);
-            self.stats.huge_pages_since.fetch_add(1, Relaxed);
+            self.stats.add(Counter::HugePages, 1);
+            self.stats.add(Counter::HugePagesSince, 1);
         }
-        self.stats.compr_data_size.fetch_add(size as u64, Relaxed);
-        self.stats.pages_stored.fetch_add(1, Relaxed);
+        self.stats.add(Counter::ComprDataSize, size as i64);
+        self.stats.add(Counter::PagesStored, 1);
         Ok(())
     }
 
@@ -218,20 +224,18 @@ impl Device {
     fn free_slot(&self, e: &mut Entry) {
         let was_allocated = e.is_allocated();
         if e.has(SlotFlag::Same) {
-            self.stats.same_pages.fetch_sub(1, Relaxed);
+            self.stats.add(Counter::SamePages, -1);
         } else if e.handle != 0 {
             let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");
             // The handle came from this pool and the slot lock makes it ours alone.
             self.pool.free(handle).expect("slot handles are live");
-            self.stats
-                .compr_data_size
-                .fetch_sub(e.size() as u64, Relaxed);
+            self.stats.add(Counter::ComprDataSize, -(e.size() as i64));
             if e.has(SlotFlag::Huge) {
-                self.stats.huge_pages.fetch_sub(1, Relaxed);
+                self.stats.add(Counter::HugePages, -1);
             }
         }
         if was_allocated {
-            self.stats.pages_stored.fetch_sub(1, Relaxed);
+            self.stats.add(Counter::PagesStored, -1);
         }
         *e = Entry::default();
     }
@@ -240,7 +244,7 @@ impl Device {
     pub fn read_page(&self, index: u64, out: &mut [u8]) -> Result<()> {
         let r = self.read_page_inner(index, out);
         if r.is_err() {
-            self.stats.failed_reads.fetch_add(1, Relaxed);
+            self.stats.add(Counter::FailedReads, 1);
         }
         r
     }
@@ -303,7 +307,7 @@ impl Device {
                 freed += 1;
             }
             self.free_slot(&mut g.entry);
-            self.stats.notify_free.fetch_add(1, Relaxed);
+            self.stats.add(Counter::NotifyFree, 1);
         }
         Ok(freed)
     }
@@ -312,7 +316,7 @@ impl Device {
     pub fn discard_page(&self, index: u64) -> Result<()> {
         let mut g = self.slot(index)?.lock();
         self.free_slot(&mut g.entry);
-        self.stats.notify_free.fetch_add(1, Relaxed);
+        self.stats.add(Counter::NotifyFree, 1);
         Ok(())
     }
 
@@ -409,25 +413,25 @@ impl Device {
     pub fn mm_stat(&self) -> MmStat {
         let ps = self.page_size as u64;
         MmStat {
-            orig_data_size: self.stats.pages_stored.load(Relaxed) * ps,
-            compr_data_size: self.stats.compr_data_size.load(Relaxed),
+            orig_data_size: self.stats.get(Counter::PagesStored) * ps,
+            compr_data_size: self.stats.get(Counter::ComprDataSize),
             mem_used_total: self.pool.total_pages() * ps,
             mem_limit: self.limit_pages.load(Relaxed) * ps,
             mem_used_max: self.max_used_pages.load(Relaxed) * ps,
-            same_pages: self.stats.same_pages.load(Relaxed),
+            same_pages: self.stats.get(Counter::SamePages),
             pages_compacted: self.pool.pages_compacted(),
-            huge_pages: self.stats.huge_pages.load(Relaxed),
-            huge_pages_since: self.stats.huge_pages_since.load(Relaxed),
+            huge_pages: self.stats.get(Counter::HugePages),
+            huge_pages_since: self.stats.get(Counter::HugePagesSince),
         }
     }
 
     /// `io_stat`.
     pub fn io_stat(&self) -> IoStat {
         IoStat {
-            failed_reads: self.stats.failed_reads.load(Relaxed),
-            failed_writes: self.stats.failed_writes.load(Relaxed),
+            failed_reads: self.stats.get(Counter::FailedReads),
+            failed_writes: self.stats.get(Counter::FailedWrites),
             invalid_io: 0,
-            notify_free: self.stats.notify_free.load(Relaxed),
+            notify_free: self.stats.get(Counter::NotifyFree),
         }
     }
 
@@ -435,7 +439,7 @@ impl Device {
     pub fn debug_stat(&self) -> DebugStat {
         DebugStat {
             version: 2,
-            miss_free: self.stats.miss_free.load(Relaxed),
+            miss_free: self.stats.get(Counter::MissFree),
         }
     }
 }

@@ -1,49 +1,96 @@
 //! zram's counters (`struct zram_stats`) and the sysfs files made from them.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
 
 use serde::{Deserialize, Serialize};
 
-/// The device's running counters.
-#[derive(Debug, Default)]
-pub struct Stats {
+/// Shards of counters and streams: a thread uses the shard of its index, so two threads
+/// rarely write the same cache line (zram's per-CPU streams and stats, in userspace).
+pub(crate) const SHARDS: usize = 16;
+
+/// This thread's shard.
+pub(crate) fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
+}
+
+/// One of the device's running counters (`struct zram_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
     /// Bytes of compressed objects held (huge pages count a whole page).
-    pub compr_data_size: AtomicU64,
+    ComprDataSize,
     /// Slots holding data (same-filled ones included).
-    pub pages_stored: AtomicU64,
+    PagesStored,
     /// Slots holding a same-filled page as one word.
-    pub same_pages: AtomicU64,
+    SamePages,
     /// Slots holding a page stored raw.
-    pub huge_pages: AtomicU64,
-    /// Pages ever stored raw since the device was created.
-    pub huge_pages_since: AtomicU64,
+    HugePages,
+    /// Pages ever stored raw since the device was created or reset.
+    HugePagesSince,
     /// Reads that failed (corrupt object, bad request).
-    pub failed_reads: AtomicU64,
+    FailedReads,
     /// Writes that failed (memory limit, allocation, bad request).
-    pub failed_writes: AtomicU64,
+    FailedWrites,
     /// Slots freed by discard.
-    pub notify_free: AtomicU64,
+    NotifyFree,
     /// Frees that found the slot busy (kept for `debug_stat`; always 0 here, since a free
     /// waits for the slot lock instead of giving up).
-    pub miss_free: AtomicU64,
+    MissFree,
+}
+
+const COUNTERS: usize = 9;
+
+/// A shard of every counter, alone on its cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard([AtomicI64; COUNTERS]);
+
+/// The device's running counters, sharded by thread; a reading sums the shards (a shard may
+/// go negative when one thread frees what another stored).
+pub struct Stats {
+    shards: Box<[Shard]>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stats").finish_non_exhaustive()
+    }
 }
 
 impl Stats {
+    #[inline]
+    pub fn add(&self, counter: Counter, n: i64) {
+        self.shards[shard_index()].0[counter as usize].fetch_add(n, Relaxed);
+    }
+
+    /// The counter's value now.
+    pub fn get(&self, counter: Counter) -> u64 {
+        let sum: i64 = self
+            .shards
+            .iter()
+            .map(|s| s.0[counter as usize].load(Relaxed))
+            .sum();
+        sum.max(0) as u64
+    }
+
     /// Zeroes every counter: a reset device starts from nothing, as in the kernel.
     pub fn clear(&self) {
-        for c in [
-            &self.compr_data_size,
-            &self.pages_stored,
-            &self.same_pages,
-            &self.huge_pages,
-            &self.huge_pages_since,
-            &self.failed_reads,
-            &self.failed_writes,
-            &self.notify_free,
-            &self.miss_free,
-        ] {
-            c.store(0, Relaxed);
+        for shard in self.shards.iter() {
+            for c in &shard.0 {
+                c.store(0, Relaxed);
+            }
         }
     }
 }
