@@ -12,8 +12,8 @@ pub fn copy_literals(dst: &mut [u8], op: usize, src: &[u8], ip: usize, len: usiz
     if op + len + WILD <= dst.len() && ip + len + WILD <= src.len() {
         let mut k = 0;
         while k < len {
-            let chunk: [u8; WILD] = src[ip + k..ip + k + WILD].try_into().unwrap();
-            dst[op + k..op + k + WILD].copy_from_slice(&chunk);
+            let chunk = *chunk::<WILD>(src, ip + k);
+            *chunk_mut::<WILD>(dst, op + k) = chunk;
             k += WILD;
         }
     } else {
@@ -36,8 +36,8 @@ pub fn copy_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
     if dist >= WILD {
         let mut k = 0;
         while k < len {
-            let chunk: [u8; WILD] = dst[from + k..from + k + WILD].try_into().unwrap();
-            dst[op + k..op + k + WILD].copy_from_slice(&chunk);
+            let chunk = *chunk::<WILD>(dst, from + k);
+            *chunk_mut::<WILD>(dst, op + k) = chunk;
             k += WILD;
         }
         return;
@@ -55,11 +55,26 @@ pub fn copy_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
         dist * 8usize.div_ceil(dist)
     };
     while k < len {
-        let at = op + k - period;
-        let chunk: [u8; 8] = dst[at..at + 8].try_into().unwrap();
-        dst[op + k..op + k + 8].copy_from_slice(&chunk);
+        let chunk = *chunk::<8>(dst, op + k - period);
+        *chunk_mut::<8>(dst, op + k) = chunk;
         k += 8;
     }
+}
+
+/// `buf[at..at + N]` as an array, checked with two compares.
+#[inline(always)]
+pub fn chunk<const N: usize>(buf: &[u8], at: usize) -> &[u8; N] {
+    buf[at..]
+        .first_chunk::<N>()
+        .expect("caller checked the room")
+}
+
+/// `buf[at..at + N]` as a mutable array, checked with two compares.
+#[inline(always)]
+pub fn chunk_mut<const N: usize>(buf: &mut [u8], at: usize) -> &mut [u8; N] {
+    buf[at..]
+        .first_chunk_mut::<N>()
+        .expect("caller checked the room")
 }
 
 #[cfg(test)]

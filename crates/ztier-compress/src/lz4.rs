@@ -15,7 +15,7 @@
 //! The last sequence has literals only; the last 5 bytes are always literals and no match
 //! starts in the last 12.
 
-use crate::copy::{copy_literals, copy_match};
+use crate::copy::{chunk, chunk_mut, copy_literals, copy_match};
 use crate::{check_dst, CompressError, Compressor, Result};
 
 const MINMATCH: usize = 4;
@@ -73,7 +73,7 @@ impl Compressor for Lz4 {
 
 #[inline(always)]
 fn read32(s: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(s[i..i + 4].try_into().unwrap())
+    u32::from_le_bytes(*chunk::<4>(s, i))
 }
 
 #[inline(always)]
@@ -250,35 +250,76 @@ fn read_length(src: &[u8], ip: &mut usize, mut len: usize) -> Result<usize> {
 }
 
 /// Decodes an LZ4 block into `dst`; returns the decoded length.
+///
+/// The main loop decodes while the output has room for wild copies, in liblz4's shape: a long
+/// literal run and a long match are each a separate, rarely taken branch; a short literal run
+/// is one 16-byte copy and a short match with an offset of 8 or more is fixed 8- or 16-byte
+/// copies, so the common sequence has no loop whose trip count could be mispredicted. A
+/// sequence it cannot finish within its bounds is left, unconsumed, to [`decompress_tail`],
+/// which checks every step (and ends the block).
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
+    let (mut ip, mut op) = (0, 0);
+    while op + 64 <= dst.len() {
+        let Some(&token) = src.get(ip) else { break };
+        let token = token as usize;
+        let mut p = ip + 1;
+        let mut lit = token >> 4;
+        if lit == RUN_MASK {
+            lit = read_length(src, &mut p, lit)?;
+            if p + lit + 16 > src.len() || op + lit + 64 > dst.len() {
+                break;
+            }
+            copy_literals(dst, op, src, p, lit);
+        } else {
+            if p + 18 > src.len() {
+                break;
+            }
+            *chunk_mut::<16>(dst, op) = *chunk::<16>(src, p);
+        }
+        let q = p + lit;
+        let offset = u16::from_le_bytes(*chunk::<2>(src, q)) as usize;
+        let o = op + lit;
+        let mut r = q + 2;
+        let mut ml = token & ML_MASK;
+        if ml == ML_MASK {
+            ml = read_length(src, &mut r, ml)?;
+        }
+        ml += MINMATCH;
+        if offset == 0 || offset > o {
+            return Err(corrupt(q, "match offset outside the output"));
+        }
+        if o + ml + 32 > dst.len() {
+            break;
+        }
+        let from = o - offset;
+        if ml <= 18 && offset >= 16 {
+            let first = *chunk::<16>(dst, from);
+            *chunk_mut::<16>(dst, o) = first;
+            let second = *chunk::<16>(dst, from + 16);
+            *chunk_mut::<16>(dst, o + 16) = second;
+        } else if ml <= 18 && offset >= 8 {
+            for k in [0, 8, 16] {
+                let c = *chunk::<8>(dst, from + k);
+                *chunk_mut::<8>(dst, o + k) = c;
+            }
+        } else {
+            copy_match(dst, o, offset, ml);
+        }
+        ip = r;
+        op = o + ml;
+    }
+    decompress_tail(src, dst, ip, op)
+}
+
+/// Decodes sequences from `ip` on, writing from `op` on, checking every step, to the end of
+/// the block.
+fn decompress_tail(src: &[u8], dst: &mut [u8], mut ip: usize, mut op: usize) -> Result<usize> {
     let capacity = dst.len();
     let overrun = || CompressError::OutputOverrun {
         algorithm: "lz4",
         capacity,
     };
-    let mut ip = 0;
-    let mut op = 0;
     loop {
-        // Shortcut for the common sequence, as liblz4's decoder has it: literals and match
-        // both short (no length bytes), input and output with room for fixed-size copies.
-        if ip + 32 <= src.len() && op + 64 <= dst.len() {
-            let token = src[ip] as usize;
-            let (lit, ml) = (token >> 4, token & ML_MASK);
-            if lit < RUN_MASK && ml < ML_MASK {
-                let chunk: [u8; 16] = src[ip + 1..ip + 17].try_into().unwrap();
-                dst[op..op + 16].copy_from_slice(&chunk);
-                let at = ip + 1 + lit;
-                let offset = u16::from_le_bytes([src[at], src[at + 1]]) as usize;
-                let o = op + lit;
-                if offset != 0 && offset <= o {
-                    copy_match(dst, o, offset, ml + MINMATCH);
-                    ip = at + 2;
-                    op = o + ml + MINMATCH;
-                    continue;
-                }
-                // A bad offset: the general path below reports it.
-            }
-        }
         let token = *src
             .get(ip)
             .ok_or_else(|| corrupt(ip, "truncated: no token"))? as usize;
