@@ -37,9 +37,10 @@ pub struct BenchArgs {
     pub allocator: AllocatorChoice,
     #[command(flatten)]
     pub layout: PoolLayoutArgs,
-    /// Threads writing and reading at once.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub threads: u16,
+    /// Threads writing and reading at once; a list (`1,2`) runs each count in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Vec<u16>,
     /// After the write, discard every odd page, then compact (as the kernel's figures in the
     /// truth files were taken).
     #[arg(long)]
@@ -130,18 +131,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         for &kind in args.allocator.kinds() {
             for alg in &args.compressors {
-                let kernel = kernel_figures(truth.as_ref(), kind, alg, args, config.page_size);
-                let report = run_one(&corpus, kind, *alg, args, kernel)?;
-                if args.json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    print_report(&report);
+                for &threads in &args.threads {
+                    let kernel = kernel_figures(truth.as_ref(), kind, alg, args, config.page_size);
+                    let report = run_one(&corpus, kind, *alg, threads, args, kernel)?;
+                    if args.json {
+                        println!("{}", serde_json::to_string(&report)?);
+                    } else {
+                        print_report(&report);
+                    }
+                    reports.push(report);
                 }
-                reports.push(report);
             }
         }
     }
-    if !args.json && args.allocator.kinds().len() > 1 {
+    if !args.json && (args.allocator.kinds().len() > 1 || args.threads.len() > 1) {
         crate::pools::print_side_by_side(&reports);
     }
     Ok(())
@@ -270,6 +273,7 @@ fn run_one(
     corpus: &Corpus,
     kind: AllocatorKind,
     alg: Algorithm,
+    threads: u16,
     args: &BenchArgs,
     kernel: Option<KernelFigures>,
 ) -> anyhow::Result<RunReport> {
@@ -293,7 +297,7 @@ fn run_one(
     // The raw compressor on the same pages, same threads: the reference for store and load.
     let progress = Progress::new("compress", total);
     let raw_compress_s = best(&mut || {
-        parallel_pages(&pages, args.threads, &progress, |_, page, scratch| {
+        parallel_pages(&pages, threads, &progress, |_, page, scratch| {
             thread_local_compressor(alg, |c| {
                 scratch.resize(worst_case_len(ps), 0);
                 c.compress(page, scratch)
@@ -305,7 +309,7 @@ fn run_one(
     let compressed = compress_all(&pages, alg)?;
     let progress = Progress::new("decomp", total);
     let raw_decompress_s = best(&mut || {
-        parallel_pages(&pages, args.threads, &progress, |i, _, scratch| {
+        parallel_pages(&pages, threads, &progress, |i, _, scratch| {
             thread_local_compressor(alg, |c| {
                 scratch.resize(ps, 0);
                 c.decompress(&compressed[i], scratch)
@@ -322,7 +326,7 @@ fn run_one(
     let store_s = best(&mut || {
         drop(dev.take());
         let d = Device::new(bytes as u64, alg, kind.make_pool(&config)?)?;
-        let secs = parallel_pages(&pages, args.threads, &progress, |i, page, _| {
+        let secs = parallel_pages(&pages, threads, &progress, |i, page, _| {
             d.write_page(i as u64, page)
                 .with_context(|| format!("writing page {i}"))
         })?;
@@ -337,7 +341,7 @@ fn run_one(
 
     let progress = Progress::new("load", total);
     let load_s = best(&mut || {
-        parallel_pages(&pages, args.threads, &progress, |i, _, scratch| {
+        parallel_pages(&pages, threads, &progress, |i, _, scratch| {
             scratch.resize(ps, 0);
             dev.read_page(i as u64, scratch)
                 .with_context(|| format!("reading page {i}"))
@@ -359,7 +363,7 @@ fn run_one(
         Ok(())
     };
     let progress = Progress::new("verify", pages.len() as u64);
-    parallel_pages(&pages, args.threads, &progress, verify)?;
+    parallel_pages(&pages, threads, &progress, verify)?;
     progress.finish();
 
     let mut mm_stat_after_discard = None;
@@ -388,7 +392,7 @@ fn run_one(
         allocator: kind.name(),
         compressor: alg.to_string(),
         chain_size: config.chain_size,
-        threads: args.threads,
+        threads,
         mm_stat,
         mm_stat_after_discard,
         mm_stat_after_compact,

@@ -62,13 +62,15 @@ impl std::str::FromStr for AllocatorChoice {
     }
 }
 
-/// One line per run: density and speed of each allocator on the same corpus and compressor.
+/// One line per run: density and speed of each allocator and thread count on the same corpus
+/// and compressor.
 pub fn print_side_by_side(reports: &[RunReport]) {
     println!(
-        "{:<10} {:<12} {:<10} {:>14} {:>14} {:>9} {:>10} {:>10}",
+        "{:<10} {:<12} {:<10} {:>7} {:>14} {:>14} {:>9} {:>10} {:>10}",
         "corpus",
         "compressor",
         "allocator",
+        "threads",
         "compr_data",
         "mem_used",
         "overhead",
@@ -77,10 +79,11 @@ pub fn print_side_by_side(reports: &[RunReport]) {
     );
     for r in reports {
         println!(
-            "{:<10} {:<12} {:<10} {:>14} {:>14} {:>9.3} {:>10.1} {:>10.1}",
+            "{:<10} {:<12} {:<10} {:>7} {:>14} {:>14} {:>9.3} {:>10.1} {:>10.1}",
             r.corpus,
             r.compressor,
             r.allocator,
+            r.threads,
             r.mm_stat.compr_data_size,
             r.mm_stat.mem_used_total,
             r.mm_stat.mem_used_total as f64 / r.mm_stat.compr_data_size.max(1) as f64,
