@@ -255,7 +255,7 @@ fn read_length(src: &[u8], ip: &mut usize, mut len: usize) -> Result<usize> {
 /// literal run and a long match are each a separate, rarely taken branch; a short literal run
 /// is one 16-byte copy and a short match with an offset of 8 or more is fixed 8- or 16-byte
 /// copies, so the common sequence has no loop whose trip count could be mispredicted. A
-/// sequence it cannot finish within its bounds is left, unconsumed, to [`decompress_tail`],
+/// sequence it cannot finish within its bounds is left, unconsumed, to `decompress_tail`,
 /// which checks every step (and ends the block).
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
     let (mut ip, mut op) = (0, 0);
