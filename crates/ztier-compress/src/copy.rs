@@ -61,6 +61,18 @@ pub fn copy_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
     }
 }
 
+/// The little-endian u32 at `at`.
+#[inline(always)]
+pub fn read32(buf: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(*chunk::<4>(buf, at))
+}
+
+/// The little-endian u64 at `at`.
+#[inline(always)]
+pub fn read64(buf: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(*chunk::<8>(buf, at))
+}
+
 /// `buf[at..at + N]` as an array, checked with two compares.
 #[inline(always)]
 pub fn chunk<const N: usize>(buf: &[u8], at: usize) -> &[u8; N] {

@@ -15,7 +15,7 @@
 //! The last sequence has literals only; the last 5 bytes are always literals and no match
 //! starts in the last 12.
 
-use crate::copy::{chunk, chunk_mut, copy_literals, copy_match};
+use crate::copy::{chunk, chunk_mut, copy_literals, copy_match, read32, read64};
 use crate::{check_dst, CompressError, Compressor, Result};
 
 const MINMATCH: usize = 4;
@@ -72,11 +72,6 @@ impl Compressor for Lz4 {
 }
 
 #[inline(always)]
-fn read32(s: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(*chunk::<4>(s, i))
-}
-
-#[inline(always)]
 fn hash(seq: u32) -> usize {
     (seq.wrapping_mul(2_654_435_761) >> (32 - HASH_LOG)) as usize
 }
@@ -86,8 +81,7 @@ fn hash(seq: u32) -> usize {
 fn count(s: &[u8], mut a: usize, mut b: usize, limit: usize) -> usize {
     let start = a;
     while a + 8 <= limit {
-        let x = u64::from_le_bytes(s[a..a + 8].try_into().unwrap())
-            ^ u64::from_le_bytes(s[b..b + 8].try_into().unwrap());
+        let x = read64(s, a) ^ read64(s, b);
         if x != 0 {
             return a - start + (x.trailing_zeros() / 8) as usize;
         }

@@ -19,7 +19,7 @@
 //! are extended 8 bytes at a time and stop at `ip_end` (20 bytes before the end) on an 8-byte
 //! step; a zero run is tested before the hash and leaves the dictionary untouched.
 
-use crate::copy::{chunk, copy_literals, copy_match};
+use crate::copy::{copy_literals, copy_match, read32, read64};
 use crate::{check_dst, CompressError, Compressor, Result};
 
 const M2_MAX_LEN: usize = 8;
@@ -75,16 +75,6 @@ impl Compressor for Lzo {
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         decompress(src, dst)
     }
-}
-
-#[inline(always)]
-fn read32(s: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(*chunk::<4>(s, i))
-}
-
-#[inline(always)]
-fn read64(s: &[u8], i: usize) -> u64 {
-    u64::from_le_bytes(*chunk::<8>(s, i))
 }
 
 /// Writes a length's zero bytes and remainder (the `tt > 255` loops).

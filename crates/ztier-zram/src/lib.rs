@@ -64,6 +64,15 @@ pub enum ZramError {
 
 pub type Result<T, E = ZramError> = std::result::Result<T, E>;
 
+/// The part of one page that a byte range covers.
+struct PageSpan {
+    index: u64,
+    in_page: usize,
+    len: usize,
+    /// Where the part starts in the caller's buffer.
+    at: usize,
+}
+
 /// A compression stream and its buffers (`struct zcomp_strm`).
 struct Stream {
     comp: Box<dyn Compressor>,
@@ -332,26 +341,40 @@ impl Device {
         Ok(())
     }
 
+    /// The pages `[offset, offset + len)` touches: (page index, offset in page, bytes, offset
+    /// in the caller's buffer).
+    fn spans(&self, offset: u64, len: usize) -> impl Iterator<Item = PageSpan> {
+        let ps = self.page_size;
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let pos = offset + done as u64;
+                let in_page = (pos % ps as u64) as usize;
+                let span = PageSpan {
+                    index: pos / ps as u64,
+                    in_page,
+                    len: (ps - in_page).min(len - done),
+                    at: done,
+                };
+                done += span.len;
+                span
+            })
+        })
+    }
+
     /// Writes bytes at any offset; pages written in part are read, patched and rewritten.
     pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
-        let ps = self.page_size;
-        let mut scratch = Vec::new();
-        let mut done = 0;
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let index = pos / ps as u64;
-            let in_page = (pos % ps as u64) as usize;
-            let n = (ps - in_page).min(data.len() - done);
-            if n == ps {
-                self.write_page(index, &data[done..done + n])?;
+        let mut scratch = vec![0; self.page_size];
+        for s in self.spans(offset, data.len()) {
+            let part = &data[s.at..s.at + s.len];
+            if s.len == self.page_size {
+                self.write_page(s.index, part)?;
             } else {
-                scratch.resize(ps, 0);
-                self.read_page(index, &mut scratch)?;
-                scratch[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-                self.write_page(index, &scratch)?;
+                self.read_page(s.index, &mut scratch)?;
+                scratch[s.in_page..s.in_page + s.len].copy_from_slice(part);
+                self.write_page(s.index, &scratch)?;
             }
-            done += n;
         }
         Ok(())
     }
@@ -359,22 +382,15 @@ impl Device {
     /// Reads bytes at any offset.
     pub fn read_bytes(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
-        let ps = self.page_size;
-        let mut scratch = Vec::new();
-        let mut done = 0;
-        while done < out.len() {
-            let pos = offset + done as u64;
-            let index = pos / ps as u64;
-            let in_page = (pos % ps as u64) as usize;
-            let n = (ps - in_page).min(out.len() - done);
-            if n == ps {
-                self.read_page(index, &mut out[done..done + n])?;
+        let mut scratch = vec![0; self.page_size];
+        for s in self.spans(offset, out.len()) {
+            let part = &mut out[s.at..s.at + s.len];
+            if s.len == self.page_size {
+                self.read_page(s.index, part)?;
             } else {
-                scratch.resize(ps, 0);
-                self.read_page(index, &mut scratch)?;
-                out[done..done + n].copy_from_slice(&scratch[in_page..in_page + n]);
+                self.read_page(s.index, &mut scratch)?;
+                part.copy_from_slice(&scratch[s.in_page..s.in_page + s.len]);
             }
-            done += n;
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use ztier_compress::Algorithm;
+use ztier_pool::testing::pattern;
 use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Device, SlotFlag, ZramError};
 
@@ -38,16 +39,9 @@ fn page(seed: u64) -> Vec<u8> {
     out
 }
 
+/// Incompressible: stored raw as a huge page.
 fn noise(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..4096)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    pattern(seed, 4096)
 }
 
 #[test]
