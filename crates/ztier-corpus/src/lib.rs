@@ -81,11 +81,6 @@ impl Corpus {
         })
     }
 
-    /// Wraps pages already in memory.
-    pub fn from_pages(name: &str, data: Vec<u8>) -> Result<Corpus> {
-        Corpus::new(name, Path::new(name), data)
-    }
-
     pub fn pages(&self) -> usize {
         self.data.len() / CORPUS_PAGE
     }

@@ -266,27 +266,28 @@ impl Device {
                 page_size: self.page_size,
             });
         }
-        self.with_stream(|s| -> Result<()> {
-            let len = {
-                let mut g = slot.lock();
-                g.entry.set(SlotFlag::Idle, false);
-                if g.entry.has(SlotFlag::Same) || g.entry.handle == 0 {
-                    let word = if g.entry.has(SlotFlag::Same) {
-                        g.entry.handle
-                    } else {
-                        0
-                    };
-                    drop(g);
-                    fill_page(out, word);
-                    return Ok(());
-                }
-                let handle = ztier_pool::Handle::from_raw(g.entry.handle).expect("nonzero");
-                if g.entry.has(SlotFlag::Huge) {
-                    self.pool.read(handle, out)?;
-                    return Ok(());
-                }
-                self.pool.read(handle, &mut s.buf)?
+        let mut g = slot.lock();
+        g.entry.set(SlotFlag::Idle, false);
+        if g.entry.has(SlotFlag::Same) || g.entry.handle == 0 {
+            let word = if g.entry.has(SlotFlag::Same) {
+                g.entry.handle
+            } else {
+                0
             };
+            drop(g);
+            fill_page(out, word);
+            return Ok(());
+        }
+        let handle = ztier_pool::Handle::from_raw(g.entry.handle).expect("nonzero");
+        if g.entry.has(SlotFlag::Huge) {
+            self.pool.read(handle, out)?;
+            return Ok(());
+        }
+        // Only a compressed object needs a stream: copy it out under the slot lock, then
+        // decompress with the lock released.
+        self.with_stream(|s| -> Result<()> {
+            let len = self.pool.read(handle, &mut s.buf)?;
+            drop(g);
             let got = s
                 .comp
                 .decompress(&s.buf[..len], out)

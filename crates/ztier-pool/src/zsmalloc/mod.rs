@@ -232,11 +232,6 @@ impl ZsPool {
         &self.table
     }
 
-    /// Free pages the arena keeps resident for reuse (RSS beyond `total_pages`).
-    pub fn cached_pages(&self) -> usize {
-        self.arena.hot_pages()
-    }
-
     fn decode(&self, handle: Handle) -> Result<(&SizeClass, u32, u32)> {
         let raw = handle.raw();
         let class = ((raw >> H_CLASS_SHIFT) & ((1 << H_CLASS_BITS) - 1)) as usize;
