@@ -26,15 +26,25 @@ pub fn copy_literals(dst: &mut [u8], op: usize, src: &[u8], ip: usize, len: usiz
 /// `op + len <= dst.len()`.
 #[inline(always)]
 pub fn copy_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
-    let from = op - dist;
-    if op + len + WILD > dst.len() {
-        for i in 0..len {
-            dst[op + i] = dst[from + i];
-        }
+    // Wild copies may run WILD bytes past what they copy, so near the end of `dst` the last
+    // few bytes are copied one by one. (A match often runs to the end of a page: a page that
+    // ends in zeros.)
+    let wild = len.min(dst.len().saturating_sub(op + WILD));
+    copy_match_wild(dst, op, dist, wild);
+    for i in wild..len {
+        dst[op + i] = dst[op - dist + i];
+    }
+}
+
+/// `copy_match` when `dst` has `WILD` bytes of room past `op + len`.
+#[inline(always)]
+fn copy_match_wild(dst: &mut [u8], op: usize, dist: usize, len: usize) {
+    if len == 0 {
         return;
     }
+    let from = op - dist;
+    let mut k = 0;
     if dist >= WILD {
-        let mut k = 0;
         while k < len {
             let chunk = *chunk::<WILD>(dst, from + k);
             *chunk_mut::<WILD>(dst, op + k) = chunk;
@@ -42,24 +52,66 @@ pub fn copy_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
         }
         return;
     }
-    // Lay down the first 8 bytes one by one, then copy 8 at a time from a whole number of
-    // pattern periods back (at least 8 bytes, so each chunk reads only bytes already written).
-    let mut k = 0;
-    while k < len.min(8) {
-        dst[op + k] = dst[from + k];
-        k += 1;
-    }
-    let period = if dist >= 8 {
-        dist
-    } else {
-        dist * 8usize.div_ceil(dist)
-    };
+    // A short distance repeats a pattern of `dist` bytes. Build its first 16 bytes in a
+    // register once and store them every whole number of periods: the stores then depend on
+    // no earlier store, where copying from just behind `op` would wait on each one in turn.
+    let pattern = repeat_pattern(chunk::<WILD>(dst, from), dist);
+    let step = PATTERN_STEP[dist];
     while k < len {
-        let chunk = *chunk::<8>(dst, op + k - period);
-        *chunk_mut::<8>(dst, op + k) = chunk;
-        k += 8;
+        *chunk_mut::<WILD>(dst, op + k) = pattern;
+        k += step;
     }
 }
+
+/// The first 16 bytes of the endless repetition of `head[..dist]`, `1 <= dist < 16`.
+#[inline(always)]
+fn repeat_pattern(head: &[u8; WILD], dist: usize) -> [u8; WILD] {
+    // Periods that divide 8 are a multiply; the others gather byte by byte.
+    let word = match dist {
+        1 => u64::from(head[0]) * 0x0101_0101_0101_0101,
+        2 => u64::from(u16::from_le_bytes([head[0], head[1]])) * 0x0001_0001_0001_0001,
+        4 => u64::from(read32(head, 0)) * 0x0000_0001_0000_0001,
+        8 => read64(head, 0),
+        _ => {
+            let mut pattern = [0u8; WILD];
+            for (byte, &i) in pattern.iter_mut().zip(&PATTERN_INDEX[dist]) {
+                *byte = head[i as usize];
+            }
+            return pattern;
+        }
+    };
+    let half = word.to_le_bytes();
+    let mut pattern = [0u8; WILD];
+    pattern[..8].copy_from_slice(&half);
+    pattern[8..].copy_from_slice(&half);
+    pattern
+}
+
+/// `PATTERN_STEP[d]`: the whole periods of `d` that fit in `WILD` bytes, as a length.
+const PATTERN_STEP: [usize; WILD] = {
+    let mut table = [WILD; WILD];
+    let mut d = 1;
+    while d < WILD {
+        table[d] = WILD - WILD % d;
+        d += 1;
+    }
+    table
+};
+
+/// `PATTERN_INDEX[d][i] = i % d`: where byte `i` of a pattern of period `d` comes from.
+const PATTERN_INDEX: [[u8; WILD]; WILD] = {
+    let mut table = [[0u8; WILD]; WILD];
+    let mut d = 1;
+    while d < WILD {
+        let mut i = 0;
+        while i < WILD {
+            table[d][i] = (i % d) as u8;
+            i += 1;
+        }
+        d += 1;
+    }
+    table
+};
 
 /// The little-endian u32 at `at`.
 #[inline(always)]
