@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target for a bounded time (default 20 s each); CI calls it as is.
+# Debug assertions are on: they check the compressors' unchecked reads.
 # cargo fuzz needs nightly compiler flags; RUSTC_BOOTSTRAP lets the stable toolchain take them.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -7,10 +8,10 @@ seconds=${1:-20}
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
 targets=$(cargo fuzz list)
-cargo fuzz build --release $targets >/dev/null 2>&1 || cargo fuzz build --release
+cargo fuzz build --release --debug-assertions $targets >/dev/null 2>&1 || cargo fuzz build --release --debug-assertions
 for t in $targets; do
   printf 'fuzz %-20s ' "$t"
-  if cargo fuzz run --release "$t" -- -max_total_time="$seconds" -rss_limit_mb=2048 >"/tmp/fuzz-$t.log" 2>&1; then
+  if cargo fuzz run --release --debug-assertions "$t" -- -max_total_time="$seconds" -rss_limit_mb=2048 >"/tmp/fuzz-$t.log" 2>&1; then
     grep -Eo 'Done [0-9]+ runs' "/tmp/fuzz-$t.log" | tail -n 1
   else
     echo "FAILED"; tail -n 40 "/tmp/fuzz-$t.log"; exit 1

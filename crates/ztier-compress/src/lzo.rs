@@ -185,6 +185,11 @@ fn compress<const RLE: bool>(src: &[u8], dst: &mut [u8], dict: &mut [u16; D_SIZE
 
 /// `lzo1x_1_do_compress()` over `src[base..]`, with `ti` literals pending from the previous
 /// chunk; returns the literals left pending at its end.
+///
+/// Reads stay below `in_end - 4`: `ip < ip_end = in_end - 20` wherever it is read at,
+/// dictionary entries are earlier such positions (or `base`), and the match-length loop reads
+/// 8 bytes at `ip + m_len` only after `ip + m_len - 8 < ip_end`.
+#[allow(unsafe_code)]
 fn compress_chunk<const RLE: bool>(
     src: &[u8],
     base: usize,
@@ -205,7 +210,8 @@ fn compress_chunk<const RLE: bool>(
             if ip >= ip_end {
                 break 'literal;
             }
-            let dv = read32(src, ip);
+            // SAFETY: ip < ip_end, see above.
+            let dv = unsafe { read32(src, ip) };
             let mut m_pos = 0;
             let mut run_length = 0;
             if RLE && dv == 0 {
@@ -219,7 +225,8 @@ fn compress_chunk<const RLE: bool>(
                 let h = ((dv.wrapping_mul(0x1824_429d) >> (32 - D_BITS)) as usize) & D_MASK;
                 m_pos = base + dict[h] as usize;
                 dict[h] = (ip - base) as u16;
-                if dv != read32(src, m_pos) {
+                // SAFETY: m_pos is an earlier ip, or base.
+                if dv != unsafe { read32(src, m_pos) } {
                     continue 'literal;
                 }
             }
@@ -240,12 +247,13 @@ fn compress_chunk<const RLE: bool>(
             }
 
             let mut m_len = 4;
-            let mut v = read64(src, ip + m_len) ^ read64(src, m_pos + m_len);
+            // SAFETY (both reads of 8 here): m_pos < ip, and ip + m_len < ip_end + 8.
+            let mut v = unsafe { read64(src, ip + m_len) ^ read64(src, m_pos + m_len) };
             let mut capped = false;
             if v == 0 {
                 loop {
                     m_len += 8;
-                    v = read64(src, ip + m_len) ^ read64(src, m_pos + m_len);
+                    v = unsafe { read64(src, ip + m_len) ^ read64(src, m_pos + m_len) };
                     if ip + m_len >= ip_end {
                         capped = true;
                         break;
