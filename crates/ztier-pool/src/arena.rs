@@ -1,14 +1,15 @@
 //! The page arena: where every allocator's pages come from and go back to.
 //!
 //! Memory is taken from the OS by `mmap` in 2 MiB chunks and handed out one pool page
-//! (4 KiB or 16 KiB) at a time as an owned [`Page`]. A chunk is populated when mapped, and
-//! the next one is mapped on a helper thread while the current one is used, so the kernel's
-//! zeroing of fresh pages (8 % of the store path when it was inline) runs beside the store
-//! path instead of on it. A page given back is kept resident on a
+//! (4 KiB or 16 KiB) at a time as an owned [`Page`]. A helper thread maps chunks ahead and
+//! faults them in, keeping one ready, so the kernel's zeroing of fresh pages (8 % of the
+//! store path when it was inline) runs beside the store path instead of on it. When none is
+//! ready the allocating thread maps one itself and lets its pages fault in as they are first
+//! written; it never waits for the helper. A page given back is kept resident on a
 //! small "hot" list for quick reuse; past [`HOT_PAGES_MAX`] it is released to the OS with
 //! `madvise(MADV_DONTNEED)` and parked on the "cold" list, so the process RSS follows the
 //! pages the allocators hold (plus at most the hot list, the untouched rest of the newest
-//! chunk and the spare chunk: 4 MiB), as `mem_used_total` promises.
+//! chunk and the helper's ready chunk: 4 MiB), as `mem_used_total` promises.
 //!
 //! Invariants:
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
@@ -16,7 +17,8 @@
 //!   handed out (`next_fresh`), never two of these;
 //! - chunks are unmapped only when no page is out (`pages_out == 0`), so a [`Page`] never
 //!   outlives its mapping; an arena dropped with pages still out leaks its chunks instead;
-//! - the spare chunk is owned by its helper thread until joined, then by the arena.
+//! - a chunk the helper maps is its own until received from the (rendezvous) channel, then
+//!   the arena's; when the arena goes, the helper unmaps the chunk in its hands and ends.
 //!
 //! Locking: one mutex over the free lists, taken only when a zspage or block is created or
 //! destroyed, never on the object read/write path. It nests inside the allocators' class
@@ -27,6 +29,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::ptr::NonNull;
+
+use std::sync::mpsc::{sync_channel, Receiver};
 
 use parking_lot::Mutex;
 
@@ -87,6 +91,25 @@ pub fn read_chain(pages: &[Page], mut off: usize, out: &mut [u8]) {
     }
 }
 
+/// Calls `f` with the `len` bytes at `off` into a chain of pages: in place when they lie in
+/// one page, else copied into `scratch` (which must hold `len` bytes).
+pub fn with_chain_bytes(
+    pages: &[Page],
+    off: usize,
+    len: usize,
+    scratch: &mut [u8],
+    f: &mut dyn FnMut(&[u8]),
+) {
+    let page_size = pages[0].bytes().len();
+    let (p, in_page) = (off / page_size, off % page_size);
+    if in_page + len <= page_size {
+        f(&pages[p].bytes()[in_page..in_page + len]);
+    } else {
+        read_chain(pages, off, &mut scratch[..len]);
+        f(&scratch[..len]);
+    }
+}
+
 /// Copies `data` to `off` bytes into a chain of pages.
 pub fn write_chain(pages: &mut [Page], mut off: usize, data: &[u8]) {
     let page_size = pages[0].bytes().len();
@@ -112,9 +135,9 @@ struct ArenaState {
     cold: Vec<NonNull<u8>>,
     /// The untouched tail of the newest chunk: (next page, pages left).
     next_fresh: Option<(NonNull<u8>, usize)>,
-    /// The next chunk, being mapped and populated on a helper thread so that the store path
-    /// does not wait for the kernel to zero it. Its address travels as a usize.
-    spare: Option<std::thread::JoinHandle<Result<usize>>>,
+    /// The helper thread's ready chunk, mapped and faulted in (the thread starts with the
+    /// arena's first chunk); addresses travel as usize.
+    ready: Option<Receiver<usize>>,
     pages_out: usize,
 }
 
@@ -141,7 +164,7 @@ impl Arena {
                 hot: Vec::new(),
                 cold: Vec::new(),
                 next_fresh: None,
-                spare: None,
+                ready: None,
                 pages_out: 0,
             }),
         }
@@ -205,15 +228,16 @@ impl Arena {
             p
         } else {
             if st.next_fresh.is_none() {
-                let base = match st.spare.take().map(|h| h.join()) {
-                    Some(Ok(Ok(addr))) => NonNull::new(addr as *mut u8).expect("mapped"),
-                    _ => map_chunk()?,
+                // The helper's chunk if one is ready. Waiting for it under this lock would
+                // stall every allocating thread; instead map one here, unpopulated, so that
+                // its pages fault in one by one as they are first written.
+                if st.ready.is_none() {
+                    st.ready = start_helper();
+                }
+                let base = match st.ready.as_ref().and_then(|r| r.try_recv().ok()) {
+                    Some(addr) => NonNull::new(addr as *mut u8).expect("mapped"),
+                    None => map_chunk()?,
                 };
-                // Map the one after this on the side, while this one is used.
-                st.spare = std::thread::Builder::new()
-                    .name("ztier-arena".into())
-                    .spawn(|| map_chunk().map(|p| p.as_ptr() as usize))
-                    .ok();
                 st.chunks.push(Chunk { base });
                 st.next_fresh = Some((base, CHUNK_BYTES / self.page_size));
             }
@@ -242,10 +266,8 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         let st = self.state.get_mut();
-        if let Some(Ok(Ok(addr))) = st.spare.take().map(|h| h.join()) {
-            // SAFETY: a chunk mapped by map_chunk and never handed out: nothing refers to it.
-            unsafe { libc::munmap(addr as *mut libc::c_void, CHUNK_BYTES) };
-        }
+        // Dropping the receiver tells the helper to unmap the chunk in its hands and end.
+        st.ready = None;
         if st.pages_out != 0 {
             // A Page may still point into these chunks: leaking is the sound choice.
             return;
@@ -255,6 +277,40 @@ impl Drop for Arena {
             // page of it is out, so nothing refers to it any more.
             unsafe { libc::munmap(c.base.as_ptr().cast(), CHUNK_BYTES) };
         }
+    }
+}
+
+/// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arena
+/// then maps every chunk itself).
+fn start_helper() -> Option<Receiver<usize>> {
+    // A rendezvous channel: the helper holds one chunk ready and hands it over only to a
+    // receiver taking it, so no chunk is ever left in the channel.
+    let (tx, rx) = sync_channel::<usize>(0);
+    let helper = move || loop {
+        let Ok(chunk) = map_chunk() else { return };
+        prefault(chunk);
+        let addr = chunk.as_ptr() as usize;
+        if tx.send(addr).is_err() {
+            // SAFETY: the arena is gone and never received this chunk: nothing refers to it.
+            unsafe { libc::munmap(addr as *mut libc::c_void, CHUNK_BYTES) };
+            return;
+        }
+    };
+    std::thread::Builder::new()
+        .name("ztier-arena".into())
+        .spawn(helper)
+        .ok()
+        .map(|_| rx)
+}
+
+/// Faults in every page of a fresh chunk by writing to it, so that the kernel zeroes them
+/// here rather than on the store path. (`MAP_POPULATE` would do the same under the process's
+/// mmap lock, holding up other threads' `mmap` calls; page faults take only the VMA's lock.)
+fn prefault(chunk: NonNull<u8>) {
+    let step = os_page_size();
+    for off in (0..CHUNK_BYTES).step_by(step) {
+        // SAFETY: off < CHUNK_BYTES, inside the fresh mapping, which no one else knows yet.
+        unsafe { chunk.as_ptr().add(off).write_volatile(0) };
     }
 }
 
@@ -268,6 +324,7 @@ fn os_page_size() -> usize {
     }
 }
 
+/// Maps a chunk; its pages fault in when first written.
 fn map_chunk() -> Result<NonNull<u8>> {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
     // existing memory; the result is checked before use.
@@ -276,10 +333,7 @@ fn map_chunk() -> Result<NonNull<u8>> {
             std::ptr::null_mut(),
             CHUNK_BYTES,
             libc::PROT_READ | libc::PROT_WRITE,
-            // Populating the whole chunk at once costs one batched fault instead of 512
-            // single-page ones on the store path; it makes RSS run at most one chunk ahead
-            // of the pages handed out.
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
