@@ -92,6 +92,21 @@ pub trait ZPool: Send + Sync {
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()>;
     /// Copies an object's bytes into `out`; returns its length.
     fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize>;
+    /// Calls `f` with an object's bytes, where they lie if they are contiguous, else copied
+    /// into `scratch` (which must have room for the object); returns its length. The object
+    /// can neither change nor move while `f` runs, so `f` should be brief: it holds off
+    /// writers (zsmalloc: of the object's class; readers go on). zram decompresses in `f`,
+    /// as the kernel's zram does between `zs_obj_read_begin()` and `_end()`.
+    fn read_with(
+        &self,
+        handle: Handle,
+        scratch: &mut [u8],
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize> {
+        let len = self.read(handle, scratch)?;
+        f(&scratch[..len]);
+        Ok(len)
+    }
     /// Allocates and writes in one step.
     fn store(&self, data: &[u8]) -> Result<Handle> {
         let handle = self.malloc(data.len())?;

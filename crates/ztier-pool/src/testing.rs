@@ -1,7 +1,7 @@
 //! The conformance suite: the contract of [`ZPool`], checked the same way for every
 //! allocator. Each allocator's tests call [`run_all`] with a constructor.
 
-use crate::{PoolError, ZPool};
+use crate::{Handle, PoolError, ZPool};
 
 /// A byte pattern that differs per object and per offset, so misplaced bytes show.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -24,6 +24,16 @@ pub fn run_all<P: ZPool>(make: impl Fn() -> P) {
     wrong_lengths(&make());
     free_returns_pages(&make());
     concurrent_round_trips(&make());
+}
+
+/// An object's bytes as `read_with` shows them (in place or through `scratch`).
+fn read_with_copy<P: ZPool>(pool: &P, h: Handle, scratch: &mut [u8]) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let len = pool
+        .read_with(h, scratch, &mut |bytes| seen = bytes.to_vec())
+        .unwrap();
+    assert_eq!(seen.len(), len);
+    seen
 }
 
 /// Every length 1..=max stores and reads back intact, interleaved with frees.
@@ -51,6 +61,7 @@ pub fn round_trip_every_size<P: ZPool>(pool: &P) {
             "object of {} bytes",
             data.len()
         );
+        assert_eq!(read_with_copy(pool, h, &mut out), data, "read_with");
         pool.free(h).unwrap();
     }
     assert_eq!(pool.total_pages(), 0);
@@ -190,8 +201,7 @@ pub fn concurrent_round_trips<P: ZPool>(pool: &P) {
                     }
                 }
                 for (h, seed, len) in live {
-                    assert_eq!(pool.read(h, &mut out).unwrap(), len);
-                    assert_eq!(out[..len], pattern(seed, len)[..]);
+                    assert_eq!(read_with_copy(pool, h, &mut out), pattern(seed, len));
                     pool.free(h).unwrap();
                 }
             });

@@ -283,15 +283,17 @@ impl Device {
             self.pool.read(handle, out)?;
             return Ok(());
         }
-        // Only a compressed object needs a stream: copy it out under the slot lock, then
-        // decompress with the lock released.
+        // Only a compressed object needs a stream. It is decompressed where it lies (copied
+        // out first only if it straddles two pool pages), under the slot lock as the kernel's
+        // zram_read_from_zspool() does.
         self.with_stream(|s| -> Result<()> {
-            let len = self.pool.read(handle, &mut s.buf)?;
+            let comp = &mut s.comp;
+            let mut decoded = Ok(0);
+            self.pool.read_with(handle, &mut s.buf, &mut |object| {
+                decoded = comp.decompress(object, out);
+            })?;
             drop(g);
-            let got = s
-                .comp
-                .decompress(&s.buf[..len], out)
-                .map_err(|source| ZramError::Compress { index, source })?;
+            let got = decoded.map_err(|source| ZramError::Compress { index, source })?;
             if got != self.page_size {
                 return Err(ZramError::ShortPage {
                     index,

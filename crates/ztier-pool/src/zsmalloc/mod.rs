@@ -21,16 +21,17 @@
 //! # Lock ordering
 //! `ZsPool::compacting` (a flag that makes compaction single-threaded) →
 //! `SizeClass::state` → `Arena::state`. All access to a class's zspages, objects and
-//! handles — malloc, free, read, write, compaction — happens under that class's lock, so
-//! object bytes are never read and written at once; classes never lock each other.
-//! (The kernel lets readers in under a per-zspage lock; here a read holds the class lock for
-//! the copy of at most one page, which is what makes every access safe Rust.)
+//! handles happens under that class's lock: shared by reads, exclusive for malloc, free,
+//! write and compaction, so object bytes are never read and written at once and every access
+//! is safe Rust; classes never lock each other. (The kernel's readers take the class lock
+//! only to find the zspage and then hold a per-zspage read lock; the effect for readers is
+//! the same: they run side by side, and an object does not move under one.)
 
 mod classes;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{RwLock, RwLockWriteGuard};
 use serde::Serialize;
 
 pub use classes::{
@@ -38,7 +39,7 @@ pub use classes::{
     ZS_MIN_ALLOC_SIZE,
 };
 
-use crate::arena::{read_chain, write_chain, Arena, Page};
+use crate::arena::{read_chain, with_chain_bytes, write_chain, Arena, Page};
 use crate::{Handle, PoolError, Result, ZPool};
 
 /// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
@@ -149,8 +150,9 @@ pub struct ZsPool {
 
 struct SizeClass {
     spec: ClassSpec,
-    /// Protects every zspage, object and handle of this class.
-    state: Mutex<ClassState>,
+    /// Protects every zspage, object and handle of this class: reads share it, everything
+    /// else (malloc, free, write, compaction) holds it alone.
+    state: RwLock<ClassState>,
 }
 
 /// A class's zspages, lists, handles and counters.
@@ -191,6 +193,37 @@ struct ZsPage {
     huge_header: u64,
 }
 
+impl ZsPage {
+    /// `alloc_zspage()`: pages from the arena, every object slot chained free. Needs no class
+    /// lock (the kernel's zs_malloc() drops it here too), so the page faults of fresh memory
+    /// hold up no one.
+    fn new(spec: &ClassSpec, arena: &Arena) -> Result<ZsPage> {
+        let mut pages = Vec::with_capacity(spec.pages_per_zspage);
+        arena.alloc_pages(spec.pages_per_zspage, &mut pages)?;
+        let mut zspage = ZsPage {
+            pages: pages.into_boxed_slice(),
+            inuse: 0,
+            freeobj: 0,
+            fullness: FG_OFF_LIST,
+            prev: NONE,
+            next: NONE,
+            huge_header: 0,
+        };
+        if !spec.huge {
+            let objs = spec.objs_per_zspage as u32;
+            for obj in 0..objs {
+                let next = if obj + 1 < objs { obj + 1 } else { NONE };
+                write_header(
+                    &mut zspage.pages,
+                    spec.size * obj as usize,
+                    header_free(next),
+                );
+            }
+        }
+        Ok(zspage)
+    }
+}
+
 /// One handle-table entry.
 #[derive(Clone, Copy)]
 struct HandleSlot {
@@ -211,7 +244,7 @@ impl ZsPool {
             .iter()
             .map(|spec| SizeClass {
                 spec: spec.clone(),
-                state: Mutex::new(ClassState {
+                state: RwLock::new(ClassState {
                     list_heads: [NONE; NR_FULLNESS_GROUPS],
                     free_handle: NONE,
                     ..ClassState::default()
@@ -264,11 +297,16 @@ impl ZsPool {
         let slot = self.table.slot_for_request(len);
         let class = &self.classes[slot];
         let spec = &class.spec;
-        let mut st = class.state.lock();
+        let mut st = class.state.write();
         let (id, fresh) = match st.find_get_zspage() {
             Some(id) => (id, false),
             None => {
-                let id = st.alloc_zspage(spec, &self.arena)?;
+                // As the kernel does, make the zspage with the class unlocked, then use it
+                // (another thread may have made one meanwhile; both are kept).
+                drop(st);
+                let zspage = ZsPage::new(spec, &self.arena)?;
+                st = class.state.write();
+                let id = st.install_zspage(spec, zspage);
                 self.pages_allocated
                     .fetch_add(spec.pages_per_zspage as u64, Ordering::Relaxed);
                 (id, true)
@@ -326,7 +364,7 @@ impl ZsPool {
 
     fn compact_class(&self, class: &SizeClass) -> u64 {
         let spec = &class.spec;
-        let mut st = class.state.lock();
+        let mut st = class.state.write();
         let mut freed = 0;
         let mut dst: Option<u32> = None;
         while st.can_compact(spec) > 0 {
@@ -350,7 +388,7 @@ impl ZsPool {
                 dst = None;
                 // As the kernel drops its locks between destination zspages, let waiting
                 // allocations and reads in.
-                parking_lot::MutexGuard::bump(&mut st);
+                RwLockWriteGuard::bump(&mut st);
             }
         }
         if let Some(d) = dst {
@@ -366,7 +404,7 @@ impl ZsPool {
         self.classes
             .iter()
             .map(|c| {
-                let st = c.state.lock();
+                let st = c.state.read();
                 let mut fullness = [0; NR_FULLNESS_GROUPS - 1];
                 fullness.copy_from_slice(&st.list_len[1..]);
                 ClassStats {
@@ -401,7 +439,7 @@ impl ZPool for ZsPool {
     fn free(&self, handle: Handle) -> Result<()> {
         let (class, index, generation) = self.decode(handle)?;
         let spec = &class.spec;
-        let mut st = class.state.lock();
+        let mut st = class.state.write();
         let (id, obj) = self.locate(&st, handle, index, generation)?;
         st.obj_free(spec, id, obj);
         st.obj_used -= 1;
@@ -417,7 +455,7 @@ impl ZPool for ZsPool {
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()> {
         let (class, index, generation) = self.decode(handle)?;
-        let mut st = class.state.lock();
+        let mut st = class.state.write();
         let (id, obj) = self.locate(&st, handle, index, generation)?;
         let stored = st.object_len(&class.spec, id, obj);
         if data.len() != stored {
@@ -434,7 +472,7 @@ impl ZPool for ZsPool {
 
     fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
         let (class, index, generation) = self.decode(handle)?;
-        let st = class.state.lock();
+        let st = class.state.read();
         let (id, obj) = self.locate(&st, handle, index, generation)?;
         let stored = st.object_len(&class.spec, id, obj);
         if out.len() < stored {
@@ -446,6 +484,29 @@ impl ZPool for ZsPool {
         }
         let off = payload_offset(&class.spec, obj);
         read_chain(&st.zspages[id as usize].pages, off, &mut out[..stored]);
+        Ok(stored)
+    }
+
+    /// `zs_obj_read_begin()`/`_end()`: the object in place unless it straddles two pages.
+    fn read_with(
+        &self,
+        handle: Handle,
+        scratch: &mut [u8],
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize> {
+        let (class, index, generation) = self.decode(handle)?;
+        let st = class.state.read();
+        let (id, obj) = self.locate(&st, handle, index, generation)?;
+        let stored = st.object_len(&class.spec, id, obj);
+        if scratch.len() < stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: scratch.len(),
+            });
+        }
+        let off = payload_offset(&class.spec, obj);
+        with_chain_bytes(&st.zspages[id as usize].pages, off, stored, scratch, f);
         Ok(stored)
     }
 
@@ -527,32 +588,10 @@ impl ClassState {
             .find(|&id| id != NONE)
     }
 
-    /// `alloc_zspage()` + `init_zspage()`: a zspage off every list with all objects free.
-    fn alloc_zspage(&mut self, spec: &ClassSpec, arena: &Arena) -> Result<u32> {
-        let mut pages = Vec::with_capacity(spec.pages_per_zspage);
-        arena.alloc_pages(spec.pages_per_zspage, &mut pages)?;
-        let mut zspage = ZsPage {
-            pages: pages.into_boxed_slice(),
-            inuse: 0,
-            freeobj: 0,
-            fullness: FG_OFF_LIST,
-            prev: NONE,
-            next: NONE,
-            huge_header: 0,
-        };
-        if !spec.huge {
-            let objs = spec.objs_per_zspage as u32;
-            for obj in 0..objs {
-                let next = if obj + 1 < objs { obj + 1 } else { NONE };
-                write_header(
-                    &mut zspage.pages,
-                    spec.size * obj as usize,
-                    header_free(next),
-                );
-            }
-        }
+    /// Adds a zspage made by `ZsPage::new` to the class (off any list yet).
+    fn install_zspage(&mut self, spec: &ClassSpec, zspage: ZsPage) -> u32 {
         self.obj_allocated += spec.objs_per_zspage as u64;
-        let id = match self.free_ids.pop() {
+        match self.free_ids.pop() {
             Some(id) => {
                 self.zspages[id as usize] = zspage;
                 id
@@ -561,8 +600,7 @@ impl ClassState {
                 self.zspages.push(zspage);
                 (self.zspages.len() - 1) as u32
             }
-        };
-        Ok(id)
+        }
     }
 
     /// `__free_zspage()` for a zspage already off its list.
