@@ -140,7 +140,7 @@ pub unsafe fn read64(buf: &[u8], at: usize) -> u64 {
 
 /// `buf[at..at + N]` as an array, checked with two compares.
 #[inline(always)]
-pub fn chunk<const N: usize>(buf: &[u8], at: usize) -> &[u8; N] {
+fn chunk<const N: usize>(buf: &[u8], at: usize) -> &[u8; N] {
     buf[at..]
         .first_chunk::<N>()
         .expect("caller checked the room")
@@ -148,7 +148,7 @@ pub fn chunk<const N: usize>(buf: &[u8], at: usize) -> &[u8; N] {
 
 /// `buf[at..at + N]` as a mutable array, checked with two compares.
 #[inline(always)]
-pub fn chunk_mut<const N: usize>(buf: &mut [u8], at: usize) -> &mut [u8; N] {
+fn chunk_mut<const N: usize>(buf: &mut [u8], at: usize) -> &mut [u8; N] {
     buf[at..]
         .first_chunk_mut::<N>()
         .expect("caller checked the room")

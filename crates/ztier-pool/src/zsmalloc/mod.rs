@@ -338,6 +338,30 @@ impl ZsPool {
         ))
     }
 
+    /// Finds a live object under its class's shared lock and, if `room` bytes hold it, calls
+    /// `f(zspage pages, payload offset, length)` with the lock held; returns the length.
+    fn with_object(
+        &self,
+        handle: Handle,
+        room: usize,
+        f: impl FnOnce(&[Page], usize, usize),
+    ) -> Result<usize> {
+        let (class, index, generation) = self.decode(handle)?;
+        let st = class.state.read();
+        let (id, obj) = self.locate(&st, handle, index, generation)?;
+        let stored = st.object_len(&class.spec, id, obj);
+        if room < stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: room,
+            });
+        }
+        let off = payload_offset(&class.spec, obj);
+        f(&st.zspages[id as usize].pages, off, stored);
+        Ok(stored)
+    }
+
     /// Looks a handle up under its class lock: (handle index, zspage id, object index).
     fn locate(
         &self,
@@ -471,20 +495,9 @@ impl ZPool for ZsPool {
     }
 
     fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
-        let (class, index, generation) = self.decode(handle)?;
-        let st = class.state.read();
-        let (id, obj) = self.locate(&st, handle, index, generation)?;
-        let stored = st.object_len(&class.spec, id, obj);
-        if out.len() < stored {
-            return Err(PoolError::LengthMismatch {
-                handle: handle.raw(),
-                stored,
-                requested: out.len(),
-            });
-        }
-        let off = payload_offset(&class.spec, obj);
-        read_chain(&st.zspages[id as usize].pages, off, &mut out[..stored]);
-        Ok(stored)
+        self.with_object(handle, out.len(), |pages, off, len| {
+            read_chain(pages, off, &mut out[..len])
+        })
     }
 
     /// `zs_obj_read_begin()`/`_end()`: the object in place unless it straddles two pages.
@@ -494,20 +507,9 @@ impl ZPool for ZsPool {
         scratch: &mut [u8],
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<usize> {
-        let (class, index, generation) = self.decode(handle)?;
-        let st = class.state.read();
-        let (id, obj) = self.locate(&st, handle, index, generation)?;
-        let stored = st.object_len(&class.spec, id, obj);
-        if scratch.len() < stored {
-            return Err(PoolError::LengthMismatch {
-                handle: handle.raw(),
-                stored,
-                requested: scratch.len(),
-            });
-        }
-        let off = payload_offset(&class.spec, obj);
-        with_chain_bytes(&st.zspages[id as usize].pages, off, stored, scratch, f);
-        Ok(stored)
+        self.with_object(handle, scratch.len(), |pages, off, len| {
+            with_chain_bytes(pages, off, len, scratch, f)
+        })
     }
 
     fn total_pages(&self) -> u64 {
