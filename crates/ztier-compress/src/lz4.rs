@@ -262,7 +262,7 @@ fn read_length(src: &[u8], ip: &mut usize, mut len: usize) -> Result<usize> {
 
 /// Decodes an LZ4 block into `dst`; returns the decoded length.
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
-    let (ip, op) = decompress_fast(src, dst)?;
+    let (ip, op) = decompress_fast(src, dst);
     decompress_tail(src, dst, ip, op)
 }
 
@@ -282,10 +282,10 @@ const FAST_ROOM: usize = 64;
 /// bounds check per copy costs as much again as the copies themselves (measured: 2.5x
 /// liblz4's instructions with checked copies).
 #[allow(unsafe_code)]
-fn decompress_fast(src: &[u8], dst: &mut [u8]) -> Result<(usize, usize)> {
+fn decompress_fast(src: &[u8], dst: &mut [u8]) -> (usize, usize) {
     let src_len = src.len();
     let Some(dst_limit) = dst.len().checked_sub(FAST_ROOM) else {
-        return Ok((0, 0));
+        return (0, 0);
     };
     let s = src.as_ptr();
     let (mut ip, mut op) = (0usize, 0usize);
@@ -305,7 +305,10 @@ fn decompress_fast(src: &[u8], dst: &mut [u8]) -> Result<(usize, usize)> {
             // the FAST_ROOM the invariant keeps; src and dst are distinct slices.
             unsafe { copy16(s.add(p), d.add(op)) };
         } else {
-            lit = read_length(src, &mut p, lit)?;
+            let Some(len) = read_length_fast(src, &mut p, lit) else {
+                break;
+            };
+            lit = len;
             if lit > src_len || p + lit + 32 > src_len || op + lit + 32 > dst_limit + FAST_ROOM {
                 break;
             }
@@ -345,13 +348,16 @@ fn decompress_fast(src: &[u8], dst: &mut [u8]) -> Result<(usize, usize)> {
                 continue;
             }
         } else {
-            ml = read_length(src, &mut r, ml)? + MINMATCH;
+            let Some(len) = read_length_fast(src, &mut r, ml) else {
+                break;
+            };
+            ml = len + MINMATCH;
             if ml > dst_limit || o + ml > dst_limit {
                 break;
             }
         }
         if !offset_valid {
-            return Err(corrupt(q, "match offset outside the output"));
+            break;
         }
         // From here dst[o - offset..o + ml + FAST_ROOM] is in bounds, which covers every
         // match copy below (each runs at most 31 bytes past its end) and keeps the
@@ -366,7 +372,21 @@ fn decompress_fast(src: &[u8], dst: &mut [u8]) -> Result<(usize, usize)> {
         ip = r;
         op = o + ml;
     }
-    Ok((ip, op))
+    (ip, op)
+}
+
+/// `read_length` for the fast loop: `None` where the block ends inside the length, which
+/// the fast loop leaves for `decompress_tail` to report.
+#[inline(always)]
+fn read_length_fast(src: &[u8], ip: &mut usize, mut len: usize) -> Option<usize> {
+    loop {
+        let b = *src.get(*ip)?;
+        *ip += 1;
+        len += b as usize;
+        if b != 255 {
+            return Some(len);
+        }
+    }
 }
 
 /// The fast loop's rare match at a distance under 16, kept out of line so that its
