@@ -6,8 +6,9 @@
 //! compressed length at or above the pool's `huge_class_size` is stored raw instead
 //! (`huge_pages`). The object is allocated and written before the slot is locked, and the
 //! memory limit is checked after the allocation as the kernel does, so a refused write leaves
-//! the slot's previous content as it was. Reads copy the object out under the slot lock and
-//! decompress after releasing it.
+//! the slot's previous content as it was. Reads decompress the object where it lies (copied
+//! out first only if it straddles two pool pages) under the slot lock, as the kernel's
+//! `zram_read_from_zspool()` does.
 //!
 //! # Lock ordering
 //! `Device::streams[shard]` (held only to take or return a stream, never with another lock);
