@@ -245,17 +245,15 @@ fn corrupt(at: usize, reason: &'static str) -> CompressError {
     }
 }
 
-/// Reads a length's continuation bytes.
+/// Reads a length's continuation bytes; `None` where the block ends inside them.
 #[inline(always)]
-fn read_length(src: &[u8], ip: &mut usize, mut len: usize) -> Result<usize> {
+fn read_length(src: &[u8], ip: &mut usize, mut len: usize) -> Option<usize> {
     loop {
-        let b = *src
-            .get(*ip)
-            .ok_or_else(|| corrupt(*ip, "truncated length"))?;
+        let b = *src.get(*ip)?;
         *ip += 1;
         len += b as usize;
         if b != 255 {
-            return Ok(len);
+            return Some(len);
         }
     }
 }
@@ -303,9 +301,9 @@ fn decompress_fast(src: &[u8], dst: &mut [u8]) -> (usize, usize) {
             }
             // SAFETY: src[p..p + 16] is checked just above; dst[op..op + 16] lies within
             // the FAST_ROOM the invariant keeps; src and dst are distinct slices.
-            unsafe { copy16(s.add(p), d.add(op)) };
+            unsafe { copy_bytes::<16>(s.add(p), d.add(op)) };
         } else {
-            let Some(len) = read_length_fast(src, &mut p, lit) else {
+            let Some(len) = read_length(src, &mut p, lit) else {
                 break;
             };
             lit = len;
@@ -337,18 +335,16 @@ fn decompress_fast(src: &[u8], dst: &mut [u8]) -> (usize, usize) {
                 unsafe {
                     let from = d.add(o - offset);
                     let to = d.add(o);
-                    copy8(from, to);
-                    copy8(from.add(8), to.add(8));
-                    to.add(16)
-                        .cast::<[u8; 2]>()
-                        .write_unaligned(from.add(16).cast::<[u8; 2]>().read_unaligned());
+                    copy_bytes::<8>(from, to);
+                    copy_bytes::<8>(from.add(8), to.add(8));
+                    copy_bytes::<2>(from.add(16), to.add(16));
                 }
                 ip = r;
                 op = o + ml;
                 continue;
             }
         } else {
-            let Some(len) = read_length_fast(src, &mut r, ml) else {
+            let Some(len) = read_length(src, &mut r, ml) else {
                 break;
             };
             ml = len + MINMATCH;
@@ -375,20 +371,6 @@ fn decompress_fast(src: &[u8], dst: &mut [u8]) -> (usize, usize) {
     (ip, op)
 }
 
-/// `read_length` for the fast loop: `None` where the block ends inside the length, which
-/// the fast loop leaves for `decompress_tail` to report.
-#[inline(always)]
-fn read_length_fast(src: &[u8], ip: &mut usize, mut len: usize) -> Option<usize> {
-    loop {
-        let b = *src.get(*ip)?;
-        *ip += 1;
-        len += b as usize;
-        if b != 255 {
-            return Some(len);
-        }
-    }
-}
-
 /// The fast loop's rare match at a distance under 16, kept out of line so that its
 /// registers do not crowd the loop's (measured: up to 15 % on the sample's pages).
 #[inline(never)]
@@ -396,26 +378,15 @@ fn copy_short_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
     copy_match(dst, op, dist, len);
 }
 
-/// Copies 8 bytes; `from` and `to` are valid for 8 bytes and do not overlap.
+/// Copies `N` bytes; `from` and `to` are valid for `N` bytes. The value is loaded whole
+/// before it is stored, so `to` may overlap `from`: it then gets what `from` held before.
 #[allow(unsafe_code)]
 #[inline(always)]
-unsafe fn copy8(from: *const u8, to: *mut u8) {
+unsafe fn copy_bytes<const N: usize>(from: *const u8, to: *mut u8) {
     // SAFETY: the caller's contract.
     unsafe {
-        to.cast::<[u8; 8]>()
-            .write_unaligned(from.cast::<[u8; 8]>().read_unaligned())
-    }
-}
-
-/// Copies 16 bytes; `from` and `to` are valid for 16 bytes and `from + 16 <= to` or they
-/// lie in different buffers (a load completes before its store).
-#[allow(unsafe_code)]
-#[inline(always)]
-unsafe fn copy16(from: *const u8, to: *mut u8) {
-    // SAFETY: the caller's contract; the value is loaded whole before it is stored.
-    unsafe {
-        to.cast::<[u8; 16]>()
-            .write_unaligned(from.cast::<[u8; 16]>().read_unaligned())
+        to.cast::<[u8; N]>()
+            .write_unaligned(from.cast::<[u8; N]>().read_unaligned())
     }
 }
 
@@ -429,8 +400,8 @@ unsafe fn wild_copy32(from: *const u8, to: *mut u8, len: usize) {
     loop {
         // SAFETY: k < max(len, 1), so k + 32 <= len + 31: inside the caller's bounds.
         unsafe {
-            copy16(from.add(k), to.add(k));
-            copy16(from.add(k + 16), to.add(k + 16));
+            copy_bytes::<16>(from.add(k), to.add(k));
+            copy_bytes::<16>(from.add(k + 16), to.add(k + 16));
         }
         k += 32;
         if k >= len {
@@ -455,7 +426,7 @@ fn decompress_tail(src: &[u8], dst: &mut [u8], mut ip: usize, mut op: usize) -> 
         ip += 1;
         let mut lit = token >> 4;
         if lit == RUN_MASK {
-            lit = read_length(src, &mut ip, lit)?;
+            lit = read_length(src, &mut ip, lit).ok_or_else(|| corrupt(ip, "truncated length"))?;
         }
         let lit_end = ip.checked_add(lit).filter(|&e| e <= src.len());
         let lit_end = lit_end.ok_or_else(|| corrupt(ip, "literals run past the input"))?;
@@ -479,7 +450,7 @@ fn decompress_tail(src: &[u8], dst: &mut [u8], mut ip: usize, mut op: usize) -> 
         ip += 2;
         let mut len = token & ML_MASK;
         if len == ML_MASK {
-            len = read_length(src, &mut ip, len)?;
+            len = read_length(src, &mut ip, len).ok_or_else(|| corrupt(ip, "truncated length"))?;
         }
         len += MINMATCH;
         if op + len > dst.len() {
