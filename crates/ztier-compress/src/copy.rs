@@ -37,6 +37,7 @@ pub fn copy_match(dst: &mut [u8], op: usize, dist: usize, len: usize) {
 }
 
 /// `copy_match` when `dst` has `WILD` bytes of room past `op + len`.
+#[allow(unsafe_code)]
 #[inline(always)]
 fn copy_match_wild(dst: &mut [u8], op: usize, dist: usize, len: usize) {
     if len == 0 {
@@ -52,14 +53,34 @@ fn copy_match_wild(dst: &mut [u8], op: usize, dist: usize, len: usize) {
         }
         return;
     }
-    // A short distance repeats a pattern of `dist` bytes. Build its first 16 bytes in a
-    // register once and store them every whole number of periods: the stores then depend on
-    // no earlier store, where copying from just behind `op` would wait on each one in turn.
-    let pattern = repeat_pattern(chunk::<WILD>(dst, from), dist);
-    let step = PATTERN_STEP[dist];
-    while k < len {
-        *chunk_mut::<WILD>(dst, op + k) = pattern;
-        k += step;
+    assert!(dist >= 1 && dist <= op && op + len + WILD <= dst.len());
+    // SAFETY: dist < WILD here, and the rest of the contract is checked just above.
+    unsafe { copy_near_match(dst.as_mut_ptr().add(op), dist, len) }
+}
+
+/// Appends a match at a distance under 16. A short distance repeats a pattern of `dist`
+/// bytes: its first 16 bytes are built in a register once and stored every whole number of
+/// periods, so the stores depend on no earlier store, where copying from just behind `to`
+/// would wait on each one in turn.
+///
+/// # Safety
+/// `1 <= dist < 16`; `to - dist .. to + len + 15` is one valid, writable allocation (the
+/// bytes past the match may be overwritten).
+#[allow(unsafe_code)]
+#[inline(always)]
+pub unsafe fn copy_near_match(to: *mut u8, dist: usize, len: usize) {
+    debug_assert!((1..WILD).contains(&dist));
+    // SAFETY: the caller's contract: the load covers to - dist .. to - dist + 16 <= to + 15,
+    // each store to + k .. to + k + 16 with k < len.
+    unsafe {
+        let head = to.sub(dist).cast::<[u8; WILD]>().read_unaligned();
+        let pattern = repeat_pattern(&head, dist);
+        let step = PATTERN_STEP[dist];
+        let mut k = 0;
+        while k < len {
+            to.add(k).cast::<[u8; WILD]>().write_unaligned(pattern);
+            k += step;
+        }
     }
 }
 
