@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target for a bounded time (default 20 s each); CI calls it as is.
+# Runs every cargo-fuzz target for a bounded time (default 30 s each, as CI runs it).
 # Debug assertions are on: they check the compressors' unchecked reads.
 # cargo fuzz needs nightly compiler flags; RUSTC_BOOTSTRAP lets the stable toolchain take them.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-seconds=${1:-20}
+seconds=${1:-30}
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
 targets=$(cargo fuzz list)
