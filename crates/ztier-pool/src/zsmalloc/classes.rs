@@ -133,7 +133,12 @@ impl ClassTable {
             let size = (ZS_MIN_ALLOC_SIZE + i * delta).min(page_size);
             let pages = rule.pages_per_zspage(size, page_size, chain_size);
             let objs = pages * page_size / size;
-            if pages != 1 && objs != 1 && huge_watermark == 0 {
+            // The kernel's rule. With one-page zspages (chain size 1, below the kernel's
+            // Kconfig range of 4..16) it never fires and the kernel would call every size
+            // huge; here the largest size that shares a page is the watermark instead.
+            let kernel_rule = pages != 1 && objs != 1;
+            let one_page_chains = chain_size == 1 && objs != 1;
+            if (kernel_rule || one_page_chains) && huge_watermark == 0 {
                 huge_watermark = size;
             }
             if let Some(prev) = descending.last() {
@@ -203,6 +208,15 @@ mod tests {
         assert_eq!(unique(4, ChainRule::LeastWaste), (69, 3264, 3257));
         assert_eq!(unique(8, ChainRule::LeastWaste), (119, 3632, 3625));
         assert_eq!(unique(16, ChainRule::LeastWaste), (192, 3840, 3833));
+    }
+
+    #[test]
+    fn one_page_chains_have_a_watermark() {
+        // Below the kernel's range: every zspage is one page, and half a page is the
+        // largest size two objects share (the kernel would store every page raw).
+        assert_eq!(unique(1, ChainRule::LeastWaste).1, 2048);
+        assert_eq!(unique(1, ChainRule::LeastWaste).2, 2041);
+        assert_eq!(unique(2, ChainRule::LeastWaste).1, 2720, "the kernel's rule from 2 on");
     }
 
     #[test]
