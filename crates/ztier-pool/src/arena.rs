@@ -1,7 +1,10 @@
 //! The page arena: where every allocator's pages come from and go back to.
 //!
-//! Memory is taken from the OS by `mmap` in 2 MiB chunks and handed out one pool page
-//! (4 KiB or 16 KiB) at a time as an owned [`Page`]. A helper thread maps chunks ahead and
+//! Memory is taken from the OS by `mmap` in 2 MiB chunks and handed out as a
+//! [`PageChain`]: the pool pages (4 KiB or 16 KiB) of one zspage or block, each an owned
+//! [`Page`]. A chain made of fresh pages is carved from one chunk in address order, so an
+//! object straddling two of its pages is one slice and is read in place; the kernel,
+//! whose pages are physically scattered, must copy such objects out. A helper thread maps chunks ahead and
 //! faults them in, keeping one ready, so the kernel's zeroing of fresh pages (8 % of the
 //! store path when it was inline) runs beside the store path instead of on it. It runs at
 //! idle priority, on a core that would otherwise be idle. When none is ready the allocating
@@ -16,6 +19,7 @@
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
 //! - a page is either owned by exactly one [`Page`] value, or on `hot`, `cold` or not yet
 //!   handed out (`next_fresh`), never two of these;
+//! - a chain is marked contiguous only if its pages are consecutive in one chunk;
 //! - chunks are unmapped only when no page is out (`pages_out == 0`), so a [`Page`] never
 //!   outlives its mapping; an arena dropped with pages still out leaks its chunks instead;
 //! - a chunk the helper maps is its own until received from the (rendezvous) channel, then
@@ -78,49 +82,124 @@ impl Page {
     }
 }
 
-/// Copies `out.len()` bytes starting `off` bytes into a chain of pages (a zspage or a
-/// block), crossing page boundaries as needed.
-pub fn read_chain(pages: &[Page], mut off: usize, out: &mut [u8]) {
-    let page_size = pages[0].bytes().len();
-    let mut done = 0;
-    while done < out.len() {
-        let (p, in_page) = (off / page_size, off % page_size);
-        let n = (page_size - in_page).min(out.len() - done);
-        out[done..done + n].copy_from_slice(&pages[p].bytes()[in_page..in_page + n]);
-        done += n;
-        off += n;
-    }
+/// The pages of one zspage or block, in chain order, owned together.
+///
+/// When the arena could hand them out as consecutive addresses of one mapping (a fresh
+/// chain, carved from a chunk's untouched tail), an object that straddles two of them is
+/// read and written in place. Otherwise it is copied piece by piece, as the kernel must
+/// always do, its pages being physically scattered. Only the arena makes chains, so
+/// `contiguous` is true only when it is.
+#[derive(Debug, Default)]
+pub struct PageChain {
+    pages: Box<[Page]>,
+    /// pages[i + 1] starts where pages[i] ends, all inside one chunk.
+    contiguous: bool,
 }
 
-/// Calls `f` with the `len` bytes at `off` into a chain of pages: in place when they lie in
-/// one page, else copied into `scratch` (which must hold `len` bytes).
-pub fn with_chain_bytes(
-    pages: &[Page],
-    off: usize,
-    len: usize,
-    scratch: &mut [u8],
-    f: &mut dyn FnMut(&[u8]),
-) {
-    let page_size = pages[0].bytes().len();
-    let (p, in_page) = (off / page_size, off % page_size);
-    if in_page + len <= page_size {
-        f(&pages[p].bytes()[in_page..in_page + len]);
-    } else {
-        read_chain(pages, off, &mut scratch[..len]);
-        f(&scratch[..len]);
+impl PageChain {
+    /// Pages in the chain (0 once given back).
+    pub fn len(&self) -> usize {
+        self.pages.len()
     }
-}
 
-/// Copies `data` to `off` bytes into a chain of pages.
-pub fn write_chain(pages: &mut [Page], mut off: usize, data: &[u8]) {
-    let page_size = pages[0].bytes().len();
-    let mut done = 0;
-    while done < data.len() {
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Whether objects that straddle pages are reached in place.
+    pub fn is_contiguous(&self) -> bool {
+        self.contiguous
+    }
+
+    fn page_size(&self) -> usize {
+        self.pages[0].len
+    }
+
+    /// `off..off + len` as one slice, if it lies in one page or the chain is contiguous.
+    #[inline]
+    fn span(&self, off: usize, len: usize) -> Option<&[u8]> {
+        let page_size = self.page_size();
         let (p, in_page) = (off / page_size, off % page_size);
-        let n = (page_size - in_page).min(data.len() - done);
-        pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-        done += n;
-        off += n;
+        if in_page + len <= page_size {
+            return Some(&self.pages[p].bytes()[in_page..in_page + len]);
+        }
+        if !self.contiguous {
+            return None;
+        }
+        assert!(
+            off + len <= page_size * self.pages.len(),
+            "span past the chain"
+        );
+        // SAFETY: a contiguous chain's pages are consecutive in one mapping (set only by
+        // `Arena::alloc_chain`), so pages[0].ptr + off .. + len lies inside that mapping
+        // (checked just above) and inside pages this chain alone owns; &self keeps them
+        // from being written meanwhile.
+        Some(unsafe { std::slice::from_raw_parts(self.pages[0].ptr.as_ptr().add(off), len) })
+    }
+
+    /// As `span`, mutable.
+    #[inline]
+    fn span_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
+        let page_size = self.page_size();
+        let (p, in_page) = (off / page_size, off % page_size);
+        if in_page + len <= page_size {
+            return Some(&mut self.pages[p].bytes_mut()[in_page..in_page + len]);
+        }
+        if !self.contiguous {
+            return None;
+        }
+        assert!(
+            off + len <= page_size * self.pages.len(),
+            "span past the chain"
+        );
+        // SAFETY: as in `span`; &mut self makes the access exclusive.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.pages[0].ptr.as_ptr().add(off), len) })
+    }
+
+    /// Copies `out.len()` bytes starting `off` bytes into the chain.
+    pub fn read(&self, off: usize, out: &mut [u8]) {
+        if let Some(bytes) = self.span(off, out.len()) {
+            out.copy_from_slice(bytes);
+            return;
+        }
+        let page_size = self.page_size();
+        let (mut off, mut done) = (off, 0);
+        while done < out.len() {
+            let (p, in_page) = (off / page_size, off % page_size);
+            let n = (page_size - in_page).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&self.pages[p].bytes()[in_page..in_page + n]);
+            done += n;
+            off += n;
+        }
+    }
+
+    /// Copies `data` to `off` bytes into the chain.
+    pub fn write(&mut self, off: usize, data: &[u8]) {
+        if let Some(bytes) = self.span_mut(off, data.len()) {
+            bytes.copy_from_slice(data);
+            return;
+        }
+        let page_size = self.page_size();
+        let (mut off, mut done) = (off, 0);
+        while done < data.len() {
+            let (p, in_page) = (off / page_size, off % page_size);
+            let n = (page_size - in_page).min(data.len() - done);
+            self.pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+            off += n;
+        }
+    }
+
+    /// Calls `f` with the `len` bytes at `off`: in place when they lie in one page or the
+    /// chain is contiguous, else copied into `scratch` (which must hold `len` bytes).
+    pub fn with_bytes(&self, off: usize, len: usize, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) {
+        match self.span(off, len) {
+            Some(bytes) => f(bytes),
+            None => {
+                self.read(off, &mut scratch[..len]);
+                f(&scratch[..len]);
+            }
+        }
     }
 }
 
@@ -185,32 +264,63 @@ impl Arena {
         self.state.lock().hot.len()
     }
 
-    /// Takes `n` pages, appending them to `out`; on failure nothing is taken.
-    pub fn alloc_pages(&self, n: usize, out: &mut Vec<Page>) -> Result<()> {
+    /// Takes a chain of `n` pages; on failure nothing is taken. Free pages are used first
+    /// (they are resident or cheap to fault in again); only a chain made wholly of fresh
+    /// pages is contiguous.
+    pub fn alloc_chain(&self, n: usize) -> Result<PageChain> {
+        assert!(n > 0, "a chain has pages");
         let mut st = self.state.lock();
-        let start = out.len();
+        let mut pages = Vec::with_capacity(n);
+        let contiguous = st.hot.is_empty() && st.cold.is_empty();
+        if contiguous && st.next_fresh.is_some_and(|(_, left)| left < n) {
+            // Too few for a run: park the untouched rest as released pages (reading them
+            // gives zeros, touching them faults them in); take_fresh starts the next chunk.
+            let (mut p, left) = st.next_fresh.take().expect("checked");
+            for _ in 0..left {
+                st.cold.push(p);
+                // SAFETY: the `left` pages from p on lie in one chunk; the last step lands
+                // at most one past its end, which `add` allows.
+                p = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
+            }
+        }
         for _ in 0..n {
-            match self.take_one(&mut st) {
-                Ok(ptr) => out.push(Page {
-                    ptr,
-                    len: self.page_size,
-                }),
+            let taken = if contiguous {
+                self.take_fresh(&mut st)
+            } else {
+                self.take_one(&mut st)
+            };
+            match taken {
+                Ok(ptr) => pages.push(ptr),
                 Err(e) => {
-                    for page in out.drain(start..) {
-                        st.hot.push(page.ptr);
-                        st.pages_out -= 1;
-                    }
+                    st.pages_out -= pages.len();
+                    st.hot.extend(pages);
                     return Err(e);
                 }
             }
         }
-        Ok(())
+        // A run begun in the old chunk's tail stays in that chunk: take_fresh moves to a new
+        // chunk only when the tail is used up, and the tail held at least n pages.
+        debug_assert!(
+            !contiguous
+                || pages
+                    .windows(2)
+                    .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + self.page_size)
+        );
+        let pages = pages
+            .into_iter()
+            .map(|ptr| Page {
+                ptr,
+                len: self.page_size,
+            })
+            .collect();
+        Ok(PageChain { pages, contiguous })
     }
 
-    /// Gives pages back. Pages past the hot list's capacity are released to the OS.
-    pub fn free_pages(&self, pages: impl IntoIterator<Item = Page>) {
+    /// Gives a chain's pages back. Pages past the hot list's capacity are released to the
+    /// OS.
+    pub fn free_chain(&self, chain: PageChain) {
         let mut st = self.state.lock();
-        for page in pages {
+        for page in chain.pages {
             debug_assert!(self.owns(&st, page.ptr));
             st.pages_out -= 1;
             if st.hot.len() < HOT_PAGES_MAX {
@@ -222,37 +332,40 @@ impl Arena {
         }
     }
 
+    /// A free page, else a fresh one.
     fn take_one(&self, st: &mut ArenaState) -> Result<NonNull<u8>> {
-        let ptr = if let Some(p) = st.hot.pop() {
-            p
-        } else if let Some(p) = st.cold.pop() {
-            p
-        } else {
-            if st.next_fresh.is_none() {
-                // The helper's chunk if one is ready. Waiting for it under this lock would
-                // stall every allocating thread; instead map one here, unpopulated, so that
-                // its pages fault in one by one as they are first written.
-                if st.ready.is_none() {
-                    st.ready = start_helper();
-                }
-                let base = match st.ready.as_ref().and_then(|r| r.try_recv().ok()) {
-                    Some(addr) => NonNull::new(addr as *mut u8).expect("mapped"),
-                    None => map_chunk()?,
-                };
-                st.chunks.push(Chunk { base });
-                st.next_fresh = Some((base, CHUNK_BYTES / self.page_size));
+        if let Some(p) = st.hot.pop().or_else(|| st.cold.pop()) {
+            st.pages_out += 1;
+            return Ok(p);
+        }
+        self.take_fresh(st)
+    }
+
+    /// The next untouched page of the newest chunk, mapping a new chunk when it is used up.
+    fn take_fresh(&self, st: &mut ArenaState) -> Result<NonNull<u8>> {
+        if st.next_fresh.is_none() {
+            // The helper's chunk if one is ready. Waiting for it under this lock would
+            // stall every allocating thread; instead map one here, unpopulated, so that
+            // its pages fault in one by one as they are first written.
+            if st.ready.is_none() {
+                st.ready = start_helper();
             }
-            let (p, left) = st.next_fresh.take().expect("set above");
-            if left > 1 {
-                // SAFETY: p is inside a chunk with `left` pages from p on; p + page_size is
-                // the next of them, still inside the same mapping.
-                let next = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
-                st.next_fresh = Some((next, left - 1));
-            }
-            p
-        };
+            let base = match st.ready.as_ref().and_then(|r| r.try_recv().ok()) {
+                Some(addr) => NonNull::new(addr as *mut u8).expect("mapped"),
+                None => map_chunk()?,
+            };
+            st.chunks.push(Chunk { base });
+            st.next_fresh = Some((base, CHUNK_BYTES / self.page_size));
+        }
+        let (p, left) = st.next_fresh.take().expect("set above");
+        if left > 1 {
+            // SAFETY: p is inside a chunk with `left` pages from p on; p + page_size is
+            // the next of them, still inside the same mapping.
+            let next = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
+            st.next_fresh = Some((next, left - 1));
+        }
         st.pages_out += 1;
-        Ok(ptr)
+        Ok(p)
     }
 
     fn owns(&self, st: &ArenaState, ptr: NonNull<u8>) -> bool {
@@ -391,18 +504,58 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fresh_chains_are_contiguous_and_straddles_read_in_place() {
+        let arena = Arena::new(4096);
+        // 512 pages a chunk: 102 chains of 5 leave 2 pages, too few for the 103rd.
+        let chains: Vec<PageChain> = (0..103).map(|_| arena.alloc_chain(5).unwrap()).collect();
+        assert!(chains.iter().all(PageChain::is_contiguous));
+        let mut tail = arena.alloc_chain(3).unwrap();
+        assert!(!tail.is_contiguous(), "the parked pages are free pages now");
+
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let mut c = arena.alloc_chain(4).unwrap();
+        for chain in [&mut c, &mut tail] {
+            chain.write(4000, &data[..5000.min(chain.len() * 4096 - 4000)]);
+            let n = 5000.min(chain.len() * 4096 - 4000);
+            let mut back = vec![0; n];
+            chain.read(4000, &mut back);
+            assert_eq!(back, data[..n]);
+            let mut scratch = vec![0; n];
+            let mut seen = Vec::new();
+            chain.with_bytes(4000, n, &mut scratch, &mut |b| seen = b.to_vec());
+            assert_eq!(seen, data[..n]);
+        }
+        // In place: the scratch is untouched when the chain is contiguous.
+        let mut scratch = vec![0xEE; 200];
+        c.with_bytes(4000, 200, &mut scratch, &mut |b| {
+            assert_eq!(b, &data[..200])
+        });
+        assert!(scratch.iter().all(|&b| b == 0xEE));
+        for chain in chains.into_iter().chain([c, tail]) {
+            arena.free_chain(chain);
+        }
+        assert_eq!(arena.pages_out(), 0);
+    }
+
+    #[test]
     fn pages_are_distinct_and_writable() {
         let arena = Arena::new(4096);
-        let mut pages = Vec::new();
-        arena.alloc_pages(600, &mut pages).unwrap(); // spans two chunks
-        for (i, p) in pages.iter_mut().enumerate() {
-            p.bytes_mut().fill(i as u8);
+        // 75 chains of 8 span two chunks.
+        let mut chains: Vec<PageChain> = (0..75).map(|_| arena.alloc_chain(8).unwrap()).collect();
+        for (i, c) in chains.iter_mut().enumerate() {
+            for (j, p) in c.pages.iter_mut().enumerate() {
+                p.bytes_mut().fill((i * 8 + j) as u8);
+            }
         }
-        for (i, p) in pages.iter().enumerate() {
-            assert!(p.bytes().iter().all(|&b| b == i as u8));
+        for (i, c) in chains.iter().enumerate() {
+            for (j, p) in c.pages.iter().enumerate() {
+                assert!(p.bytes().iter().all(|&b| b == (i * 8 + j) as u8));
+            }
         }
         assert_eq!(arena.pages_out(), 600);
-        arena.free_pages(pages);
+        for c in chains {
+            arena.free_chain(c);
+        }
         assert_eq!(arena.pages_out(), 0);
         assert_eq!(arena.hot_pages(), HOT_PAGES_MAX);
     }
@@ -410,15 +563,15 @@ mod tests {
     #[test]
     fn released_pages_come_back_zeroed() {
         let arena = Arena::new(16384);
-        let mut pages = Vec::new();
-        arena.alloc_pages(HOT_PAGES_MAX + 10, &mut pages).unwrap();
-        for p in pages.iter_mut() {
+        let mut chain = arena.alloc_chain(HOT_PAGES_MAX + 10).unwrap();
+        for p in chain.pages.iter_mut() {
             p.bytes_mut().fill(0xAB);
         }
-        arena.free_pages(pages);
-        let mut again = Vec::new();
-        arena.alloc_pages(HOT_PAGES_MAX + 10, &mut again).unwrap();
+        arena.free_chain(chain);
+        let again = arena.alloc_chain(HOT_PAGES_MAX + 10).unwrap();
+        assert!(!again.is_contiguous(), "made of freed pages");
         let zeroed = again
+            .pages
             .iter()
             .filter(|p| p.bytes().iter().all(|&b| b == 0))
             .count();
@@ -426,6 +579,6 @@ mod tests {
             zeroed, 10,
             "pages past the hot list were released to the OS"
         );
-        arena.free_pages(again);
+        arena.free_chain(again);
     }
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::arena::{read_chain, write_chain, Arena, Page};
+use crate::arena::{Arena, PageChain};
 use crate::{Handle, PoolError, Result, ZPool};
 
 /// Block sizes in pages: the kernel's powers of two, and the Rust version's extra sizes.
@@ -229,7 +229,7 @@ struct ListState {
 #[derive(Default)]
 struct Block {
     /// Its pages; empty while the id is free.
-    pages: Box<[Page]>,
+    pages: PageChain,
     free_slots: u32,
     /// Slot in use, per slot.
     occupied: Vec<bool>,
@@ -303,6 +303,32 @@ impl ZblockPool {
         Handle::from_raw(raw).expect("tag bit set")
     }
 
+    /// Finds a live object under its list's lock and, if `room` bytes hold it, calls
+    /// `f(block pages, offset, length)` with the lock held; returns the length.
+    fn with_object(
+        &self,
+        handle: Handle,
+        room: usize,
+        f: impl FnOnce(&PageChain, usize, usize),
+    ) -> Result<usize> {
+        let (list, st, id, slot) = self.locate(handle)?;
+        let b = &st.blocks[id as usize];
+        let stored = b.lens[slot] as usize;
+        if room < stored {
+            return Err(PoolError::LengthMismatch {
+                handle: handle.raw(),
+                stored,
+                requested: room,
+            });
+        }
+        f(
+            &b.pages,
+            slot * list.ty.slot_size + header_size(self.table.page_size),
+            stored,
+        );
+        Ok(stored)
+    }
+
     /// Finds a handle's list, and under its lock, its block and slot.
     fn locate<'a>(
         &'a self,
@@ -373,11 +399,8 @@ impl ZblockPool {
         b.free_slots -= 1;
         let generation = b.generations[slot];
         if let Some(data) = data {
-            write_chain(
-                &mut b.pages,
-                slot * list.ty.slot_size + header_size(page_size),
-                data,
-            );
+            b.pages
+                .write(slot * list.ty.slot_size + header_size(page_size), data);
         }
         if b.free_slots == 0 {
             st.unlink_active(id);
@@ -409,8 +432,7 @@ impl ZblockPool {
 impl ListState {
     /// `alloc_block()`: a new block, all slots free, at the head of the active list.
     fn alloc_block(&mut self, ty: &BlockType, arena: &Arena) -> Result<u32> {
-        let mut pages = Vec::with_capacity(ty.pages);
-        arena.alloc_pages(ty.pages, &mut pages)?;
+        let pages = arena.alloc_chain(ty.pages)?;
         let slots = ty.slots_per_block;
         let id = self.free_ids.pop().unwrap_or_else(|| {
             self.blocks.push(Block::default());
@@ -419,7 +441,7 @@ impl ListState {
         let b = &mut self.blocks[id as usize];
         let generations = std::mem::take(&mut b.generations);
         *b = Block {
-            pages: pages.into_boxed_slice(),
+            pages,
             free_slots: slots as u32,
             occupied: vec![false; slots],
             lens: vec![0; slots],
@@ -512,7 +534,7 @@ impl ZPool for ZblockPool {
                 st.unlink_active(id);
             }
             let pages = std::mem::take(&mut st.blocks[id as usize].pages);
-            self.arena.free_pages(pages.into_vec());
+            self.arena.free_chain(pages);
             st.free_ids.push(id);
             st.block_count -= 1;
             self.pages_allocated
@@ -535,24 +557,26 @@ impl ZPool for ZblockPool {
             });
         }
         let off = slot * list.ty.slot_size + header_size(self.table.page_size);
-        write_chain(&mut b.pages, off, data);
+        b.pages.write(off, data);
         Ok(())
     }
 
     fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
-        let (list, st, id, slot) = self.locate(handle)?;
-        let b = &st.blocks[id as usize];
-        let stored = b.lens[slot] as usize;
-        if out.len() < stored {
-            return Err(PoolError::LengthMismatch {
-                handle: handle.raw(),
-                stored,
-                requested: out.len(),
-            });
-        }
-        let off = slot * list.ty.slot_size + header_size(self.table.page_size);
-        read_chain(&b.pages, off, &mut out[..stored]);
-        Ok(stored)
+        self.with_object(handle, out.len(), |pages, off, len| {
+            pages.read(off, &mut out[..len])
+        })
+    }
+
+    /// The object in place unless it straddles two pages of a block that is not contiguous.
+    fn read_with(
+        &self,
+        handle: Handle,
+        scratch: &mut [u8],
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize> {
+        self.with_object(handle, scratch.len(), |pages, off, len| {
+            pages.with_bytes(off, len, scratch, f)
+        })
     }
 
     fn total_pages(&self) -> u64 {
@@ -589,8 +613,7 @@ impl Drop for ZblockPool {
     fn drop(&mut self) {
         for list in self.lists.iter_mut() {
             for b in list.state.get_mut().blocks.iter_mut() {
-                self.arena
-                    .free_pages(std::mem::take(&mut b.pages).into_vec());
+                self.arena.free_chain(std::mem::take(&mut b.pages));
             }
         }
     }

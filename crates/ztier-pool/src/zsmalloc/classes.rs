@@ -216,7 +216,11 @@ mod tests {
         // largest size two objects share (the kernel would store every page raw).
         assert_eq!(unique(1, ChainRule::LeastWaste).1, 2048);
         assert_eq!(unique(1, ChainRule::LeastWaste).2, 2041);
-        assert_eq!(unique(2, ChainRule::LeastWaste).1, 2720, "the kernel's rule from 2 on");
+        assert_eq!(
+            unique(2, ChainRule::LeastWaste).1,
+            2720,
+            "the kernel's rule from 2 on"
+        );
     }
 
     #[test]

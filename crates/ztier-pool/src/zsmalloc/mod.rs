@@ -39,7 +39,7 @@ pub use classes::{
     ZS_MIN_ALLOC_SIZE,
 };
 
-use crate::arena::{read_chain, with_chain_bytes, write_chain, Arena, Page};
+use crate::arena::{Arena, PageChain};
 use crate::{Handle, PoolError, Result, ZPool};
 
 /// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
@@ -180,7 +180,7 @@ struct ClassState {
 /// A zspage descriptor (`struct zspage`).
 struct ZsPage {
     /// Its pool pages in chain order; empty while the id is free.
-    pages: Box<[Page]>,
+    pages: PageChain,
     /// Objects allocated in it.
     inuse: u32,
     /// First free object (head of the in-page free chain), or NONE.
@@ -198,10 +198,8 @@ impl ZsPage {
     /// lock (the kernel's zs_malloc() drops it here too), so the page faults of fresh memory
     /// hold up no one.
     fn new(spec: &ClassSpec, arena: &Arena) -> Result<ZsPage> {
-        let mut pages = Vec::with_capacity(spec.pages_per_zspage);
-        arena.alloc_pages(spec.pages_per_zspage, &mut pages)?;
         let mut zspage = ZsPage {
-            pages: pages.into_boxed_slice(),
+            pages: arena.alloc_chain(spec.pages_per_zspage)?,
             inuse: 0,
             freeobj: 0,
             fullness: FG_OFF_LIST,
@@ -329,7 +327,7 @@ impl ZsPool {
         st.obj_used += 1;
         if let Some(data) = data {
             let off = payload_offset(spec, obj);
-            write_chain(&mut st.zspages[id as usize].pages, off, data);
+            st.zspages[id as usize].pages.write(off, data);
         }
         Ok(Self::encode(
             slot,
@@ -344,7 +342,7 @@ impl ZsPool {
         &self,
         handle: Handle,
         room: usize,
-        f: impl FnOnce(&[Page], usize, usize),
+        f: impl FnOnce(&PageChain, usize, usize),
     ) -> Result<usize> {
         let (class, index, generation) = self.decode(handle)?;
         let st = class.state.read();
@@ -490,13 +488,13 @@ impl ZPool for ZsPool {
             });
         }
         let off = payload_offset(&class.spec, obj);
-        write_chain(&mut st.zspages[id as usize].pages, off, data);
+        st.zspages[id as usize].pages.write(off, data);
         Ok(())
     }
 
     fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
         self.with_object(handle, out.len(), |pages, off, len| {
-            read_chain(pages, off, &mut out[..len])
+            pages.read(off, &mut out[..len])
         })
     }
 
@@ -508,7 +506,7 @@ impl ZPool for ZsPool {
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<usize> {
         self.with_object(handle, scratch.len(), |pages, off, len| {
-            with_chain_bytes(pages, off, len, scratch, f)
+            pages.with_bytes(off, len, scratch, f)
         })
     }
 
@@ -558,8 +556,7 @@ impl Drop for ZsPool {
         for class in self.classes.iter_mut() {
             let st = class.state.get_mut();
             for zs in st.zspages.iter_mut() {
-                self.arena
-                    .free_pages(std::mem::take(&mut zs.pages).into_vec());
+                self.arena.free_chain(std::mem::take(&mut zs.pages));
             }
         }
     }
@@ -609,7 +606,7 @@ impl ClassState {
     fn free_zspage(&mut self, spec: &ClassSpec, id: u32, arena: &Arena) {
         let zs = &mut self.zspages[id as usize];
         debug_assert!(zs.inuse == 0 && zs.fullness == FG_OFF_LIST);
-        arena.free_pages(std::mem::take(&mut zs.pages).into_vec());
+        arena.free_chain(std::mem::take(&mut zs.pages));
         self.obj_allocated -= spec.objs_per_zspage as u64;
         self.free_ids.push(id);
     }
@@ -746,13 +743,11 @@ impl ClassState {
                 continue;
             }
             let base = spec.size * obj as usize;
-            read_chain(&self.zspages[src as usize].pages, base, &mut scratch);
+            self.zspages[src as usize].pages.read(base, &mut scratch);
             let new_obj = self.obj_malloc(spec, dst, header);
-            write_chain(
-                &mut self.zspages[dst as usize].pages,
-                spec.size * new_obj as usize,
-                &scratch,
-            );
+            self.zspages[dst as usize]
+                .pages
+                .write(spec.size * new_obj as usize, &scratch);
             let h = &mut self.handles[header_handle_index(header) as usize];
             h.zspage = dst;
             h.obj = new_obj;
@@ -789,14 +784,14 @@ impl ClassState {
     }
 }
 
-fn read_header(pages: &[Page], off: usize) -> u64 {
+fn read_header(pages: &PageChain, off: usize) -> u64 {
     let mut b = [0u8; 8];
-    read_chain(pages, off, &mut b);
+    pages.read(off, &mut b);
     u64::from_le_bytes(b)
 }
 
-fn write_header(pages: &mut [Page], off: usize, header: u64) {
-    write_chain(pages, off, &header.to_le_bytes());
+fn write_header(pages: &mut PageChain, off: usize, header: u64) {
+    pages.write(off, &header.to_le_bytes());
 }
 
 /// One row of the debugfs `classes` table.
