@@ -115,45 +115,64 @@ impl PageChain {
         self.pages[0].len
     }
 
-    /// `off..off + len` as one slice, if it lies in one page or the chain is contiguous.
-    #[inline]
-    fn span(&self, off: usize, len: usize) -> Option<&[u8]> {
+    /// The page-sized pieces of `off..off + len`, as (page, offset in it, offset in the
+    /// range, length): one piece when the range lies in one page.
+    fn pieces(&self, off: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+        let page_size = self.page_size();
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let at = off + done;
+                let (p, in_page) = (at / page_size, at % page_size);
+                let n = (page_size - in_page).min(len - done);
+                done += n;
+                (p, in_page, done - n, n)
+            })
+        })
+    }
+
+    /// Where a range that lies in one page does: (page, offset in it).
+    fn within_page(&self, off: usize, len: usize) -> Option<(usize, usize)> {
         let page_size = self.page_size();
         let (p, in_page) = (off / page_size, off % page_size);
-        if in_page + len <= page_size {
-            return Some(&self.pages[p].bytes()[in_page..in_page + len]);
-        }
+        (in_page + len <= page_size).then_some((p, in_page))
+    }
+
+    /// Where a contiguous chain's range starts, checked to lie inside the chain.
+    fn contiguous_start(&self, off: usize, len: usize) -> Option<*mut u8> {
         if !self.contiguous {
             return None;
         }
         assert!(
-            off + len <= page_size * self.pages.len(),
+            off + len <= self.page_size() * self.pages.len(),
             "span past the chain"
         );
-        // SAFETY: a contiguous chain's pages are consecutive in one mapping (set only by
-        // `Arena::alloc_chain`), so pages[0].ptr + off .. + len lies inside that mapping
-        // (checked just above) and inside pages this chain alone owns; &self keeps them
-        // from being written meanwhile.
-        Some(unsafe { std::slice::from_raw_parts(self.pages[0].ptr.as_ptr().add(off), len) })
+        // SAFETY: in bounds of the chain (checked above), whose pages are consecutive in one
+        // mapping (`contiguous` is set only by `Arena::alloc_chain`).
+        Some(unsafe { self.pages[0].ptr.as_ptr().add(off) })
+    }
+
+    /// `off..off + len` as one slice, if it lies in one page or the chain is contiguous.
+    #[inline]
+    fn span(&self, off: usize, len: usize) -> Option<&[u8]> {
+        if let Some((p, in_page)) = self.within_page(off, len) {
+            return Some(&self.pages[p].bytes()[in_page..in_page + len]);
+        }
+        let start = self.contiguous_start(off, len)?;
+        // SAFETY: start..start + len lies in pages this chain alone owns, in one mapping
+        // (contiguous_start); &self keeps them from being written meanwhile.
+        Some(unsafe { std::slice::from_raw_parts(start, len) })
     }
 
     /// As `span`, mutable.
     #[inline]
     fn span_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
-        let page_size = self.page_size();
-        let (p, in_page) = (off / page_size, off % page_size);
-        if in_page + len <= page_size {
+        if let Some((p, in_page)) = self.within_page(off, len) {
             return Some(&mut self.pages[p].bytes_mut()[in_page..in_page + len]);
         }
-        if !self.contiguous {
-            return None;
-        }
-        assert!(
-            off + len <= page_size * self.pages.len(),
-            "span past the chain"
-        );
+        let start = self.contiguous_start(off, len)?;
         // SAFETY: as in `span`; &mut self makes the access exclusive.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.pages[0].ptr.as_ptr().add(off), len) })
+        Some(unsafe { std::slice::from_raw_parts_mut(start, len) })
     }
 
     /// Copies `out.len()` bytes starting `off` bytes into the chain.
@@ -162,14 +181,8 @@ impl PageChain {
             out.copy_from_slice(bytes);
             return;
         }
-        let page_size = self.page_size();
-        let (mut off, mut done) = (off, 0);
-        while done < out.len() {
-            let (p, in_page) = (off / page_size, off % page_size);
-            let n = (page_size - in_page).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&self.pages[p].bytes()[in_page..in_page + n]);
-            done += n;
-            off += n;
+        for (p, in_page, at, n) in self.pieces(off, out.len()) {
+            out[at..at + n].copy_from_slice(&self.pages[p].bytes()[in_page..in_page + n]);
         }
     }
 
@@ -179,14 +192,8 @@ impl PageChain {
             bytes.copy_from_slice(data);
             return;
         }
-        let page_size = self.page_size();
-        let (mut off, mut done) = (off, 0);
-        while done < data.len() {
-            let (p, in_page) = (off / page_size, off % page_size);
-            let n = (page_size - in_page).min(data.len() - done);
-            self.pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-            done += n;
-            off += n;
+        for (p, in_page, at, n) in self.pieces(off, data.len()) {
+            self.pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[at..at + n]);
         }
     }
 
