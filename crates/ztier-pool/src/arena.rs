@@ -197,6 +197,13 @@ impl PageChain {
         }
     }
 
+    /// Writes to each page once, so that fresh pages fault in now rather than on first use.
+    pub fn fault_in(&mut self) {
+        for page in self.pages.iter_mut() {
+            page.bytes_mut()[0] = 0;
+        }
+    }
+
     /// Calls `f` with the `len` bytes at `off`: in place when they lie in one page or the
     /// chain is contiguous, else copied into `scratch` (which must hold `len` bytes).
     pub fn with_bytes(&self, off: usize, len: usize, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) {

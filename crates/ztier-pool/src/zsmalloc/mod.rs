@@ -183,8 +183,14 @@ struct ZsPage {
     pages: PageChain,
     /// Objects allocated in it.
     inuse: u32,
-    /// First free object (head of the in-page free chain), or NONE.
+    /// First freed object (head of the in-page free chain), or NONE.
     freeobj: u32,
+    /// Objects from this index on have not been handed out since the zspage was made. The
+    /// kernel's `init_zspage()` links every object into the free chain up front; here the
+    /// chain ends where these begin and they are taken in order after it, which hands out
+    /// objects in the same order without touching each one's memory when the zspage is
+    /// made and again to read its link (two cache misses per object on the store path).
+    untouched: u32,
     /// The fullness list it is on, or FG_OFF_LIST.
     fullness: u8,
     prev: u32,
@@ -194,30 +200,21 @@ struct ZsPage {
 }
 
 impl ZsPage {
-    /// `alloc_zspage()`: pages from the arena, every object slot chained free. Needs no class
-    /// lock (the kernel's zs_malloc() drops it here too), so the page faults of fresh memory
-    /// hold up no one.
+    /// `alloc_zspage()`: pages from the arena, every object free (untouched). Needs no class
+    /// lock (the kernel's zs_malloc() drops it here too), so the page faults of fresh memory,
+    /// taken here, hold up no one.
     fn new(spec: &ClassSpec, arena: &Arena) -> Result<ZsPage> {
         let mut zspage = ZsPage {
             pages: arena.alloc_chain(spec.pages_per_zspage)?,
             inuse: 0,
-            freeobj: 0,
+            freeobj: NONE,
+            untouched: 0,
             fullness: FG_OFF_LIST,
             prev: NONE,
             next: NONE,
             huge_header: 0,
         };
-        if !spec.huge {
-            let objs = spec.objs_per_zspage as u32;
-            for obj in 0..objs {
-                let next = if obj + 1 < objs { obj + 1 } else { NONE };
-                write_header(
-                    &mut zspage.pages,
-                    spec.size * obj as usize,
-                    header_free(next),
-                );
-            }
-        }
+        zspage.pages.fault_in();
         Ok(zspage)
     }
 }
@@ -688,15 +685,26 @@ impl ClassState {
     /// `obj_malloc()`: takes the zspage's first free object and stamps its header.
     fn obj_malloc(&mut self, spec: &ClassSpec, id: u32, header: u64) -> u32 {
         let zs = &mut self.zspages[id as usize];
-        let obj = zs.freeobj;
-        debug_assert!(obj != NONE, "obj_malloc on a full zspage");
+        let obj = if zs.freeobj != NONE {
+            let obj = zs.freeobj;
+            zs.freeobj = if spec.huge {
+                NONE
+            } else {
+                header_next_free(read_header(&zs.pages, spec.size * obj as usize))
+            };
+            obj
+        } else {
+            debug_assert!(
+                zs.untouched < spec.objs_per_zspage as u32,
+                "obj_malloc on a full zspage"
+            );
+            zs.untouched += 1;
+            zs.untouched - 1
+        };
         if spec.huge {
-            zs.freeobj = NONE;
             zs.huge_header = header;
         } else {
-            let off = spec.size * obj as usize;
-            zs.freeobj = header_next_free(read_header(&zs.pages, off));
-            write_header(&mut zs.pages, off, header);
+            write_header(&mut zs.pages, spec.size * obj as usize, header);
         }
         zs.inuse += 1;
         obj
@@ -737,7 +745,8 @@ impl ClassState {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(spec.size, 0);
         let objs = spec.objs_per_zspage as u32;
-        for obj in 0..objs {
+        // Objects past `untouched` were never allocated; their bytes are not headers.
+        for obj in 0..self.zspages[src as usize].untouched {
             let header = self.object_header(spec, src, obj);
             if header & OBJ_ALLOCATED_TAG == 0 {
                 continue;
@@ -847,4 +856,48 @@ pub fn format_class_stats(rows: &[ClassStats]) -> String {
         ""
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// (zspage id, object index) of a live handle.
+    fn location(pool: &ZsPool, handle: Handle) -> (u32, u32) {
+        let (class, index, generation) = pool.decode(handle).unwrap();
+        let st = class.state.read();
+        pool.locate(&st, handle, index, generation).unwrap()
+    }
+
+    proptest! {
+        /// The lazily linked free chain hands out objects in the order of the kernel's
+        /// eagerly linked one: freed objects last-in first-out, then the untouched ones in
+        /// index order. The ops keep one to `objs_per_zspage` objects live, so one zspage
+        /// serves them all.
+        #[test]
+        fn objects_come_in_the_kernels_order(ops in prop::collection::vec(any::<(bool, prop::sample::Index)>(), 1..400)) {
+            let pool = ZsPool::new(ZsConfig::default()).unwrap();
+            let len = 1000;
+            let objs = pool.classes[pool.table.slot_for_request(len)].spec.objs_per_zspage as u32;
+            // The kernel's chain after init_zspage(): 0 → 1 → … → objs - 1.
+            let mut kernel_chain: std::collections::VecDeque<u32> = (0..objs).collect();
+            let mut live: Vec<(Handle, u32)> = Vec::new();
+            let first = pool.malloc(len).unwrap();
+            let zspage = location(&pool, first).0;
+            live.push((first, kernel_chain.pop_front().unwrap()));
+            for (alloc, pick) in ops {
+                if alloc && (live.len() as u32) < objs {
+                    let h = pool.malloc(len).unwrap();
+                    let expected = kernel_chain.pop_front().unwrap();
+                    prop_assert_eq!(location(&pool, h), (zspage, expected));
+                    live.push((h, expected));
+                } else if live.len() > 1 {
+                    let (h, obj) = live.swap_remove(pick.index(live.len()));
+                    pool.free(h).unwrap();
+                    kernel_chain.push_front(obj);
+                }
+            }
+        }
+    }
 }
