@@ -1,12 +1,12 @@
 //! zram's counters (`struct zram_stats`) and the sysfs files made from them.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use serde::{Deserialize, Serialize};
 
-/// Shards of counters and streams: a thread uses the shard of its index, so two threads
-/// rarely write the same cache line (zram's per-CPU streams and stats, in userspace).
+/// Shards of the per-thread state (streams and counters): a thread uses the shard of its
+/// index, so threads rarely share one (zram's per-CPU streams and stats, in userspace).
 pub(crate) const SHARDS: usize = 16;
 
 /// This thread's shard.
@@ -44,54 +44,28 @@ pub enum Counter {
 
 const COUNTERS: usize = 9;
 
-/// A shard of every counter, alone on its cache lines.
-#[repr(align(128))]
-#[derive(Default)]
-struct Shard([AtomicI64; COUNTERS]);
+/// One shard of every counter. It is written only by the thread holding its shard, so an
+/// update is a plain add, and a reading sums the shards (a shard may go negative when one
+/// thread frees what another stored).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counters([i64; COUNTERS]);
 
-/// The device's running counters, sharded by thread; a reading sums the shards (a shard may
-/// go negative when one thread frees what another stored).
-pub struct Stats {
-    shards: Box<[Shard]>,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Stats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stats").finish_non_exhaustive()
-    }
-}
-
-impl Stats {
+impl Counters {
     #[inline]
-    pub fn add(&self, counter: Counter, n: i64) {
-        self.shards[shard_index()].0[counter as usize].fetch_add(n, Relaxed);
+    pub fn add(&mut self, counter: Counter, n: i64) {
+        self.0[counter as usize] += n;
     }
 
-    /// The counter's value now.
-    pub fn get(&self, counter: Counter) -> u64 {
-        let sum: i64 = self
-            .shards
-            .iter()
-            .map(|s| s.0[counter as usize].load(Relaxed))
-            .sum();
-        sum.max(0) as u64
-    }
-
-    /// Zeroes every counter: a reset device starts from nothing, as in the kernel.
-    pub fn clear(&self) {
-        for shard in self.shards.iter() {
-            for c in &shard.0 {
-                c.store(0, Relaxed);
-            }
+    /// Adds another shard into this one.
+    pub fn merge(&mut self, other: &Counters) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
         }
+    }
+
+    /// A total, as the sysfs files show it (never below zero).
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize].max(0) as u64
     }
 }
 
