@@ -284,70 +284,75 @@ fn run_one(
 
     // Every phase is timed at least three times and the best pass kept (short corpora more
     // often), so that one disturbed pass on a shared machine does not decide the figures.
+    // A phase and its reference (store and the raw compressor, load and the raw
+    // decompressor) take turns, so that a disturbance lasting several passes slows both.
     let reps = (64usize << 20).div_ceil(bytes).clamp(3, 10);
-    let best = |f: &mut dyn FnMut() -> anyhow::Result<f64>| -> anyhow::Result<f64> {
-        let mut best = f64::INFINITY;
+    let best_of_pairs = |reference: &mut dyn FnMut() -> anyhow::Result<f64>,
+                         phase: &mut dyn FnMut() -> anyhow::Result<f64>|
+     -> anyhow::Result<(f64, f64)> {
+        let (mut best_ref, mut best_phase) = (f64::INFINITY, f64::INFINITY);
         for _ in 0..reps {
-            best = best.min(f()?);
+            best_ref = best_ref.min(reference()?);
+            best_phase = best_phase.min(phase()?);
         }
-        Ok(best)
+        Ok((best_ref, best_phase))
     };
-    let total = (pages.len() * reps) as u64;
+    let total = (pages.len() * reps * 2) as u64;
 
-    // The raw compressor on the same pages, same threads: the reference for store and load.
-    let progress = Progress::new("compress", total);
-    let raw_compress_s = best(&mut || {
-        parallel_pages(&pages, threads, &progress, |_, page, scratch| {
-            thread_local_compressor(alg, |c| {
-                scratch.resize(worst_case_len(ps), 0);
-                c.compress(page, scratch)
-            })
-            .map(drop)
-        })
-    })?;
-    progress.finish();
-    let compressed = compress_all(&pages, alg)?;
-    let progress = Progress::new("decomp", total);
-    let raw_decompress_s = best(&mut || {
-        parallel_pages(&pages, threads, &progress, |i, _, scratch| {
-            thread_local_compressor(alg, |c| {
-                scratch.resize(ps, 0);
-                c.decompress(&compressed[i], scratch)
-            })
-            .map(drop)
-        })
-    })?;
-    progress.finish();
-    drop(compressed);
-
-    // Store: a fresh device per pass; the last one goes on.
+    // Store, against the raw compressor on the same pages and threads. A fresh device per
+    // pass; the last one goes on.
     let mut dev = None;
     let progress = Progress::new("store", total);
-    let store_s = best(&mut || {
-        drop(dev.take());
-        let d = Device::new(bytes as u64, alg, kind.make_pool(&config)?)?;
-        let secs = parallel_pages(&pages, threads, &progress, |i, page, _| {
-            d.write_page(i as u64, page)
-                .with_context(|| format!("writing page {i}"))
-        })?;
-        dev = Some(d);
-        Ok(secs)
-    })?;
+    let (raw_compress_s, store_s) = best_of_pairs(
+        &mut || {
+            parallel_pages(&pages, threads, &progress, |_, page, scratch| {
+                thread_local_compressor(alg, |c| {
+                    scratch.resize(worst_case_len(ps), 0);
+                    c.compress(page, scratch)
+                })
+                .map(drop)
+            })
+        },
+        &mut || {
+            drop(dev.take());
+            let d = Device::new(bytes as u64, alg, kind.make_pool(&config)?)?;
+            let secs = parallel_pages(&pages, threads, &progress, |i, page, _| {
+                d.write_page(i as u64, page)
+                    .with_context(|| format!("writing page {i}"))
+            })?;
+            dev = Some(d);
+            Ok(secs)
+        },
+    )?;
     progress.finish();
     let dev = dev.expect("at least one pass");
     let mm_stat = dev.mm_stat();
     let rss_bytes = ztier_pool::process_rss_bytes().unwrap_or(0);
     let stats_table = args.stats.then(|| dev.pool().stats_table());
 
+    // Load, against the raw decompressor on the same objects.
+    let compressed = compress_all(&pages, alg)?;
     let progress = Progress::new("load", total);
-    let load_s = best(&mut || {
-        parallel_pages(&pages, threads, &progress, |i, _, scratch| {
-            scratch.resize(ps, 0);
-            dev.read_page(i as u64, scratch)
-                .with_context(|| format!("reading page {i}"))
-        })
-    })?;
+    let (raw_decompress_s, load_s) = best_of_pairs(
+        &mut || {
+            parallel_pages(&pages, threads, &progress, |i, _, scratch| {
+                thread_local_compressor(alg, |c| {
+                    scratch.resize(ps, 0);
+                    c.decompress(&compressed[i], scratch)
+                })
+                .map(drop)
+            })
+        },
+        &mut || {
+            parallel_pages(&pages, threads, &progress, |i, _, scratch| {
+                scratch.resize(ps, 0);
+                dev.read_page(i as u64, scratch)
+                    .with_context(|| format!("reading page {i}"))
+            })
+        },
+    )?;
     progress.finish();
+    drop(compressed);
 
     // Every page read back byte for byte (untimed), now and after compaction.
     let verify = |i: usize, page: &[u8], scratch: &mut Vec<u8>| -> anyhow::Result<()> {
