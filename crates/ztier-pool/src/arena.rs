@@ -92,9 +92,19 @@ impl Page {
 #[derive(Debug, Default)]
 pub struct PageChain {
     pages: Box<[Page]>,
-    /// pages[i + 1] starts where pages[i] ends, all inside one chunk.
-    contiguous: bool,
+    /// Set when pages[i + 1] starts where pages[i] ends, all inside one chunk: the first
+    /// page's address, kept here so that an access needs no trip through `pages` (one cache
+    /// miss fewer on every object read and write).
+    contiguous_base: Option<NonNull<u8>>,
+    /// Bytes in each page (0 for an empty chain), kept here for the same reason.
+    page_size: usize,
 }
+
+// SAFETY: `contiguous_base` only repeats the address of pages[0], which the chain owns with
+// the rest of its pages; the chain is Send and Sync as its Pages are.
+unsafe impl Send for PageChain {}
+// SAFETY: as for Send: through &PageChain the bytes are only read.
+unsafe impl Sync for PageChain {}
 
 impl PageChain {
     /// Pages in the chain (0 once given back).
@@ -108,11 +118,11 @@ impl PageChain {
 
     /// Whether objects that straddle pages are reached in place.
     pub fn is_contiguous(&self) -> bool {
-        self.contiguous
+        self.contiguous_base.is_some()
     }
 
     fn page_size(&self) -> usize {
-        self.pages[0].len
+        self.page_size
     }
 
     /// The page-sized pieces of `off..off + len`, as (page, offset in it, offset in the
@@ -139,40 +149,40 @@ impl PageChain {
     }
 
     /// Where a contiguous chain's range starts, checked to lie inside the chain.
+    #[inline]
     fn contiguous_start(&self, off: usize, len: usize) -> Option<*mut u8> {
-        if !self.contiguous {
-            return None;
-        }
+        let base = self.contiguous_base?;
+        // The Box's length lives beside its pointer, so this reads no page descriptor.
         assert!(
-            off + len <= self.page_size() * self.pages.len(),
+            off + len <= self.page_size * self.pages.len(),
             "span past the chain"
         );
         // SAFETY: in bounds of the chain (checked above), whose pages are consecutive in one
-        // mapping (`contiguous` is set only by `Arena::alloc_chain`).
-        Some(unsafe { self.pages[0].ptr.as_ptr().add(off) })
+        // mapping (`contiguous_base` is set only by `Arena::alloc_chain`).
+        Some(unsafe { base.as_ptr().add(off) })
     }
 
-    /// `off..off + len` as one slice, if it lies in one page or the chain is contiguous.
+    /// `off..off + len` as one slice, if the chain is contiguous or it lies in one page.
     #[inline]
     fn span(&self, off: usize, len: usize) -> Option<&[u8]> {
-        if let Some((p, in_page)) = self.within_page(off, len) {
-            return Some(&self.pages[p].bytes()[in_page..in_page + len]);
+        if let Some(start) = self.contiguous_start(off, len) {
+            // SAFETY: start..start + len lies in pages this chain alone owns, in one mapping
+            // (contiguous_start); &self keeps them from being written meanwhile.
+            return Some(unsafe { std::slice::from_raw_parts(start, len) });
         }
-        let start = self.contiguous_start(off, len)?;
-        // SAFETY: start..start + len lies in pages this chain alone owns, in one mapping
-        // (contiguous_start); &self keeps them from being written meanwhile.
-        Some(unsafe { std::slice::from_raw_parts(start, len) })
+        let (p, in_page) = self.within_page(off, len)?;
+        Some(&self.pages[p].bytes()[in_page..in_page + len])
     }
 
     /// As `span`, mutable.
     #[inline]
     fn span_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
-        if let Some((p, in_page)) = self.within_page(off, len) {
-            return Some(&mut self.pages[p].bytes_mut()[in_page..in_page + len]);
+        if let Some(start) = self.contiguous_start(off, len) {
+            // SAFETY: as in `span`; &mut self makes the access exclusive.
+            return Some(unsafe { std::slice::from_raw_parts_mut(start, len) });
         }
-        let start = self.contiguous_start(off, len)?;
-        // SAFETY: as in `span`; &mut self makes the access exclusive.
-        Some(unsafe { std::slice::from_raw_parts_mut(start, len) })
+        let (p, in_page) = self.within_page(off, len)?;
+        Some(&mut self.pages[p].bytes_mut()[in_page..in_page + len])
     }
 
     /// Copies `out.len()` bytes starting `off` bytes into the chain.
@@ -320,6 +330,7 @@ impl Arena {
                     .windows(2)
                     .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + self.page_size)
         );
+        let contiguous_base = contiguous.then(|| pages[0]);
         let pages = pages
             .into_iter()
             .map(|ptr| Page {
@@ -327,7 +338,11 @@ impl Arena {
                 len: self.page_size,
             })
             .collect();
-        Ok(PageChain { pages, contiguous })
+        Ok(PageChain {
+            pages,
+            contiguous_base,
+            page_size: self.page_size,
+        })
     }
 
     /// Gives a chain's pages back. Pages past the hot list's capacity are released to the
