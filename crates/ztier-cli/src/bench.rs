@@ -5,6 +5,7 @@
 //! optionally the discard of every odd page, and compaction; `mm_stat` after each step, and
 //! the kernel's own figures beside them when `NAME.truth.json` sits next to the corpus.
 
+use std::cell::RefCell;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -300,11 +301,16 @@ fn run_one(
     let total = (pages.len() * reps * 2) as u64;
 
     // Store, against the raw compressor on the same pages and threads. A fresh device per
-    // pass; the last one goes on.
-    let mut dev = None;
+    // pass, made before the pass's reference runs, as a device is set up before it is
+    // written; the last one goes on.
+    let dev = RefCell::new(None);
+    let next_dev = RefCell::new(None);
     let progress = Progress::new("store", total);
     let (raw_compress_s, store_s) = best_of_pairs(
         &mut || {
+            drop(dev.take());
+            *next_dev.borrow_mut() =
+                Some(Device::new(bytes as u64, alg, kind.make_pool(&config)?)?);
             parallel_pages(&pages, threads, &progress, |_, page, scratch| {
                 thread_local_compressor(alg, |c| {
                     scratch.resize(worst_case_len(ps), 0);
@@ -314,18 +320,17 @@ fn run_one(
             })
         },
         &mut || {
-            drop(dev.take());
-            let d = Device::new(bytes as u64, alg, kind.make_pool(&config)?)?;
+            let d = next_dev.take().expect("made with the reference pass");
             let secs = parallel_pages(&pages, threads, &progress, |i, page, _| {
                 d.write_page(i as u64, page)
                     .with_context(|| format!("writing page {i}"))
             })?;
-            dev = Some(d);
+            *dev.borrow_mut() = Some(d);
             Ok(secs)
         },
     )?;
     progress.finish();
-    let dev = dev.expect("at least one pass");
+    let dev = dev.into_inner().expect("at least one pass");
     let mm_stat = dev.mm_stat();
     let rss_bytes = ztier_pool::process_rss_bytes().unwrap_or(0);
     let stats_table = args.stats.then(|| dev.pool().stats_table());

@@ -4,8 +4,8 @@
 //! [`PageChain`]: the pool pages (4 KiB or 16 KiB) of one zspage or block, each an owned
 //! [`Page`]. A chain made of fresh pages is carved from one chunk in address order, so an
 //! object straddling two of its pages is one slice and is read in place; the kernel,
-//! whose pages are physically scattered, must copy such objects out. A helper thread maps chunks ahead and
-//! faults them in, keeping one ready, so the kernel's zeroing of fresh pages (8 % of the
+//! whose pages are physically scattered, must copy such objects out. A helper thread, started with the arena,
+//! maps chunks ahead and faults them in, keeping one ready, so the kernel's zeroing of fresh pages (8 % of the
 //! store path when it was inline) runs beside the store path instead of on it. It runs at
 //! idle priority, on a core that would otherwise be idle. When none is ready the allocating
 //! thread maps one itself and lets its pages fault in as they are first written; it never
@@ -268,7 +268,10 @@ impl Arena {
                 hot: Vec::new(),
                 cold: Vec::new(),
                 next_fresh: None,
-                ready: None,
+                // Started now, so that the first chunk is ready by the first allocation
+                // when the pool is made ahead of use (as a zram device is set up before it
+                // is written).
+                ready: start_helper(),
                 pages_out: 0,
             }),
         }
