@@ -283,11 +283,11 @@ fn run_one(
     let pages: Vec<&[u8]> = corpus.chunks(ps).collect();
     let bytes = pages.len() * ps;
 
-    // Every phase is timed at least three times and the best pass kept (short corpora more
+    // Every phase is timed at least five times and the best pass kept (short corpora more
     // often), so that one disturbed pass on a shared machine does not decide the figures.
     // A phase and its reference (store and the raw compressor, load and the raw
     // decompressor) take turns, so that a disturbance lasting several passes slows both.
-    let reps = (64usize << 20).div_ceil(bytes).clamp(3, 10);
+    let reps = (64usize << 20).div_ceil(bytes).clamp(5, 10);
     let best_of_pairs = |reference: &mut dyn FnMut() -> anyhow::Result<f64>,
                          phase: &mut dyn FnMut() -> anyhow::Result<f64>|
      -> anyhow::Result<(f64, f64)> {
