@@ -341,11 +341,11 @@ fn byte(src: &[u8], ip: usize) -> Result<usize> {
 
 /// `lzo1x_decompress_safe()`: decodes an LZO1X or lzo-rle stream into `dst`; returns the
 /// decoded length. Corrupt, truncated or trailing input is an error.
+///
+/// As the kernel's decoder does, the 0..3 literals after a match are copied as four bytes
+/// when input and output have the room, and the bytes past them are overwritten by what
+/// follows; bytes of `dst` past the returned length may so have been written.
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
-    let overrun = CompressError::OutputOverrun {
-        algorithm: "lzo",
-        capacity: dst.len(),
-    };
     if src.len() < 3 {
         return Err(corrupt(0, "input shorter than the end marker"));
     }
@@ -358,122 +358,146 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize> {
         false
     };
 
-    // What to do next: an instruction, a literal run of n, or the 0..3 literals after a match.
-    enum Next {
-        Instruction,
-        Literals(usize),
-        Trailing(usize),
-    }
-    let mut state = 0;
+    // State: 0 after a match with no literals (or at the start), 1..3 after a match and that
+    // many literals, 4 after a literal run. It decides what an instruction below 16 means.
     let first = byte(src, ip)?;
-    let mut next = if first > 17 {
+    let mut state = if first > 17 {
+        // A literal run (or 0..3 literals) with no instruction before it.
         ip += 1;
         let t = first - 17;
+        literals(src, &mut ip, dst, &mut op, t)?;
         if t < 4 {
-            Next::Trailing(t)
+            t
         } else {
-            Next::Literals(t)
+            4
         }
     } else {
-        Next::Instruction
+        0
     };
 
     loop {
-        match next {
-            Next::Literals(t) | Next::Trailing(t) => {
-                if ip + t > src.len() {
-                    return Err(corrupt(ip, "literals run past the input"));
+        let at = ip;
+        let mut t = byte(src, ip)?;
+        ip += 1;
+        // (distance back from op, bytes to copy, literals after)
+        let (dist, len, trailing);
+        if t < 16 {
+            if state == 0 {
+                if t == 0 {
+                    t = read_zero_extended(src, &mut ip, 15)?;
                 }
-                if op + t > dst.len() {
-                    return Err(overrun);
-                }
-                copy_literals(dst, op, src, ip, t);
-                ip += t;
-                op += t;
-                // A literal run leaves state 4; a match's 0..3 trailing literals, their count.
-                state = if matches!(next, Next::Literals(_)) {
-                    4
-                } else {
-                    t
-                };
-                next = Next::Instruction;
+                literals(src, &mut ip, dst, &mut op, t + 3)?;
+                state = 4;
+                continue;
             }
-            Next::Instruction => {
-                let at = ip;
-                let mut t = byte(src, ip)?;
-                ip += 1;
-                // (distance back from op, bytes to copy, literals after)
-                let (dist, len, trailing);
-                if t < 16 {
-                    if state == 0 {
-                        if t == 0 {
-                            t = read_zero_extended(src, &mut ip, 15)?;
-                        }
-                        next = Next::Literals(t + 3);
-                        continue;
-                    }
-                    let b = byte(src, ip)?;
-                    ip += 1;
-                    if state != 4 {
-                        (dist, len) = (1 + (t >> 2) + (b << 2), 2);
-                    } else {
-                        (dist, len) = (1 + M2_MAX_OFFSET + (t >> 2) + (b << 2), 3);
-                    }
-                    trailing = t & 3;
-                } else if t >= 64 {
-                    let b = byte(src, ip)?;
-                    ip += 1;
-                    (dist, len, trailing) = (1 + ((t >> 2) & 7) + (b << 3), (t >> 5) + 1, t & 3);
-                } else if t >= 32 {
-                    let mut l = (t & 31) + 2;
-                    if l == 2 {
-                        l = read_zero_extended(src, &mut ip, 31 + 2)?;
-                    }
-                    let n = le16(src, ip)?;
-                    ip += 2;
-                    (dist, len, trailing) = (1 + (n >> 2), l, n & 3);
-                } else {
-                    let n = le16(src, ip)?;
-                    if rle && (n & 0xfffc) == 0xfffc && (t & 0xf8) == 0x18 {
-                        let hi = byte(src, ip + 2)?;
-                        let run = ((t & 7) | (hi << 3)) + MIN_ZERO_RUN_LENGTH;
-                        dst.get_mut(op..op + run).ok_or(overrun.clone())?.fill(0);
-                        op += run;
-                        ip += 3;
-                        next = Next::Trailing(n & 3);
-                        continue;
-                    }
-                    let mut l = (t & 7) + 2;
-                    let mut n = n;
-                    if l == 2 {
-                        l = read_zero_extended(src, &mut ip, 7 + 2)?;
-                        n = le16(src, ip)?;
-                    }
-                    ip += 2;
-                    let far = ((t & 8) << 11) + (n >> 2);
-                    if far == 0 {
-                        // End of stream: 17 0 0.
-                        if l != 3 {
-                            return Err(corrupt(at, "malformed end marker"));
-                        }
-                        if ip != src.len() {
-                            return Err(corrupt(ip, "data after the end marker"));
-                        }
-                        return Ok(op);
-                    }
-                    (dist, len, trailing) = (far + 0x4000, l, n & 3);
-                }
-                if dist > op {
-                    return Err(corrupt(at, "match reaches before the output"));
-                }
-                if op + len > dst.len() {
-                    return Err(overrun);
-                }
-                copy_match(dst, op, dist, len);
-                op += len;
-                next = Next::Trailing(trailing);
+            let b = byte(src, ip)?;
+            ip += 1;
+            if state != 4 {
+                (dist, len) = (1 + (t >> 2) + (b << 2), 2);
+            } else {
+                (dist, len) = (1 + M2_MAX_OFFSET + (t >> 2) + (b << 2), 3);
             }
+            trailing = t & 3;
+        } else if t >= 64 {
+            let b = byte(src, ip)?;
+            ip += 1;
+            (dist, len, trailing) = (1 + ((t >> 2) & 7) + (b << 3), (t >> 5) + 1, t & 3);
+        } else if t >= 32 {
+            let mut l = (t & 31) + 2;
+            if l == 2 {
+                l = read_zero_extended(src, &mut ip, 31 + 2)?;
+            }
+            let n = le16(src, ip)?;
+            ip += 2;
+            (dist, len, trailing) = (1 + (n >> 2), l, n & 3);
+        } else {
+            let n = le16(src, ip)?;
+            if rle && (n & 0xfffc) == 0xfffc && (t & 0xf8) == 0x18 {
+                let hi = byte(src, ip + 2)?;
+                let run = ((t & 7) | (hi << 3)) + MIN_ZERO_RUN_LENGTH;
+                if op + run > dst.len() {
+                    return Err(overrun(dst));
+                }
+                dst[op..op + run].fill(0);
+                op += run;
+                ip += 3;
+                state = n & 3;
+                trailing_literals(src, &mut ip, dst, &mut op, state)?;
+                continue;
+            }
+            let mut l = (t & 7) + 2;
+            let mut n = n;
+            if l == 2 {
+                l = read_zero_extended(src, &mut ip, 7 + 2)?;
+                n = le16(src, ip)?;
+            }
+            ip += 2;
+            let far = ((t & 8) << 11) + (n >> 2);
+            if far == 0 {
+                // End of stream: 17 0 0.
+                if l != 3 {
+                    return Err(corrupt(at, "malformed end marker"));
+                }
+                if ip != src.len() {
+                    return Err(corrupt(ip, "data after the end marker"));
+                }
+                return Ok(op);
+            }
+            (dist, len, trailing) = (far + 0x4000, l, n & 3);
         }
+        if dist > op {
+            return Err(corrupt(at, "match reaches before the output"));
+        }
+        if op + len > dst.len() {
+            return Err(overrun(dst));
+        }
+        copy_match(dst, op, dist, len);
+        op += len;
+        trailing_literals(src, &mut ip, dst, &mut op, trailing)?;
+        state = trailing;
+    }
+}
+
+fn overrun(dst: &[u8]) -> CompressError {
+    CompressError::OutputOverrun {
+        algorithm: "lzo",
+        capacity: dst.len(),
+    }
+}
+
+/// Copies a literal run of `n` bytes.
+#[inline(always)]
+fn literals(src: &[u8], ip: &mut usize, dst: &mut [u8], op: &mut usize, n: usize) -> Result<()> {
+    if *ip + n > src.len() {
+        return Err(corrupt(*ip, "literals run past the input"));
+    }
+    if *op + n > dst.len() {
+        return Err(overrun(dst));
+    }
+    copy_literals(dst, *op, src, *ip, n);
+    *ip += n;
+    *op += n;
+    Ok(())
+}
+
+/// Copies the 0..3 literals that follow a match: four bytes at once when both sides have
+/// the room (the kernel's `COPY4`), the surplus to be overwritten by what follows.
+#[inline(always)]
+fn trailing_literals(
+    src: &[u8],
+    ip: &mut usize,
+    dst: &mut [u8],
+    op: &mut usize,
+    n: usize,
+) -> Result<()> {
+    if *ip + 4 <= src.len() && *op + 4 <= dst.len() {
+        let four: [u8; 4] = src[*ip..*ip + 4].try_into().expect("four bytes");
+        dst[*op..*op + 4].copy_from_slice(&four);
+        *ip += n;
+        *op += n;
+        Ok(())
+    } else {
+        literals(src, ip, dst, op, n)
     }
 }
 
