@@ -349,19 +349,38 @@ impl Arena {
     }
 
     /// Gives a chain's pages back. Pages past the hot list's capacity are released to the
-    /// OS.
+    /// OS: consecutive ones in one call, and outside the lock, since no one else can reach
+    /// them until they are on the cold list.
     pub fn free_chain(&self, chain: PageChain) {
-        let mut st = self.state.lock();
-        for page in chain.pages {
-            debug_assert!(self.owns(&st, page.ptr));
-            st.pages_out -= 1;
-            if st.hot.len() < HOT_PAGES_MAX {
+        let pages = chain.pages;
+        let kept = {
+            let mut st = self.state.lock();
+            let kept = HOT_PAGES_MAX.saturating_sub(st.hot.len()).min(pages.len());
+            for page in &pages[..kept] {
+                debug_assert!(self.owns(&st, page.ptr));
                 st.hot.push(page.ptr);
-            } else {
-                release(page.ptr, self.page_size);
-                st.cold.push(page.ptr);
+            }
+            st.pages_out -= kept;
+            kept
+        };
+        let released = &pages[kept..];
+        if released.is_empty() {
+            return;
+        }
+        let addr = |i: usize| released[i].ptr.as_ptr() as usize;
+        let mut start = 0;
+        for i in 1..=released.len() {
+            if i == released.len() || addr(i) != addr(i - 1) + self.page_size {
+                release(released[start].ptr, (i - start) * self.page_size);
+                start = i;
             }
         }
+        let mut st = self.state.lock();
+        for page in released {
+            debug_assert!(self.owns(&st, page.ptr));
+            st.cold.push(page.ptr);
+        }
+        st.pages_out -= released.len();
     }
 
     /// A free page, else a fresh one.
@@ -517,10 +536,11 @@ fn map_chunk() -> Result<NonNull<u8>> {
     })
 }
 
-/// Returns a free page's memory to the OS; its contents read as zero afterwards.
+/// Returns free pages' memory to the OS; their contents read as zero afterwards.
 fn release(ptr: NonNull<u8>, len: usize) {
-    // SAFETY: ptr..ptr+len is a free page of one of our mappings (no Page owns it), so
-    // discarding its contents can affect no live data.
+    // SAFETY: ptr..ptr+len is consecutive free pages of our mappings (given back by their
+    // chain and on no list yet, so no one else can reach them), so discarding their
+    // contents can affect no live data.
     unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
 }
 
