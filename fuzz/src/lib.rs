@@ -5,39 +5,6 @@
 
 use ztier_compress::{worst_case_len, Algorithm};
 
-mod liblzo2 {
-    //! liblzo2's safe LZO1X decoder, the reference ztier's must agree with (Debian's
-    //! liblzo2-dev, which scripts/setup.sh installs).
-    use std::os::raw::{c_int, c_ulong, c_void};
-    #[link(name = "lzo2")]
-    extern "C" {
-        fn lzo1x_decompress_safe(
-            src: *const u8,
-            len: c_ulong,
-            dst: *mut u8,
-            dst_len: *mut c_ulong,
-            wrkmem: *mut c_void,
-        ) -> c_int;
-    }
-
-    /// The decoded length, or None for any error.
-    pub fn decompress_safe(src: &[u8], dst: &mut [u8]) -> Option<usize> {
-        let mut out = dst.len() as c_ulong;
-        // SAFETY: src is readable and dst writable for their lengths, and out tells the
-        // decoder dst's length; the safe decoder needs no work memory.
-        let r = unsafe {
-            lzo1x_decompress_safe(
-                src.as_ptr(),
-                src.len() as c_ulong,
-                dst.as_mut_ptr(),
-                &mut out,
-                std::ptr::null_mut(),
-            )
-        };
-        (r == 0).then_some(out as usize)
-    }
-}
-
 /// Output room: the largest page ztier stores.
 const OUT: usize = 16384;
 
@@ -73,7 +40,7 @@ pub fn decompress_is_total(alg: &str, data: &[u8]) {
         let mut lib = vec![0u8; OUT];
         match (
             ours.as_ref().ok().copied(),
-            liblzo2::decompress_safe(data, &mut lib),
+            ztier_compress::liblzo2::decompress_safe(data, &mut lib),
         ) {
             (Some(n), Some(m)) => {
                 assert_eq!(m, n);

@@ -6,67 +6,8 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ztier_compress::{liblz4, worst_case_len, Algorithm};
+use ztier_compress::{liblz4, liblzo2, worst_case_len, Algorithm};
 use ztier_corpus::Corpus;
-
-mod liblzo2 {
-    //! liblzo2's LZO1X-1, for reference only.
-    //! Links Debian's liblzo2-dev, which scripts/setup.sh installs.
-    use std::os::raw::{c_int, c_ulong, c_void};
-    #[link(name = "lzo2")]
-    extern "C" {
-        fn lzo1x_1_compress(
-            src: *const u8,
-            len: c_ulong,
-            dst: *mut u8,
-            dst_len: *mut c_ulong,
-            wrkmem: *mut c_void,
-        ) -> c_int;
-        fn lzo1x_decompress_safe(
-            src: *const u8,
-            len: c_ulong,
-            dst: *mut u8,
-            dst_len: *mut c_ulong,
-            wrkmem: *mut c_void,
-        ) -> c_int;
-    }
-    /// LZO1X_1_MEM_COMPRESS is 16384 dictionary entries of at most 8 bytes.
-    pub const WRKMEM: usize = 16384 * 8;
-
-    pub fn compress(src: &[u8], dst: &mut [u8], wrkmem: &mut [u8]) -> usize {
-        assert!(dst.len() >= src.len() + src.len() / 16 + 67 && wrkmem.len() >= WRKMEM);
-        let mut out = dst.len() as c_ulong;
-        // SAFETY: src is readable for its length; dst has room for LZO's worst case
-        // (checked above); wrkmem has LZO1X_1_MEM_COMPRESS bytes.
-        let r = unsafe {
-            lzo1x_1_compress(
-                src.as_ptr(),
-                src.len() as c_ulong,
-                dst.as_mut_ptr(),
-                &mut out,
-                wrkmem.as_mut_ptr().cast(),
-            )
-        };
-        assert_eq!(r, 0);
-        out as usize
-    }
-
-    pub fn decompress(src: &[u8], dst: &mut [u8]) -> usize {
-        let mut out = dst.len() as c_ulong;
-        // SAFETY: the safe decoder writes at most *dst_len bytes and reads at most len bytes.
-        let r = unsafe {
-            lzo1x_decompress_safe(
-                src.as_ptr(),
-                src.len() as c_ulong,
-                dst.as_mut_ptr(),
-                &mut out,
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(r, 0);
-        out as usize
-    }
-}
 
 fn sample() -> Corpus {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
@@ -105,7 +46,7 @@ fn compress(c: &mut Criterion) {
         b.iter(|| {
             pages
                 .iter()
-                .map(|p| liblzo2::compress(p, &mut dst, &mut wrkmem))
+                .map(|p| liblzo2::compress(p, &mut dst, &mut wrkmem).unwrap())
                 .sum::<usize>()
         })
     });
@@ -157,7 +98,7 @@ fn decompress(c: &mut Criterion) {
         b.iter(|| {
             ztier_streams["lzo"]
                 .iter()
-                .map(|s| liblzo2::decompress(s, &mut out))
+                .map(|s| liblzo2::decompress_safe(s, &mut out).unwrap())
                 .sum::<usize>()
         })
     });
