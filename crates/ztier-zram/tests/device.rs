@@ -267,6 +267,53 @@ fn concurrent_writers_and_readers() {
     assert_eq!(dev.mm_stat().orig_data_size, 4096 * 4096);
 }
 
+/// More threads than the device has shards (16), so threads share one: writes, reads,
+/// discards and stat readings side by side must neither deadlock nor lose a count.
+#[test]
+fn more_threads_than_shards_keep_exact_counts() {
+    const THREADS: u64 = 40;
+    const PER_THREAD: u64 = 64;
+    let dev = device(THREADS * PER_THREAD, "lzo-rle");
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut out = vec![0; 4096];
+                let pages = t * PER_THREAD..(t + 1) * PER_THREAD;
+                for round in 0..3u64 {
+                    for i in pages.clone() {
+                        // A mix of compressed, same-filled and huge pages.
+                        let data = match i % 3 {
+                            0 => page(i * 10 + round),
+                            1 => vec![round as u8; 4096],
+                            _ => noise(i * 10 + round),
+                        };
+                        dev.write_page(i, &data).unwrap();
+                        dev.read_page(i, &mut out).unwrap();
+                        assert_eq!(out, data);
+                    }
+                    let _ = dev.mm_stat();
+                }
+                // Leave every other page discarded.
+                for i in pages.step_by(2) {
+                    dev.discard_page(i).unwrap();
+                }
+            });
+        }
+    });
+    let kept = THREADS * PER_THREAD / 2;
+    let mm = dev.mm_stat();
+    assert_eq!(mm.orig_data_size, kept * 4096);
+    // Of the kept (odd) pages, i % 3 == 1 are same-filled and i % 3 == 2 are huge.
+    let odd = || (1..THREADS * PER_THREAD).step_by(2);
+    assert_eq!(mm.same_pages, odd().filter(|i| i % 3 == 1).count() as u64);
+    assert_eq!(mm.huge_pages, odd().filter(|i| i % 3 == 2).count() as u64);
+    assert_eq!(dev.io_stat().notify_free, kept);
+    dev.reset();
+    assert_eq!(dev.mm_stat().orig_data_size, 0);
+    assert_eq!(dev.mm_stat().mem_used_total, 0);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Write { page: u64, seed: u64, kind: u8 },
