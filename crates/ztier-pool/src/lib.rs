@@ -20,6 +20,8 @@ pub mod zsmalloc;
 use std::num::NonZeroU64;
 
 pub use arena::process_rss_bytes;
+
+use arena::PageChain;
 pub use zblock::{ZblockConfig, ZblockPool};
 pub use zsmalloc::{ChainRule, ClassTable, ZsConfig, ZsPool};
 
@@ -67,6 +69,18 @@ pub enum PoolError {
 
 pub type Result<T, E = PoolError> = std::result::Result<T, E>;
 
+/// Refuses a buffer of `room` bytes for an object of `stored`.
+fn check_room(handle: Handle, stored: usize, room: usize) -> Result<()> {
+    if room < stored {
+        return Err(PoolError::LengthMismatch {
+            handle: handle.raw(),
+            stored,
+            requested: room,
+        });
+    }
+    Ok(())
+}
+
 /// The storage interface zram and zswap use.
 ///
 /// Contract:
@@ -90,22 +104,39 @@ pub trait ZPool: Send + Sync {
     fn free(&self, handle: Handle) -> Result<()>;
     /// Overwrites an object's bytes.
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()>;
+    /// Finds a live object and calls `f(pages, offset, length)` with the pages that hold it,
+    /// while the object can neither change nor move (zsmalloc holds its class's shared lock,
+    /// zblock its list's lock: `f` holds off writers, so it should be brief); returns the
+    /// object's length. The one way to an object's bytes: [`read`](Self::read) and
+    /// [`read_with`](Self::read_with) are made of it.
+    fn with_object(
+        &self,
+        handle: Handle,
+        f: &mut dyn FnMut(&PageChain, usize, usize) -> Result<()>,
+    ) -> Result<usize>;
     /// Copies an object's bytes into `out`; returns its length.
-    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize>;
+    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
+        self.with_object(handle, &mut |pages, off, len| {
+            check_room(handle, len, out.len())?;
+            pages.read(off, &mut out[..len]);
+            Ok(())
+        })
+    }
     /// Calls `f` with an object's bytes, where they lie if they are contiguous, else copied
-    /// into `scratch` (which must have room for the object); returns its length. The object
-    /// can neither change nor move while `f` runs, so `f` should be brief: it holds off
-    /// writers (zsmalloc: of the object's class; readers go on). zram decompresses in `f`,
-    /// as the kernel's zram does between `zs_obj_read_begin()` and `_end()`.
+    /// into `scratch` (which must have room for the object); returns its length. zram
+    /// decompresses in `f`, as the kernel's zram does between `zs_obj_read_begin()` and
+    /// `_end()`.
     fn read_with(
         &self,
         handle: Handle,
         scratch: &mut [u8],
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<usize> {
-        let len = self.read(handle, scratch)?;
-        f(&scratch[..len]);
-        Ok(len)
+        self.with_object(handle, &mut |pages, off, len| {
+            check_room(handle, len, scratch.len())?;
+            pages.with_bytes(off, len, scratch, f);
+            Ok(())
+        })
     }
     /// Allocates and writes in one step.
     fn store(&self, data: &[u8]) -> Result<Handle> {

@@ -303,32 +303,6 @@ impl ZblockPool {
         Handle::from_raw(raw).expect("tag bit set")
     }
 
-    /// Finds a live object under its list's lock and, if `room` bytes hold it, calls
-    /// `f(block pages, offset, length)` with the lock held; returns the length.
-    fn with_object(
-        &self,
-        handle: Handle,
-        room: usize,
-        f: impl FnOnce(&PageChain, usize, usize),
-    ) -> Result<usize> {
-        let (list, st, id, slot) = self.locate(handle)?;
-        let b = &st.blocks[id as usize];
-        let stored = b.lens[slot] as usize;
-        if room < stored {
-            return Err(PoolError::LengthMismatch {
-                handle: handle.raw(),
-                stored,
-                requested: room,
-            });
-        }
-        f(
-            &b.pages,
-            slot * list.ty.slot_size + header_size(self.table.page_size),
-            stored,
-        );
-        Ok(stored)
-    }
-
     /// Finds a handle's list, and under its lock, its block and slot.
     fn locate<'a>(
         &'a self,
@@ -561,22 +535,18 @@ impl ZPool for ZblockPool {
         Ok(())
     }
 
-    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
-        self.with_object(handle, out.len(), |pages, off, len| {
-            pages.read(off, &mut out[..len])
-        })
-    }
-
-    /// The object in place unless it straddles two pages of a block that is not contiguous.
-    fn read_with(
+    /// Under the object's list's lock.
+    fn with_object(
         &self,
         handle: Handle,
-        scratch: &mut [u8],
-        f: &mut dyn FnMut(&[u8]),
+        f: &mut dyn FnMut(&PageChain, usize, usize) -> Result<()>,
     ) -> Result<usize> {
-        self.with_object(handle, scratch.len(), |pages, off, len| {
-            pages.with_bytes(off, len, scratch, f)
-        })
+        let (list, st, id, slot) = self.locate(handle)?;
+        let b = &st.blocks[id as usize];
+        let stored = b.lens[slot] as usize;
+        let off = slot * list.ty.slot_size + header_size(self.table.page_size);
+        f(&b.pages, off, stored)?;
+        Ok(stored)
     }
 
     fn total_pages(&self) -> u64 {

@@ -333,30 +333,6 @@ impl ZsPool {
         ))
     }
 
-    /// Finds a live object under its class's shared lock and, if `room` bytes hold it, calls
-    /// `f(zspage pages, payload offset, length)` with the lock held; returns the length.
-    fn with_object(
-        &self,
-        handle: Handle,
-        room: usize,
-        f: impl FnOnce(&PageChain, usize, usize),
-    ) -> Result<usize> {
-        let (class, index, generation) = self.decode(handle)?;
-        let st = class.state.read();
-        let (id, obj) = self.locate(&st, handle, index, generation)?;
-        let stored = st.object_len(&class.spec, id, obj);
-        if room < stored {
-            return Err(PoolError::LengthMismatch {
-                handle: handle.raw(),
-                stored,
-                requested: room,
-            });
-        }
-        let off = payload_offset(&class.spec, obj);
-        f(&st.zspages[id as usize].pages, off, stored);
-        Ok(stored)
-    }
-
     /// Looks a handle up under its class lock: (handle index, zspage id, object index).
     fn locate(
         &self,
@@ -489,22 +465,19 @@ impl ZPool for ZsPool {
         Ok(())
     }
 
-    fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
-        self.with_object(handle, out.len(), |pages, off, len| {
-            pages.read(off, &mut out[..len])
-        })
-    }
-
-    /// `zs_obj_read_begin()`/`_end()`: the object in place unless it straddles two pages.
-    fn read_with(
+    /// `zs_obj_read_begin()`/`_end()`: under the class's shared lock.
+    fn with_object(
         &self,
         handle: Handle,
-        scratch: &mut [u8],
-        f: &mut dyn FnMut(&[u8]),
+        f: &mut dyn FnMut(&PageChain, usize, usize) -> Result<()>,
     ) -> Result<usize> {
-        self.with_object(handle, scratch.len(), |pages, off, len| {
-            pages.with_bytes(off, len, scratch, f)
-        })
+        let (class, index, generation) = self.decode(handle)?;
+        let st = class.state.read();
+        let (id, obj) = self.locate(&st, handle, index, generation)?;
+        let stored = st.object_len(&class.spec, id, obj);
+        let off = payload_offset(&class.spec, obj);
+        f(&st.zspages[id as usize].pages, off, stored)?;
+        Ok(stored)
     }
 
     fn total_pages(&self) -> u64 {
