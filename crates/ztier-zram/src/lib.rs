@@ -224,7 +224,8 @@ impl Device {
             .map_err(|source| ZramError::Compress { index, source })?;
         let huge = len >= self.pool.huge_class_size();
         let object = if huge { page } else { &s.buf[..len] };
-        let (handle, size) = (self.pool.store(object)?, object.len());
+        let handle = self.pool.store(object)?;
+        let size = object.len();
 
         let used = self.pool.total_pages();
         // Read first: the line stays shared between threads until a new maximum is set.
