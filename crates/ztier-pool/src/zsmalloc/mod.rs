@@ -202,9 +202,9 @@ struct ZsPage {
 impl ZsPage {
     /// `alloc_zspage()`: pages from the arena, every object free (untouched). Needs no class
     /// lock (the kernel's zs_malloc() drops it here too), so the page faults of fresh memory,
-    /// taken here, hold up no one.
+    /// taken by the arena, hold up no one.
     fn new(spec: &ClassSpec, arena: &Arena) -> Result<ZsPage> {
-        let mut zspage = ZsPage {
+        let zspage = ZsPage {
             pages: arena.alloc_chain(spec.pages_per_zspage)?,
             inuse: 0,
             freeobj: NONE,
@@ -214,7 +214,6 @@ impl ZsPage {
             next: NONE,
             huge_header: 0,
         };
-        zspage.pages.fault_in();
         Ok(zspage)
     }
 }
