@@ -232,14 +232,21 @@ struct ArenaState {
     hot: Vec<NonNull<u8>>,
     /// Free pages released to the OS (reading them gives zeros, touching faults them in).
     cold: Vec<NonNull<u8>>,
-    /// The untouched tail of the newest chunk: (next page, pages left).
-    next_fresh: Option<(NonNull<u8>, usize)>,
-    /// Whether the newest chunk's pages are resident (the helper faulted them in).
-    next_fresh_resident: bool,
+    /// The untouched tail of the newest chunk.
+    next_fresh: Option<FreshRun>,
     /// The helper thread's ready chunk, mapped and faulted in (the thread starts with the
     /// arena's first chunk); addresses travel as usize.
     ready: Option<Receiver<usize>>,
     pages_out: usize,
+}
+
+/// The untouched tail of a chunk.
+#[derive(Clone, Copy)]
+struct FreshRun {
+    next: NonNull<u8>,
+    left: usize,
+    /// The helper faulted the chunk in; else its pages are not resident yet.
+    resident: bool,
 }
 
 // SAFETY: the raw pointers in ArenaState name memory the arena owns; the state is only
@@ -265,7 +272,6 @@ impl Arena {
                 hot: Vec::new(),
                 cold: Vec::new(),
                 next_fresh: None,
-                next_fresh_resident: false,
                 // Started now, so that the first chunk is ready by the first allocation
                 // when the pool is made ahead of use (as a zram device is set up before it
                 // is written).
@@ -304,12 +310,16 @@ impl Arena {
         // Each page with whether it is resident.
         let mut pages: Vec<(NonNull<u8>, bool)> = Vec::with_capacity(n);
         let contiguous = st.hot.is_empty() && st.cold.is_empty();
-        if contiguous && st.next_fresh.is_some_and(|(_, left)| left < n) {
-            // Too few for a run: park the untouched rest as released pages (reading them
-            // gives zeros, touching them faults them in); take_fresh starts the next chunk.
-            let (mut p, left) = st.next_fresh.take().expect("checked");
+        if contiguous && st.next_fresh.is_some_and(|run| run.left < n) {
+            // Too few for a run: park the untouched rest as free pages, on the list that says
+            // whether they are resident; take_fresh starts the next chunk.
+            let FreshRun {
+                next: mut p,
+                left,
+                resident,
+            } = st.next_fresh.take().expect("checked");
             for _ in 0..left {
-                st.cold.push(p);
+                if resident { &mut st.hot } else { &mut st.cold }.push(p);
                 // SAFETY: the `left` pages from p on lie in one chunk; the last step lands
                 // at most one past its end, which `add` allows.
                 p = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
@@ -430,18 +440,25 @@ impl Arena {
                 None => (map_chunk()?, false),
             };
             st.chunks.push(Chunk { base });
-            st.next_fresh = Some((base, CHUNK_BYTES / self.page_size));
-            st.next_fresh_resident = resident;
+            st.next_fresh = Some(FreshRun {
+                next: base,
+                left: CHUNK_BYTES / self.page_size,
+                resident,
+            });
         }
-        let (p, left) = st.next_fresh.take().expect("set above");
-        if left > 1 {
-            // SAFETY: p is inside a chunk with `left` pages from p on; p + page_size is
-            // the next of them, still inside the same mapping.
-            let next = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
-            st.next_fresh = Some((next, left - 1));
+        let run = st.next_fresh.take().expect("set above");
+        if run.left > 1 {
+            // SAFETY: run.next is inside a chunk with `left` pages from it on; the page after
+            // it is the next of them, still inside the same mapping.
+            let next = unsafe { NonNull::new_unchecked(run.next.as_ptr().add(self.page_size)) };
+            st.next_fresh = Some(FreshRun {
+                next,
+                left: run.left - 1,
+                ..run
+            });
         }
         st.pages_out += 1;
-        Ok((p, st.next_fresh_resident))
+        Ok((run.next, run.resident))
     }
 
     fn owns(&self, st: &ArenaState, ptr: NonNull<u8>) -> bool {
@@ -480,7 +497,10 @@ fn start_helper() -> Option<Receiver<usize>> {
         lower_to_idle_priority();
         loop {
             let Ok(chunk) = map_chunk() else { return };
-            prefault(chunk);
+            // A write to each page rather than one MADV_POPULATE_WRITE, which would hold the
+            // process's mmap lock for the whole chunk, holding up other threads' mmap calls
+            // (page faults take only the VMA's lock).
+            touch_pages(chunk, CHUNK_BYTES);
             let addr = chunk.as_ptr() as usize;
             if tx.send(addr).is_err() {
                 // SAFETY: the arena is gone and never received this chunk: nothing refers to
@@ -514,17 +534,6 @@ fn lower_to_idle_priority() {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
 }
 
-/// Faults in every page of a fresh chunk by writing to it, so that the kernel zeroes them
-/// here rather than on the store path. (`MAP_POPULATE` would do the same under the process's
-/// mmap lock, holding up other threads' `mmap` calls; page faults take only the VMA's lock.)
-fn prefault(chunk: NonNull<u8>) {
-    let step = os_page_size();
-    for off in (0..CHUNK_BYTES).step_by(step) {
-        // SAFETY: off < CHUNK_BYTES, inside the fresh mapping, which no one else knows yet.
-        unsafe { chunk.as_ptr().add(off).write_volatile(0) };
-    }
-}
-
 /// Faults in `len` bytes of pages from `start`, which are not resident (untouched or
 /// released, so reading as zeros): one `MADV_POPULATE_WRITE` (Linux 5.14), else a zero
 /// written to each page, which leaves its bytes as they were.
@@ -533,11 +542,17 @@ fn populate(start: NonNull<u8>, len: usize) {
     // SAFETY: start..start + len lies in pages of one chunk that the caller owns (taken out
     // of the arena, or a fresh chunk no one else knows yet); populating maps them and
     // leaves their bytes as they are.
-    if unsafe { libc::madvise(start.as_ptr().cast(), len, MADV_POPULATE_WRITE) } == 0 {
-        return;
+    if unsafe { libc::madvise(start.as_ptr().cast(), len, MADV_POPULATE_WRITE) } != 0 {
+        touch_pages(start, len);
     }
+}
+
+/// Faults in `len` bytes of pages from `start`, which read as zeros (untouched or released),
+/// by writing a zero to each OS page, which leaves its bytes as they were.
+fn touch_pages(start: NonNull<u8>, len: usize) {
     for off in (0..len).step_by(os_page_size()) {
-        // SAFETY: as above; each page reads as zeros, so writing one changes nothing.
+        // SAFETY: off < len, inside pages the caller owns (as for `populate`), which read as
+        // zeros, so writing one changes nothing.
         unsafe { start.as_ptr().add(off).write_volatile(0) };
     }
 }
