@@ -7,9 +7,9 @@ cd "$(dirname "$0")/../fuzz"
 seconds=${1:-30}
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
-targets=$(cargo fuzz list)
-cargo fuzz build --release --debug-assertions $targets >/dev/null 2>&1 || cargo fuzz build --release --debug-assertions
-for t in $targets; do
+mapfile -t targets < <(cargo fuzz list)
+cargo fuzz build --release --debug-assertions >/dev/null 2>&1 || cargo fuzz build --release --debug-assertions
+for t in "${targets[@]}"; do
   printf 'fuzz %-20s ' "$t"
   if cargo fuzz run --release --debug-assertions "$t" -- -max_total_time="$seconds" -rss_limit_mb=2048 >"/tmp/fuzz-$t.log" 2>&1; then
     grep -Eo 'Done [0-9]+ runs' "/tmp/fuzz-$t.log" | tail -n 1

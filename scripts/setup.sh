@@ -1,21 +1,84 @@
 #!/usr/bin/env bash
-# Installs what building, testing and benchmarking ztier needs on a Debian machine (run as
-# root or with sudo available; liblzo2-dev is the C reference the LZO benches measure
-# against). Safe to run again.
+# Installs what building, testing, fuzzing and benchmarking ztier needs on a Debian machine
+# with a Rust toolchain (run as root, or as a user who may sudo). Safe to run again.
+#
+#   bash scripts/setup.sh           install what is missing, then check
+#   bash scripts/setup.sh --check   install nothing; list what is missing, exit 1 if anything
+#
+# What each package is for:
+#   - build-essential: the C compiler and linker (lz4-sys builds liblz4 from source)
+#   - pkg-config: found by -sys build scripts
+#   - zstd: the command-line tool, to make and inspect corpus files
+#   - liblzo2-dev: liblzo2, the C reference the LZO benches and fuzz targets compare with
+#     (only they link it: `cargo test` does not need it)
+#   - shellcheck: the lint CI runs on every shell script
 set -euo pipefail
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-need=()
-for pkg in build-essential pkg-config zstd liblzo2-dev; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  $SUDO apt-get update -qq
-  $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck)
+
+# The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
+# removed but left its configuration files behind.
+missing_packages() {
+  local pkg
+  for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q '^install ok installed$'; then
+      echo "$pkg"
+    fi
+  done
+}
+
+# Runs a command as root: directly when we are root, else through sudo.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "setup: not root and no sudo: cannot run '$*'" >&2
+    return 1
+  fi
+}
+
+# Everything the build needs, present or not; prints what is missing.
+check() {
+  local ok=0 pkg tool
+  for pkg in $(missing_packages); do
+    echo "setup: missing package: $pkg" >&2
+    ok=1
+  done
+  for tool in cargo rustc; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      echo "setup: missing tool: $tool (install a Rust toolchain with rustup)" >&2
+      ok=1
+    fi
+  done
+  for sub in fmt clippy; do
+    if ! cargo "$sub" --version >/dev/null 2>&1; then
+      echo "setup: missing tool: cargo $sub (rustup component add rustfmt clippy)" >&2
+      ok=1
+    fi
+  done
+  return "$ok"
+}
+
+if [ "${1:-}" = "--check" ]; then
+  check
+  echo "setup: every package and tool is here"
+  exit 0
+fi
+
+mapfile -t need < <(missing_packages)
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: no Rust toolchain found; install one with rustup (https://rustup.rs), then rerun" >&2
   exit 1
 fi
-rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+check
 echo "setup: ok ($(cargo --version))"

@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ztier_compress::{liblz4, liblzo2, worst_case_len, Algorithm};
+use ztier_bench::liblzo2;
+use ztier_compress::{liblz4, worst_case_len, Algorithm};
 use ztier_corpus::Corpus;
 
 fn sample() -> Corpus {

@@ -9,8 +9,7 @@
 //! an [`Algorithm`], as zram keeps one per CPU. Compressing allocates nothing.
 //!
 //! `unsafe` is denied but in three places, each for a speed measured against the C library:
-//! the liblz4 FFI in [`liblz4`] (and liblzo2's, for benches and fuzzing, behind the
-//! `liblzo2` feature); the copies of the LZ4 decoder's fast loop
+//! the liblz4 FFI in [`liblz4`]; the copies of the LZ4 decoder's fast loop
 //! (`lz4::decompress_fast`), where each sequence is bounds-checked once before its copies
 //! run; and the compressors' 4- and 8-byte input reads (`copy::read32`/`read64`), in bounds by
 //! the shape of the match finders' loops, as each call site says. The fuzz targets run all of
@@ -23,8 +22,6 @@
 mod copy;
 pub mod external;
 pub mod liblz4;
-#[cfg(feature = "liblzo2")]
-pub mod liblzo2;
 pub mod lz4;
 pub mod lzo;
 

@@ -11,20 +11,7 @@ use serde_json::Value;
 use ztier_pool::{Handle, ZPool, ZsConfig, ZsPool};
 
 fn corpus_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("ZTIER_CORPUS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus")
-        });
-    if dir.join("ksizes").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: no corpus at {} (set ZTIER_CORPUS_DIR)",
-            dir.display()
-        );
-        None
-    }
+    ztier_corpus::shared_corpus_dir()
 }
 
 fn mem_used(stat: &Value) -> u64 {

@@ -1,6 +1,6 @@
 //! liblzo2's LZO1X-1 encoder and safe decoder, the C reference that ztier's lzo is measured
-//! against (benches) and must agree with (fuzzing). Built only with the `liblzo2` feature, as
-//! it links the system's liblzo2 (Debian's liblzo2-dev, which scripts/setup.sh installs).
+//! against (benches) and must agree with (fuzzing). It links the system's liblzo2 (Debian's
+//! liblzo2-dev, which scripts/setup.sh installs).
 #![allow(unsafe_code)]
 
 use std::os::raw::{c_int, c_ulong, c_void};
