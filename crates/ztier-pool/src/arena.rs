@@ -4,8 +4,9 @@
 //! the pool pages (4 KiB or 16 KiB) of one zspage or block, each an owned [`Page`]. A chain
 //! made of fresh pages is carved from one chunk in address order, so an object straddling
 //! two of its pages is one slice and is read in place; the kernel, whose pages are
-//! physically scattered, must copy such objects out. A helper thread, started with the
-//! arena, maps chunks ahead and faults them in, keeping one ready, so the kernel's zeroing
+//! physically scattered, must copy such objects out. One helper thread for the whole process,
+//! started with its first arena and ended with its last, maps chunks ahead and faults them
+//! in, keeping one ready for whichever arena needs a chunk next, so the kernel's zeroing
 //! of fresh pages (8 % of the store path when it was inline) runs beside the store path
 //! instead of on it. It runs at idle priority, on a core that would otherwise be idle. When
 //! none is ready the allocating thread maps one itself, never waiting for the helper.
@@ -14,29 +15,39 @@
 //! in one call. A page given back is kept resident on a small "hot" list for quick reuse;
 //! past [`HOT_PAGES_MAX`] it is released to the OS with `madvise(MADV_DONTNEED)` and parked
 //! on the "cold" list, so the process RSS follows the pages the allocators hold (plus at
-//! most the hot list, the untouched rest of the newest chunk and the helper's ready chunk:
-//! 4 MiB), as `mem_used_total` promises.
+//! most the hot list and the untouched rest of the newest chunk, and for the process the
+//! helper's one ready chunk), as `mem_used_total` promises. An empty pool costs no thread and
+//! no mapping of its own.
 //!
 //! Invariants:
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
 //! - a page is either owned by exactly one [`Page`] value, or on `hot`, `cold` or not yet
 //!   handed out (`next_fresh`), never two of these;
-//! - a chain is marked contiguous only if its pages are consecutive in one chunk;
+//! - a chain is marked contiguous only if its pages were checked to be consecutive in one
+//!   chunk;
+//! - a chain is given back only to the arena it came from (each chain carries its arena's
+//!   id, checked with `assert!`), so the count of pages out is exact;
 //! - chunks are unmapped only when no page is out (`pages_out == 0`), so a [`Page`] never
 //!   outlives its mapping; an arena dropped with pages still out leaks its chunks instead;
+//! - every byte access through a chain is checked, with overflow-checked arithmetic, to lie
+//!   inside the chain before any pointer is formed.
+//!
+//! The module is private to the crate: no code outside the allocators can make, free or
+//! address a chain.
 //! - a chunk the helper maps is its own until received from the (rendezvous) channel, then
 //!   the arena's; when the arena goes, the helper unmaps the chunk in its hands and ends.
 //!
 //! Locking: one mutex over the free lists, taken only when a zspage or block is created or
 //! destroyed, never on the object read/write path. It nests inside the allocators' class
-//! locks and takes no other lock.
+//! locks. Inside it, once a chunk (512 pages at 4 KiB), the process-wide `HELPER` lock is
+//! taken to collect the ready chunk; that lock takes no other.
 //!
 //! This module and nothing else in the allocators uses `unsafe`.
 #![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::ptr::NonNull;
-
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 
 use parking_lot::Mutex;
@@ -55,7 +66,7 @@ pub const HOT_PAGES_MAX: usize = 64;
 /// at the same memory (arena invariant), so `&Page` and `&mut Page` carry Rust's usual
 /// aliasing guarantees over the bytes.
 #[derive(Debug)]
-pub struct Page {
+pub(crate) struct Page {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -92,8 +103,10 @@ impl Page {
 /// always do, its pages being physically scattered. Only the arena makes chains, so
 /// `contiguous` is true only when it is.
 #[derive(Debug, Default)]
-pub struct PageChain {
+pub(crate) struct PageChain {
     pages: Box<[Page]>,
+    /// The id of the arena the pages came from (0 for the empty chain).
+    arena: u64,
     /// Set when pages[i + 1] starts where pages[i] ends, all inside one chunk: the first
     /// page's address, kept here so that an access needs no trip through `pages` (one cache
     /// miss fewer on every object read and write).
@@ -110,6 +123,7 @@ unsafe impl Sync for PageChain {}
 
 impl PageChain {
     /// Pages in the chain (0 once given back).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pages.len()
     }
@@ -119,6 +133,7 @@ impl PageChain {
     }
 
     /// Whether objects that straddle pages are reached in place.
+    #[cfg(test)]
     pub fn is_contiguous(&self) -> bool {
         self.contiguous_base.is_some()
     }
@@ -143,7 +158,21 @@ impl PageChain {
         })
     }
 
-    /// Where a range that lies in one page does: (page, offset in it).
+    /// Panics unless `off..off + len` lies inside the chain. Every access checks this first,
+    /// so no arithmetic below can overflow and no page index can run past the chain.
+    #[inline]
+    pub fn check_range(&self, off: usize, len: usize) {
+        // The Box's length lives beside its pointer, so this reads no page descriptor.
+        let bytes = self.page_size * self.pages.len();
+        let inside = off.checked_add(len).is_some_and(|end| end <= bytes);
+        assert!(
+            inside,
+            "bytes {off}..+{len} are outside the chain of {bytes} bytes"
+        );
+    }
+
+    /// Where a range that lies in one page does: (page, offset in it). The range is inside
+    /// the chain (`check_range`), so `in_page + len` cannot overflow.
     fn within_page(&self, off: usize, len: usize) -> Option<(usize, usize)> {
         let page_size = self.page_size();
         let (p, in_page) = (off / page_size, off % page_size);
@@ -154,19 +183,18 @@ impl PageChain {
     #[inline]
     fn contiguous_start(&self, off: usize, len: usize) -> Option<*mut u8> {
         let base = self.contiguous_base?;
-        // The Box's length lives beside its pointer, so this reads no page descriptor.
-        assert!(
-            off + len <= self.page_size * self.pages.len(),
-            "span past the chain"
-        );
-        // SAFETY: in bounds of the chain (checked above), whose pages are consecutive in one
-        // mapping (`contiguous_base` is set only by `Arena::alloc_chain`).
+        self.check_range(off, len);
+        // SAFETY: off + len is inside the chain (checked just above, without overflow), and
+        // the chain's pages are consecutive in one mapping (`contiguous_base` is set only by
+        // `Arena::alloc_chain`, after checking each page's address).
         Some(unsafe { base.as_ptr().add(off) })
     }
 
     /// `off..off + len` as one slice, if the chain is contiguous or it lies in one page.
+    /// Panics if the range is not inside the chain.
     #[inline]
     fn span(&self, off: usize, len: usize) -> Option<&[u8]> {
+        self.check_range(off, len);
         if let Some(start) = self.contiguous_start(off, len) {
             // SAFETY: start..start + len lies in pages this chain alone owns, in one mapping
             // (contiguous_start); &self keeps them from being written meanwhile.
@@ -179,6 +207,7 @@ impl PageChain {
     /// As `span`, mutable.
     #[inline]
     fn span_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
+        self.check_range(off, len);
         if let Some(start) = self.contiguous_start(off, len) {
             // SAFETY: as in `span`; &mut self makes the access exclusive.
             return Some(unsafe { std::slice::from_raw_parts_mut(start, len) });
@@ -187,7 +216,8 @@ impl PageChain {
         Some(&mut self.pages[p].bytes_mut()[in_page..in_page + len])
     }
 
-    /// Copies `out.len()` bytes starting `off` bytes into the chain.
+    /// Copies `out.len()` bytes starting `off` bytes into the chain. Panics if they are not
+    /// all inside it.
     pub fn read(&self, off: usize, out: &mut [u8]) {
         if let Some(bytes) = self.span(off, out.len()) {
             out.copy_from_slice(bytes);
@@ -198,7 +228,7 @@ impl PageChain {
         }
     }
 
-    /// Copies `data` to `off` bytes into the chain.
+    /// Copies `data` to `off` bytes into the chain. Panics if that is not all inside it.
     pub fn write(&mut self, off: usize, data: &[u8]) {
         if let Some(bytes) = self.span_mut(off, data.len()) {
             bytes.copy_from_slice(data);
@@ -209,8 +239,14 @@ impl PageChain {
         }
     }
 
+    /// Whether `with_bytes` shows `off..off + len` in place (no scratch needed).
+    pub fn is_in_place(&self, off: usize, len: usize) -> bool {
+        self.contiguous_base.is_some() || self.within_page(off, len).is_some()
+    }
+
     /// Calls `f` with the `len` bytes at `off`: in place when they lie in one page or the
-    /// chain is contiguous, else copied into `scratch` (which must hold `len` bytes).
+    /// chain is contiguous, else copied into `scratch` (which must hold `len` bytes). Panics
+    /// if the range is not inside the chain.
     pub fn with_bytes(&self, off: usize, len: usize, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) {
         match self.span(off, len) {
             Some(bytes) => f(bytes),
@@ -234,9 +270,6 @@ struct ArenaState {
     cold: Vec<NonNull<u8>>,
     /// The untouched tail of the newest chunk.
     next_fresh: Option<FreshRun>,
-    /// The helper thread's ready chunk, mapped and faulted in (the thread starts with the
-    /// arena's first chunk); addresses travel as usize.
-    ready: Option<Receiver<usize>>,
     pages_out: usize,
 }
 
@@ -253,8 +286,13 @@ struct FreshRun {
 // reached through the Mutex, so it is moved between threads as a whole.
 unsafe impl Send for ArenaState {}
 
+/// Ids of arenas, so that a chain names the arena it must go back to.
+static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
 /// A source of pool pages of one size.
-pub struct Arena {
+pub(crate) struct Arena {
+    /// Unique in the process (never 0); stamped on every chain made here.
+    id: u64,
     page_size: usize,
     state: Mutex<ArenaState>,
 }
@@ -265,32 +303,28 @@ impl Arena {
     pub fn new(page_size: usize) -> Arena {
         assert!(page_size.is_power_of_two() && page_size >= os_page_size());
         assert!(CHUNK_BYTES.is_multiple_of(page_size));
+        helper_join();
         Arena {
+            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             page_size,
             state: Mutex::new(ArenaState {
                 chunks: Vec::new(),
                 hot: Vec::new(),
                 cold: Vec::new(),
                 next_fresh: None,
-                // Started now, so that the first chunk is ready by the first allocation
-                // when the pool is made ahead of use (as a zram device is set up before it
-                // is written).
-                ready: start_helper(),
                 pages_out: 0,
             }),
         }
     }
 
-    pub fn page_size(&self) -> usize {
-        self.page_size
-    }
-
     /// Pages currently out of the arena.
+    #[cfg(test)]
     pub fn pages_out(&self) -> usize {
         self.state.lock().pages_out
     }
 
     /// Free pages kept resident (the RSS the arena holds beyond the pages that are out).
+    #[cfg(test)]
     pub fn hot_pages(&self) -> usize {
         self.state.lock().hot.len()
     }
@@ -309,7 +343,9 @@ impl Arena {
         let mut st = self.state.lock();
         // Each page with whether it is resident.
         let mut pages: Vec<(NonNull<u8>, bool)> = Vec::with_capacity(n);
-        let contiguous = st.hot.is_empty() && st.cold.is_empty();
+        // A chain longer than a chunk cannot be consecutive in one mapping.
+        let contiguous =
+            n <= CHUNK_BYTES / self.page_size && st.hot.is_empty() && st.cold.is_empty();
         if contiguous && st.next_fresh.is_some_and(|run| run.left < n) {
             // Too few for a run: park the untouched rest as free pages, on the list that says
             // whether they are resident; take_fresh starts the next chunk.
@@ -346,15 +382,13 @@ impl Arena {
             }
         }
         drop(st);
-        // A run begun in the old chunk's tail stays in that chunk: take_fresh moves to a new
-        // chunk only when the tail is used up, and the tail held at least n pages.
-        debug_assert!(
-            !contiguous
-                || pages
-                    .windows(2)
-                    .all(|w| w[1].0.as_ptr() as usize == w[0].0.as_ptr() as usize + self.page_size)
-        );
-        let contiguous_base = contiguous.then(|| pages[0].0);
+        // A run begun in the old chunk's tail stays in that chunk (take_fresh moves to a new
+        // chunk only when the tail is used up, and the tail held at least n pages), but the
+        // unsafe in-place access rests on it, so it is checked, not assumed.
+        let consecutive = pages
+            .windows(2)
+            .all(|w| w[1].0.as_ptr() as usize == w[0].0.as_ptr() as usize + self.page_size);
+        let contiguous_base = (contiguous && consecutive).then(|| pages[0].0);
         if let Some(base) = contiguous_base.filter(|_| !pages[0].1) {
             // One chunk's pages, all untouched.
             populate(base, n * self.page_size);
@@ -372,6 +406,7 @@ impl Arena {
             .collect();
         Ok(PageChain {
             pages,
+            arena: self.id,
             contiguous_base,
             page_size: self.page_size,
         })
@@ -380,13 +415,20 @@ impl Arena {
     /// Gives a chain's pages back. Pages past the hot list's capacity are released to the
     /// OS: consecutive ones in one call, and outside the lock, since no one else can reach
     /// them until they are on the cold list.
+    ///
+    /// Panics, changing nothing, if the chain came from another arena.
     pub fn free_chain(&self, chain: PageChain) {
+        assert!(
+            chain.pages.is_empty() || chain.arena == self.id,
+            "a chain of another arena (id {}) was given back to arena {}",
+            chain.arena,
+            self.id
+        );
         let pages = chain.pages;
         let kept = {
             let mut st = self.state.lock();
             let kept = HOT_PAGES_MAX.saturating_sub(st.hot.len()).min(pages.len());
             for page in &pages[..kept] {
-                debug_assert!(self.owns(&st, page.ptr));
                 st.hot.push(page.ptr);
             }
             st.pages_out -= kept;
@@ -406,7 +448,6 @@ impl Arena {
         }
         let mut st = self.state.lock();
         for page in released {
-            debug_assert!(self.owns(&st, page.ptr));
             st.cold.push(page.ptr);
         }
         st.pages_out -= released.len();
@@ -432,11 +473,8 @@ impl Arena {
             // The helper's chunk if one is ready. Waiting for it under this lock would
             // stall every allocating thread; instead map one here, unpopulated, whose
             // pages alloc_chain faults in as it hands them out.
-            if st.ready.is_none() {
-                st.ready = start_helper();
-            }
-            let (base, resident) = match st.ready.as_ref().and_then(|r| r.try_recv().ok()) {
-                Some(addr) => (NonNull::new(addr as *mut u8).expect("mapped"), true),
+            let (base, resident) = match helper_take_ready() {
+                Some(base) => (base, true),
                 None => (map_chunk()?, false),
             };
             st.chunks.push(Chunk { base });
@@ -460,21 +498,12 @@ impl Arena {
         st.pages_out += 1;
         Ok((run.next, run.resident))
     }
-
-    fn owns(&self, st: &ArenaState, ptr: NonNull<u8>) -> bool {
-        let p = ptr.as_ptr() as usize;
-        st.chunks.iter().any(|c| {
-            let b = c.base.as_ptr() as usize;
-            p >= b && p < b + CHUNK_BYTES && (p - b).is_multiple_of(self.page_size)
-        })
-    }
 }
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        helper_leave();
         let st = self.state.get_mut();
-        // Dropping the receiver tells the helper to unmap the chunk in its hands and end.
-        st.ready = None;
         if st.pages_out != 0 {
             // A Page may still point into these chunks: leaking is the sound choice.
             return;
@@ -487,8 +516,65 @@ impl Drop for Arena {
     }
 }
 
-/// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arena
-/// then maps every chunk itself).
+/// The process's chunk-ahead helper: how many arenas are alive, and the receiving end of
+/// the running helper's channel.
+struct Helper {
+    arenas: usize,
+    /// Chunk addresses travel as usize. `None` when no helper runs.
+    ready: Option<Receiver<usize>>,
+}
+
+static HELPER: std::sync::Mutex<Helper> = std::sync::Mutex::new(Helper {
+    arenas: 0,
+    ready: None,
+});
+
+fn helper_state() -> std::sync::MutexGuard<'static, Helper> {
+    // A panic while holding this lock leaves nothing half-changed (each critical section is a
+    // counter step or an Option swap), so a poisoned lock is taken as it is.
+    HELPER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A new arena: the first of the process starts the helper, so that a pool made ahead of
+/// use (as a zram device is set up before it is written) finds a chunk ready.
+fn helper_join() {
+    let mut h = helper_state();
+    h.arenas += 1;
+    if h.ready.is_none() {
+        h.ready = start_helper();
+    }
+}
+
+/// An arena gone: with the last one, dropping the receiver tells the helper to unmap the
+/// chunk in its hands and end.
+fn helper_leave() {
+    let mut h = helper_state();
+    h.arenas -= 1;
+    if h.arenas == 0 {
+        h.ready = None;
+    }
+}
+
+/// The helper's ready chunk, mapped and faulted in, if it has one now; never waits. A helper
+/// that ended (it could not map) is started again for the next time.
+fn helper_take_ready() -> Option<NonNull<u8>> {
+    use std::sync::mpsc::TryRecvError;
+    let mut h = helper_state();
+    let received = h.ready.as_ref().map(|r| r.try_recv());
+    match received {
+        Some(Ok(addr)) => NonNull::new(addr as *mut u8),
+        Some(Err(TryRecvError::Empty)) => None,
+        Some(Err(TryRecvError::Disconnected)) | None => {
+            h.ready = start_helper();
+            None
+        }
+    }
+}
+
+/// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arenas
+/// then map every chunk themselves).
 fn start_helper() -> Option<Receiver<usize>> {
     // A rendezvous channel: the helper holds one chunk ready and hands it over only to a
     // receiver taking it, so no chunk is ever left in the channel.
@@ -689,6 +775,70 @@ mod tests {
             "pages past the hot list were released to the OS"
         );
         arena.free_chain(again);
+    }
+
+    #[test]
+    #[should_panic(expected = "another arena")]
+    fn a_chain_cannot_be_freed_into_another_arena() {
+        let a = Arena::new(4096);
+        let b = Arena::new(4096);
+        let chain = a.alloc_chain(1).unwrap();
+        // Were it taken, dropping `b` would unmap a page `a` still counts as out.
+        b.free_chain(chain);
+    }
+
+    #[test]
+    fn a_chain_longer_than_a_chunk_is_not_contiguous_and_overwrites_nothing() {
+        let arena = Arena::new(4096);
+        let per_chunk = CHUNK_BYTES / 4096;
+        let mut before: Vec<PageChain> = (0..32).map(|_| arena.alloc_chain(8).unwrap()).collect();
+        let mut big = arena.alloc_chain(per_chunk + 8).unwrap();
+        let mut after: Vec<PageChain> = (0..32).map(|_| arena.alloc_chain(8).unwrap()).collect();
+        assert!(!big.is_contiguous(), "its pages span two mappings");
+        for (i, c) in before.iter_mut().chain(after.iter_mut()).enumerate() {
+            c.write(0, &vec![i as u8; 8 * 4096]);
+        }
+        big.write(0, &vec![0xEE; big.len() * 4096]);
+        let mut back = vec![0; 8 * 4096];
+        for (i, c) in before.iter().chain(after.iter()).enumerate() {
+            c.read(0, &mut back);
+            assert!(back.iter().all(|&b| b == i as u8), "chain {i} overwritten");
+        }
+        let mut all = vec![0; big.len() * 4096];
+        big.read(0, &mut all);
+        assert!(all.iter().all(|&b| b == 0xEE));
+        for c in before.into_iter().chain(after).chain([big]) {
+            arena.free_chain(c);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the chain")]
+    fn a_write_whose_end_overflows_is_refused() {
+        let arena = Arena::new(4096);
+        let mut chain = arena.alloc_chain(2).unwrap();
+        assert!(chain.is_contiguous());
+        chain.write(usize::MAX - 7, &[0xAB; 16]);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the chain")]
+    fn a_read_whose_end_overflows_is_refused() {
+        let arena = Arena::new(4096);
+        let chain = arena.alloc_chain(2).unwrap();
+        let mut out = [0; 16];
+        chain.read(usize::MAX - 7, &mut out);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the chain")]
+    fn a_scattered_chain_refuses_ranges_past_its_end() {
+        let arena = Arena::new(4096);
+        let first = arena.alloc_chain(HOT_PAGES_MAX).unwrap();
+        arena.free_chain(first);
+        let mut chain = arena.alloc_chain(2).unwrap();
+        assert!(!chain.is_contiguous(), "made of freed pages");
+        chain.write(2 * 4096 - 8, &[1; 16]);
     }
 
     fn resident(page: &Page) -> bool {

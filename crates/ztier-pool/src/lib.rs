@@ -1,7 +1,8 @@
 //! Allocators for compressed objects, behind one thin trait.
 //!
-//! - [`arena`]: pages from the OS in 2 MiB chunks, given back with `madvise` (the only
-//!   `unsafe` of the allocators).
+//! - `arena` (private to the crate): pages from the OS in 2 MiB chunks, given back with
+//!   `madvise`, the only `unsafe` of the allocators. Nothing outside the allocators can make,
+//!   free or address its page chains; callers see an object's bytes through an [`ObjectRef`].
 //! - [`zsmalloc`]: the kernel's size-class allocator, reproduced class for class.
 //! - [`zblock`]: the block allocator proposed for the kernel (blocks of whole slots).
 //! - [`testing`]: the conformance suite every [`ZPool`] implementation must pass.
@@ -12,7 +13,7 @@
 //! No operation holds two class or list locks at once.
 #![deny(unsafe_code)]
 
-pub mod arena;
+mod arena;
 pub mod testing;
 pub mod zblock;
 pub mod zsmalloc;
@@ -22,6 +23,76 @@ use std::num::NonZeroU64;
 pub use arena::process_rss_bytes;
 
 use arena::PageChain;
+
+/// A live object's bytes, shown to the callback of [`ZPool::with_object`] while the object
+/// can neither change nor move. Every access is bounds-checked; the pool's pages stay
+/// private.
+pub struct ObjectRef<'a>(ObjectBytes<'a>);
+
+enum ObjectBytes<'a> {
+    /// `len` bytes at `off` in a zspage's or block's pages (checked to lie inside them).
+    Chain {
+        pages: &'a PageChain,
+        off: usize,
+        len: usize,
+    },
+    /// Bytes that are one slice (an allocator outside this crate).
+    Slice(&'a [u8]),
+}
+
+impl<'a> ObjectRef<'a> {
+    /// An object at `off` in `pages`; panics if it does not lie inside them.
+    pub(crate) fn in_chain(pages: &'a PageChain, off: usize, len: usize) -> ObjectRef<'a> {
+        pages.check_range(off, len);
+        ObjectRef(ObjectBytes::Chain { pages, off, len })
+    }
+
+    /// An object whose bytes are one slice: how an allocator outside this crate shows its
+    /// objects.
+    pub fn from_slice(bytes: &'a [u8]) -> ObjectRef<'a> {
+        ObjectRef(ObjectBytes::Slice(bytes))
+    }
+
+    /// The object's length in bytes.
+    pub fn len(&self) -> usize {
+        match self.0 {
+            ObjectBytes::Chain { len, .. } => len,
+            ObjectBytes::Slice(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the object into the start of `out`; `None`, copying nothing, if `out` is
+    /// shorter than the object.
+    pub fn copy_to(&self, out: &mut [u8]) -> Option<usize> {
+        let len = self.len();
+        let out = out.get_mut(..len)?;
+        match self.0 {
+            ObjectBytes::Chain { pages, off, .. } => pages.read(off, out),
+            ObjectBytes::Slice(b) => out.copy_from_slice(b),
+        }
+        Some(len)
+    }
+
+    /// Calls `f` with the object's bytes: where they lie if they are contiguous, else copied
+    /// into `scratch` first; `None`, without calling `f`, if the bytes needed copying and
+    /// `scratch` is shorter than the object.
+    pub fn with_bytes(&self, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Option<()> {
+        match self.0 {
+            ObjectBytes::Chain { pages, off, len } => {
+                if scratch.len() < len && !pages.is_in_place(off, len) {
+                    return None;
+                }
+                pages.with_bytes(off, len, scratch, f);
+            }
+            ObjectBytes::Slice(b) => f(b),
+        }
+        Some(())
+    }
+}
 pub use zblock::{ZblockConfig, ZblockPool};
 pub use zsmalloc::{ChainRule, ClassTable, ZsConfig, ZsPool};
 
@@ -104,21 +175,21 @@ pub trait ZPool: Send + Sync {
     fn free(&self, handle: Handle) -> Result<()>;
     /// Overwrites an object's bytes.
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()>;
-    /// Finds a live object and calls `f(pages, offset, length)` with the pages that hold it,
-    /// while the object can neither change nor move (zsmalloc holds its class's shared lock,
-    /// zblock its list's lock: `f` holds off writers, so it should be brief); returns the
-    /// object's length. The one way to an object's bytes: [`read`](Self::read) and
-    /// [`read_with`](Self::read_with) are made of it.
+    /// Finds a live object and calls `f` with a view of its bytes, while the object can
+    /// neither change nor move (zsmalloc holds its class's shared lock, zblock its list's
+    /// lock: `f` holds off writers, so it should be brief); returns the object's length. The
+    /// one way to an object's bytes: [`read`](Self::read) and [`read_with`](Self::read_with)
+    /// are made of it.
     fn with_object(
         &self,
         handle: Handle,
-        f: &mut dyn FnMut(&PageChain, usize, usize) -> Result<()>,
+        f: &mut dyn FnMut(ObjectRef<'_>) -> Result<()>,
     ) -> Result<usize>;
     /// Copies an object's bytes into `out`; returns its length.
     fn read(&self, handle: Handle, out: &mut [u8]) -> Result<usize> {
-        self.with_object(handle, &mut |pages, off, len| {
-            check_room(handle, len, out.len())?;
-            pages.read(off, &mut out[..len]);
+        self.with_object(handle, &mut |object| {
+            check_room(handle, object.len(), out.len())?;
+            object.copy_to(out).expect("room checked");
             Ok(())
         })
     }
@@ -132,9 +203,9 @@ pub trait ZPool: Send + Sync {
         scratch: &mut [u8],
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<usize> {
-        self.with_object(handle, &mut |pages, off, len| {
-            check_room(handle, len, scratch.len())?;
-            pages.with_bytes(off, len, scratch, f);
+        self.with_object(handle, &mut |object| {
+            check_room(handle, object.len(), scratch.len())?;
+            object.with_bytes(scratch, f).expect("room checked");
             Ok(())
         })
     }

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::arena::{Arena, PageChain};
-use crate::{Handle, PoolError, Result, ZPool};
+use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
 
 /// Block sizes in pages: the kernel's powers of two, and the Rust version's extra sizes.
 pub const BLOCK_PAGES: [usize; 4] = [1, 2, 4, 8];
@@ -539,13 +539,13 @@ impl ZPool for ZblockPool {
     fn with_object(
         &self,
         handle: Handle,
-        f: &mut dyn FnMut(&PageChain, usize, usize) -> Result<()>,
+        f: &mut dyn FnMut(ObjectRef<'_>) -> Result<()>,
     ) -> Result<usize> {
         let (list, st, id, slot) = self.locate(handle)?;
         let b = &st.blocks[id as usize];
         let stored = b.lens[slot] as usize;
         let off = slot * list.ty.slot_size + header_size(self.table.page_size);
-        f(&b.pages, off, stored)?;
+        f(ObjectRef::in_chain(&b.pages, off, stored))?;
         Ok(stored)
     }
 

@@ -52,7 +52,12 @@ fn pages_used_equal_kernel_mem_used_total() {
             "{name}/{alg}: after write"
         );
 
+        checked += 1;
+        // Not every algorithm's truth has the discard experiment (lzo's has none).
         let exp = &kernel["discard_odd_pages_then_compact"];
+        if exp.is_null() {
+            continue;
+        }
         for h in handles.iter().skip(1).step_by(2).flatten() {
             pool.free(*h).unwrap();
         }
@@ -79,7 +84,6 @@ fn pages_used_equal_kernel_mem_used_total() {
             mem_used(&exp["after_second_compact"]),
             "{name}/{alg}: after second compact"
         );
-        checked += 1;
     }
     assert!(checked >= 6, "only {checked} corpus/algorithm pairs found");
 }

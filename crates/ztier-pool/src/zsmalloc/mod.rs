@@ -40,7 +40,7 @@ pub use classes::{
 };
 
 use crate::arena::{Arena, PageChain};
-use crate::{Handle, PoolError, Result, ZPool};
+use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
 
 /// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
 const NR_FULLNESS_GROUPS: usize = 12;
@@ -468,14 +468,18 @@ impl ZPool for ZsPool {
     fn with_object(
         &self,
         handle: Handle,
-        f: &mut dyn FnMut(&PageChain, usize, usize) -> Result<()>,
+        f: &mut dyn FnMut(ObjectRef<'_>) -> Result<()>,
     ) -> Result<usize> {
         let (class, index, generation) = self.decode(handle)?;
         let st = class.state.read();
         let (id, obj) = self.locate(&st, handle, index, generation)?;
         let stored = st.object_len(&class.spec, id, obj);
         let off = payload_offset(&class.spec, obj);
-        f(&st.zspages[id as usize].pages, off, stored)?;
+        f(ObjectRef::in_chain(
+            &st.zspages[id as usize].pages,
+            off,
+            stored,
+        ))?;
         Ok(stored)
     }
 
