@@ -5,7 +5,8 @@
 //!   free or address its page chains; callers see an object's bytes through an [`ObjectRef`].
 //! - [`zsmalloc`]: the kernel's size-class allocator, reproduced class for class.
 //! - [`zblock`]: the block allocator proposed for the kernel (blocks of whole slots).
-//! - [`testing`]: the conformance suite every [`ZPool`] implementation must pass.
+//! - `testing` (with the `testing` feature): the conformance suite every [`ZPool`]
+//!   implementation must pass.
 //!
 //! # Lock ordering
 //! zsmalloc: `ZsPool::compacting` (a flag, not a lock) → `SizeClass::state` → `Arena::state`.
@@ -14,6 +15,8 @@
 #![deny(unsafe_code)]
 
 mod arena;
+mod handle;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod zblock;
 pub mod zsmalloc;
@@ -97,7 +100,8 @@ pub use zblock::{ZblockConfig, ZblockPool};
 pub use zsmalloc::{ChainRule, ClassTable, ZsConfig, ZsPool};
 
 /// An allocated object's name. Never 0; stays valid and unchanged for the object's whole
-/// life, across compaction, and is refused once the object is freed.
+/// life, across compaction, and is refused once the object is freed. It names its pool too:
+/// another live pool refuses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Handle(NonZeroU64);
 
@@ -136,6 +140,10 @@ pub enum PoolError {
     },
     #[error("out of memory: could not map {bytes} bytes: {reason}")]
     OutOfMemory { bytes: usize, reason: String },
+    #[error("{max} pools are alive already: a handle's pool tag can name no more")]
+    TooManyPools { max: usize },
+    #[error("{what} is full: {max} is the most a handle can name")]
+    HandleSpaceFull { what: &'static str, max: u64 },
 }
 
 pub type Result<T, E = PoolError> = std::result::Result<T, E>;

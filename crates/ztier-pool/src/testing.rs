@@ -21,6 +21,7 @@ pub fn run_all<P: ZPool>(make: impl Fn() -> P) {
     round_trip_every_size(&make());
     boundary_sizes(&make());
     bad_handles(&make());
+    foreign_handles(&make(), &make());
     wrong_lengths(&make());
     free_returns_pages(&make());
     concurrent_round_trips(&make());
@@ -130,6 +131,30 @@ pub fn bad_handles<P: ZPool>(pool: &P) {
     pool.free(keep).unwrap();
     pool.free(h2).unwrap();
     assert_eq!(pool.total_pages(), 0);
+}
+
+/// A handle of another pool is refused by every call, even where the other pool holds an
+/// object at the same place (both pools' first object), and neither pool's data changes.
+pub fn foreign_handles<P: ZPool>(a: &P, b: &P) {
+    let in_a = a.store(b"pool a's object").unwrap();
+    let in_b = b.store(b"pool b's object").unwrap();
+    let mut out = [0u8; 64];
+    assert!(matches!(b.free(in_a), Err(PoolError::UnknownHandle { .. })));
+    assert!(matches!(
+        b.read(in_a, &mut out),
+        Err(PoolError::UnknownHandle { .. })
+    ));
+    assert!(matches!(
+        b.write(in_a, b"pool b's object"),
+        Err(PoolError::UnknownHandle { .. })
+    ));
+    assert!(a.free(in_b).is_err());
+    assert_eq!(a.read(in_a, &mut out).unwrap(), 15);
+    assert_eq!(&out[..15], b"pool a's object");
+    assert_eq!(b.read(in_b, &mut out).unwrap(), 15);
+    assert_eq!(&out[..15], b"pool b's object");
+    a.free(in_a).unwrap();
+    b.free(in_b).unwrap();
 }
 
 /// Writes of the wrong length and reads into short buffers are refused, data intact.

@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::arena::{Arena, PageChain};
+use crate::handle::{self, Field, PoolTag};
 use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
 
 /// Block sizes in pages: the kernel's powers of two, and the Rust version's extra sizes.
@@ -39,17 +40,15 @@ const SLOT_ALIGN: usize = 16;
 const MAX_TYPES: usize = 64;
 const NONE: u32 = u32::MAX;
 
-// Handle layout (u64):
-//   63        48 47   41 40                     9 8        1 0
-//  | gen (16)   | type  | block id (32)          | slot (8)  |1|
-const H_SLOT_SHIFT: u32 = 1;
-const H_SLOT_BITS: u32 = 8;
-const H_BLOCK_SHIFT: u32 = H_SLOT_SHIFT + H_SLOT_BITS;
-const H_TYPE_SHIFT: u32 = H_BLOCK_SHIFT + 32;
-const H_TYPE_BITS: u32 = 7;
-const H_GEN_SHIFT: u32 = H_TYPE_SHIFT + H_TYPE_BITS;
-const _: () = assert!(H_GEN_SHIFT + 16 == 64);
-const _: () = assert!(1 << H_TYPE_BITS >= MAX_TYPES);
+// Handle layout (u64; `crate::handle` packs it):
+//   63        54 53      43 42   37 36                     9 8        1 0
+//  | pool (10)  | gen (11)  | type  | block id (28)          | slot (8)  |1|
+const H_SLOT: Field = Field::after(handle::TAG_BIT, 8);
+const H_BLOCK: Field = Field::after(H_SLOT, 28);
+const H_TYPE: Field = Field::after(H_BLOCK, 6);
+const H_GEN: Field = Field::after(H_TYPE, 11);
+const _: () = assert!(H_GEN.end() == 64 - handle::POOL_TAG_BITS);
+const _: () = assert!(H_TYPE.max() + 1 >= MAX_TYPES as u64);
 
 /// Slots per block at most (the kernel's `MAX_SLOTS`: a bitmap of `1 << SLOT_BITS`).
 fn max_slots(page_size: usize) -> usize {
@@ -196,6 +195,8 @@ impl Default for ZblockConfig {
 
 /// A zblock pool.
 pub struct ZblockPool {
+    /// Named by every handle of this pool.
+    tag: PoolTag,
     table: BlockTable,
     lists: Box<[BlockList]>,
     arena: Arena,
@@ -277,6 +278,7 @@ impl ZblockPool {
         )
         .huge_class_size;
         Ok(ZblockPool {
+            tag: PoolTag::new().map_err(|e| e.to_string())?,
             arena: Arena::new(config.page_size),
             table,
             lists,
@@ -294,13 +296,14 @@ impl ZblockPool {
         self.lists.iter().map(|l| l.state.lock().block_count).sum()
     }
 
-    fn encode(ty: usize, block: u32, slot: usize, generation: u16) -> Handle {
-        let raw = ((generation as u64) << H_GEN_SHIFT)
-            | ((ty as u64) << H_TYPE_SHIFT)
-            | ((block as u64) << H_BLOCK_SHIFT)
-            | ((slot as u64) << H_SLOT_SHIFT)
-            | 1;
-        Handle::from_raw(raw).expect("tag bit set")
+    fn encode(&self, ty: usize, block: u32, slot: usize, generation: u16) -> Handle {
+        handle::make(
+            &self.tag,
+            H_GEN.put(generation as u64 & H_GEN.max())
+                | H_TYPE.put(ty as u64)
+                | H_BLOCK.put(block as u64)
+                | H_SLOT.put(slot as u64),
+        )
     }
 
     /// Finds a handle's list, and under its lock, its block and slot.
@@ -314,16 +317,13 @@ impl ZblockPool {
         usize,
     )> {
         let raw = handle.raw();
-        let ty = ((raw >> H_TYPE_SHIFT) & ((1 << H_TYPE_BITS) - 1)) as usize;
-        let block = (raw >> H_BLOCK_SHIFT) as u32;
-        let slot = ((raw >> H_SLOT_SHIFT) & ((1 << H_SLOT_BITS) - 1)) as usize;
-        let generation = (raw >> H_GEN_SHIFT) as u16;
+        let bits = handle::open(&self.tag, handle)?;
+        let ty = H_TYPE.get(bits) as usize;
+        let block = H_BLOCK.get(bits) as u32;
+        let slot = H_SLOT.get(bits) as usize;
+        let generation = H_GEN.get(bits) as u16;
         let unknown = PoolError::UnknownHandle { handle: raw };
-        let list = self
-            .lists
-            .get(ty)
-            .filter(|_| raw & 1 == 1)
-            .ok_or(unknown.clone())?;
+        let list = self.lists.get(ty).ok_or(unknown.clone())?;
         let st = list.state.lock();
         let b = st.blocks.get(block as usize).ok_or(unknown.clone())?;
         if slot >= list.ty.slots_per_block || b.pages.is_empty() {
@@ -333,7 +333,7 @@ impl ZblockPool {
                 unknown
             });
         }
-        if b.generations[slot] != generation || !b.occupied[slot] {
+        if b.generations[slot] as u64 & H_GEN.max() != generation as u64 || !b.occupied[slot] {
             return Err(PoolError::FreedHandle { handle: raw });
         }
         Ok((list, st, block, slot))
@@ -380,7 +380,7 @@ impl ZblockPool {
             st.unlink_active(id);
         }
         st.used_slots += 1;
-        Ok(Self::encode(ty, id, slot, generation))
+        Ok(self.encode(ty, id, slot, generation))
     }
 
     /// The `blocks` table: one row per type.
@@ -406,6 +406,12 @@ impl ZblockPool {
 impl ListState {
     /// `alloc_block()`: a new block, all slots free, at the head of the active list.
     fn alloc_block(&mut self, ty: &BlockType, arena: &Arena) -> Result<u32> {
+        if self.free_ids.is_empty() && self.blocks.len() as u64 > H_BLOCK.max() {
+            return Err(PoolError::HandleSpaceFull {
+                what: "a block type's block table",
+                max: H_BLOCK.max() + 1,
+            });
+        }
         let pages = arena.alloc_chain(ty.pages)?;
         let slots = ty.slots_per_block;
         let id = self.free_ids.pop().unwrap_or_else(|| {

@@ -40,6 +40,7 @@ pub use classes::{
 };
 
 use crate::arena::{Arena, PageChain};
+use crate::handle::{self, Field, PoolTag};
 use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
 
 /// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
@@ -54,29 +55,17 @@ const FG_OFF_LIST: u8 = u8::MAX;
 /// End of a list (zspage list, free-object chain, free-handle chain).
 const NONE: u32 = u32::MAX;
 
-// Handle bit layout (u64):
+// Handle bit layout (u64; `crate::handle` packs it):
 //
-//   63              42 41     33 32                         1 0
-//  +------------------+---------+----------------------------+-+
-//  | generation (22)  |class (9)| handle table index (32)    |1|
-//  +------------------+---------+----------------------------+-+
-//
-// Bit 0 is always set, so a handle is never 0.
-const H_INDEX_SHIFT: u32 = 1;
-const H_INDEX_BITS: u32 = 32;
-const H_CLASS_SHIFT: u32 = H_INDEX_SHIFT + H_INDEX_BITS;
-const H_CLASS_BITS: u32 = 9;
-const H_GEN_SHIFT: u32 = H_CLASS_SHIFT + H_CLASS_BITS;
-const H_GEN_BITS: u32 = 64 - H_GEN_SHIFT;
-const H_GEN_MASK: u32 = (1 << H_GEN_BITS) - 1;
-const _: () = assert!(
-    H_GEN_BITS >= 16,
-    "generation too narrow to catch stale handles"
-);
-const _: () = assert!(
-    1 << H_CLASS_BITS >= 257,
-    "a 16 KiB pool has 257 class indexes"
-);
+//   63        54 53            40 39     31 30                     1 0
+//  +------------+----------------+---------+------------------------+-+
+//  | pool (10)  | generation (14)|class (9)| handle table index (30)|1|
+//  +------------+----------------+---------+------------------------+-+
+const H_INDEX: Field = Field::after(handle::TAG_BIT, 30);
+const H_CLASS: Field = Field::after(H_INDEX, 9);
+const H_GEN: Field = Field::after(H_CLASS, 14);
+const _: () = assert!(H_GEN.end() == 64 - handle::POOL_TAG_BITS);
+const _: () = assert!(H_CLASS.max() >= 256, "a 16 KiB pool has 257 class indexes");
 
 // Object header (u64, little-endian, first 8 bytes of every non-huge object):
 //
@@ -136,6 +125,8 @@ impl ZsConfig {
 
 /// A zsmalloc pool.
 pub struct ZsPool {
+    /// Named by every handle of this pool.
+    tag: PoolTag,
     table: ClassTable,
     classes: Box<[SizeClass]>,
     arena: Arena,
@@ -232,6 +223,7 @@ struct HandleSlot {
 impl ZsPool {
     pub fn new(config: ZsConfig) -> std::result::Result<ZsPool, String> {
         config.validate()?;
+        let tag = PoolTag::new().map_err(|e| e.to_string())?;
         let table = ClassTable::new(config.page_size, config.chain_size, config.chain_rule);
         let classes = table
             .classes
@@ -246,6 +238,7 @@ impl ZsPool {
             })
             .collect();
         Ok(ZsPool {
+            tag,
             arena: Arena::new(config.page_size),
             table,
             classes,
@@ -260,22 +253,23 @@ impl ZsPool {
     }
 
     fn decode(&self, handle: Handle) -> Result<(&SizeClass, u32, u32)> {
-        let raw = handle.raw();
-        let class = ((raw >> H_CLASS_SHIFT) & ((1 << H_CLASS_BITS) - 1)) as usize;
-        let index = (raw >> H_INDEX_SHIFT) as u32;
-        let generation = (raw >> H_GEN_SHIFT) as u32;
-        match self.classes.get(class) {
-            Some(c) if raw & 1 == 1 => Ok((c, index, generation)),
-            _ => Err(PoolError::UnknownHandle { handle: raw }),
-        }
+        let bits = handle::open(&self.tag, handle)?;
+        let class = H_CLASS.get(bits) as usize;
+        let index = H_INDEX.get(bits) as u32;
+        let generation = H_GEN.get(bits) as u32;
+        self.classes
+            .get(class)
+            .map(|c| (c, index, generation))
+            .ok_or(PoolError::UnknownHandle {
+                handle: handle.raw(),
+            })
     }
 
-    fn encode(class: usize, index: u32, generation: u32) -> Handle {
-        let raw = ((generation as u64) << H_GEN_SHIFT)
-            | ((class as u64) << H_CLASS_SHIFT)
-            | ((index as u64) << H_INDEX_SHIFT)
-            | 1;
-        Handle::from_raw(raw).expect("tag bit set")
+    fn encode(&self, class: usize, index: u32, generation: u32) -> Handle {
+        handle::make(
+            &self.tag,
+            H_GEN.put(generation as u64) | H_CLASS.put(class as u64) | H_INDEX.put(index as u64),
+        )
     }
 
     fn malloc_inner(&self, len: usize, data: Option<&[u8]>) -> Result<Handle> {
@@ -292,6 +286,7 @@ impl ZsPool {
         let class = &self.classes[slot];
         let spec = &class.spec;
         let mut st = class.state.write();
+        st.check_handle_room()?;
         let (id, fresh) = match st.find_get_zspage() {
             Some(id) => (id, false),
             None => {
@@ -300,6 +295,10 @@ impl ZsPool {
                 drop(st);
                 let zspage = ZsPage::new(spec, &self.arena)?;
                 st = class.state.write();
+                if let Err(e) = st.check_handle_room() {
+                    self.arena.free_chain(zspage.pages);
+                    return Err(e);
+                }
                 let id = st.install_zspage(spec, zspage);
                 self.pages_allocated
                     .fetch_add(spec.pages_per_zspage as u64, Ordering::Relaxed);
@@ -325,11 +324,7 @@ impl ZsPool {
             let off = payload_offset(spec, obj);
             st.zspages[id as usize].pages.write(off, data);
         }
-        Ok(Self::encode(
-            slot,
-            index,
-            st.handles[index as usize].generation,
-        ))
+        Ok(self.encode(slot, index, st.handles[index as usize].generation))
     }
 
     /// Looks a handle up under its class lock: (handle index, zspage id, object index).
@@ -342,14 +337,14 @@ impl ZsPool {
     ) -> Result<(u32, u32)> {
         let raw = handle.raw();
         match st.handles.get(index as usize) {
-            Some(h) if h.generation & H_GEN_MASK == generation => {
+            Some(h) if h.generation as u64 & H_GEN.max() == generation as u64 => {
                 if h.live {
                     Ok((h.zspage, h.obj))
                 } else {
                     Err(PoolError::FreedHandle { handle: raw })
                 }
             }
-            Some(h) if !h.live || h.generation & H_GEN_MASK > generation => {
+            Some(h) if !h.live || h.generation as u64 & H_GEN.max() > generation as u64 => {
                 Err(PoolError::FreedHandle { handle: raw })
             }
             _ => Err(PoolError::UnknownHandle { handle: raw }),
@@ -744,6 +739,18 @@ impl ClassState {
         self.scratch = scratch;
     }
 
+    /// Refuses an allocation when every handle the class can name is taken.
+    fn check_handle_room(&self) -> Result<()> {
+        if self.free_handle == NONE && self.handles.len() as u64 > H_INDEX.max() {
+            return Err(PoolError::HandleSpaceFull {
+                what: "a size class's handle table",
+                max: H_INDEX.max() + 1,
+            });
+        }
+        Ok(())
+    }
+
+    /// A free handle-table slot; `check_handle_room` has made sure there is one.
     fn alloc_handle_slot(&mut self) -> u32 {
         if self.free_handle != NONE {
             let index = self.free_handle;
@@ -763,7 +770,7 @@ impl ClassState {
     fn free_handle_slot(&mut self, index: u32) {
         let h = &mut self.handles[index as usize];
         h.live = false;
-        h.generation = (h.generation + 1) & H_GEN_MASK;
+        h.generation = ((h.generation as u64 + 1) & H_GEN.max()) as u32;
         h.zspage = self.free_handle;
         self.free_handle = index;
     }
