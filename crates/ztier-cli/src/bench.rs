@@ -79,7 +79,7 @@ pub struct RunReport {
     pub verified: bool,
     /// The allocator's table after the write, with `--stats`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub allocator_stats: Option<String>,
+    pub allocator_stats: Option<ztier_pool::PoolStats>,
     /// The kernel's figures for the same corpus and algorithm, when a truth file has them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelFigures>,
@@ -333,7 +333,7 @@ fn run_one(
     let dev = dev.into_inner().expect("at least one pass");
     let mm_stat = dev.mm_stat();
     let rss_bytes = ztier_pool::process_rss_bytes().unwrap_or(0);
-    let stats_table = args.stats.then(|| dev.pool().stats_table());
+    let stats_table = args.stats.then(|| dev.allocator_stats());
 
     // Load, against the raw decompressor on the same objects.
     let compressed = compress_all(&pages, alg)?;
@@ -503,7 +503,7 @@ fn print_report(r: &RunReport) {
     println!("  rss {} after the write", mib(r.rss_bytes));
     if let Some(table) = &r.allocator_stats {
         println!("  {} after the write:", r.allocator);
-        for line in table.lines() {
+        for line in table.to_string().lines() {
             println!("    {line}");
         }
     }

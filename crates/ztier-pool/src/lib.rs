@@ -96,8 +96,28 @@ impl<'a> ObjectRef<'a> {
         Some(())
     }
 }
-pub use zblock::{ZblockConfig, ZblockPool};
-pub use zsmalloc::{ChainRule, ClassTable, ZsConfig, ZsPool};
+pub use zblock::{BlockStats, ZblockConfig, ZblockPool};
+pub use zsmalloc::{ChainRule, ClassStats, ClassTable, ZsConfig, ZsPool};
+
+/// An allocator's table of its classes or block types, typed: zsmalloc's debugfs `classes`,
+/// zblock's `blocks`. `Display` prints it as the kernel's debugfs file does; `--json`
+/// serializes the rows.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "allocator", content = "rows", rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum PoolStats {
+    Zsmalloc(Vec<ClassStats>),
+    Zblock(Vec<BlockStats>),
+}
+
+impl std::fmt::Display for PoolStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolStats::Zsmalloc(rows) => f.write_str(&zsmalloc::format_class_stats(rows)),
+            PoolStats::Zblock(rows) => f.write_str(&zblock::format_block_stats(rows)),
+        }
+    }
+}
 
 /// An allocated object's name. Never 0; stays valid and unchanged for the object's whole
 /// life, across compaction, and is refused once the object is freed. It names its pool too:
@@ -239,5 +259,5 @@ pub trait ZPool: Send + Sync {
     /// Pages freed by compaction over the pool's life.
     fn pages_compacted(&self) -> u64;
     /// The allocator's debugfs table: zsmalloc's `classes`, zblock's `blocks`.
-    fn stats_table(&self) -> String;
+    fn stats(&self) -> PoolStats;
 }

@@ -16,15 +16,17 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Runs every check on fresh pools from `make`.
-pub fn run_all<P: ZPool>(make: impl Fn() -> P) {
+/// Runs every check on fresh pools from `make`; returns the pages that compaction freed
+/// while other threads stored, read and freed (0 for an allocator that does not compact), so
+/// that a compacting allocator's tests can check it really ran beside them.
+pub fn run_all<P: ZPool>(make: impl Fn() -> P) -> u64 {
     round_trip_every_size(&make());
     boundary_sizes(&make());
     bad_handles(&make());
     foreign_handles(&make(), &make());
     wrong_lengths(&make());
     free_returns_pages(&make());
-    concurrent_round_trips(&make());
+    concurrent_round_trips(&make())
 }
 
 /// An object's bytes as `read_with` shows them (in place or through `scratch`).
@@ -207,38 +209,57 @@ pub fn free_returns_pages<P: ZPool>(pool: &P) {
 }
 
 /// Several threads store, read back, and free at once, with compaction running beside.
-pub fn concurrent_round_trips<P: ZPool>(pool: &P) {
+/// Returns the pages a compacting thread freed while they ran; it compacts without pause
+/// until every worker is done.
+pub fn concurrent_round_trips<P: ZPool>(pool: &P) -> u64 {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let threads = 4;
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            s.spawn(move || {
-                let mut live = Vec::new();
-                let mut out = vec![0; pool.max_alloc_size()];
-                for i in 0..20_000u64 {
-                    let seed = (t << 32) | i;
-                    let len = 1 + (seed.wrapping_mul(2654435761) as usize % pool.max_alloc_size());
-                    live.push((pool.store(&pattern(seed, len)).unwrap(), seed, len));
-                    if i % 3 != 0 {
-                        let (h, seed, len) = live.swap_remove((seed as usize * 31) % live.len());
-                        assert_eq!(pool.read(h, &mut out).unwrap(), len);
-                        assert_eq!(out[..len], pattern(seed, len)[..]);
-                        pool.free(h).unwrap();
-                    }
-                }
-                for (h, seed, len) in live {
-                    assert_eq!(read_with_copy(pool, h, &mut out), pattern(seed, len));
-                    pool.free(h).unwrap();
-                }
-            });
-        }
-        s.spawn(|| {
-            for _ in 0..50 {
-                pool.compact();
+    let done = AtomicBool::new(false);
+    let compacted = std::thread::scope(|s| {
+        let compactor = s.spawn(|| {
+            let mut freed = 0;
+            while !done.load(Ordering::Relaxed) {
+                freed += pool.compact();
                 std::thread::yield_now();
             }
+            freed
         });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut live = Vec::new();
+                    let mut out = vec![0; pool.max_alloc_size()];
+                    for i in 0..20_000u64 {
+                        let seed = (t << 32) | i;
+                        let len =
+                            1 + (seed.wrapping_mul(2654435761) as usize % pool.max_alloc_size());
+                        live.push((pool.store(&pattern(seed, len)).unwrap(), seed, len));
+                        if i % 3 != 0 {
+                            let (h, seed, len) =
+                                live.swap_remove((seed as usize * 31) % live.len());
+                            assert_eq!(pool.read(h, &mut out).unwrap(), len);
+                            assert_eq!(out[..len], pattern(seed, len)[..]);
+                            pool.free(h).unwrap();
+                        }
+                    }
+                    for (h, seed, len) in live {
+                        assert_eq!(read_with_copy(pool, h, &mut out), pattern(seed, len));
+                        pool.free(h).unwrap();
+                    }
+                })
+            })
+            .collect();
+        // Stop the compactor even when a worker failed, so a failure is reported, not hung.
+        let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        done.store(true, Ordering::Relaxed);
+        let freed = compactor.join().expect("compactor");
+        for r in results {
+            r.expect("worker");
+        }
+        freed
     });
     assert_eq!(pool.total_pages(), 0);
+    compacted
 }
 
 /// One step of the model-based property test ([`run_model`]).

@@ -580,8 +580,8 @@ impl ZPool for ZblockPool {
         0
     }
 
-    fn stats_table(&self) -> String {
-        format_block_stats(&self.block_stats())
+    fn stats(&self) -> crate::PoolStats {
+        crate::PoolStats::Zblock(self.block_stats())
     }
 }
 

@@ -18,7 +18,11 @@ fn pool(page_size: usize, odd_blocks: bool) -> ZblockPool {
 
 #[test]
 fn conformance_4k() {
-    testing::run_all(|| pool(4096, false));
+    assert_eq!(
+        testing::run_all(|| pool(4096, false)),
+        0,
+        "zblock does not compact"
+    );
 }
 
 #[test]

@@ -26,18 +26,22 @@ fn pool(page_size: usize, chain_size: usize, chain_rule: ChainRule) -> ZsPool {
 
 #[test]
 fn conformance_default_layout() {
-    testing::run_all(|| pool(4096, 8, ChainRule::LeastWaste));
+    let compacted = testing::run_all(|| pool(4096, 8, ChainRule::LeastWaste));
+    assert!(compacted > 0, "compaction freed no page beside the workers");
 }
 
 #[test]
 fn conformance_chain_1_and_16() {
-    testing::run_all(|| pool(4096, 1, ChainRule::LeastWaste));
-    testing::run_all(|| pool(4096, 16, ChainRule::UsedPercent));
+    let compacted = testing::run_all(|| pool(4096, 1, ChainRule::LeastWaste));
+    assert!(compacted > 0, "compaction freed no page beside the workers");
+    let compacted = testing::run_all(|| pool(4096, 16, ChainRule::UsedPercent));
+    assert!(compacted > 0, "compaction freed no page beside the workers");
 }
 
 #[test]
 fn conformance_16k_pages() {
-    testing::run_all(|| pool(16384, 4, ChainRule::LeastWaste));
+    let compacted = testing::run_all(|| pool(16384, 4, ChainRule::LeastWaste));
+    assert!(compacted > 0, "compaction freed no page beside the workers");
 }
 
 #[test]

@@ -16,10 +16,17 @@
 //! operation of their own. Every lock costs a locked instruction, and on the store path these
 //! are a measurable part of the time a page takes.
 //!
+//! Every operation that changes a page (a whole-page write, a sub-page read-modify-write, a
+//! discard) holds that page's stripe of [`PageLocks`] for its whole length, so a
+//! read-modify-write cannot lose a concurrent change to the same page. [`Device::reset`] takes
+//! every shard, which shuts out all I/O while it runs.
+//!
 //! # Lock ordering
-//! `Device::shards[i]` (the calling thread's) → `Slot` lock → the pool's own locks
-//! (`SizeClass::state` → `Arena::state`). No operation holds two shards or two slot locks;
-//! a reading of the counters takes the shards one at a time, holding nothing else.
+//! `Device::page_locks[stripe]` (one at a time) → `Device::shards[i]` (the calling thread's;
+//! `reset` takes all of them, in index order) → `Slot` lock → the pool's own locks
+//! (`SizeClass::state` → `Arena::state`). No operation holds two stripes or two slot locks,
+//! and only `reset` holds two shards; a reading of the counters takes the shards one at a
+//! time, holding nothing else.
 #![forbid(unsafe_code)]
 
 pub mod slot;
@@ -31,7 +38,7 @@ use parking_lot::{Mutex, MutexGuard};
 use ztier_compress::{
     fill_page, same_filled, worst_case_len, Algorithm, CompressError, Compressor,
 };
-use ztier_pool::{PoolError, ZPool};
+use ztier_pool::{PoolError, PoolStats, ZPool};
 
 pub use slot::{Entry, SlotFlag};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
@@ -67,6 +74,25 @@ pub enum ZramError {
     },
     #[error("disk size {0} bytes is not a positive whole number of pages")]
     BadDiskSize(u64),
+    #[error(
+        "disk size {disksize} bytes needs a slot table of {table_bytes} bytes, more than this \
+         machine's {memory_bytes} bytes of memory"
+    )]
+    DiskTooLarge {
+        disksize: u64,
+        table_bytes: u64,
+        memory_bytes: u64,
+    },
+    #[error("the slot table of {table_bytes} bytes could not be allocated")]
+    TableAlloc { table_bytes: u64 },
+    #[error("after storing {stored} of {len} bytes at offset {offset}: {source}")]
+    PartialWrite {
+        offset: u64,
+        len: usize,
+        /// Bytes from `offset` on that were stored before the failure; the rest are unchanged.
+        stored: usize,
+        source: Box<ZramError>,
+    },
 }
 
 pub type Result<T, E = ZramError> = std::result::Result<T, E>;
@@ -100,6 +126,17 @@ struct ShardState {
     counters: Counters,
 }
 
+/// Locks serializing the changes to each page, striped by page index (a page's stripe is
+/// `index % PAGE_LOCK_STRIPES`), each on its own cache line.
+const PAGE_LOCK_STRIPES: usize = 256;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct PageLock(Mutex<()>);
+
+/// Bytes of slot table per disk page (`struct zram_table_entry`).
+const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
+
 /// A zram device.
 pub struct Device {
     page_size: usize,
@@ -108,6 +145,8 @@ pub struct Device {
     slots: Box<[Slot]>,
     /// Per-thread state by shard; an operation holds its thread's shard throughout.
     shards: Box<[Shard]>,
+    /// Held by every change to a page, for its whole length.
+    page_locks: Box<[PageLock]>,
     /// Pool pages allowed, 0 = unlimited (`limit_pages`).
     limit_pages: AtomicU64,
     /// Highest pool pages seen after a write (`max_used_pages`).
@@ -122,12 +161,33 @@ impl Device {
             return Err(ZramError::BadDiskSize(disksize));
         }
         let pages = disksize / page_size as u64;
+        // The kernel allocates the table with vzalloc when disksize is set, and fails with
+        // ENOMEM when it cannot; a table larger than the machine's memory is refused up front
+        // (allocating it would abort the process or swap it to death).
+        let table_bytes = pages.saturating_mul(SLOT_BYTES);
+        let memory_bytes = physical_memory_bytes();
+        if table_bytes > memory_bytes {
+            return Err(ZramError::DiskTooLarge {
+                disksize,
+                table_bytes,
+                memory_bytes,
+            });
+        }
+        let mut slots = Vec::new();
+        usize::try_from(pages)
+            .ok()
+            .and_then(|n| slots.try_reserve_exact(n).ok())
+            .ok_or(ZramError::TableAlloc { table_bytes })?;
+        slots.resize_with(slots.capacity(), Slot::default);
         Ok(Device {
             page_size,
             algorithm,
             pool,
-            slots: (0..pages).map(|_| Slot::default()).collect(),
+            slots: slots.into_boxed_slice(),
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            page_locks: (0..PAGE_LOCK_STRIPES)
+                .map(|_| PageLock::default())
+                .collect(),
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
         })
@@ -145,8 +205,24 @@ impl Device {
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
-    pub fn pool(&self) -> &dyn ZPool {
-        &*self.pool
+    /// The allocator under the device, as the CLI spells it.
+    pub fn allocator(&self) -> &'static str {
+        self.pool.name()
+    }
+    /// The allocator's table (zsmalloc's debugfs `classes`, zblock's `blocks`).
+    pub fn allocator_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+    /// Compressed lengths from this size up are stored raw.
+    pub fn huge_class_size(&self) -> usize {
+        self.pool.huge_class_size()
+    }
+
+    /// The lock serializing changes to page `index`.
+    fn page_lock(&self, index: u64) -> MutexGuard<'_, ()> {
+        self.page_locks[(index % PAGE_LOCK_STRIPES as u64) as usize]
+            .0
+            .lock()
     }
 
     fn new_stream(&self) -> Stream {
@@ -182,14 +258,23 @@ impl Device {
     }
 
     fn slot(&self, index: u64) -> Result<&Slot> {
-        self.slots.get(index as usize).ok_or(ZramError::BadIndex {
-            index,
-            pages: self.pages(),
-        })
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .ok_or(ZramError::BadIndex {
+                index,
+                pages: self.pages(),
+            })
     }
 
     /// Writes one whole page.
     pub fn write_page(&self, index: u64, page: &[u8]) -> Result<()> {
+        let _page = self.page_lock(index);
+        self.write_page_locked(index, page)
+    }
+
+    /// `write_page` for a caller holding the page's lock.
+    fn write_page_locked(&self, index: u64, page: &[u8]) -> Result<()> {
         let mut shard = self.shard();
         let r = self.write_page_inner(&mut shard, index, page);
         if r.is_err() {
@@ -334,14 +419,21 @@ impl Device {
     /// Discards whole pages in `[offset, offset + len)`; partial pages at the ends are left
     /// alone, as the kernel does. Returns the slots freed.
     pub fn discard(&self, offset: u64, len: u64) -> Result<u64> {
-        self.check_range(offset, len as usize)?;
+        let end = offset.checked_add(len).filter(|&e| e <= self.disksize());
+        let Some(end) = end else {
+            return Err(ZramError::OutOfRange {
+                offset,
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                disksize: self.disksize(),
+            });
+        };
         let ps = self.page_size as u64;
         let first = offset.div_ceil(ps);
-        let end = (offset + len) / ps;
         let mut freed = 0;
-        let mut shard = self.shard();
-        for index in first..end {
-            let mut g = self.slots[index as usize].lock();
+        for index in first..end / ps {
+            let _page = self.page_lock(index);
+            let mut shard = self.shard();
+            let mut g = self.slot(index)?.lock();
             if g.entry.is_allocated() {
                 freed += 1;
             }
@@ -354,6 +446,7 @@ impl Device {
     /// Discards one page (`BLKDISCARD` of one page / swap slot free).
     pub fn discard_page(&self, index: u64) -> Result<()> {
         let slot = self.slot(index)?;
+        let _page = self.page_lock(index);
         let mut shard = self.shard();
         let mut g = slot.lock();
         self.free_slot(&mut shard.counters, &mut g.entry);
@@ -394,18 +487,35 @@ impl Device {
         })
     }
 
-    /// Writes bytes at any offset; pages written in part are read, patched and rewritten.
+    /// Writes bytes at any offset; pages written in part are read, patched and rewritten
+    /// under the page's lock, so concurrent writes to other bytes of the page are kept. A
+    /// write that fails part way ([`ZramError::PartialWrite`]) has stored the pages before
+    /// the failing one, and left that one and the rest as they were.
     pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
         let mut scratch = vec![0; self.page_size];
         for s in self.spans(offset, data.len()) {
             let part = &data[s.at..s.at + s.len];
-            if s.len == self.page_size {
-                self.write_page(s.index, part)?;
+            let _page = self.page_lock(s.index);
+            let r = if s.len == self.page_size {
+                self.write_page_locked(s.index, part)
             } else {
-                self.read_page(s.index, &mut scratch)?;
-                scratch[s.in_page..s.in_page + s.len].copy_from_slice(part);
-                self.write_page(s.index, &scratch)?;
+                self.read_page(s.index, &mut scratch).and_then(|()| {
+                    scratch[s.in_page..s.in_page + s.len].copy_from_slice(part);
+                    self.write_page_locked(s.index, &scratch)
+                })
+            };
+            if let Err(e) = r {
+                return Err(if s.at == 0 {
+                    e
+                } else {
+                    ZramError::PartialWrite {
+                        offset,
+                        len: data.len(),
+                        stored: s.at,
+                        source: Box::new(e),
+                    }
+                });
             }
         }
         Ok(())
@@ -447,17 +557,17 @@ impl Device {
         self.pool.compact()
     }
 
-    /// Frees every slot and zeroes the statistics (`reset`); the limit stays.
+    /// Frees every slot and zeroes the statistics (`reset`); the limit stays. It holds every
+    /// shard throughout, so no read, write or discard runs beside it: each one finishes
+    /// before it or starts after it.
     pub fn reset(&self) {
-        {
-            let mut shard = self.shard();
-            for slot in self.slots.iter() {
-                let mut g = slot.lock();
-                self.free_slot(&mut shard.counters, &mut g.entry);
-            }
+        let mut shards: Vec<_> = self.shards.iter().map(|s| s.0.lock()).collect();
+        for slot in self.slots.iter() {
+            let mut g = slot.lock();
+            self.free_slot(&mut shards[0].counters, &mut g.entry);
         }
-        for shard in self.shards.iter() {
-            shard.0.lock().counters = Counters::default();
+        for shard in shards.iter_mut() {
+            shard.counters = Counters::default();
         }
         self.max_used_pages.store(self.pool.total_pages(), Relaxed);
     }
@@ -503,4 +613,16 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.reset();
     }
+}
+
+/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`); unbounded if unreadable.
+fn physical_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .unwrap_or(u64::MAX)
 }

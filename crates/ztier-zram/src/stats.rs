@@ -18,9 +18,21 @@ pub(crate) fn shard_index() -> usize {
     INDEX.with(|i| *i)
 }
 
-/// One of the device's running counters (`struct zram_stats`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
+/// Declares [`Counter`] and `COUNTERS`, its number of variants, from one list, so the
+/// counter arrays can never be sized apart from the enum.
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])+ $name:ident,)+) => {
+        /// One of the device's running counters (`struct zram_stats`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Counter {
+            $($(#[doc = $doc])+ $name,)+
+        }
+
+        const COUNTERS: usize = [$(Counter::$name),+].len();
+    };
+}
+
+counters! {
     /// Bytes of compressed objects held (huge pages count a whole page).
     ComprDataSize,
     /// Slots holding data (same-filled ones included).
@@ -41,8 +53,6 @@ pub enum Counter {
     /// waits for the slot lock instead of giving up).
     MissFree,
 }
-
-const COUNTERS: usize = 9;
 
 /// One shard of every counter. It is written only by the thread holding its shard, so an
 /// update is a plain add, and a reading sums the shards (a shard may go negative when one

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use ztier_compress::Algorithm;
 use ztier_pool::testing::pattern;
-use ztier_pool::{ZsConfig, ZsPool};
+use ztier_pool::{PoolStats, ZsConfig, ZsPool};
 use ztier_zram::{Device, SlotFlag, ZramError};
 
 fn device(pages: u64, alg: &str) -> Device {
@@ -73,7 +73,11 @@ fn round_trip_same_huge_and_compressed_pages() {
         assert!(dev.entry(3).unwrap().has(SlotFlag::Huge));
         assert!(dev.entry(1).unwrap().has(SlotFlag::Same));
         assert!(mm.compr_data_size > 4096 && mm.compr_data_size < 3 * 4096);
-        assert_eq!(mm.mem_used_total, dev.pool().total_pages() * 4096);
+        let pool_pages: u64 = match dev.allocator_stats() {
+            PoolStats::Zsmalloc(rows) => rows.iter().map(|r| r.pages_used).sum(),
+            other => panic!("not zsmalloc: {other}"),
+        };
+        assert_eq!(mm.mem_used_total, pool_pages * 4096);
     }
 }
 
@@ -230,41 +234,188 @@ fn reset_and_compact() {
     assert!(out.iter().all(|&b| b == 0));
 }
 
+/// Writers overwriting and discarding, a reader, and a compactor that runs without pause
+/// until the writers are done: every read sees a whole page once written, and compaction
+/// really moves objects (it frees pages) while the others run.
 #[test]
-fn concurrent_writers_and_readers() {
+fn compaction_moves_pages_beside_writers_and_readers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let dev = device(4096, "lz4");
-    std::thread::scope(|s| {
+    for i in 0..4096u64 {
+        dev.write_page(i, &page(i * 10)).unwrap();
+    }
+    let done = AtomicBool::new(false);
+    let compacted = std::thread::scope(|s| {
+        let dev = &dev;
+        let done = &done;
+        let compactor = s.spawn(move || {
+            let mut freed = 0;
+            while !done.load(Ordering::Relaxed) {
+                freed += dev.compact();
+                std::thread::yield_now();
+            }
+            freed
+        });
+        let mut workers = Vec::new();
         for t in 0..4u64 {
-            let dev = &dev;
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
                 let mut out = vec![0; 4096];
-                for round in 0..3u64 {
+                for round in 1..3u64 {
                     for i in (t..4096).step_by(4) {
-                        dev.write_page(i, &page(i * 10 + round)).unwrap();
+                        if i % 2 == 1 {
+                            // Odd pages go: their zspages are left half empty.
+                            dev.discard_page(i).unwrap();
+                        } else {
+                            dev.write_page(i, &page(i * 10 + round)).unwrap();
+                        }
                     }
-                    for i in (t..4096).step_by(4) {
+                    for i in (t..4096).step_by(4).filter(|i| i % 2 == 0) {
                         dev.read_page(i, &mut out).unwrap();
                         assert_eq!(out, page(i * 10 + round));
                     }
                 }
-            });
+            }));
         }
-        // Readers of slots others are writing: each read sees some whole page ever written.
-        let dev = &dev;
-        s.spawn(move || {
+        // A reader of slots others are writing: each read sees some whole page ever written.
+        workers.push(s.spawn(move || {
             let mut out = vec![0; 4096];
             for i in 0..4096u64 {
                 dev.read_page(i, &mut out).unwrap();
                 assert!(out.iter().all(|&b| b == 0) || (0..3).any(|r| out == page(i * 10 + r)));
             }
-        });
+        }));
+        // Stop the compactor even when a worker failed, so a failure is reported, not hung.
+        let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        done.store(true, Ordering::Relaxed);
+        let freed = compactor.join().unwrap();
+        for r in results {
+            r.unwrap();
+        }
+        freed
+    });
+    assert!(compacted > 0, "compaction freed no page beside the writers");
+    let mm = dev.mm_stat();
+    assert_eq!(mm.pages_compacted, compacted);
+    assert_eq!(mm.orig_data_size, 2048 * 4096);
+    let mut out = vec![0; 4096];
+    for i in (0..4096u64).step_by(2) {
+        dev.read_page(i, &mut out).unwrap();
+        assert_eq!(out, page(i * 10 + 2), "page {i} after compaction");
+    }
+}
+
+/// Eight threads each write their own 512-byte sector of the same pages, round after round:
+/// the read-modify-write of a sub-page write must not lose another thread's sector.
+#[test]
+fn sub_page_writes_to_one_page_lose_nothing() {
+    const SECTOR: usize = 512;
+    const ROUNDS: u64 = 200;
+    let dev = device(4, "lzo-rle");
+    std::thread::scope(|s| {
+        for sector in 0..8u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                for round in 0..ROUNDS {
+                    for p in 0..4u64 {
+                        let data = pattern(sector << 32 | round << 8 | p, SECTOR);
+                        dev.write_bytes(p * 4096 + sector * SECTOR as u64, &data)
+                            .unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut out = vec![0; 4096];
+    for p in 0..4u64 {
+        dev.read_page(p, &mut out).unwrap();
+        for (sector, got) in out.chunks(SECTOR).enumerate() {
+            let last = pattern((sector as u64) << 32 | (ROUNDS - 1) << 8 | p, SECTOR);
+            assert_eq!(got, last, "page {p} sector {sector}: a write was lost");
+        }
+    }
+}
+
+/// A reset racing writers leaves counters that agree with the slots: whatever each write
+/// left behind is counted, nothing more.
+#[test]
+fn reset_is_exclusive_with_io() {
+    let dev = device(64, "lz4");
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                for round in 0..2000u64 {
+                    dev.write_page(t * 32 + round % 32, &page(round)).unwrap();
+                }
+            });
+        }
+        let dev = &dev;
         s.spawn(move || {
-            for _ in 0..20 {
-                dev.compact();
+            for _ in 0..200 {
+                dev.reset();
+                std::thread::yield_now();
             }
         });
     });
-    assert_eq!(dev.mm_stat().orig_data_size, 4096 * 4096);
+    let (mut stored, mut compressed) = (0, 0);
+    for i in 0..64 {
+        let e = dev.entry(i).unwrap();
+        if e.is_allocated() {
+            stored += 1;
+            compressed += e.size() as u64;
+        }
+    }
+    let mm = dev.mm_stat();
+    assert_eq!(mm.orig_data_size, stored * 4096, "orig_data_size");
+    assert_eq!(mm.compr_data_size, compressed, "compr_data_size");
+    dev.reset();
+    assert_eq!(dev.mm_stat().mem_used_total, 0);
+}
+
+/// A disk whose slot table could not fit in memory is refused with an error, not an abort.
+#[test]
+fn a_disk_too_large_for_its_table_is_refused() {
+    let pool = ZsPool::new(ZsConfig::default()).unwrap();
+    let r = Device::new(1 << 50, "lz4".parse().unwrap(), Box::new(pool));
+    assert!(
+        matches!(r, Err(ZramError::DiskTooLarge { .. })),
+        "{:?}",
+        r.err()
+    );
+}
+
+/// A multi-page write that hits the memory limit part way says how much it stored; those
+/// pages hold the new data, and the rest are as they were.
+#[test]
+fn a_write_failing_part_way_says_what_it_stored() {
+    let dev = device(64, "lz4");
+    let old = page(7);
+    for i in 0..64 {
+        dev.write_page(i, &old).unwrap();
+    }
+    let used = dev.mm_stat().mem_used_total;
+    // Room for a few more huge pages, not for 64.
+    dev.set_mem_limit(used + 4 * 4096);
+    let data: Vec<u8> = (0..64).flat_map(noise).collect();
+    let err = dev.write_bytes(0, &data).unwrap_err();
+    let ZramError::PartialWrite { stored, source, .. } = err else {
+        panic!("expected a partial write, got {err}");
+    };
+    assert!(matches!(*source, ZramError::MemLimit { .. }), "{source}");
+    assert!(
+        stored > 0 && stored % 4096 == 0 && stored < data.len(),
+        "{stored}"
+    );
+    let mut out = vec![0; 4096];
+    for i in 0..64u64 {
+        dev.read_page(i, &mut out).unwrap();
+        let at = i as usize * 4096;
+        if at < stored {
+            assert_eq!(out, data[at..at + 4096], "page {i} was stored");
+        } else {
+            assert_eq!(out, old, "page {i} is unchanged");
+        }
+    }
 }
 
 /// More threads than the device has shards (16), so threads share one: writes, reads,

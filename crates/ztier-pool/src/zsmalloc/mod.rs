@@ -514,8 +514,8 @@ impl ZPool for ZsPool {
         self.pages_compacted.load(Ordering::Relaxed)
     }
 
-    fn stats_table(&self) -> String {
-        format_class_stats(&self.class_stats())
+    fn stats(&self) -> crate::PoolStats {
+        crate::PoolStats::Zsmalloc(self.class_stats())
     }
 }
 
