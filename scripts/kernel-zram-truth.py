@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Measures what this machine's kernel zram makes of a corpus file, in the format of
-../shared/corpus/*.truth.json: for each algorithm, a fresh device gets the raw pages by
-`dd oflag=direct`, then mm_stat; then every odd page is discarded (BLKDISCARD), mm_stat;
-then compact twice, mm_stat after each. Needs root and /sys/class/zram-control.
+../shared/corpus/*.truth.json (which ztier_corpus::Truth reads): for each algorithm, a fresh
+device gets the raw pages by `dd oflag=direct`, then mm_stat, compact, mm_stat; then on
+another fresh device, the write, every odd page discarded (BLKDISCARD), mm_stat, then compact
+twice, mm_stat after each. Needs root and /sys/class/zram-control.
 
 Usage: sudo scripts/kernel-zram-truth.py CORPUS.pages[.zst] > CORPUS.truth.json"""
 import fcntl, hashlib, json, os, struct, subprocess, sys, tempfile, time
@@ -20,16 +21,32 @@ def sysfs(dev, attr, value):
     with open(f"/sys/block/{dev}/{attr}", "w") as f:
         f.write(str(value))
 
-def measure(raw_path, size, alg):
+def fresh_device(raw_path, size, alg):
+    """A new zram device holding the corpus; returns (name, number, write seconds)."""
     n = int(open("/sys/class/zram-control/hot_add").read())
     dev = f"zram{n}"
+    sysfs(dev, "comp_algorithm", alg)
+    sysfs(dev, "disksize", (size + (1 << 20) - 1) // (1 << 20) * (1 << 20))
+    t = time.monotonic()
+    subprocess.run(["dd", f"if={raw_path}", f"of=/dev/{dev}", "bs=1M", "oflag=direct",
+                    "conv=fsync", "status=none"], check=True)
+    return dev, n, time.monotonic() - t
+
+def remove_device(dev, n):
+    sysfs(dev, "reset", 1)
+    with open("/sys/class/zram-control/hot_remove", "w") as f:
+        f.write(str(n))
+
+def measure(raw_path, size, alg):
+    dev, n, write_s = fresh_device(raw_path, size, alg)
     try:
-        sysfs(dev, "comp_algorithm", alg)
-        sysfs(dev, "disksize", (size + (1 << 20) - 1) // (1 << 20) * (1 << 20))
-        t = time.monotonic()
-        subprocess.run(["dd", f"if={raw_path}", f"of=/dev/{dev}", "bs=1M", "oflag=direct",
-                        "conv=fsync", "status=none"], check=True)
-        write_s = time.monotonic() - t
+        after_write = mm_stat(dev)
+        sysfs(dev, "compact", 1)
+        after_compact_only = mm_stat(dev)
+    finally:
+        remove_device(dev, n)
+    dev, n, _ = fresh_device(raw_path, size, alg)
+    try:
         after_write = mm_stat(dev)
         fd = os.open(f"/dev/{dev}", os.O_RDWR)
         try:
@@ -44,6 +61,7 @@ def measure(raw_path, size, alg):
         after_second = mm_stat(dev)
         return {
             "mm_stat": after_write,
+            "mm_stat_after_compact": after_compact_only,
             "write_MBps": round(size / write_s / 1e6, 1),
             "discard_odd_pages_then_compact": {
                 "pages_discarded": len(range(1, size // PAGE, 2)),
@@ -54,9 +72,21 @@ def measure(raw_path, size, alg):
             },
         }
     finally:
-        sysfs(dev, "reset", 1)
-        with open("/sys/class/zram-control/hot_remove", "w") as f:
-            f.write(str(n))
+        remove_device(dev, n)
+
+def kernel_config():
+    """The configuration the figures depend on, from /proc/config.gz."""
+    import gzip
+    config = {}
+    with gzip.open("/proc/config.gz", "rt") as f:
+        for line in f:
+            if line.startswith("CONFIG_ZSMALLOC_CHAIN_SIZE="):
+                config["CONFIG_ZSMALLOC_CHAIN_SIZE"] = int(line.split("=")[1])
+            if line.startswith("CONFIG_ZRAM_DEF_COMP="):
+                config["CONFIG_ZRAM_DEF_COMP"] = line.split("=")[1].strip().strip('"')
+    config["PAGE_SIZE"] = os.sysconf("SC_PAGE_SIZE")
+    config["arch"] = os.uname().machine
+    return config
 
 def main():
     path = sys.argv[1]
@@ -74,8 +104,10 @@ def main():
             "pages": len(data) // PAGE,
             "raw_sha256": hashlib.sha256(data).hexdigest(),
             "kernel": os.uname().release,
+            "kernel_config": kernel_config(),
             "method": "scripts/kernel-zram-truth.py: hot_add; comp_algorithm; disksize; dd oflag=direct bs=1M; "
-                      "mm_stat; BLKDISCARD every odd page; mm_stat; compact; mm_stat; compact; mm_stat",
+                      "mm_stat; compact; mm_stat; reset; the same write; BLKDISCARD every odd page; mm_stat; "
+                      "compact; mm_stat; compact; mm_stat",
             "zram": {alg: measure(raw, len(data), alg) for alg in algs},
         }
         json.dump(out, sys.stdout, indent=1)

@@ -4,6 +4,7 @@
 mod bench;
 mod classes;
 mod pools;
+mod size;
 
 use clap::{Parser, Subcommand};
 
@@ -23,10 +24,18 @@ enum Command {
     Classes(classes::ClassesArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Classes(args) => classes::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The cause chain on one line, no backtrace: this is for a user, not a debugger.
+            eprintln!("ztier: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

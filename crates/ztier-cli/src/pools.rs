@@ -1,39 +1,7 @@
-//! Which allocator a command builds, and the side-by-side table of allocators.
+//! `--allocator NAME|all`, and the side-by-side table of allocators and thread counts.
 
-use ztier_pool::{ZPool, ZblockConfig, ZblockPool, ZsConfig, ZsPool};
-
-use crate::bench::RunReport;
-
-/// An allocator ztier can put under a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AllocatorKind {
-    Zsmalloc,
-    Zblock,
-}
-
-impl AllocatorKind {
-    pub const ALL: &'static [AllocatorKind] = &[AllocatorKind::Zsmalloc, AllocatorKind::Zblock];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AllocatorKind::Zsmalloc => "zsmalloc",
-            AllocatorKind::Zblock => "zblock",
-        }
-    }
-
-    pub fn make_pool(self, config: &ZsConfig) -> anyhow::Result<Box<dyn ZPool>> {
-        Ok(match self {
-            AllocatorKind::Zsmalloc => Box::new(ZsPool::new(*config).map_err(anyhow::Error::msg)?),
-            AllocatorKind::Zblock => Box::new(
-                ZblockPool::new(ZblockConfig {
-                    page_size: config.page_size,
-                    odd_blocks: false,
-                })
-                .map_err(anyhow::Error::msg)?,
-            ),
-        })
-    }
-}
+use ztier_pool::AllocatorKind;
+use ztier_replay::zram::ZramRun;
 
 /// `--allocator NAME` or `--allocator all`.
 #[derive(Debug, Clone)]
@@ -51,20 +19,15 @@ impl std::str::FromStr for AllocatorChoice {
         if s == "all" {
             return Ok(AllocatorChoice(AllocatorKind::ALL.to_vec()));
         }
-        AllocatorKind::ALL
-            .iter()
-            .find(|k| k.name() == s)
-            .map(|k| AllocatorChoice(vec![*k]))
-            .ok_or_else(|| {
-                let names: Vec<_> = AllocatorKind::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown allocator '{s}' (known: {}, all)", names.join(", "))
-            })
+        s.parse::<AllocatorKind>()
+            .map(|k| AllocatorChoice(vec![k]))
+            .map_err(|e| format!("{e} or all"))
     }
 }
 
 /// One line per run: density and speed of each allocator and thread count on the same corpus
 /// and compressor.
-pub fn print_side_by_side(reports: &[RunReport]) {
+pub fn print_side_by_side(runs: &[ZramRun]) {
     println!(
         "{:<10} {:<12} {:<10} {:>7} {:>14} {:>14} {:>9} {:>10} {:>10}",
         "corpus",
@@ -77,7 +40,7 @@ pub fn print_side_by_side(reports: &[RunReport]) {
         "store MB/s",
         "load MB/s"
     );
-    for r in reports {
+    for r in runs {
         println!(
             "{:<10} {:<12} {:<10} {:>7} {:>14} {:>14} {:>9.3} {:>10.1} {:>10.1}",
             r.corpus,

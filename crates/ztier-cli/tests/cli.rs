@@ -122,7 +122,8 @@ fn bench_reports_and_verifies() {
             "load_mb_s",
             "raw_compress_mb_s",
             "raw_decompress_mb_s",
-            "rss_bytes",
+            "device_rss_bytes",
+            "device_mem_used_total",
             "verified",
         ] {
             assert!(!r[key].is_null(), "{key} missing in {r}");
@@ -189,6 +190,112 @@ fn bad_input_gets_a_clear_error() {
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("unknown allocator 'slab'"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The sample's truth file, copied beside a corpus of another name, with `edit` applied.
+fn truth_beside(corpus: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../samples");
+    let mut truth: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sample.join("sample.truth.json")).unwrap()).unwrap();
+    edit(&mut truth);
+    let name = corpus.file_name().unwrap().to_str().unwrap();
+    let stem = name.split(".pages").next().unwrap();
+    let path = corpus.with_file_name(format!("{stem}.truth.json"));
+    std::fs::write(path, serde_json::to_vec(&truth).unwrap()).unwrap();
+}
+
+/// A truth file is checked against the pages beside it: one for other pages (another count,
+/// another SHA-256) or missing a field is an error, never figures printed "on the same
+/// pages".
+#[test]
+fn a_truth_file_for_other_pages_is_refused() {
+    let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
+    let dir = std::env::temp_dir().join(format!("ztier-cli-truth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // Another corpus's figures (the sample's) beside a corpus of 64 pages.
+    let other = corpus("other.pages", 64, 0);
+    truth_beside(&other, |_| {});
+    let o = ztier(&["bench", "--corpus", other.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("it is for 2304 pages, the corpus has 64"),
+        "{}",
+        stderr(&o)
+    );
+
+    // The same page count, other bytes.
+    let copy = dir.join("copy.pages.zst");
+    std::fs::copy(&sample, &copy).unwrap();
+    truth_beside(&copy, |t| {
+        t["raw_sha256"] = "00".repeat(32).into();
+    });
+    let o = ztier(&["bench", "--corpus", copy.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("raw_sha256"), "{}", stderr(&o));
+
+    // A field missing.
+    truth_beside(&copy, |t| {
+        t["zram"]["lzo-rle"]
+            .as_object_mut()
+            .unwrap()
+            .remove("mm_stat");
+    });
+    let o = ztier(&["bench", "--corpus", copy.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("missing field `mm_stat`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Figures that differ from the kernel's make the exit code non-zero, after the report.
+#[test]
+fn figures_different_from_the_kernels_fail_the_bench() {
+    let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
+    let dir = std::env::temp_dir().join(format!("ztier-cli-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("copy.pages.zst");
+    std::fs::copy(&sample, &copy).unwrap();
+    truth_beside(&copy, |t| {
+        let same = &mut t["zram"]["lzo-rle"]["mm_stat"]["same_pages"];
+        *same = (same.as_u64().unwrap() + 1).into();
+    });
+    let o = ztier(&["bench", "--corpus", copy.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stdout(&o).contains("DIFFERENT from the kernel's figures"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("different from the kernel's figures: copy lzo-rle"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Two writers: the layout-dependent fields are shown but not compared, so the sample
+    // still agrees with the kernel after discard and compaction.
+    let o = ztier(&["bench", "--threads", "2", "--discard-odd"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("every compared field equal"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A corpus with no end is refused once it passes the bound, without reading it all.
+#[test]
+fn an_endless_corpus_is_refused() {
+    let o = ztier(&["bench", "--corpus", "/dev/zero", "--max-corpus", "64M"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("more than 67108864 bytes of pages"),
         "{}",
         stderr(&o)
     );

@@ -2,10 +2,18 @@
 //! zstd-compressed (`NAME.pages.zst`), with what the kernel's zram made of them beside it:
 //! `NAME.truth.json` (its `mm_stat` figures) and `ksizes/NAME.ALG.ksizes.u16` (the size it
 //! stored for each page).
+//!
+//! A corpus is read whole into memory, up to [`max_corpus_bytes`]; a truth file is decoded
+//! into [`Truth`] and checked against the pages it sits beside (their count and SHA-256).
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 /// Size of a corpus page.
 pub const CORPUS_PAGE: usize = 4096;
@@ -24,6 +32,14 @@ pub enum CorpusError {
     Empty { path: PathBuf },
     #[error("{path}: {reason}")]
     Malformed { path: PathBuf, reason: String },
+    #[error("{path}: more than {max} bytes of pages, the most allowed for a corpus here")]
+    TooLarge { path: PathBuf, max: u64 },
+    #[error("{path} does not describe {corpus}: {reason}")]
+    TruthMismatch {
+        path: PathBuf,
+        corpus: PathBuf,
+        reason: String,
+    },
 }
 
 pub type Result<T, E = CorpusError> = std::result::Result<T, E>;
@@ -37,8 +53,15 @@ pub struct Corpus {
 }
 
 impl Corpus {
-    /// Reads a `.pages` or `.pages.zst` file whole.
+    /// Reads a `.pages` or `.pages.zst` file whole, refusing one of more than
+    /// [`max_corpus_bytes`] (decompressed).
     pub fn load(path: &Path) -> Result<Corpus> {
+        Corpus::load_at_most(path, max_corpus_bytes())
+    }
+
+    /// As [`load`](Self::load), refusing more than `max` bytes of pages; reads at most
+    /// `max + 1` bytes, whatever the file (a pipe, `/dev/zero`, a zstd bomb).
+    pub fn load_at_most(path: &Path, max: u64) -> Result<Corpus> {
         let io = |source| CorpusError::Io {
             path: path.to_owned(),
             source,
@@ -49,15 +72,21 @@ impl Corpus {
             .and_then(|n| n.to_str())
             .unwrap_or_default();
         let mut data = Vec::new();
+        let limit = max.saturating_add(1);
         let name = if let Some(stem) = file_name.strip_suffix(".zst") {
-            let mut dec = zstd::stream::read::Decoder::new(file).map_err(io)?;
-            dec.read_to_end(&mut data).map_err(io)?;
+            let dec = zstd::stream::read::Decoder::new(file).map_err(io)?;
+            dec.take(limit).read_to_end(&mut data).map_err(io)?;
             stem
         } else {
-            let mut file = file;
-            file.read_to_end(&mut data).map_err(io)?;
+            file.take(limit).read_to_end(&mut data).map_err(io)?;
             file_name
         };
+        if data.len() as u64 > max {
+            return Err(CorpusError::TooLarge {
+                path: path.to_owned(),
+                max,
+            });
+        }
         let name = name.strip_suffix(".pages").unwrap_or(name).to_owned();
         Corpus::new(&name, path, data)
     }
@@ -99,20 +128,40 @@ impl Corpus {
         self.path.parent().unwrap_or(Path::new(".")).join(file)
     }
 
-    /// `NAME.truth.json` beside the corpus, if there is one.
-    pub fn truth(&self) -> Result<Option<serde_json::Value>> {
+    /// `NAME.truth.json` beside the corpus, if there is one, decoded with `M` as the
+    /// `mm_stat` type (zram's `MmStat`, or any struct of the fields a caller needs) and
+    /// checked to describe these pages: a truth file missing a field, or one whose page count
+    /// or `raw_sha256` differs from the corpus, is an error.
+    pub fn truth<M: DeserializeOwned>(&self) -> Result<Option<Truth<M>>> {
         let path = self.sibling(&format!("{}.truth.json", self.name));
-        let text = match std::fs::read(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(CorpusError::Io { path, source }),
+        let truth = match Truth::<M>::read(&path) {
+            Err(CorpusError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None)
+            }
+            other => other?,
         };
-        serde_json::from_slice(&text)
-            .map(Some)
-            .map_err(|e| CorpusError::Malformed {
-                path,
-                reason: e.to_string(),
-            })
+        let mismatch = |reason: String| CorpusError::TruthMismatch {
+            path: path.clone(),
+            corpus: self.path.clone(),
+            reason,
+        };
+        if truth.pages != self.pages() as u64 {
+            return Err(mismatch(format!(
+                "it is for {} pages, the corpus has {}",
+                truth.pages,
+                self.pages()
+            )));
+        }
+        let sha = hex(&Sha256::digest(&self.data));
+        if !truth.raw_sha256.eq_ignore_ascii_case(&sha) {
+            return Err(mismatch(format!(
+                "its raw_sha256 is {}, the pages' is {sha}",
+                truth.raw_sha256
+            )));
+        }
+        Ok(Some(truth))
     }
 
     /// The kernel's stored size of each page for `algorithm`, if `ksizes/` has them.
@@ -136,6 +185,82 @@ impl Corpus {
                 .collect(),
         ))
     }
+}
+
+/// A truth file: what the kernel's zram made of a corpus (`NAME.truth.json`; see the shared
+/// corpus's README). `M` is the type each `mm_stat` is read as.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Truth<M> {
+    /// Pages of the corpus it describes.
+    pub pages: u64,
+    /// SHA-256 of the corpus's raw pages, in hex.
+    pub raw_sha256: String,
+    /// The kernel release the figures come from.
+    pub kernel: String,
+    pub kernel_config: KernelConfig,
+    /// The kernel's per-algorithm figures, by zram's algorithm name.
+    pub zram: BTreeMap<String, ZramTruth<M>>,
+}
+
+/// The kernel configuration the figures were taken with.
+#[derive(Debug, Clone, Deserialize)]
+pub struct KernelConfig {
+    #[serde(rename = "CONFIG_ZSMALLOC_CHAIN_SIZE")]
+    pub zsmalloc_chain_size: usize,
+    #[serde(rename = "PAGE_SIZE")]
+    pub page_size: usize,
+}
+
+/// One algorithm's figures.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ZramTruth<M> {
+    /// After writing every page.
+    pub mm_stat: M,
+    /// After that and one compaction.
+    pub mm_stat_after_compact: M,
+    /// Median `dd` write and read speeds, MB/s.
+    #[serde(rename = "write_MBps_median", alias = "write_MBps")]
+    pub write_mb_s: Option<f64>,
+    #[serde(rename = "read_MBps_median")]
+    pub read_mb_s: Option<f64>,
+    /// Every odd page discarded after the write, then two compactions (not taken for every
+    /// algorithm).
+    pub discard_odd_pages_then_compact: Option<DiscardTruth<M>>,
+}
+
+/// The discard experiment: `mm_stat` after each step.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DiscardTruth<M> {
+    pub pages_discarded: u64,
+    pub after_write: M,
+    pub after_discard: M,
+    pub after_compact: M,
+    pub after_second_compact: M,
+}
+
+impl<M: DeserializeOwned> Truth<M> {
+    /// Decodes a truth file, without checking it against any corpus (for tests that use
+    /// only the figures and the `ksizes`); [`Corpus::truth`] also checks it.
+    pub fn read(path: &Path) -> Result<Truth<M>> {
+        let text = std::fs::read(path).map_err(|source| CorpusError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        serde_json::from_slice(&text).map_err(|e| CorpusError::Malformed {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The most bytes of pages a corpus may hold: half the machine's memory (the bench keeps the
+/// pages and the device's copy of them), and no more than 64 GiB.
+pub fn max_corpus_bytes() -> u64 {
+    (ztier_pool::physical_memory_bytes() / 2).min(64 << 30)
 }
 
 /// The shared corpus directory for tests: `$ZTIER_CORPUS_DIR`, else `../shared/corpus` beside
@@ -209,7 +334,24 @@ mod tests {
         std::fs::write(&zst, &full).unwrap();
         let c = Corpus::load(&zst).unwrap();
         assert_eq!((c.name.as_str(), c.pages()), ("cut", 2));
-        assert!(c.truth().unwrap().is_none());
+        assert!(c.truth::<serde_json::Value>().unwrap().is_none());
+        // A small file that decompresses to more than the bound is refused, having read
+        // no more than the bound.
+        let bomb = dir.join("bomb.pages.zst");
+        std::fs::write(
+            &bomb,
+            zstd::encode_all(&vec![0u8; 64 << 20][..], 19).unwrap(),
+        )
+        .unwrap();
+        assert!(std::fs::metadata(&bomb).unwrap().len() < 64 << 10);
+        assert!(matches!(
+            Corpus::load_at_most(&bomb, 1 << 20),
+            Err(CorpusError::TooLarge { max: 1048576, .. })
+        ));
+        assert_eq!(
+            Corpus::load_at_most(&bomb, 64 << 20).unwrap().pages(),
+            16384
+        );
         assert!(Corpus::load(&dir.join("missing.pages")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -687,6 +687,19 @@ fn release(ptr: NonNull<u8>, len: usize) {
     unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
 }
 
+/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), `u64::MAX` if unreadable:
+/// the bound for tables and corpora that must fit in memory.
+pub fn physical_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .unwrap_or(u64::MAX)
+}
+
 /// Resident set size of this process in bytes, from `/proc/self/statm`.
 pub fn process_rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;

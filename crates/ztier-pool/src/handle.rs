@@ -3,7 +3,7 @@
 //!
 //! A handle is a `u64` with bit 0 set (so it is never 0), the pool's tag in the top
 //! [`POOL_TAG_BITS`] bits, and the allocator's own fields between them, each a [`Field`]
-//! laid out from bit 1 up with [`Field::after`]:
+//! laid out from bit 1 up with `Field::after` (`ztier_base::bits`):
 //!
 //! ```text
 //!  63        54 53                                   1 0
@@ -21,61 +21,15 @@ use std::sync::Mutex;
 
 use crate::{Handle, PoolError};
 
-/// A bit field of a handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Field {
-    shift: u32,
-    bits: u32,
-}
+pub(crate) use ztier_base::bits::Field;
 
 /// Bit 0: always set.
-pub(crate) const TAG_BIT: Field = Field { shift: 0, bits: 1 };
+pub(crate) const TAG_BIT: Field = Field::at(0, 1);
 
 /// Bits a pool tag takes: live pools at most `1 << POOL_TAG_BITS`.
 pub(crate) const POOL_TAG_BITS: u32 = 10;
 /// The pool tag, in the top bits.
-pub(crate) const POOL_TAG: Field = Field {
-    shift: 64 - POOL_TAG_BITS,
-    bits: POOL_TAG_BITS,
-};
-
-impl Field {
-    /// The field of `bits` bits just above `prev`.
-    pub const fn after(prev: Field, bits: u32) -> Field {
-        Field {
-            shift: prev.shift + prev.bits,
-            bits,
-        }
-    }
-
-    /// The first bit above this field.
-    pub const fn end(self) -> u32 {
-        self.shift + self.bits
-    }
-
-    /// The largest value the field holds.
-    pub const fn max(self) -> u64 {
-        (1 << self.bits) - 1
-    }
-
-    /// The field's value in `raw`.
-    #[inline]
-    pub fn get(self, raw: u64) -> u64 {
-        (raw >> self.shift) & self.max()
-    }
-
-    /// `value` in its place; panics if it does not fit (callers check their ranges when they
-    /// hand out ids, so this is a bug, not input).
-    #[inline]
-    pub fn put(self, value: u64) -> u64 {
-        assert!(
-            value <= self.max(),
-            "{value} does not fit a {}-bit handle field",
-            self.bits
-        );
-        value << self.shift
-    }
-}
+pub(crate) const POOL_TAG: Field = Field::at(64 - POOL_TAG_BITS, POOL_TAG_BITS);
 
 /// Assembles a handle from its fields' bits (each already placed by [`Field::put`]) and the
 /// pool's tag.
@@ -93,7 +47,7 @@ pub(crate) fn open(tag: &PoolTag, handle: Handle) -> Result<u64, PoolError> {
     if TAG_BIT.get(raw) != 1 || POOL_TAG.get(raw) != tag.0 as u64 {
         return Err(PoolError::UnknownHandle { handle: raw });
     }
-    Ok(raw & !POOL_TAG.put(POOL_TAG.max()))
+    Ok(POOL_TAG.clear(raw))
 }
 
 /// A live pool's tag; given back to the process's set when dropped.
@@ -146,20 +100,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fields_pack_and_unpack_without_overlap() {
+    fn a_handle_opens_to_its_fields() {
         let a = Field::after(TAG_BIT, 30);
         let b = Field::after(a, 9);
-        assert_eq!((a.end(), b.end()), (31, 40));
         let tag = PoolTag::new().unwrap();
         let h = make(&tag, a.put(a.max()) | b.put(5));
         let bits = open(&tag, h).unwrap();
         assert_eq!((a.get(bits), b.get(bits)), (a.max(), 5));
-    }
-
-    #[test]
-    #[should_panic(expected = "does not fit")]
-    fn a_value_too_wide_for_its_field_panics() {
-        Field::after(TAG_BIT, 4).put(16);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //!   free or address its page chains; callers see an object's bytes through an [`ObjectRef`].
 //! - [`zsmalloc`]: the kernel's size-class allocator, reproduced class for class.
 //! - [`zblock`]: the block allocator proposed for the kernel (blocks of whole slots).
+//! - [`zpool`]: the registry of allocators by name.
 //! - `testing` (with the `testing` feature): the conformance suite every [`ZPool`]
 //!   implementation must pass.
 //!
@@ -19,11 +20,12 @@ mod handle;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod zblock;
+pub mod zpool;
 pub mod zsmalloc;
 
 use std::num::NonZeroU64;
 
-pub use arena::process_rss_bytes;
+pub use arena::{physical_memory_bytes, process_rss_bytes};
 
 use arena::PageChain;
 
@@ -97,6 +99,7 @@ impl<'a> ObjectRef<'a> {
     }
 }
 pub use zblock::{BlockStats, ZblockConfig, ZblockPool};
+pub use zpool::AllocatorKind;
 pub use zsmalloc::{ChainRule, ClassStats, ClassTable, ZsConfig, ZsPool};
 
 /// An allocator's table of its classes or block types, typed: zsmalloc's debugfs `classes`,

@@ -27,6 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use ztier_base::list::{Linked, Links, List};
+use ztier_base::slab::IdSlab;
+
 use crate::arena::{Arena, PageChain};
 use crate::handle::{self, Field, PoolTag};
 use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
@@ -38,7 +41,6 @@ pub const BLOCK_PAGES_EXTRA: [usize; 3] = [3, 5, 6];
 const SLOT_ALIGN: usize = 16;
 /// At most this many types (6 handle bits, as the Rust version reserves).
 const MAX_TYPES: usize = 64;
-const NONE: u32 = u32::MAX;
 
 // Handle layout (u64; `crate::handle` packs it):
 //   63        54 53      43 42   37 36                     9 8        1 0
@@ -215,11 +217,9 @@ struct BlockList {
 #[derive(Default)]
 struct ListState {
     /// Block descriptors by id; freed ids are reused.
-    blocks: Vec<Block>,
-    free_ids: Vec<u32>,
+    blocks: IdSlab<Block>,
     /// Non-full blocks, allocated from the head (`active_list`).
-    active_head: u32,
-    active_tail: u32,
+    active: List,
     /// Blocks of this type (`block_count`).
     block_count: u64,
     /// Slots in use.
@@ -237,9 +237,8 @@ struct Block {
     /// Per slot: object length, and a generation bumped on every free.
     lens: Vec<u16>,
     generations: Vec<u16>,
-    on_active: bool,
-    prev: u32,
-    next: u32,
+    /// On the active list.
+    links: Links,
 }
 
 impl ZblockPool {
@@ -265,8 +264,7 @@ impl ZblockPool {
             .map(|&ty| BlockList {
                 ty,
                 state: Mutex::new(ListState {
-                    active_head: NONE,
-                    active_tail: NONE,
+                    blocks: IdSlab::with_max_id(H_BLOCK.max() as u32),
                     ..ListState::default()
                 }),
             })
@@ -325,7 +323,7 @@ impl ZblockPool {
         let unknown = PoolError::UnknownHandle { handle: raw };
         let list = self.lists.get(ty).ok_or(unknown.clone())?;
         let st = list.state.lock();
-        let b = st.blocks.get(block as usize).ok_or(unknown.clone())?;
+        let b = st.blocks.get(block).ok_or(unknown.clone())?;
         if slot >= list.ty.slots_per_block || b.pages.is_empty() {
             return Err(if b.pages.is_empty() && slot < list.ty.slots_per_block {
                 PoolError::FreedHandle { handle: raw }
@@ -353,16 +351,16 @@ impl ZblockPool {
         let ty = self.table.type_for(len);
         let list = &self.lists[ty];
         let mut st = list.state.lock();
-        let id = match st.active_head {
-            NONE => {
+        let id = match st.active.first() {
+            None => {
                 let id = st.alloc_block(&list.ty, &self.arena)?;
                 self.pages_allocated
                     .fetch_add(list.ty.pages as u64, Ordering::Relaxed);
                 id
             }
-            id => id,
+            Some(id) => id,
         };
-        let b = &mut st.blocks[id as usize];
+        let b = &mut st.blocks[id];
         let slot = b
             .occupied
             .iter()
@@ -377,7 +375,8 @@ impl ZblockPool {
                 .write(slot * list.ty.slot_size + header_size(page_size), data);
         }
         if b.free_slots == 0 {
-            st.unlink_active(id);
+            let st = &mut *st;
+            st.active.remove(st.blocks.items_mut(), id);
         }
         st.used_slots += 1;
         Ok(self.encode(ty, id, slot, generation))
@@ -406,82 +405,44 @@ impl ZblockPool {
 impl ListState {
     /// `alloc_block()`: a new block, all slots free, at the head of the active list.
     fn alloc_block(&mut self, ty: &BlockType, arena: &Arena) -> Result<u32> {
-        if self.free_ids.is_empty() && self.blocks.len() as u64 > H_BLOCK.max() {
-            return Err(PoolError::HandleSpaceFull {
+        self.blocks
+            .next_id()
+            .map_err(|full| PoolError::HandleSpaceFull {
                 what: "a block type's block table",
-                max: H_BLOCK.max() + 1,
-            });
-        }
+                max: full.capacity,
+            })?;
         let pages = arena.alloc_chain(ty.pages)?;
         let slots = ty.slots_per_block;
-        let id = self.free_ids.pop().unwrap_or_else(|| {
-            self.blocks.push(Block::default());
-            (self.blocks.len() - 1) as u32
-        });
-        let b = &mut self.blocks[id as usize];
-        let generations = std::mem::take(&mut b.generations);
-        *b = Block {
-            pages,
-            free_slots: slots as u32,
-            occupied: vec![false; slots],
-            lens: vec![0; slots],
-            // A reused id keeps its slots' generations, so old handles stay refused.
-            generations: if generations.len() == slots {
-                generations
-            } else {
-                vec![0; slots]
-            },
-            on_active: false,
-            prev: NONE,
-            next: NONE,
-        };
+        let id = self
+            .blocks
+            .insert_with(|old| {
+                // A reused id keeps its slots' generations, so old handles stay refused.
+                let generations = old
+                    .map(|b| std::mem::take(&mut b.generations))
+                    .filter(|g| g.len() == slots)
+                    .unwrap_or_else(|| vec![0; slots]);
+                Block {
+                    pages,
+                    free_slots: slots as u32,
+                    occupied: vec![false; slots],
+                    lens: vec![0; slots],
+                    generations,
+                    links: Links::default(),
+                }
+            })
+            .expect("room checked");
         self.block_count += 1;
-        self.push_active(id, true);
+        self.active.push_front(self.blocks.items_mut(), id);
         Ok(id)
     }
+}
 
-    fn push_active(&mut self, id: u32, at_head: bool) {
-        let (head, tail) = (self.active_head, self.active_tail);
-        {
-            let b = &mut self.blocks[id as usize];
-            debug_assert!(!b.on_active);
-            b.on_active = true;
-            (b.prev, b.next) = if at_head { (NONE, head) } else { (tail, NONE) };
-        }
-        if at_head {
-            if head != NONE {
-                self.blocks[head as usize].prev = id;
-            } else {
-                self.active_tail = id;
-            }
-            self.active_head = id;
-        } else {
-            if tail != NONE {
-                self.blocks[tail as usize].next = id;
-            } else {
-                self.active_head = id;
-            }
-            self.active_tail = id;
-        }
+impl Linked for Block {
+    fn links(&self) -> &Links {
+        &self.links
     }
-
-    fn unlink_active(&mut self, id: u32) {
-        let (prev, next) = {
-            let b = &mut self.blocks[id as usize];
-            debug_assert!(b.on_active);
-            b.on_active = false;
-            (b.prev, b.next)
-        };
-        if prev == NONE {
-            self.active_head = next;
-        } else {
-            self.blocks[prev as usize].next = next;
-        }
-        if next == NONE {
-            self.active_tail = prev;
-        } else {
-            self.blocks[next as usize].prev = prev;
-        }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
     }
 }
 
@@ -503,31 +464,33 @@ impl ZPool for ZblockPool {
     fn free(&self, handle: Handle) -> Result<()> {
         let (list, mut st, id, slot) = self.locate(handle)?;
         let slots = list.ty.slots_per_block as u32;
-        let b = &mut st.blocks[id as usize];
+        let b = &mut st.blocks[id];
         b.occupied[slot] = false;
         b.generations[slot] = b.generations[slot].wrapping_add(1);
         b.free_slots += 1;
         let free_slots = b.free_slots;
         st.used_slots -= 1;
         if free_slots == slots {
-            if st.blocks[id as usize].on_active {
-                st.unlink_active(id);
+            let st = &mut *st;
+            if st.blocks[id].links.is_linked() {
+                st.active.remove(st.blocks.items_mut(), id);
             }
-            let pages = std::mem::take(&mut st.blocks[id as usize].pages);
+            let pages = std::mem::take(&mut st.blocks[id].pages);
             self.arena.free_chain(pages);
-            st.free_ids.push(id);
+            st.blocks.remove(id);
             st.block_count -= 1;
             self.pages_allocated
                 .fetch_sub(list.ty.pages as u64, Ordering::Relaxed);
         } else if free_slots == 1 {
-            st.push_active(id, false);
+            let st = &mut *st;
+            st.active.push_back(st.blocks.items_mut(), id);
         }
         Ok(())
     }
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()> {
         let (list, mut st, id, slot) = self.locate(handle)?;
-        let b = &mut st.blocks[id as usize];
+        let b = &mut st.blocks[id];
         let stored = b.lens[slot] as usize;
         if data.len() != stored {
             return Err(PoolError::LengthMismatch {
@@ -548,7 +511,7 @@ impl ZPool for ZblockPool {
         f: &mut dyn FnMut(ObjectRef<'_>) -> Result<()>,
     ) -> Result<usize> {
         let (list, st, id, slot) = self.locate(handle)?;
-        let b = &st.blocks[id as usize];
+        let b = &st.blocks[id];
         let stored = b.lens[slot] as usize;
         let off = slot * list.ty.slot_size + header_size(self.table.page_size);
         f(ObjectRef::in_chain(&b.pages, off, stored))?;
@@ -588,7 +551,7 @@ impl ZPool for ZblockPool {
 impl Drop for ZblockPool {
     fn drop(&mut self) {
         for list in self.lists.iter_mut() {
-            for b in list.state.get_mut().blocks.iter_mut() {
+            for b in list.state.get_mut().blocks.items_mut() {
                 self.arena.free_chain(std::mem::take(&mut b.pages));
             }
         }

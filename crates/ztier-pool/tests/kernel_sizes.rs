@@ -7,15 +7,18 @@
 
 use std::path::PathBuf;
 
-use serde_json::Value;
+use ztier_corpus::Truth;
 use ztier_pool::{Handle, ZPool, ZsConfig, ZsPool};
 
 fn corpus_dir() -> Option<PathBuf> {
     ztier_corpus::shared_corpus_dir()
 }
 
-fn mem_used(stat: &Value) -> u64 {
-    stat["mem_used_total"].as_u64().unwrap()
+/// The `mm_stat` fields this test compares.
+#[derive(serde::Deserialize)]
+struct PoolFigures {
+    mem_used_total: u64,
+    pages_compacted: u64,
 }
 
 #[test]
@@ -29,10 +32,9 @@ fn pages_used_equal_kernel_mem_used_total() {
             continue;
         };
         let (name, alg) = stem.split_once('.').unwrap();
-        let truth: Value =
-            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.truth.json"))).unwrap())
-                .unwrap();
-        let kernel = &truth["zram"][alg];
+        let truth: Truth<PoolFigures> =
+            Truth::read(&dir.join(format!("{name}.truth.json"))).unwrap();
+        let kernel = &truth.zram[alg];
         let bytes = std::fs::read(&path).unwrap();
         let sizes: Vec<usize> = bytes
             .chunks_exact(2)
@@ -47,41 +49,38 @@ fn pages_used_equal_kernel_mem_used_total() {
             .collect();
         let used = pool.total_pages() * 4096;
         assert_eq!(
-            used,
-            mem_used(&kernel["mm_stat"]),
+            used, kernel.mm_stat.mem_used_total,
             "{name}/{alg}: after write"
         );
 
         checked += 1;
         // Not every algorithm's truth has the discard experiment (lzo's has none).
-        let exp = &kernel["discard_odd_pages_then_compact"];
-        if exp.is_null() {
+        let Some(exp) = &kernel.discard_odd_pages_then_compact else {
             continue;
-        }
+        };
         for h in handles.iter().skip(1).step_by(2).flatten() {
             pool.free(*h).unwrap();
         }
         let used = pool.total_pages() * 4096;
         assert_eq!(
-            used,
-            mem_used(&exp["after_discard"]),
+            used, exp.after_discard.mem_used_total,
             "{name}/{alg}: after discard"
         );
         pool.compact();
         assert_eq!(
             pool.total_pages() * 4096,
-            mem_used(&exp["after_compact"]),
+            exp.after_compact.mem_used_total,
             "{name}/{alg}: after compact"
         );
         assert_eq!(
             pool.pages_compacted(),
-            exp["after_compact"]["pages_compacted"].as_u64().unwrap(),
+            exp.after_compact.pages_compacted,
             "{name}/{alg}: pages_compacted"
         );
         pool.compact();
         assert_eq!(
             pool.total_pages() * 4096,
-            mem_used(&exp["after_second_compact"]),
+            exp.after_second_compact.mem_used_total,
             "{name}/{alg}: after second compact"
         );
     }

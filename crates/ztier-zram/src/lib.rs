@@ -44,7 +44,8 @@ pub use slot::{Entry, SlotFlag};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
 
 use slot::Slot;
-use stats::{shard_index, Counters, SHARDS};
+use stats::Counters;
+use ztier_base::shard::Shards;
 
 /// What a device operation refuses.
 #[derive(Debug, thiserror::Error)]
@@ -113,12 +114,7 @@ struct Stream {
     buf: Vec<u8>,
 }
 
-/// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats), alone on
-/// its cache lines.
-#[repr(align(128))]
-#[derive(Default)]
-struct Shard(Mutex<ShardState>);
-
+/// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
 #[derive(Default)]
 struct ShardState {
     /// Made on the shard's first compression or decompression.
@@ -144,7 +140,7 @@ pub struct Device {
     pool: Box<dyn ZPool>,
     slots: Box<[Slot]>,
     /// Per-thread state by shard; an operation holds its thread's shard throughout.
-    shards: Box<[Shard]>,
+    shards: Shards<ShardState>,
     /// Held by every change to a page, for its whole length.
     page_locks: Box<[PageLock]>,
     /// Pool pages allowed, 0 = unlimited (`limit_pages`).
@@ -165,7 +161,7 @@ impl Device {
         // ENOMEM when it cannot; a table larger than the machine's memory is refused up front
         // (allocating it would abort the process or swap it to death).
         let table_bytes = pages.saturating_mul(SLOT_BYTES);
-        let memory_bytes = physical_memory_bytes();
+        let memory_bytes = ztier_pool::physical_memory_bytes();
         if table_bytes > memory_bytes {
             return Err(ZramError::DiskTooLarge {
                 disksize,
@@ -184,7 +180,7 @@ impl Device {
             algorithm,
             pool,
             slots: slots.into_boxed_slice(),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: Shards::default(),
             page_locks: (0..PAGE_LOCK_STRIPES)
                 .map(|_| PageLock::default())
                 .collect(),
@@ -234,15 +230,13 @@ impl Device {
 
     /// The calling thread's shard, held until the guard goes.
     fn shard(&self) -> MutexGuard<'_, ShardState> {
-        self.shards[shard_index()].0.lock()
+        self.shards.local()
     }
 
     /// The counters summed over the shards.
     fn counters(&self) -> Counters {
         let mut total = Counters::default();
-        for shard in self.shards.iter() {
-            total.merge(&shard.0.lock().counters);
-        }
+        self.shards.for_each(|shard| total.merge(&shard.counters));
         total
     }
 
@@ -561,7 +555,7 @@ impl Device {
     /// shard throughout, so no read, write or discard runs beside it: each one finishes
     /// before it or starts after it.
     pub fn reset(&self) {
-        let mut shards: Vec<_> = self.shards.iter().map(|s| s.0.lock()).collect();
+        let mut shards = self.shards.lock_all();
         for slot in self.slots.iter() {
             let mut g = slot.lock();
             self.free_slot(&mut shards[0].counters, &mut g.entry);
@@ -613,16 +607,4 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.reset();
     }
-}
-
-/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`); unbounded if unreadable.
-fn physical_memory_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            kib.checked_mul(1024)
-        })
-        .unwrap_or(u64::MAX)
 }

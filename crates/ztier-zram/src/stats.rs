@@ -1,22 +1,8 @@
 //! zram's counters (`struct zram_stats`) and the sysfs files made from them.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use serde::{Deserialize, Serialize};
-
-/// Shards of the per-thread state (streams and counters): a thread uses the shard of its
-/// index, so threads rarely share one (zram's per-CPU streams and stats, in userspace).
-pub(crate) const SHARDS: usize = 16;
-
-/// This thread's shard.
-pub(crate) fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
-    }
-    INDEX.with(|i| *i)
-}
 
 /// Declares [`Counter`] and `COUNTERS`, its number of variants, from one list, so the
 /// counter arrays can never be sized apart from the enum.

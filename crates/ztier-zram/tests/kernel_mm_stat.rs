@@ -8,10 +8,6 @@ use ztier_corpus::{corpus_files, shared_corpus_dir, Corpus};
 use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Device, MmStat};
 
-fn kernel(v: &serde_json::Value) -> MmStat {
-    serde_json::from_value(v.clone()).unwrap()
-}
-
 #[test]
 fn mm_stat_equals_the_kernels() {
     let Some(dir) = shared_corpus_dir() else {
@@ -19,7 +15,7 @@ fn mm_stat_equals_the_kernels() {
     };
     for path in corpus_files(&dir) {
         let corpus = Corpus::load(&path).unwrap();
-        let truth = corpus.truth().unwrap().expect("truth file");
+        let truth = corpus.truth::<MmStat>().unwrap().expect("truth file");
         for alg in ["lzo-rle", "lzo", "lz4"] {
             let what = format!("{}/{alg}", corpus.name);
             let pool = ZsPool::new(ZsConfig::default()).unwrap();
@@ -32,36 +28,27 @@ fn mm_stat_equals_the_kernels() {
             for (i, page) in corpus.chunks(4096).enumerate() {
                 dev.write_page(i as u64, page).unwrap();
             }
-            let k = &truth["zram"][alg];
-            assert_eq!(dev.mm_stat(), kernel(&k["mm_stat"]), "{what}: after write");
-            let exp = &k["discard_odd_pages_then_compact"];
-            if exp.is_null() {
+            let k = &truth.zram[alg];
+            assert_eq!(dev.mm_stat(), k.mm_stat, "{what}: after write");
+            let Some(exp) = &k.discard_odd_pages_then_compact else {
                 dev.compact();
                 assert_eq!(
                     dev.mm_stat(),
-                    kernel(&k["mm_stat_after_compact"]),
+                    k.mm_stat_after_compact,
                     "{what}: after compact"
                 );
                 continue;
-            }
+            };
             for i in (1..corpus.pages() as u64).step_by(2) {
                 dev.discard_page(i).unwrap();
             }
-            assert_eq!(
-                dev.mm_stat(),
-                kernel(&exp["after_discard"]),
-                "{what}: after discard"
-            );
+            assert_eq!(dev.mm_stat(), exp.after_discard, "{what}: after discard");
+            dev.compact();
+            assert_eq!(dev.mm_stat(), exp.after_compact, "{what}: after compact");
             dev.compact();
             assert_eq!(
                 dev.mm_stat(),
-                kernel(&exp["after_compact"]),
-                "{what}: after compact"
-            );
-            dev.compact();
-            assert_eq!(
-                dev.mm_stat(),
-                kernel(&exp["after_second_compact"]),
+                exp.after_second_compact,
                 "{what}: second compact"
             );
         }

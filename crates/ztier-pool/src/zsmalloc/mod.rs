@@ -39,6 +39,9 @@ pub use classes::{
     ZS_MIN_ALLOC_SIZE,
 };
 
+use ztier_base::list::{Linked, Links, List};
+use ztier_base::slab::IdSlab;
+
 use crate::arena::{Arena, PageChain};
 use crate::handle::{self, Field, PoolTag};
 use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
@@ -52,8 +55,8 @@ const FG_FULL: u8 = 11;
 /// Marks a zspage taken off its list (isolated for compaction, or being set up).
 const FG_OFF_LIST: u8 = u8::MAX;
 
-/// End of a list (zspage list, free-object chain, free-handle chain).
-const NONE: u32 = u32::MAX;
+/// End of a zspage's free-object chain.
+const NONE: u32 = ztier_base::NONE;
 
 // Handle bit layout (u64; `crate::handle` packs it):
 //
@@ -149,21 +152,16 @@ struct SizeClass {
 /// A class's zspages, lists, handles and counters.
 #[derive(Default)]
 struct ClassState {
-    /// zspage descriptors by id; ids of freed zspages are reused via `free_ids`.
-    zspages: Vec<ZsPage>,
-    free_ids: Vec<u32>,
-    /// Head zspage id of each fullness list (newest first).
-    list_heads: [u32; NR_FULLNESS_GROUPS],
-    /// zspages on each fullness list (the debugfs 10 %..100 % columns).
-    list_len: [u64; NR_FULLNESS_GROUPS],
+    /// zspage descriptors by id; ids of freed zspages are reused.
+    zspages: IdSlab<ZsPage>,
+    /// The fullness lists (newest first), whose lengths are the debugfs 10 %..100 % columns.
+    lists: [List; NR_FULLNESS_GROUPS],
     /// Object slots in all zspages (`ZS_OBJS_ALLOCATED`).
     obj_allocated: u64,
     /// Objects allocated (`ZS_OBJS_INUSE`).
     obj_used: u64,
-    /// The handle table: where each live object is.
-    handles: Vec<HandleSlot>,
-    /// Head of the free handle-slot chain.
-    free_handle: u32,
+    /// The handle table: where each live object is. A freed entry keeps its generation.
+    handles: IdSlab<HandleSlot>,
     /// One object's bytes, for compaction's copies.
     scratch: Vec<u8>,
 }
@@ -184,8 +182,7 @@ struct ZsPage {
     untouched: u32,
     /// The fullness list it is on, or FG_OFF_LIST.
     fullness: u8,
-    prev: u32,
-    next: u32,
+    links: Links,
     /// The header of a huge zspage's only object (huge objects have no room for one).
     huge_header: u64,
 }
@@ -201,11 +198,19 @@ impl ZsPage {
             freeobj: NONE,
             untouched: 0,
             fullness: FG_OFF_LIST,
-            prev: NONE,
-            next: NONE,
+            links: Links::default(),
             huge_header: 0,
         };
         Ok(zspage)
+    }
+}
+
+impl Linked for ZsPage {
+    fn links(&self) -> &Links {
+        &self.links
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
     }
 }
 
@@ -215,7 +220,7 @@ struct HandleSlot {
     /// Bumped on every free, so a freed handle no longer matches.
     generation: u32,
     live: bool,
-    /// zspage id of the object when live; next free slot when not.
+    /// Where the object is, while live.
     zspage: u32,
     obj: u32,
 }
@@ -231,8 +236,7 @@ impl ZsPool {
             .map(|spec| SizeClass {
                 spec: spec.clone(),
                 state: RwLock::new(ClassState {
-                    list_heads: [NONE; NR_FULLNESS_GROUPS],
-                    free_handle: NONE,
+                    handles: IdSlab::with_max_id(H_INDEX.max() as u32),
                     ..ClassState::default()
                 }),
             })
@@ -307,14 +311,14 @@ impl ZsPool {
         };
         let index = st.alloc_handle_slot();
         let obj = st.obj_malloc(spec, id, header_allocated(index, len));
-        st.handles[index as usize] = HandleSlot {
+        st.handles[index] = HandleSlot {
             live: true,
             zspage: id,
             obj,
-            ..st.handles[index as usize]
+            ..st.handles[index]
         };
         if fresh {
-            let fg = fullness_group(spec, st.zspages[id as usize].inuse);
+            let fg = fullness_group(spec, st.zspages[id].inuse);
             st.insert_zspage(id, fg);
         } else {
             st.fix_fullness_group(spec, id);
@@ -322,9 +326,9 @@ impl ZsPool {
         st.obj_used += 1;
         if let Some(data) = data {
             let off = payload_offset(spec, obj);
-            st.zspages[id as usize].pages.write(off, data);
+            st.zspages[id].pages.write(off, data);
         }
-        Ok(self.encode(slot, index, st.handles[index as usize].generation))
+        Ok(self.encode(slot, index, st.handles[index].generation))
     }
 
     /// Looks a handle up under its class lock: (handle index, zspage id, object index).
@@ -336,7 +340,7 @@ impl ZsPool {
         generation: u32,
     ) -> Result<(u32, u32)> {
         let raw = handle.raw();
-        match st.handles.get(index as usize) {
+        match st.handles.get(index) {
             Some(h) if h.generation as u64 & H_GEN.max() == generation as u64 => {
                 if h.live {
                     Ok((h.zspage, h.obj))
@@ -372,7 +376,7 @@ impl ZsPool {
                 st.free_zspage(spec, src, &self.arena);
                 freed += spec.pages_per_zspage as u64;
             }
-            if fullness_group(spec, st.zspages[d as usize].inuse) == FG_FULL {
+            if fullness_group(spec, st.zspages[d].inuse) == FG_FULL {
                 st.putback_zspage(spec, d);
                 dst = None;
                 // As the kernel drops its locks between destination zspages, let waiting
@@ -395,7 +399,9 @@ impl ZsPool {
             .map(|c| {
                 let st = c.state.read();
                 let mut fullness = [0; NR_FULLNESS_GROUPS - 1];
-                fullness.copy_from_slice(&st.list_len[1..]);
+                for (n, list) in fullness.iter_mut().zip(&st.lists[1..]) {
+                    *n = list.len();
+                }
                 ClassStats {
                     class: c.spec.index,
                     size: c.spec.size,
@@ -455,7 +461,7 @@ impl ZPool for ZsPool {
             });
         }
         let off = payload_offset(&class.spec, obj);
-        st.zspages[id as usize].pages.write(off, data);
+        st.zspages[id].pages.write(off, data);
         Ok(())
     }
 
@@ -470,11 +476,7 @@ impl ZPool for ZsPool {
         let (id, obj) = self.locate(&st, handle, index, generation)?;
         let stored = st.object_len(&class.spec, id, obj);
         let off = payload_offset(&class.spec, obj);
-        f(ObjectRef::in_chain(
-            &st.zspages[id as usize].pages,
-            off,
-            stored,
-        ))?;
+        f(ObjectRef::in_chain(&st.zspages[id].pages, off, stored))?;
         Ok(stored)
     }
 
@@ -523,7 +525,7 @@ impl Drop for ZsPool {
     fn drop(&mut self) {
         for class in self.classes.iter_mut() {
             let st = class.state.get_mut();
-            for zs in st.zspages.iter_mut() {
+            for zs in st.zspages.items_mut() {
                 self.arena.free_chain(std::mem::take(&mut zs.pages));
             }
         }
@@ -551,71 +553,42 @@ impl ClassState {
     fn find_get_zspage(&self) -> Option<u32> {
         (FG_EMPTY..=FG_99)
             .rev()
-            .map(|fg| self.list_heads[fg as usize])
-            .find(|&id| id != NONE)
+            .find_map(|fg| self.lists[fg as usize].first())
     }
 
     /// Adds a zspage made by `ZsPage::new` to the class (off any list yet).
     fn install_zspage(&mut self, spec: &ClassSpec, zspage: ZsPage) -> u32 {
         self.obj_allocated += spec.objs_per_zspage as u64;
-        match self.free_ids.pop() {
-            Some(id) => {
-                self.zspages[id as usize] = zspage;
-                id
-            }
-            None => {
-                self.zspages.push(zspage);
-                (self.zspages.len() - 1) as u32
-            }
-        }
+        // A class has fewer zspages than handles, which check_handle_room bounds.
+        self.zspages
+            .insert(zspage)
+            .expect("zspage ids outnumber handles")
     }
 
     /// `__free_zspage()` for a zspage already off its list.
     fn free_zspage(&mut self, spec: &ClassSpec, id: u32, arena: &Arena) {
-        let zs = &mut self.zspages[id as usize];
+        let zs = &mut self.zspages[id];
         debug_assert!(zs.inuse == 0 && zs.fullness == FG_OFF_LIST);
         arena.free_chain(std::mem::take(&mut zs.pages));
         self.obj_allocated -= spec.objs_per_zspage as u64;
-        self.free_ids.push(id);
+        self.zspages.remove(id);
     }
 
     fn insert_zspage(&mut self, id: u32, fg: u8) {
-        let head = self.list_heads[fg as usize];
-        if head != NONE {
-            self.zspages[head as usize].prev = id;
-        }
-        let zs = &mut self.zspages[id as usize];
-        zs.prev = NONE;
-        zs.next = head;
-        zs.fullness = fg;
-        self.list_heads[fg as usize] = id;
-        self.list_len[fg as usize] += 1;
+        self.lists[fg as usize].push_front(self.zspages.items_mut(), id);
+        self.zspages[id].fullness = fg;
     }
 
     fn remove_zspage(&mut self, id: u32) {
-        let (prev, next, fg) = {
-            let zs = &self.zspages[id as usize];
-            (zs.prev, zs.next, zs.fullness)
-        };
+        let fg = self.zspages[id].fullness;
         debug_assert!(fg != FG_OFF_LIST);
-        if prev == NONE {
-            self.list_heads[fg as usize] = next;
-        } else {
-            self.zspages[prev as usize].next = next;
-        }
-        if next != NONE {
-            self.zspages[next as usize].prev = prev;
-        }
-        let zs = &mut self.zspages[id as usize];
-        zs.prev = NONE;
-        zs.next = NONE;
-        zs.fullness = FG_OFF_LIST;
-        self.list_len[fg as usize] -= 1;
+        self.lists[fg as usize].remove(self.zspages.items_mut(), id);
+        self.zspages[id].fullness = FG_OFF_LIST;
     }
 
     /// Moves a zspage to the list its fullness now calls for; returns that group.
     fn fix_fullness_group(&mut self, spec: &ClassSpec, id: u32) -> u8 {
-        let zs = &self.zspages[id as usize];
+        let zs = &self.zspages[id];
         let fg = fullness_group(spec, zs.inuse);
         if fg != zs.fullness {
             self.remove_zspage(id);
@@ -626,7 +599,7 @@ impl ClassState {
 
     /// `putback_zspage()`: back onto the right list; returns the group.
     fn putback_zspage(&mut self, spec: &ClassSpec, id: u32) -> u8 {
-        let fg = fullness_group(spec, self.zspages[id as usize].inuse);
+        let fg = fullness_group(spec, self.zspages[id].inuse);
         self.insert_zspage(id, fg);
         if fg == FG_EMPTY {
             self.remove_zspage(id);
@@ -637,7 +610,7 @@ impl ClassState {
     /// `isolate_src_zspage()` / `isolate_dst_zspage()`: takes the first zspage of the
     /// emptiest (sources) or fullest (destinations) non-empty list among 10 %..99 %.
     fn isolate_zspage(&mut self, fullest_first: bool) -> Option<u32> {
-        let pick = |fg: u8| Some(self.list_heads[fg as usize]).filter(|&id| id != NONE);
+        let pick = |fg: u8| self.lists[fg as usize].first();
         let id = if fullest_first {
             (FG_10..=FG_99).rev().find_map(pick)
         } else {
@@ -655,7 +628,7 @@ impl ClassState {
 
     /// `obj_malloc()`: takes the zspage's first free object and stamps its header.
     fn obj_malloc(&mut self, spec: &ClassSpec, id: u32, header: u64) -> u32 {
-        let zs = &mut self.zspages[id as usize];
+        let zs = &mut self.zspages[id];
         let obj = if zs.freeobj != NONE {
             let obj = zs.freeobj;
             zs.freeobj = if spec.huge {
@@ -683,7 +656,7 @@ impl ClassState {
 
     /// `obj_free()`: pushes the object on its zspage's free chain.
     fn obj_free(&mut self, spec: &ClassSpec, id: u32, obj: u32) {
-        let zs = &mut self.zspages[id as usize];
+        let zs = &mut self.zspages[id];
         if spec.huge {
             zs.huge_header = 0;
         } else {
@@ -698,7 +671,7 @@ impl ClassState {
     }
 
     fn object_header(&self, spec: &ClassSpec, id: u32, obj: u32) -> u64 {
-        let zs = &self.zspages[id as usize];
+        let zs = &self.zspages[id];
         if spec.huge {
             zs.huge_header
         } else {
@@ -717,22 +690,22 @@ impl ClassState {
         scratch.resize(spec.size, 0);
         let objs = spec.objs_per_zspage as u32;
         // Objects past `untouched` were never allocated; their bytes are not headers.
-        for obj in 0..self.zspages[src as usize].untouched {
+        for obj in 0..self.zspages[src].untouched {
             let header = self.object_header(spec, src, obj);
             if header & OBJ_ALLOCATED_TAG == 0 {
                 continue;
             }
             let base = spec.size * obj as usize;
-            self.zspages[src as usize].pages.read(base, &mut scratch);
+            self.zspages[src].pages.read(base, &mut scratch);
             let new_obj = self.obj_malloc(spec, dst, header);
-            self.zspages[dst as usize]
+            self.zspages[dst]
                 .pages
                 .write(spec.size * new_obj as usize, &scratch);
-            let h = &mut self.handles[header_handle_index(header) as usize];
+            let h = &mut self.handles[header_handle_index(header)];
             h.zspage = dst;
             h.obj = new_obj;
             self.obj_free(spec, src, obj);
-            if self.zspages[dst as usize].inuse == objs || self.zspages[src as usize].inuse == 0 {
+            if self.zspages[dst].inuse == objs || self.zspages[src].inuse == 0 {
                 break;
             }
         }
@@ -741,38 +714,33 @@ impl ClassState {
 
     /// Refuses an allocation when every handle the class can name is taken.
     fn check_handle_room(&self) -> Result<()> {
-        if self.free_handle == NONE && self.handles.len() as u64 > H_INDEX.max() {
-            return Err(PoolError::HandleSpaceFull {
+        self.handles
+            .next_id()
+            .map(drop)
+            .map_err(|full| PoolError::HandleSpaceFull {
                 what: "a size class's handle table",
-                max: H_INDEX.max() + 1,
-            });
-        }
-        Ok(())
+                max: full.capacity,
+            })
     }
 
-    /// A free handle-table slot; `check_handle_room` has made sure there is one.
+    /// A free handle-table entry (`check_handle_room` has made sure there is one), keeping
+    /// the generation a reused entry had.
     fn alloc_handle_slot(&mut self) -> u32 {
-        if self.free_handle != NONE {
-            let index = self.free_handle;
-            self.free_handle = self.handles[index as usize].zspage;
-            index
-        } else {
-            self.handles.push(HandleSlot {
-                generation: 0,
+        self.handles
+            .insert_with(|old| HandleSlot {
+                generation: old.map_or(0, |h| h.generation),
                 live: false,
                 zspage: NONE,
                 obj: 0,
-            });
-            (self.handles.len() - 1) as u32
-        }
+            })
+            .expect("room checked")
     }
 
     fn free_handle_slot(&mut self, index: u32) {
-        let h = &mut self.handles[index as usize];
+        let h = &mut self.handles[index];
         h.live = false;
         h.generation = ((h.generation as u64 + 1) & H_GEN.max()) as u32;
-        h.zspage = self.free_handle;
-        self.free_handle = index;
+        self.handles.remove(index);
     }
 }
 

@@ -1,0 +1,41 @@
+//! Replaying real memory through ztier's engines, as `ztier bench` (and, later,
+//! `ztier swap-bench`) do: the parts a front end would otherwise write again.
+//!
+//! - [`driver`]: runs a closure over every page of a corpus on N threads, in batches handed
+//!   out round robin; times a phase and its reference pass by pass, in turns, keeping the best
+//!   of each; a progress line; per-thread reference compression streams.
+//! - [`zram`]: one zram run (store, load, verify, discard, compact) with `mm_stat` after each
+//!   step, speeds as ratios to the raw compressor measured in the same run, the device's own
+//!   memory, and the kernel's figures compared field by field where they apply.
+#![forbid(unsafe_code)]
+
+pub mod driver;
+pub mod zram;
+
+use ztier_compress::CompressError;
+use ztier_corpus::CorpusError;
+use ztier_zram::ZramError;
+
+/// What a replay stops on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    #[error("{0}")]
+    Corpus(#[from] CorpusError),
+    #[error("{0}")]
+    Zram(#[from] ZramError),
+    #[error("{0}")]
+    Compress(#[from] CompressError),
+    #[error("{0}")]
+    Config(String),
+    #[error("page {page} of {corpus} read back different from what was written")]
+    Mismatch { corpus: String, page: usize },
+    #[error("{what} at page {page}: {source}")]
+    AtPage {
+        what: &'static str,
+        page: usize,
+        source: Box<ReplayError>,
+    },
+}
+
+pub type Result<T, E = ReplayError> = std::result::Result<T, E>;
