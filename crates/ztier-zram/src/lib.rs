@@ -10,6 +10,9 @@
 //! out first only if it straddles two pool pages) under the slot lock, as the kernel's
 //! `zram_read_from_zspool()` does.
 //!
+//! The device is a [`ztier_blockdev::BlockDevice`] (see `blockdev.rs`), which is how front ends
+//! such as the NBD server use it without knowing it is zram.
+//!
 //! Each thread works in a shard of per-thread state, zram's per-CPU state in userspace: a
 //! compression stream and a shard of the counters. An operation holds its shard for its
 //! whole length, as the kernel holds its CPU, so the stream and the counters need no atomic
@@ -29,6 +32,7 @@
 //! time, holding nothing else.
 #![forbid(unsafe_code)]
 
+mod blockdev;
 pub mod slot;
 mod stats;
 

@@ -530,3 +530,44 @@ proptest! {
         prop_assert_eq!(dev.mm_stat().mem_used_total, 0);
     }
 }
+
+/// zram passes the block-device conformance suite, at 4 KiB and 16 KiB pages.
+#[test]
+fn is_a_block_device() {
+    ztier_blockdev::testing::run_all(&device(64, "lz4"));
+    let pool = ZsPool::new(ZsConfig {
+        page_size: 16384,
+        ..ZsConfig::default()
+    })
+    .unwrap();
+    let dev = Device::new(64 * 16384, "zstd".parse().unwrap(), Box::new(pool)).unwrap();
+    ztier_blockdev::testing::run_all(&dev);
+}
+
+/// Block status tells holes (never written, discarded), stored zeros and data apart, and a
+/// zeroed range is a hole only when unmapping was allowed.
+#[test]
+fn block_status_follows_the_slots() {
+    use ztier_blockdev::{BlockDevice, Extent};
+    let dev = device(8, "lz4");
+    dev.write_page(1, &page(1)).unwrap();
+    dev.write_page(2, &[0; 4096]).unwrap();
+    dev.write_page(3, &page(3)).unwrap();
+    BlockDevice::write_zeroes(&dev, 3 * 4096, 4096, false).unwrap();
+    dev.write_page(4, &page(4)).unwrap();
+    BlockDevice::write_zeroes(&dev, 4 * 4096, 4096, true).unwrap();
+    let e = |len, hole, zero| Extent { len, hole, zero };
+    assert_eq!(
+        dev.block_status(0, 8 * 4096).unwrap(),
+        vec![
+            e(4096, true, true),
+            e(4096, false, false),
+            e(2 * 4096, false, true),
+            e(4 * 4096, true, true),
+        ]
+    );
+    // A write past the memory limit is ENOSPC.
+    dev.set_mem_limit(4096);
+    let err = BlockDevice::write_at(&dev, 5 * 4096, &noise(5), false).unwrap_err();
+    assert_eq!(err.errno(), 28, "{err}");
+}

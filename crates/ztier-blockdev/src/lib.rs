@@ -1,0 +1,127 @@
+//! The block-device seam: what a disk is to the front ends that serve one (the NBD server)
+//! and to the engines that write to one (zram writeback, zswap's swap device). zram's device
+//! implements [`BlockDevice`], a file does ([`file::FileDevice`]), and a remote NBD export
+//! will; a server written against the trait never learns which it serves.
+//!
+//! Contract:
+//! - every method may be called from any number of threads at once, on any byte range
+//!   inside [`size`](BlockDevice::size) (the device does its own locking; overlapping
+//!   concurrent writes land in some order, each whole per [`block_size`](BlockDevice::block_size)
+//!   block);
+//! - a range outside the device is refused with [`BlockError::OutOfRange`] and changes
+//!   nothing;
+//! - a failed write leaves every block it did not reach as it was; the error says how many
+//!   bytes from the start were written;
+//! - after [`discard`](BlockDevice::discard) the range reads as zeros or as what it held (the
+//!   device may keep partial blocks); after [`write_zeroes`](BlockDevice::write_zeroes) it
+//!   reads as zeros;
+//! - errors map to the errno values NBD and the kernel use ([`BlockError::errno`]).
+#![deny(unsafe_code)]
+
+pub mod file;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+/// Why a block-device operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockError {
+    #[error("bytes {offset}..+{len} are outside the device's {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("no space left: {0}")]
+    NoSpace(String),
+    #[error("out of memory: {0}")]
+    NoMemory(String),
+    #[error("the device is read-only")]
+    ReadOnly,
+    #[error("{0} is not supported by this device")]
+    Unsupported(&'static str),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("after {done} bytes: {source}")]
+    Partial {
+        /// Bytes from the start of the request that were written.
+        done: u64,
+        source: Box<BlockError>,
+    },
+}
+
+impl BlockError {
+    /// The errno value this error is reported as (NBD's error field, the kernel's bio status).
+    pub fn errno(&self) -> i32 {
+        match self {
+            BlockError::OutOfRange { .. } | BlockError::Invalid(_) => libc::EINVAL,
+            BlockError::NoSpace(_) => libc::ENOSPC,
+            BlockError::NoMemory(_) => libc::ENOMEM,
+            BlockError::ReadOnly => libc::EPERM,
+            BlockError::Unsupported(_) => libc::EOPNOTSUPP,
+            BlockError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            BlockError::Partial { source, .. } => source.errno(),
+        }
+    }
+}
+
+pub type Result<T, E = BlockError> = std::result::Result<T, E>;
+
+/// What a range of the device holds, for NBD's `base:allocation` and sparse copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    /// Never written, or discarded: no storage behind it (reads as zeros).
+    pub hole: bool,
+    /// Reads as zeros (a hole, or zeros that are stored).
+    pub zero: bool,
+}
+
+/// A disk: a range of bytes read and written in place.
+pub trait BlockDevice: Send + Sync {
+    /// Bytes on the device.
+    fn size(&self) -> u64;
+
+    /// The device's block: writes of whole, aligned blocks are cheapest and never
+    /// read-modify-write (zram's page size; a file's 4096).
+    fn block_size(&self) -> u32;
+
+    /// Reads `buf.len()` bytes from `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// Writes `data` at `offset`; with `fua`, the data is durable when this returns.
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()>;
+
+    /// Says the range's contents are no longer needed (TRIM).
+    fn discard(&self, offset: u64, len: u64) -> Result<()>;
+
+    /// Makes the range read as zeros; `may_unmap` lets the device free its storage (punch a
+    /// hole) rather than store zeros.
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<()>;
+
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<()>;
+
+    /// Whether [`flush`](Self::flush) and `fua` do anything (a RAM disk loses everything on
+    /// exit whatever they do; a file does not).
+    fn is_volatile(&self) -> bool {
+        false
+    }
+
+    /// What `offset..offset + len` holds, as extents covering it from `offset` (a device may
+    /// stop early; the caller asks again for the rest). By default: all data.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(self.size(), offset, len)?;
+        Ok(vec![Extent {
+            len,
+            hole: false,
+            zero: false,
+        }])
+    }
+}
+
+/// Refuses a range that does not lie inside a device of `size` bytes.
+pub fn check_range(size: u64, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(BlockError::OutOfRange { offset, len, size }),
+    }
+}

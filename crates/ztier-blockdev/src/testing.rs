@@ -1,0 +1,169 @@
+//! The conformance suite every [`BlockDevice`] passes: the file device, zram, and later the
+//! NBD client. Each check starts from a device whose every byte reads as zero.
+
+use crate::{BlockDevice, BlockError};
+
+/// A byte pattern that differs per seed and offset.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x as u8) | 1
+        })
+        .collect()
+}
+
+/// Runs every check on `dev`, which must be at least 64 blocks and read as zeros.
+pub fn run_all(dev: &dyn BlockDevice) {
+    unaligned_round_trips(dev);
+    out_of_range_is_refused(dev);
+    zeroes_and_discard(dev);
+    extents_cover_the_range(dev);
+    disjoint_concurrent_writes_keep_each_other(dev);
+}
+
+/// Writes at offsets and lengths that straddle blocks read back exactly, and leave the
+/// bytes around them alone.
+pub fn unaligned_round_trips(dev: &dyn BlockDevice) {
+    let bs = dev.block_size() as u64;
+    for (i, (off, len)) in [
+        (0, 1),
+        (bs - 1, 2),
+        (bs + 7, 3 * bs as usize),
+        (5 * bs, bs as usize),
+        (9 * bs + 511, 512),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(i as u64, len);
+        dev.write_at(off, &data, i % 2 == 0).unwrap();
+        let mut back = vec![0; len + 2];
+        let start = off.saturating_sub(1);
+        dev.read_at(start, &mut back).unwrap();
+        let skip = (off - start) as usize;
+        assert_eq!(
+            &back[skip..skip + len],
+            &data[..],
+            "write {i} at {off}+{len}"
+        );
+    }
+    dev.flush().unwrap();
+    dev.write_zeroes(0, 16 * bs, true).unwrap();
+}
+
+/// Ranges past the end, or whose end overflows, are refused as EINVAL and change nothing.
+pub fn out_of_range_is_refused(dev: &dyn BlockDevice) {
+    let size = dev.size();
+    let mut buf = [0u8; 8];
+    let results = [
+        dev.read_at(size - 4, &mut buf),
+        dev.write_at(size, &buf, false),
+        dev.write_at(u64::MAX - 3, &buf, false),
+        dev.discard(size - 4, 8),
+        dev.write_zeroes(u64::MAX, 2, false),
+        dev.block_status(size, 1).map(drop),
+    ];
+    for r in results {
+        let e = r.unwrap_err();
+        assert!(matches!(e, BlockError::OutOfRange { .. }), "{e}");
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+    dev.read_at(size - 8, &mut buf).unwrap();
+    assert_eq!(buf, [0; 8]);
+}
+
+/// write_zeroes reads as zeros with or without unmapping, at any alignment; a discard of
+/// whole blocks reads as zeros.
+pub fn zeroes_and_discard(dev: &dyn BlockDevice) {
+    let bs = dev.block_size() as u64;
+    let data = pattern(7, 8 * bs as usize);
+    for (unmap, off, len) in [
+        (true, bs + 3, 3 * bs),
+        (false, 2 * bs, bs),
+        (false, 100, 10),
+    ] {
+        dev.write_at(0, &data, false).unwrap();
+        dev.write_zeroes(off, len, unmap).unwrap();
+        let mut back = vec![0; data.len()];
+        dev.read_at(0, &mut back).unwrap();
+        for (i, (&b, &d)) in back.iter().zip(&data).enumerate() {
+            let inside = (off..off + len).contains(&(i as u64));
+            assert_eq!(
+                b,
+                if inside { 0 } else { d },
+                "byte {i}, zeroes {off}+{len}"
+            );
+        }
+    }
+    dev.write_at(0, &data, false).unwrap();
+    dev.discard(2 * bs, 2 * bs).unwrap();
+    let mut back = vec![0; 2 * bs as usize];
+    dev.read_at(2 * bs, &mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0),
+        "discarded blocks read as zeros"
+    );
+    dev.write_zeroes(0, 8 * bs, true).unwrap();
+}
+
+/// Block status covers the asked range from its start without gaps, and a range just
+/// written is not reported as zero.
+pub fn extents_cover_the_range(dev: &dyn BlockDevice) {
+    let bs = dev.block_size() as u64;
+    dev.write_at(3 * bs, &pattern(3, bs as usize), false)
+        .unwrap();
+    let mut at = 0;
+    while at < 8 * bs {
+        let extents = dev.block_status(at, 8 * bs - at).unwrap();
+        assert!(!extents.is_empty());
+        for e in &extents {
+            assert!(e.len > 0);
+            assert!(!e.hole || e.zero, "a hole reads as zeros");
+            let covers_written = at < 4 * bs && at + e.len > 3 * bs;
+            assert!(
+                !(covers_written && e.zero),
+                "written data reported as zero: {e:?}"
+            );
+            at += e.len;
+        }
+    }
+    assert_eq!(at, 8 * bs);
+    dev.write_zeroes(0, 8 * bs, true).unwrap();
+}
+
+/// Threads writing disjoint 512-byte pieces of the same blocks lose none of each other's
+/// writes (a sub-block write is a read-modify-write for a block device with big blocks).
+pub fn disjoint_concurrent_writes_keep_each_other(dev: &dyn BlockDevice) {
+    let bs = dev.block_size() as usize;
+    let pieces = bs / 512;
+    std::thread::scope(|s| {
+        for piece in 0..pieces {
+            s.spawn(move || {
+                for round in 0..50u64 {
+                    for block in 0..4u64 {
+                        let off = block * bs as u64 + (piece * 512) as u64;
+                        let data = pattern(round << 16 | block << 8 | piece as u64, 512);
+                        dev.write_at(off, &data, false).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut back = vec![0; 512];
+    for block in 0..4u64 {
+        for piece in 0..pieces {
+            dev.read_at(block * bs as u64 + (piece * 512) as u64, &mut back)
+                .unwrap();
+            assert_eq!(
+                back,
+                pattern(49 << 16 | block << 8 | piece as u64, 512),
+                "block {block} piece {piece}: a write was lost"
+            );
+        }
+    }
+    dev.write_zeroes(0, 4 * bs as u64, true).unwrap();
+}
