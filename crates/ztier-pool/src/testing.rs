@@ -265,11 +265,28 @@ pub fn concurrent_round_trips<P: ZPool>(pool: &P) -> u64 {
 /// One step of the model-based property test ([`run_model`]).
 #[derive(Debug, Clone)]
 pub enum ModelOp {
-    Store { len: usize, seed: u64 },
-    Rewrite { pick: usize, seed: u64 },
-    Read { pick: usize },
-    Free { pick: usize },
-    FreeStale { pick: usize },
+    Store {
+        len: usize,
+        seed: u64,
+    },
+    Rewrite {
+        pick: usize,
+        seed: u64,
+    },
+    Read {
+        pick: usize,
+    },
+    Free {
+        pick: usize,
+    },
+    FreeStale {
+        pick: usize,
+    },
+    /// An invented handle: read, write and free must refuse it (unless it happens to be a
+    /// live one) and change nothing.
+    Bogus {
+        raw: u64,
+    },
     Compact,
 }
 
@@ -318,6 +335,13 @@ pub fn run_model<P: ZPool>(pool: &P, ops: &[ModelOp], pages_of: impl Fn(&P) -> u
                 let h = freed[pick % freed.len()];
                 assert!(matches!(pool.free(h), Err(PoolError::FreedHandle { .. })));
                 assert!(pool.read(h, &mut out).is_err());
+            }
+            ModelOp::Bogus { raw } => {
+                if let Some(h) = crate::Handle::from_raw(raw).filter(|h| !model.contains_key(h)) {
+                    assert!(pool.read(h, &mut out).is_err(), "read of {h}");
+                    assert!(pool.write(h, &[1]).is_err(), "write of {h}");
+                    assert!(pool.free(h).is_err(), "free of {h}");
+                }
             }
             ModelOp::Compact => {
                 pool.compact();

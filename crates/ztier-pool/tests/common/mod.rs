@@ -11,6 +11,7 @@ pub fn model_op() -> impl Strategy<Value = ModelOp> {
         3 => any::<usize>().prop_map(|pick| ModelOp::Read { pick }),
         4 => any::<usize>().prop_map(|pick| ModelOp::Free { pick }),
         1 => any::<usize>().prop_map(|pick| ModelOp::FreeStale { pick }),
+        1 => any::<u64>().prop_map(|raw| ModelOp::Bogus { raw }),
         1 => Just(ModelOp::Compact),
     ]
 }
