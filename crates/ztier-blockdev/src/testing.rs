@@ -3,18 +3,7 @@
 
 use crate::{BlockDevice, BlockError};
 
-/// A byte pattern that differs per seed and offset.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x as u8) | 1
-        })
-        .collect()
-}
+pub use ztier_base::pattern::pattern;
 
 /// Runs every check on `dev`, which must be at least 64 blocks and read as zeros.
 pub fn run_all(dev: &dyn BlockDevice) {

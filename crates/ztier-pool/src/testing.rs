@@ -3,18 +3,7 @@
 
 use crate::{Handle, PoolError, ZPool};
 
-/// A byte pattern that differs per object and per offset, so misplaced bytes show.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use ztier_base::pattern::pattern;
 
 /// Runs every check on fresh pools from `make`; returns the pages that compaction freed
 /// while other threads stored, read and freed (0 for an allocator that does not compact), so

@@ -20,7 +20,7 @@
 //! are a measurable part of the time a page takes.
 //!
 //! Every operation that changes a page (a whole-page write, a sub-page read-modify-write, a
-//! discard) holds that page's stripe of [`PageLocks`] for its whole length, so a
+//! discard) holds that page's stripe of the page locks for its whole length, so a
 //! read-modify-write cannot lose a concurrent change to the same page. [`Device::reset`] takes
 //! every shard, which shuts out all I/O while it runs.
 //!
