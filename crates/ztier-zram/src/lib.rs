@@ -138,6 +138,16 @@ struct PageLock(Mutex<()>);
 const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
 
 /// A zram device.
+///
+/// The allocator under it is its own: callers get its statistics
+/// ([`allocator_stats`](Device::allocator_stats)), never the pool, so no caller can free an
+/// object a slot still names (which made the next write and the drop panic):
+///
+/// ```compile_fail
+/// fn free_behind_the_devices_back(dev: &ztier_zram::Device) {
+///     let _ = dev.pool();
+/// }
+/// ```
 pub struct Device {
     page_size: usize,
     algorithm: Algorithm,
