@@ -106,6 +106,12 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Whether [`write_zeroes`](Self::write_zeroes) is fast (no data written: a hole punched
+    /// or a zero page recorded), as NBD's `FAST_ZERO` asks before a client relies on it.
+    fn fast_zeroes(&self) -> bool {
+        false
+    }
+
     /// What `offset..offset + len` holds, as extents covering it from `offset` (a device may
     /// stop early; the caller asks again for the rest). By default: all data.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {

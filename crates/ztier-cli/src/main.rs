@@ -4,6 +4,7 @@
 mod bench;
 mod classes;
 mod pools;
+mod serve;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -22,6 +23,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Print zsmalloc's size-class table for a pool layout.
     Classes(classes::ClassesArgs),
+    /// Serve a zram device over NBD (to qemu, nbdcopy, nbdfuse, fio, the kernel's nbd).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -29,6 +32,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Classes(args) => classes::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

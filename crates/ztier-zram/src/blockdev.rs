@@ -134,6 +134,12 @@ impl BlockDevice for Device {
         true
     }
 
+    /// Whole pages are discarded or recorded as zero pages; partial pages are a page's
+    /// read-modify-write at most.
+    fn fast_zeroes(&self) -> bool {
+        true
+    }
+
     /// Extents by slot state, merged; at most one call's worth of pages is looked at per
     /// 64 Ki pages so a huge request cannot hold the caller long.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {

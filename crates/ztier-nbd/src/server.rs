@@ -1,0 +1,836 @@
+//! The NBD server: serves one [`BlockDevice`] as one export to any number of connections.
+//!
+//! A connection is one thread through the handshake (fixed newstyle; options EXPORT_NAME,
+//! ABORT, LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT), then a reader that parses
+//! requests and hands them to the connection's workers, which run them on the device and
+//! write their replies, in whatever order they finish (clients match them by cookie).
+//!
+//! Invariants and bounds:
+//! - a request is run only once its header and whole payload have arrived: a write cut
+//!   short by a disconnect changes nothing;
+//! - the bytes of requests in flight on a connection are bounded (`max_in_flight_bytes`), as
+//!   are the payload of one request (`max_payload`), option data, and the connections
+//!   (`max_connections`: one more is greeted and closed);
+//! - a malformed request header (bad magic) closes that connection, as the spec requires;
+//!   every other bad request gets an error reply and the connection goes on.
+//!
+//! Locking, per connection: `Writer` (the socket's write half) is held for one whole reply,
+//! so replies never interleave; `Credit` is held only to count. Neither is held while the
+//! device runs. The server's `connections` list is locked only to add, remove, or shut all.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use ztier_blockdev::{BlockDevice, BlockError};
+
+use crate::proto::{self, *};
+
+/// How a server serves its export.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The export's name; "" (the default export) is also accepted.
+    pub export_name: String,
+    pub description: Option<String>,
+    pub read_only: bool,
+    pub max_connections: usize,
+    /// Smallest block advertised (`NBD_INFO_BLOCK_SIZE` minimum); enforced only for clients
+    /// that asked for block sizes.
+    pub min_block: u32,
+    /// Largest payload of one request.
+    pub max_payload: u32,
+    /// Requests run at once per connection.
+    pub workers_per_connection: usize,
+    /// Payload bytes of requests queued or running per connection.
+    pub max_in_flight_bytes: usize,
+    /// Log each connection and its end on stderr.
+    pub log: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            export_name: String::new(),
+            description: None,
+            read_only: false,
+            max_connections: 16,
+            min_block: 512,
+            max_payload: 32 << 20,
+            workers_per_connection: 4,
+            max_in_flight_bytes: 64 << 20,
+            log: false,
+        }
+    }
+}
+
+/// Counts kept while serving.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections: AtomicU64,
+    pub refused_connections: AtomicU64,
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+/// A listening socket, TCP or Unix.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// A connected socket, TCP or Unix.
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(how),
+            Stream::Unix(s) => s.shutdown(how),
+        };
+    }
+
+    fn peer(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().map_or("tcp peer".into(), |a| a.to_string()),
+            Stream::Unix(_) => "unix socket".into(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// The server of one export.
+pub struct Server {
+    dev: Arc<dyn BlockDevice>,
+    config: ServerConfig,
+    stats: ServerStats,
+    stopping: AtomicBool,
+    /// A clone of every open connection's socket, to shut them at stop.
+    connections: Mutex<Vec<(u64, Stream)>>,
+}
+
+impl Server {
+    pub fn new(dev: Arc<dyn BlockDevice>, config: ServerConfig) -> Arc<Server> {
+        Arc::new(Server {
+            dev,
+            config,
+            stats: ServerStats::default(),
+            stopping: AtomicBool::new(false),
+            connections: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// The transmission flags this export is served with.
+    pub fn transmission_flags(&self, structured: bool) -> u16 {
+        let mut f = FLAG_HAS_FLAGS
+            | FLAG_SEND_FLUSH
+            | FLAG_SEND_FUA
+            | FLAG_SEND_CACHE
+            | FLAG_CAN_MULTI_CONN;
+        if self.config.read_only {
+            f |= FLAG_READ_ONLY;
+        } else {
+            f |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        }
+        if structured {
+            f |= FLAG_SEND_DF;
+        }
+        f
+    }
+
+    /// Stops accepting, and ends every connection once its requests in flight are answered.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for (_, s) in self.connections.lock().expect("connections").iter() {
+            s.shutdown(Shutdown::Read);
+        }
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Accepts connections until [`stop`](Self::stop), each on its own thread; returns once
+    /// every connection has ended.
+    pub fn serve(self: &Arc<Self>, listener: Listener) -> io::Result<()> {
+        match &listener {
+            Listener::Tcp(l) => l.set_nonblocking(true)?,
+            Listener::Unix(l) => l.set_nonblocking(true)?,
+        }
+        let mut handles = Vec::new();
+        let mut next_id = 0u64;
+        while !self.is_stopping() {
+            let accepted = match &listener {
+                Listener::Tcp(l) => l.accept().map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    Stream::Tcp(s)
+                }),
+                Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            };
+            let stream = match accepted {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    handles.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            set_blocking(&stream)?;
+            next_id += 1;
+            let id = next_id;
+            let server = Arc::clone(self);
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("nbd-conn-{id}"))
+                    .spawn(move || server.handle(id, stream))?,
+            );
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+        Ok(())
+    }
+
+    /// Serves one connection to its end.
+    pub fn handle(self: &Arc<Self>, id: u64, stream: Stream) {
+        let peer = stream.peer();
+        let admitted = {
+            let mut conns = self.connections.lock().expect("connections");
+            if conns.len() >= self.config.max_connections || self.is_stopping() {
+                false
+            } else {
+                match stream.try_clone() {
+                    Ok(clone) => {
+                        conns.push((id, clone));
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        };
+        if !admitted {
+            self.stats
+                .refused_connections
+                .fetch_add(1, Ordering::Relaxed);
+            if self.config.log {
+                eprintln!(
+                    "nbd: connection {id} from {peer} refused: {} connections already",
+                    self.config.max_connections
+                );
+            }
+            // Greet, so the client sees a server, then close: the spec's way to turn away.
+            let mut s = stream;
+            let _ = s.write_all(&greeting());
+            s.shutdown(Shutdown::Both);
+            return;
+        }
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        if self.config.log {
+            eprintln!("nbd: connection {id} from {peer}");
+        }
+        let result = self.run_connection(stream);
+        self.connections
+            .lock()
+            .expect("connections")
+            .retain(|(c, _)| *c != id);
+        if self.config.log {
+            match result {
+                Ok(()) => eprintln!("nbd: connection {id} from {peer} ended"),
+                Err(e) => eprintln!("nbd: connection {id} from {peer} ended: {e}"),
+            }
+        }
+    }
+
+    fn run_connection(self: &Arc<Self>, mut stream: Stream) -> io::Result<()> {
+        let Some(session) = self.handshake(&mut stream)? else {
+            stream.shutdown(Shutdown::Both);
+            return Ok(());
+        };
+        self.transmission(stream.try_clone()?, stream, session)
+    }
+
+    /// The handshake and option haggling; `None` when the client aborted or is done.
+    fn handshake(&self, s: &mut Stream) -> io::Result<Option<Session>> {
+        s.write_all(&greeting())?;
+        let client_flags = read_u32(s)?;
+        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
+            || client_flags & FLAG_C_FIXED_NEWSTYLE == 0
+        {
+            return Err(invalid(format!("client flags {client_flags:#x}")));
+        }
+        let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+        let mut session = Session::default();
+        loop {
+            let mut header = [0u8; 16];
+            s.read_exact(&mut header)?;
+            let (option, len) = proto::decode_option_header(&header).map_err(invalid)?;
+            const MAX_OPTION: u32 = 64 << 10;
+            if len > MAX_OPTION {
+                if option == OPT_EXPORT_NAME || len > 16 << 20 {
+                    return Err(invalid(format!("option data of {len} bytes")));
+                }
+                discard(s, len as u64)?;
+                reply(s, option, REP_ERR_TOO_BIG, b"option data too long")?;
+                continue;
+            }
+            let mut data = vec![0u8; len as usize];
+            s.read_exact(&mut data)?;
+            match option {
+                OPT_EXPORT_NAME => {
+                    let name = String::from_utf8_lossy(&data);
+                    if !self.is_export(&name) {
+                        return Err(invalid(format!("unknown export '{name}'")));
+                    }
+                    let mut v = self.dev.size().to_be_bytes().to_vec();
+                    v.extend(self.transmission_flags(session.structured).to_be_bytes());
+                    if !no_zeroes {
+                        v.extend([0u8; 124]);
+                    }
+                    s.write_all(&v)?;
+                    return Ok(Some(session));
+                }
+                OPT_ABORT => {
+                    let _ = reply(s, option, REP_ACK, &[]);
+                    return Ok(None);
+                }
+                OPT_LIST => {
+                    if !data.is_empty() {
+                        reply(s, option, REP_ERR_INVALID, b"LIST takes no data")?;
+                        continue;
+                    }
+                    let mut v = (self.config.export_name.len() as u32)
+                        .to_be_bytes()
+                        .to_vec();
+                    v.extend(self.config.export_name.as_bytes());
+                    reply(s, option, REP_SERVER, &v)?;
+                    reply(s, option, REP_ACK, &[])?;
+                }
+                OPT_STARTTLS => reply(s, option, REP_ERR_UNSUP, b"TLS is not offered")?,
+                OPT_INFO | OPT_GO => {
+                    let req = match InfoRequest::decode(&data) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                            continue;
+                        }
+                    };
+                    if !self.is_export(&req.export) {
+                        let msg = format!("no export named '{}'", req.export);
+                        reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+                        continue;
+                    }
+                    let flags = self.transmission_flags(session.structured);
+                    reply(s, option, REP_INFO, &info_export(self.dev.size(), flags))?;
+                    if req.infos.contains(&INFO_NAME) {
+                        let mut v = INFO_NAME.to_be_bytes().to_vec();
+                        v.extend(self.config.export_name.as_bytes());
+                        reply(s, option, REP_INFO, &v)?;
+                    }
+                    if let Some(d) = self
+                        .config
+                        .description
+                        .as_ref()
+                        .filter(|_| req.infos.contains(&INFO_DESCRIPTION))
+                    {
+                        let mut v = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                        v.extend(d.as_bytes());
+                        reply(s, option, REP_INFO, &v)?;
+                    }
+                    let preferred = self.dev.block_size().max(self.config.min_block);
+                    let block =
+                        info_block_size(self.config.min_block, preferred, self.config.max_payload);
+                    reply(s, option, REP_INFO, &block)?;
+                    reply(s, option, REP_ACK, &[])?;
+                    if option == OPT_GO {
+                        session.block_sizes = req.infos.contains(&INFO_BLOCK_SIZE);
+                        return Ok(Some(session));
+                    }
+                }
+                OPT_STRUCTURED_REPLY => {
+                    if !data.is_empty() {
+                        reply(s, option, REP_ERR_INVALID, b"takes no data")?;
+                    } else {
+                        session.structured = true;
+                        reply(s, option, REP_ACK, &[])?;
+                    }
+                }
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                    let set = option == OPT_SET_META_CONTEXT;
+                    if set && !session.structured {
+                        reply(s, option, REP_ERR_INVALID, b"structured replies first")?;
+                        continue;
+                    }
+                    let req = match MetaContextRequest::decode(&data) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                            continue;
+                        }
+                    };
+                    if !self.is_export(&req.export) {
+                        let msg = format!("no export named '{}'", req.export);
+                        reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+                        continue;
+                    }
+                    let wanted = if set {
+                        req.queries.iter().any(|q| q == BASE_ALLOCATION)
+                    } else {
+                        req.queries.is_empty()
+                            || req
+                                .queries
+                                .iter()
+                                .any(|q| q == "base:" || q == BASE_ALLOCATION)
+                    };
+                    if wanted {
+                        let mut v = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                        v.extend(BASE_ALLOCATION.as_bytes());
+                        reply(s, option, REP_META_CONTEXT, &v)?;
+                    }
+                    if set {
+                        session.base_allocation = wanted;
+                    }
+                    reply(s, option, REP_ACK, &[])?;
+                }
+                _ => {
+                    let msg = format!("option {option} is not supported");
+                    reply(s, option, REP_ERR_UNSUP, msg.as_bytes())?;
+                }
+            }
+        }
+    }
+
+    fn is_export(&self, name: &str) -> bool {
+        name.is_empty() || name == self.config.export_name
+    }
+
+    /// The transmission phase: this thread reads requests; workers run them and reply.
+    fn transmission(
+        self: &Arc<Self>,
+        mut reader: Stream,
+        writer: Stream,
+        session: Session,
+    ) -> io::Result<()> {
+        let conn = Arc::new(Conn {
+            writer: Mutex::new(writer),
+            credit: Credit::new(self.config.max_in_flight_bytes),
+            session,
+            dead: AtomicBool::new(false),
+        });
+        let (tx, rx) = sync_channel::<Job>(self.config.workers_per_connection * 4);
+        let rx = Arc::new(Mutex::new(rx));
+        let workers: Vec<_> = (0..self.config.workers_per_connection.max(1))
+            .map(|_| {
+                let (server, conn, rx) = (Arc::clone(self), Arc::clone(&conn), Arc::clone(&rx));
+                std::thread::spawn(move || worker(&server, &conn, &rx))
+            })
+            .collect();
+        drop(rx);
+        let result = self.read_requests(&mut reader, &conn, &tx);
+        drop(tx);
+        for w in workers {
+            let _ = w.join();
+        }
+        conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
+        match result {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(()),
+            other => other,
+        }
+    }
+
+    fn read_requests(
+        &self,
+        s: &mut Stream,
+        conn: &Conn,
+        tx: &std::sync::mpsc::SyncSender<Job>,
+    ) -> io::Result<()> {
+        loop {
+            let mut header = [0u8; REQUEST_LEN];
+            s.read_exact(&mut header)?;
+            let req = Request::decode(&header).map_err(invalid)?;
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            if req.kind == CMD_DISC {
+                return Ok(());
+            }
+            let payload_len = if req.kind == CMD_WRITE { req.length } else { 0 };
+            if payload_len > self.config.max_payload {
+                // Read past the payload so the stream stays in step, then refuse it.
+                discard(s, payload_len as u64)?;
+                conn.send_error(req, EINVAL, "payload longer than the maximum")?;
+                continue;
+            }
+            let cost = (payload_len.max(if req.kind == CMD_READ { req.length } else { 0 }))
+                .min(self.config.max_payload) as usize;
+            conn.credit.acquire(cost);
+            let mut payload = vec![0u8; payload_len as usize];
+            if let Err(e) = s.read_exact(&mut payload) {
+                conn.credit.release(cost);
+                return Err(e);
+            }
+            if tx.send(Job { req, payload, cost }).is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// What the handshake settled.
+#[derive(Debug, Default, Clone, Copy)]
+struct Session {
+    structured: bool,
+    base_allocation: bool,
+    /// The client asked for block sizes, so their constraints are enforced.
+    block_sizes: bool,
+}
+
+struct Job {
+    req: Request,
+    payload: Vec<u8>,
+    cost: usize,
+}
+
+struct Conn {
+    writer: Mutex<Stream>,
+    credit: Credit,
+    session: Session,
+    /// A reply could not be sent: the client is gone. Requests still queued are dropped
+    /// unrun, and the socket is shut so the reader stops too.
+    dead: AtomicBool,
+}
+
+impl Conn {
+    /// Writes one whole reply (pieces in order) under the writer lock.
+    fn send(&self, pieces: &[&[u8]]) -> io::Result<()> {
+        let mut w = self.writer.lock().expect("writer");
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        if total <= 64 << 10 {
+            let mut buf = Vec::with_capacity(total);
+            for p in pieces {
+                buf.extend_from_slice(p);
+            }
+            w.write_all(&buf)
+        } else {
+            pieces.iter().try_for_each(|p| w.write_all(p))
+        }
+    }
+
+    fn send_ok(&self, req: Request) -> io::Result<()> {
+        if self.session.structured {
+            self.send(&[&chunk_header(
+                req.cookie,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_NONE,
+                0,
+            )])
+        } else {
+            self.send(&[&simple_reply(req.cookie, 0)])
+        }
+    }
+
+    fn send_error(&self, req: Request, error: u32, message: &str) -> io::Result<()> {
+        if self.session.structured {
+            let payload = error_chunk_payload(error, message);
+            let header = chunk_header(
+                req.cookie,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_ERROR,
+                payload.len() as u32,
+            );
+            self.send(&[&header, &payload])
+        } else {
+            self.send(&[&simple_reply(req.cookie, error)])
+        }
+    }
+}
+
+/// A byte budget for requests in flight.
+struct Credit {
+    limit: usize,
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Credit {
+    fn new(limit: usize) -> Credit {
+        Credit {
+            limit,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits until `n` more bytes fit (a request larger than the whole budget runs alone).
+    fn acquire(&self, n: usize) {
+        let mut used = self.used.lock().expect("credit");
+        while *used > 0 && *used + n > self.limit {
+            used = self.freed.wait(used).expect("credit");
+        }
+        *used += n;
+    }
+
+    fn release(&self, n: usize) {
+        *self.used.lock().expect("credit") -= n;
+        self.freed.notify_all();
+    }
+}
+
+fn worker(server: &Server, conn: &Conn, rx: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match rx.lock().expect("queue").recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let cost = job.cost;
+        if !conn.dead.load(Ordering::Relaxed) && run(server, conn, job).is_err() {
+            conn.dead.store(true, Ordering::Relaxed);
+            conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
+        }
+        conn.credit.release(cost);
+    }
+}
+
+/// Runs one request and sends its reply.
+fn run(server: &Server, conn: &Conn, job: Job) -> io::Result<()> {
+    let Job { req, payload, .. } = job;
+    if let Err((error, msg)) = check(server, conn, &req) {
+        server.stats.errors.fetch_add(1, Ordering::Relaxed);
+        return conn.send_error(req, error, &msg);
+    }
+    let dev = &server.dev;
+    let fua = req.flags & CMD_FLAG_FUA != 0;
+    let result: Result<Option<Vec<u8>>, BlockError> = match req.kind {
+        CMD_READ => {
+            let mut buf = vec![0u8; req.length as usize];
+            dev.read_at(req.offset, &mut buf).map(|()| Some(buf))
+        }
+        CMD_WRITE => dev.write_at(req.offset, &payload, fua).map(|()| None),
+        CMD_FLUSH => dev.flush().map(|()| None),
+        CMD_TRIM => dev
+            .discard(req.offset, req.length as u64)
+            .and_then(|()| if fua { dev.flush() } else { Ok(()) })
+            .map(|()| None),
+        CMD_CACHE => Ok(None),
+        CMD_WRITE_ZEROES => {
+            if req.flags & CMD_FLAG_FAST_ZERO != 0 && !dev.fast_zeroes() {
+                Err(BlockError::Unsupported("fast zeroing"))
+            } else {
+                let unmap = req.flags & CMD_FLAG_NO_HOLE == 0;
+                dev.write_zeroes(req.offset, req.length as u64, unmap)
+                    .and_then(|()| if fua { dev.flush() } else { Ok(()) })
+                    .map(|()| None)
+            }
+        }
+        CMD_BLOCK_STATUS => return block_status(server, conn, req),
+        _ => unreachable!("checked"),
+    };
+    match result {
+        Ok(Some(data)) => {
+            server
+                .stats
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            if conn.session.structured {
+                let header = chunk_header(
+                    req.cookie,
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_OFFSET_DATA,
+                    8 + data.len() as u32,
+                );
+                conn.send(&[&header, &req.offset.to_be_bytes(), &data])
+            } else {
+                conn.send(&[&simple_reply(req.cookie, 0), &data])
+            }
+        }
+        Ok(None) => {
+            if req.kind == CMD_WRITE {
+                server
+                    .stats
+                    .bytes_written
+                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
+            }
+            conn.send_ok(req)
+        }
+        Err(e) => {
+            server.stats.errors.fetch_add(1, Ordering::Relaxed);
+            conn.send_error(req, wire_errno(e.errno()), &e.to_string())
+        }
+    }
+}
+
+/// The checks every request passes before the device sees it: (error, message) if not.
+fn check(server: &Server, conn: &Conn, req: &Request) -> Result<(), (u32, String)> {
+    let known_flags =
+        CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF | CMD_FLAG_REQ_ONE | CMD_FLAG_FAST_ZERO;
+    if req.flags & !known_flags != 0 {
+        return Err((EINVAL, format!("unknown command flags {:#x}", req.flags)));
+    }
+    let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    match req.kind {
+        CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE | CMD_WRITE_ZEROES => {}
+        CMD_BLOCK_STATUS if conn.session.base_allocation => {}
+        CMD_BLOCK_STATUS => {
+            return Err((EINVAL, "no metadata context was negotiated".into()));
+        }
+        k => return Err((EINVAL, format!("unknown command {k}"))),
+    }
+    if writes && server.config.read_only {
+        return Err((EPERM, "the export is read-only".into()));
+    }
+    if req.kind == CMD_FLUSH {
+        return Ok(());
+    }
+    if matches!(req.kind, CMD_READ | CMD_WRITE) && req.length > server.config.max_payload {
+        return Err((EINVAL, "longer than the maximum payload".into()));
+    }
+    let size = server.dev.size();
+    if req
+        .offset
+        .checked_add(req.length as u64)
+        .is_none_or(|end| end > size)
+    {
+        // The spec: ENOSPC for writes and write-zeroes past the end, EINVAL for the rest.
+        let e = if matches!(req.kind, CMD_WRITE | CMD_WRITE_ZEROES) {
+            ENOSPC
+        } else {
+            EINVAL
+        };
+        return Err((
+            e,
+            format!("{}+{} is past the end ({size})", req.offset, req.length),
+        ));
+    }
+    if conn.session.block_sizes {
+        let min = server.config.min_block as u64;
+        let aligned = req.offset.is_multiple_of(min)
+            && ((req.length as u64).is_multiple_of(min) || req.offset + req.length as u64 == size);
+        if !aligned && req.kind != CMD_BLOCK_STATUS {
+            return Err((
+                EINVAL,
+                format!("not aligned to the {min}-byte minimum block"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `NBD_CMD_BLOCK_STATUS` for `base:allocation`: descriptors covering at most the asked
+/// length, each no longer than a u32.
+fn block_status(server: &Server, conn: &Conn, req: Request) -> io::Result<()> {
+    const MAX_DESCRIPTORS: usize = 1 << 16;
+    let extents = match server.dev.block_status(req.offset, req.length as u64) {
+        Ok(e) => e,
+        Err(e) => return conn.send_error(req, wire_errno(e.errno()), &e.to_string()),
+    };
+    let mut payload = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+    let mut left = req.length as u64;
+    let mut count = 0;
+    'extents: for e in extents {
+        let mut len = e.len.min(left);
+        let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero { STATE_ZERO } else { 0 };
+        while len > 0 {
+            let piece = len.min(u32::MAX as u64 & !4095);
+            payload.extend((piece as u32).to_be_bytes());
+            payload.extend(flags.to_be_bytes());
+            len -= piece;
+            left -= piece;
+            count += 1;
+            if count == MAX_DESCRIPTORS || req.flags & CMD_FLAG_REQ_ONE != 0 || left == 0 {
+                break 'extents;
+            }
+        }
+    }
+    if count == 0 {
+        return conn.send_error(req, EINVAL, "no extent for that range");
+    }
+    let header = chunk_header(
+        req.cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        payload.len() as u32,
+    );
+    conn.send(&[&header, &payload])
+}
+
+fn greeting() -> Vec<u8> {
+    let mut v = NBDMAGIC.to_be_bytes().to_vec();
+    v.extend(IHAVEOPT.to_be_bytes());
+    v.extend((FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    v
+}
+
+fn reply(s: &mut Stream, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    s.write_all(&encode_option_reply(option, kind, data))
+}
+
+fn read_u32(s: &mut Stream) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// Reads and drops `n` bytes.
+fn discard(s: &mut Stream, n: u64) -> io::Result<()> {
+    let copied = io::copy(&mut s.take(n), &mut io::sink())?;
+    if copied < n {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+fn invalid(e: impl ToString) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+fn set_blocking(s: &Stream) -> io::Result<()> {
+    match s {
+        Stream::Tcp(t) => t.set_nonblocking(false),
+        Stream::Unix(u) => u.set_nonblocking(false),
+    }
+}
