@@ -12,9 +12,11 @@
 #   - liblzo2-dev: liblzo2, the C reference the LZO benches and fuzz targets compare with
 #     (only they link it: `cargo test` does not need it)
 #   - shellcheck: the lint CI runs on every shell script
+#   - libnbd-bin, python3-libnbd, qemu-utils: the NBD clients (nbdcopy, nbdinfo, nbdsh,
+#     qemu-img) the tests of `ztier serve` drive
 set -euo pipefail
 
-PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck)
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils)
 
 # The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
 # removed but left its configuration files behind.

@@ -143,3 +143,70 @@ pub fn pool_model(data: &[u8]) {
         });
     }
 }
+
+/// Arbitrary bytes from a client, through the whole server: the handshake, options and
+/// requests are parsed and run on a small zram device, and whatever comes in, the server
+/// answers or closes, never panics or hangs. Half the inputs start with a valid handshake
+/// (structured replies and base:allocation negotiated, then GO), so the request parser and
+/// the commands are reached, not only the greeting.
+pub fn nbd_server(data: &[u8]) {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::{Arc, OnceLock};
+    use ztier_nbd::proto::*;
+    use ztier_nbd::{Server, ServerConfig, Stream};
+
+    static SERVER: OnceLock<Arc<Server>> = OnceLock::new();
+    let server = SERVER.get_or_init(|| {
+        let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
+        let dev = ztier_zram::Device::new(1 << 20, "lz4".parse().expect("lz4"), Box::new(pool))
+            .expect("device");
+        Server::new(
+            Arc::new(dev) as Arc<dyn ztier_blockdev::BlockDevice>,
+            ServerConfig {
+                export_name: "fuzz".into(),
+                workers_per_connection: 2,
+                max_payload: 1 << 20,
+                ..ServerConfig::default()
+            },
+        )
+    });
+    let (mut client, server_end) = UnixStream::pair().expect("socketpair");
+    let mut input = Vec::new();
+    if data.first().is_some_and(|b| b & 1 == 1) {
+        input.extend((FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
+        let mut option = |opt: u32, body: &[u8]| {
+            input.extend(IHAVEOPT.to_be_bytes());
+            input.extend(opt.to_be_bytes());
+            input.extend((body.len() as u32).to_be_bytes());
+            input.extend(body);
+        };
+        option(OPT_STRUCTURED_REPLY, &[]);
+        let meta = MetaContextRequest {
+            export: "fuzz".into(),
+            queries: vec![BASE_ALLOCATION.into()],
+        };
+        option(OPT_SET_META_CONTEXT, &meta.encode());
+        let go = InfoRequest {
+            export: "fuzz".into(),
+            infos: vec![INFO_BLOCK_SIZE],
+        };
+        option(OPT_GO, &go.encode());
+        input.extend(&data[1..]);
+    } else {
+        input.extend(data);
+    }
+    // Drain the replies so the server never blocks on a full socket.
+    let mut reader = client.try_clone().expect("clone");
+    let drain = std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    let feeder = std::thread::spawn(move || {
+        let _ = client.write_all(&input);
+        let _ = client.shutdown(std::net::Shutdown::Write);
+    });
+    server.handle(1, Stream::Unix(server_end));
+    feeder.join().expect("feeder");
+    drain.join().expect("drain");
+}

@@ -1,0 +1,327 @@
+//! `ztier serve` with the clients people use: libnbd's nbdinfo, nbdcopy and nbdsh, and
+//! qemu-img. Each test starts the server on a Unix socket, drives it with one client, and
+//! stops it with SIGINT (it must answer what is in flight, remove its socket and print its
+//! statistics). A client that is not installed makes its test say so and skip, except
+//! under CI, which installs them all (scripts/setup.sh).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        ztier_corpus::cannot_test(&format!(
+            "{tool} is not installed (scripts/setup.sh installs it)"
+        ));
+    }
+    found
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ztier-nbd-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A running `ztier serve` on a Unix socket.
+struct Served {
+    child: Option<Child>,
+    socket: PathBuf,
+}
+
+impl Served {
+    fn start(dir: &Path, extra: &[&str]) -> Served {
+        let socket = dir.join("nbd.sock");
+        let mut args = vec!["serve", "--socket", socket.to_str().unwrap(), "--quiet"];
+        args.extend_from_slice(extra);
+        let child = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while !socket.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Served {
+            child: Some(child),
+            socket,
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.socket.display())
+    }
+
+    /// SIGINT, then the server's output; it must exit 0 and remove its socket.
+    fn stop(mut self) -> Output {
+        let child = self.child.take().unwrap();
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!self.socket.exists(), "socket removed at shutdown");
+        out
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The bundled sample's raw pages in a file (9 MiB of real memory), with 3 MiB of zeros
+/// after them, so the copy has a hole to skip.
+fn sample_file(dir: &Path) -> PathBuf {
+    let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
+    let corpus = ztier_corpus::Corpus::load(&sample).unwrap();
+    let mut bytes = corpus.bytes().to_vec();
+    bytes.resize(12 << 20, 0);
+    let path = dir.join("sample.raw");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Runs a Python script in nbdsh (libnbd's handle is `h`; `uri` is set). nbdsh runs the
+/// `python3` on PATH, which must be the one Debian's python3-libnbd installed into: a
+/// pyenv or venv python found first does not have it, so /usr/bin goes first.
+fn nbdsh(uri: &str, script: &str) -> Output {
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    Command::new("nbdsh")
+        .env("PATH", path)
+        .args(["-c", &format!("uri = {uri:?}\n{script}")])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn nbdcopy_in_and_out_and_nbdinfo() {
+    if !have("nbdcopy") || !have("nbdinfo") {
+        return;
+    }
+    let dir = temp_dir("nbdcopy");
+    let input = sample_file(&dir);
+    let served = Served::start(&dir, &["--size", "12M", "--compressor", "lz4"]);
+    run("nbdcopy", &[input.to_str().unwrap(), &served.uri()]);
+    let back = dir.join("back.raw");
+    run("nbdcopy", &[&served.uri(), back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&input).unwrap() == std::fs::read(&back).unwrap(),
+        "copied out as copied in"
+    );
+
+    let info = String::from_utf8(run("nbdinfo", &["--json", &served.uri()]).stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let export = &v["exports"][0];
+    assert_eq!(export["export-size"], 12 << 20);
+    assert_eq!(export["block_size_minimum"], 512);
+    assert_eq!(export["block_size_preferred"], 4096);
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_fast_zero",
+        "can_multi_conn",
+        "can_cache",
+    ] {
+        assert_eq!(export[flag], true, "{flag} in {info}");
+    }
+    assert_eq!(export["is_read_only"], false);
+
+    // The 3 MiB nbdcopy never wrote are a hole; the zero pages it wrote are zero.
+    let map = String::from_utf8(run("nbdinfo", &["--map", &served.uri()]).stdout).unwrap();
+    let last = map.lines().last().unwrap();
+    assert!(last.contains("hole,zero"), "{map}");
+    assert!(map.lines().any(|l| l.trim_end().ends_with("data")), "{map}");
+    let out = served.stop();
+    let stats = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stats.contains("mm_stat") && stats.contains("io_stat"),
+        "{stats}"
+    );
+}
+
+#[test]
+fn qemu_img_convert_in_and_out() {
+    if !have("qemu-img") {
+        return;
+    }
+    let dir = temp_dir("qemu");
+    let input = sample_file(&dir);
+    let served = Served::start(&dir, &["--size", "12M", "--compressor", "zstd"]);
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            input.to_str().unwrap(),
+            &served.uri(),
+        ],
+    );
+    let back = dir.join("back.raw");
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &served.uri(),
+            back.to_str().unwrap(),
+        ],
+    );
+    assert!(std::fs::read(&input).unwrap() == std::fs::read(&back).unwrap());
+    let info = String::from_utf8(run("qemu-img", &["info", "--output=json", &served.uri()]).stdout)
+        .unwrap();
+    assert!(
+        info.contains(&format!("\"virtual-size\": {}", 12 << 20)),
+        "{info}"
+    );
+    served.stop();
+}
+
+/// Every command and flag through libnbd, with block status after each change.
+#[test]
+fn nbdsh_commands_and_block_status() {
+    if !have("nbdsh") {
+        return;
+    }
+    let dir = temp_dir("nbdsh");
+    let served = Served::start(&dir, &["--size", "1M", "--export-name", "disk"]);
+    let script = r#"
+import nbd
+h.set_export_name("disk")
+h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+h.connect_uri(uri)
+assert h.get_size() == 1 << 20
+assert h.can_fua() and h.can_trim() and h.can_zero() and h.can_fast_zero() and h.can_cache() and h.can_multi_conn()
+assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+
+def status(offset, length):
+    out = []
+    def f(metacontext, off, entries, err):
+        out.extend(zip(entries[0::2], entries[1::2]))
+    h.block_status(length, offset, f)
+    return out
+
+page = bytes(range(256)) * 16
+h.pwrite(page * 2, 4096, nbd.CMD_FLAG_FUA)
+assert h.pread(8192, 4096) == page * 2
+assert status(0, 4 * 4096)[0] == (4096, nbd.STATE_HOLE | nbd.STATE_ZERO)
+assert status(4096, 8192) == [(8192, 0)]
+h.trim(4096, 4096)
+assert h.pread(4096, 4096) == bytes(4096)
+assert status(4096, 4096) == [(4096, nbd.STATE_HOLE | nbd.STATE_ZERO)]
+h.zero(4096, 8192, nbd.CMD_FLAG_NO_HOLE)
+assert h.pread(8192, 8192) == bytes(8192)
+assert status(8192, 4096) == [(4096, nbd.STATE_ZERO)], status(8192, 4096)
+h.pwrite(page, 8192)
+h.zero(4096, 8192)
+assert status(8192, 4096) == [(4096, nbd.STATE_HOLE | nbd.STATE_ZERO)]
+h.zero(4096, 0, nbd.CMD_FLAG_FAST_ZERO)
+# A sub-page write (aligned to the 512-byte minimum) is a read-modify-write of its page.
+h.pwrite(b"x" * 512, 1024)
+assert h.pread(2048, 0) == bytes(1024) + b"x" * 512 + bytes(512)
+# Below the minimum block, a client that asked for block sizes is refused by the server.
+h.set_strict_mode(h.get_strict_mode() & ~nbd.STRICT_ALIGN)
+try:
+    h.pwrite(b"y" * 100, 10)
+    raise SystemExit("a misaligned write was accepted")
+except nbd.Error as e:
+    assert e.errnum == 22, e
+assert h.pread(512, 0) == bytes(512)
+h.flush()
+h.cache(4096, 0)
+for off, length in [(1 << 20, 1), ((1 << 20) - 512, 1024)]:
+    try:
+        h.pread(length, off)
+        raise SystemExit("read past the end was accepted")
+    except nbd.Error as e:
+        assert e.errnum == 22, e
+try:
+    h.pwrite(b"y" * 1024, (1 << 20) - 512)
+    raise SystemExit("write past the end was accepted")
+except nbd.Error as e:
+    assert e.errnum == 28, e
+h.shutdown()
+print("nbdsh: all checks passed")
+"#;
+    let out = nbdsh(&served.uri(), script);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("all checks passed"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    served.stop();
+}
+
+/// A write past --mem-limit fails with ENOSPC and leaves what was stored as it was.
+#[test]
+fn a_write_past_the_memory_limit_is_enospc() {
+    if !have("nbdsh") {
+        return;
+    }
+    let dir = temp_dir("limit");
+    let served = Served::start(&dir, &["--size", "16M", "--mem-limit", "1M"]);
+    let script = r#"
+import nbd, os
+h.connect_uri(uri)
+h.pwrite(b"kept" * 1024, 0)
+noise = os.urandom(4 << 20)
+try:
+    h.pwrite(noise, 1 << 20)
+    raise SystemExit("a write past the limit was accepted")
+except nbd.Error as e:
+    assert e.errnum == 28, e
+assert h.pread(4096, 0) == b"kept" * 1024
+print("limit: ok")
+"#;
+    let out = nbdsh(&served.uri(), script);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("limit: ok"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    served.stop();
+}
