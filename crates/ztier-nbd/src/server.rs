@@ -355,18 +355,10 @@ impl Server {
                 }
                 OPT_STARTTLS => reply(s, option, REP_ERR_UNSUP, b"TLS is not offered")?,
                 OPT_INFO | OPT_GO => {
-                    let req = match InfoRequest::decode(&data) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
-                            continue;
-                        }
-                    };
-                    if !self.is_export(&req.export) {
-                        let msg = format!("no export named '{}'", req.export);
-                        reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+                    let decoded = InfoRequest::decode(&data);
+                    let Some(req) = self.for_export(s, option, decoded, |r| &r.export)? else {
                         continue;
-                    }
+                    };
                     let flags = self.transmission_flags(session.structured);
                     reply(s, option, REP_INFO, &info_export(self.dev.size(), flags))?;
                     if req.infos.contains(&INFO_NAME) {
@@ -408,18 +400,10 @@ impl Server {
                         reply(s, option, REP_ERR_INVALID, b"structured replies first")?;
                         continue;
                     }
-                    let req = match MetaContextRequest::decode(&data) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
-                            continue;
-                        }
-                    };
-                    if !self.is_export(&req.export) {
-                        let msg = format!("no export named '{}'", req.export);
-                        reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+                    let decoded = MetaContextRequest::decode(&data);
+                    let Some(req) = self.for_export(s, option, decoded, |r| &r.export)? else {
                         continue;
-                    }
+                    };
                     let wanted = if set {
                         req.queries.iter().any(|q| q == BASE_ALLOCATION)
                     } else {
@@ -445,6 +429,30 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// An option's decoded data if it parsed and names this export; else the error reply
+    /// (INVALID, UNKNOWN) is sent and `None` returned, and the haggling goes on.
+    fn for_export<T>(
+        &self,
+        s: &mut Stream,
+        option: u32,
+        decoded: Result<T, Malformed>,
+        export: impl Fn(&T) -> &str,
+    ) -> io::Result<Option<T>> {
+        let req = match decoded {
+            Ok(r) => r,
+            Err(e) => {
+                reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                return Ok(None);
+            }
+        };
+        if !self.is_export(export(&req)) {
+            let msg = format!("no export named '{}'", export(&req));
+            reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+            return Ok(None);
+        }
+        Ok(Some(req))
     }
 
     fn is_export(&self, name: &str) -> bool {
