@@ -12,11 +12,12 @@
 #   - liblzo2-dev: liblzo2, the C reference the LZO benches and fuzz targets compare with
 #     (only they link it: `cargo test` does not need it)
 #   - shellcheck: the lint CI runs on every shell script
-#   - libnbd-bin, python3-libnbd, qemu-utils: the NBD clients (nbdcopy, nbdinfo, nbdsh,
-#     qemu-img) the tests of `ztier serve` drive
+#   - libnbd-bin, python3-libnbd, qemu-utils, fio, fuse3: the NBD clients (nbdcopy,
+#     nbdinfo, nbdsh, nbdfuse, qemu-img, fio's nbd engine) the tests of `ztier serve` drive
+#   - nbdkit: the reference server scripts/nbd-bench.sh measures against
 set -euo pipefail
 
-PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils)
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit)
 
 # The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
 # removed but left its configuration files behind.
