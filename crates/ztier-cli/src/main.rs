@@ -25,6 +25,8 @@ enum Command {
     Classes(classes::ClassesArgs),
     /// Serve a zram device over NBD (to qemu, nbdcopy, nbdfuse, fio, the kernel's nbd).
     Serve(serve::ServeArgs),
+    /// Print a running `ztier serve`'s mm_stat, io_stat, server counts and allocator table.
+    Stat(serve::StatArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Classes(args) => classes::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Stat(args) => serve::stat(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -54,6 +54,112 @@ pub struct ServeArgs {
     /// No log line per connection.
     #[arg(long)]
     pub quiet: bool,
+    /// The control socket `ztier stat` reads the running device's statistics from. Default
+    /// with --socket: that path with `.ctl` appended; with --listen: none.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+/// `ztier stat`: the statistics of a running `ztier serve`.
+#[derive(Args, Debug)]
+pub struct StatArgs {
+    /// The server's data socket (its control socket is this path with `.ctl` appended).
+    #[arg(long, value_name = "PATH", required_unless_present = "control")]
+    pub socket: Option<PathBuf>,
+    /// The server's control socket, when it was given one with --control.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Print JSON instead of the kernel's sysfs format.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn control_path(socket: &std::path::Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".ctl");
+    PathBuf::from(p)
+}
+
+/// Asks a running server for its statistics and prints them.
+pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let path = match (&args.control, &args.socket) {
+        (Some(c), _) => c.clone(),
+        (None, Some(s)) => control_path(s),
+        (None, None) => bail!("give --socket or --control"),
+    };
+    let mut conn = std::os::unix::net::UnixStream::connect(&path)
+        .with_context(|| format!("connecting to {} (is ztier serve running?)", path.display()))?;
+    conn.write_all(if args.json { b"stat json\n" } else { b"stat\n" })?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    print!("{answer}");
+    Ok(())
+}
+
+/// The statistics, as the control socket and the shutdown report give them.
+fn stats_text(device: &Device, server: &Server, json: bool) -> String {
+    let s = server.stats();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    if json {
+        let v = serde_json::json!({
+            "mm_stat": device.mm_stat(),
+            "io_stat": device.io_stat(),
+            "allocator": device.allocator_stats(),
+            "server": {
+                "connections": load(&s.connections),
+                "refused_connections": load(&s.refused_connections),
+                "requests": load(&s.requests),
+                "errors": load(&s.errors),
+                "bytes_written": load(&s.bytes_written),
+                "bytes_read": load(&s.bytes_read),
+            },
+        });
+        return format!("{v}\n");
+    }
+    format!(
+        "mm_stat {}\nio_stat {}\nserver {} connections ({} turned away), {} requests, {} errors, {} bytes written, {} read\n{}",
+        device.mm_stat(),
+        device.io_stat(),
+        load(&s.connections),
+        load(&s.refused_connections),
+        load(&s.requests),
+        load(&s.errors),
+        load(&s.bytes_written),
+        load(&s.bytes_read),
+        device.allocator_stats()
+    )
+}
+
+/// Answers `stat` and `stat json` on the control socket until the server stops.
+fn serve_control(listener: UnixListener, device: Arc<Device>, server: Arc<Server>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    while !server.is_stopping() {
+        let conn = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut line = String::new();
+        let mut reader = BufReader::new(&conn);
+        if reader.by_ref().take(64).read_line(&mut line).is_err() {
+            continue;
+        }
+        let answer = match line.trim() {
+            "stat" => stats_text(&device, &server, false),
+            "stat json" => stats_text(&device, &server, true),
+            other => format!("error: unknown request '{other}' (stat, stat json)\n"),
+        };
+        let _ = (&conn).write_all(answer.as_bytes());
+    }
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -106,6 +212,25 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         }
     };
     let server = Server::new(Arc::clone(&device) as Arc<dyn BlockDevice>, config);
+    let control = args
+        .control
+        .clone()
+        .or_else(|| args.socket.as_deref().map(control_path));
+    let control_thread = match &control {
+        Some(path) => {
+            if path.exists() {
+                bail!(
+                    "{} exists; remove it if no server is using it",
+                    path.display()
+                );
+            }
+            let l = UnixListener::bind(path)
+                .with_context(|| format!("binding the control socket {}", path.display()))?;
+            let (device, server) = (Arc::clone(&device), Arc::clone(&server));
+            Some(std::thread::spawn(move || serve_control(l, device, server)))
+        }
+        None => None,
+    };
 
     // SIGINT and SIGTERM set a flag; a watcher stops the server, which answers what is in
     // flight and ends its connections.
@@ -130,26 +255,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let served = server.serve(listener);
     server.stop();
     let _ = watcher.join();
-    if let Some(path) = &args.socket {
+    if let Some(t) = control_thread {
+        let _ = t.join();
+    }
+    for path in args.socket.iter().chain(control.iter()) {
         let _ = std::fs::remove_file(path);
     }
     served.context("serving")?;
-    print_stats(&device, &server);
+    eprintln!("ztier serve: stopped");
+    print!("{}", stats_text(&device, &server, false));
     Ok(())
-}
-
-fn print_stats(device: &Device, server: &Server) {
-    let s = server.stats();
-    eprintln!(
-        "ztier serve: stopped after {} connections ({} turned away), {} requests, {} errors, {} bytes written, {} read",
-        s.connections.load(Ordering::Relaxed),
-        s.refused_connections.load(Ordering::Relaxed),
-        s.requests.load(Ordering::Relaxed),
-        s.errors.load(Ordering::Relaxed),
-        s.bytes_written.load(Ordering::Relaxed),
-        s.bytes_read.load(Ordering::Relaxed),
-    );
-    println!("mm_stat {}", device.mm_stat());
-    println!("io_stat {}", device.io_stat());
-    println!("{}", device.allocator_stats());
 }

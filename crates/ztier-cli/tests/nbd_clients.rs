@@ -167,7 +167,30 @@ fn nbdcopy_in_and_out_and_nbdinfo() {
     let last = map.lines().last().unwrap();
     assert!(last.contains("hole,zero"), "{map}");
     assert!(map.lines().any(|l| l.trim_end().ends_with("data")), "{map}");
+    // The running server's statistics, as text and as JSON.
+    let socket = served.socket.to_str().unwrap().to_owned();
+    let ztier = env!("CARGO_BIN_EXE_ztier");
+    let text = String::from_utf8(run(ztier, &["stat", "--socket", &socket]).stdout).unwrap();
+    assert!(
+        text.starts_with("mm_stat ")
+            && text.contains("\nio_stat ")
+            && text.contains("obj_allocated"),
+        "{text}"
+    );
+    let json = run(ztier, &["stat", "--socket", &socket, "--json"]).stdout;
+    let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    assert!(
+        v["mm_stat"]["orig_data_size"].as_u64().unwrap() >= 8 << 20,
+        "{v}"
+    );
+    assert!(
+        v["server"]["bytes_written"].as_u64().unwrap() >= 8 << 20,
+        "{v}"
+    );
+    assert_eq!(v["allocator"]["allocator"], "zsmalloc");
+    let control = PathBuf::from(format!("{socket}.ctl"));
     let out = served.stop();
+    assert!(!control.exists(), "control socket removed at shutdown");
     let stats = String::from_utf8_lossy(&out.stdout);
     assert!(
         stats.contains("mm_stat") && stats.contains("io_stat"),
