@@ -379,6 +379,8 @@ fn fio_random_io_with_verify() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // fio saves verify state files in its working directory by default.
+            "--verify_state_save=0",
             "--buffer_compress_percentage=60",
             "--refill_buffers",
             "--output-format=json",
