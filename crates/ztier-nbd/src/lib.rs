@@ -2,6 +2,7 @@
 //! [`server`], which serves any [`ztier_blockdev::BlockDevice`]. It knows nothing of zram.
 #![forbid(unsafe_code)]
 
+mod buffers;
 pub mod proto;
 pub mod server;
 

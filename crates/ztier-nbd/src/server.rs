@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use ztier_blockdev::{BlockDevice, BlockError};
 
+use crate::buffers::{Buffer, Buffers};
 use crate::proto::{self, *};
 
 /// How a server serves its export.
@@ -469,6 +470,7 @@ impl Server {
         let conn = Arc::new(Conn {
             writer: Mutex::new(writer),
             credit: Credit::new(self.config.max_in_flight_bytes),
+            buffers: Buffers::new(self.config.max_in_flight_bytes),
             session,
             dead: AtomicBool::new(false),
         });
@@ -517,7 +519,13 @@ impl Server {
             let cost = (payload_len.max(if req.kind == CMD_READ { req.length } else { 0 }))
                 .min(self.config.max_payload) as usize;
             conn.credit.acquire(cost);
-            let mut payload = vec![0u8; payload_len as usize];
+            let mut payload = match conn.buffers.take(payload_len as usize) {
+                Ok(b) => b,
+                Err(e) => {
+                    conn.credit.release(cost);
+                    return Err(e);
+                }
+            };
             if let Err(e) = s.read_exact(&mut payload) {
                 conn.credit.release(cost);
                 return Err(e);
@@ -540,13 +548,15 @@ struct Session {
 
 struct Job {
     req: Request,
-    payload: Vec<u8>,
+    payload: Buffer,
     cost: usize,
 }
 
 struct Conn {
     writer: Mutex<Stream>,
     credit: Credit,
+    /// Payload buffers, reused across the connection's requests.
+    buffers: Buffers,
     session: Session,
     /// A reply could not be sent: the client is gone. Requests still queued are dropped
     /// unrun, and the socket is shut so the reader stops too.
@@ -635,30 +645,30 @@ fn worker(server: &Server, conn: &Conn, rx: &Mutex<Receiver<Job>>) {
             Ok(j) => j,
             Err(_) => return,
         };
-        let cost = job.cost;
-        if !conn.dead.load(Ordering::Relaxed) && run(server, conn, job).is_err() {
+        let Job { req, payload, cost } = job;
+        if !conn.dead.load(Ordering::Relaxed) && run(server, conn, req, &payload).is_err() {
             conn.dead.store(true, Ordering::Relaxed);
             conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
         }
+        conn.buffers.give(payload);
         conn.credit.release(cost);
     }
 }
 
 /// Runs one request and sends its reply.
-fn run(server: &Server, conn: &Conn, job: Job) -> io::Result<()> {
-    let Job { req, payload, .. } = job;
+fn run(server: &Server, conn: &Conn, req: Request, payload: &[u8]) -> io::Result<()> {
     if let Err((error, msg)) = check(server, conn, &req) {
         server.stats.errors.fetch_add(1, Ordering::Relaxed);
         return conn.send_error(req, error, &msg);
     }
     let dev = &server.dev;
     let fua = req.flags & CMD_FLAG_FUA != 0;
-    let result: Result<Option<Vec<u8>>, BlockError> = match req.kind {
-        CMD_READ => {
-            let mut buf = vec![0u8; req.length as usize];
-            dev.read_at(req.offset, &mut buf).map(|()| Some(buf))
-        }
-        CMD_WRITE => dev.write_at(req.offset, &payload, fua).map(|()| None),
+    let result: Result<Option<Buffer>, BlockError> = match req.kind {
+        CMD_READ => match conn.buffers.take(req.length as usize) {
+            Ok(mut buf) => dev.read_at(req.offset, &mut buf).map(|()| Some(buf)),
+            Err(e) => Err(BlockError::NoMemory(format!("a read buffer: {e}"))),
+        },
+        CMD_WRITE => dev.write_at(req.offset, payload, fua).map(|()| None),
         CMD_FLUSH => dev.flush().map(|()| None),
         CMD_TRIM => dev
             .discard(req.offset, req.length as u64)
@@ -684,7 +694,7 @@ fn run(server: &Server, conn: &Conn, job: Job) -> io::Result<()> {
                 .stats
                 .bytes_read
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
-            if conn.session.structured {
+            let sent = if conn.session.structured {
                 let header = chunk_header(
                     req.cookie,
                     REPLY_FLAG_DONE,
@@ -694,7 +704,9 @@ fn run(server: &Server, conn: &Conn, job: Job) -> io::Result<()> {
                 conn.send(&[&header, &req.offset.to_be_bytes(), &data])
             } else {
                 conn.send(&[&simple_reply(req.cookie, 0), &data])
-            }
+            };
+            conn.buffers.give(data);
+            sent
         }
         Ok(None) => {
             if req.kind == CMD_WRITE {

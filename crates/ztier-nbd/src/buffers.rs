@@ -1,0 +1,140 @@
+//! Payload buffers for one connection: a write's data on its way to the device, a read's on
+//! its way to the client.
+//!
+//! Each buffer is an anonymous mapping, reused for later requests of the connection and
+//! unmapped when the connection ends. Two costs go away that a fresh `vec![0; len]` per
+//! request paid: zeroing the buffer before the socket or the device fills it, and faulting
+//! in fresh pages (together 15 % of the server's CPU under nbdcopy). And because they are
+//! mappings, not heap memory, a finished connection's buffers go back to the OS whatever
+//! the allocator would have kept in its per-thread arenas (8 MiB after one nbdcopy).
+//!
+//! Invariants: the pool keeps at most `keep_bytes` of mappings (the connection's in-flight
+//! budget), so it never holds more than the requests in flight needed at once; a buffer
+//! serves only lengths up to its mapping's size. Lock: `free` is held only to take or
+//! give back a mapping, never across I/O or the device.
+
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::sync::Mutex;
+
+use memmap2::MmapMut;
+
+/// The smallest mapping made: small requests share the size, so any buffer serves any of
+/// them (4 KiB random I/O reuses the same few).
+const MIN_MAP: usize = 64 << 10;
+
+/// A connection's free buffers.
+pub(crate) struct Buffers {
+    free: Mutex<Vec<MmapMut>>,
+    keep_bytes: usize,
+}
+
+/// `len` bytes of a mapping taken from [`Buffers`]; give it back with [`Buffers::give`].
+pub(crate) struct Buffer {
+    map: Option<MmapMut>,
+    len: usize,
+}
+
+impl Buffers {
+    pub(crate) fn new(keep_bytes: usize) -> Buffers {
+        Buffers {
+            free: Mutex::new(Vec::new()),
+            keep_bytes,
+        }
+    }
+
+    /// A buffer of `len` bytes (their content is whatever an earlier request left, or
+    /// zeros): the smallest free mapping that holds it, or a new one.
+    pub(crate) fn take(&self, len: usize) -> io::Result<Buffer> {
+        if len == 0 {
+            return Ok(Buffer { map: None, len });
+        }
+        let reused = {
+            let mut free = self.free.lock().expect("buffers");
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.len() >= len)
+                .min_by_key(|(_, m)| m.len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        let map = match reused {
+            Some(map) => map,
+            None => MmapMut::map_anon(len.next_power_of_two().max(MIN_MAP))?,
+        };
+        Ok(Buffer {
+            map: Some(map),
+            len,
+        })
+    }
+
+    /// Returns a buffer's mapping for reuse, or unmaps it if the pool holds enough.
+    pub(crate) fn give(&self, buffer: Buffer) {
+        let Some(map) = buffer.map else { return };
+        let mut free = self.free.lock().expect("buffers");
+        let held: usize = free.iter().map(|m| m.len()).sum();
+        if held + map.len() <= self.keep_bytes {
+            free.push(map);
+        }
+    }
+
+    /// Bytes of mappings held for reuse.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.free.lock().unwrap().iter().map(|m| m.len()).sum()
+    }
+}
+
+impl Deref for Buffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.map {
+            Some(m) => &m[..self.len],
+            None => &[],
+        }
+    }
+}
+
+impl DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.map {
+            Some(m) => &mut m[..self.len],
+            None => &mut [],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_smallest_first_and_bounded() {
+        let pool = Buffers::new(1 << 20);
+        let mut a = pool.take(4096).unwrap();
+        a[..4].copy_from_slice(b"abcd");
+        let b = pool.take(300 << 10).unwrap();
+        assert_eq!((a.len(), b.len()), (4096, 300 << 10));
+        pool.give(a);
+        pool.give(b);
+        assert_eq!(pool.held(), MIN_MAP + (512 << 10));
+        // A small request takes the small mapping back, with what it held.
+        let c = pool.take(100).unwrap();
+        assert_eq!(&c[..4], b"abcd");
+        assert_eq!(c.map.as_ref().unwrap().len(), MIN_MAP);
+        // A large one takes the large mapping; one larger still maps anew.
+        let d = pool.take(400 << 10).unwrap();
+        assert_eq!(d.map.as_ref().unwrap().len(), 512 << 10);
+        let e = pool.take(600 << 10).unwrap();
+        assert_eq!(e.map.as_ref().unwrap().len(), 1 << 20);
+        pool.give(c);
+        pool.give(d);
+        pool.give(e);
+        // The pool keeps at most its budget: the 1 MiB mapping did not fit beside the rest.
+        assert_eq!(pool.held(), MIN_MAP + (512 << 10));
+        let empty = pool.take(0).unwrap();
+        assert!(empty.is_empty());
+        pool.give(empty);
+    }
+}
