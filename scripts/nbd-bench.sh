@@ -3,13 +3,17 @@
 # `ztier serve` and against nbdkit's memory plugin, in one run: write MB/s, read MB/s and
 # the server's RSS after the write, each also as a ratio to nbdkit's allocator=zstd.
 #
+# Then fio's nbd engine, 4 KiB random 50/50 reads and writes at queue depth 32, buffers 60 %
+# compressible, 256 MiB, 10 s, against ztier lz4 and nbdkit zstd and sparse: IOPS, and the
+# ratio to nbdkit zstd.
+#
 # Usage: scripts/nbd-bench.sh [CORPUS.pages.zst ...]   (default: ../shared/corpus/postgres)
-# Needs: nbdkit, libnbd-bin (nbdcopy), zstd; builds ztier in release mode.
+# Needs: nbdkit, libnbd-bin (nbdcopy), fio, zstd; builds ztier in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpora=("$@")
 [ ${#corpora[@]} -gt 0 ] || corpora=(../shared/corpus/postgres.pages.zst)
-for tool in nbdkit nbdcopy zstd; do
+for tool in nbdkit nbdcopy fio zstd; do
   command -v "$tool" >/dev/null || { echo "nbd-bench: $tool is not installed (scripts/setup.sh)" >&2; exit 1; }
 done
 cargo build --release -q -p ztier-cli
@@ -81,4 +85,26 @@ for corpus in "${corpora[@]}"; do
       "$(calc "${M[$s]} / ${M[nbdkit zstd]}")"
   done
   unset W R M
+done
+
+echo "fio nbd engine: 4 KiB randrw 50/50, iodepth 32, 60 % compressible buffers, 10 s"
+printf '  %-22s %12s %12s %9s\n' server "read IOPS" "write IOPS" "total x"
+declare -A IOPS
+for server in "nbdkit zstd" "nbdkit sparse" "ztier lz4"; do
+  read -r kind alg <<<"$server"
+  case $kind in
+    nbdkit) start nbdkit -f -U "$work/sock" memory size=256M allocator="$alg" ;;
+    ztier) start "$ztier" serve --quiet --socket "$work/sock" --size 256M --compressor "$alg" ;;
+  esac
+  fio --name=bench --ioengine=nbd --uri="nbd+unix:///?socket=$work/sock" --rw=randrw \
+    --rwmixread=50 --bs=4k --size=256M --iodepth=32 --time_based --runtime=10 \
+    --buffer_compress_percentage=60 --refill_buffers --output-format=terse \
+    --terse-version=3 >"$work/fio.out" 2>/dev/null
+  stop
+  # Terse v3: field 8 is read IOPS, field 49 write IOPS.
+  line=$(grep -v '^fio' "$work/fio.out" | tail -n 1)
+  r=$(cut -d';' -f8 <<<"$line")
+  w=$(cut -d';' -f49 <<<"$line")
+  IOPS[$server]=$(calc "$r + $w")
+  printf '  %-22s %12s %12s %9.2f\n' "$server" "$r" "$w" "$(calc "${IOPS[$server]} / ${IOPS[nbdkit zstd]}")"
 done

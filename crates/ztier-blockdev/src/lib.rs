@@ -1,7 +1,8 @@
 //! The block-device seam: what a disk is to the front ends that serve one (the NBD server)
 //! and to the engines that write to one (zram writeback, zswap's swap device). zram's device
-//! implements [`BlockDevice`], a file does ([`file::FileDevice`]), and a remote NBD export
-//! will; a server written against the trait never learns which it serves.
+//! implements [`BlockDevice`], a file does ([`file::FileDevice`]), so does a plain RAM disk
+//! ([`memory::MemoryDevice`], the uncompressed reference), and a remote NBD export will; a
+//! server written against the trait never learns which it serves.
 //!
 //! Contract:
 //! - every method may be called from any number of threads at once, on any byte range
@@ -19,6 +20,7 @@
 #![deny(unsafe_code)]
 
 pub mod file;
+pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Args;
+use clap::{Args, ValueEnum};
+use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_nbd::{Listener, Server, ServerConfig};
@@ -30,6 +31,10 @@ pub struct ServeArgs {
     /// Serve on this TCP address. Anything but loopback only when given explicitly.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]
     pub listen: String,
+    /// What stores the pages: a zram device, or a plain uncompressed RAM disk (the
+    /// protocol's own ceiling, to measure the server against; no compressor, no allocator).
+    #[arg(long, value_enum, default_value = "zram")]
+    pub store: StoreKind,
     /// Compressor, with optional parameters (lzo-rle, lz4, zstd:level=3, ...).
     #[arg(long, default_value = "lzo-rle")]
     pub compressor: Algorithm,
@@ -58,6 +63,27 @@ pub struct ServeArgs {
     /// with --socket: that path with `.ctl` appended; with --listen: none.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Zram,
+    Plain,
+}
+
+/// What is served.
+enum Store {
+    Zram(Arc<Device>),
+    Plain(Arc<MemoryDevice>),
+}
+
+impl Store {
+    fn block_device(&self) -> Arc<dyn BlockDevice> {
+        match self {
+            Store::Zram(d) => Arc::clone(d) as Arc<dyn BlockDevice>,
+            Store::Plain(d) => Arc::clone(d) as Arc<dyn BlockDevice>,
+        }
+    }
 }
 
 /// `ztier stat`: the statistics of a running `ztier serve`.
@@ -98,41 +124,57 @@ pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
 }
 
 /// The statistics, as the control socket and the shutdown report give them.
-fn stats_text(device: &Device, server: &Server, json: bool) -> String {
+fn stats_text(store: &Store, server: &Server, json: bool) -> String {
     let s = server.stats();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     if json {
-        let v = serde_json::json!({
-            "mm_stat": device.mm_stat(),
-            "io_stat": device.io_stat(),
-            "allocator": device.allocator_stats(),
-            "server": {
-                "connections": load(&s.connections),
-                "refused_connections": load(&s.refused_connections),
-                "requests": load(&s.requests),
-                "errors": load(&s.errors),
-                "bytes_written": load(&s.bytes_written),
-                "bytes_read": load(&s.bytes_read),
-            },
+        let server = serde_json::json!({
+            "connections": load(&s.connections),
+            "refused_connections": load(&s.refused_connections),
+            "requests": load(&s.requests),
+            "errors": load(&s.errors),
+            "bytes_written": load(&s.bytes_written),
+            "bytes_read": load(&s.bytes_read),
         });
+        let v = match store {
+            Store::Zram(device) => serde_json::json!({
+                "mm_stat": device.mm_stat(),
+                "io_stat": device.io_stat(),
+                "allocator": device.allocator_stats(),
+                "server": server,
+            }),
+            Store::Plain(device) => serde_json::json!({
+                "plain": { "bytes_held": device.bytes_held() },
+                "server": server,
+            }),
+        };
         return format!("{v}\n");
     }
-    format!(
-        "mm_stat {}\nio_stat {}\nserver {} connections ({} turned away), {} requests, {} errors, {} bytes written, {} read\n{}",
-        device.mm_stat(),
-        device.io_stat(),
+    let server = format!(
+        "server {} connections ({} turned away), {} requests, {} errors, {} bytes written, {} read\n",
         load(&s.connections),
         load(&s.refused_connections),
         load(&s.requests),
         load(&s.errors),
         load(&s.bytes_written),
         load(&s.bytes_read),
-        device.allocator_stats()
-    )
+    );
+    match store {
+        Store::Zram(device) => format!(
+            "mm_stat {}\nio_stat {}\n{server}{}",
+            device.mm_stat(),
+            device.io_stat(),
+            device.allocator_stats()
+        ),
+        Store::Plain(device) => format!(
+            "plain RAM disk: {} bytes of pages held\n{server}",
+            device.bytes_held()
+        ),
+    }
 }
 
 /// Answers `stat` and `stat json` on the control socket until the server stops.
-fn serve_control(listener: UnixListener, device: Arc<Device>, server: Arc<Server>) {
+fn serve_control(listener: UnixListener, store: Arc<Store>, server: Arc<Server>) {
     use std::io::{BufRead, BufReader, Read, Write};
     if listener.set_nonblocking(true).is_err() {
         return;
@@ -154,8 +196,8 @@ fn serve_control(listener: UnixListener, device: Arc<Device>, server: Arc<Server
             continue;
         }
         let answer = match line.trim() {
-            "stat" => stats_text(&device, &server, false),
-            "stat json" => stats_text(&device, &server, true),
+            "stat" => stats_text(&store, &server, false),
+            "stat json" => stats_text(&store, &server, true),
             other => format!("error: unknown request '{other}' (stat, stat json)\n"),
         };
         let _ = (&conn).write_all(answer.as_bytes());
@@ -163,23 +205,34 @@ fn serve_control(listener: UnixListener, device: Arc<Device>, server: Arc<Server
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let layout = args.layout.config();
-    layout.validate().map_err(anyhow::Error::msg)?;
-    let pool = args
-        .allocator
-        .make_pool(&layout)
-        .map_err(anyhow::Error::msg)?;
-    let device = Arc::new(
-        Device::new(args.size, args.compressor, pool)
-            .with_context(|| format!("making a {}-byte device", args.size))?,
-    );
-    device.set_mem_limit(args.mem_limit);
+    let (store, what) = match args.store {
+        StoreKind::Zram => {
+            let layout = args.layout.config();
+            layout.validate().map_err(anyhow::Error::msg)?;
+            let pool = args
+                .allocator
+                .make_pool(&layout)
+                .map_err(anyhow::Error::msg)?;
+            let device = Device::new(args.size, args.compressor, pool)
+                .with_context(|| format!("making a {}-byte device", args.size))?;
+            device.set_mem_limit(args.mem_limit);
+            let what = format!("zram, {} on {}", args.compressor, args.allocator);
+            (Store::Zram(Arc::new(device)), what)
+        }
+        StoreKind::Plain => {
+            if args.mem_limit != 0 {
+                bail!("--mem-limit is zram's: a plain RAM disk has none");
+            }
+            let device = MemoryDevice::new(args.size)
+                .with_context(|| format!("making a {}-byte RAM disk", args.size))?;
+            let what = "a plain RAM disk (no compression)".to_string();
+            (Store::Plain(Arc::new(device)), what)
+        }
+    };
+    let store = Arc::new(store);
     let config = ServerConfig {
         export_name: args.export_name.clone(),
-        description: Some(format!(
-            "ztier zram, {} on {}",
-            args.compressor, args.allocator
-        )),
+        description: Some(format!("ztier {what}")),
         read_only: args.read_only,
         max_connections: args.max_connections.max(1),
         min_block: 512,
@@ -211,7 +264,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             )
         }
     };
-    let server = Server::new(Arc::clone(&device) as Arc<dyn BlockDevice>, config);
+    let server = Server::new(store.block_device(), config);
     let control = args
         .control
         .clone()
@@ -226,8 +279,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             }
             let l = UnixListener::bind(path)
                 .with_context(|| format!("binding the control socket {}", path.display()))?;
-            let (device, server) = (Arc::clone(&device), Arc::clone(&server));
-            Some(std::thread::spawn(move || serve_control(l, device, server)))
+            let (store, server) = (Arc::clone(&store), Arc::clone(&server));
+            Some(std::thread::spawn(move || serve_control(l, store, server)))
         }
         None => None,
     };
@@ -248,10 +301,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             server.stop();
         })
     };
-    eprintln!(
-        "ztier serve: {} bytes, {} on {}, at {place}",
-        args.size, args.compressor, args.allocator
-    );
+    eprintln!("ztier serve: {} bytes, {what}, at {place}", args.size);
     let served = server.serve(listener);
     server.stop();
     let _ = watcher.join();
@@ -263,6 +313,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     }
     served.context("serving")?;
     eprintln!("ztier serve: stopped");
-    print!("{}", stats_text(&device, &server, false));
+    print!("{}", stats_text(&store, &server, false));
     Ok(())
 }
