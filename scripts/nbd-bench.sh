@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The same client (nbdcopy, its defaults) and the same real-memory corpus against
 # `ztier serve` and against nbdkit's memory plugin, in one run: write MB/s, read MB/s and
-# the server's RSS after the write, each also as a ratio to nbdkit's allocator=zstd.
+# the server's RSS after the write (at rest), each also as a ratio to nbdkit's allocator=zstd. For
+# ztier, also its mem_used_total and whether RSS <= 1.05 x mem_used_total + 8 MiB. "ztier
+# plain" is the same server over an uncompressed RAM disk: the protocol's own ceiling.
 #
 # Then fio's nbd engine, 4 KiB random 50/50 reads and writes at queue depth 32, buffers 60 %
-# compressible, 256 MiB, 10 s, against ztier lz4 and nbdkit zstd and sparse: IOPS, and the
-# ratio to nbdkit zstd.
+# compressible, 256 MiB, 10 s, against ztier lz4 and plain and nbdkit zstd and sparse: IOPS,
+# and the ratio to nbdkit zstd.
 #
 # Usage: scripts/nbd-bench.sh [CORPUS.pages.zst ...]   (default: ../shared/corpus/postgres)
 # Needs: nbdkit, libnbd-bin (nbdcopy), fio, zstd; builds ztier in release mode.
@@ -37,6 +39,17 @@ start() {
   exit 1
 }
 
+# Starts ztier serve with compressor ALG ("plain": the uncompressed RAM disk).
+start_ztier() {
+  local alg=$1
+  shift
+  if [ "$alg" = plain ]; then
+    start "$ztier" serve --quiet --socket "$work/sock" --store plain "$@"
+  else
+    start "$ztier" serve --quiet --socket "$work/sock" --compressor "$alg" "$@"
+  fi
+}
+
 stop() {
   kill -INT "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
@@ -60,17 +73,26 @@ for corpus in "${corpora[@]}"; do
   size=$(( (bytes + 1048575) / 1048576 * 1048576 ))
   uri="nbd+unix:///?socket=$work/sock"
   printf '%s: %d bytes, nbdcopy in and out\n' "$(basename "$corpus")" "$bytes"
-  printf '  %-22s %10s %10s %10s %9s %9s %9s\n' server "write MB/s" "read MB/s" "RSS MiB" "write x" "read x" "RSS x"
-  declare -A W R M
+  printf '  %-22s %10s %10s %10s %9s %9s %9s  %s\n' server "write MB/s" "read MB/s" "RSS MiB" "write x" "read x" "RSS x" \
+    "mem_used_total MiB, RSS <= 1.05x + 8 MiB"
+  declare -A W R M MUT
   names=()
-  for server in "nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "ztier lz4" "ztier zstd" "ztier lzo-rle"; do
+  for server in "nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "ztier plain" "ztier lz4" "ztier zstd" "ztier lzo-rle"; do
     read -r kind alg <<<"$server"
     case $kind in
       nbdkit) start nbdkit -f -U "$work/sock" memory size="$size" allocator="$alg" ;;
-      ztier) start "$ztier" serve --quiet --socket "$work/sock" --size "$size" --compressor "$alg" ;;
+      ztier) start_ztier "$alg" --size "$size" ;;
     esac
     w=$(seconds nbdcopy "$raw" "$uri")
+    # RSS at rest: 1.5 s after the write, for every server alike (ztier's page helper gives
+    # back its prepared chunk after 1 s without allocations).
+    sleep 1.5
     rss=$(ps -o rss= -p "$server_pid" | tr -d ' ')
+    MUT[$server]=""
+    if [ "$kind" = ztier ] && [ "$alg" != plain ]; then
+      MUT[$server]=$("$ztier" stat --socket "$work/sock" --json |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["mm_stat"]["mem_used_total"])')
+    fi
     r=$(seconds nbdcopy "$uri" null:)
     stop
     W[$server]=$(calc "$bytes / $w / 1e6")
@@ -79,22 +101,29 @@ for corpus in "${corpora[@]}"; do
     names+=("$server")
   done
   for s in "${names[@]}"; do
-    printf '  %-22s %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f\n' "$s" "${W[$s]}" "${R[$s]}" "${M[$s]}" \
+    bound=""
+    if [ -n "${MUT[$s]}" ]; then
+      mut=$(calc "${MUT[$s]} / 1048576")
+      limit=$(calc "1.05 * $mut + 8")
+      verdict=$(awk "BEGIN { print (${M[$s]} <= $limit) ? \"yes\" : \"NO\" }")
+      bound=$(printf '%.1f, %s (%.1f)' "$mut" "$verdict" "$limit")
+    fi
+    printf '  %-22s %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f  %s\n' "$s" "${W[$s]}" "${R[$s]}" "${M[$s]}" \
       "$(calc "${W[$s]} / ${W[nbdkit zstd]}")" \
       "$(calc "${R[$s]} / ${R[nbdkit zstd]}")" \
-      "$(calc "${M[$s]} / ${M[nbdkit zstd]}")"
+      "$(calc "${M[$s]} / ${M[nbdkit zstd]}")" "$bound"
   done
-  unset W R M
+  unset W R M MUT
 done
 
 echo "fio nbd engine: 4 KiB randrw 50/50, iodepth 32, 60 % compressible buffers, 10 s"
 printf '  %-22s %12s %12s %9s\n' server "read IOPS" "write IOPS" "total x"
 declare -A IOPS
-for server in "nbdkit zstd" "nbdkit sparse" "ztier lz4"; do
+for server in "nbdkit zstd" "nbdkit sparse" "ztier plain" "ztier lz4"; do
   read -r kind alg <<<"$server"
   case $kind in
     nbdkit) start nbdkit -f -U "$work/sock" memory size=256M allocator="$alg" ;;
-    ztier) start "$ztier" serve --quiet --socket "$work/sock" --size 256M --compressor "$alg" ;;
+    ztier) start_ztier "$alg" --size 256M ;;
   esac
   fio --name=bench --ioengine=nbd --uri="nbd+unix:///?socket=$work/sock" --rw=randrw \
     --rwmixread=50 --bs=4k --size=256M --iodepth=32 --time_based --runtime=10 \

@@ -16,7 +16,8 @@
 //! past [`HOT_PAGES_MAX`] it is released to the OS with `madvise(MADV_DONTNEED)` and parked
 //! on the "cold" list, so the process RSS follows the pages the allocators hold (plus at
 //! most the hot list and the untouched rest of the newest chunk, and for the process the
-//! helper's one ready chunk), as `mem_used_total` promises. An empty pool costs no thread and
+//! helper's one ready chunk, and that only while allocation goes on), as `mem_used_total`
+//! promises. An empty pool costs no thread and
 //! no mapping of its own.
 //!
 //! Invariants:
@@ -34,13 +35,15 @@
 //!
 //! The module is private to the crate: no code outside the allocators can make, free or
 //! address a chain.
-//! - a chunk the helper maps is its own until received from the (rendezvous) channel, then
-//!   the arena's; when the arena goes, the helper unmaps the chunk in its hands and ends.
+//! - a chunk the helper maps is its own until an arena takes it from the helper's slot, then
+//!   the arena's; when the last arena goes, the helper unmaps the chunk in its slot and ends;
+//!   a ready chunk left untaken for a second has its pages released (offered as not resident).
 //!
 //! Locking: one mutex over the free lists, taken only when a zspage or block is created or
 //! destroyed, never on the object read/write path. It nests inside the allocators' class
 //! locks. Inside it, once a chunk (512 pages at 4 KiB), the process-wide `HELPER` lock is
-//! taken to collect the ready chunk; that lock takes no other.
+//! taken to collect the ready chunk, and inside that the helper's slot lock, which takes no
+//! other (the helper never holds it across mapping, faulting or releasing a chunk).
 //!
 //! This module and nothing else in the allocators uses `unsafe`.
 #![allow(unsafe_code)]
@@ -48,7 +51,6 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver};
 
 use parking_lot::Mutex;
 
@@ -474,7 +476,7 @@ impl Arena {
             // stall every allocating thread; instead map one here, unpopulated, whose
             // pages alloc_chain faults in as it hands them out.
             let (base, resident) = match helper_take_ready() {
-                Some(base) => (base, true),
+                Some(ready) => ready,
                 None => (map_chunk()?, false),
             };
             st.chunks.push(Chunk { base });
@@ -516,17 +518,39 @@ impl Drop for Arena {
     }
 }
 
-/// The process's chunk-ahead helper: how many arenas are alive, and the receiving end of
-/// the running helper's channel.
+/// How long the helper's ready chunk may sit unused before its pages go back to the OS (the
+/// mapping stays, offered as not resident): a process that stops allocating keeps no
+/// prepared memory beyond what its allocators hold.
+const READY_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The process's chunk-ahead helper: how many arenas are alive, and the running helper's
+/// hand-over slot.
 struct Helper {
     arenas: usize,
-    /// Chunk addresses travel as usize. `None` when no helper runs.
-    ready: Option<Receiver<usize>>,
+    /// `None` when no helper runs.
+    shared: Option<std::sync::Arc<HelperShared>>,
+}
+
+/// Where the helper leaves its ready chunk for an arena to take.
+struct HelperShared {
+    slot: std::sync::Mutex<HelperSlot>,
+    /// Signalled when the chunk is taken or the helper is told to stop.
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct HelperSlot {
+    /// A mapped chunk no arena has yet (address as usize), and whether it is faulted in.
+    ready: Option<(usize, bool)>,
+    /// The last arena is gone: unmap what is in the slot and end.
+    stop: bool,
+    /// The helper ended on its own (it could not map): start another next time.
+    ended: bool,
 }
 
 static HELPER: std::sync::Mutex<Helper> = std::sync::Mutex::new(Helper {
     arenas: 0,
-    ready: None,
+    shared: None,
 });
 
 fn helper_state() -> std::sync::MutexGuard<'static, Helper> {
@@ -537,70 +561,120 @@ fn helper_state() -> std::sync::MutexGuard<'static, Helper> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+fn lock_slot(shared: &HelperShared) -> std::sync::MutexGuard<'_, HelperSlot> {
+    // As for HELPER: every critical section leaves the slot whole.
+    shared.slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A new arena: the first of the process starts the helper, so that a pool made ahead of
 /// use (as a zram device is set up before it is written) finds a chunk ready.
 fn helper_join() {
     let mut h = helper_state();
     h.arenas += 1;
-    if h.ready.is_none() {
-        h.ready = start_helper();
+    if h.shared.is_none() {
+        h.shared = start_helper();
     }
 }
 
-/// An arena gone: with the last one, dropping the receiver tells the helper to unmap the
-/// chunk in its hands and end.
+/// An arena gone: with the last one, the helper is told to unmap the chunk it holds and end.
 fn helper_leave() {
     let mut h = helper_state();
     h.arenas -= 1;
     if h.arenas == 0 {
-        h.ready = None;
+        if let Some(shared) = h.shared.take() {
+            lock_slot(&shared).stop = true;
+            shared.changed.notify_all();
+        }
     }
 }
 
-/// The helper's ready chunk, mapped and faulted in, if it has one now; never waits. A helper
-/// that ended (it could not map) is started again for the next time.
-fn helper_take_ready() -> Option<NonNull<u8>> {
-    use std::sync::mpsc::TryRecvError;
+/// The helper's ready chunk, mapped, with whether it is faulted in, if it has one now; never
+/// waits. A helper that ended (it could not map) is started again for the next time.
+fn helper_take_ready() -> Option<(NonNull<u8>, bool)> {
     let mut h = helper_state();
-    let received = h.ready.as_ref().map(|r| r.try_recv());
-    match received {
-        Some(Ok(addr)) => NonNull::new(addr as *mut u8),
-        Some(Err(TryRecvError::Empty)) => None,
-        Some(Err(TryRecvError::Disconnected)) | None => {
-            h.ready = start_helper();
-            None
+    let (taken, ended) = match &h.shared {
+        Some(shared) => {
+            let mut slot = lock_slot(shared);
+            let taken = slot.ready.take();
+            if taken.is_some() {
+                shared.changed.notify_all();
+            }
+            (taken, slot.ended)
         }
+        None => (None, true),
+    };
+    if ended {
+        h.shared = start_helper();
     }
+    taken.and_then(|(addr, resident)| NonNull::new(addr as *mut u8).map(|p| (p, resident)))
 }
 
 /// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arenas
 /// then map every chunk themselves).
-fn start_helper() -> Option<Receiver<usize>> {
-    // A rendezvous channel: the helper holds one chunk ready and hands it over only to a
-    // receiver taking it, so no chunk is ever left in the channel.
-    let (tx, rx) = sync_channel::<usize>(0);
-    let helper = move || {
-        lower_to_idle_priority();
-        loop {
-            let Ok(chunk) = map_chunk() else { return };
-            // A write to each page rather than one MADV_POPULATE_WRITE, which would hold the
-            // process's mmap lock for the whole chunk, holding up other threads' mmap calls
-            // (page faults take only the VMA's lock).
-            touch_pages(chunk, CHUNK_BYTES);
-            let addr = chunk.as_ptr() as usize;
-            if tx.send(addr).is_err() {
-                // SAFETY: the arena is gone and never received this chunk: nothing refers to
-                // it.
-                unsafe { libc::munmap(addr as *mut libc::c_void, CHUNK_BYTES) };
-                return;
-            }
-        }
-    };
+fn start_helper() -> Option<std::sync::Arc<HelperShared>> {
+    let shared = std::sync::Arc::new(HelperShared {
+        slot: std::sync::Mutex::new(HelperSlot::default()),
+        changed: std::sync::Condvar::new(),
+    });
+    let theirs = std::sync::Arc::clone(&shared);
     std::thread::Builder::new()
         .name("ztier-arena".into())
-        .spawn(helper)
+        .spawn(move || run_helper(&theirs))
         .ok()
-        .map(|_| rx)
+        .map(|_| shared)
+}
+
+/// The helper: maps a chunk, faults it in, leaves it in the slot and waits until an arena
+/// takes it; one left unused for [`READY_IDLE`] has its pages released while it waits on.
+fn run_helper(shared: &HelperShared) {
+    lower_to_idle_priority();
+    loop {
+        let Ok(chunk) = map_chunk() else {
+            lock_slot(shared).ended = true;
+            return;
+        };
+        // A write to each page rather than one MADV_POPULATE_WRITE, which would hold the
+        // process's mmap lock for the whole chunk, holding up other threads' mmap calls
+        // (page faults take only the VMA's lock).
+        touch_pages(chunk, CHUNK_BYTES);
+        let addr = chunk.as_ptr() as usize;
+        let mut slot = lock_slot(shared);
+        slot.ready = Some((addr, true));
+        let mut resident = true;
+        loop {
+            if slot.stop {
+                if let Some((addr, _)) = slot.ready.take() {
+                    // SAFETY: the chunk was never taken by an arena, and the last arena is
+                    // gone: nothing refers to it.
+                    unsafe { libc::munmap(addr as *mut libc::c_void, CHUNK_BYTES) };
+                }
+                return;
+            }
+            if slot.ready.is_none() {
+                break;
+            }
+            if !resident {
+                slot = shared.changed.wait(slot).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            let (back, waited) = shared
+                .changed
+                .wait_timeout(slot, READY_IDLE)
+                .unwrap_or_else(|p| p.into_inner());
+            slot = back;
+            if waited.timed_out() && !slot.stop {
+                if let Some((addr, _)) = slot.ready.take() {
+                    // Out of the slot while its pages go, so no arena waits on the madvise.
+                    drop(slot);
+                    let base = NonNull::new(addr as *mut u8).expect("mapped");
+                    release(base, CHUNK_BYTES);
+                    slot = lock_slot(shared);
+                    slot.ready = Some((addr, false));
+                    resident = false;
+                }
+            }
+        }
+    }
 }
 
 /// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`).
@@ -682,8 +756,8 @@ fn map_chunk() -> Result<NonNull<u8>> {
 /// Returns free pages' memory to the OS; their contents read as zero afterwards.
 fn release(ptr: NonNull<u8>, len: usize) {
     // SAFETY: ptr..ptr+len is consecutive free pages of our mappings (given back by their
-    // chain and on no list yet, so no one else can reach them), so discarding their
-    // contents can affect no live data.
+    // chain and on no list yet, or the helper's ready chunk while it is out of the slot, so
+    // no one else can reach them), so discarding their contents can affect no live data.
     unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
 }
 
@@ -880,5 +954,47 @@ mod tests {
         for c in again {
             arena.free_chain(c);
         }
+    }
+
+    /// Resident OS pages in a chunk.
+    fn resident_pages(base: usize) -> usize {
+        let mut v = vec![0u8; CHUNK_BYTES / os_page_size()];
+        // SAFETY: base is a mapped CHUNK_BYTES chunk, page aligned; v has a byte per OS page.
+        let r = unsafe { libc::mincore(base as *mut libc::c_void, CHUNK_BYTES, v.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore");
+        v.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    /// A helper of its own (not the process's, which other tests use): its ready chunk comes
+    /// faulted in, and after READY_IDLE untaken its pages are given back, the mapping kept
+    /// and offered as not resident; told to stop, it unmaps it and ends.
+    #[test]
+    fn an_untaken_ready_chunk_goes_back_to_the_os() {
+        let shared = std::sync::Arc::new(HelperShared {
+            slot: std::sync::Mutex::new(HelperSlot::default()),
+            changed: std::sync::Condvar::new(),
+        });
+        let theirs = std::sync::Arc::clone(&shared);
+        let helper = std::thread::spawn(move || run_helper(&theirs));
+        let ready = || lock_slot(&shared).ready;
+        let started = std::time::Instant::now();
+        while ready().is_none() {
+            assert!(started.elapsed().as_secs() < 10, "no chunk made ready");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (base, resident) = ready().unwrap();
+        assert!(resident);
+        assert_eq!(resident_pages(base), CHUNK_BYTES / os_page_size());
+        while ready().is_some_and(|(_, resident)| resident) {
+            assert!(started.elapsed().as_secs() < 10, "never released");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let (again, resident) = ready().unwrap();
+        assert_eq!((again, resident), (base, false));
+        assert_eq!(resident_pages(base), 0);
+        lock_slot(&shared).stop = true;
+        shared.changed.notify_all();
+        helper.join().unwrap();
+        assert!(ready().is_none(), "unmapped at stop");
     }
 }
