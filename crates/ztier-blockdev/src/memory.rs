@@ -26,7 +26,7 @@ impl MemoryDevice {
     /// A disk of `size` bytes (a whole number of pages), all holes. Fails if even the page
     /// table cannot be allocated.
     pub fn new(size: u64) -> Result<MemoryDevice> {
-        if size % PAGE as u64 != 0 {
+        if !size.is_multiple_of(PAGE as u64) {
             return Err(BlockError::Invalid(format!(
                 "size {size} is not a whole number of {PAGE}-byte pages"
             )));
