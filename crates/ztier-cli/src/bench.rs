@@ -79,12 +79,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("loading {}", path.display()))?;
         let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
         for &allocator in args.allocator.kinds() {
-            for &algorithm in &args.compressors {
+            for algorithm in &args.compressors {
                 for &threads in &args.threads {
                     let replay = ZramReplay {
                         allocator,
                         layout,
-                        algorithm,
+                        algorithm: algorithm.clone(),
                         threads,
                         discard_odd: args.discard_odd,
                         allocator_stats: args.stats,

@@ -3,6 +3,7 @@
 
 mod bench;
 mod classes;
+mod dict;
 mod pools;
 mod serve;
 mod size;
@@ -27,6 +28,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Print a running `ztier serve`'s mm_stat, io_stat, server counts and allocator table.
     Stat(serve::StatArgs),
+    /// Train a zstd dictionary on memory pages, for `--compressor zstd:dict=PATH`.
+    TrainDict(dict::TrainDictArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Classes(args) => classes::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Stat(args) => serve::stat(&args),
+        Command::TrainDict(args) => dict::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

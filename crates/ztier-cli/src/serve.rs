@@ -213,7 +213,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
                 .allocator
                 .make_pool(&layout)
                 .map_err(anyhow::Error::msg)?;
-            let device = Device::new(args.size, args.compressor, pool)
+            let device = Device::new(args.size, args.compressor.clone(), pool)
                 .with_context(|| format!("making a {}-byte device", args.size))?;
             device.set_mem_limit(args.mem_limit);
             let what = format!("zram, {} on {}", args.compressor, args.allocator);

@@ -2,6 +2,9 @@
 //! libraries, not the kernel's copies of them (which only lz4, lzo and lzo-rle are checked
 //! against).
 
+use std::sync::Arc;
+
+use crate::dict::Dictionary;
 use crate::{check_dst, CompressError, Compressor, Result};
 
 fn library(algorithm: &'static str, message: impl ToString) -> CompressError {
@@ -11,22 +14,29 @@ fn library(algorithm: &'static str, message: impl ToString) -> CompressError {
     }
 }
 
-/// zstd with reusable contexts; zram's default level is 3.
+/// zstd with reusable contexts; zram's default level is 3. With a dictionary, every stream
+/// of a device compresses and decompresses with the same prepared one.
 pub struct Zstd {
-    cctx: zstd::bulk::Compressor<'static>,
-    dctx: zstd::bulk::Decompressor<'static>,
+    cctx: zstd::zstd_safe::CCtx<'static>,
+    dctx: zstd::zstd_safe::DCtx<'static>,
+    dict: Option<Arc<Dictionary>>,
 }
 
 impl Zstd {
-    pub fn new(level: Option<i32>) -> Zstd {
+    pub fn new(level: Option<i32>, dict: Option<Arc<Dictionary>>) -> Zstd {
+        use zstd::zstd_safe::CParameter;
         let level = level.unwrap_or(zstd::DEFAULT_COMPRESSION_LEVEL);
-        let mut cctx = zstd::bulk::Compressor::new(level).expect("zstd context");
+        let mut cctx = zstd::zstd_safe::CCtx::create();
         // As the kernel's zstd backend: no checksum, no dictionary id; content size kept.
-        let _ = cctx.include_checksum(false);
-        let _ = cctx.include_dictid(false);
+        // (With a dictionary, the prepared one's parameters apply, as in the kernel's
+        // zstd_compress_using_cdict().) Setting valid parameters cannot fail.
+        let _ = cctx.set_parameter(CParameter::CompressionLevel(level));
+        let _ = cctx.set_parameter(CParameter::ChecksumFlag(false));
+        let _ = cctx.set_parameter(CParameter::DictIdFlag(false));
         Zstd {
             cctx,
-            dctx: zstd::bulk::Decompressor::new().expect("zstd context"),
+            dctx: zstd::zstd_safe::DCtx::create(),
+            dict,
         }
     }
 }
@@ -37,14 +47,18 @@ impl Compressor for Zstd {
     }
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         check_dst(src, dst)?;
-        self.cctx
-            .compress_to_buffer(src, dst)
-            .map_err(|e| library("zstd", e))
+        let n = match &self.dict {
+            Some(d) => self.cctx.compress_using_cdict(dst, src, &d.cdict),
+            None => self.cctx.compress2(dst, src),
+        };
+        n.map_err(|code| library("zstd", zstd::zstd_safe::get_error_name(code)))
     }
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
-        self.dctx
-            .decompress_to_buffer(src, dst)
-            .map_err(|e| library("zstd", e))
+        let n = match &self.dict {
+            Some(d) => self.dctx.decompress_using_ddict(dst, src, &d.ddict),
+            None => self.dctx.decompress(dst, src),
+        };
+        n.map_err(|code| library("zstd", zstd::zstd_safe::get_error_name(code)))
     }
 }
 

@@ -20,13 +20,18 @@
 #![deny(unsafe_code)]
 
 mod copy;
+pub mod dict;
 pub mod external;
 pub mod liblz4;
 pub mod lz4;
 pub mod lzo;
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
+
+pub use dict::Dictionary;
 
 /// Why a compression or decompression failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -89,13 +94,29 @@ pub(crate) fn check_dst(src: &[u8], dst: &[u8]) -> Result<()> {
 }
 
 /// An algorithm and its parameters, as `--compressor` and zram's `algorithm_params` name
-/// them: `lz4`, `lzo-rle`, `zstd:level=5`, `lz4:level=2` (acceleration), ...
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// them: `lz4`, `lzo-rle`, `zstd:level=5`, `lz4:level=2` (acceleration),
+/// `zstd:dict=/etc/zram.dict` (a dictionary, loaded when the name is parsed), ...
+#[derive(Debug, Clone)]
 pub struct Algorithm {
     pub kind: Kind,
     /// Level (zstd, deflate, lz4hc) or acceleration (lz4); `None` for the default.
     pub level: Option<i32>,
+    /// zstd's dictionary, shared by every stream made from this value.
+    pub dict: Option<Arc<Dictionary>>,
 }
+
+impl PartialEq for Algorithm {
+    fn eq(&self, other: &Algorithm) -> bool {
+        let same_dict = match (&self.dict, &other.dict) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a.path() == b.path(),
+            _ => false,
+        };
+        self.kind == other.kind && self.level == other.level && same_dict
+    }
+}
+
+impl Eq for Algorithm {}
 
 /// The algorithms ztier knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -131,6 +152,15 @@ impl Kind {
 }
 
 impl Algorithm {
+    /// The algorithm with its default parameters.
+    pub fn new(kind: Kind) -> Algorithm {
+        Algorithm {
+            kind,
+            level: None,
+            dict: None,
+        }
+    }
+
     /// A new stream for this algorithm.
     pub fn new_compressor(&self) -> Box<dyn Compressor> {
         match self.kind {
@@ -138,7 +168,7 @@ impl Algorithm {
             Kind::Lzo => Box::new(lzo::Lzo::new(false)),
             Kind::LzoRle => Box::new(lzo::Lzo::new(true)),
             Kind::Lz4hc => Box::new(external::Lz4hc::new(self.level)),
-            Kind::Zstd => Box::new(external::Zstd::new(self.level)),
+            Kind::Zstd => Box::new(external::Zstd::new(self.level, self.dict.clone())),
             Kind::Deflate => Box::new(external::Deflate::new(self.level)),
         }
     }
@@ -146,10 +176,16 @@ impl Algorithm {
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.level {
-            Some(l) => write!(f, "{}:level={l}", self.kind.name()),
-            None => f.write_str(self.kind.name()),
+        f.write_str(self.kind.name())?;
+        let mut sep = ':';
+        if let Some(l) = self.level {
+            write!(f, "{sep}level={l}")?;
+            sep = ',';
         }
+        if let Some(d) = &self.dict {
+            write!(f, "{sep}dict={}", d.path().display())?;
+        }
+        Ok(())
     }
 }
 
@@ -165,6 +201,7 @@ impl FromStr for Algorithm {
                 format!("unknown compressor '{name}' (known: {})", names.join(", "))
             })?;
         let mut level = None;
+        let mut dict_path = None;
         for param in params.split(',').filter(|p| !p.is_empty()) {
             match param.split_once('=') {
                 Some(("level", v)) => {
@@ -183,10 +220,28 @@ impl FromStr for Algorithm {
                     }
                     level = Some(n);
                 }
-                _ => return Err(format!("unknown parameter '{param}' for {name} (level=N)")),
+                Some(("dict", path)) if kind == Kind::Zstd => dict_path = Some(path),
+                Some(("dict", _)) => {
+                    return Err(format!("dict= is supported for zstd, not {name}"));
+                }
+                _ => {
+                    let known = if kind == Kind::Zstd {
+                        "level=N, dict=PATH"
+                    } else {
+                        "level=N"
+                    };
+                    return Err(format!("unknown parameter '{param}' for {name} ({known})"));
+                }
             }
         }
-        Ok(Algorithm { kind, level })
+        let dict = match dict_path {
+            Some(path) => {
+                let at = level.unwrap_or(zstd::DEFAULT_COMPRESSION_LEVEL);
+                Some(Arc::new(Dictionary::load(Path::new(path), at)?))
+            }
+            None => None,
+        };
+        Ok(Algorithm { kind, level, dict })
     }
 }
 

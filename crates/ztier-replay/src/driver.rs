@@ -121,12 +121,12 @@ impl ReferenceStreams {
     /// Runs `f` on this thread's stream for `alg`, made on first use.
     pub fn with<T>(
         &self,
-        alg: Algorithm,
+        alg: &Algorithm,
         f: impl FnOnce(&mut dyn Compressor) -> Result<T, CompressError>,
     ) -> Result<T, CompressError> {
         let mut shard = self.shards.local();
-        if shard.as_ref().is_none_or(|(a, _)| *a != alg) {
-            *shard = Some((alg, alg.new_compressor()));
+        if shard.as_ref().is_none_or(|(a, _)| a != alg) {
+            *shard = Some((alg.clone(), alg.new_compressor()));
         }
         let (_, c) = shard.as_mut().expect("set above");
         f(c.as_mut())

@@ -120,7 +120,7 @@ impl ZramReplay {
             )));
         }
         let bytes = pages.len() * ps;
-        let alg = self.algorithm;
+        let alg = &self.algorithm;
         let threads = self.threads;
         let passes = passes_for(bytes);
         let total = (pages.len() * passes * 2) as u64;
@@ -130,7 +130,7 @@ impl ZramReplay {
                 .allocator
                 .make_pool(&self.layout)
                 .map_err(ReplayError::Config)?;
-            Ok(Device::new(bytes as u64, alg, pool)?)
+            Ok(Device::new(bytes as u64, alg.clone(), pool)?)
         };
 
         // Store, against the raw compressor on the same pages and threads. A fresh device per
@@ -340,7 +340,7 @@ fn at(what: &'static str, page: usize, e: impl Into<ReplayError>) -> ReplayError
     }
 }
 
-fn compress_all(pages: &[&[u8]], alg: Algorithm) -> Result<Vec<Vec<u8>>> {
+fn compress_all(pages: &[&[u8]], alg: &Algorithm) -> Result<Vec<Vec<u8>>> {
     let mut c = alg.new_compressor();
     let mut buf = vec![0; worst_case_len(pages.first().map_or(0, |p| p.len()))];
     pages

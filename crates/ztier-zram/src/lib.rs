@@ -212,8 +212,8 @@ impl Device {
     pub fn disksize(&self) -> u64 {
         self.pages() * self.page_size as u64
     }
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
     }
     /// The allocator under the device, as the CLI spells it.
     pub fn allocator(&self) -> &'static str {
