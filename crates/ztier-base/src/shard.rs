@@ -7,7 +7,7 @@
 //! Locking: an operation holds at most its own thread's shard, except [`Shards::lock_all`],
 //! which takes every shard in index order (so two of them cannot deadlock).
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -47,6 +47,13 @@ impl<T> Shards<T> {
         self.shards[shard_index()].0.lock()
     }
 
+    /// Shard `index % SHARDS`: the shard of a CPU named by the caller (a model checker's
+    /// thread, which must not share the OS thread's index with the others).
+    #[inline]
+    pub fn at(&self, index: usize) -> MutexGuard<'_, T> {
+        self.shards[index % SHARDS].0.lock()
+    }
+
     /// Calls `f` on each shard in turn, holding only that one.
     pub fn for_each(&self, mut f: impl FnMut(&mut T)) {
         for s in self.shards.iter() {
@@ -60,9 +67,69 @@ impl<T> Shards<T> {
     }
 }
 
+/// Event counters kept per shard, so that threads counting the same event do not share a
+/// cache line (as the kernel's per-CPU `vm_event` counters): [`add`](Counters::add) is one
+/// relaxed atomic add on the calling thread's line, [`sum`](Counters::sum) reads them all.
+pub struct Counters<const N: usize> {
+    shards: Box<[PaddedCounts<N>]>,
+}
+
+#[repr(align(128))]
+struct PaddedCounts<const N: usize>([AtomicU64; N]);
+
+impl<const N: usize> Default for Counters<N> {
+    fn default() -> Self {
+        Counters {
+            shards: (0..SHARDS)
+                .map(|_| PaddedCounts(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        }
+    }
+}
+
+impl<const N: usize> Counters<N> {
+    /// Adds `n` to counter `i` (`i < N`).
+    #[inline]
+    pub fn add(&self, i: usize, n: u64) {
+        self.shards[shard_index()].0[i].fetch_add(n, Relaxed);
+    }
+
+    /// Counter `i` over every shard (exact once the counting threads have stopped).
+    pub fn sum(&self, i: usize) -> u64 {
+        self.shards.iter().map(|s| s.0[i].load(Relaxed)).sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_sum_over_threads() {
+        let counters: Counters<3> = Counters::default();
+        std::thread::scope(|s| {
+            for t in 0..20u64 {
+                let counters = &counters;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        counters.add(1, t);
+                        counters.add(2, 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(counters.sum(0), 0);
+        assert_eq!(counters.sum(1), 1000 * (0..20).sum::<u64>());
+        assert_eq!(counters.sum(2), 20_000);
+    }
+
+    #[test]
+    fn a_shard_at_an_index_is_that_shard() {
+        let shards: Shards<u64> = Shards::default();
+        *shards.at(3) += 5;
+        *shards.at(3 + SHARDS) += 1;
+        assert_eq!(*shards.at(3), 6);
+    }
 
     #[test]
     fn a_thread_keeps_its_shard_and_sums_add_up() {

@@ -1,0 +1,172 @@
+//! Swap clusters: 512 consecutive slots with their usage counts, and the lists they are on.
+//!
+//! Per-slot usage is a byte per slot, kept per cluster: the classic `swap_map` byte (a count
+//! of references, [`SWAP_MAP_MAX`] at most, [`SWAP_MAP_BAD`] for slots never handed out),
+//! stored in the cluster as today's per-cluster swap table stores its counts, so a slot is
+//! read and changed under its cluster's lock alone.
+//!
+//! Invariants, with the cluster's lock held:
+//! - `count` is the number of slots whose byte is not zero;
+//! - `flag` names the list the cluster is on ([`Flag::None`]: on none, held by whoever
+//!   isolated it; [`Flag::Discard`] may also be off-list while its slots are discarded);
+//! - a cluster on a per-order list (nonfull, frag) has `count > 0`, and its `order` does not
+//!   change until it is empty;
+//! - a cluster whose `count` is 0 is on the free or discard list, or isolated.
+//!
+//! The lists ([`Lists`]) are guarded by the device lock; a cluster's `flag` by its own lock,
+//! and both are changed together only with both held (cluster lock first, then the device
+//! lock: `move_cluster`), or, when a cluster is isolated, with the device lock held and the
+//! cluster's lock taken by `try_lock` (never waiting, so the order cannot deadlock).
+
+use serde::Serialize;
+use ztier_base::list::{Linked, Links, List};
+
+/// Slots in a cluster (`SWAPFILE_CLUSTER`).
+pub const SWAPFILE_CLUSTER: u32 = 512;
+/// Allocation orders 0..NR_ORDERS (`SWAP_NR_ORDERS`): order 9, a whole cluster, is a PMD
+/// (2 MiB) folio.
+pub const NR_ORDERS: usize = 10;
+/// The order of a whole cluster.
+pub const PMD_ORDER: u32 = 9;
+/// The largest count a slot takes.
+pub const SWAP_MAP_MAX: u8 = 0x3e;
+/// A slot never handed out: the header, or past the device's end.
+pub const SWAP_MAP_BAD: u8 = 0x3f;
+/// A slot whose last reference was put in the legacy mode, waiting in a thread's free
+/// cache: not free, not in use.
+pub(crate) const SWAP_MAP_FREEING: u8 = 0x40;
+
+/// Which list a cluster is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Flag {
+    /// On no list (isolated by an allocator scanning it).
+    None,
+    Free,
+    /// Some slots free, freed into since it was last scanned.
+    Nonfull,
+    /// Some slots free, left behind by an allocator (a CPU's cluster that it moved on from).
+    Frag,
+    Full,
+    /// Empty, waiting for its slots to be discarded on the backing device.
+    Discard,
+}
+
+impl Flag {
+    /// Allocations may be made from it (`CLUSTER_FLAG_USABLE`).
+    pub fn usable(self) -> bool {
+        matches!(self, Flag::Free | Flag::Nonfull | Flag::Frag)
+    }
+}
+
+/// One cluster's state, under its lock.
+#[derive(Debug)]
+pub(crate) struct Cluster {
+    pub count: u16,
+    /// The order it serves while not empty (an order-0 allocation may take a free slot of
+    /// any cluster).
+    pub order: u8,
+    pub flag: Flag,
+    pub map: [u8; SWAPFILE_CLUSTER as usize],
+}
+
+impl Cluster {
+    pub(crate) fn new() -> Cluster {
+        Cluster {
+            count: 0,
+            order: 0,
+            flag: Flag::None,
+            map: [0; SWAPFILE_CLUSTER as usize],
+        }
+    }
+
+    /// `cluster_is_usable()`: allocations of `order` may be made here.
+    pub(crate) fn usable_for(&self, order: u32) -> bool {
+        self.flag.usable() && (order == 0 || self.count == 0 || u32::from(self.order) == order)
+    }
+
+    pub(crate) fn range_is_free(&self, start: usize, nr: usize) -> bool {
+        self.map[start..start + nr].iter().all(|&b| b == 0)
+    }
+}
+
+/// A cluster's place in the lists.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Node(Links);
+
+impl Linked for Node {
+    fn links(&self) -> &Links {
+        &self.0
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.0
+    }
+}
+
+/// The device's cluster lists, under the device lock.
+pub(crate) struct Lists {
+    pub nodes: Vec<Node>,
+    pub free: List,
+    pub nonfull: [List; NR_ORDERS],
+    pub frag: [List; NR_ORDERS],
+    pub full: List,
+    pub discard: List,
+}
+
+impl Lists {
+    pub(crate) fn new(clusters: usize) -> Lists {
+        Lists {
+            nodes: vec![Node::default(); clusters],
+            free: List::new(),
+            nonfull: [List::new(); NR_ORDERS],
+            frag: [List::new(); NR_ORDERS],
+            full: List::new(),
+            discard: List::new(),
+        }
+    }
+
+    /// The list `flag` names for a cluster of `order`, and the nodes.
+    pub(crate) fn list(&mut self, flag: Flag, order: u8) -> (&mut List, &mut [Node]) {
+        let o = usize::from(order);
+        match flag {
+            Flag::Free => (&mut self.free, &mut self.nodes),
+            Flag::Nonfull => (&mut self.nonfull[o], &mut self.nodes),
+            Flag::Frag => (&mut self.frag[o], &mut self.nodes),
+            Flag::Full => (&mut self.full, &mut self.nodes),
+            Flag::Discard => (&mut self.discard, &mut self.nodes),
+            Flag::None => unreachable!("Flag::None names no list"),
+        }
+    }
+
+    /// Moves cluster `id`, on the list (`from`, `order`) or on none, to the tail of (`to`,
+    /// `order`).
+    pub(crate) fn move_to(&mut self, id: u32, from: Flag, to: Flag, order: u8) {
+        if from != Flag::None {
+            let (list, nodes) = self.list(from, order);
+            list.remove(nodes, id);
+        }
+        let (list, nodes) = self.list(to, order);
+        list.push_back(nodes, id);
+    }
+
+    /// The clusters on a list, head first.
+    pub(crate) fn ids(&mut self, flag: Flag, order: u8) -> Vec<u32> {
+        let (list, nodes) = self.list(flag, order);
+        let mut ids = Vec::with_capacity(list.len() as usize);
+        let mut at = list.first();
+        while let Some(id) = at {
+            ids.push(id);
+            at = List::next(nodes, id);
+        }
+        ids
+    }
+}
+
+/// How many clusters are on each list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ListCounts {
+    pub free: u64,
+    pub nonfull: [u64; NR_ORDERS],
+    pub frag: [u64; NR_ORDERS],
+    pub full: u64,
+    pub discard: u64,
+}

@@ -1,0 +1,407 @@
+//! The swap device: exhaustion and recovery, the lists clusters move between, aligned
+//! multi-order runs, rotational order, priorities and the off-list bit, discard, bad input,
+//! and threads, in both modes.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ztier_blockdev::file::FileDevice;
+use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::BlockDevice;
+use ztier_swap::{Config, Device, Mode, Swap, SwapError, SLOT_BYTES, SWAPFILE_CLUSTER};
+
+const CL: u64 = SWAPFILE_CLUSTER as u64;
+
+fn memory(slots: u64) -> Arc<dyn BlockDevice> {
+    Arc::new(MemoryDevice::new(slots * SLOT_BYTES).unwrap())
+}
+
+fn device(slots: u64, config: Config) -> Device {
+    Device::new(memory(slots), config).unwrap()
+}
+
+fn modes() -> [Config; 2] {
+    [
+        Config::default(),
+        Config {
+            mode: Mode::Legacy,
+            ..Config::default()
+        },
+    ]
+}
+
+#[test]
+fn exhaustion_and_recovery() {
+    for config in modes() {
+        let dev = device(4 * CL, config);
+        assert_eq!(dev.usable_slots(), 4 * CL - 1);
+        let mut got = HashSet::new();
+        loop {
+            match dev.alloc(0) {
+                Ok(slot) => assert!(got.insert(slot), "{slot} twice"),
+                Err(SwapError::Full { order: 0 }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got.len() as u64, 4 * CL - 1, "{config:?}");
+        assert!(!got.contains(&0), "the header slot is never handed out");
+        assert!(dev.off_list());
+        assert_eq!(dev.stats().per_order[0].fallbacks, 1);
+        assert!(matches!(dev.alloc(3), Err(SwapError::Full { order: 3 })));
+
+        let some = *got.iter().next().unwrap();
+        dev.free(some).unwrap();
+        dev.drain_slot_caches();
+        assert!(!dev.off_list(), "a free brings a full device back");
+        assert_eq!(dev.alloc(0).unwrap(), some);
+        let mut all: Vec<u64> = got.into_iter().collect();
+        dev.free_batch(&mut all).unwrap();
+        dev.drain_slot_caches();
+        assert_eq!(dev.in_use(), 0);
+        dev.verify().unwrap();
+        let s = dev.stats();
+        assert_eq!(s.lists.free, 3, "{s:?}");
+        assert_eq!(dev.alloc(9).unwrap() % CL, 0, "a whole cluster again");
+    }
+}
+
+#[test]
+fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
+    let dev = device(4 * CL, Config::default());
+    // CPU 0 takes ten order-0 slots from cluster 0 (the header's, on nonfull[0]); left
+    // partly used, it is on frag[0].
+    for _ in 0..10 {
+        assert_eq!(dev.alloc_on(0, 0).unwrap() / CL, 0);
+    }
+    assert_eq!(dev.stats().lists.frag[0], 1);
+    // CPU 1 fills clusters 1..4 with order-4 runs: nothing else has room for order 4.
+    let mut runs = Vec::new();
+    while let Ok(slot) = dev.alloc_on(1, 4) {
+        runs.push(slot);
+    }
+    assert_eq!(runs.len(), 3 * 32);
+    assert_eq!(dev.stats().per_order[4].fallbacks, 1);
+    // Frees: two runs in cluster 2, then one in cluster 3, put both on nonfull[4], 2 first.
+    let runs_in = |c: u64| runs.iter().copied().filter(move |r| r / CL == c);
+    let two: Vec<u64> = runs_in(2).take(2).collect();
+    for &r in &two {
+        dev.free_range(r, 16).unwrap();
+    }
+    dev.free_range(runs_in(3).next().unwrap(), 16).unwrap();
+    assert_eq!(dev.stats().lists.nonfull[4], 2);
+    // CPU 2's order-4 allocation isolates cluster 2, takes one run, and leaves it on
+    // frag[4] (still room in it); cluster 3 stays on nonfull[4].
+    assert_eq!(dev.alloc_on(2, 4).unwrap() / CL, 2);
+    let s = dev.stats();
+    assert_eq!(
+        (s.lists.frag[4], s.lists.nonfull[4]),
+        (1, 1),
+        "{:?}",
+        s.lists
+    );
+    dev.verify().unwrap();
+
+    // No free cluster: CPU 3's order-0 allocations take frag[0] (cluster 0) first...
+    assert_eq!(dev.stats().lists.free, 0);
+    for _ in 10..CL - 1 {
+        assert_eq!(dev.alloc_on(3, 0).unwrap() / CL, 0);
+    }
+    // ...then steal from higher orders, the fragmented cluster (2) before the nonfull (3).
+    assert_eq!(dev.alloc_on(4, 0).unwrap() / CL, 2);
+    dev.verify().unwrap();
+}
+
+#[test]
+fn multi_order_runs_are_aligned_contiguous_and_disjoint() {
+    for config in modes() {
+        let dev = device(16 * CL, config);
+        let mut used = vec![false; (16 * CL) as usize];
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..400 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let order = [0, 0, 1, 2, 4, 4, 9][(rng % 7) as usize];
+            let Ok(slot) = dev.alloc(order) else { continue };
+            let nr = 1u64 << order;
+            assert_eq!(slot % nr, 0, "order {order} at {slot}");
+            assert_eq!(slot / CL, (slot + nr - 1) / CL, "one cluster");
+            for s in slot..slot + nr {
+                assert!(!used[s as usize], "slot {s} twice");
+                used[s as usize] = true;
+                assert_eq!(dev.usage(s).unwrap(), 1);
+            }
+        }
+        dev.verify().unwrap();
+    }
+}
+
+#[test]
+fn a_rotational_device_hands_out_slots_in_order_whatever_the_thread() {
+    let rot = device(
+        4 * CL,
+        Config {
+            rotational: true,
+            ..Config::default()
+        },
+    );
+    let slots: Vec<u64> = (0..100).map(|i| rot.alloc_on(i % 2, 0).unwrap()).collect();
+    assert_eq!(slots, (1..101).collect::<Vec<_>>());
+    // Solid state: each CPU its own cluster.
+    let ssd = device(4 * CL, Config::default());
+    let a: Vec<u64> = (0..10).map(|_| ssd.alloc_on(0, 0).unwrap() / CL).collect();
+    let b: Vec<u64> = (0..10).map(|_| ssd.alloc_on(1, 0).unwrap() / CL).collect();
+    assert!(a.iter().all(|&c| c == a[0]) && b.iter().all(|&c| c == b[0]));
+    assert_ne!(a[0], b[0]);
+}
+
+#[test]
+fn priorities_order_devices_and_a_full_one_leaves_and_comes_back() {
+    let swap = Swap::new();
+    let config = |priority| Config {
+        priority,
+        ..Config::default()
+    };
+    let high = swap.swapon(memory(2 * CL), config(10)).unwrap();
+    let b = swap.swapon(memory(8 * CL), config(5)).unwrap();
+    let c = swap.swapon(memory(8 * CL), config(5)).unwrap();
+    assert_eq!(swap.available(), [high, b, c]);
+    let mut on_high = Vec::new();
+    for _ in 0..2 * CL - 1 {
+        let e = swap.alloc_on(0, 0).unwrap();
+        assert_eq!(e.device(), high);
+        on_high.push(e);
+    }
+    // Full: off the list, with its bit set.
+    assert!(swap.device(high).unwrap().off_list());
+    assert!(!swap.available().contains(&high));
+    // Equal priorities take turns cluster by cluster (each new cluster requeues).
+    let mut seen = [0u64; 3];
+    for cpu in 1..9 {
+        let e = swap.alloc_on(cpu, 0).unwrap();
+        seen[usize::from(e.device())] += 1;
+    }
+    assert_eq!(seen[usize::from(high)], 0);
+    assert!(
+        seen[usize::from(b)] > 0 && seen[usize::from(c)] > 0,
+        "{seen:?}"
+    );
+    // A free puts it back, first in line; a thread that needs a new cluster goes there.
+    swap.free(on_high[7]).unwrap();
+    assert_eq!(swap.available()[0], high);
+    let e = swap.alloc_on(9, 0).unwrap();
+    assert_eq!(e, on_high[7]);
+    assert!(swap.device(high).unwrap().off_list());
+    for d in [high, b, c] {
+        swap.device(d).unwrap().verify().unwrap();
+    }
+    assert!(matches!(
+        swap.free(ztier_swap::SwapEntry::new(7, 1)),
+        Err(SwapError::NoDevice(7))
+    ));
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ztier-swap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn discard_punches_holes_in_the_backing_file() {
+    for mode in [Mode::Cluster, Mode::Legacy] {
+        let path = temp(&format!("discard-{mode:?}"));
+        let file = Arc::new(FileDevice::open(&path, 4 * CL * SLOT_BYTES).unwrap());
+        let dev = Device::new(
+            Arc::clone(&file) as Arc<dyn BlockDevice>,
+            Config {
+                mode,
+                discard: true,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        // A whole cluster, written.
+        let start = dev.alloc(9).unwrap();
+        for s in start..start + CL {
+            dev.write_slot(s, &[0xa5; 4096]).unwrap();
+        }
+        let mut page = vec![0; 4096];
+        dev.read_slot(start + 3, &mut page).unwrap();
+        assert!(page.iter().all(|&b| b == 0xa5));
+        let data = |f: &FileDevice| {
+            f.block_status(start * SLOT_BYTES, CL * SLOT_BYTES)
+                .unwrap()
+                .iter()
+                .any(|e| !e.hole)
+        };
+        assert!(data(&file));
+        dev.free_range(start, CL).unwrap();
+        // The discard thread punches the hole and frees the cluster.
+        let began = std::time::Instant::now();
+        while dev.stats().clusters_discarded == 0 {
+            assert!(began.elapsed().as_secs() < 10, "never discarded");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        while data(&file) || dev.stats().lists.discard > 0 {
+            assert!(began.elapsed().as_secs() < 10, "no hole");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(dev.stats().discard_errors, 0);
+        // The header is left alone.
+        let mut header = vec![0; 4096];
+        file.read_at(0, &mut header).unwrap();
+        assert_eq!(&header[4086..], b"SWAPSPACE2");
+        dev.verify().unwrap();
+        drop(dev);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn the_header_is_a_linux_swap_header() {
+    let backing = memory(3 * CL);
+    let _dev = Device::new(Arc::clone(&backing), Config::default()).unwrap();
+    let mut page = vec![0; 4096];
+    backing.read_at(0, &mut page).unwrap();
+    assert_eq!(&page[4086..], b"SWAPSPACE2");
+    assert_eq!(u32::from_ne_bytes(page[1024..1028].try_into().unwrap()), 1);
+    assert_eq!(
+        u32::from_ne_bytes(page[1028..1032].try_into().unwrap()) as u64,
+        3 * CL - 1,
+        "last_page"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    for config in modes() {
+        let dev = device(2 * CL, config);
+        let slot = dev.alloc(0).unwrap();
+        assert!(matches!(dev.alloc(10), Err(SwapError::BadOrder(10))));
+        assert!(matches!(dev.free(0), Err(SwapError::OutOfRange { .. })));
+        assert!(matches!(
+            dev.free(2 * CL),
+            Err(SwapError::OutOfRange { .. })
+        ));
+        // Far from it: the legacy mode's cache holds the next 63 slots, allocated.
+        let unallocated = slot + 100;
+        assert!(matches!(
+            dev.free(unallocated),
+            Err(SwapError::NotAllocated { .. })
+        ));
+        assert!(matches!(
+            dev.dup(unallocated),
+            Err(SwapError::NotAllocated { .. })
+        ));
+        assert!(matches!(
+            dev.free_range(CL - 4, 8),
+            Err(SwapError::Invalid(_))
+        ));
+        assert!(matches!(
+            dev.free_range(unallocated, 2),
+            Err(SwapError::NotAllocated { .. })
+        ));
+        assert!(matches!(
+            dev.write_slot(unallocated, &[0; 4096]),
+            Err(SwapError::NotAllocated { .. })
+        ));
+        assert!(matches!(
+            dev.write_slot(slot, &[0; 100]),
+            Err(SwapError::Invalid(_))
+        ));
+        assert_eq!(dev.usage(slot).unwrap(), 1, "{config:?}");
+        // References: up to the most a slot holds, then refused.
+        for _ in 1..0x3e {
+            dev.dup(slot).unwrap();
+        }
+        assert!(matches!(
+            dev.dup(slot),
+            Err(SwapError::CountOverflow { .. })
+        ));
+        for _ in 0..0x3e {
+            dev.free(slot).unwrap();
+        }
+        assert!(
+            matches!(dev.free(slot), Err(SwapError::NotAllocated { .. })),
+            "double free"
+        );
+        dev.drain_slot_caches();
+        assert_eq!(dev.in_use(), 0);
+        // A batch with a bad slot frees the good ones and names the bad.
+        let a = dev.alloc(0).unwrap();
+        let b = dev.alloc(0).unwrap();
+        let err = dev.free_batch(&mut [a, b, b]).unwrap_err();
+        assert!(matches!(err, SwapError::NotAllocated { offset } if offset == b));
+        dev.drain_slot_caches();
+        assert_eq!(dev.in_use(), 0);
+        dev.verify().unwrap();
+    }
+    assert!(matches!(
+        Device::new(memory(1), Config::default()),
+        Err(SwapError::Invalid(_))
+    ));
+}
+
+/// Many threads allocating and freeing, orders 0 and 2, with the discard thread running
+/// beside them: no slot is ever held by two, and everything adds up after.
+#[test]
+fn threads_never_share_a_slot() {
+    for mode in [Mode::Cluster, Mode::Legacy] {
+        for discard in [false, true] {
+            let dev = device(
+                16 * CL,
+                Config {
+                    mode,
+                    discard,
+                    ..Config::default()
+                },
+            );
+            let owned: Vec<AtomicBool> = (0..16 * CL).map(|_| AtomicBool::new(false)).collect();
+            std::thread::scope(|s| {
+                for t in 0..8u64 {
+                    let (dev, owned) = (&dev, &owned);
+                    s.spawn(move || {
+                        let mut held: Vec<(u64, u32)> = Vec::new();
+                        let mut rng = t + 1;
+                        for _ in 0..20_000 {
+                            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
+                            let r = rng >> 33;
+                            if held.len() < 300 && r % 3 != 0 {
+                                let order = if r % 5 == 0 { 2 } else { 0 };
+                                if let Ok(slot) = dev.alloc(order) {
+                                    for s in slot..slot + (1 << order) {
+                                        let was = owned[s as usize].swap(true, Ordering::AcqRel);
+                                        assert!(!was, "slot {s} handed out twice");
+                                    }
+                                    held.push((slot, order));
+                                }
+                            } else if !held.is_empty() {
+                                let (slot, order) = held.swap_remove(r as usize % held.len());
+                                for s in slot..slot + (1 << order) {
+                                    owned[s as usize].store(false, Ordering::Release);
+                                }
+                                if order == 0 {
+                                    dev.free(slot).unwrap();
+                                } else {
+                                    dev.free_range(slot, 1 << order).unwrap();
+                                }
+                            }
+                        }
+                        for (slot, order) in held {
+                            for s in slot..slot + (1 << order) {
+                                owned[s as usize].store(false, Ordering::Release);
+                            }
+                            dev.free_range(slot, 1 << order).unwrap();
+                        }
+                    });
+                }
+            });
+            dev.drain_slot_caches();
+            assert_eq!(dev.in_use(), 0, "{mode:?} discard {discard}");
+            while dev.discard_now() {}
+            dev.verify().unwrap();
+        }
+    }
+}
