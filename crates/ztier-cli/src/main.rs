@@ -7,6 +7,7 @@ mod dict;
 mod pools;
 mod serve;
 mod size;
+mod swap_alloc;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,9 @@ enum Command {
     Stat(serve::StatArgs),
     /// Train a zstd dictionary on memory pages, for `--compressor zstd:dict=PATH`.
     TrainDict(dict::TrainDictArgs),
+    /// The swap-slot allocator's lock study: the cluster mode and the legacy mode on the
+    /// same work, with every lock's contention.
+    SwapAllocBench(swap_alloc::SwapAllocArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Stat(args) => serve::stat(&args),
         Command::TrainDict(args) => dict::run(&args),
+        Command::SwapAllocBench(args) => swap_alloc::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

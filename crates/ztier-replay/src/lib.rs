@@ -7,9 +7,13 @@
 //! - [`zram`]: one zram run (store, load, verify, discard, compact) with `mm_stat` after each
 //!   step, speeds as ratios to the raw compressor measured in the same run, the device's own
 //!   memory, and the kernel's figures compared field by field where they apply.
+//! - [`swap_alloc`]: the swap-slot allocator's lock study: threads allocating and freeing
+//!   slots in swap-out and swap-in patterns, in the cluster mode and the legacy mode on the
+//!   same seed, with every lock's acquisitions, contention and wait.
 #![forbid(unsafe_code)]
 
 pub mod driver;
+pub mod swap_alloc;
 pub mod zram;
 
 use ztier_compress::CompressError;
@@ -28,6 +32,8 @@ pub enum ReplayError {
     Compress(#[from] CompressError),
     #[error("{0}")]
     Config(String),
+    #[error("{0}")]
+    Swap(#[from] ztier_swap::SwapError),
     #[error("page {page} of {corpus} read back different from what was written")]
     Mismatch { corpus: String, page: usize },
     #[error("{what} at page {page}: {source}")]

@@ -148,6 +148,38 @@ impl Lists {
         list.push_back(nodes, id);
     }
 
+    /// One bit per list, set if the list has clusters: the free, full and discard lists, then
+    /// nonfull and frag per order ([`Lists::bit`]).
+    pub(crate) fn nonempty_mask(&self) -> u64 {
+        let mut mask = 0;
+        let mut set = |flag, order: usize, list: &List| {
+            if !list.is_empty() {
+                mask |= Lists::bit(flag, order as u8);
+            }
+        };
+        set(Flag::Free, 0, &self.free);
+        set(Flag::Full, 0, &self.full);
+        set(Flag::Discard, 0, &self.discard);
+        for o in 0..NR_ORDERS {
+            set(Flag::Nonfull, o, &self.nonfull[o]);
+            set(Flag::Frag, o, &self.frag[o]);
+        }
+        mask
+    }
+
+    /// The bit of list (`flag`, `order`) in [`nonempty_mask`](Lists::nonempty_mask).
+    pub(crate) fn bit(flag: Flag, order: u8) -> u64 {
+        let o = u32::from(order);
+        1 << match flag {
+            Flag::Free => 0,
+            Flag::Full => 1,
+            Flag::Discard => 2,
+            Flag::Nonfull => 3 + o,
+            Flag::Frag => 3 + NR_ORDERS as u32 + o,
+            Flag::None => unreachable!("Flag::None names no list"),
+        }
+    }
+
     /// The clusters on a list, head first.
     pub(crate) fn ids(&mut self, flag: Flag, order: u8) -> Vec<u32> {
         let (list, nodes) = self.list(flag, order);

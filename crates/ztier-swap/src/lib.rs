@@ -33,7 +33,7 @@ pub use cluster::{Flag, NR_ORDERS, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_SWAPFILES};
 pub use swap::{Swap, SwapStats};
 pub use swap_slots::SWAP_SLOTS_CACHE_SIZE;
-pub use swapfile::{Config, Device, DeviceStats, Mode, OrderStats, SLOT_BYTES};
+pub use swapfile::{Config, Device, DeviceStats, ListPolicy, Mode, OrderStats, SLOT_BYTES};
 
 /// Why a swap operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -119,14 +119,16 @@ impl Inner {
             let id = group[0] / SWAPFILE_CLUSTER;
             let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
             let mut freed = 0u16;
+            let mut completes_run = false;
             for &slot in group {
                 let i = (slot % SWAPFILE_CLUSTER) as usize;
                 if c.map[i] == SWAP_MAP_FREEING {
                     c.map[i] = 0;
                     freed += 1;
+                    completes_run |= crate::swapfile::run_is_free(&c, i);
                 }
             }
-            self.release_slots(&mut c, id, freed, &mut held);
+            self.release_slots(&mut c, id, freed, completes_run, &mut held);
             self.counters
                 .add(crate::swapfile::FREED_ORDER0, u64::from(freed));
         }

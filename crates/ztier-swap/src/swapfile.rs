@@ -42,7 +42,7 @@ use crate::cluster::{
 };
 use crate::lockstat::{CountedMutex, LockReport, LockStats};
 use crate::swap_slots::SlotCache;
-use crate::sync::MutexGuard;
+use crate::sync::{AtomicU64, MutexGuard, Ordering};
 use crate::SwapError;
 
 /// Bytes in a slot: a page.
@@ -62,10 +62,30 @@ pub enum Mode {
     Legacy,
 }
 
+/// Where a free sends a cluster that still has slots in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListPolicy {
+    /// The kernel's `partial_free_cluster()`: to nonfull, from wherever it was. A free into
+    /// the cluster a thread is allocating from (on the frag list) moves it to nonfull, and
+    /// the thread's next allocation moves it back: two device-lock acquisitions per such
+    /// free; and every failed large allocation isolates, rescans and demotes every nonfull
+    /// cluster of its order that random frees promoted again.
+    Kernel,
+    /// ztier's: nonfull holds only clusters with room for their order. A full cluster goes
+    /// to nonfull if it serves order 0 or the free completed an aligned run of its order,
+    /// else to frag (order-0 allocations still steal from it); a frag cluster is promoted
+    /// only when a free completes an aligned run of its order (> 0). Measured with
+    /// `ztier swap-alloc-bench --list-policy`.
+    Ztier,
+}
+
 /// A device's settings (`swapon`'s flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     pub mode: Mode,
+    /// Where frees send clusters (both modes alike).
+    pub policy: ListPolicy,
     /// A spinning disk: one cluster per order for the whole device, so writes stay
     /// sequential (the kernel's `!SWP_SOLIDSTATE`).
     pub rotational: bool,
@@ -80,6 +100,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             mode: Mode::Cluster,
+            policy: ListPolicy::Ztier,
             rotational: false,
             discard: false,
             priority: -1,
@@ -120,6 +141,10 @@ pub(crate) struct Inner {
     pub(crate) clusters: Box<[CountedMutex<Cluster>]>,
     /// The device lock (`si->lock`) and what it guards: the cluster lists.
     pub(crate) lists: CountedMutex<Lists>,
+    /// Which lists have clusters ([`Lists::nonempty_mask`]), published whenever the device
+    /// lock is let go, so isolation passes an empty list by without taking the lock (the
+    /// kernel takes it to find the list empty: 18 times in one failed order-0 steal).
+    nonempty: AtomicU64,
     pub(crate) percpu: Shards<PerCpu>,
     /// The rotational device's clusters (`si->global_cluster` under `global_cluster_lock`).
     pub(crate) global: CountedMutex<PerCpu>,
@@ -138,6 +163,10 @@ pub(crate) struct Inner {
 struct DiscardQueue {
     state: std::sync::Mutex<(bool, bool)>, // (work pending, stop)
     wake: std::sync::Condvar,
+    /// Held by whoever is discarding (the worker, or a caller of `discard_now`), so that
+    /// one pass finishes its clusters before another looks: when `discard_now` returns,
+    /// no cluster is between the discard list and the free list.
+    serial: std::sync::Mutex<()>,
 }
 
 impl DiscardQueue {
@@ -217,6 +246,7 @@ impl Device {
             config,
             slots,
             clusters: clusters.into_iter().map(CountedMutex::new).collect(),
+            nonempty: AtomicU64::new(lists.nonempty_mask()),
             lists: CountedMutex::new(lists),
             percpu: Shards::default(),
             global: CountedMutex::new(PerCpu::default()),
@@ -335,7 +365,8 @@ impl Device {
         self.inner.drain_slot_caches();
     }
 
-    /// Discards the clusters waiting for it now, on this thread; true if there were any.
+    /// Discards the clusters waiting for it now, on this thread, after any pass the discard
+    /// thread is in; true if there were any.
     pub fn discard_now(&self) -> bool {
         self.inner.do_discard(&mut None)
     }
@@ -362,6 +393,12 @@ impl Drop for Device {
     }
 }
 
+/// Whether slot `i`'s aligned run of the cluster's order is all free.
+pub(crate) fn run_is_free(c: &Cluster, i: usize) -> bool {
+    let nr = 1usize << c.order;
+    c.range_is_free(i & !(nr - 1), nr)
+}
+
 /// The first page of a Linux swap area (`union swap_header`, version 1): the signature in
 /// its last 10 bytes, the last page's index, no bad pages.
 fn swap_header(slots: u64) -> Vec<u8> {
@@ -374,9 +411,21 @@ fn swap_header(slots: u64) -> Vec<u8> {
 
 impl Inner {
     fn with_lists<R>(&self, held: &mut Held<'_>, f: impl FnOnce(&mut Lists) -> R) -> R {
+        let publish = |l: &mut Lists| {
+            self.nonempty.store(l.nonempty_mask(), Ordering::Release);
+        };
         match held {
-            Some(guard) => f(guard),
-            None => f(&mut self.lists.lock(&self.device_lock)),
+            Some(guard) => {
+                let r = f(guard);
+                publish(guard);
+                r
+            }
+            None => {
+                let mut guard = self.lists.lock(&self.device_lock);
+                let r = f(&mut guard);
+                publish(&mut guard);
+                r
+            }
         }
     }
 
@@ -428,6 +477,11 @@ impl Inner {
         order: u8,
         held: &mut Held<'_>,
     ) -> Option<(u32, MutexGuard<'a, Cluster>)> {
+        // A list that gains a cluster just after this look is passed by this time, as a
+        // cluster whose lock is held is.
+        if self.nonempty.load(Ordering::Acquire) & Lists::bit(flag, order) == 0 {
+            return None;
+        }
         self.with_lists(held, |l| {
             let (list, nodes) = l.list(flag, order);
             let mut at = list.first();
@@ -775,19 +829,29 @@ impl Inner {
             }
         }
         let mut freed = 0u16;
+        let mut completes_run = false;
         for &i in &sorted {
             c.map[i] -= 1;
             if c.map[i] == 0 {
                 freed += 1;
+                completes_run |= run_is_free(&c, i);
             }
         }
-        self.release_slots(&mut c, id, freed, held);
+        self.release_slots(&mut c, id, freed, completes_run, held);
         Ok(())
     }
 
-    /// `freed` slots of a locked cluster just became free: count them, and move the cluster
-    /// to the list its new count calls for.
-    pub(crate) fn release_slots(&self, c: &mut Cluster, id: u32, freed: u16, held: &mut Held<'_>) {
+    /// `freed` slots of a locked cluster just became free (`completes_run`: one of them
+    /// completed a free aligned run of the cluster's order): count them, and move the
+    /// cluster to the list its new state calls for under the device's [`ListPolicy`].
+    pub(crate) fn release_slots(
+        &self,
+        c: &mut Cluster,
+        id: u32,
+        freed: u16,
+        completes_run: bool,
+        held: &mut Held<'_>,
+    ) {
         if freed == 0 {
             return;
         }
@@ -795,8 +859,18 @@ impl Inner {
         self.usage.sub(u64::from(freed));
         if c.count == 0 {
             self.free_cluster(c, id, held);
-        } else if c.flag != Flag::Nonfull {
-            self.move_cluster(c, id, Flag::Nonfull, held);
+            return;
+        }
+        let to = match (self.config.policy, c.flag) {
+            (ListPolicy::Kernel, Flag::Nonfull) => None,
+            (ListPolicy::Kernel, _) => Some(Flag::Nonfull),
+            (ListPolicy::Ztier, Flag::Full) if c.order == 0 || completes_run => Some(Flag::Nonfull),
+            (ListPolicy::Ztier, Flag::Full) => Some(Flag::Frag),
+            (ListPolicy::Ztier, Flag::Frag) if c.order > 0 && completes_run => Some(Flag::Nonfull),
+            (ListPolicy::Ztier, _) => None,
+        };
+        if let Some(to) = to {
+            self.move_cluster(c, id, to, held);
         }
     }
 
@@ -860,6 +934,20 @@ impl Inner {
     /// device with no lock held (unless the caller holds the device lock), and it goes to
     /// the free list. True if any was.
     pub(crate) fn do_discard(&self, held: &mut Held<'_>) -> bool {
+        // A caller holding the device lock (legacy) must not wait for a worker that will
+        // take it: it discards only if no one else is.
+        let _serial = if held.is_none() {
+            self.discard
+                .serial
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        } else {
+            match self.discard.serial.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return false,
+            }
+        };
         let mut any = false;
         loop {
             let popped = self.with_lists(held, |l| {
@@ -934,6 +1022,7 @@ impl Inner {
             .collect();
         DeviceStats {
             mode: self.config.mode,
+            policy: self.config.policy,
             rotational: self.config.rotational,
             discard: self.config.discard,
             priority: self.config.priority,
@@ -963,6 +1052,9 @@ impl Inner {
             for o in 0..NR_ORDERS as u8 {
                 lists.push((Flag::Nonfull, o));
                 lists.push((Flag::Frag, o));
+            }
+            if self.nonempty.load(Ordering::Acquire) != l.nonempty_mask() {
+                return Err("the published list bitmap differs from the lists".into());
             }
             for (flag, order) in lists {
                 for id in l.ids(flag, order) {
@@ -1049,6 +1141,7 @@ pub struct OrderStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceStats {
     pub mode: Mode,
+    pub policy: ListPolicy,
     pub rotational: bool,
     pub discard: bool,
     pub priority: i16,

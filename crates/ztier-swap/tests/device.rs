@@ -405,3 +405,29 @@ fn threads_never_share_a_slot() {
         }
     }
 }
+
+/// A free into the cluster a thread is allocating from: under the kernel's list policy it
+/// moves the cluster to nonfull and the thread's next allocation moves it back (two
+/// device-lock acquisitions); under ztier's it stays where it is (none).
+#[test]
+fn a_free_into_a_threads_cluster_moves_it_only_under_the_kernels_policy() {
+    use ztier_swap::ListPolicy;
+    for (policy, expected) in [(ListPolicy::Ztier, 0), (ListPolicy::Kernel, 2)] {
+        let dev = device(
+            4 * CL,
+            Config {
+                policy,
+                ..Config::default()
+            },
+        );
+        let a = dev.alloc_on(0, 0).unwrap();
+        dev.alloc_on(0, 0).unwrap();
+        // stats() takes the device lock twice itself (list lengths, fragmentation).
+        let device_lock = || dev.stats().locks[0].acquisitions;
+        let before = device_lock();
+        dev.free(a).unwrap();
+        assert_eq!(dev.alloc_on(0, 0).unwrap() / CL, a / CL);
+        assert_eq!(device_lock() - before - 2, expected, "{policy:?}");
+        dev.verify().unwrap();
+    }
+}

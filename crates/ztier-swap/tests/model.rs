@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use ztier_blockdev::memory::MemoryDevice;
-use ztier_swap::{Config, Device, Mode, SwapError, SLOT_BYTES, SWAPFILE_CLUSTER};
+use ztier_swap::{Config, Device, ListPolicy, Mode, SwapError, SLOT_BYTES, SWAPFILE_CLUSTER};
 
 const CL: u64 = SWAPFILE_CLUSTER as u64;
 const SLOTS: u64 = 4 * CL;
@@ -56,11 +56,12 @@ impl Model {
     }
 }
 
-fn run(ops: Vec<Op>, mode: Mode) -> Result<(), TestCaseError> {
+fn run(ops: Vec<Op>, mode: Mode, policy: ListPolicy) -> Result<(), TestCaseError> {
     let dev = Device::new(
         Arc::new(MemoryDevice::new(SLOTS * SLOT_BYTES).unwrap()),
         Config {
             mode,
+            policy,
             ..Config::default()
         },
     )
@@ -164,11 +165,20 @@ proptest! {
 
     #[test]
     fn cluster_mode_matches_the_model(ops in prop::collection::vec(op(), 1..400)) {
-        run(ops, Mode::Cluster)?;
+        run(ops, Mode::Cluster, ListPolicy::Ztier)?;
     }
 
     #[test]
     fn legacy_mode_matches_the_model(ops in prop::collection::vec(op(), 1..400)) {
-        run(ops, Mode::Legacy)?;
+        run(ops, Mode::Legacy, ListPolicy::Ztier)?;
+    }
+
+    #[test]
+    fn the_kernels_list_policy_matches_the_model(
+        ops in prop::collection::vec(op(), 1..400),
+        legacy in any::<bool>(),
+    ) {
+        let mode = if legacy { Mode::Legacy } else { Mode::Cluster };
+        run(ops, mode, ListPolicy::Kernel)?;
     }
 }
