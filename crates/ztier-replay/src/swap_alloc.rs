@@ -143,7 +143,7 @@ struct Held {
 
 impl Held {
     fn count(&self) -> u64 {
-        self.slots.len() as u64 + (self.runs.len() as u64) << LARGE_ORDER
+        self.slots.len() as u64 + ((self.runs.len() as u64) << LARGE_ORDER)
     }
 }
 

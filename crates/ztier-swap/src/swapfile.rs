@@ -50,6 +50,11 @@ pub const SLOT_BYTES: u64 = 4096;
 
 const CLUSTER: u32 = SWAPFILE_CLUSTER;
 
+/// Free slots that make an order-0 cluster worth a trip to the nonfull list (ztier's list
+/// policy): an allocator that isolates it gets at least this many for its two device-lock
+/// acquisitions.
+const ORDER0_ROOM: u32 = SWAPFILE_CLUSTER / 4;
+
 /// How a device allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -72,11 +77,12 @@ pub enum ListPolicy {
     /// free; and every failed large allocation isolates, rescans and demotes every nonfull
     /// cluster of its order that random frees promoted again.
     Kernel,
-    /// ztier's: nonfull holds only clusters with room for their order. A full cluster goes
-    /// to nonfull if it serves order 0 or the free completed an aligned run of its order,
-    /// else to frag (order-0 allocations still steal from it); a frag cluster is promoted
-    /// only when a free completes an aligned run of its order (> 0). Measured with
-    /// `ztier swap-alloc-bench --list-policy`.
+    /// ztier's: nonfull holds only clusters with room for their order (a free aligned run
+    /// of it; for order 0, a quarter of the cluster free). A full cluster that a free gives
+    /// room goes to nonfull, else to frag (order-0 allocations still reach it there); a frag
+    /// cluster is promoted when a free gives it room: for order 0 once, as its free slots
+    /// cross the quarter, so frees into the cluster a thread is filling never move it.
+    /// Measured with `ztier swap-alloc-bench --list-policy`.
     Ztier,
 }
 
@@ -855,18 +861,27 @@ impl Inner {
         if freed == 0 {
             return;
         }
+        let free_before = CLUSTER - u32::from(c.count);
         c.count -= freed;
         self.usage.sub(u64::from(freed));
         if c.count == 0 {
             self.free_cluster(c, id, held);
             return;
         }
+        // Room for the cluster's order: a free aligned run (order > 0), or, for order 0, a
+        // quarter of the cluster free, counted once as the free slots cross it, so frees
+        // into a cluster being filled never bounce it between lists.
+        let room = if c.order > 0 {
+            completes_run
+        } else {
+            free_before < ORDER0_ROOM && free_before + u32::from(freed) >= ORDER0_ROOM
+        };
         let to = match (self.config.policy, c.flag) {
             (ListPolicy::Kernel, Flag::Nonfull) => None,
             (ListPolicy::Kernel, _) => Some(Flag::Nonfull),
-            (ListPolicy::Ztier, Flag::Full) if c.order == 0 || completes_run => Some(Flag::Nonfull),
+            (ListPolicy::Ztier, Flag::Full) if room => Some(Flag::Nonfull),
             (ListPolicy::Ztier, Flag::Full) => Some(Flag::Frag),
-            (ListPolicy::Ztier, Flag::Frag) if c.order > 0 && completes_run => Some(Flag::Nonfull),
+            (ListPolicy::Ztier, Flag::Frag) if room => Some(Flag::Nonfull),
             (ListPolicy::Ztier, _) => None,
         };
         if let Some(to) = to {
