@@ -127,6 +127,17 @@ fn nbdsh(uri: &str, script: &str) -> Output {
         .unwrap()
 }
 
+/// nbdcopy `input` into the export and back out to a file: the same bytes.
+fn copy_in_and_out(served: &Served, input: &Path, dir: &Path) {
+    run("nbdcopy", &[input.to_str().unwrap(), &served.uri()]);
+    let back = dir.join("back.raw");
+    run("nbdcopy", &[&served.uri(), back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(input).unwrap() == std::fs::read(&back).unwrap(),
+        "copied out as copied in"
+    );
+}
+
 #[test]
 fn nbdcopy_in_and_out_and_nbdinfo() {
     if !have("nbdcopy") || !have("nbdinfo") {
@@ -135,13 +146,7 @@ fn nbdcopy_in_and_out_and_nbdinfo() {
     let dir = temp_dir("nbdcopy");
     let input = sample_file(&dir);
     let served = Served::start(&dir, &["--size", "12M", "--compressor", "lz4"]);
-    run("nbdcopy", &[input.to_str().unwrap(), &served.uri()]);
-    let back = dir.join("back.raw");
-    run("nbdcopy", &[&served.uri(), back.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&input).unwrap() == std::fs::read(&back).unwrap(),
-        "copied out as copied in"
-    );
+    copy_in_and_out(&served, &input, &dir);
 
     let info = String::from_utf8(run("nbdinfo", &["--json", &served.uri()]).stdout).unwrap();
     let v: serde_json::Value = serde_json::from_str(&info).unwrap();
@@ -496,13 +501,7 @@ fn a_plain_store_serves_nbdcopy_and_reports_pages_held() {
     let dir = temp_dir("plain");
     let input = sample_file(&dir);
     let served = Served::start(&dir, &["--size", "12M", "--store", "plain"]);
-    run("nbdcopy", &[input.to_str().unwrap(), &served.uri()]);
-    let back = dir.join("back.raw");
-    run("nbdcopy", &[&served.uri(), back.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&input).unwrap() == std::fs::read(&back).unwrap(),
-        "copied out as copied in"
-    );
+    copy_in_and_out(&served, &input, &dir);
     let socket = served.socket.to_str().unwrap().to_owned();
     let json = run(
         env!("CARGO_BIN_EXE_ztier"),

@@ -128,12 +128,10 @@ impl Usage {
         }
     }
 
-    /// Takes the device off the list if it is full and on it; a free since, or another
-    /// caller that took it off first, makes this do nothing.
-    fn del_from_avail(&self) {
-        let mut list = self.avail.list.lock(&self.avail.lock_stats);
-        if self
-            .inuse
+    /// Sets the off-list bit if the device is exactly full with the bit clear (under the
+    /// list's lock, the only place the bit is set).
+    fn set_offlist_if_full(&self) -> bool {
+        self.inuse
             .compare_exchange(
                 self.pages,
                 self.pages | OFFLIST_BIT,
@@ -141,7 +139,13 @@ impl Usage {
                 Ordering::Relaxed,
             )
             .is_ok()
-        {
+    }
+
+    /// Takes the device off the list if it is full and on it; a free since, or another
+    /// caller that took it off first, makes this do nothing.
+    fn del_from_avail(&self) {
+        let mut list = self.avail.list.lock(&self.avail.lock_stats);
+        if self.set_offlist_if_full() {
             list.retain(|e| e.id != self.id);
         }
     }
@@ -156,17 +160,7 @@ impl Usage {
         // Full again (an allocation since the free that called us): no allocation will see
         // `in use == pages` happen, so keep it off. The kernel compares the old value, bit
         // and all, which never equals `pages`; its comment says this is what it means.
-        if old & !OFFLIST_BIT == self.pages
-            && self
-                .inuse
-                .compare_exchange(
-                    self.pages,
-                    self.pages | OFFLIST_BIT,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        {
+        if old & !OFFLIST_BIT == self.pages && self.set_offlist_if_full() {
             return;
         }
         insert(
