@@ -13,7 +13,7 @@
 //!   change until it is empty;
 //! - a cluster whose `count` is 0 is on the free or discard list, or isolated.
 //!
-//! The lists ([`Lists`]) are guarded by the device lock; a cluster's `flag` by its own lock,
+//! The lists (`Lists`) are guarded by the device lock; a cluster's `flag` by its own lock,
 //! and both are changed together only with both held (cluster lock first, then the device
 //! lock: `move_cluster`), or, when a cluster is isolated, with the device lock held and the
 //! cluster's lock taken by `try_lock` (never waiting, so the order cannot deadlock).

@@ -7,7 +7,7 @@
 //!   the 2024 lock rework or the legacy mode before it ([`Mode`]);
 //! - [`cluster`]: a cluster's slot counts and the lists it moves between;
 //! - `swap_slots`: the legacy mode's per-thread slot caches;
-//! - [`avail`](crate::avail) and [`swap`]: several devices by priority, and the off-list bit
+//! - `avail` and [`swap`]: several devices by priority, and the off-list bit
 //!   that lets a full device leave the available list without a global lock;
 //! - [`lockstat`]: every lock's acquisitions, contention and wait, as `perf lock contention`
 //!   shows them;

@@ -4,7 +4,7 @@
 //! current cluster there: no shared lock), then the available devices in order, each one
 //! requeued behind its equals as it is tried, so devices of one priority take turns by
 //! cluster. A full device is off the available list (its off-list bit, see
-//! [`crate::avail`]) and comes back with the first free.
+//! `avail`) and comes back with the first free.
 //!
 //! Devices are added, never removed (no swapoff); `devices` is written once per index under
 //! `swapon`'s lock and read without a lock.

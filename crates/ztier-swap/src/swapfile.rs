@@ -18,7 +18,7 @@
 //! passed by (the caller falls back, as the kernel's swap-out does).
 //!
 //! Invariants: those of [`crate::cluster`]; `usage` counts the slots whose byte is between 1
-//! and [`SWAP_MAP_MAX`] or [`SWAP_MAP_FREEING`] (allocated, not yet freed); a slot is handed
+//! and [`SWAP_MAP_MAX`] or `SWAP_MAP_FREEING` (allocated, not yet freed); a slot is handed
 //! out by at most one allocation until it is freed.
 //!
 //! Lock order (outer first), cluster mode: the thread's current-cluster shard, the global
