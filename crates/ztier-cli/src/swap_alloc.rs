@@ -85,7 +85,7 @@ pub fn run(args: &SwapAllocArgs) -> anyhow::Result<()> {
 fn print_pair(legacy: &SwapAllocReport, cluster: &SwapAllocReport) {
     println!(
         "{} ({:.0} % full{}), {} threads, {} operations, {:?} list policy",
-        legacy.workload_name(),
+        legacy.workload.name(),
         legacy.fill * 100.0,
         if legacy.workload == Workload::Order0 {
             String::new()
@@ -110,8 +110,8 @@ fn print_pair(legacy: &SwapAllocReport, cluster: &SwapAllocReport) {
         "frag free"
     );
     for r in [legacy, cluster] {
-        let dev = r.lock("si->lock").copied().unwrap_or_else(|| r.locks[0]);
-        let cl = r.lock("ci->lock").copied().unwrap_or_else(|| r.locks[1]);
+        let dev = r.lock("si->lock").expect("the device lock is reported");
+        let cl = r.lock("ci->lock").expect("the cluster locks are reported");
         println!(
             "  {:<8} {:>12.0} {:>11.4} {:>10} {:>10.2} {:>11} {:>11} {:>10.2} {:>12} {:>10}",
             format!("{:?}", r.mode).to_lowercase(),

@@ -25,8 +25,15 @@ const MIN_MAP: usize = 64 << 10;
 
 /// A connection's free buffers.
 pub(crate) struct Buffers {
-    free: Mutex<Vec<MmapMut>>,
+    free: Mutex<Free>,
     keep_bytes: usize,
+}
+
+/// The mappings kept for reuse, and their bytes.
+#[derive(Default)]
+struct Free {
+    maps: Vec<MmapMut>,
+    bytes: usize,
 }
 
 /// `len` bytes of a mapping taken from [`Buffers`]; give it back with [`Buffers::give`].
@@ -38,7 +45,7 @@ pub(crate) struct Buffer {
 impl Buffers {
     pub(crate) fn new(keep_bytes: usize) -> Buffers {
         Buffers {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Free::default()),
             keep_bytes,
         }
     }
@@ -52,12 +59,17 @@ impl Buffers {
         let reused = {
             let mut free = self.free.lock().expect("buffers");
             let best = free
+                .maps
                 .iter()
                 .enumerate()
                 .filter(|(_, m)| m.len() >= len)
                 .min_by_key(|(_, m)| m.len())
                 .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
+            best.map(|i| {
+                let map = free.maps.swap_remove(i);
+                free.bytes -= map.len();
+                map
+            })
         };
         let map = match reused {
             Some(map) => map,
@@ -73,16 +85,16 @@ impl Buffers {
     pub(crate) fn give(&self, buffer: Buffer) {
         let Some(map) = buffer.map else { return };
         let mut free = self.free.lock().expect("buffers");
-        let held: usize = free.iter().map(|m| m.len()).sum();
-        if held + map.len() <= self.keep_bytes {
-            free.push(map);
+        if free.bytes + map.len() <= self.keep_bytes {
+            free.bytes += map.len();
+            free.maps.push(map);
         }
     }
 
     /// Bytes of mappings held for reuse.
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.free.lock().unwrap().iter().map(|m| m.len()).sum()
+        self.free.lock().unwrap().bytes
     }
 }
 

@@ -125,10 +125,6 @@ pub struct SwapAllocReport {
 }
 
 impl SwapAllocReport {
-    pub fn workload_name(&self) -> &'static str {
-        self.workload.name()
-    }
-
     /// A lock's figures by name's start (`si->lock`, `ci->lock`, ...).
     pub fn lock(&self, prefix: &str) -> Option<&LockReport> {
         self.locks.iter().find(|l| l.name.starts_with(prefix))
@@ -230,7 +226,10 @@ impl SwapAllocBench {
             .map(|o| o.allocations << o.order)
             .sum();
         let locks = during.locks.clone();
-        let device_lock_acquisitions = locks[0].acquisitions;
+        let device_lock_acquisitions = locks
+            .iter()
+            .find(|l| l.name.starts_with("si->lock"))
+            .map_or(0, |l| l.acquisitions);
         Ok(SwapAllocReport {
             workload: self.workload,
             fill: self.workload.fill(),

@@ -35,17 +35,10 @@ impl Inner {
     /// Order 0: refills the thread's cache (up to 64 slots under one hold of the device
     /// lock) and takes one; larger orders: one allocation under the device lock.
     pub(crate) fn legacy_alloc_refill(&self, cpu: usize, order: u32) -> Option<u32> {
-        let o = order as usize;
         if order != 0 {
             let mut pc = self.percpu.at(cpu);
             let mut held = Some(self.lists.lock(&self.device_lock));
-            return self
-                .legacy_alloc_one(&mut pc.0[o], order, &mut held)
-                .or_else(|| {
-                    (self.config.discard && self.do_discard(&mut held))
-                        .then(|| self.legacy_alloc_one(&mut pc.0[o], order, &mut held))
-                        .flatten()
-                });
+            return self.alloc_with_next(&mut pc.0[order as usize], order, &mut held);
         }
         let mut cache = self.caches.at(cpu);
         if let Some(slot) = cache.slots.pop() {
@@ -53,33 +46,31 @@ impl Inner {
         }
         let mut pc = self.percpu.at(cpu);
         let mut held = Some(self.lists.lock(&self.device_lock));
-        for attempt in 0..2 {
-            while cache.slots.len() < SWAP_SLOTS_CACHE_SIZE {
-                match self.legacy_alloc_one(&mut pc.0[0], 0, &mut held) {
-                    Some(slot) => cache.slots.push(slot),
-                    None => break,
-                }
-            }
-            if !cache.slots.is_empty() || attempt == 1 || !self.config.discard {
-                break;
-            }
-            if !self.do_discard(&mut held) {
-                break;
-            }
+        self.legacy_fill(&mut cache, &mut pc.0[0], &mut held);
+        if cache.slots.is_empty() && self.discard_for_room(&mut held) {
+            self.legacy_fill(&mut cache, &mut pc.0[0], &mut held);
         }
         // Handed out last first, so the thread writes its slots in ascending order.
         cache.slots.reverse();
         cache.slots.pop()
     }
 
-    fn legacy_alloc_one(
+    /// Allocates order-0 slots into the cache until it is full or the device has none.
+    fn legacy_fill(
         &self,
+        cache: &mut SlotCache,
         next: &mut u32,
-        order: u32,
         held: &mut crate::swapfile::Held<'_>,
-    ) -> Option<u32> {
-        self.alloc_cached(next, order, held)
-            .or_else(|| self.alloc_new_cluster(next, order, held))
+    ) {
+        while cache.slots.len() < SWAP_SLOTS_CACHE_SIZE {
+            let found = self
+                .alloc_cached(next, 0, held)
+                .or_else(|| self.alloc_new_cluster(next, 0, held));
+            match found {
+                Some(slot) => cache.slots.push(slot),
+                None => break,
+            }
+        }
     }
 
     /// Drops a reference: a count above one is decremented in place; the last reference

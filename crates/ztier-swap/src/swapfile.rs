@@ -648,17 +648,34 @@ impl Inner {
 
     /// The thread's cluster, then a new one; and when all else fails, clusters waiting to be
     /// discarded are discarded now (`swap_sync_discard()`) and the search runs once more.
-    fn alloc_with_next(&self, next: &mut u32, order: u32, held: &mut Held<'_>) -> Option<u32> {
-        if let found @ Some(_) = self.alloc_cached(next, order, held) {
-            return found;
-        }
-        if let found @ Some(_) = self.alloc_new_cluster(next, order, held) {
-            return found;
-        }
-        if self.config.discard && self.do_discard(held) {
-            return self.alloc_new_cluster(next, order, held);
-        }
-        None
+    pub(crate) fn alloc_with_next(
+        &self,
+        next: &mut u32,
+        order: u32,
+        held: &mut Held<'_>,
+    ) -> Option<u32> {
+        self.alloc_cached(next, order, held)
+            .or_else(|| self.alloc_new_cluster_or_discard(next, order, held))
+    }
+
+    /// A new cluster; failing that, clusters waiting to be discarded are discarded now
+    /// (`swap_sync_discard()`) and the search runs once more.
+    fn alloc_new_cluster_or_discard(
+        &self,
+        next: &mut u32,
+        order: u32,
+        held: &mut Held<'_>,
+    ) -> Option<u32> {
+        self.alloc_new_cluster(next, order, held).or_else(|| {
+            (self.discard_for_room(held))
+                .then(|| self.alloc_new_cluster(next, order, held))
+                .flatten()
+        })
+    }
+
+    /// Discards what waits for it, if the device discards: true if that freed clusters.
+    pub(crate) fn discard_for_room(&self, held: &mut Held<'_>) -> bool {
+        self.config.discard && self.do_discard(held)
     }
 
     pub(crate) fn check_order(order: u32) -> Result<(), SwapError> {
@@ -691,14 +708,7 @@ impl Inner {
             }
             Mode::Cluster => {
                 let mut pc = self.percpu.at(cpu);
-                let next = &mut pc.0[o];
-                if let found @ Some(_) = self.alloc_new_cluster(next, order, &mut None) {
-                    return found;
-                }
-                if self.config.discard && self.do_discard(&mut None) {
-                    return self.alloc_new_cluster(next, order, &mut None);
-                }
-                None
+                self.alloc_new_cluster_or_discard(&mut pc.0[o], order, &mut None)
             }
         }
     }
@@ -828,8 +838,9 @@ impl Inner {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Drops a reference to each slot `idx` of cluster `id` (a slot may appear more than
-    /// once), all or none: an unallocated slot refuses the whole call. Freed slots go back;
+    /// Drops a reference to each slot `idx` of cluster `id`, given in ascending order (a
+    /// slot may appear more than once), all or none: an unallocated slot refuses the whole
+    /// call. Freed slots go back;
     /// the cluster moves to the free (or discard) or nonfull list.
     pub(crate) fn put_in_cluster(
         &self,
@@ -839,9 +850,8 @@ impl Inner {
     ) -> Result<(), SwapError> {
         let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
         let offset = |i: usize| u64::from(id) * u64::from(CLUSTER) + i as u64;
-        let mut sorted = idx.to_vec();
-        sorted.sort_unstable();
-        for run in sorted.chunk_by(|a, b| a == b) {
+        debug_assert!(idx.is_sorted(), "slots in ascending order");
+        for run in idx.chunk_by(|a, b| a == b) {
             let b = c.map[run[0]];
             if b == 0 || b > SWAP_MAP_MAX || usize::from(b) < run.len() {
                 return Err(SwapError::NotAllocated {
@@ -851,7 +861,7 @@ impl Inner {
         }
         let mut freed = 0u16;
         let mut completes_run = false;
-        for &i in &sorted {
+        for &i in idx {
             c.map[i] -= 1;
             if c.map[i] == 0 {
                 freed += 1;
