@@ -67,6 +67,29 @@ impl<T> Shards<T> {
     }
 }
 
+/// Locks striped by a key (a page index, a swap slot): key `k` takes stripe `k % n`, each
+/// stripe on its own cache line. The userspace form of a per-page lock (the kernel's folio
+/// lock), for a table too large to hold one lock per entry: two keys of one stripe wait for
+/// each other, which is harmless as long as no caller holds two stripes at once.
+pub struct Stripes {
+    locks: Box<[Padded<()>]>,
+}
+
+impl Stripes {
+    /// `n` stripes (at least one).
+    pub fn new(n: usize) -> Stripes {
+        Stripes {
+            locks: (0..n.max(1)).map(|_| Padded::default()).collect(),
+        }
+    }
+
+    /// The lock of `key`'s stripe, held until the guard goes.
+    #[inline]
+    pub fn lock(&self, key: u64) -> MutexGuard<'_, ()> {
+        self.locks[(key % self.locks.len() as u64) as usize].0.lock()
+    }
+}
+
 /// Event counters kept per shard, so that threads counting the same event do not share a
 /// cache line (as the kernel's per-CPU `vm_event` counters): [`add`](Counters::add) is one
 /// relaxed atomic add on the calling thread's line, [`sum`](Counters::sum) reads them all.

@@ -112,6 +112,24 @@ impl<T> IdSlab<T> {
     pub fn live(&self) -> usize {
         self.items.len() - self.free.len()
     }
+
+    /// Places allocated (live or freed).
+    pub fn capacity(&self) -> usize {
+        self.items.capacity()
+    }
+
+    /// Room allocated for freed ids.
+    pub fn free_capacity(&self) -> usize {
+        self.free.capacity()
+    }
+
+    /// With no id live, gives every place's memory back (ids restart at 0).
+    pub fn release_if_empty(&mut self) {
+        if self.live() == 0 && self.items.capacity() > 0 {
+            self.items = Vec::new();
+            self.free = Vec::new();
+        }
+    }
 }
 
 impl<T> std::ops::Index<u32> for IdSlab<T> {

@@ -82,6 +82,30 @@ pub trait Compressor: Send {
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize>;
 }
 
+/// A compression stream with its output buffer, sized for the worst case of one page: what
+/// each CPU keeps for zram (`struct zcomp_strm`) and zswap (`struct crypto_acomp_ctx`).
+pub struct Stream {
+    pub comp: Box<dyn Compressor>,
+    /// Compressed bytes of the last [`Compressor::compress`] into it.
+    pub buf: Vec<u8>,
+}
+
+impl Stream {
+    /// A stream of `algorithm` for pages of `page_size` bytes.
+    pub fn new(algorithm: &Algorithm, page_size: usize) -> Stream {
+        Stream {
+            comp: algorithm.new_compressor(),
+            buf: vec![0; worst_case_len(page_size)],
+        }
+    }
+
+    /// Compresses `page` into the stream's buffer; returns the compressed bytes.
+    pub fn compress(&mut self, page: &[u8]) -> Result<&[u8]> {
+        let len = self.comp.compress(page, &mut self.buf)?;
+        Ok(&self.buf[..len])
+    }
+}
+
 pub(crate) fn check_dst(src: &[u8], dst: &[u8]) -> Result<()> {
     let need = worst_case_len(src.len());
     if dst.len() < need {

@@ -164,6 +164,44 @@ impl Corpus {
         Ok(Some(truth))
     }
 
+    /// What the kernel's zswap made of these pages with `algorithm` (`zswap-truth.json`
+    /// beside the corpus), if the file has them; a figure for another page count is an
+    /// error.
+    pub fn zswap_truth(&self, algorithm: &str) -> Result<Option<ZswapTruth>> {
+        let path = self.sibling("zswap-truth.json");
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(CorpusError::Io { path, source }),
+        };
+        let file: ZswapTruthFile =
+            serde_json::from_slice(&text).map_err(|e| CorpusError::Malformed {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        let Some(mut truth) = file
+            .corpora
+            .get(&self.name)
+            .and_then(|by_alg| by_alg.get(algorithm))
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        if truth.pages != self.pages() as u64 {
+            return Err(CorpusError::TruthMismatch {
+                path,
+                corpus: self.path.clone(),
+                reason: format!(
+                    "its {algorithm} figures are for {} pages, the corpus has {}",
+                    truth.pages,
+                    self.pages()
+                ),
+            });
+        }
+        truth.kernel = file.kernel;
+        Ok(Some(truth))
+    }
+
     /// The kernel's stored size of each page for `algorithm`, if `ksizes/` has them.
     pub fn kernel_sizes(&self, algorithm: &str) -> Result<Option<Vec<u16>>> {
         let path = self.sibling(&format!("ksizes/{}.{algorithm}.ksizes.u16", self.name));
@@ -185,6 +223,36 @@ impl Corpus {
                 .collect(),
         ))
     }
+}
+
+#[derive(Deserialize)]
+struct ZswapTruthFile {
+    kernel: String,
+    corpora: BTreeMap<String, BTreeMap<String, ZswapTruth>>,
+}
+
+/// What the kernel's zswap made of a corpus with one compressor: the pages swapped out in
+/// order, no writeback (see the shared corpus's README).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct ZswapTruth {
+    /// The kernel release (from the file's header).
+    #[serde(default)]
+    pub kernel: String,
+    pub pages: u64,
+    pub zero_pages: u64,
+    pub nonzero_same_filled_pages: u64,
+    pub stored_pages: u64,
+    pub stored_incompressible_pages: u64,
+    pub pool_total_size: u64,
+    pub written_back_pages: u64,
+    #[serde(rename = "Zswap_kB")]
+    pub zswap_kb: u64,
+    #[serde(rename = "Zswapped_kB")]
+    pub zswapped_kb: u64,
+    #[serde(rename = "pageout_MBps_median")]
+    pub pageout_mb_s: Option<f64>,
+    #[serde(rename = "faultin_MBps_median")]
+    pub faultin_mb_s: Option<f64>,
 }
 
 /// A truth file: what the kernel's zram made of a corpus (`NAME.truth.json`; see the shared

@@ -38,9 +38,9 @@ mod stats;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 use ztier_compress::{
-    fill_page, same_filled, worst_case_len, Algorithm, CompressError, Compressor,
+    fill_page, same_filled, Algorithm, CompressError, Stream,
 };
 use ztier_pool::{PoolError, PoolStats, ZPool};
 
@@ -49,7 +49,7 @@ pub use stats::{Counter, DebugStat, IoStat, MmStat};
 
 use slot::Slot;
 use stats::Counters;
-use ztier_base::shard::Shards;
+use ztier_base::shard::{Shards, Stripes};
 
 /// What a device operation refuses.
 #[derive(Debug, thiserror::Error)]
@@ -111,12 +111,6 @@ struct PageSpan {
     at: usize,
 }
 
-/// A compression stream and its buffers (`struct zcomp_strm`).
-struct Stream {
-    comp: Box<dyn Compressor>,
-    /// Compressed bytes, sized for the worst case.
-    buf: Vec<u8>,
-}
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
 #[derive(Default)]
@@ -126,13 +120,9 @@ struct ShardState {
     counters: Counters,
 }
 
-/// Locks serializing the changes to each page, striped by page index (a page's stripe is
-/// `index % PAGE_LOCK_STRIPES`), each on its own cache line.
+/// Stripes of the locks serializing the changes to each page (a page's stripe is
+/// `index % PAGE_LOCK_STRIPES`).
 const PAGE_LOCK_STRIPES: usize = 256;
-
-#[repr(align(64))]
-#[derive(Default)]
-struct PageLock(Mutex<()>);
 
 /// Bytes of slot table per disk page (`struct zram_table_entry`).
 const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
@@ -156,7 +146,7 @@ pub struct Device {
     /// Per-thread state by shard; an operation holds its thread's shard throughout.
     shards: Shards<ShardState>,
     /// Held by every change to a page, for its whole length.
-    page_locks: Box<[PageLock]>,
+    page_locks: Stripes,
     /// Pool pages allowed, 0 = unlimited (`limit_pages`).
     limit_pages: AtomicU64,
     /// Highest pool pages seen after a write (`max_used_pages`).
@@ -195,9 +185,7 @@ impl Device {
             pool,
             slots: slots.into_boxed_slice(),
             shards: Shards::default(),
-            page_locks: (0..PAGE_LOCK_STRIPES)
-                .map(|_| PageLock::default())
-                .collect(),
+            page_locks: Stripes::new(PAGE_LOCK_STRIPES),
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
         })
@@ -230,16 +218,11 @@ impl Device {
 
     /// The lock serializing changes to page `index`.
     fn page_lock(&self, index: u64) -> MutexGuard<'_, ()> {
-        self.page_locks[(index % PAGE_LOCK_STRIPES as u64) as usize]
-            .0
-            .lock()
+        self.page_locks.lock(index)
     }
 
     fn new_stream(&self) -> Stream {
-        Stream {
-            comp: self.algorithm.new_compressor(),
-            buf: vec![0; worst_case_len(self.page_size)],
-        }
+        Stream::new(&self.algorithm, self.page_size)
     }
 
     /// The calling thread's shard, held until the guard goes.

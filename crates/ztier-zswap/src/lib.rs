@@ -1,0 +1,610 @@
+//! zswap in userspace (`mm/zswap.c`): a compressed cache in front of a swap device.
+//!
+//! A page on its way out to a swap slot ([`Cache::swap_out`]) is compressed and kept in a
+//! pool instead; only when the pool reaches its limit are the coldest pages written back,
+//! decompressed, to their slots on the [`ztier_swap::Device`] underneath. The caller owns
+//! the slots, as the kernel's swap layer does: it allocates one before a page is stored
+//! and frees it ([`Cache::swap_free`]) when the page is gone for good.
+//!
+//! - The index ([`tree`]) maps a slot to a 16-byte value: a stored page's pool handle,
+//!   length and LRU node, or the tag of a zero-filled page, which takes no entry and no pool
+//!   memory. (Today's kernel keeps zero pages one layer down, in the swap device's zero map,
+//!   so zswap never sees them; ztier's slot allocator knows nothing of page contents, so the
+//!   tag lives here, as in the seed patch "mm: zswap: store zero-filled pages without a
+//!   zswap_entry". Either way they are not in `stored_pages`.)
+//! - A page that does not compress below a page is stored whole and counted
+//!   (`stored_incompressible_pages`), as kernel 6.18 does when writeback is allowed.
+//! - A load is exclusive, as the kernel's: the entry is freed once the page is handed back
+//!   (the caller now holds the only copy, and marks it dirty).
+//! - The pool limit is `max_pool_percent` of a RAM budget; once reached, stores are refused
+//!   (`pool_limit_hit`) until the pool is back under `accept_threshold_percent` of the
+//!   limit, and a background worker writes the LRU's coldest pages back until it is
+//!   ([`shrink`]). [`Cache::shrink`] does the same on demand (the memory-pressure
+//!   shrinker).
+//! - A store that zswap refuses leaves no stale copy: the slot's old entry is invalidated
+//!   and [`Cache::swap_out`] writes the page to the device, where [`Cache::swap_in`] finds
+//!   it.
+//!
+//! # Lock order
+//! page lock of the slot (a stripe of [`Stripes`], the kernel's folio lock: held by every
+//! operation on that slot, across the writeback I/O too) → the slot's tree node → the LRU
+//! → the pool's own locks. The shrinker chooses its pages under the LRU lock alone, drops
+//! it, then takes each page's lock in order, and checks the index still names the node it
+//! chose. Only the page lock is held across I/O; a value changes only under its page lock,
+//! so a holder of the page lock may read the value and use it without the node's lock.
+#![forbid(unsafe_code)]
+
+mod lru;
+mod shrink;
+mod stats;
+mod tree;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use ztier_base::shard::{Shards, Stripes};
+use ztier_compress::{same_filled, Algorithm, CompressError, Stream};
+use ztier_pool::{PoolError, ZPool};
+use ztier_swap::SwapError;
+
+pub use stats::ZswapStats;
+
+use lru::Lru;
+use stats::{Event, Events};
+use tree::{Tree, Value};
+
+/// The kernel's defaults.
+pub const MAX_POOL_PERCENT: u32 = 20;
+pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
+/// Pages the shrinker walks per LRU pass (`SWAP_CLUSTER_MAX`).
+pub const SWAP_CLUSTER_MAX: usize = 32;
+
+const PAGE_LOCK_STRIPES: usize = 1024;
+
+/// Why zswap refused a store (the kernel's `reject_*` counters name the same causes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Reject {
+    #[error("the pool is at its limit (pool_limit_hit)")]
+    PoolLimit,
+    #[error("compression failed and writeback is off (reject_compress_fail)")]
+    CompressFail,
+    #[error("the compressed page is too large for the pool (reject_compress_poor)")]
+    CompressPoor,
+    #[error("the pool could not allocate (reject_alloc_fail)")]
+    AllocFail,
+    #[error("no LRU entry is left (reject_kmemcache_fail)")]
+    EntryAllocFail,
+}
+
+/// What a cache operation refuses.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ZswapError {
+    #[error("a page is {page_size} bytes, got {len}")]
+    BadLength { len: usize, page_size: usize },
+    #[error("swap slot {slot} is outside the device's slots 1..{slots}")]
+    OutOfRange { slot: u64, slots: u64 },
+    #[error("zswap refused the page: {0}")]
+    Rejected(Reject),
+    #[error("slot {slot}: {source}")]
+    Decompress { slot: u64, source: CompressError },
+    #[error("slot {slot} decompressed to {got} bytes instead of {page_size}")]
+    ShortPage {
+        slot: u64,
+        got: usize,
+        page_size: usize,
+    },
+    #[error("allocator: {0}")]
+    Pool(#[from] PoolError),
+    #[error("swap device: {0}")]
+    Swap(#[from] SwapError),
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type Result<T, E = ZswapError> = std::result::Result<T, E>;
+
+/// The cache's settings (zswap's module parameters).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub algorithm: Algorithm,
+    /// The memory the percentages are of (the kernel's `totalram_pages()`), in bytes.
+    pub ram_bytes: u64,
+    pub max_pool_percent: u32,
+    pub accept_threshold_percent: u32,
+    /// Whether pages may go to the swap device (`memory.zswap.writeback`): without it, the
+    /// shrinker does nothing and an incompressible page is refused instead of stored whole.
+    pub writeback: bool,
+    /// Run the background worker that shrinks a full pool to the accept threshold.
+    pub shrink_worker: bool,
+}
+
+impl Config {
+    pub fn new(algorithm: Algorithm, ram_bytes: u64) -> Config {
+        Config {
+            algorithm,
+            ram_bytes,
+            max_pool_percent: MAX_POOL_PERCENT,
+            accept_threshold_percent: ACCEPT_THRESHOLD_PERCENT,
+            writeback: true,
+            shrink_worker: true,
+        }
+    }
+}
+
+/// Where [`Cache::swap_out`] put a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Compressed in the pool.
+    Zswap,
+    /// Zero-filled: a tag in the index.
+    Zero,
+    /// Refused by zswap and written to the swap device.
+    Device(Reject),
+}
+
+/// Where [`Cache::swap_in`] found a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Zswap,
+    Zero,
+    Device,
+}
+
+/// The state the cache and its shrink worker share.
+pub(crate) struct Inner {
+    config: Config,
+    page_size: usize,
+    swap: Arc<ztier_swap::Device>,
+    pool: Box<dyn ZPool>,
+    /// One compression stream per thread shard (the kernel's per-CPU `acomp_ctx`).
+    streams: Shards<Option<Stream>>,
+    page_locks: Stripes,
+    tree: Tree,
+    lru: Mutex<Lru>,
+    /// `zswap_pool_reached_full`.
+    reached_full: AtomicBool,
+    stored_pages: AtomicU64,
+    stored_incompressible: AtomicU64,
+    zero_pages: AtomicU64,
+    events: Events,
+    worker: shrink::Worker,
+}
+
+/// A zswap cache in front of one swap device.
+pub struct Cache {
+    inner: Arc<Inner>,
+    worker: Option<shrink::Handle>,
+}
+
+impl Cache {
+    /// A cache on `pool` in front of `swap`.
+    pub fn new(swap: Arc<ztier_swap::Device>, pool: Box<dyn ZPool>, config: Config) -> Result<Cache> {
+        let page_size = pool.page_size();
+        if page_size as u64 != ztier_swap::SLOT_BYTES {
+            return Err(ZswapError::Config(format!(
+                "the pool's pages are {page_size} bytes, the swap device's slots {}",
+                ztier_swap::SLOT_BYTES
+            )));
+        }
+        if config.max_pool_percent > 100 || config.accept_threshold_percent > 100 {
+            return Err(ZswapError::Config(
+                "max_pool_percent and accept_threshold_percent are percentages (0..=100)".into(),
+            ));
+        }
+        if swap.slots() > u64::from(u32::MAX) {
+            return Err(ZswapError::Config(format!(
+                "{} swap slots: zswap indexes at most {}",
+                swap.slots(),
+                u32::MAX
+            )));
+        }
+        let inner = Arc::new(Inner {
+            page_size,
+            tree: Tree::new(swap.slots()),
+            swap,
+            pool,
+            streams: Shards::default(),
+            page_locks: Stripes::new(PAGE_LOCK_STRIPES),
+            lru: Mutex::default(),
+            reached_full: AtomicBool::new(false),
+            stored_pages: AtomicU64::new(0),
+            stored_incompressible: AtomicU64::new(0),
+            zero_pages: AtomicU64::new(0),
+            events: Events::default(),
+            worker: shrink::Worker::default(),
+            config,
+        });
+        let worker = inner
+            .config
+            .shrink_worker
+            .then(|| shrink::Handle::start(&inner));
+        Ok(Cache { inner, worker })
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.inner.page_size
+    }
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+    /// The swap device underneath.
+    pub fn swap(&self) -> &Arc<ztier_swap::Device> {
+        &self.inner.swap
+    }
+    /// The pool's table (zsmalloc's `classes`).
+    pub fn pool_stats(&self) -> ztier_pool::PoolStats {
+        self.inner.pool.stats()
+    }
+    /// Pool pages the limit allows (`zswap_max_pages()`).
+    pub fn max_pages(&self) -> u64 {
+        self.inner.max_pages()
+    }
+
+    /// `zswap_store()`: keeps `page` for `slot`, an allocated slot of the device. A refused
+    /// store invalidates whatever the cache held for the slot (the caller must put the page
+    /// elsewhere: [`swap_out`](Self::swap_out) writes it to the device).
+    pub fn store(&self, slot: u64, page: &[u8]) -> Result<Placement> {
+        self.inner.check(slot, page.len())?;
+        let _page = self.inner.page_locks.lock(slot);
+        self.inner.store_locked(slot, page)
+    }
+
+    /// `zswap_load()`: the page of `slot` into `out`, if the cache holds it (`Ok(None)` if
+    /// not: it is on the device). The entry goes once the page is handed back.
+    pub fn load(&self, slot: u64, out: &mut [u8]) -> Result<Option<Source>> {
+        self.inner.check(slot, out.len())?;
+        let _page = self.inner.page_locks.lock(slot);
+        self.inner.load_locked(slot, out)
+    }
+
+    /// `zswap_invalidate()`: forgets the slot's page, if held (the slot is being freed or
+    /// rewritten elsewhere). Returns whether there was one.
+    pub fn invalidate(&self, slot: u64) -> Result<bool> {
+        self.inner.check(slot, self.inner.page_size)?;
+        let _page = self.inner.page_locks.lock(slot);
+        Ok(self.inner.invalidate_locked(slot))
+    }
+
+    /// Swap-out as `swap_writeout()` does it: zswap first; if zswap refuses, the page goes
+    /// to the slot on the device.
+    pub fn swap_out(&self, slot: u64, page: &[u8]) -> Result<Placement> {
+        self.inner.check(slot, page.len())?;
+        let _page = self.inner.page_locks.lock(slot);
+        match self.inner.store_locked(slot, page) {
+            Err(ZswapError::Rejected(why)) => {
+                self.inner.swap.write_slot(slot, page)?;
+                self.inner.events.add(Event::SwpoutDevice as usize, 1);
+                Ok(Placement::Device(why))
+            }
+            other => other,
+        }
+    }
+
+    /// Swap-in: from zswap if it holds the page, else from the device.
+    pub fn swap_in(&self, slot: u64, out: &mut [u8]) -> Result<Source> {
+        self.inner.check(slot, out.len())?;
+        let _page = self.inner.page_locks.lock(slot);
+        if let Some(source) = self.inner.load_locked(slot, out)? {
+            return Ok(source);
+        }
+        self.inner.swap.read_slot(slot, out)?;
+        self.inner.events.add(Event::SwpinDevice as usize, 1);
+        Ok(Source::Device)
+    }
+
+    /// Frees a slot for good: its zswap entry, then its slot on the device.
+    pub fn swap_free(&self, slot: u64) -> Result<()> {
+        self.invalidate(slot)?;
+        self.inner.swap.free(slot)?;
+        Ok(())
+    }
+
+    /// Writes back up to `nr` of the LRU's coldest pages now (passing over referenced
+    /// ones, as the shrinker does); returns the pages written back.
+    pub fn shrink(&self, nr: usize) -> u64 {
+        self.inner.shrink(nr)
+    }
+
+    /// Whether the cache holds `slot`'s page (a hint, as `zswap_is_present()`).
+    pub fn contains(&self, slot: u64) -> bool {
+        slot < self.inner.swap.slots() && !self.inner.tree.lock(slot).get().is_empty()
+    }
+
+    /// Waits until the background worker is idle (tests and benches, to read settled
+    /// figures).
+    pub fn wait_shrink_idle(&self) {
+        self.inner.worker.wait_idle();
+    }
+
+    pub fn stats(&self) -> ZswapStats {
+        self.inner.stats()
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.stop(&self.inner);
+        }
+    }
+}
+
+impl Inner {
+    fn check(&self, slot: u64, len: usize) -> Result<()> {
+        if len != self.page_size {
+            return Err(ZswapError::BadLength {
+                len,
+                page_size: self.page_size,
+            });
+        }
+        let slots = self.swap.slots();
+        if slot == 0 || slot >= slots {
+            return Err(ZswapError::OutOfRange { slot, slots });
+        }
+        Ok(())
+    }
+
+    fn count(&self, e: Event) {
+        self.events.add(e as usize, 1);
+    }
+
+    fn max_pages(&self) -> u64 {
+        let ram_pages = self.config.ram_bytes / self.page_size as u64;
+        ram_pages * u64::from(self.config.max_pool_percent) / 100
+    }
+
+    pub(crate) fn accept_thr_pages(&self) -> u64 {
+        self.max_pages() * u64::from(self.config.accept_threshold_percent) / 100
+    }
+
+    pub(crate) fn total_pages(&self) -> u64 {
+        self.pool.total_pages()
+    }
+
+    /// `zswap_check_limits()`: whether stores are refused now.
+    fn check_limits(&self) -> bool {
+        let cur = self.total_pages();
+        if cur >= self.max_pages() {
+            self.count(Event::PoolLimitHit);
+            self.reached_full.store(true, Relaxed);
+        } else if self.reached_full.load(Relaxed) && cur <= self.accept_thr_pages() {
+            self.reached_full.store(false, Relaxed);
+        }
+        self.reached_full.load(Relaxed)
+    }
+
+    /// `zswap_store()` for a caller holding the slot's page lock.
+    fn store_locked(&self, slot: u64, page: &[u8]) -> Result<Placement> {
+        let r = self.try_store(slot, page);
+        if let Err(ZswapError::Rejected(_)) = r {
+            // No stale copy may outlive a refused store: the page goes elsewhere now.
+            self.invalidate_locked(slot);
+            if self.reached_full.load(Relaxed) {
+                self.worker.queue();
+            }
+        }
+        r
+    }
+
+    fn try_store(&self, slot: u64, page: &[u8]) -> Result<Placement> {
+        if same_filled(page) == Some(0) {
+            self.replace(slot, Value::ZERO);
+            self.zero_pages.fetch_add(1, Relaxed);
+            self.count(Event::SwpoutZero);
+            return Ok(Placement::Zero);
+        }
+        if self.check_limits() {
+            return Err(ZswapError::Rejected(Reject::PoolLimit));
+        }
+        let handle = {
+            let mut stream = self.streams.local();
+            let s = stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
+            let object = match s.compress(page) {
+                Ok(c) if !c.is_empty() && c.len() < self.page_size => c,
+                // Stored whole, to keep the LRU order of writebacks (kernel 6.18); without
+                // writeback it would only add metadata.
+                _ if self.config.writeback => page,
+                _ => {
+                    self.count(Event::RejectCompressFail);
+                    return Err(ZswapError::Rejected(Reject::CompressFail));
+                }
+            };
+            match self.pool.store(object) {
+                Ok(h) => (h, object.len()),
+                Err(PoolError::TooLarge { .. }) => {
+                    self.count(Event::RejectCompressPoor);
+                    return Err(ZswapError::Rejected(Reject::CompressPoor));
+                }
+                Err(_) => {
+                    self.count(Event::RejectAllocFail);
+                    return Err(ZswapError::Rejected(Reject::AllocFail));
+                }
+            }
+        };
+        let (handle, length) = handle;
+        let mut node = self.tree.lock(slot);
+        let lru_id = match self.lru.lock().add(slot as u32) {
+            Ok(id) => id,
+            Err(_) => {
+                drop(node);
+                self.count(Event::RejectKmemcacheFail);
+                self.pool.free(handle)?;
+                return Err(ZswapError::Rejected(Reject::EntryAllocFail));
+            }
+        };
+        let old = node.set(Value::stored(handle, length, lru_id));
+        self.stored_pages.fetch_add(1, Relaxed);
+        if length == self.page_size {
+            self.stored_incompressible.fetch_add(1, Relaxed);
+        }
+        self.release(old);
+        drop(node);
+        self.count(Event::Zswpout);
+        Ok(Placement::Zswap)
+    }
+
+    /// Sets the slot's value and releases the one it replaces.
+    fn replace(&self, slot: u64, value: Value) -> Value {
+        let mut node = self.tree.lock(slot);
+        let old = node.set(value);
+        self.release(old);
+        old
+    }
+
+    /// `zswap_entry_free()`: gives back what a value taken out of the index held. The
+    /// caller holds the slot's page lock and its tree node's lock.
+    fn release(&self, old: Value) {
+        if old.is_zero() {
+            self.zero_pages.fetch_sub(1, Relaxed);
+        } else if let Some((handle, length, lru_id)) = old.entry() {
+            self.lru.lock().remove(lru_id);
+            // The handle came from this pool, and the value, now gone, was its only name.
+            self.pool.free(handle).expect("index values name live objects");
+            self.stored_pages.fetch_sub(1, Relaxed);
+            if length == self.page_size {
+                self.stored_incompressible.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    fn invalidate_locked(&self, slot: u64) -> bool {
+        !self.replace(slot, Value::EMPTY).is_empty()
+    }
+
+    /// Decompresses a stored page into `out`.
+    fn decompress(&self, slot: u64, handle: ztier_pool::Handle, length: usize, out: &mut [u8]) -> Result<()> {
+        if length == self.page_size {
+            self.pool.read(handle, out)?;
+            return Ok(());
+        }
+        let mut stream = self.streams.local();
+        let s = stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
+        let comp = &mut s.comp;
+        let mut r = Ok(0);
+        self.pool
+            .read_with(handle, &mut s.buf, &mut |object| r = comp.decompress(object, out))?;
+        match r {
+            Ok(n) if n == self.page_size => Ok(()),
+            Ok(got) => {
+                self.count(Event::DecompressFail);
+                Err(ZswapError::ShortPage {
+                    slot,
+                    got,
+                    page_size: self.page_size,
+                })
+            }
+            Err(source) => {
+                self.count(Event::DecompressFail);
+                Err(ZswapError::Decompress { slot, source })
+            }
+        }
+    }
+
+    fn load_locked(&self, slot: u64, out: &mut [u8]) -> Result<Option<Source>> {
+        // The page lock keeps the value as it is: only its holders change it.
+        let value = self.tree.lock(slot).get();
+        let source = if value.is_empty() {
+            return Ok(None);
+        } else if value.is_zero() {
+            out.fill(0);
+            self.count(Event::SwpinZero);
+            Source::Zero
+        } else {
+            let (handle, length, _) = value.entry().expect("neither empty nor zero");
+            self.decompress(slot, handle, length, out)?;
+            self.count(Event::Zswpin);
+            Source::Zswap
+        };
+        self.invalidate_locked(slot);
+        Ok(Some(source))
+    }
+
+    /// Walks up to `nr_to_walk` pages from the LRU's head, writing back those not
+    /// referenced since the last walk; returns how many were written back.
+    pub(crate) fn shrink(&self, nr_to_walk: usize) -> u64 {
+        if !self.config.writeback {
+            return 0;
+        }
+        let mut victims = Vec::with_capacity(SWAP_CLUSTER_MAX);
+        let mut page = vec![0u8; self.page_size];
+        let mut written = 0;
+        let mut walked = 0;
+        while walked < nr_to_walk {
+            let walk = (nr_to_walk - walked).min(SWAP_CLUSTER_MAX);
+            victims.clear();
+            {
+                let mut lru = self.lru.lock();
+                if lru.len() == 0 {
+                    break;
+                }
+                lru.walk(walk, &mut victims);
+            }
+            walked += walk;
+            for &(lru_id, slot) in &victims {
+                match self.writeback_entry(lru_id, slot, &mut page) {
+                    Ok(true) => {
+                        self.count(Event::WrittenBack);
+                        written += 1;
+                    }
+                    // Gone or stored again since it was chosen, or the device failed: the
+                    // page, if any, stays in the pool.
+                    Ok(false) | Err(_) => self.count(Event::RejectReclaimFail),
+                }
+            }
+        }
+        written
+    }
+
+    /// `zswap_writeback_entry()`: if the index still names LRU node `lru_id` for `slot`,
+    /// its page is decompressed, written to the slot, then freed. `Ok(false)`: it does not.
+    fn writeback_entry(&self, lru_id: u32, slot: u64, page: &mut [u8]) -> Result<bool> {
+        let _page_lock = self.page_locks.lock(slot);
+        let value = self.tree.lock(slot).get();
+        let Some((handle, length, id)) = value.entry() else {
+            return Ok(false);
+        };
+        if id != lru_id {
+            return Ok(false);
+        }
+        self.decompress(slot, handle, length, page)?;
+        // The only I/O, under the page lock alone: a swap-in of this slot waits for it and
+        // then reads the device; until the write is done the page is still in the pool.
+        self.swap.write_slot(slot, page)?;
+        self.replace(slot, Value::EMPTY);
+        Ok(true)
+    }
+
+    fn stats(&self) -> ZswapStats {
+        let e = |x: Event| self.events.sum(x as usize);
+        let pool_total_size = self.total_pages() * self.page_size as u64;
+        let stored_pages = self.stored_pages.load(Relaxed);
+        let lru_bytes = self.lru.lock().bytes();
+        ZswapStats {
+            pool_limit_hit: e(Event::PoolLimitHit),
+            reject_reclaim_fail: e(Event::RejectReclaimFail),
+            reject_alloc_fail: e(Event::RejectAllocFail),
+            reject_kmemcache_fail: e(Event::RejectKmemcacheFail),
+            reject_compress_fail: e(Event::RejectCompressFail),
+            reject_compress_poor: e(Event::RejectCompressPoor),
+            decompress_fail: e(Event::DecompressFail),
+            written_back_pages: e(Event::WrittenBack),
+            pool_total_size,
+            stored_pages,
+            stored_incompressible_pages: self.stored_incompressible.load(Relaxed),
+            zswap_kb: pool_total_size / 1024,
+            zswapped_kb: stored_pages * self.page_size as u64 / 1024,
+            zswpout: e(Event::Zswpout),
+            zswpin: e(Event::Zswpin),
+            zswpwb: e(Event::WrittenBack),
+            swpout_zero: e(Event::SwpoutZero),
+            swpin_zero: e(Event::SwpinZero),
+            swpout_device: e(Event::SwpoutDevice),
+            swpin_device: e(Event::SwpinDevice),
+            zero_pages: self.zero_pages.load(Relaxed),
+            metadata_bytes: self.tree.bytes() + lru_bytes,
+            pool_reached_full: self.reached_full.load(Relaxed),
+        }
+    }
+}
