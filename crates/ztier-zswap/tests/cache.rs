@@ -1,0 +1,440 @@
+//! zswap's behaviour: exclusive loads, zero-filled and incompressible pages, the pool limit
+//! and its hysteresis, writeback and reads of written-back pages, refused stores leaving the
+//! page readable, many threads with the shrinker running, and a model of random operations.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use ztier_base::pattern;
+use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::{BlockDevice, BlockError};
+use ztier_compress::Algorithm;
+use ztier_pool::{AllocatorKind, ZsConfig};
+use ztier_zswap::{Cache, Config, Placement, Reject, Source, ZswapError};
+
+const PS: usize = 4096;
+
+fn swap(slots: u64) -> Arc<ztier_swap::Device> {
+    let backing = Arc::new(MemoryDevice::new(slots * PS as u64).unwrap());
+    Arc::new(ztier_swap::Device::new(backing, Default::default()).unwrap())
+}
+
+fn cache_on(swap: &Arc<ztier_swap::Device>, ram_bytes: u64, worker: bool) -> Cache {
+    let pool = AllocatorKind::Zsmalloc
+        .make_pool(&ZsConfig::default())
+        .unwrap();
+    let mut config = Config::new(Algorithm::new(ztier_compress::Kind::Lz4), ram_bytes);
+    config.shrink_worker = worker;
+    Cache::new(swap.clone(), pool, config).unwrap()
+}
+
+/// A page that compresses about 4:1, different for every `seed`.
+fn page(seed: u64) -> Vec<u8> {
+    let mut p = pattern::pattern(seed, 1024);
+    p.resize(PS, (seed % 251) as u8 | 1);
+    p
+}
+
+fn random_page(seed: u64) -> Vec<u8> {
+    pattern::pattern(seed + 1_000_000_007, PS)
+}
+
+#[test]
+fn loads_are_exclusive_and_zero_pages_take_nothing() {
+    let swap = swap(1024);
+    let cache = cache_on(&swap, 1 << 30, false);
+    let (a, z, r) = (swap.alloc(0).unwrap(), swap.alloc(0).unwrap(), swap.alloc(0).unwrap());
+    assert_eq!(cache.store(a, &page(1)).unwrap(), Placement::Zswap);
+    assert_eq!(cache.store(z, &[0u8; PS]).unwrap(), Placement::Zero);
+    assert_eq!(cache.store(r, &random_page(2)).unwrap(), Placement::Zswap);
+    let s = cache.stats();
+    assert_eq!((s.stored_pages, s.zero_pages, s.stored_incompressible_pages), (2, 1, 1));
+    // One pool page for the compressed one, the incompressible one whole in its own.
+    assert_eq!(s.zswapped_kb, 8);
+    let mut out = vec![1u8; PS];
+    assert_eq!(cache.load(z, &mut out).unwrap(), Some(Source::Zero));
+    assert!(out.iter().all(|&b| b == 0));
+    assert_eq!(cache.load(a, &mut out).unwrap(), Some(Source::Zswap));
+    assert_eq!(out, page(1));
+    assert_eq!(cache.load(a, &mut out).unwrap(), None, "a load frees the entry");
+    assert_eq!(cache.load(r, &mut out).unwrap(), Some(Source::Zswap));
+    assert_eq!(out, random_page(2));
+    let s = cache.stats();
+    assert_eq!((s.stored_pages, s.zero_pages, s.pool_total_size), (0, 0, 0));
+    assert_eq!((s.zswpout, s.zswpin, s.swpout_zero, s.swpin_zero), (2, 2, 1, 1));
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let swap = swap(1024);
+    let cache = cache_on(&swap, 1 << 30, false);
+    let a = swap.alloc(0).unwrap();
+    cache.store(a, &page(3)).unwrap();
+    assert!(matches!(
+        cache.store(a, &[1u8; 100]),
+        Err(ZswapError::BadLength { len: 100, .. })
+    ));
+    assert!(matches!(cache.store(0, &page(1)), Err(ZswapError::OutOfRange { .. })));
+    assert!(matches!(
+        cache.store(1 << 20, &page(1)),
+        Err(ZswapError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        cache.load(a, &mut [0u8; 10]),
+        Err(ZswapError::BadLength { .. })
+    ));
+    let mut out = vec![0u8; PS];
+    assert_eq!(cache.swap_in(a, &mut out).unwrap(), Source::Zswap);
+    assert_eq!(out, page(3));
+}
+
+#[test]
+fn a_store_replaces_the_slots_old_page() {
+    let swap = swap(1024);
+    let cache = cache_on(&swap, 1 << 30, false);
+    let a = swap.alloc(0).unwrap();
+    cache.store(a, &page(1)).unwrap();
+    cache.store(a, &random_page(1)).unwrap();
+    cache.store(a, &page(2)).unwrap();
+    let s = cache.stats();
+    assert_eq!((s.stored_pages, s.stored_incompressible_pages), (1, 0));
+    let mut out = vec![0u8; PS];
+    cache.load(a, &mut out).unwrap();
+    assert_eq!(out, page(2));
+}
+
+/// Fills a pool of a 2 MiB budget (20 %: 104 pages) past its limit, with no worker.
+#[test]
+fn the_limit_refuses_until_the_pool_is_under_the_threshold() {
+    let swap = swap(4096);
+    let cache = cache_on(&swap, 2 << 20, false);
+    assert_eq!(cache.max_pages(), 102);
+    let mut placed = Vec::new();
+    for i in 0..400u64 {
+        let slot = swap.alloc(0).unwrap();
+        placed.push((slot, i, cache.swap_out(slot, &page(i)).unwrap()));
+    }
+    let s = cache.stats();
+    assert!(s.pool_limit_hit > 0 && s.pool_reached_full, "{s:?}");
+    // The limit is checked before a store, as the kernel does: the store that crosses it
+    // may have opened a zspage of up to `chain_size` (8) pages.
+    assert!(s.pool_total_size / PS as u64 <= cache.max_pages() + 8, "{s:?}");
+    let refused = placed
+        .iter()
+        .filter(|p| p.2 == Placement::Device(Reject::PoolLimit))
+        .count() as u64;
+    assert_eq!(refused, s.swpout_device);
+    assert!(refused > 0);
+    // Freeing a little is not enough: stores stay refused until the accept threshold.
+    let mut out = vec![0u8; PS];
+    let (zswapped, on_device): (Vec<_>, Vec<_>) =
+        placed.iter().partition(|p| p.2 == Placement::Zswap);
+    for &(slot, i, _) in zswapped.iter().take(3) {
+        assert_eq!(cache.swap_in(slot, &mut out).unwrap(), Source::Zswap);
+        assert_eq!(out, page(i));
+    }
+    let extra = swap.alloc(0).unwrap();
+    assert!(matches!(
+        cache.swap_out(extra, &page(1000)).unwrap(),
+        Placement::Device(Reject::PoolLimit)
+    ));
+    // Writing back down past the threshold reopens it.
+    // (The first walks over the LRU only clear the referenced bits.)
+    for _ in 0..100 {
+        if cache.stats().pool_total_size / PS as u64 <= cache.max_pages() * 9 / 10 {
+            break;
+        }
+        cache.shrink(64);
+    }
+    assert!(cache.stats().pool_total_size / PS as u64 <= cache.max_pages() * 9 / 10);
+    assert_eq!(cache.swap_out(extra, &page(1001)).unwrap(), Placement::Zswap);
+    // Every page reads back, from wherever it is.
+    for &(slot, i, _) in zswapped.iter().skip(3).chain(on_device.iter()) {
+        cache.swap_in(slot, &mut out).unwrap();
+        assert_eq!(out, page(i), "slot {slot}");
+    }
+    assert!(cache.stats().written_back_pages > 0);
+}
+
+#[test]
+fn a_refused_store_leaves_no_stale_copy() {
+    let swap = swap(4096);
+    let cache = cache_on(&swap, 2 << 20, false);
+    let a = swap.alloc(0).unwrap();
+    assert_eq!(cache.swap_out(a, &page(1)).unwrap(), Placement::Zswap);
+    // Fill the pool so the next store of `a` is refused.
+    let mut slot = 0;
+    while !cache.stats().pool_reached_full {
+        slot = swap.alloc(0).unwrap();
+        cache.swap_out(slot, &random_page(slot)).unwrap();
+    }
+    assert!(slot > 0);
+    assert_eq!(
+        cache.swap_out(a, &page(2)).unwrap(),
+        Placement::Device(Reject::PoolLimit)
+    );
+    assert!(!cache.contains(a), "the old page of the slot is gone from zswap");
+    let mut out = vec![0u8; PS];
+    assert_eq!(cache.swap_in(a, &mut out).unwrap(), Source::Device);
+    assert_eq!(out, page(2));
+}
+
+#[test]
+fn writeback_gives_referenced_pages_a_second_chance_and_frees_slots() {
+    let swap = swap(1024);
+    let cache = cache_on(&swap, 1 << 30, false);
+    let slots: Vec<u64> = (0..10).map(|_| swap.alloc(0).unwrap()).collect();
+    for (i, &s) in slots.iter().enumerate() {
+        cache.store(s, &page(i as u64)).unwrap();
+    }
+    // The first walk only clears the referenced bits.
+    assert_eq!(cache.shrink(10), 0);
+    assert_eq!(cache.shrink(4), 4);
+    let s = cache.stats();
+    assert_eq!((s.written_back_pages, s.stored_pages), (4, 6));
+    let mut out = vec![0u8; PS];
+    for (i, &s) in slots.iter().enumerate() {
+        let from = cache.swap_in(s, &mut out).unwrap();
+        assert_eq!(from, if i < 4 { Source::Device } else { Source::Zswap });
+        assert_eq!(out, page(i as u64));
+    }
+    for &s in &slots {
+        cache.swap_free(s).unwrap();
+        assert_eq!(swap.usage(s).unwrap(), 0);
+    }
+    assert_eq!(swap.in_use(), 0);
+}
+
+/// A disk that fails every write while `failing` is set (a full or vanished disk).
+struct FailingDisk {
+    disk: MemoryDevice,
+    failing: AtomicBool,
+}
+
+impl BlockDevice for FailingDisk {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.disk.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
+        if self.failing.load(Relaxed) {
+            return Err(BlockError::NoSpace("the test's disk is full".into()));
+        }
+        self.disk.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.disk.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
+        self.disk.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        self.disk.flush()
+    }
+}
+
+#[test]
+fn a_failing_device_loses_nothing() {
+    let disk = Arc::new(FailingDisk {
+        disk: MemoryDevice::new(1024 * PS as u64).unwrap(),
+        failing: AtomicBool::new(false),
+    });
+    // (swapon writes the header, so the disk fails only from here.)
+    let swap = Arc::new(ztier_swap::Device::new(disk.clone(), Default::default()).unwrap());
+    disk.failing.store(true, Relaxed);
+    let cache = cache_on(&swap, 2 << 20, false);
+    let slots: Vec<u64> = (0..8).map(|_| swap.alloc(0).unwrap()).collect();
+    for (i, &s) in slots.iter().enumerate() {
+        cache.store(s, &page(i as u64)).unwrap();
+    }
+    cache.shrink(8);
+    assert_eq!(cache.shrink(8), 0, "every write back failed");
+    let s = cache.stats();
+    assert_eq!((s.written_back_pages, s.reject_reclaim_fail, s.stored_pages), (0, 8, 8));
+    // A refused store whose device write fails is an error, and the page is nowhere.
+    let mut n = 0u64;
+    let err = loop {
+        let slot = swap.alloc(0).unwrap();
+        n += 1;
+        match cache.swap_out(slot, &random_page(n)) {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, ZswapError::Swap(_)), "{err}");
+    // The disk comes back: writeback goes on, and every page is readable.
+    disk.failing.store(false, Relaxed);
+    assert!(cache.shrink(8) > 0);
+    let mut out = vec![0u8; PS];
+    for (i, &s) in slots.iter().enumerate() {
+        cache.swap_in(s, &mut out).unwrap();
+        assert_eq!(out, page(i as u64));
+    }
+}
+
+/// Threads swapping out, in and again, each on its own slots, with a tight pool, the
+/// background worker and a thread shrinking on demand: every page reads back as stored.
+fn threads_with_writeback(threads: u64) {
+    let swap = swap(16 * 1024);
+    let cache = cache_on(&swap, 4 << 20, true);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                cache.shrink(16);
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let cache = &cache;
+                let swap = &swap;
+                s.spawn(move || {
+                    let mut out = vec![0u8; PS];
+                    // (slot, content seed) of pages swapped out
+                    let mut out_pages: Vec<(u64, u64)> = Vec::new();
+                    let mut seed = t * 1_000_000;
+                    for round in 0..3000u64 {
+                        seed += 1;
+                        if out_pages.len() < 200 || round % 3 != 0 {
+                            let slot = swap.alloc(0).unwrap();
+                            let p = if seed % 7 == 0 { vec![0u8; PS] } else { page(seed) };
+                            cache.swap_out(slot, &p).unwrap();
+                            out_pages.push((slot, seed));
+                        }
+                        if round % 2 == 0 && !out_pages.is_empty() {
+                            let k = (seed as usize * 31) % out_pages.len();
+                            let (slot, sd) = out_pages.swap_remove(k);
+                            cache.swap_in(slot, &mut out).unwrap();
+                            let want = if sd % 7 == 0 { vec![0u8; PS] } else { page(sd) };
+                            assert_eq!(out, want, "thread {t} slot {slot}");
+                            if round % 4 == 0 {
+                                // Re-store: the page swapped out again to the same slot.
+                                cache.swap_out(slot, &want).unwrap();
+                                out_pages.push((slot, sd));
+                            } else {
+                                cache.swap_free(slot).unwrap();
+                            }
+                        }
+                    }
+                    for (slot, sd) in out_pages {
+                        cache.swap_in(slot, &mut out).unwrap();
+                        let want = if sd % 7 == 0 { vec![0u8; PS] } else { page(sd) };
+                        assert_eq!(out, want, "thread {t} slot {slot}");
+                        cache.swap_free(slot).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    cache.wait_shrink_idle();
+    let s = cache.stats();
+    assert!(s.written_back_pages > 0, "{s:?}");
+    assert_eq!((s.stored_pages, s.zero_pages), (0, 0), "{s:?}");
+    assert_eq!(s.pool_total_size, 0);
+    assert_eq!(swap.in_use(), 0);
+    swap.verify().unwrap();
+}
+
+#[test]
+fn two_threads_with_writeback() {
+    threads_with_writeback(2);
+}
+
+#[test]
+fn four_threads_with_writeback() {
+    threads_with_writeback(4);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store { slot: usize, seed: u8 },
+    Load { slot: usize },
+    Invalidate { slot: usize },
+    Shrink { n: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..24usize, any::<u8>()).prop_map(|(slot, seed)| Op::Store { slot, seed }),
+        3 => (0..24usize).prop_map(|slot| Op::Load { slot }),
+        1 => (0..24usize).prop_map(|slot| Op::Invalidate { slot }),
+        1 => (0..40u8).prop_map(|n| Op::Shrink { n }),
+    ]
+}
+
+/// Seed 0 is a zero page, seeds 1..8 incompressible, the rest compressible.
+fn content(seed: u8) -> Vec<u8> {
+    match seed {
+        0 => vec![0u8; PS],
+        1..=8 => random_page(seed as u64),
+        _ => page(seed as u64),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random stores, loads, invalidations and shrinks on a pool with room for about 20
+    /// pages, against a model of which slot holds which page: a load gives the model's page
+    /// from zswap or the device, and the cache holds exactly the pages the counters say.
+    #[test]
+    fn random_operations_match_the_model(ops in prop::collection::vec(op(), 1..200)) {
+        let swap = swap(1024);
+        // 20 % of 400 KiB: 20 pool pages.
+        let cache = cache_on(&swap, 400 << 10, false);
+        let slots: Vec<u64> = (0..24).map(|_| swap.alloc(0).unwrap()).collect();
+        let mut model: Vec<Option<u8>> = vec![None; 24];
+        let mut out = vec![0u8; PS];
+        for op in ops {
+            match op {
+                Op::Store { slot, seed } => {
+                    cache.swap_out(slots[slot], &content(seed)).unwrap();
+                    model[slot] = Some(seed);
+                }
+                Op::Load { slot } => match model[slot].take() {
+                    Some(seed) => {
+                        cache.swap_in(slots[slot], &mut out).unwrap();
+                        prop_assert_eq!(&out, &content(seed));
+                    }
+                    None => prop_assert_eq!(cache.load(slots[slot], &mut out).unwrap(), None),
+                },
+                Op::Invalidate { slot } => {
+                    cache.invalidate(slots[slot]).unwrap();
+                    model[slot] = None;
+                }
+                Op::Shrink { n } => {
+                    cache.shrink(n as usize);
+                }
+            }
+            let s = cache.stats();
+            let held = slots.iter().filter(|&&sl| cache.contains(sl)).count() as u64;
+            prop_assert_eq!(s.stored_pages + s.zero_pages, held);
+            for (i, m) in model.iter().enumerate() {
+                if m.is_none() {
+                    prop_assert!(!cache.contains(slots[i]), "slot {} is free in the model", i);
+                }
+            }
+            prop_assert!(s.stored_incompressible_pages <= s.stored_pages);
+            prop_assert!(s.pool_total_size / PS as u64 <= cache.max_pages() + 8);
+        }
+        for (i, m) in model.iter().enumerate() {
+            if let Some(seed) = m {
+                cache.swap_in(slots[i], &mut out).unwrap();
+                prop_assert_eq!(&out, &content(*seed));
+            }
+        }
+        let s = cache.stats();
+        prop_assert_eq!((s.stored_pages, s.zero_pages, s.pool_total_size), (0, 0, 0));
+    }
+}
