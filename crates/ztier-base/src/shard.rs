@@ -86,7 +86,9 @@ impl Stripes {
     /// The lock of `key`'s stripe, held until the guard goes.
     #[inline]
     pub fn lock(&self, key: u64) -> MutexGuard<'_, ()> {
-        self.locks[(key % self.locks.len() as u64) as usize].0.lock()
+        self.locks[(key % self.locks.len() as u64) as usize]
+            .0
+            .lock()
     }
 }
 

@@ -7,13 +7,27 @@ use clap::Args;
 use ztier_compress::Algorithm;
 use ztier_corpus::Corpus;
 use ztier_replay::zram::{ZramReplay, ZramRun};
+use ztier_replay::zswap::{ZswapReplay, ZswapRun};
 use ztier_zram::MmStat;
 
 use crate::classes::PoolLayoutArgs;
 use crate::pools::AllocatorChoice;
 
+/// Which engine the pages go through.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Front {
+    /// A zram device: pages written to it, `mm_stat` beside the kernel zram's.
+    Zram,
+    /// A zswap cache in front of a swap device: pages swapped out to it, the zswap counters
+    /// beside the kernel zswap's.
+    Zswap,
+}
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
+    /// The engine to replay through.
+    #[arg(long, value_enum, default_value = "zram")]
+    pub front: Front,
     /// Corpus file (raw .pages or .pages.zst); repeatable. Default: the bundled sample.
     #[arg(long = "corpus", value_name = "PATH")]
     pub corpora: Vec<PathBuf>,
@@ -49,7 +63,7 @@ pub struct BenchArgs {
 }
 
 /// The bundled sample: next to the working directory, or in the source tree.
-fn default_corpus() -> anyhow::Result<PathBuf> {
+pub fn default_corpus() -> anyhow::Result<PathBuf> {
     let candidates = [
         PathBuf::from("samples/sample.pages.zst"),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst"),
@@ -70,13 +84,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         args.corpora.clone()
     };
+    if args.front == Front::Zswap {
+        return run_zswap(args, &paths, layout);
+    }
     let mut runs = Vec::new();
     for path in &paths {
-        let max = args
-            .max_corpus
-            .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4);
-        let corpus = Corpus::load_at_most(path, max)
-            .with_context(|| format!("loading {}", path.display()))?;
+        let corpus = load(args, path)?;
         let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
         for &allocator in args.allocator.kinds() {
             for algorithm in &args.compressors {
@@ -116,6 +129,132 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+fn load(args: &BenchArgs, path: &Path) -> anyhow::Result<Corpus> {
+    let max = args
+        .max_corpus
+        .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4);
+    Corpus::load_at_most(path, max).with_context(|| format!("loading {}", path.display()))
+}
+
+/// `--front zswap`: every corpus × allocator × compressor × thread count through zswap.
+fn run_zswap(
+    args: &BenchArgs,
+    paths: &[PathBuf],
+    layout: ztier_pool::ZsConfig,
+) -> anyhow::Result<()> {
+    if args.discard_odd || args.stats {
+        bail!("--discard-odd and --stats are zram's; zswap's replay has neither");
+    }
+    let mut different = Vec::new();
+    for path in paths {
+        let corpus = load(args, path)?;
+        for &allocator in args.allocator.kinds() {
+            for algorithm in &args.compressors {
+                let truth = corpus
+                    .zswap_truth(algorithm.kind.name())
+                    .context("reading zswap-truth.json")?;
+                for &threads in &args.threads {
+                    let replay = ZswapReplay {
+                        allocator,
+                        layout,
+                        algorithm: algorithm.clone(),
+                        threads,
+                        progress: !args.json,
+                    };
+                    let run = replay.run(&corpus, truth.as_ref())?;
+                    if args.json {
+                        println!("{}", serde_json::to_string(&run)?);
+                    } else {
+                        print_zswap_run(&run);
+                    }
+                    if run.kernel.as_ref().is_some_and(|k| !k.equal) {
+                        different.push(format!(
+                            "{} {} {} threads",
+                            run.corpus, run.compressor, threads
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if !different.is_empty() {
+        bail!(
+            "different from the kernel zswap's figures: {}",
+            different.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn print_zswap_run(r: &ZswapRun) {
+    let z = &r.zswap;
+    println!(
+        "{}: {} pages of {} B ({}) swapped out through zswap, {} on {} (chain {}), {} thread{}",
+        r.corpus,
+        r.pages,
+        r.page_size,
+        mib(r.pages * r.page_size as u64),
+        r.compressor,
+        r.allocator,
+        r.chain_size,
+        r.threads,
+        if r.threads == 1 { "" } else { "s" }
+    );
+    for (name, value) in z.lines() {
+        println!("  {name:<28} {value:>14}");
+    }
+    println!(
+        "  ratio {:.2} (Zswapped / Zswap), metadata {:.1} bytes per stored page (index and LRU)",
+        z.zswapped_kb as f64 / z.zswap_kb.max(1) as f64,
+        r.metadata_bytes_per_page
+    );
+    println!(
+        "  store {:>8.1} MB/s  = {:.2}x raw compress ({:.1} MB/s)",
+        r.store_mb_s, r.store_vs_raw, r.raw_compress_mb_s
+    );
+    println!(
+        "  load  {:>8.1} MB/s  = {:.2}x raw decompress ({:.1} MB/s), every page verified",
+        r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s
+    );
+    if let Some(k) = &r.kernel {
+        println!("  the kernel's zswap ({}) on the same pages:", k.release);
+        println!(
+            "    {:<30} {:>14} {:>14} {:>10}",
+            "field", "ztier", "kernel", "diff"
+        );
+        for f in &k.fields {
+            let diff = f.ztier as i128 - f.kernel as i128;
+            let mark = if f.compared { "" } else { "  (not compared)" };
+            println!(
+                "    {:<30} {:>14} {:>14} {diff:>+10}{mark}",
+                f.field, f.ztier, f.kernel
+            );
+        }
+        for note in &k.notes {
+            println!("    note: {note}");
+        }
+        println!(
+            "    {}",
+            if !k.equal {
+                "DIFFERENT from the kernel's figures"
+            } else if k.fields.iter().all(|f| f.compared) {
+                "every field equal to the kernel's"
+            } else {
+                "every compared field equal to the kernel's"
+            }
+        );
+        if let (Some(out), Some(inn)) = (k.truth.pageout_mb_s, k.truth.faultin_mb_s) {
+            println!(
+                "    kernel swap-out through zswap {out:.0} MB/s, fault-in {inn:.0} MB/s (whole \
+                 process path); ztier store = {:.2}x, load = {:.2}x",
+                r.store_mb_s / out,
+                r.load_mb_s / inn
+            );
+        }
+    }
+    println!();
 }
 
 fn mib(bytes: u64) -> String {

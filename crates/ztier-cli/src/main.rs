@@ -8,6 +8,7 @@ mod pools;
 mod serve;
 mod size;
 mod swap_alloc;
+mod swap_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -21,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay real memory through a zram device; print mm_stat, speed, and the kernel's figures.
+    /// Replay real memory through zram (or, with --front zswap, zswap); print the figures,
+    /// speed, and the kernel's figures beside them.
     Bench(bench::BenchArgs),
     /// Print zsmalloc's size-class table for a pool layout.
     Classes(classes::ClassesArgs),
@@ -34,6 +36,9 @@ enum Command {
     /// The swap-slot allocator's lock study: the cluster mode and the legacy mode on the
     /// same work, with every lock's contention.
     SwapAllocBench(swap_alloc::SwapAllocArgs),
+    /// zswap over a swap file: threads swap real pages out and in with a working set
+    /// larger than the pool, the shrinker writing back; counters, throughput, locks.
+    SwapBench(swap_bench::SwapBenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +50,7 @@ fn main() -> std::process::ExitCode {
         Command::Stat(args) => serve::stat(&args),
         Command::TrainDict(args) => dict::run(&args),
         Command::SwapAllocBench(args) => swap_alloc::run(&args),
+        Command::SwapBench(args) => swap_bench::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

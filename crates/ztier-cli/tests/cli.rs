@@ -300,3 +300,104 @@ fn an_endless_corpus_is_refused() {
         stderr(&o)
     );
 }
+
+#[test]
+fn bench_through_zswap_reports_the_kernels_counters() {
+    let path = corpus("zswap.pages", 64, 0);
+    let o = ztier(&[
+        "bench",
+        "--front",
+        "zswap",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lzo",
+        "--threads",
+        "1,2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    for r in &runs {
+        let z = &r["zswap"];
+        // 8 zero pages take no entry; 8 random ones are stored whole.
+        assert_eq!(z["stored_pages"], 56, "{r}");
+        assert_eq!(z["stored_incompressible_pages"], 8, "{r}");
+        assert_eq!(z["zero_pages"], 8, "{r}");
+        assert_eq!(z["Zswapped"], 56 * 4, "{r}");
+        assert_eq!(r["verified"], true);
+        for key in [
+            "pool_total_size",
+            "Zswap",
+            "written_back_pages",
+            "pool_limit_hit",
+        ] {
+            assert!(!z[key].is_null(), "{key} missing in {r}");
+        }
+    }
+    let o = ztier(&["bench", "--front", "zswap", "--discard-odd"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("zram's"), "{}", stderr(&o));
+}
+
+/// The kernel zswap's figures on a shared corpus, through the CLI as a user runs it.
+#[test]
+fn bench_through_zswap_equals_the_kernel_on_a_shared_corpus() {
+    let Some(dir) = ztier_corpus::shared_corpus_dir() else {
+        return;
+    };
+    let path = dir.join("cc1.pages.zst");
+    let o = ztier(&[
+        "bench",
+        "--front",
+        "zswap",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lzo-rle",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("every field equal to the kernel's"), "{out}");
+    assert!(out.contains("the kernel's zswap"), "{out}");
+}
+
+#[test]
+fn swap_bench_verifies_and_writes_back() {
+    let path = corpus("swapbench.pages", 2048, 0);
+    let o = ztier(&[
+        "swap-bench",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    for key in [
+        "verified",
+        "threads",
+        "stored_pages",
+        "written_back_pages",
+        "ops_per_s",
+        "slots_allocated",
+        "device_lock_acquisitions",
+        "pool_total_size",
+        "zswap_bytes",
+        "zswapped_bytes",
+    ] {
+        assert!(!r[key].is_null(), "{key} missing in {r}");
+    }
+    assert_eq!(r["verified"], true);
+    assert_eq!(r["threads"], 2);
+    assert!(r["written_back_pages"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["device_lock_per_slot"].as_f64().unwrap() <= 1.0 / 64.0,
+        "{r}"
+    );
+}

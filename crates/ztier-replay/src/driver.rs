@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ztier_base::shard::Shards;
-use ztier_compress::{Algorithm, CompressError, Compressor};
+use ztier_compress::{worst_case_len, Algorithm, CompressError, Compressor};
 
-use crate::Result;
+use crate::{ReplayError, Result};
 
 /// Pages a thread takes at a time (1 MiB at 4 KiB pages, as `dd bs=1M`).
 pub const BATCH_PAGES: usize = 256;
@@ -131,6 +131,40 @@ impl ReferenceStreams {
         let (_, c) = shard.as_mut().expect("set above");
         f(c.as_mut())
     }
+}
+
+/// An error at one page.
+pub fn at(what: &'static str, page: usize, e: impl Into<ReplayError>) -> ReplayError {
+    ReplayError::AtPage {
+        what,
+        page,
+        source: Box::new(e.into()),
+    }
+}
+
+/// Every page compressed with one stream (the objects a load phase's reference decompresses).
+pub fn compress_all(pages: &[&[u8]], alg: &Algorithm) -> Result<Vec<Vec<u8>>> {
+    let mut c = alg.new_compressor();
+    let mut buf = vec![0; worst_case_len(pages.first().map_or(0, |p| p.len()))];
+    pages
+        .iter()
+        .map(|p| {
+            let n = c.compress(p, &mut buf)?;
+            Ok(buf[..n].to_vec())
+        })
+        .collect()
+}
+
+pub fn mb_s(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e6
+}
+
+pub fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

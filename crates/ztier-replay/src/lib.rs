@@ -7,6 +7,10 @@
 //! - [`zram`]: one zram run (store, load, verify, discard, compact) with `mm_stat` after each
 //!   step, speeds as ratios to the raw compressor measured in the same run, the device's own
 //!   memory, and the kernel's figures compared field by field where they apply.
+//! - [`zswap`]: the same replay through a zswap cache in front of a swap device, with the
+//!   kernel zswap's figures compared.
+//! - [`swap_bench`]: threads swapping real pages out and in through zswap over a swap
+//!   file, with a working set larger than the pool, the shrinker writing back meanwhile.
 //! - [`swap_alloc`]: the swap-slot allocator's lock study: threads allocating and freeing
 //!   slots in swap-out and swap-in patterns, in the cluster mode and the legacy mode on the
 //!   same seed, with every lock's acquisitions, contention and wait.
@@ -14,7 +18,9 @@
 
 pub mod driver;
 pub mod swap_alloc;
+pub mod swap_bench;
 pub mod zram;
+pub mod zswap;
 
 use ztier_compress::CompressError;
 use ztier_corpus::CorpusError;
@@ -34,6 +40,8 @@ pub enum ReplayError {
     Config(String),
     #[error("{0}")]
     Swap(#[from] ztier_swap::SwapError),
+    #[error("{0}")]
+    Zswap(Box<ztier_zswap::ZswapError>),
     #[error("page {page} of {corpus} read back different from what was written")]
     Mismatch { corpus: String, page: usize },
     #[error("{what} at page {page}: {source}")]

@@ -18,7 +18,10 @@ use ztier_corpus::{Corpus, Truth};
 use ztier_pool::{AllocatorKind, PoolStats, ZsConfig};
 use ztier_zram::{Device, MmStat};
 
-use crate::driver::{best_of_pairs, for_each_page, passes_for, Progress, ReferenceStreams};
+use crate::driver::{
+    at, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1, round3, Progress,
+    ReferenceStreams,
+};
 use crate::{ReplayError, Result};
 
 /// What to replay.
@@ -330,36 +333,4 @@ impl ZramReplay {
             notes,
         })
     }
-}
-
-fn at(what: &'static str, page: usize, e: impl Into<ReplayError>) -> ReplayError {
-    ReplayError::AtPage {
-        what,
-        page,
-        source: Box::new(e.into()),
-    }
-}
-
-fn compress_all(pages: &[&[u8]], alg: &Algorithm) -> Result<Vec<Vec<u8>>> {
-    let mut c = alg.new_compressor();
-    let mut buf = vec![0; worst_case_len(pages.first().map_or(0, |p| p.len()))];
-    pages
-        .iter()
-        .map(|p| {
-            let n = c.compress(p, &mut buf)?;
-            Ok(buf[..n].to_vec())
-        })
-        .collect()
-}
-
-fn mb_s(bytes: usize, secs: f64) -> f64 {
-    bytes as f64 / secs / 1e6
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }

@@ -39,9 +39,7 @@ mod stats;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::MutexGuard;
-use ztier_compress::{
-    fill_page, same_filled, Algorithm, CompressError, Stream,
-};
+use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolError, PoolStats, ZPool};
 
 pub use slot::{Entry, SlotFlag};
@@ -110,7 +108,6 @@ struct PageSpan {
     /// Where the part starts in the caller's buffer.
     at: usize,
 }
-
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
 #[derive(Default)]

@@ -18,8 +18,8 @@
 //!   (the caller now holds the only copy, and marks it dirty).
 //! - The pool limit is `max_pool_percent` of a RAM budget; once reached, stores are refused
 //!   (`pool_limit_hit`) until the pool is back under `accept_threshold_percent` of the
-//!   limit, and a background worker writes the LRU's coldest pages back until it is
-//!   ([`shrink`]). [`Cache::shrink`] does the same on demand (the memory-pressure
+//!   limit, and a background worker compacts the pool and writes the LRU's coldest pages
+//!   back until it is ([`shrink`]). [`Cache::shrink`] does the same on demand (the memory-pressure
 //!   shrinker).
 //! - A store that zswap refuses leaves no stale copy: the slot's old entry is invalidated
 //!   and [`Cache::swap_out`] writes the page to the device, where [`Cache::swap_in`] finds
@@ -180,7 +180,11 @@ pub struct Cache {
 
 impl Cache {
     /// A cache on `pool` in front of `swap`.
-    pub fn new(swap: Arc<ztier_swap::Device>, pool: Box<dyn ZPool>, config: Config) -> Result<Cache> {
+    pub fn new(
+        swap: Arc<ztier_swap::Device>,
+        pool: Box<dyn ZPool>,
+        config: Config,
+    ) -> Result<Cache> {
         let page_size = pool.page_size();
         if page_size as u64 != ztier_swap::SLOT_BYTES {
             return Err(ZswapError::Config(format!(
@@ -236,6 +240,10 @@ impl Cache {
     /// The pool's table (zsmalloc's `classes`).
     pub fn pool_stats(&self) -> ztier_pool::PoolStats {
         self.inner.pool.stats()
+    }
+    /// Bytes of pool pages held now (`pool_total_size`), without the rest of the figures.
+    pub fn pool_bytes(&self) -> u64 {
+        self.inner.total_pages() * self.inner.page_size as u64
     }
     /// Pool pages the limit allows (`zswap_max_pages()`).
     pub fn max_pages(&self) -> u64 {
@@ -400,7 +408,8 @@ impl Inner {
         }
         let handle = {
             let mut stream = self.streams.local();
-            let s = stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
+            let s =
+                stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
             let object = match s.compress(page) {
                 Ok(c) if !c.is_empty() && c.len() < self.page_size => c,
                 // Stored whole, to keep the LRU order of writebacks (kernel 6.18); without
@@ -461,7 +470,9 @@ impl Inner {
         } else if let Some((handle, length, lru_id)) = old.entry() {
             self.lru.lock().remove(lru_id);
             // The handle came from this pool, and the value, now gone, was its only name.
-            self.pool.free(handle).expect("index values name live objects");
+            self.pool
+                .free(handle)
+                .expect("index values name live objects");
             self.stored_pages.fetch_sub(1, Relaxed);
             if length == self.page_size {
                 self.stored_incompressible.fetch_sub(1, Relaxed);
@@ -474,7 +485,13 @@ impl Inner {
     }
 
     /// Decompresses a stored page into `out`.
-    fn decompress(&self, slot: u64, handle: ztier_pool::Handle, length: usize, out: &mut [u8]) -> Result<()> {
+    fn decompress(
+        &self,
+        slot: u64,
+        handle: ztier_pool::Handle,
+        length: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
         if length == self.page_size {
             self.pool.read(handle, out)?;
             return Ok(());
@@ -483,8 +500,9 @@ impl Inner {
         let s = stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
         let comp = &mut s.comp;
         let mut r = Ok(0);
-        self.pool
-            .read_with(handle, &mut s.buf, &mut |object| r = comp.decompress(object, out))?;
+        self.pool.read_with(handle, &mut s.buf, &mut |object| {
+            r = comp.decompress(object, out)
+        })?;
         match r {
             Ok(n) if n == self.page_size => Ok(()),
             Ok(got) => {
@@ -602,6 +620,7 @@ impl Inner {
             swpin_zero: e(Event::SwpinZero),
             swpout_device: e(Event::SwpoutDevice),
             swpin_device: e(Event::SwpinDevice),
+            pages_compacted: self.pool.pages_compacted(),
             zero_pages: self.zero_pages.load(Relaxed),
             metadata_bytes: self.tree.bytes() + lru_bytes,
             pool_reached_full: self.reached_full.load(Relaxed),

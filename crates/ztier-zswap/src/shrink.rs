@@ -1,5 +1,6 @@
 //! The shrink worker (`shrink_worker()` on the kernel's `zswap-shrink` workqueue): queued
-//! when a store is refused with the pool full, it writes back the LRU's coldest pages until
+//! when a store is refused with the pool full, it compacts the pool (as zsmalloc's own
+//! shrinker would under the same pressure), then writes back the LRU's coldest pages until
 //! the pool is at or below the accept threshold, giving up after `MAX_RECLAIM_RETRIES` walks
 //! that write nothing back.
 //!
@@ -84,6 +85,12 @@ fn run(inner: &Inner) {
             s.running = true;
         }
         let thr = inner.accept_thr_pages();
+        // The pressure that fills zswap's pool also runs zsmalloc's own shrinker, which
+        // compacts (`zs_shrinker_scan()`): the holes that loads and writebacks leave are
+        // given back before any page is written to the disk for the room.
+        if inner.total_pages() > thr {
+            inner.pool.compact();
+        }
         let mut failures = 0;
         while inner.total_pages() > thr && !w.state.lock().stop {
             if inner.shrink(SWAP_CLUSTER_MAX) == 0 {

@@ -65,6 +65,8 @@ pub struct ZswapStats {
     pub swpout_device: u64,
     /// Pages read from the swap device.
     pub swpin_device: u64,
+    /// Pool pages freed by compaction (zsmalloc's `pages_compacted`).
+    pub pages_compacted: u64,
     /// Zero-filled pages held as a tagged index value, with no entry and no pool memory.
     pub zero_pages: u64,
     /// Bytes of zswap's own metadata: the index and the LRU.
@@ -88,7 +90,10 @@ impl ZswapStats {
             ("written_back_pages", self.written_back_pages),
             ("pool_total_size", self.pool_total_size),
             ("stored_pages", self.stored_pages),
-            ("stored_incompressible_pages", self.stored_incompressible_pages),
+            (
+                "stored_incompressible_pages",
+                self.stored_incompressible_pages,
+            ),
             ("Zswap (kB)", self.zswap_kb),
             ("Zswapped (kB)", self.zswapped_kb),
             ("zswpout", self.zswpout),
@@ -96,6 +101,7 @@ impl ZswapStats {
             ("zswpwb", self.zswpwb),
             ("swpout_zero", self.swpout_zero),
             ("swpin_zero", self.swpin_zero),
+            ("pages_compacted", self.pages_compacted),
             ("zero_pages", self.zero_pages),
             ("metadata_bytes", self.metadata_bytes),
         ]

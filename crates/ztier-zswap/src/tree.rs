@@ -1,8 +1,8 @@
 //! The index by swap slot (the kernel's `zswap_trees`, one xarray per 64 MiB of swap): for
-//! each cluster of 512 slots, a table of [`Value`]s made when the cluster's first page is
-//! stored and dropped with its last, under the cluster's own lock. The slot allocator fills
-//! clusters densely, so a stored page costs its 16-byte value and a share of a table that is
-//! mostly full; a lookup of one cluster never waits for another's.
+//! each run of 64 slots (an xarray leaf's worth), a table of [`Value`]s made when the run's
+//! first page is stored and dropped with its last, under the run's own lock. The slot
+//! allocator fills clusters densely, so a stored page costs its 16-byte value and a share of
+//! a 1 KiB table that is mostly full; a lookup in one run never waits for another's.
 //!
 //! Invariants: a node's `live` is the number of its values that are not empty, and the node
 //! has a table exactly when `live > 0`. A value changes only under its slot's page lock
@@ -12,8 +12,8 @@
 use parking_lot::{Mutex, MutexGuard};
 use ztier_pool::Handle;
 
-/// Slots per cluster, as the swap allocator's.
-pub(crate) const CLUSTER: usize = ztier_swap::SWAPFILE_CLUSTER as usize;
+/// Slots per table (an xarray node's 64).
+pub(crate) const LEAF: usize = 64;
 
 /// What the index holds for one slot: nothing, a zero-filled page (no entry, no
 /// allocation: the tagged value of "mm: zswap: store zero-filled pages without a
@@ -75,7 +75,7 @@ pub(crate) struct Tree {
     nodes: Box<[Mutex<Node>]>,
 }
 
-/// One cluster's node, locked.
+/// One run's node, locked.
 pub(crate) struct Locked<'a> {
     node: MutexGuard<'a, Node>,
     at: usize,
@@ -83,17 +83,17 @@ pub(crate) struct Locked<'a> {
 
 impl Tree {
     pub(crate) fn new(slots: u64) -> Tree {
-        let clusters = slots.div_ceil(CLUSTER as u64) as usize;
+        let runs = slots.div_ceil(LEAF as u64) as usize;
         Tree {
-            nodes: (0..clusters).map(|_| Mutex::default()).collect(),
+            nodes: (0..runs).map(|_| Mutex::default()).collect(),
         }
     }
 
     /// Locks the node of `slot` (which the caller has checked is below the device's slots).
     pub(crate) fn lock(&self, slot: u64) -> Locked<'_> {
         Locked {
-            node: self.nodes[slot as usize / CLUSTER].lock(),
-            at: slot as usize % CLUSTER,
+            node: self.nodes[slot as usize / LEAF].lock(),
+            at: slot as usize % LEAF,
         }
     }
 
@@ -105,13 +105,16 @@ impl Tree {
             .map(|n| n.lock().table.is_some() as u64)
             .sum();
         (self.nodes.len() * std::mem::size_of::<Mutex<Node>>()) as u64
-            + tables * (CLUSTER * std::mem::size_of::<Value>()) as u64
+            + tables * (LEAF * std::mem::size_of::<Value>()) as u64
     }
 }
 
 impl Locked<'_> {
     pub(crate) fn get(&self) -> Value {
-        self.node.table.as_ref().map_or(Value::EMPTY, |t| t[self.at])
+        self.node
+            .table
+            .as_ref()
+            .map_or(Value::EMPTY, |t| t[self.at])
     }
 
     /// Sets the slot's value; returns the one it replaces.
@@ -128,7 +131,7 @@ impl Locked<'_> {
             node.table = None;
         } else {
             node.table
-                .get_or_insert_with(|| vec![Value::EMPTY; CLUSTER].into_boxed_slice())[self.at] =
+                .get_or_insert_with(|| vec![Value::EMPTY; LEAF].into_boxed_slice())[self.at] =
                 value;
         }
         old
@@ -146,19 +149,19 @@ mod tests {
 
     #[test]
     fn tables_come_and_go_with_their_pages() {
-        let tree = Tree::new(3 * CLUSTER as u64);
+        let tree = Tree::new(3 * LEAF as u64);
         let base = tree.bytes();
         let h = Handle::from_raw(7).unwrap();
-        let mut n = tree.lock(600);
+        let mut n = tree.lock(100);
         assert!(n.set(Value::stored(h, 100, 3)).is_empty());
         drop(n);
         assert!(tree.bytes() > base);
-        tree.lock(601).set(Value::ZERO);
-        assert_eq!(tree.lock(600).get().entry(), Some((h, 100, 3)));
-        assert!(tree.lock(601).get().is_zero());
-        assert_eq!(tree.lock(600).set(Value::EMPTY).entry(), Some((h, 100, 3)));
-        assert!(tree.bytes() > base, "slot 601 still holds a zero page");
-        tree.lock(601).set(Value::EMPTY);
+        tree.lock(101).set(Value::ZERO);
+        assert_eq!(tree.lock(100).get().entry(), Some((h, 100, 3)));
+        assert!(tree.lock(101).get().is_zero());
+        assert_eq!(tree.lock(100).set(Value::EMPTY).entry(), Some((h, 100, 3)));
+        assert!(tree.bytes() > base, "slot 101 still holds a zero page");
+        tree.lock(101).set(Value::EMPTY);
         assert_eq!(tree.bytes(), base);
         assert!(tree.lock(5).get().is_empty());
     }

@@ -44,12 +44,19 @@ fn random_page(seed: u64) -> Vec<u8> {
 fn loads_are_exclusive_and_zero_pages_take_nothing() {
     let swap = swap(1024);
     let cache = cache_on(&swap, 1 << 30, false);
-    let (a, z, r) = (swap.alloc(0).unwrap(), swap.alloc(0).unwrap(), swap.alloc(0).unwrap());
+    let (a, z, r) = (
+        swap.alloc(0).unwrap(),
+        swap.alloc(0).unwrap(),
+        swap.alloc(0).unwrap(),
+    );
     assert_eq!(cache.store(a, &page(1)).unwrap(), Placement::Zswap);
     assert_eq!(cache.store(z, &[0u8; PS]).unwrap(), Placement::Zero);
     assert_eq!(cache.store(r, &random_page(2)).unwrap(), Placement::Zswap);
     let s = cache.stats();
-    assert_eq!((s.stored_pages, s.zero_pages, s.stored_incompressible_pages), (2, 1, 1));
+    assert_eq!(
+        (s.stored_pages, s.zero_pages, s.stored_incompressible_pages),
+        (2, 1, 1)
+    );
     // One pool page for the compressed one, the incompressible one whole in its own.
     assert_eq!(s.zswapped_kb, 8);
     let mut out = vec![1u8; PS];
@@ -57,12 +64,19 @@ fn loads_are_exclusive_and_zero_pages_take_nothing() {
     assert!(out.iter().all(|&b| b == 0));
     assert_eq!(cache.load(a, &mut out).unwrap(), Some(Source::Zswap));
     assert_eq!(out, page(1));
-    assert_eq!(cache.load(a, &mut out).unwrap(), None, "a load frees the entry");
+    assert_eq!(
+        cache.load(a, &mut out).unwrap(),
+        None,
+        "a load frees the entry"
+    );
     assert_eq!(cache.load(r, &mut out).unwrap(), Some(Source::Zswap));
     assert_eq!(out, random_page(2));
     let s = cache.stats();
     assert_eq!((s.stored_pages, s.zero_pages, s.pool_total_size), (0, 0, 0));
-    assert_eq!((s.zswpout, s.zswpin, s.swpout_zero, s.swpin_zero), (2, 2, 1, 1));
+    assert_eq!(
+        (s.zswpout, s.zswpin, s.swpout_zero, s.swpin_zero),
+        (2, 2, 1, 1)
+    );
 }
 
 #[test]
@@ -75,7 +89,10 @@ fn bad_input_is_refused_and_changes_nothing() {
         cache.store(a, &[1u8; 100]),
         Err(ZswapError::BadLength { len: 100, .. })
     ));
-    assert!(matches!(cache.store(0, &page(1)), Err(ZswapError::OutOfRange { .. })));
+    assert!(matches!(
+        cache.store(0, &page(1)),
+        Err(ZswapError::OutOfRange { .. })
+    ));
     assert!(matches!(
         cache.store(1 << 20, &page(1)),
         Err(ZswapError::OutOfRange { .. })
@@ -119,7 +136,10 @@ fn the_limit_refuses_until_the_pool_is_under_the_threshold() {
     assert!(s.pool_limit_hit > 0 && s.pool_reached_full, "{s:?}");
     // The limit is checked before a store, as the kernel does: the store that crosses it
     // may have opened a zspage of up to `chain_size` (8) pages.
-    assert!(s.pool_total_size / PS as u64 <= cache.max_pages() + 8, "{s:?}");
+    assert!(
+        s.pool_total_size / PS as u64 <= cache.max_pages() + 8,
+        "{s:?}"
+    );
     let refused = placed
         .iter()
         .filter(|p| p.2 == Placement::Device(Reject::PoolLimit))
@@ -148,7 +168,10 @@ fn the_limit_refuses_until_the_pool_is_under_the_threshold() {
         cache.shrink(64);
     }
     assert!(cache.stats().pool_total_size / PS as u64 <= cache.max_pages() * 9 / 10);
-    assert_eq!(cache.swap_out(extra, &page(1001)).unwrap(), Placement::Zswap);
+    assert_eq!(
+        cache.swap_out(extra, &page(1001)).unwrap(),
+        Placement::Zswap
+    );
     // Every page reads back, from wherever it is.
     for &(slot, i, _) in zswapped.iter().skip(3).chain(on_device.iter()) {
         cache.swap_in(slot, &mut out).unwrap();
@@ -174,7 +197,10 @@ fn a_refused_store_leaves_no_stale_copy() {
         cache.swap_out(a, &page(2)).unwrap(),
         Placement::Device(Reject::PoolLimit)
     );
-    assert!(!cache.contains(a), "the old page of the slot is gone from zswap");
+    assert!(
+        !cache.contains(a),
+        "the old page of the slot is gone from zswap"
+    );
     let mut out = vec![0u8; PS];
     assert_eq!(cache.swap_in(a, &mut out).unwrap(), Source::Device);
     assert_eq!(out, page(2));
@@ -256,7 +282,10 @@ fn a_failing_device_loses_nothing() {
     cache.shrink(8);
     assert_eq!(cache.shrink(8), 0, "every write back failed");
     let s = cache.stats();
-    assert_eq!((s.written_back_pages, s.reject_reclaim_fail, s.stored_pages), (0, 8, 8));
+    assert_eq!(
+        (s.written_back_pages, s.reject_reclaim_fail, s.stored_pages),
+        (0, 8, 8)
+    );
     // A refused store whose device write fails is an error, and the page is nowhere.
     let mut n = 0u64;
     let err = loop {
@@ -304,7 +333,11 @@ fn threads_with_writeback(threads: u64) {
                         seed += 1;
                         if out_pages.len() < 200 || round % 3 != 0 {
                             let slot = swap.alloc(0).unwrap();
-                            let p = if seed % 7 == 0 { vec![0u8; PS] } else { page(seed) };
+                            let p = if seed % 7 == 0 {
+                                vec![0u8; PS]
+                            } else {
+                                page(seed)
+                            };
                             cache.swap_out(slot, &p).unwrap();
                             out_pages.push((slot, seed));
                         }

@@ -49,7 +49,10 @@ fn kernel_zswap_figures_on_every_corpus() {
                 s.stored_incompressible_pages, truth.stored_incompressible_pages,
                 "{name}: stored_incompressible_pages"
             );
-            assert_eq!(s.pool_total_size, truth.pool_total_size, "{name}: pool_total_size");
+            assert_eq!(
+                s.pool_total_size, truth.pool_total_size,
+                "{name}: pool_total_size"
+            );
             assert_eq!(s.zswap_kb, truth.zswap_kb, "{name}: Zswap");
             assert_eq!(s.zswapped_kb, truth.zswapped_kb, "{name}: Zswapped");
             assert_eq!(s.zero_pages, truth.zero_pages, "{name}: zero-filled pages");
@@ -61,9 +64,15 @@ fn kernel_zswap_figures_on_every_corpus() {
             }
             let after = cache.stats();
             assert_eq!((after.stored_pages, after.zero_pages), (0, 0));
-            assert_eq!(after.pool_total_size, 0, "{name}: every pool page given back");
+            assert_eq!(
+                after.pool_total_size, 0,
+                "{name}: every pool page given back"
+            );
             compared += 1;
         }
     }
-    assert!(compared > 0, "zswap-truth.json has no figures for these corpora");
+    assert!(
+        compared > 0,
+        "zswap-truth.json has no figures for these corpora"
+    );
 }
