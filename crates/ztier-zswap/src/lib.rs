@@ -6,7 +6,7 @@
 //! the slots, as the kernel's swap layer does: it allocates one before a page is stored
 //! and frees it ([`Cache::swap_free`]) when the page is gone for good.
 //!
-//! - The index ([`tree`]) maps a slot to a 16-byte value: a stored page's pool handle,
+//! - The index (`tree.rs`) maps a slot to a 16-byte value: a stored page's pool handle,
 //!   length and LRU node, or the tag of a zero-filled page, which takes no entry and no pool
 //!   memory. (Today's kernel keeps zero pages one layer down, in the swap device's zero map,
 //!   so zswap never sees them; ztier's slot allocator knows nothing of page contents, so the
@@ -19,7 +19,7 @@
 //! - The pool limit is `max_pool_percent` of a RAM budget; once reached, stores are refused
 //!   (`pool_limit_hit`) until the pool is back under `accept_threshold_percent` of the
 //!   limit, and a background worker compacts the pool and writes the LRU's coldest pages
-//!   back until it is ([`shrink`]). [`Cache::shrink`] does the same on demand (the memory-pressure
+//!   back until it is (`shrink.rs`). [`Cache::shrink`] does the same on demand (the memory-pressure
 //!   shrinker).
 //! - A store that zswap refuses leaves no stale copy: the slot's old entry is invalidated
 //!   and [`Cache::swap_out`] writes the page to the device, where [`Cache::swap_in`] finds
