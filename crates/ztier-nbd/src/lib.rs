@@ -1,9 +1,12 @@
-//! NBD, the network block device protocol: [`proto`] (messages, for server and client) and
-//! [`server`], which serves any [`ztier_blockdev::BlockDevice`]. It knows nothing of zram.
+//! NBD, the network block device protocol: [`proto`] (messages, for server and client),
+//! [`server`], which serves any [`ztier_blockdev::BlockDevice`], and [`client`], which makes
+//! a remote export one. It knows nothing of zram.
 #![forbid(unsafe_code)]
 
 mod buffers;
+pub mod client;
 pub mod proto;
 pub mod server;
 
+pub use client::{Client, Uri};
 pub use server::{Listener, Server, ServerConfig, Stream};

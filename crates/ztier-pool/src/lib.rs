@@ -257,6 +257,9 @@ pub trait ZPool: Send + Sync {
     fn max_alloc_size(&self) -> usize;
     /// Compressed lengths from this size up should be stored raw (zram's `huge_class_size`).
     fn huge_class_size(&self) -> usize;
+    /// Which class an object of `len` bytes lands in (`zs_lookup_class_index()`), ordered by
+    /// size: recompression keeps a new object only if its class is below the old one's.
+    fn size_class(&self, len: usize) -> usize;
     /// Moves objects to free pages; returns the pages freed by this call.
     fn compact(&self) -> u64;
     /// Pages freed by compaction over the pool's life.

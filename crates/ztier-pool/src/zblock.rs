@@ -534,6 +534,10 @@ impl ZPool for ZblockPool {
         self.huge_class_size
     }
 
+    fn size_class(&self, len: usize) -> usize {
+        self.table.type_for(len.clamp(1, self.table.page_size))
+    }
+
     /// zblock has no compaction: its blocks are freed as soon as they empty.
     fn compact(&self) -> u64 {
         0

@@ -496,6 +496,10 @@ impl ZPool for ZsPool {
         self.table.huge_class_size
     }
 
+    fn size_class(&self, len: usize) -> usize {
+        self.table.slot_for_request(len)
+    }
+
     /// `zs_compact()`: classes from the largest down.
     fn compact(&self) -> u64 {
         if self.compacting.swap(true, Ordering::Acquire) {

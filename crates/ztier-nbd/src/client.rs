@@ -1,0 +1,692 @@
+//! The client side of NBD: a remote export as a [`BlockDevice`], so zram can write pages back
+//! to any NBD server (nbdkit, qemu-nbd, another `ztier serve`, rbd-nbd) over the standard
+//! protocol, with the same message code as the server ([`crate::proto`]).
+//!
+//! A client negotiates fixed newstyle with `NBD_OPT_GO` (falling back to
+//! `NBD_OPT_EXPORT_NAME` for an old server), asks for block sizes, and then sends one request
+//! at a time with simple replies: a writeback batch is one large request, so one in flight
+//! costs little, and the protocol state stays trivially in step. Requests larger than the
+//! server's maximum payload are split. A socket error or a timeout marks the connection
+//! broken: that request fails with the error, and the next one connects again (once), so a
+//! restarted server is picked up and a dead one gives a clear error every time, never a
+//! hang.
+//!
+//! The server's minimum block is obeyed, as the spec asks of a client that asked for block
+//! sizes: an unaligned read reads the blocks around it, an unaligned write reads, modifies
+//! and writes them back.
+//!
+//! Locking: `writes` (every write, for the read-modify-write) → `conn` (one whole request and
+//! its reply).
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ztier_blockdev::{BlockDevice, BlockError, Result};
+
+use crate::proto::{self, *};
+use crate::server::Stream;
+
+/// The default NBD port.
+pub const NBD_PORT: u16 = 10809;
+/// How long one request may wait on the network before the connection counts as dead.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request sent when the server names no maximum (the spec's default, 32 MiB, is
+/// what servers accept; smaller keeps memory per request low).
+const DEFAULT_MAX_PAYLOAD: u32 = 4 << 20;
+/// Largest option reply accepted during the handshake.
+const MAX_OPTION_REPLY: u32 = 64 << 10;
+
+/// Where an export is: `nbd://host[:port][/export]` or `nbd+unix:///export?socket=PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uri {
+    pub target: Target,
+    pub export: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Tcp { host: String, port: u16 },
+    Unix(PathBuf),
+}
+
+impl FromStr for Uri {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Uri, String> {
+        let bad = |why: &str| {
+            format!("{s:?} is not an NBD URI ({why}): use nbd://HOST[:PORT][/EXPORT] or nbd+unix:///EXPORT?socket=PATH")
+        };
+        if let Some(rest) = s.strip_prefix("nbd+unix://") {
+            let (path_part, query) = rest.split_once('?').ok_or_else(|| bad("no ?socket="))?;
+            if !path_part.is_empty() && !path_part.starts_with('/') {
+                return Err(bad("nbd+unix takes no host"));
+            }
+            let export = path_part.trim_start_matches('/').to_string();
+            let socket = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("socket="))
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| bad("no socket= in the query"))?;
+            return Ok(Uri {
+                target: Target::Unix(PathBuf::from(socket)),
+                export,
+            });
+        }
+        let rest = s
+            .strip_prefix("nbd://")
+            .ok_or_else(|| bad("no nbd:// scheme"))?;
+        let (authority, export) = match rest.split_once('/') {
+            Some((a, e)) => (a, e.to_string()),
+            None => (rest, String::new()),
+        };
+        if authority.is_empty() {
+            return Err(bad("no host"));
+        }
+        // [v6addr]:port, host:port, host
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed ["))?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => p.parse().map_err(|_| bad("bad port"))?,
+                None if after.is_empty() => NBD_PORT,
+                None => return Err(bad("junk after ]")),
+            };
+            (h.to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| bad("bad port"))?),
+                None => (authority.to_string(), NBD_PORT),
+            }
+        };
+        Ok(Uri {
+            target: Target::Tcp { host, port },
+            export,
+        })
+    }
+}
+
+impl std::fmt::Display for Uri {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.target {
+            Target::Tcp { host, port } if host.contains(':') => {
+                write!(f, "nbd://[{host}]:{port}/{}", self.export)
+            }
+            Target::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{}", self.export),
+            Target::Unix(p) => write!(f, "nbd+unix:///{}?socket={}", self.export, p.display()),
+        }
+    }
+}
+
+/// What the handshake learned about the export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub size: u64,
+    pub flags: u16,
+    pub min_block: u32,
+    pub preferred_block: u32,
+    pub max_payload: u32,
+}
+
+struct Conn {
+    stream: Stream,
+    next_cookie: u64,
+}
+
+/// A connected export.
+pub struct Client {
+    uri: Uri,
+    info: ExportInfo,
+    conn: Mutex<Option<Conn>>,
+    /// Held by every write, so the read-modify-write of a write not aligned to the server's
+    /// minimum block cannot lose another write to the same block.
+    writes: Mutex<()>,
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{what}: {e}"))
+}
+
+fn read_exact(s: &mut Stream, buf: &mut [u8], what: &str) -> io::Result<()> {
+    s.read_exact(buf).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            io_err(what, "the server closed the connection")
+        } else {
+            io_err(what, e)
+        }
+    })
+}
+
+fn open(target: &Target) -> io::Result<Stream> {
+    let stream = match target {
+        Target::Tcp { host, port } => {
+            let mut last = io::Error::other(format!("{host}:{port} resolves to no address"));
+            let mut found = None;
+            for addr in (host.as_str(), *port).to_socket_addrs()? {
+                match TcpStream::connect_timeout(&addr, IO_TIMEOUT) {
+                    Ok(s) => {
+                        found = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            let s = found.ok_or(last)?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(IO_TIMEOUT))?;
+            s.set_write_timeout(Some(IO_TIMEOUT))?;
+            Stream::Tcp(s)
+        }
+        Target::Unix(path) => {
+            let s = UnixStream::connect(path)?;
+            s.set_read_timeout(Some(IO_TIMEOUT))?;
+            s.set_write_timeout(Some(IO_TIMEOUT))?;
+            Stream::Unix(s)
+        }
+    };
+    Ok(stream)
+}
+
+/// The fixed newstyle handshake; returns the export's details.
+fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
+    let mut hello = [0u8; 18];
+    read_exact(s, &mut hello, "the server's greeting")?;
+    let magic = u64::from_be_bytes(hello[0..8].try_into().expect("8 bytes"));
+    let opt_magic = u64::from_be_bytes(hello[8..16].try_into().expect("8 bytes"));
+    if magic != NBDMAGIC || opt_magic != IHAVEOPT {
+        return Err(io_err(
+            "the server's greeting",
+            "not a newstyle NBD server (oldstyle servers are not supported)",
+        ));
+    }
+    let server_flags = u16::from_be_bytes([hello[16], hello[17]]);
+    if server_flags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(io_err("the server's greeting", "no fixed newstyle"));
+    }
+    let no_zeroes = server_flags & FLAG_NO_ZEROES != 0;
+    let mut client_flags = FLAG_C_FIXED_NEWSTYLE;
+    if no_zeroes {
+        client_flags |= FLAG_C_NO_ZEROES;
+    }
+    s.write_all(&client_flags.to_be_bytes())?;
+
+    // NBD_OPT_GO with the export's name, asking for block sizes.
+    let mut data = (export.len() as u32).to_be_bytes().to_vec();
+    data.extend(export.as_bytes());
+    data.extend(1u16.to_be_bytes());
+    data.extend(INFO_BLOCK_SIZE.to_be_bytes());
+    send_option(s, OPT_GO, &data)?;
+    let mut info = ExportInfo {
+        size: 0,
+        flags: 0,
+        min_block: 1,
+        preferred_block: 4096,
+        max_payload: DEFAULT_MAX_PAYLOAD,
+    };
+    let mut have_export = false;
+    loop {
+        let (reply, data) = read_option_reply(s, OPT_GO)?;
+        match reply {
+            REP_ACK if have_export => return Ok(info),
+            REP_ACK => {
+                return Err(io_err(
+                    "NBD_OPT_GO",
+                    "acknowledged without the export's size",
+                ))
+            }
+            REP_INFO => {
+                let mut c = proto::Cursor::new(&data, "NBD_REP_INFO");
+                let kind = c.u16().map_err(|e| io_err("NBD_REP_INFO", e))?;
+                match kind {
+                    INFO_EXPORT => {
+                        info.size = c.u64().map_err(|e| io_err("NBD_INFO_EXPORT", e))?;
+                        info.flags = c.u16().map_err(|e| io_err("NBD_INFO_EXPORT", e))?;
+                        have_export = true;
+                    }
+                    INFO_BLOCK_SIZE => {
+                        let mut r = || c.u32().map_err(|e| io_err("NBD_INFO_BLOCK_SIZE", e));
+                        info.min_block = r()?.max(1);
+                        info.preferred_block = r()?.max(1);
+                        info.max_payload = r()?.clamp(info.min_block, DEFAULT_MAX_PAYLOAD);
+                    }
+                    _ => {}
+                }
+            }
+            REP_ERR_UNSUP => return export_name_fallback(s, export, no_zeroes),
+            r if r & (1 << 31) != 0 => {
+                let msg = String::from_utf8_lossy(&data).into_owned();
+                let what = match r {
+                    REP_ERR_UNKNOWN => format!("no export named {export:?}"),
+                    REP_ERR_POLICY => "refused by the server's policy".into(),
+                    REP_ERR_TLS_REQD => "the server requires TLS".into(),
+                    REP_ERR_SHUTDOWN => "the server is shutting down".into(),
+                    _ => format!("error reply {r:#x}"),
+                };
+                return Err(io_err("NBD_OPT_GO", format!("{what} {msg}").trim_end()));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `NBD_OPT_EXPORT_NAME`, for a server without `NBD_OPT_GO`.
+fn export_name_fallback(s: &mut Stream, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
+    send_option(s, OPT_EXPORT_NAME, export.as_bytes())?;
+    let mut reply = vec![0u8; if no_zeroes { 10 } else { 134 }];
+    read_exact(s, &mut reply, "NBD_OPT_EXPORT_NAME's reply")?;
+    Ok(ExportInfo {
+        size: u64::from_be_bytes(reply[0..8].try_into().expect("8 bytes")),
+        flags: u16::from_be_bytes([reply[8], reply[9]]),
+        min_block: 1,
+        preferred_block: 4096,
+        max_payload: DEFAULT_MAX_PAYLOAD,
+    })
+}
+
+fn send_option(s: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
+    let mut m = IHAVEOPT.to_be_bytes().to_vec();
+    m.extend(option.to_be_bytes());
+    m.extend((data.len() as u32).to_be_bytes());
+    m.extend(data);
+    s.write_all(&m)
+}
+
+fn read_option_reply(s: &mut Stream, option: u32) -> io::Result<(u32, Vec<u8>)> {
+    let mut h = [0u8; 20];
+    read_exact(s, &mut h, "an option reply")?;
+    let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
+    let opt = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
+    let reply = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
+    let len = u32::from_be_bytes(h[16..20].try_into().expect("4 bytes"));
+    if magic != REP_MAGIC || opt != option {
+        return Err(io_err("an option reply", "bad magic or option"));
+    }
+    if len > MAX_OPTION_REPLY {
+        return Err(io_err(
+            "an option reply",
+            format!("{len} bytes is too long"),
+        ));
+    }
+    let mut data = vec![0u8; len as usize];
+    read_exact(s, &mut data, "an option reply")?;
+    Ok((reply, data))
+}
+
+/// The error a server's errno stands for.
+fn wire_error(errno: u32, what: &str) -> BlockError {
+    match errno {
+        ENOSPC => BlockError::NoSpace(format!("the NBD server: {what}")),
+        ENOMEM => BlockError::NoMemory(format!("the NBD server: {what}")),
+        EPERM => BlockError::ReadOnly,
+        EINVAL => BlockError::Invalid(format!("the NBD server refused {what}")),
+        ENOTSUP => BlockError::Unsupported("this request (per the NBD server)"),
+        e => BlockError::Io(io::Error::other(format!(
+            "the NBD server failed {what} with error {e}"
+        ))),
+    }
+}
+
+impl Client {
+    /// Connects to `uri` and negotiates its export.
+    pub fn connect(uri: &Uri) -> Result<Client> {
+        let (conn, info) = Client::dial(uri)?;
+        Ok(Client {
+            uri: uri.clone(),
+            info,
+            conn: Mutex::new(Some(conn)),
+            writes: Mutex::new(()),
+        })
+    }
+
+    fn dial(uri: &Uri) -> Result<(Conn, ExportInfo)> {
+        let mut stream = open(&uri.target)
+            .map_err(|e| BlockError::Io(io_err(&format!("connecting to {uri}"), e)))?;
+        let info = handshake(&mut stream, &uri.export)
+            .map_err(|e| BlockError::Io(io_err(&format!("negotiating with {uri}"), e)))?;
+        Ok((
+            Conn {
+                stream,
+                next_cookie: 1,
+            },
+            info,
+        ))
+    }
+
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+    pub fn info(&self) -> ExportInfo {
+        self.info
+    }
+
+    /// One request and its simple reply; `write` is the payload of a write, `read` receives a
+    /// read's data. Splitting is the caller's (each request is at most `max_payload`).
+    fn request(
+        &self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        write: Option<&[u8]>,
+        read: Option<&mut [u8]>,
+    ) -> Result<()> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            let (conn, info) = Client::dial(&self.uri)?;
+            if info.size != self.info.size {
+                return Err(BlockError::Io(io_err(
+                    &format!("reconnecting to {}", self.uri),
+                    format!(
+                        "the export is {} bytes now, {} before",
+                        info.size, self.info.size
+                    ),
+                )));
+            }
+            *guard = Some(conn);
+        }
+        let conn = guard.as_mut().expect("connected above");
+        let cookie = conn.next_cookie;
+        conn.next_cookie += 1;
+        let r = Client::exchange(conn, kind, flags, offset, length, cookie, write, read);
+        match r {
+            Ok(0) => Ok(()),
+            Ok(errno) => Err(wire_error(
+                errno,
+                &format!("{} of {length} bytes at {offset}", command_name(kind)),
+            )),
+            Err(e) => {
+                // The stream is out of step or gone: drop it; the next request dials again.
+                *guard = None;
+                Err(BlockError::Io(io_err(&format!("{}", self.uri), e)))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(
+        conn: &mut Conn,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        cookie: u64,
+        write: Option<&[u8]>,
+        read: Option<&mut [u8]>,
+    ) -> io::Result<u32> {
+        let header = Request {
+            flags,
+            kind,
+            cookie,
+            offset,
+            length,
+        }
+        .encode();
+        let s = &mut conn.stream;
+        match write {
+            Some(data) => {
+                let mut m = Vec::with_capacity(REQUEST_LEN + data.len());
+                m.extend_from_slice(&header);
+                m.extend_from_slice(data);
+                s.write_all(&m)?;
+            }
+            None => s.write_all(&header)?,
+        }
+        let mut reply = [0u8; 16];
+        read_exact(s, &mut reply, "a reply")?;
+        let magic = u32::from_be_bytes(reply[0..4].try_into().expect("4 bytes"));
+        let errno = u32::from_be_bytes(reply[4..8].try_into().expect("4 bytes"));
+        let got = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
+        if magic != SIMPLE_REPLY_MAGIC || got != cookie {
+            return Err(io_err("a reply", "bad magic or cookie"));
+        }
+        if errno == 0 {
+            if let Some(out) = read {
+                read_exact(s, out, "a read's data")?;
+            }
+        }
+        Ok(errno)
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        ztier_blockdev::check_range(self.info.size, offset, len)
+    }
+
+    /// `[offset, offset + len)` widened to the server's minimum block (within the export).
+    fn aligned(&self, offset: u64, len: usize) -> (u64, u64) {
+        let b = u64::from(self.info.min_block);
+        let start = offset / b * b;
+        let end = (offset + len as u64).div_ceil(b) * b;
+        (start, end.min(self.info.size))
+    }
+
+    fn read_aligned(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len();
+        for (off, at, n) in self.chunks(offset, len) {
+            self.request(CMD_READ, 0, off, n as u32, None, Some(&mut buf[at..at + n]))?;
+        }
+        Ok(())
+    }
+
+    fn write_aligned(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let flags = if fua && self.has(FLAG_SEND_FUA) {
+            CMD_FLAG_FUA
+        } else {
+            0
+        };
+        for (off, at, n) in self.chunks(offset, data.len()) {
+            self.request(
+                CMD_WRITE,
+                flags,
+                off,
+                n as u32,
+                Some(&data[at..at + n]),
+                None,
+            )
+            .map_err(|e| match at {
+                0 => e,
+                done => BlockError::Partial {
+                    done: done as u64,
+                    source: Box::new(e),
+                },
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The whole blocks inside `[offset, offset + len)`.
+    fn inner_blocks(&self, offset: u64, len: u64) -> (u64, u64) {
+        let b = u64::from(self.info.min_block);
+        (offset.div_ceil(b) * b, (offset + len) / b * b)
+    }
+
+    /// A request with no payload over a range, in requests of at most 4 GiB less a page.
+    fn ranged(&self, kind: u16, flags: u16, offset: u64, len: u64) -> Result<()> {
+        let max = u64::from(!4095u32);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(max);
+            self.request(kind, flags, offset + done, n as u32, None, None)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_zero_bytes(&self, offset: u64, len: u64) -> Result<()> {
+        let zeros = vec![0u8; u64::from(self.info.max_payload).min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            self.write_at(offset + done, &zeros[..n], false)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    fn has(&self, flag: u16) -> bool {
+        self.info.flags & flag != 0
+    }
+
+    /// `[offset, offset + len)` in requests of at most `max_payload` bytes.
+    fn chunks(&self, offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize)> {
+        let max = self.info.max_payload as usize;
+        (0..len)
+            .step_by(max.max(1))
+            .map(move |at| (offset + at as u64, at, max.min(len - at)))
+    }
+}
+
+fn command_name(kind: u16) -> &'static str {
+    match kind {
+        CMD_READ => "a read",
+        CMD_WRITE => "a write",
+        CMD_FLUSH => "a flush",
+        CMD_TRIM => "a trim",
+        CMD_WRITE_ZEROES => "a zero write",
+        _ => "a request",
+    }
+}
+
+impl BlockDevice for Client {
+    fn size(&self) -> u64 {
+        self.info.size
+    }
+
+    fn block_size(&self) -> u32 {
+        self.info.min_block
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        let (start, end) = self.aligned(offset, buf.len());
+        if start != offset || end != offset + buf.len() as u64 {
+            let mut whole = vec![0u8; (end - start) as usize];
+            self.read_aligned(start, &mut whole)?;
+            let at = (offset - start) as usize;
+            buf.copy_from_slice(&whole[at..at + buf.len()]);
+            return Ok(());
+        }
+        self.read_aligned(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        if self.has(FLAG_READ_ONLY) {
+            return Err(BlockError::ReadOnly);
+        }
+        let _writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, end) = self.aligned(offset, data.len());
+        if start != offset || end != offset + data.len() as u64 {
+            let mut whole = vec![0u8; (end - start) as usize];
+            self.read_aligned(start, &mut whole)?;
+            let at = (offset - start) as usize;
+            whole[at..at + data.len()].copy_from_slice(data);
+            return self.write_aligned(start, &whole, fua);
+        }
+        self.write_aligned(offset, data, fua)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
+        // Advisory, as a trim is: only the whole blocks inside the range are trimmed.
+        let (start, end) = self.inner_blocks(offset, len);
+        if !self.has(FLAG_SEND_TRIM) || start >= end {
+            return Ok(());
+        }
+        self.ranged(CMD_TRIM, 0, start, end - start)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<()> {
+        self.check(offset, len)?;
+        if !self.has(FLAG_SEND_WRITE_ZEROES) {
+            return self.write_zero_bytes(offset, len);
+        }
+        // Whole blocks by request; the unaligned ends, if any, written as zero bytes.
+        let (start, end) = self.inner_blocks(offset, len);
+        if start >= end {
+            return self.write_zero_bytes(offset, len);
+        }
+        self.write_zero_bytes(offset, start - offset)?;
+        let flags = if may_unmap { 0 } else { CMD_FLAG_NO_HOLE };
+        {
+            let _writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+            self.ranged(CMD_WRITE_ZEROES, flags, start, end - start)?;
+        }
+        self.write_zero_bytes(end, offset + len - end)
+    }
+
+    fn flush(&self) -> Result<()> {
+        if self.has(FLAG_SEND_FLUSH) {
+            self.request(CMD_FLUSH, 0, 0, 0, None, None)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let conn = self.conn.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = conn.as_mut() {
+            let header = Request {
+                flags: 0,
+                kind: CMD_DISC,
+                cookie: c.next_cookie,
+                offset: 0,
+                length: 0,
+            }
+            .encode();
+            let _ = c.stream.write_all(&header);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_parse() {
+        let u: Uri = "nbd://example.org:10810/disk".parse().unwrap();
+        assert_eq!(
+            u.target,
+            Target::Tcp {
+                host: "example.org".into(),
+                port: 10810
+            }
+        );
+        assert_eq!(u.export, "disk");
+        let u: Uri = "nbd://10.0.0.2".parse().unwrap();
+        assert_eq!(
+            u.target,
+            Target::Tcp {
+                host: "10.0.0.2".into(),
+                port: NBD_PORT
+            }
+        );
+        assert_eq!(u.export, "");
+        let u: Uri = "nbd://[::1]:10811/x".parse().unwrap();
+        assert_eq!(
+            u.target,
+            Target::Tcp {
+                host: "::1".into(),
+                port: 10811
+            }
+        );
+        let u: Uri = "nbd+unix:///wb?socket=/run/nbd.sock".parse().unwrap();
+        assert_eq!(u.target, Target::Unix("/run/nbd.sock".into()));
+        assert_eq!(u.export, "wb");
+        assert_eq!(u.to_string(), "nbd+unix:///wb?socket=/run/nbd.sock");
+        for bad in [
+            "http://x",
+            "nbd://",
+            "nbd://h:port",
+            "nbd+unix:///x",
+            "nbd+unix://host/x?socket=/s",
+            "nbd://[::1",
+        ] {
+            assert!(bad.parse::<Uri>().is_err(), "{bad}");
+        }
+    }
+}
