@@ -340,6 +340,26 @@ impl Device {
         Ok(self.inner.backing.read_at(offset * SLOT_BYTES, page)?)
     }
 
+    /// Writes `data` (at most a cluster's slots' worth) from the start of slot `offset` on,
+    /// in one I/O; every slot it covers must be allocated.
+    pub fn write_slots(&self, offset: u64, data: &[u8]) -> Result<(), SwapError> {
+        self.inner.check_run(offset, 0, data.len())?;
+        Ok(self
+            .inner
+            .backing
+            .write_at(offset * SLOT_BYTES, data, false)?)
+    }
+
+    /// Reads `out.len()` bytes from byte `at` of slot `offset` on; every slot it covers must
+    /// be allocated.
+    pub fn read_bytes(&self, offset: u64, at: usize, out: &mut [u8]) -> Result<(), SwapError> {
+        self.inner.check_run(offset, at, out.len())?;
+        Ok(self
+            .inner
+            .backing
+            .read_at(offset * SLOT_BYTES + at as u64, out)?)
+    }
+
     /// Slots, header included.
     pub fn slots(&self) -> u64 {
         self.inner.slots
@@ -934,6 +954,24 @@ impl Inner {
             SWAP_MAP_BAD | SWAP_MAP_FREEING => 0,
             n => n,
         })
+    }
+
+    /// Bytes `[at, at + len)` from the start of slot `offset`: within one cluster's worth of
+    /// slots, each allocated.
+    fn check_run(&self, offset: u64, at: usize, len: usize) -> Result<(), SwapError> {
+        let end = at as u64 + len as u64;
+        if len == 0 || end > u64::from(CLUSTER) * SLOT_BYTES {
+            return Err(SwapError::Invalid(format!(
+                "{len} bytes at byte {at} of a run: a run holds 1 to {} bytes",
+                u64::from(CLUSTER) * SLOT_BYTES
+            )));
+        }
+        for slot in offset + at as u64 / SLOT_BYTES..offset + end.div_ceil(SLOT_BYTES) {
+            if self.usage_of(slot)? == 0 {
+                return Err(SwapError::NotAllocated { offset: slot });
+            }
+        }
+        Ok(())
     }
 
     fn check_io(&self, offset: u64, len: usize) -> Result<(), SwapError> {

@@ -33,17 +33,23 @@
 #![forbid(unsafe_code)]
 
 mod blockdev;
+mod recompress;
 pub mod slot;
 mod stats;
+mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolError, PoolStats, ZPool};
 
+pub use recompress::{RecompMode, RecompResult, MAX_SECONDARY};
 pub use slot::{Entry, SlotFlag};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
+pub use writeback::{Backing, BdStat, WbFormat, WbMode, WbResult};
 
 use slot::Slot;
 use stats::Counters;
@@ -88,6 +94,16 @@ pub enum ZramError {
     },
     #[error("the slot table of {table_bytes} bytes could not be allocated")]
     TableAlloc { table_bytes: u64 },
+    #[error("no backing store is set (backing_dev)")]
+    NoBacking,
+    #[error("the writeback limit is used up (writeback_limit)")]
+    WritebackLimit,
+    #[error("backing store: {0}")]
+    Backing(ztier_swap::SwapError),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    Config(String),
     #[error("after storing {stored} of {len} bytes at offset {offset}: {source}")]
     PartialWrite {
         offset: u64,
@@ -114,6 +130,8 @@ struct PageSpan {
 struct ShardState {
     /// Made on the shard's first compression or decompression.
     stream: Option<Stream>,
+    /// Streams of the secondary (recompression) algorithms, by priority - 1.
+    recomp: [Option<Stream>; MAX_SECONDARY],
     counters: Counters,
 }
 
@@ -148,6 +166,14 @@ pub struct Device {
     limit_pages: AtomicU64,
     /// Highest pool pages seen after a write (`max_used_pages`).
     max_used_pages: AtomicU64,
+    /// When the device was made: slots' `ac_time` counts seconds from it.
+    created: Instant,
+    /// The backing store (`backing_dev`).
+    backing: RwLock<Option<Arc<Backing>>>,
+    /// 4 KiB blocks writeback may still write (`u64::MAX`: no limit).
+    wb_limit: AtomicU64,
+    /// The secondary algorithms (`recomp_algorithm`), by priority - 1.
+    recomp: RwLock<Vec<Algorithm>>,
 }
 
 impl Device {
@@ -185,6 +211,10 @@ impl Device {
             page_locks: Stripes::new(PAGE_LOCK_STRIPES),
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
+            created: Instant::now(),
+            backing: RwLock::new(None),
+            wb_limit: AtomicU64::new(u64::MAX),
+            recomp: RwLock::new(Vec::new()),
         })
     }
 
@@ -220,6 +250,28 @@ impl Device {
 
     fn new_stream(&self) -> Stream {
         Stream::new(&self.algorithm, self.page_size)
+    }
+
+    /// The stream of priority `prio` (0: the primary algorithm) in a held shard.
+    fn stream_for<'a>(&self, shard: &'a mut ShardState, prio: u32) -> &'a mut Stream {
+        if prio == 0 {
+            return shard.stream.get_or_insert_with(|| self.new_stream());
+        }
+        let i = (prio as usize - 1).min(MAX_SECONDARY - 1);
+        shard.recomp[i].get_or_insert_with(|| {
+            let alg = self.recomp.read().get(i).cloned();
+            // A slot names a priority only after its algorithm was set; algorithms are
+            // never removed while pages use them.
+            Stream::new(
+                &alg.expect("a stored priority has its algorithm"),
+                self.page_size,
+            )
+        })
+    }
+
+    /// Seconds since the device was made (slots' `ac_time`).
+    fn now(&self) -> u32 {
+        self.created.elapsed().as_secs().min(u64::from(u32::MAX)) as u32
     }
 
     /// The calling thread's shard, held until the guard goes.
@@ -280,11 +332,13 @@ impl Device {
             });
         }
         let counters = &mut shard.counters;
+        let now = self.now();
         if let Some(word) = same_filled(page) {
             let mut g = slot.lock();
             self.free_slot(counters, &mut g.entry);
             g.entry.handle = word;
             g.entry.set(SlotFlag::Same, true);
+            g.entry.set_ac_time(now);
             counters.add(Counter::SamePages, 1);
             counters.add(Counter::PagesStored, 1);
             return Ok(());
@@ -318,6 +372,7 @@ impl Device {
         self.free_slot(counters, &mut g.entry);
         g.entry.handle = handle.raw();
         g.entry.set_size(size);
+        g.entry.set_ac_time(now);
         if size == self.page_size {
             g.entry.set(SlotFlag::Huge, true);
             counters.add(Counter::HugePages, 1);
@@ -333,6 +388,8 @@ impl Device {
         let was_allocated = e.is_allocated();
         if e.has(SlotFlag::Same) {
             counters.add(Counter::SamePages, -1);
+        } else if e.has(SlotFlag::Wb) {
+            self.release_written_back(counters, e);
         } else if e.handle != 0 {
             let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");
             // The handle came from this pool and the slot lock makes it ours alone.
@@ -350,15 +407,49 @@ impl Device {
 
     /// Reads one whole page into `out`.
     pub fn read_page(&self, index: u64, out: &mut [u8]) -> Result<()> {
-        let mut shard = self.shard();
-        let r = self.read_page_inner(&mut shard, index, out);
-        if r.is_err() {
-            shard.counters.add(Counter::FailedReads, 1);
-        }
-        r
+        self.read_page_as(index, out, false)
     }
 
-    fn read_page_inner(&self, shard: &mut ShardState, index: u64, out: &mut [u8]) -> Result<()> {
+    /// `read_page` for a caller that holds (`page_locked`) or not the page's stripe lock.
+    fn read_page_as(&self, index: u64, out: &mut [u8], page_locked: bool) -> Result<()> {
+        let r = {
+            let mut shard = self.shard();
+            let r = self.read_page_inner(&mut shard, index, out);
+            if r.is_err() {
+                shard.counters.add(Counter::FailedReads, 1);
+            }
+            r
+        };
+        match r {
+            Ok(Some(_)) => {
+                // Written back: read from the store under the page's lock, so its place
+                // stays while it is read (taken in the lock order: page, shard, slot).
+                let _page = (!page_locked).then(|| self.page_lock(index));
+                let e = self.slot(index)?.lock().entry;
+                let r = if e.has(SlotFlag::Wb) {
+                    self.read_written_back(index, e, out)
+                } else {
+                    // Rewritten or discarded before the page lock was ours.
+                    let mut shard = self.shard();
+                    self.read_page_inner(&mut shard, index, out).map(|_| ())
+                };
+                if r.is_err() {
+                    self.shard().counters.add(Counter::FailedReads, 1);
+                }
+                r
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Reads a page held in memory; `Ok(Some(entry))` for a written-back one, which the
+    /// caller reads from the store.
+    fn read_page_inner(
+        &self,
+        shard: &mut ShardState,
+        index: u64,
+        out: &mut [u8],
+    ) -> Result<Option<Entry>> {
         let slot = self.slot(index)?;
         if out.len() != self.page_size {
             return Err(ZramError::BadLength {
@@ -366,8 +457,15 @@ impl Device {
                 page_size: self.page_size,
             });
         }
+        let now = self.now();
         let mut g = slot.lock();
         g.entry.set(SlotFlag::Idle, false);
+        if g.entry.is_allocated() {
+            g.entry.set_ac_time(now);
+        }
+        if g.entry.has(SlotFlag::Wb) {
+            return Ok(Some(g.entry));
+        }
         if g.entry.has(SlotFlag::Same) || g.entry.handle == 0 {
             let word = if g.entry.has(SlotFlag::Same) {
                 g.entry.handle
@@ -376,17 +474,18 @@ impl Device {
             };
             drop(g);
             fill_page(out, word);
-            return Ok(());
+            return Ok(None);
         }
         let handle = ztier_pool::Handle::from_raw(g.entry.handle).expect("nonzero");
         if g.entry.has(SlotFlag::Huge) {
             self.pool.read(handle, out)?;
-            return Ok(());
+            return Ok(None);
         }
         // Only a compressed object needs a stream. It is decompressed where it lies (copied
         // out first only if it straddles two pool pages), under the slot lock as the kernel's
         // zram_read_from_zspool() does.
-        let s = shard.stream.get_or_insert_with(|| self.new_stream());
+        let prio = g.entry.priority();
+        let s = self.stream_for(shard, prio);
         let comp = &mut s.comp;
         let mut decoded = Ok(0);
         self.pool.read_with(handle, &mut s.buf, &mut |object| {
@@ -401,7 +500,7 @@ impl Device {
                 page_size: self.page_size,
             });
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Discards whole pages in `[offset, offset + len)`; partial pages at the ends are left
@@ -488,10 +587,11 @@ impl Device {
             let r = if s.len == self.page_size {
                 self.write_page_locked(s.index, part)
             } else {
-                self.read_page(s.index, &mut scratch).and_then(|()| {
-                    scratch[s.in_page..s.in_page + s.len].copy_from_slice(part);
-                    self.write_page_locked(s.index, &scratch)
-                })
+                self.read_page_as(s.index, &mut scratch, true)
+                    .and_then(|()| {
+                        scratch[s.in_page..s.in_page + s.len].copy_from_slice(part);
+                        self.write_page_locked(s.index, &scratch)
+                    })
             };
             if let Err(e) = r {
                 return Err(if s.at == 0 {
@@ -525,14 +625,26 @@ impl Device {
         Ok(())
     }
 
-    /// Marks every allocated slot idle (`echo all > idle`).
-    pub fn mark_idle(&self) {
+    /// `echo all > idle` (`older_than` `None`) or `echo N > idle` (pages not accessed for
+    /// `N` seconds): marks those pages idle; reads and writes clear the mark. Pages written
+    /// back or same-filled are not marked, as in the kernel. Returns the pages marked.
+    pub fn mark_idle(&self, older_than: Option<Duration>) -> u64 {
+        let now = self.now();
+        let age = older_than.map(|d| d.as_secs().min(u64::from(u32::MAX)) as u32);
+        let mut marked = 0;
         for slot in self.slots.iter() {
             let mut g = slot.lock();
-            if g.entry.is_allocated() {
-                g.entry.set(SlotFlag::Idle, true);
+            let e = &mut g.entry;
+            if !e.is_allocated() || e.has(SlotFlag::Wb) || e.has(SlotFlag::Same) {
+                continue;
             }
+            if age.is_some_and(|a| now.saturating_sub(e.ac_time()) < a) {
+                continue;
+            }
+            e.set(SlotFlag::Idle, true);
+            marked += 1;
         }
+        marked
     }
 
     /// A slot's state, for inspection.

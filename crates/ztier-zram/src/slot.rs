@@ -5,8 +5,8 @@
 //!
 //! ```text
 //!  handle: u64   pool handle of the object, or the fill word of a ZRAM_SAME page
-//!  flags:  u64   63      56 55 ...        24 23 ...  17 16 15            0
-//!               | LOCK | (free)    | prio(2) | flags (7)  |  object size (16) |
+//!  flags:  u64   63     62 ...      31 30..25 24 23 22 ... 16 15            0
+//!               | LOCK | ac_time (32) | free | prio(2) | flags (7) |  object size (16) |
 //! ```
 //!
 //! Slot states (the flags of a locked slot):
@@ -17,6 +17,11 @@
 //! | same-filled | the word | 0 | SAME |
 //! | compressed | pool handle | compressed length | (IDLE, INCOMPRESSIBLE) |
 //! | huge | pool handle | page size | HUGE |
+//! | written back | place on the backing store | stored length | WB (HUGE if stored whole) |
+//!
+//! `ac_time` is the second (since the device was made) the page was last written or read,
+//! the kernel's `ac_time` with `CONFIG_ZRAM_TRACK_ENTRY_ACTIME`, kept in the flags word so a
+//! slot stays 16 bytes.
 //!
 //! The lock bit is taken with a compare-and-swap and released with a store; holders keep it
 //! for a few loads and stores, or one object copy out of the pool, never across compression.
@@ -50,6 +55,8 @@ pub enum SlotFlag {
 
 const PRIO_SHIFT: u32 = SIZE_BITS + 7;
 const PRIO_MASK: u64 = 0b11 << PRIO_SHIFT;
+const AC_TIME_SHIFT: u32 = 31;
+const AC_TIME_MASK: u64 = (u32::MAX as u64) << AC_TIME_SHIFT;
 const LOCK: u64 = 1 << 63;
 
 /// One slot.
@@ -92,9 +99,16 @@ impl Entry {
     pub fn set_priority(&mut self, prio: u32) {
         self.flags = (self.flags & !PRIO_MASK) | ((prio as u64) << PRIO_SHIFT & PRIO_MASK);
     }
-    /// Holds data: a pool object or a same-filled word.
+    /// Holds data: a pool object, a same-filled word, or a place on the backing store.
     pub fn is_allocated(&self) -> bool {
-        self.handle != 0 || self.has(SlotFlag::Same)
+        self.handle != 0 || self.has(SlotFlag::Same) || self.has(SlotFlag::Wb)
+    }
+    /// The second the page was last written or read.
+    pub fn ac_time(&self) -> u32 {
+        ((self.flags & AC_TIME_MASK) >> AC_TIME_SHIFT) as u32
+    }
+    pub fn set_ac_time(&mut self, secs: u32) {
+        self.flags = (self.flags & !AC_TIME_MASK) | (u64::from(secs) << AC_TIME_SHIFT);
     }
 }
 

@@ -35,6 +35,16 @@ counters! {
     FailedWrites,
     /// Slots freed by discard.
     NotifyFree,
+    /// Pages held on the backing store (`bd_count`).
+    BdCount,
+    /// Pages read from the backing store (`bd_reads`).
+    BdReads,
+    /// 4 KiB blocks written to the backing store (`bd_writes`).
+    BdWrites,
+    /// Pages recompressed into a smaller class by a secondary algorithm.
+    Recompressed,
+    /// Pages that no secondary algorithm could shrink, marked incompressible.
+    RecompIncompressible,
     /// Frees that found the slot busy (kept for `debug_stat`; always 0 here, since a free
     /// waits for the slot lock instead of giving up).
     MissFree,

@@ -1,0 +1,564 @@
+//! zram writeback (`CONFIG_ZRAM_WRITEBACK` in `zram_drv.c`): idle, huge, incompressible or
+//! all pages moved from the pool to a backing store, which is any block device of the
+//! groundwork trait (a local file, a remote NBD export; zram never knows which).
+//!
+//! Places on the store come from the swap-slot allocator (`ztier_swap::Device` over the
+//! store): a block per page, or, packed, a 64 KiB segment (an order-4 run of slots) per
+//! batch. The allocator already keeps free space by cluster, hands out aligned runs,
+//! batches frees and discards freed clusters off the allocation path, all of which a bitmap
+//! would have to grow again.
+//!
+//! Three formats:
+//! - [`WbFormat::Page`], the kernel's default: each page decompressed into its own block;
+//! - [`WbFormat::Compressed`], the kernel's `compressed_writeback`: each compressed object in
+//!   its own block (less CPU, the same blocks and bytes);
+//! - [`WbFormat::Packed`], ztier's: compressed objects packed back to back into segments,
+//!   so bytes written and stored fall by the compression ratio. A segment's live bytes are
+//!   counted; the segment goes back to the allocator (and its blocks are discarded) when
+//!   the last object in it dies (an overwrite, a discard, a reset).
+//!
+//! A batch is collected slot by slot (each slot marked `UNDER_WB` and its bytes copied out
+//! under its lock), written with no lock held, then committed slot by slot: a slot still
+//! `UNDER_WB` with the same handle gives its pool object back and now names its place; one
+//! written or discarded meanwhile kept its new content and its bytes in the segment are
+//! dead from the start. A failed write leaves every slot of the batch in memory as it was.
+//!
+//! Reads of a written-back page hold the page's stripe lock across the read from the store,
+//! so the page's place cannot be freed under them; they never take the page back into the
+//! pool (nor does the kernel).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use serde::Serialize;
+use ztier_blockdev::BlockDevice;
+use ztier_swap::{SwapError, SLOT_BYTES};
+
+use crate::slot::{Entry, SlotFlag};
+use crate::stats::{Counter, Counters};
+use crate::{Device, Result, ZramError};
+
+/// Slots of a packed segment (an order-4 allocation: 64 KiB).
+const SEG_ORDER: u32 = 4;
+const SEG_SLOTS: u64 = 1 << SEG_ORDER;
+const SEG_BYTES: usize = (SEG_SLOTS * SLOT_BYTES) as usize;
+/// A place on the store, as a written-back slot's handle: the first slot of its block or
+/// segment, and the byte in it.
+const PLACE_SHIFT: u32 = 16;
+const _: () = assert!(SEG_BYTES <= 1 << PLACE_SHIFT);
+
+/// How written-back pages are laid out on the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WbFormat {
+    Page,
+    Compressed,
+    Packed,
+}
+
+impl std::str::FromStr for WbFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<WbFormat, String> {
+        match s {
+            "page" => Ok(WbFormat::Page),
+            "compressed" => Ok(WbFormat::Compressed),
+            "packed" => Ok(WbFormat::Packed),
+            _ => Err(format!(
+                "{s:?}: the writeback formats are page, compressed and packed"
+            )),
+        }
+    }
+}
+
+/// Which pages a writeback takes (the kernel's `writeback` file's words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WbMode {
+    Idle,
+    Huge,
+    HugeIdle,
+    Incompressible,
+    /// Every page held in the pool.
+    All,
+}
+
+impl std::str::FromStr for WbMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<WbMode, String> {
+        match s {
+            "idle" => Ok(WbMode::Idle),
+            "huge" => Ok(WbMode::Huge),
+            "huge_idle" => Ok(WbMode::HugeIdle),
+            "incompressible" => Ok(WbMode::Incompressible),
+            "all" => Ok(WbMode::All),
+            _ => Err(format!(
+                "{s:?}: writeback takes idle, huge, huge_idle, incompressible or all"
+            )),
+        }
+    }
+}
+
+impl WbMode {
+    fn takes(self, e: &Entry) -> bool {
+        match self {
+            WbMode::Idle => e.has(SlotFlag::Idle),
+            WbMode::Huge => e.has(SlotFlag::Huge),
+            WbMode::HugeIdle => e.has(SlotFlag::Huge) && e.has(SlotFlag::Idle),
+            WbMode::Incompressible => e.has(SlotFlag::Incompressible),
+            WbMode::All => true,
+        }
+    }
+}
+
+/// `bd_stat`, in the kernel's units (4 KiB pages), and ztier's byte counts beside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BdStat {
+    /// Pages held on the store now.
+    pub bd_count: u64,
+    /// Pages read from the store.
+    pub bd_reads: u64,
+    /// 4 KiB blocks written to the store.
+    pub bd_writes: u64,
+    /// Bytes written to the store.
+    pub bytes_written: u64,
+    /// Bytes of live objects on the store (what the held pages take there).
+    pub bytes_stored: u64,
+    /// Bytes of blocks or segments held on the store.
+    pub bytes_held: u64,
+    /// Writebacks that failed (the store refused or vanished); their pages stayed in memory.
+    pub failed_writebacks: u64,
+}
+
+/// What one writeback did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WbResult {
+    pub pages: u64,
+    pub bytes_written: u64,
+}
+
+/// The backing store and its free-space map.
+pub struct Backing {
+    places: ztier_swap::Device,
+    format: WbFormat,
+    /// Live bytes per segment (packed), by first slot / 16.
+    live: Box<[AtomicU32]>,
+    bytes_written: AtomicU64,
+    bytes_stored: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Backing {
+    /// A store on `dev` (its first 4 KiB hold the allocator's header).
+    pub fn new(dev: Arc<dyn BlockDevice>, format: WbFormat) -> Result<Backing> {
+        let places = ztier_swap::Device::new(
+            dev,
+            ztier_swap::Config {
+                discard: true,
+                ..ztier_swap::Config::default()
+            },
+        )
+        .map_err(ZramError::Backing)?;
+        let segments = places.slots().div_ceil(SEG_SLOTS) as usize;
+        Ok(Backing {
+            live: (0..segments).map(|_| AtomicU32::new(0)).collect(),
+            places,
+            format,
+            bytes_written: AtomicU64::new(0),
+            bytes_stored: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        })
+    }
+
+    pub fn format(&self) -> WbFormat {
+        self.format
+    }
+
+    /// Pages the store has room for, at most.
+    pub fn capacity_pages(&self) -> u64 {
+        self.places.usable_slots()
+    }
+
+    fn place(first: u64, at: usize) -> u64 {
+        first << PLACE_SHIFT | at as u64
+    }
+
+    fn unplace(handle: u64) -> (u64, usize) {
+        (
+            handle >> PLACE_SHIFT,
+            (handle & ((1 << PLACE_SHIFT) - 1)) as usize,
+        )
+    }
+
+    /// Gives back the `size` bytes of a dead object at `handle`.
+    fn release(&self, handle: u64, size: usize) {
+        let (first, _) = Backing::unplace(handle);
+        self.bytes_stored.fetch_sub(size as u64, Relaxed);
+        match self.format {
+            WbFormat::Packed => self.release_bytes(first, size),
+            _ => {
+                let _ = self.places.free(first);
+            }
+        }
+    }
+
+    fn release_bytes(&self, first: u64, size: usize) {
+        let seg = &self.live[(first / SEG_SLOTS) as usize];
+        if seg.fetch_sub(size as u32, Relaxed) == size as u32 {
+            let _ = self.places.free_range(first, SEG_SLOTS);
+        }
+    }
+
+    fn read(&self, handle: u64, out: &mut [u8]) -> std::result::Result<(), SwapError> {
+        let (first, at) = Backing::unplace(handle);
+        self.places.read_bytes(first, at, out)
+    }
+
+    pub(crate) fn stat(&self, counters: &Counters) -> BdStat {
+        BdStat {
+            bd_count: counters.get(Counter::BdCount),
+            bd_reads: counters.get(Counter::BdReads),
+            bd_writes: counters.get(Counter::BdWrites),
+            bytes_written: self.bytes_written.load(Relaxed),
+            bytes_stored: self.bytes_stored.load(Relaxed),
+            bytes_held: self.places.in_use() * SLOT_BYTES,
+            failed_writebacks: self.failed.load(Relaxed),
+        }
+    }
+}
+
+/// A page copied out for a writeback, not yet committed.
+struct Pending {
+    index: u64,
+    handle: u64,
+    size: usize,
+    /// Where its bytes start in the batch's buffer.
+    at: usize,
+}
+
+impl Device {
+    /// Sets the backing store (`backing_dev`). Refused while pages are written back to the
+    /// current one.
+    pub fn set_backing(&self, store: Option<Backing>) -> Result<()> {
+        let mut b = self.backing.write();
+        if b.is_some() && self.counters().get(Counter::BdCount) > 0 {
+            return Err(ZramError::Busy(
+                "pages are written back to the current backing store".into(),
+            ));
+        }
+        *b = store.map(Arc::new);
+        Ok(())
+    }
+
+    /// The backing store, if set.
+    pub fn backing(&self) -> Option<Arc<Backing>> {
+        self.backing.read().clone()
+    }
+
+    /// `writeback_limit_enable` and `writeback_limit` (in 4 KiB blocks): each block written
+    /// to the store takes one; at 0, writeback stops.
+    pub fn set_writeback_limit(&self, limit: Option<u64>) {
+        self.wb_limit.store(limit.unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Blocks the writeback limit has left (`None`: no limit).
+    pub fn writeback_limit(&self) -> Option<u64> {
+        let l = self.wb_limit.load(Relaxed);
+        (l != u64::MAX).then_some(l)
+    }
+
+    /// Takes `blocks` from the limit; false (taking nothing) if it has fewer.
+    fn take_limit(&self, blocks: u64) -> bool {
+        self.wb_limit
+            .fetch_update(Relaxed, Relaxed, |l| {
+                if l == u64::MAX {
+                    Some(l)
+                } else {
+                    l.checked_sub(blocks)
+                }
+            })
+            .is_ok()
+    }
+
+    /// `bd_stat`, if a backing store is set.
+    pub fn bd_stat(&self) -> Option<BdStat> {
+        self.backing().map(|b| b.stat(&self.counters()))
+    }
+
+    /// `echo MODE > writeback`: writes matching pages of `range` (default all) to the backing
+    /// store, at most `max_pages` of them.
+    pub fn writeback(
+        &self,
+        mode: WbMode,
+        range: Option<std::ops::Range<u64>>,
+        max_pages: Option<u64>,
+    ) -> Result<WbResult> {
+        let store = self.backing().ok_or(ZramError::NoBacking)?;
+        let range = range.unwrap_or(0..self.pages());
+        if range.end > self.pages() {
+            return Err(ZramError::BadIndex {
+                index: range.end.saturating_sub(1),
+                pages: self.pages(),
+            });
+        }
+        let mut done = WbResult::default();
+        let mut batch: Vec<Pending> = Vec::new();
+        let mut buf = vec![0u8; SEG_BYTES];
+        let mut page = vec![0u8; self.page_size];
+        let batch_bytes = SEG_BYTES;
+        let mut used = 0;
+        let mut index = range.start;
+        let r = loop {
+            let full = index >= range.end
+                || max_pages.is_some_and(|m| done.pages + batch.len() as u64 >= m);
+            if full {
+                break self.write_batch(&store, &mut batch, &buf[..used], &mut done);
+            }
+            let Some(mut p) = self.collect(index, mode, &store, &mut page)? else {
+                index += 1;
+                continue;
+            };
+            let blocks = (used + p.size).div_ceil(SLOT_BYTES as usize) as u64;
+            if self.writeback_limit().is_some_and(|left| blocks > left) {
+                // The limit has no room for this page: write what fits, then stop.
+                self.uncollect(&p);
+                break self
+                    .write_batch(&store, &mut batch, &buf[..used], &mut done)
+                    .and(Err(ZramError::WritebackLimit));
+            }
+            let room = match store.format {
+                WbFormat::Packed => used + p.size <= batch_bytes,
+                _ => batch.is_empty(),
+            };
+            if !room {
+                // This one starts the next batch: put it back as it was, write the batch.
+                self.uncollect(&p);
+                if let Err(e) = self.write_batch(&store, &mut batch, &buf[..used], &mut done) {
+                    break Err(e);
+                }
+                used = 0;
+                continue;
+            }
+            let bytes = match store.format {
+                WbFormat::Page => &page[..],
+                _ => &page[..p.size],
+            };
+            buf[used..used + bytes.len()].copy_from_slice(bytes);
+            p.at = used;
+            p.size = bytes.len();
+            used += bytes.len();
+            batch.push(p);
+            index += 1;
+        };
+        r.map(|()| done)
+    }
+
+    /// Marks slot `index` `UNDER_WB` and copies its bytes into `page` (the object, or the
+    /// whole page decompressed for [`WbFormat::Page`]), if writeback of `mode` takes it.
+    fn collect(
+        &self,
+        index: u64,
+        mode: WbMode,
+        store: &Backing,
+        page: &mut [u8],
+    ) -> Result<Option<Pending>> {
+        let slot = self.slot(index)?;
+        let mut shard = self.shard();
+        let mut g = slot.lock();
+        let e = g.entry;
+        if e.handle == 0
+            || e.has(SlotFlag::Same)
+            || e.has(SlotFlag::Wb)
+            || e.has(SlotFlag::UnderWb)
+            || !mode.takes(&e)
+        {
+            return Ok(None);
+        }
+        let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");
+        let size = e.size();
+        if store.format == WbFormat::Page && !e.has(SlotFlag::Huge) {
+            let s = self.stream_for(&mut shard, e.priority());
+            let comp = &mut s.comp;
+            let mut decoded = Ok(0);
+            self.pool.read_with(handle, &mut s.buf, &mut |object| {
+                decoded = comp.decompress(object, page);
+            })?;
+            match decoded {
+                Ok(n) if n == self.page_size => {}
+                Ok(got) => {
+                    return Err(ZramError::ShortPage {
+                        index,
+                        got,
+                        page_size: self.page_size,
+                    })
+                }
+                Err(source) => return Err(ZramError::Compress { index, source }),
+            }
+        } else {
+            self.pool.read(handle, &mut page[..size])?;
+        }
+        g.entry.set(SlotFlag::UnderWb, true);
+        Ok(Some(Pending {
+            index,
+            handle: e.handle,
+            size,
+            at: 0,
+        }))
+    }
+
+    /// Clears `UNDER_WB` of a page collected but not written.
+    fn uncollect(&self, p: &Pending) {
+        if let Ok(slot) = self.slot(p.index) {
+            let mut g = slot.lock();
+            if g.entry.handle == p.handle {
+                g.entry.set(SlotFlag::UnderWb, false);
+            }
+        }
+    }
+
+    /// Writes a batch's bytes to a new place and commits its pages; on failure, every page
+    /// of the batch stays in memory and the place is given back.
+    fn write_batch(
+        &self,
+        store: &Backing,
+        batch: &mut Vec<Pending>,
+        bytes: &[u8],
+        done: &mut WbResult,
+    ) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let blocks = bytes.len().div_ceil(SLOT_BYTES as usize) as u64;
+        let order = if store.format == WbFormat::Packed {
+            SEG_ORDER
+        } else {
+            0
+        };
+        let placed = if !self.take_limit(blocks) {
+            Err(ZramError::WritebackLimit)
+        } else {
+            store
+                .places
+                .alloc(order)
+                .map_err(ZramError::Backing)
+                .and_then(|first| {
+                    // Whole blocks go to the store: the tail of the last one is zeros.
+                    let len = (blocks * SLOT_BYTES) as usize;
+                    let r = if len == bytes.len() {
+                        store.places.write_slots(first, bytes)
+                    } else {
+                        let mut padded = bytes.to_vec();
+                        padded.resize(len, 0);
+                        store.places.write_slots(first, &padded)
+                    };
+                    match r {
+                        Ok(()) => Ok(first),
+                        Err(e) => {
+                            let _ = store.places.free_range(first, 1 << order);
+                            Err(ZramError::Backing(e))
+                        }
+                    }
+                })
+        };
+        let first = match placed {
+            Ok(first) => first,
+            Err(e) => {
+                if !matches!(e, ZramError::WritebackLimit) {
+                    store.failed.fetch_add(1, Relaxed);
+                }
+                for p in batch.drain(..) {
+                    self.uncollect(&p);
+                }
+                return Err(e);
+            }
+        };
+        store.bytes_written.fetch_add(blocks * SLOT_BYTES, Relaxed);
+        if order > 0 {
+            // Held while the commits count the segment's live bytes in.
+            store.live[(first / SEG_SLOTS) as usize].fetch_add(1, Relaxed);
+        }
+        let mut shard = self.shard();
+        shard.counters.add(Counter::BdWrites, blocks as i64);
+        let mut committed = 0;
+        for p in batch.drain(..) {
+            let slot = self.slot(p.index)?;
+            let mut g = slot.lock();
+            if g.entry.handle != p.handle || !g.entry.has(SlotFlag::UnderWb) {
+                continue; // rewritten or discarded meanwhile: its bytes are dead
+            }
+            let (prio, ac_time, idle) = (
+                g.entry.priority(),
+                g.entry.ac_time(),
+                g.entry.has(SlotFlag::Idle),
+            );
+            let stored = if store.format == WbFormat::Page {
+                self.page_size
+            } else {
+                p.size
+            };
+            self.free_slot(&mut shard.counters, &mut g.entry);
+            let mut e = Entry {
+                handle: Backing::place(first, p.at),
+                flags: 0,
+            };
+            e.set(SlotFlag::Wb, true);
+            e.set(SlotFlag::Huge, stored == self.page_size);
+            e.set(SlotFlag::Idle, idle);
+            e.set_size(stored);
+            e.set_priority(if stored == self.page_size { 0 } else { prio });
+            e.set_ac_time(ac_time);
+            g.entry = e;
+            shard.counters.add(Counter::PagesStored, 1);
+            shard.counters.add(Counter::BdCount, 1);
+            store.bytes_stored.fetch_add(stored as u64, Relaxed);
+            if order > 0 {
+                store.live[(first / SEG_SLOTS) as usize].fetch_add(stored as u32, Relaxed);
+            }
+            committed += 1;
+        }
+        drop(shard);
+        if order > 0 {
+            store.release_bytes(first, 1);
+        } else if committed == 0 {
+            let _ = store.places.free(first);
+        }
+        done.pages += committed;
+        done.bytes_written += blocks * SLOT_BYTES;
+        Ok(())
+    }
+
+    /// Reads a written-back page into `out`; the caller holds the page's stripe lock.
+    pub(crate) fn read_written_back(&self, index: u64, e: Entry, out: &mut [u8]) -> Result<()> {
+        let store = self.backing().ok_or(ZramError::NoBacking)?;
+        let size = e.size();
+        let mut shard = self.shard();
+        if size == self.page_size {
+            store.read(e.handle, out).map_err(ZramError::Backing)?;
+        } else {
+            let s = self.stream_for(&mut shard, e.priority());
+            let mut object = std::mem::take(&mut s.buf);
+            let r = store.read(e.handle, &mut object[..size]);
+            let decoded = r.map(|()| s.comp.decompress(&object[..size], out));
+            s.buf = object;
+            match decoded.map_err(ZramError::Backing)? {
+                Ok(n) if n == self.page_size => {}
+                Ok(got) => {
+                    return Err(ZramError::ShortPage {
+                        index,
+                        got,
+                        page_size: self.page_size,
+                    })
+                }
+                Err(source) => return Err(ZramError::Compress { index, source }),
+            }
+        }
+        shard.counters.add(Counter::BdReads, 1);
+        Ok(())
+    }
+
+    /// Gives back the place of a written-back slot being freed (under its lock).
+    pub(crate) fn release_written_back(&self, counters: &mut Counters, e: &Entry) {
+        if let Some(store) = self.backing.read().as_ref() {
+            store.release(e.handle, e.size());
+        }
+        counters.add(Counter::BdCount, -1);
+    }
+}

@@ -1,0 +1,372 @@
+//! zram writeback, idle tracking and recompression: pages written back (in every format)
+//! and recompressed read back identical; idle marking and aging; the writeback limit;
+//! overwrite and discard free places on the store, down to whole segments; a failing store
+//! loses nothing; threads reading and writing while writeback and recompression run.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ztier_blockdev::file::FileDevice;
+use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::{BlockDevice, BlockError};
+use ztier_compress::Algorithm;
+use ztier_pool::{ZsConfig, ZsPool};
+use ztier_zram::{Backing, Device, RecompMode, SlotFlag, WbFormat, WbMode, ZramError};
+
+const PS: usize = 4096;
+
+fn device(pages: u64, alg: &str) -> Device {
+    let pool = ZsPool::new(ZsConfig::default()).unwrap();
+    Device::new(
+        pages * PS as u64,
+        alg.parse::<Algorithm>().unwrap(),
+        Box::new(pool),
+    )
+    .unwrap()
+}
+
+/// Text-like, compressible, different per seed; every 8th page random, every 16th zero.
+fn page(seed: u64) -> Vec<u8> {
+    if seed.is_multiple_of(16) {
+        return vec![0; PS];
+    }
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(PS);
+    let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta ", b"epsilon "];
+    while out.len() < PS {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if seed % 8 == 7 {
+            out.extend_from_slice(&x.to_le_bytes());
+        } else {
+            out.extend_from_slice(words[(x % 5) as usize]);
+            out.push((x >> 8) as u8);
+        }
+    }
+    out.truncate(PS);
+    out
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ztier-zram-wb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn file_store(name: &str, bytes: u64, format: WbFormat) -> Backing {
+    let file = FileDevice::open(&temp(name), bytes).unwrap();
+    Backing::new(Arc::new(file), format).unwrap()
+}
+
+fn fill(dev: &Device, n: u64) {
+    for i in 0..n {
+        dev.write_page(i, &page(i)).unwrap();
+    }
+}
+
+fn verify(dev: &Device, n: u64, changed: impl Fn(u64) -> Option<Vec<u8>>) {
+    let mut out = vec![0u8; PS];
+    for i in 0..n {
+        dev.read_page(i, &mut out).unwrap();
+        let want = changed(i).unwrap_or_else(|| page(i));
+        assert!(out == want, "page {i}");
+    }
+}
+
+#[test]
+fn idle_marking_and_aging() {
+    let dev = device(64, "lz4");
+    fill(&dev, 64);
+    // Zero pages are same-filled: never marked.
+    assert_eq!(dev.mark_idle(None), 60);
+    let mut out = vec![0u8; PS];
+    dev.read_page(1, &mut out).unwrap();
+    assert!(
+        !dev.entry(1).unwrap().has(SlotFlag::Idle),
+        "a read clears the mark"
+    );
+    assert!(dev.entry(2).unwrap().has(SlotFlag::Idle));
+    dev.write_page(2, &page(2)).unwrap();
+    assert!(
+        !dev.entry(2).unwrap().has(SlotFlag::Idle),
+        "a write clears it"
+    );
+    // Nothing is an hour old.
+    let dev = device(64, "lz4");
+    fill(&dev, 64);
+    assert_eq!(dev.mark_idle(Some(Duration::from_secs(3600))), 0);
+    // Pages untouched for a second are, those read since are not.
+    std::thread::sleep(Duration::from_millis(2100));
+    for i in 32..64 {
+        dev.read_page(i, &mut out).unwrap();
+    }
+    assert_eq!(dev.mark_idle(Some(Duration::from_secs(1))), 30);
+    assert!(dev.entry(5).unwrap().has(SlotFlag::Idle));
+    assert!(!dev.entry(40).unwrap().has(SlotFlag::Idle));
+}
+
+#[test]
+fn written_back_pages_read_back_in_every_format() {
+    for format in [WbFormat::Page, WbFormat::Compressed, WbFormat::Packed] {
+        let n = 1000;
+        let dev = device(n, "lzo-rle");
+        fill(&dev, n);
+        let before = dev.mm_stat();
+        assert!(matches!(
+            dev.writeback(WbMode::Idle, None, None),
+            Err(ZramError::NoBacking)
+        ));
+        dev.set_backing(Some(file_store(&format!("{format:?}"), 16 << 20, format)))
+            .unwrap();
+        assert_eq!(
+            dev.writeback(WbMode::Idle, None, None).unwrap().pages,
+            0,
+            "nothing idle"
+        );
+        dev.mark_idle(None);
+        let r = dev.writeback(WbMode::Idle, None, None).unwrap();
+        let stored = (0..n).filter(|i| i % 16 != 0).count() as u64;
+        assert_eq!(r.pages, stored, "{format:?}");
+        let after = dev.mm_stat();
+        let bd = dev.bd_stat().unwrap();
+        assert_eq!(bd.bd_count, stored);
+        assert_eq!(after.orig_data_size, before.orig_data_size, "still stored");
+        assert_eq!(
+            (after.compr_data_size, after.huge_pages),
+            (0, 0),
+            "{format:?}"
+        );
+        match format {
+            WbFormat::Packed => {
+                // Packed: bytes written within 1.1x of the compressed bytes.
+                assert!(
+                    (bd.bytes_written as f64) <= before.compr_data_size as f64 * 1.1,
+                    "{bd:?} vs {before:?}"
+                );
+            }
+            _ => assert_eq!(bd.bytes_written, stored * PS as u64),
+        }
+        assert!(dev.entry(3).unwrap().has(SlotFlag::Wb));
+        verify(&dev, n, |_| None);
+        assert_eq!(dev.bd_stat().unwrap().bd_reads, stored);
+        // Overwrite half, discard a quarter: their places on the store are given back.
+        for i in (0..n).step_by(2) {
+            dev.write_page(i, &page(i + 10_000)).unwrap();
+        }
+        dev.discard(PS as u64, (n / 4) * PS as u64).unwrap();
+        let changed = |i: u64| {
+            if (1..=n / 4).contains(&i) {
+                Some(vec![0u8; PS])
+            } else if i.is_multiple_of(2) {
+                Some(page(i + 10_000))
+            } else {
+                None
+            }
+        };
+        verify(&dev, n, changed);
+        let bd2 = dev.bd_stat().unwrap();
+        assert!(bd2.bd_count < bd.bd_count / 2 + 1, "{bd2:?}");
+        assert!(bd2.bytes_stored < bd.bytes_stored, "{bd2:?}");
+        // Everything gone: every block or segment goes back.
+        dev.discard(0, n * PS as u64).unwrap();
+        let bd3 = dev.bd_stat().unwrap();
+        assert_eq!(
+            (bd3.bd_count, bd3.bytes_stored, bd3.bytes_held),
+            (0, 0, 0),
+            "{format:?}"
+        );
+        dev.reset();
+    }
+}
+
+#[test]
+fn writeback_modes_and_the_limit() {
+    let n = 256;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    dev.set_backing(Some(file_store("modes", 8 << 20, WbFormat::Packed)))
+        .unwrap();
+    // Huge pages (every 8th, random) alone.
+    let r = dev.writeback(WbMode::Huge, None, None).unwrap();
+    assert_eq!(r.pages, n / 8);
+    assert_eq!(dev.mm_stat().huge_pages, 0);
+    // At most 5 pages, then a limit of 2 blocks.
+    assert_eq!(
+        dev.writeback(WbMode::All, Some(0..n), Some(5))
+            .unwrap()
+            .pages,
+        5
+    );
+    dev.set_writeback_limit(Some(2));
+    let err = dev.writeback(WbMode::All, None, None).unwrap_err();
+    assert!(matches!(err, ZramError::WritebackLimit), "{err}");
+    assert_eq!(dev.writeback_limit(), Some(0));
+    dev.set_writeback_limit(None);
+    dev.writeback(WbMode::All, None, None).unwrap();
+    assert_eq!(dev.mm_stat().compr_data_size, 0);
+    verify(&dev, n, |_| None);
+    // A page range past the disk is refused.
+    assert!(dev.writeback(WbMode::All, Some(0..n + 1), None).is_err());
+}
+
+/// A store that fails writes while `failing` is set.
+struct FlakyStore {
+    disk: MemoryDevice,
+    failing: AtomicBool,
+}
+
+impl BlockDevice for FlakyStore {
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.disk.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        self.disk.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
+        if self.failing.load(Relaxed) {
+            return Err(BlockError::Io(std::io::Error::other("the store vanished")));
+        }
+        self.disk.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.disk.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
+        self.disk.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        self.disk.flush()
+    }
+}
+
+#[test]
+fn a_failing_store_loses_nothing() {
+    let n = 300;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(FlakyStore {
+        disk: MemoryDevice::new(8 << 20).unwrap(),
+        failing: AtomicBool::new(false),
+    });
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(WbMode::All, Some(0..100), None).unwrap();
+    store.failing.store(true, Relaxed);
+    let before = dev.mm_stat();
+    let err = dev.writeback(WbMode::All, None, None).unwrap_err();
+    assert!(err.to_string().contains("vanished"), "{err}");
+    assert_eq!(dev.mm_stat(), before, "nothing moved");
+    assert_eq!(dev.bd_stat().unwrap().failed_writebacks, 1);
+    assert!(!dev.entry(150).unwrap().has(SlotFlag::UnderWb));
+    verify(&dev, n, |_| None);
+    dev.write_page(200, &page(7)).unwrap();
+    store.failing.store(false, Relaxed);
+    dev.writeback(WbMode::All, None, None).unwrap();
+    verify(&dev, n, |i| (i == 200).then(|| page(7)));
+}
+
+#[test]
+fn recompression_keeps_smaller_classes_and_marks_incompressible() {
+    let n = 512;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    assert!(
+        dev.recompress(RecompMode::All, None, None).is_err(),
+        "no algorithm set"
+    );
+    dev.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
+        .unwrap();
+    let before = dev.mm_stat();
+    let r = dev.recompress(RecompMode::All, None, None).unwrap();
+    assert!(r.recompressed > n / 2, "{r:?}");
+    assert!(r.bytes_after < r.bytes_before);
+    // The random pages: huge, and zstd cannot shrink them either.
+    assert_eq!(r.incompressible, n / 8, "{r:?}");
+    let after = dev.mm_stat();
+    assert!(
+        after.compr_data_size < before.compr_data_size,
+        "{after} vs {before}"
+    );
+    assert!(dev.entry(7).unwrap().has(SlotFlag::Incompressible));
+    assert_eq!(dev.entry(1).unwrap().priority(), 1);
+    verify(&dev, n, |_| None);
+    // Nothing left to try: recompressed pages are at the top priority, the rest marked.
+    let again = dev.recompress(RecompMode::All, None, None).unwrap();
+    assert_eq!((again.scanned, again.recompressed), (0, 0));
+    // Changing the algorithm while pages use it is refused; writeback of recompressed
+    // pages keeps their priority and reads back.
+    assert!(dev
+        .set_recomp_algorithms(vec!["deflate".parse().unwrap()])
+        .is_err());
+    dev.set_backing(Some(file_store("recomp", 8 << 20, WbFormat::Packed)))
+        .unwrap();
+    dev.writeback(WbMode::All, None, None).unwrap();
+    verify(&dev, n, |_| None);
+    // A threshold leaves small objects alone.
+    let dev = device(64, "lz4");
+    fill(&dev, 64);
+    dev.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
+        .unwrap();
+    let r = dev.recompress(RecompMode::All, Some(4000), None).unwrap();
+    assert_eq!(r.recompressed, 0, "{r:?}");
+}
+
+#[test]
+fn io_goes_on_while_writeback_and_recompression_run() {
+    let n = 2048u64;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    dev.set_recomp_algorithms(vec!["zstd:level=1".parse().unwrap()])
+        .unwrap();
+    dev.set_backing(Some(file_store("threads", 32 << 20, WbFormat::Packed)))
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Relaxed) {
+                dev.mark_idle(None);
+                dev.recompress(RecompMode::Idle, None, None).unwrap();
+                dev.writeback(WbMode::Idle, None, Some(256)).unwrap();
+            }
+        });
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let dev = &dev;
+                s.spawn(move || {
+                    let mut out = vec![0u8; PS];
+                    // Thread t owns pages of its parity; generation g of page i is
+                    // page(i + g * n).
+                    let mut gen = vec![0u64; n as usize];
+                    for round in 0..6000u64 {
+                        let i = ((round * 7919 + t * 13) % (n / 2)) * 2 + t;
+                        if round % 3 == 0 {
+                            gen[i as usize] += 1;
+                            dev.write_page(i, &page(i + gen[i as usize] * n)).unwrap();
+                        } else {
+                            dev.read_page(i, &mut out).unwrap();
+                            assert!(out == page(i + gen[i as usize] * n), "page {i}");
+                        }
+                    }
+                    gen
+                })
+            })
+            .collect();
+        let gens: Vec<Vec<u64>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        stop.store(true, Relaxed);
+        let mut out = vec![0u8; PS];
+        for i in 0..n {
+            let g = gens[(i % 2) as usize][i as usize];
+            dev.read_page(i, &mut out).unwrap();
+            assert!(out == page(i + g * n), "page {i} at the end");
+        }
+    });
+    assert!(dev.bd_stat().unwrap().bd_count > 0);
+}
