@@ -14,10 +14,13 @@
 #   - shellcheck: the lint CI runs on every shell script
 #   - libnbd-bin, python3-libnbd, qemu-utils, fio, fuse3: the NBD clients (nbdcopy,
 #     nbdinfo, nbdsh, nbdfuse, qemu-img, fio's nbd engine) the tests of `ztier serve` drive
-#   - nbdkit: the reference server scripts/nbd-bench.sh measures against
+#   - nbdkit: the reference server scripts/nbd-bench.sh measures against, and the remote
+#     store zram's writeback tests write to
+#   - iproute2: `ip netns` and `tc netem`, for the far-memory test (two namespaces, a veth
+#     pair, a delay)
 set -euo pipefail
 
-PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit)
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2)
 
 # The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
 # removed but left its configuration files behind.

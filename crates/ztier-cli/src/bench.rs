@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ztier_compress::Algorithm;
 use ztier_corpus::Corpus;
-use ztier_replay::zram::{ZramReplay, ZramRun};
+use ztier_replay::zram::{WritebackTarget, ZramReplay, ZramRun};
 use ztier_replay::zswap::{ZswapReplay, ZswapRun};
 use ztier_zram::MmStat;
 
@@ -55,6 +55,23 @@ pub struct BenchArgs {
     /// zblock's `blocks`).
     #[arg(long)]
     pub stats: bool,
+    /// After the replay, recompress every page with this secondary algorithm (kept only where
+    /// it lands in a smaller size class), and report mm_stat after it.
+    #[arg(long, value_name = "ALG")]
+    pub recompress: Option<Algorithm>,
+    /// Then mark every page idle and write it back to this file (made sparse; removed after
+    /// the run if the bench made it), and read every page back.
+    #[arg(long, value_name = "PATH", conflicts_with = "writeback_nbd")]
+    pub writeback_file: Option<PathBuf>,
+    /// As --writeback-file, to an NBD export (nbd://HOST[:PORT]/NAME or
+    /// nbd+unix:///NAME?socket=PATH).
+    #[arg(long, value_name = "URI")]
+    pub writeback_nbd: Option<ztier_nbd::Uri>,
+    /// How written-back pages are laid out: packed (compressed objects back to back),
+    /// compressed (one per block, the kernel's compressed_writeback) or page (decompressed,
+    /// the kernel's default).
+    #[arg(long, default_value = "packed")]
+    pub writeback_format: ztier_zram::WbFormat,
     /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
     /// quarter of this machine's memory (the bench holds the pages, their compressed copies
     /// and the device).
@@ -87,10 +104,28 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.front == Front::Zswap {
         return run_zswap(args, &paths, layout);
     }
+    let made_file = args
+        .writeback_file
+        .as_ref()
+        .filter(|p| !p.exists())
+        .cloned();
+    let result = run_zram(args, &paths, layout);
+    if let Some(p) = made_file {
+        let _ = std::fs::remove_file(p);
+    }
+    result
+}
+
+fn run_zram(
+    args: &BenchArgs,
+    paths: &[PathBuf],
+    layout: ztier_pool::ZsConfig,
+) -> anyhow::Result<()> {
     let mut runs = Vec::new();
-    for path in &paths {
+    for path in paths {
         let corpus = load(args, path)?;
         let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
+        let writeback = writeback_target(args, corpus.pages() as u64)?;
         for &allocator in args.allocator.kinds() {
             for algorithm in &args.compressors {
                 for &threads in &args.threads {
@@ -102,6 +137,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                         discard_odd: args.discard_odd,
                         allocator_stats: args.stats,
                         progress: !args.json,
+                        recompress: args.recompress.clone(),
+                        writeback: writeback.clone(),
                     };
                     let run = replay.run(&corpus, truth.as_ref())?;
                     if args.json {
@@ -131,6 +168,35 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The store `--writeback-file` or `--writeback-nbd` names, for a corpus of `pages` pages.
+fn writeback_target(args: &BenchArgs, pages: u64) -> anyhow::Result<Option<WritebackTarget>> {
+    let store: std::sync::Arc<dyn ztier_blockdev::BlockDevice> =
+        if let Some(path) = &args.writeback_file {
+            // Room for every page in its own block, the allocator's header, and a cluster spare.
+            let bytes = ((pages + 1).div_ceil(512) + 1) * 512 * ztier_swap::SLOT_BYTES;
+            let dev = ztier_blockdev::file::FileDevice::open(path, bytes)
+                .with_context(|| format!("opening the writeback file {}", path.display()))?;
+            std::sync::Arc::new(dev)
+        } else if let Some(uri) = &args.writeback_nbd {
+            std::sync::Arc::new(
+                ztier_nbd::Client::connect(uri)
+                    .with_context(|| format!("connecting to the writeback export {uri}"))?,
+            )
+        } else {
+            return Ok(None);
+        };
+    let name = match (&args.writeback_file, &args.writeback_nbd) {
+        (Some(p), _) => format!("file:{}", p.display()),
+        (_, Some(u)) => u.to_string(),
+        _ => unreachable!("one of them is set"),
+    };
+    Ok(Some(WritebackTarget {
+        store,
+        format: args.writeback_format,
+        name,
+    }))
+}
+
 fn load(args: &BenchArgs, path: &Path) -> anyhow::Result<Corpus> {
     let max = args
         .max_corpus
@@ -144,8 +210,16 @@ fn run_zswap(
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
-    if args.discard_odd || args.stats {
-        bail!("--discard-odd and --stats are zram's; zswap's replay has neither");
+    if args.discard_odd
+        || args.stats
+        || args.recompress.is_some()
+        || args.writeback_file.is_some()
+        || args.writeback_nbd.is_some()
+    {
+        bail!(
+            "--discard-odd, --stats, --recompress and --writeback-* are zram's; zswap's replay \
+             has none of them"
+        );
     }
     let mut different = Vec::new();
     for path in paths {
@@ -309,6 +383,41 @@ fn print_run(r: &ZramRun) {
         for line in table.to_string().lines() {
             println!("    {line}");
         }
+    }
+    if let Some(rc) = &r.recompress {
+        let before = r.mm_stat_after_compact.compr_data_size;
+        let after = rc.mm_stat_after_recompress.compr_data_size;
+        println!(
+            "  recompressed with {}: {} pages into smaller classes, {} incompressible, in {:.2} s; \
+             compr_data_size {} -> {}, mem_used_total {} -> {} (every page verified)",
+            rc.algorithm,
+            rc.recompressed_pages,
+            rc.incompressible_pages,
+            rc.seconds,
+            mib(before),
+            mib(after),
+            mib(r.mm_stat_after_compact.mem_used_total),
+            mib(rc.mm_stat_after_recompress.mem_used_total)
+        );
+    }
+    if let Some(wb) = &r.writeback {
+        println!(
+            "  written back to {} ({:?}): {} pages, {} written ({:.0} bytes a page), {:.1} MB/s of pages",
+            wb.store,
+            wb.format,
+            wb.pages_written_back,
+            mib(wb.writeback_bytes),
+            wb.writeback_bytes_per_page,
+            wb.writeback_mb_s
+        );
+        println!(
+            "    mm_stat after writeback {}; bd_stat {} {} {}; read back {:.1} MB/s, every page verified",
+            wb.mm_stat_after_writeback,
+            wb.bd_stat.bd_count,
+            wb.bd_stat.bd_reads,
+            wb.bd_stat.bd_writes,
+            wb.readback_mb_s
+        );
     }
     if let Some(k) = &r.kernel {
         println!("  the kernel's zram ({}) on the same pages:", k.release);

@@ -7,9 +7,10 @@
 //! at a time with simple replies: a writeback batch is one large request, so one in flight
 //! costs little, and the protocol state stays trivially in step. Requests larger than the
 //! server's maximum payload are split. A socket error or a timeout marks the connection
-//! broken: that request fails with the error, and the next one connects again (once), so a
-//! restarted server is picked up and a dead one gives a clear error every time, never a
-//! hang.
+//! broken: that request and every later one fail with a clear error, never a hang, until the
+//! owner calls [`Client::reconnect`]. Reconnecting is never silent, because NBD cannot tell
+//! a server that came back from a new one: a restarted `memory` export would read back
+//! zeros where the pages were.
 //!
 //! The server's minimum block is obeyed, as the spec asks of a client that asked for block
 //! sizes: an unaligned read reads the blocks around it, an unaligned write reads, modifies
@@ -355,6 +356,36 @@ impl Client {
         ))
     }
 
+    /// Dials the export again after a lost connection (a no-op while connected). The export
+    /// must have the size it had; whether it still holds what was written is the caller's
+    /// to know.
+    pub fn reconnect(&self) -> Result<()> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_some() {
+            return Ok(());
+        }
+        let (conn, info) = Client::dial(&self.uri)?;
+        if info.size != self.info.size {
+            return Err(BlockError::Io(io_err(
+                &format!("reconnecting to {}", self.uri),
+                format!(
+                    "the export is {} bytes now, {} before",
+                    info.size, self.info.size
+                ),
+            )));
+        }
+        *guard = Some(conn);
+        Ok(())
+    }
+
+    /// Whether the connection is up (false after a lost one, until [`Client::reconnect`]).
+    pub fn is_connected(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     pub fn uri(&self) -> &Uri {
         &self.uri
     }
@@ -374,20 +405,12 @@ impl Client {
         read: Option<&mut [u8]>,
     ) -> Result<()> {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            let (conn, info) = Client::dial(&self.uri)?;
-            if info.size != self.info.size {
-                return Err(BlockError::Io(io_err(
-                    &format!("reconnecting to {}", self.uri),
-                    format!(
-                        "the export is {} bytes now, {} before",
-                        info.size, self.info.size
-                    ),
-                )));
-            }
-            *guard = Some(conn);
-        }
-        let conn = guard.as_mut().expect("connected above");
+        let Some(conn) = guard.as_mut() else {
+            return Err(BlockError::Io(io_err(
+                &format!("{}", self.uri),
+                "the connection was lost (reconnect to go on; what the export held may be gone)",
+            )));
+        };
         let cookie = conn.next_cookie;
         conn.next_cookie += 1;
         let r = Client::exchange(conn, kind, flags, offset, length, cookie, write, read);
@@ -398,7 +421,8 @@ impl Client {
                 &format!("{} of {length} bytes at {offset}", command_name(kind)),
             )),
             Err(e) => {
-                // The stream is out of step or gone: drop it; the next request dials again.
+                // The stream is out of step or gone: drop it; later requests fail until the
+                // owner reconnects.
                 *guard = None;
                 Err(BlockError::Io(io_err(&format!("{}", self.uri), e)))
             }

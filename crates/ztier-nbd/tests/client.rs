@@ -107,7 +107,7 @@ fn a_read_only_export_refuses_writes() {
 }
 
 #[test]
-fn a_vanished_server_is_an_error_and_a_returning_one_is_used_again() {
+fn a_vanished_server_is_an_error_until_the_owner_reconnects() {
     let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
     let mut s = serve("gone", dev.clone(), config("x"));
     let client = Client::connect(&s.uri("x")).unwrap();
@@ -120,8 +120,14 @@ fn a_vanished_server_is_an_error_and_a_returning_one_is_used_again() {
         client.read_at(0, &mut [0u8; 4096]).is_err(),
         "no server, no read"
     );
-    // The same device served again at the same place: the client dials again.
+    assert!(!client.is_connected());
+    assert!(client.reconnect().is_err(), "nobody to dial");
+    // The same device served again at the same place: nothing happens by itself...
     let _back = serve("gone", dev, config("x"));
+    let err = client.read_at(0, &mut [0u8; 4096]).unwrap_err();
+    assert!(err.to_string().contains("reconnect"), "{err}");
+    // ...until the owner reconnects.
+    client.reconnect().unwrap();
     let mut page = [0u8; 4096];
     client.read_at(0, &mut page).unwrap();
     assert_eq!(page, [5u8; 4096]);

@@ -13,10 +13,14 @@
 use std::cell::RefCell;
 
 use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
 use ztier_compress::{worst_case_len, Algorithm};
 use ztier_corpus::{Corpus, Truth};
 use ztier_pool::{AllocatorKind, PoolStats, ZsConfig};
-use ztier_zram::{Device, MmStat};
+
+use ztier_blockdev::BlockDevice;
+use ztier_zram::{Backing, BdStat, Device, MmStat, RecompMode, WbFormat, WbMode};
 
 use crate::driver::{
     at, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1, round3, Progress,
@@ -38,6 +42,56 @@ pub struct ZramReplay {
     pub allocator_stats: bool,
     /// Draw progress bars on a terminal.
     pub progress: bool,
+    /// After everything else, recompress every page with this algorithm (kept where it
+    /// lands in a smaller class).
+    pub recompress: Option<Algorithm>,
+    /// Then mark every page idle and write them back to this store.
+    pub writeback: Option<WritebackTarget>,
+}
+
+/// Where `--writeback-*` writes back to.
+#[derive(Clone)]
+pub struct WritebackTarget {
+    pub store: Arc<dyn BlockDevice>,
+    pub format: WbFormat,
+    /// What the store is, for the report (`file:PATH`, `nbd://...`).
+    pub name: String,
+}
+
+impl std::fmt::Debug for WritebackTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({:?})", self.name, self.format)
+    }
+}
+
+/// What recompression did (`--recompress`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RecompressRun {
+    pub algorithm: String,
+    /// After recompression and compaction.
+    pub mm_stat_after_recompress: MmStat,
+    pub recompressed_pages: u64,
+    pub incompressible_pages: u64,
+    pub seconds: f64,
+}
+
+/// What writeback did (`--writeback-file`, `--writeback-nbd`).
+#[derive(Debug, Clone, Serialize)]
+pub struct WritebackRun {
+    pub store: String,
+    pub format: WbFormat,
+    pub pages_written_back: u64,
+    /// After writeback and compaction.
+    pub mm_stat_after_writeback: MmStat,
+    pub bd_stat: BdStat,
+    /// Bytes written to the store.
+    pub writeback_bytes: u64,
+    /// Of them, per page written back.
+    pub writeback_bytes_per_page: f64,
+    /// Pages written back, in MB of pages (4 KiB each) per second.
+    pub writeback_mb_s: f64,
+    /// Every page read back (from memory or the store), verified, in MB of pages per second.
+    pub readback_mb_s: f64,
 }
 
 /// One run's results (what `--json` prints).
@@ -70,6 +124,10 @@ pub struct ZramRun {
     pub allocator_stats: Option<PoolStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelComparison>,
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub recompress: Option<RecompressRun>,
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub writeback: Option<WritebackRun>,
 }
 
 /// The kernel's figures for the same corpus and configuration, and the comparison.
@@ -228,6 +286,67 @@ impl ZramReplay {
 
         let device_mem_used_total = dev.mm_stat().mem_used_total;
         let rss_with = ztier_pool::process_rss_bytes().unwrap_or(0);
+
+        let kept = |i: usize| !(self.discard_odd && i % 2 == 1);
+        let mut recompress = None;
+        if let Some(alg) = &self.recompress {
+            dev.set_recomp_algorithms(vec![alg.clone()])?;
+            let began = Instant::now();
+            let r = dev.recompress(RecompMode::All, None, None)?;
+            let seconds = began.elapsed().as_secs_f64();
+            // Recompression leaves holes where the larger objects were; compaction (which
+            // a user runs after it, as after any change) gives them back.
+            dev.compact();
+            recompress = Some(RecompressRun {
+                algorithm: alg.to_string(),
+                mm_stat_after_recompress: dev.mm_stat(),
+                recompressed_pages: r.recompressed,
+                incompressible_pages: r.incompressible,
+                seconds: round3(seconds),
+            });
+            for (i, page) in pages.iter().enumerate() {
+                if kept(i) {
+                    verify(i, page, &mut scratch)?;
+                }
+            }
+        }
+        let mut writeback = None;
+        if let Some(target) = &self.writeback {
+            let store = Backing::new(target.store.clone(), target.format)?;
+            dev.set_backing(Some(store))?;
+            dev.mark_idle(None);
+            let began = Instant::now();
+            let r = dev.writeback(WbMode::Idle, None, None)?;
+            let wb_s = began.elapsed().as_secs_f64();
+            dev.compact();
+            let mm_stat_after_writeback = dev.mm_stat();
+            let began = Instant::now();
+            for_each_page(
+                &pages,
+                threads,
+                &Progress::new("", 0, false),
+                |i, page, scratch| {
+                    if kept(i) {
+                        verify(i, page, scratch)?;
+                    }
+                    Ok(())
+                },
+            )?;
+            let rb_s = began.elapsed().as_secs_f64();
+            let bd_stat = dev.bd_stat().expect("set above");
+            let kept_bytes = (0..pages.len()).filter(|&i| kept(i)).count() * ps;
+            writeback = Some(WritebackRun {
+                store: target.name.clone(),
+                format: target.format,
+                pages_written_back: r.pages,
+                mm_stat_after_writeback,
+                bd_stat,
+                writeback_bytes: r.bytes_written,
+                writeback_bytes_per_page: round1(r.bytes_written as f64 / r.pages.max(1) as f64),
+                writeback_mb_s: round1(mb_s(r.pages as usize * ps, wb_s)),
+                readback_mb_s: round1(mb_s(kept_bytes, rb_s)),
+            });
+        }
         drop(dev);
         let rss_without = ztier_pool::process_rss_bytes().unwrap_or(0);
 
@@ -255,6 +374,8 @@ impl ZramReplay {
             verified: true,
             allocator_stats,
             kernel: None,
+            recompress,
+            writeback,
         };
         run.kernel = truth.and_then(|t| self.compare(t, &run));
         Ok(run)
