@@ -63,7 +63,7 @@ pub struct BenchArgs {
     /// the run if the bench made it), and read every page back.
     #[arg(long, value_name = "PATH", conflicts_with = "writeback_nbd")]
     pub writeback_file: Option<PathBuf>,
-    /// As --writeback-file, to an NBD export (nbd://HOST[:PORT]/NAME or
+    /// As --writeback-file, to an NBD export (nbd://HOST:PORT/NAME or
     /// nbd+unix:///NAME?socket=PATH).
     #[arg(long, value_name = "URI")]
     pub writeback_nbd: Option<ztier_nbd::Uri>,

@@ -31,6 +31,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Print a running `ztier serve`'s mm_stat, io_stat, server counts and allocator table.
     Stat(serve::StatArgs),
+    /// Read or write a running `ztier serve`'s zram attributes by the kernel's sysfs names
+    /// (mm_stat, bd_stat, idle, writeback, recompress, writeback_limit, ...).
+    Ctl(serve::CtlArgs),
     /// Train a zstd dictionary on memory pages, for `--compressor zstd:dict=PATH`.
     TrainDict(dict::TrainDictArgs),
     /// The swap-slot allocator's lock study: the cluster mode and the legacy mode on the
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Command::Classes(args) => classes::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Stat(args) => serve::stat(&args),
+        Command::Ctl(args) => serve::ctl(&args),
         Command::TrainDict(args) => dict::run(&args),
         Command::SwapAllocBench(args) => swap_alloc::run(&args),
         Command::SwapBench(args) => swap_bench::run(&args),

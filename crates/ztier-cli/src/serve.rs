@@ -15,7 +15,7 @@ use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_nbd::{Listener, Server, ServerConfig};
 use ztier_pool::AllocatorKind;
-use ztier_zram::Device;
+use ztier_zram::{Backing, Device, Policy, PolicyConfig};
 
 use crate::classes::PoolLayoutArgs;
 use crate::size::parse_size;
@@ -59,6 +59,34 @@ pub struct ServeArgs {
     /// No log line per connection.
     #[arg(long)]
     pub quiet: bool,
+    /// The backing store for writeback: a file (made, sparse, if missing) or an NBD export
+    /// (nbd://HOST:PORT/NAME, nbd+unix:///NAME?socket=PATH).
+    #[arg(long, value_name = "PATH|URI")]
+    pub backing_dev: Option<String>,
+    /// The backing file's size when ztier makes it. Default: the disk's size and a little.
+    #[arg(long, value_parser = parse_size)]
+    pub backing_size: Option<u64>,
+    /// How pages are laid out on the backing store: packed, compressed or page.
+    #[arg(long, default_value = "packed")]
+    pub writeback_format: ztier_zram::WbFormat,
+    /// 4 KiB blocks writeback may write (writeback_limit); default none.
+    #[arg(long)]
+    pub writeback_limit: Option<u64>,
+    /// Secondary algorithms for recompression, priority 1 first (recomp_algorithm).
+    #[arg(long = "recompress-algorithm", value_name = "ALG")]
+    pub recompress_algorithms: Vec<Algorithm>,
+    /// Policy: recompress pages not accessed for this long (needs --recompress-algorithm).
+    #[arg(long, value_parser = crate::size::parse_duration)]
+    pub recompress_idle: Option<Duration>,
+    /// Policy: write back pages not accessed for this long (needs --backing-dev).
+    #[arg(long, value_parser = crate::size::parse_duration)]
+    pub writeback_idle: Option<Duration>,
+    /// Policy: keep the pool (mem_used_total) under this, writing back the oldest pages.
+    #[arg(long, value_parser = parse_size)]
+    pub mem_target: Option<u64>,
+    /// How often the policy runs.
+    #[arg(long, value_parser = crate::size::parse_duration, default_value = "10s")]
+    pub policy_interval: Duration,
     /// The control socket `ztier stat` reads the running device's statistics from. Default
     /// with --socket: that path with `.ctl` appended; with --listen: none.
     #[arg(long, value_name = "PATH")]
@@ -73,14 +101,14 @@ pub enum StoreKind {
 
 /// What is served.
 enum Store {
-    Zram(Arc<Device>),
+    Zram(Arc<Device>, Option<Policy>),
     Plain(Arc<MemoryDevice>),
 }
 
 impl Store {
     fn block_device(&self) -> Arc<dyn BlockDevice> {
         match self {
-            Store::Zram(d) => Arc::clone(d) as Arc<dyn BlockDevice>,
+            Store::Zram(d, _) => Arc::clone(d) as Arc<dyn BlockDevice>,
             Store::Plain(d) => Arc::clone(d) as Arc<dyn BlockDevice>,
         }
     }
@@ -100,6 +128,56 @@ pub struct StatArgs {
     pub json: bool,
 }
 
+/// `ztier ctl`: reads or writes a running server's zram attributes, by the kernel's sysfs
+/// names (`ztier ctl --socket S mm_stat`, `ztier ctl --socket S writeback idle`).
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The server's data socket (its control socket is this path with `.ctl` appended).
+    #[arg(long, value_name = "PATH", required_unless_present = "control")]
+    pub socket: Option<PathBuf>,
+    /// The server's control socket, when it was given one with --control.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// The attribute (mm_stat, bd_stat, idle, writeback, recompress, ...), then the value to
+    /// write, if any.
+    #[arg(required = true, num_args = 1.., value_name = "ATTR [VALUE...]")]
+    pub words: Vec<String>,
+}
+
+/// Sends one request to a running server's control socket; returns its answer.
+fn ask(
+    control: Option<&PathBuf>,
+    socket: Option<&PathBuf>,
+    request: &str,
+) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let path = match (control, socket) {
+        (Some(c), _) => c.clone(),
+        (None, Some(s)) => control_path(s),
+        (None, None) => bail!("give --socket or --control"),
+    };
+    let mut conn = std::os::unix::net::UnixStream::connect(&path)
+        .with_context(|| format!("connecting to {} (is ztier serve running?)", path.display()))?;
+    conn.write_all(format!("{request}\n").as_bytes())?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+pub fn ctl(args: &CtlArgs) -> anyhow::Result<()> {
+    let request = match args.words.as_slice() {
+        [attr] => format!("get {attr}"),
+        [attr, value @ ..] => format!("set {attr} {}", value.join(" ")),
+        [] => bail!("name an attribute"),
+    };
+    let answer = ask(args.control.as_ref(), args.socket.as_ref(), &request)?;
+    if let Some(e) = answer.strip_prefix("error: ") {
+        bail!("{}", e.trim_end());
+    }
+    print!("{answer}");
+    Ok(())
+}
+
 fn control_path(socket: &std::path::Path) -> PathBuf {
     let mut p = socket.as_os_str().to_owned();
     p.push(".ctl");
@@ -108,18 +186,11 @@ fn control_path(socket: &std::path::Path) -> PathBuf {
 
 /// Asks a running server for its statistics and prints them.
 pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
-    use std::io::{Read, Write};
-    let path = match (&args.control, &args.socket) {
-        (Some(c), _) => c.clone(),
-        (None, Some(s)) => control_path(s),
-        (None, None) => bail!("give --socket or --control"),
-    };
-    let mut conn = std::os::unix::net::UnixStream::connect(&path)
-        .with_context(|| format!("connecting to {} (is ztier serve running?)", path.display()))?;
-    conn.write_all(if args.json { b"stat json\n" } else { b"stat\n" })?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer)?;
-    print!("{answer}");
+    let request = if args.json { "stat json" } else { "stat" };
+    print!(
+        "{}",
+        ask(args.control.as_ref(), args.socket.as_ref(), request)?
+    );
     Ok(())
 }
 
@@ -137,9 +208,11 @@ fn stats_text(store: &Store, server: &Server, json: bool) -> String {
             "bytes_read": load(&s.bytes_read),
         });
         let v = match store {
-            Store::Zram(device) => serde_json::json!({
+            Store::Zram(device, policy) => serde_json::json!({
                 "mm_stat": device.mm_stat(),
                 "io_stat": device.io_stat(),
+                "bd_stat": device.bd_stat(),
+                "policy": policy.as_ref().map(|p| p.stats()),
                 "allocator": device.allocator_stats(),
                 "server": server,
             }),
@@ -160,12 +233,37 @@ fn stats_text(store: &Store, server: &Server, json: bool) -> String {
         load(&s.bytes_read),
     );
     match store {
-        Store::Zram(device) => format!(
-            "mm_stat {}\nio_stat {}\n{server}{}",
-            device.mm_stat(),
-            device.io_stat(),
-            device.allocator_stats()
-        ),
+        Store::Zram(device, policy) => {
+            let bd = device.bd_stat().map_or(String::new(), |b| {
+                format!(
+                    "bd_stat {:>8} {:>8} {:>8}  ({} bytes written, {} live on the store, {} held)\n",
+                    b.bd_count, b.bd_reads, b.bd_writes, b.bytes_written, b.bytes_stored, b.bytes_held
+                )
+            });
+            let pol = policy.as_ref().map_or(String::new(), |p| {
+                let s = p.stats();
+                format!(
+                    "policy {} ticks, {} pages recompressed, {} written back ({} for the memory \
+                     target), {} bytes written, {} compactions, {} errors{}, {} ms busy\n",
+                    s.ticks,
+                    s.recompressed_pages,
+                    s.written_back_pages,
+                    s.target_written_back_pages,
+                    s.bytes_written,
+                    s.compactions,
+                    s.errors,
+                    s.last_error
+                        .map_or(String::new(), |e| format!(" (last: {e})")),
+                    s.busy_ms
+                )
+            });
+            format!(
+                "mm_stat {}\nio_stat {}\n{bd}{pol}{server}{}",
+                device.mm_stat(),
+                device.io_stat(),
+                device.allocator_stats()
+            )
+        }
         Store::Plain(device) => format!(
             "plain RAM disk: {} bytes of pages held\n{server}",
             device.bytes_held()
@@ -192,19 +290,82 @@ fn serve_control(listener: UnixListener, store: Arc<Store>, server: Arc<Server>)
         let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
         let mut line = String::new();
         let mut reader = BufReader::new(&conn);
-        if reader.by_ref().take(64).read_line(&mut line).is_err() {
+        if reader.by_ref().take(256).read_line(&mut line).is_err() {
             continue;
         }
         let answer = match line.trim() {
             "stat" => stats_text(&store, &server, false),
             "stat json" => stats_text(&store, &server, true),
-            other => format!("error: unknown request '{other}' (stat, stat json)\n"),
+            other => control(&store, other),
         };
         let _ = (&conn).write_all(answer.as_bytes());
     }
 }
 
+/// `get ATTR` and `set ATTR VALUE`: the device's sysfs attributes.
+fn control(store: &Store, request: &str) -> String {
+    let Store::Zram(device, _) = store else {
+        return "error: a plain RAM disk has no attributes\n".into();
+    };
+    let mut words = request.splitn(3, ' ');
+    let r = match (words.next(), words.next(), words.next()) {
+        (Some("get"), Some(attr), None) => device.show_attr(attr),
+        (Some("set"), Some(attr), Some(value)) => device.store_attr(attr, value),
+        _ => {
+            return format!(
+                "error: unknown request '{request}' (stat, stat json, get ATTR, set ATTR VALUE)\n"
+            )
+        }
+    };
+    match r {
+        Ok(text) => format!("{text}\n"),
+        Err(e) => format!("error: {e}\n"),
+    }
+}
+
+/// The backing store `--backing-dev` names, for a disk of `disksize` bytes.
+fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<Backing>> {
+    let Some(spec) = &args.backing_dev else {
+        return Ok(None);
+    };
+    let dev: Arc<dyn BlockDevice> = if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://")
+    {
+        let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
+        Arc::new(
+            ztier_nbd::Client::connect(&uri)
+                .with_context(|| format!("connecting to the backing export {uri}"))?,
+        )
+    } else {
+        let pages = args.size / ztier_swap::SLOT_BYTES;
+        let bytes = args
+            .backing_size
+            .unwrap_or(((pages + 1).div_ceil(512) + 1) * 512 * ztier_swap::SLOT_BYTES);
+        Arc::new(
+            ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
+                .with_context(|| format!("opening the backing file {spec}"))?,
+        )
+    };
+    Ok(Some(
+        Backing::new(dev, args.writeback_format)
+            .with_context(|| format!("setting up the backing store {spec}"))?,
+    ))
+}
+
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    let made_backing = args
+        .backing_dev
+        .as_deref()
+        .filter(|b| !b.starts_with("nbd://") && !b.starts_with("nbd+unix://"))
+        .map(PathBuf::from)
+        .filter(|p| !p.exists());
+    let r = serve(args);
+    if let Some(p) = made_backing {
+        let _ = std::fs::remove_file(p);
+    }
+    r
+}
+
+fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let (store, what) = match args.store {
         StoreKind::Zram => {
             let layout = args.layout.config();
@@ -216,12 +377,39 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             let device = Device::new(args.size, args.compressor.clone(), pool)
                 .with_context(|| format!("making a {}-byte device", args.size))?;
             device.set_mem_limit(args.mem_limit);
-            let what = format!("zram, {} on {}", args.compressor, args.allocator);
-            (Store::Zram(Arc::new(device)), what)
+            device.set_backing(backing_store(args)?)?;
+            device.set_writeback_limit(args.writeback_limit);
+            device.set_recomp_algorithms(args.recompress_algorithms.clone())?;
+            let policy = PolicyConfig {
+                recompress_idle: args.recompress_idle,
+                writeback_idle: args.writeback_idle,
+                mem_target: args.mem_target,
+                interval: args.policy_interval,
+            };
+            if policy.recompress_idle.is_some() && args.recompress_algorithms.is_empty() {
+                bail!("--recompress-idle needs a --recompress-algorithm");
+            }
+            if (policy.writeback_idle.is_some() || policy.mem_target.is_some())
+                && args.backing_dev.is_none()
+            {
+                bail!("--writeback-idle and --mem-target need a --backing-dev");
+            }
+            let mut what = format!("zram, {} on {}", args.compressor, args.allocator);
+            if let Some(b) = &args.backing_dev {
+                what += &format!(", writeback to {b} ({:?})", args.writeback_format);
+            }
+            let device = Arc::new(device);
+            let policy = if policy.is_active() {
+                what += ", policy on";
+                Some(Policy::start(Arc::clone(&device), policy).context("starting the policy")?)
+            } else {
+                None
+            };
+            (Store::Zram(device, policy), what)
         }
         StoreKind::Plain => {
-            if args.mem_limit != 0 {
-                bail!("--mem-limit is zram's: a plain RAM disk has none");
+            if args.mem_limit != 0 || args.backing_dev.is_some() {
+                bail!("--mem-limit and --backing-dev are zram's: a plain RAM disk has neither");
             }
             let device = MemoryDevice::new(args.size)
                 .with_context(|| format!("making a {}-byte RAM disk", args.size))?;

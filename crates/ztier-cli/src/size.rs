@@ -1,5 +1,5 @@
 //! Sizes on the command line: bytes, or a number with a K, M, G or T suffix (powers of 1024,
-//! as the kernel's `disksize` and `mem_limit` take them).
+//! as the kernel's `disksize` and `mem_limit` take them); and durations.
 
 /// Parses `4096`, `64K`, `512M`, `2G`, `1T` (upper or lower case, an optional `iB`/`B`).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -22,9 +22,41 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is more bytes than 64 bits hold"))
 }
 
+/// Parses a duration: `500ms`, `30s`, `5m`, `2h`, `1d`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let bad = || format!("'{s}' is not a duration (a number with ms, s, m, h or d)");
+    let (digits, unit_ms): (&str, u64) = if let Some(d) = t.strip_suffix("ms") {
+        (d, 1)
+    } else {
+        match t.chars().last() {
+            Some('s') => (&t[..t.len() - 1], 1000),
+            Some('m') => (&t[..t.len() - 1], 60_000),
+            Some('h') => (&t[..t.len() - 1], 3_600_000),
+            Some('d') => (&t[..t.len() - 1], 86_400_000),
+            _ => (t, 1000),
+        }
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(unit_ms)
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(bad)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_duration, parse_size};
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("").is_err());
+    }
 
     #[test]
     fn sizes_parse_with_binary_suffixes() {

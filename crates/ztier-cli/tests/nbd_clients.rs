@@ -515,3 +515,126 @@ fn a_plain_store_serves_nbdcopy_and_reports_pages_held() {
     let out = served.stop();
     assert!(String::from_utf8_lossy(&out.stdout).contains("plain RAM disk"));
 }
+
+/// The policy running hard (every 100 ms: recompress and write back pages idle for 0 s,
+/// keep the pool under 1 MiB) while fio writes, reads and verifies, and nbdcopy copies in
+/// and out: nothing is lost, and the policy's actions show in `ztier stat` and `ztier ctl`.
+#[test]
+fn the_policy_runs_beside_clients_and_loses_nothing() {
+    if !have("fio") || !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("policy");
+    let backing = dir.join("backing.img");
+    let served = Served::start(
+        &dir,
+        &[
+            "--size",
+            "32M",
+            "--compressor",
+            "lz4",
+            "--backing-dev",
+            backing.to_str().unwrap(),
+            "--recompress-algorithm",
+            "zstd",
+            "--recompress-idle",
+            "0s",
+            "--writeback-idle",
+            "0s",
+            "--mem-target",
+            "1M",
+            "--policy-interval",
+            "100ms",
+        ],
+    );
+    let input = sample_file(&dir);
+    run("nbdcopy", &[input.to_str().unwrap(), &served.uri()]);
+    let uri = format!("--uri={}", served.uri());
+    let out = run(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &uri,
+            "--bs=4k",
+            "--offset=16M",
+            "--size=8M",
+            "--iodepth=16",
+            "--rw=randrw",
+            "--rwmixread=50",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--buffer_compress_percentage=60",
+            "--refill_buffers",
+            "--output-format=json",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = &text[text.find('{').expect("a JSON report")..];
+    let report: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(report["jobs"][0]["error"], 0, "{report}");
+    // What nbdcopy put in is still there, wherever the policy moved it.
+    let back = dir.join("again.raw");
+    run("nbdcopy", &[&served.uri(), back.to_str().unwrap()]);
+    let (a, b) = (
+        std::fs::read(&input).unwrap(),
+        std::fs::read(&back).unwrap(),
+    );
+    assert!(
+        a[..] == b[..a.len()],
+        "the copy read back after the policy ran"
+    );
+    let stat = run(
+        env!("CARGO_BIN_EXE_ztier"),
+        &[
+            "stat",
+            "--socket",
+            served.socket.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
+    let policy = &v["policy"];
+    assert!(policy["ticks"].as_u64().unwrap() > 0, "{v}");
+    assert!(policy["written_back_pages"].as_u64().unwrap() > 0, "{v}");
+    assert!(policy["recompressed_pages"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["bd_stat"]["bd_count"].as_u64().unwrap() > 0, "{v}");
+    // The kernel's attribute names work on the running server.
+    let ctl = |words: &[&str]| {
+        let mut args = vec!["ctl", "--socket", served.socket.to_str().unwrap()];
+        args.extend_from_slice(words);
+        Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&["bd_stat"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .count(),
+        3
+    );
+    assert!(ctl(&["idle", "all"]).status.success());
+    assert!(ctl(&["writeback", "idle"]).status.success());
+    assert!(ctl(&["writeback_limit", "0"]).status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&ctl(&["writeback_limit_enable"]).stdout).trim(),
+        "1"
+    );
+    assert!(ctl(&["writeback_limit_enable", "0"]).status.success());
+    let o = ctl(&["writeback", "bogus"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("idle, huge"),
+        "{o:?}"
+    );
+    let o = ctl(&["no_such_attribute"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no such"));
+    served.stop();
+    assert!(!backing.exists(), "the backing file ztier made is removed");
+}

@@ -33,9 +33,11 @@
 #![forbid(unsafe_code)]
 
 mod blockdev;
+pub mod policy;
 mod recompress;
 pub mod slot;
 mod stats;
+mod sysfs;
 mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -46,6 +48,7 @@ use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolError, PoolStats, ZPool};
 
+pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompMode, RecompResult, MAX_SECONDARY};
 pub use slot::{Entry, SlotFlag};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};

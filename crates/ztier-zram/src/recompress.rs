@@ -31,6 +31,8 @@ pub enum RecompMode {
     HugeIdle,
     /// Every page in the pool.
     All,
+    /// Pages not read or written for this many seconds (the policy's, by `ac_time`).
+    OlderThan(u32),
 }
 
 impl std::str::FromStr for RecompMode {
@@ -114,19 +116,55 @@ impl Device {
         let mut result = RecompResult::default();
         let mut object = vec![0u8; self.page_size];
         let mut page = vec![0u8; self.page_size];
+        let now = self.now();
         for index in 0..self.pages() {
+            // A look under the slot lock alone first: most slots are not candidates, and
+            // the page lock would hold off a writer of the page for nothing.
+            let e = self.slot(index)?.lock().entry;
+            if !self.wants_recompress(e, mode, threshold, max_prio, now) {
+                continue;
+            }
             let _page = self.page_lock(index);
             self.recompress_slot(
                 index,
                 mode,
                 threshold,
                 max_prio,
+                now,
                 &mut object,
                 &mut page,
                 &mut result,
             )?;
         }
         Ok(result)
+    }
+
+    /// Whether a slot is one `recompress` takes.
+    fn wants_recompress(
+        &self,
+        e: crate::Entry,
+        mode: RecompMode,
+        threshold: Option<usize>,
+        max_prio: u32,
+        now: u32,
+    ) -> bool {
+        let huge = e.has(SlotFlag::Huge);
+        let idle = e.has(SlotFlag::Idle);
+        let wanted = match mode {
+            RecompMode::Idle => idle,
+            RecompMode::Huge => huge,
+            RecompMode::HugeIdle => huge && idle,
+            RecompMode::All => true,
+            RecompMode::OlderThan(age) => now.saturating_sub(e.ac_time()) >= age,
+        };
+        wanted
+            && e.handle != 0
+            && !e.has(SlotFlag::Same)
+            && !e.has(SlotFlag::Wb)
+            && !e.has(SlotFlag::UnderWb)
+            && !e.has(SlotFlag::Incompressible)
+            && e.priority() < max_prio
+            && threshold.is_none_or(|t| e.size() >= t)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -136,6 +174,7 @@ impl Device {
         mode: RecompMode,
         threshold: Option<usize>,
         max_prio: u32,
+        now: u32,
         object: &mut [u8],
         page: &mut [u8],
         result: &mut RecompResult,
@@ -145,23 +184,7 @@ impl Device {
         let e = {
             let g = slot.lock();
             let e = g.entry;
-            let huge = e.has(SlotFlag::Huge);
-            let idle = e.has(SlotFlag::Idle);
-            let wanted = match mode {
-                RecompMode::Idle => idle,
-                RecompMode::Huge => huge,
-                RecompMode::HugeIdle => huge && idle,
-                RecompMode::All => true,
-            };
-            if !wanted
-                || e.handle == 0
-                || e.has(SlotFlag::Same)
-                || e.has(SlotFlag::Wb)
-                || e.has(SlotFlag::UnderWb)
-                || e.has(SlotFlag::Incompressible)
-                || e.priority() >= max_prio
-                || threshold.is_some_and(|t| e.size() < t)
-            {
+            if !self.wants_recompress(e, mode, threshold, max_prio, now) {
                 return Ok(());
             }
             let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");

@@ -79,6 +79,9 @@ pub enum WbMode {
     Incompressible,
     /// Every page held in the pool.
     All,
+    /// Pages not read or written for this many seconds (the policy's, by `ac_time`,
+    /// whatever the idle marks say).
+    OlderThan(u32),
 }
 
 impl std::str::FromStr for WbMode {
@@ -98,8 +101,9 @@ impl std::str::FromStr for WbMode {
 }
 
 impl WbMode {
-    fn takes(self, e: &Entry) -> bool {
+    fn takes(self, e: &Entry, now: u32) -> bool {
         match self {
+            WbMode::OlderThan(age) => now.saturating_sub(e.ac_time()) >= age,
             WbMode::Idle => e.has(SlotFlag::Idle),
             WbMode::Huge => e.has(SlotFlag::Huge),
             WbMode::HugeIdle => e.has(SlotFlag::Huge) && e.has(SlotFlag::Idle),
@@ -361,15 +365,23 @@ impl Device {
         page: &mut [u8],
     ) -> Result<Option<Pending>> {
         let slot = self.slot(index)?;
+        let now = self.now();
+        let takes = |e: &Entry| {
+            e.handle != 0
+                && !e.has(SlotFlag::Same)
+                && !e.has(SlotFlag::Wb)
+                && !e.has(SlotFlag::UnderWb)
+                && mode.takes(e, now)
+        };
+        // A look under the slot lock alone first: most slots are not taken, and a shard
+        // is not worth locking for them.
+        if !takes(&slot.lock().entry) {
+            return Ok(None);
+        }
         let mut shard = self.shard();
         let mut g = slot.lock();
         let e = g.entry;
-        if e.handle == 0
-            || e.has(SlotFlag::Same)
-            || e.has(SlotFlag::Wb)
-            || e.has(SlotFlag::UnderWb)
-            || !mode.takes(&e)
-        {
+        if !takes(&e) {
             return Ok(None);
         }
         let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");

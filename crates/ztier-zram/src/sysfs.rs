@@ -1,0 +1,194 @@
+//! The device's controls under the kernel's sysfs names (`/sys/block/zramN/*`), as text in
+//! and text out, so a running server can be driven the way a zram device is:
+//!
+//! | write | value |
+//! |---|---|
+//! | `idle` | `all`, or seconds not accessed |
+//! | `writeback` | `idle`, `huge`, `huge_idle`, `incompressible`, `all`, `page=N`, `page_indexes=N-M` |
+//! | `writeback_limit` | 4 KiB blocks (and the limit is on) |
+//! | `writeback_limit_enable` | `0` or `1` |
+//! | `recomp_algorithm` | `algo=ALG [priority=N]` |
+//! | `recompress` | `type=idle\|huge\|huge_idle\|all [threshold=BYTES] [priority=N]` |
+//! | `compact` | anything |
+//! | `mem_limit` | bytes (`0`: none) |
+//! | `mem_used_max` | `0` |
+//!
+//! Reads: `mm_stat`, `io_stat`, `bd_stat`, `debug_stat`, `writeback_limit`,
+//! `writeback_limit_enable`, `recomp_algorithm`, `backing_dev`.
+
+use std::time::Duration;
+
+use crate::{Device, RecompMode, Result, WbMode, ZramError};
+
+fn bad(name: &str, value: &str, want: &str) -> ZramError {
+    ZramError::Config(format!("{name}: {value:?} is not {want}"))
+}
+
+fn number(name: &str, value: &str) -> Result<u64> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| bad(name, value, "a number"))
+}
+
+/// `key=value` words.
+fn pairs<'a>(name: &str, value: &'a str) -> Result<Vec<(&'a str, &'a str)>> {
+    value
+        .split_whitespace()
+        .map(|w| w.split_once('=').ok_or_else(|| bad(name, w, "key=value")))
+        .collect()
+}
+
+impl Device {
+    /// `echo VALUE > NAME`; returns what the write did, in a line.
+    pub fn store_attr(&self, name: &str, value: &str) -> Result<String> {
+        let value = value.trim();
+        match name {
+            "idle" => {
+                let age = match value {
+                    "all" => None,
+                    v => Some(Duration::from_secs(number(name, v)?)),
+                };
+                Ok(format!("{} pages marked idle", self.mark_idle(age)))
+            }
+            "writeback" => {
+                let (mode, range) = if let Some(p) = value.strip_prefix("page=") {
+                    let i = number(name, p)?;
+                    (WbMode::All, Some(i..i + 1))
+                } else if let Some(r) = value.strip_prefix("page_indexes=") {
+                    let (a, b) = r.split_once('-').ok_or_else(|| bad(name, r, "N-M"))?;
+                    let (a, b) = (number(name, a)?, number(name, b)?);
+                    if b < a {
+                        return Err(bad(name, r, "a range N-M with N <= M"));
+                    }
+                    (WbMode::All, Some(a..b + 1))
+                } else {
+                    (value.parse::<WbMode>().map_err(ZramError::Config)?, None)
+                };
+                let r = self.writeback(mode, range, None)?;
+                Ok(format!(
+                    "{} pages written back, {} bytes written",
+                    r.pages, r.bytes_written
+                ))
+            }
+            "writeback_limit" => {
+                let n = number(name, value)?;
+                self.set_writeback_limit(Some(n));
+                Ok(format!("writeback limit {n} blocks"))
+            }
+            "writeback_limit_enable" => match value {
+                "0" => {
+                    self.set_writeback_limit(None);
+                    Ok("writeback limit off".into())
+                }
+                "1" => {
+                    if self.writeback_limit().is_none() {
+                        self.set_writeback_limit(Some(0));
+                    }
+                    Ok(format!(
+                        "writeback limit on, {} blocks left",
+                        self.writeback_limit().unwrap_or(0)
+                    ))
+                }
+                v => Err(bad(name, v, "0 or 1")),
+            },
+            "recomp_algorithm" => {
+                let mut alg = None;
+                let mut prio = 1usize;
+                for (k, v) in pairs(name, value)? {
+                    match k {
+                        "algo" => alg = Some(v.parse().map_err(ZramError::Config)?),
+                        "priority" => prio = number(name, v)? as usize,
+                        _ => return Err(bad(name, k, "algo= or priority=")),
+                    }
+                }
+                let alg = alg.ok_or_else(|| bad(name, value, "algo=ALG [priority=N]"))?;
+                let mut algs = self.recomp_algorithms();
+                if prio == 0 || prio > algs.len() + 1 {
+                    return Err(bad(
+                        name,
+                        value,
+                        &format!("a priority from 1 to {}", algs.len() + 1),
+                    ));
+                }
+                if prio > algs.len() {
+                    algs.push(alg);
+                } else {
+                    algs[prio - 1] = alg;
+                }
+                self.set_recomp_algorithms(algs)?;
+                Ok(format!("secondary algorithm {prio} set"))
+            }
+            "recompress" => {
+                let mut mode = RecompMode::All;
+                let (mut threshold, mut prio) = (None, None);
+                for (k, v) in pairs(name, value)? {
+                    match k {
+                        "type" => mode = v.parse().map_err(ZramError::Config)?,
+                        "threshold" => threshold = Some(number(name, v)? as usize),
+                        "priority" => prio = Some(number(name, v)? as u32),
+                        _ => return Err(bad(name, k, "type=, threshold= or priority=")),
+                    }
+                }
+                let r = self.recompress(mode, threshold, prio)?;
+                Ok(format!(
+                    "{} pages tried, {} recompressed ({} -> {} bytes), {} marked incompressible",
+                    r.scanned, r.recompressed, r.bytes_before, r.bytes_after, r.incompressible
+                ))
+            }
+            "compact" => Ok(format!("{} pages freed", self.compact())),
+            "mem_limit" => {
+                self.set_mem_limit(number(name, value)?);
+                Ok("memory limit set".into())
+            }
+            "mem_used_max" => {
+                if value != "0" {
+                    return Err(bad(name, value, "0"));
+                }
+                self.reset_mem_used_max();
+                Ok("mem_used_max reset".into())
+            }
+            _ => Err(ZramError::Config(format!(
+                "{name}: no such writable attribute (idle, writeback, writeback_limit, \
+                 writeback_limit_enable, recomp_algorithm, recompress, compact, mem_limit, \
+                 mem_used_max)"
+            ))),
+        }
+    }
+
+    /// `cat NAME`.
+    pub fn show_attr(&self, name: &str) -> Result<String> {
+        Ok(match name {
+            "mm_stat" => self.mm_stat().to_string(),
+            "io_stat" => self.io_stat().to_string(),
+            "debug_stat" => self.debug_stat().to_string(),
+            "bd_stat" => match self.bd_stat() {
+                Some(b) => format!("{:>8} {:>8} {:>8}", b.bd_count, b.bd_reads, b.bd_writes),
+                None => return Err(ZramError::NoBacking),
+            },
+            "writeback_limit" => self.writeback_limit().unwrap_or(0).to_string(),
+            "writeback_limit_enable" => u8::from(self.writeback_limit().is_some()).to_string(),
+            "recomp_algorithm" => self
+                .recomp_algorithms()
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("#{}: {a}", i + 1))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            "backing_dev" => match self.backing() {
+                Some(b) => format!(
+                    "{:?} format, room for {} pages",
+                    b.format(),
+                    b.capacity_pages()
+                ),
+                None => "none".into(),
+            },
+            _ => {
+                return Err(ZramError::Config(format!(
+                    "{name}: no such readable attribute (mm_stat, io_stat, bd_stat, debug_stat, \
+                     writeback_limit, writeback_limit_enable, recomp_algorithm, backing_dev)"
+                )))
+            }
+        })
+    }
+}
