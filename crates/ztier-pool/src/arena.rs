@@ -677,7 +677,9 @@ fn run_helper(shared: &HelperShared) {
     }
 }
 
-/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`).
+/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`): for
+/// background work that must not take the foreground's cores (the chunk helper here, zram's
+/// policy).
 ///
 /// The helper's work is worth doing ahead only on a core with nothing else to do. On a busy
 /// machine (as many storing threads as cores) it would take the cores' time all the same and
@@ -686,7 +688,7 @@ fn run_helper(shared: &HelperShared) {
 /// from 1.5x to 1.6x one thread's speed, and one thread kept its speed. A helper put aside
 /// this way holds no lock that an allocating thread waits for: it faults pages of a mapping
 /// no one else knows yet (a page fault takes only that mapping's lock, not the mmap lock).
-fn lower_to_idle_priority() {
+pub fn lower_to_idle_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy; param
     // is a valid sched_param for SCHED_IDLE. Failure leaves the thread at normal priority,

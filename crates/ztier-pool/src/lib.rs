@@ -25,7 +25,7 @@ pub mod zsmalloc;
 
 use std::num::NonZeroU64;
 
-pub use arena::{physical_memory_bytes, process_rss_bytes};
+pub use arena::{lower_to_idle_priority, physical_memory_bytes, process_rss_bytes};
 
 use arena::PageChain;
 

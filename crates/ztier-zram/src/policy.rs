@@ -7,7 +7,11 @@
 //!
 //! It selects pages by their access time, not the idle marks, so it never disturbs what a
 //! user marked by hand. It works in the device's own batches (a page's lock at a time, a
-//! segment at a time), so foreground I/O waits at most for one page or one slot copy.
+//! segment at a time), so foreground I/O waits at most for one page or one slot copy. Its
+//! thread runs at idle priority (`SCHED_IDLE`): it takes only CPU time the foreground leaves,
+//! and a foreground thread that waits for a lock it holds leaves a core idle, which lets it
+//! run and let go (measured: foreground IOPS with the policy at work 0.96x without, median
+//! of seven pairs; at normal priority 0.80-0.89x).
 //! Every action is counted ([`PolicyStats`]); an error (a full or vanished store, the
 //! writeback limit) is counted and kept as `last_error`, and the next tick tries again.
 //!
@@ -81,7 +85,10 @@ impl Policy {
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("zram-policy".into())
-            .spawn(move || run(&device, config, &s))?;
+            .spawn(move || {
+                ztier_pool::lower_to_idle_priority();
+                run(&device, config, &s)
+            })?;
         Ok(Policy {
             shared,
             thread: Some(thread),

@@ -274,6 +274,21 @@ fn a_failing_store_loses_nothing() {
 }
 
 #[test]
+fn a_full_store_is_a_clear_error_and_loses_nothing() {
+    let n = 2000;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    // Room for one cluster of slots after the header: 32 segments of 64 KiB.
+    dev.set_backing(Some(file_store("full", 1024 * PS as u64, WbFormat::Packed)))
+        .unwrap();
+    let err = dev.writeback(WbMode::All, None, None).unwrap_err();
+    assert!(err.to_string().contains("no room"), "{err}");
+    let bd = dev.bd_stat().unwrap();
+    assert!(bd.bd_count > 0 && bd.bd_count < n, "{bd:?}");
+    verify(&dev, n, |_| None);
+}
+
+#[test]
 fn recompression_keeps_smaller_classes_and_marks_incompressible() {
     let n = 512;
     let dev = device(n, "lz4");
