@@ -13,6 +13,13 @@
 //! The device is a [`ztier_blockdev::BlockDevice`] (see `blockdev.rs`), which is how front ends
 //! such as the NBD server use it without knowing it is zram.
 //!
+//! Beyond the kernel's defaults, as its config options add them: idle tracking by access
+//! time (`mark_idle`), writeback to a backing store of any block device ([`writeback`]'s
+//! `Backing`, places from the swap-slot allocator, ztier's packed format beside the
+//! kernel's two), recompression with up to three secondary algorithms (`recompress.rs`), a
+//! policy that runs them by itself ([`policy`]), and the sysfs attributes by name
+//! (`sysfs.rs`).
+//!
 //! Each thread works in a shard of per-thread state, zram's per-CPU state in userspace: a
 //! compression stream and a shard of the counters. An operation holds its shard for its
 //! whole length, as the kernel holds its CPU, so the stream and the counters need no atomic
@@ -26,8 +33,11 @@
 //!
 //! # Lock ordering
 //! `Device::page_locks[stripe]` (one at a time) → `Device::shards[i]` (the calling thread's;
-//! `reset` takes all of them, in index order) → `Slot` lock → the pool's own locks
-//! (`SizeClass::state` → `Arena::state`). No operation holds two stripes or two slot locks,
+//! `reset` and `set_recomp_algorithms` take all of them, in index order) → `Slot` lock →
+//! `Device::recomp` (read, to make a secondary stream; written only with every shard held)
+//! and `Device::backing` (read, to give back a written-back page's place) → the swap-slot
+//! allocator's locks on the backing store, and the pool's own locks (`SizeClass::state` →
+//! `Arena::state`). No operation holds two stripes or two slot locks,
 //! and only `reset` holds two shards; a reading of the counters takes the shards one at a
 //! time, holding nothing else.
 #![forbid(unsafe_code)]
@@ -38,7 +48,7 @@ mod recompress;
 pub mod slot;
 mod stats;
 mod sysfs;
-mod writeback;
+pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
