@@ -210,3 +210,58 @@ pub fn nbd_server(data: &[u8]) {
     feeder.join().expect("feeder");
     drain.join().expect("drain");
 }
+
+/// The NBD client against a hostile server: `data` is everything the server says (after a
+/// valid greeting and a valid NBD_OPT_GO exchange when the first byte is odd, so the
+/// transmission phase is reached too). The client must end every call with a value or an
+/// error: no panic, no hang, no unbounded allocation.
+pub fn nbd_client(data: &[u8]) {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use ztier_blockdev::BlockDevice;
+    use ztier_nbd::proto::*;
+    use ztier_nbd::{Client, Stream};
+
+    let (client_end, mut server_end) = UnixStream::pair().expect("socketpair");
+    client_end
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    let mut said = Vec::new();
+    if data.first().is_some_and(|b| b & 1 == 1) {
+        said.extend(NBDMAGIC.to_be_bytes());
+        said.extend(IHAVEOPT.to_be_bytes());
+        said.extend((FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        said.extend(encode_option_reply(
+            OPT_GO,
+            REP_INFO,
+            &info_export(1 << 20, FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_TRIM),
+        ));
+        said.extend(encode_option_reply(
+            OPT_GO,
+            REP_INFO,
+            &info_block_size(512, 4096, 1 << 20),
+        ));
+        said.extend(encode_option_reply(OPT_GO, REP_ACK, &[]));
+        said.extend(&data[1..]);
+    } else {
+        said.extend(data);
+    }
+    let server = std::thread::spawn(move || {
+        let _ = server_end.write_all(&said);
+        let _ = server_end.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = server_end.read_to_end(&mut sink);
+    });
+    let uri: ztier_nbd::Uri = "nbd+unix:///?socket=/nonexistent".parse().expect("uri");
+    if let Ok(client) = Client::over_stream(Stream::Unix(client_end), &uri) {
+        let mut buf = vec![0u8; 8192];
+        let _ = client.read_at(0, &mut buf);
+        let _ = client.read_at(100, &mut buf[..300]);
+        let _ = client.write_at(4096, &buf[..4096], true);
+        let _ = client.write_at(7, &buf[..9], false);
+        let _ = client.write_zeroes(0, 5000, false);
+        let _ = client.discard(0, 1 << 16);
+        let _ = client.flush();
+    }
+    server.join().expect("server thread");
+}

@@ -268,7 +268,9 @@ impl Namespaces {
         // A delay on the link, where the kernel has netem (sch_netem); without it the
         // namespaces still stand for two machines.
         let netem = Command::new("tc")
-            .args(["-n", &ns.near, "qdisc", "add", "dev", &va, "root", "netem", "delay", "1ms"])
+            .args([
+                "-n", &ns.near, "qdisc", "add", "dev", &va, "root", "netem", "delay", "1ms",
+            ])
             .output();
         if !netem.is_ok_and(|o| o.status.success()) {
             eprintln!("note: no tc netem on this kernel; the far-memory link has no added delay");

@@ -249,9 +249,25 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
                     }
                     INFO_BLOCK_SIZE => {
                         let mut r = || c.u32().map_err(|e| io_err("NBD_INFO_BLOCK_SIZE", e));
-                        info.min_block = r()?.max(1);
-                        info.preferred_block = r()?.max(1);
-                        info.max_payload = r()?.clamp(info.min_block, DEFAULT_MAX_PAYLOAD);
+                        let (min, preferred, max) = (r()?, r()?, r()?);
+                        // The spec's rules: powers of two, minimum at most 64 KiB, preferred
+                        // at least the minimum, maximum a multiple of the minimum.
+                        let sane = min.is_power_of_two()
+                            && min <= 64 << 10
+                            && preferred.is_power_of_two()
+                            && preferred >= min
+                            && max >= min
+                            && max % min == 0;
+                        if !sane {
+                            return Err(io_err(
+                                "NBD_INFO_BLOCK_SIZE",
+                                format!("minimum {min}, preferred {preferred}, maximum {max} break the spec's rules"),
+                            ));
+                        }
+                        info.min_block = min;
+                        info.preferred_block = preferred;
+                        // At most our own cap, and still a multiple of the minimum.
+                        info.max_payload = max.min(DEFAULT_MAX_PAYLOAD) / min * min;
                     }
                     _ => {}
                 }
@@ -338,6 +354,22 @@ impl Client {
             uri: uri.clone(),
             info,
             conn: Mutex::new(Some(conn)),
+            writes: Mutex::new(()),
+        })
+    }
+
+    /// A client over a stream already connected to `uri`'s server (a socket pair in tests
+    /// and fuzzing); reconnecting dials `uri`.
+    pub fn over_stream(mut stream: Stream, uri: &Uri) -> Result<Client> {
+        let info = handshake(&mut stream, &uri.export)
+            .map_err(|e| BlockError::Io(io_err(&format!("negotiating with {uri}"), e)))?;
+        Ok(Client {
+            uri: uri.clone(),
+            info,
+            conn: Mutex::new(Some(Conn {
+                stream,
+                next_cookie: 1,
+            })),
             writes: Mutex::new(()),
         })
     }
