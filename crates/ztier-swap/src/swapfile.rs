@@ -50,9 +50,9 @@ pub const SLOT_BYTES: u64 = 4096;
 
 const CLUSTER: u32 = SWAPFILE_CLUSTER;
 
-/// Free slots that make an order-0 cluster worth a trip to the nonfull list (ztier's list
-/// policy): an allocator that isolates it gets at least this many for its two device-lock
-/// acquisitions.
+/// Free slots that make a cluster worth a trip off the full list, and an order-0 cluster
+/// worth the nonfull list (ztier's list policy): an allocator that isolates it gets at least
+/// this many for the device-lock acquisitions the moves cost.
 const ORDER0_ROOM: u32 = SWAPFILE_CLUSTER / 4;
 
 /// How a device allocates.
@@ -662,8 +662,45 @@ impl Inner {
                     return found;
                 }
             }
+            // Last, the holes full clusters keep under ztier's list policy.
+            while let Some((id, c)) = self.isolate_full_with_room(held) {
+                if let found @ (Some(_), _) = self.scan_cluster(c, id, id * CLUSTER, 0, held) {
+                    *next = found.1;
+                    return found.0;
+                }
+            }
         }
         None
+    }
+
+    /// The first cluster on the full list with a free slot (ztier's list policy keeps a few
+    /// there), isolated as [`isolate`](Self::isolate) does.
+    fn isolate_full_with_room(
+        &self,
+        held: &mut Held<'_>,
+    ) -> Option<(u32, MutexGuard<'_, Cluster>)> {
+        if self.config.policy != ListPolicy::Ztier {
+            return None;
+        }
+        self.with_lists(held, |l| {
+            let mut at = l.list(Flag::Full, 0).0.first();
+            while let Some(id) = at {
+                at = ztier_base::list::List::next(l.list(Flag::Full, 0).1, id);
+                let Some(mut c) = self.clusters[id as usize].try_lock(&self.cluster_lock) else {
+                    continue;
+                };
+                if u32::from(c.count) == CLUSTER {
+                    continue;
+                }
+                let (list, nodes) = l.list(Flag::Full, 0);
+                list.remove(nodes, id);
+                let (frag, nodes) = l.list(Flag::Frag, c.order);
+                frag.push_back(nodes, id);
+                c.flag = Flag::Frag;
+                return Some((id, c));
+            }
+            None
+        })
     }
 
     /// The thread's cluster, then a new one; and when all else fails, clusters waiting to be
@@ -913,19 +950,19 @@ impl Inner {
             self.free_cluster(c, id, held);
             return;
         }
-        // Room for the cluster's order: a free aligned run (order > 0), or, for order 0, a
-        // quarter of the cluster free, counted once as the free slots cross it, so frees
+        // A quarter of the cluster free, counted once as the free slots cross it, so frees
         // into a cluster being filled never bounce it between lists.
-        let room = if c.order > 0 {
-            completes_run
-        } else {
-            free_before < ORDER0_ROOM && free_before + u32::from(freed) >= ORDER0_ROOM
-        };
+        let quarter = free_before < ORDER0_ROOM && free_before + u32::from(freed) >= ORDER0_ROOM;
+        // Room for the cluster's order: a free aligned run (order > 0), or the quarter.
+        let room = if c.order > 0 { completes_run } else { quarter };
         let to = match (self.config.policy, c.flag) {
             (ListPolicy::Kernel, Flag::Nonfull) => None,
             (ListPolicy::Kernel, _) => Some(Flag::Nonfull),
             (ListPolicy::Ztier, Flag::Full) if room => Some(Flag::Nonfull),
-            (ListPolicy::Ztier, Flag::Full) => Some(Flag::Frag),
+            // A full cluster keeps its place until a quarter of it is free: a free and the
+            // allocation that fills the hole again would otherwise move it twice for one
+            // slot. Its few free slots are the last resort of order-0 allocation.
+            (ListPolicy::Ztier, Flag::Full) if quarter => Some(Flag::Frag),
             (ListPolicy::Ztier, Flag::Frag) if room => Some(Flag::Nonfull),
             (ListPolicy::Ztier, _) => None,
         };
@@ -1170,7 +1207,11 @@ impl Inner {
             }
             let fits = match c.flag {
                 Flag::Free | Flag::Discard => c.count == 0,
-                Flag::Full => u32::from(c.count) == CLUSTER,
+                // ztier's list policy leaves a full cluster there until a quarter is free.
+                Flag::Full => match self.config.policy {
+                    ListPolicy::Kernel => u32::from(c.count) == CLUSTER,
+                    ListPolicy::Ztier => CLUSTER - u32::from(c.count) < ORDER0_ROOM,
+                },
                 Flag::Nonfull | Flag::Frag => c.count > 0,
                 Flag::None => false,
             };

@@ -431,3 +431,53 @@ fn a_free_into_a_threads_cluster_moves_it_only_under_the_kernels_policy() {
         dev.verify().unwrap();
     }
 }
+
+/// ztier's list policy keeps a full cluster on the full list until a quarter of it is free
+/// (a free and the allocation that fills the hole would otherwise move it twice for one
+/// slot); those holes are still the last resort of order-0 allocation, so nothing free is
+/// ever out of reach.
+#[test]
+fn holes_in_full_clusters_stay_put_and_are_the_last_resort() {
+    let dev = device(4 * CL, Config::default());
+    let mut all = Vec::new();
+    while let Ok(slot) = dev.alloc(0) {
+        all.push(slot);
+    }
+    assert_eq!(all.len() as u64, 4 * CL - 1, "every slot but the header");
+    let full_before = dev.stats().lists.full;
+    let acquisitions = |d: &Device| {
+        d.stats()
+            .locks
+            .iter()
+            .find(|l| l.name.starts_with("si->lock"))
+            .unwrap()
+            .acquisitions
+    };
+    let before = acquisitions(&dev);
+    // A few holes in every cluster: no list moves.
+    let holes: Vec<u64> = all.iter().copied().filter(|s| s % 64 == 7).collect();
+    for &s in &holes {
+        dev.free(s).unwrap();
+    }
+    // (stats() itself takes the device lock: count from the reading before.)
+    let s = dev.stats();
+    assert_eq!(s.lists.full, full_before, "{:?}", s.lists);
+    let moved = acquisitions(&dev) - before;
+    assert!(
+        moved <= 4,
+        "frees into full clusters moved them: {moved} acquisitions"
+    );
+    dev.verify().unwrap();
+    // Nothing else is free: order 0 finds every hole, then the device is full.
+    let mut refilled: Vec<u64> = (0..holes.len()).map(|_| dev.alloc(0).unwrap()).collect();
+    refilled.sort_unstable();
+    assert_eq!(refilled, holes);
+    assert!(dev.alloc(0).is_err());
+    dev.verify().unwrap();
+    // A quarter free: the cluster leaves the full list for nonfull.
+    for &s in all.iter().filter(|&&s| s / CL == 2).take(CL as usize / 4) {
+        dev.free(s).unwrap();
+    }
+    assert_eq!(dev.stats().lists.nonfull[0], 1);
+    dev.verify().unwrap();
+}
