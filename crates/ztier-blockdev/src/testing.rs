@@ -1,7 +1,72 @@
-//! The conformance suite every [`BlockDevice`] passes: the file device, zram, and later the
-//! NBD client. Each check starts from a device whose every byte reads as zero.
+//! The conformance suite every [`BlockDevice`] passes: the file device, zram, the plain RAM
+//! disk and the NBD client. Each check starts from a device whose every byte reads as zero.
+//! And [`Faulty`], a device that fails on demand, for the tests of what sits on one.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::{BlockDevice, BlockError};
+
+/// A device whose writes fail while `fail_writes` is set (a full disk, a vanished server),
+/// and whose reads fail while `fail_reads` is; otherwise `inner`.
+pub struct Faulty<D> {
+    pub inner: D,
+    pub fail_writes: AtomicBool,
+    pub fail_reads: AtomicBool,
+}
+
+impl<D: BlockDevice> Faulty<D> {
+    pub fn new(inner: D) -> Faulty<D> {
+        Faulty {
+            inner,
+            fail_writes: AtomicBool::new(false),
+            fail_reads: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_failing(&self, writes: bool, reads: bool) {
+        self.fail_writes.store(writes, Relaxed);
+        self.fail_reads.store(reads, Relaxed);
+    }
+
+    fn failure(what: &str) -> BlockError {
+        BlockError::Io(std::io::Error::other(format!(
+            "the test's store failed the {what} (it vanished)"
+        )))
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for Faulty<D> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> crate::Result<()> {
+        if self.fail_reads.load(Relaxed) {
+            return Err(Self::failure("read"));
+        }
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> crate::Result<()> {
+        if self.fail_writes.load(Relaxed) {
+            return Err(Self::failure("write"));
+        }
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> crate::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> crate::Result<()> {
+        if self.fail_writes.load(Relaxed) {
+            return Err(Self::failure("write"));
+        }
+        self.inner.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> crate::Result<()> {
+        self.inner.flush()
+    }
+}
 
 pub use ztier_base::pattern::pattern;
 

@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ztier_compress::Algorithm;
 use ztier_corpus::Corpus;
-use ztier_replay::zram::{WritebackTarget, ZramReplay, ZramRun};
+use ztier_replay::zram::{FieldComparison, WritebackTarget, ZramReplay, ZramRun};
 use ztier_replay::zswap::{ZswapReplay, ZswapRun};
 use ztier_zram::MmStat;
 
@@ -299,26 +299,9 @@ fn print_zswap_run(r: &ZswapRun) {
             "field", "ztier", "kernel", "diff"
         );
         for f in &k.fields {
-            let diff = f.ztier as i128 - f.kernel as i128;
-            let mark = if f.compared { "" } else { "  (not compared)" };
-            println!(
-                "    {:<30} {:>14} {:>14} {diff:>+10}{mark}",
-                f.field, f.ztier, f.kernel
-            );
+            print_field(f.field, f);
         }
-        for note in &k.notes {
-            println!("    note: {note}");
-        }
-        println!(
-            "    {}",
-            if !k.equal {
-                "DIFFERENT from the kernel's figures"
-            } else if k.fields.iter().all(|f| f.compared) {
-                "every field equal to the kernel's"
-            } else {
-                "every compared field equal to the kernel's"
-            }
-        );
+        print_verdict(&k.fields, &k.notes, k.equal);
         if let (Some(out), Some(inn)) = (k.truth.pageout_mb_s, k.truth.faultin_mb_s) {
             println!(
                 "    kernel swap-out through zswap {out:.0} MB/s, fault-in {inn:.0} MB/s (whole \
@@ -329,6 +312,33 @@ fn print_zswap_run(r: &ZswapRun) {
         }
     }
     println!();
+}
+
+/// One row of a comparison with the kernel: ztier's figure, the kernel's, the difference.
+fn print_field(name: &str, f: &FieldComparison) {
+    let diff = f.ztier as i128 - f.kernel as i128;
+    let mark = if f.compared { "" } else { "  (not compared)" };
+    println!(
+        "    {name:<30} {:>14} {:>14} {diff:>+10}{mark}",
+        f.ztier, f.kernel
+    );
+}
+
+/// The notes under a comparison, and its verdict.
+fn print_verdict(fields: &[FieldComparison], notes: &[String], equal: bool) {
+    for note in notes {
+        println!("    note: {note}");
+    }
+    println!(
+        "    {}",
+        if !equal {
+            "DIFFERENT from the kernel's figures"
+        } else if fields.iter().all(|f| f.compared) {
+            "every field equal to the kernel's"
+        } else {
+            "every compared field equal to the kernel's"
+        }
+    );
 }
 
 fn mib(bytes: u64) -> String {
@@ -439,26 +449,9 @@ fn print_run(r: &ZramRun) {
             } else {
                 format!("after {}: {}", f.after, f.field)
             };
-            let diff = f.ztier as i128 - f.kernel as i128;
-            let mark = if f.compared { "" } else { "  (not compared)" };
-            println!(
-                "    {name:<30} {:>14} {:>14} {diff:>+10}{mark}",
-                f.ztier, f.kernel
-            );
+            print_field(&name, f);
         }
-        for note in &k.notes {
-            println!("    note: {note}");
-        }
-        println!(
-            "    {}",
-            if !k.equal {
-                "DIFFERENT from the kernel's figures"
-            } else if k.fields.iter().all(|f| f.compared) {
-                "every field equal to the kernel's"
-            } else {
-                "every compared field equal to the kernel's"
-            }
-        );
+        print_verdict(&k.fields, &k.notes, k.equal);
         if let Some(w) = k.write_mb_s {
             let read = k
                 .read_mb_s

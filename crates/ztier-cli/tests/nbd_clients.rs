@@ -4,29 +4,13 @@
 //! statistics). A client that is not installed makes its test say so and skip, except
 //! under CI, which installs them all (scripts/setup.sh).
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::{fio_report, have, temp_dir};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        ztier_corpus::cannot_test(&format!(
-            "{tool} is not installed (scripts/setup.sh installs it)"
-        ));
-    }
-    found
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ztier-nbd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A running `ztier serve` on a Unix socket.
 struct Served {
@@ -392,10 +376,7 @@ fn fio_random_io_with_verify() {
         ];
         args.extend_from_slice(rw);
         let out = run("fio", &args);
-        // The engine prints "fio: connected to NBD server" before the JSON.
-        let text = String::from_utf8_lossy(&out.stdout);
-        let json = &text[text.find('{').expect("a JSON report")..];
-        let report: serde_json::Value = serde_json::from_str(json).unwrap();
+        let report = fio_report(&out);
         let jobs = report["jobs"].as_array().unwrap();
         for job in jobs {
             // A verify error is fatal: fio ends that job with an error and exits non-zero
@@ -571,9 +552,7 @@ fn the_policy_runs_beside_clients_and_loses_nothing() {
             "--output-format=json",
         ],
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json = &text[text.find('{').expect("a JSON report")..];
-    let report: serde_json::Value = serde_json::from_str(json).unwrap();
+    let report = fio_report(&out);
     assert_eq!(report["jobs"][0]["error"], 0, "{report}");
     // What nbdcopy put in is still there, wherever the policy moved it.
     let back = dir.join("again.raw");

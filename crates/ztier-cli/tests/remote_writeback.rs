@@ -5,7 +5,11 @@
 //! nothing that was still in memory. Tools missing (or no root for namespaces) make a test
 //! say so and skip, except under CI.
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::{have, temp_dir};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,26 +18,6 @@ use ztier_compress::Algorithm;
 use ztier_nbd::{Client, Uri};
 use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, WbFormat, WbMode};
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        ztier_corpus::cannot_test(&format!(
-            "{tool} is not installed (scripts/setup.sh installs it)"
-        ));
-    }
-    found
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ztier-rwb-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// nbdkit serving a `memory` export, killed when dropped.
 struct Nbdkit(Child);

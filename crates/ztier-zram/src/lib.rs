@@ -282,6 +282,19 @@ impl Device {
         })
     }
 
+    /// A decompression's result: a whole page, or the error that says what went wrong.
+    fn check_decoded(&self, index: u64, decoded: Result<usize, CompressError>) -> Result<()> {
+        match decoded {
+            Ok(n) if n == self.page_size => Ok(()),
+            Ok(got) => Err(ZramError::ShortPage {
+                index,
+                got,
+                page_size: self.page_size,
+            }),
+            Err(source) => Err(ZramError::Compress { index, source }),
+        }
+    }
+
     /// Seconds since the device was made (slots' `ac_time`).
     fn now(&self) -> u32 {
         self.created.elapsed().as_secs().min(u64::from(u32::MAX)) as u32
@@ -505,14 +518,7 @@ impl Device {
             decoded = comp.decompress(object, out);
         })?;
         drop(g);
-        let got = decoded.map_err(|source| ZramError::Compress { index, source })?;
-        if got != self.page_size {
-            return Err(ZramError::ShortPage {
-                index,
-                got,
-                page_size: self.page_size,
-            });
-        }
+        self.check_decoded(index, decoded)?;
         Ok(None)
     }
 

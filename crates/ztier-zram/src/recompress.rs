@@ -197,17 +197,7 @@ impl Device {
             page.copy_from_slice(&object[..self.page_size]);
         } else {
             let s = self.stream_for(&mut shard, e.priority());
-            match s.comp.decompress(&object[..old_size], page) {
-                Ok(n) if n == self.page_size => {}
-                Ok(got) => {
-                    return Err(ZramError::ShortPage {
-                        index,
-                        got,
-                        page_size: self.page_size,
-                    })
-                }
-                Err(source) => return Err(ZramError::Compress { index, source }),
-            }
+            self.check_decoded(index, s.comp.decompress(&object[..old_size], page))?;
         }
         let old_class = self.pool.size_class(old_size);
         let huge_class = self.pool.huge_class_size();

@@ -393,17 +393,7 @@ impl Device {
             self.pool.read_with(handle, &mut s.buf, &mut |object| {
                 decoded = comp.decompress(object, page);
             })?;
-            match decoded {
-                Ok(n) if n == self.page_size => {}
-                Ok(got) => {
-                    return Err(ZramError::ShortPage {
-                        index,
-                        got,
-                        page_size: self.page_size,
-                    })
-                }
-                Err(source) => return Err(ZramError::Compress { index, source }),
-            }
+            self.check_decoded(index, decoded)?;
         } else {
             self.pool.read(handle, &mut page[..size])?;
         }
@@ -550,17 +540,7 @@ impl Device {
             let r = store.read(e.handle, &mut object[..size]);
             let decoded = r.map(|()| s.comp.decompress(&object[..size], out));
             s.buf = object;
-            match decoded.map_err(ZramError::Backing)? {
-                Ok(n) if n == self.page_size => {}
-                Ok(got) => {
-                    return Err(ZramError::ShortPage {
-                        index,
-                        got,
-                        page_size: self.page_size,
-                    })
-                }
-                Err(source) => return Err(ZramError::Compress { index, source }),
-            }
+            self.check_decoded(index, decoded.map_err(ZramError::Backing)?)?;
         }
         shard.counters.add(Counter::BdReads, 1);
         Ok(())

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::memory::MemoryDevice;
-use ztier_blockdev::{BlockDevice, BlockError};
+use ztier_blockdev::testing::Faulty;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, RecompMode, SlotFlag, WbFormat, WbMode, ZramError};
@@ -214,52 +214,16 @@ fn writeback_modes_and_the_limit() {
     assert!(dev.writeback(WbMode::All, Some(0..n + 1), None).is_err());
 }
 
-/// A store that fails writes while `failing` is set.
-struct FlakyStore {
-    disk: MemoryDevice,
-    failing: AtomicBool,
-}
-
-impl BlockDevice for FlakyStore {
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.disk.block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
-        if self.failing.load(Relaxed) {
-            return Err(BlockError::Io(std::io::Error::other("the store vanished")));
-        }
-        self.disk.write_at(offset, data, fua)
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        self.disk.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
-        self.disk.write_zeroes(offset, len, may_unmap)
-    }
-    fn flush(&self) -> Result<(), BlockError> {
-        self.disk.flush()
-    }
-}
-
 #[test]
 fn a_failing_store_loses_nothing() {
     let n = 300;
     let dev = device(n, "lz4");
     fill(&dev, n);
-    let store = Arc::new(FlakyStore {
-        disk: MemoryDevice::new(8 << 20).unwrap(),
-        failing: AtomicBool::new(false),
-    });
+    let store = Arc::new(Faulty::new(MemoryDevice::new(8 << 20).unwrap()));
     dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
         .unwrap();
     dev.writeback(WbMode::All, Some(0..100), None).unwrap();
-    store.failing.store(true, Relaxed);
+    store.set_failing(true, false);
     let before = dev.mm_stat();
     let err = dev.writeback(WbMode::All, None, None).unwrap_err();
     assert!(err.to_string().contains("vanished"), "{err}");
@@ -268,7 +232,7 @@ fn a_failing_store_loses_nothing() {
     assert!(!dev.entry(150).unwrap().has(SlotFlag::UnderWb));
     verify(&dev, n, |_| None);
     dev.write_page(200, &page(7)).unwrap();
-    store.failing.store(false, Relaxed);
+    store.set_failing(false, false);
     dev.writeback(WbMode::All, None, None).unwrap();
     verify(&dev, n, |i| (i == 200).then(|| page(7)));
 }

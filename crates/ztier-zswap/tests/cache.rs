@@ -8,7 +8,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use ztier_base::pattern;
 use ztier_blockdev::memory::MemoryDevice;
-use ztier_blockdev::{BlockDevice, BlockError};
+use ztier_blockdev::testing::Faulty;
 use ztier_compress::Algorithm;
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zswap::{Cache, Config, Placement, Reject, Source, ZswapError};
@@ -232,48 +232,12 @@ fn writeback_gives_referenced_pages_a_second_chance_and_frees_slots() {
     assert_eq!(swap.in_use(), 0);
 }
 
-/// A disk that fails every write while `failing` is set (a full or vanished disk).
-struct FailingDisk {
-    disk: MemoryDevice,
-    failing: AtomicBool,
-}
-
-impl BlockDevice for FailingDisk {
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.disk.block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        self.disk.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
-        if self.failing.load(Relaxed) {
-            return Err(BlockError::NoSpace("the test's disk is full".into()));
-        }
-        self.disk.write_at(offset, data, fua)
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        self.disk.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
-        self.disk.write_zeroes(offset, len, may_unmap)
-    }
-    fn flush(&self) -> Result<(), BlockError> {
-        self.disk.flush()
-    }
-}
-
 #[test]
 fn a_failing_device_loses_nothing() {
-    let disk = Arc::new(FailingDisk {
-        disk: MemoryDevice::new(1024 * PS as u64).unwrap(),
-        failing: AtomicBool::new(false),
-    });
+    let disk = Arc::new(Faulty::new(MemoryDevice::new(1024 * PS as u64).unwrap()));
     // (swapon writes the header, so the disk fails only from here.)
     let swap = Arc::new(ztier_swap::Device::new(disk.clone(), Default::default()).unwrap());
-    disk.failing.store(true, Relaxed);
+    disk.set_failing(true, false);
     let cache = cache_on(&swap, 2 << 20, false);
     let slots: Vec<u64> = (0..8).map(|_| swap.alloc(0).unwrap()).collect();
     for (i, &s) in slots.iter().enumerate() {
@@ -298,7 +262,7 @@ fn a_failing_device_loses_nothing() {
     };
     assert!(matches!(err, ZswapError::Swap(_)), "{err}");
     // The disk comes back: writeback goes on, and every page is readable.
-    disk.failing.store(false, Relaxed);
+    disk.set_failing(false, false);
     assert!(cache.shrink(8) > 0);
     let mut out = vec![0u8; PS];
     for (i, &s) in slots.iter().enumerate() {
@@ -312,10 +276,10 @@ fn a_failing_device_loses_nothing() {
 fn threads_with_writeback(threads: u64) {
     let swap = swap(16 * 1024);
     let cache = cache_on(&swap, 4 << 20, true);
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Relaxed) {
                 cache.shrink(16);
                 std::thread::yield_now();
             }
@@ -368,7 +332,7 @@ fn threads_with_writeback(threads: u64) {
         for w in workers {
             w.join().unwrap();
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Relaxed);
     });
     cache.wait_shrink_idle();
     let s = cache.stats();
