@@ -72,6 +72,27 @@ pub fn best_of_pairs(
     Ok((best_ref, best_phase))
 }
 
+/// [`best_of_pairs`] for a phase that needs a fresh `T` each pass (a device to store into):
+/// each pass makes one before its reference runs, as a device is set up before it is
+/// written, and drops the last pass's first. Returns the best times and the last `T`.
+pub fn best_of_fresh_pairs<T>(
+    passes: usize,
+    make: &mut dyn FnMut() -> Result<T>,
+    reference: &mut dyn FnMut() -> Result<f64>,
+    phase: &mut dyn FnMut(&T) -> Result<f64>,
+) -> Result<(f64, f64, T)> {
+    let (mut best_ref, mut best_phase) = (f64::INFINITY, f64::INFINITY);
+    let mut last = None;
+    for _ in 0..passes.max(1) {
+        drop(last.take());
+        let fresh = make()?;
+        best_ref = best_ref.min(reference()?);
+        best_phase = best_phase.min(phase(&fresh)?);
+        last = Some(fresh);
+    }
+    Ok((best_ref, best_phase, last.expect("at least one pass")))
+}
+
 /// A progress bar on stderr, drawn only when stderr is a terminal and the work is long.
 pub struct Progress {
     label: &'static str,

@@ -10,8 +10,6 @@
 //! (`mem_used_total`, `mem_used_max`, `pages_compacted`) are shown but not compared; every
 //! other field must still be equal.
 
-use std::cell::RefCell;
-
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,8 +21,8 @@ use ztier_blockdev::BlockDevice;
 use ztier_zram::{Backing, BdStat, Device, MmStat, RecompMode, WbFormat, WbMode};
 
 use crate::driver::{
-    at, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1, round3, Progress,
-    ReferenceStreams,
+    at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1,
+    round3, Progress, ReferenceStreams,
 };
 use crate::{ReplayError, Result};
 
@@ -194,35 +192,27 @@ impl ZramReplay {
             Ok(Device::new(bytes as u64, alg.clone(), pool)?)
         };
 
-        // Store, against the raw compressor on the same pages and threads. A fresh device per
-        // pass, made before the pass's reference runs, as a device is set up before it is
-        // written; the last one goes on.
-        let dev = RefCell::new(None);
-        let next_dev = RefCell::new(None);
+        // Store, against the raw compressor on the same pages and threads, a fresh device a
+        // pass; the last one goes on.
         let progress = Progress::new("store", total, self.progress);
-        let (raw_compress_s, store_s) = best_of_pairs(
+        let (raw_compress_s, store_s, dev) = best_of_fresh_pairs(
             passes,
+            &mut || make_device(),
             &mut || {
-                drop(dev.take());
-                *next_dev.borrow_mut() = Some(make_device()?);
                 for_each_page(&pages, threads, &progress, |_, page, scratch| {
                     scratch.resize(worst_case_len(ps), 0);
                     streams.with(alg, |c| c.compress(page, scratch))?;
                     Ok(())
                 })
             },
-            &mut || {
-                let d = next_dev.take().expect("made with the reference pass");
-                let secs = for_each_page(&pages, threads, &progress, |i, page, _| {
+            &mut |d: &Device| {
+                for_each_page(&pages, threads, &progress, |i, page, _| {
                     d.write_page(i as u64, page)
                         .map_err(|e| at("writing", i, e))
-                })?;
-                *dev.borrow_mut() = Some(d);
-                Ok(secs)
+                })
             },
         )?;
         progress.finish();
-        let dev = dev.into_inner().expect("at least one pass");
         let mm_stat = dev.mm_stat();
         let allocator_stats = self.allocator_stats.then(|| dev.allocator_stats());
 

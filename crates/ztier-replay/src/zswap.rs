@@ -10,7 +10,6 @@
 //! replay does the same (its pool limit is out of reach). With more than one thread the
 //! pool's layout differs, so `pool_total_size` and `Zswap` are shown, not compared.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -21,8 +20,8 @@ use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zswap::{Cache, Config, Placement, ZswapStats};
 
 use crate::driver::{
-    at, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1, round3, Progress,
-    ReferenceStreams,
+    at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1,
+    round3, Progress, ReferenceStreams,
 };
 use crate::zram::FieldComparison;
 use crate::{ReplayError, Result};
@@ -133,31 +132,22 @@ impl ZswapReplay {
             })
         };
 
-        // Store, against the raw compressor on the same pages and threads; a fresh cache per
-        // pass, made before the pass's reference run.
-        let cache = RefCell::new(None);
-        let next = RefCell::new(None);
+        // Store, against the raw compressor on the same pages and threads, a fresh cache a
+        // pass; the last one goes on.
         let progress = Progress::new("store", total, self.progress);
-        let (raw_compress_s, store_s) = best_of_pairs(
+        let (raw_compress_s, store_s, (cache, slots)) = best_of_fresh_pairs(
             passes,
+            &mut || make_cache(),
             &mut || {
-                drop(cache.take());
-                *next.borrow_mut() = Some(make_cache()?);
                 for_each_page(&pages, threads, &progress, |_, page, scratch| {
                     scratch.resize(worst_case_len(ps), 0);
                     streams.with(alg, |c| c.compress(page, scratch))?;
                     Ok(())
                 })
             },
-            &mut || {
-                let (c, slots) = next.take().expect("made with the reference pass");
-                let secs = store_all(&c, &slots, &progress)?;
-                *cache.borrow_mut() = Some((c, slots));
-                Ok(secs)
-            },
+            &mut |(c, slots): &(Cache, Vec<u64>)| store_all(c, slots, &progress),
         )?;
         progress.finish();
-        let (cache, slots) = cache.into_inner().expect("at least one pass");
         let zswap = cache.stats();
 
         // Load (which frees each entry: the kernel's loads are exclusive), against the raw
