@@ -55,6 +55,11 @@ const CLUSTER: u32 = SWAPFILE_CLUSTER;
 /// this many for the device-lock acquisitions the moves cost.
 const ORDER0_ROOM: u32 = SWAPFILE_CLUSTER / 4;
 
+/// Free slots that take a full order-0 cluster off the full list (ztier's list policy): the
+/// three device-lock acquisitions of its next round (to nonfull, isolated, full again) are
+/// then shared by at least this many slots, 1/85 a slot.
+const FULL_ROOM: u32 = SWAPFILE_CLUSTER / 2;
+
 /// How a device allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -683,23 +688,28 @@ impl Inner {
             return None;
         }
         self.with_lists(held, |l| {
+            // The one with the most free slots, so the two acquisitions it costs are shared
+            // by as many slots as the full list holds in one cluster.
+            let mut best: Option<(u32, MutexGuard<'_, Cluster>)> = None;
             let mut at = l.list(Flag::Full, 0).0.first();
             while let Some(id) = at {
                 at = ztier_base::list::List::next(l.list(Flag::Full, 0).1, id);
-                let Some(mut c) = self.clusters[id as usize].try_lock(&self.cluster_lock) else {
+                let Some(c) = self.clusters[id as usize].try_lock(&self.cluster_lock) else {
                     continue;
                 };
-                if u32::from(c.count) == CLUSTER {
-                    continue;
+                if u32::from(c.count) < CLUSTER
+                    && best.as_ref().is_none_or(|(_, b)| c.count < b.count)
+                {
+                    best = Some((id, c));
                 }
-                let (list, nodes) = l.list(Flag::Full, 0);
-                list.remove(nodes, id);
-                let (frag, nodes) = l.list(Flag::Frag, c.order);
-                frag.push_back(nodes, id);
-                c.flag = Flag::Frag;
-                return Some((id, c));
             }
-            None
+            let (id, mut c) = best?;
+            let (list, nodes) = l.list(Flag::Full, 0);
+            list.remove(nodes, id);
+            let (frag, nodes) = l.list(Flag::Frag, c.order);
+            frag.push_back(nodes, id);
+            c.flag = Flag::Frag;
+            Some((id, c))
         })
     }
 
@@ -950,19 +960,29 @@ impl Inner {
             self.free_cluster(c, id, held);
             return;
         }
-        // A quarter of the cluster free, counted once as the free slots cross it, so frees
-        // into a cluster being filled never bounce it between lists.
-        let quarter = free_before < ORDER0_ROOM && free_before + u32::from(freed) >= ORDER0_ROOM;
-        // Room for the cluster's order: a free aligned run (order > 0), or the quarter.
-        let room = if c.order > 0 { completes_run } else { quarter };
+        // Thresholds are counted once, as the free slots cross them, so frees into a cluster
+        // being filled never bounce it between lists.
+        let crossed = |room: u32| free_before < room && free_before + u32::from(freed) >= room;
+        // Room for the cluster's order: a free aligned run (order > 0), or a quarter of the
+        // cluster free (order 0).
+        let room = if c.order > 0 {
+            completes_run
+        } else {
+            crossed(ORDER0_ROOM)
+        };
         let to = match (self.config.policy, c.flag) {
             (ListPolicy::Kernel, Flag::Nonfull) => None,
             (ListPolicy::Kernel, _) => Some(Flag::Nonfull),
+            // A full order-0 cluster keeps its place until half of it is free: a free and
+            // the allocation that fills the hole again would otherwise move it twice for one
+            // slot. Its free slots are order 0's last resort meanwhile. (Larger orders' full
+            // clusters move on the first free: the holes a split run leaves are order 0's to
+            // steal, and waiting for half of them costs the steal far more than the moves.)
+            (ListPolicy::Ztier, Flag::Full) if c.order == 0 => {
+                crossed(FULL_ROOM).then_some(Flag::Nonfull)
+            }
             (ListPolicy::Ztier, Flag::Full) if room => Some(Flag::Nonfull),
-            // A full cluster keeps its place until a quarter of it is free: a free and the
-            // allocation that fills the hole again would otherwise move it twice for one
-            // slot. Its few free slots are the last resort of order-0 allocation.
-            (ListPolicy::Ztier, Flag::Full) if quarter => Some(Flag::Frag),
+            (ListPolicy::Ztier, Flag::Full) => Some(Flag::Frag),
             (ListPolicy::Ztier, Flag::Frag) if room => Some(Flag::Nonfull),
             (ListPolicy::Ztier, _) => None,
         };
@@ -1207,10 +1227,10 @@ impl Inner {
             }
             let fits = match c.flag {
                 Flag::Free | Flag::Discard => c.count == 0,
-                // ztier's list policy leaves a full cluster there until a quarter is free.
+                // ztier's list policy leaves a full order-0 cluster there until half is free.
                 Flag::Full => match self.config.policy {
-                    ListPolicy::Kernel => u32::from(c.count) == CLUSTER,
-                    ListPolicy::Ztier => CLUSTER - u32::from(c.count) < ORDER0_ROOM,
+                    ListPolicy::Ztier if c.order == 0 => CLUSTER - u32::from(c.count) < FULL_ROOM,
+                    _ => u32::from(c.count) == CLUSTER,
                 },
                 Flag::Nonfull | Flag::Frag => c.count > 0,
                 Flag::None => false,

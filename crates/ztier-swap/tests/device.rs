@@ -432,10 +432,10 @@ fn a_free_into_a_threads_cluster_moves_it_only_under_the_kernels_policy() {
     }
 }
 
-/// ztier's list policy keeps a full cluster on the full list until a quarter of it is free
-/// (a free and the allocation that fills the hole would otherwise move it twice for one
-/// slot); those holes are still the last resort of order-0 allocation, so nothing free is
-/// ever out of reach.
+/// ztier's list policy keeps a full order-0 cluster on the full list until half of it is
+/// free (a free and the allocation that fills the hole would otherwise move it twice for one
+/// slot); those holes are still the last resort of order-0 allocation, the cluster with the
+/// most of them first, so nothing free is ever out of reach.
 #[test]
 fn holes_in_full_clusters_stay_put_and_are_the_last_resort() {
     let dev = device(4 * CL, Config::default());
@@ -468,14 +468,22 @@ fn holes_in_full_clusters_stay_put_and_are_the_last_resort() {
         "frees into full clusters moved them: {moved} acquisitions"
     );
     dev.verify().unwrap();
-    // Nothing else is free: order 0 finds every hole, then the device is full.
-    let mut refilled: Vec<u64> = (0..holes.len()).map(|_| dev.alloc(0).unwrap()).collect();
+    // Nothing else is free: order 0 finds every hole (the cluster with the most first),
+    // then the device is full.
+    let extra = all[(2 * CL + 100) as usize];
+    dev.free(extra).unwrap();
+    let mut refilled = vec![dev.alloc(0).unwrap()];
+    assert_eq!(refilled[0] / CL, 2, "the cluster with the most holes first");
+    refilled.extend((0..holes.len()).map(|_| dev.alloc(0).unwrap()));
     refilled.sort_unstable();
-    assert_eq!(refilled, holes);
+    let mut expected = holes.clone();
+    expected.push(extra);
+    expected.sort_unstable();
+    assert_eq!(refilled, expected);
     assert!(dev.alloc(0).is_err());
     dev.verify().unwrap();
-    // A quarter free: the cluster leaves the full list for nonfull.
-    for &s in all.iter().filter(|&&s| s / CL == 2).take(CL as usize / 4) {
+    // Half free: the cluster leaves the full list for nonfull.
+    for &s in all.iter().filter(|&&s| s / CL == 2).take(CL as usize / 2) {
         dev.free(s).unwrap();
     }
     assert_eq!(dev.stats().lists.nonfull[0], 1);
