@@ -55,9 +55,9 @@ const CLUSTER: u32 = SWAPFILE_CLUSTER;
 /// this many for the device-lock acquisitions the moves cost.
 const ORDER0_ROOM: u32 = SWAPFILE_CLUSTER / 4;
 
-/// Free slots that take a full order-0 cluster off the full list (ztier's list policy): the
-/// three device-lock acquisitions of its next round (to nonfull, isolated, full again) are
-/// then shared by at least this many slots, 1/85 a slot.
+/// Free slots that take a full order-0 cluster off the full list, and free slots in aligned
+/// runs that put a larger order's cluster on the nonfull list (ztier's list policy): the
+/// device-lock acquisitions of its next round are then shared by at least this many slots.
 const FULL_ROOM: u32 = SWAPFILE_CLUSTER / 2;
 
 /// How a device allocates.
@@ -428,6 +428,20 @@ impl Drop for Device {
 pub(crate) fn run_is_free(c: &Cluster, i: usize) -> bool {
     let nr = 1usize << c.order;
     c.range_is_free(i & !(nr - 1), nr)
+}
+
+/// Whether a cluster of order > 0 has free aligned runs of its order holding half of it (one
+/// run for an order that fits fewer than two in a cluster): worth the nonfull list, so that
+/// an allocator isolating it gets many runs for the two device-lock acquisitions of the trip.
+fn runs_worth_a_trip(c: &Cluster) -> bool {
+    let nr = 1usize << c.order;
+    let want = (FULL_ROOM as usize / nr).max(1);
+    (0..CLUSTER as usize)
+        .step_by(nr)
+        .filter(|&i| c.range_is_free(i, nr))
+        .take(want)
+        .count()
+        == want
 }
 
 /// The first page of a Linux swap area (`union swap_header`, version 1): the signature in
@@ -963,10 +977,11 @@ impl Inner {
         // Thresholds are counted once, as the free slots cross them, so frees into a cluster
         // being filled never bounce it between lists.
         let crossed = |room: u32| free_before < room && free_before + u32::from(freed) >= room;
-        // Room for the cluster's order: a free aligned run (order > 0), or a quarter of the
-        // cluster free (order 0).
+        // Room for the cluster's order: free aligned runs of it holding half the cluster, as a
+        // free completes one (order > 0), or a quarter of the cluster free (order 0). With
+        // less, the cluster waits on the frag list, where only order-0 allocation looks.
         let room = if c.order > 0 {
-            completes_run
+            completes_run && runs_worth_a_trip(c)
         } else {
             crossed(ORDER0_ROOM)
         };

@@ -82,21 +82,27 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
     }
     assert_eq!(runs.len(), 3 * 32);
     assert_eq!(dev.stats().per_order[4].fallbacks, 1);
-    // Frees: two runs in cluster 2, then one in cluster 3, put both on nonfull[4], 2 first.
+    // Frees: a run in cluster 1 leaves it on frag[4] (too little room to be worth a trip);
+    // half of cluster 2, then half of cluster 3, in whole runs, put both on nonfull[4], 2
+    // first.
     let runs_in = |c: u64| runs.iter().copied().filter(move |r| r / CL == c);
-    let two: Vec<u64> = runs_in(2).take(2).collect();
-    for &r in &two {
+    dev.free_range(runs_in(1).next().unwrap(), 16).unwrap();
+    let s = dev.stats();
+    assert_eq!((s.lists.frag[4], s.lists.nonfull[4]), (1, 0), "{:?}", s.lists);
+    for r in runs_in(2).take(16).collect::<Vec<_>>() {
         dev.free_range(r, 16).unwrap();
     }
-    dev.free_range(runs_in(3).next().unwrap(), 16).unwrap();
+    for r in runs_in(3).take(16).collect::<Vec<_>>() {
+        dev.free_range(r, 16).unwrap();
+    }
     assert_eq!(dev.stats().lists.nonfull[4], 2);
     // CPU 2's order-4 allocation isolates cluster 2, takes one run, and leaves it on
-    // frag[4] (still room in it); cluster 3 stays on nonfull[4].
+    // frag[4] (still room in it) beside cluster 1; cluster 3 stays on nonfull[4].
     assert_eq!(dev.alloc_on(2, 4).unwrap() / CL, 2);
     let s = dev.stats();
     assert_eq!(
         (s.lists.frag[4], s.lists.nonfull[4]),
-        (1, 1),
+        (2, 1),
         "{:?}",
         s.lists
     );
@@ -107,8 +113,9 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
     for _ in 10..CL - 1 {
         assert_eq!(dev.alloc_on(3, 0).unwrap() / CL, 0);
     }
-    // ...then steal from higher orders, the fragmented cluster (2) before the nonfull (3).
-    assert_eq!(dev.alloc_on(4, 0).unwrap() / CL, 2);
+    // ...then steal from higher orders, the fragmented clusters (1, then 2) before the
+    // nonfull (3).
+    assert_eq!(dev.alloc_on(4, 0).unwrap() / CL, 1);
     dev.verify().unwrap();
 }
 
