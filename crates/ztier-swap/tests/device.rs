@@ -88,7 +88,12 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
     let runs_in = |c: u64| runs.iter().copied().filter(move |r| r / CL == c);
     dev.free_range(runs_in(1).next().unwrap(), 16).unwrap();
     let s = dev.stats();
-    assert_eq!((s.lists.frag[4], s.lists.nonfull[4]), (1, 0), "{:?}", s.lists);
+    assert_eq!(
+        (s.lists.frag[4], s.lists.nonfull[4]),
+        (1, 0),
+        "{:?}",
+        s.lists
+    );
     for r in runs_in(2).take(16).collect::<Vec<_>>() {
         dev.free_range(r, 16).unwrap();
     }
