@@ -50,6 +50,18 @@ where
     Ok(start.elapsed().as_secs_f64())
 }
 
+/// The corpus's pages of `page_size` bytes; a corpus smaller than one is an error.
+pub fn pages_of(corpus: &ztier_corpus::Corpus, page_size: usize) -> Result<Vec<&[u8]>> {
+    let pages: Vec<&[u8]> = corpus.chunks(page_size).collect();
+    if pages.is_empty() {
+        return Err(ReplayError::Config(format!(
+            "{}: smaller than one {page_size}-byte page",
+            corpus.name
+        )));
+    }
+    Ok(pages)
+}
+
 /// Passes of each timed phase for `bytes` of pages: at least five, more for short corpora
 /// (up to 64 MiB replayed), at most ten.
 pub fn passes_for(bytes: usize) -> usize {

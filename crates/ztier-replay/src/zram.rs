@@ -21,8 +21,8 @@ use ztier_blockdev::BlockDevice;
 use ztier_zram::{Backing, BdStat, Device, MmStat, RecompMode, WbFormat, WbMode};
 
 use crate::driver::{
-    at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1,
-    round3, Progress, ReferenceStreams,
+    at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, pages_of,
+    passes_for, round1, round3, Progress, ReferenceStreams,
 };
 use crate::{ReplayError, Result};
 
@@ -171,13 +171,7 @@ impl ZramReplay {
     pub fn run(&self, corpus: &Corpus, truth: Option<&Truth<MmStat>>) -> Result<ZramRun> {
         self.layout.validate().map_err(ReplayError::Config)?;
         let ps = self.layout.page_size;
-        let pages: Vec<&[u8]> = corpus.chunks(ps).collect();
-        if pages.is_empty() {
-            return Err(ReplayError::Config(format!(
-                "{}: smaller than one {ps}-byte page",
-                corpus.name
-            )));
-        }
+        let pages = pages_of(corpus, ps)?;
         let bytes = pages.len() * ps;
         let alg = &self.algorithm;
         let threads = self.threads;

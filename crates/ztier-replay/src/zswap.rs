@@ -20,8 +20,8 @@ use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zswap::{Cache, Config, Placement, ZswapStats};
 
 use crate::driver::{
-    at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, passes_for, round1,
-    round3, Progress, ReferenceStreams,
+    at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, pages_of,
+    passes_for, round1, round3, Progress, ReferenceStreams,
 };
 use crate::zram::FieldComparison;
 use crate::{ReplayError, Result};
@@ -85,13 +85,7 @@ impl ZswapReplay {
                 ztier_swap::SLOT_BYTES
             )));
         }
-        let pages: Vec<&[u8]> = corpus.chunks(ps).collect();
-        if pages.is_empty() {
-            return Err(ReplayError::Config(format!(
-                "{}: smaller than one {ps}-byte page",
-                corpus.name
-            )));
-        }
+        let pages = pages_of(corpus, ps)?;
         let bytes = pages.len() * ps;
         let alg = &self.algorithm;
         let threads = self.threads;

@@ -444,6 +444,15 @@ fn runs_worth_a_trip(c: &Cluster) -> bool {
         == want
 }
 
+/// Puts an isolated cluster (off every list, its lock held) on the tail of the frag list of
+/// its order, where relocation would put it: ztier's list policy does it in the isolating
+/// device-lock hold.
+fn put_on_frag(l: &mut Lists, c: &mut Cluster, id: u32) {
+    let (frag, nodes) = l.list(Flag::Frag, c.order);
+    frag.push_back(nodes, id);
+    c.flag = Flag::Frag;
+}
+
 /// The first page of a Linux swap area (`union swap_header`, version 1): the signature in
 /// its last 10 bytes, the last page's index, no bad pages.
 fn swap_header(slots: u64) -> Vec<u8> {
@@ -545,9 +554,7 @@ impl Inner {
                         if c.count == 0 {
                             c.order = alloc_order as u8;
                         }
-                        let (frag, nodes) = l.list(Flag::Frag, c.order);
-                        frag.push_back(nodes, id);
-                        c.flag = Flag::Frag;
+                        put_on_frag(l, &mut c, id);
                     }
                     return Some((id, c));
                 }
@@ -720,9 +727,7 @@ impl Inner {
             let (id, mut c) = best?;
             let (list, nodes) = l.list(Flag::Full, 0);
             list.remove(nodes, id);
-            let (frag, nodes) = l.list(Flag::Frag, c.order);
-            frag.push_back(nodes, id);
-            c.flag = Flag::Frag;
+            put_on_frag(l, &mut c, id);
             Some((id, c))
         })
     }
