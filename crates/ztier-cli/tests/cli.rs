@@ -375,6 +375,11 @@ fn swap_bench_verifies_and_writes_back() {
         path.to_str().unwrap(),
         "--threads",
         "2",
+        // Long enough (about half a second) for the shrink worker, woken by the first
+        // refused store, to get a core and write back: the default 8192 operations end in
+        // 20 ms, sometimes before it runs.
+        "--ops",
+        "200000",
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
