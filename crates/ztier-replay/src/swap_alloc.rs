@@ -6,7 +6,9 @@
 //! (`perf lock contention`), allocation failures per order and fragmentation.
 //!
 //! Each thread keeps the slots it holds (its swapped-out pages) near a share of the
-//! workload's fill level: below it, 60 % of its operations allocate; above, 40 %. A free
+//! workload's fill level: below it, 60 % of the slots its operations move are allocated;
+//! above, 40 % (counted in slots: where runs are swapped in page by page, a thread frees far
+//! more often than it allocates, or the device would fill up whatever the level). A free
 //! picks a held slot at random (swap-in order is not swap-out order). A large allocation
 //! that finds no room falls back to its pages one by one, as the kernel splits a folio it
 //! cannot swap out whole.
@@ -263,8 +265,9 @@ fn thread_ops(dev: &Device, workload: Workload, ops: u64, share: u64, seed: u64)
         slots: Vec::with_capacity(share as usize + 64),
         runs: Vec::new(),
     };
+    let (below, above) = (alloc_chance(workload, 0.6), alloc_chance(workload, 0.4));
     for _ in 0..ops {
-        let want_alloc = rng.below(10) < if held.count() < share { 6 } else { 4 };
+        let want_alloc = rng.below(1000) < if held.count() < share { below } else { above };
         if want_alloc || held.count() == 0 {
             let large = workload.large_orders() && rng.below(4) == 0;
             let order = if large { LARGE_ORDER } else { 0 };
@@ -290,6 +293,26 @@ fn thread_ops(dev: &Device, workload: Workload, ops: u64, share: u64, seed: u64)
         }
     }
     held
+}
+
+/// The chance in 1000 that an operation allocates, so that of the slots an operation moves a
+/// share `slots_in` are allocated: an allocation takes 4.75 slots on average where a quarter
+/// are order-4 runs, and where runs are swapped in page by page a free gives back one, so
+/// operations there must free far more often than they allocate to keep the fill level.
+fn alloc_chance(workload: Workload, slots_in: f64) -> u64 {
+    let per_alloc = if workload.large_orders() {
+        0.75 + 0.25 * f64::from(1u32 << LARGE_ORDER)
+    } else {
+        1.0
+    };
+    // A free gives back an allocation's worth when runs are freed whole.
+    let per_free = if workload.splits_runs() {
+        1.0
+    } else {
+        per_alloc
+    };
+    let ratio = per_alloc / per_free;
+    (1000.0 * slots_in / (slots_in + ratio * (1.0 - slots_in))).round() as u64
 }
 
 fn free_one(dev: &Device, held: &mut Held, rng: &mut Rng) {

@@ -11,7 +11,10 @@
 //!   isolated it; [`Flag::Discard`] may also be off-list while its slots are discarded);
 //! - a cluster on a per-order list (nonfull, frag) has `count > 0`, and its `order` does not
 //!   change until it is empty;
-//! - a cluster whose `count` is 0 is on the free or discard list, or isolated.
+//! - a cluster whose `count` is 0 is on the free or discard list, or isolated;
+//! - `free_runs` is the number of free aligned runs of `order` slots while `count > 0`;
+//! - a cluster on the full list has no free slot, or under ztier's list policy fewer than
+//!   half free (order 0 fills them in place).
 //!
 //! The lists (`Lists`) are guarded by the device lock; a cluster's `flag` by its own lock,
 //! and both are changed together only with both held (cluster lock first, then the device
@@ -46,6 +49,8 @@ pub enum Flag {
     Nonfull,
     /// Some slots free, left behind by an allocator (a CPU's cluster that it moved on from).
     Frag,
+    /// No slot free; under ztier's list policy, fewer than half free (order 0 fills those
+    /// holes in place).
     Full,
     /// Empty, waiting for its slots to be discarded on the backing device.
     Discard,
@@ -66,6 +71,9 @@ pub(crate) struct Cluster {
     /// any cluster).
     pub order: u8,
     pub flag: Flag,
+    /// Free aligned runs of `order` slots (free slots for order 0); meaningful while
+    /// `count > 0`, set afresh when an empty cluster takes an order.
+    pub free_runs: u16,
     pub map: [u8; SWAPFILE_CLUSTER as usize],
 }
 
@@ -75,6 +83,7 @@ impl Cluster {
             count: 0,
             order: 0,
             flag: Flag::None,
+            free_runs: SWAPFILE_CLUSTER as u16,
             map: [0; SWAPFILE_CLUSTER as usize],
         }
     }
@@ -86,6 +95,22 @@ impl Cluster {
 
     pub(crate) fn range_is_free(&self, start: usize, nr: usize) -> bool {
         self.map[start..start + nr].iter().all(|&b| b == 0)
+    }
+
+    /// An empty cluster starts to serve `order`: every run of it is free.
+    pub(crate) fn take_order(&mut self, order: u32) {
+        debug_assert_eq!(self.count, 0, "only an empty cluster changes order");
+        self.order = order as u8;
+        self.free_runs = (SWAPFILE_CLUSTER >> order) as u16;
+    }
+
+    /// Free aligned runs of the cluster's order, counted (what `free_runs` must equal).
+    pub(crate) fn count_free_runs(&self) -> u16 {
+        let nr = 1usize << self.order;
+        (0..SWAPFILE_CLUSTER as usize)
+            .step_by(nr)
+            .filter(|&i| self.range_is_free(i, nr))
+            .count() as u16
     }
 }
 

@@ -109,17 +109,16 @@ impl Inner {
         for group in ret.chunk_by(|a, b| a / SWAPFILE_CLUSTER == b / SWAPFILE_CLUSTER) {
             let id = group[0] / SWAPFILE_CLUSTER;
             let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
-            let mut freed = 0u16;
-            let mut completes_run = false;
+            let (mut freed, mut runs) = (0u16, 0u16);
             for &slot in group {
                 let i = (slot % SWAPFILE_CLUSTER) as usize;
                 if c.map[i] == SWAP_MAP_FREEING {
                     c.map[i] = 0;
                     freed += 1;
-                    completes_run |= crate::swapfile::run_is_free(&c, i);
+                    runs += u16::from(crate::swapfile::run_is_free(&c, i));
                 }
             }
-            self.release_slots(&mut c, id, freed, completes_run, &mut held);
+            self.release_slots(&mut c, id, freed, runs, &mut held);
             self.counters
                 .add(crate::swapfile::FREED_ORDER0, u64::from(freed));
         }

@@ -19,7 +19,11 @@
 //!
 //! Invariants: those of [`crate::cluster`]; `usage` counts the slots whose byte is between 1
 //! and [`SWAP_MAP_MAX`] or `SWAP_MAP_FREEING` (allocated, not yet freed); a slot is handed
-//! out by at most one allocation until it is freed.
+//! out by at most one allocation until it is freed; each cluster's published offer (its
+//! holes on the full list, its free runs on a frag list) is what its state says whenever
+//! its lock is free, and `frag_runs` is the sum of the published runs. The published words
+//! are read without the cluster's lock, as hints only: whoever acts on one takes the lock
+//! and looks again.
 //!
 //! Lock order (outer first), cluster mode: the thread's current-cluster shard, the global
 //! cluster lock (rotational), a cluster lock, the device lock, the available-list lock. A
@@ -55,8 +59,8 @@ const CLUSTER: u32 = SWAPFILE_CLUSTER;
 /// this many for the device-lock acquisitions the moves cost.
 const ORDER0_ROOM: u32 = SWAPFILE_CLUSTER / 4;
 
-/// Free slots that take a full order-0 cluster off the full list, and free slots in aligned
-/// runs that put a larger order's cluster on the nonfull list (ztier's list policy): the
+/// Free slots that take a full cluster off the full list, and free slots in aligned runs
+/// that put a larger order's cluster on the nonfull list (ztier's list policy): the
 /// device-lock acquisitions of its next round are then shared by at least this many slots.
 const FULL_ROOM: u32 = SWAPFILE_CLUSTER / 2;
 
@@ -82,11 +86,19 @@ pub enum ListPolicy {
     /// free; and every failed large allocation isolates, rescans and demotes every nonfull
     /// cluster of its order that random frees promoted again.
     Kernel,
-    /// ztier's: nonfull holds only clusters with room for their order (a free aligned run
-    /// of it; for order 0, a quarter of the cluster free). A full cluster that a free gives
-    /// room goes to nonfull, else to frag (order-0 allocations still reach it there); a frag
-    /// cluster is promoted when a free gives it room: for order 0 once, as its free slots
-    /// cross the quarter, so frees into the cluster a thread is filling never move it.
+    /// ztier's: every list move buys many slots.
+    /// - Nonfull holds only clusters with room for their order: free aligned runs of it
+    ///   holding half the cluster, or for order 0 a quarter of the cluster free. A frag
+    ///   cluster is promoted once, as a free gives it that room, so frees into the cluster
+    ///   a thread is filling never move it.
+    /// - A full cluster stays on the full list until half of it is free (or a larger
+    ///   order's runs are worth a trip). Order 0's last resort fills its holes in place,
+    ///   walking the clusters' published holes with no device lock and no list move, so a
+    ///   hole costs neither its free nor its refill a trip.
+    /// - A larger allocation passes by frag clusters with no free run of its order (each
+    ///   cluster publishes its runs), and skips the frag list when none has one.
+    /// - An isolated cluster goes straight onto the frag list it would be relocated to.
+    ///
     /// Measured with `ztier swap-alloc-bench --list-policy`.
     Ztier,
 }
@@ -160,6 +172,14 @@ pub(crate) struct Inner {
     /// The rotational device's clusters (`si->global_cluster` under `global_cluster_lock`).
     pub(crate) global: CountedMutex<PerCpu>,
     pub(crate) usage: Usage,
+    /// Per cluster, what it offers, kept under its lock and read without it ([`Published`]):
+    /// order 0's last resort walks the holes of full clusters to fill them in place, without
+    /// a list move; a larger allocation looks at the frag list only if it has free runs.
+    published: Box<[AtomicU64]>,
+    /// Free aligned runs of each order in the clusters on that order's frag list.
+    frag_runs: [AtomicU64; NR_ORDERS],
+    /// Where the next walk for holes starts, so successive walks spread over the device.
+    hole_cursor: AtomicU64,
     pub(crate) caches: Shards<SlotCache>,
     pub(crate) backing: Arc<dyn BlockDevice>,
     pub(crate) counters: Counters<COUNTERS>,
@@ -236,6 +256,7 @@ impl Device {
         let mark_bad = |c: &mut Cluster, i: usize| {
             c.map[i] = SWAP_MAP_BAD;
             c.count += 1;
+            c.free_runs -= 1;
         };
         mark_bad(&mut clusters[0], 0);
         for slot in slots..nclusters as u64 * u64::from(CLUSTER) {
@@ -262,6 +283,9 @@ impl Device {
             percpu: Shards::default(),
             global: CountedMutex::new(PerCpu::default()),
             usage: Usage::new(slots - 1, id, config.priority, avail),
+            published: (0..nclusters).map(|_| AtomicU64::new(0)).collect(),
+            frag_runs: std::array::from_fn(|_| AtomicU64::new(0)),
+            hole_cursor: AtomicU64::new(0),
             caches: Shards::default(),
             backing,
             counters: Counters::default(),
@@ -453,6 +477,30 @@ fn put_on_frag(l: &mut Lists, c: &mut Cluster, id: u32) {
     c.flag = Flag::Frag;
 }
 
+/// What a cluster offers to allocators that do not hold its lock, packed in one word: its
+/// free slots while it is on the full list under ztier's list policy (order 0 fills them
+/// in place), and its free runs while it is on the frag list of its order (> 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Published {
+    holes: u32,
+    frag_runs: u32,
+    order: u8,
+}
+
+impl Published {
+    fn pack(self) -> u64 {
+        u64::from(self.holes) | u64::from(self.frag_runs) << 16 | u64::from(self.order) << 32
+    }
+
+    fn unpack(word: u64) -> Published {
+        Published {
+            holes: (word & 0xffff) as u32,
+            frag_runs: (word >> 16 & 0xffff) as u32,
+            order: (word >> 32) as u8,
+        }
+    }
+}
+
 /// The first page of a Linux swap area (`union swap_header`, version 1): the signature in
 /// its last 10 bytes, the last page's index, no bad pages.
 fn swap_header(slots: u64) -> Vec<u8> {
@@ -488,6 +536,47 @@ impl Inner {
         let (from, order) = (c.flag, c.order);
         self.with_lists(held, |l| l.move_to(id, from, to, order));
         c.flag = to;
+        self.publish(id, c);
+    }
+
+    /// What a locked cluster offers, as it should be published.
+    fn offer(&self, c: &Cluster) -> Published {
+        let ztier = self.config.policy == ListPolicy::Ztier;
+        Published {
+            holes: match c.flag {
+                Flag::Full if ztier => CLUSTER - u32::from(c.count),
+                _ => 0,
+            },
+            frag_runs: match c.flag {
+                Flag::Frag if c.order > 0 => u32::from(c.free_runs),
+                _ => 0,
+            },
+            order: c.order,
+        }
+    }
+
+    /// Publishes what a locked cluster offers, after any change to its slots or its list.
+    fn publish(&self, id: u32, c: &Cluster) {
+        let new = self.offer(c);
+        let old =
+            Published::unpack(self.published[id as usize].swap(new.pack(), Ordering::Relaxed));
+        if old.frag_runs != new.frag_runs || old.order != new.order {
+            // Each cluster's share is changed under its lock, so the sums never go below 0.
+            self.frag_runs[usize::from(old.order)]
+                .fetch_sub(u64::from(old.frag_runs), Ordering::Relaxed);
+            self.frag_runs[usize::from(new.order)]
+                .fetch_add(u64::from(new.frag_runs), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether order-`order` allocations may be made in a locked cluster: one on a usable
+    /// list, or for order 0 under ztier's list policy, the holes of one on the full list.
+    fn usable(&self, c: &Cluster, order: u32) -> bool {
+        c.usable_for(order)
+            || (order == 0
+                && c.flag == Flag::Full
+                && self.config.policy == ListPolicy::Ztier
+                && u32::from(c.count) < CLUSTER)
     }
 
     /// An empty cluster goes to be discarded, or to the free list.
@@ -502,7 +591,8 @@ impl Inner {
 
     fn free_cluster_now(&self, c: &mut Cluster, id: u32, held: &mut Held<'_>) {
         self.move_cluster(c, id, Flag::Free, held);
-        c.order = 0;
+        c.take_order(0);
+        self.publish(id, c);
     }
 
     /// `relocate_cluster()`: after an allocation, to the frag, full or free list.
@@ -515,7 +605,9 @@ impl Inner {
                 self.free_cluster(c, id, held);
             }
         } else if u32::from(c.count) < CLUSTER {
-            if c.flag != Flag::Frag {
+            // Under ztier's list policy a full cluster's holes are filled in place.
+            let in_place = c.flag == Flag::Full && self.config.policy == ListPolicy::Ztier;
+            if c.flag != Flag::Frag && !in_place {
                 self.move_cluster(c, id, Flag::Frag, held);
             }
         } else if c.flag != Flag::Full {
@@ -547,15 +639,27 @@ impl Inner {
             let (list, nodes) = l.list(flag, order);
             let mut at = list.first();
             while let Some(id) = at {
+                // A larger allocation passes by fragmented clusters with no run for it.
+                let hopeless = flag == Flag::Frag
+                    && alloc_order > 0
+                    && self.config.policy == ListPolicy::Ztier
+                    && Published::unpack(self.published[id as usize].load(Ordering::Relaxed))
+                        .frag_runs
+                        == 0;
+                if hopeless {
+                    at = ztier_base::list::List::next(nodes, id);
+                    continue;
+                }
                 if let Some(mut c) = self.clusters[id as usize].try_lock(&self.cluster_lock) {
                     list.remove(nodes, id);
                     c.flag = Flag::None;
                     if self.config.policy == ListPolicy::Ztier {
                         if c.count == 0 {
-                            c.order = alloc_order as u8;
+                            c.take_order(alloc_order);
                         }
                         put_on_frag(l, &mut c, id);
                     }
+                    self.publish(id, &c);
                     return Some((id, c));
                 }
                 at = ztier_base::list::List::next(nodes, id);
@@ -584,7 +688,11 @@ impl Inner {
                 let (i, n) = (off as usize, nr as usize);
                 if c.range_is_free(i, n) {
                     if c.count == 0 {
-                        c.order = order as u8;
+                        c.take_order(order);
+                    }
+                    // The run of the cluster's order this allocation breaks (or takes).
+                    if run_is_free(&c, i) {
+                        c.free_runs -= 1;
                     }
                     c.map[i..i + n].fill(1);
                     c.count += nr as u16;
@@ -600,6 +708,7 @@ impl Inner {
             }
         }
         self.relocate(&mut c, id, held);
+        self.publish(id, &c);
         (found, next)
     }
 
@@ -616,7 +725,7 @@ impl Inner {
         }
         let id = at / CLUSTER;
         let c = self.clusters[id as usize].lock(&self.cluster_lock);
-        if !c.usable_for(order) {
+        if !self.usable(&c, order) {
             return None;
         }
         let start = if c.count == 0 { id * CLUSTER } else { at };
@@ -671,9 +780,13 @@ impl Inner {
                 return found;
             }
         }
-        if order < PMD_ORDER {
-            // One fragmented cluster is enough: order 0 will find room later in the steal,
-            // and a large allocation may fail.
+        // One fragmented cluster is enough: order 0 will find room later in the steal, and a
+        // large allocation may fail; it does not look when no cluster there has a free run.
+        // (Under ztier's list policy; the kernel's scans one whatever it holds.)
+        let frag_has_runs = order == 0
+            || self.config.policy == ListPolicy::Kernel
+            || self.frag_runs[o].load(Ordering::Relaxed) > 0;
+        if order < PMD_ORDER && frag_has_runs {
             if let found @ Some(_) = self.scan_list(Flag::Frag, o, order, false, next, held) {
                 return found;
             }
@@ -689,47 +802,44 @@ impl Inner {
                 }
             }
             // Last, the holes full clusters keep under ztier's list policy.
-            while let Some((id, c)) = self.isolate_full_with_room(held) {
-                if let found @ (Some(_), _) = self.scan_cluster(c, id, id * CLUSTER, 0, held) {
-                    *next = found.1;
-                    return found.0;
-                }
-            }
+            return self.fill_hole(next, held);
         }
         None
     }
 
-    /// The first cluster on the full list with a free slot (ztier's list policy keeps a few
-    /// there), isolated as [`isolate`](Self::isolate) does.
-    fn isolate_full_with_room(
-        &self,
-        held: &mut Held<'_>,
-    ) -> Option<(u32, MutexGuard<'_, Cluster>)> {
-        if self.config.policy != ListPolicy::Ztier {
+    /// Order 0's last resort under ztier's list policy: a free slot in a cluster on the full
+    /// list, taken in place (the cluster stays on the full list, so no list moves and no
+    /// device lock), and the thread allocates from that cluster's holes next. The walk
+    /// starts where the last one stopped and reads each cluster's published holes before
+    /// taking its lock; a cluster whose lock is held is passed by, as isolation passes it.
+    fn fill_hole(&self, next: &mut u32, held: &mut Held<'_>) -> Option<u32> {
+        if self.config.policy != ListPolicy::Ztier
+            || self.nonempty.load(Ordering::Acquire) & Lists::bit(Flag::Full, 0) == 0
+        {
             return None;
         }
-        self.with_lists(held, |l| {
-            // The one with the most free slots, so the two acquisitions it costs are shared
-            // by as many slots as the full list holds in one cluster.
-            let mut best: Option<(u32, MutexGuard<'_, Cluster>)> = None;
-            let mut at = l.list(Flag::Full, 0).0.first();
-            while let Some(id) = at {
-                at = ztier_base::list::List::next(l.list(Flag::Full, 0).1, id);
-                let Some(c) = self.clusters[id as usize].try_lock(&self.cluster_lock) else {
-                    continue;
-                };
-                if u32::from(c.count) < CLUSTER
-                    && best.as_ref().is_none_or(|(_, b)| c.count < b.count)
-                {
-                    best = Some((id, c));
-                }
+        let n = self.clusters.len();
+        let start = self.hole_cursor.load(Ordering::Relaxed) as usize % n;
+        for id in (start..n).chain(0..start) {
+            if Published::unpack(self.published[id].load(Ordering::Relaxed)).holes == 0 {
+                continue;
             }
-            let (id, mut c) = best?;
-            let (list, nodes) = l.list(Flag::Full, 0);
-            list.remove(nodes, id);
-            put_on_frag(l, &mut c, id);
-            Some((id, c))
-        })
+            let Some(c) = self.clusters[id].try_lock(&self.cluster_lock) else {
+                continue;
+            };
+            if !(c.flag == Flag::Full && self.usable(&c, 0)) {
+                continue;
+            }
+            // The next walk starts past it: this thread fills it, another takes the next.
+            self.hole_cursor.store(id as u64 + 1, Ordering::Relaxed);
+            let id = id as u32;
+            let (found, n) = self.scan_cluster(c, id, id * CLUSTER, 0, held);
+            *next = n;
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
     }
 
     /// The thread's cluster, then a new one; and when all else fails, clusters waiting to be
@@ -945,35 +1055,36 @@ impl Inner {
                 });
             }
         }
-        let mut freed = 0u16;
-        let mut completes_run = false;
+        let (mut freed, mut runs) = (0u16, 0u16);
         for &i in idx {
             c.map[i] -= 1;
             if c.map[i] == 0 {
                 freed += 1;
-                completes_run |= run_is_free(&c, i);
+                runs += u16::from(run_is_free(&c, i));
             }
         }
-        self.release_slots(&mut c, id, freed, completes_run, held);
+        self.release_slots(&mut c, id, freed, runs, held);
         Ok(())
     }
 
-    /// `freed` slots of a locked cluster just became free (`completes_run`: one of them
-    /// completed a free aligned run of the cluster's order): count them, and move the
-    /// cluster to the list its new state calls for under the device's [`ListPolicy`].
+    /// `freed` slots of a locked cluster just became free, completing `runs` free aligned runs
+    /// of the cluster's order: count them, and move the cluster to the list its new state
+    /// calls for under the device's [`ListPolicy`].
     pub(crate) fn release_slots(
         &self,
         c: &mut Cluster,
         id: u32,
         freed: u16,
-        completes_run: bool,
+        runs: u16,
         held: &mut Held<'_>,
     ) {
         if freed == 0 {
             return;
         }
+        let completes_run = runs > 0;
         let free_before = CLUSTER - u32::from(c.count);
         c.count -= freed;
+        c.free_runs += runs;
         self.usage.sub(u64::from(freed));
         if c.count == 0 {
             self.free_cluster(c, id, held);
@@ -993,21 +1104,23 @@ impl Inner {
         let to = match (self.config.policy, c.flag) {
             (ListPolicy::Kernel, Flag::Nonfull) => None,
             (ListPolicy::Kernel, _) => Some(Flag::Nonfull),
-            // A full order-0 cluster keeps its place until half of it is free: a free and
-            // the allocation that fills the hole again would otherwise move it twice for one
-            // slot. Its free slots are order 0's last resort meanwhile. (Larger orders' full
-            // clusters move on the first free: the holes a split run leaves are order 0's to
-            // steal, and waiting for half of them costs the steal far more than the moves.)
-            (ListPolicy::Ztier, Flag::Full) if c.order == 0 => {
-                crossed(FULL_ROOM).then_some(Flag::Nonfull)
-            }
-            (ListPolicy::Ztier, Flag::Full) if room => Some(Flag::Nonfull),
-            (ListPolicy::Ztier, Flag::Full) => Some(Flag::Frag),
+            // A full cluster keeps its place until half of it is free (or, for a larger
+            // order, until its free runs are worth a trip): a free and the allocation that
+            // fills the hole again would otherwise move it twice for one slot. Order 0 fills
+            // its holes in place meanwhile (`fill_hole`), with no list move at all.
+            (ListPolicy::Ztier, Flag::Full) if c.order > 0 && room => Some(Flag::Nonfull),
+            (ListPolicy::Ztier, Flag::Full) => crossed(FULL_ROOM).then_some(if c.order == 0 {
+                Flag::Nonfull
+            } else {
+                Flag::Frag
+            }),
             (ListPolicy::Ztier, Flag::Frag) if room => Some(Flag::Nonfull),
             (ListPolicy::Ztier, _) => None,
         };
         if let Some(to) = to {
             self.move_cluster(c, id, to, held);
+        } else {
+            self.publish(id, c);
         }
     }
 
@@ -1220,6 +1333,7 @@ impl Inner {
             }
         }
         let mut in_use = 0u64;
+        let mut frag_runs = [0u64; NR_ORDERS];
         for (id, lock) in self.clusters.iter().enumerate() {
             let c = lock.lock(&self.cluster_lock);
             let used = c.map.iter().filter(|&&b| b != 0).count();
@@ -1247,10 +1361,10 @@ impl Inner {
             }
             let fits = match c.flag {
                 Flag::Free | Flag::Discard => c.count == 0,
-                // ztier's list policy leaves a full order-0 cluster there until half is free.
+                // ztier's list policy leaves a full cluster there until half is free.
                 Flag::Full => match self.config.policy {
-                    ListPolicy::Ztier if c.order == 0 => CLUSTER - u32::from(c.count) < FULL_ROOM,
-                    _ => u32::from(c.count) == CLUSTER,
+                    ListPolicy::Ztier => CLUSTER - u32::from(c.count) < FULL_ROOM,
+                    ListPolicy::Kernel => u32::from(c.count) == CLUSTER,
                 },
                 Flag::Nonfull | Flag::Frag => c.count > 0,
                 Flag::None => false,
@@ -1261,6 +1375,29 @@ impl Inner {
                     c.flag, c.count
                 ));
             }
+            if c.count > 0 && c.free_runs != c.count_free_runs() {
+                return Err(format!(
+                    "cluster {id}: {} free runs of order {} counted, {} there",
+                    c.free_runs,
+                    c.order,
+                    c.count_free_runs()
+                ));
+            }
+            let published = Published::unpack(self.published[id].load(Ordering::Relaxed));
+            if published != self.offer(&c) {
+                return Err(format!(
+                    "cluster {id}: published {published:?}, offers {:?}",
+                    self.offer(&c)
+                ));
+            }
+            frag_runs[usize::from(published.order)] += u64::from(published.frag_runs);
+        }
+        let summed: [u64; NR_ORDERS] =
+            std::array::from_fn(|o| self.frag_runs[o].load(Ordering::Relaxed));
+        if summed != frag_runs {
+            return Err(format!(
+                "free runs on the frag lists: {summed:?} summed, {frag_runs:?} there"
+            ));
         }
         if in_use != self.usage.in_use() {
             return Err(format!(
@@ -1337,6 +1474,7 @@ impl Device {
             c.map[i] = 1;
         }
         c.count += n as u16;
+        c.free_runs -= n as u16;
         inner.usage.add(n as u64);
         let (from, order) = (c.flag, c.order);
         let to = if u32::from(c.count) == CLUSTER {

@@ -82,15 +82,15 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
     }
     assert_eq!(runs.len(), 3 * 32);
     assert_eq!(dev.stats().per_order[4].fallbacks, 1);
-    // Frees: a run in cluster 1 leaves it on frag[4] (too little room to be worth a trip);
-    // half of cluster 2, then half of cluster 3, in whole runs, put both on nonfull[4], 2
-    // first.
+    // Frees: a run in cluster 1 leaves it on the full list (too little room to be worth a
+    // trip: order 0 fills its holes in place); half of cluster 2, then half of cluster 3,
+    // in whole runs, put both on nonfull[4], 2 first.
     let runs_in = |c: u64| runs.iter().copied().filter(move |r| r / CL == c);
     dev.free_range(runs_in(1).next().unwrap(), 16).unwrap();
     let s = dev.stats();
     assert_eq!(
-        (s.lists.frag[4], s.lists.nonfull[4]),
-        (1, 0),
+        (s.lists.frag[4], s.lists.nonfull[4], s.lists.full),
+        (0, 0, 3),
         "{:?}",
         s.lists
     );
@@ -102,12 +102,12 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
     }
     assert_eq!(dev.stats().lists.nonfull[4], 2);
     // CPU 2's order-4 allocation isolates cluster 2, takes one run, and leaves it on
-    // frag[4] (still room in it) beside cluster 1; cluster 3 stays on nonfull[4].
+    // frag[4] (still room in it); cluster 3 stays on nonfull[4].
     assert_eq!(dev.alloc_on(2, 4).unwrap() / CL, 2);
     let s = dev.stats();
     assert_eq!(
         (s.lists.frag[4], s.lists.nonfull[4]),
-        (2, 1),
+        (1, 1),
         "{:?}",
         s.lists
     );
@@ -118,9 +118,64 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
     for _ in 10..CL - 1 {
         assert_eq!(dev.alloc_on(3, 0).unwrap() / CL, 0);
     }
-    // ...then steal from higher orders, the fragmented clusters (1, then 2) before the
-    // nonfull (3).
-    assert_eq!(dev.alloc_on(4, 0).unwrap() / CL, 1);
+    // ...then steal from higher orders, the fragmented cluster (2) before the nonfull (3),
+    // and last fill the holes of the full one (1) in place.
+    let mut order = Vec::new();
+    while let Ok(slot) = dev.alloc_on(4, 0) {
+        match order.last_mut() {
+            Some((c, n)) if *c == slot / CL => *n += 1,
+            _ => order.push((slot / CL, 1)),
+        }
+    }
+    assert_eq!(order, [(2, CL / 2 - 16), (3, CL / 2), (1, 16)]);
+    dev.verify().unwrap();
+}
+
+/// A larger allocation passes by fragmented clusters with no free run of its order without
+/// the device lock (each cluster publishes its free runs), and finds the run a free
+/// completes.
+#[test]
+fn large_allocations_skip_frag_clusters_without_a_run() {
+    let dev = device(4 * CL, Config::default());
+    let mut runs = Vec::new();
+    while let Ok(slot) = dev.alloc_on(1, 4) {
+        runs.push(slot);
+    }
+    assert_eq!(
+        runs.len(),
+        3 * 32,
+        "clusters 1 to 3 (cluster 0 holds the header)"
+    );
+    // In cluster 2, every slot but the last of each of its first 18 runs: 270 free, more
+    // than half, and not one run whole. It leaves the full list for frag[4].
+    let base = 2 * CL;
+    for run in 0..18 {
+        for i in 0..15 {
+            dev.free(base + run * 16 + i).unwrap();
+        }
+    }
+    let s = dev.stats();
+    assert_eq!(
+        (s.lists.frag[4], s.lists.nonfull[4]),
+        (1, 0),
+        "{:?}",
+        s.lists
+    );
+    let device_lock = |d: &Device| d.stats().locks[0].acquisitions;
+    let before = device_lock(&dev);
+    assert!(matches!(
+        dev.alloc_on(2, 4),
+        Err(SwapError::Full { order: 4 })
+    ));
+    assert_eq!(
+        device_lock(&dev) - before,
+        2,
+        "the failed allocation took the device lock (stats() takes it twice)"
+    );
+    dev.verify().unwrap();
+    // One more free completes run 5: the next order-4 allocation finds it.
+    dev.free(base + 5 * 16 + 15).unwrap();
+    assert_eq!(dev.alloc_on(2, 4).unwrap(), base + 5 * 16);
     dev.verify().unwrap();
 }
 
@@ -444,12 +499,12 @@ fn a_free_into_a_threads_cluster_moves_it_only_under_the_kernels_policy() {
     }
 }
 
-/// ztier's list policy keeps a full order-0 cluster on the full list until half of it is
-/// free (a free and the allocation that fills the hole would otherwise move it twice for one
-/// slot); those holes are still the last resort of order-0 allocation, the cluster with the
-/// most of them first, so nothing free is ever out of reach.
+/// ztier's list policy keeps a full cluster on the full list until half of it is free (a
+/// free and the allocation that fills the hole would otherwise move it twice for one slot);
+/// those holes are the last resort of order-0 allocation, filled in place with no list move
+/// and no device lock, so nothing free is ever out of reach.
 #[test]
-fn holes_in_full_clusters_stay_put_and_are_the_last_resort() {
+fn holes_in_full_clusters_stay_put_and_are_filled_in_place() {
     let dev = device(4 * CL, Config::default());
     let mut all = Vec::new();
     while let Ok(slot) = dev.alloc(0) {
@@ -480,19 +535,24 @@ fn holes_in_full_clusters_stay_put_and_are_the_last_resort() {
         "frees into full clusters moved them: {moved} acquisitions"
     );
     dev.verify().unwrap();
-    // Nothing else is free: order 0 finds every hole (the cluster with the most first),
-    // then the device is full.
+    // Nothing else is free: order 0 finds every hole, then the device is full; none of it
+    // takes the device lock.
     let extra = all[(2 * CL + 100) as usize];
     dev.free(extra).unwrap();
-    let mut refilled = vec![dev.alloc(0).unwrap()];
-    assert_eq!(refilled[0] / CL, 2, "the cluster with the most holes first");
-    refilled.extend((0..holes.len()).map(|_| dev.alloc(0).unwrap()));
+    let before = acquisitions(&dev);
+    let mut refilled: Vec<u64> = (0..=holes.len()).map(|_| dev.alloc(0).unwrap()).collect();
+    assert!(dev.alloc(0).is_err());
+    assert_eq!(
+        acquisitions(&dev) - before,
+        2,
+        "filling holes moved clusters (stats() takes the lock twice)"
+    );
+    assert_eq!(dev.stats().lists.full, full_before);
     refilled.sort_unstable();
     let mut expected = holes.clone();
     expected.push(extra);
     expected.sort_unstable();
     assert_eq!(refilled, expected);
-    assert!(dev.alloc(0).is_err());
     dev.verify().unwrap();
     // Half free: the cluster leaves the full list for nonfull.
     for &s in all.iter().filter(|&&s| s / CL == 2).take(CL as usize / 2) {
