@@ -17,8 +17,11 @@
 //! on the "cold" list, so the process RSS follows the pages the allocators hold (plus at
 //! most the hot list and the untouched rest of the newest chunk, and for the process the
 //! helper's one ready chunk, and that only while allocation goes on), as `mem_used_total`
-//! promises. An empty pool costs no thread and
-//! no mapping of its own.
+//! promises. Once allocation stops, the helper gives those back too: a second after its ready
+//! chunk went unused, and then every 250 ms while any is left, each arena that neither took
+//! nor gave back a page since the last look has its hot pages and the pre-faulted rest of
+//! its newest chunk released (they fault in again if allocation resumes). An empty pool
+//! costs no thread and no mapping of its own.
 //!
 //! Invariants:
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
@@ -43,7 +46,9 @@
 //! destroyed, never on the object read/write path. It nests inside the allocators' class
 //! locks. Inside it, once a chunk (512 pages at 4 KiB), the process-wide `HELPER` lock is
 //! taken to collect the ready chunk, and inside that the helper's slot lock, which takes no
-//! other (the helper never holds it across mapping, faulting or releasing a chunk).
+//! other (the helper never holds it across mapping, faulting or releasing a chunk). The
+//! `ARENAS` registry lock is a leaf: the helper copies the registry out under it, lets it
+//! go, and only then takes each arena's lock to trim it, holding nothing else.
 //!
 //! This module and nothing else in the allocators uses `unsafe`.
 #![allow(unsafe_code)]
@@ -51,6 +56,7 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -273,6 +279,10 @@ struct ArenaState {
     /// The untouched tail of the newest chunk.
     next_fresh: Option<FreshRun>,
     pages_out: usize,
+    /// Counts allocations and frees, so the helper can tell an idle arena.
+    activity: u64,
+    /// Bytes in a page (for the helper, which trims through the registry).
+    page_size: usize,
 }
 
 /// The untouched tail of a chunk.
@@ -296,7 +306,16 @@ pub(crate) struct Arena {
     /// Unique in the process (never 0); stamped on every chain made here.
     id: u64,
     page_size: usize,
-    state: Mutex<ArenaState>,
+    /// Shared with the registry (weakly), through which the helper trims an idle arena.
+    state: Arc<Mutex<ArenaState>>,
+}
+
+/// Every live arena's state, for the helper's idle trim; dead entries are pruned as it looks.
+static ARENAS: std::sync::Mutex<Vec<Weak<Mutex<ArenaState>>>> = std::sync::Mutex::new(Vec::new());
+
+fn arenas() -> std::sync::MutexGuard<'static, Vec<Weak<Mutex<ArenaState>>>> {
+    // A push or a retain: a panic leaves the list whole.
+    ARENAS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Arena {
@@ -306,16 +325,20 @@ impl Arena {
         assert!(page_size.is_power_of_two() && page_size >= os_page_size());
         assert!(CHUNK_BYTES.is_multiple_of(page_size));
         helper_join();
+        let state = Arc::new(Mutex::new(ArenaState {
+            chunks: Vec::new(),
+            hot: Vec::new(),
+            cold: Vec::new(),
+            next_fresh: None,
+            pages_out: 0,
+            activity: 0,
+            page_size,
+        }));
+        arenas().push(Arc::downgrade(&state));
         Arena {
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             page_size,
-            state: Mutex::new(ArenaState {
-                chunks: Vec::new(),
-                hot: Vec::new(),
-                cold: Vec::new(),
-                next_fresh: None,
-                pages_out: 0,
-            }),
+            state,
         }
     }
 
@@ -331,6 +354,13 @@ impl Arena {
         self.state.lock().hot.len()
     }
 
+    /// Whether the rest of the newest chunk is faulted in (came from the helper, not yet
+    /// trimmed).
+    #[cfg(test)]
+    pub fn fresh_resident(&self) -> bool {
+        self.state.lock().next_fresh.is_some_and(|run| run.resident)
+    }
+
     /// Takes a chain of `n` pages, resident; on failure nothing is taken. Free pages are
     /// used first (they are resident or cheap to fault in again); only a chain made wholly
     /// of fresh pages is contiguous.
@@ -343,6 +373,7 @@ impl Arena {
     pub fn alloc_chain(&self, n: usize) -> Result<PageChain> {
         assert!(n > 0, "a chain has pages");
         let mut st = self.state.lock();
+        st.activity += 1;
         // Each page with whether it is resident.
         let mut pages: Vec<(NonNull<u8>, bool)> = Vec::with_capacity(n);
         // A chain longer than a chunk cannot be consecutive in one mapping.
@@ -429,6 +460,7 @@ impl Arena {
         let pages = chain.pages;
         let kept = {
             let mut st = self.state.lock();
+            st.activity += 1;
             let kept = HOT_PAGES_MAX.saturating_sub(st.hot.len()).min(pages.len());
             for page in &pages[..kept] {
                 st.hot.push(page.ptr);
@@ -505,7 +537,12 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         helper_leave();
-        let st = self.state.get_mut();
+        // The helper may hold this state (through the registry) a moment longer: nothing is
+        // left in it for a trim to touch once the chunks go.
+        let mut st = self.state.lock();
+        st.next_fresh = None;
+        st.hot.clear();
+        st.cold.clear();
         if st.pages_out != 0 {
             // A Page may still point into these chunks: leaking is the sound choice.
             return;
@@ -518,10 +555,60 @@ impl Drop for Arena {
     }
 }
 
+impl ArenaState {
+    /// Releases the hot pages and the pre-faulted rest of the newest chunk, if the arena
+    /// neither took nor gave back a page since `seen` (its activity count then, updated
+    /// here). Returns whether anything is left resident to release later.
+    fn trim_if_idle(&mut self, seen: &mut Option<u64>) -> bool {
+        if *seen != Some(self.activity) {
+            *seen = Some(self.activity);
+            return !self.hot.is_empty() || self.next_fresh.is_some_and(|run| run.resident);
+        }
+        for p in std::mem::take(&mut self.hot) {
+            release(p, self.page_size);
+            self.cold.push(p);
+        }
+        if let Some(run) = self.next_fresh.as_mut().filter(|run| run.resident) {
+            release(run.next, run.left * self.page_size);
+            run.resident = false;
+        }
+        false
+    }
+}
+
+/// One look at every arena: those idle since the last look are trimmed. `seen` holds each
+/// arena's activity count at the last look, by the state's address. Returns whether some
+/// arena still has pages to release at a later look.
+fn trim_idle_arenas(seen: &mut Vec<(usize, Option<u64>)>) -> bool {
+    let live: Vec<Arc<Mutex<ArenaState>>> = {
+        let mut list = arenas();
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
+    };
+    seen.retain(|(addr, _)| live.iter().any(|a| Arc::as_ptr(a) as usize == *addr));
+    let mut pending = false;
+    for arena in &live {
+        let addr = Arc::as_ptr(arena) as usize;
+        let at = match seen.iter().position(|(a, _)| *a == addr) {
+            Some(i) => i,
+            None => {
+                seen.push((addr, None));
+                seen.len() - 1
+            }
+        };
+        pending |= arena.lock().trim_if_idle(&mut seen[at].1);
+    }
+    pending
+}
+
 /// How long the helper's ready chunk may sit unused before its pages go back to the OS (the
 /// mapping stays, offered as not resident): a process that stops allocating keeps no
 /// prepared memory beyond what its allocators hold.
 const READY_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often the helper looks at the arenas once allocation has stopped, until it has
+/// trimmed them all.
+const TRIM_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The process's chunk-ahead helper: how many arenas are alive, and the running helper's
 /// hand-over slot.
@@ -628,6 +715,9 @@ fn start_helper() -> Option<std::sync::Arc<HelperShared>> {
 /// takes it; one left unused for [`READY_IDLE`] has its pages released while it waits on.
 fn run_helper(shared: &HelperShared) {
     lower_to_idle_priority();
+    // Each arena's activity at the helper's last look, and whether any has pages to trim.
+    let mut seen = Vec::new();
+    let mut trim_pending = false;
     loop {
         let Ok(chunk) = map_chunk() else {
             lock_slot(shared).ended = true;
@@ -653,8 +743,23 @@ fn run_helper(shared: &HelperShared) {
             if slot.ready.is_none() {
                 break;
             }
-            if !resident {
+            if !resident && !trim_pending {
                 slot = shared.changed.wait(slot).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            if !resident {
+                // Allocation has stopped: a look at the arenas each tick until all are
+                // trimmed, with no lock held but theirs.
+                let (back, waited) = shared
+                    .changed
+                    .wait_timeout(slot, TRIM_TICK)
+                    .unwrap_or_else(|p| p.into_inner());
+                slot = back;
+                if waited.timed_out() && !slot.stop && slot.ready.is_some() {
+                    drop(slot);
+                    trim_pending = trim_idle_arenas(&mut seen);
+                    slot = lock_slot(shared);
+                }
                 continue;
             }
             let (back, waited) = shared
@@ -668,6 +773,9 @@ fn run_helper(shared: &HelperShared) {
                     drop(slot);
                     let base = NonNull::new(addr as *mut u8).expect("mapped");
                     release(base, CHUNK_BYTES);
+                    // The first look notes each arena's activity; the next, a tick on, trims
+                    // the idle ones.
+                    trim_pending = trim_idle_arenas(&mut seen);
                     slot = lock_slot(shared);
                     slot.ready = Some((addr, false));
                     resident = false;
@@ -757,9 +865,10 @@ fn map_chunk() -> Result<NonNull<u8>> {
 
 /// Returns free pages' memory to the OS; their contents read as zero afterwards.
 fn release(ptr: NonNull<u8>, len: usize) {
-    // SAFETY: ptr..ptr+len is consecutive free pages of our mappings (given back by their
-    // chain and on no list yet, or the helper's ready chunk while it is out of the slot, so
-    // no one else can reach them), so discarding their contents can affect no live data.
+    // SAFETY: ptr..ptr+len is consecutive free pages of our mappings that no one else can
+    // reach (given back by their chain and on no list yet; the helper's ready chunk while
+    // it is out of the slot; or, under the arena's lock, its hot pages or the rest of its
+    // fresh run), so discarding their contents can affect no live data.
     unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
 }
 
@@ -819,6 +928,49 @@ mod tests {
             arena.free_chain(chain);
         }
         assert_eq!(arena.pages_out(), 0);
+    }
+
+    /// Once allocation stops, the helper releases an idle arena's hot pages and the
+    /// pre-faulted rest of its chunk; pages still out keep their bytes, and the released
+    /// ones fault in again when taken.
+    #[test]
+    fn an_idle_arena_is_trimmed() {
+        let arena = Arena::new(4096);
+        // Take pages until the fresh run is a chunk the helper faulted in.
+        let mut taken = Vec::new();
+        while !arena.fresh_resident() {
+            assert!(taken.len() < 400, "the helper never readied a chunk");
+            taken.push(arena.alloc_chain(64).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for chain in taken {
+            arena.free_chain(chain);
+        }
+        let mut kept = arena.alloc_chain(1).unwrap();
+        kept.write(0, &[0xA5; 4096]);
+        assert!(arena.hot_pages() > 0 && arena.fresh_resident());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while (arena.hot_pages() > 0 || arena.fresh_resident())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_eq!(
+            arena.hot_pages(),
+            0,
+            "hot pages kept after allocation stopped"
+        );
+        assert!(!arena.fresh_resident(), "the chunk's rest kept resident");
+        let mut back = vec![0; 4096];
+        kept.read(0, &mut back);
+        assert!(back.iter().all(|&b| b == 0xA5), "a page out was touched");
+        let mut again = arena.alloc_chain(4).unwrap();
+        again.write(100, &[7; 8000]);
+        let mut out = vec![0; 8000];
+        again.read(100, &mut out);
+        assert!(out.iter().all(|&b| b == 7));
+        arena.free_chain(again);
+        arena.free_chain(kept);
     }
 
     #[test]
