@@ -9,7 +9,11 @@
 # compressible, 256 MiB, 10 s, against ztier lz4 and plain and nbdkit zstd and sparse: IOPS,
 # and the ratio to nbdkit zstd.
 #
-# Usage: scripts/nbd-bench.sh [CORPUS.pages.zst ...]   (default: ../shared/corpus/postgres)
+# Each server runs ROUNDS times (default 3), the servers taking turns within a round, and
+# the median of each figure is printed: on this 2-core VM one nbdcopy run of nbdkit zstd
+# moves between 337 and 524 MB/s, so a single round's ratio is mostly noise.
+#
+# Usage: [ROUNDS=N] scripts/nbd-bench.sh [CORPUS.pages.zst ...]   (default: ../shared/corpus/postgres)
 # Needs: nbdkit, libnbd-bin (nbdcopy), fio, zstd; builds ztier in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +70,8 @@ seconds() { # command... -> wall seconds
 
 calc() { awk "BEGIN { print $1 }"; }
 
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
 for corpus in "${corpora[@]}"; do
   raw="$work/corpus.raw"
   zstd -d -q -f "$corpus" -o "$raw"
@@ -76,49 +82,58 @@ for corpus in "${corpora[@]}"; do
   printf '  %-22s %10s %10s %10s %9s %9s %9s  %s\n' server "write MB/s" "read MB/s" "RSS MiB" "write x" "read x" "RSS x" \
     "mem_used_total MiB, RSS <= 1.05x + 8 MiB"
   declare -A W R M MUT
-  names=()
   # zram's answer to small pages, a zstd dictionary (`algorithm_params dict=`), trained here
   # on the corpus itself (the kernel's intended use: pages like those the device will hold).
-  "$ztier" train-dict --corpus "$corpus" --sample 8M -o "$work/corpus.dict" >/dev/null
-  for server in "nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "ztier plain" "ztier lz4" "ztier zstd" \
-    "ztier zstd:dict=$work/corpus.dict" "ztier lzo-rle"; do
-    read -r kind alg <<<"$server"
-    case $kind in
-      nbdkit) start nbdkit -f -U "$work/sock" memory size="$size" allocator="$alg" ;;
-      ztier) start_ztier "$alg" --size "$size" ;;
-    esac
-    w=$(seconds nbdcopy "$raw" "$uri")
-    # RSS at rest: 1.5 s after the write, for every server alike (ztier's page helper gives
-    # back its prepared chunk after 1 s without allocations).
-    sleep 1.5
-    rss=$(ps -o rss= -p "$server_pid" | tr -d ' ')
-    MUT[$server]=""
-    if [ "$kind" = ztier ] && [ "$alg" != plain ]; then
-      MUT[$server]=$("$ztier" stat --socket "$work/sock" --json |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["mm_stat"]["mem_used_total"])')
-    fi
-    r=$(seconds nbdcopy "$uri" null:)
-    stop
-    W[$server]=$(calc "$bytes / $w / 1e6")
-    R[$server]=$(calc "$bytes / $r / 1e6")
-    M[$server]=$(calc "$rss / 1024")
-    names+=("$server")
+  "$ztier" train-dict --corpus "$corpus" --sample 16M --size 256K -o "$work/corpus.dict" >/dev/null
+  names=("nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "ztier plain" "ztier lz4" "ztier zstd"
+    "ztier zstd:dict=$work/corpus.dict" "ztier zstd:level=1,dict=$work/corpus.dict" "ztier lzo-rle")
+  for round in $(seq "${ROUNDS:-3}"); do
+    for server in "${names[@]}"; do
+      read -r kind alg <<<"$server"
+      case $kind in
+        nbdkit) start nbdkit -f -U "$work/sock" memory size="$size" allocator="$alg" ;;
+        ztier) start_ztier "$alg" --size "$size" ;;
+      esac
+      w=$(seconds nbdcopy "$raw" "$uri")
+      # RSS at rest: 1.5 s after the write, for every server alike (ztier's page helper
+      # gives back its prepared chunk after 1 s without allocations, then trims idle pools).
+      sleep 1.5
+      rss=$(ps -o rss= -p "$server_pid" | tr -d ' ')
+      if [ "$kind" = ztier ] && [ "$alg" != plain ]; then
+        MUT[$server]+=" $("$ztier" stat --socket "$work/sock" --json |
+          python3 -c 'import json,sys; print(json.load(sys.stdin)["mm_stat"]["mem_used_total"])')"
+      fi
+      r=$(seconds nbdcopy "$uri" null:)
+      stop
+      W[$server]+=" $(calc "$bytes / $w / 1e6")"
+      R[$server]+=" $(calc "$bytes / $r / 1e6")"
+      M[$server]+=" $(calc "$rss / 1024")"
+    done
+  done
+  for s in "${names[@]}"; do
+    W[$s]=$(median ${W[$s]})
+    R[$s]=$(median ${R[$s]})
+    M[$s]=$(median ${M[$s]})
+    [ -n "${MUT[$s]:-}" ] && MUT[$s]=$(median ${MUT[$s]})
   done
 
   for s in "${names[@]}"; do
     bound=""
-    if [ -n "${MUT[$s]}" ]; then
+    if [ -n "${MUT[$s]:-}" ]; then
       mut=$(calc "${MUT[$s]} / 1048576")
       limit=$(calc "1.05 * $mut + 8")
       verdict=$(awk "BEGIN { print (${M[$s]} <= $limit) ? \"yes\" : \"NO\" }")
       bound=$(printf '%.1f, %s (%.1f)' "$mut" "$verdict" "$limit")
     fi
-    printf '  %-22s %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f  %s\n' "${s/:dict=*/+dict}" "${W[$s]}" "${R[$s]}" "${M[$s]}" \
+    label=${s/:dict=*/+dict}
+    label=${label/:level=1,dict=*/-1+dict}
+    printf '  %-22s %10.1f %10.1f %10.1f %9.2f %9.2f %9.2f  %s\n' "$label" "${W[$s]}" "${R[$s]}" "${M[$s]}" \
       "$(calc "${W[$s]} / ${W[nbdkit zstd]}")" \
       "$(calc "${R[$s]} / ${R[nbdkit zstd]}")" \
       "$(calc "${M[$s]} / ${M[nbdkit zstd]}")" "$bound"
   done
-  echo "  (zstd+dict: zstd:dict= with a 64 KiB dictionary trained on this corpus by ztier train-dict)"
+  echo "  (medians of ${ROUNDS:-3} rounds; zstd+dict: zstd:dict= with a 256 KiB dictionary trained on this corpus by"
+  echo "   ztier train-dict, at zram's level 3; zstd-1+dict: the same at level 1)"
   unset W R M MUT
 done
 
