@@ -151,6 +151,45 @@ pub struct Server {
     stopping: AtomicBool,
     /// A clone of every open connection's socket, to shut them at stop.
     connections: Mutex<Vec<(u64, Stream)>>,
+    /// Where the listener listens, for `stop` to connect to and so wake a blocked accept.
+    wake: Mutex<Option<WakeAddr>>,
+}
+
+/// An address `stop` can connect to that reaches the server's own listener.
+enum WakeAddr {
+    Tcp(std::net::SocketAddr),
+    Unix(std::path::PathBuf),
+}
+
+impl WakeAddr {
+    fn of(listener: &Listener) -> Option<WakeAddr> {
+        match listener {
+            Listener::Tcp(l) => {
+                let mut addr = l.local_addr().ok()?;
+                if addr.ip().is_unspecified() {
+                    // Listening on every address: the loopback one of its family reaches it.
+                    addr.set_ip(match addr {
+                        std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                        std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                    });
+                }
+                Some(WakeAddr::Tcp(addr))
+            }
+            Listener::Unix(l) => l
+                .local_addr()
+                .ok()?
+                .as_pathname()
+                .map(|p| WakeAddr::Unix(p.to_owned())),
+        }
+    }
+
+    /// Connects and hangs up at once: the accept it wakes sees the server stopping.
+    fn knock(&self) {
+        let _ = match self {
+            WakeAddr::Tcp(a) => TcpStream::connect_timeout(a, Duration::from_secs(1)).map(drop),
+            WakeAddr::Unix(p) => UnixStream::connect(p).map(drop),
+        };
+    }
 }
 
 impl Server {
@@ -161,6 +200,7 @@ impl Server {
             stats: ServerStats::default(),
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
+            wake: Mutex::new(None),
         })
     }
 
@@ -196,6 +236,12 @@ impl Server {
         for (_, s) in self.connections.lock().expect("connections").iter() {
             s.shutdown(Shutdown::Read);
         }
+        // The accept loop blocks in accept: a connection wakes it. (If it has not started,
+        // it finds `stopping` set before it ever blocks: it publishes `wake` first, then
+        // looks.)
+        if let Some(addr) = self.wake.lock().expect("wake").as_ref() {
+            addr.knock();
+        }
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -204,12 +250,17 @@ impl Server {
 
     /// Accepts connections until [`stop`](Self::stop), each on its own thread; returns once
     /// every connection has ended.
+    ///
+    /// Accept blocks, so a client is taken the moment it connects (a poll every 20 ms cost
+    /// nbdcopy 13-30 ms a copy over its two connections: a tenth of a 280 MiB copy with lz4);
+    /// `stop` wakes it by connecting.
     pub fn serve(self: &Arc<Self>, listener: Listener) -> io::Result<()> {
         match &listener {
-            Listener::Tcp(l) => l.set_nonblocking(true)?,
-            Listener::Unix(l) => l.set_nonblocking(true)?,
+            Listener::Tcp(l) => l.set_nonblocking(false)?,
+            Listener::Unix(l) => l.set_nonblocking(false)?,
         }
-        let mut handles = Vec::new();
+        *self.wake.lock().expect("wake") = WakeAddr::of(&listener);
+        let mut handles: Vec<std::thread::JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
         while !self.is_stopping() {
             let accepted = match &listener {
@@ -219,14 +270,13 @@ impl Server {
                 }),
                 Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
             };
+            handles.retain(|h| !h.is_finished());
             let stream = match accepted {
+                // The knock of `stop` (or a client racing it): not served.
+                Ok(_) if self.is_stopping() => break,
                 Ok(s) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20));
-                    handles.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
-                    continue;
-                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
             };
             set_blocking(&stream)?;
