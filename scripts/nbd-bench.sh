@@ -74,7 +74,8 @@ seconds() { # command... -> wall seconds
 
 calc() { awk "BEGIN { print $1 }"; }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# The median of a space-separated list of numbers.
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 for corpus in "${corpora[@]}"; do
   raw="$shm/corpus.raw"
@@ -91,7 +92,7 @@ for corpus in "${corpora[@]}"; do
   "$ztier" train-dict --corpus "$corpus" --sample 16M --size 256K -o "$work/corpus.dict" >/dev/null
   names=("nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "ztier plain" "ztier lz4" "ztier zstd"
     "ztier zstd:dict=$work/corpus.dict" "ztier zstd:level=2,dict=$work/corpus.dict" "ztier lzo-rle")
-  for round in $(seq "${ROUNDS:-3}"); do
+  for _ in $(seq "${ROUNDS:-3}"); do
     for server in "${names[@]}"; do
       read -r kind alg <<<"$server"
       case $kind in
@@ -115,10 +116,10 @@ for corpus in "${corpora[@]}"; do
     done
   done
   for s in "${names[@]}"; do
-    W[$s]=$(median ${W[$s]})
-    R[$s]=$(median ${R[$s]})
-    M[$s]=$(median ${M[$s]})
-    [ -n "${MUT[$s]:-}" ] && MUT[$s]=$(median ${MUT[$s]})
+    W[$s]=$(median "${W[$s]}")
+    R[$s]=$(median "${R[$s]}")
+    M[$s]=$(median "${M[$s]}")
+    if [ -n "${MUT[$s]:-}" ]; then MUT[$s]=$(median "${MUT[$s]}"); fi
   done
 
   for s in "${names[@]}"; do
