@@ -22,7 +22,8 @@
 //! Locking, per connection: `Turn` (the socket's read half) is held for reading one whole
 //! request, waiting for credit included, never while the device runs or a reply is written;
 //! `Writer` (the write half) is held for one whole reply, so replies never interleave;
-//! `Credit` is held only to count. Neither of the last two is held while the device runs. The server's `connections` list is locked only to add, remove, or shut all.
+//! `Credit` is held only to count. Neither of the last two is held while the device runs.
+//! The server's `connections` list is locked only to add, remove, or shut all.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -49,7 +50,7 @@ pub struct ServerConfig {
     pub min_block: u32,
     /// Largest payload of one request.
     pub max_payload: u32,
-    /// Requests run at once per connection.
+    /// Threads per connection, taking turns at reading: requests run at once on one.
     pub workers_per_connection: usize,
     /// Payload bytes of requests queued or running per connection.
     pub max_in_flight_bytes: usize,
@@ -276,7 +277,6 @@ impl Server {
                 Ok(_) if self.is_stopping() => break,
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
             };
             set_blocking(&stream)?;

@@ -281,6 +281,8 @@ struct ArenaState {
     pages_out: usize,
     /// Counts allocations and frees, so the helper can tell an idle arena.
     activity: u64,
+    /// `activity` when the helper last looked (`None`: not since it last trimmed or began).
+    activity_seen: Option<u64>,
     /// Bytes in a page (for the helper, which trims through the registry).
     page_size: usize,
 }
@@ -332,6 +334,7 @@ impl Arena {
             next_fresh: None,
             pages_out: 0,
             activity: 0,
+            activity_seen: None,
             page_size,
         }));
         arenas().push(Arc::downgrade(&state));
@@ -557,11 +560,11 @@ impl Drop for Arena {
 
 impl ArenaState {
     /// Releases the hot pages and the pre-faulted rest of the newest chunk, if the arena
-    /// neither took nor gave back a page since `seen` (its activity count then, updated
-    /// here). Returns whether anything is left resident to release later.
-    fn trim_if_idle(&mut self, seen: &mut Option<u64>) -> bool {
-        if *seen != Some(self.activity) {
-            *seen = Some(self.activity);
+    /// neither took nor gave back a page since the helper's last look (noted here). Returns
+    /// whether anything is left resident to release later.
+    fn trim_if_idle(&mut self) -> bool {
+        if self.activity_seen != Some(self.activity) {
+            self.activity_seen = Some(self.activity);
             return !self.hot.is_empty() || self.next_fresh.is_some_and(|run| run.resident);
         }
         for p in std::mem::take(&mut self.hot) {
@@ -576,27 +579,17 @@ impl ArenaState {
     }
 }
 
-/// One look at every arena: those idle since the last look are trimmed. `seen` holds each
-/// arena's activity count at the last look, by the state's address. Returns whether some
+/// One look at every arena: those idle since the last look are trimmed. Returns whether some
 /// arena still has pages to release at a later look.
-fn trim_idle_arenas(seen: &mut Vec<(usize, Option<u64>)>) -> bool {
+fn trim_idle_arenas() -> bool {
     let live: Vec<Arc<Mutex<ArenaState>>> = {
         let mut list = arenas();
         list.retain(|w| w.strong_count() > 0);
         list.iter().filter_map(Weak::upgrade).collect()
     };
-    seen.retain(|(addr, _)| live.iter().any(|a| Arc::as_ptr(a) as usize == *addr));
     let mut pending = false;
     for arena in &live {
-        let addr = Arc::as_ptr(arena) as usize;
-        let at = match seen.iter().position(|(a, _)| *a == addr) {
-            Some(i) => i,
-            None => {
-                seen.push((addr, None));
-                seen.len() - 1
-            }
-        };
-        pending |= arena.lock().trim_if_idle(&mut seen[at].1);
+        pending |= arena.lock().trim_if_idle();
     }
     pending
 }
@@ -715,8 +708,7 @@ fn start_helper() -> Option<std::sync::Arc<HelperShared>> {
 /// takes it; one left unused for [`READY_IDLE`] has its pages released while it waits on.
 fn run_helper(shared: &HelperShared) {
     lower_to_idle_priority();
-    // Each arena's activity at the helper's last look, and whether any has pages to trim.
-    let mut seen = Vec::new();
+    // Whether some arena has pages to trim.
     let mut trim_pending = false;
     loop {
         let Ok(chunk) = map_chunk() else {
@@ -757,7 +749,7 @@ fn run_helper(shared: &HelperShared) {
                 slot = back;
                 if waited.timed_out() && !slot.stop && slot.ready.is_some() {
                     drop(slot);
-                    trim_pending = trim_idle_arenas(&mut seen);
+                    trim_pending = trim_idle_arenas();
                     slot = lock_slot(shared);
                 }
                 continue;
@@ -775,7 +767,7 @@ fn run_helper(shared: &HelperShared) {
                     release(base, CHUNK_BYTES);
                     // The first look notes each arena's activity; the next, a tick on, trims
                     // the idle ones.
-                    trim_pending = trim_idle_arenas(&mut seen);
+                    trim_pending = trim_idle_arenas();
                     slot = lock_slot(shared);
                     slot.ready = Some((addr, false));
                     resident = false;

@@ -458,14 +458,7 @@ pub(crate) fn run_is_free(c: &Cluster, i: usize) -> bool {
 /// run for an order that fits fewer than two in a cluster): worth the nonfull list, so that
 /// an allocator isolating it gets many runs for the two device-lock acquisitions of the trip.
 fn runs_worth_a_trip(c: &Cluster) -> bool {
-    let nr = 1usize << c.order;
-    let want = (FULL_ROOM as usize / nr).max(1);
-    (0..CLUSTER as usize)
-        .step_by(nr)
-        .filter(|&i| c.range_is_free(i, nr))
-        .take(want)
-        .count()
-        == want
+    u32::from(c.free_runs) >= (FULL_ROOM >> c.order).max(1)
 }
 
 /// Puts an isolated cluster (off every list, its lock held) on the tail of the frag list of
@@ -556,10 +549,17 @@ impl Inner {
     }
 
     /// Publishes what a locked cluster offers, after any change to its slots or its list.
+    /// Only the holder of the cluster's lock writes its word, so a plain load and store
+    /// suffice, and an allocation that changes nothing published (the common one) writes
+    /// nothing.
     fn publish(&self, id: u32, c: &Cluster) {
         let new = self.offer(c);
-        let old =
-            Published::unpack(self.published[id as usize].swap(new.pack(), Ordering::Relaxed));
+        let word = &self.published[id as usize];
+        let old = Published::unpack(word.load(Ordering::Relaxed));
+        if old == new {
+            return;
+        }
+        word.store(new.pack(), Ordering::Relaxed);
         if old.frag_runs != new.frag_runs || old.order != new.order {
             // Each cluster's share is changed under its lock, so the sums never go below 0.
             self.frag_runs[usize::from(old.order)]
