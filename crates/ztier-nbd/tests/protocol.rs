@@ -3,11 +3,12 @@
 //! bad inputs that must get the protocol's error (or a closed connection where the spec says
 //! so) while every other connection and everything stored goes on.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ztier_blockdev::{check_range, BlockDevice, BlockError, Extent};
 use ztier_nbd::proto::*;
@@ -136,6 +137,51 @@ fn config() -> ServerConfig {
     }
 }
 
+/// How long a test waits for the server to close a connection it must close. The server
+/// closes at once; this only bounds how long a server that wrongly stays open and silent
+/// takes to fail the test (a server that wrongly answers fails it at once).
+const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Asserts the server has closed `s` with nothing more to say: the read side ends, with no
+/// further byte, within [`CLOSE_WITHIN`]. The end is end-of-file, or a reset when the server
+/// closed with bytes of ours still unread (a Unix socket's peer sees ECONNRESET then).
+fn assert_closed(s: &mut UnixStream, what: &str) {
+    s.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+    // One read: a byte fails the test at once, without waiting for a close that may not come.
+    let mut buf = [0u8; 32];
+    match s.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!(
+            "{what}: the server sent bytes instead of closing: {:02x?}",
+            &buf[..n]
+        ),
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            panic!("{what}: the connection is still open after {CLOSE_WITHIN:?}")
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// Bytes sent to a server that may already have closed the connection (which is what the
+/// caller then checks with [`assert_closed`]), so a write refused for that is no failure.
+fn send_to_closing(s: &mut UnixStream, bytes: &[u8]) {
+    match s.write_all(bytes) {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {}
+        Err(e) => panic!("write: {e}"),
+    }
+}
+
+/// An option as sent: magic, option, length, data.
+fn option_bytes(opt: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = IHAVEOPT.to_be_bytes().to_vec();
+    v.extend(opt.to_be_bytes());
+    v.extend((data.len() as u32).to_be_bytes());
+    v.extend(data);
+    v
+}
+
 fn read_n(s: &mut UnixStream, n: usize) -> Vec<u8> {
     let mut b = vec![0; n];
     s.read_exact(&mut b).unwrap();
@@ -162,11 +208,7 @@ fn start(s: &mut UnixStream) {
 }
 
 fn send_option(s: &mut UnixStream, opt: u32, data: &[u8]) {
-    let mut v = IHAVEOPT.to_be_bytes().to_vec();
-    v.extend(opt.to_be_bytes());
-    v.extend((data.len() as u32).to_be_bytes());
-    v.extend(data);
-    s.write_all(&v).unwrap();
+    s.write_all(&option_bytes(opt, data)).unwrap();
 }
 
 /// One option reply: (type, data).
@@ -493,11 +535,22 @@ fn bad_requests_get_errors_and_the_connection_goes_on() {
     assert_eq!(simple(&mut s, 0).0, 0);
     request(&mut s, CMD_READ, 0, 102, 0, 512, &[]);
     assert_eq!(simple(&mut s, 512), (0, 102, vec![0; 512]));
-    // A bad magic ends the connection (the stream cannot be trusted past it).
-    s.write_all(&[0u8; REQUEST_LEN]).unwrap();
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
-    assert!(rest.is_empty());
+    // A bad magic ends the connection (the stream cannot be trusted past it). A good
+    // request follows it: a server that skipped the bad header, or looked for the next
+    // magic, would answer that one instead of closing.
+    let mut bad = vec![0u8; REQUEST_LEN];
+    bad.extend(
+        Request {
+            flags: 0,
+            kind: CMD_READ,
+            cookie: 103,
+            offset: 0,
+            length: 512,
+        }
+        .encode(),
+    );
+    send_to_closing(&mut s, &bad);
+    assert_closed(&mut s, "after a bad magic");
     // Other connections are served.
     let mut t = open(&h, false);
     request(&mut t, CMD_READ, 0, 1, 0, 512, &[]);
@@ -527,29 +580,64 @@ fn a_write_cut_short_stores_nothing_and_vanishing_clients_hurt_no_one() {
 #[test]
 fn a_truncated_or_foreign_handshake_ends_only_that_connection() {
     let h = Harness::new("handshake", config());
-    for junk in [
-        &b""[..],
-        &b"\x00\x00"[..],
-        &[0xff; 4][..],
-        &b"GET / HTTP/1.1\r\n\r\n"[..],
-    ] {
+    // Cut short: the client hangs up before its flags are whole.
+    for junk in [&b""[..], &b"\x00\x00"[..]] {
         let mut s = h.connect();
         read_n(&mut s, 18);
-        let _ = s.write_all(junk);
-        let _ = s.shutdown(std::net::Shutdown::Write);
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
+        s.write_all(junk).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_closed(&mut s, &format!("handshake cut short after {junk:?}"));
     }
-    // An unknown export through EXPORT_NAME closes the connection.
+    // Foreign: flags no NBD client sends, the client still there. The first is followed by
+    // an option a server that took the flags would answer.
+    let mut bad_flags = vec![0xff; 4];
+    bad_flags.extend(option_bytes(OPT_LIST, &[]));
+    for junk in [&bad_flags[..], &b"GET / HTTP/1.1\r\n\r\n"[..]] {
+        let mut s = h.connect();
+        read_n(&mut s, 18);
+        send_to_closing(&mut s, junk);
+        assert_closed(&mut s, &format!("foreign handshake {junk:?}"));
+    }
+    // An unknown export through EXPORT_NAME closes the connection. An option follows it: a
+    // server that went on haggling would answer it, one that went on to transmission would
+    // send the export's size first.
     let mut s = h.connect();
     start(&mut s);
-    send_option(&mut s, OPT_EXPORT_NAME, b"other");
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
-    assert!(rest.is_empty());
+    let mut v = option_bytes(OPT_EXPORT_NAME, b"other");
+    v.extend(option_bytes(OPT_LIST, &[]));
+    send_to_closing(&mut s, &v);
+    assert_closed(&mut s, "EXPORT_NAME of an unknown export");
+    // Only those connections ended: the next is served.
     let mut t = open(&h, true);
     request(&mut t, CMD_READ, 0, 1, 0, 512, &[]);
     assert_eq!(chunk(&mut t).1, REPLY_TYPE_OFFSET_DATA);
+}
+
+/// A connection taken through EXPORT_NAME to transmission, or `None` if the server turned it
+/// away (greeted it, then closed).
+fn try_open(h: &Harness) -> Option<UnixStream> {
+    let mut s = h.connect();
+    read_n(&mut s, 18);
+    let mut v = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    v.extend(option_bytes(OPT_EXPORT_NAME, b"disk"));
+    let mut export = [0u8; 10];
+    match s.write_all(&v).and_then(|()| s.read_exact(&mut export)) {
+        Ok(()) => {
+            assert_eq!(be64(&export), SIZE as u64);
+            Some(s)
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+            ) =>
+        {
+            None
+        }
+        Err(e) => panic!("handshake: {e}"),
+    }
 }
 
 #[test]
@@ -561,25 +649,38 @@ fn connections_past_the_limit_are_turned_away() {
             ..config()
         },
     );
+    let refused = || h.server.stats().refused_connections.load(Relaxed);
     let a = open(&h, false);
     let b = open(&h, false);
+    // Greeted and closed, before anything it sends is read: a server that served it would
+    // answer the option.
     let mut c = h.connect();
     read_n(&mut c, 18);
-    let mut rest = Vec::new();
-    let _ = c.read_to_end(&mut rest);
-    assert!(rest.is_empty(), "greeted and closed");
+    let mut v = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    v.extend(option_bytes(OPT_LIST, &[]));
+    send_to_closing(&mut c, &v);
+    assert_closed(&mut c, "a third connection of two allowed");
+    assert_eq!(refused(), 1);
+    // The server frees a place when it sees a and b hang up, on their own threads: connect
+    // until one is taken in. Every attempt before it must have been turned away, counted.
     drop((a, b));
-    std::thread::sleep(Duration::from_millis(100));
-    let mut d = open(&h, false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut turned_away = 0;
+    let mut d = loop {
+        if let Some(d) = try_open(&h) {
+            break d;
+        }
+        turned_away += 1;
+        assert!(
+            Instant::now() < deadline,
+            "no place freed 10 s after both connections ended ({turned_away} turned away)"
+        );
+    };
     request(&mut d, CMD_FLUSH, 0, 1, 0, 0, &[]);
     assert_eq!(simple(&mut d, 0).0, 0);
-    assert!(
-        h.server
-            .stats()
-            .refused_connections
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 1
-    );
+    assert_eq!(refused(), 1 + turned_away);
 }
 
 #[test]
