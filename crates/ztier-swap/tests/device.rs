@@ -561,3 +561,47 @@ fn holes_in_full_clusters_stay_put_and_are_filled_in_place() {
     assert_eq!(dev.stats().lists.nonfull[0], 1);
     dev.verify().unwrap();
 }
+
+/// Under ztier's list policy a thread whose cursor reaches the end of its cluster starts
+/// over in it when the frees behind the cursor left the room its order needs on the nonfull
+/// list (a quarter free for order 0): no free announces that room (the threshold was
+/// crossed while the cluster was the thread's), so leaving it would strand it half empty on
+/// the frag list while the thread took a fresh cluster. The kernel's policy leaves it (any
+/// later free sends it to nonfull).
+#[test]
+fn a_thread_starts_over_in_its_cluster_when_frees_behind_the_cursor_left_room() {
+    use ztier_swap::ListPolicy;
+    for (policy, stays) in [(ListPolicy::Ztier, true), (ListPolicy::Kernel, false)] {
+        for mode in [Mode::Cluster, Mode::Legacy] {
+            let dev = device(
+                4 * CL,
+                Config {
+                    mode,
+                    policy,
+                    ..Config::default()
+                },
+            );
+            // Order 4 goes through no slot cache in either mode: the cursor is the thread's.
+            let runs: Vec<u64> = (0..24).map(|_| dev.alloc_on(0, 4).unwrap()).collect();
+            let cluster = runs[0] / CL;
+            assert!(runs.iter().all(|r| r / CL == cluster), "{runs:?}");
+            // Half the runs behind the cursor come free, then the cursor reaches the end.
+            for &r in &runs[..16] {
+                dev.free_range(r, 16).unwrap();
+            }
+            let left = (CL - runs.iter().map(|r| r % CL + 16).max().unwrap()) / 16;
+            for _ in 0..left {
+                assert_eq!(dev.alloc_on(0, 4).unwrap() / CL, cluster);
+            }
+            let free_before = dev.stats().lists.free;
+            let next = dev.alloc_on(0, 4).unwrap();
+            assert_eq!(next / CL == cluster, stays, "{policy:?} {mode:?}");
+            assert_eq!(
+                dev.stats().lists.free,
+                free_before - u64::from(!stays),
+                "{policy:?} {mode:?}"
+            );
+            dev.verify().unwrap();
+        }
+    }
+}
