@@ -27,9 +27,12 @@
 //! are a measurable part of the time a page takes.
 //!
 //! Every operation that changes a page (a whole-page write, a sub-page read-modify-write, a
-//! discard) holds that page's stripe of the page locks for its whole length, so a
-//! read-modify-write cannot lose a concurrent change to the same page. [`Device::reset`] takes
-//! every shard, which shuts out all I/O while it runs.
+//! discard) holds that page's stripe of the page locks while it changes it, so a
+//! read-modify-write cannot lose a concurrent change to the same page. No lock is held
+//! across a backing store's I/O: a written-back page is read with its place pinned and
+//! nothing locked, and a read-modify-write of one reads it first, then patches it under the
+//! stripe only if the slot still names the place it read. [`Device::reset`] takes every
+//! shard, which shuts out all I/O while it runs.
 //!
 //! # Lock ordering
 //! `Device::page_locks[stripe]` (one at a time) → `Device::shards[i]` (the calling thread's;
@@ -431,40 +434,39 @@ impl Device {
         *e = Entry::default();
     }
 
-    /// Reads one whole page into `out`.
+    /// Reads one whole page into `out`. A written-back page is read from the store with no
+    /// lock held (see [`writeback`]); if the page changed while the store was read, it is
+    /// read again.
     pub fn read_page(&self, index: u64, out: &mut [u8]) -> Result<()> {
-        self.read_page_as(index, out, false)
+        let r = self.read_page_pinned(index, out).map(drop);
+        if r.is_err() {
+            self.shard().counters.add(Counter::FailedReads, 1);
+        }
+        r
     }
 
-    /// `read_page` for a caller that holds (`page_locked`) or not the page's stripe lock.
-    fn read_page_as(&self, index: u64, out: &mut [u8], page_locked: bool) -> Result<()> {
-        let r = {
-            let mut shard = self.shard();
-            let r = self.read_page_inner(&mut shard, index, out);
-            if r.is_err() {
-                shard.counters.add(Counter::FailedReads, 1);
+    /// `read_page`, returning the pin of the place a written-back page was read from, so a
+    /// caller can check the slot still names it later (a read-modify-write, under the page's
+    /// lock).
+    fn read_page_pinned(
+        &self,
+        index: u64,
+        out: &mut [u8],
+    ) -> Result<Option<(Entry, writeback::Pin)>> {
+        loop {
+            let in_memory = {
+                let mut shard = self.shard();
+                self.read_page_inner(&mut shard, index, out)?
+            };
+            if in_memory.is_none() {
+                return Ok(None);
             }
-            r
-        };
-        match r {
-            Ok(Some(_)) => {
-                // Written back: read from the store under the page's lock, so its place
-                // stays while it is read (taken in the lock order: page, shard, slot).
-                let _page = (!page_locked).then(|| self.page_lock(index));
-                let e = self.slot(index)?.lock().entry;
-                let r = if e.has(SlotFlag::Wb) {
-                    self.read_written_back(index, e, out)
-                } else {
-                    // Rewritten or discarded before the page lock was ours.
-                    let mut shard = self.shard();
-                    self.read_page_inner(&mut shard, index, out).map(|_| ())
-                };
-                if r.is_err() {
-                    self.shard().counters.add(Counter::FailedReads, 1);
-                }
-                r
+            let Some((read, pin)) = self.read_written_back(index, out)? else {
+                continue; // taken back into memory meanwhile (rewritten or discarded)
+            };
+            if self.slot(index)?.lock().entry.same_place(&read) {
+                return Ok(Some((read, pin)));
             }
-            other => other.map(|_| ()),
         }
     }
 
@@ -602,15 +604,11 @@ impl Device {
         let mut scratch = vec![0; self.page_size];
         for s in self.spans(offset, data.len()) {
             let part = &data[s.at..s.at + s.len];
-            let _page = self.page_lock(s.index);
             let r = if s.len == self.page_size {
+                let _page = self.page_lock(s.index);
                 self.write_page_locked(s.index, part)
             } else {
-                self.read_page_as(s.index, &mut scratch, true)
-                    .and_then(|()| {
-                        scratch[s.in_page..s.in_page + s.len].copy_from_slice(part);
-                        self.write_page_locked(s.index, &scratch)
-                    })
+                self.patch_page(s.index, s.in_page, part, &mut scratch)
             };
             if let Err(e) = r {
                 return Err(if s.at == 0 {
@@ -626,6 +624,46 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// Writes `part` at byte `in_page` of page `index`: read, patched and written under the
+    /// page's lock, so a concurrent change to other bytes of the page is kept. A page on the
+    /// backing store is read before the lock is taken (a slow store then holds no stripe) and
+    /// patched only if the slot still names the place read, else read again.
+    fn patch_page(
+        &self,
+        index: u64,
+        in_page: usize,
+        part: &[u8],
+        scratch: &mut [u8],
+    ) -> Result<()> {
+        loop {
+            let written_back = self.slot(index)?.lock().entry.has(SlotFlag::Wb);
+            let pinned = if written_back {
+                self.read_page_pinned(index, scratch)?
+            } else {
+                None
+            };
+            let _page = self.page_lock(index);
+            match pinned {
+                Some((read, _pin)) => {
+                    if !self.slot(index)?.lock().entry.same_place(&read) {
+                        continue; // rewritten or discarded since it was read
+                    }
+                }
+                // In memory: read under the lock, as any other change would be.
+                None => {
+                    let mut shard = self.shard();
+                    if self.read_page_inner(&mut shard, index, scratch)?.is_some() {
+                        // Written back between the look and the lock (a writeback's commit
+                        // takes no page lock): read it from the store with the lock dropped.
+                        continue;
+                    }
+                }
+            }
+            scratch[in_page..in_page + part.len()].copy_from_slice(part);
+            return self.write_page_locked(index, scratch);
+        }
     }
 
     /// Reads bytes at any offset.

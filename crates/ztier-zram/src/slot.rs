@@ -103,6 +103,10 @@ impl Entry {
     pub fn is_allocated(&self) -> bool {
         self.handle != 0 || self.has(SlotFlag::Same) || self.has(SlotFlag::Wb)
     }
+    /// Both entries name the same place on the backing store (written back, same handle).
+    pub fn same_place(&self, other: &Entry) -> bool {
+        self.has(SlotFlag::Wb) && other.has(SlotFlag::Wb) && self.handle == other.handle
+    }
     /// The second the page was last written or read.
     pub fn ac_time(&self) -> u32 {
         ((self.flags & AC_TIME_MASK) >> AC_TIME_SHIFT) as u32

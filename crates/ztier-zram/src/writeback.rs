@@ -23,11 +23,18 @@
 //! written or discarded meanwhile kept its new content and its bytes in the segment are
 //! dead from the start. A failed write leaves every slot of the batch in memory as it was.
 //!
-//! Reads of a written-back page hold the page's stripe lock across the read from the store,
-//! so the page's place cannot be freed under them; they never take the page back into the
-//! pool (nor does the kernel).
+//! Reads of a written-back page hold no lock across the store's I/O: under the slot's lock
+//! they pin the page's place (a hold on its segment's, or block's, live count, so the place
+//! cannot be freed and handed out again), read the store with nothing locked, and the caller
+//! checks the slot still names that place before answering (a page rewritten or discarded
+//! meanwhile is read again). A slow or vanished store so stalls only the reads of its own
+//! pages: never writes to other pages of the stripe, the shard, `stat` or `ctl`. Reads never
+//! take the page back into the pool (nor does the kernel).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64,
+    Ordering::{AcqRel, Relaxed},
+};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -143,7 +150,11 @@ pub struct WbResult {
 pub struct Backing {
     places: ztier_swap::Device,
     format: WbFormat,
-    /// Live bytes per segment (packed), by first slot / 16.
+    /// Slots per unit of `live`: a segment's (packed) or one block's (the kernel's formats).
+    unit_slots: u64,
+    /// Per unit, by first slot / `unit_slots`: the live bytes of the objects in it, plus one
+    /// for each hold (a batch being committed, a read in flight). The unit goes back to the
+    /// allocator when it reaches zero.
     live: Box<[AtomicU32]>,
     bytes_written: AtomicU64,
     bytes_stored: AtomicU64,
@@ -161,11 +172,16 @@ impl Backing {
             },
         )
         .map_err(ZramError::Backing)?;
-        let segments = places.slots().div_ceil(SEG_SLOTS) as usize;
+        let unit_slots = match format {
+            WbFormat::Packed => SEG_SLOTS,
+            WbFormat::Page | WbFormat::Compressed => 1,
+        };
+        let units = places.slots().div_ceil(unit_slots) as usize;
         Ok(Backing {
-            live: (0..segments).map(|_| AtomicU32::new(0)).collect(),
+            live: (0..units).map(|_| AtomicU32::new(0)).collect(),
             places,
             format,
+            unit_slots,
             bytes_written: AtomicU64::new(0),
             bytes_stored: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -196,18 +212,41 @@ impl Backing {
     fn release(&self, handle: u64, size: usize) {
         let (first, _) = Backing::unplace(handle);
         self.bytes_stored.fetch_sub(size as u64, Relaxed);
-        match self.format {
-            WbFormat::Packed => self.release_bytes(first, size),
-            _ => {
-                let _ = self.places.free(first);
-            }
+        self.release_bytes(first, size);
+    }
+
+    /// The live count of the unit holding slot `first`.
+    fn live_of(&self, first: u64) -> &AtomicU32 {
+        &self.live[(first / self.unit_slots) as usize]
+    }
+
+    /// Adds a hold (or an object's bytes) to the unit holding slot `first`.
+    fn hold_bytes(&self, first: u64, n: usize) {
+        self.live_of(first).fetch_add(n as u32, Relaxed);
+    }
+
+    /// Drops `n` of the unit's live count; the last one gives the unit back.
+    fn release_bytes(&self, first: u64, n: usize) {
+        // AcqRel: every read of the unit under a hold happens before its slots are freed.
+        if self.live_of(first).fetch_sub(n as u32, AcqRel) == n as u32 {
+            let start = first / self.unit_slots * self.unit_slots;
+            let _ = if self.unit_slots == 1 {
+                self.places.free(start)
+            } else {
+                self.places.free_range(start, self.unit_slots)
+            };
         }
     }
 
-    fn release_bytes(&self, first: u64, size: usize) {
-        let seg = &self.live[(first / SEG_SLOTS) as usize];
-        if seg.fetch_sub(size as u32, Relaxed) == size as u32 {
-            let _ = self.places.free_range(first, SEG_SLOTS);
+    /// Keeps the place `handle` names from being freed (and so handed out again) until the
+    /// pin goes. Taken under the lock of a slot that names it: that slot's own bytes keep the
+    /// unit alive until then.
+    fn pin(self: &Arc<Backing>, handle: u64) -> Pin {
+        let (first, _) = Backing::unplace(handle);
+        self.hold_bytes(first, 1);
+        Pin {
+            store: Arc::clone(self),
+            first,
         }
     }
 
@@ -226,6 +265,19 @@ impl Backing {
             bytes_held: self.places.in_use() * SLOT_BYTES,
             failed_writebacks: self.failed.load(Relaxed),
         }
+    }
+}
+
+/// A hold on a written-back page's place on the store (see [`Backing::pin`]): while it
+/// lives, a slot that names the place is the page that was read from it.
+pub(crate) struct Pin {
+    store: Arc<Backing>,
+    first: u64,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.store.release_bytes(self.first, 1);
     }
 }
 
@@ -473,10 +525,8 @@ impl Device {
             }
         };
         store.bytes_written.fetch_add(blocks * SLOT_BYTES, Relaxed);
-        if order > 0 {
-            // Held while the commits count the segment's live bytes in.
-            store.live[(first / SEG_SLOTS) as usize].fetch_add(1, Relaxed);
-        }
+        // Held while the commits count the place's live bytes in.
+        store.hold_bytes(first, 1);
         let mut shard = self.shard();
         shard.counters.add(Counter::BdWrites, blocks as i64);
         let mut committed = 0;
@@ -511,39 +561,57 @@ impl Device {
             shard.counters.add(Counter::PagesStored, 1);
             shard.counters.add(Counter::BdCount, 1);
             store.bytes_stored.fetch_add(stored as u64, Relaxed);
-            if order > 0 {
-                store.live[(first / SEG_SLOTS) as usize].fetch_add(stored as u32, Relaxed);
-            }
+            store.hold_bytes(first, stored);
             committed += 1;
         }
         drop(shard);
-        if order > 0 {
-            store.release_bytes(first, 1);
-        } else if committed == 0 {
-            let _ = store.places.free(first);
-        }
+        // The commit's hold: with no page committed, the place goes back now.
+        store.release_bytes(first, 1);
         done.pages += committed;
         done.bytes_written += blocks * SLOT_BYTES;
         Ok(())
     }
 
-    /// Reads a written-back page into `out`; the caller holds the page's stripe lock.
-    pub(crate) fn read_written_back(&self, index: u64, e: Entry, out: &mut [u8]) -> Result<()> {
+    /// Reads page `index` into `out` if it is written back, holding no lock across the
+    /// store's I/O: the slot's entry is taken and its place pinned under the slot's lock,
+    /// the store read with nothing held, and the object decompressed on the thread's shard.
+    /// `None`: the page is not written back (read it from memory). Otherwise the entry read
+    /// and the pin: the caller checks, with [`Entry::same_place`], that the slot still names
+    /// that place before it trusts the bytes (the page may have been rewritten or discarded
+    /// meanwhile; while the pin lives, its place cannot be handed out again).
+    pub(crate) fn read_written_back(
+        &self,
+        index: u64,
+        out: &mut [u8],
+    ) -> Result<Option<(Entry, Pin)>> {
+        let slot = self.slot(index)?;
         let store = self.backing().ok_or(ZramError::NoBacking)?;
+        let (e, pin) = {
+            let g = slot.lock();
+            if !g.entry.has(SlotFlag::Wb) {
+                return Ok(None);
+            }
+            (g.entry, store.pin(g.entry.handle))
+        };
         let size = e.size();
-        let mut shard = self.shard();
         if size == self.page_size {
             store.read(e.handle, out).map_err(ZramError::Backing)?;
+            self.shard().counters.add(Counter::BdReads, 1);
         } else {
-            let s = self.stream_for(&mut shard, e.priority());
-            let mut object = std::mem::take(&mut s.buf);
-            let r = store.read(e.handle, &mut object[..size]);
-            let decoded = r.map(|()| s.comp.decompress(&object[..size], out));
-            s.buf = object;
-            self.check_decoded(index, decoded.map_err(ZramError::Backing)?)?;
+            let mut object = vec![0u8; size];
+            store
+                .read(e.handle, &mut object)
+                .map_err(ZramError::Backing)?;
+            let mut shard = self.shard();
+            let decoded = self
+                .stream_for(&mut shard, e.priority())
+                .comp
+                .decompress(&object, out);
+            shard.counters.add(Counter::BdReads, 1);
+            drop(shard);
+            self.check_decoded(index, decoded)?;
         }
-        shard.counters.add(Counter::BdReads, 1);
-        Ok(())
+        Ok(Some((e, pin)))
     }
 
     /// Gives back the place of a written-back slot being freed (under its lock).
