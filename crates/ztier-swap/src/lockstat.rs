@@ -74,10 +74,11 @@ impl<T> CountedMutex<T> {
             return guard;
         }
         let start = Instant::now();
+        // Counted as the wait begins, so a reading shows the waiters of a held lock.
+        stats.counts.add(CONTENDED, 1);
         let guard = self.inner.lock();
         let waited = start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         stats.counts.add(ACQUIRED, 1);
-        stats.counts.add(CONTENDED, 1);
         stats.counts.add(WAIT_NS, waited);
         guard
     }
@@ -94,6 +95,8 @@ impl<T> CountedMutex<T> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -106,17 +109,33 @@ mod tests {
             let _held = m.lock(&stats);
             assert!(m.try_lock(&stats).is_none());
         }
+        // The holder lets go only once the waiter is counted as waiting (its try failed,
+        // its clock runs), and then not before `HOLD` has passed: the wait is at least that,
+        // however late either thread gets a core. No sleep stands for the waiter's arrival.
+        const HOLD: Duration = Duration::from_millis(2);
         std::thread::scope(|s| {
             let held = m.lock(&stats);
             let waiter = s.spawn(|| *m.lock(&stats) += 1);
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while stats.report().contended == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the waiter was never counted as contended: {:?}",
+                    stats.report()
+                );
+                std::thread::yield_now();
+            }
+            let seen = Instant::now();
+            while seen.elapsed() < HOLD {
+                std::thread::yield_now();
+            }
             drop(held);
             waiter.join().unwrap();
         });
         let r = stats.report();
         assert_eq!((r.name, r.acquisitions), ("test", 5));
         assert_eq!(r.contended, 1);
-        assert!(r.wait_ns >= 10_000_000, "{r:?}");
+        assert!(r.wait_ns >= HOLD.as_nanos() as u64, "{r:?}");
         assert_eq!(*m.lock(&stats), 2);
     }
 }
