@@ -4,8 +4,8 @@
 //! loses nothing; threads reading and writing while writeback and recompression run.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use ztier_blockdev::file::FileDevice;
@@ -298,6 +298,11 @@ fn recompression_keeps_smaller_classes_and_marks_incompressible() {
     assert_eq!(r.recompressed, 0, "{r:?}");
 }
 
+/// Two threads read and write their own pages while another marks pages idle, recompresses
+/// and writes back, pass after pass: every read sees its page's last write, and both
+/// recompression and writeback really ran beside the I/O. The passes start with the workers
+/// (a barrier), the workers go on until at least one pass has ended, and each worker notes
+/// what the passes had done when it finished: passes after the workers cannot earn that.
 #[test]
 fn io_goes_on_while_writeback_and_recompression_run() {
     let n = 2048u64;
@@ -308,44 +313,84 @@ fn io_goes_on_while_writeback_and_recompression_run() {
     dev.set_backing(Some(file_store("threads", 32 << 20, WbFormat::Packed)))
         .unwrap();
     let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
+    let start = Barrier::new(3);
+    // What the background passes have done so far: pages recompressed, pages written back,
+    // passes ended; `ended` also when the thread stops (or panics), so no worker waits for a
+    // pass that will never come.
+    let (recompressed, written_back, passes) =
+        (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let ended = AtomicBool::new(false);
+    let noted = std::thread::scope(|s| {
         s.spawn(|| {
+            struct Ended<'a>(&'a AtomicBool);
+            impl Drop for Ended<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Relaxed);
+                }
+            }
+            let _ended = Ended(&ended);
+            start.wait();
             while !stop.load(Relaxed) {
                 dev.mark_idle(None);
-                dev.recompress(RecompMode::Idle, None, None).unwrap();
-                dev.writeback(WbMode::Idle, None, Some(256)).unwrap();
+                let r = dev.recompress(RecompMode::Idle, None, None).unwrap();
+                recompressed.fetch_add(r.recompressed, Relaxed);
+                let w = dev.writeback(WbMode::Idle, None, Some(256)).unwrap();
+                written_back.fetch_add(w.pages, Relaxed);
+                passes.fetch_add(1, Relaxed);
             }
         });
         let workers: Vec<_> = (0..2u64)
             .map(|t| {
-                let dev = &dev;
+                let (dev, start) = (&dev, &start);
+                let (recompressed, written_back, passes, ended) =
+                    (&recompressed, &written_back, &passes, &ended);
                 s.spawn(move || {
                     let mut out = vec![0u8; PS];
                     // Thread t owns pages of its parity; generation g of page i is
                     // page(i + g * n).
                     let mut gen = vec![0u64; n as usize];
-                    for round in 0..6000u64 {
+                    start.wait();
+                    let mut round = 0u64;
+                    while round < 6000 || (passes.load(Relaxed) == 0 && !ended.load(Relaxed)) {
                         let i = ((round * 7919 + t * 13) % (n / 2)) * 2 + t;
-                        if round % 3 == 0 {
+                        if round.is_multiple_of(3) {
                             gen[i as usize] += 1;
                             dev.write_page(i, &page(i + gen[i as usize] * n)).unwrap();
                         } else {
                             dev.read_page(i, &mut out).unwrap();
                             assert!(out == page(i + gen[i as usize] * n), "page {i}");
                         }
+                        round += 1;
                     }
-                    gen
+                    let noted = (recompressed.load(Relaxed), written_back.load(Relaxed));
+                    (gen, noted)
                 })
             })
             .collect();
-        let gens: Vec<Vec<u64>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        // Stop the passes even when a worker failed, so a failure is reported, not hung.
+        let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
         stop.store(true, Relaxed);
+        let (gens, noted): (Vec<Vec<u64>>, Vec<(u64, u64)>) =
+            results.into_iter().map(|r| r.unwrap()).unzip();
         let mut out = vec![0u8; PS];
         for i in 0..n {
             let g = gens[(i % 2) as usize][i as usize];
             dev.read_page(i, &mut out).unwrap();
             assert!(out == page(i + g * n), "page {i} at the end");
         }
+        // The later worker's note (the counts only grow): what the passes did before the
+        // I/O ended.
+        noted
+            .into_iter()
+            .fold((0, 0), |(r, w), (nr, nw)| (r.max(nr), w.max(nw)))
     });
-    assert!(dev.bd_stat().unwrap().bd_count > 0);
+    let (recompressed, written_back) = noted;
+    assert!(
+        recompressed > 0,
+        "no page recompressed while the workers ran"
+    );
+    assert!(
+        written_back > 0,
+        "no page written back while the workers ran"
+    );
 }
