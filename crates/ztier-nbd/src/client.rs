@@ -1,23 +1,33 @@
 //! The client side of NBD: a remote export as a [`BlockDevice`], so zram can write pages back
-//! to any NBD server (nbdkit, qemu-nbd, another `ztier serve`, rbd-nbd) over the standard
-//! protocol, with the same message code as the server ([`crate::proto`]).
+//! to any NBD server (nbdkit, qemu-nbd, qemu-storage-daemon, another `ztier serve`) over the
+//! standard protocol, with the same message code as the server ([`crate::proto`]).
 //!
 //! A client negotiates fixed newstyle with `NBD_OPT_GO` (falling back to
 //! `NBD_OPT_EXPORT_NAME` for an old server), asks for block sizes, and then sends one request
 //! at a time with simple replies: a writeback batch is one large request, so one in flight
 //! costs little, and the protocol state stays trivially in step. Requests larger than the
-//! server's maximum payload are split. A socket error or a timeout marks the connection
-//! broken: that request and every later one fail with a clear error, never a hang, until the
-//! owner calls [`Client::reconnect`]. Reconnecting is never silent, because NBD cannot tell
-//! a server that came back from a new one: a restarted `memory` export would read back
-//! zeros where the pages were.
+//! server's maximum payload are split.
+//!
+//! A socket error or a request that waits past the timeout marks the store lost: that
+//! request fails with a clear error, never a hang. What happens next depends on whether the
+//! store can be recognised. NBD itself cannot tell a server that came back from a new one (a
+//! restarted `memory` export would read back zeros where the pages were), so the owner pins
+//! an identity ([`Client::pin_identity`]: bytes the export holds and no other store would,
+//! such as the header with a random id that zram's backing store writes). A client with an
+//! identity reconnects by itself, with backoff (the first try at the next request, then
+//! waits doubling from 100 ms to [`ClientConfig::max_backoff`]); until it is back, requests
+//! fail at once with an error that says since when and why. On every reconnect the export
+//! must have its old size and hold the identity; one that does not is refused, loudly, and
+//! its reads never answered. A client with no identity reconnects only when the owner calls
+//! [`Client::reconnect`]. Changes of state (lost, found, refused) go to the owner's log
+//! ([`Client::set_log`]) and [`Client::status`].
 //!
 //! The server's minimum block is obeyed, as the spec asks of a client that asked for block
 //! sizes: an unaligned read reads the blocks around it, an unaligned write reads, modifies
 //! and writes them back.
 //!
-//! Locking: `writes` (every write, for the read-modify-write) → `conn` (one whole request and
-//! its reply).
+//! Locking: `writes` (every write, for the read-modify-write) → `link` (one whole request and
+//! its reply; never held while dialing) → `log` (a leaf).
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -25,7 +35,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use ztier_blockdev::{BlockDevice, BlockError, Result};
 
@@ -34,8 +44,83 @@ use crate::server::Stream;
 
 /// The default NBD port.
 pub const NBD_PORT: u16 = 10809;
-/// How long one request may wait on the network before the connection counts as dead.
+/// How long one request may wait on the network before the connection counts as dead, by
+/// default (the kernel's nbd client also defaults to 30 s).
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first wait between reconnect tries; each failed try doubles it.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How a client waits on its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// How long one request (or a connect and handshake) may wait on the network before the
+    /// store counts as lost.
+    pub io_timeout: Duration,
+    /// The longest wait between tries to reconnect to a lost store.
+    pub max_backoff: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            io_timeout: IO_TIMEOUT,
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Where the link to the store stands, for the owner's `ctl` and statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    Connected,
+    /// Lost; tries to reconnect (by itself, if it has an identity).
+    Lost {
+        /// Why it was lost, or why the last try failed.
+        error: String,
+        /// Tries made since.
+        attempts: u64,
+    },
+    /// A store answered, but not the one the pages went to; tries go on.
+    Refused {
+        reason: String,
+        attempts: u64,
+    },
+}
+
+/// [`Client::status`]: the link's state, since when, and its history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkStatus {
+    pub state: LinkState,
+    /// When the state began.
+    pub since: SystemTime,
+    /// Times the link was lost, and found again.
+    pub losses: u64,
+    pub reconnects: u64,
+    /// Whether the client reconnects by itself (an identity is pinned).
+    pub reconnects_by_itself: bool,
+}
+
+impl std::fmt::Display for LinkStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ago = self.since.elapsed().unwrap_or_default().as_secs_f64();
+        match &self.state {
+            LinkState::Connected => write!(f, "connected for {ago:.1} s")?,
+            LinkState::Lost { error, attempts } => write!(
+                f,
+                "lost {ago:.1} s ago, {attempts} tries to reconnect since ({error})"
+            )?,
+            LinkState::Refused { reason, attempts } => write!(
+                f,
+                "refused {ago:.1} s ago, {attempts} tries since: {reason}"
+            )?,
+        }
+        write!(
+            f,
+            "; lost {} times, reconnected {} times",
+            self.losses, self.reconnects
+        )
+    }
+}
 /// Largest request sent when the server names no maximum (the spec's default, 32 MiB, is
 /// what servers accept; smaller keeps memory per request low).
 const DEFAULT_MAX_PAYLOAD: u32 = 4 << 20;
@@ -137,14 +222,49 @@ struct Conn {
     next_cookie: u64,
 }
 
-/// A connected export.
+/// Where the owner's log lines go.
+type LogFn = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The connection, or why there is none.
+enum Wire {
+    Up(Conn),
+    /// Lost or refused: the next try is due at `next_try`.
+    Down {
+        next_try: Instant,
+        backoff: Duration,
+    },
+    /// A thread is dialing, with the lock let go.
+    Dialing,
+}
+
+struct Link {
+    wire: Wire,
+    state: LinkState,
+    since: SystemTime,
+    losses: u64,
+    reconnects: u64,
+}
+
+/// An export, connected or reconnecting.
 pub struct Client {
     uri: Uri,
+    config: ClientConfig,
     info: ExportInfo,
-    conn: Mutex<Option<Conn>>,
+    link: Mutex<Link>,
+    /// Bytes at an offset the export must hold on every reconnect.
+    identity: Mutex<Option<(u64, Vec<u8>)>>,
+    log: Mutex<Option<LogFn>>,
     /// Held by every write, so the read-modify-write of a write not aligned to the server's
     /// minimum block cannot lose another write to the same block.
     writes: Mutex<()>,
+}
+
+/// Why a dial failed.
+enum DialError {
+    /// The store could not be reached or negotiated with.
+    Unreachable(BlockError),
+    /// A store answered, but not the one the pages went to.
+    Refused(String),
 }
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
@@ -161,13 +281,13 @@ fn read_exact(s: &mut Stream, buf: &mut [u8], what: &str) -> io::Result<()> {
     })
 }
 
-fn open(target: &Target) -> io::Result<Stream> {
+fn open(target: &Target, timeout: Duration) -> io::Result<Stream> {
     let stream = match target {
         Target::Tcp { host, port } => {
             let mut last = io::Error::other(format!("{host}:{port} resolves to no address"));
             let mut found = None;
             for addr in (host.as_str(), *port).to_socket_addrs()? {
-                match TcpStream::connect_timeout(&addr, IO_TIMEOUT) {
+                match TcpStream::connect_timeout(&addr, timeout) {
                     Ok(s) => {
                         found = Some(s);
                         break;
@@ -177,14 +297,14 @@ fn open(target: &Target) -> io::Result<Stream> {
             }
             let s = found.ok_or(last)?;
             s.set_nodelay(true)?;
-            s.set_read_timeout(Some(IO_TIMEOUT))?;
-            s.set_write_timeout(Some(IO_TIMEOUT))?;
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
             Stream::Tcp(s)
         }
         Target::Unix(path) => {
             let s = UnixStream::connect(path)?;
-            s.set_read_timeout(Some(IO_TIMEOUT))?;
-            s.set_write_timeout(Some(IO_TIMEOUT))?;
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
             Stream::Unix(s)
         }
     };
@@ -347,15 +467,15 @@ fn wire_error(errno: u32, what: &str) -> BlockError {
 }
 
 impl Client {
-    /// Connects to `uri` and negotiates its export.
+    /// Connects to `uri` and negotiates its export, with the default [`ClientConfig`].
     pub fn connect(uri: &Uri) -> Result<Client> {
-        let (conn, info) = Client::dial(uri)?;
-        Ok(Client {
-            uri: uri.clone(),
-            info,
-            conn: Mutex::new(Some(conn)),
-            writes: Mutex::new(()),
-        })
+        Client::connect_with(uri, ClientConfig::default())
+    }
+
+    /// Connects to `uri` and negotiates its export.
+    pub fn connect_with(uri: &Uri, config: ClientConfig) -> Result<Client> {
+        let (conn, info) = Client::dial(uri, config.io_timeout)?;
+        Ok(Client::with_conn(uri, config, info, conn))
     }
 
     /// A client over a stream already connected to `uri`'s server (a socket pair in tests
@@ -363,19 +483,33 @@ impl Client {
     pub fn over_stream(mut stream: Stream, uri: &Uri) -> Result<Client> {
         let info = handshake(&mut stream, &uri.export)
             .map_err(|e| BlockError::Io(io_err(&format!("negotiating with {uri}"), e)))?;
-        Ok(Client {
-            uri: uri.clone(),
-            info,
-            conn: Mutex::new(Some(Conn {
-                stream,
-                next_cookie: 1,
-            })),
-            writes: Mutex::new(()),
-        })
+        let conn = Conn {
+            stream,
+            next_cookie: 1,
+        };
+        Ok(Client::with_conn(uri, ClientConfig::default(), info, conn))
     }
 
-    fn dial(uri: &Uri) -> Result<(Conn, ExportInfo)> {
-        let mut stream = open(&uri.target)
+    fn with_conn(uri: &Uri, config: ClientConfig, info: ExportInfo, conn: Conn) -> Client {
+        Client {
+            uri: uri.clone(),
+            config,
+            info,
+            link: Mutex::new(Link {
+                wire: Wire::Up(conn),
+                state: LinkState::Connected,
+                since: SystemTime::now(),
+                losses: 0,
+                reconnects: 0,
+            }),
+            identity: Mutex::new(None),
+            log: Mutex::new(None),
+            writes: Mutex::new(()),
+        }
+    }
+
+    fn dial(uri: &Uri, timeout: Duration) -> Result<(Conn, ExportInfo)> {
+        let mut stream = open(&uri.target, timeout)
             .map_err(|e| BlockError::Io(io_err(&format!("connecting to {uri}"), e)))?;
         let info = handshake(&mut stream, &uri.export)
             .map_err(|e| BlockError::Io(io_err(&format!("negotiating with {uri}"), e)))?;
@@ -388,34 +522,201 @@ impl Client {
         ))
     }
 
-    /// Dials the export again after a lost connection (a no-op while connected). The export
-    /// must have the size it had; whether it still holds what was written is the caller's
-    /// to know.
-    pub fn reconnect(&self) -> Result<()> {
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_some() {
-            return Ok(());
-        }
-        let (conn, info) = Client::dial(&self.uri)?;
-        if info.size != self.info.size {
-            return Err(BlockError::Io(io_err(
-                &format!("reconnecting to {}", self.uri),
-                format!(
-                    "the export is {} bytes now, {} before",
-                    info.size, self.info.size
-                ),
-            )));
-        }
-        *guard = Some(conn);
+    /// Pins the export's identity: the `len` bytes at `offset` are read now, and every
+    /// reconnect must find them again, or the store is refused. With an identity pinned the
+    /// client reconnects by itself.
+    pub fn pin_identity(&self, offset: u64, len: usize) -> Result<()> {
+        let mut bytes = vec![0u8; len];
+        self.read_at(offset, &mut bytes)?;
+        *self.identity.lock().unwrap_or_else(|p| p.into_inner()) = Some((offset, bytes));
         Ok(())
     }
 
-    /// Whether the connection is up (false after a lost one, until [`Client::reconnect`]).
-    pub fn is_connected(&self) -> bool {
-        self.conn
+    /// Where the owner's log lines go (lost, reconnected, refused); none by default.
+    pub fn set_log(&self, log: impl Fn(&str) + Send + Sync + 'static) {
+        *self.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(log));
+    }
+
+    fn log(&self, line: &str) {
+        if let Some(log) = self.log.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            log(line);
+        }
+    }
+
+    fn lock_link(&self) -> std::sync::MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn has_identity(&self) -> bool {
+        self.identity
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_some()
+    }
+
+    /// Tries to reconnect now, whatever the backoff says (a no-op while connected, an error
+    /// while another thread is dialing). The export must have its old size and, if one is
+    /// pinned, hold its identity.
+    pub fn reconnect(&self) -> Result<()> {
+        let link = self.lock_link();
+        match link.wire {
+            Wire::Up(_) => return Ok(()),
+            Wire::Dialing => {
+                return Err(BlockError::Io(io_err(
+                    &self.uri.to_string(),
+                    "a reconnect is already under way",
+                )))
+            }
+            Wire::Down { .. } => {}
+        }
+        self.redial(link).1
+    }
+
+    /// Dials the store with the link's lock let go meanwhile, so a store that stalls holds
+    /// up no other request: they see `Dialing` and fail at once. Back under the lock, the link
+    /// is up again, or down with the next try put off.
+    fn redial<'a>(
+        &'a self,
+        mut link: std::sync::MutexGuard<'a, Link>,
+    ) -> (std::sync::MutexGuard<'a, Link>, Result<()>) {
+        let backoff = match link.wire {
+            Wire::Down { backoff, .. } => backoff,
+            _ => FIRST_BACKOFF,
+        };
+        link.wire = Wire::Dialing;
+        drop(link);
+        let dialed = self.dial_checked();
+        let mut link = self.lock_link();
+        let attempts = match &link.state {
+            LinkState::Lost { attempts, .. } | LinkState::Refused { attempts, .. } => attempts + 1,
+            LinkState::Connected => 1,
+        };
+        match dialed {
+            Ok(conn) => {
+                let down_for = link.since.elapsed().unwrap_or_default().as_secs_f64();
+                link.wire = Wire::Up(conn);
+                link.state = LinkState::Connected;
+                link.since = SystemTime::now();
+                link.reconnects += 1;
+                self.log(&format!(
+                    "the store {} is back after {down_for:.1} s ({attempts} tries)",
+                    self.uri
+                ));
+                (link, Ok(()))
+            }
+            Err(e) => {
+                link.wire = Wire::Down {
+                    next_try: Instant::now() + backoff,
+                    backoff: (backoff * 2).min(self.config.max_backoff.max(FIRST_BACKOFF)),
+                };
+                let (state, err) = match e {
+                    DialError::Unreachable(e) => (
+                        LinkState::Lost {
+                            error: e.to_string(),
+                            attempts,
+                        },
+                        e,
+                    ),
+                    DialError::Refused(reason) => {
+                        let newly = !matches!(&link.state,
+                            LinkState::Refused { reason: r, .. } if *r == reason);
+                        if newly {
+                            self.log(&format!(
+                                "REFUSED the store at {}: {reason}; its written-back pages \
+                                 fail with EIO until the right store is back",
+                                self.uri
+                            ));
+                        }
+                        let err = BlockError::Io(io_err(
+                            &format!("reconnecting to {}", self.uri),
+                            format!("refused: {reason}"),
+                        ));
+                        (LinkState::Refused { reason, attempts }, err)
+                    }
+                };
+                // `since` stays: it is when the store was lost.
+                link.state = state;
+                (link, Err(err))
+            }
+        }
+    }
+
+    /// A new connection, checked to reach the store the pages went to.
+    fn dial_checked(&self) -> std::result::Result<Conn, DialError> {
+        let (mut conn, info) =
+            Client::dial(&self.uri, self.config.io_timeout).map_err(DialError::Unreachable)?;
+        if info.size != self.info.size {
+            return Err(DialError::Refused(format!(
+                "the export is {} bytes, not the {} the pages went to",
+                info.size, self.info.size
+            )));
+        }
+        let identity = self
+            .identity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((offset, want)) = identity {
+            let mut got = vec![0u8; want.len()];
+            let (start, end) = self.aligned(offset, want.len());
+            let mut whole = vec![0u8; (end - start) as usize];
+            for (off, at, n) in self.chunks(start, whole.len()) {
+                let cookie = conn.next_cookie;
+                conn.next_cookie += 1;
+                let r = Client::exchange(
+                    &mut conn,
+                    CMD_READ,
+                    0,
+                    off,
+                    n as u32,
+                    cookie,
+                    None,
+                    Some(&mut whole[at..at + n]),
+                );
+                match r {
+                    Ok(0) => {}
+                    Ok(errno) => {
+                        return Err(DialError::Unreachable(wire_error(
+                            errno,
+                            "the identity check's read",
+                        )))
+                    }
+                    Err(e) => {
+                        return Err(DialError::Unreachable(BlockError::Io(io_err(
+                            &self.uri.to_string(),
+                            e,
+                        ))))
+                    }
+                }
+            }
+            let at = (offset - start) as usize;
+            got.copy_from_slice(&whole[at..at + want.len()]);
+            if got != want {
+                return Err(DialError::Refused(format!(
+                    "the export does not hold the identity written when the pages went to it \
+                     ({} bytes at {offset} differ: another store, or this one restarted empty)",
+                    want.len()
+                )));
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Whether the connection is up.
+    pub fn is_connected(&self) -> bool {
+        matches!(self.lock_link().wire, Wire::Up(_))
+    }
+
+    /// The link's state, since when, and its history.
+    pub fn status(&self) -> LinkStatus {
+        let link = self.lock_link();
+        LinkStatus {
+            state: link.state.clone(),
+            since: link.since,
+            losses: link.losses,
+            reconnects: link.reconnects,
+            reconnects_by_itself: self.has_identity(),
+        }
     }
 
     pub fn uri(&self) -> &Uri {
@@ -423,6 +724,9 @@ impl Client {
     }
     pub fn info(&self) -> ExportInfo {
         self.info
+    }
+    pub fn config(&self) -> ClientConfig {
+        self.config
     }
 
     /// One request and its simple reply; `write` is the payload of a write, `read` receives a
@@ -436,12 +740,38 @@ impl Client {
         write: Option<&[u8]>,
         read: Option<&mut [u8]>,
     ) -> Result<()> {
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(conn) = guard.as_mut() else {
-            return Err(BlockError::Io(io_err(
-                &format!("{}", self.uri),
-                "the connection was lost (reconnect to go on; what the export held may be gone)",
-            )));
+        let mut link = self.lock_link();
+        if let Wire::Down { next_try, .. } = link.wire {
+            if self.has_identity() && Instant::now() >= next_try {
+                // A failed try is in the link's state; this request says so below.
+                link = self.redial(link).0;
+            }
+        }
+        let conn = match &mut link.wire {
+            Wire::Up(conn) => conn,
+            Wire::Dialing => {
+                return Err(BlockError::Io(io_err(
+                    &self.uri.to_string(),
+                    "the store was lost and is being dialed again",
+                )))
+            }
+            Wire::Down { .. } => {
+                let how = if self.has_identity() {
+                    "reconnecting by itself"
+                } else {
+                    "reconnect to go on; what the export held may be gone"
+                };
+                let since = link.since.elapsed().unwrap_or_default().as_secs_f64();
+                let why = match &link.state {
+                    LinkState::Lost { error, .. } => error.clone(),
+                    LinkState::Refused { reason, .. } => format!("refused: {reason}"),
+                    LinkState::Connected => String::new(),
+                };
+                return Err(BlockError::Io(io_err(
+                    &self.uri.to_string(),
+                    format!("the store was lost {since:.1} s ago ({why}); {how}"),
+                )));
+            }
         };
         let cookie = conn.next_cookie;
         conn.next_cookie += 1;
@@ -453,10 +783,21 @@ impl Client {
                 &format!("{} of {length} bytes at {offset}", command_name(kind)),
             )),
             Err(e) => {
-                // The stream is out of step or gone: drop it; later requests fail until the
-                // owner reconnects.
-                *guard = None;
-                Err(BlockError::Io(io_err(&format!("{}", self.uri), e)))
+                // The stream is out of step or gone: drop it. The first request after the
+                // backoff dials again (with an identity), or the owner does.
+                link.wire = Wire::Down {
+                    next_try: Instant::now(),
+                    backoff: FIRST_BACKOFF,
+                };
+                link.state = LinkState::Lost {
+                    error: e.to_string(),
+                    attempts: 0,
+                };
+                link.since = SystemTime::now();
+                link.losses += 1;
+                drop(link);
+                self.log(&format!("lost the store {}: {e}", self.uri));
+                Err(BlockError::Io(io_err(&self.uri.to_string(), e)))
             }
         }
     }
@@ -683,8 +1024,8 @@ impl BlockDevice for Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        let conn = self.conn.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = conn.as_mut() {
+        let link = self.link.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Wire::Up(c) = &mut link.wire {
             let header = Request {
                 flags: 0,
                 kind: CMD_DISC,

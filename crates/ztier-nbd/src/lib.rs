@@ -8,5 +8,5 @@ pub mod client;
 pub mod proto;
 pub mod server;
 
-pub use client::{Client, Uri};
+pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri};
 pub use server::{Listener, Server, ServerConfig, Stream};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::{BlockDevice, BlockError};
-use ztier_nbd::client::{Client, Uri};
+use ztier_nbd::client::{Client, ClientConfig, LinkState, Uri};
 use ztier_nbd::{Listener, Server, ServerConfig};
 
 struct Served {
@@ -131,4 +131,185 @@ fn a_vanished_server_is_an_error_until_the_owner_reconnects() {
     let mut page = [0u8; 4096];
     client.read_at(0, &mut page).unwrap();
     assert_eq!(page, [5u8; 4096]);
+}
+
+/// A device that can be held stalled: its reads wait until it is let go (a store paused).
+struct Stalling {
+    inner: MemoryDevice,
+    stalled: std::sync::Mutex<bool>,
+    let_go: std::sync::Condvar,
+}
+
+impl Stalling {
+    fn stall(&self, on: bool) {
+        *self.stalled.lock().unwrap() = on;
+        self.let_go.notify_all();
+    }
+}
+
+impl BlockDevice for Stalling {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        let s = self.stalled.lock().unwrap();
+        drop(self.let_go.wait_while(s, |s| *s).unwrap());
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+}
+
+/// A client with a short timeout and its identity pinned (an id written at block 0), and
+/// the lines it logs.
+fn pinned_client(uri: &Uri) -> (Client, Arc<std::sync::Mutex<Vec<String>>>) {
+    let config = ClientConfig {
+        io_timeout: std::time::Duration::from_millis(500),
+        max_backoff: std::time::Duration::from_millis(200),
+    };
+    let client = Client::connect_with(uri, config).unwrap();
+    client
+        .write_at(0, b"ztier-test-identity-0123456789ab", false)
+        .unwrap();
+    client.pin_identity(0, 32).unwrap();
+    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let l = Arc::clone(&lines);
+    client.set_log(move |line| l.lock().unwrap().push(line.to_string()));
+    (client, lines)
+}
+
+/// Retries `f` until it succeeds (the client waits out its backoff between tries to dial),
+/// failing the test after a deadline far past the backoff.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> ztier_blockdev::Result<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() > deadline => panic!("{what}: {e}"),
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+}
+
+#[test]
+fn a_store_with_an_identity_comes_back_by_itself() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let mut s = serve("back", dev.clone(), config("x"));
+    let (client, lines) = pinned_client(&s.uri("x"));
+    client.write_at(8192, &[5u8; 4096], false).unwrap();
+    s.stop();
+    let _ = std::fs::remove_file(&s.path);
+    assert!(client.read_at(8192, &mut [0u8; 4096]).is_err(), "no server");
+    assert!(!client.is_connected());
+    assert!(matches!(client.status().state, LinkState::Lost { .. }));
+    // The same store at the same place: the next requests find it, nobody reconnects.
+    let _back = serve("back", dev, config("x"));
+    let mut page = [0u8; 4096];
+    eventually("reading after the store came back", || {
+        client.read_at(8192, &mut page)
+    });
+    assert_eq!(page, [5u8; 4096]);
+    let status = client.status();
+    assert_eq!(status.state, LinkState::Connected);
+    assert_eq!((status.losses, status.reconnects), (1, 1));
+    let log = lines.lock().unwrap().join("\n");
+    assert!(
+        log.contains("lost the store") && log.contains("is back"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_store_that_stalls_past_the_timeout_is_found_again() {
+    let dev = Arc::new(Stalling {
+        inner: MemoryDevice::new(1 << 20).unwrap(),
+        stalled: std::sync::Mutex::new(false),
+        let_go: std::sync::Condvar::new(),
+    });
+    let s = serve("stall", dev.clone(), config(""));
+    let (client, _lines) = pinned_client(&s.uri(""));
+    client.write_at(4096, &[7u8; 4096], false).unwrap();
+    dev.stall(true);
+    let err = client.read_at(4096, &mut [0u8; 4096]).unwrap_err();
+    assert!(matches!(err, BlockError::Io(_)), "{err}");
+    assert!(!client.is_connected(), "a timed-out request loses the link");
+    // While it stalls, a try to reconnect cannot check the identity: still lost.
+    assert!(client.reconnect().is_err());
+    dev.stall(false);
+    let mut page = [0u8; 4096];
+    eventually("reading after the store resumed", || {
+        client.read_at(4096, &mut page)
+    });
+    assert_eq!(page, [7u8; 4096]);
+}
+
+#[test]
+fn a_different_store_is_refused_until_the_right_one_is_back() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let mut s = serve("other", dev.clone(), config("x"));
+    let (client, lines) = pinned_client(&s.uri("x"));
+    client.write_at(4096, &[9u8; 4096], false).unwrap();
+    s.stop();
+    let _ = std::fs::remove_file(&s.path);
+    drop(s);
+    // A store of the same size that restarted empty.
+    let mut empty = serve(
+        "other",
+        Arc::new(MemoryDevice::new(1 << 20).unwrap()),
+        config("x"),
+    );
+    // The first request finds the old connection dead; the next dials the new store.
+    assert!(client.read_at(4096, &mut [0u8; 4096]).is_err());
+    let err = client.read_at(4096, &mut [0u8; 4096]).unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    let status = client.status();
+    assert!(
+        matches!(&status.state, LinkState::Refused { reason, .. } if reason.contains("identity")),
+        "{status}"
+    );
+    assert!(lines.lock().unwrap().iter().any(|l| l.contains("REFUSED")));
+    // Nothing it holds is ever read: every read fails while it is the only store there.
+    for _ in 0..3 {
+        assert!(client.read_at(4096, &mut [0u8; 4096]).is_err());
+    }
+    empty.stop();
+    let _ = std::fs::remove_file(&empty.path);
+    drop(empty);
+    // A store of another size is refused too.
+    let mut small = serve(
+        "other",
+        Arc::new(MemoryDevice::new(1 << 19).unwrap()),
+        config("x"),
+    );
+    let err = eventually("a refusal of the small store", || {
+        match client.read_at(4096, &mut [0u8; 4096]) {
+            Err(e) if e.to_string().contains("bytes, not the") => Ok(e),
+            Err(e) => Err(e),
+            Ok(()) => panic!("read from a store of another size"),
+        }
+    });
+    assert!(err.to_string().contains("refused"), "{err}");
+    small.stop();
+    let _ = std::fs::remove_file(&small.path);
+    drop(small);
+    // The right store back: found.
+    let _right = serve("other", dev, config("x"));
+    let mut page = [0u8; 4096];
+    eventually("reading from the right store", || {
+        client.read_at(4096, &mut page)
+    });
+    assert_eq!(page, [9u8; 4096]);
 }
