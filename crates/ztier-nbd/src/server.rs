@@ -16,6 +16,14 @@
 //! - the bytes of requests in flight on a connection are bounded (`max_in_flight_bytes`), as
 //!   are the payload of one request (`max_payload`), option data, and the connections
 //!   (`max_connections`: one more is greeted and closed);
+//! - a handshake must end within `handshake_limit` (10 s, qemu-nbd's default) or its
+//!   connection is closed; handshakes under way are not counted against `max_connections`
+//!   (a client that stalls mid-handshake cannot shut out others) but have their own bound,
+//!   `max_handshakes`, past which a new connection is closed at once;
+//! - an error from `accept()` (out of file descriptors, a connection aborted) is logged and
+//!   accepting goes on after a backoff of 10 ms doubling to 1 s: it never ends the server;
+//! - `stop` wakes the accept loop through an eventfd polled beside the listener, so it works
+//!   whatever happened to the socket's path;
 //! - a malformed request header (bad magic) closes that connection, as the spec requires;
 //!   every other bad request gets an error reply and the connection goes on.
 //!
@@ -27,10 +35,13 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
 
 use ztier_blockdev::{BlockDevice, BlockError};
 
@@ -56,6 +67,10 @@ pub struct ServerConfig {
     pub max_in_flight_bytes: usize,
     /// Log each connection and its end on stderr.
     pub log: bool,
+    /// How long a connection may take over its handshake.
+    pub handshake_limit: Duration,
+    /// Handshakes under way at once; a connection past them is closed at once.
+    pub max_handshakes: usize,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +85,8 @@ impl Default for ServerConfig {
             workers_per_connection: 4,
             max_in_flight_bytes: 64 << 20,
             log: false,
+            handshake_limit: Duration::from_secs(10),
+            max_handshakes: 256,
         }
     }
 }
@@ -79,6 +96,10 @@ impl Default for ServerConfig {
 pub struct ServerStats {
     pub connections: AtomicU64,
     pub refused_connections: AtomicU64,
+    /// Connections closed because their handshake went past the limit or was malformed.
+    pub failed_handshakes: AtomicU64,
+    /// `accept()` errors (each retried after a backoff).
+    pub accept_errors: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -89,6 +110,34 @@ pub struct ServerStats {
 pub enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
+}
+
+impl Listener {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Listener::Tcp(l) => l.set_nonblocking(on),
+            Listener::Unix(l) => l.set_nonblocking(on),
+        }
+    }
+
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => l.accept().map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                Stream::Tcp(s)
+            }),
+            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+        }
+    }
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l) => l.as_fd(),
+        }
+    }
 }
 
 /// A connected socket, TCP or Unix.
@@ -110,6 +159,13 @@ impl Stream {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
         };
+    }
+
+    fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+            Stream::Unix(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+        }
     }
 
     fn peer(&self) -> String {
@@ -152,45 +208,11 @@ pub struct Server {
     stopping: AtomicBool,
     /// A clone of every open connection's socket, to shut them at stop.
     connections: Mutex<Vec<(u64, Stream)>>,
-    /// Where the listener listens, for `stop` to connect to and so wake a blocked accept.
-    wake: Mutex<Option<WakeAddr>>,
-}
-
-/// An address `stop` can connect to that reaches the server's own listener.
-enum WakeAddr {
-    Tcp(std::net::SocketAddr),
-    Unix(std::path::PathBuf),
-}
-
-impl WakeAddr {
-    fn of(listener: &Listener) -> Option<WakeAddr> {
-        match listener {
-            Listener::Tcp(l) => {
-                let mut addr = l.local_addr().ok()?;
-                if addr.ip().is_unspecified() {
-                    // Listening on every address: the loopback one of its family reaches it.
-                    addr.set_ip(match addr {
-                        std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                        std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-                    });
-                }
-                Some(WakeAddr::Tcp(addr))
-            }
-            Listener::Unix(l) => l
-                .local_addr()
-                .ok()?
-                .as_pathname()
-                .map(|p| WakeAddr::Unix(p.to_owned())),
-        }
-    }
-
-    /// Connects and hangs up at once: the accept it wakes sees the server stopping.
-    fn knock(&self) {
-        let _ = match self {
-            WakeAddr::Tcp(a) => TcpStream::connect_timeout(a, Duration::from_secs(1)).map(drop),
-            WakeAddr::Unix(p) => UnixStream::connect(p).map(drop),
-        };
-    }
+    /// Handshakes under way.
+    handshakes: AtomicUsize,
+    /// An eventfd the accept loop polls beside its listener, made when it starts; `stop`
+    /// writes to it.
+    wake: Mutex<Option<Arc<OwnedFd>>>,
 }
 
 impl Server {
@@ -201,6 +223,7 @@ impl Server {
             stats: ServerStats::default(),
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
+            handshakes: AtomicUsize::new(0),
             wake: Mutex::new(None),
         })
     }
@@ -237,11 +260,10 @@ impl Server {
         for (_, s) in self.connections.lock().expect("connections").iter() {
             s.shutdown(Shutdown::Read);
         }
-        // The accept loop blocks in accept: a connection wakes it. (If it has not started,
-        // it finds `stopping` set before it ever blocks: it publishes `wake` first, then
-        // looks.)
-        if let Some(addr) = self.wake.lock().expect("wake").as_ref() {
-            addr.knock();
+        // The accept loop polls the eventfd beside its listener. (A loop that has not made
+        // it yet finds `stopping` set: it publishes the eventfd first, then looks.)
+        if let Some(wake) = self.wake.lock().expect("wake").as_ref() {
+            let _ = rustix::io::write(wake.as_ref(), &1u64.to_ne_bytes());
         }
     }
 
@@ -252,87 +274,213 @@ impl Server {
     /// Accepts connections until [`stop`](Self::stop), each on its own thread; returns once
     /// every connection has ended.
     ///
-    /// Accept blocks, so a client is taken the moment it connects (a poll every 20 ms cost
-    /// nbdcopy 13-30 ms a copy over its two connections: a tenth of a 280 MiB copy with lz4);
-    /// `stop` wakes it by connecting.
+    /// The loop sleeps in `poll` on the listener and the stop eventfd, so a client is taken
+    /// the moment it connects (a poll every 20 ms cost nbdcopy 13-30 ms a copy over its two
+    /// connections) and a stop is seen at once. An error from `accept()` (EMFILE, ENFILE,
+    /// ENOBUFS, ECONNABORTED, ...) is counted, logged once per run of them, and retried
+    /// after a backoff; only a listener that is no socket at all ends the loop with an error.
     pub fn serve(self: &Arc<Self>, listener: Listener) -> io::Result<()> {
-        match &listener {
-            Listener::Tcp(l) => l.set_nonblocking(false)?,
-            Listener::Unix(l) => l.set_nonblocking(false)?,
-        }
-        *self.wake.lock().expect("wake") = WakeAddr::of(&listener);
+        listener.set_nonblocking(true)?;
+        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
+        let wake = Arc::new(rustix::event::eventfd(0, flags)?);
+        *self.wake.lock().expect("wake") = Some(Arc::clone(&wake));
         let mut handles: Vec<std::thread::JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
+        let mut backoff = Duration::ZERO;
         while !self.is_stopping() {
-            let accepted = match &listener {
-                Listener::Tcp(l) => l.accept().map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    Stream::Tcp(s)
-                }),
-                Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
-            };
+            if !wait_for_client(&wake, &listener, backoff)? {
+                continue;
+            }
+            if self.is_stopping() {
+                break;
+            }
             handles.retain(|h| !h.is_finished());
-            let stream = match accepted {
-                // The knock of `stop` (or a client racing it): not served.
-                Ok(_) if self.is_stopping() => break,
-                Ok(s) => s,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+            let stream = match listener.accept() {
+                Ok(s) => {
+                    backoff = Duration::ZERO;
+                    s
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) if accept_error_is_fatal(&e) => return Err(e),
+                Err(e) => {
+                    self.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+                    if backoff.is_zero() {
+                        eprintln!("nbd: accepting a connection failed: {e}; retrying with backoff");
+                    }
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    continue;
+                }
             };
             set_blocking(&stream)?;
             next_id += 1;
             let id = next_id;
             let server = Arc::clone(self);
-            handles.push(
-                std::thread::Builder::new()
-                    .name(format!("nbd-conn-{id}"))
-                    .spawn(move || server.handle(id, stream))?,
-            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-conn-{id}"))
+                .spawn(move || server.handle(id, stream));
+            match spawned {
+                Ok(h) => handles.push(h),
+                // No thread to be had: that client goes (its socket closes with the closure).
+                Err(e) => {
+                    self.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("nbd: no thread for connection {id}: {e}");
+                }
+            }
         }
         for h in handles {
             let _ = h.join();
         }
         Ok(())
     }
+}
 
-    /// Serves one connection to its end.
-    pub fn handle(self: &Arc<Self>, id: u64, stream: Stream) {
-        let peer = stream.peer();
-        let admitted = {
-            let mut conns = self.connections.lock().expect("connections");
-            if conns.len() >= self.config.max_connections || self.is_stopping() {
-                false
-            } else {
-                match stream.try_clone() {
-                    Ok(clone) => {
-                        conns.push((id, clone));
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
+/// Waits for a client on `listener` (or, after an accept error, for `backoff` with the
+/// listener left alone) or for a write to `wake`. True when the listener may have a client.
+fn wait_for_client(wake: &OwnedFd, listener: &Listener, backoff: Duration) -> io::Result<bool> {
+    let mut fds = [
+        PollFd::new(wake, PollFlags::IN),
+        PollFd::new(listener, PollFlags::IN),
+    ];
+    let (fds, timeout) = if backoff.is_zero() {
+        (&mut fds[..], None)
+    } else {
+        let t = rustix::event::Timespec {
+            tv_sec: backoff.as_secs() as i64,
+            tv_nsec: i64::from(backoff.subsec_nanos()),
         };
-        if !admitted {
+        (&mut fds[..1], Some(t))
+    };
+    match rustix::event::poll(fds, timeout.as_ref()) {
+        Ok(_) => Ok(true),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Server {
+    /// Serves one connection to its end: the handshake within its deadline, then, if there
+    /// is room, the transmission phase.
+    pub fn handle(self: &Arc<Self>, id: u64, mut stream: Stream) {
+        let peer = stream.peer();
+        if self.is_full() {
+            self.turn_away(id, &peer, stream);
+            return;
+        }
+        if self.handshakes.fetch_add(1, Ordering::SeqCst) >= self.config.max_handshakes {
+            self.handshakes.fetch_sub(1, Ordering::SeqCst);
             self.stats
                 .refused_connections
                 .fetch_add(1, Ordering::Relaxed);
             if self.config.log {
                 eprintln!(
-                    "nbd: connection {id} from {peer} refused: {} connections already",
-                    self.config.max_connections
+                    "nbd: connection {id} from {peer} closed: {} handshakes under way already",
+                    self.config.max_handshakes
                 );
             }
-            // Greet, so the client sees a server, then close: the spec's way to turn away.
-            let mut s = stream;
-            let _ = s.write_all(&greeting());
-            s.shutdown(Shutdown::Both);
             return;
         }
+        let negotiated = self.negotiate(id, &mut stream);
+        self.handshakes.fetch_sub(1, Ordering::SeqCst);
+        let session = match negotiated {
+            Ok(Some(session)) => session,
+            Ok(None) => {
+                self.unreserve(id);
+                stream.shutdown(Shutdown::Both);
+                return;
+            }
+            Err(e) if e.kind() == io::ErrorKind::QuotaExceeded => {
+                self.stats
+                    .refused_connections
+                    .fetch_add(1, Ordering::Relaxed);
+                if self.config.log {
+                    eprintln!(
+                        "nbd: connection {id} from {peer} refused at its handshake's end: {e}"
+                    );
+                }
+                stream.shutdown(Shutdown::Both);
+                return;
+            }
+            Err(e) => {
+                self.unreserve(id);
+                self.stats.failed_handshakes.fetch_add(1, Ordering::Relaxed);
+                if self.config.log {
+                    eprintln!("nbd: connection {id} from {peer}: handshake failed: {e}");
+                }
+                stream.shutdown(Shutdown::Both);
+                return;
+            }
+        };
+        self.admit(id, &peer, stream, session);
+    }
+
+    /// Takes connection `id`'s place among `max_connections`, before the handshake's last
+    /// reply, so a client that has seen it is counted; false if there is none (handshakes
+    /// that ended together may have filled them).
+    fn reserve(&self, id: u64, s: &Stream) -> io::Result<bool> {
+        let mut conns = self.connections.lock().expect("connections");
+        if conns.len() >= self.config.max_connections || self.is_stopping() {
+            return Ok(false);
+        }
+        conns.push((id, s.try_clone()?));
+        Ok(true)
+    }
+
+    fn unreserve(&self, id: u64) {
+        self.connections
+            .lock()
+            .expect("connections")
+            .retain(|(c, _)| *c != id);
+    }
+
+    fn is_full(&self) -> bool {
+        self.connections.lock().expect("connections").len() >= self.config.max_connections
+    }
+
+    /// Greets, so the client sees a server, then closes: the spec's way to turn one away.
+    fn turn_away(&self, id: u64, peer: &str, mut s: Stream) {
+        self.stats
+            .refused_connections
+            .fetch_add(1, Ordering::Relaxed);
+        if self.config.log {
+            eprintln!(
+                "nbd: connection {id} from {peer} refused: {} connections already",
+                self.config.max_connections
+            );
+        }
+        let _ = s.set_timeouts(Some(Duration::from_secs(1)));
+        let _ = s.write_all(&greeting());
+        s.shutdown(Shutdown::Both);
+    }
+
+    /// The handshake under its deadline: each read and write may wait only for what is
+    /// left of it.
+    fn negotiate(&self, id: u64, stream: &mut Stream) -> io::Result<Option<Session>> {
+        let mut s = Deadline {
+            stream,
+            until: Instant::now() + self.config.handshake_limit,
+        };
+        let session = self.handshake(id, &mut s)?;
+        s.stream.set_timeouts(None)?;
+        Ok(session)
+    }
+
+    /// Runs a negotiated connection, counted since its handshake took its place.
+    fn admit(self: &Arc<Self>, id: u64, peer: &str, stream: Stream, session: Session) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         if self.config.log {
             eprintln!("nbd: connection {id} from {peer}");
         }
-        let result = self.run_connection(stream);
+        let result = stream
+            .try_clone()
+            .and_then(|reader| self.transmission(reader, stream, session));
         self.connections
             .lock()
             .expect("connections")
@@ -345,16 +493,14 @@ impl Server {
         }
     }
 
-    fn run_connection(self: &Arc<Self>, mut stream: Stream) -> io::Result<()> {
-        let Some(session) = self.handshake(&mut stream)? else {
-            stream.shutdown(Shutdown::Both);
-            return Ok(());
-        };
-        self.transmission(stream.try_clone()?, stream, session)
-    }
-
     /// The handshake and option haggling; `None` when the client aborted or is done.
-    fn handshake(&self, s: &mut Stream) -> io::Result<Option<Session>> {
+    fn handshake(&self, id: u64, s: &mut Deadline<'_>) -> io::Result<Option<Session>> {
+        let full = || {
+            io::Error::new(
+                io::ErrorKind::QuotaExceeded,
+                format!("{} connections already", self.config.max_connections),
+            )
+        };
         s.write_all(&greeting())?;
         let client_flags = read_u32(s)?;
         if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
@@ -389,6 +535,9 @@ impl Server {
                     v.extend(self.transmission_flags(session.structured).to_be_bytes());
                     if !no_zeroes {
                         v.extend([0u8; 124]);
+                    }
+                    if !self.reserve(id, s.stream)? {
+                        return Err(full());
                     }
                     s.write_all(&v)?;
                     return Ok(Some(session));
@@ -436,6 +585,11 @@ impl Server {
                     let block =
                         info_block_size(self.config.min_block, preferred, self.config.max_payload);
                     reply(s, option, REP_INFO, &block)?;
+                    if option == OPT_GO && !self.reserve(id, s.stream)? {
+                        let e = full();
+                        let _ = reply(s, option, REP_ERR_POLICY, e.to_string().as_bytes());
+                        return Err(e);
+                    }
                     reply(s, option, REP_ACK, &[])?;
                     if option == OPT_GO {
                         session.block_sizes = req.infos.contains(&INFO_BLOCK_SIZE);
@@ -491,7 +645,7 @@ impl Server {
     /// (INVALID, UNKNOWN) is sent and `None` returned, and the haggling goes on.
     fn for_export<T>(
         &self,
-        s: &mut Stream,
+        s: &mut Deadline<'_>,
         option: u32,
         decoded: Result<T, Malformed>,
         export: impl Fn(&T) -> &str,
@@ -912,18 +1066,76 @@ fn greeting() -> Vec<u8> {
     v
 }
 
-fn reply(s: &mut Stream, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+fn reply(s: &mut impl Write, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
     s.write_all(&encode_option_reply(option, kind, data))
 }
 
-fn read_u32(s: &mut Stream) -> io::Result<u32> {
+fn read_u32(s: &mut impl Read) -> io::Result<u32> {
     let mut b = [0u8; 4];
     s.read_exact(&mut b)?;
     Ok(u32::from_be_bytes(b))
 }
 
+/// A stream whose reads and writes may wait only until `until` in all.
+struct Deadline<'a> {
+    stream: &'a mut Stream,
+    until: Instant,
+}
+
+impl Deadline<'_> {
+    fn arm(&self) -> io::Result<()> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake went past its time limit",
+            ));
+        }
+        self.stream.set_timeouts(Some(left))
+    }
+
+    fn timed_out(e: io::Error) -> io::Error {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake went past its time limit",
+            )
+        } else {
+            e
+        }
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.read(buf).map_err(Deadline::timed_out)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.write(buf).map_err(Deadline::timed_out)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// An accept error that retrying cannot mend: the listener is no listening socket.
+fn accept_error_is_fatal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP | libc::EFAULT)
+    )
+}
+
 /// Reads and drops `n` bytes.
-fn discard(s: &mut Stream, n: u64) -> io::Result<()> {
+fn discard(s: &mut impl Read, n: u64) -> io::Result<()> {
     let copied = io::copy(&mut s.take(n), &mut io::sink())?;
     if copied < n {
         return Err(io::ErrorKind::UnexpectedEof.into());

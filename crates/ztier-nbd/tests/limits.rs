@@ -1,0 +1,156 @@
+//! The server against neighbours that misbehave: clients that stop mid-handshake, more of
+//! them than connections allowed, and a stop after the socket's path was removed.
+//!
+//! Nothing here is timed: each test waits on the state it names (a connection served, a
+//! socket closed, the accept loop ended), with a deadline only so a broken server fails the
+//! test instead of hanging it.
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::BlockDevice;
+use ztier_nbd::client::Client;
+use ztier_nbd::{Listener, Server, ServerConfig};
+
+/// Far past any scheduling delay; only a server that never does the thing reaches it.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Served {
+    server: Arc<Server>,
+    path: PathBuf,
+    ended: mpsc::Receiver<std::io::Result<()>>,
+}
+
+fn serve(name: &str, config: ServerConfig) -> Served {
+    let dir = std::env::temp_dir().join(format!("ztier-nbd-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.sock"));
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let server = Server::new(dev, config);
+    let s = Arc::clone(&server);
+    let (tx, ended) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(s.serve(Listener::Unix(listener)));
+    });
+    Served {
+        server,
+        path,
+        ended,
+    }
+}
+
+impl Served {
+    fn uri(&self) -> ztier_nbd::Uri {
+        format!("nbd+unix:///?socket={}", self.path.display())
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.server.stop();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A connection that takes the greeting and then says nothing: a handshake left half open.
+fn half_open(path: &PathBuf) -> UnixStream {
+    let mut s = UnixStream::connect(path).unwrap();
+    let mut greeting = [0u8; 18];
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.read_exact(&mut greeting).unwrap();
+    s
+}
+
+/// Waits until the server closes `s` (end of file or a reset).
+fn closed_by_server(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut b = [0u8; 64];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => true,
+        _ => false,
+    }
+}
+
+#[test]
+fn half_open_handshakes_do_not_shut_out_a_good_client() {
+    let s = serve(
+        "half-open",
+        ServerConfig {
+            max_connections: 16,
+            handshake_limit: Duration::from_secs(2),
+            ..ServerConfig::default()
+        },
+    );
+    let mut stalled: Vec<UnixStream> = (0..64).map(|_| half_open(&s.path)).collect();
+    // 64 handshakes under way, four times the connections allowed: a good client still gets
+    // in, long before any of them times out.
+    let client = Client::connect(&s.uri()).expect("a good client beside 64 half-open ones");
+    client.write_at(0, &[3u8; 4096], false).unwrap();
+    let mut back = [0u8; 4096];
+    client.read_at(0, &mut back).unwrap();
+    assert_eq!(back, [3u8; 4096]);
+    // Each stalled handshake is closed by the server at its deadline.
+    for (i, c) in stalled.iter_mut().enumerate() {
+        assert!(closed_by_server(c), "half-open connection {i} still open");
+    }
+    let failed = s
+        .server
+        .stats()
+        .failed_handshakes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(failed, 64);
+    // The good client was never disturbed.
+    client.read_at(0, &mut back).unwrap();
+}
+
+#[test]
+fn a_handshake_that_trickles_is_held_to_its_whole_deadline() {
+    let s = serve(
+        "trickle",
+        ServerConfig {
+            handshake_limit: Duration::from_millis(500),
+            ..ServerConfig::default()
+        },
+    );
+    let mut c = half_open(&s.path);
+    // One byte at a time, each well inside a per-read timeout: only a limit on the whole
+    // handshake ends it. The client flags are 4 bytes; then option headers, byte by byte.
+    let (tx, done) = mpsc::channel();
+    let mut writer = c.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut sent = 0;
+        while writer.write_all(&[0]).is_ok() && sent < 10_000 {
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = tx.send(sent);
+    });
+    assert!(
+        closed_by_server(&mut c),
+        "a trickling handshake was never ended"
+    );
+    let sent = done.recv_timeout(DEADLINE).expect("the trickler stopped");
+    assert!(sent < 10_000, "the server kept reading a trickle");
+}
+
+#[test]
+fn stop_ends_the_server_after_its_socket_path_was_removed() {
+    let s = serve("removed", ServerConfig::default());
+    let _client = Client::connect(&s.uri()).unwrap();
+    std::fs::remove_file(&s.path).unwrap();
+    s.server.stop();
+    let ended = s
+        .ended
+        .recv_timeout(DEADLINE)
+        .expect("the accept loop did not end after stop");
+    ended.unwrap();
+}
