@@ -329,7 +329,7 @@ fn discard_punches_holes_in_the_backing_file() {
 #[test]
 fn the_header_is_a_linux_swap_header() {
     let backing = memory(3 * CL);
-    let _dev = Device::new(Arc::clone(&backing), Config::default()).unwrap();
+    let dev = Device::new(Arc::clone(&backing), Config::default()).unwrap();
     let mut page = vec![0; 4096];
     backing.read_at(0, &mut page).unwrap();
     assert_eq!(&page[4086..], b"SWAPSPACE2");
@@ -339,6 +339,16 @@ fn the_header_is_a_linux_swap_header() {
         3 * CL - 1,
         "last_page"
     );
+    // sws_uuid: a random version-4 id, different for every area of the same size.
+    let uuid = dev.uuid();
+    assert_eq!(page[1036..1052], uuid);
+    assert_eq!(
+        (uuid[6] >> 4, uuid[8] >> 6),
+        (4, 0b10),
+        "version 4, RFC 4122 variant"
+    );
+    let other = Device::new(memory(3 * CL), Config::default()).unwrap();
+    assert_ne!(other.uuid(), uuid);
 }
 
 #[test]
