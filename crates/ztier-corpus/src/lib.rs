@@ -294,6 +294,9 @@ pub struct ZramTruth<M> {
     /// Every odd page discarded after the write, then two compactions (not taken for every
     /// algorithm).
     pub discard_odd_pages_then_compact: Option<DiscardTruth<M>>,
+    /// The `ksizes` file of the kernel's size of each page, when one was measured.
+    #[serde(default)]
+    pub per_page_sizes_file: Option<String>,
 }
 
 /// The discard experiment: `mm_stat` after each step.
@@ -373,6 +376,80 @@ pub fn corpus_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// A corpus and an algorithm the kernel's figures are given for.
+pub type TruthPair = (String, String);
+
+/// The (corpus, algorithm) pairs the `NAME.truth.json` files in `dir` give zram figures for,
+/// sorted; with `per_page`, only those whose entry names a `per_page_sizes_file` (`ksizes`).
+/// What a kernel-parity test must compare, all of it ([`require_pairs`]).
+pub fn zram_truth_pairs(dir: &Path, per_page: bool) -> Result<Vec<TruthPair>> {
+    let mut pairs = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|source| CorpusError::Io {
+        path: dir.to_owned(),
+        source,
+    })? {
+        let path = entry
+            .map_err(|source| CorpusError::Io {
+                path: dir.to_owned(),
+                source,
+            })?
+            .path();
+        let file = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let Some(name) = file.strip_suffix(".truth.json") else {
+            continue;
+        };
+        let truth = Truth::<serde_json::Value>::read(&path)?;
+        for (alg, figures) in &truth.zram {
+            if !per_page || figures.per_page_sizes_file.is_some() {
+                pairs.push((name.to_owned(), alg.clone()));
+            }
+        }
+    }
+    pairs.sort();
+    Ok(pairs)
+}
+
+/// The (corpus, algorithm) pairs `zswap-truth.json` in `dir` gives figures for, sorted (none
+/// without the file).
+pub fn zswap_truth_pairs(dir: &Path) -> Result<Vec<TruthPair>> {
+    let path = dir.join("zswap-truth.json");
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(CorpusError::Io { path, source }),
+    };
+    let file: ZswapTruthFile =
+        serde_json::from_slice(&text).map_err(|e| CorpusError::Malformed {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    Ok(file
+        .corpora
+        .into_iter()
+        .flat_map(|(corpus, by_alg)| by_alg.into_keys().map(move |alg| (corpus.clone(), alg)))
+        .collect())
+}
+
+/// Checks a kernel-parity test compared every pair `listed` (by its truth files): the ones
+/// it did not are named through [`cannot_test`], so under CI a pair the corpus lacks (a
+/// corpus file, a `ksizes` file) fails the test, and elsewhere it is said and skipped.
+pub fn require_pairs(test: &str, listed: &[TruthPair], compared: &[TruthPair]) {
+    let missing: Vec<String> = listed
+        .iter()
+        .filter(|p| !compared.contains(p))
+        .map(|(corpus, alg)| format!("{corpus}/{alg}"))
+        .collect();
+    if !missing.is_empty() {
+        cannot_test(&format!(
+            "{test}: the truth files list {} not compared",
+            missing.join(", ")
+        ));
+    }
 }
 
 #[cfg(test)]
