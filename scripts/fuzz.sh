@@ -7,7 +7,15 @@ cd "$(dirname "$0")/../fuzz"
 seconds=${1:-30}
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
-mapfile -t targets < <(cargo fuzz list)
+# The list is taken in a plain assignment, so a failing `cargo fuzz list` stops the script
+# (a process substitution would hide its exit status); an empty list is a failure too: a run
+# of no target must not pass as a fuzzing run.
+list=$(cargo fuzz list)
+mapfile -t targets <<<"$list"
+if [[ -z $list || ${#targets[@]} -eq 0 ]]; then
+  echo "fuzz: cargo fuzz list names no target in $PWD" >&2
+  exit 1
+fi
 cargo fuzz build --release --debug-assertions >/dev/null 2>&1 || cargo fuzz build --release --debug-assertions
 for t in "${targets[@]}"; do
   printf 'fuzz %-20s ' "$t"
