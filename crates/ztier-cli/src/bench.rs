@@ -172,8 +172,7 @@ fn run_zram(
 fn writeback_target(args: &BenchArgs, pages: u64) -> anyhow::Result<Option<WritebackTarget>> {
     let store: std::sync::Arc<dyn ztier_blockdev::BlockDevice> =
         if let Some(path) = &args.writeback_file {
-            // Room for every page in its own block, the allocator's header, and a cluster spare.
-            let bytes = ((pages + 1).div_ceil(512) + 1) * 512 * ztier_swap::SLOT_BYTES;
+            let bytes = ztier_zram::Backing::size_for(pages * ztier_swap::SLOT_BYTES);
             let dev = ztier_blockdev::file::FileDevice::open(path, bytes)
                 .with_context(|| format!("opening the writeback file {}", path.display()))?;
             std::sync::Arc::new(dev)

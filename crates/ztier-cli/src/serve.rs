@@ -1,8 +1,10 @@
 //! `ztier serve`: a zram device served over NBD. Flags in, the wiring of device and server,
 //! a log line per connection, and the device's statistics at shutdown.
 
+use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::os::unix::net::UnixListener;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,10 +12,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use rustix::event::{PollFd, PollFlags};
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
-use ztier_nbd::{Listener, Server, ServerConfig};
+use ztier_nbd::{Client, ClientConfig, LinkState, Listener, Server, ServerConfig};
 use ztier_pool::AllocatorKind;
 use ztier_zram::{Backing, Device, Policy, PolicyConfig};
 
@@ -91,6 +94,32 @@ pub struct ServeArgs {
     /// with --socket: that path with `.ctl` appended; with --listen: none.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// How long a request to a remote backing store may wait before the store counts as
+    /// lost; a lost store is dialed again by itself, with backoff, and checked to be the
+    /// same store (its header's random id) before any page is read from it.
+    #[arg(long, value_parser = crate::size::parse_duration, default_value = "30s")]
+    pub backing_timeout: Duration,
+    /// How long a client may take over its handshake before it is cut off (qemu-nbd's
+    /// --handshake-limit). Handshakes under way do not count against --max-connections.
+    #[arg(long, value_parser = crate::size::parse_duration, default_value = "10s")]
+    pub handshake_limit: Duration,
+    /// The Unix sockets' permissions (data and control), in octal. They are made 0600
+    /// whatever the umask: only the server's user (and root) may connect.
+    #[arg(long, value_parser = parse_mode, default_value = "0600")]
+    pub socket_mode: u32,
+    /// Let any user who can connect to the control socket change the device (writeback,
+    /// limits, reconnect, ...). By default only the server's own user and root may; others
+    /// may read statistics.
+    #[arg(long)]
+    pub control_any_user: bool,
+}
+
+/// An octal permission mode such as 0600 or 660.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal permission mode such as 0600"))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -101,18 +130,23 @@ pub enum StoreKind {
 
 /// What is served.
 enum Store {
-    Zram(Arc<Device>, Option<Policy>),
+    /// The device, its policy, and the NBD client of its remote backing store, if any.
+    Zram(Arc<Device>, Option<Policy>, Option<Arc<Client>>),
     Plain(Arc<MemoryDevice>),
 }
 
 impl Store {
     fn block_device(&self) -> Arc<dyn BlockDevice> {
         match self {
-            Store::Zram(d, _) => Arc::clone(d) as Arc<dyn BlockDevice>,
+            Store::Zram(d, ..) => Arc::clone(d) as Arc<dyn BlockDevice>,
             Store::Plain(d) => Arc::clone(d) as Arc<dyn BlockDevice>,
         }
     }
 }
+
+/// Attributes `ztier ctl` runs with no value (the kernel's write-only files, whose value is
+/// ignored, and ztier's own actions).
+const ACTIONS: [&str; 2] = ["compact", "reconnect"];
 
 /// `ztier stat`: the statistics of a running `ztier serve`.
 #[derive(Args, Debug)]
@@ -166,6 +200,7 @@ fn ask(
 
 pub fn ctl(args: &CtlArgs) -> anyhow::Result<()> {
     let request = match args.words.as_slice() {
+        [attr] if ACTIONS.contains(&attr.as_str()) => format!("set {attr}"),
         [attr] => format!("get {attr}"),
         [attr, value @ ..] => format!("set {attr} {}", value.join(" ")),
         [] => bail!("name an attribute"),
@@ -206,12 +241,15 @@ fn stats_text(store: &Store, server: &Server, json: bool) -> String {
             "errors": load(&s.errors),
             "bytes_written": load(&s.bytes_written),
             "bytes_read": load(&s.bytes_read),
+            "failed_handshakes": load(&s.failed_handshakes),
+            "accept_errors": load(&s.accept_errors),
         });
         let v = match store {
-            Store::Zram(device, policy) => serde_json::json!({
+            Store::Zram(device, policy, link) => serde_json::json!({
                 "mm_stat": device.mm_stat(),
                 "io_stat": device.io_stat(),
                 "bd_stat": device.bd_stat(),
+                "store": link.as_ref().map(|c| link_json(c)),
                 "policy": policy.as_ref().map(|p| p.stats()),
                 "allocator": device.allocator_stats(),
                 "server": server,
@@ -224,16 +262,19 @@ fn stats_text(store: &Store, server: &Server, json: bool) -> String {
         return format!("{v}\n");
     }
     let server = format!(
-        "server {} connections ({} turned away), {} requests, {} errors, {} bytes written, {} read\n",
+        "server {} connections ({} turned away, {} failed handshakes), {} requests, {} errors, \
+         {} bytes written, {} read, {} accept errors\n",
         load(&s.connections),
         load(&s.refused_connections),
+        load(&s.failed_handshakes),
         load(&s.requests),
         load(&s.errors),
         load(&s.bytes_written),
         load(&s.bytes_read),
+        load(&s.accept_errors),
     );
     match store {
-        Store::Zram(device, policy) => {
+        Store::Zram(device, policy, link) => {
             let bd = device.bd_stat().map_or(String::new(), |b| {
                 format!(
                     "bd_stat {:>8} {:>8} {:>8}  ({} bytes written, {} live on the store, {} held)\n",
@@ -257,8 +298,11 @@ fn stats_text(store: &Store, server: &Server, json: bool) -> String {
                     s.busy_ms
                 )
             });
+            let link = link.as_ref().map_or(String::new(), |c| {
+                format!("store {}: {}\n", c.uri(), c.status())
+            });
             format!(
-                "mm_stat {}\nio_stat {}\n{bd}{pol}{server}{}",
+                "mm_stat {}\nio_stat {}\n{bd}{link}{pol}{server}{}",
                 device.mm_stat(),
                 device.io_stat(),
                 device.allocator_stats()
@@ -271,46 +315,149 @@ fn stats_text(store: &Store, server: &Server, json: bool) -> String {
     }
 }
 
-/// Answers `stat` and `stat json` on the control socket until the server stops.
-fn serve_control(listener: UnixListener, store: Arc<Store>, server: Arc<Server>) {
-    use std::io::{BufRead, BufReader, Read, Write};
-    if listener.set_nonblocking(true).is_err() {
-        return;
-    }
-    while !server.is_stopping() {
-        let conn = match listener.accept() {
-            Ok((c, _)) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-            Err(_) => continue,
+/// The remote store's link as `stat json` gives it.
+fn link_json(c: &Client) -> serde_json::Value {
+    let st = c.status();
+    let (state, detail) = match &st.state {
+        LinkState::Connected => ("connected", None),
+        LinkState::Lost { error, .. } => ("lost", Some(error.clone())),
+        LinkState::Refused { reason, .. } => ("refused", Some(reason.clone())),
+    };
+    serde_json::json!({
+        "uri": c.uri().to_string(),
+        "state": state,
+        "detail": detail,
+        "for_s": st.since.elapsed().unwrap_or_default().as_secs_f64(),
+        "losses": st.losses,
+        "reconnects": st.reconnects,
+    })
+}
+
+/// Control connections served at once; one more is told so and closed.
+const MAX_CONTROL_CONNECTIONS: usize = 32;
+
+/// Answers the control socket until `stop` is written to: each connection on its own
+/// thread (a silent client or a long writeback holds up no one else), a line in, the answer
+/// out. Requests that change the device are taken only from the server's own user and root,
+/// unless `any_user`.
+fn serve_control(
+    listener: UnixListener,
+    stop: Arc<OwnedFd>,
+    store: Arc<Store>,
+    server: Arc<Server>,
+    any_user: bool,
+) {
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut backoff = Duration::ZERO;
+    loop {
+        let mut fds = [
+            PollFd::new(stop.as_ref(), PollFlags::IN),
+            PollFd::new(&listener, PollFlags::IN),
+        ];
+        let pause = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: backoff.as_nanos() as i64,
         };
-        let _ = conn.set_nonblocking(false);
-        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-        let mut line = String::new();
-        let mut reader = BufReader::new(&conn);
-        if reader.by_ref().take(256).read_line(&mut line).is_err() {
+        // After an accept error, only the stop is waited for, for the pause.
+        let polled = if backoff.is_zero() {
+            rustix::event::poll(&mut fds, None)
+        } else {
+            rustix::event::poll(&mut fds[..1], Some(&pause))
+        };
+        match polled {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+            Ok(_) if fds[0].revents().contains(PollFlags::IN) => return,
+            Ok(_) => {}
+        }
+        if !backoff.is_zero() {
+            backoff = Duration::ZERO;
             continue;
         }
-        let answer = match line.trim() {
-            "stat" => stats_text(&store, &server, false),
-            "stat json" => stats_text(&store, &server, true),
-            other => control(&store, other),
+        let conn = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            // Out of descriptors and the like: retried after a pause, never fatal.
+            Err(_) => {
+                backoff = Duration::from_millis(100);
+                continue;
+            }
         };
-        let _ = (&conn).write_all(answer.as_bytes());
+        if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONTROL_CONNECTIONS {
+            busy.fetch_sub(1, Ordering::SeqCst);
+            let _ = (&conn).write_all(b"error: too many control connections; try again\n");
+            continue;
+        }
+        let (store, server, count) = (Arc::clone(&store), Arc::clone(&server), Arc::clone(&busy));
+        let spawned = std::thread::Builder::new()
+            .name("ztier-ctl".into())
+            .spawn(move || {
+                answer_control(&conn, &store, &server, any_user);
+                count.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            // The closure (and its count) went with the failed spawn.
+            busy.fetch_sub(1, Ordering::SeqCst);
+        }
     }
+}
+
+/// One control request and its answer.
+fn answer_control(conn: &UnixStream, store: &Store, server: &Server, any_user: bool) {
+    use std::io::{BufRead, BufReader};
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut line = String::new();
+    let mut reader = BufReader::new(conn);
+    if reader.by_ref().take(256).read_line(&mut line).is_err() {
+        return;
+    }
+    let request = line.trim();
+    let answer = match request {
+        "stat" => stats_text(store, server, false),
+        "stat json" => stats_text(store, server, true),
+        r if r.starts_with("set ") && !any_user && !may_change(conn) => {
+            "error: only the server's own user (or root) may change the device; \
+             start it with --control-any-user to let others\n"
+                .to_string()
+        }
+        other => control(store, other),
+    };
+    let _ = (&*conn).write_all(answer.as_bytes());
+}
+
+/// Whether the peer on `conn` runs as the server's user or as root.
+fn may_change(conn: &UnixStream) -> bool {
+    rustix::net::sockopt::socket_peercred(conn).is_ok_and(|cred| {
+        let uid = cred.uid.as_raw();
+        uid == 0 || uid == rustix::process::getuid().as_raw()
+    })
 }
 
 /// `get ATTR` and `set ATTR VALUE`: the device's sysfs attributes.
 fn control(store: &Store, request: &str) -> String {
-    let Store::Zram(device, _) = store else {
+    let Store::Zram(device, _, link) = store else {
         return "error: a plain RAM disk has no attributes\n".into();
     };
     let mut words = request.splitn(3, ' ');
     let r = match (words.next(), words.next(), words.next()) {
+        (Some("get"), Some("backing_dev"), None) => {
+            device.show_attr("backing_dev").map(|a| match link {
+                Some(c) => format!("{a}\nstore {}: {}", c.uri(), c.status()),
+                None => a,
+            })
+        }
+        (Some("set"), Some("reconnect"), _) => {
+            return match link {
+                None => "error: no remote backing store to reconnect to\n".into(),
+                Some(c) => match c.reconnect() {
+                    Ok(()) => format!("store {}: {}\n", c.uri(), c.status()),
+                    Err(e) => format!("error: {e}\n"),
+                },
+            }
+        }
         (Some("get"), Some(attr), None) => device.show_attr(attr),
-        (Some("set"), Some(attr), Some(value)) => device.store_attr(attr, value),
+        (Some("set"), Some(attr), value) => device.store_attr(attr, value.unwrap_or("")),
         _ => {
             return format!(
                 "error: unknown request '{request}' (stat, stat json, get ATTR, set ATTR VALUE)\n"
@@ -323,32 +470,75 @@ fn control(store: &Store, request: &str) -> String {
     }
 }
 
-/// The backing store `--backing-dev` names, for a disk of `disksize` bytes.
-fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<Backing>> {
+/// The backing store `--backing-dev` names, and the NBD client under it if it is remote.
+fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc<Client>>)>> {
     let Some(spec) = &args.backing_dev else {
         return Ok(None);
     };
-    let dev: Arc<dyn BlockDevice> = if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://")
-    {
+    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
         let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
-        Arc::new(
-            ztier_nbd::Client::connect(&uri)
+        let config = ClientConfig {
+            io_timeout: args.backing_timeout,
+            ..ClientConfig::default()
+        };
+        let client = Arc::new(
+            Client::connect_with(&uri, config)
                 .with_context(|| format!("connecting to the backing export {uri}"))?,
+        );
+        let backing = Backing::new(
+            Arc::clone(&client) as Arc<dyn BlockDevice>,
+            args.writeback_format,
         )
-    } else {
-        let pages = args.size / ztier_swap::SLOT_BYTES;
-        let bytes = args
-            .backing_size
-            .unwrap_or(((pages + 1).div_ceil(512) + 1) * 512 * ztier_swap::SLOT_BYTES);
-        Arc::new(
-            ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
-                .with_context(|| format!("opening the backing file {spec}"))?,
-        )
-    };
-    Ok(Some(
-        Backing::new(dev, args.writeback_format)
-            .with_context(|| format!("setting up the backing store {spec}"))?,
-    ))
+        .with_context(|| format!("setting up the backing store {spec}"))?;
+        // Written by Backing::new: from now on only this store is ever read back.
+        let (offset, len) = backing.identity();
+        client
+            .pin_identity(offset, len)
+            .with_context(|| format!("reading back the identity just written to {uri}"))?;
+        client.set_log(|line| eprintln!("ztier serve: {line}"));
+        return Ok(Some((backing, Some(client))));
+    }
+    let bytes = args.backing_size.unwrap_or(Backing::size_for(args.size));
+    let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
+        .with_context(|| format!("opening the backing file {spec}"))?;
+    let backing = Backing::new(Arc::new(file), args.writeback_format)
+        .with_context(|| format!("setting up the backing store {spec}"))?;
+    Ok(Some((backing, None)))
+}
+
+/// Socket files `ztier serve` made, removed when it ends however it ends.
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Binds a Unix socket at `path` with permissions `mode` from the start: made under a umask
+/// that lets no one else in, so no other user can connect between the bind and the chmod.
+fn bind_private(
+    path: &std::path::Path,
+    mode: u32,
+    files: &mut SocketFiles,
+) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        bail!(
+            "{} exists; remove it if no server is using it",
+            path.display()
+        );
+    }
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let l = bound.with_context(|| format!("binding {}", path.display()))?;
+    files.0.push(path.to_owned());
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting {}'s mode to {mode:o}", path.display()))?;
+    Ok(l)
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -377,7 +567,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             let device = Device::new(args.size, args.compressor.clone(), pool)
                 .with_context(|| format!("making a {}-byte device", args.size))?;
             device.set_mem_limit(args.mem_limit);
-            device.set_backing(backing_store(args)?)?;
+            let (backing, link) = backing_store(args)?.unzip();
+            device.set_backing(backing)?;
             device.set_writeback_limit(args.writeback_limit);
             device.set_recomp_algorithms(args.recompress_algorithms.clone())?;
             let policy = PolicyConfig {
@@ -405,7 +596,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             } else {
                 None
             };
-            (Store::Zram(device, policy), what)
+            (Store::Zram(device, policy, link.flatten()), what)
         }
         StoreKind::Plain => {
             if args.mem_limit != 0 || args.backing_dev.is_some() {
@@ -425,18 +616,13 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections.max(1),
         min_block: 512,
         log: !args.quiet,
+        handshake_limit: args.handshake_limit,
         ..ServerConfig::default()
     };
+    let mut files = SocketFiles(Vec::new());
     let (listener, place) = match &args.socket {
         Some(path) => {
-            if path.exists() {
-                bail!(
-                    "{} exists; remove it if no server is using it",
-                    path.display()
-                );
-            }
-            let l =
-                UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+            let l = bind_private(path, args.socket_mode, &mut files)?;
             (
                 Listener::Unix(l),
                 format!("nbd+unix:///{}?socket={}", args.export_name, path.display()),
@@ -446,6 +632,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             let l = TcpListener::bind(&args.listen)
                 .with_context(|| format!("listening on {}", args.listen))?;
             let addr = l.local_addr()?;
+            if !addr.ip().is_loopback() {
+                eprintln!(
+                    "ztier serve: WARNING: listening on {addr}, beyond this machine, with no \
+                     TLS: anyone who can reach it can read and write the disk"
+                );
+            }
             (
                 Listener::Tcp(l),
                 format!("nbd://{addr}/{}", args.export_name),
@@ -457,18 +649,24 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .control
         .clone()
         .or_else(|| args.socket.as_deref().map(control_path));
+    let stop_control = Arc::new(
+        rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .context("making the control socket's stop eventfd")?,
+    );
     let control_thread = match &control {
         Some(path) => {
-            if path.exists() {
-                bail!(
-                    "{} exists; remove it if no server is using it",
-                    path.display()
-                );
-            }
-            let l = UnixListener::bind(path)
-                .with_context(|| format!("binding the control socket {}", path.display()))?;
-            let (store, server) = (Arc::clone(&store), Arc::clone(&server));
-            Some(std::thread::spawn(move || serve_control(l, store, server)))
+            let l =
+                bind_private(path, args.socket_mode, &mut files).context("the control socket")?;
+            l.set_nonblocking(true)?;
+            let (store, server, stop) = (
+                Arc::clone(&store),
+                Arc::clone(&server),
+                Arc::clone(&stop_control),
+            );
+            let any = args.control_any_user;
+            Some(std::thread::spawn(move || {
+                serve_control(l, stop, store, server, any)
+            }))
         }
         None => None,
     };
@@ -493,12 +691,11 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let served = server.serve(listener);
     server.stop();
     let _ = watcher.join();
+    let _ = rustix::io::write(stop_control.as_ref(), &1u64.to_ne_bytes());
     if let Some(t) = control_thread {
         let _ = t.join();
     }
-    for path in args.socket.iter().chain(control.iter()) {
-        let _ = std::fs::remove_file(path);
-    }
+    drop(files);
     served.context("serving")?;
     eprintln!("ztier serve: stopped");
     print!("{}", stats_text(&store, &server, false));

@@ -1011,7 +1011,9 @@ fn check(server: &Server, conn: &Conn, req: &Request) -> Result<(), (u32, String
         let min = server.config.min_block as u64;
         let aligned = req.offset.is_multiple_of(min)
             && ((req.length as u64).is_multiple_of(min) || req.offset + req.length as u64 == size);
-        if !aligned && req.kind != CMD_BLOCK_STATUS {
+        // A trim is advisory: the device drops the whole blocks inside it and leaves the
+        // partial ones, as the kernel's zram does with a discard's partial pages.
+        if !aligned && !matches!(req.kind, CMD_BLOCK_STATUS | CMD_TRIM) {
             return Err((
                 EINVAL,
                 format!("not aligned to the {min}-byte minimum block"),

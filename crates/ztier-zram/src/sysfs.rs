@@ -9,8 +9,8 @@
 //! | `writeback_limit_enable` | `0` or `1` |
 //! | `recomp_algorithm` | `algo=ALG [priority=N]` |
 //! | `recompress` | `type=idle\|huge\|huge_idle\|all [threshold=BYTES] [priority=N]` |
-//! | `compact` | anything |
-//! | `mem_limit` | bytes (`0`: none) |
+//! | `compact` | anything (or nothing) |
+//! | `mem_limit` | bytes, with K, M, G, ... as the kernel's `memparse` takes (`0`: none) |
 //! | `mem_used_max` | `0` |
 //!
 //! Reads: `mm_stat`, `io_stat`, `bd_stat`, `debug_stat`, `writeback_limit`,
@@ -29,6 +29,36 @@ fn number(name: &str, value: &str) -> Result<u64> {
         .trim()
         .parse()
         .map_err(|_| bad(name, value, "a number"))
+}
+
+/// The kernel's `memparse()`, which `mem_limit` takes: a number in C's notation (`0x` hex,
+/// a leading `0` octal, else decimal) and an optional K, M, G, T, P or E (either case).
+fn memparse(name: &str, value: &str) -> Result<u64> {
+    let v = value.trim();
+    let (radix, body) = if let Some(hex) = v.strip_prefix("0x").or(v.strip_prefix("0X")) {
+        (16, hex)
+    } else if v.len() > 1 && v.starts_with('0') {
+        (8, &v[1..])
+    } else {
+        (10, v)
+    };
+    let end = body.find(|c: char| !c.is_digit(radix)).unwrap_or(body.len());
+    let (digits, suffix) = body.split_at(end);
+    let shift = match suffix {
+        "" => 0,
+        "k" | "K" => 10,
+        "m" | "M" => 20,
+        "g" | "G" => 30,
+        "t" | "T" => 40,
+        "p" | "P" => 50,
+        "e" | "E" => 60,
+        _ => 64,
+    };
+    u64::from_str_radix(digits, radix)
+        .ok()
+        .filter(|_| shift < 64)
+        .and_then(|n| n.checked_mul(1 << shift.min(63)))
+        .ok_or_else(|| bad(name, value, "a size (bytes, or with K, M, G, T, P or E)"))
 }
 
 /// `key=value` words.
@@ -138,7 +168,7 @@ impl Device {
             }
             "compact" => Ok(format!("{} pages freed", self.compact())),
             "mem_limit" => {
-                self.set_mem_limit(number(name, value)?);
+                self.set_mem_limit(memparse(name, value)?);
                 Ok("memory limit set".into())
             }
             "mem_used_max" => {
@@ -190,5 +220,31 @@ impl Device {
                 )))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memparse;
+
+    #[test]
+    fn memparse_reads_what_the_kernel_reads() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("4096", 4096),
+            ("1K", 1024),
+            ("1k", 1024),
+            ("64M", 64 << 20),
+            ("2G", 2 << 30),
+            ("0x10", 16),
+            ("0x1E", 30),
+            ("0x10K", 16 << 10),
+            ("010", 8),
+        ] {
+            assert_eq!(memparse("mem_limit", text).unwrap(), bytes, "{text}");
+        }
+        for bad in ["", "K", "1X", "1KK", "-1", "99999999999E", "0x", "08"] {
+            assert!(memparse("mem_limit", bad).is_err(), "{bad}");
+        }
     }
 }

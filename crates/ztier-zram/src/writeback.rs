@@ -192,6 +192,23 @@ impl Backing {
         self.format
     }
 
+    /// The size a backing file for a disk of `disk_bytes` is made with: a block for every
+    /// page (the kernel's formats need one each; packed needs less), the header block, and a
+    /// cluster spare so the last pages still find aligned runs.
+    pub fn size_for(disk_bytes: u64) -> u64 {
+        let cluster = 512;
+        let pages = disk_bytes.div_ceil(SLOT_BYTES);
+        ((pages + 1).div_ceil(cluster) + 1) * cluster * SLOT_BYTES
+    }
+
+    /// The bytes of the store that tell it from any other: its header, a Linux swap header
+    /// with the area's random id. A remote store that does not hold them is not this one
+    /// (restarted empty, or another export), so the owner of a remote store pins them as its
+    /// identity.
+    pub fn identity(&self) -> (u64, usize) {
+        (0, SLOT_BYTES as usize)
+    }
+
     /// Pages the store has room for, at most.
     pub fn capacity_pages(&self) -> u64 {
         self.places.usable_slots()
