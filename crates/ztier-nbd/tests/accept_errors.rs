@@ -2,7 +2,6 @@
 //! it is counted, retried after a backoff, and once descriptors are free again a new client
 //! is served. Alone in its test binary, because the limit it lowers is the process's.
 
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -35,26 +34,37 @@ fn out_of_file_descriptors_on_accept_does_not_end_the_server() {
         let _ = tx.send(s.serve(Listener::Unix(listener)));
     });
 
-    // Room for a few more descriptors only; clients take them until the server's accept
-    // finds none.
+    // The clients' sockets are made first; then the process may open no more descriptors,
+    // so connecting them (which takes none) leaves the server's accept none for its side.
+    // (Clients that made their sockets after the limit would race the server for the last
+    // ones, and could be the side that runs out.)
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            rustix::net::socket(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::STREAM,
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    let addr = rustix::net::SocketAddrUnix::new(&path).unwrap();
     let old = getrlimit(Resource::Nofile);
     setrlimit(
         Resource::Nofile,
         Rlimit {
-            current: Some(open_fds() + 12),
+            current: Some(open_fds()),
             maximum: old.maximum,
         },
     )
     .unwrap();
-    let mut clients = Vec::new();
     let deadline = Instant::now() + DEADLINE;
+    for c in &clients {
+        rustix::net::connect(c, &addr).unwrap();
+    }
     while server.stats().accept_errors.load(Relaxed) == 0 {
         assert!(Instant::now() < deadline, "accept never failed");
-        match UnixStream::connect(&path) {
-            Ok(c) => clients.push(c),
-            // This side is out of descriptors too: wait for the server's accept to fail.
-            Err(_) => std::thread::yield_now(),
-        }
+        std::thread::yield_now();
     }
     assert!(
         ended.try_recv().is_err(),
