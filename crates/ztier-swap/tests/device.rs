@@ -615,3 +615,31 @@ fn a_thread_starts_over_in_its_cluster_when_frees_behind_the_cursor_left_room() 
         }
     }
 }
+
+/// Threads share the current clusters by index (`ztier_base::shard`): however many threads
+/// allocate, at most `SHARDS` clusters per order are some thread's current one, so 64
+/// threads hold no more of the device than 16 do.
+#[test]
+fn current_clusters_are_bounded_by_the_shards_whatever_the_threads() {
+    use ztier_base::shard::SHARDS;
+    let dev = device(64 * CL, Config::default());
+    let start = std::sync::Barrier::new(64);
+    let slots: Vec<u64> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..64)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    (0..8).map(|_| dev.alloc(0).unwrap()).collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let clusters: HashSet<u64> = slots.iter().map(|s| s / CL).collect();
+    assert_eq!(slots.len(), 64 * 8);
+    assert!(clusters.len() <= SHARDS, "{} clusters", clusters.len());
+    dev.verify().unwrap();
+}
