@@ -49,7 +49,10 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Classes(args) => classes::run(&args),
-        Command::Serve(args) => serve::run(&args),
+        Command::Serve(args) => match serve::run(&args) {
+            Ok(status) => return std::process::ExitCode::from(status),
+            Err(e) => Err(e),
+        },
         Command::Stat(args) => serve::stat(&args),
         Command::Ctl(args) => serve::ctl(&args),
         Command::TrainDict(args) => dict::run(&args),

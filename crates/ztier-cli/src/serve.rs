@@ -31,9 +31,24 @@ pub struct ServeArgs {
     /// Serve on this Unix socket (removed at shutdown) instead of TCP.
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
     pub socket: Option<PathBuf>,
-    /// Serve on this TCP address. Anything but loopback only when given explicitly.
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]
-    pub listen: String,
+    /// Serve on this TCP address (default 127.0.0.1:10809, or with --run a private Unix
+    /// socket). Anything but loopback only when given explicitly. Under systemd socket
+    /// activation (LISTEN_FDS) the socket handed over is served instead.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Captive mode, as nbdkit's: once the server accepts, run CMD through the shell with
+    /// $uri, $unixsocket or $port, and $exportname set; the server lives exactly as long as
+    /// CMD and exits with its status. Without --socket or --listen it serves on a private
+    /// socket in a private directory.
+    #[arg(long, value_name = "CMD")]
+    pub run: Option<String>,
+    /// Stop when the parent process exits (PR_SET_PDEATHSIG), as nbdkit's.
+    #[arg(long)]
+    pub exit_with_parent: bool,
+    /// Write the server's pid to this file once it accepts connections (not removed at
+    /// exit, as nbdkit's).
+    #[arg(long, value_name = "PATH")]
+    pub pidfile: Option<PathBuf>,
     /// What stores the pages: a zram device, or a plain uncompressed RAM disk (the
     /// protocol's own ceiling, to measure the server against; no compressor, no allocator).
     #[arg(long, value_enum, default_value = "zram")]
@@ -506,13 +521,17 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
     Ok(Some((backing, None)))
 }
 
-/// Socket files `ztier serve` made, removed when it ends however it ends.
-struct SocketFiles(Vec<PathBuf>);
+/// Socket files `ztier serve` made, and private directories it made for them, removed
+/// when it ends however it ends.
+struct SocketFiles(Vec<PathBuf>, Vec<PathBuf>);
 
 impl Drop for SocketFiles {
     fn drop(&mut self) {
         for p in &self.0 {
             let _ = std::fs::remove_file(p);
+        }
+        for d in &self.1 {
+            let _ = std::fs::remove_dir(d);
         }
     }
 }
@@ -541,21 +560,160 @@ fn bind_private(
     Ok(l)
 }
 
-pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+/// `ztier serve`; its exit status (0, or with --run the command's).
+pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
+    // First, before any thread starts: listenfd takes LISTEN_PID and LISTEN_FDS out of the
+    // environment, so a --run command does not see them.
+    let activated = listenfd::ListenFd::from_env();
     let made_backing = args
         .backing_dev
         .as_deref()
         .filter(|b| !b.starts_with("nbd://") && !b.starts_with("nbd+unix://"))
         .map(PathBuf::from)
         .filter(|p| !p.exists());
-    let r = serve(args);
+    let r = serve(args, activated);
     if let Some(p) = made_backing {
         let _ = std::fs::remove_file(p);
     }
     r
 }
 
-fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+/// Where the server listens, and how a client names it.
+struct Place {
+    listener: Listener,
+    uri: String,
+    unix_socket: Option<PathBuf>,
+    port: Option<u16>,
+}
+
+/// The listener: the socket systemd handed over, `--socket`, a private socket for `--run`,
+/// or `--listen` (default 127.0.0.1:10809).
+fn listen(
+    args: &ServeArgs,
+    mut activated: listenfd::ListenFd,
+    files: &mut SocketFiles,
+) -> anyhow::Result<Place> {
+    let export = &args.export_name;
+    let unix = |path: &std::path::Path, l: UnixListener| Place {
+        listener: Listener::Unix(l),
+        uri: format!("nbd+unix:///{export}?socket={}", path.display()),
+        unix_socket: Some(path.to_owned()),
+        port: None,
+    };
+    let tcp = |l: TcpListener| -> anyhow::Result<Place> {
+        let addr = l.local_addr()?;
+        if !addr.ip().is_loopback() {
+            eprintln!(
+                "ztier serve: WARNING: listening on {addr}, beyond this machine, with no \
+                 TLS: anyone who can reach it can read and write the disk"
+            );
+        }
+        Ok(Place {
+            listener: Listener::Tcp(l),
+            uri: format!("nbd://{addr}/{export}"),
+            unix_socket: None,
+            port: Some(addr.port()),
+        })
+    };
+    if activated.len() > 0 {
+        if args.socket.is_some() || args.listen.is_some() {
+            bail!("--socket and --listen cannot be given under socket activation (LISTEN_FDS)");
+        }
+        if activated.len() > 1 {
+            bail!(
+                "socket activation handed {} sockets; ztier serve takes one",
+                activated.len()
+            );
+        }
+        if let Ok(Some(l)) = activated.take_unix_listener(0) {
+            let path = l
+                .local_addr()?
+                .as_pathname()
+                .map_or_else(|| PathBuf::from("(unnamed)"), |p| p.to_owned());
+            return Ok(unix(&path, l));
+        }
+        return match activated.take_tcp_listener(0) {
+            Ok(Some(l)) => tcp(l),
+            _ => bail!("the socket handed over (LISTEN_FDS) is no listening Unix or TCP socket"),
+        };
+    }
+    if let Some(path) = &args.socket {
+        let l = bind_private(path, args.socket_mode, files)?;
+        return Ok(unix(path, l));
+    }
+    if args.run.is_some() && args.listen.is_none() {
+        let dir = private_dir()?;
+        files.1.push(dir.clone());
+        let path = dir.join("nbd.sock");
+        let l = bind_private(&path, args.socket_mode, files)?;
+        return Ok(unix(&path, l));
+    }
+    let addr = args.listen.as_deref().unwrap_or("127.0.0.1:10809");
+    let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    tcp(l)
+}
+
+/// A new directory only this user can enter, for --run's private socket.
+fn private_dir() -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for n in 0..100u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let dir = base.join(format!("ztier-serve-{}-{nanos:08x}{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("making {}", dir.display())),
+        }
+    }
+    bail!("no private directory could be made in {}", base.display())
+}
+
+/// Tells systemd (NOTIFY_SOCKET, if set) how the server is; a failure is only logged.
+fn notify(states: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        eprintln!("ztier serve: telling NOTIFY_SOCKET: {e}");
+    }
+}
+
+fn status_line(store: &Store, size: u64, uri: &str) -> String {
+    match store {
+        Store::Zram(device, ..) => format!(
+            "serving {size} bytes at {uri}; {} bytes stored in {} of memory",
+            device.mm_stat().orig_data_size,
+            device.mm_stat().mem_used_total
+        ),
+        Store::Plain(device) => format!(
+            "serving {size} bytes at {uri}; {} bytes of pages held",
+            device.bytes_held()
+        ),
+    }
+}
+
+/// Starts `--run`'s command through the shell, with the server's place in its environment.
+fn start_command(cmd: &str, place: &Place, export: &str) -> anyhow::Result<std::process::Child> {
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c").arg(cmd);
+    c.env("uri", &place.uri).env("exportname", export);
+    match (&place.unix_socket, place.port) {
+        (Some(path), _) => {
+            c.env("unixsocket", path).env_remove("port");
+        }
+        (None, Some(port)) => {
+            c.env("port", port.to_string()).env_remove("unixsocket");
+        }
+        (None, None) => {}
+    }
+    c.spawn()
+        .with_context(|| format!("running --run's command {cmd:?}"))
+}
+
+fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> {
+    // The parent to outlive, read before anything can make it exit unseen.
+    let parent = rustix::process::getppid();
     let (store, what) = match args.store {
         StoreKind::Zram => {
             let layout = args.layout.config();
@@ -619,31 +777,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         handshake_limit: args.handshake_limit,
         ..ServerConfig::default()
     };
-    let mut files = SocketFiles(Vec::new());
-    let (listener, place) = match &args.socket {
-        Some(path) => {
-            let l = bind_private(path, args.socket_mode, &mut files)?;
-            (
-                Listener::Unix(l),
-                format!("nbd+unix:///{}?socket={}", args.export_name, path.display()),
-            )
-        }
-        None => {
-            let l = TcpListener::bind(&args.listen)
-                .with_context(|| format!("listening on {}", args.listen))?;
-            let addr = l.local_addr()?;
-            if !addr.ip().is_loopback() {
-                eprintln!(
-                    "ztier serve: WARNING: listening on {addr}, beyond this machine, with no \
-                     TLS: anyone who can reach it can read and write the disk"
-                );
-            }
-            (
-                Listener::Tcp(l),
-                format!("nbd://{addr}/{}", args.export_name),
-            )
-        }
-    };
+    let mut files = SocketFiles(Vec::new(), Vec::new());
+    let place = listen(args, activated, &mut files)?;
     let server = Server::new(store.block_device(), config);
     let control = args
         .control
@@ -672,23 +807,78 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     };
 
     // SIGINT and SIGTERM set a flag; a watcher stops the server, which answers what is in
-    // flight and ends its connections.
+    // flight and ends its connections. A second signal, with the flag already set, ends the
+    // process at once (status 1).
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .context("installing signal handlers")?;
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
+    if args.exit_with_parent {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+            .context("--exit-with-parent")?;
+        // The parent may have gone before the death signal was set: look once more.
+        if rustix::process::getppid() != parent {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+    // The listener is listening: a client that connects now is served.
+    if let Some(path) = &args.pidfile {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("writing the pid file {}", path.display()))?;
+    }
+    let status = status_line(&store, args.size, &place.uri);
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    let command = match &args.run {
+        Some(cmd) => Some(start_command(cmd, &place, &args.export_name)?),
+        None => None,
+    };
+    let exit = Arc::new(std::sync::Mutex::new(None::<u8>));
     let watcher = {
-        let (server, stop) = (Arc::clone(&server), Arc::clone(&stop));
+        let (server, stop, store, exit) = (
+            Arc::clone(&server),
+            Arc::clone(&stop),
+            Arc::clone(&store),
+            Arc::clone(&exit),
+        );
+        let (size, uri) = (args.size, place.uri.clone());
+        let mut command = command;
         std::thread::spawn(move || {
+            let mut ticks = 0u32;
             while !stop.load(Ordering::Relaxed) && !server.is_stopping() {
+                if let Some(c) = command.as_mut() {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        *exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(exit_code(status));
+                        command = None;
+                        break;
+                    }
+                }
                 std::thread::sleep(Duration::from_millis(50));
+                ticks += 1;
+                if ticks.is_multiple_of(200) {
+                    let status = status_line(&store, size, &uri);
+                    notify(&[sd_notify::NotifyState::Status(&status)]);
+                }
             }
+            notify(&[sd_notify::NotifyState::Stopping]);
             server.stop();
+            // Stopped by a signal while the command runs: it goes too.
+            if let Some(mut c) = command {
+                let pid = rustix::process::Pid::from_child(&c);
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                if let Ok(status) = c.wait() {
+                    *exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(exit_code(status));
+                }
+            }
         })
     };
-    eprintln!("ztier serve: {} bytes, {what}, at {place}", args.size);
-    let served = server.serve(listener);
+    eprintln!("ztier serve: {} bytes, {what}, at {}", args.size, place.uri);
+    let served = server.serve(place.listener);
     server.stop();
     let _ = watcher.join();
     let _ = rustix::io::write(stop_control.as_ref(), &1u64.to_ne_bytes());
@@ -698,6 +888,22 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     drop(files);
     served.context("serving")?;
     eprintln!("ztier serve: stopped");
-    print!("{}", stats_text(&store, &server, false));
-    Ok(())
+    // In captive mode stdout is the command's: the statistics go to stderr.
+    if args.run.is_some() {
+        eprint!("{}", stats_text(&store, &server, false));
+    } else {
+        print!("{}", stats_text(&store, &server, false));
+    }
+    let code = *exit.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(code.unwrap_or(0))
+}
+
+/// A command's exit status as a shell gives it: its code, or 128 + the signal that ended it.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => (128 + sig) as u8,
+        (None, None) => 1,
+    }
 }

@@ -1,0 +1,170 @@
+//! `ztier serve` run the way NBD servers are run: captive (`--run`), under systemd socket
+//! activation and readiness notification, tied to its parent (`--exit-with-parent`), with a
+//! pid file. Tools missing make a test say so and skip, except under CI.
+
+mod common;
+
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{have, temp_dir};
+
+/// Far past anything a working server takes; only a broken one reaches it.
+const DEADLINE: Duration = Duration::from_secs(30);
+const ZTIER: &str = env!("CARGO_BIN_EXE_ztier");
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < DEADLINE, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie no one has reaped yet).
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+#[test]
+fn captive_mode_runs_the_command_against_the_server_and_exits_with_its_status() {
+    if !have("nbdinfo") {
+        return;
+    }
+    let o = Command::new(ZTIER)
+        .args(["serve", "--size", "4M", "--export-name", "disk", "--run"])
+        .arg(r#"nbdinfo --size "$uri"; echo "export=$exportname"; exit 7"#)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(7), "{out}");
+    assert_eq!(
+        out, "4194304\nexport=disk\n",
+        "stdout is the command's alone"
+    );
+    // The private socket and its directory are gone.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let socket = err
+        .split("socket=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the log names the socket");
+    assert!(!Path::new(socket).exists(), "{socket} left behind");
+    assert!(!Path::new(socket).parent().unwrap().exists());
+}
+
+#[test]
+fn socket_activation_serves_the_socket_it_was_handed() {
+    if !have("systemd-socket-activate") || !have("nbdinfo") {
+        return;
+    }
+    let dir = temp_dir("activate");
+    let socket = dir.join("activated.sock");
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(&socket)
+        .args([ZTIER, "serve", "--size", "8M"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("systemd-socket-activate never listened", || socket.exists());
+    // The first connection starts ztier, which must serve it on the socket it was handed.
+    let o = Command::new("nbdinfo")
+        .arg("--size")
+        .arg(format!("nbd+unix:///?socket={}", socket.display()))
+        .output()
+        .unwrap();
+    let _ = activator.kill();
+    let _ = activator.wait();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "8388608");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ready_is_sent_only_once_a_client_can_connect() {
+    let dir = temp_dir("notify");
+    let notify = dir.join("notify.sock");
+    let receiver = UnixDatagram::bind(&notify).unwrap();
+    receiver.set_read_timeout(Some(DEADLINE)).unwrap();
+    let socket = dir.join("ztier.sock");
+    let pidfile = dir.join("ztier.pid");
+    let mut server = Command::new(ZTIER)
+        .args(["serve", "--size", "4M", "--socket"])
+        .arg(&socket)
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .env("NOTIFY_SOCKET", &notify)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = receiver.recv(&mut buf).expect("no READY=1 from the server");
+    let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+    // At the moment READY=1 arrives, a client connects and is greeted.
+    let mut c = UnixStream::connect(&socket).expect("READY=1 before the socket accepts");
+    c.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut greeting = [0u8; 18];
+    std::io::Read::read_exact(&mut c, &mut greeting).unwrap();
+    assert_eq!(&greeting[..8], b"NBDMAGIC");
+    assert!(message.lines().any(|l| l == "READY=1"), "{message}");
+    assert!(
+        message.contains("STATUS=serving 4194304 bytes"),
+        "{message}"
+    );
+    // The pid file holds the server's pid.
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    assert_eq!(pid.trim(), server.id().to_string());
+    drop(c);
+    // Its stop is announced too.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let n = receiver.recv(&mut buf).expect("no STOPPING=1");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
+    assert!(server.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exit_with_parent_ends_with_its_parent() {
+    let dir = temp_dir("parent");
+    let socket = dir.join("ztier.sock");
+    let pidfile = dir.join("ztier.pid");
+    // A shell is the server's parent; the server runs in its background.
+    let mut parent = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{ZTIER} serve --size 4M --exit-with-parent --socket {} --pidfile {} \
+             >/dev/null 2>&1 & wait",
+            socket.display(),
+            pidfile.display()
+        ))
+        .spawn()
+        .unwrap();
+    wait_until("the server never wrote its pid file", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|p| p.ends_with('\n'))
+    });
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!ended(pid));
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    wait_until("the server outlived its parent", || ended(pid));
+    wait_until("the server left its socket behind", || !socket.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
