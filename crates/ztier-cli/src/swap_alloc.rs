@@ -11,7 +11,7 @@ use crate::size::parse_size;
 #[derive(Args, Debug)]
 pub struct SwapAllocArgs {
     /// Threads allocating and freeing at once (more than cores is allowed); a list runs each.
-    #[arg(long, value_delimiter = ',', default_value = "2,4,16",
+    #[arg(long, value_delimiter = ',', default_value = "2,4,16,64",
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: Vec<u16>,
     /// Workloads: order0, mixed, churn, nearly-full (a list; default all).
