@@ -40,14 +40,22 @@ pub enum BlockError {
     Unsupported(&'static str),
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The cause is in the message, not also a `source`: an error chain printed whole
+    /// (`{:#}`) would say it twice.
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("after {done} bytes: {source}")]
     Partial {
         /// Bytes from the start of the request that were written.
         done: u64,
         source: Box<BlockError>,
     },
+}
+
+impl From<std::io::Error> for BlockError {
+    fn from(e: std::io::Error) -> BlockError {
+        BlockError::Io(e)
+    }
 }
 
 impl BlockError {

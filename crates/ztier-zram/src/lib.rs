@@ -116,6 +116,14 @@ pub enum ZramError {
     WritebackLimit,
     #[error("backing store: {0}")]
     Backing(ztier_swap::SwapError),
+    /// A writeback that failed after some of its pages went out (those stay on the store;
+    /// the rest stay in memory).
+    #[error("writeback stopped after {pages} pages ({bytes} bytes) went out: {cause}")]
+    WritebackCut {
+        pages: u64,
+        bytes: u64,
+        cause: Box<ZramError>,
+    },
     #[error("{0}")]
     Busy(String),
     #[error("{0}")]

@@ -421,7 +421,16 @@ impl Device {
             batch.push(p);
             index += 1;
         };
-        r.map(|()| done)
+        r.map(|()| done).map_err(|e| match e {
+            // The limit's own error is what the kernel gives, whatever went out before it.
+            ZramError::WritebackLimit => e,
+            e if done.pages > 0 => ZramError::WritebackCut {
+                pages: done.pages,
+                bytes: done.bytes_written,
+                cause: Box::new(e),
+            },
+            e => e,
+        })
     }
 
     /// Marks slot `index` `UNDER_WB` and copies its bytes into `page` (the object, or the

@@ -249,6 +249,12 @@ fn a_full_store_is_a_clear_error_and_loses_nothing() {
     assert!(err.to_string().contains("no room"), "{err}");
     let bd = dev.bd_stat().unwrap();
     assert!(bd.bd_count > 0 && bd.bd_count < n, "{bd:?}");
+    // The error says how many pages did go out.
+    assert!(
+        err.to_string()
+            .contains(&format!("after {} pages", bd.bd_count)),
+        "{err}"
+    );
     verify(&dev, n, |_| None);
 }
 
