@@ -18,9 +18,19 @@
 #     store zram's writeback tests write to
 #   - iproute2: `ip netns` and `tc netem`, for the far-memory test (two namespaces, a veth
 #     pair, a delay)
+#   - qemu-system-x86: the virtual machine whose swap disk is a `ztier serve` export
+#     (scripts/vm-swap.sh, the vm_swap test); it must match qemu-utils's version, so where
+#     qemu-utils came from backports it comes from there too (see install_qemu below)
+#   - linux-image-amd64: that guest's kernel (/boot/vmlinuz-*) and its virtio and zram
+#     modules (/lib/modules)
+#   - busybox-static: the guest's whole userland (sh, mkswap, swapon, insmod)
+#   - cpio, kmod: to pack the guest's initramfs, and to list its modules' dependencies in
+#     order (modprobe --show-depends); the workload is built with build-essential's static
+#     libc
 set -euo pipefail
 
-PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2)
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2
+  qemu-system-x86 linux-image-amd64 busybox-static cpio kmod)
 
 # The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
 # removed but left its configuration files behind.
@@ -73,11 +83,43 @@ if [ "${1:-}" = "--check" ]; then
   exit 0
 fi
 
+# qemu-system-x86 from the backports of this release, when qemu-utils is a backports build
+# (this project's machines come with qemu-utils 10 from bookworm-backports, which Breaks
+# bookworm's qemu-system-common 7.2). The backports suite is added for this one install only,
+# beside the machine's own sources (same archive), with package lists of its own: /etc/apt and
+# /var/lib/apt/lists are left as they were.
+install_qemu() {
+  local version codename uri dir
+  version=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+  if [[ $version != *~bpo* ]]; then
+    echo "setup: qemu-system-x86 cannot be installed beside qemu-utils $version" >&2
+    return 1
+  fi
+  codename=$(awk -F= '$1 == "VERSION_CODENAME" { print $2 }' /etc/os-release)
+  # shellcheck disable=SC2016 # (apt's own $(FIELD)s)
+  uri=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk -v c="$codename" '$2 == c && !n++ { print $1 }')
+  [ -n "$uri" ] || { echo "setup: no archive for $codename in the apt sources" >&2; return 1; }
+  dir=$(mktemp -d)
+  mkdir -p "$dir/lists/partial"
+  echo "deb $uri $codename-backports main" >"$dir/sources.list"
+  local opts=(-o "Dir::Etc::sourcelist=$dir/sources.list" -o "Dir::State::lists=$dir/lists")
+  as_root apt-get "${opts[@]}" update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -qq --no-install-recommends \
+    -t "$codename-backports" qemu-system-x86
+  rm -rf "$dir"
+}
+
 mapfile -t need < <(missing_packages)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+  if [[ " ${need[*]} " == *" qemu-system-x86 "* ]] &&
+    ! apt-get install -s -qq --no-install-recommends qemu-system-x86 >/dev/null 2>&1; then
+    install_qemu
+    mapfile -t need < <(missing_packages)
+  fi
+  [ "${#need[@]}" -eq 0 ] ||
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: no Rust toolchain found; install one with rustup (https://rustup.rs), then rerun" >&2

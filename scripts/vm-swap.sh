@@ -1,0 +1,330 @@
+#!/usr/bin/env bash
+# A real kernel swaps to ztier: a QEMU guest (Debian's kernel, busybox, a static workload)
+# whose swap disk is a `ztier serve` export, and the same guest and workload with the swap
+# disk on each alternative. The workload (scripts/vm/swapload.c) fills MIB of anonymous
+# memory, more than the guest's RAM, with real memory pages from a corpus (a read-only disk
+# of the guest), touches it with a working set, and checks every page against its checksum
+# whenever it comes back.
+#
+# Usage: scripts/vm-swap.sh [--swap KIND]... [--corpus FILE.pages.zst]... [--ram MIB]
+#          [--mib MIB] [--touches N] [--compressor ALG] [--mem-target SIZE] [--kvm]
+#          [--timeout SECONDS] [--results FILE] [--keep]
+#
+# KIND (default ztier; `all` = ztier nbdkit-sparse nbdkit-zstd file zram):
+#   ztier           `ztier serve` (--compressor, default lz4) over a Unix socket
+#   ztier-wb-file   the same with --mem-target (default 8M) and --backing-dev a host file:
+#                   the policy writes cold swap pages back, the guest reads them again
+#   ztier-wb-nbd    the same with the backing store an NBD export (nbdkit memory)
+#   nbdkit-sparse   nbdkit memory allocator=sparse (no compression)
+#   nbdkit-zstd     nbdkit memory allocator=zstd
+#   file            a raw sparse file on the host's disk (cache=none)
+#   zram            no swap disk: the guest's own zram (its kernel's module, lzo-rle)
+#
+# Defaults: 160 MiB of guest RAM, a 320 MiB workload, the bundled sample as corpus
+# (../shared/corpus's files are larger and more varied: pass them with --corpus). TCG
+# (QEMU's emulation) unless --kvm: a nested KVM guest hangs at boot on some hosts.
+#
+# Each run prints the guest's lines and one line "RESULT swap=KIND key=value ...": the
+# workload's times, its swap-in latency (p50/p99 of the first load of a page mincore() said
+# was not in memory), the guest's pswpin/pswpout, pages that came back wrong (mismatches),
+# the host memory the swapped pages held (host_mem_mib: the server's peak RSS; the guest's
+# zram mem_used_max, which comes out of the guest's own RAM; none for a file, whose blocks
+# on disk are file_blocks_mib; an NBD store's peak RSS apart), host CPU seconds (server and
+# QEMU), and for ztier what `ztier stat` said at the peak and after the workload exited (its
+# discards). A table of all runs closes. The exit status is 1 if any page came back wrong
+# or a guest failed (the guest's zram can run out of the guest's RAM: the OOM killer ends
+# the workload).
+#
+# Needs: qemu-system-x86, linux-image-amd64 (the guest's kernel and modules),
+# busybox-static, gcc (static libc), cpio, zstd, nbdkit (scripts/setup.sh installs them).
+# The ztier binary is $ZTIER, else built here (cargo build --release -p ztier-cli).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+kinds=()
+corpora=()
+ram=160 mib=320 touches=0 compressor=lz4 mem_target=8M kvm=0 timeout=900 results="" keep=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --swap) kinds+=("$2"); shift ;;
+    --corpus) corpora+=("$2"); shift ;;
+    --ram) ram=$2; shift ;;
+    --mib) mib=$2; shift ;;
+    --touches) touches=$2; shift ;;
+    --compressor) compressor=$2; shift ;;
+    --mem-target) mem_target=$2; shift ;;
+    --kvm) kvm=1 ;;
+    --timeout) timeout=$2; shift ;;
+    --results) results=$2; shift ;;
+    --keep) keep=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "vm-swap: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ ${#kinds[@]} -gt 0 ] || kinds=(ztier)
+if [ "${kinds[*]}" = all ]; then kinds=(ztier nbdkit-sparse nbdkit-zstd file zram); fi
+[ ${#corpora[@]} -gt 0 ] || corpora=(samples/sample.pages.zst)
+
+die() { echo "vm-swap: $*" >&2; exit 2; }
+for tool in qemu-system-x86_64 gcc cpio zstd gzip; do
+  command -v "$tool" >/dev/null || die "$tool is not installed (bash scripts/setup.sh)"
+done
+busybox=/bin/busybox # busybox-static's; the guest has no libc of its own
+if [ ! -x "$busybox" ] || ldd "$busybox" >/dev/null 2>&1; then
+  die "busybox-static is not installed (bash scripts/setup.sh)"
+fi
+kernel=$(find /boot -maxdepth 1 -name 'vmlinuz-*' 2>/dev/null | sort -V | tail -n 1)
+[ -n "$kernel" ] || die "no kernel in /boot (linux-image-amd64; bash scripts/setup.sh)"
+kver=${kernel#/boot/vmlinuz-}
+[ -r "$kernel" ] || die "$kernel is not readable (run as root)"
+[ -d "/lib/modules/$kver" ] || die "no /lib/modules/$kver"
+for kind in "${kinds[@]}"; do
+  case $kind in
+    ztier | ztier-wb-file | file | zram) ;;
+    ztier-wb-nbd | nbdkit-sparse | nbdkit-zstd)
+      command -v nbdkit >/dev/null || die "nbdkit is not installed (bash scripts/setup.sh)" ;;
+    *) die "unknown swap kind $kind" ;;
+  esac
+done
+if [ -z "${ZTIER:-}" ]; then
+  cargo build --release -q -p ztier-cli
+  ZTIER=$PWD/target/release/ztier
+fi
+ztier=$ZTIER
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vm-swap.XXXXXX")
+pids=()
+# shellcheck disable=SC2317 # (called by the trap)
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    timeout 10 tail --pid="$pid" -f /dev/null 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
+  done
+  if [ "$keep" = 1 ]; then echo "vm-swap: kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+trap 'echo "vm-swap: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+
+# Stops a process we started: SIG (default TERM), up to 10 s, then KILL.
+stop() {
+  local pid=$1 sig=${2:-TERM}
+  kill "-$sig" "$pid" 2>/dev/null || true
+  timeout 10 tail --pid="$pid" -f /dev/null 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  local p kept=()
+  for p in "${pids[@]}"; do [ "$p" = "$pid" ] || kept+=("$p"); done
+  pids=("${kept[@]}")
+}
+
+# Waits up to 20 s for the sockets named to appear; the log is shown if they do not.
+wait_sockets() {
+  local log=$1 deadline=$((SECONDS + 20)) s
+  shift
+  for s in "$@"; do
+    until [ -S "$s" ]; do
+      if [ "$SECONDS" -ge "$deadline" ]; then
+        echo "vm-swap: $s did not appear" >&2
+        cat "$log" >&2
+        exit 2
+      fi
+      sleep 0.05
+    done
+  done
+}
+
+cpu_seconds() { # pid -> user+system CPU seconds so far
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+mib_of() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+
+# The guest: the workload built statically, busybox, the modules with their dependencies in
+# order, and /init, in a gzip'd initramfs.
+echo "vm-swap: guest kernel $kver, $ram MiB RAM, workload $mib MiB, $([ "$kvm" = 1 ] && echo KVM || echo TCG)"
+root=$work/root
+mkdir -p "$root/bin" "$root/proc" "$root/sys" "$root/dev" "$root/modules"
+gcc -O2 -static -o "$root/swapload" scripts/vm/swapload.c
+cp "$busybox" "$root/bin/busybox"
+cp scripts/vm/init "$root/init"
+chmod 755 "$root/init"
+: >"$root/modules.list"
+for mod in virtio_pci virtio_blk zram; do
+  modprobe --set-version "$kver" --show-depends "$mod" | awk '$1 == "insmod" { print $2 }'
+done | awk '!seen[$0]++' | while read -r ko; do
+  cp "$ko" "$root/modules/"
+  echo "/modules/$(basename "$ko")" >>"$root/modules.list"
+done
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$work/initrd.gz"
+
+# The corpus disk: the corpora's pages, up to the workload's size (an equal share of each).
+share=$((mib * 1048576 / ${#corpora[@]} / 4096 * 4096))
+for c in "${corpora[@]}"; do
+  [ -r "$c" ] || die "no corpus $c"
+  (zstd -dcq "$c" || true) | head -c "$share" # (zstd dies of SIGPIPE once head has its share)
+done >"$work/corpus.raw"
+corpus_pages=$(($(stat -c %s "$work/corpus.raw") / 4096))
+[ "$corpus_pages" -gt 0 ] || die "empty corpus"
+echo "vm-swap: corpus disk $corpus_pages pages from ${corpora[*]}"
+swap_size=$((mib + 64))M
+
+declare -a table=()
+failed=0
+
+# One run: the swap disk KIND, the guest, the workload; prints RESULT.
+run() {
+  local kind=$1 sock=$work/swap.sock server="" store="" drive="" swap=disk
+  local log=$work/$kind.server.log console=$work/$kind.console
+  rm -f "$sock" "$sock.ctl"
+  case $kind in
+    ztier | ztier-wb-file | ztier-wb-nbd)
+      local args=(serve --size "$swap_size" --socket "$sock" --compressor "$compressor" --quiet)
+      if [ "$kind" = ztier-wb-file ]; then
+        args+=(--backing-dev "$work/backing.img" --mem-target "$mem_target" --policy-interval 1s)
+      elif [ "$kind" = ztier-wb-nbd ]; then
+        rm -f "$work/store.sock"
+        nbdkit -f -U "$work/store.sock" memory size="$swap_size" allocator=sparse >"$work/store.log" 2>&1 &
+        store=$!
+        pids+=("$store")
+        wait_sockets "$work/store.log" "$work/store.sock"
+        args+=(--backing-dev "nbd+unix:///?socket=$work/store.sock" --mem-target "$mem_target" --policy-interval 1s)
+      fi
+      "$ztier" "${args[@]}" >"$log" 2>&1 &
+      server=$!
+      pids+=("$server")
+      wait_sockets "$log" "$sock" "$sock.ctl"
+      ;;
+    nbdkit-sparse | nbdkit-zstd)
+      nbdkit -f -U "$sock" memory size="$swap_size" allocator="${kind#nbdkit-}" >"$log" 2>&1 &
+      server=$!
+      pids+=("$server")
+      wait_sockets "$log" "$sock"
+      ;;
+    file)
+      rm -f "$work/swap.raw"
+      truncate -s "$swap_size" "$work/swap.raw"
+      drive="file=$work/swap.raw,format=raw,if=virtio,cache=none,discard=unmap"
+      ;;
+    zram) swap=zram ;;
+  esac
+  [ -z "$server" ] || drive="file=nbd+unix:///?socket=$sock,format=raw,if=virtio,cache=none,discard=unmap"
+
+  local accel=(-accel tcg)
+  [ "$kvm" = 0 ] || accel=(-accel kvm -cpu host)
+  local qemu=(qemu-system-x86_64 -nodefaults -machine pc "${accel[@]}" -m "$ram" -smp 1
+    -display none -monitor none -serial "file:$console" -no-reboot -no-shutdown
+    -kernel "$kernel" -initrd "$work/initrd.gz"
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 transparent_hugepage=never vmswap.swap=$swap vmswap.mib=$mib vmswap.touches=$touches"
+    -drive "file=$work/corpus.raw,format=raw,if=virtio,readonly=on")
+  [ -z "$drive" ] || qemu+=(-drive "$drive")
+  : >"$console"
+  local t0=$SECONDS
+  "${qemu[@]}" >"$work/$kind.qemu.log" 2>&1 &
+  local vm=$!
+  pids+=("$vm")
+  # Wait for the guest's end line (QEMU stays up after the guest powers off), sampling the
+  # server's RSS and, for ztier, its statistics at the peak.
+  local peak_rss=0 r peak_orig=0 st="" orig store_peak=0
+  until grep -q '^VMSWAP-END' "$console"; do
+    if ! kill -0 "$vm" 2>/dev/null; then
+      echo "vm-swap: QEMU exited before the guest finished" >&2
+      cat "$work/$kind.qemu.log" "$console" >&2
+      break
+    fi
+    if grep -q 'Kernel panic' "$console"; then
+      echo "vm-swap: the guest's kernel panicked" >&2
+      break
+    fi
+    if [ $((SECONDS - t0)) -ge "$timeout" ]; then
+      echo "vm-swap: the guest did not finish in $timeout s" >&2
+      break
+    fi
+    if [ -n "$store" ]; then
+      r=$(rss_kib "$store")
+      [ "${r:-0}" -le "$store_peak" ] || store_peak=$r
+    fi
+    if [ -n "$server" ]; then
+      r=$(rss_kib "$server")
+      [ "${r:-0}" -le "$peak_rss" ] || peak_rss=$r
+      if [ "$kind" != "${kind#ztier}" ]; then
+        st=$("$ztier" stat --socket "$sock" 2>/dev/null | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ') || true
+        orig=$(awk '$1 == "mm_stat" { print $2 }' <<<"$st")
+        [ "${orig:-0}" -le "$peak_orig" ] || peak_orig=$orig
+      fi
+    fi
+    sleep 0.5
+  done
+  local wall=$((SECONDS - t0)) qemu_cpu server_cpu=0 vmline
+  qemu_cpu=$(cpu_seconds "$vm")
+  stop "$vm" TERM
+  sed -e 's/\r$//' -e 's/^/  guest| /' "$console" | grep -v '^  guest| *$' || true
+  vmline=$(grep -a '^VMSWAP ' "$console" | tr -d '\r' || true)
+  if [ -z "$vmline" ] || ! grep -q '^VMSWAP-END rc=0' "$console"; then
+    echo "vm-swap: $kind: the guest failed" >&2
+    failed=1
+  fi
+  local host_mem extra=""
+  if [ -n "$server" ]; then
+    r=$(rss_kib "$server")
+    [ "${r:-0}" -le "$peak_rss" ] || peak_rss=$r
+    server_cpu=$(cpu_seconds "$server")
+    host_mem=$(mib_of "$peak_rss")
+    extra="server_rss_end_mib=$(mib_of "$(rss_kib "$server")")"
+  fi
+  case $kind in
+    ztier*)
+      # After the workload exited and swapoff: what the discards left.
+      st=$("$ztier" stat --socket "$sock" | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ')
+      while read -r l; do echo "  ztier stat| $l"; done <<<"$st"
+      extra+=" $(awk -v peak="$peak_orig" '
+        $1 == "mm_stat" { printf "orig_peak_mib=%.1f orig_end_mib=%.1f mem_used_max_mib=%.1f mem_used_end_mib=%.1f ", peak / 1048576, $2 / 1048576, $6 / 1048576, $4 / 1048576 }
+        $1 == "io_stat" { printf "failed_reads=%d failed_writes=%d discarded_pages=%d ", $2, $3, $5 }
+        $1 == "bd_stat" { printf "bd_count=%d bd_reads=%d bd_writes=%d ", $2, $3, $4 }
+        $1 == "server" { for (i = 1; i <= NF; i++) { if ($i == "requests,") req = $(i - 1); if ($i == "written,") w = $(i - 2); if ($i ~ /^read,?$/) r = $(i - 1) }
+                         printf "nbd_requests=%d nbd_written_mib=%.1f nbd_read_mib=%.1f", req, w / 1048576, r / 1048576 }' <<<"$st")"
+      stop "$server" INT
+      ;;
+    nbdkit*) stop "$server" ;;
+    file)
+      host_mem=0
+      extra="file_blocks_mib=$(mib_of "$(du -k "$work/swap.raw" | cut -f1)")"
+      ;;
+    zram)
+      # mm_stat: orig compr mem_used_total mem_limit mem_used_max ...
+      host_mem=$(grep -a '^guest zram mm_stat:' "$console" | awk '{ printf "%.1f", $8 / 1048576 }')
+      extra="zram_orig_end_mib=$(grep -a '^guest zram mm_stat:' "$console" | awk '{ printf "%.1f", $4 / 1048576 }')"
+      ;;
+  esac
+  [ -z "$store" ] || {
+    extra+=" store_peak_rss_mib=$(mib_of "$store_peak") store_rss_end_mib=$(mib_of "$(rss_kib "$store")")"
+    stop "$store"
+  }
+  local line
+  line="RESULT swap=$kind wall_s=$wall ${vmline#VMSWAP } host_mem_mib=${host_mem:-0} server_cpu_s=$server_cpu qemu_cpu_s=$qemu_cpu $extra"
+  echo "$line"
+  [ -z "$results" ] || echo "$line" >>"$results"
+  table+=("$line")
+}
+
+for kind in "${kinds[@]}"; do
+  echo "== $kind"
+  run "$kind"
+done
+
+field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
+echo
+printf '%-14s %9s %9s %9s %10s %10s %9s %9s %10s %10s %5s\n' swap "total s" "touch s" "verify s" \
+  "swapin p50" "swapin p99" "pswpout" "pswpin" "host MiB" "server s" bad
+for line in "${table[@]}"; do
+  printf '%-14s %9s %9s %9s %8sus %8sus %9s %9s %10s %10s %5s\n' "$(field "$line" swap)" \
+    "$(field "$line" total_s)" "$(field "$line" touch_s)" "$(field "$line" verify_s)" \
+    "$(field "$line" swapin_p50_us)" "$(field "$line" swapin_p99_us)" "$(field "$line" pswpout)" \
+    "$(field "$line" pswpin)" "$(field "$line" host_mem_mib)" "$(field "$line" server_cpu_s)" \
+    "$(field "$line" mismatches)"
+  [ "$(field "$line" mismatches)" = 0 ] || failed=1
+done
+exit "$failed"
