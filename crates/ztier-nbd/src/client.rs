@@ -22,6 +22,12 @@
 //! [`Client::reconnect`]. Changes of state (lost, found, refused) go to the owner's log
 //! ([`Client::set_log`]) and [`Client::status`].
 //!
+//! An `nbds://` or `nbds+unix://` URI asks for TLS: the client sends `NBD_OPT_STARTTLS`
+//! first, checks the server's certificate against the CA of its `tls-certificates`
+//! directory (and its name, on TCP), shows its own certificate if the directory has one,
+//! and haggles and transmits inside TLS; a server that does not offer TLS is refused. The
+//! certificates are read once, at connect; every reconnect goes through STARTTLS again.
+//!
 //! The server's minimum block is obeyed, as the spec asks of a client that asked for block
 //! sizes: an unaligned read reads the blocks around it, an unaligned write reads, modifies
 //! and writes them back.
@@ -34,13 +40,14 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use ztier_blockdev::{BlockDevice, BlockError, Result};
 
 use crate::proto::{self, *};
 use crate::server::Stream;
+use crate::tls::{self, ClientTls, TlsStream};
 
 /// The default NBD port.
 pub const NBD_PORT: u16 = 10809;
@@ -127,11 +134,57 @@ const DEFAULT_MAX_PAYLOAD: u32 = 4 << 20;
 /// Largest option reply accepted during the handshake.
 const MAX_OPTION_REPLY: u32 = 64 << 10;
 
-/// Where an export is: `nbd://host[:port][/export]` or `nbd+unix:///export?socket=PATH`.
+/// Where an export is: `nbd://host[:port][/export]` or `nbd+unix:///export?socket=PATH`,
+/// and over TLS, as libnbd writes them, `nbds://host[:port][/export][?QUERY]` or
+/// `nbds+unix:///export?socket=PATH[&QUERY]`, the query taking `tls-certificates=DIR` (the
+/// directory holding `ca-cert.pem`, and `client-cert.pem` with `client-key.pem` if the
+/// server wants a client certificate) and `tls-hostname=NAME` (the name the server's
+/// certificate must carry; by default the URI's host, and none on a Unix socket, where only
+/// the chain to the CA is checked, as libnbd does).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uri {
     pub target: Target,
     pub export: String,
+    /// TLS (`nbds`): `NBD_OPT_STARTTLS` first, and a server that refuses it is refused.
+    pub tls: Option<UriTls>,
+}
+
+/// The TLS part of an `nbds://` or `nbds+unix://` URI.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UriTls {
+    /// `tls-certificates=DIR`; without it, libnbd's default directories
+    /// (`$HOME/.pki/libnbd`, `$HOME/.config/pki/libnbd`, or `/etc/pki/libnbd` for root).
+    pub certificates: Option<PathBuf>,
+    /// `tls-hostname=NAME`.
+    pub hostname: Option<String>,
+}
+
+impl Uri {
+    /// Whether `s` is meant as an NBD URI (any of the four schemes), so a caller can tell
+    /// one from a file name before parsing it.
+    pub fn is_nbd_uri(s: &str) -> bool {
+        ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
+            .iter()
+            .any(|p| s.starts_with(p))
+    }
+}
+
+/// The query's `tls-*` keys (the others are left to the caller, e.g. `socket`).
+fn uri_tls(query: &str) -> std::result::Result<UriTls, String> {
+    let mut tls = UriTls::default();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "tls-certificates" if !v.is_empty() => tls.certificates = Some(PathBuf::from(v)),
+            "tls-hostname" if !v.is_empty() => tls.hostname = Some(v.to_string()),
+            "tls-certificates" | "tls-hostname" => return Err(format!("{k}= is empty")),
+            "tls-psk-file" | "tls-username" => {
+                return Err(format!("{k}: TLS with pre-shared keys is not supported"))
+            }
+            _ => {}
+        }
+    }
+    Ok(tls)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,8 +198,20 @@ impl FromStr for Uri {
 
     fn from_str(s: &str) -> std::result::Result<Uri, String> {
         let bad = |why: &str| {
-            format!("{s:?} is not an NBD URI ({why}): use nbd://HOST[:PORT][/EXPORT] or nbd+unix:///EXPORT?socket=PATH")
+            format!("{s:?} is not an NBD URI ({why}): use nbd://HOST[:PORT][/EXPORT] or nbd+unix:///EXPORT?socket=PATH (nbds:// and nbds+unix:// for TLS)")
         };
+        let (s, tls) = if let Some(rest) = s.strip_prefix("nbds://") {
+            // The query is TLS's: split it off before the export.
+            let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+            let tls = uri_tls(query).map_err(|e| bad(&e))?;
+            (format!("nbd://{rest}"), Some(tls))
+        } else if let Some(rest) = s.strip_prefix("nbds+unix://") {
+            let tls = uri_tls(rest.split_once('?').map_or("", |(_, q)| q)).map_err(|e| bad(&e))?;
+            (format!("nbd+unix://{rest}"), Some(tls))
+        } else {
+            (s.to_string(), None)
+        };
+        let s = s.as_str();
         if let Some(rest) = s.strip_prefix("nbd+unix://") {
             let (path_part, query) = rest.split_once('?').ok_or_else(|| bad("no ?socket="))?;
             if !path_part.is_empty() && !path_part.starts_with('/') {
@@ -161,6 +226,7 @@ impl FromStr for Uri {
             return Ok(Uri {
                 target: Target::Unix(PathBuf::from(socket)),
                 export,
+                tls,
             });
         }
         let rest = s
@@ -191,19 +257,37 @@ impl FromStr for Uri {
         Ok(Uri {
             target: Target::Tcp { host, port },
             export,
+            tls,
         })
     }
 }
 
 impl std::fmt::Display for Uri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.tls.is_some() { "s" } else { "" };
+        let mut query = Vec::new();
+        if let Target::Unix(p) = &self.target {
+            query.push(format!("socket={}", p.display()));
+        }
+        if let Some(t) = &self.tls {
+            if let Some(d) = &t.certificates {
+                query.push(format!("tls-certificates={}", d.display()));
+            }
+            if let Some(h) = &t.hostname {
+                query.push(format!("tls-hostname={h}"));
+            }
+        }
         match &self.target {
             Target::Tcp { host, port } if host.contains(':') => {
-                write!(f, "nbd://[{host}]:{port}/{}", self.export)
+                write!(f, "nbd{s}://[{host}]:{port}/{}", self.export)?
             }
-            Target::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{}", self.export),
-            Target::Unix(p) => write!(f, "nbd+unix:///{}?socket={}", self.export, p.display()),
+            Target::Tcp { host, port } => write!(f, "nbd{s}://{host}:{port}/{}", self.export)?,
+            Target::Unix(_) => write!(f, "nbd{s}+unix:///{}", self.export)?,
         }
+        if !query.is_empty() {
+            write!(f, "?{}", query.join("&"))?;
+        }
+        Ok(())
     }
 }
 
@@ -217,8 +301,38 @@ pub struct ExportInfo {
     pub max_payload: u32,
 }
 
+/// The connection's byte stream: the socket, or TLS over it.
+enum ClientStream {
+    Plain(Stream),
+    Tls(Box<TlsStream>),
+}
+
+impl Read for ClientStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ClientStream::Plain(s) => s.read(buf),
+            ClientStream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for ClientStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            ClientStream::Plain(s) => s.write(buf),
+            ClientStream::Tls(t) => t.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            ClientStream::Plain(s) => s.flush(),
+            ClientStream::Tls(t) => t.flush(),
+        }
+    }
+}
+
 struct Conn {
-    stream: Stream,
+    stream: ClientStream,
     next_cookie: u64,
 }
 
@@ -250,6 +364,8 @@ pub struct Client {
     uri: Uri,
     config: ClientConfig,
     info: ExportInfo,
+    /// TLS, for an `nbds` URI: made once, used by every dial.
+    tls: Option<ClientTls>,
     link: Mutex<Link>,
     /// Bytes at an offset the export must hold on every reconnect.
     identity: Mutex<Option<(u64, Vec<u8>)>>,
@@ -271,7 +387,7 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{what}: {e}"))
 }
 
-fn read_exact(s: &mut Stream, buf: &mut [u8], what: &str) -> io::Result<()> {
+fn read_exact(s: &mut impl Read, buf: &mut [u8], what: &str) -> io::Result<()> {
     s.read_exact(buf).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             io_err(what, "the server closed the connection")
@@ -311,8 +427,52 @@ fn open(target: &Target, timeout: Duration) -> io::Result<Stream> {
     Ok(stream)
 }
 
-/// The fixed newstyle handshake; returns the export's details.
-fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
+/// The fixed newstyle handshake, through STARTTLS and the TLS handshake if `tls` is given;
+/// returns the stream to go on with and the export's details.
+fn handshake(
+    mut raw: Stream,
+    export: &str,
+    tls: Option<&ClientTls>,
+) -> io::Result<(ClientStream, ExportInfo)> {
+    let no_zeroes = greet(&mut raw)?;
+    let mut s = match tls {
+        Some(tls) => ClientStream::Tls(Box::new(start_tls(raw, tls)?)),
+        None => ClientStream::Plain(raw),
+    };
+    let info = go(&mut s, export, no_zeroes)?;
+    Ok((s, info))
+}
+
+/// `NBD_OPT_STARTTLS` and the TLS handshake. A server that does not offer TLS is left with
+/// `NBD_OPT_ABORT` (the spec's soft disconnect) and refused: a client that asked for TLS
+/// never goes on in the clear.
+fn start_tls(mut raw: Stream, tls: &ClientTls) -> io::Result<TlsStream> {
+    send_option(&mut raw, OPT_STARTTLS, &[])?;
+    let (reply, data) = read_option_reply(&mut raw, OPT_STARTTLS)?;
+    if reply != REP_ACK {
+        let _ = send_option(&mut raw, OPT_ABORT, &[]);
+        let msg = String::from_utf8_lossy(&data).into_owned();
+        let what = match reply {
+            REP_ERR_UNSUP | REP_ERR_POLICY => "the server does not offer TLS".to_string(),
+            r => format!("error reply {r:#x}"),
+        };
+        return Err(io_err(
+            "NBD_OPT_STARTTLS",
+            format!("{what} {msg}").trim_end(),
+        ));
+    }
+    let conn = rustls::ClientConnection::new(Arc::clone(&tls.config), tls.name.clone())
+        .map_err(|e| io_err("TLS", e))?;
+    let mut t = TlsStream {
+        conn: rustls::Connection::Client(conn),
+        sock: raw,
+    };
+    tls::handshake(&mut t.conn, &mut t.sock)?;
+    Ok(t)
+}
+
+/// The greeting and the client's flags; whether the server takes `NBD_FLAG_C_NO_ZEROES`.
+fn greet(s: &mut Stream) -> io::Result<bool> {
     let mut hello = [0u8; 18];
     read_exact(s, &mut hello, "the server's greeting")?;
     let magic = u64::from_be_bytes(hello[0..8].try_into().expect("8 bytes"));
@@ -333,8 +493,11 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
         client_flags |= FLAG_C_NO_ZEROES;
     }
     s.write_all(&client_flags.to_be_bytes())?;
+    Ok(no_zeroes)
+}
 
-    // NBD_OPT_GO with the export's name, asking for block sizes.
+/// `NBD_OPT_GO` with the export's name, asking for block sizes.
+fn go(s: &mut ClientStream, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
     let mut data = (export.len() as u32).to_be_bytes().to_vec();
     data.extend(export.as_bytes());
     data.extend(1u16.to_be_bytes());
@@ -410,7 +573,11 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
 }
 
 /// `NBD_OPT_EXPORT_NAME`, for a server without `NBD_OPT_GO`.
-fn export_name_fallback(s: &mut Stream, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
+fn export_name_fallback(
+    s: &mut ClientStream,
+    export: &str,
+    no_zeroes: bool,
+) -> io::Result<ExportInfo> {
     send_option(s, OPT_EXPORT_NAME, export.as_bytes())?;
     let mut reply = vec![0u8; if no_zeroes { 10 } else { 134 }];
     read_exact(s, &mut reply, "NBD_OPT_EXPORT_NAME's reply")?;
@@ -423,7 +590,7 @@ fn export_name_fallback(s: &mut Stream, export: &str, no_zeroes: bool) -> io::Re
     })
 }
 
-fn send_option(s: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
+fn send_option(s: &mut impl Write, option: u32, data: &[u8]) -> io::Result<()> {
     let mut m = IHAVEOPT.to_be_bytes().to_vec();
     m.extend(option.to_be_bytes());
     m.extend((data.len() as u32).to_be_bytes());
@@ -431,7 +598,7 @@ fn send_option(s: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
     s.write_all(&m)
 }
 
-fn read_option_reply(s: &mut Stream, option: u32) -> io::Result<(u32, Vec<u8>)> {
+fn read_option_reply(s: &mut impl Read, option: u32) -> io::Result<(u32, Vec<u8>)> {
     let mut h = [0u8; 20];
     read_exact(s, &mut h, "an option reply")?;
     let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
@@ -473,28 +640,57 @@ impl Client {
     }
 
     /// Connects to `uri` and negotiates its export.
+    /// An `nbds` URI's certificates are read once, here, and serve every reconnect.
     pub fn connect_with(uri: &Uri, config: ClientConfig) -> Result<Client> {
-        let (conn, info) = Client::dial(uri, config.io_timeout)?;
-        Ok(Client::with_conn(uri, config, info, conn))
+        let tls = Client::tls_for(uri)?;
+        let (conn, info) = Client::dial(uri, config.io_timeout, tls.as_ref())?;
+        Ok(Client::with_conn(uri, config, info, conn, tls))
     }
 
     /// A client over a stream already connected to `uri`'s server (a socket pair in tests
     /// and fuzzing); reconnecting dials `uri`.
-    pub fn over_stream(mut stream: Stream, uri: &Uri) -> Result<Client> {
-        let info = handshake(&mut stream, &uri.export)
+    pub fn over_stream(stream: Stream, uri: &Uri) -> Result<Client> {
+        let tls = Client::tls_for(uri)?;
+        let (stream, info) = handshake(stream, &uri.export, tls.as_ref())
             .map_err(|e| BlockError::Io(io_err(&format!("negotiating with {uri}"), e)))?;
         let conn = Conn {
             stream,
             next_cookie: 1,
         };
-        Ok(Client::with_conn(uri, ClientConfig::default(), info, conn))
+        Ok(Client::with_conn(
+            uri,
+            ClientConfig::default(),
+            info,
+            conn,
+            tls,
+        ))
     }
 
-    fn with_conn(uri: &Uri, config: ClientConfig, info: ExportInfo, conn: Conn) -> Client {
+    /// The TLS configuration an `nbds` URI asks for.
+    fn tls_for(uri: &Uri) -> Result<Option<ClientTls>> {
+        let Some(t) = &uri.tls else { return Ok(None) };
+        let name = match (&t.hostname, &uri.target) {
+            (Some(h), _) => Some(h.as_str()),
+            (None, Target::Tcp { host, .. }) => Some(host.as_str()),
+            (None, Target::Unix(_)) => None,
+        };
+        tls::client_tls(t.certificates.as_deref(), name)
+            .map(Some)
+            .map_err(|e| BlockError::Invalid(format!("TLS for {uri}: {e}")))
+    }
+
+    fn with_conn(
+        uri: &Uri,
+        config: ClientConfig,
+        info: ExportInfo,
+        conn: Conn,
+        tls: Option<ClientTls>,
+    ) -> Client {
         Client {
             uri: uri.clone(),
             config,
             info,
+            tls,
             link: Mutex::new(Link {
                 wire: Wire::Up(conn),
                 state: LinkState::Connected,
@@ -508,10 +704,10 @@ impl Client {
         }
     }
 
-    fn dial(uri: &Uri, timeout: Duration) -> Result<(Conn, ExportInfo)> {
-        let mut stream = open(&uri.target, timeout)
+    fn dial(uri: &Uri, timeout: Duration, tls: Option<&ClientTls>) -> Result<(Conn, ExportInfo)> {
+        let stream = open(&uri.target, timeout)
             .map_err(|e| BlockError::Io(io_err(&format!("connecting to {uri}"), e)))?;
-        let info = handshake(&mut stream, &uri.export)
+        let (stream, info) = handshake(stream, &uri.export, tls)
             .map_err(|e| BlockError::Io(io_err(&format!("negotiating with {uri}"), e)))?;
         Ok((
             Conn {
@@ -643,8 +839,8 @@ impl Client {
 
     /// A new connection, checked to reach the store the pages went to.
     fn dial_checked(&self) -> std::result::Result<Conn, DialError> {
-        let (mut conn, info) =
-            Client::dial(&self.uri, self.config.io_timeout).map_err(DialError::Unreachable)?;
+        let (mut conn, info) = Client::dial(&self.uri, self.config.io_timeout, self.tls.as_ref())
+            .map_err(DialError::Unreachable)?;
         if info.size != self.info.size {
             return Err(DialError::Refused(format!(
                 "the export is {} bytes, not the {} the pages went to",
@@ -1035,6 +1231,9 @@ impl Drop for Client {
             }
             .encode();
             let _ = c.stream.write_all(&header);
+            if let ClientStream::Tls(t) = &mut c.stream {
+                t.close_notify();
+            }
         }
     }
 }

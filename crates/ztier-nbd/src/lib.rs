@@ -7,6 +7,8 @@ mod buffers;
 pub mod client;
 pub mod proto;
 pub mod server;
+pub mod tls;
 
 pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri};
 pub use server::{Listener, Server, ServerConfig, Stream};
+pub use tls::{ServerTls, TlsError, TlsMode};

@@ -27,10 +27,20 @@
 //! - a malformed request header (bad magic) closes that connection, as the spec requires;
 //!   every other bad request gets an error reply and the connection goes on.
 //!
+//! TLS (`ServerConfig::tls`, [`crate::tls`]): with it on or required, `NBD_OPT_STARTTLS`
+//! upgrades the socket mid-haggling (under the same deadline) and the haggling goes on inside
+//! TLS; required, every other option before it is answered `NBD_REP_ERR_TLS_REQD`. In the
+//! transmission phase the reading thread and the writing threads share the one TLS
+//! connection, decrypting and encrypting under its lock and touching the socket outside it.
+//! A plain connection's halves are the socket's, as before.
+//!
 //! Locking, per connection: `Turn` (the socket's read half) is held for reading one whole
 //! request, waiting for credit included, never while the device runs or a reply is written;
 //! `Writer` (the write half) is held for one whole reply, so replies never interleave;
 //! `Credit` is held only to count. Neither of the last two is held while the device runs.
+//! Under TLS, the connection's rustls state is a leaf taken inside `Turn` or `Writer` only
+//! to decrypt or encrypt at most 256 KiB, never across socket I/O, so a reply blocked on a
+//! full socket never stops the reader.
 //! The server's `connections` list is locked only to add, remove, or shut all.
 
 use std::io::{self, Read, Write};
@@ -47,6 +57,7 @@ use ztier_blockdev::{BlockDevice, BlockError};
 
 use crate::buffers::{Buffer, Buffers};
 use crate::proto::{self, *};
+use crate::tls::{self, ServerTls, TlsMode, TlsReader, TlsWriter};
 
 /// How a server serves its export.
 #[derive(Debug, Clone)]
@@ -71,6 +82,10 @@ pub struct ServerConfig {
     pub handshake_limit: Duration,
     /// Handshakes under way at once; a connection past them is closed at once.
     pub max_handshakes: usize,
+    /// TLS (`NBD_OPT_STARTTLS`): off, on (for the clients that ask) or required, with the
+    /// certificates ([`ServerTls::from_dir`]). The TLS handshake counts against
+    /// `handshake_limit` like the rest of the haggling.
+    pub tls: ServerTls,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +102,7 @@ impl Default for ServerConfig {
             log: false,
             handshake_limit: Duration::from_secs(10),
             max_handshakes: 256,
+            tls: ServerTls::off(),
         }
     }
 }
@@ -98,6 +114,8 @@ pub struct ServerStats {
     pub refused_connections: AtomicU64,
     /// Connections closed because their handshake went past the limit or was malformed.
     pub failed_handshakes: AtomicU64,
+    /// TLS handshakes completed (after `NBD_OPT_STARTTLS`).
+    pub tls_sessions: AtomicU64,
     /// `accept()` errors (each retried after a backoff).
     pub accept_errors: AtomicU64,
     pub requests: AtomicU64,
@@ -154,14 +172,14 @@ impl Stream {
         })
     }
 
-    fn shutdown(&self, how: Shutdown) {
+    pub(crate) fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
         };
     }
 
-    fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
             Stream::Unix(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
@@ -389,8 +407,8 @@ impl Server {
         }
         let negotiated = self.negotiate(id, &mut stream);
         self.handshakes.fetch_sub(1, Ordering::SeqCst);
-        let session = match negotiated {
-            Ok(Some(session)) => session,
+        let (session, tls) = match negotiated {
+            Ok(Some(negotiated)) => negotiated,
             Ok(None) => {
                 self.unreserve(id);
                 stream.shutdown(Shutdown::Both);
@@ -418,7 +436,7 @@ impl Server {
                 return;
             }
         };
-        self.admit(id, &peer, stream, session);
+        self.admit(id, &peer, stream, session, tls);
     }
 
     /// Takes connection `id`'s place among `max_connections`, before the handshake's last
@@ -460,27 +478,46 @@ impl Server {
         s.shutdown(Shutdown::Both);
     }
 
-    /// The handshake under its deadline: each read and write may wait only for what is
-    /// left of it.
-    fn negotiate(&self, id: u64, stream: &mut Stream) -> io::Result<Option<Session>> {
-        let mut s = Deadline {
-            stream,
-            until: Instant::now() + self.config.handshake_limit,
+    /// The handshake under its deadline (the TLS handshake included): each read and write
+    /// may wait only for what is left of it. With the session, the TLS connection if the
+    /// client started one.
+    fn negotiate(&self, id: u64, stream: &mut Stream) -> io::Result<Option<Negotiated>> {
+        let mut s = Nego {
+            raw: Deadline {
+                stream,
+                until: Instant::now() + self.config.handshake_limit,
+            },
+            tls: None,
         };
         let session = self.handshake(id, &mut s)?;
-        s.stream.set_timeouts(None)?;
-        Ok(session)
+        s.raw.stream.set_timeouts(None)?;
+        Ok(session.map(|session| (session, s.tls)))
     }
 
     /// Runs a negotiated connection, counted since its handshake took its place.
-    fn admit(self: &Arc<Self>, id: u64, peer: &str, stream: Stream, session: Session) {
+    fn admit(
+        self: &Arc<Self>,
+        id: u64,
+        peer: &str,
+        stream: Stream,
+        session: Session,
+        tls: Option<rustls::Connection>,
+    ) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         if self.config.log {
-            eprintln!("nbd: connection {id} from {peer}");
+            let over = if tls.is_some() { " over TLS" } else { "" };
+            eprintln!("nbd: connection {id} from {peer}{over}");
         }
-        let result = stream
-            .try_clone()
-            .and_then(|reader| self.transmission(reader, stream, session));
+        let result = stream.try_clone().and_then(|reader| {
+            let (reader, writer) = match tls {
+                None => (ReadHalf::Plain(reader), WriteHalf::Plain(stream)),
+                Some(conn) => {
+                    let (r, w) = tls::split(conn, reader, stream);
+                    (ReadHalf::Tls(r), WriteHalf::Tls(w))
+                }
+            };
+            self.transmission(reader, writer, session)
+        });
         self.connections
             .lock()
             .expect("connections")
@@ -494,7 +531,7 @@ impl Server {
     }
 
     /// The handshake and option haggling; `None` when the client aborted or is done.
-    fn handshake(&self, id: u64, s: &mut Deadline<'_>) -> io::Result<Option<Session>> {
+    fn handshake(&self, id: u64, s: &mut Nego<'_>) -> io::Result<Option<Session>> {
         let full = || {
             io::Error::new(
                 io::ErrorKind::QuotaExceeded,
@@ -525,6 +562,23 @@ impl Server {
             }
             let mut data = vec![0u8; len as usize];
             s.read_exact(&mut data)?;
+            // FORCEDTLS: nothing but STARTTLS and ABORT before TLS.
+            let tls_required = self.config.tls.mode() == TlsMode::Require && s.tls.is_none();
+            if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
+                if option == OPT_EXPORT_NAME {
+                    // It cannot be answered with an error: the spec has the session end.
+                    return Err(invalid(
+                        "NBD_OPT_EXPORT_NAME before STARTTLS: TLS is required",
+                    ));
+                }
+                reply(
+                    s,
+                    option,
+                    REP_ERR_TLS_REQD,
+                    b"TLS is required: NBD_OPT_STARTTLS first",
+                )?;
+                continue;
+            }
             match option {
                 OPT_EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data);
@@ -536,7 +590,7 @@ impl Server {
                     if !no_zeroes {
                         v.extend([0u8; 124]);
                     }
-                    if !self.reserve(id, s.stream)? {
+                    if !self.reserve(id, s.raw.stream)? {
                         return Err(full());
                     }
                     s.write_all(&v)?;
@@ -558,7 +612,27 @@ impl Server {
                     reply(s, option, REP_SERVER, &v)?;
                     reply(s, option, REP_ACK, &[])?;
                 }
-                OPT_STARTTLS => reply(s, option, REP_ERR_UNSUP, b"TLS is not offered")?,
+                OPT_STARTTLS => match self.config.tls.config() {
+                    None => reply(s, option, REP_ERR_UNSUP, b"TLS is not offered")?,
+                    Some(_) if s.tls.is_some() => {
+                        reply(s, option, REP_ERR_INVALID, b"TLS is already on")?
+                    }
+                    Some(_) if !data.is_empty() => {
+                        reply(s, option, REP_ERR_INVALID, b"STARTTLS takes no data")?
+                    }
+                    Some(config) => {
+                        let conn = rustls::ServerConnection::new(Arc::clone(config))
+                            .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+                        reply(s, option, REP_ACK, &[])?;
+                        let mut conn = rustls::Connection::Server(conn);
+                        tls::handshake(&mut conn, &mut s.raw)?;
+                        s.tls = Some(conn);
+                        self.stats.tls_sessions.fetch_add(1, Ordering::Relaxed);
+                        // What was haggled in the clear is forgotten, so a man in the middle
+                        // cannot have chosen it (as nbdkit does since CVE-2021-3716).
+                        session = Session::default();
+                    }
+                },
                 OPT_INFO | OPT_GO => {
                     let decoded = InfoRequest::decode(&data);
                     let Some(req) = self.for_export(s, option, decoded, |r| &r.export)? else {
@@ -585,7 +659,7 @@ impl Server {
                     let block =
                         info_block_size(self.config.min_block, preferred, self.config.max_payload);
                     reply(s, option, REP_INFO, &block)?;
-                    if option == OPT_GO && !self.reserve(id, s.stream)? {
+                    if option == OPT_GO && !self.reserve(id, s.raw.stream)? {
                         let e = full();
                         let _ = reply(s, option, REP_ERR_POLICY, e.to_string().as_bytes());
                         return Err(e);
@@ -645,7 +719,7 @@ impl Server {
     /// (INVALID, UNKNOWN) is sent and `None` returned, and the haggling goes on.
     fn for_export<T>(
         &self,
-        s: &mut Deadline<'_>,
+        s: &mut Nego<'_>,
         option: u32,
         decoded: Result<T, Malformed>,
         export: impl Fn(&T) -> &str,
@@ -675,8 +749,8 @@ impl Server {
     /// the next thread reads the next request. This thread is one of them.
     fn transmission(
         self: &Arc<Self>,
-        reader: Stream,
-        writer: Stream,
+        reader: ReadHalf,
+        writer: WriteHalf,
         session: Session,
     ) -> io::Result<()> {
         let conn = Arc::new(Conn {
@@ -700,7 +774,7 @@ impl Server {
         for f in followers {
             let _ = f.join();
         }
-        conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
+        conn.writer.lock().expect("writer").close();
         let ended = lock_turn(&turn).ended.take();
         match ended {
             Some(Err(e)) if e.kind() != io::ErrorKind::UnexpectedEof => Err(e),
@@ -742,7 +816,7 @@ impl Server {
 
     /// Reads the next request to run, with its whole payload; `None` at `DISC`. A request
     /// whose payload is over the limit is read past and refused here.
-    fn read_request(&self, s: &mut Stream, conn: &Conn) -> io::Result<Option<Job>> {
+    fn read_request(&self, s: &mut ReadHalf, conn: &Conn) -> io::Result<Option<Job>> {
         loop {
             let mut header = [0u8; REQUEST_LEN];
             s.read_exact(&mut header)?;
@@ -777,9 +851,66 @@ impl Server {
     }
 }
 
+/// What a handshake settled, and the TLS connection if the client started one.
+type Negotiated = (Session, Option<rustls::Connection>);
+
+/// The transmission phase's reading side: the socket, or TLS over it.
+enum ReadHalf {
+    Plain(Stream),
+    Tls(TlsReader),
+}
+
+impl Read for ReadHalf {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ReadHalf::Plain(s) => s.read(buf),
+            ReadHalf::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+/// The transmission phase's writing side: the socket, or TLS over it.
+enum WriteHalf {
+    Plain(Stream),
+    Tls(TlsWriter),
+}
+
+impl WriteHalf {
+    fn shutdown(&self, how: Shutdown) {
+        match self {
+            WriteHalf::Plain(s) => s.shutdown(how),
+            WriteHalf::Tls(t) => t.socket().shutdown(how),
+        }
+    }
+
+    /// The connection's end: TLS says goodbye first (close_notify, as the spec asks, given
+    /// a second at most), then the socket is shut.
+    fn close(&mut self) {
+        if let WriteHalf::Tls(t) = self {
+            t.close_notify(Duration::from_secs(1));
+        }
+        self.shutdown(Shutdown::Both);
+    }
+}
+
+impl Write for WriteHalf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            WriteHalf::Plain(s) => s.write(buf),
+            WriteHalf::Tls(t) => t.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            WriteHalf::Plain(s) => s.flush(),
+            WriteHalf::Tls(t) => t.flush(),
+        }
+    }
+}
+
 /// Whose turn it is to read a connection's next request, and how the connection ended.
 struct Turn {
-    stream: Stream,
+    stream: ReadHalf,
     /// Set by the thread that saw the end; every other thread stops at its next turn.
     ended: Option<io::Result<()>>,
 }
@@ -810,7 +941,7 @@ struct Job {
 }
 
 struct Conn {
-    writer: Mutex<Stream>,
+    writer: Mutex<WriteHalf>,
     credit: Credit,
     /// Payload buffers, reused across the connection's requests.
     buffers: Buffers,
@@ -1076,6 +1207,37 @@ fn read_u32(s: &mut impl Read) -> io::Result<u32> {
     let mut b = [0u8; 4];
     s.read_exact(&mut b)?;
     Ok(u32::from_be_bytes(b))
+}
+
+/// The handshake's stream: the socket under its deadline, and TLS over it once the client
+/// has started it.
+struct Nego<'a> {
+    raw: Deadline<'a>,
+    tls: Option<rustls::Connection>,
+}
+
+impl Read for Nego<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &mut self.tls {
+            Some(conn) => tls::read(conn, &mut self.raw, buf),
+            None => self.raw.read(buf),
+        }
+    }
+}
+
+impl Write for Nego<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut self.tls {
+            Some(conn) => tls::write(conn, &mut self.raw, buf),
+            None => self.raw.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.tls {
+            Some(conn) => tls::flush_tls(conn, &mut self.raw),
+            None => self.raw.flush(),
+        }
+    }
 }
 
 /// A stream whose reads and writes may wait only until `until` in all.

@@ -1,0 +1,579 @@
+//! TLS for NBD, the way the ecosystem does it: `NBD_OPT_STARTTLS` upgrades the socket during
+//! option haggling (the spec's "TLS support"), and certificates come from a directory laid
+//! out as nbdkit's `--tls-certificates` and libnbd's `tls-certificates=` expect:
+//!
+//! - a server reads `server-cert.pem` (its certificate, then any intermediates),
+//!   `server-key.pem`, and, to verify clients (`verify_peer`), `ca-cert.pem` and the
+//!   optional `ca-crl.pem`;
+//! - a client reads `ca-cert.pem` (the CAs it trusts) and, if both are there,
+//!   `client-cert.pem` and `client-key.pem`, which it shows a server that asks.
+//!
+//! The TLS stack is rustls with the `ring` provider (TLS 1.2 and 1.3). Its connection is a
+//! state machine that never touches a socket itself, which is what lets the server's
+//! transmission phase keep its threads: one reads while others write, sharing the one
+//! connection behind a mutex that is held only to encrypt or decrypt, never across socket
+//! I/O (`TlsReader`, `TlsWriter`). A reply write that blocks on a full socket therefore
+//! never keeps the reader from decrypting the next request.
+//!
+//! Lock: `Shared` (the rustls connection) is a leaf, held for at most 256 KiB of decryption
+//! or encryption at a time; the socket reads and writes happen outside it.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+use crate::server::Stream;
+
+/// Whether a server offers TLS: nbdkit's and qemu-nbd's `--tls=off|on|require`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS: `NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP` (the spec's NOTLS).
+    #[default]
+    Off,
+    /// TLS for the clients that ask, plain for the rest.
+    On,
+    /// TLS or nothing: every option before `NBD_OPT_STARTTLS` but `NBD_OPT_ABORT` is answered
+    /// `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` closes the connection (FORCEDTLS).
+    Require,
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TlsMode, String> {
+        match s {
+            "off" | "false" | "no" => Ok(TlsMode::Off),
+            "on" | "true" | "yes" => Ok(TlsMode::On),
+            "require" | "required" | "force" => Ok(TlsMode::Require),
+            _ => Err(format!("{s:?} is not a TLS mode (off, on, require)")),
+        }
+    }
+}
+
+impl std::fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        })
+    }
+}
+
+/// A certificate directory that could not be loaded, or a TLS setting that makes no sense.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
+fn err(what: impl std::fmt::Display) -> TlsError {
+    TlsError(what.to_string())
+}
+
+/// A server's TLS setting ([`crate::ServerConfig::tls`]): its mode and, unless it is off, the
+/// rustls configuration its handshakes use.
+#[derive(Debug, Clone, Default)]
+pub struct ServerTls {
+    mode: TlsMode,
+    config: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl ServerTls {
+    /// No TLS (the default).
+    pub fn off() -> ServerTls {
+        ServerTls::default()
+    }
+
+    /// `mode` with the certificates of `dir` (nbdkit's layout: `server-cert.pem`,
+    /// `server-key.pem`; with `verify_peer`, clients must show a certificate that
+    /// `ca-cert.pem` signed, and `ca-crl.pem` is honoured if present). With `mode` off the
+    /// directory is not read.
+    pub fn from_dir(mode: TlsMode, dir: &Path, verify_peer: bool) -> Result<ServerTls, TlsError> {
+        if mode == TlsMode::Off {
+            return Ok(ServerTls::off());
+        }
+        Ok(ServerTls {
+            mode,
+            config: Some(server_config(dir, verify_peer)?),
+        })
+    }
+
+    /// `mode` with a rustls configuration made elsewhere (`None` only with mode off).
+    pub fn new(
+        mode: TlsMode,
+        config: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<ServerTls, TlsError> {
+        match (mode, &config) {
+            (TlsMode::Off, _) => Ok(ServerTls::off()),
+            (_, None) => Err(err(format!("TLS {mode} needs certificates"))),
+            (_, Some(_)) => Ok(ServerTls { mode, config }),
+        }
+    }
+
+    pub fn mode(&self) -> TlsMode {
+        self.mode
+    }
+
+    /// The configuration STARTTLS uses, if TLS is offered.
+    pub(crate) fn config(&self) -> Option<&Arc<rustls::ServerConfig>> {
+        self.config.as_ref().filter(|_| self.mode != TlsMode::Off)
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = read_file(path)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(err(format!("{} holds no PEM certificate", path.display())));
+    }
+    Ok(certs)
+}
+
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = read_file(path)?;
+    PrivateKeyDer::from_pem_slice(&bytes)
+        .map_err(|e| err(format!("{}: no PEM private key ({e})", path.display())))
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| err(format!("{}: {e}", path.display())))?;
+    }
+    Ok(roots)
+}
+
+fn crls(dir: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let path = dir.join("ca-crl.pem");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let bytes = read_file(&path)?;
+    CertificateRevocationListDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(format!("{}: {e}", path.display())))
+}
+
+/// A server's rustls configuration from a certificate directory.
+fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let chain = certificates(&dir.join("server-cert.pem"))?;
+    let key = private_key(&dir.join("server-key.pem"))?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(err)?;
+    let builder = if verify_peer {
+        let verifier = WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots(&dir.join("ca-cert.pem"))?),
+            provider(),
+        )
+        .with_crls(crls(dir)?)
+        .build()
+        .map_err(|e| err(format!("{}: {e}", dir.display())))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    // No session tickets: NBD clients do not resume, and tickets are bytes sent after the
+    // handshake that nobody reads.
+    config.send_tls13_tickets = 0;
+    Ok(Arc::new(config))
+}
+
+/// Where a client finds its certificates when the URI names no `tls-certificates`: as
+/// libnbd, `$HOME/.pki/libnbd` or `$HOME/.config/pki/libnbd` (not root), else
+/// `/etc/pki/libnbd`; the first holding `ca-cert.pem`.
+fn default_client_dir() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let mut dirs = Vec::new();
+    if !rustix::process::geteuid().is_root() {
+        if let Some(h) = &home {
+            dirs.push(h.join(".pki/libnbd"));
+            dirs.push(h.join(".config/pki/libnbd"));
+        }
+    } else {
+        dirs.push(PathBuf::from("/etc/pki/libnbd"));
+    }
+    dirs.into_iter().find(|d| d.join("ca-cert.pem").exists())
+}
+
+/// How a client checks and names the server (from an `nbds://` URI).
+pub(crate) struct ClientTls {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    /// The name sent (SNI) and checked; for a Unix socket with no `tls-hostname`,
+    /// "localhost", and only the chain is checked.
+    pub(crate) name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientTls({:?})", self.name)
+    }
+}
+
+/// A client's rustls configuration: the CAs of `dir` (or libnbd's default directories),
+/// its own certificate if the directory has one, and the server's name to check (`None`:
+/// the chain alone, as libnbd does on a Unix socket with no `tls-hostname`).
+pub(crate) fn client_tls(dir: Option<&Path>, name: Option<&str>) -> Result<ClientTls, TlsError> {
+    let dir = match dir {
+        Some(d) => d.to_path_buf(),
+        None => default_client_dir().ok_or_else(|| {
+            err(
+                "no tls-certificates=DIR in the URI, and no ca-cert.pem in libnbd's default \
+                 directories ($HOME/.pki/libnbd, $HOME/.config/pki/libnbd, /etc/pki/libnbd)",
+            )
+        })?,
+    };
+    let roots = Arc::new(roots(&dir.join("ca-cert.pem"))?);
+    let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .with_crls(crls(&dir)?)
+        .build()
+        .map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(err)?;
+    let builder = match name {
+        Some(_) => builder.with_webpki_verifier(webpki),
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki))),
+    };
+    let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+    let config = if cert.exists() && key.exists() {
+        builder
+            .with_client_auth_cert(certificates(&cert)?, private_key(&key)?)
+            .map_err(|e| err(format!("{}: {e}", cert.display())))?
+    } else {
+        builder.with_no_client_auth()
+    };
+    let name = ServerName::try_from(name.unwrap_or("localhost").to_string())
+        .map_err(|e| err(format!("{:?} is no server name: {e}", name.unwrap_or(""))))?;
+    Ok(ClientTls {
+        config: Arc::new(config),
+        name,
+    })
+}
+
+/// A server certificate checked against the CAs, whatever name it carries (for a Unix
+/// socket, which has no host name to check).
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // WebPKI checks the chain (and revocation) first and the name last: a name error
+        // means the chain passed.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+/// Sends whatever TLS records the connection holds.
+pub(crate) fn flush_tls(conn: &mut rustls::Connection, sock: &mut impl Write) -> io::Result<()> {
+    while conn.wants_write() {
+        if conn.write_tls(sock)? == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+    }
+    sock.flush()
+}
+
+/// Runs the TLS handshake to its end over `sock` (whose own timeouts bound it).
+pub(crate) fn handshake(
+    conn: &mut rustls::Connection,
+    sock: &mut (impl Read + Write),
+) -> io::Result<()> {
+    while conn.is_handshaking() {
+        let (read, written) = conn
+            .complete_io(sock)
+            .map_err(|e| io::Error::new(e.kind(), format!("the TLS handshake: {e}")))?;
+        if read == 0 && written == 0 && conn.is_handshaking() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the TLS handshake: the peer went away",
+            ));
+        }
+    }
+    flush_tls(conn, sock)
+}
+
+/// Plaintext read over a connection owned by one thread.
+pub(crate) fn read(
+    conn: &mut rustls::Connection,
+    sock: &mut (impl Read + Write),
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    loop {
+        match conn.reader().read(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        flush_tls(conn, sock)?;
+        conn.read_tls(sock)?;
+        if let Err(e) = conn.process_new_packets() {
+            let _ = flush_tls(conn, sock); // the alert, if any
+            return Err(tls_error(e));
+        }
+    }
+}
+
+/// Plaintext written over a connection owned by one thread, and sent at once.
+pub(crate) fn write(
+    conn: &mut rustls::Connection,
+    sock: &mut impl Write,
+    buf: &[u8],
+) -> io::Result<usize> {
+    let n = conn.writer().write(buf)?;
+    flush_tls(conn, sock)?;
+    Ok(n)
+}
+
+/// A TLS connection owned by one thread over its socket: the client's.
+pub(crate) struct TlsStream {
+    pub(crate) conn: rustls::Connection,
+    pub(crate) sock: Stream,
+}
+
+impl Read for TlsStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        read(&mut self.conn, &mut self.sock, buf)
+    }
+}
+
+impl Write for TlsStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        write(&mut self.conn, &mut self.sock, buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        flush_tls(&mut self.conn, &mut self.sock)
+    }
+}
+
+impl TlsStream {
+    /// Says goodbye (close_notify), as the spec asks before closing a TLS session.
+    pub(crate) fn close_notify(&mut self) {
+        self.conn.send_close_notify();
+        let _ = flush_tls(&mut self.conn, &mut self.sock);
+    }
+}
+
+/// The most plaintext decrypted or encrypted under the connection's lock at once.
+const CHUNK: usize = 256 << 10;
+
+/// One TLS connection shared by a server connection's reading and writing threads.
+type Shared = Arc<Mutex<rustls::Connection>>;
+
+fn lock(
+    shared: &Mutex<rustls::Connection>,
+) -> io::Result<std::sync::MutexGuard<'_, rustls::Connection>> {
+    shared
+        .lock()
+        .map_err(|_| io::Error::other("a thread panicked inside TLS"))
+}
+
+/// Splits a connection whose handshake is done into the transmission phase's halves: the
+/// reader reads `reader`, the writer writes `writer` (two handles of one socket).
+pub(crate) fn split(
+    mut conn: rustls::Connection,
+    reader: Stream,
+    writer: Stream,
+) -> (TlsReader, TlsWriter) {
+    conn.set_buffer_limit(Some(CHUNK + (64 << 10)));
+    let shared = Arc::new(Mutex::new(conn));
+    (
+        TlsReader {
+            shared: Arc::clone(&shared),
+            sock: reader,
+            raw: vec![0u8; CHUNK].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        },
+        TlsWriter {
+            shared,
+            sock: writer,
+            out: Vec::new(),
+        },
+    )
+}
+
+/// The reading half: socket bytes are read with no lock held, then decrypted under it.
+pub(crate) struct TlsReader {
+    shared: Shared,
+    sock: Stream,
+    /// Bytes read from the socket, `start..end` not yet given to rustls.
+    raw: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Read for TlsReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            {
+                let mut conn = lock(&self.shared)?;
+                let mut got = 0;
+                loop {
+                    match conn.reader().read(&mut buf[got..]) {
+                        // A close_notify: the end, once what came before it is read.
+                        Ok(0) => return Ok(got),
+                        Ok(n) => {
+                            got += n;
+                            if got == buf.len() || got >= CHUNK {
+                                return Ok(got);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) if got > 0 => {
+                            let _ = e;
+                            return Ok(got);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    if self.start == self.end {
+                        break;
+                    }
+                    // At most one record's worth is taken, and decrypted before the next.
+                    let mut pending = &self.raw[self.start..self.end];
+                    let n = conn.read_tls(&mut pending)?;
+                    self.start += n;
+                    conn.process_new_packets().map_err(tls_error)?;
+                }
+                if got > 0 {
+                    return Ok(got);
+                }
+            }
+            // Nothing decrypted and nothing left to decrypt: wait for the socket, unlocked.
+            self.start = 0;
+            self.end = self.sock.read(&mut self.raw)?;
+            if self.end == 0 {
+                return Ok(0);
+            }
+        }
+    }
+}
+
+/// The writing half: plaintext is encrypted under the lock into `out`, which is written to
+/// the socket with the lock let go.
+pub(crate) struct TlsWriter {
+    shared: Shared,
+    sock: Stream,
+    out: Vec<u8>,
+}
+
+impl TlsWriter {
+    fn take_records(&mut self, conn: &mut rustls::Connection) -> io::Result<()> {
+        while conn.wants_write() {
+            conn.write_tls(&mut self.out)?;
+        }
+        Ok(())
+    }
+
+    fn send_out(&mut self) -> io::Result<()> {
+        let sent = self.sock.write_all(&self.out);
+        self.out.clear();
+        sent
+    }
+
+    /// Says goodbye (close_notify), waiting at most `limit` for the socket to take it.
+    pub(crate) fn close_notify(&mut self, limit: std::time::Duration) {
+        let shared = Arc::clone(&self.shared);
+        let Ok(mut conn) = lock(&shared) else { return };
+        conn.send_close_notify();
+        let taken = self.take_records(&mut conn);
+        drop(conn);
+        if taken.is_ok() && self.sock.set_timeouts(Some(limit)).is_ok() {
+            let _ = self.send_out();
+        }
+    }
+
+    pub(crate) fn socket(&self) -> &Stream {
+        &self.sock
+    }
+}
+
+impl Write for TlsWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let chunk = &buf[..buf.len().min(CHUNK)];
+        let shared = Arc::clone(&self.shared);
+        let mut conn = lock(&shared)?;
+        let n = conn.writer().write(chunk)?;
+        // Records the reader queued (a key update's answer) go out first, in order.
+        self.take_records(&mut conn)?;
+        drop(conn);
+        self.send_out()?;
+        if n == 0 && !chunk.is_empty() {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,724 @@
+//! NBD over TLS (`NBD_OPT_STARTTLS`): ztier's client and server together (the block-device
+//! conformance suite, reconnects), what `--tls require` refuses (plain clients, the wrong
+//! CA, the wrong name, a client with no certificate when peers are verified), the handshake
+//! deadline over a stalled or garbled TLS handshake, and the ecosystem's tools: libnbd's
+//! `nbdinfo` and `nbdcopy` against ztier's server, ztier's client against
+//! `nbdkit --tls=require`.
+//!
+//! Certificates are made at test time with `openssl` (a CA, a server certificate for
+//! localhost, 127.0.0.1 and ::1, a client certificate, and a second CA that signed none of
+//! them), laid out as nbdkit's `--tls-certificates` and libnbd's `tls-certificates=` want
+//! them. A missing tool makes a test say so and skip, except under CI, where it fails.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::BlockDevice;
+use ztier_nbd::client::{Client, ClientConfig, LinkState, Uri};
+use ztier_nbd::proto::*;
+use ztier_nbd::{Listener, Server, ServerConfig, ServerTls, TlsMode};
+
+/// What a test does when a tool is missing: says so and skips, or under CI fails (as
+/// `ztier_corpus::cannot_test`, which this crate may not import).
+fn cannot_test(why: &str) {
+    if std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0") {
+        panic!("{why}; CI must not skip this test");
+    }
+    eprintln!("skipping: {why}");
+}
+
+fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        cannot_test(&format!("{tool} is not installed"));
+    }
+    found
+}
+
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ztier-nbd-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The certificate directories: `server` (nbdkit's layout, and the CA for libnbd),
+/// `client` (the CA, and a client certificate), `wrong` (another CA).
+struct Certs {
+    server: PathBuf,
+    client: PathBuf,
+    wrong: PathBuf,
+}
+
+const OPENSSL_CNF: &str = "\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = ztier test
+[ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+[client]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+";
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (key and certificate) in `dir`.
+fn make_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca-cert.pem",
+            "-days",
+            "3650",
+            "-config",
+            "openssl.cnf",
+            "-extensions",
+            "ca",
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+}
+
+/// `PREFIX-cert.pem` and `PREFIX-key.pem` in `dir`, signed by the CA there.
+fn make_leaf(dir: &Path, prefix: &str, extensions: &str, serial: &str) {
+    let (key, cert, csr) = (
+        format!("{prefix}-key.pem"),
+        format!("{prefix}-cert.pem"),
+        format!("{prefix}.csr"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-config",
+            "openssl.cnf",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca-cert.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-set_serial",
+            serial,
+            "-days",
+            "3650",
+            "-out",
+            &cert,
+            "-extfile",
+            "openssl.cnf",
+            "-extensions",
+            extensions,
+        ],
+    );
+}
+
+/// The test certificates, made once per test process; `None` (after saying why) without
+/// openssl.
+fn certs() -> Option<&'static Certs> {
+    static CERTS: OnceLock<Option<Certs>> = OnceLock::new();
+    CERTS
+        .get_or_init(|| {
+            if !have("openssl") {
+                return None;
+            }
+            let root = scratch().join("certs");
+            let _ = std::fs::remove_dir_all(&root);
+            let (server, client, wrong) =
+                (root.join("server"), root.join("client"), root.join("wrong"));
+            for d in [&server, &client, &wrong] {
+                std::fs::create_dir_all(d).unwrap();
+                std::fs::write(d.join("openssl.cnf"), OPENSSL_CNF).unwrap();
+            }
+            make_ca(&server, "ztier test CA");
+            make_leaf(&server, "server", "server", "2");
+            make_leaf(&server, "client", "client", "3");
+            std::fs::copy(server.join("ca-cert.pem"), client.join("ca-cert.pem")).unwrap();
+            for f in ["client-cert.pem", "client-key.pem"] {
+                std::fs::rename(server.join(f), client.join(f)).unwrap();
+            }
+            make_ca(&wrong, "another CA");
+            Some(Certs {
+                server,
+                client,
+                wrong,
+            })
+        })
+        .as_ref()
+}
+
+struct Served {
+    server: Arc<Server>,
+    path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Served {
+    /// `nbds+unix:///EXPORT?socket=...&tls-certificates=DIR`.
+    fn tls_uri(&self, dir: &Path) -> Uri {
+        format!(
+            "nbds+unix:///?socket={}&tls-certificates={}",
+            self.path.display(),
+            dir.display()
+        )
+        .parse()
+        .unwrap()
+    }
+
+    fn plain_uri(&self) -> Uri {
+        format!("nbd+unix:///?socket={}", self.path.display())
+            .parse()
+            .unwrap()
+    }
+
+    fn stop(&mut self) {
+        self.server.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn tls_config(mode: TlsMode, dir: &Path, verify_peer: bool) -> ServerConfig {
+    ServerConfig {
+        tls: ServerTls::from_dir(mode, dir, verify_peer).unwrap(),
+        ..ServerConfig::default()
+    }
+}
+
+fn serve_unix(name: &str, dev: Arc<dyn BlockDevice>, config: ServerConfig) -> Served {
+    let path = scratch().join(format!("{name}.sock"));
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let server = Server::new(dev, config);
+    let s = Arc::clone(&server);
+    let thread = std::thread::spawn(move || s.serve(Listener::Unix(listener)).unwrap());
+    Served {
+        server,
+        path,
+        thread: Some(thread),
+    }
+}
+
+fn memory(size: u64) -> Arc<dyn BlockDevice> {
+    Arc::new(MemoryDevice::new(size).unwrap())
+}
+
+#[test]
+fn tls_client_and_server_pass_the_conformance_suite_on_unix_and_tcp() {
+    let Some(c) = certs() else { return };
+    let s = serve_unix(
+        "suite",
+        memory(4 << 20),
+        tls_config(TlsMode::Require, &c.server, false),
+    );
+    let client = Client::connect(&s.tls_uri(&c.client)).unwrap();
+    assert_eq!(client.size(), 4 << 20);
+    ztier_blockdev::testing::run_all(&client);
+    assert_eq!(
+        s.server
+            .stats()
+            .tls_sessions
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    drop(client);
+
+    // TCP, where the name is checked: the certificate names 127.0.0.1 and localhost.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = Server::new(
+        memory(4 << 20),
+        tls_config(TlsMode::Require, &c.server, false),
+    );
+    let srv = Arc::clone(&server);
+    let thread = std::thread::spawn(move || srv.serve(Listener::Tcp(listener)).unwrap());
+    for host in ["127.0.0.1", "localhost"] {
+        let uri: Uri = format!(
+            "nbds://{host}:{port}/?tls-certificates={}",
+            c.client.display()
+        )
+        .parse()
+        .unwrap();
+        let client = Client::connect(&uri).unwrap();
+        ztier_blockdev::testing::run_all(&client);
+    }
+    // A name the certificate does not carry is refused.
+    let uri: Uri = format!(
+        "nbds://127.0.0.1:{port}/?tls-certificates={}&tls-hostname=elsewhere.example",
+        c.client.display()
+    )
+    .parse()
+    .unwrap();
+    let e = Client::connect(&uri)
+        .err()
+        .expect("a wrong name is refused");
+    assert!(e.to_string().contains("not valid for name"), "{e}");
+    server.stop();
+    thread.join().unwrap();
+}
+
+/// A raw plain client: greeting read, fixed newstyle with no zeroes sent.
+fn plain_greeted(path: &Path) -> UnixStream {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[..8], &NBDMAGIC.to_be_bytes());
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    s
+}
+
+fn send_option(s: &mut UnixStream, option: u32, data: &[u8]) {
+    let mut m = IHAVEOPT.to_be_bytes().to_vec();
+    m.extend(option.to_be_bytes());
+    m.extend((data.len() as u32).to_be_bytes());
+    m.extend(data);
+    s.write_all(&m).unwrap();
+}
+
+/// (option, reply type, data) of the next option reply.
+fn option_reply(s: &mut UnixStream) -> (u32, u32, Vec<u8>) {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(&h[..8], &REP_MAGIC.to_be_bytes());
+    let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
+    let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+    let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+    let mut data = vec![0u8; len as usize];
+    s.read_exact(&mut data).unwrap();
+    (opt, kind, data)
+}
+
+/// The server has closed: a read ends (EOF or a reset) within 2 s, with nothing read.
+fn assert_closed(s: &mut UnixStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(0) => {}
+        Ok(_) => panic!("{what}: the server sent more"),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("{what}: the server did not close ({e})"),
+    }
+}
+
+#[test]
+fn require_refuses_plain_clients_and_serves_no_data() {
+    let Some(c) = certs() else { return };
+    let s = serve_unix(
+        "require",
+        memory(1 << 20),
+        tls_config(TlsMode::Require, &c.server, false),
+    );
+    // Every option but STARTTLS and ABORT: NBD_REP_ERR_TLS_REQD, and no info with it.
+    let mut raw = plain_greeted(&s.path);
+    let go = InfoRequest {
+        export: String::new(),
+        infos: vec![INFO_BLOCK_SIZE],
+    }
+    .encode();
+    for (opt, data) in [
+        (OPT_LIST, Vec::new()),
+        (OPT_STRUCTURED_REPLY, Vec::new()),
+        (OPT_INFO, go.clone()),
+        (OPT_GO, go.clone()),
+        (99, Vec::new()),
+    ] {
+        send_option(&mut raw, opt, &data);
+        let (o, kind, _) = option_reply(&mut raw);
+        assert_eq!((o, kind), (opt, REP_ERR_TLS_REQD), "option {opt}");
+    }
+    // EXPORT_NAME cannot be refused with an error: the connection ends, with no size sent.
+    send_option(&mut raw, OPT_EXPORT_NAME, b"");
+    assert_closed(&mut raw, "EXPORT_NAME in the clear");
+    // ABORT is still answered.
+    let mut raw = plain_greeted(&s.path);
+    send_option(&mut raw, OPT_ABORT, &[]);
+    assert_eq!(option_reply(&mut raw).1, REP_ACK);
+    // ztier's own plain client says why.
+    let e = Client::connect(&s.plain_uri())
+        .err()
+        .expect("plain refused");
+    assert!(e.to_string().contains("requires TLS"), "{e}");
+    // STARTTLS with data is invalid, and the haggling goes on in the clear.
+    let mut raw = plain_greeted(&s.path);
+    send_option(&mut raw, OPT_STARTTLS, b"x");
+    assert_eq!(option_reply(&mut raw).1, REP_ERR_INVALID);
+    let stats = s.server.stats();
+    assert_eq!(
+        stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn on_serves_plain_and_tls_clients_and_off_refuses_starttls() {
+    let Some(c) = certs() else { return };
+    let dev = memory(1 << 20);
+    let s = serve_unix("on", dev, tls_config(TlsMode::On, &c.server, false));
+    let plain = Client::connect(&s.plain_uri()).unwrap();
+    plain.write_at(0, &[3u8; 4096], false).unwrap();
+    let tls = Client::connect(&s.tls_uri(&c.client)).unwrap();
+    let mut page = [0u8; 4096];
+    tls.read_at(0, &mut page).unwrap();
+    assert_eq!(page, [3u8; 4096]);
+    // A second STARTTLS inside TLS is invalid (checked through the raw protocol below for
+    // a server with TLS off: STARTTLS is not supported there).
+    let off = serve_unix("off", memory(1 << 20), ServerConfig::default());
+    let e = Client::connect(&off.tls_uri(&c.client))
+        .err()
+        .expect("no TLS offered");
+    assert!(e.to_string().contains("does not offer TLS"), "{e}");
+    let mut raw = plain_greeted(&off.path);
+    send_option(&mut raw, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut raw).1, REP_ERR_UNSUP);
+}
+
+#[test]
+fn a_client_trusting_another_ca_is_refused_and_verify_peer_wants_a_client_certificate() {
+    let Some(c) = certs() else { return };
+    let s = serve_unix(
+        "wrongca",
+        memory(1 << 20),
+        tls_config(TlsMode::Require, &c.server, false),
+    );
+    let e = Client::connect(&s.tls_uri(&c.wrong))
+        .err()
+        .expect("the server's certificate is not signed by the CA the client trusts");
+    assert!(e.to_string().contains("UnknownIssuer"), "{e}");
+    // The server went on: a client that trusts the right CA is served.
+    Client::connect(&s.tls_uri(&c.client)).unwrap();
+
+    // --tls-verify-peer: the server's own directory has no client certificate, the client
+    // directory has one signed by the CA.
+    let v = serve_unix(
+        "verify",
+        memory(1 << 20),
+        tls_config(TlsMode::Require, &c.server, true),
+    );
+    assert!(Client::connect(&v.tls_uri(&c.server)).is_err());
+    let client = Client::connect(&v.tls_uri(&c.client)).unwrap();
+    client.write_at(0, &[1u8; 512], false).unwrap();
+}
+
+#[test]
+fn the_handshake_deadline_covers_a_stalled_or_garbled_tls_handshake() {
+    let Some(c) = certs() else { return };
+    let mut config = tls_config(TlsMode::Require, &c.server, false);
+    config.handshake_limit = Duration::from_millis(300);
+    let s = serve_unix("stall", memory(1 << 20), config);
+    // STARTTLS accepted, then silence: closed at the limit.
+    let mut raw = plain_greeted(&s.path);
+    send_option(&mut raw, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut raw).1, REP_ACK);
+    let started = Instant::now();
+    assert_closed(&mut raw, "a stalled TLS handshake");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Half a ClientHello, then silence.
+    let mut raw = plain_greeted(&s.path);
+    send_option(&mut raw, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut raw).1, REP_ACK);
+    raw.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00])
+        .unwrap();
+    assert_closed(&mut raw, "half a ClientHello");
+    // Garbage instead of a TLS record: the server answers with an alert at most, and closes.
+    let mut raw = plain_greeted(&s.path);
+    send_option(&mut raw, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut raw).1, REP_ACK);
+    raw.write_all(&[0xffu8; 64]).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut sink = Vec::new();
+    let _ = raw.read_to_end(&mut sink);
+    assert!(sink.len() < 64, "an alert at most: {sink:?}");
+    // A client that goes away mid-handshake ends only its own connection.
+    let mut raw = plain_greeted(&s.path);
+    send_option(&mut raw, OPT_STARTTLS, &[]);
+    drop(raw);
+    let failed = &s.server.stats().failed_handshakes;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while failed.load(std::sync::atomic::Ordering::Relaxed) < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 4);
+    let client = Client::connect(&s.tls_uri(&c.client)).unwrap();
+    client.write_at(0, &[9u8; 4096], false).unwrap();
+}
+
+#[test]
+fn a_pinned_tls_client_redoes_tls_when_it_reconnects() {
+    let Some(c) = certs() else { return };
+    let dev = memory(1 << 20);
+    let config = || tls_config(TlsMode::Require, &c.server, false);
+    let mut s = serve_unix("back", Arc::clone(&dev), config());
+    let uri = s.tls_uri(&c.client);
+    let client = Client::connect_with(
+        &uri,
+        ClientConfig {
+            io_timeout: Duration::from_millis(500),
+            max_backoff: Duration::from_millis(200),
+        },
+    )
+    .unwrap();
+    client
+        .write_at(0, b"ztier-tls-identity-0123456789abc", false)
+        .unwrap();
+    client.pin_identity(0, 32).unwrap();
+    client.write_at(8192, &[5u8; 4096], false).unwrap();
+    s.stop();
+    let _ = std::fs::remove_file(&s.path);
+    assert!(client.read_at(8192, &mut [0u8; 4096]).is_err());
+    let back = serve_unix("back", dev, config());
+    let mut page = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = client.read_at(8192, &mut page) {
+        assert!(Instant::now() < deadline, "never came back: {e}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(page, [5u8; 4096]);
+    assert_eq!(client.status().state, LinkState::Connected);
+    assert_eq!(
+        back.server
+            .stats()
+            .tls_sessions
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the reconnect went through STARTTLS"
+    );
+}
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("run a tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn nbdinfo_and_nbdcopy_work_against_ztiers_tls_server() {
+    let Some(c) = certs() else { return };
+    if !have("nbdinfo") || !have("nbdcopy") {
+        return;
+    }
+    let size = 8u64 << 20;
+    let s = serve_unix(
+        "libnbd",
+        memory(size),
+        tls_config(TlsMode::Require, &c.server, false),
+    );
+    let uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={}",
+        s.path.display(),
+        c.server.display()
+    );
+    let out = run(Command::new("nbdinfo").args(["--size", &uri]));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        size.to_string()
+    );
+    // In the clear, libnbd gets nowhere.
+    let plain = format!("nbd+unix:///?socket={}", s.path.display());
+    let out = Command::new("nbdinfo")
+        .args(["--size", &plain])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a plain nbdinfo was served");
+    // nbdcopy there and back (its several connections, each through STARTTLS).
+    let dir = scratch();
+    let (src, back) = (dir.join("copy-src.img"), dir.join("copy-back.img"));
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    run(Command::new("nbdcopy").arg(&uri).arg(&back));
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "nbdcopy read back other bytes"
+    );
+    assert!(
+        s.server
+            .stats()
+            .tls_sessions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 3
+    );
+    let _ = std::fs::remove_file(&src);
+    let _ = std::fs::remove_file(&back);
+}
+
+/// nbdkit, killed when dropped.
+struct Nbdkit(Child);
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn ztiers_client_works_against_nbdkit_with_tls_required() {
+    let Some(c) = certs() else { return };
+    if !have("nbdkit") {
+        return;
+    }
+    let socket = scratch().join("nbdkit.sock");
+    let _ = std::fs::remove_file(&socket);
+    let _nbdkit = Nbdkit(
+        Command::new("nbdkit")
+            .args(["--foreground", "--exit-with-parent", "--tls=require"])
+            .arg(format!("--tls-certificates={}", c.server.display()))
+            .arg("--unix")
+            .arg(&socket)
+            .args(["memory", "64M"])
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nbdkit"),
+    );
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no nbdkit socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let uri: Uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={}",
+        socket.display(),
+        c.client.display()
+    )
+    .parse()
+    .unwrap();
+    let client = Client::connect(&uri).unwrap();
+    assert_eq!(client.size(), 64 << 20);
+    ztier_blockdev::testing::run_all(&client);
+    // nbdkit refuses ztier's plain client, and one that trusts another CA.
+    let plain: Uri = format!("nbd+unix:///?socket={}", socket.display())
+        .parse()
+        .unwrap();
+    let e = Client::connect(&plain).err().expect("plain refused");
+    assert!(e.to_string().contains("requires TLS"), "{e}");
+    let wrong: Uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={}",
+        socket.display(),
+        c.wrong.display()
+    )
+    .parse()
+    .unwrap();
+    assert!(Client::connect(&wrong).is_err());
+}
+
+#[test]
+fn nbds_uris_parse_and_print() {
+    let u: Uri = "nbds://example.org:10810/disk?tls-certificates=/etc/pki/x&tls-hostname=h.example"
+        .parse()
+        .unwrap();
+    assert_eq!(u.export, "disk");
+    let tls = u.tls.as_ref().unwrap();
+    assert_eq!(tls.certificates.as_deref(), Some(Path::new("/etc/pki/x")));
+    assert_eq!(tls.hostname.as_deref(), Some("h.example"));
+    assert_eq!(
+        u.to_string(),
+        "nbds://example.org:10810/disk?tls-certificates=/etc/pki/x&tls-hostname=h.example"
+    );
+    let u: Uri = "nbds+unix:///wb?socket=/run/s.sock&tls-certificates=/d"
+        .parse()
+        .unwrap();
+    assert_eq!(u.export, "wb");
+    assert_eq!(
+        u.to_string(),
+        "nbds+unix:///wb?socket=/run/s.sock&tls-certificates=/d"
+    );
+    let u: Uri = "nbds://[::1]".parse().unwrap();
+    assert_eq!(u.tls, Some(Default::default()));
+    assert!(Uri::is_nbd_uri("nbds+unix:///?socket=/s"));
+    assert!(!Uri::is_nbd_uri("/dev/sdb"));
+    // Plain URIs are as they were: no TLS.
+    let u: Uri = "nbd://h/x".parse().unwrap();
+    assert_eq!((u.tls, u.export.as_str()), (None, "x"));
+    for bad in [
+        "nbds+unix:///x",
+        "nbds://h/?tls-certificates=",
+        "nbds://h/?tls-psk-file=/k",
+    ] {
+        assert!(bad.parse::<Uri>().is_err(), "{bad}");
+    }
+}
