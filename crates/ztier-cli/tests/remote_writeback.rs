@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use ztier_compress::Algorithm;
 use ztier_nbd::{Client, Uri};
 use ztier_pool::{ZsConfig, ZsPool};
-use ztier_zram::{Backing, Device, WbFormat, WbMode};
+use ztier_zram::{Backing, Device, PageSelector, WbFormat};
 
 /// nbdkit serving a `memory` export, killed when dropped.
 struct Nbdkit(Child);
@@ -90,7 +90,9 @@ fn pages_written_back_to_nbdkit_read_back_and_a_killed_server_loses_nothing() {
     ))
     .unwrap();
     dev.mark_idle(None);
-    let first = dev.writeback(WbMode::Idle, Some(0..n / 2), None).unwrap();
+    let first = dev
+        .writeback(PageSelector::Idle, Some(0..n / 2), None)
+        .unwrap();
     assert_eq!(first.pages, n / 2);
     let mut out = vec![0u8; 4096];
     for i in 0..n {
@@ -102,7 +104,7 @@ fn pages_written_back_to_nbdkit_read_back_and_a_killed_server_loses_nothing() {
     dev.mark_idle(None); // (the reads above cleared the marks)
     let before = dev.mm_stat();
     let err = dev
-        .writeback(WbMode::Idle, Some(n / 2..n), None)
+        .writeback(PageSelector::Idle, Some(n / 2..n), None)
         .unwrap_err();
     assert!(!err.to_string().is_empty());
     assert_eq!(dev.mm_stat(), before);

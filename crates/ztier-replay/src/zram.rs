@@ -18,7 +18,7 @@ use ztier_corpus::{Corpus, Truth};
 use ztier_pool::{AllocatorKind, PoolStats, ZsConfig};
 
 use ztier_blockdev::BlockDevice;
-use ztier_zram::{Backing, BdStat, Device, MmStat, RecompMode, WbFormat, WbMode};
+use ztier_zram::{Backing, BdStat, Device, MmStat, PageSelector, WbFormat};
 
 use crate::driver::{
     at, best_of_fresh_pairs, best_of_pairs, compress_all, for_each_page, mb_s, pages_of,
@@ -276,7 +276,7 @@ impl ZramReplay {
         if let Some(alg) = &self.recompress {
             dev.set_recomp_algorithms(vec![alg.clone()])?;
             let began = Instant::now();
-            let r = dev.recompress(RecompMode::All, None, None)?;
+            let r = dev.recompress(PageSelector::All, None, None)?;
             let seconds = began.elapsed().as_secs_f64();
             // Recompression leaves holes where the larger objects were; compaction (which
             // a user runs after it, as after any change) gives them back.
@@ -300,7 +300,7 @@ impl ZramReplay {
             dev.set_backing(Some(store))?;
             dev.mark_idle(None);
             let began = Instant::now();
-            let r = dev.writeback(WbMode::Idle, None, None)?;
+            let r = dev.writeback(PageSelector::Idle, None, None)?;
             let wb_s = began.elapsed().as_secs_f64();
             dev.compact();
             let mm_stat_after_writeback = dev.mm_stat();

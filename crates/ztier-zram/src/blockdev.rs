@@ -12,7 +12,8 @@
 use ztier_blockdev::{check_range, BlockDevice, BlockError, Extent};
 use ztier_pool::PoolError;
 
-use crate::{Device, SlotFlag, ZramError};
+use crate::slot::Content;
+use crate::{Device, ZramError};
 
 impl From<ZramError> for BlockError {
     fn from(e: ZramError) -> BlockError {
@@ -152,10 +153,10 @@ impl BlockDevice for Device {
             let index = at / ps;
             let upto = ((index + 1) * ps).min(end);
             let e = self.entry(index)?;
-            let (hole, zero) = if !e.is_allocated() {
-                (true, true)
-            } else {
-                (false, e.has(SlotFlag::Same) && e.handle == 0)
+            let (hole, zero) = match e.content() {
+                Content::Empty => (true, true),
+                Content::Same(word) => (false, word == 0),
+                Content::Stored(_) | Content::WrittenBack(_) => (false, false),
             };
             match extents.last_mut() {
                 Some(last) if last.hole == hole && last.zero == zero => last.len += upto - at,

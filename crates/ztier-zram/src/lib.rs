@@ -48,7 +48,7 @@
 mod blockdev;
 pub mod policy;
 mod recompress;
-pub mod slot;
+mod slot;
 mod stats;
 mod sysfs;
 pub mod writeback;
@@ -62,12 +62,12 @@ use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolError, PoolStats, ZPool};
 
 pub use policy::{Policy, PolicyConfig, PolicyStats};
-pub use recompress::{RecompMode, RecompResult, MAX_SECONDARY};
-pub use slot::{Entry, SlotFlag};
+pub use recompress::{RecompResult, MAX_SECONDARY};
+pub use slot::{Entry, PageSelector, SlotFlag};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
-pub use writeback::{Backing, BdStat, WbFormat, WbMode, WbResult};
+pub use writeback::{Backing, BdStat, WbFormat, WbResult};
 
-use slot::Slot;
+use slot::{Content, Slot};
 use stats::Counters;
 use ztier_base::shard::{Shards, Stripes};
 
@@ -373,8 +373,7 @@ impl Device {
         if let Some(word) = same_filled(page) {
             let mut g = slot.lock();
             self.free_slot(counters, &mut g.entry);
-            g.entry.handle = word;
-            g.entry.set(SlotFlag::Same, true);
+            g.entry.set_same(word);
             g.entry.set_ac_time(now);
             counters.add(Counter::SamePages, 1);
             counters.add(Counter::PagesStored, 1);
@@ -407,8 +406,7 @@ impl Device {
 
         let mut g = slot.lock();
         self.free_slot(counters, &mut g.entry);
-        g.entry.handle = handle.raw();
-        g.entry.set_size(size);
+        g.entry.set_stored(handle, size);
         g.entry.set_ac_time(now);
         if size == self.page_size {
             g.entry.set(SlotFlag::Huge, true);
@@ -422,21 +420,20 @@ impl Device {
 
     /// `zram_free_page()`: releases what a locked slot holds and clears it.
     fn free_slot(&self, counters: &mut Counters, e: &mut Entry) {
-        let was_allocated = e.is_allocated();
-        if e.has(SlotFlag::Same) {
-            counters.add(Counter::SamePages, -1);
-        } else if e.has(SlotFlag::Wb) {
-            self.release_written_back(counters, e);
-        } else if e.handle != 0 {
-            let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");
-            // The handle came from this pool and the slot lock makes it ours alone.
-            self.pool.free(handle).expect("slot handles are live");
-            counters.add(Counter::ComprDataSize, -(e.size() as i64));
-            if e.has(SlotFlag::Huge) {
-                counters.add(Counter::HugePages, -1);
+        match e.content() {
+            Content::Empty => {}
+            Content::Same(_) => counters.add(Counter::SamePages, -1),
+            Content::WrittenBack(place) => self.release_written_back(counters, place, e.size()),
+            Content::Stored(handle) => {
+                // The handle came from this pool and the slot lock makes it ours alone.
+                self.pool.free(handle).expect("slot handles are live");
+                counters.add(Counter::ComprDataSize, -(e.size() as i64));
+                if e.has(SlotFlag::Huge) {
+                    counters.add(Counter::HugePages, -1);
+                }
             }
         }
-        if was_allocated {
+        if e.is_allocated() {
             counters.add(Counter::PagesStored, -1);
         }
         *e = Entry::default();
@@ -499,20 +496,19 @@ impl Device {
         if g.entry.is_allocated() {
             g.entry.set_ac_time(now);
         }
-        if g.entry.has(SlotFlag::Wb) {
-            return Ok(Some(g.entry));
-        }
-        if g.entry.has(SlotFlag::Same) || g.entry.handle == 0 {
-            let word = if g.entry.has(SlotFlag::Same) {
-                g.entry.handle
-            } else {
-                0
-            };
-            drop(g);
-            fill_page(out, word);
-            return Ok(None);
-        }
-        let handle = ztier_pool::Handle::from_raw(g.entry.handle).expect("nonzero");
+        let handle = match g.entry.content() {
+            Content::WrittenBack(_) => return Ok(Some(g.entry)),
+            Content::Empty | Content::Same(_) => {
+                let word = match g.entry.content() {
+                    Content::Same(word) => word,
+                    _ => 0,
+                };
+                drop(g);
+                fill_page(out, word);
+                return Ok(None);
+            }
+            Content::Stored(handle) => handle,
+        };
         if g.entry.has(SlotFlag::Huge) {
             self.pool.read(handle, out)?;
             return Ok(None);

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
-use crate::{Device, RecompMode, WbMode, ZramError};
+use crate::{Device, PageSelector, ZramError};
 
 /// What the policy does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +136,7 @@ fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
         };
         if let Some(age) = config.recompress_idle {
             if !device.recomp_algorithms().is_empty() {
-                match device.recompress(RecompMode::OlderThan(secs(age)), None, None) {
+                match device.recompress(PageSelector::OlderThan(secs(age)), None, None) {
                     Ok(r) => tick.recompressed_pages += r.recompressed,
                     Err(e) => note(&mut tick, e),
                 }
@@ -144,7 +144,7 @@ fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
         }
         if device.backing().is_some() {
             if let Some(age) = config.writeback_idle {
-                match device.writeback(WbMode::OlderThan(secs(age)), None, None) {
+                match device.writeback(PageSelector::OlderThan(secs(age)), None, None) {
                     Ok(r) => {
                         tick.written_back_pages += r.pages;
                         tick.bytes_written += r.bytes_written;
@@ -192,7 +192,7 @@ fn meet_target(
         let stored = (mm.orig_data_size / device.page_size() as u64).saturating_sub(mm.same_pages);
         let per_page = (mm.mem_used_total / stored.max(1)).max(1);
         let want = (mm.mem_used_total - target).div_ceil(per_page).max(1);
-        match device.writeback(WbMode::OlderThan(age), None, Some(want)) {
+        match device.writeback(PageSelector::OlderThan(age), None, Some(want)) {
             Ok(r) => {
                 tick.written_back_pages += r.pages;
                 tick.target_written_back_pages += r.pages;

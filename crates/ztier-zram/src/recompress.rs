@@ -16,39 +16,12 @@
 use serde::Serialize;
 use ztier_compress::Algorithm;
 
-use crate::slot::SlotFlag;
+use crate::slot::{Content, PageSelector, SlotFlag};
 use crate::stats::Counter;
 use crate::{Device, Result, ZramError};
 
 /// Secondary algorithms at most (priorities 1..=3).
 pub const MAX_SECONDARY: usize = 3;
-
-/// Which pages `recompress` takes (`type=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecompMode {
-    Idle,
-    Huge,
-    HugeIdle,
-    /// Every page in the pool.
-    All,
-    /// Pages not read or written for this many seconds (the policy's, by `ac_time`).
-    OlderThan(u32),
-}
-
-impl std::str::FromStr for RecompMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<RecompMode, String> {
-        match s {
-            "idle" => Ok(RecompMode::Idle),
-            "huge" => Ok(RecompMode::Huge),
-            "huge_idle" => Ok(RecompMode::HugeIdle),
-            "all" => Ok(RecompMode::All),
-            _ => Err(format!(
-                "{s:?}: recompress takes type=idle, huge, huge_idle or all"
-            )),
-        }
-    }
-}
 
 /// What one recompression pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -102,10 +75,17 @@ impl Device {
     /// algorithms up to priority `max_priority` (default all).
     pub fn recompress(
         &self,
-        mode: RecompMode,
+        mode: PageSelector,
         threshold: Option<usize>,
         max_priority: Option<u32>,
     ) -> Result<RecompResult> {
+        if mode == PageSelector::Incompressible {
+            return Err(ZramError::Config(
+                "recompress takes type=idle, huge, huge_idle or all (incompressible pages are \
+                 the ones no algorithm shrank)"
+                    .into(),
+            ));
+        }
         let n = self.recomp.read().len() as u32;
         if n == 0 {
             return Err(ZramError::Config(
@@ -143,24 +123,13 @@ impl Device {
     fn wants_recompress(
         &self,
         e: crate::Entry,
-        mode: RecompMode,
+        mode: PageSelector,
         threshold: Option<usize>,
         max_prio: u32,
         now: u32,
     ) -> bool {
-        let huge = e.has(SlotFlag::Huge);
-        let idle = e.has(SlotFlag::Idle);
-        let wanted = match mode {
-            RecompMode::Idle => idle,
-            RecompMode::Huge => huge,
-            RecompMode::HugeIdle => huge && idle,
-            RecompMode::All => true,
-            RecompMode::OlderThan(age) => now.saturating_sub(e.ac_time()) >= age,
-        };
-        wanted
-            && e.handle != 0
-            && !e.has(SlotFlag::Same)
-            && !e.has(SlotFlag::Wb)
+        mode.selects(&e, now)
+            && matches!(e.content(), Content::Stored(_))
             && !e.has(SlotFlag::UnderWb)
             && !e.has(SlotFlag::Incompressible)
             && e.priority() < max_prio
@@ -171,7 +140,7 @@ impl Device {
     fn recompress_slot(
         &self,
         index: u64,
-        mode: RecompMode,
+        mode: PageSelector,
         threshold: Option<usize>,
         max_prio: u32,
         now: u32,
@@ -184,10 +153,12 @@ impl Device {
         let e = {
             let g = slot.lock();
             let e = g.entry;
+            let Content::Stored(handle) = e.content() else {
+                return Ok(());
+            };
             if !self.wants_recompress(e, mode, threshold, max_prio, now) {
                 return Ok(());
             }
-            let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");
             self.pool.read(handle, &mut object[..e.size()])?;
             e
         };
@@ -220,7 +191,7 @@ impl Device {
             // Marked incompressible only when the highest priority failed too.
             if last_tried == self.recomp.read().len() as u32 {
                 let mut g = slot.lock();
-                if g.entry.handle == e.handle {
+                if g.entry.holds_same(&e) {
                     g.entry.set(SlotFlag::Incompressible, true);
                     shard.counters.add(Counter::RecompIncompressible, 1);
                     result.incompressible += 1;
@@ -236,7 +207,7 @@ impl Device {
             self.pool.store(&s.buf[..new_len])?
         };
         let mut g = slot.lock();
-        if g.entry.handle != e.handle {
+        if !g.entry.holds_same(&e) {
             // Cannot happen under the page lock; keep the store consistent regardless.
             drop(g);
             self.pool.free(new_handle)?;
@@ -244,8 +215,7 @@ impl Device {
         }
         let (ac_time, idle) = (g.entry.ac_time(), g.entry.has(SlotFlag::Idle));
         self.free_slot(&mut shard.counters, &mut g.entry);
-        g.entry.handle = new_handle.raw();
-        g.entry.set_size(new_len);
+        g.entry.set_stored(new_handle, new_len);
         g.entry.set_priority(prio);
         g.entry.set_ac_time(ac_time);
         g.entry.set(SlotFlag::Idle, idle);

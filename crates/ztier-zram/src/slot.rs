@@ -9,121 +9,222 @@
 //!               | LOCK | ac_time (32) | free | prio(2) | flags (7) |  object size (16) |
 //! ```
 //!
-//! Slot states (the flags of a locked slot):
+//! Slot states (the flags of a locked slot), decoded at this module's edge into one
+//! [`Content`], so no caller reads the raw handle word or tests it against zero:
 //!
-//! | state | handle | size | flags |
-//! |---|---|---|---|
-//! | empty | 0 | 0 | none (IDLE may be set) |
-//! | same-filled | the word | 0 | SAME |
-//! | compressed | pool handle | compressed length | (IDLE, INCOMPRESSIBLE) |
-//! | huge | pool handle | page size | HUGE |
-//! | written back | place on the backing store | stored length | WB (HUGE if stored whole) |
+//! | state | [`Content`] | handle word | size | flags |
+//! |---|---|---|---|---|
+//! | empty | `Empty` | 0 | 0 | none (IDLE may be set) |
+//! | same-filled | `Same(word)` | the word | 0 | SAME |
+//! | compressed | `Stored(handle)` | pool handle | compressed length | (IDLE, INCOMPRESSIBLE) |
+//! | huge | `Stored(handle)` | pool handle | page size | HUGE |
+//! | written back | `WrittenBack(place)` | the place, packed | stored length | WB (HUGE if stored whole) |
 //!
 //! `ac_time` is the second (since the device was made) the page was last written or read,
 //! the kernel's `ac_time` with `CONFIG_ZRAM_TRACK_ENTRY_ACTIME`, kept in the flags word so a
 //! slot stays 16 bytes.
 //!
 //! The lock bit is taken with a compare-and-swap and released with a store; holders keep it
-//! for a few loads and stores, or one object copy out of the pool, never across compression.
+//! for a few loads and stores, or one object's decompression in place, never across
+//! compression or a backing store's I/O.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Bits of `flags` holding the object size.
-const SIZE_BITS: u32 = 16;
-const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
-const _: () = assert!(1 << SIZE_BITS > 16384, "a 16 KiB huge page's size must fit");
+use ztier_base::bits::Field;
+use ztier_pool::Handle;
+
+use crate::writeback::Place;
+
+/// The flags word's fields, low to high.
+const SIZE: Field = Field::at(0, 16);
+const FLAGS: Field = Field::after(SIZE, 7);
+const PRIO: Field = Field::after(FLAGS, 2);
+const AC_TIME: Field = Field::at(31, 32);
+const LOCK: u64 = 1 << 63;
+const _: () = assert!(SIZE.max() >= 16384, "a 16 KiB huge page's size must fit");
+const _: () = assert!(PRIO.end() <= AC_TIME.shift() && AC_TIME.end() == 63);
 
 /// Per-slot flags (`enum zram_pageflags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u64)]
 pub enum SlotFlag {
-    /// The page is one machine word repeated; `handle` holds the word.
-    Same = 1 << SIZE_BITS,
+    /// The page is one machine word repeated.
+    Same = 1 << FLAGS.shift(),
     /// Written back to the backing device.
-    Wb = 1 << (SIZE_BITS + 1),
+    Wb = 1 << (FLAGS.shift() + 1),
     /// Being written back.
-    UnderWb = 1 << (SIZE_BITS + 2),
+    UnderWb = 1 << (FLAGS.shift() + 2),
     /// Stored raw: compressed length reached huge_class_size.
-    Huge = 1 << (SIZE_BITS + 3),
+    Huge = 1 << (FLAGS.shift() + 3),
     /// Not accessed since the last `mark_idle`.
-    Idle = 1 << (SIZE_BITS + 4),
+    Idle = 1 << (FLAGS.shift() + 4),
     /// Recompression found no algorithm that shrinks it.
-    Incompressible = 1 << (SIZE_BITS + 5),
+    Incompressible = 1 << (FLAGS.shift() + 5),
     /// Stored by a secondary (recompression) algorithm.
-    PpSlot = 1 << (SIZE_BITS + 6),
+    PpSlot = 1 << (FLAGS.shift() + 6),
 }
 
-const PRIO_SHIFT: u32 = SIZE_BITS + 7;
-const PRIO_MASK: u64 = 0b11 << PRIO_SHIFT;
-const AC_TIME_SHIFT: u32 = 31;
-const AC_TIME_MASK: u64 = (u32::MAX as u64) << AC_TIME_SHIFT;
-const LOCK: u64 = 1 << 63;
+/// What a slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Content {
+    Empty,
+    /// Every machine word of the page is this one.
+    Same(u64),
+    /// An object in the pool, of the entry's size.
+    Stored(Handle),
+    /// On the backing store, the entry's size from this place.
+    WrittenBack(Place),
+}
+
+/// Which pages a writeback or a recompression takes, by their slots' state: the words of the
+/// kernel's `writeback` file and `recompress type=`, and the policy's age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageSelector {
+    Idle,
+    Huge,
+    HugeIdle,
+    /// Writeback only: pages recompression found no algorithm to shrink.
+    Incompressible,
+    /// Every page held in the pool.
+    All,
+    /// Pages not read or written for this many seconds (the policy's, by `ac_time`,
+    /// whatever the idle marks say).
+    OlderThan(u32),
+}
+
+impl PageSelector {
+    /// Whether the page of entry `e` is selected, `now` seconds into the device's life.
+    pub(crate) fn selects(self, e: &Entry, now: u32) -> bool {
+        let (huge, idle) = (e.has(SlotFlag::Huge), e.has(SlotFlag::Idle));
+        match self {
+            PageSelector::Idle => idle,
+            PageSelector::Huge => huge,
+            PageSelector::HugeIdle => huge && idle,
+            PageSelector::Incompressible => e.has(SlotFlag::Incompressible),
+            PageSelector::All => true,
+            PageSelector::OlderThan(age) => now.saturating_sub(e.ac_time()) >= age,
+        }
+    }
+}
+
+impl std::str::FromStr for PageSelector {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<PageSelector, String> {
+        match s {
+            "idle" => Ok(PageSelector::Idle),
+            "huge" => Ok(PageSelector::Huge),
+            "huge_idle" => Ok(PageSelector::HugeIdle),
+            "incompressible" => Ok(PageSelector::Incompressible),
+            "all" => Ok(PageSelector::All),
+            _ => Err(format!(
+                "{s:?}: pages are selected by idle, huge, huge_idle, incompressible (writeback \
+                 only) or all"
+            )),
+        }
+    }
+}
 
 /// One slot.
 #[derive(Default)]
-pub struct Slot {
+pub(crate) struct Slot {
     /// Written only with the lock held; read under it.
     handle: AtomicU64,
     /// Size, flags and the lock bit.
     flags: AtomicU64,
 }
 
-/// A slot's content, as read or written under its lock.
+/// A slot's state, as read or written under its lock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Entry {
-    pub handle: u64,
-    pub flags: u64,
+    /// The handle word: a pool handle, a same-filled word or a place, as the flags say.
+    handle: u64,
+    flags: u64,
 }
 
 impl Entry {
+    /// Bytes the page takes where it is (0 for empty and same-filled pages).
     pub fn size(&self) -> usize {
-        (self.flags & SIZE_MASK) as usize
+        SIZE.get(self.flags) as usize
     }
     pub fn has(&self, f: SlotFlag) -> bool {
         self.flags & f as u64 != 0
     }
-    pub fn set(&mut self, f: SlotFlag, on: bool) {
+    /// Compression priority (0 = the primary algorithm).
+    pub fn priority(&self) -> u32 {
+        PRIO.get(self.flags) as u32
+    }
+    /// Holds data: a pool object, a same-filled word, or a place on the backing store.
+    pub fn is_allocated(&self) -> bool {
+        self.content() != Content::Empty
+    }
+    /// The second the page was last written or read.
+    pub fn ac_time(&self) -> u32 {
+        AC_TIME.get(self.flags) as u32
+    }
+
+    /// What the slot holds.
+    pub(crate) fn content(&self) -> Content {
+        if self.has(SlotFlag::Wb) {
+            Content::WrittenBack(Place::from_raw(self.handle))
+        } else if self.has(SlotFlag::Same) {
+            Content::Same(self.handle)
+        } else {
+            Handle::from_raw(self.handle).map_or(Content::Empty, Content::Stored)
+        }
+    }
+    /// Both entries hold the same thing: the same object, word or place (an object or place
+    /// freed and handed out again in between is ruled out by whoever compares: a slot lock,
+    /// a page lock or a pin held across).
+    pub(crate) fn holds_same(&self, other: &Entry) -> bool {
+        self.content() == other.content()
+    }
+    /// Both entries name the same place on the backing store.
+    pub(crate) fn same_place(&self, other: &Entry) -> bool {
+        matches!(self.content(), Content::WrittenBack(_)) && self.holds_same(other)
+    }
+
+    /// A same-filled page of `word` (its other state left as it was: the caller frees first).
+    pub(crate) fn set_same(&mut self, word: u64) {
+        self.handle = word;
+        self.set(SlotFlag::Same, true);
+    }
+    /// A pool object of `size` bytes.
+    pub(crate) fn set_stored(&mut self, handle: Handle, size: usize) {
+        self.handle = handle.raw();
+        self.set_size(size);
+    }
+    /// A page written back to `place`, taking `size` bytes there.
+    pub(crate) fn set_written_back(&mut self, place: Place, size: usize) {
+        self.handle = place.raw();
+        self.set(SlotFlag::Wb, true);
+        self.set_size(size);
+    }
+    pub(crate) fn set(&mut self, f: SlotFlag, on: bool) {
         if on {
             self.flags |= f as u64;
         } else {
             self.flags &= !(f as u64);
         }
     }
-    pub fn set_size(&mut self, size: usize) {
-        self.flags = (self.flags & !SIZE_MASK) | size as u64;
+    pub(crate) fn set_size(&mut self, size: usize) {
+        self.flags = SIZE.set(self.flags, size as u64);
     }
-    /// Compression priority (0 = the primary algorithm).
-    pub fn priority(&self) -> u32 {
-        ((self.flags & PRIO_MASK) >> PRIO_SHIFT) as u32
+    pub(crate) fn set_priority(&mut self, prio: u32) {
+        self.flags = PRIO.set(self.flags, u64::from(prio) & PRIO.max());
     }
-    pub fn set_priority(&mut self, prio: u32) {
-        self.flags = (self.flags & !PRIO_MASK) | ((prio as u64) << PRIO_SHIFT & PRIO_MASK);
-    }
-    /// Holds data: a pool object, a same-filled word, or a place on the backing store.
-    pub fn is_allocated(&self) -> bool {
-        self.handle != 0 || self.has(SlotFlag::Same) || self.has(SlotFlag::Wb)
-    }
-    /// Both entries name the same place on the backing store (written back, same handle).
-    pub fn same_place(&self, other: &Entry) -> bool {
-        self.has(SlotFlag::Wb) && other.has(SlotFlag::Wb) && self.handle == other.handle
-    }
-    /// The second the page was last written or read.
-    pub fn ac_time(&self) -> u32 {
-        ((self.flags & AC_TIME_MASK) >> AC_TIME_SHIFT) as u32
-    }
-    pub fn set_ac_time(&mut self, secs: u32) {
-        self.flags = (self.flags & !AC_TIME_MASK) | (u64::from(secs) << AC_TIME_SHIFT);
+    pub(crate) fn set_ac_time(&mut self, secs: u32) {
+        self.flags = AC_TIME.set(self.flags, u64::from(secs));
     }
 }
 
 /// A locked slot; unlocks on drop.
-pub struct SlotGuard<'a> {
+pub(crate) struct SlotGuard<'a> {
     slot: &'a Slot,
-    pub entry: Entry,
+    pub(crate) entry: Entry,
 }
 
 impl Slot {
-    pub fn lock(&self) -> SlotGuard<'_> {
+    pub(crate) fn lock(&self) -> SlotGuard<'_> {
         let mut spins = 0u32;
         loop {
             let flags = self.flags.load(Ordering::Relaxed);
@@ -176,16 +277,35 @@ mod tests {
         e.set(SlotFlag::Huge, true);
         e.set_priority(3);
         e.set(SlotFlag::Idle, true);
+        e.set_ac_time(u32::MAX);
         assert_eq!(e.size(), 16384);
         assert!(e.has(SlotFlag::Huge) && e.has(SlotFlag::Idle) && !e.has(SlotFlag::Same));
-        assert_eq!(e.priority(), 3);
+        assert_eq!((e.priority(), e.ac_time()), (3, u32::MAX));
         e.set(SlotFlag::Idle, false);
         e.set_size(7);
         assert_eq!(
-            (e.size(), e.priority(), e.has(SlotFlag::Huge)),
-            (7, 3, true)
+            (e.size(), e.priority(), e.has(SlotFlag::Huge), e.ac_time()),
+            (7, 3, true, u32::MAX)
         );
         assert_eq!(e.flags & LOCK, 0);
+    }
+
+    #[test]
+    fn contents_decode_as_they_were_set() {
+        assert_eq!(Entry::default().content(), Content::Empty);
+        let mut e = Entry::default();
+        e.set_same(0);
+        assert_eq!(e.content(), Content::Same(0));
+        assert!(e.is_allocated(), "a page of zeros is held");
+        let handle = Handle::from_raw(0x1234_5679).unwrap();
+        let mut e = Entry::default();
+        e.set_stored(handle, 100);
+        assert_eq!((e.content(), e.size()), (Content::Stored(handle), 100));
+        let place = Place::new(77, 4000);
+        let mut w = Entry::default();
+        w.set_written_back(place, 300);
+        assert_eq!((w.content(), w.size()), (Content::WrittenBack(place), 300));
+        assert!(w.same_place(&w) && !e.same_place(&e) && !w.holds_same(&e));
     }
 
     #[test]
@@ -197,7 +317,12 @@ mod tests {
                     for _ in 0..10_000 {
                         let mut g = slot.lock();
                         // A non-atomic read-modify-write of two words: lost updates would show.
-                        g.entry.handle += 1;
+                        let Content::Same(n) = g.entry.content() else {
+                            g.entry.set_same(1);
+                            g.entry.set_size(1);
+                            continue;
+                        };
+                        g.entry.set_same(n + 1);
                         let size = g.entry.size();
                         g.entry.set_size((size + 1) & 0xffff);
                     }
@@ -205,7 +330,7 @@ mod tests {
             }
         });
         let g = slot.lock();
-        assert_eq!(g.entry.handle, 40_000);
+        assert_eq!(g.entry.content(), Content::Same(40_000));
         assert_eq!(g.entry.size(), 40_000 & 0xffff);
     }
 }

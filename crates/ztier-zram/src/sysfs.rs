@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::{Device, RecompMode, Result, WbMode, ZramError};
+use crate::{Device, PageSelector, Result, ZramError};
 
 fn bad(name: &str, value: &str, want: &str) -> ZramError {
     ZramError::Config(format!("{name}: {value:?} is not {want}"))
@@ -42,7 +42,9 @@ fn memparse(name: &str, value: &str) -> Result<u64> {
     } else {
         (10, v)
     };
-    let end = body.find(|c: char| !c.is_digit(radix)).unwrap_or(body.len());
+    let end = body
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(body.len());
     let (digits, suffix) = body.split_at(end);
     let shift = match suffix {
         "" => 0,
@@ -84,16 +86,19 @@ impl Device {
             "writeback" => {
                 let (mode, range) = if let Some(p) = value.strip_prefix("page=") {
                     let i = number(name, p)?;
-                    (WbMode::All, Some(i..i + 1))
+                    (PageSelector::All, Some(i..i + 1))
                 } else if let Some(r) = value.strip_prefix("page_indexes=") {
                     let (a, b) = r.split_once('-').ok_or_else(|| bad(name, r, "N-M"))?;
                     let (a, b) = (number(name, a)?, number(name, b)?);
                     if b < a {
                         return Err(bad(name, r, "a range N-M with N <= M"));
                     }
-                    (WbMode::All, Some(a..b + 1))
+                    (PageSelector::All, Some(a..b + 1))
                 } else {
-                    (value.parse::<WbMode>().map_err(ZramError::Config)?, None)
+                    (
+                        value.parse::<PageSelector>().map_err(ZramError::Config)?,
+                        None,
+                    )
                 };
                 let r = self.writeback(mode, range, None)?;
                 Ok(format!(
@@ -150,7 +155,7 @@ impl Device {
                 Ok(format!("secondary algorithm {prio} set"))
             }
             "recompress" => {
-                let mut mode = RecompMode::All;
+                let mut mode = PageSelector::All;
                 let (mut threshold, mut prio) = (None, None);
                 for (k, v) in pairs(name, value)? {
                     match k {

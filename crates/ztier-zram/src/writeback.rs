@@ -41,7 +41,9 @@ use serde::Serialize;
 use ztier_blockdev::BlockDevice;
 use ztier_swap::{SwapError, SLOT_BYTES};
 
-use crate::slot::{Entry, SlotFlag};
+use ztier_base::bits::Field;
+
+use crate::slot::{Content, Entry, PageSelector, SlotFlag};
 use crate::stats::{Counter, Counters};
 use crate::{Device, Result, ZramError};
 
@@ -49,10 +51,35 @@ use crate::{Device, Result, ZramError};
 const SEG_ORDER: u32 = 4;
 const SEG_SLOTS: u64 = 1 << SEG_ORDER;
 const SEG_BYTES: usize = (SEG_SLOTS * SLOT_BYTES) as usize;
-/// A place on the store, as a written-back slot's handle: the first slot of its block or
-/// segment, and the byte in it.
-const PLACE_SHIFT: u32 = 16;
-const _: () = assert!(SEG_BYTES <= 1 << PLACE_SHIFT);
+/// A place's fields in a written-back slot's handle word: the byte in the block or
+/// segment, then its first slot.
+const PLACE_AT: Field = Field::at(0, 16);
+const PLACE_FIRST: Field = Field::after(PLACE_AT, 48);
+const _: () = assert!(SEG_BYTES as u64 - 1 <= PLACE_AT.max());
+
+/// Where a written-back page is on the store: the first slot of its block or segment, and
+/// the byte in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    first: u64,
+    at: usize,
+}
+
+impl Place {
+    pub(crate) fn new(first: u64, at: usize) -> Place {
+        Place { first, at }
+    }
+    /// The place packed into a slot's handle word.
+    pub(crate) fn raw(self) -> u64 {
+        PLACE_FIRST.put(self.first) | PLACE_AT.put(self.at as u64)
+    }
+    pub(crate) fn from_raw(raw: u64) -> Place {
+        Place {
+            first: PLACE_FIRST.get(raw),
+            at: PLACE_AT.get(raw) as usize,
+        }
+    }
+}
 
 /// How written-back pages are laid out on the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -73,49 +100,6 @@ impl std::str::FromStr for WbFormat {
             _ => Err(format!(
                 "{s:?}: the writeback formats are page, compressed and packed"
             )),
-        }
-    }
-}
-
-/// Which pages a writeback takes (the kernel's `writeback` file's words).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WbMode {
-    Idle,
-    Huge,
-    HugeIdle,
-    Incompressible,
-    /// Every page held in the pool.
-    All,
-    /// Pages not read or written for this many seconds (the policy's, by `ac_time`,
-    /// whatever the idle marks say).
-    OlderThan(u32),
-}
-
-impl std::str::FromStr for WbMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<WbMode, String> {
-        match s {
-            "idle" => Ok(WbMode::Idle),
-            "huge" => Ok(WbMode::Huge),
-            "huge_idle" => Ok(WbMode::HugeIdle),
-            "incompressible" => Ok(WbMode::Incompressible),
-            "all" => Ok(WbMode::All),
-            _ => Err(format!(
-                "{s:?}: writeback takes idle, huge, huge_idle, incompressible or all"
-            )),
-        }
-    }
-}
-
-impl WbMode {
-    fn takes(self, e: &Entry, now: u32) -> bool {
-        match self {
-            WbMode::OlderThan(age) => now.saturating_sub(e.ac_time()) >= age,
-            WbMode::Idle => e.has(SlotFlag::Idle),
-            WbMode::Huge => e.has(SlotFlag::Huge),
-            WbMode::HugeIdle => e.has(SlotFlag::Huge) && e.has(SlotFlag::Idle),
-            WbMode::Incompressible => e.has(SlotFlag::Incompressible),
-            WbMode::All => true,
         }
     }
 }
@@ -214,22 +198,10 @@ impl Backing {
         self.places.usable_slots()
     }
 
-    fn place(first: u64, at: usize) -> u64 {
-        first << PLACE_SHIFT | at as u64
-    }
-
-    fn unplace(handle: u64) -> (u64, usize) {
-        (
-            handle >> PLACE_SHIFT,
-            (handle & ((1 << PLACE_SHIFT) - 1)) as usize,
-        )
-    }
-
-    /// Gives back the `size` bytes of a dead object at `handle`.
-    fn release(&self, handle: u64, size: usize) {
-        let (first, _) = Backing::unplace(handle);
+    /// Gives back the `size` bytes of a dead object at `place`.
+    fn release(&self, place: Place, size: usize) {
         self.bytes_stored.fetch_sub(size as u64, Relaxed);
-        self.release_bytes(first, size);
+        self.release_bytes(place.first, size);
     }
 
     /// The live count of the unit holding slot `first`.
@@ -258,18 +230,16 @@ impl Backing {
     /// Keeps the place `handle` names from being freed (and so handed out again) until the
     /// pin goes. Taken under the lock of a slot that names it: that slot's own bytes keep the
     /// unit alive until then.
-    fn pin(self: &Arc<Backing>, handle: u64) -> Pin {
-        let (first, _) = Backing::unplace(handle);
-        self.hold_bytes(first, 1);
+    fn pin(self: &Arc<Backing>, place: Place) -> Pin {
+        self.hold_bytes(place.first, 1);
         Pin {
             store: Arc::clone(self),
-            first,
+            first: place.first,
         }
     }
 
-    fn read(&self, handle: u64, out: &mut [u8]) -> std::result::Result<(), SwapError> {
-        let (first, at) = Backing::unplace(handle);
-        self.places.read_bytes(first, at, out)
+    fn read(&self, place: Place, out: &mut [u8]) -> std::result::Result<(), SwapError> {
+        self.places.read_bytes(place.first, place.at, out)
     }
 
     pub(crate) fn stat(&self, counters: &Counters) -> BdStat {
@@ -301,7 +271,8 @@ impl Drop for Pin {
 /// A page copied out for a writeback, not yet committed.
 struct Pending {
     index: u64,
-    handle: u64,
+    /// The slot as collected: committed only if it still holds the same object.
+    entry: Entry,
     size: usize,
     /// Where its bytes start in the batch's buffer.
     at: usize,
@@ -360,7 +331,7 @@ impl Device {
     /// store, at most `max_pages` of them.
     pub fn writeback(
         &self,
-        mode: WbMode,
+        mode: PageSelector,
         range: Option<std::ops::Range<u64>>,
         max_pages: Option<u64>,
     ) -> Result<WbResult> {
@@ -438,18 +409,16 @@ impl Device {
     fn collect(
         &self,
         index: u64,
-        mode: WbMode,
+        mode: PageSelector,
         store: &Backing,
         page: &mut [u8],
     ) -> Result<Option<Pending>> {
         let slot = self.slot(index)?;
         let now = self.now();
         let takes = |e: &Entry| {
-            e.handle != 0
-                && !e.has(SlotFlag::Same)
-                && !e.has(SlotFlag::Wb)
+            matches!(e.content(), Content::Stored(_))
                 && !e.has(SlotFlag::UnderWb)
-                && mode.takes(e, now)
+                && mode.selects(e, now)
         };
         // A look under the slot lock alone first: most slots are not taken, and a shard
         // is not worth locking for them.
@@ -462,7 +431,9 @@ impl Device {
         if !takes(&e) {
             return Ok(None);
         }
-        let handle = ztier_pool::Handle::from_raw(e.handle).expect("nonzero");
+        let Content::Stored(handle) = e.content() else {
+            return Ok(None); // (`takes` saw a stored object)
+        };
         let size = e.size();
         if store.format == WbFormat::Page && !e.has(SlotFlag::Huge) {
             let s = self.stream_for(&mut shard, e.priority());
@@ -478,7 +449,7 @@ impl Device {
         g.entry.set(SlotFlag::UnderWb, true);
         Ok(Some(Pending {
             index,
-            handle: e.handle,
+            entry: e,
             size,
             at: 0,
         }))
@@ -488,7 +459,7 @@ impl Device {
     fn uncollect(&self, p: &Pending) {
         if let Ok(slot) = self.slot(p.index) {
             let mut g = slot.lock();
-            if g.entry.handle == p.handle {
+            if g.entry.holds_same(&p.entry) {
                 g.entry.set(SlotFlag::UnderWb, false);
             }
         }
@@ -559,7 +530,7 @@ impl Device {
         for p in batch.drain(..) {
             let slot = self.slot(p.index)?;
             let mut g = slot.lock();
-            if g.entry.handle != p.handle || !g.entry.has(SlotFlag::UnderWb) {
+            if !g.entry.holds_same(&p.entry) || !g.entry.has(SlotFlag::UnderWb) {
                 continue; // rewritten or discarded meanwhile: its bytes are dead
             }
             let (prio, ac_time, idle) = (
@@ -573,14 +544,10 @@ impl Device {
                 p.size
             };
             self.free_slot(&mut shard.counters, &mut g.entry);
-            let mut e = Entry {
-                handle: Backing::place(first, p.at),
-                flags: 0,
-            };
-            e.set(SlotFlag::Wb, true);
+            let mut e = Entry::default();
+            e.set_written_back(Place::new(first, p.at), stored);
             e.set(SlotFlag::Huge, stored == self.page_size);
             e.set(SlotFlag::Idle, idle);
-            e.set_size(stored);
             e.set_priority(if stored == self.page_size { 0 } else { prio });
             e.set_ac_time(ac_time);
             g.entry = e;
@@ -612,22 +579,20 @@ impl Device {
     ) -> Result<Option<(Entry, Pin)>> {
         let slot = self.slot(index)?;
         let store = self.backing().ok_or(ZramError::NoBacking)?;
-        let (e, pin) = {
+        let (e, place, pin) = {
             let g = slot.lock();
-            if !g.entry.has(SlotFlag::Wb) {
+            let Content::WrittenBack(place) = g.entry.content() else {
                 return Ok(None);
-            }
-            (g.entry, store.pin(g.entry.handle))
+            };
+            (g.entry, place, store.pin(place))
         };
         let size = e.size();
         if size == self.page_size {
-            store.read(e.handle, out).map_err(ZramError::Backing)?;
+            store.read(place, out).map_err(ZramError::Backing)?;
             self.shard().counters.add(Counter::BdReads, 1);
         } else {
             let mut object = vec![0u8; size];
-            store
-                .read(e.handle, &mut object)
-                .map_err(ZramError::Backing)?;
+            store.read(place, &mut object).map_err(ZramError::Backing)?;
             let mut shard = self.shard();
             let decoded = self
                 .stream_for(&mut shard, e.priority())
@@ -641,9 +606,9 @@ impl Device {
     }
 
     /// Gives back the place of a written-back slot being freed (under its lock).
-    pub(crate) fn release_written_back(&self, counters: &mut Counters, e: &Entry) {
+    pub(crate) fn release_written_back(&self, counters: &mut Counters, place: Place, size: usize) {
         if let Some(store) = self.backing.read().as_ref() {
-            store.release(e.handle, e.size());
+            store.release(place, size);
         }
         counters.add(Counter::BdCount, -1);
     }

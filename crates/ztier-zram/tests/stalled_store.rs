@@ -16,7 +16,7 @@ use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
-use ztier_zram::{Backing, Device, WbFormat, WbMode};
+use ztier_zram::{Backing, Device, PageSelector, WbFormat};
 
 const PS: usize = 4096;
 /// zram's page locks are striped by index modulo this.
@@ -119,7 +119,7 @@ fn written_back(pages: u64, format: WbFormat) -> (Arc<Device>, Arc<Stalling>) {
     for i in 0..pages {
         dev.write_page(i, &page(i)).unwrap();
     }
-    let wb = dev.writeback(WbMode::All, None, None).unwrap();
+    let wb = dev.writeback(PageSelector::All, None, None).unwrap();
     assert_eq!(wb.pages, pages);
     (Arc::new(dev), store)
 }

@@ -13,7 +13,7 @@ use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::testing::Faulty;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
-use ztier_zram::{Backing, Device, RecompMode, SlotFlag, WbFormat, WbMode, ZramError};
+use ztier_zram::{Backing, Device, PageSelector, SlotFlag, WbFormat, ZramError};
 
 const PS: usize = 4096;
 
@@ -118,18 +118,18 @@ fn written_back_pages_read_back_in_every_format() {
         fill(&dev, n);
         let before = dev.mm_stat();
         assert!(matches!(
-            dev.writeback(WbMode::Idle, None, None),
+            dev.writeback(PageSelector::Idle, None, None),
             Err(ZramError::NoBacking)
         ));
         dev.set_backing(Some(file_store(&format!("{format:?}"), 16 << 20, format)))
             .unwrap();
         assert_eq!(
-            dev.writeback(WbMode::Idle, None, None).unwrap().pages,
+            dev.writeback(PageSelector::Idle, None, None).unwrap().pages,
             0,
             "nothing idle"
         );
         dev.mark_idle(None);
-        let r = dev.writeback(WbMode::Idle, None, None).unwrap();
+        let r = dev.writeback(PageSelector::Idle, None, None).unwrap();
         let stored = (0..n).filter(|i| i % 16 != 0).count() as u64;
         assert_eq!(r.pages, stored, "{format:?}");
         let after = dev.mm_stat();
@@ -192,26 +192,28 @@ fn writeback_modes_and_the_limit() {
     dev.set_backing(Some(file_store("modes", 8 << 20, WbFormat::Packed)))
         .unwrap();
     // Huge pages (every 8th, random) alone.
-    let r = dev.writeback(WbMode::Huge, None, None).unwrap();
+    let r = dev.writeback(PageSelector::Huge, None, None).unwrap();
     assert_eq!(r.pages, n / 8);
     assert_eq!(dev.mm_stat().huge_pages, 0);
     // At most 5 pages, then a limit of 2 blocks.
     assert_eq!(
-        dev.writeback(WbMode::All, Some(0..n), Some(5))
+        dev.writeback(PageSelector::All, Some(0..n), Some(5))
             .unwrap()
             .pages,
         5
     );
     dev.set_writeback_limit(Some(2));
-    let err = dev.writeback(WbMode::All, None, None).unwrap_err();
+    let err = dev.writeback(PageSelector::All, None, None).unwrap_err();
     assert!(matches!(err, ZramError::WritebackLimit), "{err}");
     assert_eq!(dev.writeback_limit(), Some(0));
     dev.set_writeback_limit(None);
-    dev.writeback(WbMode::All, None, None).unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
     assert_eq!(dev.mm_stat().compr_data_size, 0);
     verify(&dev, n, |_| None);
     // A page range past the disk is refused.
-    assert!(dev.writeback(WbMode::All, Some(0..n + 1), None).is_err());
+    assert!(dev
+        .writeback(PageSelector::All, Some(0..n + 1), None)
+        .is_err());
 }
 
 #[test]
@@ -222,10 +224,11 @@ fn a_failing_store_loses_nothing() {
     let store = Arc::new(Faulty::new(MemoryDevice::new(8 << 20).unwrap()));
     dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
         .unwrap();
-    dev.writeback(WbMode::All, Some(0..100), None).unwrap();
+    dev.writeback(PageSelector::All, Some(0..100), None)
+        .unwrap();
     store.set_failing(true, false);
     let before = dev.mm_stat();
-    let err = dev.writeback(WbMode::All, None, None).unwrap_err();
+    let err = dev.writeback(PageSelector::All, None, None).unwrap_err();
     assert!(err.to_string().contains("vanished"), "{err}");
     assert_eq!(dev.mm_stat(), before, "nothing moved");
     assert_eq!(dev.bd_stat().unwrap().failed_writebacks, 1);
@@ -233,7 +236,7 @@ fn a_failing_store_loses_nothing() {
     verify(&dev, n, |_| None);
     dev.write_page(200, &page(7)).unwrap();
     store.set_failing(false, false);
-    dev.writeback(WbMode::All, None, None).unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
     verify(&dev, n, |i| (i == 200).then(|| page(7)));
 }
 
@@ -245,7 +248,7 @@ fn a_full_store_is_a_clear_error_and_loses_nothing() {
     // Room for one cluster of slots after the header: 32 segments of 64 KiB.
     dev.set_backing(Some(file_store("full", 1024 * PS as u64, WbFormat::Packed)))
         .unwrap();
-    let err = dev.writeback(WbMode::All, None, None).unwrap_err();
+    let err = dev.writeback(PageSelector::All, None, None).unwrap_err();
     assert!(err.to_string().contains("no room"), "{err}");
     let bd = dev.bd_stat().unwrap();
     assert!(bd.bd_count > 0 && bd.bd_count < n, "{bd:?}");
@@ -264,13 +267,13 @@ fn recompression_keeps_smaller_classes_and_marks_incompressible() {
     let dev = device(n, "lz4");
     fill(&dev, n);
     assert!(
-        dev.recompress(RecompMode::All, None, None).is_err(),
+        dev.recompress(PageSelector::All, None, None).is_err(),
         "no algorithm set"
     );
     dev.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
         .unwrap();
     let before = dev.mm_stat();
-    let r = dev.recompress(RecompMode::All, None, None).unwrap();
+    let r = dev.recompress(PageSelector::All, None, None).unwrap();
     assert!(r.recompressed > n / 2, "{r:?}");
     assert!(r.bytes_after < r.bytes_before);
     // The random pages: huge, and zstd cannot shrink them either.
@@ -284,7 +287,7 @@ fn recompression_keeps_smaller_classes_and_marks_incompressible() {
     assert_eq!(dev.entry(1).unwrap().priority(), 1);
     verify(&dev, n, |_| None);
     // Nothing left to try: recompressed pages are at the top priority, the rest marked.
-    let again = dev.recompress(RecompMode::All, None, None).unwrap();
+    let again = dev.recompress(PageSelector::All, None, None).unwrap();
     assert_eq!((again.scanned, again.recompressed), (0, 0));
     // Changing the algorithm while pages use it is refused; writeback of recompressed
     // pages keeps their priority and reads back.
@@ -293,14 +296,14 @@ fn recompression_keeps_smaller_classes_and_marks_incompressible() {
         .is_err());
     dev.set_backing(Some(file_store("recomp", 8 << 20, WbFormat::Packed)))
         .unwrap();
-    dev.writeback(WbMode::All, None, None).unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
     verify(&dev, n, |_| None);
     // A threshold leaves small objects alone.
     let dev = device(64, "lz4");
     fill(&dev, 64);
     dev.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
         .unwrap();
-    let r = dev.recompress(RecompMode::All, Some(4000), None).unwrap();
+    let r = dev.recompress(PageSelector::All, Some(4000), None).unwrap();
     assert_eq!(r.recompressed, 0, "{r:?}");
 }
 
@@ -338,9 +341,9 @@ fn io_goes_on_while_writeback_and_recompression_run() {
             start.wait();
             while !stop.load(Relaxed) {
                 dev.mark_idle(None);
-                let r = dev.recompress(RecompMode::Idle, None, None).unwrap();
+                let r = dev.recompress(PageSelector::Idle, None, None).unwrap();
                 recompressed.fetch_add(r.recompressed, Relaxed);
-                let w = dev.writeback(WbMode::Idle, None, Some(256)).unwrap();
+                let w = dev.writeback(PageSelector::Idle, None, Some(256)).unwrap();
                 written_back.fetch_add(w.pages, Relaxed);
                 passes.fetch_add(1, Relaxed);
             }
