@@ -85,7 +85,8 @@ fi
 
 # qemu-system-x86 from the backports of this release, when qemu-utils is a backports build
 # (this project's machines come with qemu-utils 10 from bookworm-backports, which Breaks
-# bookworm's qemu-system-common 7.2). The backports suite is added for this one install only,
+# bookworm's qemu-system-common 7.2: apt would remove qemu-utils to install it, which
+# --no-remove forbids). The backports suite is added for this one install only,
 # beside the machine's own sources (same archive), with package lists of its own: /etc/apt and
 # /var/lib/apt/lists are left as they were.
 install_qemu() {
@@ -104,7 +105,7 @@ install_qemu() {
   echo "deb $uri $codename-backports main" >"$dir/sources.list"
   local opts=(-o "Dir::Etc::sourcelist=$dir/sources.list" -o "Dir::State::lists=$dir/lists")
   as_root apt-get "${opts[@]}" update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -qq --no-install-recommends \
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -qq --no-install-recommends --no-remove \
     -t "$codename-backports" qemu-system-x86
   rm -rf "$dir"
 }
@@ -114,12 +115,12 @@ if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   as_root apt-get update -qq
   if [[ " ${need[*]} " == *" qemu-system-x86 "* ]] &&
-    ! apt-get install -s -qq --no-install-recommends qemu-system-x86 >/dev/null 2>&1; then
+    ! apt-get install -s -qq --no-install-recommends --no-remove qemu-system-x86 >/dev/null 2>&1; then
     install_qemu
     mapfile -t need < <(missing_packages)
   fi
   [ "${#need[@]}" -eq 0 ] ||
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove "${need[@]}"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: no Rust toolchain found; install one with rustup (https://rustup.rs), then rerun" >&2
