@@ -89,6 +89,17 @@ fn socket_activation_serves_the_socket_it_was_handed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One datagram from the server (a signal may interrupt the wait: it goes on).
+fn recv(socket: &UnixDatagram, buf: &mut [u8], what: &str) -> usize {
+    loop {
+        match socket.recv(buf) {
+            Ok(n) => return n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => panic!("no {what} from the server: {e}"),
+        }
+    }
+}
+
 #[test]
 fn ready_is_sent_only_once_a_client_can_connect() {
     let dir = temp_dir("notify");
@@ -108,7 +119,7 @@ fn ready_is_sent_only_once_a_client_can_connect() {
         .spawn()
         .unwrap();
     let mut buf = [0u8; 4096];
-    let n = receiver.recv(&mut buf).expect("no READY=1 from the server");
+    let n = recv(&receiver, &mut buf, "READY=1");
     let message = String::from_utf8_lossy(&buf[..n]).into_owned();
     // At the moment READY=1 arrives, a client connects and is greeted.
     let mut c = UnixStream::connect(&socket).expect("READY=1 before the socket accepts");
@@ -131,7 +142,7 @@ fn ready_is_sent_only_once_a_client_can_connect() {
         rustix::process::Signal::TERM,
     )
     .unwrap();
-    let n = receiver.recv(&mut buf).expect("no STOPPING=1");
+    let n = recv(&receiver, &mut buf, "STOPPING=1");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
     assert!(server.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);

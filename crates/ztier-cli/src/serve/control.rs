@@ -1,0 +1,448 @@
+//! The control socket of `ztier serve` and its two clients, `ztier stat` and `ztier ctl`: a
+//! line in (`stat`, `stat json`, `get ATTR`, `set ATTR [VALUE]`), the answer out, then the
+//! connection closes. Each connection is served on its own thread (at most
+//! [`MAX_CONTROL_CONNECTIONS`]), so a silent client or a long writeback holds up no one
+//! else; requests that change the device are taken only from the server's own user and
+//! root (`SO_PEERCRED`) unless the server was told otherwise. The loop sleeps in `poll` on
+//! the listener and a stop eventfd. No lock of its own is held while a device method runs.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use rustix::event::{PollFd, PollFlags};
+use serde::Serialize;
+use ztier_nbd::{Client, LinkState, Server};
+
+use super::Store;
+
+/// Attributes `ztier ctl` runs with no value (the kernel's write-only files, whose value is
+/// ignored, and ztier's own actions).
+pub(super) const ACTIONS: [&str; 2] = ["compact", "reconnect"];
+
+/// `ztier stat`: the statistics of a running `ztier serve`.
+#[derive(Args, Debug)]
+pub struct StatArgs {
+    /// The server's data socket (its control socket is this path with `.ctl` appended).
+    #[arg(long, value_name = "PATH", required_unless_present = "control")]
+    pub socket: Option<PathBuf>,
+    /// The server's control socket, when it was given one with --control.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Print JSON instead of the kernel's sysfs format.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ztier ctl`: reads or writes a running server's zram attributes, by the kernel's sysfs
+/// names (`ztier ctl --socket S mm_stat`, `ztier ctl --socket S writeback idle`).
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The server's data socket (its control socket is this path with `.ctl` appended).
+    #[arg(long, value_name = "PATH", required_unless_present = "control")]
+    pub socket: Option<PathBuf>,
+    /// The server's control socket, when it was given one with --control.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// The attribute (mm_stat, bd_stat, idle, writeback, recompress, ...), then the value to
+    /// write, if any.
+    #[arg(required = true, num_args = 1.., value_name = "ATTR [VALUE...]")]
+    pub words: Vec<String>,
+}
+
+/// Sends one request to a running server's control socket; returns its answer.
+fn ask(
+    control: Option<&PathBuf>,
+    socket: Option<&PathBuf>,
+    request: &str,
+) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let path = match (control, socket) {
+        (Some(c), _) => c.clone(),
+        (None, Some(s)) => control_path(s),
+        (None, None) => bail!("give --socket or --control"),
+    };
+    let mut conn = std::os::unix::net::UnixStream::connect(&path)
+        .with_context(|| format!("connecting to {} (is ztier serve running?)", path.display()))?;
+    conn.write_all(format!("{request}\n").as_bytes())?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+pub fn ctl(args: &CtlArgs) -> anyhow::Result<()> {
+    let request = match args.words.as_slice() {
+        [attr] if ACTIONS.contains(&attr.as_str()) => format!("set {attr}"),
+        [attr] => format!("get {attr}"),
+        [attr, value @ ..] => format!("set {attr} {}", value.join(" ")),
+        [] => bail!("name an attribute"),
+    };
+    let answer = ask(args.control.as_ref(), args.socket.as_ref(), &request)?;
+    if let Some(e) = answer.strip_prefix("error: ") {
+        bail!("{}", e.trim_end());
+    }
+    print!("{answer}");
+    Ok(())
+}
+
+pub(super) fn control_path(socket: &std::path::Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".ctl");
+    PathBuf::from(p)
+}
+
+/// Asks a running server for its statistics and prints them.
+pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
+    let request = if args.json { "stat json" } else { "stat" };
+    print!(
+        "{}",
+        ask(args.control.as_ref(), args.socket.as_ref(), request)?
+    );
+    Ok(())
+}
+
+/// The server's counters, read once.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct ServerCounts {
+    connections: u64,
+    refused_connections: u64,
+    failed_handshakes: u64,
+    requests: u64,
+    errors: u64,
+    bytes_written: u64,
+    bytes_read: u64,
+    accept_errors: u64,
+}
+
+impl ServerCounts {
+    fn of(server: &Server) -> ServerCounts {
+        let s = server.stats();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        ServerCounts {
+            connections: load(&s.connections),
+            refused_connections: load(&s.refused_connections),
+            failed_handshakes: load(&s.failed_handshakes),
+            requests: load(&s.requests),
+            errors: load(&s.errors),
+            bytes_written: load(&s.bytes_written),
+            bytes_read: load(&s.bytes_read),
+            accept_errors: load(&s.accept_errors),
+        }
+    }
+}
+
+/// A remote backing store's link, as `stat` gives it.
+#[derive(Debug, Clone, Serialize)]
+struct StoreLink {
+    uri: String,
+    /// connected, lost or refused.
+    state: &'static str,
+    /// Why it was lost or refused.
+    detail: Option<String>,
+    /// Seconds in this state.
+    for_s: f64,
+    losses: u64,
+    reconnects: u64,
+    /// The status in a sentence, for the text form.
+    #[serde(skip)]
+    text: String,
+}
+
+impl StoreLink {
+    fn of(c: &Client) -> StoreLink {
+        let st = c.status();
+        let (state, detail) = match &st.state {
+            LinkState::Connected => ("connected", None),
+            LinkState::Lost { error, .. } => ("lost", Some(error.clone())),
+            LinkState::Refused { reason, .. } => ("refused", Some(reason.clone())),
+        };
+        StoreLink {
+            uri: c.uri().to_string(),
+            state,
+            detail,
+            for_s: st.since.elapsed().unwrap_or_default().as_secs_f64(),
+            losses: st.losses,
+            reconnects: st.reconnects,
+            text: st.to_string(),
+        }
+    }
+}
+
+/// Everything `ztier stat` shows, read once: the JSON form serialises it, the text form
+/// prints it, so the two cannot disagree.
+#[derive(Debug, Serialize)]
+struct Snapshot {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mm_stat: Option<ztier_zram::MmStat>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    io_stat: Option<ztier_zram::IoStat>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bd_stat: Option<ztier_zram::BdStat>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<StoreLink>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<ztier_zram::PolicyStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocator: Option<ztier_pool::PoolStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plain: Option<PlainCounts>,
+    server: ServerCounts,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct PlainCounts {
+    bytes_held: u64,
+}
+
+impl Snapshot {
+    fn of(store: &Store, server: &Server) -> Snapshot {
+        let server = ServerCounts::of(server);
+        match store {
+            Store::Zram(device, policy, link) => Snapshot {
+                mm_stat: Some(device.mm_stat()),
+                io_stat: Some(device.io_stat()),
+                bd_stat: device.bd_stat(),
+                store: link.as_deref().map(StoreLink::of),
+                policy: policy.as_ref().map(|p| p.stats()),
+                allocator: Some(device.allocator_stats()),
+                plain: None,
+                server,
+            },
+            Store::Plain(device) => Snapshot {
+                mm_stat: None,
+                io_stat: None,
+                bd_stat: None,
+                store: None,
+                policy: None,
+                allocator: None,
+                plain: Some(PlainCounts {
+                    bytes_held: device.bytes_held(),
+                }),
+                server,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(p) = &self.plain {
+            writeln!(f, "plain RAM disk: {} bytes of pages held", p.bytes_held)?;
+        }
+        if let Some(m) = &self.mm_stat {
+            writeln!(f, "mm_stat {m}")?;
+        }
+        if let Some(io) = &self.io_stat {
+            writeln!(f, "io_stat {io}")?;
+        }
+        if let Some(b) = &self.bd_stat {
+            writeln!(
+                f,
+                "bd_stat {:>8} {:>8} {:>8}  ({} bytes written, {} live on the store, {} held, \
+                 {} failed writebacks)",
+                b.bd_count,
+                b.bd_reads,
+                b.bd_writes,
+                b.bytes_written,
+                b.bytes_stored,
+                b.bytes_held,
+                b.failed_writebacks
+            )?;
+        }
+        if let Some(l) = &self.store {
+            writeln!(f, "store {}: {}", l.uri, l.text)?;
+        }
+        if let Some(s) = &self.policy {
+            writeln!(
+                f,
+                "policy {} ticks, {} pages recompressed, {} written back ({} for the memory \
+                 target), {} bytes written, {} compactions, {} errors{}, {} ms busy",
+                s.ticks,
+                s.recompressed_pages,
+                s.written_back_pages,
+                s.target_written_back_pages,
+                s.bytes_written,
+                s.compactions,
+                s.errors,
+                s.last_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" (last: {e})")),
+                s.busy_ms
+            )?;
+        }
+        let c = &self.server;
+        writeln!(
+            f,
+            "server {} connections ({} turned away, {} failed handshakes), {} requests, {} \
+             errors, {} bytes written, {} read, {} accept errors",
+            c.connections,
+            c.refused_connections,
+            c.failed_handshakes,
+            c.requests,
+            c.errors,
+            c.bytes_written,
+            c.bytes_read,
+            c.accept_errors
+        )?;
+        if let Some(a) = &self.allocator {
+            write!(f, "{a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The statistics, as the control socket and the shutdown report give them.
+pub(super) fn stats_text(store: &Store, server: &Server, json: bool) -> String {
+    let snapshot = Snapshot::of(store, server);
+    if json {
+        // Every field is a plain number, string or serialisable stat struct.
+        return serde_json::to_string(&snapshot).map_or_else(
+            |e| format!("error: the statistics could not be written as JSON: {e}\n"),
+            |j| format!("{j}\n"),
+        );
+    }
+    snapshot.to_string()
+}
+
+/// Control connections served at once; one more is told so and closed.
+const MAX_CONTROL_CONNECTIONS: usize = 32;
+
+/// Answers the control socket until `stop` is written to: each connection on its own
+/// thread (a silent client or a long writeback holds up no one else), a line in, the answer
+/// out. Requests that change the device are taken only from the server's own user and root,
+/// unless `any_user`.
+pub(super) fn serve_control(
+    listener: UnixListener,
+    stop: Arc<OwnedFd>,
+    store: Arc<Store>,
+    server: Arc<Server>,
+    any_user: bool,
+) {
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut backoff = Duration::ZERO;
+    loop {
+        let mut fds = [
+            PollFd::new(stop.as_ref(), PollFlags::IN),
+            PollFd::new(&listener, PollFlags::IN),
+        ];
+        let pause = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: backoff.as_nanos() as i64,
+        };
+        // After an accept error, only the stop is waited for, for the pause.
+        let polled = if backoff.is_zero() {
+            rustix::event::poll(&mut fds, None)
+        } else {
+            rustix::event::poll(&mut fds[..1], Some(&pause))
+        };
+        match polled {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+            Ok(_) if fds[0].revents().contains(PollFlags::IN) => return,
+            Ok(_) => {}
+        }
+        if !backoff.is_zero() {
+            backoff = Duration::ZERO;
+            continue;
+        }
+        let conn = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            // Out of descriptors and the like: retried after a pause, never fatal.
+            Err(_) => {
+                backoff = Duration::from_millis(100);
+                continue;
+            }
+        };
+        if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONTROL_CONNECTIONS {
+            busy.fetch_sub(1, Ordering::SeqCst);
+            let _ = (&conn).write_all(b"error: too many control connections; try again\n");
+            continue;
+        }
+        let (store, server, count) = (Arc::clone(&store), Arc::clone(&server), Arc::clone(&busy));
+        let spawned = std::thread::Builder::new()
+            .name("ztier-ctl".into())
+            .spawn(move || {
+                answer_control(&conn, &store, &server, any_user);
+                count.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            // The closure (and its count) went with the failed spawn.
+            busy.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// One control request and its answer.
+fn answer_control(conn: &UnixStream, store: &Store, server: &Server, any_user: bool) {
+    use std::io::{BufRead, BufReader};
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut line = String::new();
+    let mut reader = BufReader::new(conn);
+    if reader.by_ref().take(256).read_line(&mut line).is_err() {
+        return;
+    }
+    let request = line.trim();
+    let answer = match request {
+        "stat" => stats_text(store, server, false),
+        "stat json" => stats_text(store, server, true),
+        r if r.starts_with("set ") && !any_user && !may_change(conn) => {
+            "error: only the server's own user (or root) may change the device; \
+             start it with --control-any-user to let others\n"
+                .to_string()
+        }
+        other => control(store, other),
+    };
+    let _ = (&*conn).write_all(answer.as_bytes());
+}
+
+/// Whether the peer on `conn` runs as the server's user or as root.
+fn may_change(conn: &UnixStream) -> bool {
+    rustix::net::sockopt::socket_peercred(conn).is_ok_and(|cred| {
+        let uid = cred.uid.as_raw();
+        uid == 0 || uid == rustix::process::getuid().as_raw()
+    })
+}
+
+/// `get ATTR` and `set ATTR VALUE`: the device's sysfs attributes.
+fn control(store: &Store, request: &str) -> String {
+    let Store::Zram(device, _, link) = store else {
+        return "error: a plain RAM disk has no attributes\n".into();
+    };
+    let mut words = request.splitn(3, ' ');
+    let r = match (words.next(), words.next(), words.next()) {
+        (Some("get"), Some("backing_dev"), None) => {
+            device.show_attr("backing_dev").map(|a| match link {
+                Some(c) => format!("{a}\nstore {}: {}", c.uri(), c.status()),
+                None => a,
+            })
+        }
+        (Some("set"), Some("reconnect"), _) => {
+            return match link {
+                None => "error: no remote backing store to reconnect to\n".into(),
+                Some(c) => match c.reconnect() {
+                    Ok(()) => format!("store {}: {}\n", c.uri(), c.status()),
+                    Err(e) => format!("error: {e}\n"),
+                },
+            }
+        }
+        (Some("get"), Some(attr), None) => device.show_attr(attr),
+        (Some("set"), Some(attr), value) => device.store_attr(attr, value.unwrap_or("")),
+        _ => {
+            return format!(
+                "error: unknown request '{request}' (stat, stat json, get ATTR, set ATTR VALUE)\n"
+            )
+        }
+    };
+    match r {
+        Ok(text) => format!("{text}\n"),
+        Err(e) => format!("error: {e}\n"),
+    }
+}

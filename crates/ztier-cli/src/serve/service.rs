@@ -1,0 +1,199 @@
+//! How `ztier serve` runs as a service, with the conventions NBD servers share: where it
+//! listens (a socket systemd hands over, `--socket`, a private socket for `--run`, or TCP),
+//! Unix sockets made private from the start, readiness and status for systemd, the captive
+//! command of `--run`, and the socket files removed however the server ends.
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use ztier_nbd::Listener;
+
+use super::{ServeArgs, Store};
+
+/// Socket files `ztier serve` made, and private directories it made for them, removed
+/// when it ends however it ends.
+pub(super) struct SocketFiles(pub(super) Vec<PathBuf>, pub(super) Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+        for d in &self.1 {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Binds a Unix socket at `path` with permissions `mode` from the start: made under a umask
+/// that lets no one else in, so no other user can connect between the bind and the chmod.
+pub(super) fn bind_private(
+    path: &std::path::Path,
+    mode: u32,
+    files: &mut SocketFiles,
+) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        bail!(
+            "{} exists; remove it if no server is using it",
+            path.display()
+        );
+    }
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let l = bound.with_context(|| format!("binding {}", path.display()))?;
+    files.0.push(path.to_owned());
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting {}'s mode to {mode:o}", path.display()))?;
+    Ok(l)
+}
+
+/// Where the server listens, and how a client names it.
+pub(super) struct Place {
+    pub(super) listener: Listener,
+    pub(super) uri: String,
+    unix_socket: Option<PathBuf>,
+    port: Option<u16>,
+}
+
+/// The listener: the socket systemd handed over, `--socket`, a private socket for `--run`,
+/// or `--listen` (default 127.0.0.1:10809).
+pub(super) fn listen(
+    args: &ServeArgs,
+    mut activated: listenfd::ListenFd,
+    files: &mut SocketFiles,
+) -> anyhow::Result<Place> {
+    let export = &args.export_name;
+    let unix = |path: &std::path::Path, l: UnixListener| Place {
+        listener: Listener::Unix(l),
+        uri: format!("nbd+unix:///{export}?socket={}", path.display()),
+        unix_socket: Some(path.to_owned()),
+        port: None,
+    };
+    let tcp = |l: TcpListener| -> anyhow::Result<Place> {
+        let addr = l.local_addr()?;
+        if !addr.ip().is_loopback() {
+            eprintln!(
+                "ztier serve: WARNING: listening on {addr}, beyond this machine, with no \
+                 TLS: anyone who can reach it can read and write the disk"
+            );
+        }
+        Ok(Place {
+            listener: Listener::Tcp(l),
+            uri: format!("nbd://{addr}/{export}"),
+            unix_socket: None,
+            port: Some(addr.port()),
+        })
+    };
+    if activated.len() > 0 {
+        if args.socket.is_some() || args.listen.is_some() {
+            bail!("--socket and --listen cannot be given under socket activation (LISTEN_FDS)");
+        }
+        if activated.len() > 1 {
+            bail!(
+                "socket activation handed {} sockets; ztier serve takes one",
+                activated.len()
+            );
+        }
+        if let Ok(Some(l)) = activated.take_unix_listener(0) {
+            let path = l
+                .local_addr()?
+                .as_pathname()
+                .map_or_else(|| PathBuf::from("(unnamed)"), |p| p.to_owned());
+            return Ok(unix(&path, l));
+        }
+        return match activated.take_tcp_listener(0) {
+            Ok(Some(l)) => tcp(l),
+            _ => bail!("the socket handed over (LISTEN_FDS) is no listening Unix or TCP socket"),
+        };
+    }
+    if let Some(path) = &args.socket {
+        let l = bind_private(path, args.socket_mode, files)?;
+        return Ok(unix(path, l));
+    }
+    if args.run.is_some() && args.listen.is_none() {
+        let dir = private_dir()?;
+        files.1.push(dir.clone());
+        let path = dir.join("nbd.sock");
+        let l = bind_private(&path, args.socket_mode, files)?;
+        return Ok(unix(&path, l));
+    }
+    let addr = args.listen.as_deref().unwrap_or("127.0.0.1:10809");
+    let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    tcp(l)
+}
+
+/// A new directory only this user can enter, for --run's private socket.
+pub(super) fn private_dir() -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for n in 0..100u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let dir = base.join(format!("ztier-serve-{}-{nanos:08x}{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("making {}", dir.display())),
+        }
+    }
+    bail!("no private directory could be made in {}", base.display())
+}
+
+/// Tells systemd (NOTIFY_SOCKET, if set) how the server is; a failure is only logged.
+pub(super) fn notify(states: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        eprintln!("ztier serve: telling NOTIFY_SOCKET: {e}");
+    }
+}
+
+pub(super) fn status_line(store: &Store, size: u64, uri: &str) -> String {
+    match store {
+        Store::Zram(device, ..) => format!(
+            "serving {size} bytes at {uri}; {} bytes stored in {} of memory",
+            device.mm_stat().orig_data_size,
+            device.mm_stat().mem_used_total
+        ),
+        Store::Plain(device) => format!(
+            "serving {size} bytes at {uri}; {} bytes of pages held",
+            device.bytes_held()
+        ),
+    }
+}
+
+/// Starts `--run`'s command through the shell, with the server's place in its environment.
+pub(super) fn start_command(
+    cmd: &str,
+    place: &Place,
+    export: &str,
+) -> anyhow::Result<std::process::Child> {
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c").arg(cmd);
+    c.env("uri", &place.uri).env("exportname", export);
+    match (&place.unix_socket, place.port) {
+        (Some(path), _) => {
+            c.env("unixsocket", path).env_remove("port");
+        }
+        (None, Some(port)) => {
+            c.env("port", port.to_string()).env_remove("unixsocket");
+        }
+        (None, None) => {}
+    }
+    c.spawn()
+        .with_context(|| format!("running --run's command {cmd:?}"))
+}
+
+/// A command's exit status as a shell gives it: its code, or 128 + the signal that ended it.
+pub(super) fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => (128 + sig) as u8,
+        (None, None) => 1,
+    }
+}
