@@ -1,0 +1,211 @@
+//! What a device reports: its statistics, and `verify`, which checks every invariant of the
+//! clusters, the lists and the published offers against each other.
+
+use super::*;
+
+/// One order's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct OrderStats {
+    pub order: u32,
+    /// Allocations of `2^order` slots.
+    pub allocations: u64,
+    /// Frees of `2^order` slots (single slots: order 0).
+    pub frees: u64,
+    /// Allocations that found no room (the kernel's `swpout_fallback` for order > 0).
+    pub fallbacks: u64,
+}
+
+/// A device's statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceStats {
+    pub mode: Mode,
+    pub policy: ListPolicy,
+    pub rotational: bool,
+    pub discard: bool,
+    pub priority: i16,
+    pub slots: u64,
+    pub usable_slots: u64,
+    pub in_use: u64,
+    pub off_list: bool,
+    pub per_order: Vec<OrderStats>,
+    pub lists: ListCounts,
+    /// Free slots in clusters on the frag lists.
+    pub frag_free_slots: u64,
+    pub clusters_discarded: u64,
+    pub discard_errors: u64,
+    pub locks: Vec<LockReport>,
+}
+
+impl Inner {
+    pub(super) fn list_counts(&self) -> ListCounts {
+        let l = self.lists.lock(&self.device_lock);
+        ListCounts {
+            free: l.free.len(),
+            nonfull: std::array::from_fn(|o| l.nonfull[o].len()),
+            frag: std::array::from_fn(|o| l.frag[o].len()),
+            full: l.full.len(),
+            discard: l.discard.len(),
+        }
+    }
+
+    /// Free slots in clusters on the frag lists.
+    pub(super) fn frag_free_slots(&self) -> u64 {
+        let ids: Vec<u32> = {
+            let mut l = self.lists.lock(&self.device_lock);
+            (0..NR_ORDERS)
+                .flat_map(|o| l.ids(Flag::Frag, o as u8))
+                .collect()
+        };
+        ids.iter()
+            .map(|&id| {
+                let c = self.clusters[id as usize].lock(&self.cluster_lock);
+                if c.flag == Flag::Frag {
+                    u64::from(CLUSTER - u32::from(c.count))
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    pub(super) fn stats(&self) -> DeviceStats {
+        let per_order = (0..NR_ORDERS)
+            .map(|o| OrderStats {
+                order: o as u32,
+                allocations: self.counters.sum(ALLOCATED + o),
+                frees: self.counters.sum(FREED + o),
+                fallbacks: self.counters.sum(FALLBACK + o),
+            })
+            .collect();
+        DeviceStats {
+            mode: self.config.mode,
+            policy: self.config.policy,
+            rotational: self.config.rotational,
+            discard: self.config.discard,
+            priority: self.config.priority,
+            slots: self.slots,
+            usable_slots: self.slots - 1,
+            in_use: self.usage.in_use(),
+            off_list: self.usage.off_list(),
+            per_order,
+            lists: self.list_counts(),
+            frag_free_slots: self.frag_free_slots(),
+            clusters_discarded: self.counters.sum(DISCARDED),
+            discard_errors: self.counters.sum(DISCARD_ERRORS),
+            locks: vec![
+                self.device_lock.report(),
+                self.cluster_lock.report(),
+                self.global_lock.report(),
+                self.usage.avail().lock_stats.report(),
+            ],
+        }
+    }
+
+    pub(super) fn verify(&self) -> Result<(), String> {
+        let mut on_list = vec![None; self.clusters.len()];
+        {
+            let mut l = self.lists.lock(&self.device_lock);
+            let mut lists = vec![(Flag::Free, 0u8), (Flag::Full, 0), (Flag::Discard, 0)];
+            for o in 0..NR_ORDERS as u8 {
+                lists.push((Flag::Nonfull, o));
+                lists.push((Flag::Frag, o));
+            }
+            if self.nonempty.load(Ordering::Acquire) != l.nonempty_mask() {
+                return Err("the published list bitmap differs from the lists".into());
+            }
+            for (flag, order) in lists {
+                for id in l.ids(flag, order) {
+                    if let Some(prev) = on_list[id as usize].replace((flag, order)) {
+                        return Err(format!("cluster {id} on two lists: {prev:?} and {flag:?}"));
+                    }
+                }
+            }
+        }
+        let mut in_use = 0u64;
+        let mut frag_runs = [0u64; NR_ORDERS];
+        for (id, lock) in self.clusters.iter().enumerate() {
+            let c = lock.lock(&self.cluster_lock);
+            let used = c.map.iter().filter(|&&b| b != 0).count();
+            if used != usize::from(c.count) {
+                return Err(format!(
+                    "cluster {id}: count {} but {used} slots used",
+                    c.count
+                ));
+            }
+            in_use += c
+                .map
+                .iter()
+                .filter(|&&b| b != 0 && b != SWAP_MAP_BAD)
+                .count() as u64;
+            let expected = match c.flag {
+                Flag::None => None,
+                Flag::Free | Flag::Full | Flag::Discard => Some((c.flag, 0)),
+                Flag::Nonfull | Flag::Frag => Some((c.flag, c.order)),
+            };
+            if on_list[id] != expected && !(c.flag == Flag::Discard && on_list[id].is_none()) {
+                return Err(format!(
+                    "cluster {id}: flag {:?} order {} but on {:?}",
+                    c.flag, c.order, on_list[id]
+                ));
+            }
+            let fits = match c.flag {
+                Flag::Free | Flag::Discard => c.count == 0,
+                // ztier's list policy leaves a full cluster there until half is free.
+                Flag::Full => match self.config.policy {
+                    ListPolicy::Ztier => CLUSTER - u32::from(c.count) < FULL_ROOM,
+                    ListPolicy::Kernel => u32::from(c.count) == CLUSTER,
+                },
+                Flag::Nonfull | Flag::Frag => c.count > 0,
+                Flag::None => false,
+            };
+            if !fits {
+                return Err(format!(
+                    "cluster {id}: {:?} with {} slots used",
+                    c.flag, c.count
+                ));
+            }
+            if c.count > 0 && c.free_runs != c.count_free_runs() {
+                return Err(format!(
+                    "cluster {id}: {} free runs of order {} counted, {} there",
+                    c.free_runs,
+                    c.order,
+                    c.count_free_runs()
+                ));
+            }
+            let published = Published::unpack(self.published[id].load(Ordering::Relaxed));
+            if published != self.offer(&c) {
+                return Err(format!(
+                    "cluster {id}: published {published:?}, offers {:?}",
+                    self.offer(&c)
+                ));
+            }
+            frag_runs[usize::from(published.order)] += u64::from(published.frag_runs);
+        }
+        let summed: [u64; NR_ORDERS] =
+            std::array::from_fn(|o| self.frag_runs[o].load(Ordering::Relaxed));
+        if summed != frag_runs {
+            return Err(format!(
+                "free runs on the frag lists: {summed:?} summed, {frag_runs:?} there"
+            ));
+        }
+        if in_use != self.usage.in_use() {
+            return Err(format!(
+                "{in_use} slots used in the clusters, {} counted",
+                self.usage.in_use()
+            ));
+        }
+        let full = self.usage.in_use() == self.slots - 1;
+        if self.usage.off_list() != full
+            || self.usage.avail().contains(self.id) == self.usage.off_list()
+        {
+            return Err(format!(
+                "in use {} of {}: off-list bit {}, on the available list {}",
+                self.usage.in_use(),
+                self.slots - 1,
+                self.usage.off_list(),
+                self.usage.avail().contains(self.id)
+            ));
+        }
+        Ok(())
+    }
+}
