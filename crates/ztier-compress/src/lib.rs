@@ -61,6 +61,14 @@ pub enum CompressError {
         algorithm: &'static str,
         message: String,
     },
+    /// A stored page decoded without error but not to a whole page
+    /// ([`Compressor::decompress_page`]).
+    #[error("{algorithm} stream decodes to {got} bytes instead of a {page_size}-byte page")]
+    PageLength {
+        algorithm: &'static str,
+        got: usize,
+        page_size: usize,
+    },
 }
 
 pub type Result<T, E = CompressError> = std::result::Result<T, E>;
@@ -80,6 +88,19 @@ pub trait Compressor: Send {
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize>;
     /// Decompresses `src` into `dst`; returns the decompressed length.
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize>;
+    /// Decompresses a stored page into `page`, which it must fill exactly: a stream that
+    /// decodes to fewer bytes is [`CompressError::PageLength`] (zram's and zswap's check of
+    /// every decoded page).
+    fn decompress_page(&mut self, src: &[u8], page: &mut [u8]) -> Result<()> {
+        match self.decompress(src, page)? {
+            n if n == page.len() => Ok(()),
+            got => Err(CompressError::PageLength {
+                algorithm: self.name(),
+                got,
+                page_size: page.len(),
+            }),
+        }
+    }
 }
 
 /// A compression stream with its output buffer, sized for the worst case of one page: what
@@ -323,5 +344,32 @@ mod tests {
         page[4095] ^= 1;
         page[100] ^= 1;
         assert_eq!(same_filled(&page), None);
+    }
+
+    #[test]
+    fn decompress_page_wants_a_whole_page() {
+        for kind in [Kind::Lz4, Kind::LzoRle, Kind::Zstd] {
+            let mut c = Algorithm::new(kind).new_compressor();
+            let mut buf = vec![0u8; worst_case_len(4096)];
+            let page: Vec<u8> = (0..4096u32).map(|i| (i / 7 % 251) as u8).collect();
+            let n = c.compress(&page, &mut buf).unwrap();
+            let mut out = vec![0u8; 4096];
+            c.decompress_page(&buf[..n], &mut out).unwrap();
+            assert_eq!(out, page);
+            // Half a page compressed, read back as a page: decoded, but short.
+            let n = c.compress(&page[..2048], &mut buf).unwrap();
+            let err = c.decompress_page(&buf[..n], &mut out).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    CompressError::PageLength {
+                        got: 2048,
+                        page_size: 4096,
+                        ..
+                    }
+                ),
+                "{kind:?}: {err}"
+            );
+        }
     }
 }
