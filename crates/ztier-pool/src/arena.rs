@@ -13,9 +13,11 @@
 //! Chains are handed out resident: pages not yet faulted in (from such a chunk, or
 //! released) are faulted in by [`Arena::alloc_chain`] outside the arena lock, a fresh run
 //! in one call. A page given back is kept resident on a small "hot" list for quick reuse;
-//! past [`HOT_PAGES_MAX`] it is released to the OS with `madvise(MADV_DONTNEED)` and parked
-//! on the "cold" list, so the process RSS follows the pages the allocators hold (plus at
-//! most the hot list and the untouched rest of the newest chunk, and for the process the
+//! past [`HOT_PAGES_MAX`] it is gathered, still resident, and once [`RELEASE_BATCH_BYTES`]
+//! are, the batch is released to the OS with `madvise(MADV_DONTNEED)` (sorted, a call per
+//! run of consecutive pages) and parked on the "cold" list, so the process RSS follows the
+//! pages the allocators hold (plus at most the hot list, one unfilled batch and the
+//! untouched rest of the newest chunk, and for the process the
 //! helper's one ready chunk, and that only while allocation goes on), as `mem_used_total`
 //! promises. Once allocation stops, the helper gives those back too: a second after its ready
 //! chunk went unused, and then every 250 ms while any is left, each arena that neither took
@@ -25,8 +27,9 @@
 //!
 //! Invariants:
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
-//! - a page is either owned by exactly one [`Page`] value, or on `hot`, `cold` or not yet
-//!   handed out (`next_fresh`), never two of these;
+//! - a page is either owned by exactly one [`Page`] value, or on `hot`, `gathered`, `cold`
+//!   or not yet handed out (`next_fresh`), or being released by the `free_chain` that took
+//!   it off `gathered` (counted in `pages_out` meanwhile), never two of these;
 //! - a chain is marked contiguous only if its pages were checked to be consecutive in one
 //!   chunk;
 //! - a chain is given back only to the arena it came from (each chain carries its arena's
@@ -67,6 +70,14 @@ pub const CHUNK_BYTES: usize = 2 << 20;
 
 /// Free pages kept resident for reuse before further frees are released to the OS.
 pub const HOT_PAGES_MAX: usize = 64;
+
+/// Bytes of free pages past the hot list gathered before they are released to the OS in one
+/// go: a zswap load pass empties the pool zspage by zspage, and one `madvise` (with its TLB
+/// flush, an IPI to every other core running the process) per zspage was 21 % of a load
+/// pass; gathered, sorted and released a batch at a time, the calls and flushes are a few
+/// per batch. Gathered pages stay resident and are reused first, so a store that follows
+/// frees neither releases nor faults them in. RSS stays within this of the hot list.
+pub const RELEASE_BATCH_BYTES: usize = 4 << 20;
 
 /// One pool page, owned: the only handle to its memory while it is out of the arena.
 ///
@@ -274,6 +285,8 @@ struct ArenaState {
     chunks: Vec<Chunk>,
     /// Free pages that are still resident.
     hot: Vec<NonNull<u8>>,
+    /// Free pages past the hot list, still resident, gathered until a release batch is full.
+    gathered: Vec<NonNull<u8>>,
     /// Free pages released to the OS (reading them gives zeros, touching faults them in).
     cold: Vec<NonNull<u8>>,
     /// The untouched tail of the newest chunk.
@@ -330,6 +343,7 @@ impl Arena {
         let state = Arc::new(Mutex::new(ArenaState {
             chunks: Vec::new(),
             hot: Vec::new(),
+            gathered: Vec::new(),
             cold: Vec::new(),
             next_fresh: None,
             pages_out: 0,
@@ -357,6 +371,12 @@ impl Arena {
         self.state.lock().hot.len()
     }
 
+    /// Free pages past the hot list, resident, waiting for a release batch to fill.
+    #[cfg(test)]
+    pub fn gathered_pages(&self) -> usize {
+        self.state.lock().gathered.len()
+    }
+
     /// Whether the rest of the newest chunk is faulted in (came from the helper, not yet
     /// trimmed).
     #[cfg(test)]
@@ -380,8 +400,10 @@ impl Arena {
         // Each page with whether it is resident.
         let mut pages: Vec<(NonNull<u8>, bool)> = Vec::with_capacity(n);
         // A chain longer than a chunk cannot be consecutive in one mapping.
-        let contiguous =
-            n <= CHUNK_BYTES / self.page_size && st.hot.is_empty() && st.cold.is_empty();
+        let contiguous = n <= CHUNK_BYTES / self.page_size
+            && st.hot.is_empty()
+            && st.gathered.is_empty()
+            && st.cold.is_empty();
         if contiguous && st.next_fresh.is_some_and(|run| run.left < n) {
             // Too few for a run: park the untouched rest as free pages, on the list that says
             // whether they are resident; take_fresh starts the next chunk.
@@ -448,9 +470,10 @@ impl Arena {
         })
     }
 
-    /// Gives a chain's pages back. Pages past the hot list's capacity are released to the
-    /// OS: consecutive ones in one call, and outside the lock, since no one else can reach
-    /// them until they are on the cold list.
+    /// Gives a chain's pages back. Pages past the hot list's capacity are gathered, and once
+    /// [`RELEASE_BATCH_BYTES`] of them are, the whole batch is released to the OS: sorted,
+    /// consecutive ones in one call, outside the lock, since no one else can reach them until
+    /// they are on the cold list.
     ///
     /// Panics, changing nothing, if the chain came from another arena.
     pub fn free_chain(&self, chain: PageChain) {
@@ -461,38 +484,43 @@ impl Arena {
             self.id
         );
         let pages = chain.pages;
-        let kept = {
+        let batch = RELEASE_BATCH_BYTES / self.page_size;
+        let mut released = {
             let mut st = self.state.lock();
             st.activity += 1;
+            st.pages_out -= pages.len();
             let kept = HOT_PAGES_MAX.saturating_sub(st.hot.len()).min(pages.len());
             for page in &pages[..kept] {
                 st.hot.push(page.ptr);
             }
-            st.pages_out -= kept;
-            kept
+            for page in &pages[kept..] {
+                st.gathered.push(page.ptr);
+            }
+            if st.gathered.len() < batch {
+                return;
+            }
+            // Out of every list while they go: counted as out, as a chain's pages are.
+            let released = std::mem::take(&mut st.gathered);
+            st.pages_out += released.len();
+            released
         };
-        let released = &pages[kept..];
-        if released.is_empty() {
-            return;
-        }
-        let addr = |i: usize| released[i].ptr.as_ptr() as usize;
+        released.sort_unstable();
+        let addr = |i: usize| released[i].as_ptr() as usize;
         let mut start = 0;
         for i in 1..=released.len() {
             if i == released.len() || addr(i) != addr(i - 1) + self.page_size {
-                release(released[start].ptr, (i - start) * self.page_size);
+                release(released[start], (i - start) * self.page_size);
                 start = i;
             }
         }
         let mut st = self.state.lock();
-        for page in released {
-            st.cold.push(page.ptr);
-        }
         st.pages_out -= released.len();
+        st.cold.append(&mut released);
     }
 
     /// A free page, else a fresh one, with whether it is resident.
     fn take_one(&self, st: &mut ArenaState) -> Result<(NonNull<u8>, bool)> {
-        if let Some(p) = st.hot.pop() {
+        if let Some(p) = st.hot.pop().or_else(|| st.gathered.pop()) {
             st.pages_out += 1;
             return Ok((p, true));
         }
@@ -545,6 +573,7 @@ impl Drop for Arena {
         let mut st = self.state.lock();
         st.next_fresh = None;
         st.hot.clear();
+        st.gathered.clear();
         st.cold.clear();
         if st.pages_out != 0 {
             // A Page may still point into these chunks: leaking is the sound choice.
@@ -565,9 +594,13 @@ impl ArenaState {
     fn trim_if_idle(&mut self) -> bool {
         if self.activity_seen != Some(self.activity) {
             self.activity_seen = Some(self.activity);
-            return !self.hot.is_empty() || self.next_fresh.is_some_and(|run| run.resident);
+            return !self.hot.is_empty()
+                || !self.gathered.is_empty()
+                || self.next_fresh.is_some_and(|run| run.resident);
         }
-        for p in std::mem::take(&mut self.hot) {
+        let mut free = std::mem::take(&mut self.hot);
+        free.append(&mut self.gathered);
+        for p in free {
             release(p, self.page_size);
             self.cold.push(p);
         }
@@ -942,7 +975,7 @@ mod tests {
         kept.write(0, &[0xA5; 4096]);
         assert!(arena.hot_pages() > 0 && arena.fresh_resident());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while (arena.hot_pages() > 0 || arena.fresh_resident())
+        while (arena.hot_pages() + arena.gathered_pages() > 0 || arena.fresh_resident())
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -952,6 +985,7 @@ mod tests {
             0,
             "hot pages kept after allocation stopped"
         );
+        assert_eq!(arena.gathered_pages(), 0, "gathered pages kept");
         assert!(!arena.fresh_resident(), "the chunk's rest kept resident");
         let mut back = vec![0; 4096];
         kept.read(0, &mut back);
@@ -986,17 +1020,27 @@ mod tests {
         }
         assert_eq!(arena.pages_out(), 0);
         assert_eq!(arena.hot_pages(), HOT_PAGES_MAX);
+        assert_eq!(arena.gathered_pages(), 600 - HOT_PAGES_MAX);
     }
 
+    /// Pages past the hot list are gathered, resident, until a batch is full; then the whole
+    /// batch goes back to the OS (zeroed when taken again), and the pages out stay counted.
     #[test]
     fn released_pages_come_back_zeroed() {
         let arena = Arena::new(16384);
-        let mut chain = arena.alloc_chain(HOT_PAGES_MAX + 10).unwrap();
+        let batch = RELEASE_BATCH_BYTES / 16384;
+        let mut chain = arena.alloc_chain(HOT_PAGES_MAX + batch - 1).unwrap();
         for p in chain.pages.iter_mut() {
             p.bytes_mut().fill(0xAB);
         }
+        let mut one = arena.alloc_chain(1).unwrap();
+        one.pages[0].bytes_mut().fill(0xAB);
         arena.free_chain(chain);
-        let again = arena.alloc_chain(HOT_PAGES_MAX + 10).unwrap();
+        assert_eq!(arena.gathered_pages(), batch - 1, "gathered, not released");
+        arena.free_chain(one);
+        assert_eq!(arena.gathered_pages(), 0, "the full batch released");
+        assert_eq!(arena.pages_out(), 0);
+        let again = arena.alloc_chain(HOT_PAGES_MAX + batch).unwrap();
         assert!(!again.is_contiguous(), "made of freed pages");
         let zeroed = again
             .pages
@@ -1004,7 +1048,7 @@ mod tests {
             .filter(|p| p.bytes().iter().all(|&b| b == 0))
             .count();
         assert_eq!(
-            zeroed, 10,
+            zeroed, batch,
             "pages past the hot list were released to the OS"
         );
         arena.free_chain(again);

@@ -240,6 +240,18 @@ pub trait ZPool: Send + Sync {
             Ok(())
         })
     }
+    /// Frees many objects: each as [`free`](Self::free) would, in any order; returns the
+    /// first error after trying every handle (a handle that fails changes nothing). zsmalloc
+    /// takes each class's lock once for all its objects in the batch.
+    fn free_batch(&self, handles: &mut [Handle]) -> Result<()> {
+        let mut first = Ok(());
+        for &h in handles.iter() {
+            if let Err(e) = self.free(h) {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
     /// Allocates and writes in one step.
     fn store(&self, data: &[u8]) -> Result<Handle> {
         let handle = self.malloc(data.len())?;
@@ -266,4 +278,34 @@ pub trait ZPool: Send + Sync {
     fn pages_compacted(&self) -> u64;
     /// The allocator's debugfs table: zsmalloc's `classes`, zblock's `blocks`.
     fn stats(&self) -> PoolStats;
+}
+
+impl dyn ZPool + '_ {
+    /// [`read_with`](ZPool::read_with) for a closure that returns a value: calls `f` once
+    /// with the object's bytes (in place, or copied into `scratch`, which must have room for
+    /// the object) and returns what `f` returned. The one relay out of the pool's callback,
+    /// for a decompression:
+    ///
+    /// ```
+    /// # use ztier_pool::{ZPool, ZsPool, ZsConfig};
+    /// let pool: Box<dyn ZPool> = Box::new(ZsPool::new(ZsConfig::default()).unwrap());
+    /// let h = pool.store(b"object").unwrap();
+    /// let mut scratch = [0u8; 16];
+    /// assert_eq!(pool.read_map(h, &mut scratch, |b| b.len()).unwrap(), 6);
+    /// ```
+    pub fn read_map<R>(
+        &self,
+        handle: Handle,
+        scratch: &mut [u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.read_with(handle, scratch, &mut |bytes| {
+            if let Some(f) = f.take() {
+                out = Some(f(bytes));
+            }
+        })?;
+        Ok(out.expect("read_with calls its closure once on success"))
+    }
 }

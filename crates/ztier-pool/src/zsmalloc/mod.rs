@@ -355,6 +355,29 @@ impl ZsPool {
         }
     }
 
+    /// `zs_free()` under the class's lock.
+    fn free_locked(
+        &self,
+        class: &SizeClass,
+        st: &mut ClassState,
+        handle: Handle,
+        index: u32,
+        generation: u32,
+    ) -> Result<()> {
+        let spec = &class.spec;
+        let (id, obj) = self.locate(st, handle, index, generation)?;
+        st.obj_free(spec, id, obj);
+        st.obj_used -= 1;
+        if st.fix_fullness_group(spec, id) == FG_EMPTY {
+            st.remove_zspage(id);
+            st.free_zspage(spec, id, &self.arena);
+            self.pages_allocated
+                .fetch_sub(spec.pages_per_zspage as u64, Ordering::Relaxed);
+        }
+        st.free_handle_slot(index);
+        Ok(())
+    }
+
     fn compact_class(&self, class: &SizeClass) -> u64 {
         let spec = &class.spec;
         let mut st = class.state.write();
@@ -433,19 +456,28 @@ impl ZPool for ZsPool {
 
     fn free(&self, handle: Handle) -> Result<()> {
         let (class, index, generation) = self.decode(handle)?;
-        let spec = &class.spec;
         let mut st = class.state.write();
-        let (id, obj) = self.locate(&st, handle, index, generation)?;
-        st.obj_free(spec, id, obj);
-        st.obj_used -= 1;
-        if st.fix_fullness_group(spec, id) == FG_EMPTY {
-            st.remove_zspage(id);
-            st.free_zspage(spec, id, &self.arena);
-            self.pages_allocated
-                .fetch_sub(spec.pages_per_zspage as u64, Ordering::Relaxed);
+        self.free_locked(class, &mut st, handle, index, generation)
+    }
+
+    /// The handles sorted by class, each class's lock taken once for its objects.
+    fn free_batch(&self, handles: &mut [Handle]) -> Result<()> {
+        let mut first = Ok(());
+        handles.sort_unstable_by_key(|h| H_CLASS.get(h.raw()));
+        for group in handles.chunk_by(|a, b| H_CLASS.get(a.raw()) == H_CLASS.get(b.raw())) {
+            // Decoding checks each handle; those of one group name one class.
+            let mut locked: Option<RwLockWriteGuard<'_, ClassState>> = None;
+            for &h in group {
+                let r = self.decode(h).and_then(|(class, index, generation)| {
+                    let st = locked.get_or_insert_with(|| class.state.write());
+                    self.free_locked(class, st, h, index, generation)
+                });
+                if let Err(e) = r {
+                    first = first.and(Err(e));
+                }
+            }
         }
-        st.free_handle_slot(index);
-        Ok(())
+        first
     }
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()> {
