@@ -29,13 +29,21 @@
 //! checks the slot still names that place before answering (a page rewritten or discarded
 //! meanwhile is read again). A slow or vanished store so stalls only the reads of its own
 //! pages: never writes to other pages of the stripe, the shard, `stat` or `ctl`. Reads never
-//! take the page back into the pool (nor does the kernel).
+//! take the page back into the pool (nor does the kernel). A packed page's read fetches its
+//! whole segment in one request and keeps it in a small cache ([`SEGMENT_CACHE`] segments),
+//! so the pages written back together cost the store one read between them; a segment leaves
+//! the cache when it is freed, before its slots can be handed out again.
+//!
+//! Locks: a slot's lock (to pin, collect or commit), then `Backing::cache` (a leaf, held to
+//! look up, add or drop one segment, never across I/O), then the swap allocator's.
 
 use std::sync::atomic::{
     AtomicU32, AtomicU64,
     Ordering::{AcqRel, Relaxed},
 };
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde::Serialize;
 use ztier_blockdev::BlockDevice;
@@ -104,12 +112,51 @@ impl std::str::FromStr for WbFormat {
     }
 }
 
+/// Packed segments kept after a read, so the pages written back together (usually
+/// neighbours, read together again) cost one request to the store, not one each.
+const SEGMENT_CACHE: usize = 32;
+
+/// Recently read packed segments, most recent last. A segment is read whole on a miss, while
+/// a pin keeps it allocated, and leaves the cache when its last live byte goes, before its
+/// slots can be handed out again; so a cached segment always holds what the store holds.
+/// Bounded at [`SEGMENT_CACHE`] segments (2 MiB); the lock is held to look up, add or drop
+/// one, never across I/O.
+#[derive(Default)]
+struct SegmentCache {
+    segments: Mutex<Vec<(u64, Arc<[u8]>)>>,
+}
+
+impl SegmentCache {
+    fn get(&self, first: u64) -> Option<Arc<[u8]>> {
+        let mut segs = self.segments.lock();
+        let i = segs.iter().position(|(f, _)| *f == first)?;
+        let hit = segs.remove(i);
+        let bytes = Arc::clone(&hit.1);
+        segs.push(hit);
+        Some(bytes)
+    }
+
+    fn add(&self, first: u64, bytes: Arc<[u8]>) {
+        let mut segs = self.segments.lock();
+        segs.retain(|(f, _)| *f != first);
+        if segs.len() == SEGMENT_CACHE {
+            segs.remove(0);
+        }
+        segs.push((first, bytes));
+    }
+
+    fn forget(&self, first: u64) {
+        self.segments.lock().retain(|(f, _)| *f != first);
+    }
+}
+
 /// `bd_stat`, in the kernel's units (4 KiB pages), and ztier's byte counts beside it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BdStat {
     /// Pages held on the store now.
     pub bd_count: u64,
-    /// Pages read from the store.
+    /// Reads from the store: one per page in the kernel's formats, one per segment read whole
+    /// in the packed format (the other pages of a segment come from the segment cache).
     pub bd_reads: u64,
     /// 4 KiB blocks written to the store.
     pub bd_writes: u64,
@@ -140,6 +187,8 @@ pub struct Backing {
     /// for each hold (a batch being committed, a read in flight). The unit goes back to the
     /// allocator when it reaches zero.
     live: Box<[AtomicU32]>,
+    /// Packed segments recently read whole.
+    cache: SegmentCache,
     bytes_written: AtomicU64,
     bytes_stored: AtomicU64,
     failed: AtomicU64,
@@ -163,6 +212,7 @@ impl Backing {
         let units = places.slots().div_ceil(unit_slots) as usize;
         Ok(Backing {
             live: (0..units).map(|_| AtomicU32::new(0)).collect(),
+            cache: SegmentCache::default(),
             places,
             format,
             unit_slots,
@@ -219,6 +269,10 @@ impl Backing {
         // AcqRel: every read of the unit under a hold happens before its slots are freed.
         if self.live_of(first).fetch_sub(n as u32, AcqRel) == n as u32 {
             let start = first / self.unit_slots * self.unit_slots;
+            // Out of the cache before its slots can be handed out again.
+            if self.format == WbFormat::Packed {
+                self.cache.forget(start);
+            }
             let _ = if self.unit_slots == 1 {
                 self.places.free(start)
             } else {
@@ -240,6 +294,19 @@ impl Backing {
 
     fn read(&self, place: Place, out: &mut [u8]) -> std::result::Result<(), SwapError> {
         self.places.read_bytes(place.first, place.at, out)
+    }
+
+    /// The packed segment starting at slot `first`, from the cache or read whole from the
+    /// store (one request); the caller holds a pin on it. True if the store was read.
+    fn segment(&self, first: u64) -> std::result::Result<(Arc<[u8]>, bool), SwapError> {
+        if let Some(bytes) = self.cache.get(first) {
+            return Ok((bytes, false));
+        }
+        let mut bytes = vec![0u8; SEG_BYTES];
+        self.places.read_bytes(first, 0, &mut bytes)?;
+        let bytes: Arc<[u8]> = bytes.into();
+        self.cache.add(first, Arc::clone(&bytes));
+        Ok((bytes, true))
     }
 
     pub(crate) fn stat(&self, counters: &Counters) -> BdStat {
@@ -587,18 +654,33 @@ impl Device {
             (g.entry, place, store.pin(place))
         };
         let size = e.size();
-        if size == self.page_size {
-            store.read(place, out).map_err(ZramError::Backing)?;
-            self.shard().counters.add(Counter::BdReads, 1);
+        // The object's bytes: from its segment (packed), or read alone.
+        let (held, read_store): (Arc<[u8]>, bool) = if store.format == WbFormat::Packed {
+            store.segment(place.first).map_err(ZramError::Backing)?
         } else {
             let mut object = vec![0u8; size];
             store.read(place, &mut object).map_err(ZramError::Backing)?;
-            let mut shard = self.shard();
+            (object.into(), true)
+        };
+        let object = match store.format {
+            WbFormat::Packed => held.get(place.at..place.at + size).ok_or_else(|| {
+                ZramError::Config(format!(
+                    "page {index}: its place {place:?} and size {size} run past its segment"
+                ))
+            })?,
+            _ => &held[..],
+        };
+        let mut shard = self.shard();
+        if read_store {
+            shard.counters.add(Counter::BdReads, 1);
+        }
+        if size == self.page_size {
+            out.copy_from_slice(object);
+        } else {
             let decoded = self
                 .stream_for(&mut shard, e.priority())
                 .comp
-                .decompress(&object, out);
-            shard.counters.add(Counter::BdReads, 1);
+                .decompress(object, out);
             drop(shard);
             self.check_decoded(index, decoded)?;
         }

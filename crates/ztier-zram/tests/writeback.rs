@@ -153,7 +153,12 @@ fn written_back_pages_read_back_in_every_format() {
         }
         assert!(dev.entry(3).unwrap().has(SlotFlag::Wb));
         verify(&dev, n, |_| None);
-        assert_eq!(dev.bd_stat().unwrap().bd_reads, stored);
+        // Reads from the store: one a page, or one a segment (packed, read in order).
+        let reads = match format {
+            WbFormat::Packed => bd.bytes_held / (64 << 10),
+            _ => stored,
+        };
+        assert_eq!(dev.bd_stat().unwrap().bd_reads, reads, "{format:?}");
         // Overwrite half, discard a quarter: their places on the store are given back.
         for i in (0..n).step_by(2) {
             dev.write_page(i, &page(i + 10_000)).unwrap();
@@ -402,4 +407,75 @@ fn io_goes_on_while_writeback_and_recompression_run() {
         written_back > 0,
         "no page written back while the workers ran"
     );
+}
+
+/// A store that counts the reads it answers.
+struct CountingReads {
+    inner: MemoryDevice,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl ztier_blockdev::BlockDevice for CountingReads {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        self.reads.fetch_add(1, Relaxed);
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
+    let n = 600;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(CountingReads {
+        inner: MemoryDevice::new(8 << 20).unwrap(),
+        reads: Default::default(),
+    });
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    let bd = dev.bd_stat().unwrap();
+    let segments = bd.bytes_held / (64 << 10);
+    assert!(segments > 1 && segments * 8 < bd.bd_count, "{bd:?}");
+    // Read in order, the pages of a segment cost the store one read between them.
+    let before = store.reads.load(Relaxed);
+    verify(&dev, n, |_| None);
+    let reads = store.reads.load(Relaxed) - before;
+    assert_eq!(
+        reads, segments,
+        "reads from the store for {segments} segments"
+    );
+    assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
+
+    // A segment whose pages all go is freed, leaves the cache, and its slots are handed out
+    // again to new pages: reading them must give the new pages, not the cached old ones.
+    let mut out = vec![0u8; PS];
+    dev.read_page(0, &mut out).unwrap(); // the first segment, cached
+    for i in 0..n {
+        dev.discard_page(i).unwrap();
+    }
+    assert_eq!(dev.bd_stat().unwrap().bytes_held, 0);
+    for i in 0..n {
+        dev.write_page(i, &page(i + 7777)).unwrap();
+    }
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    verify(&dev, n, |i| Some(page(i + 7777)));
 }
