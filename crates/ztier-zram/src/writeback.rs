@@ -30,7 +30,7 @@
 //! meanwhile is read again). A slow or vanished store so stalls only the reads of its own
 //! pages: never writes to other pages of the stripe, the shard, `stat` or `ctl`. Reads never
 //! take the page back into the pool (nor does the kernel). A packed page's read fetches its
-//! whole segment in one request and keeps it in a small cache ([`SEGMENT_CACHE`] segments),
+//! whole segment in one request and keeps it in a small cache (`SEGMENT_CACHE` segments),
 //! so the pages written back together cost the store one read between them; a segment leaves
 //! the cache when it is freed, before its slots can be handed out again.
 //!
