@@ -623,6 +623,105 @@ fn nbdinfo_and_nbdcopy_work_against_ztiers_tls_server() {
     let _ = std::fs::remove_file(&back);
 }
 
+/// A TCP listener on loopback serving `config`, stopped when dropped.
+struct TcpServed {
+    server: Arc<Server>,
+    port: u16,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TcpServed {
+    fn new(config: ServerConfig) -> TcpServed {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = Server::new(memory(1 << 20), config);
+        let s = Arc::clone(&server);
+        let thread = std::thread::spawn(move || s.serve(Listener::Tcp(listener)).unwrap());
+        TcpServed {
+            server,
+            port,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TcpServed {
+    fn drop(&mut self) {
+        self.server.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+/// libnbd checks a server's certificate only over TCP (on a Unix socket it has no host
+/// name, and GnuTLS is told nothing to check): the chain and name there, and a client
+/// certificate GnuTLS shows to a server that verifies peers.
+#[test]
+fn nbdinfo_over_tcp_checks_the_chain_and_name_and_shows_a_client_certificate() {
+    let Some(c) = certs() else { return };
+    if !have("nbdinfo") {
+        return;
+    }
+    let s = TcpServed::new(tls_config(TlsMode::Require, &c.server, false));
+    let info = |host: &str, dir: &Path| {
+        Command::new("nbdinfo")
+            .args([
+                "--size",
+                &format!(
+                    "nbds://{host}:{}/?tls-certificates={}",
+                    s.port,
+                    dir.display()
+                ),
+            ])
+            .output()
+            .unwrap()
+    };
+    for host in ["localhost", "127.0.0.1"] {
+        let out = info(host, &c.server);
+        assert!(
+            out.status.success(),
+            "nbdinfo over TCP to {host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1048576");
+    }
+    assert!(
+        !info("localhost", &c.wrong).status.success(),
+        "libnbd trusted a certificate another CA signed"
+    );
+    // Peers verified: libnbd shows client-cert.pem from the client directory.
+    let v = TcpServed::new(tls_config(TlsMode::Require, &c.server, true));
+    let out = Command::new("nbdinfo")
+        .args([
+            "--size",
+            &format!(
+                "nbds://localhost:{}/?tls-certificates={}",
+                v.port,
+                c.client.display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nbdinfo with a client certificate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("nbdinfo")
+        .args([
+            "--size",
+            &format!(
+                "nbds://localhost:{}/?tls-certificates={}",
+                v.port,
+                c.server.display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "served a client with no certificate");
+}
+
 /// nbdkit, killed when dropped.
 struct Nbdkit(Child);
 
