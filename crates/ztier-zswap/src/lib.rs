@@ -15,7 +15,10 @@
 //! - A page that does not compress below a page is stored whole and counted
 //!   (`stored_incompressible_pages`), as kernel 6.18 does when writeback is allowed.
 //! - A load is exclusive, as the kernel's: the entry is freed once the page is handed back
-//!   (the caller now holds the only copy, and marks it dirty).
+//!   (the caller now holds the only copy, and marks it dirty). The page leaves the index at
+//!   once; its pool object and LRU node are freed with the next 31 loads of the thread's
+//!   shard, in one batch (one hold of the LRU lock, one of each class lock), and before any
+//!   figure is read, any store of the shard checks the pool limit, or the shrinker walks.
 //! - The pool limit is `max_pool_percent` of a RAM budget; once reached, stores are refused
 //!   (`pool_limit_hit`) until the pool is back under `accept_threshold_percent` of the
 //!   limit, and a background worker compacts the pool and writes the LRU's coldest pages
@@ -27,11 +30,16 @@
 //!
 //! # Lock order
 //! page lock of the slot (a stripe of [`Stripes`], the kernel's folio lock: held by every
-//! operation on that slot, across the writeback I/O too) → the slot's tree node → the LRU
-//! → the pool's own locks. The shrinker chooses its pages under the LRU lock alone, drops
-//! it, then takes each page's lock in order, and checks the index still names the node it
-//! chose. Only the page lock is held across I/O; a value changes only under its page lock,
-//! so a holder of the page lock may read the value and use it without the node's lock.
+//! operation on that slot, across the writeback I/O too) → the thread's shard (stream and
+//! put-off frees) → the slot's tree node → the LRU → the pool's own locks. A load holds its
+//! shard and the slot's tree node across the decompression; a batch of put-off frees holds
+//! the shard, then the LRU, then each class. The shrinker chooses its pages under the LRU
+//! lock alone, drops it, then takes each page's lock in order, and checks the index still
+//! names the node it chose. The LRU's compaction takes a tree node then the LRU, holding at
+//! most the caller's page lock. Only the page lock is held across I/O; a value's handle and
+//! length change only under its page lock, so a holder of the page lock may read them and
+//! use them without the node's lock (its LRU node id, which compaction may move, only under
+//! the node's lock).
 #![forbid(unsafe_code)]
 
 mod lru;
@@ -45,7 +53,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use ztier_base::shard::{Shards, Stripes};
 use ztier_compress::{same_filled, Algorithm, CompressError, Stream};
-use ztier_pool::{PoolError, ZPool};
+use ztier_pool::{Handle, PoolError, ZPool};
 use ztier_swap::SwapError;
 
 pub use stats::ZswapStats;
@@ -61,6 +69,11 @@ pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
 pub const SWAP_CLUSTER_MAX: usize = 32;
 
 const PAGE_LOCK_STRIPES: usize = 1024;
+
+/// Loaded pages whose pool object and LRU node a shard keeps before it frees them together:
+/// the LRU lock taken once and each class's lock once for the batch, instead of each once
+/// per load.
+const FREE_BATCH: usize = 32;
 
 /// Why zswap refused a store (the kernel's `reject_*` counters name the same causes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -152,19 +165,33 @@ pub enum Source {
     Device,
 }
 
+/// A thread shard's state (the kernel's per-CPU `acomp_ctx`, and the frees its loads put
+/// off).
+#[derive(Default)]
+struct Shard {
+    stream: Option<Stream>,
+    /// Pool objects of pages loaded through this shard, out of the index, not yet freed.
+    freed: Vec<Handle>,
+    /// Their LRU nodes, not yet taken off the LRU.
+    lru_freed: Vec<u32>,
+}
+
 /// The state the cache and its shrink worker share.
 pub(crate) struct Inner {
     config: Config,
     page_size: usize,
     swap: Arc<ztier_swap::Device>,
     pool: Box<dyn ZPool>,
-    /// One compression stream per thread shard (the kernel's per-CPU `acomp_ctx`).
-    streams: Shards<Option<Stream>>,
+    /// Per thread shard: a compression stream (the kernel's per-CPU `acomp_ctx`) and the
+    /// frees its loads put off.
+    shards: Shards<Shard>,
     page_locks: Stripes,
     tree: Tree,
     lru: Mutex<Lru>,
     /// `zswap_pool_reached_full`.
     reached_full: AtomicBool,
+    /// The LRU's slab was seen more than an eighth larger than needed.
+    lru_sparse: AtomicBool,
     stored_pages: AtomicU64,
     stored_incompressible: AtomicU64,
     zero_pages: AtomicU64,
@@ -209,10 +236,11 @@ impl Cache {
             tree: Tree::new(swap.slots()),
             swap,
             pool,
-            streams: Shards::default(),
+            shards: Shards::default(),
             page_locks: Stripes::new(PAGE_LOCK_STRIPES),
             lru: Mutex::default(),
             reached_full: AtomicBool::new(false),
+            lru_sparse: AtomicBool::new(false),
             stored_pages: AtomicU64::new(0),
             stored_incompressible: AtomicU64::new(0),
             zero_pages: AtomicU64::new(0),
@@ -241,7 +269,9 @@ impl Cache {
     pub fn pool_stats(&self) -> ztier_pool::PoolStats {
         self.inner.pool.stats()
     }
-    /// Bytes of pool pages held now (`pool_total_size`), without the rest of the figures.
+    /// Bytes of pool pages held now (`pool_total_size`), without the rest of the figures:
+    /// the objects of up to 32 loads a thread shard has not freed yet included
+    /// ([`stats`](Self::stats) frees them first).
     pub fn pool_bytes(&self) -> u64 {
         self.inner.total_pages() * self.inner.page_size as u64
     }
@@ -255,51 +285,73 @@ impl Cache {
     /// elsewhere: [`swap_out`](Self::swap_out) writes it to the device).
     pub fn store(&self, slot: u64, page: &[u8]) -> Result<Placement> {
         self.inner.check(slot, page.len())?;
-        let _page = self.inner.page_locks.lock(slot);
-        self.inner.store_locked(slot, page)
+        let page_lock = self.inner.page_locks.lock(slot);
+        let r = self.inner.store_locked(slot, page);
+        drop(page_lock);
+        self.inner.maybe_compact_lru();
+        r
     }
 
     /// `zswap_load()`: the page of `slot` into `out`, if the cache holds it (`Ok(None)` if
     /// not: it is on the device). The entry goes once the page is handed back.
     pub fn load(&self, slot: u64, out: &mut [u8]) -> Result<Option<Source>> {
         self.inner.check(slot, out.len())?;
-        let _page = self.inner.page_locks.lock(slot);
-        self.inner.load_locked(slot, out)
+        let page_lock = self.inner.page_locks.lock(slot);
+        let r = self.inner.load_locked(slot, out);
+        drop(page_lock);
+        self.inner.maybe_compact_lru();
+        r
     }
 
     /// `zswap_invalidate()`: forgets the slot's page, if held (the slot is being freed or
     /// rewritten elsewhere). Returns whether there was one.
     pub fn invalidate(&self, slot: u64) -> Result<bool> {
         self.inner.check(slot, self.inner.page_size)?;
-        let _page = self.inner.page_locks.lock(slot);
-        Ok(self.inner.invalidate_locked(slot))
+        let page_lock = self.inner.page_locks.lock(slot);
+        let held = self.inner.invalidate_locked(slot);
+        drop(page_lock);
+        self.inner.maybe_compact_lru();
+        Ok(held)
     }
 
     /// Swap-out as `swap_writeout()` does it: zswap first; if zswap refuses, the page goes
     /// to the slot on the device.
     pub fn swap_out(&self, slot: u64, page: &[u8]) -> Result<Placement> {
         self.inner.check(slot, page.len())?;
-        let _page = self.inner.page_locks.lock(slot);
-        match self.inner.store_locked(slot, page) {
+        let page_lock = self.inner.page_locks.lock(slot);
+        let r = match self.inner.store_locked(slot, page) {
             Err(ZswapError::Rejected(why)) => {
                 self.inner.swap.write_slot(slot, page)?;
                 self.inner.events.add(Event::SwpoutDevice as usize, 1);
                 Ok(Placement::Device(why))
             }
             other => other,
-        }
+        };
+        drop(page_lock);
+        self.inner.maybe_compact_lru();
+        r
     }
 
     /// Swap-in: from zswap if it holds the page, else from the device.
     pub fn swap_in(&self, slot: u64, out: &mut [u8]) -> Result<Source> {
         self.inner.check(slot, out.len())?;
-        let _page = self.inner.page_locks.lock(slot);
-        if let Some(source) = self.inner.load_locked(slot, out)? {
-            return Ok(source);
-        }
-        self.inner.swap.read_slot(slot, out)?;
-        self.inner.events.add(Event::SwpinDevice as usize, 1);
-        Ok(Source::Device)
+        let page_lock = self.inner.page_locks.lock(slot);
+        let r = match self.inner.load_locked(slot, out) {
+            Ok(Some(source)) => Ok(source),
+            Err(e) => Err(e),
+            Ok(None) => self
+                .inner
+                .swap
+                .read_slot(slot, out)
+                .map(|()| {
+                    self.inner.events.add(Event::SwpinDevice as usize, 1);
+                    Source::Device
+                })
+                .map_err(ZswapError::from),
+        };
+        drop(page_lock);
+        self.inner.maybe_compact_lru();
+        r
     }
 
     /// Frees a slot for good: its zswap entry, then its slot on the device.
@@ -312,7 +364,9 @@ impl Cache {
     /// Writes back up to `nr` of the LRU's coldest pages now (passing over referenced
     /// ones, as the shrinker does); returns the pages written back.
     pub fn shrink(&self, nr: usize) -> u64 {
-        self.inner.shrink(nr)
+        let written = self.inner.shrink(nr);
+        self.inner.maybe_compact_lru();
+        written
     }
 
     /// Whether the cache holds `slot`'s page (a hint, as `zswap_is_present()`).
@@ -403,13 +457,16 @@ impl Inner {
             self.count(Event::SwpoutZero);
             return Ok(Placement::Zero);
         }
-        if self.check_limits() {
-            return Err(ZswapError::Rejected(Reject::PoolLimit));
-        }
         let handle = {
-            let mut stream = self.streams.local();
-            let s =
-                stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
+            let mut shard = self.shards.local();
+            // The pool as the kernel's would be: this thread's loads' objects freed.
+            self.flush(&mut shard);
+            if self.check_limits() {
+                return Err(ZswapError::Rejected(Reject::PoolLimit));
+            }
+            let s = shard
+                .stream
+                .get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
             let object = match s.compress(page) {
                 Ok(c) if !c.is_empty() && c.len() < self.page_size => c,
                 // Stored whole, to keep the LRU order of writebacks (kernel 6.18); without
@@ -468,7 +525,7 @@ impl Inner {
         if old.is_zero() {
             self.zero_pages.fetch_sub(1, Relaxed);
         } else if let Some((handle, length, lru_id)) = old.entry() {
-            self.lru.lock().remove(lru_id);
+            self.lru_remove(&mut self.lru.lock(), lru_id);
             // The handle came from this pool, and the value, now gone, was its only name.
             self.pool
                 .free(handle)
@@ -480,15 +537,96 @@ impl Inner {
         }
     }
 
+    /// Takes an LRU node off, noting when the slab has grown sparse.
+    fn lru_remove(&self, lru: &mut Lru, id: u32) {
+        lru.remove(id);
+        if lru.sparse() && !self.lru_sparse.load(Relaxed) {
+            self.lru_sparse.store(true, Relaxed);
+        }
+    }
+
     fn invalidate_locked(&self, slot: u64) -> bool {
         !self.replace(slot, Value::EMPTY).is_empty()
     }
 
-    /// Decompresses a stored page into `out`.
+    /// Frees what a shard's loads put off: their LRU nodes under one hold of the LRU lock,
+    /// their objects with one hold of each class's lock. The caller holds the shard.
+    fn flush(&self, shard: &mut Shard) {
+        if shard.freed.is_empty() {
+            return;
+        }
+        {
+            let mut lru = self.lru.lock();
+            for id in shard.lru_freed.drain(..) {
+                self.lru_remove(&mut lru, id);
+            }
+        }
+        // The handles came from this pool, and the values that named them are gone.
+        self.pool
+            .free_batch(&mut shard.freed)
+            .expect("index values name live objects");
+        shard.freed.clear();
+    }
+
+    /// Moves LRU nodes from the top of its slab into free ids below, a batch at a time,
+    /// until the slab is at most an eighth larger than the pages it holds: under churn
+    /// (pages written back, loaded or freed in no order) it would otherwise keep its peak
+    /// size. Each node is moved under its slot's tree node and the LRU lock, the order every
+    /// change of a value takes; a node whose value no longer names it (loaded, freed,
+    /// written back meanwhile) is passed over. The caller holds no lock of the cache but
+    /// perhaps its slot's page lock.
+    fn compact_lru(&self) {
+        let mut top = Vec::with_capacity(64);
+        loop {
+            top.clear();
+            {
+                let lru = self.lru.lock();
+                if !lru.sparse() {
+                    return;
+                }
+                lru.top(64, &mut top);
+            }
+            let mut moved = 0;
+            for &(id, slot) in &top {
+                let mut node = self.tree.lock(slot);
+                let Some((handle, length, lru_id)) = node.get().entry() else {
+                    continue;
+                };
+                if lru_id != id {
+                    continue;
+                }
+                let Some(to) = self.lru.lock().relocate(id) else {
+                    continue;
+                };
+                node.set(Value::stored(handle, length, to));
+                moved += 1;
+            }
+            if moved == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Compacts the LRU's slab if it has grown sparse (a look at a flag set under the LRU
+    /// lock).
+    pub(crate) fn maybe_compact_lru(&self) {
+        if self.lru_sparse.load(Relaxed) {
+            self.lru_sparse.store(false, Relaxed);
+            self.compact_lru();
+        }
+    }
+
+    /// Every shard's put-off frees done (before figures are read or the LRU walked).
+    pub(crate) fn flush_all(&self) {
+        self.shards.for_each(|shard| self.flush(shard));
+    }
+
+    /// Decompresses a stored page into `out` with the shard's stream.
     fn decompress(
         &self,
+        shard: &mut Shard,
         slot: u64,
-        handle: ztier_pool::Handle,
+        handle: Handle,
         length: usize,
         out: &mut [u8],
     ) -> Result<()> {
@@ -496,47 +634,59 @@ impl Inner {
             self.pool.read(handle, out)?;
             return Ok(());
         }
-        let mut stream = self.streams.local();
-        let s = stream.get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
-        let comp = &mut s.comp;
-        let mut r = Ok(0);
-        self.pool.read_with(handle, &mut s.buf, &mut |object| {
-            r = comp.decompress(object, out)
-        })?;
-        match r {
-            Ok(n) if n == self.page_size => Ok(()),
-            Ok(got) => {
-                self.count(Event::DecompressFail);
-                Err(ZswapError::ShortPage {
+        let Stream { comp, buf } = shard
+            .stream
+            .get_or_insert_with(|| Stream::new(&self.config.algorithm, self.page_size));
+        let decoded = self
+            .pool
+            .read_map(handle, buf, |object| comp.decompress_page(object, out))?;
+        decoded.map_err(|e| {
+            self.count(Event::DecompressFail);
+            match e {
+                CompressError::PageLength { got, page_size, .. } => ZswapError::ShortPage {
                     slot,
                     got,
-                    page_size: self.page_size,
-                })
+                    page_size,
+                },
+                source => ZswapError::Decompress { slot, source },
             }
-            Err(source) => {
-                self.count(Event::DecompressFail);
-                Err(ZswapError::Decompress { slot, source })
-            }
-        }
+        })
     }
 
+    /// `zswap_load()` for a caller holding the slot's page lock: the page is decompressed
+    /// under the slot's tree node, taken out of the index, and its object and LRU node left
+    /// to the shard's next batch of frees.
     fn load_locked(&self, slot: u64, out: &mut [u8]) -> Result<Option<Source>> {
-        // The page lock keeps the value as it is: only its holders change it.
-        let value = self.tree.lock(slot).get();
-        let source = if value.is_empty() {
+        let mut shard = self.shards.local();
+        let mut node = self.tree.lock(slot);
+        let value = node.get();
+        if value.is_empty() {
             return Ok(None);
-        } else if value.is_zero() {
+        }
+        if value.is_zero() {
+            node.set(Value::EMPTY);
+            drop(node);
+            self.zero_pages.fetch_sub(1, Relaxed);
             out.fill(0);
             self.count(Event::SwpinZero);
-            Source::Zero
-        } else {
-            let (handle, length, _) = value.entry().expect("neither empty nor zero");
-            self.decompress(slot, handle, length, out)?;
-            self.count(Event::Zswpin);
-            Source::Zswap
-        };
-        self.invalidate_locked(slot);
-        Ok(Some(source))
+            return Ok(Some(Source::Zero));
+        }
+        let (handle, length, lru_id) = value.entry().expect("neither empty nor zero");
+        // A page that does not decompress stays where it is.
+        self.decompress(&mut shard, slot, handle, length, out)?;
+        node.set(Value::EMPTY);
+        drop(node);
+        self.stored_pages.fetch_sub(1, Relaxed);
+        if length == self.page_size {
+            self.stored_incompressible.fetch_sub(1, Relaxed);
+        }
+        shard.freed.push(handle);
+        shard.lru_freed.push(lru_id);
+        if shard.freed.len() >= FREE_BATCH {
+            self.flush(&mut shard);
+        }
+        self.count(Event::Zswpin);
+        Ok(Some(Source::Zswap))
     }
 
     /// Walks up to `nr_to_walk` pages from the LRU's head, writing back those not
@@ -549,6 +699,8 @@ impl Inner {
         let mut page = vec![0u8; self.page_size];
         let mut written = 0;
         let mut walked = 0;
+        // Loaded pages' nodes off the LRU first, so the walk chooses none of them.
+        self.flush_all();
         while walked < nr_to_walk {
             let walk = (nr_to_walk - walked).min(SWAP_CLUSTER_MAX);
             victims.clear();
@@ -586,7 +738,7 @@ impl Inner {
         if id != lru_id {
             return Ok(false);
         }
-        self.decompress(slot, handle, length, page)?;
+        self.decompress(&mut self.shards.local(), slot, handle, length, page)?;
         // The only I/O, under the page lock alone: a swap-in of this slot waits for it and
         // then reads the device; until the write is done the page is still in the pool.
         self.swap.write_slot(slot, page)?;
@@ -595,6 +747,7 @@ impl Inner {
     }
 
     fn stats(&self) -> ZswapStats {
+        self.flush_all();
         let e = |x: Event| self.events.sum(x as usize);
         let pool_total_size = self.total_pages() * self.page_size as u64;
         let stored_pages = self.stored_pages.load(Relaxed);

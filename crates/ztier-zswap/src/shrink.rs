@@ -84,6 +84,8 @@ fn run(inner: &Inner) {
             s.queued = false;
             s.running = true;
         }
+        // Loads' put-off frees first: the pool as the kernel's would be.
+        inner.flush_all();
         let thr = inner.accept_thr_pages();
         // The pressure that fills zswap's pool also runs zsmalloc's own shrinker, which
         // compacts (`zs_shrinker_scan()`): the holes that loads and writebacks leave are
@@ -100,6 +102,7 @@ fn run(inner: &Inner) {
                 }
             }
         }
+        inner.maybe_compact_lru();
         let mut s = w.state.lock();
         s.running = false;
         w.wake.notify_all();

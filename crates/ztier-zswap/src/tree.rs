@@ -1,13 +1,17 @@
 //! The index by swap slot (the kernel's `zswap_trees`, one xarray per 64 MiB of swap): for
-//! each run of 64 slots (an xarray leaf's worth), a table of [`Value`]s made when the run's
-//! first page is stored and dropped with its last, under the run's own lock. The slot
-//! allocator fills clusters densely, so a stored page costs its 16-byte value and a share of
-//! a 1 KiB table that is mostly full; a lookup in one run never waits for another's.
+//! each run of 64 slots (an xarray leaf's worth), a bitmap of the slots that hold a value
+//! and those [`Value`]s packed in slot order, under the run's own lock. A stored page costs
+//! its 16-byte value (and the packed array's slack, at most as many again, reclaimed as the
+//! run empties) however sparse its run is: under churn (pages written back or swapped in
+//! in no order) a table of 64 values would cost a kilobyte for a few pages. A lookup is a
+//! popcount; a lookup in one run never waits for another's.
 //!
-//! Invariants: a node's `live` is the number of its values that are not empty, and the node
-//! has a table exactly when `live > 0`. A value changes only under its slot's page lock
-//! (see the crate's lock order) and its node's lock, so a holder of the page lock can read
-//! the value once and use it after dropping the node's lock.
+//! Invariants: a node's `values` holds exactly one value, not empty, per bit set in
+//! `present`, in slot order, and no room once it holds none. A value's handle and length
+//! change only under its slot's page lock (see the crate's lock order) and its node's lock,
+//! so a holder of the page lock can read them once and use them after dropping the node's
+//! lock; its LRU node may also be moved by the LRU's compaction under the node's lock, so
+//! it is used only under the node's lock.
 
 use parking_lot::{Mutex, MutexGuard};
 use ztier_pool::Handle;
@@ -64,10 +68,19 @@ impl Value {
     }
 }
 
+/// One run of 64 slots: which hold a value (a bit each), and those values packed in slot
+/// order, so a run costs 16 bytes a page it holds however sparse it is.
 #[derive(Default)]
 struct Node {
-    table: Option<Box<[Value]>>,
-    live: u16,
+    present: u64,
+    values: Vec<Value>,
+}
+
+impl Node {
+    /// Where slot `at`'s value is (or would go) in `values`.
+    fn rank(&self, at: usize) -> usize {
+        (self.present & ((1u64 << at) - 1)).count_ones() as usize
+    }
 }
 
 /// The whole index.
@@ -97,44 +110,52 @@ impl Tree {
         }
     }
 
-    /// Bytes the index holds: the node array and every table.
+    /// Bytes the index holds: the node array and every node's values.
     pub(crate) fn bytes(&self) -> u64 {
-        let tables: u64 = self
+        let values: u64 = self
             .nodes
             .iter()
-            .map(|n| n.lock().table.is_some() as u64)
+            .map(|n| n.lock().values.capacity() as u64)
             .sum();
         (self.nodes.len() * std::mem::size_of::<Mutex<Node>>()) as u64
-            + tables * (LEAF * std::mem::size_of::<Value>()) as u64
+            + values * std::mem::size_of::<Value>() as u64
     }
 }
 
 impl Locked<'_> {
     pub(crate) fn get(&self) -> Value {
-        self.node
-            .table
-            .as_ref()
-            .map_or(Value::EMPTY, |t| t[self.at])
+        if self.node.present & (1u64 << self.at) == 0 {
+            return Value::EMPTY;
+        }
+        self.node.values[self.node.rank(self.at)]
     }
 
     /// Sets the slot's value; returns the one it replaces.
     pub(crate) fn set(&mut self, value: Value) -> Value {
         let node = &mut *self.node;
-        let old = node.table.as_ref().map_or(Value::EMPTY, |t| t[self.at]);
-        match (old.is_empty(), value.is_empty()) {
-            (true, true) => return old,
-            (true, false) => node.live += 1,
-            (false, true) => node.live -= 1,
-            (false, false) => {}
+        let bit = 1u64 << self.at;
+        let i = node.rank(self.at);
+        let held = node.present & bit != 0;
+        match (held, value.is_empty()) {
+            (false, true) => Value::EMPTY,
+            (false, false) => {
+                node.present |= bit;
+                node.values.insert(i, value);
+                Value::EMPTY
+            }
+            (true, false) => std::mem::replace(&mut node.values[i], value),
+            (true, true) => {
+                node.present &= !bit;
+                let old = node.values.remove(i);
+                let len = node.values.len();
+                if len == 0 {
+                    node.values = Vec::new();
+                } else if len <= node.values.capacity() / 2 {
+                    node.values.shrink_to(len + len / 4);
+                }
+                old
+            }
         }
-        if node.live == 0 {
-            node.table = None;
-        } else {
-            node.table
-                .get_or_insert_with(|| vec![Value::EMPTY; LEAF].into_boxed_slice())[self.at] =
-                value;
-        }
-        old
     }
 }
 
@@ -164,5 +185,41 @@ mod tests {
         tree.lock(101).set(Value::EMPTY);
         assert_eq!(tree.bytes(), base);
         assert!(tree.lock(5).get().is_empty());
+    }
+
+    /// The packed values follow a model of 64 slots through sets in any order, and the
+    /// room they take stays within twice what they hold.
+    #[test]
+    fn packed_values_follow_a_model() {
+        let tree = Tree::new(LEAF as u64);
+        let base = tree.bytes();
+        let mut model = [Value::EMPTY; LEAF];
+        let mut x = 12345u64;
+        for step in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = (x % LEAF as u64) as usize;
+            let value = match (x >> 8) % 3 {
+                0 => Value::EMPTY,
+                1 => Value::ZERO,
+                _ => Value::stored(
+                    Handle::from_raw(step + 1).unwrap(),
+                    1 + (x >> 20) as usize % 4000,
+                    step as u32,
+                ),
+            };
+            assert_eq!(tree.lock(at as u64).set(value), model[at]);
+            model[at] = value;
+            for (s, v) in model.iter().enumerate() {
+                assert_eq!(tree.lock(s as u64).get(), *v);
+            }
+            let held = model.iter().filter(|v| !v.is_empty()).count() as u64;
+            let room = tree.bytes() - base;
+            assert!(
+                room <= (2 * held).max(4) * 16,
+                "{room} bytes for {held} values"
+            );
+        }
     }
 }

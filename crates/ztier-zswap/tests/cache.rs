@@ -434,4 +434,80 @@ proptest! {
         let s = cache.stats();
         prop_assert_eq!((s.stored_pages, s.zero_pages, s.pool_total_size), (0, 0, 0));
     }
+
+    /// Churn over 640 slots (ten index runs), with writeback: the pages stored in a burst,
+    /// then random loads, invalidations, stores and shrinks, against the model. The LRU's
+    /// slab is compacted as it grows sparse and the index keeps no room for pages gone, so
+    /// metadata stays within 64 bytes a page held (plus the index's fixed node array and a
+    /// little slack), and the walk still writes back the right pages after nodes moved.
+    #[test]
+    fn metadata_stays_tight_under_churn(
+        keep in 0..640usize,
+        ops in prop::collection::vec(
+            (0..4u8, 0..640usize, any::<u8>()), 1..1500),
+    ) {
+        const N: usize = 640;
+        let swap = swap(1024);
+        let cache = cache_on(&swap, 1 << 30, false);
+        let empty = cache.stats().metadata_bytes;
+        let slots: Vec<u64> = (0..N).map(|_| swap.alloc(0).unwrap()).collect();
+        let mut model: Vec<Option<u8>> = vec![None; N];
+        let mut out = vec![0u8; PS];
+        for (i, m) in model.iter_mut().enumerate() {
+            let seed = 9 + (i % 200) as u8;
+            cache.swap_out(slots[i], &content(seed)).unwrap();
+            *m = Some(seed);
+        }
+        // Most pages leave in no order: the LRU's top and the index's runs go sparse.
+        for i in (0..N).filter(|i| (i * 7919 + keep) % 10 != 0) {
+            cache.swap_in(slots[i], &mut out).unwrap();
+            prop_assert_eq!(&out, &content(model[i].take().unwrap()));
+        }
+        let s = cache.stats();
+        let held = s.stored_pages + s.zero_pages;
+        prop_assert!(
+            s.metadata_bytes <= empty + 64 * held + 2048,
+            "{} bytes of metadata for {} pages ({} empty)", s.metadata_bytes, held, empty
+        );
+        for (kind, slot, seed) in ops {
+            match kind {
+                0 => {
+                    cache.swap_out(slots[slot], &content(seed)).unwrap();
+                    model[slot] = Some(seed);
+                }
+                1 => match model[slot].take() {
+                    Some(seed) => {
+                        cache.swap_in(slots[slot], &mut out).unwrap();
+                        prop_assert_eq!(&out, &content(seed));
+                    }
+                    None => prop_assert_eq!(cache.load(slots[slot], &mut out).unwrap(), None),
+                },
+                2 => {
+                    cache.invalidate(slots[slot]).unwrap();
+                    model[slot] = None;
+                }
+                _ => {
+                    cache.shrink(seed as usize % 40);
+                }
+            }
+        }
+        let s = cache.stats();
+        let held = s.stored_pages + s.zero_pages;
+        prop_assert!(
+            s.metadata_bytes <= empty + 64 * held + 2048,
+            "{} bytes of metadata for {} pages ({} empty)", s.metadata_bytes, held, empty
+        );
+        for (i, m) in model.iter().enumerate() {
+            match m {
+                Some(seed) => {
+                    cache.swap_in(slots[i], &mut out).unwrap();
+                    prop_assert_eq!(&out, &content(*seed));
+                }
+                None => prop_assert!(!cache.contains(slots[i])),
+            }
+        }
+        let s = cache.stats();
+        prop_assert_eq!((s.stored_pages, s.zero_pages, s.pool_total_size), (0, 0, 0));
+        prop_assert_eq!(s.metadata_bytes, empty, "every page gone, and the room they took");
+    }
 }
