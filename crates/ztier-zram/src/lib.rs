@@ -89,14 +89,10 @@ pub enum ZramError {
     MemLimit { used_bytes: u64, limit_bytes: u64 },
     #[error("allocator: {0}")]
     Pool(#[from] PoolError),
-    #[error("page {index}: {source}")]
-    Compress { index: u64, source: CompressError },
-    #[error("page {index} decompressed to {got} bytes instead of {page_size}")]
-    ShortPage {
-        index: u64,
-        got: usize,
-        page_size: usize,
-    },
+    /// The cause is in the message, not also a `source` (a chain printed whole would say it
+    /// twice); a page that decoded short is `CompressError::PageLength`.
+    #[error("page {index}: {cause}")]
+    Compress { index: u64, cause: CompressError },
     #[error("disk size {0} bytes is not a positive whole number of pages")]
     BadDiskSize(u64),
     #[error(
@@ -293,17 +289,10 @@ impl Device {
         })
     }
 
-    /// A decompression's result: a whole page, or the error that says what went wrong.
-    fn check_decoded(&self, index: u64, decoded: Result<usize, CompressError>) -> Result<()> {
-        match decoded {
-            Ok(n) if n == self.page_size => Ok(()),
-            Ok(got) => Err(ZramError::ShortPage {
-                index,
-                got,
-                page_size: self.page_size,
-            }),
-            Err(source) => Err(ZramError::Compress { index, source }),
-        }
+    /// A page's decompression (`Compressor::decompress_page`: a whole page or the error), as
+    /// the device reports it.
+    fn check_decoded(&self, index: u64, decoded: Result<(), CompressError>) -> Result<()> {
+        decoded.map_err(|cause| ZramError::Compress { index, cause })
     }
 
     /// Seconds since the device was made (slots' `ac_time`).
@@ -384,7 +373,7 @@ impl Device {
         let len = s
             .comp
             .compress(page, &mut s.buf)
-            .map_err(|source| ZramError::Compress { index, source })?;
+            .map_err(|cause| ZramError::Compress { index, cause })?;
         let huge = len >= self.pool.huge_class_size();
         let object = if huge { page } else { &s.buf[..len] };
         let handle = self.pool.store(object)?;
@@ -519,9 +508,8 @@ impl Device {
         let prio = g.entry.priority();
         let s = self.stream_for(shard, prio);
         let comp = &mut s.comp;
-        let mut decoded = Ok(0);
-        self.pool.read_with(handle, &mut s.buf, &mut |object| {
-            decoded = comp.decompress(object, out);
+        let decoded = self.pool.read_map(handle, &mut s.buf, |object| {
+            comp.decompress_page(object, out)
         })?;
         drop(g);
         self.check_decoded(index, decoded)?;

@@ -168,7 +168,7 @@ impl Device {
             page.copy_from_slice(&object[..self.page_size]);
         } else {
             let s = self.stream_for(&mut shard, e.priority());
-            self.check_decoded(index, s.comp.decompress(&object[..old_size], page))?;
+            self.check_decoded(index, s.comp.decompress_page(&object[..old_size], page))?;
         }
         let old_class = self.pool.size_class(old_size);
         let huge_class = self.pool.huge_class_size();

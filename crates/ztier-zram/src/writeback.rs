@@ -505,9 +505,8 @@ impl Device {
         if store.format == WbFormat::Page && !e.has(SlotFlag::Huge) {
             let s = self.stream_for(&mut shard, e.priority());
             let comp = &mut s.comp;
-            let mut decoded = Ok(0);
-            self.pool.read_with(handle, &mut s.buf, &mut |object| {
-                decoded = comp.decompress(object, page);
+            let decoded = self.pool.read_map(handle, &mut s.buf, |object| {
+                comp.decompress_page(object, page)
             })?;
             self.check_decoded(index, decoded)?;
         } else {
@@ -680,7 +679,7 @@ impl Device {
             let decoded = self
                 .stream_for(&mut shard, e.priority())
                 .comp
-                .decompress(object, out);
+                .decompress_page(object, out);
             drop(shard);
             self.check_decoded(index, decoded)?;
         }
