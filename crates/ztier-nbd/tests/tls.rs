@@ -821,3 +821,130 @@ fn nbds_uris_parse_and_print() {
         assert!(bad.parse::<Uri>().is_err(), "{bad}");
     }
 }
+
+/// A TLS client of the test's own over a Unix socket, past STARTTLS and the handshake.
+fn raw_tls_client(path: &Path, ca: &Path) -> (UnixStream, rustls::ClientConnection) {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+    let mut s = plain_greeted(path);
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut s).1, REP_ACK);
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(ca).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap())
+            .unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut s).unwrap();
+    }
+    (s, conn)
+}
+
+fn tls_send(s: &mut UnixStream, conn: &mut rustls::ClientConnection, bytes: &[u8]) {
+    for chunk in bytes.chunks(16 << 10) {
+        conn.writer().write_all(chunk).unwrap();
+        while conn.wants_write() {
+            conn.write_tls(s).unwrap_or_else(|e| {
+                panic!("the server stopped reading while a reply waited to be written: {e}")
+            });
+        }
+    }
+}
+
+fn tls_receive(s: &mut UnixStream, conn: &mut rustls::ClientConnection, out: &mut [u8]) {
+    let mut got = 0;
+    while got < out.len() {
+        match conn.reader().read(&mut out[got..]) {
+            Ok(0) => panic!("the server closed"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(conn.read_tls(s).unwrap() > 0, "the server closed");
+                conn.process_new_packets().unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// The server's threads share one TLS connection: a thread blocked writing a reply the
+/// client does not read yet (16 MiB) must not keep the next thread from decrypting the
+/// request behind it (an 8 MiB write), or client and server would each wait for the other.
+#[test]
+fn a_reply_blocked_on_a_full_socket_does_not_stop_the_tls_reader() {
+    let Some(c) = certs() else { return };
+    let s = serve_unix(
+        "blocked",
+        memory(64 << 20),
+        tls_config(TlsMode::Require, &c.server, false),
+    );
+    let (mut sock, mut conn) = raw_tls_client(&s.path, &c.client.join("ca-cert.pem"));
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    sock.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Inside TLS: GO, simple replies.
+    let go = InfoRequest {
+        export: String::new(),
+        infos: vec![],
+    }
+    .encode();
+    let mut m = IHAVEOPT.to_be_bytes().to_vec();
+    m.extend(OPT_GO.to_be_bytes());
+    m.extend((go.len() as u32).to_be_bytes());
+    m.extend(&go);
+    tls_send(&mut sock, &mut conn, &m);
+    loop {
+        let mut h = [0u8; 20];
+        tls_receive(&mut sock, &mut conn, &mut h);
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        tls_receive(&mut sock, &mut conn, &mut data);
+        if kind == REP_ACK {
+            break;
+        }
+        assert_eq!(kind, REP_INFO);
+    }
+    let request = |kind, cookie, offset, length| {
+        Request {
+            flags: 0,
+            kind,
+            cookie,
+            offset,
+            length,
+        }
+        .encode()
+    };
+    let payload: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    // The read's 16 MiB reply fills the socket and blocks its thread; the write behind it
+    // must still be read (or this send times out).
+    tls_send(&mut sock, &mut conn, &request(CMD_READ, 1, 0, 16 << 20));
+    let mut write = request(CMD_WRITE, 2, 32 << 20, 8 << 20).to_vec();
+    write.extend(&payload);
+    tls_send(&mut sock, &mut conn, &write);
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let mut h = [0u8; 16];
+        tls_receive(&mut sock, &mut conn, &mut h);
+        assert_eq!(&h[..4], &SIMPLE_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&h[4..8], &[0; 4], "an error reply");
+        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        if cookie == 1 {
+            let mut data = vec![0u8; 16 << 20];
+            tls_receive(&mut sock, &mut conn, &mut data);
+        }
+        replies.push(cookie);
+    }
+    replies.sort();
+    assert_eq!(replies, [1, 2]);
+    let mut back = vec![0u8; 8 << 20];
+    s.server.device().read_at(32 << 20, &mut back).unwrap();
+    assert!(back == payload, "the write landed whole");
+}
