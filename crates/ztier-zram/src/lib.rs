@@ -122,8 +122,32 @@ pub enum ZramError {
     },
     #[error("{0}")]
     Busy(String),
-    #[error("{0}")]
-    Config(String),
+    /// A value an attribute or setting does not take.
+    #[error("{attr}: {value:?} is not {want}")]
+    BadValue {
+        attr: String,
+        value: String,
+        want: String,
+    },
+    #[error("{name}: no such {kind} attribute ({known})")]
+    NoAttribute {
+        name: String,
+        /// readable or writable.
+        kind: &'static str,
+        /// The attributes there are.
+        known: &'static str,
+    },
+    #[error("{given} secondary algorithms: zram takes at most {max}")]
+    TooManyAlgorithms { given: usize, max: usize },
+    #[error("no secondary algorithm is set (recomp_algorithm)")]
+    NoSecondary,
+    /// A written-back slot names bytes past its segment: the slot table is damaged.
+    #[error("page {index}: its place on the store ({place}) and size {size} run past its segment")]
+    BadPlace {
+        index: u64,
+        place: String,
+        size: usize,
+    },
     #[error("after storing {stored} of {len} bytes at offset {offset}: {source}")]
     PartialWrite {
         offset: u64,

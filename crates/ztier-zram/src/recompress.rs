@@ -42,10 +42,10 @@ impl Device {
     /// pages are stored by the algorithms it would change.
     pub fn set_recomp_algorithms(&self, algorithms: Vec<Algorithm>) -> Result<()> {
         if algorithms.len() > MAX_SECONDARY {
-            return Err(ZramError::Config(format!(
-                "{} secondary algorithms: zram takes at most {MAX_SECONDARY}",
-                algorithms.len()
-            )));
+            return Err(ZramError::TooManyAlgorithms {
+                given: algorithms.len(),
+                max: MAX_SECONDARY,
+            });
         }
         // Every shard first, as `reset` takes them: no I/O runs while the algorithms change
         // (the lock order is shard, slot, then the algorithms' lock).
@@ -80,17 +80,17 @@ impl Device {
         max_priority: Option<u32>,
     ) -> Result<RecompResult> {
         if mode == PageSelector::Incompressible {
-            return Err(ZramError::Config(
-                "recompress takes type=idle, huge, huge_idle or all (incompressible pages are \
-                 the ones no algorithm shrank)"
+            return Err(ZramError::BadValue {
+                attr: "recompress type".into(),
+                value: "incompressible".into(),
+                want: "idle, huge, huge_idle or all (incompressible pages are the ones no \
+                       algorithm shrank)"
                     .into(),
-            ));
+            });
         }
         let n = self.recomp.read().len() as u32;
         if n == 0 {
-            return Err(ZramError::Config(
-                "no secondary algorithm is set (recomp_algorithm)".into(),
-            ));
+            return Err(ZramError::NoSecondary);
         }
         let max_prio = max_priority.unwrap_or(n).min(n);
         let mut result = RecompResult::default();

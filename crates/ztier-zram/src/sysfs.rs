@@ -21,7 +21,11 @@ use std::time::Duration;
 use crate::{Device, PageSelector, Result, ZramError};
 
 fn bad(name: &str, value: &str, want: &str) -> ZramError {
-    ZramError::Config(format!("{name}: {value:?} is not {want}"))
+    ZramError::BadValue {
+        attr: name.into(),
+        value: value.into(),
+        want: want.into(),
+    }
 }
 
 fn number(name: &str, value: &str) -> Result<u64> {
@@ -96,7 +100,9 @@ impl Device {
                     (PageSelector::All, Some(a..b + 1))
                 } else {
                     (
-                        value.parse::<PageSelector>().map_err(ZramError::Config)?,
+                        value
+                            .parse::<PageSelector>()
+                            .map_err(|want| bad(name, value, &want))?,
                         None,
                     )
                 };
@@ -132,7 +138,9 @@ impl Device {
                 let mut prio = 1usize;
                 for (k, v) in pairs(name, value)? {
                     match k {
-                        "algo" => alg = Some(v.parse().map_err(ZramError::Config)?),
+                        "algo" => {
+                            alg = Some(v.parse().map_err(|want: String| bad(name, v, &want))?)
+                        }
                         "priority" => prio = number(name, v)? as usize,
                         _ => return Err(bad(name, k, "algo= or priority=")),
                     }
@@ -159,7 +167,7 @@ impl Device {
                 let (mut threshold, mut prio) = (None, None);
                 for (k, v) in pairs(name, value)? {
                     match k {
-                        "type" => mode = v.parse().map_err(ZramError::Config)?,
+                        "type" => mode = v.parse().map_err(|want: String| bad(name, v, &want))?,
                         "threshold" => threshold = Some(number(name, v)? as usize),
                         "priority" => prio = Some(number(name, v)? as u32),
                         _ => return Err(bad(name, k, "type=, threshold= or priority=")),
@@ -183,11 +191,12 @@ impl Device {
                 self.reset_mem_used_max();
                 Ok("mem_used_max reset".into())
             }
-            _ => Err(ZramError::Config(format!(
-                "{name}: no such writable attribute (idle, writeback, writeback_limit, \
-                 writeback_limit_enable, recomp_algorithm, recompress, compact, mem_limit, \
-                 mem_used_max)"
-            ))),
+            _ => Err(ZramError::NoAttribute {
+                name: name.into(),
+                kind: "writable",
+                known: "idle, writeback, writeback_limit, writeback_limit_enable, \
+                        recomp_algorithm, recompress, compact, mem_limit, mem_used_max",
+            }),
         }
     }
 
@@ -219,10 +228,12 @@ impl Device {
                 None => "none".into(),
             },
             _ => {
-                return Err(ZramError::Config(format!(
-                    "{name}: no such readable attribute (mm_stat, io_stat, bd_stat, debug_stat, \
-                     writeback_limit, writeback_limit_enable, recomp_algorithm, backing_dev)"
-                )))
+                return Err(ZramError::NoAttribute {
+                    name: name.into(),
+                    kind: "readable",
+                    known: "mm_stat, io_stat, bd_stat, debug_stat, writeback_limit, \
+                            writeback_limit_enable, recomp_algorithm, backing_dev",
+                })
             }
         })
     }

@@ -662,11 +662,14 @@ impl Device {
             (object.into(), true)
         };
         let object = match store.format {
-            WbFormat::Packed => held.get(place.at..place.at + size).ok_or_else(|| {
-                ZramError::Config(format!(
-                    "page {index}: its place {place:?} and size {size} run past its segment"
-                ))
-            })?,
+            WbFormat::Packed => {
+                held.get(place.at..place.at + size)
+                    .ok_or_else(|| ZramError::BadPlace {
+                        index,
+                        place: format!("{place:?}"),
+                        size,
+                    })?
+            }
             _ => &held[..],
         };
         let mut shard = self.shard();
