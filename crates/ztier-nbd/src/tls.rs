@@ -489,10 +489,8 @@ impl Read for TlsReader {
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) if got > 0 => {
-                            let _ = e;
-                            return Ok(got);
-                        }
+                        // What was read comes first; the error comes again at the next call.
+                        Err(_) if got > 0 => return Ok(got),
                         Err(e) => return Err(e),
                     }
                     if self.start == self.end {
@@ -575,5 +573,36 @@ impl Write for TlsWriter {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_as_nbdkit_spells_them_and_a_bad_directory_names_its_file() {
+        for (s, m) in [
+            ("off", TlsMode::Off),
+            ("on", TlsMode::On),
+            ("require", TlsMode::Require),
+        ] {
+            assert_eq!(s.parse::<TlsMode>(), Ok(m));
+            assert_eq!(m.to_string(), s);
+        }
+        assert!("sometimes".parse::<TlsMode>().is_err());
+        // Off reads nothing; on and require need the files, and say which is missing.
+        let none = Path::new("/nonexistent/ztier-tls");
+        assert_eq!(
+            ServerTls::from_dir(TlsMode::Off, none, true)
+                .unwrap()
+                .mode(),
+            TlsMode::Off
+        );
+        let e = ServerTls::from_dir(TlsMode::Require, none, false).unwrap_err();
+        assert!(e.to_string().contains("server-cert.pem"), "{e}");
+        assert!(ServerTls::new(TlsMode::On, None).is_err());
+        let e = client_tls(Some(none), None).unwrap_err();
+        assert!(e.to_string().contains("ca-cert.pem"), "{e}");
     }
 }
