@@ -71,13 +71,22 @@ pub const CHUNK_BYTES: usize = 2 << 20;
 /// Free pages kept resident for reuse before further frees are released to the OS.
 pub const HOT_PAGES_MAX: usize = 64;
 
-/// Bytes of free pages past the hot list gathered before they are released to the OS in one
-/// go: a zswap load pass empties the pool zspage by zspage, and one `madvise` (with its TLB
+/// Bytes of free pages past the hot list gathered before they are released to the OS: a
+/// zswap load pass empties the pool zspage by zspage, and one `madvise` (with its TLB
 /// flush, an IPI to every other core running the process) per zspage was 21 % of a load
-/// pass; gathered, sorted and released a batch at a time, the calls and flushes are a few
-/// per batch. Gathered pages stay resident and are reused first, so a store that follows
-/// frees neither releases nor faults them in. RSS stays within this of the hot list.
+/// pass. Once a batch is gathered the helper thread is asked to release it (sorted, one call
+/// per run of consecutive pages, a few dozen pages at a time under the arena's lock), off
+/// the freeing thread's path; gathered pages stay resident and are reused first, so a store
+/// that follows frees neither releases nor faults them in.
 pub const RELEASE_BATCH_BYTES: usize = 4 << 20;
+
+/// The most a busy machine lets gather while the helper (at idle priority) has no core: at
+/// this many bytes the freeing thread releases a batch itself. RSS runs at most this ahead
+/// of the hot list, and only until a core is idle.
+pub const GATHERED_MAX_BYTES: usize = 4 * RELEASE_BATCH_BYTES;
+
+/// Pages the helper releases per hold of an arena's lock.
+const RELEASE_STEP: usize = 64;
 
 /// One pool page, owned: the only handle to its memory while it is out of the arena.
 ///
@@ -296,6 +305,8 @@ struct ArenaState {
     activity: u64,
     /// `activity` when the helper last looked (`None`: not since it last trimmed or began).
     activity_seen: Option<u64>,
+    /// The helper was asked to release `gathered` and has not drained it yet.
+    release_asked: bool,
     /// Bytes in a page (for the helper, which trims through the registry).
     page_size: usize,
 }
@@ -349,6 +360,7 @@ impl Arena {
             pages_out: 0,
             activity: 0,
             activity_seen: None,
+            release_asked: false,
             page_size,
         }));
         arenas().push(Arc::downgrade(&state));
@@ -499,20 +511,23 @@ impl Arena {
             if st.gathered.len() < batch {
                 return;
             }
-            // Out of every list while they go: counted as out, as a chain's pages are.
-            let released = std::mem::take(&mut st.gathered);
+            if st.gathered.len() < GATHERED_MAX_BYTES / self.page_size {
+                if st.release_asked {
+                    return;
+                }
+                if helper_ask_release() {
+                    st.release_asked = true;
+                    return;
+                }
+            }
+            // No helper, or it has had no core for a while: a batch released here. Out of
+            // every list while it goes: counted as out, as a chain's pages are.
+            let from = st.gathered.len() - batch;
+            let released = st.gathered.split_off(from);
             st.pages_out += released.len();
             released
         };
-        released.sort_unstable();
-        let addr = |i: usize| released[i].as_ptr() as usize;
-        let mut start = 0;
-        for i in 1..=released.len() {
-            if i == released.len() || addr(i) != addr(i - 1) + self.page_size {
-                release(released[start], (i - start) * self.page_size);
-                start = i;
-            }
-        }
+        release_sorted(&mut released, self.page_size);
         let mut st = self.state.lock();
         st.pages_out -= released.len();
         st.cold.append(&mut released);
@@ -587,7 +602,34 @@ impl Drop for Arena {
     }
 }
 
+/// Releases free pages no one else can reach (off every list): sorted, one `madvise` per
+/// run of consecutive pages.
+fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
+    pages.sort_unstable();
+    let addr = |i: usize| pages[i].as_ptr() as usize;
+    let mut start = 0;
+    for i in 1..=pages.len() {
+        if i == pages.len() || addr(i) != addr(i - 1) + page_size {
+            release(pages[start], (i - start) * page_size);
+            start = i;
+        }
+    }
+}
+
 impl ArenaState {
+    /// Releases up to [`RELEASE_STEP`] gathered pages, under this state's lock (so the
+    /// arena cannot go meanwhile); returns whether any are left.
+    fn release_gathered_step(&mut self) -> bool {
+        let from = self.gathered.len().saturating_sub(RELEASE_STEP);
+        let mut step = self.gathered.split_off(from);
+        release_sorted(&mut step, self.page_size);
+        self.cold.append(&mut step);
+        if self.gathered.is_empty() {
+            self.release_asked = false;
+        }
+        !self.gathered.is_empty()
+    }
+
     /// Releases the hot pages and the pre-faulted rest of the newest chunk, if the arena
     /// neither took nor gave back a page since the helper's last look (noted here). Returns
     /// whether anything is left resident to release later.
@@ -609,6 +651,18 @@ impl ArenaState {
             run.resident = false;
         }
         false
+    }
+}
+
+/// The helper's release of every arena's gathered pages, a step per hold of its lock.
+fn release_gathered_arenas() {
+    let live: Vec<Arc<Mutex<ArenaState>>> = {
+        let mut list = arenas();
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
+    };
+    for arena in &live {
+        while arena.lock().release_gathered_step() {}
     }
 }
 
@@ -659,6 +713,8 @@ struct HelperSlot {
     stop: bool,
     /// The helper ended on its own (it could not map): start another next time.
     ended: bool,
+    /// An arena asked for its gathered pages to be released.
+    release: bool,
 }
 
 static HELPER: std::sync::Mutex<Helper> = std::sync::Mutex::new(Helper {
@@ -722,6 +778,22 @@ fn helper_take_ready() -> Option<(NonNull<u8>, bool)> {
     taken.and_then(|(addr, resident)| NonNull::new(addr as *mut u8).map(|p| (p, resident)))
 }
 
+/// Asks the helper to release the arenas' gathered pages; false if no helper runs (the
+/// caller releases them itself).
+fn helper_ask_release() -> bool {
+    let h = helper_state();
+    let Some(shared) = &h.shared else {
+        return false;
+    };
+    let mut slot = lock_slot(shared);
+    if slot.ended || slot.stop {
+        return false;
+    }
+    slot.release = true;
+    shared.changed.notify_all();
+    true
+}
+
 /// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arenas
 /// then map every chunk themselves).
 fn start_helper() -> Option<std::sync::Arc<HelperShared>> {
@@ -757,6 +829,13 @@ fn run_helper(shared: &HelperShared) {
         slot.ready = Some((addr, true));
         let mut resident = true;
         loop {
+            if slot.release && !slot.stop {
+                slot.release = false;
+                drop(slot);
+                release_gathered_arenas();
+                slot = lock_slot(shared);
+                continue;
+            }
             if slot.stop {
                 if let Some((addr, _)) = slot.ready.take() {
                     // SAFETY: the chunk was never taken by an arena, and the last arena is
@@ -1023,8 +1102,8 @@ mod tests {
         assert_eq!(arena.gathered_pages(), 600 - HOT_PAGES_MAX);
     }
 
-    /// Pages past the hot list are gathered, resident, until a batch is full; then the whole
-    /// batch goes back to the OS (zeroed when taken again), and the pages out stay counted.
+    /// Pages past the hot list are gathered, resident, until a batch is full; then the
+    /// helper releases them (zeroed when taken again), and the pages out stay counted.
     #[test]
     fn released_pages_come_back_zeroed() {
         let arena = Arena::new(16384);
@@ -1038,7 +1117,14 @@ mod tests {
         arena.free_chain(chain);
         assert_eq!(arena.gathered_pages(), batch - 1, "gathered, not released");
         arena.free_chain(one);
-        assert_eq!(arena.gathered_pages(), 0, "the full batch released");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while arena.gathered_pages() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the helper never released the batch"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         assert_eq!(arena.pages_out(), 0);
         let again = arena.alloc_chain(HOT_PAGES_MAX + batch).unwrap();
         assert!(!again.is_contiguous(), "made of freed pages");
