@@ -1,7 +1,8 @@
 //! The structures every ztier layer shares, written once: zsmalloc's zspage lists, zblock's
 //! block lists, the swap allocator's cluster lists and zswap's LRU are all [`list`]s over an
 //! [`slab`]; handles of every allocator are packed with [`bits`]; per-CPU state (zram's
-//! streams and counters) lives in [`shard`]s; tests write [`pattern`]s.
+//! streams and counters) lives in [`shard`]s; byte ranges are cut into page [`pieces`]; tests
+//! write [`pattern`]s.
 //!
 //! Nothing here knows about pages, compression or devices.
 #![forbid(unsafe_code)]
@@ -9,6 +10,7 @@
 pub mod bits;
 pub mod list;
 pub mod pattern;
+pub mod pieces;
 pub mod shard;
 pub mod slab;
 

@@ -10,6 +10,8 @@
 
 use std::sync::RwLock;
 
+use ztier_base::pieces::pieces;
+
 use crate::{check_range, BlockDevice, BlockError, Extent, Result};
 
 const PAGE: usize = 4096;
@@ -56,18 +58,11 @@ impl MemoryDevice {
         mut f: impl FnMut(usize, usize, std::ops::Range<usize>) -> Result<()>,
     ) -> Result<()> {
         check_range(self.size, offset, len)?;
-        let mut done = 0u64;
-        while done < len {
-            let at = offset + done;
-            // In range, so these fit: the index is below `pages.len()`.
-            let index = (at / PAGE as u64) as usize;
-            let in_page = (at % PAGE as u64) as usize;
-            let n = (PAGE - in_page).min((len - done) as usize);
-            let piece = done as usize..done as usize + n;
-            if let Err(e) = f(index, in_page, piece) {
-                return Err(partial(done, e));
+        // In range, so the length fits a usize and every index is below `pages.len()`.
+        for p in pieces(offset, len as usize, PAGE) {
+            if let Err(e) = f(p.unit as usize, p.in_unit, p.at..p.at + p.len) {
+                return Err(partial(p.at as u64, e));
             }
-            done += n as u64;
         }
         Ok(())
     }

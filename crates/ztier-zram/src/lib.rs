@@ -69,6 +69,7 @@ pub use writeback::{Backing, BdStat, WbFormat, WbResult};
 
 use slot::{Content, Slot};
 use stats::Counters;
+use ztier_base::pieces::pieces;
 use ztier_base::shard::{Shards, Stripes};
 
 /// What a device operation refuses.
@@ -159,15 +160,6 @@ pub enum ZramError {
 }
 
 pub type Result<T, E = ZramError> = std::result::Result<T, E>;
-
-/// The part of one page that a byte range covers.
-struct PageSpan {
-    index: u64,
-    in_page: usize,
-    len: usize,
-    /// Where the part starts in the caller's buffer.
-    at: usize,
-}
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
 #[derive(Default)]
@@ -590,27 +582,6 @@ impl Device {
         Ok(())
     }
 
-    /// The pages `[offset, offset + len)` touches: (page index, offset in page, bytes, offset
-    /// in the caller's buffer).
-    fn spans(&self, offset: u64, len: usize) -> impl Iterator<Item = PageSpan> {
-        let ps = self.page_size;
-        let mut done = 0;
-        std::iter::from_fn(move || {
-            (done < len).then(|| {
-                let pos = offset + done as u64;
-                let in_page = (pos % ps as u64) as usize;
-                let span = PageSpan {
-                    index: pos / ps as u64,
-                    in_page,
-                    len: (ps - in_page).min(len - done),
-                    at: done,
-                };
-                done += span.len;
-                span
-            })
-        })
-    }
-
     /// Writes bytes at any offset; pages written in part are read, patched and rewritten
     /// under the page's lock, so concurrent writes to other bytes of the page are kept. A
     /// write that fails part way ([`ZramError::PartialWrite`]) has stored the pages before
@@ -618,13 +589,13 @@ impl Device {
     pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
         let mut scratch = vec![0; self.page_size];
-        for s in self.spans(offset, data.len()) {
+        for s in pieces(offset, data.len(), self.page_size) {
             let part = &data[s.at..s.at + s.len];
             let r = if s.len == self.page_size {
-                let _page = self.page_lock(s.index);
-                self.write_page_locked(s.index, part)
+                let _page = self.page_lock(s.unit);
+                self.write_page_locked(s.unit, part)
             } else {
-                self.patch_page(s.index, s.in_page, part, &mut scratch)
+                self.patch_page(s.unit, s.in_unit, part, &mut scratch)
             };
             if let Err(e) = r {
                 return Err(if s.at == 0 {
@@ -686,13 +657,13 @@ impl Device {
     pub fn read_bytes(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         let mut scratch = vec![0; self.page_size];
-        for s in self.spans(offset, out.len()) {
+        for s in pieces(offset, out.len(), self.page_size) {
             let part = &mut out[s.at..s.at + s.len];
             if s.len == self.page_size {
-                self.read_page(s.index, part)?;
+                self.read_page(s.unit, part)?;
             } else {
-                self.read_page(s.index, &mut scratch)?;
-                part.copy_from_slice(&scratch[s.in_page..s.in_page + s.len]);
+                self.read_page(s.unit, &mut scratch)?;
+                part.copy_from_slice(&scratch[s.in_unit..s.in_unit + s.len]);
             }
         }
         Ok(())
