@@ -295,6 +295,8 @@ run() {
         $1 == "mm_stat" { printf "orig_peak_mib=%.1f orig_end_mib=%.1f mem_used_max_mib=%.1f mem_used_end_mib=%.1f ", peak / 1048576, $2 / 1048576, $6 / 1048576, $4 / 1048576 }
         $1 == "io_stat" { printf "failed_reads=%d failed_writes=%d discarded_pages=%d ", $2, $3, $5 }
         $1 == "bd_stat" { printf "bd_count=%d bd_reads=%d bd_writes=%d ", $2, $3, $4 }
+        $1 == "policy" { for (i = 2; i < NF; i++) if ($i == "written" && $(i + 1) ~ /^back/) wb = $(i - 1)
+                         printf "policy_written_back=%d ", wb }
         $1 == "server" { for (i = 1; i <= NF; i++) { if ($i == "requests,") req = $(i - 1); if ($i == "written,") w = $(i - 2); if ($i ~ /^read,?$/) r = $(i - 1) }
                          printf "nbd_requests=%d nbd_written_mib=%.1f nbd_read_mib=%.1f", req, w / 1048576, r / 1048576 }' <<<"$st")"
       stop "$server" INT

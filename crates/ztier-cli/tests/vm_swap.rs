@@ -172,6 +172,7 @@ fn a_guest_swaps_to_ztier_and_every_page_comes_back() {
     let wb = &results["ztier-wb-file"];
     assert_eq!(num(wb, "mismatches"), 0.0, "{wb:?}");
     assert!(num(wb, "pswpout") * 4096.0 >= 64.0 * 1048576.0, "{wb:?}");
+    assert!(num(wb, "policy_written_back") > 0.0, "{wb:?}");
     assert!(num(wb, "bd_writes") > 0.0, "pages written back: {wb:?}");
     assert!(
         num(wb, "bd_reads") > 0.0,
