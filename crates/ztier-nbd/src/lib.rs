@@ -9,6 +9,6 @@ pub mod proto;
 pub mod server;
 pub mod tls;
 
-pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri};
+pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
 pub use server::{Listener, Server, ServerConfig, Stream};
 pub use tls::{ServerTls, TlsError, TlsMode};

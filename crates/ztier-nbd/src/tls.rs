@@ -118,6 +118,18 @@ impl ServerTls {
         }
     }
 
+    /// Where nbdkit looks when `--tls-certificates` is not given: `$HOME/.pki/nbdkit` for
+    /// a user other than root, `/etc/pki/nbdkit` for root; `None` if it holds no
+    /// `server-cert.pem`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let dir = if rustix::process::geteuid().is_root() {
+            PathBuf::from("/etc/pki/nbdkit")
+        } else {
+            PathBuf::from(std::env::var_os("HOME")?).join(".pki/nbdkit")
+        };
+        dir.join("server-cert.pem").exists().then_some(dir)
+    }
+
     pub fn mode(&self) -> TlsMode {
         self.mode
     }
