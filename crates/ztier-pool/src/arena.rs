@@ -292,6 +292,8 @@ struct Chunk {
 
 struct ArenaState {
     chunks: Vec<Chunk>,
+    /// The chunks' base addresses, sorted: which chunk a page is in.
+    chunk_bases: Vec<usize>,
     /// Free pages that are still resident.
     hot: Vec<NonNull<u8>>,
     /// Free pages past the hot list, still resident, gathered until a release batch is full.
@@ -353,6 +355,7 @@ impl Arena {
         helper_join();
         let state = Arc::new(Mutex::new(ArenaState {
             chunks: Vec::new(),
+            chunk_bases: Vec::new(),
             hot: Vec::new(),
             gathered: Vec::new(),
             cold: Vec::new(),
@@ -451,15 +454,23 @@ impl Arena {
                 }
             }
         }
-        drop(st);
         // A run begun in the old chunk's tail stays in that chunk (take_fresh moves to a new
         // chunk only when the tail is used up, and the tail held at least n pages), but the
-        // unsafe in-place access rests on it, so it is checked, not assumed.
+        // unsafe in-place access rests on it, so it is checked, not assumed. Free pages are
+        // listed so that a chain given back whole comes out again in address order: such a
+        // chain, if it was contiguous, is again (checked the same way).
         let consecutive = pages
             .windows(2)
             .all(|w| w[1].0.as_ptr() as usize == w[0].0.as_ptr() as usize + self.page_size);
-        let contiguous_base = (contiguous && consecutive).then(|| pages[0].0);
-        if let Some(base) = contiguous_base.filter(|_| !pages[0].1) {
+        let one_chunk = {
+            let first = pages[0].0.as_ptr() as usize;
+            let end = first + n * self.page_size;
+            let at = st.chunk_bases.partition_point(|&b| b <= first);
+            at > 0 && end <= st.chunk_bases[at - 1] + CHUNK_BYTES
+        };
+        drop(st);
+        let contiguous_base = (consecutive && one_chunk).then(|| pages[0].0);
+        if let Some(base) = contiguous_base.filter(|_| contiguous && !pages[0].1) {
             // One chunk's pages, all untouched.
             populate(base, n * self.page_size);
         } else {
@@ -502,10 +513,11 @@ impl Arena {
             st.activity += 1;
             st.pages_out -= pages.len();
             let kept = HOT_PAGES_MAX.saturating_sub(st.hot.len()).min(pages.len());
-            for page in &pages[..kept] {
+            // Last page first: taken again, they come out in the chain's order.
+            for page in pages[..kept].iter().rev() {
                 st.hot.push(page.ptr);
             }
-            for page in &pages[kept..] {
+            for page in pages[kept..].iter().rev() {
                 st.gathered.push(page.ptr);
             }
             if st.gathered.len() < batch {
@@ -528,6 +540,7 @@ impl Arena {
             released
         };
         release_sorted(&mut released, self.page_size);
+        released.reverse();
         let mut st = self.state.lock();
         st.pages_out -= released.len();
         st.cold.append(&mut released);
@@ -558,6 +571,10 @@ impl Arena {
                 None => (map_chunk()?, false),
             };
             st.chunks.push(Chunk { base });
+            let at = st
+                .chunk_bases
+                .partition_point(|&b| b < base.as_ptr() as usize);
+            st.chunk_bases.insert(at, base.as_ptr() as usize);
             st.next_fresh = Some(FreshRun {
                 next: base,
                 left: CHUNK_BYTES / self.page_size,
@@ -623,6 +640,8 @@ impl ArenaState {
         let from = self.gathered.len().saturating_sub(RELEASE_STEP);
         let mut step = self.gathered.split_off(from);
         release_sorted(&mut step, self.page_size);
+        // Highest address first, so they are taken in address order.
+        step.reverse();
         self.cold.append(&mut step);
         if self.gathered.is_empty() {
             self.release_asked = false;
@@ -1197,11 +1216,52 @@ mod tests {
     #[should_panic(expected = "outside the chain")]
     fn a_scattered_chain_refuses_ranges_past_its_end() {
         let arena = Arena::new(4096);
-        let first = arena.alloc_chain(HOT_PAGES_MAX).unwrap();
-        arena.free_chain(first);
+        let (a, b, c) = (
+            arena.alloc_chain(1).unwrap(),
+            arena.alloc_chain(1).unwrap(),
+            arena.alloc_chain(1).unwrap(),
+        );
+        // Taken again last freed first: c, then a, which are not consecutive.
+        arena.free_chain(a);
+        arena.free_chain(c);
         let mut chain = arena.alloc_chain(2).unwrap();
-        assert!(!chain.is_contiguous(), "made of freed pages");
+        assert!(!chain.is_contiguous(), "made of freed pages, apart");
+        arena.free_chain(b);
         chain.write(2 * 4096 - 8, &[1; 16]);
+    }
+
+    /// A chain given back whole and taken again at its length is its old pages in order, so
+    /// a contiguous one is contiguous again; pages taken out of order are not.
+    #[test]
+    fn a_chain_given_back_whole_comes_back_contiguous() {
+        let arena = Arena::new(4096);
+        let a = arena.alloc_chain(4).unwrap();
+        let b = arena.alloc_chain(4).unwrap();
+        assert!(a.is_contiguous() && b.is_contiguous());
+        let a_base = a.pages[0].ptr;
+        arena.free_chain(b);
+        arena.free_chain(a);
+        let mut again = arena.alloc_chain(4).unwrap();
+        assert_eq!(again.pages[0].ptr, a_base);
+        assert!(again.is_contiguous(), "a's pages, in order");
+        let data: Vec<u8> = (0..8000u32).map(|i| (i % 253) as u8).collect();
+        again.write(3000, &data);
+        let mut back = vec![0; 8000];
+        again.read(3000, &mut back);
+        assert_eq!(back, data);
+        // b's pages are next, then the chunk's untouched pages after them: consecutive in
+        // one chunk, so contiguous too.
+        let more = arena.alloc_chain(6).unwrap();
+        assert!(more.is_contiguous());
+        // Given back in two pieces, taken as one chain in another order: not consecutive.
+        let (x, y) = (arena.alloc_chain(1).unwrap(), arena.alloc_chain(1).unwrap());
+        arena.free_chain(x);
+        arena.free_chain(y);
+        let swapped = arena.alloc_chain(2).unwrap();
+        assert!(!swapped.is_contiguous(), "y's page, then x's");
+        arena.free_chain(swapped);
+        arena.free_chain(again);
+        arena.free_chain(more);
     }
 
     fn resident(page: &Page) -> bool {
@@ -1220,12 +1280,13 @@ mod tests {
         let chains: Vec<PageChain> = (0..192).map(|_| arena.alloc_chain(8).unwrap()).collect();
         let all = |cs: &[PageChain]| cs.iter().flat_map(|c| c.pages.iter()).all(resident);
         assert!(all(&chains), "fresh pages");
+        let fresh_before = arena.fresh_resident();
         for c in chains {
             arena.free_chain(c);
         }
         // Released pages (past the hot list) are faulted in again when taken.
         let again: Vec<PageChain> = (0..40).map(|_| arena.alloc_chain(8).unwrap()).collect();
-        assert!(again.iter().any(|c| !c.is_contiguous()));
+        assert!(arena.pages_out() == 320 && arena.fresh_resident() == fresh_before);
         assert!(all(&again), "hot and released pages");
         for c in again {
             arena.free_chain(c);
