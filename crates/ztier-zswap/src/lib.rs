@@ -296,22 +296,16 @@ impl Cache {
     /// not: it is on the device). The entry goes once the page is handed back.
     pub fn load(&self, slot: u64, out: &mut [u8]) -> Result<Option<Source>> {
         self.inner.check(slot, out.len())?;
-        let page_lock = self.inner.page_locks.lock(slot);
-        let r = self.inner.load_locked(slot, out);
-        drop(page_lock);
-        self.inner.maybe_compact_lru();
-        r
+        let _page = self.inner.page_locks.lock(slot);
+        self.inner.load_locked(slot, out)
     }
 
     /// `zswap_invalidate()`: forgets the slot's page, if held (the slot is being freed or
     /// rewritten elsewhere). Returns whether there was one.
     pub fn invalidate(&self, slot: u64) -> Result<bool> {
         self.inner.check(slot, self.inner.page_size)?;
-        let page_lock = self.inner.page_locks.lock(slot);
-        let held = self.inner.invalidate_locked(slot);
-        drop(page_lock);
-        self.inner.maybe_compact_lru();
-        Ok(held)
+        let _page = self.inner.page_locks.lock(slot);
+        Ok(self.inner.invalidate_locked(slot))
     }
 
     /// Swap-out as `swap_writeout()` does it: zswap first; if zswap refuses, the page goes
@@ -335,23 +329,13 @@ impl Cache {
     /// Swap-in: from zswap if it holds the page, else from the device.
     pub fn swap_in(&self, slot: u64, out: &mut [u8]) -> Result<Source> {
         self.inner.check(slot, out.len())?;
-        let page_lock = self.inner.page_locks.lock(slot);
-        let r = match self.inner.load_locked(slot, out) {
-            Ok(Some(source)) => Ok(source),
-            Err(e) => Err(e),
-            Ok(None) => self
-                .inner
-                .swap
-                .read_slot(slot, out)
-                .map(|()| {
-                    self.inner.events.add(Event::SwpinDevice as usize, 1);
-                    Source::Device
-                })
-                .map_err(ZswapError::from),
-        };
-        drop(page_lock);
-        self.inner.maybe_compact_lru();
-        r
+        let _page = self.inner.page_locks.lock(slot);
+        if let Some(source) = self.inner.load_locked(slot, out)? {
+            return Ok(source);
+        }
+        self.inner.swap.read_slot(slot, out)?;
+        self.inner.events.add(Event::SwpinDevice as usize, 1);
+        Ok(Source::Device)
     }
 
     /// Frees a slot for good: its zswap entry, then its slot on the device.
@@ -365,7 +349,7 @@ impl Cache {
     /// ones, as the shrinker does); returns the pages written back.
     pub fn shrink(&self, nr: usize) -> u64 {
         let written = self.inner.shrink(nr);
-        self.inner.maybe_compact_lru();
+        self.inner.compact_lru(usize::MAX);
         written
     }
 
@@ -568,16 +552,16 @@ impl Inner {
         shard.freed.clear();
     }
 
-    /// Moves LRU nodes from the top of its slab into free ids below, a batch at a time,
+    /// Moves LRU nodes from the top of its slab into free ids below, up to `batches` of 64,
     /// until the slab is at most an eighth larger than the pages it holds: under churn
     /// (pages written back, loaded or freed in no order) it would otherwise keep its peak
     /// size. Each node is moved under its slot's tree node and the LRU lock, the order every
     /// change of a value takes; a node whose value no longer names it (loaded, freed,
     /// written back meanwhile) is passed over. The caller holds no lock of the cache but
     /// perhaps its slot's page lock.
-    fn compact_lru(&self) {
+    pub(crate) fn compact_lru(&self, batches: usize) {
         let mut top = Vec::with_capacity(64);
-        loop {
+        for _ in 0..batches {
             top.clear();
             {
                 let lru = self.lru.lock();
@@ -605,14 +589,18 @@ impl Inner {
                 return;
             }
         }
+        // Not done: the next store goes on.
+        self.lru_sparse.store(true, Relaxed);
     }
 
-    /// Compacts the LRU's slab if it has grown sparse (a look at a flag set under the LRU
-    /// lock).
+    /// A store's share of the LRU's compaction: a batch of moves if the slab has grown
+    /// sparse (a flag set under the LRU lock). Stores pay it, not loads: a pass of loads
+    /// that empties the cache would move nodes down only to take them off, and the slab
+    /// matters as pages are held.
     pub(crate) fn maybe_compact_lru(&self) {
         if self.lru_sparse.load(Relaxed) {
             self.lru_sparse.store(false, Relaxed);
-            self.compact_lru();
+            self.compact_lru(1);
         }
     }
 

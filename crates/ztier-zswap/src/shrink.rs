@@ -102,7 +102,7 @@ fn run(inner: &Inner) {
                 }
             }
         }
-        inner.maybe_compact_lru();
+        inner.compact_lru(usize::MAX);
         let mut s = w.state.lock();
         s.running = false;
         w.wake.notify_all();
