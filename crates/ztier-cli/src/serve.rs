@@ -80,7 +80,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub quiet: bool,
     /// The backing store for writeback: a file (made, sparse, if missing) or an NBD export
-    /// (nbd://HOST:PORT/NAME, nbd+unix:///NAME?socket=PATH).
+    /// (nbd://HOST:PORT/NAME, nbd+unix:///NAME?socket=PATH; over TLS nbds://... or
+    /// nbds+unix://... with tls-certificates=DIR, as libnbd takes them).
     #[arg(long, value_name = "PATH|URI")]
     pub backing_dev: Option<String>,
     /// The backing file's size when ztier makes it. Default: the disk's size and a little.
@@ -129,6 +130,17 @@ pub struct ServeArgs {
     /// may read statistics.
     #[arg(long)]
     pub control_any_user: bool,
+    /// NBD over TLS (NBD_OPT_STARTTLS), as nbdkit's --tls: off, on (for clients that ask)
+    /// or require (TLS or nothing).
+    #[arg(long, default_value = "off")]
+    pub tls: ztier_nbd::TlsMode,
+    /// The certificate directory, laid out as nbdkit's: server-cert.pem, server-key.pem, and
+    /// ca-cert.pem to verify clients. Default: $HOME/.pki/nbdkit, or /etc/pki/nbdkit for root.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// With TLS, accept only clients whose certificate the directory's CA signed.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
 }
 
 /// An octal permission mode such as 0600 or 660.
@@ -161,12 +173,28 @@ impl Store {
     }
 }
 
+/// The TLS `--tls` and `--tls-certificates` ask for.
+fn server_tls(args: &ServeArgs) -> anyhow::Result<ztier_nbd::ServerTls> {
+    if args.tls == ztier_nbd::TlsMode::Off {
+        return Ok(ztier_nbd::ServerTls::off());
+    }
+    let dir = match &args.tls_certificates {
+        Some(dir) => dir.clone(),
+        None => ztier_nbd::ServerTls::default_dir().context(
+            "--tls needs certificates: give --tls-certificates DIR (server-cert.pem, \
+             server-key.pem; ca-cert.pem for --tls-verify-peer)",
+        )?,
+    };
+    ztier_nbd::ServerTls::from_dir(args.tls, &dir, args.tls_verify_peer)
+        .with_context(|| format!("loading TLS certificates from {}", dir.display()))
+}
+
 /// The backing store `--backing-dev` names, and the NBD client under it if it is remote.
 fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc<Client>>)>> {
     let Some(spec) = &args.backing_dev else {
         return Ok(None);
     };
-    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+    if ztier_nbd::Uri::is_nbd_uri(spec) {
         let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
         let config = ClientConfig {
             io_timeout: args.backing_timeout,
@@ -205,7 +233,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
     let made_backing = args
         .backing_dev
         .as_deref()
-        .filter(|b| !b.starts_with("nbd://") && !b.starts_with("nbd+unix://"))
+        .filter(|b| !ztier_nbd::Uri::is_nbd_uri(b))
         .map(PathBuf::from)
         .filter(|p| !p.exists());
     let r = serve(args, activated);
@@ -279,6 +307,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         min_block: 512,
         log: !args.quiet,
         handshake_limit: args.handshake_limit,
+        tls: server_tls(args)?,
         ..ServerConfig::default()
     };
     let mut files = SocketFiles(Vec::new(), Vec::new());

@@ -251,3 +251,111 @@ fn zram_writes_back_over_tls_to_nbdkit_tls_require_and_reads_every_page_back() {
     assert!(Client::connect(&plain).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ztier serve --tls require` with the certificate directory: nbdinfo and nbdcopy reach it
+/// through `nbds+unix://` and `tls-certificates`, a plain client is refused, and a second
+/// `ztier serve` writes back to it over TLS (`--backing-dev nbds+unix://...`), every page
+/// read back exact through the first one's export.
+#[test]
+fn ztier_serve_takes_tls_and_writes_back_over_it() {
+    let Some(certs) = certificates("serve-tls") else {
+        return;
+    };
+    if !have("nbdinfo") || !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("serve-tls-run");
+    let store = dir.join("store.sock");
+    let mut far = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["serve", "--size", "64M", "--tls", "require", "--socket"])
+        .arg(&store)
+        .arg("--tls-certificates")
+        .arg(&certs)
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !store.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tls_uri = format!(
+        "nbds+unix:///?socket={}&tls-certificates={}",
+        store.display(),
+        certs.display()
+    );
+    let o = Command::new("nbdinfo")
+        .arg("--size")
+        .arg(&tls_uri)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "67108864");
+    let plain = Command::new("nbdinfo")
+        .arg("--size")
+        .arg(format!("nbd+unix:///?socket={}", store.display()))
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "a plain client was served");
+
+    // A near server whose backing store is the far one, over TLS; nbdcopy fills it, its
+    // pages go to the far store, and come back exact.
+    let near = dir.join("near.sock");
+    let mut near_server = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["serve", "--size", "16M", "--compressor", "lz4", "--socket"])
+        .arg(&near)
+        .arg("--backing-dev")
+        .arg(&tls_uri)
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ctl = dir.join("near.sock.ctl");
+    let start = Instant::now();
+    while !ctl.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no near socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let image = dir.join("image");
+    let data: Vec<u8> = (0..16u64 << 20)
+        .map(|i| (i / 4096 * 7 + i % 13) as u8)
+        .collect();
+    std::fs::write(&image, &data).unwrap();
+    let near_uri = format!("nbd+unix:///?socket={}", near.display());
+    let copy = |from: &str, to: &str| {
+        let o = Command::new("nbdcopy").args([from, to]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    copy(image.to_str().unwrap(), &near_uri);
+    let o = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["ctl", "--socket"])
+        .arg(&near)
+        .args(["writeback", "all"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bd = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["ctl", "--socket"])
+        .arg(&near)
+        .arg("bd_stat")
+        .output()
+        .unwrap();
+    let held: u64 = String::from_utf8_lossy(&bd.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(held, 4096, "every page written back to the far store");
+    let back = dir.join("back");
+    copy(&near_uri, back.to_str().unwrap());
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "pages read back over TLS differ"
+    );
+    for p in [&mut near_server, &mut far] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

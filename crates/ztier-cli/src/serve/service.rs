@@ -67,23 +67,29 @@ pub(super) fn listen(
     files: &mut SocketFiles,
 ) -> anyhow::Result<Place> {
     let export = &args.export_name;
+    // nbdkit's way: a server that takes TLS only is named by the TLS scheme.
+    let s = if args.tls == ztier_nbd::TlsMode::Require {
+        "s"
+    } else {
+        ""
+    };
     let unix = |path: &std::path::Path, l: UnixListener| Place {
         listener: Listener::Unix(l),
-        uri: format!("nbd+unix:///{export}?socket={}", path.display()),
+        uri: format!("nbd{s}+unix:///{export}?socket={}", path.display()),
         unix_socket: Some(path.to_owned()),
         port: None,
     };
     let tcp = |l: TcpListener| -> anyhow::Result<Place> {
         let addr = l.local_addr()?;
-        if !addr.ip().is_loopback() {
+        if !addr.ip().is_loopback() && args.tls != ztier_nbd::TlsMode::Require {
             eprintln!(
-                "ztier serve: WARNING: listening on {addr}, beyond this machine, with no \
-                 TLS: anyone who can reach it can read and write the disk"
+                "ztier serve: WARNING: listening on {addr}, beyond this machine, without \
+                 --tls require: anyone who can reach it can read and write the disk"
             );
         }
         Ok(Place {
             listener: Listener::Tcp(l),
-            uri: format!("nbd://{addr}/{export}"),
+            uri: format!("nbd{s}://{addr}/{export}"),
             unix_socket: None,
             port: Some(addr.port()),
         })
