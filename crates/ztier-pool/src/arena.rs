@@ -74,19 +74,17 @@ pub const HOT_PAGES_MAX: usize = 64;
 /// Bytes of free pages past the hot list gathered before they are released to the OS: a
 /// zswap load pass empties the pool zspage by zspage, and one `madvise` (with its TLB
 /// flush, an IPI to every other core running the process) per zspage was 21 % of a load
-/// pass. Once a batch is gathered the helper thread is asked to release it (sorted, one call
-/// per run of consecutive pages, a few dozen pages at a time under the arena's lock), off
-/// the freeing thread's path; gathered pages stay resident and are reused first, so a store
-/// that follows frees neither releases nor faults them in.
+/// pass. Once a batch is gathered the helper thread is asked to release it, off the freeing
+/// thread's path: all that is gathered is taken off the list, sorted and released with no
+/// lock held, one call per run of consecutive pages (few calls: each call's TLB flush
+/// interrupts every core running the process). Gathered pages stay resident and are reused
+/// first, so a store that follows frees neither releases nor faults them in.
 pub const RELEASE_BATCH_BYTES: usize = 4 << 20;
 
 /// The most a busy machine lets gather while the helper (at idle priority) has no core: at
 /// this many bytes the freeing thread releases a batch itself. RSS runs at most this ahead
 /// of the hot list, and only until a core is idle.
 pub const GATHERED_MAX_BYTES: usize = 4 * RELEASE_BATCH_BYTES;
-
-/// Pages the helper releases per hold of an arena's lock.
-const RELEASE_STEP: usize = 64;
 
 /// One pool page, owned: the only handle to its memory while it is out of the arena.
 ///
@@ -254,6 +252,19 @@ impl PageChain {
         for (p, in_page, at, n) in self.pieces(off, out.len()) {
             out[at..at + n].copy_from_slice(&self.pages[p].bytes()[in_page..in_page + n]);
         }
+    }
+
+    /// The little-endian `u64` at `off` (an object header): one load where the 8 bytes lie
+    /// in one piece, not a call to `memmove` (2 % of a zswap load pass). Panics if they are
+    /// not all inside the chain.
+    #[inline]
+    pub fn read_u64_le(&self, off: usize) -> u64 {
+        let mut b = [0u8; 8];
+        match self.span(off, 8) {
+            Some(bytes) => b.copy_from_slice(bytes),
+            None => self.read(off, &mut b),
+        }
+        u64::from_le_bytes(b)
     }
 
     /// Copies `data` to `off` bytes into the chain. Panics if that is not all inside it.
@@ -608,7 +619,8 @@ impl Drop for Arena {
         st.gathered.clear();
         st.cold.clear();
         if st.pages_out != 0 {
-            // A Page may still point into these chunks: leaking is the sound choice.
+            // A Page may still point into these chunks, or the helper be releasing pages of
+            // them (counted as out until it is done): leaking is the sound choice.
             return;
         }
         for c in st.chunks.drain(..) {
@@ -634,19 +646,14 @@ fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
 }
 
 impl ArenaState {
-    /// Releases up to [`RELEASE_STEP`] gathered pages, under this state's lock (so the
-    /// arena cannot go meanwhile); returns whether any are left.
-    fn release_gathered_step(&mut self) -> bool {
-        let from = self.gathered.len().saturating_sub(RELEASE_STEP);
-        let mut step = self.gathered.split_off(from);
-        release_sorted(&mut step, self.page_size);
-        // Highest address first, so they are taken in address order.
-        step.reverse();
-        self.cold.append(&mut step);
-        if self.gathered.is_empty() {
-            self.release_asked = false;
-        }
-        !self.gathered.is_empty()
+    /// Takes the gathered pages off the list for the helper to release, counted as out
+    /// meanwhile (so the arena, if dropped, leaks its chunks rather than unmap pages being
+    /// released).
+    fn take_gathered(&mut self) -> Vec<NonNull<u8>> {
+        let step = std::mem::take(&mut self.gathered);
+        self.pages_out += step.len();
+        self.release_asked = false;
+        step
     }
 
     /// Releases the hot pages and the pre-faulted rest of the newest chunk, if the arena
@@ -681,7 +688,20 @@ fn release_gathered_arenas() {
         list.iter().filter_map(Weak::upgrade).collect()
     };
     for arena in &live {
-        while arena.lock().release_gathered_step() {}
+        let page_size = arena.lock().page_size;
+        loop {
+            let mut step = arena.lock().take_gathered();
+            if step.is_empty() {
+                break;
+            }
+            // With the lock let go: the arena's threads wait for no madvise.
+            release_sorted(&mut step, page_size);
+            // Highest address first, so they are taken in address order.
+            step.reverse();
+            let mut st = arena.lock();
+            st.pages_out -= step.len();
+            st.cold.append(&mut step);
+        }
     }
 }
 

@@ -781,9 +781,7 @@ impl ClassState {
 }
 
 fn read_header(pages: &PageChain, off: usize) -> u64 {
-    let mut b = [0u8; 8];
-    pages.read(off, &mut b);
-    u64::from_le_bytes(b)
+    pages.read_u64_le(off)
 }
 
 fn write_header(pages: &mut PageChain, off: usize, header: u64) {
