@@ -141,6 +141,13 @@ pub struct ServeArgs {
     /// With TLS, accept only clients whose certificate the directory's CA signed.
     #[arg(long)]
     pub tls_verify_peer: bool,
+    /// Memory for request and reply buffers, for the whole server (K, M, G): no mix of
+    /// clients holds more; a client past its share waits.
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pub max_in_flight: u64,
+    /// A client that reads none of its replies for this long is cut off.
+    #[arg(long, value_parser = crate::size::parse_duration, default_value = "30s")]
+    pub reply_timeout: Duration,
 }
 
 /// An octal permission mode such as 0600 or 660.
@@ -307,6 +314,12 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         min_block: 512,
         log: !args.quiet,
         handshake_limit: args.handshake_limit,
+        max_in_flight_total: usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
+        // A connection's own share: the whole budget's, up to the default 64 MiB.
+        max_in_flight_bytes: usize::try_from(args.max_in_flight)
+            .unwrap_or(usize::MAX)
+            .min(64 << 20),
+        reply_timeout: args.reply_timeout,
         tls: server_tls(args)?,
         ..ServerConfig::default()
     };

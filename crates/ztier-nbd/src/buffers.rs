@@ -9,13 +9,15 @@
 //! the allocator would have kept in its per-thread arenas (8 MiB after one nbdcopy).
 //!
 //! Invariants: the pool keeps at most `keep_bytes` of mappings (the connection's in-flight
-//! budget), so it never holds more than the requests in flight needed at once; a buffer
-//! serves only lengths up to its mapping's size. Lock: `free` is held only to take or
+//! budget), so it never holds more than the requests in flight needed at once, and the pools
+//! of a server together at most their `KeptBytes` bound; a buffer serves only lengths up to
+//! its mapping's size. Lock: `free` is held only to take or
 //! give back a mapping, never across I/O or the device.
 
 use std::io;
 use std::ops::{Deref, DerefMut};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use memmap2::MmapMut;
 
@@ -23,10 +25,49 @@ use memmap2::MmapMut;
 /// them (4 KiB random I/O reuses the same few).
 const MIN_MAP: usize = 64 << 10;
 
+/// The bytes a request of `len` maps (what a buffer for it costs the budget).
+pub(crate) fn mapped_len(len: usize) -> usize {
+    match len {
+        0 => 0,
+        n => n.next_power_of_two().max(MIN_MAP),
+    }
+}
+
+/// Bytes of mappings kept for reuse by every connection of a server together, and their
+/// bound.
+pub(crate) struct KeptBytes {
+    bytes: AtomicUsize,
+    limit: usize,
+}
+
+impl KeptBytes {
+    pub(crate) fn new(limit: usize) -> KeptBytes {
+        KeptBytes {
+            bytes: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Counts `n` more bytes kept, if they fit under the bound.
+    fn try_keep(&self, n: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                (b + n <= self.limit).then_some(b + n)
+            })
+            .is_ok()
+    }
+
+    fn unkeep(&self, n: usize) {
+        self.bytes.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
 /// A connection's free buffers.
 pub(crate) struct Buffers {
     free: Mutex<Free>,
     keep_bytes: usize,
+    /// The server's count of kept bytes, which this pool's also counts in.
+    kept: Arc<KeptBytes>,
 }
 
 /// The mappings kept for reuse, and their bytes.
@@ -43,10 +84,11 @@ pub(crate) struct Buffer {
 }
 
 impl Buffers {
-    pub(crate) fn new(keep_bytes: usize) -> Buffers {
+    pub(crate) fn new(keep_bytes: usize, kept: Arc<KeptBytes>) -> Buffers {
         Buffers {
             free: Mutex::new(Free::default()),
             keep_bytes,
+            kept,
         }
     }
 
@@ -68,6 +110,7 @@ impl Buffers {
             best.map(|i| {
                 let map = free.maps.swap_remove(i);
                 free.bytes -= map.len();
+                self.kept.unkeep(map.len());
                 map
             })
         };
@@ -85,7 +128,7 @@ impl Buffers {
     pub(crate) fn give(&self, buffer: Buffer) {
         let Some(map) = buffer.map else { return };
         let mut free = self.free.lock().expect("buffers");
-        if free.bytes + map.len() <= self.keep_bytes {
+        if free.bytes + map.len() <= self.keep_bytes && self.kept.try_keep(map.len()) {
             free.bytes += map.len();
             free.maps.push(map);
         }
@@ -95,6 +138,13 @@ impl Buffers {
     #[cfg(test)]
     fn held(&self) -> usize {
         self.free.lock().unwrap().bytes
+    }
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        let free = self.free.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.kept.unkeep(free.bytes);
     }
 }
 
@@ -123,7 +173,7 @@ mod tests {
 
     #[test]
     fn buffers_are_reused_smallest_first_and_bounded() {
-        let pool = Buffers::new(1 << 20);
+        let pool = Buffers::new(1 << 20, Arc::new(KeptBytes::new(usize::MAX / 2)));
         let mut a = pool.take(4096).unwrap();
         a[..4].copy_from_slice(b"abcd");
         let b = pool.take(300 << 10).unwrap();

@@ -13,9 +13,14 @@
 //! Invariants and bounds:
 //! - a request is run only once its header and whole payload have arrived: a write cut
 //!   short by a disconnect changes nothing;
-//! - the bytes of requests in flight on a connection are bounded (`max_in_flight_bytes`), as
-//!   are the payload of one request (`max_payload`), option data, and the connections
-//!   (`max_connections`: one more is greeted and closed);
+//! - the buffer bytes of requests in flight are bounded per connection
+//!   (`max_in_flight_bytes`) and for the whole server (`max_in_flight_total`: three quarters
+//!   in flight, a quarter kept for reuse), as are the payload of one request
+//!   (`max_payload`), option data, and the connections (`max_connections`: one more is
+//!   greeted and closed); a client that reads none of its replies for `reply_timeout` is cut
+//!   off, and what its requests held goes back;
+//! - a stop ends handshakes under way at once, and admitted connections once their requests
+//!   in flight are answered;
 //! - a handshake must end within `handshake_limit` (10 s, qemu-nbd's default) or its
 //!   connection is closed; handshakes under way are not counted against `max_connections`
 //!   (a client that stalls mid-handshake cannot shut out others) but have their own bound,
@@ -55,7 +60,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use ztier_blockdev::{BlockDevice, BlockError};
 
-use crate::buffers::{Buffer, Buffers};
+use crate::buffers::{mapped_len, Buffer, Buffers, KeptBytes};
 use crate::proto::{self, *};
 use crate::tls::{self, ServerTls, TlsMode, TlsReader, TlsWriter};
 
@@ -82,6 +87,14 @@ pub struct ServerConfig {
     pub handshake_limit: Duration,
     /// Handshakes under way at once; a connection past them is closed at once.
     pub max_handshakes: usize,
+    /// Bytes of request and reply buffers for the whole server, whatever the clients do:
+    /// three quarters for requests in flight (a connection past its share waits for credit,
+    /// as one past `max_in_flight_bytes` does), a quarter kept for reuse, so no mix of
+    /// clients holds more.
+    pub max_in_flight_total: usize,
+    /// How long a reply may wait for a client to read: a client that reads none of its
+    /// replies for this long is cut off, and what its requests held goes back.
+    pub reply_timeout: Duration,
     /// TLS (`NBD_OPT_STARTTLS`): off, on (for the clients that ask) or required, with the
     /// certificates ([`ServerTls::from_dir`]). The TLS handshake counts against
     /// `handshake_limit` like the rest of the haggling.
@@ -102,6 +115,8 @@ impl Default for ServerConfig {
             log: false,
             handshake_limit: Duration::from_secs(10),
             max_handshakes: 256,
+            max_in_flight_total: 256 << 20,
+            reply_timeout: Duration::from_secs(30),
             tls: ServerTls::off(),
         }
     }
@@ -120,6 +135,9 @@ pub struct ServerStats {
     pub accept_errors: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Buffer bytes of the requests in flight now, server-wide (at most three quarters of
+    /// `max_in_flight_total`, but for one request larger than that running alone).
+    pub in_flight_bytes: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
 }
@@ -179,6 +197,13 @@ impl Stream {
         };
     }
 
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
     pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
@@ -228,6 +253,13 @@ pub struct Server {
     connections: Mutex<Vec<(u64, Stream)>>,
     /// Handshakes under way.
     handshakes: AtomicUsize,
+    /// A clone of the socket of each handshake under way, so a stop ends them at once
+    /// instead of at their deadline.
+    handshaking: Mutex<Vec<(u64, Stream)>>,
+    /// Buffer bytes of requests in flight, for the whole server.
+    credit: Credit,
+    /// Buffer bytes kept for reuse, for the whole server.
+    kept: Arc<KeptBytes>,
     /// An eventfd the accept loop polls beside its listener, made when it starts; `stop`
     /// writes to it.
     wake: Mutex<Option<Arc<OwnedFd>>>,
@@ -235,6 +267,10 @@ pub struct Server {
 
 impl Server {
     pub fn new(dev: Arc<dyn BlockDevice>, config: ServerConfig) -> Arc<Server> {
+        let (in_flight, kept) = (
+            config.max_in_flight_total / 4 * 3,
+            config.max_in_flight_total / 4,
+        );
         Arc::new(Server {
             dev,
             config,
@@ -242,6 +278,9 @@ impl Server {
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
             handshakes: AtomicUsize::new(0),
+            handshaking: Mutex::new(Vec::new()),
+            credit: Credit::new(in_flight),
+            kept: Arc::new(KeptBytes::new(kept)),
             wake: Mutex::new(None),
         })
     }
@@ -275,6 +314,9 @@ impl Server {
     /// Stops accepting, and ends every connection once its requests in flight are answered.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        for (_, s) in self.handshaking.lock().expect("handshaking").iter() {
+            s.shutdown(Shutdown::Both);
+        }
         for (_, s) in self.connections.lock().expect("connections").iter() {
             s.shutdown(Shutdown::Read);
         }
@@ -405,7 +447,22 @@ impl Server {
             }
             return;
         }
-        let negotiated = self.negotiate(id, &mut stream);
+        // Registered first, then `stopping` looked at: a stop either sees it or is seen.
+        if let Ok(clone) = stream.try_clone() {
+            self.handshaking
+                .lock()
+                .expect("handshaking")
+                .push((id, clone));
+        }
+        let negotiated = if self.is_stopping() {
+            Ok(None)
+        } else {
+            self.negotiate(id, &mut stream)
+        };
+        self.handshaking
+            .lock()
+            .expect("handshaking")
+            .retain(|(c, _)| *c != id);
         self.handshakes.fetch_sub(1, Ordering::SeqCst);
         let (session, tls) = match negotiated {
             Ok(Some(negotiated)) => negotiated,
@@ -508,16 +565,22 @@ impl Server {
             let over = if tls.is_some() { " over TLS" } else { "" };
             eprintln!("nbd: connection {id} from {peer}{over}");
         }
-        let result = stream.try_clone().and_then(|reader| {
-            let (reader, writer) = match tls {
-                None => (ReadHalf::Plain(reader), WriteHalf::Plain(stream)),
-                Some(conn) => {
-                    let (r, w) = tls::split(conn, reader, stream);
-                    (ReadHalf::Tls(r), WriteHalf::Tls(w))
-                }
-            };
-            self.transmission(reader, writer, session)
-        });
+        // A client that stops reading its replies is cut off after `reply_timeout` (the
+        // socket's send timeout, shared by every handle on it), and what its requests held
+        // goes back to the server's budget.
+        let result = stream
+            .set_write_timeout(Some(self.config.reply_timeout))
+            .and_then(|()| stream.try_clone())
+            .and_then(|reader| {
+                let (reader, writer) = match tls {
+                    None => (ReadHalf::Plain(reader), WriteHalf::Plain(stream)),
+                    Some(conn) => {
+                        let (r, w) = tls::split(conn, reader, stream);
+                        (ReadHalf::Tls(r), WriteHalf::Tls(w))
+                    }
+                };
+                self.transmission(reader, writer, session)
+            });
         self.connections
             .lock()
             .expect("connections")
@@ -756,7 +819,7 @@ impl Server {
         let conn = Arc::new(Conn {
             writer: Mutex::new(writer),
             credit: Credit::new(self.config.max_in_flight_bytes),
-            buffers: Buffers::new(self.config.max_in_flight_bytes),
+            buffers: Buffers::new(self.config.max_in_flight_bytes, Arc::clone(&self.kept)),
             session,
             dead: AtomicBool::new(false),
         });
@@ -810,8 +873,18 @@ impl Server {
                 conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
             }
             conn.buffers.give(payload);
-            conn.credit.release(cost);
+            self.release_credit(conn, cost);
         }
+    }
+
+    /// Gives a finished request's buffer bytes back to the server's and the connection's
+    /// budgets.
+    fn release_credit(&self, conn: &Conn, cost: usize) {
+        self.stats
+            .in_flight_bytes
+            .fetch_sub(cost as u64, Ordering::Relaxed);
+        self.credit.release(cost);
+        conn.credit.release(cost);
     }
 
     /// Reads the next request to run, with its whole payload; `None` at `DISC`. A request
@@ -832,18 +905,29 @@ impl Server {
                 conn.send_error(req, EINVAL, "payload longer than the maximum")?;
                 continue;
             }
-            let cost = (payload_len.max(if req.kind == CMD_READ { req.length } else { 0 }))
-                .min(self.config.max_payload) as usize;
+            // What its buffers map (a write's payload, a read's reply), counted against the
+            // connection's budget, then the server's.
+            let read_len = if req.kind == CMD_READ {
+                req.length.min(self.config.max_payload)
+            } else {
+                0
+            };
+            let cost = mapped_len(payload_len as usize) + mapped_len(read_len as usize);
             conn.credit.acquire(cost);
+            self.credit.acquire(cost);
+            self.stats
+                .in_flight_bytes
+                .fetch_add(cost as u64, Ordering::Relaxed);
+            let release = || self.release_credit(conn, cost);
             let mut payload = match conn.buffers.take(payload_len as usize) {
                 Ok(b) => b,
                 Err(e) => {
-                    conn.credit.release(cost);
+                    release();
                     return Err(e);
                 }
             };
             if let Err(e) = s.read_exact(&mut payload) {
-                conn.credit.release(cost);
+                release();
                 return Err(e);
             }
             return Ok(Some(Job { req, payload, cost }));

@@ -154,3 +154,23 @@ fn stop_ends_the_server_after_its_socket_path_was_removed() {
         .expect("the accept loop did not end after stop");
     ended.unwrap();
 }
+
+#[test]
+fn stop_ends_handshakes_under_way_at_once() {
+    let s = serve(
+        "stop-handshake",
+        ServerConfig {
+            // Far longer than the test's deadline: only a stop that ends the handshake
+            // itself lets the server finish in time.
+            handshake_limit: Duration::from_secs(3600),
+            ..ServerConfig::default()
+        },
+    );
+    let mut stalled = half_open(&s.path);
+    s.server.stop();
+    s.ended
+        .recv_timeout(DEADLINE)
+        .expect("the server waited for a handshake's deadline to stop")
+        .unwrap();
+    assert!(closed_by_server(&mut stalled));
+}
