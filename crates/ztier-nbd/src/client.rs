@@ -46,8 +46,8 @@ use std::time::{Duration, Instant, SystemTime};
 use ztier_blockdev::{BlockDevice, BlockError, Result};
 
 use crate::proto::{self, *};
-use crate::server::Stream;
 use crate::tls::{self, ClientTls, TlsStream};
+use crate::transport::Stream;
 
 /// The default NBD port.
 pub const NBD_PORT: u16 = 10809;

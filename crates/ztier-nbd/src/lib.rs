@@ -1,6 +1,7 @@
 //! NBD, the network block device protocol: [`proto`] (messages, for server and client),
-//! [`server`], which serves any [`ztier_blockdev::BlockDevice`], and [`client`], which makes
-//! a remote export one. It knows nothing of zram.
+//! [`server`], which serves any [`ztier_blockdev::BlockDevice`], [`client`], which makes a
+//! remote export one, [`transport`] (the sockets both run over) and [`tls`]. It knows
+//! nothing of zram.
 #![forbid(unsafe_code)]
 
 mod buffers;
@@ -8,6 +9,7 @@ pub mod client;
 pub mod proto;
 pub mod server;
 pub mod tls;
+pub mod transport;
 
 pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
 pub use server::{Listener, Server, ServerConfig, Stream};

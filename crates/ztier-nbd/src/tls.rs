@@ -32,7 +32,7 @@ use rustls::pki_types::{
 use rustls::server::WebPkiClientVerifier;
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use crate::server::Stream;
+use crate::transport::Stream;
 
 /// Whether a server offers TLS: nbdkit's and qemu-nbd's `--tls=off|on|require`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

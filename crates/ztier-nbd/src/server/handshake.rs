@@ -1,0 +1,445 @@
+//! The handshake: fixed newstyle, the options, STARTTLS, all under the handshake's deadline;
+//! a connection is counted against `max_connections` only from its last reply.
+
+use super::*;
+
+impl Server {
+    /// Serves one connection to its end: the handshake within its deadline, then, if there
+    /// is room, the transmission phase.
+    pub fn handle(self: &Arc<Self>, id: u64, mut stream: Stream) {
+        let peer = stream.peer();
+        if self.is_full() {
+            self.turn_away(id, &peer, stream);
+            return;
+        }
+        if self.handshakes.fetch_add(1, Ordering::SeqCst) >= self.config.max_handshakes {
+            self.handshakes.fetch_sub(1, Ordering::SeqCst);
+            self.stats
+                .refused_connections
+                .fetch_add(1, Ordering::Relaxed);
+            if self.config.log {
+                eprintln!(
+                    "nbd: connection {id} from {peer} closed: {} handshakes under way already",
+                    self.config.max_handshakes
+                );
+            }
+            return;
+        }
+        // Registered first, then `stopping` looked at: a stop either sees it or is seen.
+        if let Ok(clone) = stream.try_clone() {
+            self.handshaking
+                .lock()
+                .expect("handshaking")
+                .push((id, clone));
+        }
+        let negotiated = if self.is_stopping() {
+            Ok(None)
+        } else {
+            self.negotiate(id, &mut stream)
+        };
+        self.handshaking
+            .lock()
+            .expect("handshaking")
+            .retain(|(c, _)| *c != id);
+        self.handshakes.fetch_sub(1, Ordering::SeqCst);
+        let (session, tls) = match negotiated {
+            Ok(Some(negotiated)) => negotiated,
+            Ok(None) => {
+                self.unreserve(id);
+                stream.shutdown(Shutdown::Both);
+                return;
+            }
+            Err(e) if e.kind() == io::ErrorKind::QuotaExceeded => {
+                self.stats
+                    .refused_connections
+                    .fetch_add(1, Ordering::Relaxed);
+                if self.config.log {
+                    eprintln!(
+                        "nbd: connection {id} from {peer} refused at its handshake's end: {e}"
+                    );
+                }
+                stream.shutdown(Shutdown::Both);
+                return;
+            }
+            Err(e) => {
+                self.unreserve(id);
+                self.stats.failed_handshakes.fetch_add(1, Ordering::Relaxed);
+                if self.config.log {
+                    eprintln!("nbd: connection {id} from {peer}: handshake failed: {e}");
+                }
+                stream.shutdown(Shutdown::Both);
+                return;
+            }
+        };
+        self.admit(id, &peer, stream, session, tls);
+    }
+
+    /// Takes connection `id`'s place among `max_connections`, before the handshake's last
+    /// reply, so a client that has seen it is counted; false if there is none (handshakes
+    /// that ended together may have filled them).
+    pub(super) fn reserve(&self, id: u64, s: &Stream) -> io::Result<bool> {
+        let mut conns = self.connections.lock().expect("connections");
+        if conns.len() >= self.config.max_connections || self.is_stopping() {
+            return Ok(false);
+        }
+        conns.push((id, s.try_clone()?));
+        Ok(true)
+    }
+
+    pub(super) fn unreserve(&self, id: u64) {
+        self.connections
+            .lock()
+            .expect("connections")
+            .retain(|(c, _)| *c != id);
+    }
+
+    pub(super) fn is_full(&self) -> bool {
+        self.connections.lock().expect("connections").len() >= self.config.max_connections
+    }
+
+    /// Greets, so the client sees a server, then closes: the spec's way to turn one away.
+    pub(super) fn turn_away(&self, id: u64, peer: &str, mut s: Stream) {
+        self.stats
+            .refused_connections
+            .fetch_add(1, Ordering::Relaxed);
+        if self.config.log {
+            eprintln!(
+                "nbd: connection {id} from {peer} refused: {} connections already",
+                self.config.max_connections
+            );
+        }
+        let _ = s.set_timeouts(Some(Duration::from_secs(1)));
+        let _ = s.write_all(&greeting());
+        s.shutdown(Shutdown::Both);
+    }
+
+    /// The handshake under its deadline (the TLS handshake included): each read and write
+    /// may wait only for what is left of it. With the session, the TLS connection if the
+    /// client started one.
+    pub(super) fn negotiate(&self, id: u64, stream: &mut Stream) -> io::Result<Option<Negotiated>> {
+        let mut s = Nego {
+            raw: Deadline {
+                stream,
+                until: Instant::now() + self.config.handshake_limit,
+            },
+            tls: None,
+        };
+        let session = self.handshake(id, &mut s)?;
+        s.raw.stream.set_timeouts(None)?;
+        Ok(session.map(|session| (session, s.tls)))
+    }
+
+    /// The handshake and option haggling; `None` when the client aborted or is done.
+    pub(super) fn handshake(&self, id: u64, s: &mut Nego<'_>) -> io::Result<Option<Session>> {
+        let full = || {
+            io::Error::new(
+                io::ErrorKind::QuotaExceeded,
+                format!("{} connections already", self.config.max_connections),
+            )
+        };
+        s.write_all(&greeting())?;
+        let client_flags = read_u32(s)?;
+        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
+            || client_flags & FLAG_C_FIXED_NEWSTYLE == 0
+        {
+            return Err(invalid(format!("client flags {client_flags:#x}")));
+        }
+        let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+        let mut session = Session::default();
+        loop {
+            let mut header = [0u8; 16];
+            s.read_exact(&mut header)?;
+            let (option, len) = proto::decode_option_header(&header).map_err(invalid)?;
+            const MAX_OPTION: u32 = 64 << 10;
+            if len > MAX_OPTION {
+                if option == OPT_EXPORT_NAME || len > 16 << 20 {
+                    return Err(invalid(format!("option data of {len} bytes")));
+                }
+                discard(s, len as u64)?;
+                reply(s, option, REP_ERR_TOO_BIG, b"option data too long")?;
+                continue;
+            }
+            let mut data = vec![0u8; len as usize];
+            s.read_exact(&mut data)?;
+            // FORCEDTLS: nothing but STARTTLS and ABORT before TLS.
+            let tls_required = self.config.tls.mode() == TlsMode::Require && s.tls.is_none();
+            if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
+                if option == OPT_EXPORT_NAME {
+                    // It cannot be answered with an error: the spec has the session end.
+                    return Err(invalid(
+                        "NBD_OPT_EXPORT_NAME before STARTTLS: TLS is required",
+                    ));
+                }
+                reply(
+                    s,
+                    option,
+                    REP_ERR_TLS_REQD,
+                    b"TLS is required: NBD_OPT_STARTTLS first",
+                )?;
+                continue;
+            }
+            match option {
+                OPT_EXPORT_NAME => {
+                    let name = String::from_utf8_lossy(&data);
+                    if !self.is_export(&name) {
+                        return Err(invalid(format!("unknown export '{name}'")));
+                    }
+                    let mut v = self.dev.size().to_be_bytes().to_vec();
+                    v.extend(self.transmission_flags(session.structured).to_be_bytes());
+                    if !no_zeroes {
+                        v.extend([0u8; 124]);
+                    }
+                    if !self.reserve(id, s.raw.stream)? {
+                        return Err(full());
+                    }
+                    s.write_all(&v)?;
+                    return Ok(Some(session));
+                }
+                OPT_ABORT => {
+                    let _ = reply(s, option, REP_ACK, &[]);
+                    return Ok(None);
+                }
+                OPT_LIST => {
+                    if !data.is_empty() {
+                        reply(s, option, REP_ERR_INVALID, b"LIST takes no data")?;
+                        continue;
+                    }
+                    let mut v = (self.config.export_name.len() as u32)
+                        .to_be_bytes()
+                        .to_vec();
+                    v.extend(self.config.export_name.as_bytes());
+                    reply(s, option, REP_SERVER, &v)?;
+                    reply(s, option, REP_ACK, &[])?;
+                }
+                OPT_STARTTLS => match self.config.tls.config() {
+                    None => reply(s, option, REP_ERR_UNSUP, b"TLS is not offered")?,
+                    Some(_) if s.tls.is_some() => {
+                        reply(s, option, REP_ERR_INVALID, b"TLS is already on")?
+                    }
+                    Some(_) if !data.is_empty() => {
+                        reply(s, option, REP_ERR_INVALID, b"STARTTLS takes no data")?
+                    }
+                    Some(config) => {
+                        let conn = rustls::ServerConnection::new(Arc::clone(config))
+                            .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+                        reply(s, option, REP_ACK, &[])?;
+                        let mut conn = rustls::Connection::Server(conn);
+                        tls::handshake(&mut conn, &mut s.raw)?;
+                        s.tls = Some(conn);
+                        self.stats.tls_sessions.fetch_add(1, Ordering::Relaxed);
+                        // What was haggled in the clear is forgotten, so a man in the middle
+                        // cannot have chosen it (as nbdkit does since CVE-2021-3716).
+                        session = Session::default();
+                    }
+                },
+                OPT_INFO | OPT_GO => {
+                    let decoded = InfoRequest::decode(&data);
+                    let Some(req) = self.for_export(s, option, decoded, |r| &r.export)? else {
+                        continue;
+                    };
+                    let flags = self.transmission_flags(session.structured);
+                    reply(s, option, REP_INFO, &info_export(self.dev.size(), flags))?;
+                    if req.infos.contains(&INFO_NAME) {
+                        let mut v = INFO_NAME.to_be_bytes().to_vec();
+                        v.extend(self.config.export_name.as_bytes());
+                        reply(s, option, REP_INFO, &v)?;
+                    }
+                    if let Some(d) = self
+                        .config
+                        .description
+                        .as_ref()
+                        .filter(|_| req.infos.contains(&INFO_DESCRIPTION))
+                    {
+                        let mut v = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                        v.extend(d.as_bytes());
+                        reply(s, option, REP_INFO, &v)?;
+                    }
+                    let preferred = self.dev.block_size().max(self.config.min_block);
+                    let block =
+                        info_block_size(self.config.min_block, preferred, self.config.max_payload);
+                    reply(s, option, REP_INFO, &block)?;
+                    if option == OPT_GO && !self.reserve(id, s.raw.stream)? {
+                        let e = full();
+                        let _ = reply(s, option, REP_ERR_POLICY, e.to_string().as_bytes());
+                        return Err(e);
+                    }
+                    reply(s, option, REP_ACK, &[])?;
+                    if option == OPT_GO {
+                        session.block_sizes = req.infos.contains(&INFO_BLOCK_SIZE);
+                        return Ok(Some(session));
+                    }
+                }
+                OPT_STRUCTURED_REPLY => {
+                    if !data.is_empty() {
+                        reply(s, option, REP_ERR_INVALID, b"takes no data")?;
+                    } else {
+                        session.structured = true;
+                        reply(s, option, REP_ACK, &[])?;
+                    }
+                }
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                    let set = option == OPT_SET_META_CONTEXT;
+                    if set && !session.structured {
+                        reply(s, option, REP_ERR_INVALID, b"structured replies first")?;
+                        continue;
+                    }
+                    let decoded = MetaContextRequest::decode(&data);
+                    let Some(req) = self.for_export(s, option, decoded, |r| &r.export)? else {
+                        continue;
+                    };
+                    let wanted = if set {
+                        req.queries.iter().any(|q| q == BASE_ALLOCATION)
+                    } else {
+                        req.queries.is_empty()
+                            || req
+                                .queries
+                                .iter()
+                                .any(|q| q == "base:" || q == BASE_ALLOCATION)
+                    };
+                    if wanted {
+                        let mut v = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                        v.extend(BASE_ALLOCATION.as_bytes());
+                        reply(s, option, REP_META_CONTEXT, &v)?;
+                    }
+                    if set {
+                        session.base_allocation = wanted;
+                    }
+                    reply(s, option, REP_ACK, &[])?;
+                }
+                _ => {
+                    let msg = format!("option {option} is not supported");
+                    reply(s, option, REP_ERR_UNSUP, msg.as_bytes())?;
+                }
+            }
+        }
+    }
+
+    /// An option's decoded data if it parsed and names this export; else the error reply
+    /// (INVALID, UNKNOWN) is sent and `None` returned, and the haggling goes on.
+    pub(super) fn for_export<T>(
+        &self,
+        s: &mut Nego<'_>,
+        option: u32,
+        decoded: Result<T, Malformed>,
+        export: impl Fn(&T) -> &str,
+    ) -> io::Result<Option<T>> {
+        let req = match decoded {
+            Ok(r) => r,
+            Err(e) => {
+                reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                return Ok(None);
+            }
+        };
+        if !self.is_export(export(&req)) {
+            let msg = format!("no export named '{}'", export(&req));
+            reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+            return Ok(None);
+        }
+        Ok(Some(req))
+    }
+
+    pub(super) fn is_export(&self, name: &str) -> bool {
+        name.is_empty() || name == self.config.export_name
+    }
+}
+
+/// What a handshake settled, and the TLS connection if the client started one.
+pub(super) type Negotiated = (Session, Option<rustls::Connection>);
+
+pub(super) fn greeting() -> Vec<u8> {
+    let mut v = NBDMAGIC.to_be_bytes().to_vec();
+    v.extend(IHAVEOPT.to_be_bytes());
+    v.extend((FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    v
+}
+
+pub(super) fn reply(s: &mut impl Write, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+    s.write_all(&encode_option_reply(option, kind, data))
+}
+
+pub(super) fn read_u32(s: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// The handshake's stream: the socket under its deadline, and TLS over it once the client
+/// has started it.
+pub(super) struct Nego<'a> {
+    raw: Deadline<'a>,
+    tls: Option<rustls::Connection>,
+}
+
+impl Read for Nego<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &mut self.tls {
+            Some(conn) => tls::read(conn, &mut self.raw, buf),
+            None => self.raw.read(buf),
+        }
+    }
+}
+
+impl Write for Nego<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut self.tls {
+            Some(conn) => tls::write(conn, &mut self.raw, buf),
+            None => self.raw.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.tls {
+            Some(conn) => tls::flush_tls(conn, &mut self.raw),
+            None => self.raw.flush(),
+        }
+    }
+}
+
+/// A stream whose reads and writes may wait only until `until` in all.
+pub(super) struct Deadline<'a> {
+    stream: &'a mut Stream,
+    until: Instant,
+}
+
+impl Deadline<'_> {
+    pub(super) fn arm(&self) -> io::Result<()> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake went past its time limit",
+            ));
+        }
+        self.stream.set_timeouts(Some(left))
+    }
+
+    pub(super) fn timed_out(e: io::Error) -> io::Error {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake went past its time limit",
+            )
+        } else {
+            e
+        }
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.read(buf).map_err(Deadline::timed_out)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.write(buf).map_err(Deadline::timed_out)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
