@@ -70,6 +70,10 @@ pub const SWAP_CLUSTER_MAX: usize = 32;
 
 const PAGE_LOCK_STRIPES: usize = 1024;
 
+/// LRU nodes a store moves down while the LRU's slab is sparse: more than the one node a
+/// store adds, so the slab comes back, but a small share of a store's time.
+const STORE_COMPACT_MOVES: usize = 8;
+
 /// Loaded pages whose pool object and LRU node a shard keeps before it frees them together:
 /// the LRU lock taken once and each class's lock once for the batch, instead of each once
 /// per load.
@@ -349,7 +353,7 @@ impl Cache {
     /// ones, as the shrinker does); returns the pages written back.
     pub fn shrink(&self, nr: usize) -> u64 {
         let written = self.inner.shrink(nr);
-        self.inner.compact_lru(usize::MAX);
+        self.inner.compact_lru(usize::MAX, 64);
         written
     }
 
@@ -552,15 +556,15 @@ impl Inner {
         shard.freed.clear();
     }
 
-    /// Moves LRU nodes from the top of its slab into free ids below, up to `batches` of 64,
+    /// Moves LRU nodes from the top of its slab into free ids below, up to `batches` of `per`,
     /// until the slab is at most an eighth larger than the pages it holds: under churn
     /// (pages written back, loaded or freed in no order) it would otherwise keep its peak
     /// size. Each node is moved under its slot's tree node and the LRU lock, the order every
     /// change of a value takes; a node whose value no longer names it (loaded, freed,
     /// written back meanwhile) is passed over. The caller holds no lock of the cache but
     /// perhaps its slot's page lock.
-    pub(crate) fn compact_lru(&self, batches: usize) {
-        let mut top = Vec::with_capacity(64);
+    pub(crate) fn compact_lru(&self, batches: usize, per: usize) {
+        let mut top = Vec::with_capacity(per);
         for _ in 0..batches {
             top.clear();
             {
@@ -568,7 +572,7 @@ impl Inner {
                 if !lru.sparse() {
                     return;
                 }
-                lru.top(64, &mut top);
+                lru.top(per, &mut top);
             }
             let mut moved = 0;
             for &(id, slot) in &top {
@@ -593,14 +597,14 @@ impl Inner {
         self.lru_sparse.store(true, Relaxed);
     }
 
-    /// A store's share of the LRU's compaction: a batch of moves if the slab has grown
+    /// A store's share of the LRU's compaction: a few moves if the slab has grown
     /// sparse (a flag set under the LRU lock). Stores pay it, not loads: a pass of loads
     /// that empties the cache would move nodes down only to take them off, and the slab
     /// matters as pages are held.
     pub(crate) fn maybe_compact_lru(&self) {
         if self.lru_sparse.load(Relaxed) {
             self.lru_sparse.store(false, Relaxed);
-            self.compact_lru(1);
+            self.compact_lru(1, STORE_COMPACT_MOVES);
         }
     }
 

@@ -102,7 +102,7 @@ fn run(inner: &Inner) {
                 }
             }
         }
-        inner.compact_lru(usize::MAX);
+        inner.compact_lru(usize::MAX, 64);
         let mut s = w.state.lock();
         s.running = false;
         w.wake.notify_all();
