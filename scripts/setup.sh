@@ -27,10 +27,13 @@
 #   - cpio, kmod: to pack the guest's initramfs, and to list its modules' dependencies in
 #     order (modprobe --show-depends); the workload is built with build-essential's static
 #     libc
+#   - openssl: the certificates the TLS tests make (a CA, a server and a client)
+#   - systemd: systemd-socket-activate, which the socket-activation test starts
+#     `ztier serve` under
 set -euo pipefail
 
 PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2
-  qemu-system-x86 linux-image-amd64 busybox-static cpio kmod)
+  qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd)
 
 # The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
 # removed but left its configuration files behind.

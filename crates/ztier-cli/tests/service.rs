@@ -23,6 +23,19 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A server the test started, killed if the test ends before it stops it (a failed
+/// assertion must not leave it running).
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Whether process `pid` has ended (gone, or a zombie no one has reaped yet).
 fn ended(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -108,16 +121,18 @@ fn ready_is_sent_only_once_a_client_can_connect() {
     receiver.set_read_timeout(Some(DEADLINE)).unwrap();
     let socket = dir.join("ztier.sock");
     let pidfile = dir.join("ztier.pid");
-    let mut server = Command::new(ZTIER)
-        .args(["serve", "--size", "4M", "--socket"])
-        .arg(&socket)
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .env("NOTIFY_SOCKET", &notify)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut server = Started(
+        Command::new(ZTIER)
+            .args(["serve", "--size", "4M", "--socket"])
+            .arg(&socket)
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .env("NOTIFY_SOCKET", &notify)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut buf = [0u8; 4096];
     let n = recv(&receiver, &mut buf, "READY=1");
     let message = String::from_utf8_lossy(&buf[..n]).into_owned();
@@ -134,17 +149,17 @@ fn ready_is_sent_only_once_a_client_can_connect() {
     );
     // The pid file holds the server's pid.
     let pid = std::fs::read_to_string(&pidfile).unwrap();
-    assert_eq!(pid.trim(), server.id().to_string());
+    assert_eq!(pid.trim(), server.0.id().to_string());
     drop(c);
     // Its stop is announced too.
     rustix::process::kill_process(
-        rustix::process::Pid::from_child(&server),
+        rustix::process::Pid::from_child(&server.0),
         rustix::process::Signal::TERM,
     )
     .unwrap();
     let n = recv(&receiver, &mut buf, "STOPPING=1");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
-    assert!(server.wait().unwrap().success());
+    assert!(server.0.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -172,6 +187,16 @@ fn exit_with_parent_ends_with_its_parent() {
         .trim()
         .parse()
         .unwrap();
+    // Killed at the end whatever happens, if it is still there.
+    struct KillAtEnd(u32);
+    impl Drop for KillAtEnd {
+        fn drop(&mut self) {
+            if let Some(pid) = rustix::process::Pid::from_raw(self.0 as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+    let _cleanup = KillAtEnd(pid);
     assert!(!ended(pid));
     parent.kill().unwrap();
     parent.wait().unwrap();
