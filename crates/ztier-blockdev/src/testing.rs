@@ -1,17 +1,31 @@
 //! The conformance suite every [`BlockDevice`] passes: the file device, zram, the plain RAM
 //! disk and the NBD client. Each check starts from a device whose every byte reads as zero.
-//! And [`Faulty`], a device that fails on demand, for the tests of what sits on one.
+//! And [`Faulty`], a device that fails or stalls on demand and counts its reads, for the
+//! tests of what sits on one.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 use crate::{BlockDevice, BlockError};
 
 /// A device whose writes fail while `fail_writes` is set (a full disk, a vanished server),
-/// and whose reads fail while `fail_reads` is; otherwise `inner`.
+/// whose reads fail while `fail_reads` is, and whose reads wait while it is stalled (a store
+/// paused, a network partition); otherwise `inner`. It counts the reads it answers.
 pub struct Faulty<D> {
     pub inner: D,
     pub fail_writes: AtomicBool,
     pub fail_reads: AtomicBool,
+    stall: Mutex<Stall>,
+    stall_changed: Condvar,
+    reads: AtomicU64,
+}
+
+#[derive(Default)]
+struct Stall {
+    on: bool,
+    /// Reads waiting on the stall now.
+    waiting: usize,
 }
 
 impl<D: BlockDevice> Faulty<D> {
@@ -20,12 +34,36 @@ impl<D: BlockDevice> Faulty<D> {
             inner,
             fail_writes: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
+            stall: Mutex::default(),
+            stall_changed: Condvar::new(),
+            reads: AtomicU64::new(0),
         }
     }
 
     pub fn set_failing(&self, writes: bool, reads: bool) {
         self.fail_writes.store(writes, Relaxed);
         self.fail_reads.store(reads, Relaxed);
+    }
+
+    /// Holds every read from now on until `stall(false)`, which lets the waiting ones go.
+    pub fn stall(&self, on: bool) {
+        self.stall.lock().unwrap_or_else(|p| p.into_inner()).on = on;
+        self.stall_changed.notify_all();
+    }
+
+    /// Waits until `n` reads wait on the stall; false if they have not after `deadline`.
+    pub fn wait_for_stalled_reads(&self, n: usize, deadline: Duration) -> bool {
+        let s = self.stall.lock().unwrap_or_else(|p| p.into_inner());
+        let (_s, waited) = self
+            .stall_changed
+            .wait_timeout_while(s, deadline, |s| s.waiting < n)
+            .unwrap_or_else(|p| p.into_inner());
+        !waited.timed_out()
+    }
+
+    /// Reads answered (stalled ones once they went on, failed ones not).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Relaxed)
     }
 
     fn failure(what: &str) -> BlockError {
@@ -43,9 +81,21 @@ impl<D: BlockDevice> BlockDevice for Faulty<D> {
         self.inner.block_size()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> crate::Result<()> {
+        let mut s = self.stall.lock().unwrap_or_else(|p| p.into_inner());
+        if s.on {
+            s.waiting += 1;
+            self.stall_changed.notify_all();
+            s = self
+                .stall_changed
+                .wait_while(s, |s| s.on)
+                .unwrap_or_else(|p| p.into_inner());
+            s.waiting -= 1;
+        }
+        drop(s);
         if self.fail_reads.load(Relaxed) {
             return Err(Self::failure("read"));
         }
+        self.reads.fetch_add(1, Relaxed);
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> crate::Result<()> {

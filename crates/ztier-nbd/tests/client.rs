@@ -133,46 +133,6 @@ fn a_vanished_server_is_an_error_until_the_owner_reconnects() {
     assert_eq!(page, [5u8; 4096]);
 }
 
-/// A device that can be held stalled: its reads wait until it is let go (a store paused).
-struct Stalling {
-    inner: MemoryDevice,
-    stalled: std::sync::Mutex<bool>,
-    let_go: std::sync::Condvar,
-}
-
-impl Stalling {
-    fn stall(&self, on: bool) {
-        *self.stalled.lock().unwrap() = on;
-        self.let_go.notify_all();
-    }
-}
-
-impl BlockDevice for Stalling {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
-        let s = self.stalled.lock().unwrap();
-        drop(self.let_go.wait_while(s, |s| *s).unwrap());
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_at(offset, data, fua)
-    }
-    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_zeroes(offset, len, unmap)
-    }
-    fn flush(&self) -> ztier_blockdev::Result<()> {
-        Ok(())
-    }
-}
-
 /// A client with a short timeout and its identity pinned (an id written at block 0), and
 /// the lines it logs.
 fn pinned_client(uri: &Uri) -> (Client, Arc<std::sync::Mutex<Vec<String>>>) {
@@ -234,11 +194,9 @@ fn a_store_with_an_identity_comes_back_by_itself() {
 
 #[test]
 fn a_store_that_stalls_past_the_timeout_is_found_again() {
-    let dev = Arc::new(Stalling {
-        inner: MemoryDevice::new(1 << 20).unwrap(),
-        stalled: std::sync::Mutex::new(false),
-        let_go: std::sync::Condvar::new(),
-    });
+    let dev = Arc::new(ztier_blockdev::testing::Faulty::new(
+        MemoryDevice::new(1 << 20).unwrap(),
+    ));
     let s = serve("stall", dev.clone(), config(""));
     let (client, _lines) = pinned_client(&s.uri(""));
     client.write_at(4096, &[7u8; 4096], false).unwrap();

@@ -9,11 +9,11 @@
 //! (a generous deadline on a channel) fails the test instead of hanging it.
 
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ztier_blockdev::memory::MemoryDevice;
-use ztier_blockdev::BlockDevice;
+use ztier_blockdev::testing::Faulty;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, PageSelector, WbFormat};
@@ -25,75 +25,8 @@ const STRIPES: u64 = 256;
 /// it stuck: far past any scheduling delay, far short of a hang.
 const WATCHDOG: Duration = Duration::from_secs(20);
 
-/// A store whose reads wait while it is stalled, and say when one has started waiting.
-struct Stalling {
-    inner: MemoryDevice,
-    state: Mutex<StallState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct StallState {
-    stalled: bool,
-    waiting: usize,
-}
-
-impl Stalling {
-    fn new(bytes: u64) -> Stalling {
-        Stalling {
-            inner: MemoryDevice::new(bytes).unwrap(),
-            state: Mutex::default(),
-            changed: Condvar::new(),
-        }
-    }
-
-    fn stall(&self, on: bool) {
-        self.state.lock().unwrap().stalled = on;
-        self.changed.notify_all();
-    }
-
-    /// Waits until `n` reads are waiting on the stalled store.
-    fn wait_for_readers(&self, n: usize) {
-        let s = self.state.lock().unwrap();
-        let (_s, timeout) = self
-            .changed
-            .wait_timeout_while(s, WATCHDOG, |s| s.waiting < n)
-            .unwrap();
-        assert!(!timeout.timed_out(), "no read reached the stalled store");
-    }
-}
-
-impl BlockDevice for Stalling {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
-        let mut s = self.state.lock().unwrap();
-        if s.stalled {
-            s.waiting += 1;
-            self.changed.notify_all();
-            s = self.changed.wait_while(s, |s| s.stalled).unwrap();
-            s.waiting -= 1;
-        }
-        drop(s);
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_at(offset, data, fua)
-    }
-    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_zeroes(offset, len, unmap)
-    }
-    fn flush(&self) -> ztier_blockdev::Result<()> {
-        Ok(())
-    }
-}
+/// A store whose reads can be held stalled.
+type Store = Faulty<MemoryDevice>;
 
 /// Compressible and different per seed.
 fn page(seed: u64) -> Vec<u8> {
@@ -104,7 +37,7 @@ fn page(seed: u64) -> Vec<u8> {
 
 /// A device of `pages` pages, each written with `page(index)` and every one written back to
 /// a stalling store (not stalled yet).
-fn written_back(pages: u64, format: WbFormat) -> (Arc<Device>, Arc<Stalling>) {
+fn written_back(pages: u64, format: WbFormat) -> (Arc<Device>, Arc<Store>) {
     let pool = ZsPool::new(ZsConfig::default()).unwrap();
     let dev = Device::new(
         pages * PS as u64,
@@ -113,7 +46,9 @@ fn written_back(pages: u64, format: WbFormat) -> (Arc<Device>, Arc<Stalling>) {
     )
     .unwrap();
     // At least two clusters of 512 slots: the first holds the header.
-    let store = Arc::new(Stalling::new(((pages + 64) * 2).max(1024) * PS as u64));
+    let store = Arc::new(Faulty::new(
+        MemoryDevice::new(((pages + 64) * 2).max(1024) * PS as u64).unwrap(),
+    ));
     dev.set_backing(Some(Backing::new(store.clone(), format).unwrap()))
         .unwrap();
     for i in 0..pages {
@@ -148,7 +83,10 @@ fn a_stalled_store_read_blocks_nothing_else() {
                 dev.read_page(0, &mut out).map(|()| out)
             })
         };
-        store.wait_for_readers(1);
+        assert!(
+            store.wait_for_stalled_reads(1, WATCHDOG),
+            "no read reached the stalled store"
+        );
 
         let d = Arc::clone(&dev);
         finishes("a write to another page of the stripe", move || {
@@ -199,7 +137,10 @@ fn a_page_rewritten_during_its_store_read_reads_as_rewritten() {
             dev.read_page(3, &mut out).map(|()| out)
         })
     };
-    store.wait_for_readers(1);
+    assert!(
+        store.wait_for_stalled_reads(1, WATCHDOG),
+        "no read reached the stalled store"
+    );
     // The page itself is rewritten while its old copy is being read: the write needs no
     // store, and frees the old place, which the read's pin keeps from reuse.
     let d = Arc::clone(&dev);
@@ -239,7 +180,10 @@ fn a_partial_write_to_a_written_back_page_keeps_both_changes() {
         let dev = Arc::clone(&dev);
         std::thread::spawn(move || dev.write_bytes(2 * PS as u64 + 100, b"first"))
     };
-    store.wait_for_readers(1);
+    assert!(
+        store.wait_for_stalled_reads(1, WATCHDOG),
+        "no read reached the stalled store"
+    );
     // ... so a whole-page write to the same page gets in meanwhile; the patch must then be
     // applied to the new content, not to the stale copy it read.
     let d = Arc::clone(&dev);

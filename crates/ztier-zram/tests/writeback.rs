@@ -409,46 +409,12 @@ fn io_goes_on_while_writeback_and_recompression_run() {
     );
 }
 
-/// A store that counts the reads it answers.
-struct CountingReads {
-    inner: MemoryDevice,
-    reads: std::sync::atomic::AtomicU64,
-}
-
-impl ztier_blockdev::BlockDevice for CountingReads {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
-        self.reads.fetch_add(1, Relaxed);
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_at(offset, data, fua)
-    }
-    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_zeroes(offset, len, unmap)
-    }
-    fn flush(&self) -> ztier_blockdev::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
     let n = 600;
     let dev = device(n, "lz4");
     fill(&dev, n);
-    let store = Arc::new(CountingReads {
-        inner: MemoryDevice::new(8 << 20).unwrap(),
-        reads: Default::default(),
-    });
+    let store = Arc::new(Faulty::new(MemoryDevice::new(8 << 20).unwrap()));
     dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
         .unwrap();
     dev.writeback(PageSelector::All, None, None).unwrap();
@@ -456,9 +422,9 @@ fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
     let segments = bd.bytes_held / (64 << 10);
     assert!(segments > 1 && segments * 8 < bd.bd_count, "{bd:?}");
     // Read in order, the pages of a segment cost the store one read between them.
-    let before = store.reads.load(Relaxed);
+    let before = store.reads();
     verify(&dev, n, |_| None);
-    let reads = store.reads.load(Relaxed) - before;
+    let reads = store.reads() - before;
     assert_eq!(
         reads, segments,
         "reads from the store for {segments} segments"
