@@ -145,6 +145,11 @@ pub struct ServeArgs {
     /// clients holds more; a client past its share waits.
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub max_in_flight: u64,
+    /// Keep the device across restarts: its pages are saved to PATH when the server stops
+    /// (and on `ztier ctl save`), and a state found at PATH when it starts is loaded, if it
+    /// matches the disk's size and compressor (else the start fails and says why).
+    #[arg(long, value_name = "PATH")]
+    pub state: Option<PathBuf>,
     /// A client that reads none of its replies for this long is cut off.
     #[arg(long, value_parser = crate::size::parse_duration, default_value = "30s")]
     pub reply_timeout: Duration,
@@ -166,8 +171,9 @@ pub enum StoreKind {
 
 /// What is served.
 enum Store {
-    /// The device, its policy, and the NBD client of its remote backing store, if any.
-    Zram(Arc<Device>, Option<Policy>, Option<Arc<Client>>),
+    /// The device, its policy, the NBD client of its remote backing store, if any, and
+    /// where its state is saved (`--state`).
+    Zram(Arc<Device>, Option<Policy>, Option<Arc<Client>>, Option<PathBuf>),
     Plain(Arc<MemoryDevice>),
 }
 
@@ -178,6 +184,62 @@ impl Store {
             Store::Plain(d) => Arc::clone(d) as Arc<dyn BlockDevice>,
         }
     }
+}
+
+/// Saves the device's state at `path`: written to a temporary file beside it, synced, then
+/// renamed into place, so a crash mid-save leaves the last good state. A line says what.
+fn save_state(device: &Device, path: &std::path::Path) -> anyhow::Result<String> {
+    let start = std::time::Instant::now();
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let file = std::fs::File::create(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let summary = device
+        .save_state(&mut out)
+        .with_context(|| format!("saving the state to {}", tmp.display()))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("writing {}: {}", tmp.display(), e.error()))?;
+    file.sync_all()
+        .with_context(|| format!("syncing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming it to {}", path.display()))?;
+    Ok(format!(
+        "state saved to {}: {} pages ({} read back from the backing store), {} bytes, \
+         mem_used_total {}, in {:.2} s",
+        path.display(),
+        summary.pages,
+        summary.from_backing_store,
+        summary.bytes,
+        device.mm_stat().mem_used_total,
+        start.elapsed().as_secs_f64()
+    ))
+}
+
+/// Loads the state at `path` into the new device, if there is one.
+fn load_state(device: &Device, path: &std::path::Path) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("opening the state {}", path.display())),
+    };
+    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
+    let summary = device.load_state(&mut input).with_context(|| {
+        format!(
+            "loading the state {} (move it away to start empty)",
+            path.display()
+        )
+    })?;
+    eprintln!(
+        "ztier serve: state loaded from {}: {} pages, mem_used_total {}, in {:.2} s",
+        path.display(),
+        summary.pages,
+        device.mm_stat().mem_used_total,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The TLS `--tls` and `--tls-certificates` ask for.
@@ -286,6 +348,10 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             if let Some(b) = &args.backing_dev {
                 what += &format!(", writeback to {b} ({:?})", args.writeback_format);
             }
+            // Before the policy starts: nothing but the load touches the pages meanwhile.
+            if let Some(path) = &args.state {
+                load_state(&device, path)?;
+            }
             let device = Arc::new(device);
             let policy = if policy.is_active() {
                 what += ", policy on";
@@ -293,7 +359,10 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             } else {
                 None
             };
-            (Store::Zram(device, policy, link.flatten()), what)
+            (
+                Store::Zram(device, policy, link.flatten(), args.state.clone()),
+                what,
+            )
         }
         StoreKind::Plain => {
             if args.mem_limit != 0 || args.backing_dev.is_some() {
@@ -432,6 +501,9 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         let _ = t.join();
     }
     drop(files);
+    if let (Store::Zram(device, _, _, Some(path)), Ok(())) = (&*store, &served) {
+        eprintln!("ztier serve: {}", save_state(device, path)?);
+    }
     served.context("serving")?;
     eprintln!("ztier serve: stopped");
     // In captive mode stdout is the command's: the statistics go to stderr.

@@ -204,3 +204,140 @@ fn exit_with_parent_ends_with_its_parent() {
     wait_until("the server left its socket behind", || !socket.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ztier serve --state PATH`, on a disk of `size` bytes, with more flags; its stderr in `log`.
+fn serve_with_state(
+    socket: &Path,
+    state: &Path,
+    size: &str,
+    extra: &[&str],
+    log: &Path,
+) -> Started {
+    let server = Started(
+        Command::new(ZTIER)
+            .args(["serve", "--size", size, "--compressor", "lz4", "--socket"])
+            .arg(socket)
+            .arg("--state")
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut ctl = socket.as_os_str().to_owned();
+    ctl.push(".ctl");
+    let ctl = std::path::PathBuf::from(ctl);
+    wait_until("ztier serve never made its control socket", || ctl.exists());
+    server
+}
+
+fn stop(mut server: Started) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server.0),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(server.0.wait().unwrap().success());
+}
+
+fn nbdcopy(from: &str, to: &str) {
+    let o = Command::new("nbdcopy").args([from, to]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn ctl(socket: &Path, words: &[&str]) -> String {
+    let o = Command::new(ZTIER)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(words)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn a_restart_from_its_state_serves_every_byte_it_served() {
+    if !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("state");
+    // Real memory: the bundled sample, as a disk image.
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
+    let corpus = ztier_corpus::Corpus::load(&sample).unwrap();
+    let image = dir.join("image");
+    std::fs::write(&image, corpus.bytes()).unwrap();
+    let size = (corpus.bytes().len() + (1 << 20)).to_string();
+    let (socket, state, log) = (dir.join("s.sock"), dir.join("state"), dir.join("log"));
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let backing = dir.join("backing");
+
+    // Filled, half its pages written back to a file, then stopped: the state is saved.
+    let server = serve_with_state(
+        &socket,
+        &state,
+        &size,
+        &["--backing-dev", backing.to_str().unwrap()],
+        &log,
+    );
+    nbdcopy(image.to_str().unwrap(), &uri);
+    ctl(&socket, &["idle", "all"]);
+    assert!(ctl(&socket, &["writeback", "page_indexes=0-1000"]).contains("written back"));
+    assert!(ctl(&socket, &["bd_stat"]).split_whitespace().next() != Some("0"));
+    stop(server);
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("state saved"));
+
+    // Started again from it, with no backing store: every byte as before.
+    let server = serve_with_state(&socket, &state, &size, &[], &log);
+    let back = dir.join("back");
+    nbdcopy(&uri, back.to_str().unwrap());
+    let back = std::fs::read(&back).unwrap();
+    assert!(
+        back[..corpus.bytes().len()] == *corpus.bytes(),
+        "the restarted disk differs"
+    );
+    assert!(back[corpus.bytes().len()..].iter().all(|&b| b == 0));
+    // `ctl save` while it runs writes the same state again.
+    assert!(ctl(&socket, &["save"]).contains("state saved"));
+    stop(server);
+
+    // A state that does not fit is refused, and says why; none is served as zeros.
+    let refused = |state: &Path, size: &str, compressor: &str, why: &str| {
+        let o = Command::new(ZTIER)
+            .args([
+                "serve",
+                "--size",
+                size,
+                "--compressor",
+                compressor,
+                "--socket",
+            ])
+            .arg(dir.join("refused.sock"))
+            .arg("--state")
+            .arg(state)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "served a bad state ({why})");
+        assert!(err.contains(why), "{err}");
+    };
+    refused(&state, "64M", "lz4", "the device has");
+    refused(&state, &size, "lzo-rle", "compressed with lz4");
+    let bytes = std::fs::read(&state).unwrap();
+    let truncated = dir.join("truncated");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    refused(&truncated, &size, "lz4", "truncated");
+    let mut damaged = bytes.clone();
+    // The last byte of the last page's data (before the end mark and the checksum): no
+    // check but the checksum can see it.
+    let last = damaged.len() - 13;
+    damaged[last] ^= 0x40;
+    let corrupt = dir.join("corrupt");
+    std::fs::write(&corrupt, &damaged).unwrap();
+    refused(&corrupt, &size, "lz4", "damaged");
+    let _ = std::fs::remove_dir_all(&dir);
+}

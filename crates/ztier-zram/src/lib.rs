@@ -49,6 +49,7 @@ mod blockdev;
 pub mod policy;
 mod recompress;
 mod slot;
+mod state;
 mod stats;
 mod sysfs;
 pub mod writeback;
@@ -64,6 +65,7 @@ use ztier_pool::{PoolError, PoolStats, ZPool};
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{Entry, PageSelector, SlotFlag};
+pub use state::StateSummary;
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
 pub use writeback::{Backing, BdStat, WbFormat, WbResult};
 
@@ -142,6 +144,9 @@ pub enum ZramError {
     TooManyAlgorithms { given: usize, max: usize },
     #[error("no secondary algorithm is set (recomp_algorithm)")]
     NoSecondary,
+    /// A saved state that cannot be written, or read into this device (and why).
+    #[error("saved state: {0}")]
+    BadState(String),
     /// A written-back slot names bytes past its segment: the slot table is damaged.
     #[error("page {index}: its place on the store ({place}) and size {size} run past its segment")]
     BadPlace {
@@ -204,6 +209,8 @@ pub struct Device {
     max_used_pages: AtomicU64,
     /// When the device was made: slots' `ac_time` counts seconds from it.
     created: Instant,
+    /// Seconds the device is older than `created` says: a loaded state's oldest page's age.
+    age_shift: std::sync::atomic::AtomicU32,
     /// The backing store (`backing_dev`).
     backing: RwLock<Option<Arc<Backing>>>,
     /// 4 KiB blocks writeback may still write (`u64::MAX`: no limit).
@@ -248,6 +255,7 @@ impl Device {
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
             created: Instant::now(),
+            age_shift: std::sync::atomic::AtomicU32::new(0),
             backing: RwLock::new(None),
             wb_limit: AtomicU64::new(u64::MAX),
             recomp: RwLock::new(Vec::new()),
@@ -311,9 +319,10 @@ impl Device {
         decoded.map_err(|cause| ZramError::Compress { index, cause })
     }
 
-    /// Seconds since the device was made (slots' `ac_time`).
+    /// Seconds since the device was made (slots' `ac_time`), plus the age of a loaded state.
     fn now(&self) -> u32 {
-        self.created.elapsed().as_secs().min(u64::from(u32::MAX)) as u32
+        let shift = u64::from(self.age_shift.load(Relaxed));
+        (self.created.elapsed().as_secs() + shift).min(u64::from(u32::MAX)) as u32
     }
 
     /// The calling thread's shard, held until the guard goes.

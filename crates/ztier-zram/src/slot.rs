@@ -183,6 +183,26 @@ impl Entry {
         matches!(self.content(), Content::WrittenBack(_)) && self.holds_same(other)
     }
 
+    /// The flags a saved state keeps: size, priority and the page's own flags (idle, huge,
+    /// incompressible, secondary); where the page lives is the record's, not these bits'.
+    pub(crate) fn saved_flags(&self) -> u64 {
+        let kept = SlotFlag::Huge as u64
+            | SlotFlag::Idle as u64
+            | SlotFlag::Incompressible as u64
+            | SlotFlag::PpSlot as u64;
+        self.flags & (SIZE.max() << SIZE.shift() | PRIO.max() << PRIO.shift() | kept)
+    }
+    /// An entry with a saved state's flags (unknown bits dropped), holding nothing yet.
+    pub(crate) fn from_saved_flags(flags: u64) -> Entry {
+        Entry {
+            handle: 0,
+            flags: Entry {
+                handle: 0,
+                flags,
+            }
+            .saved_flags(),
+        }
+    }
     /// A same-filled page of `word` (its other state left as it was: the caller frees first).
     pub(crate) fn set_same(&mut self, word: u64) {
         self.handle = word;

@@ -689,6 +689,21 @@ impl Device {
         Ok(Some((e, pin)))
     }
 
+    /// The object of a written-back page as the store holds it (for a saved state); the
+    /// caller holds the page's lock, so its place stays.
+    pub(crate) fn read_written_back_object(
+        &self,
+        index: u64,
+        e: &Entry,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let store = self.backing().ok_or(ZramError::NoBacking)?;
+        let Content::WrittenBack(place) = e.content() else {
+            return Err(ZramError::BadState(format!("page {index} is not written back")));
+        };
+        store.read(place, out).map_err(ZramError::Backing)
+    }
+
     /// Gives back the place of a written-back slot being freed (under its lock).
     pub(crate) fn release_written_back(&self, counters: &mut Counters, place: Place, size: usize) {
         if let Some(store) = self.backing.read().as_ref() {

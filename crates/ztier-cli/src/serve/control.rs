@@ -24,7 +24,7 @@ use super::Store;
 
 /// Attributes `ztier ctl` runs with no value (the kernel's write-only files, whose value is
 /// ignored, and ztier's own actions).
-pub(super) const ACTIONS: [&str; 2] = ["compact", "reconnect"];
+pub(super) const ACTIONS: [&str; 3] = ["compact", "reconnect", "save"];
 
 /// `ztier stat`: the statistics of a running `ztier serve`.
 #[derive(Args, Debug)]
@@ -204,7 +204,7 @@ impl Snapshot {
     fn of(store: &Store, server: &Server) -> Snapshot {
         let server = ServerCounts::of(server);
         match store {
-            Store::Zram(device, policy, link) => Snapshot {
+            Store::Zram(device, policy, link, _) => Snapshot {
                 mm_stat: Some(device.mm_stat()),
                 io_stat: Some(device.io_stat()),
                 bd_stat: device.bd_stat(),
@@ -413,7 +413,7 @@ fn may_change(conn: &UnixStream) -> bool {
 
 /// `get ATTR` and `set ATTR VALUE`: the device's sysfs attributes.
 fn control(store: &Store, request: &str) -> String {
-    let Store::Zram(device, _, link) = store else {
+    let Store::Zram(device, _, link, state) = store else {
         return "error: a plain RAM disk has no attributes\n".into();
     };
     let mut words = request.splitn(3, ' ');
@@ -423,6 +423,15 @@ fn control(store: &Store, request: &str) -> String {
                 Some(c) => format!("{a}\nstore {}: {}", c.uri(), c.status()),
                 None => a,
             })
+        }
+        (Some("set"), Some("save"), _) => {
+            return match state {
+                None => "error: the server was started without --state PATH\n".into(),
+                Some(path) => match super::save_state(device, path) {
+                    Ok(line) => format!("{line}\n"),
+                    Err(e) => format!("error: {e:#}\n"),
+                },
+            }
         }
         (Some("set"), Some("reconnect"), _) => {
             return match link {
