@@ -173,7 +173,12 @@ pub enum StoreKind {
 enum Store {
     /// The device, its policy, the NBD client of its remote backing store, if any, and
     /// where its state is saved (`--state`).
-    Zram(Arc<Device>, Option<Policy>, Option<Arc<Client>>, Option<PathBuf>),
+    Zram(
+        Arc<Device>,
+        Option<Policy>,
+        Option<Arc<Client>>,
+        Option<PathBuf>,
+    ),
     Plain(Arc<MemoryDevice>),
 }
 
@@ -193,8 +198,8 @@ fn save_state(device: &Device, path: &std::path::Path) -> anyhow::Result<String>
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    let file = std::fs::File::create(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let summary = device
         .save_state(&mut out)

@@ -196,11 +196,7 @@ impl Entry {
     pub(crate) fn from_saved_flags(flags: u64) -> Entry {
         Entry {
             handle: 0,
-            flags: Entry {
-                handle: 0,
-                flags,
-            }
-            .saved_flags(),
+            flags: Entry { handle: 0, flags }.saved_flags(),
         }
     }
     /// A same-filled page of `word` (its other state left as it was: the caller frees first).

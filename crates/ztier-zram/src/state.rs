@@ -181,7 +181,8 @@ impl Device {
             }
             let age = now.saturating_sub(e.ac_time());
             w.write_all(&index.to_le_bytes()).map_err(io)?;
-            w.write_all(&flags.saved_flags().to_le_bytes()).map_err(io)?;
+            w.write_all(&flags.saved_flags().to_le_bytes())
+                .map_err(io)?;
             w.write_all(&age.to_le_bytes()).map_err(io)?;
             match kind {
                 Some(word) => {
@@ -309,10 +310,13 @@ impl Device {
             .read_exact(&mut crc)
             .map_err(|_| bad_state("it is truncated".into()))?;
         if u32::from_le_bytes(crc) != want {
-            return Err(bad_state("its checksum does not match: it is damaged".into()));
+            return Err(bad_state(
+                "its checksum does not match: it is damaged".into(),
+            ));
         }
         let used = self.pool.total_pages();
-        self.max_used_pages.fetch_max(used, std::sync::atomic::Ordering::Relaxed);
+        self.max_used_pages
+            .fetch_max(used, std::sync::atomic::Ordering::Relaxed);
         summary.bytes = 0;
         Ok(summary)
     }
@@ -342,6 +346,7 @@ impl Device {
     fn set_age(&self, age: Duration) {
         let lived = self.created.elapsed();
         let shift = age.saturating_sub(lived).as_secs().min(u64::from(u32::MAX)) as u32;
-        self.age_shift.store(shift, std::sync::atomic::Ordering::Relaxed);
+        self.age_shift
+            .store(shift, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -699,7 +699,9 @@ impl Device {
     ) -> Result<()> {
         let store = self.backing().ok_or(ZramError::NoBacking)?;
         let Content::WrittenBack(place) = e.content() else {
-            return Err(ZramError::BadState(format!("page {index} is not written back")));
+            return Err(ZramError::BadState(format!(
+                "page {index} is not written back"
+            )));
         };
         store.read(place, out).map_err(ZramError::Backing)
     }
