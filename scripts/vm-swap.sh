@@ -15,6 +15,9 @@
 #   ztier-wb-file   the same with --mem-target (default 8M) and --backing-dev a host file:
 #                   the policy writes cold swap pages back, the guest reads them again
 #   ztier-wb-nbd    the same with the backing store an NBD export (nbdkit memory)
+#   ztier-restart   `ztier serve --state`, stopped and started again from its state in the
+#                   middle of the workload (once 64 MiB are swapped out); QEMU's NBD client
+#                   waits for it (reconnect-delay), the guest sees no I/O error
 #   nbdkit-sparse   nbdkit memory allocator=sparse (no compression)
 #   nbdkit-zstd     nbdkit memory allocator=zstd
 #   file            a raw sparse file on the host's disk (cache=none)
@@ -85,7 +88,7 @@ kver=${kernel#/boot/vmlinuz-}
 [ -d "/lib/modules/$kver" ] || die "no /lib/modules/$kver"
 for kind in "${kinds[@]}"; do
   case $kind in
-    ztier | ztier-wb-file | file | zram) ;;
+    ztier | ztier-wb-file | ztier-restart | file | zram) ;;
     ztier-wb-nbd | nbdkit-sparse | nbdkit-zstd)
       command -v nbdkit >/dev/null || die "nbdkit is not installed (bash scripts/setup.sh)" ;;
     *) die "unknown swap kind $kind" ;;
@@ -185,8 +188,12 @@ run() {
   local log=$work/$kind.server.log console=$work/$kind.console
   rm -f "$sock" "$sock.ctl"
   case $kind in
-    ztier | ztier-wb-file | ztier-wb-nbd)
+    ztier | ztier-wb-file | ztier-wb-nbd | ztier-restart)
       local args=(serve --size "$swap_size" --socket "$sock" --compressor "$compressor" --quiet)
+      if [ "$kind" = ztier-restart ]; then
+        rm -f "$work/state"
+        args+=(--state "$work/state")
+      fi
       if [ "$kind" = ztier-wb-file ]; then
         args+=(--backing-dev "$work/backing.img" --mem-target "$mem_target" --policy-interval 1s)
       elif [ "$kind" = ztier-wb-nbd ]; then
@@ -216,6 +223,12 @@ run() {
     zram) swap=zram ;;
   esac
   [ -z "$server" ] || drive="file=nbd+unix:///?socket=$sock,format=raw,if=virtio,cache=none,discard=unmap"
+  if [ "$kind" = ztier-restart ]; then
+    # QEMU's NBD client holds requests and dials again for up to a minute when the server
+    # goes away.
+    drive="file.driver=nbd,file.server.type=unix,file.server.path=$sock,file.reconnect-delay=60,format=raw,if=virtio,cache=none,discard=unmap"
+  fi
+  local restarts=0
 
   local accel=(-accel tcg)
   [ "$kvm" = 0 ] || accel=(-accel kvm)
@@ -265,6 +278,16 @@ run() {
         orig=$(awk '$1 == "mm_stat" { print $2 }' <<<"$st")
         [ "${orig:-0}" -le "$peak_orig" ] || peak_orig=$orig
       fi
+      # Mid-workload, once: stopped (its state saved) and started again from the state.
+      if [ "$kind" = ztier-restart ] && [ "$restarts" = 0 ] && [ "${orig:-0}" -ge $((64 << 20)) ]; then
+        echo "vm-swap: restarting ztier serve with ${orig} bytes stored"
+        stop "$server" INT
+        "$ztier" "${args[@]}" >>"$log" 2>&1 &
+        server=$!
+        pids+=("$server")
+        wait_sockets "$log" "$sock" "$sock.ctl"
+        restarts=1
+      fi
     fi
     sleep 0.5
   done
@@ -287,7 +310,7 @@ run() {
   fi
   case $kind in
     ztier*)
-      extra+=" compressor=$compressor"
+      extra+=" compressor=$compressor restarts=$restarts"
       # After the workload exited and swapoff: what the discards left.
       st=$("$ztier" stat --socket "$sock" | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ')
       while read -r l; do echo "  ztier stat| $l"; done <<<"$st"
