@@ -355,3 +355,45 @@ fn sigterm_stops_the_server_after_its_socket_file_was_removed() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn silent_control_clients_hold_up_no_one() {
+    let dir = temp_dir("silent-ctl");
+    let socket = dir.join("ztier.sock");
+    let _server = serve_plain(&socket, "077", "");
+    // Five clients connect to the control socket and say nothing (each would hold a server
+    // that answers one connection at a time for its 5 s read timeout).
+    let silent: Vec<UnixStream> = (0..5)
+        .map(|_| UnixStream::connect(ctl_socket(&socket)).unwrap())
+        .collect();
+    // `ztier stat` is answered while they are all still there: long before their timeouts
+    // would have run out one after another (25 s).
+    let mut stat = ztier()
+        .arg("stat")
+        .arg("--socket")
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = stat.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "ztier stat waited behind silent control clients"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let mut out = String::new();
+    stat.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(out.contains("mm_stat"), "{out}");
+    drop(silent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
