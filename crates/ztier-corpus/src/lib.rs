@@ -169,16 +169,9 @@ impl Corpus {
     /// error.
     pub fn zswap_truth(&self, algorithm: &str) -> Result<Option<ZswapTruth>> {
         let path = self.sibling("zswap-truth.json");
-        let text = match std::fs::read(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(CorpusError::Io { path, source }),
+        let Some(file) = read_zswap_truth(&path)? else {
+            return Ok(None);
         };
-        let file: ZswapTruthFile =
-            serde_json::from_slice(&text).map_err(|e| CorpusError::Malformed {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
         let Some(mut truth) = file
             .corpora
             .get(&self.name)
@@ -414,20 +407,32 @@ pub fn zram_truth_pairs(dir: &Path, per_page: bool) -> Result<Vec<TruthPair>> {
     Ok(pairs)
 }
 
+/// A `zswap-truth.json`, parsed; `None` if there is none.
+fn read_zswap_truth(path: &Path) -> Result<Option<ZswapTruthFile>> {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(CorpusError::Io {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    serde_json::from_slice(&text)
+        .map(Some)
+        .map_err(|e| CorpusError::Malformed {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
 /// The (corpus, algorithm) pairs `zswap-truth.json` in `dir` gives figures for, sorted (none
 /// without the file).
 pub fn zswap_truth_pairs(dir: &Path) -> Result<Vec<TruthPair>> {
-    let path = dir.join("zswap-truth.json");
-    let text = match std::fs::read(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(CorpusError::Io { path, source }),
+    let Some(file) = read_zswap_truth(&dir.join("zswap-truth.json"))? else {
+        return Ok(Vec::new());
     };
-    let file: ZswapTruthFile =
-        serde_json::from_slice(&text).map_err(|e| CorpusError::Malformed {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
     Ok(file
         .corpora
         .into_iter()

@@ -653,24 +653,26 @@ impl Device {
             (g.entry, place, store.pin(place))
         };
         let size = e.size();
-        // The object's bytes: from its segment (packed), or read alone.
-        let (held, read_store): (Arc<[u8]>, bool) = if store.format == WbFormat::Packed {
-            store.segment(place.first).map_err(ZramError::Backing)?
-        } else {
-            let mut object = vec![0u8; size];
-            store.read(place, &mut object).map_err(ZramError::Backing)?;
-            (object.into(), true)
-        };
-        let object = match store.format {
-            WbFormat::Packed => {
-                held.get(place.at..place.at + size)
+        // The object's bytes: from its segment (packed), or read alone into a buffer of its
+        // own (no copy into a shared one).
+        let (segment, alone);
+        let (object, read_store): (&[u8], bool) = if store.format == WbFormat::Packed {
+            let (bytes, read) = store.segment(place.first).map_err(ZramError::Backing)?;
+            segment = bytes;
+            let object =
+                segment
+                    .get(place.at..place.at + size)
                     .ok_or_else(|| ZramError::BadPlace {
                         index,
                         place: format!("{place:?}"),
                         size,
-                    })?
-            }
-            _ => &held[..],
+                    })?;
+            (object, read)
+        } else {
+            let mut bytes = vec![0u8; size];
+            store.read(place, &mut bytes).map_err(ZramError::Backing)?;
+            alone = bytes;
+            (&alone[..], true)
         };
         let mut shard = self.shard();
         if read_store {

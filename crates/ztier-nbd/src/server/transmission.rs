@@ -292,16 +292,15 @@ impl Conn {
         }
     }
 
+    /// One structured reply chunk, the last of its request: its header, then its payload.
+    pub(super) fn send_chunk(&self, req: Request, kind: u16, payload: &[u8]) -> io::Result<()> {
+        let header = chunk_header(req.cookie, REPLY_FLAG_DONE, kind, payload.len() as u32);
+        self.send(&[&header, payload])
+    }
+
     pub(super) fn send_error(&self, req: Request, error: u32, message: &str) -> io::Result<()> {
         if self.session.structured {
-            let payload = error_chunk_payload(error, message);
-            let header = chunk_header(
-                req.cookie,
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_ERROR,
-                payload.len() as u32,
-            );
-            self.send(&[&header, &payload])
+            self.send_chunk(req, REPLY_TYPE_ERROR, &error_chunk_payload(error, message))
         } else {
             self.send(&[&simple_reply(req.cookie, error)])
         }
@@ -495,11 +494,5 @@ pub(super) fn block_status(server: &Server, conn: &Conn, req: Request) -> io::Re
     if count == 0 {
         return conn.send_error(req, EINVAL, "no extent for that range");
     }
-    let header = chunk_header(
-        req.cookie,
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_BLOCK_STATUS,
-        payload.len() as u32,
-    );
-    conn.send(&[&header, &payload])
+    conn.send_chunk(req, REPLY_TYPE_BLOCK_STATUS, &payload)
 }
