@@ -33,7 +33,8 @@
 //! and writes them back.
 //!
 //! Locking: `writes` (every write, for the read-modify-write) → `link` (one whole request and
-//! its reply; never held while dialing) → `log` (a leaf).
+//! its reply; never held while dialing) → `shown` (the published state, which `status` reads
+//! alone) and `log` (leaves).
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -367,6 +368,9 @@ pub struct Client {
     /// TLS, for an `nbds` URI: made once, used by every dial.
     tls: Option<ClientTls>,
     link: Mutex<Link>,
+    /// The link's state as last published under `link` (a leaf): what `status` and
+    /// `is_connected` read, so they never wait behind a request on the network.
+    shown: Mutex<LinkStatus>,
     /// Bytes at an offset the export must hold on every reconnect.
     identity: Mutex<Option<(u64, Vec<u8>)>>,
     log: Mutex<Option<LogFn>>,
@@ -686,6 +690,7 @@ impl Client {
         conn: Conn,
         tls: Option<ClientTls>,
     ) -> Client {
+        let since = SystemTime::now();
         Client {
             uri: uri.clone(),
             config,
@@ -694,9 +699,16 @@ impl Client {
             link: Mutex::new(Link {
                 wire: Wire::Up(conn),
                 state: LinkState::Connected,
-                since: SystemTime::now(),
+                since,
                 losses: 0,
                 reconnects: 0,
+            }),
+            shown: Mutex::new(LinkStatus {
+                state: LinkState::Connected,
+                since,
+                losses: 0,
+                reconnects: 0,
+                reconnects_by_itself: false,
             }),
             identity: Mutex::new(None),
             log: Mutex::new(None),
@@ -794,6 +806,7 @@ impl Client {
                 link.state = LinkState::Connected;
                 link.since = SystemTime::now();
                 link.reconnects += 1;
+                self.publish(&link);
                 self.log(&format!(
                     "the store {} is back after {down_for:.1} s ({attempts} tries)",
                     self.uri
@@ -832,6 +845,7 @@ impl Client {
                 };
                 // `since` stays: it is when the store was lost.
                 link.state = state;
+                self.publish(&link);
                 (link, Err(err))
             }
         }
@@ -900,19 +914,27 @@ impl Client {
 
     /// Whether the connection is up.
     pub fn is_connected(&self) -> bool {
-        matches!(self.lock_link().wire, Wire::Up(_))
+        self.status().state == LinkState::Connected
     }
 
-    /// The link's state, since when, and its history.
+    /// The link's state, since when, and its history. It never waits on the network: a
+    /// request in flight holds the link, not this.
     pub fn status(&self) -> LinkStatus {
-        let link = self.lock_link();
-        LinkStatus {
+        let mut status = self.shown.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        status.reconnects_by_itself = self.has_identity();
+        status
+    }
+
+    /// Publishes the link's state for `status` (called under the link's lock whenever the
+    /// state changes).
+    fn publish(&self, link: &Link) {
+        *self.shown.lock().unwrap_or_else(|p| p.into_inner()) = LinkStatus {
             state: link.state.clone(),
             since: link.since,
             losses: link.losses,
             reconnects: link.reconnects,
-            reconnects_by_itself: self.has_identity(),
-        }
+            reconnects_by_itself: false,
+        };
     }
 
     pub fn uri(&self) -> &Uri {
@@ -991,6 +1013,7 @@ impl Client {
                 };
                 link.since = SystemTime::now();
                 link.losses += 1;
+                self.publish(&link);
                 drop(link);
                 self.log(&format!("lost the store {}: {e}", self.uri));
                 Err(BlockError::Io(io_err(&self.uri.to_string(), e)))

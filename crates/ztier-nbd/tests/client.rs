@@ -271,3 +271,34 @@ fn a_different_store_is_refused_until_the_right_one_is_back() {
     });
     assert_eq!(page, [9u8; 4096]);
 }
+
+#[test]
+fn status_answers_while_a_request_waits_on_the_store() {
+    let dev = Arc::new(ztier_blockdev::testing::Faulty::new(
+        MemoryDevice::new(1 << 20).unwrap(),
+    ));
+    let s = serve("status", dev.clone(), config(""));
+    let client = Arc::new(Client::connect(&s.uri("")).unwrap());
+    dev.stall(true);
+    let reader = {
+        let client = Arc::clone(&client);
+        std::thread::spawn(move || client.read_at(0, &mut [0u8; 4096]))
+    };
+    assert!(dev.wait_for_stalled_reads(1, std::time::Duration::from_secs(20)));
+    // The request holds the connection across the network; the link's state is read
+    // without it (what `ztier stat` and `ctl backing_dev` show).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = Arc::clone(&client);
+    std::thread::spawn(move || {
+        let _ = tx.send((c.status(), c.is_connected()));
+    });
+    let answered = rx.recv_timeout(std::time::Duration::from_secs(20));
+    let still_waiting = !reader.is_finished();
+    // Let the store go first, so a failure below ends the test instead of hanging it.
+    dev.stall(false);
+    let (status, connected) = answered.expect("status waited behind a request on the network");
+    assert_eq!(status.state, LinkState::Connected);
+    assert!(connected);
+    assert!(still_waiting);
+    reader.join().unwrap().unwrap();
+}
