@@ -30,10 +30,21 @@
 #   - openssl: the certificates the TLS tests make (a CA, a server and a client)
 #   - systemd: systemd-socket-activate, which the socket-activation test starts
 #     `ztier serve` under
+#   - ceph-mon, ceph-mgr, ceph-osd, ceph-common: the throwaway Ceph cluster on loopback
+#     (scripts/ceph-cluster.sh) the Ceph tests and scripts/ceph-bench.sh write back to;
+#     ceph-common has the ceph, rados and rbd tools
+#   - qemu-system-common (qemu-storage-daemon) and qemu-block-extra (its rbd driver, built
+#     on librbd): the NBD export of the cluster's RBD image. qemu-block-extra's modules load
+#     only into the QEMU build they came with, so both come from where qemu-utils came from
+#     (backports, see install_qemu below)
 set -euo pipefail
 
 PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2
-  qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd)
+  qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd
+  ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra)
+
+# The packages that must be the same QEMU build as qemu-utils.
+QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-block-extra)
 
 # The packages not installed. `dpkg -s` is not enough: it succeeds for a package that was
 # removed but left its configuration files behind.
@@ -86,10 +97,11 @@ if [ "${1:-}" = "--check" ]; then
   exit 0
 fi
 
-# qemu-system-x86 from the backports of this release, when qemu-utils is a backports build
-# (this project's machines come with qemu-utils 10 from bookworm-backports, which Breaks
-# bookworm's qemu-system-common 7.2: apt would remove qemu-utils to install it, which
-# --no-remove forbids). The backports suite is added for this one install only,
+# The QEMU packages given (of QEMU_PACKAGES) from the backports of this release, when
+# qemu-utils is a backports build (this project's machines come with qemu-utils 10 from
+# bookworm-backports, which Breaks bookworm's qemu-system-common 7.2: apt would remove
+# qemu-utils to install it, which --no-remove forbids; and bookworm's qemu-block-extra 7.2
+# wants the 7.2 emulators). The backports suite is added for this one install only,
 # beside the machine's own sources (same archive), with package lists of its own: /etc/apt and
 # /var/lib/apt/lists are left as they were.
 install_qemu() {
@@ -109,7 +121,7 @@ install_qemu() {
   local opts=(-o "Dir::Etc::sourcelist=$dir/sources.list" -o "Dir::State::lists=$dir/lists")
   as_root apt-get "${opts[@]}" update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -qq --no-install-recommends --no-remove \
-    -t "$codename-backports" qemu-system-x86
+    -t "$codename-backports" "$@"
   rm -rf "$dir"
 }
 
@@ -117,9 +129,13 @@ mapfile -t need < <(missing_packages)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   as_root apt-get update -qq
-  if [[ " ${need[*]} " == *" qemu-system-x86 "* ]] &&
-    ! apt-get install -s -qq --no-install-recommends --no-remove qemu-system-x86 >/dev/null 2>&1; then
-    install_qemu
+  qemu_need=()
+  for pkg in "${QEMU_PACKAGES[@]}"; do
+    [[ " ${need[*]} " != *" $pkg "* ]] || qemu_need+=("$pkg")
+  done
+  if [ "${#qemu_need[@]}" -gt 0 ] &&
+    ! apt-get install -s -qq --no-install-recommends --no-remove "${qemu_need[@]}" >/dev/null 2>&1; then
+    install_qemu "${qemu_need[@]}"
     mapfile -t need < <(missing_packages)
   fi
   [ "${#need[@]}" -eq 0 ] ||
