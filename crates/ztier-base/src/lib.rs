@@ -2,13 +2,17 @@
 //! block lists, the swap allocator's cluster lists and zswap's LRU are all [`list`]s over an
 //! [`slab`]; handles of every allocator are packed with [`bits`]; per-CPU state (zram's
 //! streams and counters) lives in [`shard`]s; byte ranges are cut into page [`pieces`]; tests
-//! write [`pattern`]s.
+//! write [`pattern`]s; what the process asks of the OS (page size, memory, RSS, idle
+//! priority) is in [`os`].
 //!
-//! Nothing here knows about pages, compression or devices.
-#![forbid(unsafe_code)]
+//! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
+//! [`os`] (libc calls that touch no memory of the caller's).
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bits;
 pub mod list;
+pub mod os;
 pub mod pattern;
 pub mod pieces;
 pub mod shard;

@@ -324,7 +324,7 @@ fn hex(bytes: &[u8]) -> String {
 /// The most bytes of pages a corpus may hold: half the machine's memory (the bench keeps the
 /// pages and the device's copy of them), and no more than 64 GiB.
 pub fn max_corpus_bytes() -> u64 {
-    (ztier_pool::physical_memory_bytes() / 2).min(64 << 30)
+    (ztier_base::os::physical_memory_bytes() / 2).min(64 << 30)
 }
 
 /// The shared corpus directory for tests: `$ZTIER_CORPUS_DIR`, else `../shared/corpus` beside

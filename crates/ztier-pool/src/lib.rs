@@ -1,7 +1,8 @@
 //! Allocators for compressed objects, behind one thin trait.
 //!
 //! - `arena` (private to the crate): pages from the OS in 2 MiB chunks, given back with
-//!   `madvise`, the only `unsafe` of the allocators. Nothing outside the allocators can make,
+//!   `madvise`, the only `unsafe` of the allocators (its children: the page chains, the
+//!   process-wide helper thread, the system calls). Nothing outside the allocators can make,
 //!   free or address its page chains; callers see an object's bytes through an [`ObjectRef`].
 //! - [`zsmalloc`]: the kernel's size-class allocator, reproduced class for class.
 //! - [`zblock`]: the block allocator proposed for the kernel (blocks of whole slots).
@@ -25,7 +26,9 @@ pub mod zsmalloc;
 
 use std::num::NonZeroU64;
 
-pub use arena::{lower_to_idle_priority, physical_memory_bytes, process_rss_bytes};
+/// The OS queries live in `ztier_base::os`; re-exported for the engines' callers, which
+/// reach the OS only through their pool.
+pub use ztier_base::os::{lower_to_idle_priority, physical_memory_bytes, process_rss_bytes};
 
 use arena::PageChain;
 

@@ -1,15 +1,12 @@
 //! The page arena: where every allocator's pages come from and go back to.
 //!
 //! Memory is taken from the OS by `mmap` in 2 MiB chunks and handed out as a [`PageChain`]:
-//! the pool pages (4 KiB or 16 KiB) of one zspage or block, each an owned [`Page`]. A chain
+//! the pool pages (4 KiB or 16 KiB) of one zspage or block, each an owned `Page`. A chain
 //! made of fresh pages is carved from one chunk in address order, so an object straddling
 //! two of its pages is one slice and is read in place; the kernel, whose pages are
-//! physically scattered, must copy such objects out. One helper thread for the whole process,
-//! started with its first arena and ended with its last, maps chunks ahead and faults them
-//! in, keeping one ready for whichever arena needs a chunk next, so the kernel's zeroing
-//! of fresh pages (8 % of the store path when it was inline) runs beside the store path
-//! instead of on it. It runs at idle priority, on a core that would otherwise be idle. When
-//! none is ready the allocating thread maps one itself, never waiting for the helper.
+//! physically scattered, must copy such objects out. Chunks are mapped ahead and faulted in
+//! by the process's one [`helper`] thread when a core is idle; when none is ready the
+//! allocating thread maps one itself, never waiting for the helper.
 //! Chains are handed out resident: pages not yet faulted in (from such a chunk, or
 //! released) are faulted in by [`Arena::alloc_chain`] outside the arena lock, a fresh run
 //! in one call. A page given back is kept resident on a small "hot" list for quick reuse;
@@ -17,33 +14,31 @@
 //! are, the batch is released to the OS with `madvise(MADV_DONTNEED)` (sorted, a call per
 //! run of consecutive pages) and parked on the "cold" list, so the process RSS follows the
 //! pages the allocators hold (plus at most the hot list, one unfilled batch and the
-//! untouched rest of the newest chunk, and for the process the
-//! helper's one ready chunk, and that only while allocation goes on), as `mem_used_total`
-//! promises. Once allocation stops, the helper gives those back too: a second after its ready
-//! chunk went unused, and then every 250 ms while any is left, each arena that neither took
-//! nor gave back a page since the last look has its hot pages and the pre-faulted rest of
-//! its newest chunk released (they fault in again if allocation resumes). An empty pool
+//! untouched rest of the newest chunk, and for the process the helper's one ready chunk,
+//! and that only while allocation goes on), as `mem_used_total` promises. Once allocation
+//! stops, the helper trims each idle arena: its hot pages and the pre-faulted rest of its
+//! newest chunk are released (they fault in again if allocation resumes). An empty pool
 //! costs no thread and no mapping of its own.
+//!
+//! The children: [`chain`] (the owned pages and every byte access to them), [`helper`] (the
+//! process-wide thread), [`mapping`] (the system calls over the arena's memory).
 //!
 //! Invariants:
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
-//! - a page is either owned by exactly one [`Page`] value, or on `hot`, `gathered`, `cold`
+//! - a page is either owned by exactly one `Page` value, or on `hot`, `gathered`, `cold`
 //!   or not yet handed out (`next_fresh`), or being released by the `free_chain` that took
 //!   it off `gathered` (counted in `pages_out` meanwhile), never two of these;
 //! - a chain is marked contiguous only if its pages were checked to be consecutive in one
 //!   chunk;
 //! - a chain is given back only to the arena it came from (each chain carries its arena's
 //!   id, checked with `assert!`), so the count of pages out is exact;
-//! - chunks are unmapped only when no page is out (`pages_out == 0`), so a [`Page`] never
+//! - chunks are unmapped only when no page is out (`pages_out == 0`), so a `Page` never
 //!   outlives its mapping; an arena dropped with pages still out leaks its chunks instead;
 //! - every byte access through a chain is checked, with overflow-checked arithmetic, to lie
 //!   inside the chain before any pointer is formed.
 //!
 //! The module is private to the crate: no code outside the allocators can make, free or
 //! address a chain.
-//! - a chunk the helper maps is its own until an arena takes it from the helper's slot, then
-//!   the arena's; when the last arena goes, the helper unmaps the chunk in its slot and ends;
-//!   a ready chunk left untaken for a second has its pages released (offered as not resident).
 //!
 //! Locking: one mutex over the free lists, taken only when a zspage or block is created or
 //! destroyed, never on the object read/write path. It nests inside the allocators' class
@@ -53,17 +48,27 @@
 //! `ARENAS` registry lock is a leaf: the helper copies the registry out under it, lets it
 //! go, and only then takes each arena's lock to trim it, holding nothing else.
 //!
-//! This module and nothing else in the allocators uses `unsafe`.
+//! This module and its children are the only `unsafe` of the allocators.
 #![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod chain;
+mod helper;
+mod mapping;
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use ztier_base::os::page_size as os_page_size;
 
-use crate::{PoolError, Result};
+use chain::Page;
+pub(crate) use chain::PageChain;
+use helper::{helper_ask_release, helper_join, helper_leave, helper_take_ready};
+use mapping::{map_chunk, populate, release, unmap_chunk};
+
+use crate::Result;
 
 /// Bytes taken from the OS by one `mmap`.
 pub const CHUNK_BYTES: usize = 2 << 20;
@@ -73,229 +78,19 @@ pub const HOT_PAGES_MAX: usize = 64;
 
 /// Bytes of free pages past the hot list gathered before they are released to the OS: a
 /// zswap load pass empties the pool zspage by zspage, and one `madvise` (with its TLB
-/// flush, an IPI to every other core running the process) per zspage was 21 % of a load
-/// pass. Once a batch is gathered the helper thread is asked to release it, off the freeing
-/// thread's path: all that is gathered is taken off the list, sorted and released with no
-/// lock held, one call per run of consecutive pages (few calls: each call's TLB flush
-/// interrupts every core running the process). Gathered pages stay resident and are reused
-/// first, so a store that follows frees neither releases nor faults them in.
+/// flush, an IPI to every other core running the process) per zspage was a large part of
+/// a load pass (MEASUREMENTS.md). Once a batch is gathered the helper thread is asked to
+/// release it, off the freeing thread's path: all that is gathered is taken off the list,
+/// sorted and released with no lock held, one call per run of consecutive pages (few calls:
+/// each call's TLB flush interrupts every core running the process). Gathered pages stay
+/// resident and are reused first, so a store that follows frees neither releases nor
+/// faults them in.
 pub const RELEASE_BATCH_BYTES: usize = 4 << 20;
 
 /// The most a busy machine lets gather while the helper (at idle priority) has no core: at
 /// this many bytes the freeing thread releases a batch itself. RSS runs at most this ahead
 /// of the hot list, and only until a core is idle.
 pub const GATHERED_MAX_BYTES: usize = 4 * RELEASE_BATCH_BYTES;
-
-/// One pool page, owned: the only handle to its memory while it is out of the arena.
-///
-/// Owning a `Page` is what makes reading and writing it safe: no other `Page` value points
-/// at the same memory (arena invariant), so `&Page` and `&mut Page` carry Rust's usual
-/// aliasing guarantees over the bytes.
-#[derive(Debug)]
-pub(crate) struct Page {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: a Page uniquely owns its memory (arena invariant), like a Box<[u8]>; moving it to
-// another thread moves that ownership, and shared references only read.
-unsafe impl Send for Page {}
-// SAFETY: &Page gives only read access to the bytes (see `bytes`), so sharing is sound.
-unsafe impl Sync for Page {}
-
-impl Page {
-    /// The page's bytes.
-    #[inline]
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: ptr..ptr+len is a mapped, page-aligned range owned by this Page alone
-        // (arena invariant); the mapping outlives the Page because chunks are unmapped only
-        // when no page is out.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// The page's bytes, mutable.
-    #[inline]
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`; &mut self guarantees no other reference to these bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-/// The pages of one zspage or block, in chain order, owned together.
-///
-/// When the arena could hand them out as consecutive addresses of one mapping (a fresh
-/// chain, carved from a chunk's untouched tail), an object that straddles two of them is
-/// read and written in place. Otherwise it is copied piece by piece, as the kernel must
-/// always do, its pages being physically scattered. Only the arena makes chains, so
-/// `contiguous` is true only when it is.
-#[derive(Debug, Default)]
-pub(crate) struct PageChain {
-    pages: Box<[Page]>,
-    /// The id of the arena the pages came from (0 for the empty chain).
-    arena: u64,
-    /// Set when pages[i + 1] starts where pages[i] ends, all inside one chunk: the first
-    /// page's address, kept here so that an access needs no trip through `pages` (one cache
-    /// miss fewer on every object read and write).
-    contiguous_base: Option<NonNull<u8>>,
-    /// Bytes in each page (0 for an empty chain), kept here for the same reason.
-    page_size: usize,
-}
-
-// SAFETY: `contiguous_base` only repeats the address of pages[0], which the chain owns with
-// the rest of its pages; the chain is Send and Sync as its Pages are.
-unsafe impl Send for PageChain {}
-// SAFETY: as for Send: through &PageChain the bytes are only read.
-unsafe impl Sync for PageChain {}
-
-impl PageChain {
-    /// Pages in the chain (0 once given back).
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.pages.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pages.is_empty()
-    }
-
-    /// Whether objects that straddle pages are reached in place.
-    #[cfg(test)]
-    pub fn is_contiguous(&self) -> bool {
-        self.contiguous_base.is_some()
-    }
-
-    fn page_size(&self) -> usize {
-        self.page_size
-    }
-
-    /// The page-sized pieces of `off..off + len`, as (page, offset in it, offset in the
-    /// range, length): one piece when the range lies in one page.
-    fn pieces(&self, off: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
-        let page_size = self.page_size();
-        let mut done = 0;
-        std::iter::from_fn(move || {
-            (done < len).then(|| {
-                let at = off + done;
-                let (p, in_page) = (at / page_size, at % page_size);
-                let n = (page_size - in_page).min(len - done);
-                done += n;
-                (p, in_page, done - n, n)
-            })
-        })
-    }
-
-    /// Panics unless `off..off + len` lies inside the chain. Every access checks this first,
-    /// so no arithmetic below can overflow and no page index can run past the chain.
-    #[inline]
-    pub fn check_range(&self, off: usize, len: usize) {
-        // The Box's length lives beside its pointer, so this reads no page descriptor.
-        let bytes = self.page_size * self.pages.len();
-        let inside = off.checked_add(len).is_some_and(|end| end <= bytes);
-        assert!(
-            inside,
-            "bytes {off}..+{len} are outside the chain of {bytes} bytes"
-        );
-    }
-
-    /// Where a range that lies in one page does: (page, offset in it). The range is inside
-    /// the chain (`check_range`), so `in_page + len` cannot overflow.
-    fn within_page(&self, off: usize, len: usize) -> Option<(usize, usize)> {
-        let page_size = self.page_size();
-        let (p, in_page) = (off / page_size, off % page_size);
-        (in_page + len <= page_size).then_some((p, in_page))
-    }
-
-    /// Where a contiguous chain's range starts, checked to lie inside the chain.
-    #[inline]
-    fn contiguous_start(&self, off: usize, len: usize) -> Option<*mut u8> {
-        let base = self.contiguous_base?;
-        self.check_range(off, len);
-        // SAFETY: off + len is inside the chain (checked just above, without overflow), and
-        // the chain's pages are consecutive in one mapping (`contiguous_base` is set only by
-        // `Arena::alloc_chain`, after checking each page's address).
-        Some(unsafe { base.as_ptr().add(off) })
-    }
-
-    /// `off..off + len` as one slice, if the chain is contiguous or it lies in one page.
-    /// Panics if the range is not inside the chain.
-    #[inline]
-    fn span(&self, off: usize, len: usize) -> Option<&[u8]> {
-        self.check_range(off, len);
-        if let Some(start) = self.contiguous_start(off, len) {
-            // SAFETY: start..start + len lies in pages this chain alone owns, in one mapping
-            // (contiguous_start); &self keeps them from being written meanwhile.
-            return Some(unsafe { std::slice::from_raw_parts(start, len) });
-        }
-        let (p, in_page) = self.within_page(off, len)?;
-        Some(&self.pages[p].bytes()[in_page..in_page + len])
-    }
-
-    /// As `span`, mutable.
-    #[inline]
-    fn span_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
-        self.check_range(off, len);
-        if let Some(start) = self.contiguous_start(off, len) {
-            // SAFETY: as in `span`; &mut self makes the access exclusive.
-            return Some(unsafe { std::slice::from_raw_parts_mut(start, len) });
-        }
-        let (p, in_page) = self.within_page(off, len)?;
-        Some(&mut self.pages[p].bytes_mut()[in_page..in_page + len])
-    }
-
-    /// Copies `out.len()` bytes starting `off` bytes into the chain. Panics if they are not
-    /// all inside it.
-    pub fn read(&self, off: usize, out: &mut [u8]) {
-        if let Some(bytes) = self.span(off, out.len()) {
-            out.copy_from_slice(bytes);
-            return;
-        }
-        for (p, in_page, at, n) in self.pieces(off, out.len()) {
-            out[at..at + n].copy_from_slice(&self.pages[p].bytes()[in_page..in_page + n]);
-        }
-    }
-
-    /// The little-endian `u64` at `off` (an object header): one load where the 8 bytes lie
-    /// in one piece, not a call to `memmove` (2 % of a zswap load pass). Panics if they are
-    /// not all inside the chain.
-    #[inline]
-    pub fn read_u64_le(&self, off: usize) -> u64 {
-        let mut b = [0u8; 8];
-        match self.span(off, 8) {
-            Some(bytes) => b.copy_from_slice(bytes),
-            None => self.read(off, &mut b),
-        }
-        u64::from_le_bytes(b)
-    }
-
-    /// Copies `data` to `off` bytes into the chain. Panics if that is not all inside it.
-    pub fn write(&mut self, off: usize, data: &[u8]) {
-        if let Some(bytes) = self.span_mut(off, data.len()) {
-            bytes.copy_from_slice(data);
-            return;
-        }
-        for (p, in_page, at, n) in self.pieces(off, data.len()) {
-            self.pages[p].bytes_mut()[in_page..in_page + n].copy_from_slice(&data[at..at + n]);
-        }
-    }
-
-    /// Whether `with_bytes` shows `off..off + len` in place (no scratch needed).
-    pub fn is_in_place(&self, off: usize, len: usize) -> bool {
-        self.contiguous_base.is_some() || self.within_page(off, len).is_some()
-    }
-
-    /// Calls `f` with the `len` bytes at `off`: in place when they lie in one page or the
-    /// chain is contiguous, else copied into `scratch` (which must hold `len` bytes). Panics
-    /// if the range is not inside the chain.
-    pub fn with_bytes(&self, off: usize, len: usize, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) {
-        match self.span(off, len) {
-            Some(bytes) => f(bytes),
-            None => {
-                self.read(off, &mut scratch[..len]);
-                f(&scratch[..len]);
-            }
-        }
-    }
-}
 
 struct Chunk {
     base: NonNull<u8>,
@@ -415,8 +210,8 @@ impl Arena {
     /// of fresh pages is contiguous.
     ///
     /// Pages not yet resident are faulted in here, after the arena lock is let go: a fresh
-    /// run in one `MADV_POPULATE_WRITE` call, cheaper than a fault per page (1.55 against
-    /// 2.15 us a page on this project's VM), released pages one touch each. So the faults
+    /// run in one `MADV_POPULATE_WRITE` call, cheaper than a fault per page, released pages
+    /// one touch each. So the faults
     /// of a new zspage are taken before its class lock, as the kernel's `alloc_zspage()`
     /// allocates with the class unlocked, and the first writes to it find its pages mapped.
     pub fn alloc_chain(&self, n: usize) -> Result<PageChain> {
@@ -624,9 +419,9 @@ impl Drop for Arena {
             return;
         }
         for c in st.chunks.drain(..) {
-            // SAFETY: base is the start of a CHUNK_BYTES mapping made by map_chunk, and no
-            // page of it is out, so nothing refers to it any more.
-            unsafe { libc::munmap(c.base.as_ptr().cast(), CHUNK_BYTES) };
+            // SAFETY: base is the start of a chunk made by map_chunk, and no page of it is
+            // out, so nothing refers to it any more.
+            unsafe { unmap_chunk(c.base) };
         }
     }
 }
@@ -718,321 +513,6 @@ fn trim_idle_arenas() -> bool {
         pending |= arena.lock().trim_if_idle();
     }
     pending
-}
-
-/// How long the helper's ready chunk may sit unused before its pages go back to the OS (the
-/// mapping stays, offered as not resident): a process that stops allocating keeps no
-/// prepared memory beyond what its allocators hold.
-const READY_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How often the helper looks at the arenas once allocation has stopped, until it has
-/// trimmed them all.
-const TRIM_TICK: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// The process's chunk-ahead helper: how many arenas are alive, and the running helper's
-/// hand-over slot.
-struct Helper {
-    arenas: usize,
-    /// `None` when no helper runs.
-    shared: Option<std::sync::Arc<HelperShared>>,
-}
-
-/// Where the helper leaves its ready chunk for an arena to take.
-struct HelperShared {
-    slot: std::sync::Mutex<HelperSlot>,
-    /// Signalled when the chunk is taken or the helper is told to stop.
-    changed: std::sync::Condvar,
-}
-
-#[derive(Default)]
-struct HelperSlot {
-    /// A mapped chunk no arena has yet (address as usize), and whether it is faulted in.
-    ready: Option<(usize, bool)>,
-    /// The last arena is gone: unmap what is in the slot and end.
-    stop: bool,
-    /// The helper ended on its own (it could not map): start another next time.
-    ended: bool,
-    /// An arena asked for its gathered pages to be released.
-    release: bool,
-}
-
-static HELPER: std::sync::Mutex<Helper> = std::sync::Mutex::new(Helper {
-    arenas: 0,
-    shared: None,
-});
-
-fn helper_state() -> std::sync::MutexGuard<'static, Helper> {
-    // A panic while holding this lock leaves nothing half-changed (each critical section is a
-    // counter step or an Option swap), so a poisoned lock is taken as it is.
-    HELPER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn lock_slot(shared: &HelperShared) -> std::sync::MutexGuard<'_, HelperSlot> {
-    // As for HELPER: every critical section leaves the slot whole.
-    shared.slot.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A new arena: the first of the process starts the helper, so that a pool made ahead of
-/// use (as a zram device is set up before it is written) finds a chunk ready.
-fn helper_join() {
-    let mut h = helper_state();
-    h.arenas += 1;
-    if h.shared.is_none() {
-        h.shared = start_helper();
-    }
-}
-
-/// An arena gone: with the last one, the helper is told to unmap the chunk it holds and end.
-fn helper_leave() {
-    let mut h = helper_state();
-    h.arenas -= 1;
-    if h.arenas == 0 {
-        if let Some(shared) = h.shared.take() {
-            lock_slot(&shared).stop = true;
-            shared.changed.notify_all();
-        }
-    }
-}
-
-/// The helper's ready chunk, mapped, with whether it is faulted in, if it has one now; never
-/// waits. A helper that ended (it could not map) is started again for the next time.
-fn helper_take_ready() -> Option<(NonNull<u8>, bool)> {
-    let mut h = helper_state();
-    let (taken, ended) = match &h.shared {
-        Some(shared) => {
-            let mut slot = lock_slot(shared);
-            let taken = slot.ready.take();
-            if taken.is_some() {
-                shared.changed.notify_all();
-            }
-            (taken, slot.ended)
-        }
-        None => (None, true),
-    };
-    if ended {
-        h.shared = start_helper();
-    }
-    taken.and_then(|(addr, resident)| NonNull::new(addr as *mut u8).map(|p| (p, resident)))
-}
-
-/// Asks the helper to release the arenas' gathered pages; false if no helper runs (the
-/// caller releases them itself).
-fn helper_ask_release() -> bool {
-    let h = helper_state();
-    let Some(shared) = &h.shared else {
-        return false;
-    };
-    let mut slot = lock_slot(shared);
-    if slot.ended || slot.stop {
-        return false;
-    }
-    slot.release = true;
-    shared.changed.notify_all();
-    true
-}
-
-/// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arenas
-/// then map every chunk themselves).
-fn start_helper() -> Option<std::sync::Arc<HelperShared>> {
-    let shared = std::sync::Arc::new(HelperShared {
-        slot: std::sync::Mutex::new(HelperSlot::default()),
-        changed: std::sync::Condvar::new(),
-    });
-    let theirs = std::sync::Arc::clone(&shared);
-    std::thread::Builder::new()
-        .name("ztier-arena".into())
-        .spawn(move || run_helper(&theirs))
-        .ok()
-        .map(|_| shared)
-}
-
-/// The helper: maps a chunk, faults it in, leaves it in the slot and waits until an arena
-/// takes it; one left unused for [`READY_IDLE`] has its pages released while it waits on.
-fn run_helper(shared: &HelperShared) {
-    lower_to_idle_priority();
-    // Whether some arena has pages to trim.
-    let mut trim_pending = false;
-    loop {
-        let Ok(chunk) = map_chunk() else {
-            lock_slot(shared).ended = true;
-            return;
-        };
-        // A write to each page rather than one MADV_POPULATE_WRITE, which would hold the
-        // process's mmap lock for the whole chunk, holding up other threads' mmap calls
-        // (page faults take only the VMA's lock).
-        touch_pages(chunk, CHUNK_BYTES);
-        let addr = chunk.as_ptr() as usize;
-        let mut slot = lock_slot(shared);
-        slot.ready = Some((addr, true));
-        let mut resident = true;
-        loop {
-            if slot.release && !slot.stop {
-                slot.release = false;
-                drop(slot);
-                release_gathered_arenas();
-                slot = lock_slot(shared);
-                continue;
-            }
-            if slot.stop {
-                if let Some((addr, _)) = slot.ready.take() {
-                    // SAFETY: the chunk was never taken by an arena, and the last arena is
-                    // gone: nothing refers to it.
-                    unsafe { libc::munmap(addr as *mut libc::c_void, CHUNK_BYTES) };
-                }
-                return;
-            }
-            if slot.ready.is_none() {
-                break;
-            }
-            if !resident && !trim_pending {
-                slot = shared.changed.wait(slot).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            if !resident {
-                // Allocation has stopped: a look at the arenas each tick until all are
-                // trimmed, with no lock held but theirs.
-                let (back, waited) = shared
-                    .changed
-                    .wait_timeout(slot, TRIM_TICK)
-                    .unwrap_or_else(|p| p.into_inner());
-                slot = back;
-                if waited.timed_out() && !slot.stop && slot.ready.is_some() {
-                    drop(slot);
-                    trim_pending = trim_idle_arenas();
-                    slot = lock_slot(shared);
-                }
-                continue;
-            }
-            let (back, waited) = shared
-                .changed
-                .wait_timeout(slot, READY_IDLE)
-                .unwrap_or_else(|p| p.into_inner());
-            slot = back;
-            if waited.timed_out() && !slot.stop {
-                if let Some((addr, _)) = slot.ready.take() {
-                    // Out of the slot while its pages go, so no arena waits on the madvise.
-                    drop(slot);
-                    let base = NonNull::new(addr as *mut u8).expect("mapped");
-                    release(base, CHUNK_BYTES);
-                    // The first look notes each arena's activity; the next, a tick on, trims
-                    // the idle ones.
-                    trim_pending = trim_idle_arenas();
-                    slot = lock_slot(shared);
-                    slot.ready = Some((addr, false));
-                    resident = false;
-                }
-            }
-        }
-    }
-}
-
-/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`): for
-/// background work that must not take the foreground's cores (the chunk helper here, zram's
-/// policy).
-///
-/// The helper's work is worth doing ahead only on a core with nothing else to do. On a busy
-/// machine (as many storing threads as cores) it would take the cores' time all the same and
-/// add a context switch and a cold cache to each chunk, so there it yields, and the storing
-/// threads fault their own pages in: measured here, two storing threads on two cores went
-/// from 1.5x to 1.6x one thread's speed, and one thread kept its speed. A helper put aside
-/// this way holds no lock that an allocating thread waits for: it faults pages of a mapping
-/// no one else knows yet (a page fault takes only that mapping's lock, not the mmap lock).
-pub fn lower_to_idle_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy; param
-    // is a valid sched_param for SCHED_IDLE. Failure leaves the thread at normal priority,
-    // which is correct, only slower on a busy machine.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-}
-
-/// Faults in `len` bytes of pages from `start`, which are not resident (untouched or
-/// released, so reading as zeros): one `MADV_POPULATE_WRITE` (Linux 5.14), else a zero
-/// written to each page, which leaves its bytes as they were.
-fn populate(start: NonNull<u8>, len: usize) {
-    const MADV_POPULATE_WRITE: libc::c_int = 23;
-    // SAFETY: start..start + len lies in pages of one chunk that the caller owns (taken out
-    // of the arena, or a fresh chunk no one else knows yet); populating maps them and
-    // leaves their bytes as they are.
-    if unsafe { libc::madvise(start.as_ptr().cast(), len, MADV_POPULATE_WRITE) } != 0 {
-        touch_pages(start, len);
-    }
-}
-
-/// Faults in `len` bytes of pages from `start`, which read as zeros (untouched or released),
-/// by writing a zero to each OS page, which leaves its bytes as they were.
-fn touch_pages(start: NonNull<u8>, len: usize) {
-    for off in (0..len).step_by(os_page_size()) {
-        // SAFETY: off < len, inside pages the caller owns (as for `populate`), which read as
-        // zeros, so writing one changes nothing.
-        unsafe { start.as_ptr().add(off).write_volatile(0) };
-    }
-}
-
-fn os_page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 {
-        n as usize
-    } else {
-        4096
-    }
-}
-
-/// Maps a chunk; its pages fault in when first written.
-fn map_chunk() -> Result<NonNull<u8>> {
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
-    // existing memory; the result is checked before use.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            CHUNK_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(PoolError::OutOfMemory {
-            bytes: CHUNK_BYTES,
-            reason: std::io::Error::last_os_error().to_string(),
-        });
-    }
-    NonNull::new(p.cast()).ok_or(PoolError::OutOfMemory {
-        bytes: CHUNK_BYTES,
-        reason: "mmap returned NULL".into(),
-    })
-}
-
-/// Returns free pages' memory to the OS; their contents read as zero afterwards.
-fn release(ptr: NonNull<u8>, len: usize) {
-    // SAFETY: ptr..ptr+len is consecutive free pages of our mappings that no one else can
-    // reach (given back by their chain and on no list yet; the helper's ready chunk while
-    // it is out of the slot; or, under the arena's lock, its hot pages or the rest of its
-    // fresh run), so discarding their contents can affect no live data.
-    unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) };
-}
-
-/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), `u64::MAX` if unreadable:
-/// the bound for tables and corpora that must fit in memory.
-pub fn physical_memory_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            kib.checked_mul(1024)
-        })
-        .unwrap_or(u64::MAX)
-}
-
-/// Resident set size of this process in bytes, from `/proc/self/statm`.
-pub fn process_rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(resident * os_page_size() as u64)
 }
 
 #[cfg(test)]
@@ -1311,47 +791,5 @@ mod tests {
         for c in again {
             arena.free_chain(c);
         }
-    }
-
-    /// Resident OS pages in a chunk.
-    fn resident_pages(base: usize) -> usize {
-        let mut v = vec![0u8; CHUNK_BYTES / os_page_size()];
-        // SAFETY: base is a mapped CHUNK_BYTES chunk, page aligned; v has a byte per OS page.
-        let r = unsafe { libc::mincore(base as *mut libc::c_void, CHUNK_BYTES, v.as_mut_ptr()) };
-        assert_eq!(r, 0, "mincore");
-        v.iter().filter(|&&b| b & 1 == 1).count()
-    }
-
-    /// A helper of its own (not the process's, which other tests use): its ready chunk comes
-    /// faulted in, and after READY_IDLE untaken its pages are given back, the mapping kept
-    /// and offered as not resident; told to stop, it unmaps it and ends.
-    #[test]
-    fn an_untaken_ready_chunk_goes_back_to_the_os() {
-        let shared = std::sync::Arc::new(HelperShared {
-            slot: std::sync::Mutex::new(HelperSlot::default()),
-            changed: std::sync::Condvar::new(),
-        });
-        let theirs = std::sync::Arc::clone(&shared);
-        let helper = std::thread::spawn(move || run_helper(&theirs));
-        let ready = || lock_slot(&shared).ready;
-        let started = std::time::Instant::now();
-        while ready().is_none() {
-            assert!(started.elapsed().as_secs() < 10, "no chunk made ready");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let (base, resident) = ready().unwrap();
-        assert!(resident);
-        assert_eq!(resident_pages(base), CHUNK_BYTES / os_page_size());
-        while ready().is_some_and(|(_, resident)| resident) {
-            assert!(started.elapsed().as_secs() < 10, "never released");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let (again, resident) = ready().unwrap();
-        assert_eq!((again, resident), (base, false));
-        assert_eq!(resident_pages(base), 0);
-        lock_slot(&shared).stop = true;
-        shared.changed.notify_all();
-        helper.join().unwrap();
-        assert!(ready().is_none(), "unmapped at stop");
     }
 }

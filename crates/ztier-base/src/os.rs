@@ -1,0 +1,73 @@
+//! What the process asks of the OS beyond std, for every layer: the page size, the
+//! machine's memory, this process's resident set, and idle priority for background threads.
+//!
+//! Invariant: nothing here touches memory the caller holds; each call only reads a file
+//! of `/proc` or asks the kernel about (or changes the policy of) the calling thread. No
+//! locks.
+#![allow(unsafe_code)]
+
+/// The OS page size in bytes (4096 if the OS will not say).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`): for
+/// background work that must not take the foreground's cores (the page arena's helper,
+/// zram's policy).
+///
+/// Such work is worth doing ahead only on a core with nothing else to do. On a busy machine
+/// (as many working threads as cores) it would take the cores' time all the same and add a
+/// context switch and a cold cache to each step, so there it yields (MEASUREMENTS.md has the
+/// arena helper's figures). A thread put aside this way must hold no lock that a foreground
+/// thread waits for.
+pub fn lower_to_idle_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy; param
+    // is a valid sched_param for SCHED_IDLE. Failure leaves the thread at normal priority,
+    // which is correct, only slower on a busy machine.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}
+
+/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), `u64::MAX` if unreadable:
+/// the bound for tables and corpora that must fit in memory.
+pub fn physical_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .unwrap_or(u64::MAX)
+}
+
+/// Resident set size of this process in bytes, from `/proc/self/statm`.
+pub fn process_rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(resident * page_size() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_machine_and_the_process_are_measured() {
+        assert!(page_size().is_power_of_two());
+        let memory = physical_memory_bytes();
+        assert!(memory > 1 << 20 && memory != u64::MAX, "MemTotal read");
+        let before = process_rss_bytes().expect("statm read");
+        // 8 MiB touched raise the resident set by about that much.
+        let block = vec![1u8; 8 << 20];
+        let after = process_rss_bytes().unwrap();
+        assert!(std::hint::black_box(&block)[12345] == 1);
+        assert!(after >= before + (6 << 20), "rss {before} -> {after}");
+    }
+}
