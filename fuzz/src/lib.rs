@@ -119,6 +119,7 @@ pub fn pool_model(data: &[u8]) {
         let pool = ZblockPool::new(ZblockConfig {
             page_size,
             odd_blocks: layout & 0x20 != 0,
+            ..ZblockConfig::default()
         })
         .expect("valid layout");
         run_model(&pool, &ops, |p| {

@@ -102,7 +102,7 @@ impl<'a> ObjectRef<'a> {
     }
 }
 pub use zblock::{BlockStats, ZblockConfig, ZblockPool};
-pub use zpool::AllocatorKind;
+pub use zpool::{AllocatorKind, PoolConfig};
 pub use zsmalloc::{ChainRule, ClassStats, ClassTable, ZsConfig, ZsPool};
 
 /// An allocator's table of its classes or block types, typed: zsmalloc's debugfs `classes`,
@@ -170,6 +170,30 @@ pub enum PoolError {
     TooManyPools { max: usize },
     #[error("{what} is full: {max} is the most a handle can name")]
     HandleSpaceFull { what: &'static str, max: u64 },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// A pool layout no allocator can make, said in the user's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("page size {page_size} (4096 or 16384)")]
+    PageSize { page_size: usize },
+    #[error("chain size {chain_size} (1..=16)")]
+    ChainSize { chain_size: usize },
+}
+
+/// The page sizes every allocator supports.
+pub const PAGE_SIZES: [usize; 2] = [4096, 16384];
+
+/// Refuses a page size no allocator supports.
+fn check_page_size(page_size: usize) -> std::result::Result<(), ConfigError> {
+    if PAGE_SIZES.contains(&page_size) {
+        Ok(())
+    } else {
+        Err(ConfigError::PageSize { page_size })
+    }
 }
 
 pub type Result<T, E = PoolError> = std::result::Result<T, E>;

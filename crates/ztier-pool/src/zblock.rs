@@ -175,6 +175,16 @@ impl BlockTable {
     pub fn type_for(&self, len: usize) -> usize {
         self.lookup[len.div_ceil(SLOT_ALIGN)] as usize
     }
+
+    /// The smallest length whose object costs a whole page or more in its type: from here
+    /// on compression saves nothing, so a front end stores the page raw.
+    pub fn huge_size(&self) -> usize {
+        (1..=self.page_size)
+            .find(|&len| {
+                self.types[self.type_for(len)].footprint(self.page_size) >= self.page_size as f64
+            })
+            .unwrap_or(self.page_size)
+    }
 }
 
 /// How a zblock pool is laid out.
@@ -184,6 +194,11 @@ pub struct ZblockConfig {
     pub page_size: usize,
     /// Also use blocks of 3, 5 and 6 pages (the Rust version's sizes).
     pub odd_blocks: bool,
+    /// Compressed lengths from here on are to be stored raw (`ZPool::huge_class_size`);
+    /// `None`: zblock's own threshold, [`BlockTable::huge_size`]. The registry sets
+    /// zsmalloc's for the same page size, so the two allocators are compared on identical
+    /// objects.
+    pub huge_class_size: Option<usize>,
 }
 
 impl Default for ZblockConfig {
@@ -191,6 +206,7 @@ impl Default for ZblockConfig {
         ZblockConfig {
             page_size: 4096,
             odd_blocks: false,
+            huge_class_size: None,
         }
     }
 }
@@ -202,8 +218,7 @@ pub struct ZblockPool {
     table: BlockTable,
     lists: Box<[BlockList]>,
     arena: Arena,
-    /// Compressed lengths from here are stored raw by zram: zsmalloc's threshold for the same
-    /// page size, so the two allocators are compared on identical objects.
+    /// Compressed lengths from here are stored raw by zram (`ZblockConfig::huge_class_size`).
     huge_class_size: usize,
     pages_allocated: AtomicU64,
 }
@@ -242,10 +257,10 @@ struct Block {
 }
 
 impl ZblockPool {
-    pub fn new(config: ZblockConfig) -> std::result::Result<ZblockPool, String> {
-        if config.page_size != 4096 && config.page_size != 16384 {
-            return Err(format!("page size {} (4096 or 16384)", config.page_size));
-        }
+    /// A new, empty pool; refused if the page size is not one zblock supports or a handle's
+    /// pool tag can name no more pools.
+    pub fn new(config: ZblockConfig) -> Result<ZblockPool> {
+        crate::check_page_size(config.page_size)?;
         let pages: Vec<usize> = if config.odd_blocks {
             let mut p: Vec<usize> = BLOCK_PAGES
                 .iter()
@@ -269,14 +284,12 @@ impl ZblockPool {
                 }),
             })
             .collect();
-        let huge_class_size = crate::zsmalloc::ClassTable::new(
-            config.page_size,
-            crate::zsmalloc::DEFAULT_CHAIN_SIZE,
-            crate::zsmalloc::ChainRule::LeastWaste,
-        )
-        .huge_class_size;
+        let huge_class_size = config
+            .huge_class_size
+            .unwrap_or_else(|| table.huge_size())
+            .min(config.page_size);
         Ok(ZblockPool {
-            tag: PoolTag::new().map_err(|e| e.to_string())?,
+            tag: PoolTag::new()?,
             arena: Arena::new(config.page_size),
             table,
             lists,

@@ -1,8 +1,34 @@
 //! The allocator registry, as the kernel's `mm/zpool.c` was (zswap picked zsmalloc, z3fold or
-//! zbud by name through it): which allocators there are, their names, and how to make one
-//! for a pool layout. Front ends choose an allocator here and never name the types.
+//! zbud by name through it): which allocators there are, their names, each one's config, and
+//! how to make one for a pool layout. Front ends choose an allocator here and never name the
+//! types. This is the one place that knows every allocator: no allocator reads another's
+//! config.
 
-use crate::{ZPool, ZblockConfig, ZblockPool, ZsConfig, ZsPool};
+use crate::{PoolError, ZPool, ZblockConfig, ZblockPool, ZsConfig, ZsPool};
+
+/// One allocator's layout, of its own type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolConfig {
+    Zsmalloc(ZsConfig),
+    Zblock(ZblockConfig),
+}
+
+impl PoolConfig {
+    pub fn kind(&self) -> AllocatorKind {
+        match self {
+            PoolConfig::Zsmalloc(_) => AllocatorKind::Zsmalloc,
+            PoolConfig::Zblock(_) => AllocatorKind::Zblock,
+        }
+    }
+
+    /// A new, empty pool of this layout.
+    pub fn make_pool(&self) -> Result<Box<dyn ZPool>, PoolError> {
+        Ok(match *self {
+            PoolConfig::Zsmalloc(config) => Box::new(ZsPool::new(config)?),
+            PoolConfig::Zblock(config) => Box::new(ZblockPool::new(config)?),
+        })
+    }
+}
 
 /// An allocator ztier can put under a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,17 +48,31 @@ impl AllocatorKind {
         }
     }
 
-    /// A new, empty pool of this allocator for `layout` (zblock takes its page size; its
-    /// block types are computed, so the chain settings are zsmalloc's alone). The error is a
-    /// sentence for the user.
-    pub fn make_pool(self, layout: &ZsConfig) -> Result<Box<dyn ZPool>, String> {
-        Ok(match self {
-            AllocatorKind::Zsmalloc => Box::new(ZsPool::new(*layout)?),
-            AllocatorKind::Zblock => Box::new(ZblockPool::new(ZblockConfig {
+    /// This allocator's config for the layout a user chose (a page size, and zsmalloc's
+    /// chain settings): zsmalloc takes it whole; zblock takes the page size (its block types
+    /// are computed) and zsmalloc's huge threshold for it, so that a front end stores the same
+    /// pages raw on either allocator and the two are compared on identical objects.
+    pub fn config(self, layout: &ZsConfig) -> PoolConfig {
+        match self {
+            AllocatorKind::Zsmalloc => PoolConfig::Zsmalloc(*layout),
+            AllocatorKind::Zblock => PoolConfig::Zblock(ZblockConfig {
                 page_size: layout.page_size,
                 odd_blocks: false,
-            })?),
-        })
+                huge_class_size: crate::PAGE_SIZES.contains(&layout.page_size).then(|| {
+                    crate::ClassTable::new(
+                        layout.page_size,
+                        crate::zsmalloc::DEFAULT_CHAIN_SIZE,
+                        crate::ChainRule::LeastWaste,
+                    )
+                    .huge_class_size
+                }),
+            }),
+        }
+    }
+
+    /// A new, empty pool of this allocator for `layout` ([`AllocatorKind::config`]).
+    pub fn make_pool(self, layout: &ZsConfig) -> Result<Box<dyn ZPool>, PoolError> {
+        self.config(layout).make_pool()
     }
 }
 
@@ -66,6 +106,30 @@ mod tests {
             let parsed: AllocatorKind = kind.name().parse().unwrap();
             let pool = parsed.make_pool(&ZsConfig::default()).unwrap();
             assert_eq!(pool.name(), kind.name());
+            assert_eq!(parsed.config(&ZsConfig::default()).kind(), *kind);
+        }
+        let zsmalloc = AllocatorKind::Zsmalloc
+            .make_pool(&ZsConfig::default())
+            .unwrap();
+        let zblock = AllocatorKind::Zblock
+            .make_pool(&ZsConfig::default())
+            .unwrap();
+        assert_eq!(
+            zblock.huge_class_size(),
+            zsmalloc.huge_class_size(),
+            "compared on identical objects"
+        );
+        let bad = ZsConfig {
+            page_size: 8192,
+            ..ZsConfig::default()
+        };
+        for kind in AllocatorKind::ALL {
+            assert!(matches!(
+                kind.make_pool(&bad),
+                Err(PoolError::Config(crate::ConfigError::PageSize {
+                    page_size: 8192
+                }))
+            ));
         }
         assert!("slab"
             .parse::<AllocatorKind>()

@@ -6,12 +6,13 @@ mod common;
 use common::model_op;
 use proptest::prelude::*;
 use ztier_pool::testing::{self, pattern};
-use ztier_pool::{Handle, ZPool, ZblockConfig, ZblockPool};
+use ztier_pool::{ConfigError, Handle, PoolError, ZPool, ZblockConfig, ZblockPool};
 
 fn pool(page_size: usize, odd_blocks: bool) -> ZblockPool {
     ZblockPool::new(ZblockConfig {
         page_size,
         odd_blocks,
+        ..ZblockConfig::default()
     })
     .unwrap()
 }
@@ -33,11 +34,33 @@ fn conformance_16k_and_odd_blocks() {
 
 #[test]
 fn bad_page_size_is_refused() {
-    assert!(ZblockPool::new(ZblockConfig {
+    let refused = ZblockPool::new(ZblockConfig {
         page_size: 8192,
-        odd_blocks: false
-    })
-    .is_err());
+        ..ZblockConfig::default()
+    });
+    assert!(matches!(
+        refused,
+        Err(PoolError::Config(ConfigError::PageSize { page_size: 8192 }))
+    ));
+}
+
+/// Left to itself, zblock stores raw from the first length whose slot costs a whole page:
+/// below it every length is stored in less.
+#[test]
+fn its_own_huge_size_is_where_an_object_costs_a_page() {
+    for page_size in [4096, 16384] {
+        let pool = pool(page_size, true);
+        let table = pool.table();
+        let cost = |len: usize| {
+            let ty = table.types[table.type_for(len)];
+            ty.pages * page_size / ty.slots_per_block
+        };
+        let huge = table.huge_size();
+        assert!(huge > 1 && huge <= page_size, "{huge}");
+        assert!(cost(huge) >= page_size, "{page_size}: {huge} costs less");
+        assert!((1..huge).all(|len| cost(len) < page_size));
+        assert_eq!(pool.huge_class_size(), huge);
+    }
 }
 
 /// Fill many blocks of every type, free a random half of the objects, then allocate as many

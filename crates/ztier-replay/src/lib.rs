@@ -39,6 +39,8 @@ pub enum ReplayError {
     #[error("{0}")]
     Config(String),
     #[error("{0}")]
+    Pool(#[from] ztier_pool::PoolError),
+    #[error("{0}")]
     Swap(#[from] ztier_swap::SwapError),
     #[error("{0}")]
     Zswap(Box<ztier_zswap::ZswapError>),

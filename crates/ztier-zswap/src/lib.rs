@@ -116,8 +116,12 @@ pub enum ZswapError {
     Pool(#[from] PoolError),
     #[error("swap device: {0}")]
     Swap(#[from] SwapError),
-    #[error("{0}")]
-    Config(String),
+    #[error("the pool's pages are {pool} bytes, the swap device's slots {slot}")]
+    PageSizeMismatch { pool: usize, slot: u64 },
+    #[error("{name} is {value}: a percentage (0..=100)")]
+    NotAPercentage { name: &'static str, value: u32 },
+    #[error("{slots} swap slots: zswap indexes at most {max}")]
+    TooManySlots { slots: u64, max: u64 },
 }
 
 pub type Result<T, E = ZswapError> = std::result::Result<T, E>;
@@ -218,22 +222,24 @@ impl Cache {
     ) -> Result<Cache> {
         let page_size = pool.page_size();
         if page_size as u64 != ztier_swap::SLOT_BYTES {
-            return Err(ZswapError::Config(format!(
-                "the pool's pages are {page_size} bytes, the swap device's slots {}",
-                ztier_swap::SLOT_BYTES
-            )));
+            return Err(ZswapError::PageSizeMismatch {
+                pool: page_size,
+                slot: ztier_swap::SLOT_BYTES,
+            });
         }
-        if config.max_pool_percent > 100 || config.accept_threshold_percent > 100 {
-            return Err(ZswapError::Config(
-                "max_pool_percent and accept_threshold_percent are percentages (0..=100)".into(),
-            ));
+        for (name, value) in [
+            ("max_pool_percent", config.max_pool_percent),
+            ("accept_threshold_percent", config.accept_threshold_percent),
+        ] {
+            if value > 100 {
+                return Err(ZswapError::NotAPercentage { name, value });
+            }
         }
         if swap.slots() > u64::from(u32::MAX) {
-            return Err(ZswapError::Config(format!(
-                "{} swap slots: zswap indexes at most {}",
-                swap.slots(),
-                u32::MAX
-            )));
+            return Err(ZswapError::TooManySlots {
+                slots: swap.slots(),
+                max: u64::from(u32::MAX),
+            });
         }
         let inner = Arc::new(Inner {
             page_size,

@@ -514,3 +514,33 @@ proptest! {
         prop_assert_eq!(s.metadata_bytes, empty, "every page gone, and the room they took");
     }
 }
+
+/// A cache on a pool whose pages are not the swap device's slots, or with a percentage past
+/// 100, is refused with the reason, typed.
+#[test]
+fn bad_settings_are_refused_by_name() {
+    let swap = swap(16);
+    let big_pages = AllocatorKind::Zsmalloc
+        .make_pool(&ZsConfig {
+            page_size: 16384,
+            ..ZsConfig::default()
+        })
+        .unwrap();
+    let config = Config::new(Algorithm::new(ztier_compress::Kind::Lz4), 1 << 30);
+    assert!(matches!(
+        Cache::new(swap.clone(), big_pages, config.clone()),
+        Err(ZswapError::PageSizeMismatch { pool: 16384, .. })
+    ));
+    let mut config = config;
+    config.accept_threshold_percent = 101;
+    let pool = AllocatorKind::Zsmalloc
+        .make_pool(&ZsConfig::default())
+        .unwrap();
+    assert!(matches!(
+        Cache::new(swap, pool, config),
+        Err(ZswapError::NotAPercentage {
+            name: "accept_threshold_percent",
+            value: 101
+        })
+    ));
+}

@@ -44,7 +44,7 @@ use ztier_base::slab::IdSlab;
 
 use crate::arena::{Arena, PageChain};
 use crate::handle::{self, Field, PoolTag};
-use crate::{Handle, ObjectRef, PoolError, Result, ZPool};
+use crate::{ConfigError, Handle, ObjectRef, PoolError, Result, ZPool};
 
 /// Fullness groups: `ZS_INUSE_RATIO_0`, `_10` … `_99`, `_100`.
 const NR_FULLNESS_GROUPS: usize = 12;
@@ -114,13 +114,13 @@ impl Default for ZsConfig {
 }
 
 impl ZsConfig {
-    /// Checks the configuration, with a message fit for a user.
-    pub fn validate(&self) -> std::result::Result<(), String> {
-        if self.page_size != 4096 && self.page_size != 16384 {
-            return Err(format!("page size {} (4096 or 16384)", self.page_size));
-        }
+    /// Checks the configuration; the error is worded for a user.
+    pub fn validate(&self) -> std::result::Result<(), ConfigError> {
+        crate::check_page_size(self.page_size)?;
         if !CHAIN_SIZE_RANGE.contains(&self.chain_size) {
-            return Err(format!("chain size {} (1..=16)", self.chain_size));
+            return Err(ConfigError::ChainSize {
+                chain_size: self.chain_size,
+            });
         }
         Ok(())
     }
@@ -226,9 +226,11 @@ struct HandleSlot {
 }
 
 impl ZsPool {
-    pub fn new(config: ZsConfig) -> std::result::Result<ZsPool, String> {
+    /// A new, empty pool; refused if the layout is not one zsmalloc supports or a handle's
+    /// pool tag can name no more pools.
+    pub fn new(config: ZsConfig) -> Result<ZsPool> {
         config.validate()?;
-        let tag = PoolTag::new().map_err(|e| e.to_string())?;
+        let tag = PoolTag::new()?;
         let table = ClassTable::new(config.page_size, config.chain_size, config.chain_rule);
         let classes = table
             .classes
