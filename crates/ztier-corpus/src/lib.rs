@@ -5,7 +5,13 @@
 //!
 //! A corpus is read whole into memory, up to [`max_corpus_bytes`]; a truth file is decoded
 //! into [`Truth`] and checked against the pages it sits beside (their count and SHA-256).
+//!
+//! - [`writer`]: writes a corpus (what `ztier capture` makes), its SHA-256 kept as it goes.
+//! - [`trace`]: a capture over time: per epoch, the pages that appeared, changed and went.
 #![forbid(unsafe_code)]
+
+pub mod trace;
+pub mod writer;
 
 use std::collections::BTreeMap;
 use std::io::Read;

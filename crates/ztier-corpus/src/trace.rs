@@ -1,0 +1,376 @@
+//! A capture over time (`NAME.trace` beside `NAME.pages.zst`): per epoch, which of a
+//! process's pages appeared, changed and went, each page named by its virtual page number,
+//! and for each page that appeared or changed the corpus page holding its new content.
+//!
+//! Epoch 0 is the first capture: every page appears, and the corpus's first pages are those.
+//! Each later epoch appends to the corpus only the pages that appeared or changed, so the
+//! corpus is the first capture followed by every new content in the order it was seen, and a
+//! replay that writes each epoch's pages in turn rebuilds the process's memory at each epoch.
+//!
+//! Invariants [`Trace::read`] checks (a file that breaks one is refused, nothing is
+//! trusted): a page appears only when it is not present, changes or goes only when it is;
+//! corpus pages are named in increasing order, each once, the first of an epoch being the
+//! one after the last of the epoch before; epoch times do not go backwards. Counts are
+//! checked against the bytes left before anything is allocated for them.
+//!
+//! Format, little-endian: `ZTIERTRC`, version u32 (1), page size u32; then epochs to the end
+//! of the file, each: milliseconds since the first capture u64, pages present and unchanged
+//! u64, counts of appeared, changed and went (u32 each), then the appeared and the changed
+//! pages as (virtual page number u64, corpus page u32), then the pages that went (u64 each).
+
+use std::collections::HashSet;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::{CorpusError, Result, CORPUS_PAGE};
+
+const MAGIC: &[u8; 8] = b"ZTIERTRC";
+const VERSION: u32 = 1;
+const EPOCH_HEADER: usize = 8 + 8 + 3 * 4;
+const WRITE_ENTRY: usize = 12;
+const WENT_ENTRY: usize = 8;
+
+/// A page's new content in an epoch: the page at virtual page number `vpn` now holds corpus
+/// page `corpus_page`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PageWrite {
+    pub vpn: u64,
+    pub corpus_page: u32,
+}
+
+/// One epoch of a trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Epoch {
+    /// Milliseconds since the first capture began.
+    pub millis: u64,
+    /// Pages present at the epoch before and at this one, with the same content.
+    pub unchanged: u64,
+    pub appeared: Vec<PageWrite>,
+    pub changed: Vec<PageWrite>,
+    /// Virtual page numbers of the pages that are no longer present (unmapped, freed back
+    /// to the kernel, or neither resident nor in swap).
+    pub went: Vec<u64>,
+}
+
+impl Epoch {
+    /// Pages present after this epoch.
+    pub fn present(&self) -> u64 {
+        self.unchanged + (self.appeared.len() + self.changed.len()) as u64
+    }
+}
+
+/// A whole trace, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    pub page_size: u32,
+    pub epochs: Vec<Epoch>,
+}
+
+impl Trace {
+    /// `NAME.trace` for the corpus `NAME.pages.zst` (or `NAME.pages`) at `corpus`.
+    pub fn path_for(corpus: &Path) -> PathBuf {
+        let name = corpus
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let stem = name
+            .strip_suffix(".pages.zst")
+            .or_else(|| name.strip_suffix(".pages"))
+            .unwrap_or(name);
+        corpus.with_file_name(format!("{stem}.trace"))
+    }
+
+    /// The corpus pages the trace names: the corpus it sits beside must hold at least these.
+    pub fn corpus_pages(&self) -> u64 {
+        self.epochs
+            .iter()
+            .map(|e| (e.appeared.len() + e.changed.len()) as u64)
+            .sum()
+    }
+
+    /// Reads and checks a trace file (see the module's invariants).
+    pub fn read(path: &Path) -> Result<Trace> {
+        let bytes = std::fs::read(path).map_err(|source| CorpusError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Trace::decode(&bytes).map_err(|reason| CorpusError::Malformed {
+            path: path.to_owned(),
+            reason,
+        })
+    }
+
+    fn decode(bytes: &[u8]) -> std::result::Result<Trace, String> {
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(8)? != MAGIC {
+            return Err("not a ztier trace (no ZTIERTRC header)".into());
+        }
+        let version = r.u32()?;
+        if version != VERSION {
+            return Err(format!("trace version {version}, this reads {VERSION}"));
+        }
+        let page_size = r.u32()?;
+        if page_size as usize != CORPUS_PAGE {
+            return Err(format!(
+                "page size {page_size}, corpus pages are {CORPUS_PAGE}"
+            ));
+        }
+        let mut epochs: Vec<Epoch> = Vec::new();
+        let mut present: HashSet<u64> = HashSet::new();
+        let mut next_corpus_page: u64 = 0;
+        while r.at < bytes.len() {
+            let index = epochs.len();
+            let bad = |what: String| format!("epoch {index}: {what}");
+            let millis = r.u64()?;
+            let unchanged = r.u64()?;
+            let counts = [r.u32()? as usize, r.u32()? as usize, r.u32()? as usize];
+            let need = (counts[0] + counts[1]) * WRITE_ENTRY + counts[2] * WENT_ENTRY;
+            if need > bytes.len() - r.at {
+                return Err(bad(format!(
+                    "its counts need {need} bytes, {} are left (truncated?)",
+                    bytes.len() - r.at
+                )));
+            }
+            if epochs.last().is_some_and(|e| e.millis > millis) {
+                return Err(bad("its time is before the epoch before's".into()));
+            }
+            let mut epoch = Epoch {
+                millis,
+                unchanged,
+                ..Epoch::default()
+            };
+            for (list, appearing) in [(&mut epoch.appeared, true), (&mut epoch.changed, false)] {
+                let n = if appearing { counts[0] } else { counts[1] };
+                list.reserve_exact(n);
+                for _ in 0..n {
+                    let w = PageWrite {
+                        vpn: r.u64()?,
+                        corpus_page: r.u32()?,
+                    };
+                    if u64::from(w.corpus_page) != next_corpus_page {
+                        return Err(bad(format!(
+                            "corpus page {} where {next_corpus_page} was due",
+                            w.corpus_page
+                        )));
+                    }
+                    next_corpus_page += 1;
+                    let was_present = if appearing {
+                        !present.insert(w.vpn)
+                    } else {
+                        present.contains(&w.vpn)
+                    };
+                    if was_present == appearing {
+                        return Err(bad(format!(
+                            "page {:#x} {} while {}present",
+                            w.vpn,
+                            if appearing { "appears" } else { "changes" },
+                            if appearing { "" } else { "not " }
+                        )));
+                    }
+                    list.push(w);
+                }
+            }
+            epoch.went.reserve_exact(counts[2]);
+            for _ in 0..counts[2] {
+                let vpn = r.u64()?;
+                if !present.remove(&vpn) {
+                    return Err(bad(format!("page {vpn:#x} goes while not present")));
+                }
+                epoch.went.push(vpn);
+            }
+            if unchanged + (counts[0] + counts[1]) as u64 != present.len() as u64 {
+                return Err(bad(format!(
+                    "{unchanged} unchanged pages and {} written do not add up to the {} present",
+                    counts[0] + counts[1],
+                    present.len()
+                )));
+            }
+            epochs.push(epoch);
+        }
+        Ok(Trace { page_size, epochs })
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(format!("truncated at byte {}", self.at));
+        };
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+/// A trace being written, an epoch at a time, under a temporary name renamed into place by
+/// [`finish`](Self::finish) (dropped unfinished, it removes the temporary file).
+pub struct TraceWriter {
+    path: PathBuf,
+    temporary: PathBuf,
+    out: Option<BufWriter<std::fs::File>>,
+    epochs: u64,
+}
+
+impl TraceWriter {
+    pub fn create(path: &Path) -> Result<TraceWriter> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("trace");
+        let temporary = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+        let io = |source| CorpusError::Io {
+            path: temporary.clone(),
+            source,
+        };
+        let mut out = BufWriter::new(std::fs::File::create(&temporary).map_err(io)?);
+        let header = [
+            &MAGIC[..],
+            &VERSION.to_le_bytes(),
+            &(CORPUS_PAGE as u32).to_le_bytes(),
+        ]
+        .concat();
+        if let Err(e) = out.write_all(&header) {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(io(e));
+        }
+        Ok(TraceWriter {
+            path: path.to_owned(),
+            temporary,
+            out: Some(out),
+            epochs: 0,
+        })
+    }
+
+    /// Appends an epoch; the caller keeps the module's invariants (the capture does).
+    pub fn write_epoch(&mut self, e: &Epoch) -> Result<()> {
+        let count = |n: usize| {
+            u32::try_from(n).map_err(|_| CorpusError::Malformed {
+                path: self.path.clone(),
+                reason: format!("{n} pages in one epoch's list, more than a trace holds"),
+            })
+        };
+        let mut buf = Vec::with_capacity(
+            EPOCH_HEADER + (e.appeared.len() + e.changed.len()) * WRITE_ENTRY + e.went.len() * 8,
+        );
+        buf.extend_from_slice(&e.millis.to_le_bytes());
+        buf.extend_from_slice(&e.unchanged.to_le_bytes());
+        for n in [e.appeared.len(), e.changed.len(), e.went.len()] {
+            buf.extend_from_slice(&count(n)?.to_le_bytes());
+        }
+        for w in e.appeared.iter().chain(&e.changed) {
+            buf.extend_from_slice(&w.vpn.to_le_bytes());
+            buf.extend_from_slice(&w.corpus_page.to_le_bytes());
+        }
+        for vpn in &e.went {
+            buf.extend_from_slice(&vpn.to_le_bytes());
+        }
+        let out = self.out.as_mut().expect("taken only by finish");
+        out.write_all(&buf).map_err(|source| CorpusError::Io {
+            path: self.temporary.clone(),
+            source,
+        })?;
+        self.epochs += 1;
+        Ok(())
+    }
+
+    /// Flushes, syncs and renames the trace into place; returns how many epochs it holds.
+    pub fn finish(mut self) -> Result<u64> {
+        let io = |source| CorpusError::Io {
+            path: self.temporary.clone(),
+            source,
+        };
+        let out = self.out.take().expect("finish runs once");
+        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&self.temporary, &self.path).map_err(io)?;
+        Ok(self.epochs)
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            let _ = std::fs::remove_file(&self.temporary);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(vpn: u64, corpus_page: u32) -> PageWrite {
+        PageWrite { vpn, corpus_page }
+    }
+
+    #[test]
+    fn a_trace_reads_back_and_broken_ones_are_refused() {
+        let dir = std::env::temp_dir().join(format!("ztier-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.trace");
+        let epochs = vec![
+            Epoch {
+                millis: 0,
+                unchanged: 0,
+                appeared: vec![w(10, 0), w(11, 1), w(12, 2)],
+                ..Epoch::default()
+            },
+            Epoch {
+                millis: 5000,
+                unchanged: 1,
+                appeared: vec![w(20, 3)],
+                changed: vec![w(11, 4)],
+                went: vec![12],
+            },
+        ];
+        let mut tw = TraceWriter::create(&path).unwrap();
+        for e in &epochs {
+            tw.write_epoch(e).unwrap();
+        }
+        assert_eq!(tw.finish().unwrap(), 2);
+        let t = Trace::read(&path).unwrap();
+        assert_eq!(t.epochs, epochs);
+        assert_eq!(t.corpus_pages(), 5);
+        assert_eq!(
+            Trace::path_for(Path::new("/x/p.pages.zst")),
+            Path::new("/x/p.trace")
+        );
+
+        let good = std::fs::read(&path).unwrap();
+        // Cut anywhere inside: refused.
+        for cut in [3, 17, 30, good.len() - 1] {
+            assert!(Trace::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        // A page that changes while not present.
+        let mut bad = epochs.clone();
+        bad[1].changed[0].vpn = 99;
+        let mut tw = TraceWriter::create(&path).unwrap();
+        for e in &bad {
+            tw.write_epoch(e).unwrap();
+        }
+        tw.finish().unwrap();
+        let err = Trace::read(&path).unwrap_err().to_string();
+        assert!(err.contains("changes while not present"), "{err}");
+        // A huge count in a short file is refused before anything is allocated for it.
+        let mut huge = good[..16].to_vec();
+        huge.extend_from_slice(&[0u8; 16]);
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        huge.extend_from_slice(&[0u8; 8]);
+        let err = Trace::decode(&huge).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
