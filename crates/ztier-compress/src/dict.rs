@@ -15,6 +15,23 @@ use crate::{CompressError, Result};
 /// file in memory too, so it must stay small).
 pub const MAX_DICT_BYTES: u64 = 16 << 20;
 
+/// Why a dictionary could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DictError {
+    #[error("dictionary {}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("dictionary {} is {len} bytes; at most {MAX_DICT_BYTES} are read", path.display())]
+    TooLarge { path: PathBuf, len: u64 },
+    #[error("dictionary {} is empty", path.display())]
+    Empty { path: PathBuf },
+    #[error("zstd could not load the dictionary {}", path.display())]
+    Refused { path: PathBuf },
+}
+
 /// A prepared zstd dictionary.
 pub struct Dictionary {
     path: PathBuf,
@@ -26,17 +43,19 @@ pub struct Dictionary {
 
 impl Dictionary {
     /// Reads and prepares the dictionary at `path` for compression at `level`.
-    pub fn load(path: &Path, level: i32) -> std::result::Result<Dictionary, String> {
-        let shown = path.display();
-        let len = std::fs::metadata(path)
-            .map_err(|e| format!("dictionary {shown}: {e}"))?
-            .len();
+    pub fn load(path: &Path, level: i32) -> std::result::Result<Dictionary, DictError> {
+        let unreadable = |source| DictError::Unreadable {
+            path: path.to_owned(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(unreadable)?.len();
         if len > MAX_DICT_BYTES {
-            return Err(format!(
-                "dictionary {shown} is {len} bytes; at most {MAX_DICT_BYTES} are read"
-            ));
+            return Err(DictError::TooLarge {
+                path: path.to_owned(),
+                len,
+            });
         }
-        let bytes = std::fs::read(path).map_err(|e| format!("dictionary {shown}: {e}"))?;
+        let bytes = std::fs::read(path).map_err(unreadable)?;
         Dictionary::from_bytes(path, &bytes, level)
     }
 
@@ -46,12 +65,16 @@ impl Dictionary {
         path: &Path,
         bytes: &[u8],
         level: i32,
-    ) -> std::result::Result<Dictionary, String> {
+    ) -> std::result::Result<Dictionary, DictError> {
         if bytes.is_empty() {
-            return Err(format!("dictionary {} is empty", path.display()));
+            return Err(DictError::Empty {
+                path: path.to_owned(),
+            });
         }
-        let cdict = zstd::zstd_safe::CDict::try_create(bytes, level)
-            .ok_or_else(|| format!("zstd could not load the dictionary {}", path.display()))?;
+        let cdict =
+            zstd::zstd_safe::CDict::try_create(bytes, level).ok_or_else(|| DictError::Refused {
+                path: path.to_owned(),
+            })?;
         Ok(Dictionary {
             path: path.to_owned(),
             level,

@@ -2,8 +2,10 @@
 //! libraries, not the kernel's copies of them (which only lz4, lzo and lzo-rle are checked
 //! against).
 
+#[cfg(feature = "zstd")]
 use std::sync::Arc;
 
+#[cfg(feature = "zstd")]
 use crate::dict::Dictionary;
 use crate::{check_dst, CompressError, Compressor, Result};
 
@@ -14,6 +16,7 @@ fn library(algorithm: &'static str, message: impl ToString) -> CompressError {
     }
 }
 
+#[cfg(feature = "zstd")]
 /// zstd with reusable contexts; zram's default level is 3. With a dictionary, every stream
 /// of a device compresses and decompresses with the same prepared one.
 pub struct Zstd {
@@ -22,6 +25,7 @@ pub struct Zstd {
     dict: Option<Arc<Dictionary>>,
 }
 
+#[cfg(feature = "zstd")]
 impl Zstd {
     pub fn new(level: Option<i32>, dict: Option<Arc<Dictionary>>) -> Zstd {
         use zstd::zstd_safe::CParameter;
@@ -41,6 +45,7 @@ impl Zstd {
     }
 }
 
+#[cfg(feature = "zstd")]
 impl Compressor for Zstd {
     fn name(&self) -> &'static str {
         "zstd"
@@ -62,12 +67,14 @@ impl Compressor for Zstd {
     }
 }
 
+#[cfg(feature = "deflate")]
 /// Raw deflate (no zlib header), as the kernel's deflate backend writes.
 pub struct Deflate {
     comp: flate2::Compress,
     decomp: flate2::Decompress,
 }
 
+#[cfg(feature = "deflate")]
 impl Deflate {
     pub fn new(level: Option<i32>) -> Deflate {
         let level = flate2::Compression::new(level.unwrap_or(6) as u32);
@@ -78,6 +85,7 @@ impl Deflate {
     }
 }
 
+#[cfg(feature = "deflate")]
 impl Compressor for Deflate {
     fn name(&self) -> &'static str {
         "deflate"
@@ -111,11 +119,13 @@ impl Compressor for Deflate {
     }
 }
 
+#[cfg(feature = "lz4hc")]
 /// lz4hc through liblz4 (the kernel's lz4hc is the same algorithm); level 9 by default.
 pub struct Lz4hc {
     level: i32,
 }
 
+#[cfg(feature = "lz4hc")]
 impl Lz4hc {
     pub fn new(level: Option<i32>) -> Lz4hc {
         Lz4hc {
@@ -124,6 +134,7 @@ impl Lz4hc {
     }
 }
 
+#[cfg(feature = "lz4hc")]
 impl Compressor for Lz4hc {
     fn name(&self) -> &'static str {
         "lz4hc"

@@ -17,21 +17,43 @@
 //!
 //! Decompressors are total: corrupt or truncated input gives an error, never a panic, an
 //! out-of-bounds access or a loop that does not end.
+//!
+//! Each compressor is a cargo feature (`lz4`, `lzo` for lzo and lzo-rle, `lz4hc`, `zstd`,
+//! `deflate`; all by default): a compressor left out is not a [`Kind`], and its name is
+//! refused when parsed, saying which feature builds it.
 #![deny(unsafe_code)]
 
+#[cfg(not(any(
+    feature = "lz4",
+    feature = "lzo",
+    feature = "lz4hc",
+    feature = "zstd",
+    feature = "deflate"
+)))]
+compile_error!(
+    "ztier-compress needs at least one compressor feature: lz4, lzo, lz4hc, zstd, deflate"
+);
+
+#[cfg(any(feature = "lz4", feature = "lzo"))]
 mod copy;
+#[cfg(feature = "zstd")]
 pub mod dict;
+#[cfg(any(feature = "lz4hc", feature = "zstd", feature = "deflate"))]
 pub mod external;
+#[cfg(feature = "lz4hc")]
 pub mod liblz4;
+#[cfg(feature = "lz4")]
 pub mod lz4;
+#[cfg(feature = "lzo")]
 pub mod lzo;
 
 use std::fmt;
-use std::path::Path;
 use std::str::FromStr;
+#[cfg(feature = "zstd")]
 use std::sync::Arc;
 
-pub use dict::Dictionary;
+#[cfg(feature = "zstd")]
+pub use dict::{DictError, Dictionary};
 
 /// Why a compression or decompression failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -147,52 +169,110 @@ pub struct Algorithm {
     /// Level (zstd, deflate, lz4hc) or acceleration (lz4); `None` for the default.
     pub level: Option<i32>,
     /// zstd's dictionary, shared by every stream made from this value.
+    #[cfg(feature = "zstd")]
     pub dict: Option<Arc<Dictionary>>,
 }
 
 impl PartialEq for Algorithm {
     fn eq(&self, other: &Algorithm) -> bool {
+        #[cfg(feature = "zstd")]
         let same_dict = match (&self.dict, &other.dict) {
             (None, None) => true,
             (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a.path() == b.path(),
             _ => false,
         };
+        #[cfg(not(feature = "zstd"))]
+        let same_dict = true;
         self.kind == other.kind && self.level == other.level && same_dict
     }
 }
 
 impl Eq for Algorithm {}
 
-/// The algorithms ztier knows.
+/// The algorithms built into this ztier (each a cargo feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
+    #[cfg(feature = "lz4")]
     Lz4,
+    #[cfg(feature = "lz4hc")]
     Lz4hc,
+    #[cfg(feature = "lzo")]
     Lzo,
+    #[cfg(feature = "lzo")]
     LzoRle,
+    #[cfg(feature = "zstd")]
     Zstd,
+    #[cfg(feature = "deflate")]
     Deflate,
 }
 
+/// Every compressor ztier has, with the cargo feature that builds it.
+const FEATURES: [(&str, &str, bool); 6] = [
+    ("lzo-rle", "lzo", cfg!(feature = "lzo")),
+    ("lzo", "lzo", cfg!(feature = "lzo")),
+    ("lz4", "lz4", cfg!(feature = "lz4")),
+    ("lz4hc", "lz4hc", cfg!(feature = "lz4hc")),
+    ("zstd", "zstd", cfg!(feature = "zstd")),
+    ("deflate", "deflate", cfg!(feature = "deflate")),
+];
+
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    /// Every built algorithm, zram's default (lzo-rle) first.
+    pub const ALL: &'static [Kind] = &[
+        #[cfg(feature = "lzo")]
         Kind::LzoRle,
+        #[cfg(feature = "lzo")]
         Kind::Lzo,
+        #[cfg(feature = "lz4")]
         Kind::Lz4,
+        #[cfg(feature = "lz4hc")]
         Kind::Lz4hc,
+        #[cfg(feature = "zstd")]
         Kind::Zstd,
+        #[cfg(feature = "deflate")]
         Kind::Deflate,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
+            #[cfg(feature = "lz4")]
             Kind::Lz4 => "lz4",
+            #[cfg(feature = "lz4hc")]
             Kind::Lz4hc => "lz4hc",
+            #[cfg(feature = "lzo")]
             Kind::Lzo => "lzo",
+            #[cfg(feature = "lzo")]
             Kind::LzoRle => "lzo-rle",
+            #[cfg(feature = "zstd")]
             Kind::Zstd => "zstd",
+            #[cfg(feature = "deflate")]
             Kind::Deflate => "deflate",
         }
+    }
+
+    /// Whether `level` is one this algorithm takes (acceleration for lz4).
+    fn level_ok(self, level: i32) -> bool {
+        let _ = level;
+        match self {
+            #[cfg(feature = "lz4")]
+            Kind::Lz4 => (1..=65537).contains(&level),
+            #[cfg(feature = "lz4hc")]
+            Kind::Lz4hc => (1..=12).contains(&level),
+            #[cfg(feature = "zstd")]
+            Kind::Zstd => (-131072..=22).contains(&level) && level != 0,
+            #[cfg(feature = "deflate")]
+            Kind::Deflate => (0..=9).contains(&level),
+            #[cfg(feature = "lzo")]
+            Kind::Lzo | Kind::LzoRle => false,
+        }
+    }
+
+    /// Whether it takes a dictionary (`dict=PATH`).
+    fn takes_dict(self) -> bool {
+        #[cfg(feature = "zstd")]
+        return self == Kind::Zstd;
+        #[cfg(not(feature = "zstd"))]
+        false
     }
 }
 
@@ -202,6 +282,7 @@ impl Algorithm {
         Algorithm {
             kind,
             level: None,
+            #[cfg(feature = "zstd")]
             dict: None,
         }
     }
@@ -209,11 +290,17 @@ impl Algorithm {
     /// A new stream for this algorithm.
     pub fn new_compressor(&self) -> Box<dyn Compressor> {
         match self.kind {
+            #[cfg(feature = "lz4")]
             Kind::Lz4 => Box::new(lz4::Lz4::new(self.level.unwrap_or(1))),
+            #[cfg(feature = "lzo")]
             Kind::Lzo => Box::new(lzo::Lzo::new(false)),
+            #[cfg(feature = "lzo")]
             Kind::LzoRle => Box::new(lzo::Lzo::new(true)),
+            #[cfg(feature = "lz4hc")]
             Kind::Lz4hc => Box::new(external::Lz4hc::new(self.level)),
+            #[cfg(feature = "zstd")]
             Kind::Zstd => Box::new(external::Zstd::new(self.level, self.dict.clone())),
+            #[cfg(feature = "deflate")]
             Kind::Deflate => Box::new(external::Deflate::new(self.level)),
         }
     }
@@ -227,9 +314,11 @@ impl fmt::Display for Algorithm {
             write!(f, "{sep}level={l}")?;
             sep = ',';
         }
+        #[cfg(feature = "zstd")]
         if let Some(d) = &self.dict {
             write!(f, "{sep}dict={}", d.path().display())?;
         }
+        let _ = sep;
         Ok(())
     }
 }
@@ -239,9 +328,16 @@ impl FromStr for Algorithm {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (name, params) = s.split_once(':').unwrap_or((s, ""));
         let kind = Kind::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|k| k.name() == name)
             .ok_or_else(|| {
+                if let Some((_, feature, _)) = FEATURES.iter().find(|(n, ..)| *n == name) {
+                    return format!(
+                        "compressor '{name}' is not built into this ztier (cargo feature \
+                         {feature})"
+                    );
+                }
                 let names: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
                 format!("unknown compressor '{name}' (known: {})", names.join(", "))
             })?;
@@ -253,24 +349,17 @@ impl FromStr for Algorithm {
                     let n: i32 = v
                         .parse()
                         .map_err(|_| format!("level '{v}' is not a number"))?;
-                    let ok = match kind {
-                        Kind::Lz4 => (1..=65537).contains(&n),
-                        Kind::Lz4hc => (1..=12).contains(&n),
-                        Kind::Zstd => (-131072..=22).contains(&n) && n != 0,
-                        Kind::Deflate => (0..=9).contains(&n),
-                        Kind::Lzo | Kind::LzoRle => false,
-                    };
-                    if !ok {
+                    if !kind.level_ok(n) {
                         return Err(format!("level {n} is out of range for {name}"));
                     }
                     level = Some(n);
                 }
-                Some(("dict", path)) if kind == Kind::Zstd => dict_path = Some(path),
+                Some(("dict", path)) if kind.takes_dict() => dict_path = Some(path),
                 Some(("dict", _)) => {
                     return Err(format!("dict= is supported for zstd, not {name}"));
                 }
                 _ => {
-                    let known = if kind == Kind::Zstd {
+                    let known = if kind.takes_dict() {
                         "level=N, dict=PATH"
                     } else {
                         "level=N"
@@ -279,14 +368,24 @@ impl FromStr for Algorithm {
                 }
             }
         }
+        #[cfg(feature = "zstd")]
         let dict = match dict_path {
             Some(path) => {
                 let at = level.unwrap_or(zstd::DEFAULT_COMPRESSION_LEVEL);
-                Some(Arc::new(Dictionary::load(Path::new(path), at)?))
+                Some(Arc::new(
+                    Dictionary::load(std::path::Path::new(path), at).map_err(|e| e.to_string())?,
+                ))
             }
             None => None,
         };
-        Ok(Algorithm { kind, level, dict })
+        #[cfg(not(feature = "zstd"))]
+        let _: Option<&str> = dict_path;
+        Ok(Algorithm {
+            kind,
+            level,
+            #[cfg(feature = "zstd")]
+            dict,
+        })
     }
 }
 
@@ -318,6 +417,26 @@ pub fn fill_page(page: &mut [u8], word: u64) {
 mod tests {
     use super::*;
 
+    /// A compressor left out of the build is refused by name, with the feature that builds
+    /// it; each one built parses by its name.
+    #[test]
+    fn built_compressors_parse_and_others_name_their_feature() {
+        for (name, feature, built) in FEATURES {
+            match name.parse::<Algorithm>() {
+                Ok(a) => assert!(built && a.kind.name() == name),
+                Err(e) => assert!(
+                    !built && e.contains(&format!("cargo feature {feature}")),
+                    "{e}"
+                ),
+            }
+        }
+        assert_eq!(
+            Kind::ALL.len(),
+            FEATURES.iter().filter(|(.., built)| *built).count()
+        );
+    }
+
+    #[cfg(all(feature = "zstd", feature = "lzo"))]
     #[test]
     fn names_and_params_parse() {
         let a: Algorithm = "zstd:level=5".parse().unwrap();
@@ -348,7 +467,7 @@ mod tests {
 
     #[test]
     fn decompress_page_wants_a_whole_page() {
-        for kind in [Kind::Lz4, Kind::LzoRle, Kind::Zstd] {
+        for &kind in Kind::ALL {
             let mut c = Algorithm::new(kind).new_compressor();
             let mut buf = vec![0u8; worst_case_len(4096)];
             let page: Vec<u8> = (0..4096u32).map(|i| (i / 7 % 251) as u8).collect();

@@ -1,6 +1,7 @@
 //! liblz4 itself, through lz4-sys: lz4hc for users, and for tests and benches the reference
 //! encoder and decoder that ztier's kernel-variant LZ4 must interoperate with and be measured
-//! against. The FFI calls are this crate's only `unsafe`.
+//! against. The FFI calls are sealed here; the crate's other `unsafe` (the LZ4 decoder's fast
+//! loop, the compressors' word reads) is listed in the crate's header.
 #![allow(unsafe_code)]
 
 use std::os::raw::{c_char, c_int};

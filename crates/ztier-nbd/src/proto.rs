@@ -1,6 +1,6 @@
 //! The NBD protocol's messages (`doc/proto.md` of the NBD project): constants, and the
-//! encoding and decoding of the handshake, options, requests and replies. Written for both
-//! ends: the server here, and a client (remote writeback) later.
+//! encoding and decoding of the handshake, options, requests and replies, for both ends: the
+//! server (`server`) and the client zram writes back through (`client`).
 //!
 //! Everything is big-endian ("network byte order"). Decoders take a byte slice that holds
 //! exactly the message (the caller reads the fixed-size header, then the length it gives,
