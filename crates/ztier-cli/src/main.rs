@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod capture;
 mod classes;
 mod dict;
 mod pools;
@@ -25,6 +26,9 @@ enum Command {
     /// Replay real memory through zram (or, with --front zswap, zswap); print the figures,
     /// speed, and the kernel's figures beside them.
     Bench(bench::BenchArgs),
+    /// Capture a running process's private memory as a corpus (once, or every --every for
+    /// --for, with a trace of the pages that changed), for `ztier bench --corpus`.
+    Capture(capture::CaptureArgs),
     /// Print zsmalloc's size-class table for a pool layout.
     Classes(classes::ClassesArgs),
     /// Serve a zram device over NBD (to qemu, nbdcopy, nbdfuse, fio, the kernel's nbd).
@@ -48,6 +52,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
+        Command::Capture(args) => capture::run(&args),
         Command::Classes(args) => classes::run(&args),
         Command::Serve(args) => match serve::run(&args) {
             Ok(status) => return std::process::ExitCode::from(status),

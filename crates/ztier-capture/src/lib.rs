@@ -1,0 +1,92 @@
+//! Captures a running process's private memory as a corpus (`NAME.pages.zst`), with a
+//! manifest (`NAME.capture.json`) and a trace (`NAME.trace`), once or over time: what
+//! `ztier capture --pid PID` runs. A front end like the others: it reads `/proc` and writes
+//! the corpus format; it knows nothing of zram, zswap or pools.
+//!
+//! - [`maps`]: `/proc/PID/maps`, and which mappings a capture reads (heap, stacks, private
+//!   anonymous memory; private file mappings on request).
+//! - [`pagemap`]: `/proc/PID/pagemap` entries: which pages are in memory or in swap.
+//! - [`process`]: one read of every captured page through `/proc/PID/mem`, and how
+//!   consistent that copy is (see its header: not one instant's unless the process is
+//!   stopped for it).
+//! - [`recorder`]: epochs over time. Each epoch reads every page again and compares its
+//!   content hash (SHA-256) with the epoch before's: pages appeared, changed, went.
+//!
+//! What a trace can and cannot see: this kernel gives no soft-dirty bits (`clear_refs` 4)
+//! and no idle page tracking for another process, so an epoch knows only each page's content
+//! at the instant it was read. It sees every page whose content differs from the epoch
+//! before's, every page that appeared (touched for the first time, or mapped anew; a page
+//! moving between memory and swap neither appears nor goes, both count as present) and every
+//! page that went (unmapped, or given back with `MADV_DONTNEED`, or `MADV_FREE` once the
+//! kernel took it). It cannot see a page written and
+//! written back to the same content within an epoch, how many times a page was written,
+//! a page read but not written (no access bits: "idle" in a replay means unchanged for so
+//! many epochs, not unread), or a page moved by `mremap` (it goes and another appears).
+//! Every epoch costs a read of the whole captured memory.
+//!
+//! Errors are typed ([`CaptureError`]): no such process, no permission (root, or ptrace
+//! access: same user and `kernel.yama.ptrace_scope` allowing it), the process exiting
+//! mid-capture. A mapping unmapped mid-capture is not an error: it is marked vanished in the
+//! manifest and the pages read before are kept (each was the mapping's content when read).
+#![forbid(unsafe_code)]
+
+pub mod maps;
+pub mod pagemap;
+pub mod process;
+pub mod recorder;
+
+use std::path::{Path, PathBuf};
+
+pub use process::{Process, Snapshot};
+pub use recorder::{CaptureOptions, EpochSummary, Manifest, Recorder};
+
+/// The page size a capture reads in (the corpus's).
+pub const PAGE: usize = ztier_corpus::CORPUS_PAGE;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    #[error("no process {pid}")]
+    NoProcess { pid: u32 },
+    #[error(
+        "no permission to read process {pid}'s memory ({path}): capture needs root, or ptrace \
+         access to it (the same user, and kernel.yama.ptrace_scope allowing it)"
+    )]
+    Permission { pid: u32, path: PathBuf },
+    #[error(
+        "process {pid} exited during the capture ({pages_read} pages read); nothing was written"
+    )]
+    Exited { pid: u32, pages_read: u64 },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: unexpected content: {reason}")]
+    Malformed { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Corpus(#[from] ztier_corpus::CorpusError),
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type Result<T, E = CaptureError> = std::result::Result<T, E>;
+
+/// The typed error for a failure to open or read a file of `/proc/PID`.
+pub(crate) fn open_error(pid: u32, path: &Path, e: std::io::Error) -> CaptureError {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => CaptureError::NoProcess { pid },
+        std::io::ErrorKind::PermissionDenied => CaptureError::Permission {
+            pid,
+            path: path.to_owned(),
+        },
+        // ESRCH: the process went between the open and the read.
+        _ if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => {
+            CaptureError::Exited { pid, pages_read: 0 }
+        }
+        _ => CaptureError::Io {
+            path: path.to_owned(),
+            source: e,
+        },
+    }
+}

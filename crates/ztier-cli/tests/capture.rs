@@ -1,0 +1,650 @@
+//! `ztier capture` on processes whose memory the test knows: a child (this test binary run
+//! again as `memory_child`) that fills pages with patterns, zeros and random bytes, changes
+//! some on command, frees a region on command, or exits on command; a process of another
+//! user; and a real program (`python3` building a dict) whose capture the kernel's zram and
+//! zswap are run on, beside `ztier bench`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use ztier_capture::{CaptureError, CaptureOptions, Recorder};
+use ztier_corpus::trace::Trace;
+use ztier_corpus::Corpus;
+
+const PAGE: usize = 4096;
+const PATTERN_PAGES: usize = 64;
+const ZERO_PAGES: usize = 32;
+const RANDOM_PAGES: usize = 64;
+const FREED_PAGES: usize = 1024;
+
+/// What a page of each region holds, by region, page and generation (0 as first written, 1
+/// after `change`).
+fn expected(region: &str, page: usize, generation: u64) -> Vec<u8> {
+    match region {
+        "patterns" | "freed" => {
+            let tag = if region == "patterns" { 0xa5 } else { 0x3c };
+            (0..PAGE / 8)
+                .flat_map(|w| {
+                    ((tag << 56) | (generation << 48) | ((page as u64) << 16) | w as u64)
+                        .to_le_bytes()
+                })
+                .collect()
+        }
+        "zeros" => vec![if generation == 0 { 0 } else { 0xff }; PAGE],
+        "random" => {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((page as u64 + 1) * 0x1000_0001) ^ generation;
+            (0..PAGE / 8)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x.to_le_bytes()
+                })
+                .collect()
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// The pages `change` rewrites: (region, page).
+const CHANGED: [(&str, usize); 4] = [
+    ("patterns", 3),
+    ("patterns", 7),
+    ("zeros", 5),
+    ("random", 10),
+];
+
+/// A page-aligned region inside a vector of its own (its own mapping: glibc maps large
+/// allocations alone).
+struct Region {
+    _buffer: Vec<u8>,
+    offset: usize,
+    pages: usize,
+}
+
+impl Region {
+    fn new(pages: usize) -> Region {
+        let buffer = vec![1u8; (pages + 1) * PAGE];
+        let offset = (PAGE - buffer.as_ptr() as usize % PAGE) % PAGE;
+        Region {
+            _buffer: buffer,
+            offset,
+            pages,
+        }
+    }
+    fn page_mut(&mut self, i: usize) -> &mut [u8] {
+        let start = self.offset + i * PAGE;
+        &mut self._buffer[start..start + PAGE]
+    }
+    fn first_vpn(&self) -> u64 {
+        (self._buffer.as_ptr() as usize + self.offset) as u64 / PAGE as u64
+    }
+    fn fill(&mut self, name: &str, generation: u64) {
+        for i in 0..self.pages {
+            let content = expected(name, i, generation);
+            let page = self.page_mut(i);
+            // Written twice so a zero page is a page the process wrote, not one it never
+            // touched (which would not be present at all).
+            page.fill(0xee);
+            std::hint::black_box(&mut *page);
+            page.copy_from_slice(&content);
+        }
+    }
+}
+
+/// Not a test of its own: the child process the other tests capture, when run with
+/// `ZTIER_CAPTURE_CHILD` set. It fills its regions, says where they are, and obeys `change`,
+/// `free` and `exit` on stdin, answering each.
+#[test]
+fn memory_child() {
+    if std::env::var_os("ZTIER_CAPTURE_CHILD").is_none() {
+        return;
+    }
+    let mut regions: BTreeMap<&str, Region> = BTreeMap::new();
+    for (name, pages) in [
+        ("patterns", PATTERN_PAGES),
+        ("zeros", ZERO_PAGES),
+        ("random", RANDOM_PAGES),
+        ("freed", FREED_PAGES),
+    ] {
+        let mut r = Region::new(pages);
+        r.fill(name, 0);
+        regions.insert(name, r);
+    }
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    for (name, r) in &regions {
+        writeln!(out, "CHILD region {name} {} {}", r.first_vpn(), r.pages).unwrap();
+    }
+    writeln!(out, "CHILD ready").unwrap();
+    out.flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        match line.unwrap().trim() {
+            "change" => {
+                for (name, page) in CHANGED {
+                    let content = expected(name, page, 1);
+                    regions
+                        .get_mut(name)
+                        .unwrap()
+                        .page_mut(page)
+                        .copy_from_slice(&content);
+                }
+                regions.remove("freed");
+            }
+            "free" => {
+                regions.remove("freed");
+            }
+            "exit" => std::process::exit(0),
+            _ => {}
+        }
+        writeln!(out, "CHILD done").unwrap();
+        out.flush().unwrap();
+    }
+    std::hint::black_box(&regions);
+}
+
+/// The child, its regions (first virtual page number and pages, by name) and its pipes.
+struct MemoryChild {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    regions: BTreeMap<String, (u64, usize)>,
+}
+
+impl MemoryChild {
+    fn spawn() -> MemoryChild {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "memory_child", "--nocapture", "--test-threads=1"])
+            .env("ZTIER_CAPTURE_CHILD", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut regions = BTreeMap::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "the child ended early"
+            );
+            // The test harness may print "test memory_child ... " before it on the line.
+            let Some(at) = line.find("CHILD ") else {
+                continue;
+            };
+            let words: Vec<&str> = line[at..].split_whitespace().collect();
+            match words.as_slice() {
+                ["CHILD", "region", name, vpn, pages] => {
+                    regions.insert(
+                        name.to_string(),
+                        (vpn.parse().unwrap(), pages.parse().unwrap()),
+                    );
+                }
+                ["CHILD", "ready"] => break,
+                _ => {}
+            }
+        }
+        MemoryChild {
+            child,
+            stdin,
+            stdout,
+            regions,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a command and waits for its answer.
+    fn command(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the child ended"
+            );
+            if line.trim_end().ends_with("CHILD done") {
+                return;
+            }
+        }
+    }
+
+    /// Which region and page a virtual page number is, if it is one of the child's.
+    fn locate(&self, vpn: u64) -> Option<(&str, usize)> {
+        self.regions.iter().find_map(|(name, &(first, pages))| {
+            (first..first + pages as u64)
+                .contains(&vpn)
+                .then(|| (name.as_str(), (vpn - first) as usize))
+        })
+    }
+}
+
+impl Drop for MemoryChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The capture's pages by virtual page number after each epoch: (corpus page index).
+fn pages_by_epoch(trace: &Trace) -> Vec<BTreeMap<u64, u32>> {
+    let mut present = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in &trace.epochs {
+        for w in e.appeared.iter().chain(&e.changed) {
+            present.insert(w.vpn, w.corpus_page);
+        }
+        for vpn in &e.went {
+            present.remove(vpn);
+        }
+        out.push(present.clone());
+    }
+    out
+}
+
+fn corpus_page(corpus: &Corpus, index: u32) -> &[u8] {
+    let i = index as usize * PAGE;
+    &corpus.bytes()[i..i + PAGE]
+}
+
+#[test]
+fn every_page_of_a_child_is_captured_as_written_and_a_region_freed_halfway_is_cut() {
+    let dir = common::temp_dir("capture-known");
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("child.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    let freed_first = child.regions["freed"].0;
+    let mut freed_during = false;
+    recorder
+        .epoch(&mut |vpn| {
+            // The region is freed once its first page is read: the rest of it goes while
+            // the capture runs.
+            if vpn == freed_first && !freed_during {
+                child.command("free");
+                freed_during = true;
+            }
+        })
+        .unwrap();
+    assert!(freed_during, "the capture read the region's first page");
+    let manifest = recorder.finish().unwrap();
+    assert!(
+        manifest.mappings.iter().any(|m| m.vanished),
+        "the freed region's mapping is marked vanished"
+    );
+    let corpus = Corpus::load(&output).unwrap();
+    assert_eq!(corpus.pages() as u64, manifest.pages);
+    let trace = Trace::read(&dir.join("child.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 1);
+    let mut captured: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    for (&vpn, &index) in &pages_by_epoch(&trace)[0] {
+        let Some((region, page)) = child.locate(vpn) else {
+            continue;
+        };
+        assert!(
+            corpus_page(&corpus, index) == expected(region, page, 0).as_slice(),
+            "{region} page {page} captured different from what the child wrote"
+        );
+        captured.entry(region).or_default().insert(page);
+    }
+    for (region, pages) in [
+        ("patterns", PATTERN_PAGES),
+        ("zeros", ZERO_PAGES),
+        ("random", RANDOM_PAGES),
+    ] {
+        assert_eq!(
+            captured.get(region).map_or(0, |s| s.len()),
+            pages,
+            "every page of {region}"
+        );
+    }
+    let freed = captured.get("freed").map_or(0, |s| s.len());
+    assert!(
+        freed > 0 && freed < FREED_PAGES,
+        "the freed region is captured up to where it was freed: {freed} of {FREED_PAGES} pages"
+    );
+    assert!(manifest.zero_pages >= ZERO_PAGES as u64);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_trace_over_epochs_sees_exactly_the_pages_the_child_changed() {
+    let dir = common::temp_dir("capture-trace");
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("child.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    recorder.epoch(&mut |_| {}).unwrap();
+    child.command("change");
+    recorder.epoch(&mut |_| {}).unwrap();
+    // Nothing of the child's regions changes after: the third epoch sees none of them.
+    recorder.epoch(&mut |_| {}).unwrap();
+    recorder.finish().unwrap();
+    let corpus = Corpus::load(&output).unwrap();
+    let trace = Trace::read(&dir.join("child.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 3);
+    let by_epoch = pages_by_epoch(&trace);
+    let mine = |list: &mut dyn Iterator<Item = u64>| -> BTreeSet<(String, usize)> {
+        list.filter_map(|vpn| child.locate(vpn))
+            .map(|(r, p)| (r.to_string(), p))
+            .collect()
+    };
+    let e1 = &trace.epochs[1];
+    let changed = mine(&mut e1.changed.iter().map(|w| w.vpn));
+    let want: BTreeSet<(String, usize)> =
+        CHANGED.iter().map(|&(r, p)| (r.to_string(), p)).collect();
+    assert_eq!(
+        changed, want,
+        "epoch 1 changed exactly the pages the child rewrote"
+    );
+    assert!(mine(&mut e1.appeared.iter().map(|w| w.vpn)).is_empty());
+    let went = mine(&mut e1.went.iter().copied());
+    let freed_before: BTreeSet<(String, usize)> = by_epoch[0]
+        .keys()
+        .filter_map(|&vpn| child.locate(vpn))
+        .filter(|(r, _)| *r == "freed")
+        .map(|(r, p)| (r.to_string(), p))
+        .collect();
+    assert_eq!(freed_before.len(), FREED_PAGES);
+    assert_eq!(
+        went, freed_before,
+        "epoch 1: every page of the freed region went, no other"
+    );
+    for (&vpn, &index) in &by_epoch[1] {
+        if let Some((region, page)) = child.locate(vpn) {
+            let generation = u64::from(CHANGED.contains(&(region, page)));
+            assert!(
+                corpus_page(&corpus, index) == expected(region, page, generation).as_slice(),
+                "{region} page {page} after the change"
+            );
+        }
+    }
+    let e2 = &trace.epochs[2];
+    assert!(mine(&mut e2.changed.iter().chain(&e2.appeared).map(|w| w.vpn)).is_empty());
+    assert!(mine(&mut e2.went.iter().copied()).is_empty());
+
+    // The same through the command line: --every and --for give epochs and a manifest.
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args([
+            "capture",
+            "--pid",
+            &child.pid().to_string(),
+            "--every",
+            "100ms",
+            "--for",
+            "300ms",
+        ])
+        .arg("-o")
+        .arg(dir.join("cli.pages"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cli.capture.json")).unwrap()).unwrap();
+    let epochs = manifest["epochs"].as_array().unwrap().len();
+    assert!(epochs >= 3, "{epochs} epochs");
+    assert_eq!(
+        Trace::read(&dir.join("cli.trace")).unwrap().epochs.len(),
+        epochs
+    );
+    assert_eq!(
+        Corpus::load(&dir.join("cli.pages")).unwrap().pages() as u64,
+        manifest["pages"].as_u64().unwrap()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_process_that_exits_mid_capture_is_one_clear_error_and_leaves_no_files() {
+    let dir = common::temp_dir("capture-exit");
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("gone.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    let mut exited = false;
+    let err = recorder
+        .epoch(&mut |_| {
+            if !exited {
+                writeln!(child.stdin, "exit").unwrap();
+                child.child.wait().unwrap();
+                exited = true;
+            }
+        })
+        .expect_err("the capture fails");
+    assert!(matches!(err, CaptureError::Exited { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("exited during the capture"),
+        "{err}"
+    );
+    drop(recorder);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing written: {left:?}");
+
+    // Through the command line, a process that is gone: one line, saying so.
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["capture", "--pid", &child.pid().to_string()])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("no process {}", child.pid())),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn capture_without_permission_is_one_clear_error() {
+    let dir = common::temp_dir("capture-perm");
+    let root = rustix::process::geteuid().is_root();
+    // As root: capture a child of root's as `nobody`. As anyone else: capture init, root's.
+    let (target, mut child) = if root {
+        let c = MemoryChild::spawn();
+        (c.pid(), Some(c))
+    } else {
+        (1, None)
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ztier"));
+    command
+        .args(["capture", "--pid", &target.to_string()])
+        .arg("-o")
+        .arg(dir.join("x.pages.zst"));
+    if root {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        command.uid(65534).gid(65534);
+    }
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no permission to read process"), "{stderr}");
+    assert!(!dir.join("x.pages.zst").exists());
+    child.take();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The repository's root, for its scripts.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A directory on tmpfs if there is one (measurement inputs live there).
+fn tmpfs_dir(name: &str) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        let dir = shm.join(format!("ztier-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    } else {
+        common::temp_dir(name)
+    }
+}
+
+/// Runs a truth script on a corpus, its JSON written to `out`.
+fn truth_script(script: &str, args: &[&Path], out: &Path) {
+    let output = Command::new("python3")
+        .arg(repo().join("scripts").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::write(out, &output.stdout).unwrap();
+}
+
+/// `ztier bench ... --json`: one run a line.
+fn bench_json(args: &[&str], corpus: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .arg("bench")
+        .args(args)
+        .arg("--corpus")
+        .arg(corpus)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ztier bench {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn on_a_capture_of_python_the_kernels_zram_and_zswap_agree_with_the_bench() {
+    let root = rustix::process::geteuid().is_root();
+    let zram = Path::new("/sys/class/zram-control").exists();
+    let zswap = Path::new("/sys/module/zswap/parameters").exists();
+    if !(root && zram && zswap) {
+        ztier_corpus::cannot_test(&format!(
+            "the kernel's figures need root ({root}), zram ({zram}) and zswap ({zswap})"
+        ));
+        return;
+    }
+    if !common::have("python3") || !common::have("zstd") || !common::have("mkswap") {
+        return;
+    }
+    let dir = tmpfs_dir("capture-truth");
+    // A real program's memory: CPython holding a dict of 200 000 strings and a list of
+    // floats, waiting.
+    let mut python = Command::new("python3")
+        .args([
+            "-c",
+            "import sys\n\
+             d = {i: ('value-%d-' % i) * (i % 7 + 1) for i in range(200000)}\n\
+             f = [i * 0.5 for i in range(300000)]\n\
+             print('ready', flush=True)\n\
+             sys.stdin.read()",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(python.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let corpus = dir.join("python-dict.pages.zst");
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["capture", "--pid", &python.id().to_string()])
+        .arg("-o")
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let _ = python.kill();
+    let _ = python.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // zram: every field of every compared step, for the kernel's three algorithms.
+    truth_script(
+        "kernel-zram-truth.py",
+        &[&corpus],
+        &dir.join("python-dict.truth.json"),
+    );
+    let runs = bench_json(
+        &[
+            "--compressor",
+            "lzo-rle",
+            "--compressor",
+            "lzo",
+            "--compressor",
+            "lz4",
+        ],
+        &corpus,
+    );
+    assert_eq!(runs.len(), 3);
+    for run in &runs {
+        let kernel = &run["kernel"];
+        let fields = kernel["fields"]
+            .as_array()
+            .expect("the kernel's figures compared");
+        assert!(
+            fields.len() >= 18,
+            "mm_stat after the write and the compaction"
+        );
+        for f in fields {
+            assert_eq!(f["compared"], true, "{} {f}", run["compressor"]);
+            assert_eq!(f["ztier"], f["kernel"], "{} {f}", run["compressor"]);
+        }
+    }
+
+    // zswap: stored_pages and pool_total_size, lzo and lzo-rle.
+    truth_script(
+        "kernel-zswap-truth.py",
+        &[&corpus],
+        &dir.join("zswap-truth.json"),
+    );
+    let runs = bench_json(
+        &[
+            "--front",
+            "zswap",
+            "--compressor",
+            "lzo",
+            "--compressor",
+            "lzo-rle",
+        ],
+        &corpus,
+    );
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        let fields = run["kernel"]["fields"]
+            .as_array()
+            .expect("zswap's figures compared");
+        for name in ["stored_pages", "pool_total_size"] {
+            let f = fields.iter().find(|f| f["field"] == name).unwrap();
+            assert_eq!(f["ztier"], f["kernel"], "{} {f}", run["compressor"]);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
