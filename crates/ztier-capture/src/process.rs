@@ -8,9 +8,11 @@
 //! read, not as it was when the capture began.
 //!
 //! What the copy is: without `stop`, the process runs on while it is read, so the copy is
-//! not one instant's memory. Each chunk is one instant's (the kernel copies it under the
-//! process's mmap lock), and a page written while it is copied can be torn; pages of
-//! different chunks are copied at different instants. With `stop`, the process is stopped
+//! not one instant's memory: the kernel copies `/proc/PID/mem` a page at a time, each page
+//! at its own instant, and a page the process writes while it is copied can be torn (part
+//! old, part new). A page's presence (pagemap) is read just before its chunk's content, so
+//! a page can also be freed in between: it is then read as the mapping now has it, or the
+//! read stops short there. With `stop`, the process is stopped
 //! (SIGSTOP, every thread) for the whole read and continued after, even on an error: the copy
 //! is one instant's, and the process loses that long. Either way, reading a swapped-out page
 //! brings it back into memory (the capture is a reader like any other).

@@ -372,8 +372,8 @@ impl Recorder {
             consistency: if stopped {
                 "the process was stopped (SIGSTOP) for each read: each epoch is one instant's memory"
             } else {
-                "the process ran during each read: each chunk of 256 pages is one instant's, \
-                 different chunks different instants'; a page written while copied may be torn"
+                "the process ran during each read: each page was copied at its own instant, \
+                 and a page written while copied may be torn"
             }
             .into(),
             by_kind,
