@@ -122,6 +122,33 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Reads several ranges, each `(offset, buffer)`: the same as a [`read_at`] of each in
+    /// turn, which is what it does by default. A device whose requests wait on a network
+    /// (an NBD export) sends them all before it waits for the first, so they cost one round
+    /// trip between them, not one each. The first error is returned; the buffers of the other
+    /// ranges then hold what was read or their old bytes.
+    ///
+    /// [`read_at`]: Self::read_at
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (offset, buf) in reads.iter_mut() {
+            self.read_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Writes several ranges, each `(offset, data)`, as [`read_many`] reads them: the same as
+    /// a [`write_at`] of each (no `fua`), in flight together where the device can. On an
+    /// error, which ranges were written is unknown: the caller treats every one as unwritten.
+    ///
+    /// [`read_many`]: Self::read_many
+    /// [`write_at`]: Self::write_at
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        for (offset, data) in writes {
+            self.write_at(*offset, data, false)?;
+        }
+        Ok(())
+    }
+
     /// What `offset..offset + len` holds, as extents covering it from `offset` (a device may
     /// stop early; the caller asks again for the rest). By default: all data.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {

@@ -3,10 +3,12 @@
 //! standard protocol, with the same message code as the server ([`crate::proto`]).
 //!
 //! A client negotiates fixed newstyle with `NBD_OPT_GO` (falling back to
-//! `NBD_OPT_EXPORT_NAME` for an old server), asks for block sizes, and then sends one request
-//! at a time with simple replies: a writeback batch is one large request, so one in flight
-//! costs little, and the protocol state stays trivially in step. Requests larger than the
-//! server's maximum payload are split.
+//! `NBD_OPT_EXPORT_NAME` for an old server), asks for block sizes, and then sends requests with
+//! simple replies. A single read or write is one request and its reply under the link's lock;
+//! [`BlockDevice::read_many`] and [`BlockDevice::write_many`] send up to `IN_FLIGHT` requests
+//! before reading their replies, which the server may send in any order (each is matched by
+//! its cookie), so a batch of segments costs one round trip to a distant store, not one each.
+//! Requests larger than the server's maximum payload are split.
 //!
 //! A socket error or a request that waits past the timeout marks the store lost: that
 //! request fails with a clear error, never a hang. What happens next depends on whether the
@@ -33,7 +35,7 @@
 //! and writes them back.
 //!
 //! Locking: `writes` (every write, for the read-modify-write) → `link` (one whole request and
-//! its reply; never held while dialing) → `shown` (the published state, which `status` reads
+//! its reply, or a window of pipelined ones and theirs; never held while dialing) → `shown` (the published state, which `status` reads
 //! alone) and `log` (leaves).
 
 use std::io::{self, Read, Write};
@@ -335,6 +337,29 @@ impl Write for ClientStream {
 struct Conn {
     stream: ClientStream,
     next_cookie: u64,
+}
+
+/// Requests a pipelined read or write keeps in flight on the connection at once.
+const IN_FLIGHT: usize = 16;
+
+/// One request of a pipelined batch.
+struct Pipelined<'a> {
+    offset: u64,
+    data: PipelinedData<'a>,
+}
+
+enum PipelinedData<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+impl Pipelined<'_> {
+    fn len(&self) -> usize {
+        match &self.data {
+            PipelinedData::Read(b) => b.len(),
+            PipelinedData::Write(d) => d.len(),
+        }
+    }
 }
 
 /// Where the owner's log lines go.
@@ -958,6 +983,25 @@ impl Client {
         write: Option<&[u8]>,
         read: Option<&mut [u8]>,
     ) -> Result<()> {
+        let errno = self.on_link(|conn| {
+            let cookie = conn.next_cookie;
+            conn.next_cookie += 1;
+            Client::exchange(conn, kind, flags, offset, length, cookie, write, read)
+        })?;
+        match errno {
+            0 => Ok(()),
+            errno => Err(wire_error(
+                errno,
+                &format!("{} of {length} bytes at {offset}", command_name(kind)),
+            )),
+        }
+    }
+
+    /// Runs `talk` on the connection, under the link's lock: dialed again first if it was
+    /// lost and the backoff is over (with an identity), refused at once while it is down. An
+    /// error from `talk` leaves the stream out of step: it is dropped and the store counts as
+    /// lost.
+    fn on_link<T>(&self, talk: impl FnOnce(&mut Conn) -> io::Result<T>) -> Result<T> {
         let mut link = self.lock_link();
         if let Wire::Down { next_try, .. } = link.wire {
             if self.has_identity() && Instant::now() >= next_try {
@@ -991,15 +1035,8 @@ impl Client {
                 )));
             }
         };
-        let cookie = conn.next_cookie;
-        conn.next_cookie += 1;
-        let r = Client::exchange(conn, kind, flags, offset, length, cookie, write, read);
-        match r {
-            Ok(0) => Ok(()),
-            Ok(errno) => Err(wire_error(
-                errno,
-                &format!("{} of {length} bytes at {offset}", command_name(kind)),
-            )),
+        match talk(conn) {
+            Ok(r) => Ok(r),
             Err(e) => {
                 // The stream is out of step or gone: drop it. The first request after the
                 // backoff dials again (with an identity), or the owner does.
@@ -1019,6 +1056,82 @@ impl Client {
                 Err(BlockError::Io(io_err(&self.uri.to_string(), e)))
             }
         }
+    }
+
+    /// Requests of one kind (a read or a write, each at most `max_payload`, aligned) sent
+    /// [`IN_FLIGHT`] at a time before their replies are read, which the server may send in
+    /// any order: each is matched to its request by its cookie. The first refusal is the
+    /// error; the others' outcomes are then unknown to the caller.
+    fn pipelined(&self, kind: u16, mut ops: Vec<Pipelined<'_>>) -> Result<()> {
+        for window in ops.chunks_mut(IN_FLIGHT) {
+            let errnos = self.on_link(|conn| Client::exchange_window(conn, kind, window))?;
+            if let Some((i, errno)) = errnos.iter().enumerate().find(|(_, e)| **e != 0) {
+                let (offset, length) = (window[i].offset, window[i].len());
+                return Err(wire_error(
+                    *errno,
+                    &format!("{} of {length} bytes at {offset}", command_name(kind)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends every request of `window`, then reads as many replies; the errno of each, in
+    /// the window's order.
+    fn exchange_window(
+        conn: &mut Conn,
+        kind: u16,
+        window: &mut [Pipelined<'_>],
+    ) -> io::Result<Vec<u32>> {
+        let base = conn.next_cookie;
+        conn.next_cookie += window.len() as u64;
+        let mut out = Vec::new();
+        for (i, op) in window.iter().enumerate() {
+            let header = Request {
+                flags: 0,
+                kind,
+                cookie: base + i as u64,
+                offset: op.offset,
+                length: op.len() as u32,
+            }
+            .encode();
+            out.extend_from_slice(&header);
+            if let PipelinedData::Write(data) = &op.data {
+                out.extend_from_slice(data);
+            }
+        }
+        conn.stream.write_all(&out)?;
+        let mut errnos = vec![None; window.len()];
+        for _ in 0..window.len() {
+            let mut reply = [0u8; 16];
+            read_exact(&mut conn.stream, &mut reply, "a reply")?;
+            let magic = u32::from_be_bytes(reply[0..4].try_into().expect("4 bytes"));
+            let errno = u32::from_be_bytes(reply[4..8].try_into().expect("4 bytes"));
+            let cookie = u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes"));
+            let i = cookie.wrapping_sub(base);
+            let slot = usize::try_from(i)
+                .ok()
+                .filter(|&i| magic == SIMPLE_REPLY_MAGIC && i < window.len())
+                .filter(|&i| errnos[i].is_none())
+                .ok_or_else(|| io_err("a reply", "bad magic, or a cookie not in flight"))?;
+            errnos[slot] = Some(errno);
+            if errno == 0 {
+                if let PipelinedData::Read(buf) = &mut window[slot].data {
+                    read_exact(&mut conn.stream, buf, "a read's data")?;
+                }
+            }
+        }
+        Ok(errnos.into_iter().map(|e| e.unwrap_or(0)).collect())
+    }
+
+    /// Whether `[offset, offset + len)` goes out as one request: aligned to the server's
+    /// minimum block and at most its largest payload.
+    fn is_one_request(&self, offset: u64, len: usize) -> bool {
+        let b = u64::from(self.info.min_block);
+        len > 0
+            && len <= self.info.max_payload as usize
+            && offset.is_multiple_of(b)
+            && (len as u64).is_multiple_of(b)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1238,6 +1351,45 @@ impl BlockDevice for Client {
             self.request(CMD_FLUSH, 0, 0, 0, None, None)?;
         }
         Ok(())
+    }
+
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let mut ops = Vec::with_capacity(reads.len());
+        for (offset, buf) in reads.iter_mut() {
+            self.check(*offset, buf.len() as u64)?;
+            if self.is_one_request(*offset, buf.len()) {
+                ops.push(Pipelined {
+                    offset: *offset,
+                    data: PipelinedData::Read(buf),
+                });
+            } else {
+                self.read_at(*offset, buf)?;
+            }
+        }
+        self.pipelined(CMD_READ, ops)
+    }
+
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        if self.has(FLAG_READ_ONLY) {
+            return Err(BlockError::ReadOnly);
+        }
+        for (offset, data) in writes {
+            self.check(*offset, data.len() as u64)?;
+        }
+        let mut ops = Vec::with_capacity(writes.len());
+        for &(offset, data) in writes {
+            if self.is_one_request(offset, data.len()) {
+                ops.push(Pipelined {
+                    offset,
+                    data: PipelinedData::Write(data),
+                });
+            } else {
+                self.write_at(offset, data, false)?;
+            }
+        }
+        // Held as by any write: an unaligned write's read-modify-write must not lose these.
+        let _writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        self.pipelined(CMD_WRITE, ops)
     }
 }
 

@@ -302,3 +302,102 @@ fn status_answers_while_a_request_waits_on_the_store() {
     assert!(still_waiting);
     reader.join().unwrap().unwrap();
 }
+
+/// A disk that counts the most reads and writes it ever had on it at once; each stays on it
+/// a little while, so requests in flight together meet there.
+struct Meeting {
+    inner: MemoryDevice,
+    on: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl Meeting {
+    fn visit<T>(&self, op: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.on.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let r = op();
+        self.on.fetch_sub(1, SeqCst);
+        r
+    }
+    fn take_most(&self) -> usize {
+        self.most.swap(0, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl BlockDevice for Meeting {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        self.visit(|| self.inner.read_at(offset, buf))
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.visit(|| self.inner.write_at(offset, data, fua))
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn batches_go_out_as_requests_in_flight_together_and_come_back_matched() {
+    // The server runs four requests of the connection at once: a batch's requests meet on
+    // the disk only if the client sent them before the first reply came back.
+    let disk = Arc::new(Meeting {
+        inner: MemoryDevice::new(4 << 20).unwrap(),
+        on: Default::default(),
+        most: Default::default(),
+    });
+    let s = serve(
+        "meeting",
+        Arc::clone(&disk) as Arc<dyn BlockDevice>,
+        ServerConfig {
+            workers_per_connection: 4,
+            ..config("disk")
+        },
+    );
+    let client = Client::connect(&s.uri("disk")).unwrap();
+    let data: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i + 1; 64 << 10]).collect();
+    let writes: Vec<(u64, &[u8])> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| ((i as u64) << 17, &d[..]))
+        .collect();
+    client.write_many(&writes).unwrap();
+    assert!(disk.take_most() >= 2, "the writes went one at a time");
+    let mut bufs = vec![vec![0u8; 64 << 10]; 20];
+    let mut reads: Vec<(u64, &mut [u8])> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| ((i as u64) << 17, &mut b[..]))
+        .collect();
+    client.read_many(&mut reads).unwrap();
+    assert!(disk.take_most() >= 2, "the reads went one at a time");
+    // Each buffer got its own range's bytes, whatever order the replies came in.
+    assert!(bufs == data);
+    let mut whole = vec![0u8; 128 << 10];
+    disk.inner.read_at(3 << 17, &mut whole).unwrap();
+    assert!(whole[..64 << 10] == data[3][..] && whole[64 << 10..].iter().all(|&b| b == 0));
+    // The same reads one by one never meet: what the disk counts is the client's doing.
+    for (i, b) in bufs.iter_mut().enumerate() {
+        client.read_at((i as u64) << 17, b).unwrap();
+    }
+    assert_eq!(disk.take_most(), 1);
+    // A range past the end refuses the batch before anything is sent; the link stays up.
+    let mut past = vec![0u8; 4096];
+    assert!(client
+        .read_many(&mut [(0, &mut bufs[0][..]), (4 << 20, &mut past[..])])
+        .is_err());
+    assert!(client.is_connected());
+}
