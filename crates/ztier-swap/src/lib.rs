@@ -55,6 +55,9 @@ pub enum SwapError {
     TooManyDevices,
     #[error("{0}")]
     Invalid(String),
+    /// A device reopened over something that is not the swap area it expects.
+    #[error("{0}")]
+    NotTheArea(String),
     #[error("backing device: {0}")]
     Backing(ztier_blockdev::BlockError),
 }

@@ -13,6 +13,11 @@
 //!   lock, with a per-thread cache of 64 slots in front of each (`mm/swap_slots.c`, see
 //!   `swap_slots.rs`).
 //!
+//! A device is made over a block device it formats ([`Device::new`]), or reopened over an
+//! area one formatted ([`Device::reopen`], as `swapon` finds an area `mkswap` made), with
+//! the runs its owner says are in use: the owner keeps what it stored where, this
+//! allocator only which slots are taken.
+//!
 //! As in the kernel, an allocation can fail while a free slot exists elsewhere: isolation
 //! never waits for a cluster's lock, so a cluster another thread holds at that moment is
 //! passed by (the caller falls back, as the kernel's swap-out does).
@@ -27,7 +32,7 @@
 //!
 //! The device and its shared state are here; its jobs are child modules: `alloc` (current
 //! clusters, isolation, the list policy, the slow path), `free` (frees, batches, `dup`, I/O
-//! checks), `discard` (the discard worker), `header` (the swap header and its id) and
+//! checks), `discard` (the discard worker), `header` (the swap header, its id and the owner's stamp) and
 //! `stats` (statistics and `verify`).
 //!
 //! Lock order (outer first), cluster mode: the thread's current-cluster shard, the global
@@ -180,6 +185,9 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     /// The area's random id, in its header as `mkswap` writes one (`sws_uuid`).
     uuid: [u8; 16],
+    /// The owner's stamp, in the header's padding (see [`Device::set_stamp`]); the lock is
+    /// held across the header's write, so stamps land in the order they are set.
+    stamp: std::sync::Mutex<[u8; 16]>,
     /// Slots on the backing device, header and all.
     pub(crate) slots: u64,
     pub(crate) clusters: Box<[CountedMutex<Cluster>]>,
@@ -241,6 +249,24 @@ impl Device {
         Device::attach(backing, config, 0, Avail::new())
     }
 
+    /// A swap device over `backing` as a [`Device::new`] left it, not formatted again: its
+    /// header must be a Linux swap header of this size (its id and stamp are kept), and
+    /// exactly the slots of `used` are in use, each `(first slot, order)` an aligned run of
+    /// `2^order` slots, as [`alloc`](Self::alloc) handed them out (a count of one each).
+    /// What its owner stored in them is the owner's to know; this allocator knows the runs.
+    /// Refused, with the reason and nothing written, if the header is not one or does not
+    /// fit, or a run is out of range, unaligned or overlaps another.
+    ///
+    /// A cluster whose runs are all of one order serves that order again; one with runs of
+    /// several orders, or with the header slot, serves order 0 (which takes any free slot).
+    pub fn reopen(
+        backing: Arc<dyn BlockDevice>,
+        config: Config,
+        used: &[(u64, u32)],
+    ) -> Result<Device, SwapError> {
+        Device::attach_as(backing, config, 0, Avail::new(), Some(used))
+    }
+
     /// A swap device over a file of `size` bytes at `path` (created, or truncated to size).
     pub fn over_file(path: &Path, size: u64, config: Config) -> Result<Device, SwapError> {
         let file = ztier_blockdev::file::FileDevice::open(path, size)?;
@@ -252,6 +278,18 @@ impl Device {
         config: Config,
         id: u8,
         avail: Arc<Avail>,
+    ) -> Result<Device, SwapError> {
+        Device::attach_as(backing, config, id, avail, None)
+    }
+
+    /// A new device over `backing` (formatted), or with `used`, one reopened over the area
+    /// it holds ([`Device::reopen`]).
+    fn attach_as(
+        backing: Arc<dyn BlockDevice>,
+        config: Config,
+        id: u8,
+        avail: Arc<Avail>,
+        used: Option<&[(u64, u32)]>,
     ) -> Result<Device, SwapError> {
         let slots = backing.size() / SLOT_BYTES;
         if slots < 2 {
@@ -284,21 +322,36 @@ impl Device {
             let c = &mut clusters[(slot / u64::from(CLUSTER)) as usize];
             mark_bad(c, (slot % u64::from(CLUSTER)) as usize);
         }
+        let (uuid, stamp, in_use) = match used {
+            None => {
+                let uuid = random_uuid();
+                backing.write_at(0, &swap_header(slots, &uuid, &[0; 16]), false)?;
+                (uuid, [0; 16], 0)
+            }
+            Some(runs) => {
+                let mut page = vec![0u8; SLOT_BYTES as usize];
+                backing.read_at(0, &mut page)?;
+                let (uuid, stamp) = read_header(&page, slots).map_err(SwapError::NotTheArea)?;
+                let in_use = mark_runs(&mut clusters, slots, runs).map_err(SwapError::Invalid)?;
+                (uuid, stamp, in_use)
+            }
+        };
         let mut lists = Lists::new(nclusters);
         for (id, c) in clusters.iter_mut().enumerate() {
             c.flag = match u32::from(c.count) {
                 0 => Flag::Free,
                 CLUSTER => Flag::Full,
+                // Reopened runs: where an allocation leaves a cluster it moves on from.
+                _ if c.map.iter().any(|&b| b != 0 && b != SWAP_MAP_BAD) => Flag::Frag,
                 _ => Flag::Nonfull,
             };
-            lists.move_to(id as u32, Flag::None, c.flag, 0);
+            lists.move_to(id as u32, Flag::None, c.flag, c.order);
         }
-        let uuid = random_uuid();
-        backing.write_at(0, &swap_header(slots, &uuid), false)?;
         let inner = Arc::new(Inner {
             id,
             config,
             uuid,
+            stamp: std::sync::Mutex::new(stamp),
             slots,
             clusters: clusters.into_iter().map(CountedMutex::new).collect(),
             nonempty: AtomicU64::new(lists.nonempty_mask()),
@@ -317,7 +370,11 @@ impl Device {
             global_lock: LockStats::new("global_cluster_lock"),
             discard: DiscardQueue::default(),
         });
+        inner.usage.add(in_use);
         inner.usage.swapon();
+        for (id, c) in inner.clusters.iter().enumerate() {
+            inner.publish(id as u32, &c.lock(&inner.cluster_lock));
+        }
         let discard_worker = if config.discard {
             let worker = Arc::clone(&inner);
             let spawned = std::thread::Builder::new()
@@ -417,6 +474,48 @@ impl Device {
         self.inner.uuid
     }
 
+    /// The owner's stamp in the header (zeros until one is set).
+    pub fn stamp(&self) -> [u8; 16] {
+        *self.inner.stamp.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes `stamp` into the header, in words of its padding that Linux ignores: 16
+    /// bytes the owner keeps with the area and finds again at [`Device::reopen`] (zram
+    /// marks the area as a saved state left it, and clears the mark before it changes it).
+    /// Written before this returns; on an error the header may hold either stamp.
+    pub fn set_stamp(&self, stamp: [u8; 16]) -> Result<(), SwapError> {
+        let mut held = self.inner.stamp.lock().unwrap_or_else(|p| p.into_inner());
+        let header = swap_header(self.inner.slots, &self.inner.uuid, &stamp);
+        self.inner.backing.write_at(0, &header, false)?;
+        self.inner.backing.flush()?;
+        *held = stamp;
+        Ok(())
+    }
+
+    /// Reads several runs at once, each `(first slot, byte in it, buffer)` as
+    /// [`read_bytes`](Self::read_bytes) takes them: every slot each covers is allocated,
+    /// and the reads go to the backing device together ([`BlockDevice::read_many`]).
+    pub fn read_runs(&self, reads: &mut [(u64, usize, &mut [u8])]) -> Result<(), SwapError> {
+        let mut ranges = Vec::with_capacity(reads.len());
+        for (offset, at, out) in reads.iter_mut() {
+            self.inner.check_run(*offset, *at, out.len())?;
+            ranges.push((*offset * SLOT_BYTES + *at as u64, &mut **out));
+        }
+        Ok(self.inner.backing.read_many(&mut ranges)?)
+    }
+
+    /// Writes several runs at once, each `(first slot, data)` as
+    /// [`write_slots`](Self::write_slots) takes them, together
+    /// ([`BlockDevice::write_many`]). On an error, any of them may have been written.
+    pub fn write_runs(&self, writes: &[(u64, &[u8])]) -> Result<(), SwapError> {
+        let mut ranges = Vec::with_capacity(writes.len());
+        for &(offset, data) in writes {
+            self.inner.check_run(offset, 0, data.len())?;
+            ranges.push((offset * SLOT_BYTES, data));
+        }
+        Ok(self.inner.backing.write_many(&ranges)?)
+    }
+
     /// Slots, header included.
     pub fn slots(&self) -> u64 {
         self.inner.slots
@@ -474,6 +573,71 @@ impl Drop for Device {
             let _ = worker.join();
         }
     }
+}
+
+/// The id and stamp of a swap header read back, if it is one of a device of `slots` slots.
+fn read_header(page: &[u8], slots: u64) -> Result<([u8; 16], [u8; 16]), String> {
+    let (uuid, stamp, last_page) = header::parse_header(page).ok_or_else(|| {
+        "its first page is not a Linux swap header (version 1): it was never a store, or \
+         was overwritten"
+            .to_string()
+    })?;
+    if u64::from(last_page) != slots - 1 {
+        return Err(format!(
+            "its swap header is of an area of {} slots; the device has {slots}",
+            u64::from(last_page) + 1
+        ));
+    }
+    Ok((uuid, stamp))
+}
+
+/// Marks each run of `used` allocated (a count of one) in a new device's clusters; the
+/// slots in use. Every run is checked before any slot is marked as a whole: in range,
+/// aligned to its size, overlapping nothing marked.
+fn mark_runs(clusters: &mut [Cluster], slots: u64, used: &[(u64, u32)]) -> Result<u64, String> {
+    let per = u64::from(CLUSTER);
+    // A cluster's order: that of its runs, if one; 0 if several or if it holds bad slots.
+    let mut order: Vec<Option<Option<u8>>> = vec![None; clusters.len()];
+    let mut in_use = 0;
+    for &(first, o) in used {
+        if o as usize >= NR_ORDERS {
+            return Err(format!(
+                "a run of order {o}: the largest is {}",
+                NR_ORDERS - 1
+            ));
+        }
+        let nr = 1u64 << o;
+        if first == 0 || !first.is_multiple_of(nr) || first.saturating_add(nr) > slots {
+            return Err(format!(
+                "a run of {nr} slots at slot {first}: not an aligned run of this area's slots \
+                 1..{slots}"
+            ));
+        }
+        let id = (first / per) as usize;
+        let c = &mut clusters[id];
+        let at = (first % per) as usize;
+        if !c.range_is_free(at, nr as usize) {
+            return Err(format!(
+                "a run of {nr} slots at slot {first} overlaps another run (or the header)"
+            ));
+        }
+        c.map[at..at + nr as usize].fill(1);
+        c.count += nr as u16;
+        in_use += nr;
+        order[id] = Some(match order[id] {
+            None => Some(o as u8),
+            Some(Some(k)) if k == o as u8 => Some(k),
+            Some(_) => None,
+        });
+    }
+    for (c, o) in clusters.iter_mut().zip(order) {
+        if let Some(o) = o {
+            let pure = !c.map.contains(&SWAP_MAP_BAD);
+            c.order = if pure { o.unwrap_or(0) } else { 0 };
+            c.free_runs = c.count_free_runs();
+        }
+    }
+    Ok(in_use)
 }
 
 impl From<BlockError> for SwapError {

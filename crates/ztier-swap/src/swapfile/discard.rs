@@ -28,15 +28,24 @@ impl Inner {
     /// `swap_do_scheduled_discard()`: each cluster on the discard list is taken off it (its
     /// flag stays Discard, so no allocator uses it), its slots are discarded on the backing
     /// device with no lock held (unless the caller holds the device lock), and it goes to
-    /// the free list. True if any was.
+    /// the free list. True if any was, here or by a pass this one waited for (the
+    /// worker's, which may have freed the clusters an allocation is about to look for).
     pub(crate) fn do_discard(&self, held: &mut Held<'_>) -> bool {
+        let mut any = false;
         // A caller holding the device lock (legacy) must not wait for a worker that will
         // take it: it discards only if no one else is.
         let _serial = if held.is_none() {
-            self.discard
-                .serial
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            match self.discard.serial.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    any = true;
+                    self.discard
+                        .serial
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                }
+            }
         } else {
             match self.discard.serial.try_lock() {
                 Ok(g) => g,
@@ -44,7 +53,6 @@ impl Inner {
                 Err(std::sync::TryLockError::WouldBlock) => return false,
             }
         };
-        let mut any = false;
         loop {
             let popped = self.with_lists(held, |l| {
                 let (list, nodes) = l.list(Flag::Discard, 0);
