@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use ztier_compress::Algorithm;
+use ztier_corpus::trace::Trace;
 use ztier_corpus::Corpus;
+use ztier_replay::trace::{TraceReplay, TraceRun};
 use ztier_replay::zram::{FieldComparison, WritebackTarget, ZramReplay, ZramRun};
 use ztier_replay::zswap::{ZswapReplay, ZswapRun};
 use ztier_zram::MmStat;
@@ -72,6 +74,15 @@ pub struct BenchArgs {
     /// the kernel's default).
     #[arg(long, default_value = "packed")]
     pub writeback_format: ztier_zram::WbFormat,
+    /// Replay the capture over time beside each corpus (NAME.trace, from `ztier capture
+    /// --every`) through zram, epoch by epoch: overwrites, discards and the idle policy
+    /// (--recompress, --writeback-*); memory after every epoch.
+    #[arg(long)]
+    pub trace: bool,
+    /// With --trace: every this many epochs, the pages not written since the policy's last
+    /// run are recompressed and written back, then every page is marked idle.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub idle_epochs: u32,
     /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
     /// quarter of this machine's memory (the bench holds the pages, their compressed copies
     /// and the device).
@@ -102,6 +113,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.corpora.clone()
     };
     if args.front == Front::Zswap {
+        if args.trace {
+            bail!("--trace replays through zram only");
+        }
         return run_zswap(args, &paths, layout);
     }
     let made_file = args
@@ -109,7 +123,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .as_ref()
         .filter(|p| !p.exists())
         .cloned();
-    let result = run_zram(args, &paths, layout);
+    let result = if args.trace {
+        run_trace(args, &paths, layout)
+    } else {
+        run_zram(args, &paths, layout)
+    };
     if let Some(p) = made_file {
         let _ = std::fs::remove_file(p);
     }
@@ -166,6 +184,112 @@ fn run_zram(
         );
     }
     Ok(())
+}
+
+/// `--trace`: each corpus's trace through zram, for every allocator and compressor.
+fn run_trace(
+    args: &BenchArgs,
+    paths: &[PathBuf],
+    layout: ztier_pool::ZsConfig,
+) -> anyhow::Result<()> {
+    for path in paths {
+        let corpus = load(args, path)?;
+        let trace_path = Trace::path_for(path);
+        let trace = Trace::read(&trace_path).with_context(|| {
+            format!(
+                "--trace: reading {} (made by ztier capture beside its corpus)",
+                trace_path.display()
+            )
+        })?;
+        let writeback = writeback_target(args, corpus.pages() as u64)?;
+        for &allocator in args.allocator.kinds() {
+            for algorithm in &args.compressors {
+                let replay = TraceReplay {
+                    allocator,
+                    layout,
+                    algorithm: algorithm.clone(),
+                    recompress: args.recompress.clone(),
+                    writeback: writeback.clone(),
+                    idle_epochs: args.idle_epochs,
+                };
+                let run = replay.run(&corpus, &trace)?;
+                if args.json {
+                    println!("{}", serde_json::to_string(&run)?);
+                } else {
+                    print_trace_run(&run);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_trace_run(r: &TraceRun) {
+    println!(
+        "{}: {} epochs through zram, {} on {} (chain {}), device of {} pages; policy every {} \
+         epoch{}: recompress {}, write back to {}",
+        r.corpus,
+        r.epochs.len(),
+        r.compressor,
+        r.allocator,
+        r.chain_size,
+        r.device_pages,
+        r.idle_epochs,
+        if r.idle_epochs == 1 { "" } else { "s" },
+        r.recompressor.as_deref().unwrap_or("no"),
+        r.writeback_store.as_deref().unwrap_or("nowhere")
+    );
+    println!(
+        "  {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12} {:>8}",
+        "epoch",
+        "at s",
+        "present",
+        "appeared",
+        "changed",
+        "went",
+        "read back",
+        "recomp",
+        "wb",
+        "compr_data",
+        "mem_used",
+        "on store"
+    );
+    for e in &r.epochs {
+        println!(
+            "  {:>5} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12} {:>8}",
+            e.epoch,
+            e.seconds,
+            e.present,
+            e.appeared,
+            e.changed,
+            e.went,
+            e.read_back,
+            e.recompressed,
+            e.written_back,
+            e.mm_stat.compr_data_size,
+            e.mm_stat.mem_used_total,
+            e.bd_stat.as_ref().map_or(0, |b| b.bd_count)
+        );
+    }
+    println!("  final mm_stat {}", r.final_mm_stat);
+    if let Some(bd) = &r.final_bd_stat {
+        println!(
+            "  final bd_stat {} {} {}",
+            bd.bd_count, bd.bd_reads, bd.bd_writes
+        );
+    }
+    println!(
+        "  {} pages written, {} discarded; the policy recompressed {}, wrote back {}, of which \
+         {} were read again; peak mem_used_total {}; every present page verified ({:.2} s)",
+        r.pages_written,
+        r.pages_discarded,
+        r.recompressed_pages,
+        r.written_back_pages,
+        r.read_back_pages,
+        mib(r.peak_mem_used_total),
+        r.seconds
+    );
+    println!();
 }
 
 /// The store `--writeback-file` or `--writeback-nbd` names, for a corpus of `pages` pages.

@@ -9,6 +9,8 @@
 //!   memory, and the kernel's figures compared field by field where they apply.
 //! - [`zswap`]: the same replay through a zswap cache in front of a swap device, with the
 //!   kernel zswap's figures compared.
+//! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
+//!   discards, the idle marks, writeback and recompression of idle pages), memory after each.
 //! - [`swap_bench`]: threads swapping real pages out and in through zswap over a swap
 //!   file, with a working set larger than the pool, the shrinker writing back meanwhile.
 //! - [`swap_alloc`]: the swap-slot allocator's lock study: threads allocating and freeing
@@ -19,6 +21,7 @@
 pub mod driver;
 pub mod swap_alloc;
 pub mod swap_bench;
+pub mod trace;
 pub mod zram;
 pub mod zswap;
 

@@ -1,0 +1,374 @@
+//! A capture over time (`ztier capture --every`) replayed through zram, epoch by epoch, as
+//! a process swapping all its memory to a zram device would use it: a page that appears is
+//! written to a slot of its own; a page that changed is read (swapped in: from the pool, or
+//! from the backing store if it was written back) and written again; a page that went is
+//! discarded, its slot reused. Every `idle_epochs` epochs a userspace policy runs, as
+//! Android's does with the kernel's files: the pages not written since the last mark
+//! (`idle`) are recompressed with the secondary algorithm (`recompress type=idle`) and
+//! written back (`writeback idle`), the pool compacted, then every page marked idle again
+//! (`echo all > idle`).
+//!
+//! What it reports: `mm_stat` and the store's `bd_stat` after every epoch (memory over time),
+//! what the policy recompressed, wrote back and read again, and the final figures; at the end
+//! every present page is read and compared with its last content in the corpus.
+//!
+//! Invariants: a virtual page holds one slot from its appearance to its going; slots are
+//! reused lowest first, so the device is as large as the most pages present at once. The
+//! trace is checked against the corpus (its corpus pages all inside it) before anything runs.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use serde::Serialize;
+use ztier_compress::Algorithm;
+use ztier_corpus::trace::Trace;
+use ztier_corpus::{Corpus, CORPUS_PAGE};
+use ztier_pool::{AllocatorKind, ZsConfig};
+use ztier_zram::{Backing, BdStat, Device, MmStat, PageSelector, SlotFlag};
+
+use crate::driver::{at, round3};
+use crate::zram::WritebackTarget;
+use crate::{ReplayError, Result};
+
+/// What to replay a trace through.
+#[derive(Debug, Clone)]
+pub struct TraceReplay {
+    pub allocator: AllocatorKind,
+    pub layout: ZsConfig,
+    pub algorithm: Algorithm,
+    /// The secondary algorithm idle pages are recompressed with, if any.
+    pub recompress: Option<Algorithm>,
+    /// Where idle pages are written back, if anywhere.
+    pub writeback: Option<WritebackTarget>,
+    /// The policy runs every this many epochs (at least 1).
+    pub idle_epochs: u32,
+}
+
+/// The device after one epoch.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceEpochRow {
+    pub epoch: usize,
+    /// When the capture took it.
+    pub seconds: f64,
+    pub present: u64,
+    pub appeared: u64,
+    pub changed: u64,
+    pub went: u64,
+    /// Of the changed pages, those read from the backing store (written back before).
+    pub read_back: u64,
+    /// What the policy did at the end of this epoch (zero when it did not run).
+    pub recompressed: u64,
+    pub written_back: u64,
+    pub mm_stat: MmStat,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bd_stat: Option<BdStat>,
+}
+
+/// A whole trace's replay (what `--json` prints).
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceRun {
+    pub corpus: String,
+    pub allocator: &'static str,
+    pub compressor: String,
+    pub chain_size: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recompressor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writeback_store: Option<String>,
+    pub idle_epochs: u32,
+    /// The device's size in pages: the most pages present at once.
+    pub device_pages: u64,
+    pub epochs: Vec<TraceEpochRow>,
+    pub final_mm_stat: MmStat,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_bd_stat: Option<BdStat>,
+    pub pages_written: u64,
+    pub pages_discarded: u64,
+    pub recompressed_pages: u64,
+    pub written_back_pages: u64,
+    pub read_back_pages: u64,
+    /// The largest `mem_used_total` after any epoch.
+    pub peak_mem_used_total: u64,
+    pub seconds: f64,
+    pub verified: bool,
+}
+
+impl TraceReplay {
+    /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
+    pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<TraceRun> {
+        self.layout
+            .validate()
+            .map_err(ztier_pool::PoolError::from)?;
+        if self.layout.page_size != CORPUS_PAGE {
+            return Err(ReplayError::Config(format!(
+                "a trace is replayed in {CORPUS_PAGE}-byte pages, the pages it was captured in"
+            )));
+        }
+        if trace.corpus_pages() > corpus.pages() as u64 {
+            return Err(ReplayError::Config(format!(
+                "the trace names {} corpus pages, {} has {}: not the corpus it was captured with",
+                trace.corpus_pages(),
+                corpus.name,
+                corpus.pages()
+            )));
+        }
+        let idle_epochs = self.idle_epochs.max(1) as usize;
+        let device_pages = trace
+            .epochs
+            .iter()
+            .map(|e| e.present())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let pool = self.allocator.make_pool(&self.layout)?;
+        let dev = Device::new(
+            device_pages * CORPUS_PAGE as u64,
+            self.algorithm.clone(),
+            pool,
+        )?;
+        if let Some(alg) = &self.recompress {
+            dev.set_recomp_algorithms(vec![alg.clone()])?;
+        }
+        if let Some(target) = &self.writeback {
+            dev.set_backing(Some(Backing::new(target.store.clone(), target.format)?))?;
+        }
+        let page = |index: u32| {
+            let at = index as usize * CORPUS_PAGE;
+            &corpus.bytes()[at..at + CORPUS_PAGE]
+        };
+        let began = Instant::now();
+        let mut slots: HashMap<u64, u64> = HashMap::new();
+        let mut latest: HashMap<u64, u32> = HashMap::new();
+        let mut free: BTreeSet<u64> = BTreeSet::new();
+        let mut next_slot = 0u64;
+        let mut scratch = vec![0u8; CORPUS_PAGE];
+        let mut rows = Vec::with_capacity(trace.epochs.len());
+        let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64); // written, discarded, recomp, wb, rb
+        let mut peak = 0u64;
+        for (n, epoch) in trace.epochs.iter().enumerate() {
+            // Went first: their slots are free for the pages that appear.
+            for vpn in &epoch.went {
+                let slot = slots.remove(vpn).expect("the trace was checked when read");
+                latest.remove(vpn);
+                dev.discard_page(slot)
+                    .map_err(|e| at("discarding", slot as usize, e))?;
+                free.insert(slot);
+                totals.1 += 1;
+            }
+            let mut read_back = 0;
+            for w in &epoch.changed {
+                let slot = slots[&w.vpn];
+                // Swapped in before it is changed: from the store if it was written back.
+                read_back += u64::from(dev.entry(slot)?.has(SlotFlag::Wb));
+                dev.read_page(slot, &mut scratch)
+                    .map_err(|e| at("reading", slot as usize, e))?;
+                dev.write_page(slot, page(w.corpus_page))
+                    .map_err(|e| at("writing", slot as usize, e))?;
+                latest.insert(w.vpn, w.corpus_page);
+            }
+            for w in &epoch.appeared {
+                let slot = free.pop_first().unwrap_or_else(|| {
+                    next_slot += 1;
+                    next_slot - 1
+                });
+                slots.insert(w.vpn, slot);
+                latest.insert(w.vpn, w.corpus_page);
+                dev.write_page(slot, page(w.corpus_page))
+                    .map_err(|e| at("writing", slot as usize, e))?;
+            }
+            totals.0 += (epoch.appeared.len() + epoch.changed.len()) as u64;
+            totals.4 += read_back;
+            let (mut recompressed, mut written_back) = (0, 0);
+            if (n + 1) % idle_epochs == 0 {
+                // The pages idle since the last mark: the first mark is after epoch 0's
+                // writes, so nothing is idle before the second run.
+                if n + 1 > idle_epochs {
+                    if self.recompress.is_some() {
+                        recompressed = dev.recompress(PageSelector::Idle, None, None)?.recompressed;
+                    }
+                    if self.writeback.is_some() {
+                        written_back = dev.writeback(PageSelector::Idle, None, None)?.pages;
+                    }
+                    dev.compact();
+                }
+                dev.mark_idle(None);
+            }
+            totals.2 += recompressed;
+            totals.3 += written_back;
+            let mm_stat = dev.mm_stat();
+            peak = peak.max(mm_stat.mem_used_total);
+            rows.push(TraceEpochRow {
+                epoch: n,
+                seconds: epoch.millis as f64 / 1000.0,
+                present: epoch.present(),
+                appeared: epoch.appeared.len() as u64,
+                changed: epoch.changed.len() as u64,
+                went: epoch.went.len() as u64,
+                read_back,
+                recompressed,
+                written_back,
+                mm_stat,
+                bd_stat: dev.bd_stat(),
+            });
+        }
+        // Every present page reads back as its last content.
+        for (vpn, &slot) in &slots {
+            dev.read_page(slot, &mut scratch)
+                .map_err(|e| at("reading", slot as usize, e))?;
+            if scratch[..] != *page(latest[vpn]) {
+                return Err(ReplayError::Mismatch {
+                    corpus: corpus.name.clone(),
+                    page: latest[vpn] as usize,
+                });
+            }
+        }
+        Ok(TraceRun {
+            corpus: corpus.name.clone(),
+            allocator: self.allocator.name(),
+            compressor: self.algorithm.to_string(),
+            chain_size: self.layout.chain_size,
+            recompressor: self.recompress.as_ref().map(|a| a.to_string()),
+            writeback_store: self.writeback.as_ref().map(|t| t.name.clone()),
+            idle_epochs: idle_epochs as u32,
+            device_pages,
+            epochs: rows,
+            final_mm_stat: dev.mm_stat(),
+            final_bd_stat: dev.bd_stat(),
+            pages_written: totals.0,
+            pages_discarded: totals.1,
+            recompressed_pages: totals.2,
+            written_back_pages: totals.3,
+            read_back_pages: totals.4,
+            peak_mem_used_total: peak,
+            seconds: round3(began.elapsed().as_secs_f64()),
+            verified: true,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use ztier_corpus::trace::{Epoch, PageWrite, TraceWriter};
+    use ztier_corpus::writer::CorpusWriter;
+
+    /// A page that compresses (half a fixed byte, half a counter pattern) and tells its
+    /// content number by its words.
+    fn content(n: u32) -> Vec<u8> {
+        let mut p = vec![0u8; CORPUS_PAGE];
+        for (i, w) in p.chunks_exact_mut(8).enumerate().take(CORPUS_PAGE / 16) {
+            w.copy_from_slice(&(u64::from(n) << 32 | i as u64).to_le_bytes());
+        }
+        p
+    }
+
+    #[test]
+    fn a_trace_replays_its_epochs_and_the_policy_writes_back_idle_pages() {
+        let dir = std::env::temp_dir().join(format!("ztier-trace-replay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Epoch 0: 100 pages appear. Epoch 1: 10 change, 20 go, 5 appear. Epochs 2 and 3:
+        // the same 10 change again. The other 70 pages stay unwritten from epoch 0 on.
+        let mut next = 0u32;
+        let mut write = |vpn: u64| {
+            next += 1;
+            PageWrite {
+                vpn,
+                corpus_page: next - 1,
+            }
+        };
+        let mut epochs = vec![Epoch {
+            appeared: (0..100).map(&mut write).collect(),
+            ..Epoch::default()
+        }];
+        epochs.push(Epoch {
+            millis: 1000,
+            unchanged: 70,
+            appeared: (200..205).map(&mut write).collect(),
+            changed: (0..10).map(&mut write).collect(),
+            went: (80..100).collect(),
+        });
+        epochs.push(Epoch {
+            millis: 2000,
+            unchanged: 75,
+            changed: (0..10).map(&mut write).collect(),
+            ..Epoch::default()
+        });
+        // Page 50, written back since, changes: read from the store, written to the pool.
+        epochs.push(Epoch {
+            millis: 3000,
+            unchanged: 74,
+            changed: (0..10).chain([50]).map(&mut write).collect(),
+            ..Epoch::default()
+        });
+        let corpus_path = dir.join("t.pages");
+        let mut cw = CorpusWriter::create(&corpus_path).unwrap();
+        for n in 0..next {
+            cw.push(&content(n)).unwrap();
+        }
+        cw.finish().unwrap();
+        let mut tw = TraceWriter::create(&Trace::path_for(&corpus_path)).unwrap();
+        for e in &epochs {
+            tw.write_epoch(e).unwrap();
+        }
+        tw.finish().unwrap();
+        let corpus = Corpus::load(&corpus_path).unwrap();
+        let trace = Trace::read(&Trace::path_for(&corpus_path)).unwrap();
+
+        let store = Arc::new(
+            ztier_blockdev::memory::MemoryDevice::new(Backing::size_for(105 * CORPUS_PAGE as u64))
+                .unwrap(),
+        );
+        let replay = TraceReplay {
+            allocator: AllocatorKind::Zsmalloc,
+            layout: ZsConfig::default(),
+            algorithm: "lzo-rle".parse().unwrap(),
+            recompress: None,
+            writeback: Some(WritebackTarget {
+                store,
+                format: ztier_zram::WbFormat::Page,
+                name: "ram".into(),
+            }),
+            idle_epochs: 1,
+        };
+        let run = replay.run(&corpus, &trace).unwrap();
+        assert_eq!(run.device_pages, 100);
+        let presents: Vec<u64> = run.epochs.iter().map(|r| r.present).collect();
+        assert_eq!(presents, [100, 85, 85, 85]);
+        // Pages held (orig_data_size counts written-back pages too, as the kernel's does)
+        // and of them on the store: epoch 1's policy writes back the 70 idle since epoch 0,
+        // epoch 2's the 5 that appeared in epoch 1; epoch 3 reads page 50 back.
+        let held: Vec<(u64, u64)> = run
+            .epochs
+            .iter()
+            .map(|r| (r.mm_stat.orig_data_size / 4096, r.bd_stat.unwrap().bd_count))
+            .collect();
+        assert_eq!(held, [(100, 0), (85, 70), (85, 75), (85, 74)]);
+        let in_pool = |r: &TraceEpochRow| r.mm_stat.compr_data_size;
+        assert!(in_pool(&run.epochs[1]) < in_pool(&run.epochs[0]) / 4);
+        assert_eq!(
+            run.epochs
+                .iter()
+                .map(|r| r.written_back)
+                .collect::<Vec<_>>(),
+            [0, 70, 5, 0]
+        );
+        assert_eq!(run.written_back_pages, 75);
+        assert_eq!(run.read_back_pages, 1);
+        assert_eq!(run.epochs[3].read_back, 1);
+        assert_eq!(run.final_bd_stat.unwrap().bd_count, 74);
+        assert_eq!(run.pages_discarded, 20);
+        assert_eq!(run.pages_written, 100 + 15 + 10 + 11);
+        assert!(run.verified);
+        // A trace naming more pages than the corpus holds is refused.
+        let short = dir.join("short.pages");
+        let mut cw = CorpusWriter::create(&short).unwrap();
+        cw.push(&content(0)).unwrap();
+        cw.finish().unwrap();
+        let err = replay
+            .run(&Corpus::load(&short).unwrap(), &trace)
+            .unwrap_err();
+        assert!(err.to_string().contains("not the corpus"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
