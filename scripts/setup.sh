@@ -37,11 +37,13 @@
 #     on librbd): the NBD export of the cluster's RBD image. qemu-block-extra's modules load
 #     only into the QEMU build they came with, so both come from where qemu-utils came from
 #     (backports, see install_qemu below)
+#   - librsvg2-bin: rsvg-convert, which renders `ztier plot`'s SVG to PNG in the plot test
+#     (a real renderer: the picture must draw, not only parse)
 set -euo pipefail
 
 PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd
-  ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra)
+  ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra librsvg2-bin)
 
 # The packages that must be the same QEMU build as qemu-utils.
 QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-block-extra)
