@@ -106,3 +106,61 @@ proptest! {
         testing::run_model(&pool, &ops, |p| p.class_stats().iter().map(|r| r.pages_used).sum());
     }
 }
+
+/// An emptied zspage is counted freed at once, as the kernel's is, while its class keeps
+/// its pages for the next zspage: at most two a class and 4 MiB a pool, all given back by
+/// compaction.
+#[test]
+fn emptied_zspages_are_freed_in_the_figures_and_kept_as_spares() {
+    use ztier_pool::zsmalloc::{SPARE_BYTES_MAX, SPARE_ZSPAGES_PER_CLASS};
+    let pool = pool(4096, 8, ChainRule::LeastWaste);
+    let object = pattern(1, 1000);
+    let spec = pool.table().classes[pool.table().slot_for_request(object.len())].clone();
+    let per_zspage = spec.pages_per_zspage as u64;
+    let handles: Vec<Handle> = (0..10 * spec.objs_per_zspage)
+        .map(|_| pool.store(&object).unwrap())
+        .collect();
+    assert_eq!(pool.total_pages(), 10 * per_zspage);
+    for h in handles {
+        pool.free(h).unwrap();
+    }
+    assert_eq!(pool.total_pages(), 0, "freed in the figures");
+    let kept = SPARE_ZSPAGES_PER_CLASS as u64 * per_zspage;
+    assert_eq!(pool.spare_pages(), kept);
+    // The next zspages are made on the spares.
+    let again: Vec<Handle> = (0..spec.objs_per_zspage)
+        .map(|_| pool.store(&object).unwrap())
+        .collect();
+    assert_eq!(pool.total_pages(), per_zspage);
+    assert_eq!(pool.spare_pages(), kept - per_zspage);
+    for h in &again {
+        let mut back = vec![0; object.len()];
+        pool.read(*h, &mut back).unwrap();
+        assert_eq!(back, object);
+    }
+    for h in again {
+        pool.free(h).unwrap();
+    }
+    assert_eq!(pool.spare_pages(), kept);
+    assert_eq!(
+        pool.compact(),
+        0,
+        "nothing to compact: spares are not counted"
+    );
+    assert_eq!(pool.spare_pages(), 0, "compaction gives the spares back");
+
+    // Every class emptied: the pool's bound holds.
+    let sizes: Vec<usize> = (1..=4096).step_by(8).collect();
+    let mut all = Vec::new();
+    for _ in 0..3 {
+        for &len in &sizes {
+            all.push(pool.store(&pattern(len as u64, len)).unwrap());
+        }
+    }
+    for h in all {
+        pool.free(h).unwrap();
+    }
+    assert_eq!(pool.total_pages(), 0);
+    assert!(pool.spare_pages() > 0);
+    assert!(pool.spare_pages() <= (SPARE_BYTES_MAX / 4096) as u64);
+}

@@ -4,7 +4,10 @@
 //! its 16-byte value (and the packed array's slack, at most as many again, reclaimed as the
 //! run empties) however sparse its run is: under churn (pages written back or swapped in
 //! in no order) a table of 64 values would cost a kilobyte for a few pages. A lookup is a
-//! popcount; a lookup in one run never waits for another's.
+//! popcount; a lookup in one run never waits for another's. The packed values are a ring
+//! (`VecDeque`), so taking one out moves the values on its shorter side: pages loaded or
+//! stored in slot order, as a process's swap-in and swap-out mostly are, move none (a
+//! `Vec` moved every value after the one taken out).
 //!
 //! Invariants: a node's `values` holds exactly one value, not empty, per bit set in
 //! `present`, in slot order, and no room once it holds none. A value's handle and length
@@ -12,6 +15,8 @@
 //! so a holder of the page lock can read them once and use them after dropping the node's
 //! lock; its LRU node may also be moved by the LRU's compaction under the node's lock, so
 //! it is used only under the node's lock.
+
+use std::collections::VecDeque;
 
 use parking_lot::{Mutex, MutexGuard};
 use ztier_pool::Handle;
@@ -73,7 +78,7 @@ impl Value {
 #[derive(Default)]
 struct Node {
     present: u64,
-    values: Vec<Value>,
+    values: VecDeque<Value>,
 }
 
 impl Node {
@@ -146,10 +151,10 @@ impl Locked<'_> {
             (true, false) => std::mem::replace(&mut node.values[i], value),
             (true, true) => {
                 node.present &= !bit;
-                let old = node.values.remove(i);
+                let old = node.values.remove(i).expect("a value per bit set");
                 let len = node.values.len();
                 if len == 0 {
-                    node.values = Vec::new();
+                    node.values = VecDeque::new();
                 } else if len <= node.values.capacity() / 2 {
                     node.values.shrink_to(len + len / 4);
                 }

@@ -76,7 +76,6 @@ unsafe impl Sync for PageChain {}
 
 impl PageChain {
     /// Pages in the chain (0 once given back).
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pages.len()
     }

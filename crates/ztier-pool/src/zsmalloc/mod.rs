@@ -10,7 +10,13 @@
 //!
 //! Each class keeps its zspages on 12 fullness lists (empty, 10 %, 20 %, … 90 %, 99 %,
 //! full), newest first. Allocation takes the first zspage of the fullest non-full list;
-//! a zspage that becomes empty is freed at once; compaction moves objects from the emptiest
+//! a zspage that becomes empty is freed at once, as the kernel's is (every figure counts it
+//! freed), but its pages are kept, resident, as a class "spare" (at most
+//! [`SPARE_ZSPAGES_PER_CLASS`] a class, [`SPARE_BYTES_MAX`] a pool) for the class's next new
+//! zspage: a pass of exclusive loads that empties zspages, followed by stores that make
+//! them again, goes through neither the arena nor the OS, as the kernel's page allocator
+//! keeps freed pages on its per-CPU lists. Compaction gives the spares back to the arena
+//! (so to the OS), as does dropping the pool. Compaction moves objects from the emptiest
 //! zspages into the fullest, in the kernel's exact order, so `pages_compacted` and
 //! `mem_used_total` match the kernel's on the same sequence of operations.
 //!
@@ -20,7 +26,8 @@
 //!
 //! # Lock ordering
 //! `ZsPool::compacting` (a flag that makes compaction single-threaded) →
-//! `SizeClass::state` → `Arena::state`. All access to a class's zspages, objects and
+//! `SizeClass::state` → `Arena::state` (the spares are the class's, under its lock; the
+//! pool's count of spare pages is an atomic). All access to a class's zspages, objects and
 //! handles happens under that class's lock: shared by reads, exclusive for malloc, free,
 //! write and compaction, so object bytes are never read and written at once and every access
 //! is safe Rust; classes never lock each other. (The kernel's readers take the class lock
@@ -54,6 +61,13 @@ const FG_99: u8 = 10;
 const FG_FULL: u8 = 11;
 /// Marks a zspage taken off its list (isolated for compaction, or being set up).
 const FG_OFF_LIST: u8 = u8::MAX;
+
+/// Emptied zspages whose pages a class keeps for its next new zspage.
+pub const SPARE_ZSPAGES_PER_CLASS: usize = 2;
+
+/// Bytes of spare pages a pool keeps at most, over all its classes: what its RSS may run
+/// ahead of `total_pages`, beyond the arena's own lists.
+pub const SPARE_BYTES_MAX: usize = 4 << 20;
 
 /// End of a zspage's free-object chain.
 const NONE: u32 = ztier_base::NONE;
@@ -140,6 +154,9 @@ pub struct ZsPool {
     /// Set while a compaction runs; a second caller returns at once
     /// (`pool->compaction_in_progress`).
     compacting: AtomicBool,
+    /// Pages in the classes' spares (not in `pages_allocated`), at most `spare_pages_max`.
+    spare_pages: AtomicU64,
+    spare_pages_max: u64,
 }
 
 struct SizeClass {
@@ -164,6 +181,9 @@ struct ClassState {
     handles: IdSlab<HandleSlot>,
     /// One object's bytes, for compaction's copies.
     scratch: Vec<u8>,
+    /// The pages of emptied zspages, kept for this class's next new zspages (counted in the
+    /// pool's `spare_pages`, in no figure of the kernel's).
+    spare: Vec<PageChain>,
 }
 
 /// A zspage descriptor (`struct zspage`).
@@ -192,16 +212,20 @@ impl ZsPage {
     /// lock (the kernel's zs_malloc() drops it here too), so the page faults of fresh memory,
     /// taken by the arena, hold up no one.
     fn new(spec: &ClassSpec, arena: &Arena) -> Result<ZsPage> {
-        let zspage = ZsPage {
-            pages: arena.alloc_chain(spec.pages_per_zspage)?,
+        Ok(ZsPage::on(arena.alloc_chain(spec.pages_per_zspage)?))
+    }
+
+    /// A zspage on pages already taken (a spare's), every object free (untouched).
+    fn on(pages: PageChain) -> ZsPage {
+        ZsPage {
+            pages,
             inuse: 0,
             freeobj: NONE,
             untouched: 0,
             fullness: FG_OFF_LIST,
             links: Links::default(),
             huge_header: 0,
-        };
-        Ok(zspage)
+        }
     }
 }
 
@@ -251,11 +275,46 @@ impl ZsPool {
             pages_allocated: AtomicU64::new(0),
             pages_compacted: AtomicU64::new(0),
             compacting: AtomicBool::new(false),
+            spare_pages: AtomicU64::new(0),
+            spare_pages_max: (SPARE_BYTES_MAX / config.page_size) as u64,
         })
     }
 
     pub fn table(&self) -> &ClassTable {
         &self.table
+    }
+
+    /// Pages kept resident in the classes' spares for their next zspages: not in
+    /// [`ZPool::total_pages`], at most [`SPARE_BYTES_MAX`] of them.
+    pub fn spare_pages(&self) -> u64 {
+        self.spare_pages.load(Ordering::Relaxed)
+    }
+
+    /// An emptied zspage's pages (already counted freed): kept as a spare of its class if
+    /// the class and the pool have room, else given back to the arena.
+    fn retire_pages(&self, st: &mut ClassState, pages: PageChain) {
+        let n = pages.len() as u64;
+        let room = st.spare.len() < SPARE_ZSPAGES_PER_CLASS
+            && self
+                .spare_pages
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    (held + n <= self.spare_pages_max).then_some(held + n)
+                })
+                .is_ok();
+        if room {
+            st.spare.push(pages);
+        } else {
+            self.arena.free_chain(pages);
+        }
+    }
+
+    /// Gives a class's spares back to the arena.
+    fn release_spares(&self, st: &mut ClassState) {
+        for pages in st.spare.drain(..) {
+            self.spare_pages
+                .fetch_sub(pages.len() as u64, Ordering::Relaxed);
+            self.arena.free_chain(pages);
+        }
     }
 
     fn decode(&self, handle: Handle) -> Result<(&SizeClass, u32, u32)> {
@@ -295,6 +354,16 @@ impl ZsPool {
         st.check_handle_room()?;
         let (id, fresh) = match st.find_get_zspage() {
             Some(id) => (id, false),
+            None if !st.spare.is_empty() => {
+                // A spare is this class's own pages, resident: no arena, no unlocking.
+                let pages = st.spare.pop().expect("not empty");
+                self.spare_pages
+                    .fetch_sub(pages.len() as u64, Ordering::Relaxed);
+                let id = st.install_zspage(spec, ZsPage::on(pages));
+                self.pages_allocated
+                    .fetch_add(spec.pages_per_zspage as u64, Ordering::Relaxed);
+                (id, true)
+            }
             None => {
                 // As the kernel does, make the zspage with the class unlocked, then use it
                 // (another thread may have made one meanwhile; both are kept).
@@ -372,7 +441,8 @@ impl ZsPool {
         st.obj_used -= 1;
         if st.fix_fullness_group(spec, id) == FG_EMPTY {
             st.remove_zspage(id);
-            st.free_zspage(spec, id, &self.arena);
+            let pages = st.free_zspage(spec, id);
+            self.retire_pages(st, pages);
             self.pages_allocated
                 .fetch_sub(spec.pages_per_zspage as u64, Ordering::Relaxed);
         }
@@ -383,6 +453,7 @@ impl ZsPool {
     fn compact_class(&self, class: &SizeClass) -> u64 {
         let spec = &class.spec;
         let mut st = class.state.write();
+        self.release_spares(&mut st);
         let mut freed = 0;
         let mut dst: Option<u32> = None;
         while st.can_compact(spec) > 0 {
@@ -398,7 +469,8 @@ impl ZsPool {
             };
             st.migrate_zspage(spec, src, d);
             if st.putback_zspage(spec, src) == FG_EMPTY {
-                st.free_zspage(spec, src, &self.arena);
+                let pages = st.free_zspage(spec, src);
+                self.arena.free_chain(pages);
                 freed += spec.pages_per_zspage as u64;
             }
             if fullness_group(spec, st.zspages[d].inuse) == FG_FULL {
@@ -566,6 +638,9 @@ impl Drop for ZsPool {
             for zs in st.zspages.items_mut() {
                 self.arena.free_chain(std::mem::take(&mut zs.pages));
             }
+            for pages in st.spare.drain(..) {
+                self.arena.free_chain(pages);
+            }
         }
     }
 }
@@ -603,13 +678,15 @@ impl ClassState {
             .expect("zspage ids outnumber handles")
     }
 
-    /// `__free_zspage()` for a zspage already off its list.
-    fn free_zspage(&mut self, spec: &ClassSpec, id: u32, arena: &Arena) {
+    /// `__free_zspage()` for a zspage already off its list: gone from the class and its
+    /// figures; returns its pages for the caller to keep or give back.
+    fn free_zspage(&mut self, spec: &ClassSpec, id: u32) -> PageChain {
         let zs = &mut self.zspages[id];
         debug_assert!(zs.inuse == 0 && zs.fullness == FG_OFF_LIST);
-        arena.free_chain(std::mem::take(&mut zs.pages));
+        let pages = std::mem::take(&mut zs.pages);
         self.obj_allocated -= spec.objs_per_zspage as u64;
         self.zspages.remove(id);
+        pages
     }
 
     fn insert_zspage(&mut self, id: u32, fg: u8) {
