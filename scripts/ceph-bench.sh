@@ -14,7 +14,7 @@
 # With --store nbdkit, the same ztier bench against nbdkit's memory plugin instead (no
 # cluster, no rados): the far tier's speed on a store with no network and no replication.
 #
-# Usage: scripts/ceph-bench.sh [--store ceph|nbdkit] [--osds N] [--seconds S] [--json FILE]
+# Usage: [ZTIER=BINARY] scripts/ceph-bench.sh [--store ceph|nbdkit] [--osds N] [--seconds S] [--json FILE]
 #                              [CORPUS.pages.zst ...]   (default: every corpus of ../shared/corpus)
 # Needs: scripts/setup.sh's packages; builds ztier in release mode.
 set -euo pipefail
@@ -41,8 +41,12 @@ for c in "${corpora[@]}"; do [ -f "$c" ] || { echo "ceph-bench: no corpus $c" >&
 for tool in python3 rados nbdkit; do
   command -v "$tool" >/dev/null || { echo "ceph-bench: $tool is not installed (scripts/setup.sh)" >&2; exit 1; }
 done
-cargo build --release -q -p ztier-cli
-ztier=$PWD/target/release/ztier
+if [ -n "${ZTIER:-}" ]; then
+  ztier=$ZTIER # a ztier built elsewhere (another commit's), to compare
+else
+  cargo build --release -q -p ztier-cli
+  ztier=$PWD/target/release/ztier
+fi
 
 work=$(mktemp -d /tmp/ceph-bench.XXXXXX)
 cluster=$work/cluster
