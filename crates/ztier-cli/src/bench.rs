@@ -74,6 +74,15 @@ pub struct BenchArgs {
     /// the kernel's default).
     #[arg(long, default_value = "packed")]
     pub writeback_format: ztier_zram::WbFormat,
+    /// Several chain sizes in one sweep (`4,8,16`; overrides --chain-size): every corpus ×
+    /// allocator × compressor × chain size × thread count, then one table of them all.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...",
+          value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub chain_sizes: Vec<u8>,
+    /// Also draw the runs into this SVG (as `ztier plot` does; keeps the allocator's table,
+    /// as --stats).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// Replay the capture over time beside each corpus (NAME.trace, from `ztier capture
     /// --every`) through zram, epoch by epoch: overwrites, discards and the idle policy
     /// (--recompress, --writeback-*); memory after every epoch.
@@ -140,20 +149,30 @@ fn run_zram(
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
     let mut runs = Vec::new();
+    let layouts = layouts(args, layout)?;
     for path in paths {
         let corpus = load(args, path)?;
         let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
         let writeback = writeback_target(args, corpus.pages() as u64)?;
         for &allocator in args.allocator.kinds() {
             for algorithm in &args.compressors {
-                for &threads in &args.threads {
+                // Chain sizes are zsmalloc's: other allocators run the first layout only.
+                let layouts = if allocator == ztier_pool::AllocatorKind::Zsmalloc {
+                    &layouts[..]
+                } else {
+                    &layouts[..1]
+                };
+                for (&layout, &threads) in layouts
+                    .iter()
+                    .flat_map(|l| args.threads.iter().map(move |t| (l, t)))
+                {
                     let replay = ZramReplay {
                         allocator,
                         layout,
                         algorithm: algorithm.clone(),
                         threads,
                         discard_odd: args.discard_odd,
-                        allocator_stats: args.stats,
+                        allocator_stats: args.stats || args.plot.is_some(),
                         progress: !args.json,
                         recompress: args.recompress.clone(),
                         writeback: writeback.clone(),
@@ -169,8 +188,18 @@ fn run_zram(
             }
         }
     }
-    if !args.json && (args.allocator.kinds().len() > 1 || args.threads.len() > 1) {
+    if !args.json && runs.len() > 1 {
         crate::pools::print_side_by_side(&runs);
+    }
+    if let Some(svg) = &args.plot {
+        let values = runs
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        crate::plot::render(&values, svg)?;
+        if !args.json {
+            println!("drawn: {}", svg.display());
+        }
     }
     let different: Vec<String> = runs
         .iter()
@@ -186,12 +215,34 @@ fn run_zram(
     Ok(())
 }
 
+/// The pool layouts of a sweep: `--chain-sizes`, else the one `--chain-size`.
+fn layouts(
+    args: &BenchArgs,
+    layout: ztier_pool::ZsConfig,
+) -> anyhow::Result<Vec<ztier_pool::ZsConfig>> {
+    if args.chain_sizes.is_empty() {
+        return Ok(vec![layout]);
+    }
+    args.chain_sizes
+        .iter()
+        .map(|&chain| {
+            let l = ztier_pool::ZsConfig {
+                chain_size: chain as usize,
+                ..layout
+            };
+            l.validate().map_err(anyhow::Error::msg)?;
+            Ok(l)
+        })
+        .collect()
+}
+
 /// `--trace`: each corpus's trace through zram, for every allocator and compressor.
 fn run_trace(
     args: &BenchArgs,
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
     for path in paths {
         let corpus = load(args, path)?;
         let trace_path = Trace::path_for(path);
@@ -218,7 +269,14 @@ fn run_trace(
                 } else {
                     print_trace_run(&run);
                 }
+                runs.push(serde_json::to_value(&run)?);
             }
+        }
+    }
+    if let Some(svg) = &args.plot {
+        crate::plot::render(&runs, svg)?;
+        if !args.json {
+            println!("drawn: {}", svg.display());
         }
     }
     Ok(())

@@ -5,6 +5,7 @@ mod bench;
 mod capture;
 mod classes;
 mod dict;
+mod plot;
 mod pools;
 mod serve;
 mod size;
@@ -38,6 +39,9 @@ enum Command {
     /// Read or write a running `ztier serve`'s zram attributes by the kernel's sysfs names
     /// (mm_stat, bd_stat, idle, writeback, recompress, writeback_limit, ...).
     Ctl(serve::CtlArgs),
+    /// Draw a `ztier bench --json` result as SVG: memory by size class, the distribution of
+    /// compressed sizes, a sweep's runs, a trace's memory over time.
+    Plot(plot::PlotArgs),
     /// Train a zstd dictionary on memory pages, for `--compressor zstd:dict=PATH`.
     TrainDict(dict::TrainDictArgs),
     /// The swap-slot allocator's lock study: the cluster mode and the legacy mode on the
@@ -61,6 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::Stat(args) => serve::stat(&args),
         Command::Ctl(args) => serve::ctl(&args),
         Command::TrainDict(args) => dict::run(&args),
+        Command::Plot(args) => plot::run(&args),
         Command::SwapAllocBench(args) => swap_alloc::run(&args),
         Command::SwapBench(args) => swap_bench::run(&args),
     };

@@ -1,4 +1,5 @@
-//! `--allocator NAME|all`, and the side-by-side table of allocators and thread counts.
+//! `--allocator NAME|all`, and the side-by-side table of a sweep (allocators, compressors,
+//! chain sizes, thread counts).
 
 use ztier_pool::AllocatorKind;
 use ztier_replay::zram::ZramRun;
@@ -25,33 +26,52 @@ impl std::str::FromStr for AllocatorChoice {
     }
 }
 
-/// One line per run: density and speed of each allocator and thread count on the same corpus
-/// and compressor.
+/// One line per run (a sweep's table): density and speed of each allocator, compressor,
+/// chain size and thread count on the same corpus, the kernel's `mem_used_total` beside it
+/// where its figures apply.
 pub fn print_side_by_side(runs: &[ZramRun]) {
     println!(
-        "{:<10} {:<12} {:<10} {:>7} {:>14} {:>14} {:>9} {:>10} {:>10}",
+        "{:<10} {:<12} {:<10} {:>5} {:>7} {:>14} {:>14} {:>9} {:>6} {:>10} {:>10} {:>14} {:>12}",
         "corpus",
         "compressor",
         "allocator",
+        "chain",
         "threads",
         "compr_data",
         "mem_used",
         "overhead",
+        "ratio",
         "store MB/s",
-        "load MB/s"
+        "load MB/s",
+        "kernel mem",
+        "store/kernel"
     );
     for r in runs {
+        let kernel = r.kernel.as_ref().map_or("-".to_string(), |k| {
+            let mark = if k.equal { "=" } else { "DIFF" };
+            format!("{} {mark}", k.mm_stat.mem_used_total)
+        });
+        // The kernel's dd write speed on the same pages, where the truth file has it.
+        let vs_kernel = r
+            .kernel
+            .as_ref()
+            .and_then(|k| k.write_mb_s)
+            .map_or("-".to_string(), |w| format!("{:.2}x", r.store_mb_s / w));
         println!(
-            "{:<10} {:<12} {:<10} {:>7} {:>14} {:>14} {:>9.3} {:>10.1} {:>10.1}",
+            "{:<10} {:<12} {:<10} {:>5} {:>7} {:>14} {:>14} {:>9.3} {:>6.2} {:>10.1} {:>10.1} {:>14} {:>12}",
             r.corpus,
             r.compressor,
             r.allocator,
+            r.chain_size,
             r.threads,
             r.mm_stat.compr_data_size,
             r.mm_stat.mem_used_total,
             r.mm_stat.mem_used_total as f64 / r.mm_stat.compr_data_size.max(1) as f64,
+            r.mm_stat.orig_data_size as f64 / r.mm_stat.mem_used_total.max(1) as f64,
             r.store_mb_s,
-            r.load_mb_s
+            r.load_mb_s,
+            kernel,
+            vs_kernel
         );
     }
 }

@@ -648,3 +648,212 @@ fn on_a_capture_of_python_the_kernels_zram_and_zswap_agree_with_the_bench() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Renders an SVG to PNG with librsvg's rsvg-convert and says what is in it: (width,
+/// height, pixels not white, distinct colours), decoded by python3 (zlib and the PNG row
+/// filters, nothing more).
+fn rendered(svg: &Path) -> (u64, u64, u64, u64) {
+    let png = svg.with_extension("png");
+    let out = Command::new("rsvg-convert")
+        .arg("-o")
+        .arg(&png)
+        .arg(svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rsvg-convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    const DECODE: &str = r#"
+import struct, sys, zlib
+data = open(sys.argv[1], 'rb').read()
+assert data[:8] == b'\x89PNG\r\n\x1a\n'
+at, idat = 8, b''
+while at < len(data):
+    n, kind = struct.unpack('>I4s', data[at:at + 8])
+    body = data[at + 8:at + 8 + n]
+    if kind == b'IHDR':
+        w, h, depth, ctype = struct.unpack('>IIBB', body[:10])
+    elif kind == b'IDAT':
+        idat += body
+    at += 12 + n
+assert depth == 8 and ctype in (2, 6), (depth, ctype)
+bpp = 4 if ctype == 6 else 3
+raw, stride = zlib.decompress(idat), w * bpp
+prev, rows, i = bytearray(stride), [], 0
+for _ in range(h):
+    f, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+    i += 1 + stride
+    for x in range(stride):
+        a = line[x - bpp] if x >= bpp else 0
+        b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+        if f == 1: line[x] = (line[x] + a) & 255
+        elif f == 2: line[x] = (line[x] + b) & 255
+        elif f == 3: line[x] = (line[x] + (a + b) // 2) & 255
+        elif f == 4:
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    rows.append(bytes(line))
+    prev = line
+colours, ink = set(), 0
+for row in rows:
+    for x in range(0, stride, bpp):
+        px = row[x:x + bpp]
+        colours.add(px)
+        if px[:3] != b'\xff\xff\xff' and (bpp == 3 or px[3] > 0):
+            ink += 1
+print(w, h, ink, len(colours))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", DECODE])
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (v[0], v[1], v[2], v[3])
+}
+
+#[test]
+fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
+    if !common::have("rsvg-convert") || !common::have("python3") {
+        return;
+    }
+    let dir = common::temp_dir("capture-plot");
+    let sample = repo().join("samples/sample.pages.zst");
+    // A sweep: two compressors, both allocators, two chain sizes, one table and a picture;
+    // then the same picture again from its --json result by `ztier plot`.
+    let sweep = dir.join("sweep.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["bench", "--compressor", "lzo-rle", "--compressor", "lz4"])
+        .args(["--allocator", "all", "--chain-sizes", "4,8", "--corpus"])
+        .arg(&sample)
+        .arg("--plot")
+        .arg(&sweep)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Zsmalloc at two chain sizes, zblock (which has none) once: 6 runs, one row each, the
+    // kernel's figures beside the one run they apply to (lzo-rle, zsmalloc, chain 8).
+    let rows: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("corpus "))
+        .skip(1)
+        .take_while(|l| l.starts_with("sample "))
+        .collect();
+    assert_eq!(rows.len(), 6, "one table of the 6 runs:\n{stdout}");
+    assert_eq!(
+        rows.iter().filter(|r| r.contains(" = ")).count(),
+        2,
+        "{stdout}"
+    );
+    let svg = std::fs::read_to_string(&sweep).unwrap();
+    for title in [
+        "memory by size class",
+        "distribution of compressed page sizes",
+        "sweep:",
+    ] {
+        assert!(svg.contains(title), "{title}");
+    }
+    let (w, h, ink, colours) = rendered(&sweep);
+    assert!(w >= 1000 && h >= 2000, "{w}x{h}");
+    assert!(
+        ink * 20 > w * h,
+        "at least 5 % of the picture drawn: {ink} of {}",
+        w * h
+    );
+    assert!(colours >= 4, "{colours} colours");
+
+    let json = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args([
+            "bench",
+            "--compressor",
+            "lzo-rle",
+            "--stats",
+            "--json",
+            "--corpus",
+        ])
+        .arg(&sample)
+        .output()
+        .unwrap();
+    assert!(json.status.success());
+    std::fs::write(dir.join("one.json"), &json.stdout).unwrap();
+    let one = dir.join("one.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .arg("plot")
+        .arg(dir.join("one.json"))
+        .arg("-o")
+        .arg(&one)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (w, h, ink, _) = rendered(&one);
+    assert!(ink * 20 > w * h, "{ink} of {}", w * h);
+    // A result with nothing to draw is refused, saying why.
+    std::fs::write(dir.join("bad.json"), "{\"x\": 1}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .arg("plot")
+        .arg(dir.join("bad.json"))
+        .arg("-o")
+        .arg(dir.join("bad.svg"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a zram run or a trace"));
+
+    // A trace: a child captured over epochs while it changes pages, replayed with the idle
+    // policy writing back, its memory over time drawn.
+    let mut child = MemoryChild::spawn();
+    let corpus = dir.join("child.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &corpus, CaptureOptions::default()).unwrap();
+    recorder.epoch(&mut |_| {}).unwrap();
+    child.command("change");
+    recorder.epoch(&mut |_| {}).unwrap();
+    recorder.epoch(&mut |_| {}).unwrap();
+    recorder.finish().unwrap();
+    let trace_svg = dir.join("trace.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["bench", "--trace", "--corpus"])
+        .arg(&corpus)
+        .arg("--writeback-file")
+        .arg(dir.join("wb"))
+        .arg("--plot")
+        .arg(&trace_svg)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["epochs"].as_array().unwrap().len(), 3);
+    assert_eq!(run["verified"], true);
+    assert!(run["written_back_pages"].as_u64().unwrap() > 0, "{run}");
+    assert!(std::fs::read_to_string(&trace_svg)
+        .unwrap()
+        .contains("memory over time"));
+    let (w, h, ink, colours) = rendered(&trace_svg);
+    assert!(ink * 50 > w * h, "{ink} of {}", w * h);
+    assert!(colours >= 4, "{colours} colours");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,491 @@
+//! `ztier plot RESULT.json -o FILE.svg` and `ztier bench --plot FILE.svg`: pictures of bench
+//! results, drawn with plotters into SVG (which a browser opens). From the `--json` lines of
+//! `ztier bench` (zram runs, with the allocator's table when it was kept) and of
+//! `ztier bench --trace`, one panel each, stacked:
+//! - memory by size class, used and wasted, for each run with an allocator table (zsmalloc's
+//!   classes or zblock's block types): what the objects hold and what the pool's pages hold
+//!   beyond them;
+//! - the distribution of compressed page sizes: objects per size class, one line per run;
+//! - for a sweep (more than one run), `mem_used_total` of each run beside the kernel's where
+//!   its figures are known;
+//! - for a trace, memory over time: pages held, compressed bytes, the pool, and the pages on
+//!   the backing store after each epoch.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use plotters::prelude::*;
+use serde::Deserialize;
+use ztier_zram::MmStat;
+
+#[derive(Args, Debug)]
+pub struct PlotArgs {
+    /// A `ztier bench --json` output (one run a line; `--stats` for the size-class panels).
+    pub result: PathBuf,
+    /// The SVG to write.
+    #[arg(short = 'o', long, value_name = "FILE.svg")]
+    pub output: PathBuf,
+}
+
+/// What the panels need of a zram run.
+#[derive(Deserialize)]
+struct ZramResult {
+    corpus: String,
+    allocator: String,
+    compressor: String,
+    chain_size: usize,
+    threads: u16,
+    mm_stat: MmStat,
+    allocator_stats: Option<AllocatorTable>,
+    kernel: Option<KernelFigures>,
+}
+
+#[derive(Deserialize)]
+struct KernelFigures {
+    mm_stat: MmStat,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "allocator", content = "rows", rename_all = "lowercase")]
+enum AllocatorTable {
+    Zsmalloc(Vec<ClassRow>),
+    Zblock(Vec<BlockRow>),
+}
+
+#[derive(Deserialize)]
+struct ClassRow {
+    size: u64,
+    obj_used: u64,
+    pages_used: u64,
+}
+
+#[derive(Deserialize)]
+struct BlockRow {
+    slot_size: u64,
+    pages_per_block: u64,
+    blocks: u64,
+    used_slots: u64,
+}
+
+/// What the panels need of a trace replay.
+#[derive(Deserialize)]
+struct TraceResult {
+    corpus: String,
+    allocator: String,
+    compressor: String,
+    epochs: Vec<TraceEpoch>,
+}
+
+#[derive(Deserialize)]
+struct TraceEpoch {
+    seconds: f64,
+    mm_stat: MmStat,
+    bd_stat: Option<StoreCount>,
+}
+
+#[derive(Deserialize)]
+struct StoreCount {
+    bd_count: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BenchResult {
+    Trace(TraceResult),
+    Zram(ZramResult),
+}
+
+/// One size class's bytes: (class size, objects, bytes the objects take, bytes of pages).
+struct ClassBytes {
+    size: u64,
+    objects: u64,
+    used: u64,
+    pages: u64,
+}
+
+impl AllocatorTable {
+    fn classes(&self) -> Vec<ClassBytes> {
+        match self {
+            AllocatorTable::Zsmalloc(rows) => rows
+                .iter()
+                .filter(|r| r.pages_used > 0)
+                .map(|r| ClassBytes {
+                    size: r.size,
+                    objects: r.obj_used,
+                    used: r.obj_used * r.size,
+                    pages: r.pages_used * 4096,
+                })
+                .collect(),
+            AllocatorTable::Zblock(rows) => rows
+                .iter()
+                .filter(|r| r.blocks > 0)
+                .map(|r| ClassBytes {
+                    size: r.slot_size,
+                    objects: r.used_slots,
+                    used: r.used_slots * r.slot_size,
+                    pages: r.blocks * r.pages_per_block * 4096,
+                })
+                .collect(),
+        }
+    }
+}
+
+pub fn run(args: &PlotArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.result)
+        .with_context(|| format!("reading {}", args.result.display()))?;
+    let mut values = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let value: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", args.result.display(), n + 1))?;
+        values.push(value);
+    }
+    render(&values, &args.output)?;
+    println!("{}", args.output.display());
+    Ok(())
+}
+
+/// Draws the panels for `results` (the `--json` objects of bench runs) into an SVG file.
+pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()> {
+    let mut zram = Vec::new();
+    let mut traces = Vec::new();
+    for (n, value) in results.iter().enumerate() {
+        match serde_json::from_value::<BenchResult>(value.clone()) {
+            Ok(BenchResult::Zram(r)) => zram.push(r),
+            Ok(BenchResult::Trace(t)) => traces.push(t),
+            Err(_) => bail!(
+                "result {}: not a zram run or a trace replay of `ztier bench --json` (zswap runs \
+                 have no pictures yet)",
+                n + 1
+            ),
+        }
+    }
+    let tables: Vec<(&ZramResult, Vec<ClassBytes>)> = zram
+        .iter()
+        .filter_map(|r| r.allocator_stats.as_ref().map(|t| (r, t.classes())))
+        .filter(|(_, c)| !c.is_empty())
+        .collect();
+    let panels =
+        tables.len() + usize::from(!tables.is_empty()) + usize::from(zram.len() > 1) + traces.len();
+    if panels == 0 {
+        bail!(
+            "nothing to draw: no allocator table (run the bench with --stats or --plot), no \
+             sweep of several runs, no trace"
+        );
+    }
+    let root = SVGBackend::new(output, (1100, 380 * panels as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err)?;
+    let areas = root.split_evenly((panels, 1));
+    let mut areas = areas.iter();
+    for (r, classes) in &tables {
+        size_class_panel(areas.next().expect("counted"), r, classes)?;
+    }
+    if !tables.is_empty() {
+        distribution_panel(areas.next().expect("counted"), &tables)?;
+    }
+    if zram.len() > 1 {
+        sweep_panel(areas.next().expect("counted"), &zram)?;
+    }
+    for t in &traces {
+        trace_panel(areas.next().expect("counted"), t)?;
+    }
+    root.present().map_err(draw_err)?;
+    Ok(())
+}
+
+fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("drawing the SVG: {e:?}")
+}
+
+fn label(r: &ZramResult) -> String {
+    let chain = if r.allocator == "zsmalloc" {
+        format!(" chain {}", r.chain_size)
+    } else {
+        String::new()
+    };
+    let threads = if r.threads > 1 {
+        format!(" {} threads", r.threads)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} {} {}{chain}{threads}",
+        r.corpus, r.compressor, r.allocator
+    )
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Stacked bars per class: the objects' bytes, and the rest of the class's pages (wasted).
+fn size_class_panel(area: &Area, r: &ZramResult, classes: &[ClassBytes]) -> anyhow::Result<()> {
+    let kib = |b: u64| b as f64 / 1024.0;
+    let top = classes.iter().map(|c| kib(c.pages)).fold(1.0, f64::max) * 1.1;
+    let max_size = classes.iter().map(|c| c.size).max().unwrap_or(4096) as f64 + 64.0;
+    let used: u64 = classes.iter().map(|c| c.used).sum();
+    let pages: u64 = classes.iter().map(|c| c.pages).sum();
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!(
+                "memory by size class, {}: {:.1} MiB in pages, {:.1} MiB wasted ({:.1} %)",
+                label(r),
+                pages as f64 / 1048576.0,
+                (pages - used.min(pages)) as f64 / 1048576.0,
+                100.0 * (pages - used.min(pages)) as f64 / pages.max(1) as f64
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..max_size, 0f64..top)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("size class (bytes an object takes)")
+        .y_desc("KiB")
+        .draw()
+        .map_err(draw_err)?;
+    // Each bar as wide as the gap to the class before it (zsmalloc's classes are 16 bytes
+    // apart, the huge class and zblock's types wider).
+    let mut bars = Vec::new();
+    let mut before = 0f64;
+    for c in classes {
+        let x1 = c.size as f64;
+        let x0 = before.max(x1 - 64.0);
+        before = x1;
+        bars.push((x0, x1, kib(c.used.min(c.pages)), kib(c.pages)));
+    }
+    chart
+        .draw_series(
+            bars.iter().map(|&(x0, x1, u, _)| {
+                Rectangle::new([(x0, 0.0), (x1, u)], BLUE.mix(0.8).filled())
+            }),
+        )
+        .map_err(draw_err)?
+        .label("objects (used)")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.8).filled()));
+    chart
+        .draw_series(
+            bars.iter()
+                .map(|&(x0, x1, u, p)| Rectangle::new([(x0, u), (x1, p)], RED.mix(0.6).filled())),
+        )
+        .map_err(draw_err)?
+        .label("rest of the pages (wasted)")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.mix(0.6).filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
+/// Objects per size class, one line per run: the distribution of compressed page sizes.
+fn distribution_panel(
+    area: &Area,
+    tables: &[(&ZramResult, Vec<ClassBytes>)],
+) -> anyhow::Result<()> {
+    let top = tables
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|c| c.objects))
+        .max()
+        .unwrap_or(1) as f64
+        * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "distribution of compressed page sizes (objects per size class)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..4160f64, 0f64..top)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("compressed size, by size class (bytes)")
+        .y_desc("pages")
+        .draw()
+        .map_err(draw_err)?;
+    for (i, (r, classes)) in tables.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                classes.iter().map(|c| (c.size as f64, c.objects as f64)),
+                color.stroke_width(2),
+            ))
+            .map_err(draw_err)?
+            .label(label(r))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
+/// `mem_used_total` per run of a sweep, the kernel's beside it where known.
+fn sweep_panel(area: &Area, runs: &[ZramResult]) -> anyhow::Result<()> {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let top = runs
+        .iter()
+        .flat_map(|r| {
+            [
+                Some(r.mm_stat.mem_used_total),
+                r.kernel.as_ref().map(|k| k.mm_stat.mem_used_total),
+            ]
+        })
+        .flatten()
+        .map(mib)
+        .fold(1.0, f64::max)
+        * 1.15;
+    let n = runs.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "sweep: mem_used_total of each run (the kernel's beside it where known)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..n as f64, 0f64..top)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("MiB")
+        .draw()
+        .map_err(draw_err)?;
+    chart
+        .draw_series(runs.iter().enumerate().map(|(i, r)| {
+            let x = i as f64;
+            Rectangle::new(
+                [(x + 0.1, 0.0), (x + 0.5, mib(r.mm_stat.mem_used_total))],
+                BLUE.mix(0.8).filled(),
+            )
+        }))
+        .map_err(draw_err)?
+        .label("ztier")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.8).filled()));
+    chart
+        .draw_series(runs.iter().enumerate().filter_map(|(i, r)| {
+            let k = r.kernel.as_ref()?;
+            let x = i as f64;
+            Some(Rectangle::new(
+                [(x + 0.5, 0.0), (x + 0.9, mib(k.mm_stat.mem_used_total))],
+                BLACK.mix(0.5).filled(),
+            ))
+        }))
+        .map_err(draw_err)?
+        .label("kernel")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLACK.mix(0.5).filled()));
+    // Each run named under its bars, its ratio (orig / mem_used_total) above them.
+    for (i, r) in runs.iter().enumerate() {
+        let x = i as f64 + 0.1;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!(
+                    "{:.2}x",
+                    r.mm_stat.orig_data_size as f64 / r.mm_stat.mem_used_total.max(1) as f64
+                ),
+                (x, mib(r.mm_stat.mem_used_total) + top * 0.02),
+                ("sans-serif", 12),
+            )))
+            .map_err(draw_err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{} {} c{}", r.compressor, r.allocator, r.chain_size),
+                (x, top * 0.97 - (i % 2) as f64 * top * 0.05),
+                ("sans-serif", 11),
+            )))
+            .map_err(draw_err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
+/// Memory over time for a trace: after every epoch.
+fn trace_panel(area: &Area, t: &TraceResult) -> anyhow::Result<()> {
+    fn mib(bytes: u64) -> f64 {
+        bytes as f64 / 1048576.0
+    }
+    type EpochValue = fn(&TraceEpoch) -> f64;
+    let series: [(&str, RGBColor, EpochValue); 4] = [
+        ("pages held (orig_data_size)", GREEN, |e| {
+            mib(e.mm_stat.orig_data_size)
+        }),
+        ("compr_data_size", BLUE, |e| mib(e.mm_stat.compr_data_size)),
+        ("mem_used_total (the pool)", RED, |e| {
+            mib(e.mm_stat.mem_used_total)
+        }),
+        ("on the backing store", MAGENTA, |e| {
+            mib(e.bd_stat.as_ref().map_or(0, |b| b.bd_count) * 4096)
+        }),
+    ];
+    let top = t
+        .epochs
+        .iter()
+        .flat_map(|e| series.iter().map(move |(_, _, f)| f(e)))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let end = t.epochs.last().map_or(1.0, |e| e.seconds).max(1.0);
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!(
+                "memory over time, trace of {} through zram ({} on {})",
+                t.corpus, t.compressor, t.allocator
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..end, 0f64..top)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds into the capture")
+        .y_desc("MiB")
+        .draw()
+        .map_err(draw_err)?;
+    for (name, color, value) in &series {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(
+                t.epochs.iter().map(|e| (e.seconds, value(e))),
+                color.stroke_width(2),
+            ))
+            .map_err(draw_err)?
+            .label(*name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
