@@ -211,7 +211,7 @@ fn save_state(device: &Device, path: &std::path::Path) -> anyhow::Result<String>
         .with_context(|| format!("syncing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming it to {}", path.display()))?;
     Ok(format!(
-        "state saved to {}: {} pages ({} read back from the backing store), {} bytes, \
+        "state saved to {}: {} pages ({} of them on the backing store), {} bytes, \
          mem_used_total {}, in {:.2} s",
         path.display(),
         summary.pages,
@@ -222,29 +222,95 @@ fn save_state(device: &Device, path: &std::path::Path) -> anyhow::Result<String>
     ))
 }
 
-/// Loads the state at `path` into the new device, if there is one.
-fn load_state(device: &Device, path: &std::path::Path) -> anyhow::Result<()> {
+/// Loads the state at `path` into the new device, if there is one, with the backing store
+/// the flags name (not formatted: the state decides whether its pages are there). Returns
+/// whether a state was loaded, and the NBD client of a remote store it opened.
+fn load_state(
+    device: &Device,
+    path: &std::path::Path,
+    args: &ServeArgs,
+) -> anyhow::Result<(bool, Option<Arc<Client>>)> {
     let start = std::time::Instant::now();
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((false, None)),
         Err(e) => return Err(e).with_context(|| format!("opening the state {}", path.display())),
     };
     let mut input = std::io::BufReader::with_capacity(1 << 20, file);
-    let summary = device.load_state(&mut input).with_context(|| {
+    let context = || {
         format!(
             "loading the state {} (move it away to start empty)",
             path.display()
         )
-    })?;
+    };
+    let (summary, link) = match open_store(args)? {
+        Some((store, link)) => {
+            let summary = device
+                .load_state_with_store(&mut input, store, args.writeback_format)
+                .with_context(context)?;
+            if let (Some(client), Some(backing)) = (&link, device.backing()) {
+                let (offset, len) = backing.identity();
+                client
+                    .pin_identity(offset, len)
+                    .context("reading back the backing store's identity")?;
+                client.set_log(|line| eprintln!("ztier serve: {line}"));
+            }
+            (summary, link)
+        }
+        None => {
+            let summary =
+                device
+                    .load_state(&mut input)
+                    .with_context(|| match &args.backing_dev {
+                        Some(b) => format!("{} (the backing store {b} is missing)", context()),
+                        None => context(),
+                    })?;
+            (summary, None)
+        }
+    };
     eprintln!(
-        "ztier serve: state loaded from {}: {} pages, mem_used_total {}, in {:.2} s",
+        "ztier serve: state loaded from {}: {} pages ({} of them on the backing store), \
+         mem_used_total {}, in {:.2} s",
         path.display(),
         summary.pages,
+        summary.from_backing_store,
         device.mm_stat().mem_used_total,
         start.elapsed().as_secs_f64()
     );
-    Ok(())
+    Ok((true, link))
+}
+
+/// A backing store's block device, and the NBD client under it if it is remote.
+type OpenedStore = (Arc<dyn BlockDevice>, Option<Arc<Client>>);
+
+/// The backing store `--backing-dev` names, opened as it is (a file only if it exists, at
+/// its own size), for a state to re-attach.
+fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
+    let Some(spec) = &args.backing_dev else {
+        return Ok(None);
+    };
+    if ztier_nbd::Uri::is_nbd_uri(spec) {
+        let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
+        let config = ClientConfig {
+            io_timeout: args.backing_timeout,
+            ..ClientConfig::default()
+        };
+        let client = Arc::new(
+            Client::connect_with(&uri, config)
+                .with_context(|| format!("connecting to the backing export {uri}"))?,
+        );
+        return Ok(Some((
+            Arc::clone(&client) as Arc<dyn BlockDevice>,
+            Some(client),
+        )));
+    }
+    let path = std::path::Path::new(spec);
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(None);
+    };
+    let file = ztier_blockdev::file::FileDevice::open(path, meta.len())
+        .with_context(|| format!("opening the backing file {spec}"))?;
+    Ok(Some((Arc::new(file), None)))
 }
 
 /// The TLS `--tls` and `--tls-certificates` ask for.
@@ -309,7 +375,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
         .as_deref()
         .filter(|b| !ztier_nbd::Uri::is_nbd_uri(b))
         .map(PathBuf::from)
-        .filter(|p| !p.exists());
+        // Kept with a state, which names the pages on it.
+        .filter(|p| !p.exists() && args.state.is_none());
     let r = serve(args, activated);
     if let Some(p) = made_backing {
         let _ = std::fs::remove_file(p);
@@ -331,10 +398,18 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             let device = Device::new(args.size, args.compressor.clone(), pool)
                 .with_context(|| format!("making a {}-byte device", args.size))?;
             device.set_mem_limit(args.mem_limit);
-            let (backing, link) = backing_store(args)?.unzip();
-            device.set_backing(backing)?;
             device.set_writeback_limit(args.writeback_limit);
             device.set_recomp_algorithms(args.recompress_algorithms.clone())?;
+            // Before the policy starts: nothing but the load touches the pages meanwhile.
+            let (loaded, mut link) = match &args.state {
+                Some(path) => load_state(&device, path, args)?,
+                None => (false, None),
+            };
+            if !loaded || (device.backing().is_none() && args.backing_dev.is_some()) {
+                let (backing, made) = backing_store(args)?.unzip();
+                device.set_backing(backing)?;
+                link = made.flatten();
+            }
             let policy = PolicyConfig {
                 recompress_idle: args.recompress_idle,
                 writeback_idle: args.writeback_idle,
@@ -353,10 +428,6 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             if let Some(b) = &args.backing_dev {
                 what += &format!(", writeback to {b} ({:?})", args.writeback_format);
             }
-            // Before the policy starts: nothing but the load touches the pages meanwhile.
-            if let Some(path) = &args.state {
-                load_state(&device, path)?;
-            }
             let device = Arc::new(device);
             let policy = if policy.is_active() {
                 what += ", policy on";
@@ -364,10 +435,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             } else {
                 None
             };
-            (
-                Store::Zram(device, policy, link.flatten(), args.state.clone()),
-                what,
-            )
+            (Store::Zram(device, policy, link, args.state.clone()), what)
         }
         StoreKind::Plain => {
             if args.mem_limit != 0 || args.backing_dev.is_some() {

@@ -274,7 +274,9 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     let backing = dir.join("backing");
 
-    // Filled, half its pages written back to a file, then stopped: the state is saved.
+    // Filled, its state saved while every page is in memory (the reference for its size),
+    // then every page but the first 1000 written back to a file, and stopped: the state is
+    // saved again.
     let server = serve_with_state(
         &socket,
         &state,
@@ -283,16 +285,42 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
         &log,
     );
     nbdcopy(image.to_str().unwrap(), &uri);
+    assert!(ctl(&socket, &["save"]).contains("state saved"));
+    let in_memory = std::fs::metadata(&state).unwrap().len();
     ctl(&socket, &["idle", "all"]);
-    assert!(ctl(&socket, &["writeback", "page_indexes=0-1000"]).contains("written back"));
-    assert!(ctl(&socket, &["bd_stat"]).split_whitespace().next() != Some("0"));
+    let last = corpus.bytes().len() / 4096 - 1;
+    let range = format!("page_indexes=1000-{last}");
+    assert!(ctl(&socket, &["writeback", &range]).contains("written back"));
+    let bd_count = |socket: &Path| -> u64 {
+        ctl(socket, &["bd_stat"])
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let on_store = bd_count(&socket);
+    assert!(on_store > 1000, "{on_store} pages written back");
     stop(server);
     assert!(std::fs::read_to_string(&log)
         .unwrap()
         .contains("state saved"));
+    // The written-back pages' bytes stayed on the store: the state names their places.
+    let with_store = std::fs::metadata(&state).unwrap().len();
+    assert!(
+        with_store * 2 < in_memory,
+        "a state of {with_store} bytes, against {in_memory} with every page in it"
+    );
 
-    // Started again from it, with no backing store: every byte as before.
-    let server = serve_with_state(&socket, &state, &size, &[], &log);
+    // Started again from it, with the same store: every byte as before, the written-back
+    // pages still on the store.
+    let store_flags = ["--backing-dev", backing.to_str().unwrap()];
+    let server = serve_with_state(&socket, &state, &size, &store_flags, &log);
+    assert_eq!(
+        bd_count(&socket),
+        on_store,
+        "the pages are still on the store"
+    );
     let back = dir.join("back");
     nbdcopy(&uri, back.to_str().unwrap());
     let back = std::fs::read(&back).unwrap();
@@ -301,9 +329,37 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
         "the restarted disk differs"
     );
     assert!(back[corpus.bytes().len()..].iter().all(|&b| b == 0));
+    assert_eq!(bd_count(&socket), on_store);
     // `ctl save` while it runs writes the same state again.
     assert!(ctl(&socket, &["save"]).contains("state saved"));
     stop(server);
+
+    // Refused with the reason: the store missing, another store, a store of another size.
+    let refused_store = |store: &Path, why: &str| {
+        let o = Command::new(ZTIER)
+            .args(["serve", "--size", &size, "--compressor", "lz4", "--socket"])
+            .arg(dir.join("refused.sock"))
+            .arg("--state")
+            .arg(&state)
+            .arg("--backing-dev")
+            .arg(store)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "served with a bad store ({why})");
+        assert!(err.contains(why), "{err}");
+    };
+    refused_store(&dir.join("no-such-store"), "is missing");
+    let other = dir.join("other-store");
+    std::fs::copy(&backing, &other).unwrap();
+    let mut header = std::fs::read(&other).unwrap();
+    header[1036] ^= 0xff; // its id (sws_uuid)
+    std::fs::write(&other, &header).unwrap();
+    refused_store(&other, "not the one its pages were written back to");
+    header.truncate(header.len() / 2);
+    std::fs::write(&other, &header).unwrap();
+    refused_store(&other, "different store layout");
+    let _ = std::fs::remove_file(&other);
 
     // A state that does not fit is refused, and says why; none is served as zeros.
     let refused = |state: &Path, size: &str, compressor: &str, why: &str| {
@@ -332,8 +388,8 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
     refused(&truncated, &size, "lz4", "truncated");
     let mut damaged = bytes.clone();
-    // The last byte of the last page's data (before the end mark and the checksum): no
-    // check but the checksum can see it.
+    // A byte of the units' list at its end, before the checksum: no check but the
+    // checksum sees it before the units are looked at.
     let last = damaged.len() - 13;
     damaged[last] ^= 0x40;
     let corrupt = dir.join("corrupt");

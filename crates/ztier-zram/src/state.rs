@@ -1,49 +1,100 @@
 //! A device's saved state, so a server can stop and start again with every page it held:
 //! ztier's own (the kernel's zram is lost with the machine). Written by
 //! [`Device::save_state`], read back into a new device of the same size and compressor by
-//! [`Device::load_state`].
+//! [`Device::load_state`], or, when its pages are on a backing store, by
+//! [`Device::load_state_with_store`].
 //!
 //! Format (little-endian), checksummed whole:
 //!
 //! ```text
-//!  header   "ZTIERST1" | version u32 (1) | page size u32 | pages u64 | oldest age u32
-//!           | compressor: length u16, name (as --compressor spells it)
+//!  header   "ZTIERST1" | version u32 (2; 1 is read too) | page size u32 | pages u64
+//!           | oldest age u32 | compressor: length u16, name (as --compressor spells it)
 //!           | secondary algorithms: count u8, then each as the compressor
+//!  store    (version 2) u8: 0 none, or 1 and: format u8 (0 page, 1 compressed, 2 packed)
+//!           | slots u64 | id [16] (the swap header's sws_uuid) | stamp [16]
 //!  records  index u64 | flags u64 (the slot's, lock and ac_time cleared) | age u32 (seconds
 //!           since last access) | kind u8: 1 same-filled (word u64), 2 stored (size u16,
-//!           then the object's bytes as the pool holds them)
-//!  end      index u64::MAX | CRC-32 (IEEE) of every byte before it, u32
+//!           then the object's bytes as the pool holds them), 3 on the store (its place:
+//!           first slot u48 and byte u16 in one u64, then size u16)
+//!  end      index u64::MAX
+//!  units    (version 2, with a store) count u64, then each first slot u64 | live bytes u32
+//!  crc      CRC-32 (IEEE) of every byte before it, u32
 //! ```
 //!
-//! Pages written back to a backing store are saved as stored pages: their objects are read
-//! from the store and come back into memory when the state is loaded (the backing store's
-//! allocation map is not saved yet), so a state never depends on a store being there.
+//! Pages written back stay on the backing store: the state names their places, and the
+//! units (packed segments, or blocks) that hold them with the live bytes writeback counts
+//! in each. Loading one re-attaches the store as it is (never formatted): its swap header's
+//! id must be the state's (issue 24's store identity), and so must its stamp, which a save
+//! writes into the header and the first change to the store after it clears (until then
+//! no unit is given back to the allocator, so nothing the state names is discarded or
+//! overwritten): a state older than the store's contents is refused, never served. The
+//! swap-slot allocator is reopened with exactly the state's units in use, and every page's
+//! place is checked to lie in a unit whose live bytes are the sum of its pages'.
 //!
 //! Consistency: each page is saved as it was when the save passed it, under its page and slot
 //! locks; a save while clients write is per page, not a point in time (a save at stop, with
-//! the server no longer taking requests, is exact). A state that does not match the device,
-//! is truncated, or fails its checksum is refused with the reason, and the device is left
-//! empty: never served half loaded.
+//! the server no longer taking requests, is exact). The units a save names are held until
+//! it ends, so none is handed out again under it. A state that does not match the device
+//! or its store, is truncated, or fails its checksum is refused with the reason, and the
+//! device is left empty, its store untouched: never served half loaded.
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ztier_blockdev::BlockDevice;
+
 use crate::slot::{Content, Entry, SlotFlag};
 use crate::stats::Counter;
+use crate::writeback::{Backing, Place, WbFormat};
 use crate::{Device, Result, ZramError};
 
 const MAGIC: &[u8; 8] = b"ZTIERST1";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const END: u64 = u64::MAX;
 const KIND_SAME: u8 = 1;
 const KIND_STORED: u8 = 2;
+const KIND_ON_STORE: u8 = 3;
+/// Units a state may name: more than any store addressed by 32-bit slots holds.
+const MAX_UNITS: u64 = 1 << 32;
+
+fn format_code(f: WbFormat) -> u8 {
+    match f {
+        WbFormat::Page => 0,
+        WbFormat::Compressed => 1,
+        WbFormat::Packed => 2,
+    }
+}
+
+fn format_of(code: u8) -> Result<WbFormat> {
+    Ok(match code {
+        0 => WbFormat::Page,
+        1 => WbFormat::Compressed,
+        2 => WbFormat::Packed,
+        c => return Err(bad_state(format!("an unknown writeback format {c}"))),
+    })
+}
+
+/// What a state says of the store its written-back pages are on.
+struct SavedStore {
+    format: WbFormat,
+    slots: u64,
+    uuid: [u8; 16],
+    stamp: [u8; 16],
+}
+
+fn hex(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// What a save or a load did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StateSummary {
     /// Pages held (same-filled and stored).
     pub pages: u64,
-    /// Of them, pages that were on the backing store.
+    /// Of them, pages on the backing store (named by their place there, not copied).
     pub from_backing_store: u64,
     /// Bytes of the state.
     pub bytes: u64,
@@ -124,13 +175,22 @@ fn put_string(w: &mut impl Write, s: &str) -> std::io::Result<()> {
 }
 
 impl Device {
-    /// Writes the device's state to `out` (see the module's header for what and how).
+    /// Writes the device's state to `out` (see the module's header for what and how). With
+    /// a backing store, its header is stamped first, and written-back pages are saved by
+    /// their place there.
     pub fn save_state(&self, out: &mut dyn Write) -> Result<StateSummary> {
         let io = |e: std::io::Error| bad_state(format!("writing it: {e}"));
         let mut w = Summed {
             inner: out,
             crc: crc32fast::Hasher::new(),
             bytes: 0,
+        };
+        let store = self.backing();
+        // Before any page is looked at: from here on, no unit a page is seen in goes back
+        // to the allocator until the store changes again (which clears the stamp).
+        let stamp = match &store {
+            Some(s) => Some(s.mark()?),
+            None => None,
         };
         let now = self.now();
         let oldest = self
@@ -153,51 +213,73 @@ impl Device {
         for a in &secondary {
             put_string(&mut w, &a.to_string()).map_err(io)?;
         }
+        match (&store, stamp) {
+            (Some(s), Some(stamp)) => {
+                w.write_all(&[1, format_code(s.format())]).map_err(io)?;
+                w.write_all(&s.slots().to_le_bytes()).map_err(io)?;
+                w.write_all(&s.uuid()).map_err(io)?;
+                w.write_all(&stamp).map_err(io)?;
+            }
+            _ => w.write_all(&[0]).map_err(io)?,
+        }
         let mut summary = StateSummary::default();
         let mut object = vec![0u8; self.page_size];
+        // Per unit on the store: its live bytes as the pages saved count them, and a hold
+        // that keeps it from being handed out again until the save ends.
+        let mut units = BTreeMap::new();
         for index in 0..self.pages() {
             let _page = self.page_lock(index);
-            let (e, kind) = {
-                let g = self.slot(index)?.lock();
-                let e = g.entry;
-                let kind = match e.content() {
-                    Content::Empty => continue,
-                    Content::Same(word) => Some(word),
-                    Content::Stored(handle) => {
-                        self.pool.read(handle, &mut object[..e.size()])?;
-                        None
-                    }
-                    // Read below, with the slot lock let go (the page lock keeps it).
-                    Content::WrittenBack(_) => None,
-                };
-                (e, kind)
-            };
-            let mut flags = e;
-            if let Content::WrittenBack(_) = e.content() {
-                self.read_written_back_object(index, &e, &mut object[..e.size()])?;
-                flags.set(SlotFlag::Wb, false);
-                flags.set(SlotFlag::Huge, e.size() == self.page_size);
-                summary.from_backing_store += 1;
-            }
+            let g = self.slot(index)?.lock();
+            let e = g.entry;
             let age = now.saturating_sub(e.ac_time());
-            w.write_all(&index.to_le_bytes()).map_err(io)?;
-            w.write_all(&flags.saved_flags().to_le_bytes())
-                .map_err(io)?;
-            w.write_all(&age.to_le_bytes()).map_err(io)?;
-            match kind {
-                Some(word) => {
-                    w.write_all(&[KIND_SAME]).map_err(io)?;
+            let record = |w: &mut Summed<&mut dyn Write>, kind: u8| -> Result<()> {
+                w.write_all(&index.to_le_bytes()).map_err(io)?;
+                w.write_all(&e.saved_flags().to_le_bytes()).map_err(io)?;
+                w.write_all(&age.to_le_bytes()).map_err(io)?;
+                w.write_all(&[kind]).map_err(io)
+            };
+            match e.content() {
+                Content::Empty => continue,
+                Content::Same(word) => {
+                    drop(g);
+                    record(&mut w, KIND_SAME)?;
                     w.write_all(&word.to_le_bytes()).map_err(io)?;
                 }
-                None => {
-                    w.write_all(&[KIND_STORED]).map_err(io)?;
+                Content::Stored(handle) => {
+                    self.pool.read(handle, &mut object[..e.size()])?;
+                    drop(g);
+                    record(&mut w, KIND_STORED)?;
                     w.write_all(&(e.size() as u16).to_le_bytes()).map_err(io)?;
                     w.write_all(&object[..e.size()]).map_err(io)?;
+                }
+                Content::WrittenBack(place) => {
+                    let Some(s) = &store else {
+                        return Err(bad_state(format!(
+                            "page {index} is on a backing store that is no longer set"
+                        )));
+                    };
+                    let unit = units
+                        .entry(place.first())
+                        .or_insert_with(|| (0u64, s.pin(place)));
+                    unit.0 += e.size() as u64;
+                    drop(g);
+                    record(&mut w, KIND_ON_STORE)?;
+                    w.write_all(&place.raw().to_le_bytes()).map_err(io)?;
+                    w.write_all(&(e.size() as u16).to_le_bytes()).map_err(io)?;
+                    summary.from_backing_store += 1;
                 }
             }
             summary.pages += 1;
         }
         w.write_all(&END.to_le_bytes()).map_err(io)?;
+        if store.is_some() {
+            w.write_all(&(units.len() as u64).to_le_bytes())
+                .map_err(io)?;
+            for (first, (live, _hold)) in &units {
+                w.write_all(&first.to_le_bytes()).map_err(io)?;
+                w.write_all(&(*live as u32).to_le_bytes()).map_err(io)?;
+            }
+        }
         let crc = w.crc.clone().finalize();
         w.inner.write_all(&crc.to_le_bytes()).map_err(io)?;
         w.flush().map_err(io)?;
@@ -207,20 +289,56 @@ impl Device {
 
     /// Loads a state written by [`Device::save_state`] into this device, which must be empty
     /// and made with the same page size, size and compressor (and have the state's
-    /// secondary algorithms set). Refused, with the reason, if anything does not match or
-    /// the state is truncated or damaged; then the device is emptied again.
+    /// secondary algorithms set). A state whose pages are on a backing store is refused
+    /// here (see [`Device::load_state_with_store`]). Refused, with the reason, if anything
+    /// does not match or the state is truncated or damaged; then the device is emptied
+    /// again.
     pub fn load_state(&self, input: &mut dyn Read) -> Result<StateSummary> {
+        self.load_checked(input, None)
+    }
+
+    /// [`Device::load_state`] for a device whose backing store is `store` (not set on the
+    /// device yet), written back in `format`. If the state's pages are on a store, `store`
+    /// must be that one as the save left it: the same size and id (its swap header's
+    /// `sws_uuid`), unchanged since (its stamp), and `format` the state's; it is re-attached
+    /// without being formatted, its allocator holding exactly the state's units. Else it is
+    /// set up new, as [`Backing::new`] does. On success the store is the device's backing
+    /// store; on a refusal the device is empty, has none, and the store is untouched.
+    pub fn load_state_with_store(
+        &self,
+        input: &mut dyn Read,
+        store: Arc<dyn BlockDevice>,
+        format: WbFormat,
+    ) -> Result<StateSummary> {
+        if self.backing().is_some() {
+            return Err(bad_state(
+                "the device already has a backing store: load the state with the store given"
+                    .into(),
+            ));
+        }
+        self.load_checked(input, Some((store, format)))
+    }
+
+    fn load_checked(
+        &self,
+        input: &mut dyn Read,
+        store: Option<(Arc<dyn BlockDevice>, WbFormat)>,
+    ) -> Result<StateSummary> {
         if self.slots.iter().any(|s| s.lock().entry.is_allocated()) {
             return Err(bad_state("the device already holds pages".into()));
         }
-        let r = self.load_records(input);
+        let r = self.load_records(input, store);
         if r.is_err() {
             self.reset();
         }
         r
     }
 
-    fn load_records(&self, input: &mut dyn Read) -> Result<StateSummary> {
+    fn load_records(
+        &self,
+        input: &mut dyn Read,
+        store: Option<(Arc<dyn BlockDevice>, WbFormat)>,
+    ) -> Result<StateSummary> {
         let mut r = Checked {
             inner: input,
             crc: crc32fast::Hasher::new(),
@@ -231,9 +349,9 @@ impl Device {
             return Err(bad_state("it is not a ztier state".into()));
         }
         let version = r.u32()?;
-        if version != VERSION {
+        if version != 1 && version != VERSION {
             return Err(bad_state(format!(
-                "it is version {version}; this ztier reads version {VERSION}"
+                "it is version {version}; this ztier reads versions 1 and {VERSION}"
             )));
         }
         let (page_size, pages) = (r.u32()? as usize, r.u64()?);
@@ -269,12 +387,35 @@ impl Device {
                 ours.join(", ")
             )));
         }
+        let saved_store = match version {
+            1 => None,
+            _ => match r.u8()? {
+                0 => None,
+                1 => {
+                    let format = format_of(r.u8()?)?;
+                    let slots = r.u64()?;
+                    let mut uuid = [0u8; 16];
+                    r.bytes(&mut uuid)?;
+                    let mut stamp = [0u8; 16];
+                    r.bytes(&mut stamp)?;
+                    Some(SavedStore {
+                        format,
+                        slots,
+                        uuid,
+                        stamp,
+                    })
+                }
+                k => return Err(bad_state(format!("an unknown store kind {k}"))),
+            },
+        };
         // Ages are kept: the device is made as old as the state's oldest page.
         self.set_age(Duration::from_secs(u64::from(oldest)));
         let now = self.now();
         let mut summary = StateSummary::default();
         let mut object = vec![0u8; self.page_size];
         let mut last = None;
+        // Pages on the store, installed once the store is checked.
+        let mut on_store: Vec<(u64, Entry, Place)> = Vec::new();
         loop {
             let index = r.u64()?;
             if index == END {
@@ -299,10 +440,33 @@ impl Device {
                     let handle = self.pool.store(&object[..size])?;
                     e.set_stored(handle, size);
                 }
+                KIND_ON_STORE if saved_store.is_some() => {
+                    let place = Place::from_raw(r.u64()?);
+                    let size = r.u16()? as usize;
+                    if size == 0 || size > self.page_size || size != e.size() {
+                        return Err(bad_state(format!("page {index}: a size of {size}")));
+                    }
+                    e.set_written_back(place, size);
+                    on_store.push((index, e, place));
+                    summary.pages += 1;
+                    summary.from_backing_store += 1;
+                    continue;
+                }
                 k => return Err(bad_state(format!("page {index}: an unknown kind {k}"))),
             }
             self.install(index, e);
             summary.pages += 1;
+        }
+        let mut units = Vec::new();
+        if saved_store.is_some() {
+            let n = r.u64()?;
+            if n > MAX_UNITS {
+                return Err(bad_state(format!("{n} units on the store")));
+            }
+            for _ in 0..n {
+                let first = r.u64()?;
+                units.push((first, r.u32()?));
+            }
         }
         let want = r.crc.clone().finalize();
         let mut crc = [0u8; 4];
@@ -314,11 +478,110 @@ impl Device {
                 "its checksum does not match: it is damaged".into(),
             ));
         }
+        match (saved_store, store) {
+            (Some(saved), Some((dev, format))) if !(on_store.is_empty() && units.is_empty()) => {
+                let backing = self.reattach(&saved, dev, format, &units, &on_store)?;
+                *self.backing.write() = Some(Arc::new(backing));
+                for (index, e, _) in on_store {
+                    self.install(index, e);
+                }
+            }
+            (Some(_), None) if !(on_store.is_empty() && units.is_empty()) => {
+                return Err(bad_state(format!(
+                    "{} of its pages are on a backing store, and none was given",
+                    on_store.len()
+                )))
+            }
+            // Nothing on a store: a store given is set up new.
+            (_, Some((dev, format))) => {
+                let backing = Backing::new(dev, format)?;
+                *self.backing.write() = Some(Arc::new(backing));
+            }
+            _ => {}
+        }
         let used = self.pool.total_pages();
         self.max_used_pages
             .fetch_max(used, std::sync::atomic::Ordering::Relaxed);
         summary.bytes = 0;
         Ok(summary)
+    }
+
+    /// The store a state's pages are on, re-attached after every check: the flags' format
+    /// and the store's size are the state's, its header's id and stamp are, and every
+    /// page lies in a unit whose live bytes are the sum of its pages'.
+    fn reattach(
+        &self,
+        saved: &SavedStore,
+        dev: Arc<dyn BlockDevice>,
+        format: WbFormat,
+        units: &[(u64, u32)],
+        pages: &[(u64, Entry, Place)],
+    ) -> Result<Backing> {
+        if format != saved.format {
+            return Err(bad_state(format!(
+                "its pages were written back in the {:?} format; the device writes back in \
+                 {format:?}",
+                saved.format
+            )));
+        }
+        let slots = dev.size() / ztier_swap::SLOT_BYTES;
+        if slots != saved.slots {
+            return Err(bad_state(format!(
+                "its pages are on a backing store of {} slots; the one given has {slots}: a \
+                 different store layout",
+                saved.slots
+            )));
+        }
+        let backing = Backing::reopen(dev, format, units)?;
+        if backing.uuid() != saved.uuid {
+            return Err(bad_state(format!(
+                "the backing store is not the one its pages were written back to (its id is \
+                 {}, the state's {})",
+                hex(&backing.uuid()),
+                hex(&saved.uuid)
+            )));
+        }
+        if backing.stamp() != saved.stamp {
+            return Err(bad_state(
+                "the backing store changed after the state was saved (pages were written \
+                 back or freed since): the state no longer describes it"
+                    .into(),
+            ));
+        }
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        for &(first, _) in units {
+            if !backing.is_unit_start(first) {
+                return Err(bad_state(format!(
+                    "a unit at slot {first} is not one on the store"
+                )));
+            }
+            live.insert(first, 0);
+        }
+        for (index, e, place) in pages {
+            let fits = place.at() + e.size() <= backing.unit_bytes()
+                && (format != WbFormat::Page || e.size() == self.page_size);
+            match live.get_mut(&place.first()) {
+                Some(bytes) if fits => *bytes += e.size() as u64,
+                _ => {
+                    return Err(bad_state(format!(
+                        "page {index}: its place on the store ({place:?}, {} bytes) is in no \
+                         unit the state names",
+                        e.size()
+                    )))
+                }
+            }
+        }
+        for &(first, bytes) in units {
+            if live.get(&first) != Some(&u64::from(bytes)) {
+                return Err(bad_state(format!(
+                    "the unit at slot {first} holds {bytes} live bytes, but its pages {}: it \
+                     is damaged",
+                    live.get(&first).copied().unwrap_or(0)
+                )));
+            }
+        }
+        backing.count_stored(live.values().sum());
+        Ok(backing)
     }
 
     /// Puts a loaded entry in its empty slot and counts it as a write would.
@@ -336,7 +599,8 @@ impl Device {
                     counters.add(Counter::HugePagesSince, 1);
                 }
             }
-            Content::Empty | Content::WrittenBack(_) => return,
+            Content::WrittenBack(_) => counters.add(Counter::BdCount, 1),
+            Content::Empty => return,
         }
         counters.add(Counter::PagesStored, 1);
         g.entry = e;

@@ -21,7 +21,11 @@
 //! under its lock), written with no lock held, then committed slot by slot: a slot still
 //! `UNDER_WB` with the same handle gives its pool object back and now names its place; one
 //! written or discarded meanwhile kept its new content and its bytes in the segment are
-//! dead from the start. A failed write leaves every slot of the batch in memory as it was.
+//! dead from the start. Up to `WB_IN_FLIGHT` batches (segments, or pages in the kernel's
+//! formats) are placed and written together, as requests in flight at once
+//! ([`BlockDevice::write_many`]: one round trip to a distant store, not one each), then
+//! committed in turn. A failed write leaves every slot of every batch in the group in
+//! memory as it was, and gives their places back.
 //!
 //! Reads of a written-back page hold no lock across the store's I/O: under the slot's lock
 //! they pin the page's place (a hold on its segment's, or block's, live count, so the place
@@ -32,10 +36,21 @@
 //! take the page back into the pool (nor does the kernel). A packed page's read fetches its
 //! whole segment in one request and keeps it in a small cache (`SEGMENT_CACHE` segments),
 //! so the pages written back together cost the store one read between them; a segment leaves
-//! the cache when it is freed, before its slots can be handed out again.
+//! the cache when it is freed, before its slots can be handed out again. A miss right after
+//! the segment before it (a sequential read) reads ahead: the next live segments, each held
+//! while it is read, go out with it as requests in flight together, into the cache.
+//! `bd_reads` counts the segments read from the store.
 //!
-//! Locks: a slot's lock (to pin, collect or commit), then `Backing::cache` (a leaf, held to
-//! look up, add or drop one segment, never across I/O), then the swap allocator's.
+//! A saved state (`state.rs`) names written-back pages by place: the save stamps the store's
+//! header first (`Backing::mark`), and from then on no unit goes back to the allocator
+//! until the next change to the store clears the stamp (`Backing::unmark`, the first thing
+//! a writeback does); the units kept meanwhile are freed then. A state loads only if the
+//! store still has its stamp, so it never names bytes that were overwritten or discarded.
+//!
+//! Locks: a slot's lock (to pin, collect or commit), then `Backing::cache` and
+//! `Backing::mark` (leaves, held to look up, add or drop one entry, never across I/O), then
+//! the swap allocator's. `Backing::stamping` is taken with no other lock held, by a save
+//! and a writeback, across the header write that sets or clears the stamp.
 
 use std::sync::atomic::{
     AtomicU32, AtomicU64,
@@ -54,6 +69,9 @@ use ztier_base::bits::Field;
 use crate::slot::{Content, Entry, PageSelector, SlotFlag};
 use crate::stats::{Counter, Counters};
 use crate::{Device, Result, ZramError};
+
+/// Where a Linux swap header holds its `sws_uuid`, the store's id.
+const SWAP_UUID_AT: u64 = 1036;
 
 /// Slots of a packed segment (an order-4 allocation: 64 KiB).
 const SEG_ORDER: u32 = 4;
@@ -80,6 +98,14 @@ impl Place {
     /// The place packed into a slot's handle word.
     pub(crate) fn raw(self) -> u64 {
         PLACE_FIRST.put(self.first) | PLACE_AT.put(self.at as u64)
+    }
+    /// The first slot of its block or segment.
+    pub(crate) fn first(self) -> u64 {
+        self.first
+    }
+    /// The byte it starts at in its block or segment.
+    pub(crate) fn at(self) -> usize {
+        self.at
     }
     pub(crate) fn from_raw(raw: u64) -> Place {
         Place {
@@ -116,6 +142,34 @@ impl std::str::FromStr for WbFormat {
 /// neighbours, read together again) cost one request to the store, not one each.
 const SEGMENT_CACHE: usize = 32;
 
+/// Segments a sequential read fetches at once (the one asked for and those after it), in
+/// flight together: a quarter of the cache, so readahead never pushes out what it read.
+const READAHEAD: usize = SEGMENT_CACHE / 4;
+
+/// Units (packed segments, or single blocks) a writeback writes to the store together, in
+/// flight at once.
+const WB_IN_FLIGHT: usize = 8;
+
+/// A stamp no other save made: the clock, the process and a hasher's random keys.
+fn new_stamp() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let mut stamp = [0u8; 16];
+    for (i, half) in stamp.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(now);
+        h.write_u32(std::process::id());
+        h.write_usize(i);
+        half.copy_from_slice(&h.finish().to_ne_bytes());
+    }
+    // Never all zeros (an unmarked store's).
+    stamp[0] |= 1;
+    stamp
+}
+
 /// Recently read packed segments, most recent last. A segment is read whole on a miss, while
 /// a pin keeps it allocated, and leaves the cache when its last live byte goes, before its
 /// slots can be handed out again; so a cached segment always holds what the store holds.
@@ -143,6 +197,10 @@ impl SegmentCache {
             segs.remove(0);
         }
         segs.push((first, bytes));
+    }
+
+    fn contains(&self, first: u64) -> bool {
+        self.segments.lock().iter().any(|(f, _)| *f == first)
     }
 
     fn forget(&self, first: u64) {
@@ -189,37 +247,159 @@ pub struct Backing {
     live: Box<[AtomicU32]>,
     /// Packed segments recently read whole.
     cache: SegmentCache,
+    /// Whether the store is as a saved state left it (see [`Backing::mark`]).
+    mark: Mutex<Mark>,
+    /// Held by whoever writes the store's stamp, so a mark and an unmark land in order.
+    stamping: Mutex<()>,
     bytes_written: AtomicU64,
     bytes_stored: AtomicU64,
     failed: AtomicU64,
 }
 
+/// A saved state's hold on the store: while `marked`, the store's header carries the stamp
+/// of the last state saved, and nothing the state names has changed since: units whose last
+/// live byte goes wait in `deferred` (not freed, so neither discarded nor handed out again)
+/// until the next change to the store clears the stamp ([`Backing::unmark`]).
+#[derive(Default)]
+struct Mark {
+    marked: bool,
+    deferred: Vec<u64>,
+}
+
+/// The allocator's settings for a store: freed clusters are discarded.
+fn places_config() -> ztier_swap::Config {
+    ztier_swap::Config {
+        discard: true,
+        ..ztier_swap::Config::default()
+    }
+}
+
+/// The slots of a unit of `format`: a packed segment's, or one block.
+fn unit_slots_of(format: WbFormat) -> u64 {
+    match format {
+        WbFormat::Packed => SEG_SLOTS,
+        WbFormat::Page | WbFormat::Compressed => 1,
+    }
+}
+
 impl Backing {
-    /// A store on `dev` (its first 4 KiB hold the allocator's header).
+    /// A store on `dev` (its first 4 KiB hold the allocator's header), formatted: whatever
+    /// it held is forgotten.
     pub fn new(dev: Arc<dyn BlockDevice>, format: WbFormat) -> Result<Backing> {
-        let places = ztier_swap::Device::new(
-            dev,
-            ztier_swap::Config {
-                discard: true,
-                ..ztier_swap::Config::default()
-            },
-        )
-        .map_err(ZramError::Backing)?;
-        let unit_slots = match format {
-            WbFormat::Packed => SEG_SLOTS,
-            WbFormat::Page | WbFormat::Compressed => 1,
+        let places = ztier_swap::Device::new(dev, places_config()).map_err(ZramError::Backing)?;
+        Ok(Backing::over(places, format, false))
+    }
+
+    /// The store a saved state's pages are on, opened again as it is, not formatted: the
+    /// allocator holds exactly `units` (each a unit's first slot and live bytes) and the
+    /// live counts are theirs. The caller checks the store's id and stamp against the
+    /// state's. Nothing is written.
+    pub(crate) fn reopen(
+        dev: Arc<dyn BlockDevice>,
+        format: WbFormat,
+        units: &[(u64, u32)],
+    ) -> Result<Backing> {
+        let order = if format == WbFormat::Packed {
+            SEG_ORDER
+        } else {
+            0
         };
+        let runs: Vec<(u64, u32)> = units.iter().map(|&(first, _)| (first, order)).collect();
+        let places =
+            ztier_swap::Device::reopen(dev, places_config(), &runs).map_err(|e| match e {
+                SwapError::NotTheArea(why) => ZramError::BadState(format!(
+                    "the backing store is not the one its pages were written back to: {why}"
+                )),
+                e => ZramError::BadState(format!("the backing store: {e}")),
+            })?;
+        let store = Backing::over(places, format, true);
+        for &(first, live) in units {
+            store.live_of(first).store(live, Relaxed);
+        }
+        Ok(store)
+    }
+
+    fn over(places: ztier_swap::Device, format: WbFormat, marked: bool) -> Backing {
+        let unit_slots = unit_slots_of(format);
         let units = places.slots().div_ceil(unit_slots) as usize;
-        Ok(Backing {
+        Backing {
             live: (0..units).map(|_| AtomicU32::new(0)).collect(),
             cache: SegmentCache::default(),
+            mark: Mutex::new(Mark {
+                marked,
+                deferred: Vec::new(),
+            }),
+            stamping: Mutex::new(()),
             places,
             format,
             unit_slots,
             bytes_written: AtomicU64::new(0),
             bytes_stored: AtomicU64::new(0),
             failed: AtomicU64::new(0),
-        })
+        }
+    }
+
+    /// Counts `bytes` of live objects a reloaded state put back on the store.
+    pub(crate) fn count_stored(&self, bytes: u64) {
+        self.bytes_stored.fetch_add(bytes, Relaxed);
+    }
+
+    /// The store's id (its swap header's `sws_uuid`).
+    pub(crate) fn uuid(&self) -> [u8; 16] {
+        self.places.uuid()
+    }
+
+    /// The stamp in the store's header.
+    pub(crate) fn stamp(&self) -> [u8; 16] {
+        self.places.stamp()
+    }
+
+    /// Slots on the store, header included.
+    pub(crate) fn slots(&self) -> u64 {
+        self.places.slots()
+    }
+
+    /// Bytes a unit holds: a segment's, or a block's.
+    pub(crate) fn unit_bytes(&self) -> usize {
+        (self.unit_slots * SLOT_BYTES) as usize
+    }
+
+    /// The first slot of a unit that slot `first` starts, if it starts one.
+    pub(crate) fn is_unit_start(&self, first: u64) -> bool {
+        first > 0 && first < self.places.slots() && first.is_multiple_of(self.unit_slots)
+    }
+
+    /// Stamps the store for a state being saved: from now until [`Backing::unmark`], no
+    /// unit is given back to the allocator, so what the state names stays on the store.
+    /// Returns the stamp, which the state keeps.
+    pub(crate) fn mark(&self) -> Result<[u8; 16]> {
+        let _serial = self.stamping.lock();
+        let stamp = new_stamp();
+        self.places.set_stamp(stamp).map_err(ZramError::Backing)?;
+        self.mark.lock().marked = true;
+        Ok(stamp)
+    }
+
+    /// Before any change to the store: its stamp is cleared (the saved state no longer
+    /// describes it, and is refused if loaded), and the units kept for it go back.
+    fn unmark(&self) -> Result<()> {
+        if !self.mark.lock().marked {
+            return Ok(());
+        }
+        let _serial = self.stamping.lock();
+        if !self.mark.lock().marked {
+            return Ok(());
+        }
+        self.places.set_stamp([0; 16]).map_err(ZramError::Backing)?;
+        let deferred = {
+            let mut m = self.mark.lock();
+            m.marked = false;
+            std::mem::take(&mut m.deferred)
+        };
+        for start in deferred {
+            self.free_unit(start);
+        }
+        Ok(())
     }
 
     pub fn format(&self) -> WbFormat {
@@ -235,12 +415,12 @@ impl Backing {
         ((pages + 1).div_ceil(cluster) + 1) * cluster * SLOT_BYTES
     }
 
-    /// The bytes of the store that tell it from any other: its header, a Linux swap header
-    /// with the area's random id. A remote store that does not hold them is not this one
-    /// (restarted empty, or another export), so the owner of a remote store pins them as its
-    /// identity.
+    /// The bytes of the store that tell it from any other: the random id in its header (a
+    /// Linux swap header's `sws_uuid`; the rest of the header changes with a saved state's
+    /// stamp). A remote store that does not hold them is not this one (restarted empty, or
+    /// another export), so the owner of a remote store pins them as its identity.
     pub fn identity(&self) -> (u64, usize) {
-        (0, SLOT_BYTES as usize)
+        (SWAP_UUID_AT, 16)
     }
 
     /// Pages the store has room for, at most.
@@ -264,7 +444,8 @@ impl Backing {
         self.live_of(first).fetch_add(n as u32, Relaxed);
     }
 
-    /// Drops `n` of the unit's live count; the last one gives the unit back.
+    /// Drops `n` of the unit's live count; the last one gives the unit back (or, while a
+    /// saved state names the store, keeps it until the stamp is cleared).
     fn release_bytes(&self, first: u64, n: usize) {
         // AcqRel: every read of the unit under a hold happens before its slots are freed.
         if self.live_of(first).fetch_sub(n as u32, AcqRel) == n as u32 {
@@ -273,18 +454,39 @@ impl Backing {
             if self.format == WbFormat::Packed {
                 self.cache.forget(start);
             }
-            let _ = if self.unit_slots == 1 {
-                self.places.free(start)
-            } else {
-                self.places.free_range(start, self.unit_slots)
-            };
+            {
+                let mut m = self.mark.lock();
+                if m.marked {
+                    m.deferred.push(start);
+                    return;
+                }
+            }
+            self.free_unit(start);
         }
+    }
+
+    fn free_unit(&self, start: u64) {
+        let _ = if self.unit_slots == 1 {
+            self.places.free(start)
+        } else {
+            self.places.free_range(start, self.unit_slots)
+        };
+    }
+
+    /// A hold on the unit at slot `first` if it is live (allocated and holding objects):
+    /// readahead's, which must not revive a unit on its way back to the allocator.
+    fn try_hold(&self, first: u64) -> bool {
+        let Some(live) = self.live.get((first / self.unit_slots) as usize) else {
+            return false;
+        };
+        live.fetch_update(AcqRel, Relaxed, |v| (v > 0).then_some(v + 1))
+            .is_ok()
     }
 
     /// Keeps the place `handle` names from being freed (and so handed out again) until the
     /// pin goes. Taken under the lock of a slot that names it: that slot's own bytes keep the
     /// unit alive until then.
-    fn pin(self: &Arc<Backing>, place: Place) -> Pin {
+    pub(crate) fn pin(self: &Arc<Backing>, place: Place) -> Pin {
         self.hold_bytes(place.first, 1);
         Pin {
             store: Arc::clone(self),
@@ -297,16 +499,55 @@ impl Backing {
     }
 
     /// The packed segment starting at slot `first`, from the cache or read whole from the
-    /// store (one request); the caller holds a pin on it. True if the store was read.
-    fn segment(&self, first: u64) -> std::result::Result<(Arc<[u8]>, bool), SwapError> {
+    /// store; the caller holds a pin on it. With it, the segments read: 0 on a hit. A miss
+    /// right after the segment before it on the store (a sequential read) also reads the
+    /// next live segments, up to [`READAHEAD`] in all, in one batch of requests in flight
+    /// together, into the cache; each is held while it is read, so none is freed meanwhile.
+    fn segment(&self, first: u64) -> std::result::Result<(Arc<[u8]>, u64), SwapError> {
         if let Some(bytes) = self.cache.get(first) {
-            return Ok((bytes, false));
+            return Ok((bytes, 0));
         }
-        let mut bytes = vec![0u8; SEG_BYTES];
-        self.places.read_bytes(first, 0, &mut bytes)?;
-        let bytes: Arc<[u8]> = bytes.into();
-        self.cache.add(first, Arc::clone(&bytes));
-        Ok((bytes, true))
+        let sequential = first >= SEG_SLOTS && self.cache.contains(first - SEG_SLOTS);
+        let mut ahead = Vec::new();
+        if sequential {
+            let mut next = first + SEG_SLOTS;
+            while ahead.len() + 1 < READAHEAD && next + SEG_SLOTS <= self.places.slots() {
+                if !self.cache.contains(next) && self.try_hold(next) {
+                    ahead.push(next);
+                }
+                next += SEG_SLOTS;
+            }
+        }
+        let mut bufs: Vec<Vec<u8>> = (0..=ahead.len()).map(|_| vec![0u8; SEG_BYTES]).collect();
+        let read = {
+            let mut reads: Vec<(u64, usize, &mut [u8])> = std::iter::once(first)
+                .chain(ahead.iter().copied())
+                .zip(bufs.iter_mut())
+                .map(|(f, b)| (f, 0, &mut b[..]))
+                .collect();
+            self.places.read_runs(&mut reads)
+        };
+        let mut segments = std::iter::once(first)
+            .chain(ahead.iter().copied())
+            .zip(bufs);
+        let own = match read {
+            Ok(()) => {
+                let (_, own) = segments.next().expect("the segment asked for");
+                let own: Arc<[u8]> = own.into();
+                self.cache.add(first, Arc::clone(&own));
+                for (f, bytes) in segments {
+                    self.cache.add(f, bytes.into());
+                }
+                Ok((own, 1 + ahead.len() as u64))
+            }
+            Err(e) => Err(e),
+        };
+        // The readahead's holds go; a segment whose last byte went meanwhile leaves the
+        // cache with its last hold.
+        for f in ahead {
+            self.release_bytes(f, 1);
+        }
+        own
     }
 
     pub(crate) fn stat(&self, counters: &Counters) -> BdStat {
@@ -332,6 +573,29 @@ pub(crate) struct Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         self.store.release_bytes(self.first, 1);
+    }
+}
+
+/// Pages collected for one unit on the store (a packed segment, or one page), with their
+/// bytes back to back.
+struct Batch {
+    pages: Vec<Pending>,
+    buf: Vec<u8>,
+    used: usize,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            pages: Vec::new(),
+            buf: vec![0u8; SEG_BYTES],
+            used: 0,
+        }
+    }
+
+    /// The store's blocks its bytes take.
+    fn blocks(&self) -> u64 {
+        self.used.div_ceil(SLOT_BYTES as usize) as u64
     }
 }
 
@@ -411,52 +675,69 @@ impl Device {
             });
         }
         let mut done = WbResult::default();
-        let mut batch: Vec<Pending> = Vec::new();
-        let mut buf = vec![0u8; SEG_BYTES];
+        // Full batches waiting to go out together, and the one being filled.
+        let mut group: Vec<Batch> = Vec::new();
+        let mut batch = Batch::new();
         let mut page = vec![0u8; self.page_size];
-        let batch_bytes = SEG_BYTES;
-        let mut used = 0;
         let mut index = range.start;
         let r = loop {
+            let queued = group.iter().map(|b| b.pages.len() as u64).sum::<u64>();
             let full = index >= range.end
-                || max_pages.is_some_and(|m| done.pages + batch.len() as u64 >= m);
+                || max_pages.is_some_and(|m| done.pages + queued + batch.pages.len() as u64 >= m);
             if full {
-                break self.write_batch(&store, &mut batch, &buf[..used], &mut done);
+                group.push(std::mem::replace(&mut batch, Batch::new()));
+                break self.write_group(&store, &mut group, &mut done);
             }
-            let Some(mut p) = self.collect(index, mode, &store, &mut page)? else {
-                index += 1;
-                continue;
+            let mut p = match self.collect(index, mode, &store, &mut page) {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    index += 1;
+                    continue;
+                }
+                Err(e) => {
+                    // Nothing collected and not written stays marked for writeback.
+                    for p in group.iter().chain([&batch]).flat_map(|b| &b.pages) {
+                        self.uncollect(p);
+                    }
+                    break Err(e);
+                }
             };
-            let blocks = (used + p.size).div_ceil(SLOT_BYTES as usize) as u64;
+            let queued_blocks = group.iter().map(Batch::blocks).sum::<u64>();
+            let blocks = queued_blocks + (batch.used + p.size).div_ceil(SLOT_BYTES as usize) as u64;
             if self.writeback_limit().is_some_and(|left| blocks > left) {
                 // The limit has no room for this page: write what fits, then stop.
                 self.uncollect(&p);
+                group.push(std::mem::replace(&mut batch, Batch::new()));
                 break self
-                    .write_batch(&store, &mut batch, &buf[..used], &mut done)
+                    .write_group(&store, &mut group, &mut done)
                     .and(Err(ZramError::WritebackLimit));
             }
             let room = match store.format {
-                WbFormat::Packed => used + p.size <= batch_bytes,
-                _ => batch.is_empty(),
+                WbFormat::Packed => batch.used + p.size <= SEG_BYTES,
+                _ => batch.pages.is_empty(),
             };
             if !room {
-                // This one starts the next batch: put it back as it was, write the batch.
+                // This one starts the next batch: put it back as it was, queue the batch,
+                // and write the group once it is full.
                 self.uncollect(&p);
-                if let Err(e) = self.write_batch(&store, &mut batch, &buf[..used], &mut done) {
-                    break Err(e);
+                group.push(std::mem::replace(&mut batch, Batch::new()));
+                if group.len() == WB_IN_FLIGHT {
+                    if let Err(e) = self.write_group(&store, &mut group, &mut done) {
+                        break Err(e);
+                    }
                 }
-                used = 0;
                 continue;
             }
             let bytes = match store.format {
                 WbFormat::Page => &page[..],
                 _ => &page[..p.size],
             };
-            buf[used..used + bytes.len()].copy_from_slice(bytes);
+            let used = batch.used;
+            batch.buf[used..used + bytes.len()].copy_from_slice(bytes);
             p.at = used;
             p.size = bytes.len();
-            used += bytes.len();
-            batch.push(p);
+            batch.used += bytes.len();
+            batch.pages.push(p);
             index += 1;
         };
         r.map(|()| done).map_err(|e| match e {
@@ -531,69 +812,93 @@ impl Device {
         }
     }
 
-    /// Writes a batch's bytes to a new place and commits its pages; on failure, every page
-    /// of the batch stays in memory and the place is given back.
-    fn write_batch(
+    /// Writes a group of batches, each to a new place, all in flight together, and commits
+    /// their pages. A batch the writeback limit or the store's room refuses is put back with
+    /// every batch after it (the ones before it go out), and its reason is the error; a
+    /// failed write puts every batch of the group back in memory as it was and gives their
+    /// places back. The group is empty after it.
+    fn write_group(
         &self,
         store: &Backing,
-        batch: &mut Vec<Pending>,
-        bytes: &[u8],
+        group: &mut Vec<Batch>,
         done: &mut WbResult,
     ) -> Result<()> {
-        if batch.is_empty() {
+        group.retain(|b| !b.pages.is_empty());
+        if group.is_empty() {
             return Ok(());
         }
-        let blocks = bytes.len().div_ceil(SLOT_BYTES as usize) as u64;
         let order = if store.format == WbFormat::Packed {
             SEG_ORDER
         } else {
             0
         };
-        let placed = if !self.take_limit(blocks) {
-            Err(ZramError::WritebackLimit)
-        } else {
-            store
-                .places
-                .alloc(order)
-                .map_err(ZramError::Backing)
-                .and_then(|first| {
-                    // Whole blocks go to the store: the tail of the last one is zeros.
-                    let len = (blocks * SLOT_BYTES) as usize;
-                    let r = if len == bytes.len() {
-                        store.places.write_slots(first, bytes)
-                    } else {
-                        let mut padded = bytes.to_vec();
-                        padded.resize(len, 0);
-                        store.places.write_slots(first, &padded)
-                    };
-                    match r {
-                        Ok(()) => Ok(first),
-                        Err(e) => {
-                            let _ = store.places.free_range(first, 1 << order);
-                            Err(ZramError::Backing(e))
+        // The store changes now: a state saved before no longer describes it.
+        let mut refused = store.unmark().err();
+        let mut placed: Vec<(u64, Batch)> = Vec::new();
+        for mut b in group.drain(..) {
+            if refused.is_none() {
+                let blocks = b.blocks();
+                if !self.take_limit(blocks) {
+                    refused = Some(ZramError::WritebackLimit);
+                } else {
+                    match store.places.alloc(order) {
+                        Ok(first) => {
+                            // Whole blocks go to the store: the tail of the last one is zeros.
+                            b.buf.truncate((blocks * SLOT_BYTES) as usize);
+                            b.buf[b.used..].fill(0);
+                            placed.push((first, b));
+                            continue;
                         }
+                        Err(e) => refused = Some(ZramError::Backing(e)),
                     }
-                })
-        };
-        let first = match placed {
-            Ok(first) => first,
-            Err(e) => {
+                }
+            }
+            for p in b.pages.drain(..) {
+                self.uncollect(&p);
+            }
+        }
+        let writes: Vec<(u64, &[u8])> = placed.iter().map(|(f, b)| (*f, &b.buf[..])).collect();
+        if let Err(e) = store.places.write_runs(&writes) {
+            store.failed.fetch_add(1, Relaxed);
+            for (first, b) in placed {
+                let _ = store.places.free_range(first, 1 << order);
+                for p in &b.pages {
+                    self.uncollect(p);
+                }
+            }
+            return Err(ZramError::Backing(e));
+        }
+        for (first, mut b) in placed {
+            self.commit(store, first, &mut b, done)?;
+        }
+        match refused {
+            None => Ok(()),
+            Some(e) => {
                 if !matches!(e, ZramError::WritebackLimit) {
                     store.failed.fetch_add(1, Relaxed);
                 }
-                for p in batch.drain(..) {
-                    self.uncollect(&p);
-                }
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// Commits the pages of a batch written at `first`: each slot still as collected now
+    /// names its place there.
+    fn commit(
+        &self,
+        store: &Backing,
+        first: u64,
+        batch: &mut Batch,
+        done: &mut WbResult,
+    ) -> Result<()> {
+        let blocks = batch.blocks();
         store.bytes_written.fetch_add(blocks * SLOT_BYTES, Relaxed);
         // Held while the commits count the place's live bytes in.
         store.hold_bytes(first, 1);
         let mut shard = self.shard();
         shard.counters.add(Counter::BdWrites, blocks as i64);
         let mut committed = 0;
-        for p in batch.drain(..) {
+        for p in batch.pages.drain(..) {
             let slot = self.slot(p.index)?;
             let mut g = slot.lock();
             if !g.entry.holds_same(&p.entry) || !g.entry.has(SlotFlag::UnderWb) {
@@ -656,7 +961,7 @@ impl Device {
         // The object's bytes: from its segment (packed), or read alone into a buffer of its
         // own (no copy into a shared one).
         let (segment, alone);
-        let (object, read_store): (&[u8], bool) = if store.format == WbFormat::Packed {
+        let (object, store_reads): (&[u8], u64) = if store.format == WbFormat::Packed {
             let (bytes, read) = store.segment(place.first).map_err(ZramError::Backing)?;
             segment = bytes;
             let object =
@@ -672,12 +977,10 @@ impl Device {
             let mut bytes = vec![0u8; size];
             store.read(place, &mut bytes).map_err(ZramError::Backing)?;
             alone = bytes;
-            (&alone[..], true)
+            (&alone[..], 1)
         };
         let mut shard = self.shard();
-        if read_store {
-            shard.counters.add(Counter::BdReads, 1);
-        }
+        shard.counters.add(Counter::BdReads, store_reads as i64);
         if size == self.page_size {
             out.copy_from_slice(object);
         } else {
@@ -689,23 +992,6 @@ impl Device {
             self.check_decoded(index, decoded)?;
         }
         Ok(Some((e, pin)))
-    }
-
-    /// The object of a written-back page as the store holds it (for a saved state); the
-    /// caller holds the page's lock, so its place stays.
-    pub(crate) fn read_written_back_object(
-        &self,
-        index: u64,
-        e: &Entry,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let store = self.backing().ok_or(ZramError::NoBacking)?;
-        let Content::WrittenBack(place) = e.content() else {
-            return Err(ZramError::BadState(format!(
-                "page {index} is not written back"
-            )));
-        };
-        store.read(place, out).map_err(ZramError::Backing)
     }
 
     /// Gives back the place of a written-back slot being freed (under its lock).

@@ -1,0 +1,230 @@
+//! A saved state whose written-back pages stay on the backing store: the state names their
+//! places (its size falls by the bytes it no longer copies), the store is re-attached as it
+//! is with exactly its units in use, and the pages read back; a store that is another one,
+//! of another size, changed since the save, or missing is refused with the reason, and the
+//! device is left empty with no store set.
+
+use std::sync::Arc;
+
+use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::BlockDevice;
+use ztier_compress::Algorithm;
+use ztier_pool::{ZsConfig, ZsPool};
+use ztier_zram::{Backing, Device, PageSelector, WbFormat};
+
+const PS: usize = 4096;
+const PAGES: u64 = 3000;
+
+fn device() -> Device {
+    let pool = ZsPool::new(ZsConfig::default()).unwrap();
+    Device::new(
+        PAGES * PS as u64,
+        "lz4".parse::<Algorithm>().unwrap(),
+        Box::new(pool),
+    )
+    .unwrap()
+}
+
+/// Compressible and different per page; every 16th zero.
+fn page(seed: u64) -> Vec<u8> {
+    if seed.is_multiple_of(16) {
+        return vec![0; PS];
+    }
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(PS);
+    while out.len() < PS {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(format!("{} ", x % 1000).as_bytes());
+    }
+    out.truncate(PS);
+    out
+}
+
+fn verify(dev: &Device, changed: impl Fn(u64) -> Option<Vec<u8>>) {
+    let mut out = vec![0u8; PS];
+    for i in 0..PAGES {
+        dev.read_page(i, &mut out).unwrap();
+        assert!(out == changed(i).unwrap_or_else(|| page(i)), "page {i}");
+    }
+}
+
+fn store() -> Arc<dyn BlockDevice> {
+    Arc::new(MemoryDevice::new(Backing::size_for(PAGES * PS as u64)).unwrap())
+}
+
+/// A device of every page, all but every 5th written back to `store`.
+fn filled_on(store: &Arc<dyn BlockDevice>, format: WbFormat) -> Device {
+    let dev = device();
+    for i in 0..PAGES {
+        dev.write_page(i, &page(i)).unwrap();
+    }
+    dev.set_backing(Some(Backing::new(Arc::clone(store), format).unwrap()))
+        .unwrap();
+    // Every 5th page read after the marking: not idle, so it stays in memory.
+    dev.mark_idle(None);
+    let mut out = vec![0u8; PS];
+    for i in (0..PAGES).step_by(5) {
+        dev.read_page(i, &mut out).unwrap();
+    }
+    dev.writeback(PageSelector::Idle, None, None).unwrap();
+    dev
+}
+
+fn save(dev: &Device) -> Vec<u8> {
+    let mut state = Vec::new();
+    dev.save_state(&mut state).unwrap();
+    state
+}
+
+#[test]
+fn written_back_pages_stay_on_the_store_across_a_restart() {
+    for format in [WbFormat::Packed, WbFormat::Compressed, WbFormat::Page] {
+        let store = store();
+        let dev = filled_on(&store, format);
+        // Overwrites and discards leave dead bytes in units; the live counts must follow.
+        dev.write_page(7, &page(70_007)).unwrap();
+        dev.discard_page(8).unwrap();
+        let changed = |i: u64| match i {
+            7 => Some(page(70_007)),
+            8 => Some(vec![0; PS]),
+            _ => None,
+        };
+        let before = dev.bd_stat().unwrap();
+        let mm_before = dev.mm_stat();
+        let state = save(&dev);
+        // What the same pages' state took with every page in it (a device with no store).
+        let inline = {
+            let all = device();
+            for i in 0..PAGES {
+                all.write_page(i, &changed(i).unwrap_or_else(|| page(i)))
+                    .unwrap();
+            }
+            save(&all).len()
+        };
+        assert!(
+            state.len() * 3 < inline,
+            "{format:?}: a state of {} bytes names its written-back pages' places, so it is \
+             far under the {inline} bytes of one that holds them",
+            state.len()
+        );
+        drop(dev);
+
+        let dev = device();
+        let summary = dev
+            .load_state_with_store(&mut &state[..], Arc::clone(&store), format)
+            .unwrap();
+        assert_eq!(summary.from_backing_store, before.bd_count);
+        let after = dev.bd_stat().expect("the store is set");
+        assert_eq!(after.bd_count, before.bd_count, "{format:?}");
+        assert_eq!(after.bytes_stored, before.bytes_stored, "{format:?}");
+        assert_eq!(after.bytes_held, before.bytes_held, "{format:?}");
+        assert_eq!(dev.mm_stat().orig_data_size, mm_before.orig_data_size);
+        assert_eq!(dev.mm_stat().compr_data_size, mm_before.compr_data_size);
+        verify(&dev, changed);
+
+        // The store goes on: its units are freed when their pages go, new pages go out.
+        for i in 0..PAGES {
+            dev.write_page(i, &page(i + 1)).unwrap();
+        }
+        let bd = dev.bd_stat().unwrap();
+        assert_eq!(bd.bd_count, 0);
+        // Kept while the store is as the state says (a restart from it must find them).
+        assert_eq!(bd.bytes_held, before.bytes_held, "{format:?}");
+        // The next writeback changes the store: they go back first, so every page finds
+        // room (in the kernel's formats the old blocks and the new ones would not fit).
+        dev.writeback(PageSelector::All, None, None).unwrap();
+        let bd = dev.bd_stat().unwrap();
+        if format != WbFormat::Packed {
+            assert_eq!(bd.bytes_held, bd.bd_count * PS as u64, "{format:?}");
+        }
+        verify(&dev, |i| Some(page(i + 1)));
+    }
+}
+
+#[test]
+fn a_store_that_is_not_the_saved_one_is_refused() {
+    let store = store();
+    let dev = filled_on(&store, WbFormat::Packed);
+    let state = save(&dev);
+    let loads = |dev: &Device, store: Arc<dyn BlockDevice>, format: WbFormat, why: &str| {
+        let e = dev
+            .load_state_with_store(&mut &state[..], store, format)
+            .unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+        assert!(dev.bd_stat().is_none(), "a refused state left a store set");
+        assert_eq!(
+            dev.mm_stat().orig_data_size,
+            0,
+            "a refused state left pages"
+        );
+    };
+    let fresh = device();
+    // Another store of the same size (its own id).
+    loads(&fresh, self::store(), WbFormat::Packed, "not the one");
+    let other = Arc::new(MemoryDevice::new(Backing::size_for(PAGES * PS as u64)).unwrap());
+    Backing::new(other.clone(), WbFormat::Packed).unwrap();
+    loads(&fresh, other, WbFormat::Packed, "not the one");
+    // Another size, another format, none at all.
+    let bigger = Arc::new(MemoryDevice::new(2 * Backing::size_for(PAGES * PS as u64)).unwrap());
+    loads(&fresh, bigger, WbFormat::Packed, "different store layout");
+    loads(
+        &fresh,
+        Arc::clone(&store),
+        WbFormat::Compressed,
+        "Packed format",
+    );
+    let e = fresh.load_state(&mut &state[..]).unwrap_err();
+    assert!(e.to_string().contains("none was given"), "{e}");
+    // A unit's live count that does not add up is damage, even under a good checksum: the
+    // state is rewritten with one count off and its CRC made again.
+    let mut bad = state.clone();
+    let body = bad.len() - 4;
+    bad[body - 4] ^= 1;
+    let crc = crc32fast::hash(&bad[..body]);
+    bad[body..].copy_from_slice(&crc.to_le_bytes());
+    let e = fresh
+        .load_state_with_store(&mut &bad[..], Arc::clone(&store), WbFormat::Packed)
+        .unwrap_err();
+    assert!(e.to_string().contains("damaged"), "{e}");
+    // The store was never written by any of it: the good state still loads.
+    fresh
+        .load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
+        .unwrap();
+    verify(&fresh, |_| None);
+}
+
+#[test]
+fn a_state_older_than_the_store_is_refused() {
+    let store = store();
+    let dev = filled_on(&store, WbFormat::Packed);
+    let state = save(&dev);
+    // After the save, pages die and more go out: their units may be handed out again, so
+    // the saved places may no longer hold what the state says.
+    for i in 0..PAGES / 2 {
+        dev.write_page(i, &page(i + 9)).unwrap();
+    }
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    drop(dev);
+    let fresh = device();
+    let e = fresh
+        .load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("changed after the state was saved"),
+        "{e}"
+    );
+
+    // Saved again with nothing changed after it: a restart, and another, both load.
+    let dev = filled_on(&store, WbFormat::Packed);
+    let state = save(&dev);
+    drop(dev);
+    for _ in 0..2 {
+        let dev = device();
+        dev.load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
+            .unwrap();
+        verify(&dev, |_| None);
+        // Reads and a drop change nothing on the store: units the state names are kept.
+    }
+}
