@@ -76,13 +76,18 @@ pid_of() {
   fi
 }
 
-# Says why daemon NAME is not running: the end of its log and of its stderr.
+# Says why daemon NAME is not running, from its log: its errors before any crash dump (the
+# dump repeats the log), else the start of its stderr, else the end of the log.
 why() {
-  local name=$1 f
-  echo "ceph-cluster: $name is not running; the end of its log:" >&2
-  for f in "$dir/log/$name.log" "$dir/log/$name.out"; do
-    [ -s "$f" ] && { echo "--- $f" >&2; tail -n 25 "$f" >&2; }
-  done
+  local name=$1 log=$dir/log/$1.log out=$dir/log/$1.out errors=""
+  if [ -s "$log" ]; then
+    errors=$(sed '/--- begin dump of recent events ---/,$d' "$log" |
+      grep -E '^[^ ]+ [0-9a-f]+ +-1 |ceph_abort_msg|FAILED ceph_assert' | tail -n 8 || true)
+  fi
+  [ -n "$errors" ] || errors=$(grep -v '^ *$' "$out" 2>/dev/null | head -n 15 || true)
+  [ -n "$errors" ] || errors=$(tail -n 15 "$log" 2>/dev/null || true)
+  echo "ceph-cluster: $name is not running; from its log ($log, $out):" >&2
+  echo "$errors" >&2
   exit 1
 }
 
@@ -92,6 +97,7 @@ start_daemon() {
   shift
   setsid "$@" </dev/null >"$dir/log/$name.out" 2>&1 &
   local pid=$!
+  disown "$pid" # (no "Killed" from this shell when it is stopped)
   echo "$pid" >"$dir/run/$name.pid"
   # Until the fork has exec'd: before, its command line is this script's, which
   # pid_of would take for a process of another.
@@ -160,6 +166,19 @@ start_osd() {
   start_daemon "osd.$1" ceph-osd -c "$conf" -i "$1" -f
 }
 
+# After a failed `up`: every daemon it started stopped, the logs kept.
+up_failed() {
+  local status=$? f
+  [ "$status" -ne 0 ] || return 0
+  for f in "$dir"/run/*.pid; do
+    [ -e "$f" ] || continue
+    f=${f##*/}
+    kill_daemon "${f%.pid}"
+  done
+  echo "ceph-cluster: up failed; its daemons are stopped, the logs are in $dir/log" \
+    "(ceph-cluster.sh down $dir removes it all)" >&2
+}
+
 up() {
   local osds=2 size=8G replicas="" pg_num=32 image_list=img image_size=1G
   while [ $# -gt 0 ]; do
@@ -181,6 +200,7 @@ up() {
   bytes=$(numfmt --from=iec "$size") || die "--size $size: a size (8G)"
   [ ! -e "$conf" ] || die "$dir already holds a cluster (ceph-cluster.sh down $dir)"
   mkdir -p "$dir/run" "$dir/log" "$dir/mon.a" "$dir/mgr.x"
+  trap up_failed EXIT
   tr ',' '\n' <<<"$image_list" | grep -qvE '^[A-Za-z0-9_-]+$' && die "--images $image_list: names of letters, digits, - and _"
   echo "$image_list" >"$dir/images"
 
@@ -296,6 +316,7 @@ EOF
   done
   wait_for mgr.x 180 "every PG active+clean" all_clean
   export_start
+  trap - EXIT
   for name in $(images); do uri_of "$name"; done
 }
 

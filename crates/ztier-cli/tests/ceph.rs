@@ -42,7 +42,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn up(dir: PathBuf, args: &[&str]) -> Cluster {
+    /// `ceph-cluster.sh up DIR ARGS`: the cluster (torn down when dropped, even if it did
+    /// not start) and the script's output.
+    fn try_up(dir: PathBuf, args: &[&str]) -> (Cluster, Output) {
         let o = Command::new("bash")
             .arg(script())
             .arg("up")
@@ -51,8 +53,11 @@ impl Cluster {
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        // Torn down even if it failed half-way.
-        let cluster = Cluster { dir };
+        (Cluster { dir }, o)
+    }
+
+    fn up(dir: PathBuf, args: &[&str]) -> Cluster {
+        let (cluster, o) = Cluster::try_up(dir, args);
         assert!(
             o.status.success(),
             "the cluster did not start: {}",
@@ -347,6 +352,43 @@ fn have_ceph() -> bool {
     ]
     .iter()
     .all(|tool| have(tool))
+}
+
+/// Processes whose command line names `dir`.
+fn processes_of(dir: &Path) -> Vec<String> {
+    let dir = format!("{}/", dir.display());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&dir))
+        .collect()
+}
+
+#[test]
+fn a_cluster_that_cannot_start_says_why() {
+    if !have_ceph() {
+        return;
+    }
+    let base = temp_dir("ceph-fail");
+    let dir = base.join("cluster");
+    // OSDs of 64 MiB: bluestore's database does not fit, its mkfs aborts.
+    let (cluster, o) = Cluster::try_up(dir.clone(), &["--osds", "1", "--size", "64M"]);
+    assert!(!o.status.success(), "a cluster on 64 MiB OSDs started");
+    let out = text(&o);
+    assert!(
+        out.contains("osd.0 is not running") && out.contains("bluefs _allocate allocation failed"),
+        "{out}"
+    );
+    assert!(
+        processes_of(&dir).is_empty(),
+        "daemons left running: {:?}",
+        processes_of(&dir)
+    );
+    drop(cluster);
+    assert!(!dir.exists(), "down left {dir:?}");
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 #[test]
