@@ -333,3 +333,111 @@ fn far_memory_across_network_namespaces() {
     assert!(r["store"].as_str().unwrap().contains(&far_ip), "{r}");
     nbdkit.kill();
 }
+
+/// `ztier ctl --socket SOCKET WORDS`' output, which must succeed.
+fn ctl(socket: &Path, words: &[&str]) -> String {
+    let o = ztier(&[&["ctl", "--socket", socket.to_str().unwrap()], words].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `ztier serve` with its state at `state` and its backing store `store`, waited for.
+fn serve_state(socket: &Path, state: &Path, store: &str) -> Child {
+    let mut ctl_socket = socket.as_os_str().to_owned();
+    ctl_socket.push(".ctl");
+    let _ = std::fs::remove_file(&ctl_socket);
+    let child = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["serve", "--size", "16M", "--compressor", "lz4", "--socket"])
+        .arg(socket)
+        .arg("--state")
+        .arg(state)
+        .args(["--backing-dev", store])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !Path::new(&ctl_socket).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "ztier serve never made its control socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn stop(mut server: Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(server.wait().unwrap().success());
+}
+
+#[test]
+fn a_restart_finds_its_pages_on_nbdkit_and_refuses_a_store_that_restarted_empty() {
+    if !have("nbdkit") || !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("remote-state");
+    let (socket, state) = (dir.join("s.sock"), dir.join("state"));
+    let store_socket = dir.join("nbdkit.sock");
+    let mut nbdkit = Nbdkit::on_socket(&store_socket, "64M");
+    let store = format!("nbd+unix:///?socket={}", store_socket.display());
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let image = dir.join("image");
+    let pages: Vec<u8> = (0..4096u64).flat_map(page).collect();
+    std::fs::write(&image, &pages).unwrap();
+
+    let server = serve_state(&socket, &state, &store);
+    let copy = |from: &str, to: &str| {
+        let o = Command::new("nbdcopy").args([from, to]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    copy(image.to_str().unwrap(), &uri);
+    ctl(&socket, &["idle", "all"]);
+    ctl(&socket, &["writeback", "idle"]);
+    let bd_count = |socket: &Path| -> u64 {
+        ctl(socket, &["bd_stat"])
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let on_store = bd_count(&socket);
+    assert!(on_store >= 4000, "{on_store} pages written back");
+    stop(server);
+
+    // Started again: the pages are read from nbdkit, where they stayed.
+    let server = serve_state(&socket, &state, &store);
+    assert_eq!(bd_count(&socket), on_store);
+    let back = dir.join("back");
+    copy(&uri, back.to_str().unwrap());
+    assert!(std::fs::read(&back).unwrap()[..pages.len()] == pages[..]);
+    stop(server);
+
+    // nbdkit restarted: an empty export of the same size, not the store the pages went to.
+    nbdkit.kill();
+    let _ = std::fs::remove_file(&store_socket);
+    let _nbdkit = Nbdkit::on_socket(&store_socket, "64M");
+    let o = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["serve", "--size", "16M", "--compressor", "lz4", "--socket"])
+        .arg(dir.join("refused.sock"))
+        .arg("--state")
+        .arg(&state)
+        .args(["--backing-dev", &store])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "served pages from a store that restarted empty"
+    );
+    assert!(
+        err.contains("not the one its pages were written back to"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
