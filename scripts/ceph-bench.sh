@@ -14,7 +14,8 @@
 # With --store nbdkit, the same ztier bench against nbdkit's memory plugin instead (no
 # cluster, no rados): the far tier's speed on a store with no network and no replication.
 #
-# Usage: [ZTIER=BINARY] scripts/ceph-bench.sh [--store ceph|nbdkit] [--osds N] [--seconds S] [--json FILE]
+# Usage: [ZTIER=BINARY] scripts/ceph-bench.sh [--store ceph|nbdkit] [--osds N] [--secure]
+#                              [--seconds S] [--json FILE]
 #                              [CORPUS.pages.zst ...]   (default: every corpus of ../shared/corpus)
 # Needs: scripts/setup.sh's packages; builds ztier in release mode.
 set -euo pipefail
@@ -23,6 +24,7 @@ store=ceph
 osds=2
 seconds=10
 json_out=""
+secure=()
 corpora=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
   --osds) osds=$2; shift 2 ;;
   --seconds) seconds=$2; shift 2 ;;
   --json) json_out=$2; shift 2 ;;
+  --secure) secure=(--secure); shift ;;
   -*) sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
   *) corpora+=("$1"); shift ;;
   esac
@@ -74,7 +77,7 @@ rados_bench() {
 
 if [ "$store" = ceph ]; then
   echo "ceph-bench: a cluster of $osds OSD(s) in $cluster" >&2
-  uri=$(bash scripts/ceph-cluster.sh up "$cluster" --osds "$osds" --image-size 2G)
+  uri=$(bash scripts/ceph-cluster.sh up "$cluster" --osds "$osds" --image-size 2G "${secure[@]}")
   conf=$(bash scripts/ceph-cluster.sh conf "$cluster")
   echo "ceph-bench: rados bench, ${seconds} s each" >&2
   w1=$(rados_bench write)
@@ -105,7 +108,7 @@ if [ "$store" = ceph ]; then
   rados -c "$conf" -p rbd cleanup >/dev/null
 fi
 
-STORE=$store OSDS=$osds W1=${w1:-} R1=${r1:-} W2=$w2 R2=$r2 JSON_OUT=$json_out python3 - "$work/runs.json" <<'EOF'
+STORE=$store OSDS=$osds SECURE=${secure:+, msgr2 secure} W1=${w1:-} R1=${r1:-} W2=$w2 R2=$r2 JSON_OUT=$json_out python3 - "$work/runs.json" <<'EOF'
 import json, os, sys
 
 runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
@@ -117,7 +120,7 @@ if ceph:
     rados_w, rados_r = sum(w) / 2, sum(r) / 2
     print(f"rados bench (64 KiB, 16 in flight): write {w[0]/1e6:.1f} and {w[1]/1e6:.1f} MB/s, "
           f"rand read {r[0]/1e6:.1f} and {r[1]/1e6:.1f} MB/s (before and after ztier)")
-    store = f"Ceph, {env['OSDS']} OSD(s), size {min(int(env['OSDS']), 3)}"
+    store = f"Ceph, {env['OSDS']} OSD(s), size {min(int(env['OSDS']), 3)}{env['SECURE']}"
 else:
     store = "nbdkit memory"
 print(f"ztier bench --writeback-nbd ({store}), lz4, packed:")

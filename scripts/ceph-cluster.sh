@@ -6,8 +6,10 @@
 # Everything lives in DIR: configuration, keys, daemons' data and logs, the sockets.
 #
 #   ceph-cluster.sh up DIR [--osds N] [--size S] [--replicas R] [--pg-num P]
-#                   [--images NAME[,NAME...]] [--image-size S]
+#                   [--images NAME[,NAME...]] [--image-size S] [--secure]
 #                                   make and start it; prints each image's NBD URI
+#                                   (--secure: msgr2's secure mode, the wire encrypted, on
+#                                   every connection: daemons and clients refuse crc mode)
 #   ceph-cluster.sh down DIR        kill every daemon it started, remove DIR
 #   ceph-cluster.sh uri DIR [NAME]  the NBD URI of an image (default: the first)
 #   ceph-cluster.sh conf DIR        the ceph.conf path (ceph -c, rados -c, rbd -c)
@@ -180,9 +182,14 @@ up_failed() {
 }
 
 up() {
-  local osds=2 size=8G replicas="" pg_num=32 image_list=img image_size=1G
+  local osds=2 size=8G replicas="" pg_num=32 image_list=img image_size=1G mode="crc secure"
   while [ $# -gt 0 ]; do
     case $1 in
+    --secure)
+      mode=secure
+      shift
+      continue
+      ;;
     --osds) osds=$2 ;;
     --size) size=$2 ;;
     --replicas) replicas=$2 ;;
@@ -220,6 +227,9 @@ mon host = [v2:127.0.0.1:$port]
 public addr = 127.0.0.1
 cluster addr = 127.0.0.1
 ms bind ipv6 = false
+ms cluster mode = $mode
+ms service mode = $mode
+ms client mode = $mode
 auth cluster required = cephx
 auth service required = cephx
 auth client required = cephx
