@@ -161,7 +161,11 @@ kill_daemon() {
   pid=$(pid_of "$1")
   [ -z "$pid" ] && return 0
   kill -KILL "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  # Until it is gone or a zombie (dead: its sockets and files closed; reaped by whoever
+  # adopted it, in its own time).
+  while [ -r "/proc/$pid/stat" ] && [ "$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)" != Z ]; do
+    sleep 0.05
+  done
 }
 
 start_osd() {
