@@ -66,7 +66,7 @@ use ztier_base::os::page_size as os_page_size;
 use chain::Page;
 pub(crate) use chain::PageChain;
 use helper::{helper_ask_release, helper_join, helper_leave, helper_take_ready};
-use mapping::{map_chunk, populate, release, unmap_chunk};
+use mapping::{map_chunk, populate, release, release_runs, unmap_chunk};
 
 use crate::Result;
 
@@ -426,18 +426,20 @@ impl Drop for Arena {
     }
 }
 
-/// Releases free pages no one else can reach (off every list): sorted, one `madvise` per
-/// run of consecutive pages.
+/// Releases free pages no one else can reach (off every list): sorted into runs of
+/// consecutive pages, released together (`release_runs`).
 fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
     pages.sort_unstable();
     let addr = |i: usize| pages[i].as_ptr() as usize;
+    let mut runs = Vec::new();
     let mut start = 0;
     for i in 1..=pages.len() {
         if i == pages.len() || addr(i) != addr(i - 1) + page_size {
-            release(pages[start], (i - start) * page_size);
+            runs.push((pages[start], (i - start) * page_size));
             start = i;
         }
     }
+    release_runs(&runs);
 }
 
 impl ArenaState {
