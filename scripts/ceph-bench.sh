@@ -75,6 +75,7 @@ rados_bench() {
     { echo "ceph-bench: rados bench $mode failed:" >&2; echo "$out" >&2; exit 1; }
 }
 
+echo "ceph-bench: load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 if [ "$store" = ceph ]; then
   echo "ceph-bench: a cluster of $osds OSD(s) in $cluster" >&2
   uri=$(bash scripts/ceph-cluster.sh up "$cluster" --osds "$osds" --image-size 2G "${secure[@]}")
@@ -108,6 +109,7 @@ if [ "$store" = ceph ]; then
   rados -c "$conf" -p rbd cleanup >/dev/null
 fi
 
+echo "ceph-bench: load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 STORE=$store OSDS=$osds SECURE=${secure:+, msgr2 secure} W1=${w1:-} R1=${r1:-} W2=$w2 R2=$r2 JSON_OUT=$json_out python3 - "$work/runs.json" <<'EOF'
 import json, os, sys
 
