@@ -62,7 +62,12 @@ pub fn print_side_by_side(runs: &[ZramRun]) {
             r.corpus,
             r.compressor,
             r.allocator,
-            r.chain_size,
+            // Chain sizes are zsmalloc's.
+            if r.allocator == "zsmalloc" {
+                r.chain_size.to_string()
+            } else {
+                "-".into()
+            },
             r.threads,
             r.mm_stat.compr_data_size,
             r.mm_stat.mem_used_total,
