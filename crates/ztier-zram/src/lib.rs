@@ -665,6 +665,8 @@ impl Device {
     /// Reads bytes at any offset.
     pub fn read_bytes(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
+        let ps = self.page_size as u64;
+        self.prefetch_segments(offset / ps..(offset + out.len() as u64).div_ceil(ps));
         let mut scratch = vec![0; self.page_size];
         for s in pieces(offset, out.len(), self.page_size) {
             let part = &mut out[s.at..s.at + s.len];

@@ -510,44 +510,47 @@ impl Backing {
         let sequential = first >= SEG_SLOTS && self.cache.contains(first - SEG_SLOTS);
         let mut ahead = Vec::new();
         if sequential {
-            let mut next = first + SEG_SLOTS;
-            while ahead.len() + 1 < READAHEAD && next + SEG_SLOTS <= self.places.slots() {
+            // The segments just after it, live and not cached, looking no further than
+            // twice the readahead (past freed ones).
+            for next in (1..2 * READAHEAD as u64).map(|i| first + i * SEG_SLOTS) {
+                if ahead.len() + 1 == READAHEAD || next + SEG_SLOTS > self.places.slots() {
+                    break;
+                }
                 if !self.cache.contains(next) && self.try_hold(next) {
                     ahead.push(next);
                 }
-                next += SEG_SLOTS;
             }
         }
-        let mut bufs: Vec<Vec<u8>> = (0..=ahead.len()).map(|_| vec![0u8; SEG_BYTES]).collect();
-        let read = {
-            let mut reads: Vec<(u64, usize, &mut [u8])> = std::iter::once(first)
-                .chain(ahead.iter().copied())
-                .zip(bufs.iter_mut())
-                .map(|(f, b)| (f, 0, &mut b[..]))
-                .collect();
-            self.places.read_runs(&mut reads)
-        };
-        let mut segments = std::iter::once(first)
+        let firsts: Vec<u64> = std::iter::once(first)
             .chain(ahead.iter().copied())
-            .zip(bufs);
-        let own = match read {
-            Ok(()) => {
-                let (_, own) = segments.next().expect("the segment asked for");
-                let own: Arc<[u8]> = own.into();
-                self.cache.add(first, Arc::clone(&own));
-                for (f, bytes) in segments {
-                    self.cache.add(f, bytes.into());
-                }
-                Ok((own, 1 + ahead.len() as u64))
-            }
-            Err(e) => Err(e),
-        };
+            .collect();
+        let read = self.fetch(&firsts);
         // The readahead's holds go; a segment whose last byte went meanwhile leaves the
         // cache with its last hold.
         for f in ahead {
             self.release_bytes(f, 1);
         }
-        own
+        let own = read?;
+        Ok((own, firsts.len() as u64))
+    }
+
+    /// Reads the packed segments at `firsts` (each held by the caller) as requests in flight
+    /// together, adds them to the cache, and returns the first.
+    fn fetch(&self, firsts: &[u64]) -> std::result::Result<Arc<[u8]>, SwapError> {
+        let mut bufs: Vec<Vec<u8>> = firsts.iter().map(|_| vec![0u8; SEG_BYTES]).collect();
+        let mut reads: Vec<(u64, usize, &mut [u8])> = firsts
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&f, b)| (f, 0, &mut b[..]))
+            .collect();
+        self.places.read_runs(&mut reads)?;
+        let mut own = None;
+        for (&f, bytes) in firsts.iter().zip(bufs) {
+            let bytes: Arc<[u8]> = bytes.into();
+            own.get_or_insert_with(|| Arc::clone(&bytes));
+            self.cache.add(f, bytes);
+        }
+        Ok(own.expect("at least one segment"))
     }
 
     pub(crate) fn stat(&self, counters: &Counters) -> BdStat {
@@ -992,6 +995,38 @@ impl Device {
             self.check_decoded(index, decoded)?;
         }
         Ok(Some((e, pin)))
+    }
+
+    /// Before a read of the pages `range`: the packed segments its written-back pages are
+    /// in, those not cached, read together (requests in flight at once, up to [`READAHEAD`]
+    /// of them) into the cache, each pinned while it is read; the pages' own reads then find
+    /// them there. A failure is left to those reads to meet and report.
+    pub(crate) fn prefetch_segments(&self, range: std::ops::Range<u64>) {
+        let Some(store) = self.backing() else { return };
+        if store.format != WbFormat::Packed || range.end.saturating_sub(range.start) < 2 {
+            return;
+        }
+        let (mut firsts, mut pins) = (Vec::new(), Vec::new());
+        for index in range {
+            let Ok(slot) = self.slot(index) else { break };
+            let g = slot.lock();
+            if let Content::WrittenBack(place) = g.entry.content() {
+                if !firsts.contains(&place.first) && !store.cache.contains(place.first) {
+                    firsts.push(place.first);
+                    pins.push(store.pin(place));
+                    if firsts.len() == READAHEAD {
+                        break;
+                    }
+                }
+            }
+        }
+        // One segment: the page's own read fetches it as cheaply.
+        if firsts.len() >= 2 && store.fetch(&firsts).is_ok() {
+            self.shard()
+                .counters
+                .add(Counter::BdReads, firsts.len() as i64);
+        }
+        drop(pins);
     }
 
     /// Gives back the place of a written-back slot being freed (under its lock).

@@ -445,3 +445,100 @@ fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
     dev.writeback(PageSelector::All, None, None).unwrap();
     verify(&dev, n, |i| Some(page(i + 7777)));
 }
+
+/// A store that counts its batches (`read_many` and `write_many` calls of more than one
+/// range), the requests a remote store would have in flight together.
+struct Batches {
+    inner: MemoryDevice,
+    read_batches: AtomicU64,
+    write_batches: AtomicU64,
+}
+
+impl ztier_blockdev::BlockDevice for Batches {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> ztier_blockdev::Result<()> {
+        if reads.len() > 1 {
+            self.read_batches.fetch_add(1, Relaxed);
+        }
+        for (offset, buf) in reads.iter_mut() {
+            self.inner.read_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> ztier_blockdev::Result<()> {
+        if writes.len() > 1 {
+            self.write_batches.fetch_add(1, Relaxed);
+        }
+        for (offset, data) in writes {
+            self.inner.write_at(*offset, data, false)?;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn segments_go_out_and_come_back_several_at_once() {
+    let n = 1200;
+    let store = Arc::new(Batches {
+        inner: MemoryDevice::new(16 << 20).unwrap(),
+        read_batches: AtomicU64::new(0),
+        write_batches: AtomicU64::new(0),
+    });
+    let setup = || {
+        let dev = device(n, "lz4");
+        fill(&dev, n);
+        dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+            .unwrap();
+        dev.writeback(PageSelector::All, None, None).unwrap();
+        dev
+    };
+    let dev = setup();
+    let bd = dev.bd_stat().unwrap();
+    let segments = bd.bytes_held / (64 << 10);
+    assert!(segments >= 8, "{bd:?}");
+    assert!(
+        store.write_batches.load(Relaxed) > 0,
+        "segments written one by one"
+    );
+
+    // Pages read one by one in order: past the first segments, the next ones are read
+    // ahead with the one asked for. Every page exact, each segment read once.
+    verify(&dev, n, |_| None);
+    assert!(store.read_batches.load(Relaxed) > 0, "no readahead");
+    assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
+
+    // A read of many pages at once fetches its segments together before it decompresses.
+    drop(dev);
+    let dev = setup();
+    store.read_batches.store(0, Relaxed);
+    let mut all = vec![0u8; n as usize * PS];
+    dev.read_bytes(0, &mut all).unwrap();
+    assert!(
+        store.read_batches.load(Relaxed) > 0,
+        "segments read one by one"
+    );
+    for i in 0..n as usize {
+        assert!(all[i * PS..(i + 1) * PS] == page(i as u64)[..], "page {i}");
+    }
+    assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
+}
