@@ -23,7 +23,8 @@
 #   ceph-cluster.sh wait-clean DIR [SECONDS]           until every PG is active+clean
 #
 # Defaults: 2 OSDs of 8G (sparse), replicas min(N, 3), 32 PGs, one image "img" of 1G.
-# A daemon that fails to start makes `up` fail with the end of its log, not a timeout.
+# A daemon that fails to start makes `up` fail at once with its log's errors, not a
+# timeout, and stop the daemons it had started.
 #
 # Settings, and why (each met as a problem done by hand):
 # - keyrings per section: a `keyring` line in [global] hides the mon's own;
@@ -33,8 +34,8 @@
 #   when full);
 # - `mon data avail warn/crit` low: the defaults fire on a full-ish disk;
 # - `mon osd min down reporters = 1`, heartbeat grace 10 s: with every OSD on one host a
-#   hung OSD is otherwise never marked down, and with the default grace it takes longer
-#   than nearly the client's 30 s timeout;
+#   hung OSD is otherwise never marked down, and with the default grace (20 s) it takes
+#   24-28 s, too near the client's 30 s timeout;
 # - PG autoscaling off: a pool resized under a running test re-peers it;
 # - images with layering only: with exclusive-lock a restarted export waits for the killed
 #   one's watch to time out before it may write;
@@ -63,7 +64,7 @@ shift 2
 case $dir in /*) ;; *) dir=$PWD/$dir ;; esac
 conf=$dir/ceph.conf
 
-# ceph, rados and rbd against this cluster, as client.admin, never waiting forever.
+# ceph and rbd against this cluster, as client.admin, never waiting forever.
 cephc() { timeout 60 ceph -c "$conf" --connect-timeout 30 "$@"; }
 rbdc() { timeout 60 rbd -c "$conf" "$@"; }
 
