@@ -433,6 +433,37 @@ fn a_process_that_exits_mid_capture_is_one_clear_error_and_leaves_no_files() {
         .collect();
     assert!(left.is_empty(), "nothing written: {left:?}");
 
+    // Exiting during a later epoch: the epochs before are kept whole, nothing of the one
+    // cut short is in the corpus or the trace.
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("later.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    recorder.epoch(&mut |_| {}).unwrap();
+    child.command("change");
+    let mut exited = false;
+    let err = recorder
+        .epoch(&mut |_| {
+            if !exited {
+                writeln!(child.stdin, "exit").unwrap();
+                child.child.wait().unwrap();
+                exited = true;
+            }
+        })
+        .expect_err("the second epoch fails");
+    assert!(matches!(err, CaptureError::Exited { .. }), "{err:?}");
+    let manifest = recorder.finish().unwrap();
+    assert_eq!(manifest.epochs.len(), 1);
+    assert_eq!(manifest.pages, manifest.first_capture_pages);
+    let trace = Trace::read(&dir.join("later.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 1);
+    assert_eq!(
+        Corpus::load(&output).unwrap().pages() as u64,
+        trace.corpus_pages()
+    );
+    for f in ["later.pages.zst", "later.trace", "later.capture.json"] {
+        std::fs::remove_file(dir.join(f)).unwrap();
+    }
+
     // Through the command line, a process that is gone: one line, saying so.
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
         .args(["capture", "--pid", &child.pid().to_string()])
