@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The crates' short names, as the table writes them.
-const SHORT: [&str; 13] = [
+const SHORT: [&str; 14] = [
     "base", "pool", "compress", "blockdev", "swap", "zram", "zswap", "nbd", "corpus", "replay",
-    "cli", "bench", "capture",
+    "cli", "bench", "capture", "uffd",
 ];
 
 /// The short crate names a table cell names (whole words only: "zswap" is not "swap").

@@ -1,0 +1,647 @@
+//! Live memory with a RAM budget: a [`Region`] is an anonymous mapping registered with
+//! userfaultfd whose cold pages are kept compressed in a zram device (region page `i` is
+//! zram page `i`, reached through the device's public API only), so that at most a budget of
+//! its pages is resident while the program sees all of it.
+//!
+//! Two threads serve a region. The **fault thread** reads the userfaultfd's messages: a fault
+//! on a page that is out is served by `UFFDIO_COPY` of its decompressed content, or by
+//! `UFFDIO_ZEROPAGE` (a read) or a copy of zeros (a write) for a page never written or
+//! dropped; the program's own `MADV_DONTNEED`/`MADV_FREE`, `munmap` and `mremap` arrive as
+//! events (`UFFD_FEATURE_EVENT_REMOVE`, `_UNMAP`, `_REMAP`) and drop the stored copies they
+//! make stale. It never reads or writes the region itself (a fault it took there would wait
+//! for itself). The **reclaim thread** runs while the resident pages exceed the budget: it
+//! picks cold pages by a clock over the page table (a page faulted in gets a second chance),
+//! stores them and drops them.
+//!
+//! # The eviction protocol
+//!
+//! A page is taken out with `UFFDIO_MOVE` into a page of a landing pad (`scratch`, a mapping
+//! registered with the same userfaultfd): the move clears the region's page-table entry and
+//! flushes the TLBs before the page appears in the pad, so every write of the program lands
+//! either before the move (and is in the stored copy) or after it (and faults, and waits).
+//! The copy in the pad is stable (no one else maps it), so it is compressed from there with
+//! no write-protection pass, then the pad is emptied (`MADV_DONTNEED`, a batch at a time).
+//! The classic alternative (write-protect, copy, `MADV_DONTNEED` the region page) would
+//! send the handler a `REMOVE` event for its own drop, indistinguishable from the program's.
+//!
+//! Per page, a state byte (changed only under the page's stripe of `locks`):
+//!
+//! | state | the page-table entry | the store | a fault |
+//! |---|---|---|---|
+//! | `EMPTY` | empty, or about to be (a drop whose event was read) | nothing | zeros |
+//! | `RESIDENT` | present (maybe the zero page) | nothing | spurious: wake |
+//! | `STORED` | empty | zram page `i` | decompress, copy |
+//! | `HELD` | empty | a heap copy (the store refused it) | copy |
+//! | `GONE` | a page the program's `mremap` moved onto the region: the program's own | nothing | wake |
+//! | `UNMAPPED` | unmapped or moved away by the program | nothing | (kept by `MREMAP_DONTUNMAP`) zeros |
+//!
+//! The races, and why each is safe:
+//! - **Eviction against the program's writes**: the move is atomic (above).
+//! - **A fault on a page under eviction**: the evictor holds the page's lock from before the
+//!   move until the state says `STORED` (or the page is back); the fault thread waits for
+//!   that lock, which is held across one compression, never across anything that waits for
+//!   the fault thread.
+//! - **The program's `MADV_DONTNEED`**: the kernel queues `REMOVE`, waits until it is read,
+//!   then zaps. The fault thread reads and handles events under `gate` (write), before it
+//!   serves any fault read after them: the stored copy is discarded and the page is `EMPTY`
+//!   before anything can fault on it again, so nothing stale comes back.
+//! - **`munmap` / `mremap` and a move from a stale address**: from before the kernel
+//!   changes the address space until its event has been read, every `UFFDIO_*` of this
+//!   descriptor fails with `EAGAIN` (the context's `mmap_changing`). An evictor checks the
+//!   state and moves under `gate` (read), and the fault thread reads and handles the event
+//!   under `gate` (write), so no move ever sees an address whose unmap it has not seen: a
+//!   move never takes a page of a mapping the program put where the region was.
+//!   `mremap` moves pages out of the region: their stored copies are copied to the new
+//!   place, which is then unregistered (those pages leave the region and its budget).
+//! - **`EAGAIN`** from a copy: the fault waits in a queue while the messages are read, then
+//!   is served again from its (maybe changed) state. From a move: the page was not moved and
+//!   stays resident; the batch ends.
+//! - **`EEXIST`** from a copy: the page is present; the stored copy is stale and goes.
+//! - **A store that fails** (the device's memory limit, its allocator): the page is moved
+//!   back into the region and stays resident, or, if that fails too, kept in a heap copy
+//!   (`HELD`) until it is touched; the error is counted and kept ([`Region::evict`] returns
+//!   it).
+//! - **Dropping the region**: the reclaim thread stops first (its drop of the pad needs the
+//!   fault thread), then the fault thread; the userfaultfd is closed before the mappings are
+//!   unmapped (an unmap with the descriptor open would wait for its `UNMAP` event to be read),
+//!   and only the pages still the region's are unmapped: what the program unmapped or moved
+//!   away may hold its own mappings since.
+//!   Threads still touching the region must be gone: the safe API borrows the region.
+//! - **`fork`**: the region and the pad are `MADV_DONTFORK`: a child does not have them.
+//!
+//! # Lock order
+//! `gate` (the fault thread's write while it reads and handles messages; an evictor's read
+//! while it checks a page and moves it) → `locks[page % STRIPES]` (one at a time) → the zram
+//! device's own locks, and `held` (a leaf). The reclaim signal's mutex is taken alone.
+//! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`.
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod fault;
+mod mapping;
+mod reclaim;
+mod userfaultfd;
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde::Serialize;
+use ztier_base::shard::{Counters, Stripes};
+use ztier_compress::{Algorithm, Kind};
+use ztier_pool::{AllocatorKind, ZsConfig};
+use ztier_zram::{Device, MmStat, ZramError};
+
+use mapping::Mapping;
+use userfaultfd::{Uffd, Waker};
+
+/// What making or using a region refuses.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(
+        "userfaultfd is not allowed to this process ({0}): it needs CAP_SYS_PTRACE (root), \
+         vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd"
+    )]
+    NotPermitted(io::Error),
+    #[error("this kernel lacks {0} (UFFDIO_MOVE needs Linux 6.8)")]
+    Unsupported(&'static str),
+    #[error("a region of {len} bytes: the length must be a positive whole number of {page_size}-byte pages")]
+    BadLength { len: usize, page_size: usize },
+    #[error("a budget of {budget} bytes: it must hold at least one {page_size}-byte page")]
+    BadBudget { budget: usize, page_size: usize },
+    #[error("the device has {device_pages} pages of {device_page_size} bytes; the region needs {pages} of {page_size}")]
+    DeviceTooSmall {
+        device_pages: u64,
+        device_page_size: usize,
+        pages: u64,
+        page_size: usize,
+    },
+    #[error("page {0} is beyond the region")]
+    BadPage(u64),
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        source: io::Error,
+    },
+    /// A page could not be stored (the device's memory limit, its allocator): it stays
+    /// resident.
+    #[error("page {page} stays resident: the store refused it: {cause}")]
+    Store { page: u64, cause: ZramError },
+    #[error("making the device: {0}")]
+    Device(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Page states (the low bits of a state byte; see the module's table).
+const EMPTY: u8 = 0;
+const RESIDENT: u8 = 1;
+const STORED: u8 = 2;
+const HELD: u8 = 3;
+const GONE: u8 = 4;
+const UNMAPPED: u8 = 5;
+const STATE_MASK: u8 = 0x7;
+/// Set when a page is faulted in; the clock clears it once before it evicts the page.
+const REFERENCED: u8 = 0x80;
+
+/// Page lock stripes.
+const STRIPES: usize = 1024;
+/// Pages the reclaim thread moves out before it empties the pad.
+const BATCH: usize = 64;
+
+/// The counters of [`RegionStats`] kept per thread shard.
+#[derive(Clone, Copy)]
+enum Count {
+    SpuriousFaults,
+    Evictions,
+    ZeroEvictions,
+    EvictFailures,
+    Removed,
+    Unmapped,
+    Remapped,
+    Poisoned,
+    Deferred,
+}
+const COUNTS: usize = Count::Deferred as usize + 1;
+
+/// A region's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RegionStats {
+    pub pages: u64,
+    pub budget_pages: u64,
+    /// Pages present in the region (the zero page included).
+    pub resident_pages: u64,
+    /// Pages held compressed in the device.
+    pub stored_pages: u64,
+    /// Pages the store refused, held whole in the heap until touched.
+    pub held_pages: u64,
+    /// Faults served from the store.
+    pub faults: u64,
+    /// Faults served with zeros (a page never written, dropped, or stored as zeros).
+    pub zero_faults: u64,
+    /// Faults served from a held copy.
+    pub held_faults: u64,
+    /// Faults on a page already present (another thread's fault served it first).
+    pub spurious_faults: u64,
+    /// Pages compressed into the store and dropped.
+    pub evictions: u64,
+    /// Pages found all zeros at eviction: dropped with nothing stored.
+    pub zero_evictions: u64,
+    /// Evictions the store refused (the page stayed resident or was held).
+    pub evict_failures: u64,
+    /// Pages the program dropped (`MADV_DONTNEED`, `MADV_FREE`).
+    pub removed_pages: u64,
+    /// Pages the program unmapped.
+    pub unmapped_pages: u64,
+    /// Pages the program moved out with `mremap`.
+    pub remapped_pages: u64,
+    /// Pages whose stored copy could not be read: a touch raises SIGBUS.
+    pub poisoned_pages: u64,
+    /// Faults served late: the address space was changing (`EAGAIN`), or the region was
+    /// over its budget while the reclaim thread caught up.
+    pub deferred_faults: u64,
+    /// The device's `mm_stat`.
+    pub mm_stat: MmStat,
+}
+
+/// How a region makes its own device.
+#[derive(Debug, Clone)]
+pub struct RegionConfig {
+    pub algorithm: Algorithm,
+    pub allocator: AllocatorKind,
+    /// The device's memory limit in bytes (0: none): a store past it fails and the page
+    /// stays resident.
+    pub store_limit: u64,
+}
+
+impl Default for RegionConfig {
+    fn default() -> Self {
+        RegionConfig {
+            algorithm: Algorithm::new(Kind::Lz4),
+            allocator: AllocatorKind::Zsmalloc,
+            store_limit: 0,
+        }
+    }
+}
+
+/// What the region's threads share.
+///
+/// Field order is drop order: the userfaultfd closes before the mappings are unmapped.
+struct Shared {
+    uffd: Uffd,
+    map: Mapping,
+    /// The evictors' landing pad: `BATCH` pages for the reclaim thread, one for
+    /// [`Region::evict`].
+    scratch: Mapping,
+    device: Device,
+    page_size: usize,
+    pages: u64,
+    budget_pages: AtomicU64,
+    /// A state byte per page.
+    states: Box<[AtomicU8]>,
+    locks: Stripes,
+    gate: RwLock<()>,
+    resident: AtomicU64,
+    stored: AtomicU64,
+    /// Pages the store refused, by page.
+    held: Mutex<HashMap<u64, Box<[u8]>>>,
+    counts: Counters<COUNTS>,
+    /// Faults served from the store, with zeros, from a held copy: counted by the fault
+    /// thread alone, before its copy wakes the faulting thread (so that thread's next
+    /// reading includes its own fault), and taken back if the copy fails.
+    fault_ins: [AtomicU64; 3],
+    /// Stops the reclaim thread.
+    stop: AtomicBool,
+    /// Stops the fault thread (set only once the reclaim thread is gone: its drop of the
+    /// pad waits for the fault thread to read the event).
+    stop_faults: AtomicBool,
+    waker: Waker,
+    /// The reclaim thread's wake-up: set when the budget is exceeded.
+    reclaim_wanted: Mutex<bool>,
+    reclaim_cv: Condvar,
+    /// Whether the reclaim thread's last batch evicted nothing (the fault thread then stops
+    /// holding faults back for the budget's sake: nothing would release them).
+    reclaim_stuck: AtomicBool,
+    /// The pad page of [`Region::evict`].
+    scratch_manual: Mutex<()>,
+    /// The last store error, as text.
+    last_error: Mutex<Option<String>>,
+}
+
+/// An anonymous mapping whose pages beyond a RAM budget are kept compressed; see the
+/// module's documentation.
+pub struct Region {
+    shared: Arc<Shared>,
+    fault_thread: Option<JoinHandle<()>>,
+    reclaim_thread: Option<JoinHandle<()>>,
+}
+
+impl Region {
+    /// A region of `len` bytes, at most `budget` of them resident, storing in a new zram
+    /// device (lz4 on zsmalloc).
+    pub fn new(len: usize, budget: usize) -> Result<Region> {
+        Region::with_config(len, budget, &RegionConfig::default())
+    }
+
+    /// A region storing in a new device made as `config` says.
+    pub fn with_config(len: usize, budget: usize, config: &RegionConfig) -> Result<Region> {
+        let page_size = ztier_base::os::page_size();
+        check_length(len, page_size)?;
+        let layout = ZsConfig {
+            page_size,
+            ..ZsConfig::default()
+        };
+        let pool = config
+            .allocator
+            .make_pool(&layout)
+            .map_err(|e| Error::Device(e.to_string()))?;
+        let device = Device::new(len as u64, config.algorithm.clone(), pool)
+            .map_err(|e| Error::Device(e.to_string()))?;
+        device.set_mem_limit(config.store_limit);
+        Region::with_device(len, budget, device)
+    }
+
+    /// A region storing in `device`, which must have a page for each of the region's, of
+    /// the OS page size, and be empty (its pages are the region's from now on).
+    pub fn with_device(len: usize, budget: usize, device: Device) -> Result<Region> {
+        let page_size = ztier_base::os::page_size();
+        check_length(len, page_size)?;
+        let pages = (len / page_size) as u64;
+        if device.page_size() != page_size || device.pages() < pages {
+            return Err(Error::DeviceTooSmall {
+                device_pages: device.pages(),
+                device_page_size: device.page_size(),
+                pages,
+                page_size,
+            });
+        }
+        if budget < page_size {
+            return Err(Error::BadBudget { budget, page_size });
+        }
+        let os = |what| move |source| Error::Os { what, source };
+        let uffd = Uffd::open().map_err(|e| match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => Error::NotPermitted(e),
+            _ => Error::Os {
+                what: "userfaultfd",
+                source: e,
+            },
+        })?;
+        let features = userfaultfd::FEATURE_EVENT_REMOVE
+            | userfaultfd::FEATURE_EVENT_UNMAP
+            | userfaultfd::FEATURE_EVENT_REMAP
+            | userfaultfd::FEATURE_MOVE
+            | userfaultfd::FEATURE_POISON;
+        uffd.api(features).map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => Error::Unsupported(
+                "UFFDIO_MOVE, UFFDIO_POISON or the remove, unmap and remap events",
+            ),
+            _ => Error::Os {
+                what: "UFFDIO_API",
+                source: e,
+            },
+        })?;
+        let map = Mapping::new(len).map_err(os("mmap of the region"))?;
+        let scratch = Mapping::new((BATCH + 1) * page_size).map_err(os("mmap of the pad"))?;
+        for m in [&map, &scratch] {
+            uffd.register(m.addr(), m.len() as u64, userfaultfd::MODE_MISSING)
+                .map_err(os("UFFDIO_REGISTER"))?;
+        }
+        let shared = Arc::new(Shared {
+            uffd,
+            map,
+            scratch,
+            device,
+            page_size,
+            pages,
+            budget_pages: AtomicU64::new((budget / page_size) as u64),
+            states: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
+            locks: Stripes::new(STRIPES),
+            gate: RwLock::new(()),
+            resident: AtomicU64::new(0),
+            stored: AtomicU64::new(0),
+            held: Mutex::new(HashMap::new()),
+            counts: Counters::default(),
+            fault_ins: Default::default(),
+            stop: AtomicBool::new(false),
+            stop_faults: AtomicBool::new(false),
+            waker: Waker::new().map_err(os("eventfd"))?,
+            reclaim_wanted: Mutex::new(false),
+            reclaim_cv: Condvar::new(),
+            reclaim_stuck: AtomicBool::new(false),
+            scratch_manual: Mutex::new(()),
+            last_error: Mutex::new(None),
+        });
+        let spawn = |name: &str, f: fn(&Shared)| {
+            let sh = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(&sh))
+                .map_err(os("spawning a thread"))
+        };
+        let mut region = Region {
+            shared: Arc::clone(&shared),
+            fault_thread: None,
+            reclaim_thread: None,
+        };
+        region.fault_thread = Some(spawn("uffd-fault", fault::run)?);
+        region.reclaim_thread = Some(spawn("uffd-reclaim", reclaim::run)?);
+        Ok(region)
+    }
+
+    /// The region's first byte. Reading and writing through it is the caller's business
+    /// (the memory lives as long as the region); [`words`](Region::words) is the safe view.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.shared.map.ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shared.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.shared.page_size
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.shared.pages
+    }
+
+    /// Whether faults taken inside the kernel (a system call reading or writing the
+    /// region) fail with `EFAULT`: the process could only have a user-mode-only
+    /// userfaultfd.
+    pub fn user_mode_only(&self) -> bool {
+        self.shared.uffd.user_mode_only
+    }
+
+    /// The region as machine words any thread may read and write at once.
+    pub fn words(&self) -> &[AtomicU64] {
+        let n = self.len() / size_of::<AtomicU64>();
+        // SAFETY: the mapping is page-aligned, `len` bytes long and lives as long as
+        // `self`; any bytes are a valid AtomicU64, and atomics make concurrent access by
+        // any thread sound. The kernel changes the memory only as the protocol says (a page
+        // moved out comes back with its content; dropped pages read as zeros, as the owner
+        // asked).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.shared.map.ptr().cast::<AtomicU64>(), n)
+        }
+    }
+
+    /// Sets the budget in bytes (at least one page).
+    pub fn set_budget(&self, budget: usize) -> Result<()> {
+        let page_size = self.shared.page_size;
+        if budget < page_size {
+            return Err(Error::BadBudget { budget, page_size });
+        }
+        self.shared
+            .budget_pages
+            .store((budget / page_size) as u64, Relaxed);
+        self.shared.wake_reclaim_if_over();
+        Ok(())
+    }
+
+    /// Drops `[offset, offset + len)` as the program's own `MADV_DONTNEED` would (it is
+    /// one): those pages read as zeros afterwards, and their stored copies go.
+    pub fn discard(&self, offset: usize, len: usize) -> Result<()> {
+        let page = self.shared.page_size;
+        if !offset.is_multiple_of(page) || offset.checked_add(len).is_none_or(|e| e > self.len()) {
+            return Err(Error::BadPage((offset / page) as u64));
+        }
+        // SAFETY: the range is inside the region; dropping its content is what the owner
+        // asks; nothing holds a non-atomic reference into the region (`words` is atomic).
+        #[allow(unsafe_code)]
+        unsafe { self.shared.map.dont_need(offset, len) }.map_err(|source| Error::Os {
+            what: "madvise(MADV_DONTNEED)",
+            source,
+        })
+    }
+
+    /// Evicts page `page` now if it is resident: `Ok(true)` if it went out, `Ok(false)` if
+    /// it was not resident or the address space was changing, the store's error if it
+    /// refused (the page stays in memory).
+    pub fn evict(&self, page: u64) -> Result<bool> {
+        if page >= self.shared.pages {
+            return Err(Error::BadPage(page));
+        }
+        let _pad = self.shared.scratch_manual.lock();
+        let slot = BATCH;
+        let r = self.shared.evict_one(page, slot);
+        self.shared.empty_pad(slot, 1);
+        Ok(matches!(r?, reclaim::Evicted::Out))
+    }
+
+    /// The region's figures.
+    pub fn stats(&self) -> RegionStats {
+        let sh = &self.shared;
+        let c = |k: Count| sh.counts.sum(k as usize);
+        RegionStats {
+            pages: sh.pages,
+            budget_pages: sh.budget_pages.load(Relaxed),
+            resident_pages: sh.resident.load(Relaxed),
+            stored_pages: sh.stored.load(Relaxed),
+            held_pages: sh.held.lock().len() as u64,
+            faults: sh.fault_ins[0].load(Relaxed),
+            zero_faults: sh.fault_ins[1].load(Relaxed),
+            held_faults: sh.fault_ins[2].load(Relaxed),
+            spurious_faults: c(Count::SpuriousFaults),
+            evictions: c(Count::Evictions),
+            zero_evictions: c(Count::ZeroEvictions),
+            evict_failures: c(Count::EvictFailures),
+            removed_pages: c(Count::Removed),
+            unmapped_pages: c(Count::Unmapped),
+            remapped_pages: c(Count::Remapped),
+            poisoned_pages: c(Count::Poisoned),
+            deferred_faults: c(Count::Deferred),
+            mm_stat: sh.device.mm_stat(),
+        }
+    }
+
+    /// The last error a store gave the reclaim thread, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared.last_error.lock().clone()
+    }
+}
+
+fn check_length(len: usize, page_size: usize) -> Result<()> {
+    if len == 0 || !len.is_multiple_of(page_size) {
+        return Err(Error::BadLength { len, page_size });
+    }
+    Ok(())
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        sh.stop.store(true, Relaxed);
+        {
+            let mut wanted = sh.reclaim_wanted.lock();
+            *wanted = true;
+            sh.reclaim_cv.notify_all();
+        }
+        // The reclaim thread first: its drop of the pad waits for the fault thread to read
+        // the event.
+        if let Some(t) = self.reclaim_thread.take() {
+            let _ = t.join();
+        }
+        sh.stop_faults.store(true, Relaxed);
+        sh.waker.wake();
+        if let Some(t) = self.fault_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.uffd.shutdown();
+        let ps = self.page_size;
+        let mine = |page: u64| {
+            let s = self.state(page) & STATE_MASK;
+            s != UNMAPPED && s != GONE
+        };
+        if (0..self.pages).all(mine) {
+            return; // the mapping's drop unmaps it whole
+        }
+        let mut runs = Vec::new();
+        let mut page = 0;
+        while page < self.pages {
+            if !mine(page) {
+                page += 1;
+                continue;
+            }
+            let start = page;
+            while page < self.pages && mine(page) {
+                page += 1;
+            }
+            runs.push((start as usize * ps, (page - start) as usize * ps));
+        }
+        // SAFETY: the threads are gone and the region with them: nothing uses the mapping.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.map.unmap_runs(runs.into_iter())
+        };
+    }
+}
+
+impl Shared {
+    fn state(&self, page: u64) -> u8 {
+        self.states[page as usize].load(Relaxed)
+    }
+
+    /// Sets a page's state; the caller holds its lock.
+    fn set_state(&self, page: u64, state: u8) {
+        self.states[page as usize].store(state, Relaxed);
+    }
+
+    fn count(&self, k: Count, n: u64) {
+        self.counts.add(k as usize, n);
+    }
+
+    /// The region page at `addr`, if it is one.
+    fn page_of(&self, addr: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.map.addr())?;
+        (off < self.map.len() as u64).then(|| off / self.page_size as u64)
+    }
+
+    fn page_addr(&self, page: u64) -> u64 {
+        self.map.addr() + page * self.page_size as u64
+    }
+
+    fn over_budget(&self) -> bool {
+        self.resident.load(Relaxed) > self.budget_pages.load(Relaxed)
+    }
+
+    fn wake_reclaim_if_over(&self) {
+        if self.over_budget() {
+            let mut wanted = self.reclaim_wanted.lock();
+            if !*wanted {
+                *wanted = true;
+                self.reclaim_cv.notify_one();
+            }
+        }
+    }
+
+    /// Leaves `page`'s state for `to` (its lock held), keeping the resident and stored
+    /// counts and dropping a held copy it leaves behind.
+    fn leave(&self, page: u64, from: u8, to: u8) {
+        match from & STATE_MASK {
+            RESIDENT => {
+                self.resident.fetch_sub(1, Relaxed);
+            }
+            STORED => {
+                self.stored.fetch_sub(1, Relaxed);
+            }
+            HELD => {
+                self.held.lock().remove(&page);
+            }
+            _ => {}
+        }
+        match to & STATE_MASK {
+            RESIDENT => {
+                self.resident.fetch_add(1, Relaxed);
+            }
+            STORED => {
+                self.stored.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+        self.set_state(page, to);
+    }
+
+    /// Drops whatever page `page` holds out of the region (its lock held): its stored copy
+    /// is discarded.
+    fn drop_stored(&self, page: u64, state: u8) {
+        if state & STATE_MASK == STORED {
+            // A discard of an index in range only fails for a bad index.
+            let _ = self.device.discard_page(page);
+        }
+    }
+}

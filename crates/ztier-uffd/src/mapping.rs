@@ -1,0 +1,138 @@
+//! An anonymous private mapping (`mmap`), its `madvise`s and its `munmap` at drop: the
+//! region's memory and the reclaim thread's landing pad.
+//!
+//! Invariants: the mapping lives exactly as long as the value; it is never inherited by a
+//! child (`MADV_DONTFORK`: a child would share the region's pages copy-on-write, which
+//! `UFFDIO_MOVE` refuses, and would fault on pages no handler serves); it never holds
+//! transparent huge pages (`MADV_NOHUGEPAGE`: faults, copies and moves are per 4 KiB page,
+//! and khugepaged must not gather pages the protocol tracks one by one). No locks.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Whether the drop unmaps the whole range (else [`Mapping::unmap_runs`] did the part
+    /// that was still ours).
+    whole: AtomicBool,
+}
+
+// SAFETY: the mapping is plain memory owned by the value; which thread reads or changes what
+// is the protocol's (lib.rs), and every access through this type is by raw address or
+// through `slice`, whose caller answers for it.
+unsafe impl Send for Mapping {}
+// SAFETY: as Send.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// A new mapping of `len` bytes (a whole number of pages, more than zero), readable and
+    /// writable, with no swap reserved for it.
+    pub fn new(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a new anonymous mapping at an address of the kernel's choosing: it touches
+        // no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let map = Mapping {
+            ptr: NonNull::new(p.cast()).expect("mmap never maps address 0 for us"),
+            len,
+            whole: AtomicBool::new(true),
+        };
+        for advice in [libc::MADV_DONTFORK, libc::MADV_NOHUGEPAGE] {
+            // SAFETY: advice on our own new mapping; neither changes its content.
+            if unsafe { libc::madvise(p, len, advice) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(map)
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `MADV_DONTNEED` of `[offset, offset + len)` (clamped to the mapping): its pages go back
+    /// to the OS and read as empty (a userfaultfd fault, or zeros) afterwards.
+    ///
+    /// # Safety
+    /// No reference to those bytes may be alive, and their content must be one the caller
+    /// means to drop (the region's owner asked for it, or the reclaim thread stored it).
+    pub unsafe fn dont_need(&self, offset: usize, len: usize) -> io::Result<()> {
+        let len = len.min(self.len.saturating_sub(offset));
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range is inside our mapping (clamped above); dropping its content is
+        // the caller's contract.
+        let r = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(offset).cast(),
+                len,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Unmaps the byte ranges `runs` (each inside the mapping) now, and nothing more at the
+    /// drop: for a mapping part of which the program unmapped or moved itself, whose
+    /// addresses may hold the program's own mappings since.
+    ///
+    /// # Safety
+    /// Nothing may use the mapping afterwards (the caller is its owner's drop).
+    pub unsafe fn unmap_runs(&self, runs: impl Iterator<Item = (usize, usize)>) {
+        self.whole.store(false, Relaxed);
+        for (offset, len) in runs {
+            assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
+            // SAFETY: inside our mapping (checked), and no longer used (the caller's
+            // contract).
+            unsafe { libc::munmap(self.ptr.as_ptr().add(offset).cast(), len) };
+        }
+    }
+
+    /// The bytes `[offset, offset + len)`.
+    ///
+    /// # Safety
+    /// The range must be inside the mapping, its pages present (a fault on a registered
+    /// page from the thread that serves faults would wait for itself), and nothing may
+    /// change them while the slice lives.
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if self.whole.load(Relaxed) {
+            // SAFETY: our own mapping, unmapped once; nothing borrows it past the value's
+            // life.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The userfaultfd file descriptor and its ioctls (`include/uapi/linux/userfaultfd.h`), and
+//! the eventfd that wakes the thread polling it: the only system calls of the crate besides
+//! the mapping's (`mapping.rs`).
+//!
+//! Why raw ioctls: the protocol needs `UFFDIO_MOVE` (6.8) and `UFFDIO_POISON` (6.6), which
+//! no userfaultfd crate wraps; the structures below are the kernel's, field for field.
+//!
+//! Invariants: every ioctl here either only reads memory of ours passed as a slice, or
+//! changes page tables of a range the kernel itself checks is registered with this
+//! descriptor; the one exception, [`Uffd::move_page`], takes a page *out* of a mapping and is
+//! `unsafe` for that reason. No locks.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+
+const UFFDIO: u32 = 0xAA;
+const UFFD_API: u64 = 0xAA;
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+
+/// `_IOC(dir, 0xAA, nr, size)`.
+const fn ioc(dir: u32, nr: u32, size: usize) -> libc::c_ulong {
+    ((dir << 30) | ((size as u32) << 16) | (UFFDIO << 8) | nr) as libc::c_ulong
+}
+const READ_WRITE: u32 = 3;
+const READ: u32 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+/// `struct uffdio_copy` and `struct uffdio_move` have the same layout.
+#[repr(C)]
+#[derive(Default)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    /// Bytes copied (moved), or a negative errno.
+    done: i64,
+}
+/// `struct uffdio_zeropage` and `struct uffdio_poison` have the same layout.
+#[repr(C)]
+#[derive(Default)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    done: i64,
+}
+
+const UFFDIO_API: libc::c_ulong = ioc(READ_WRITE, 0x3F, size_of::<UffdioApi>());
+const UFFDIO_REGISTER: libc::c_ulong = ioc(READ_WRITE, 0x00, size_of::<UffdioRegister>());
+const UFFDIO_UNREGISTER: libc::c_ulong = ioc(READ, 0x01, size_of::<UffdioRange>());
+const UFFDIO_WAKE: libc::c_ulong = ioc(READ, 0x02, size_of::<UffdioRange>());
+const UFFDIO_COPY: libc::c_ulong = ioc(READ_WRITE, 0x03, size_of::<UffdioCopy>());
+const UFFDIO_ZEROPAGE: libc::c_ulong = ioc(READ_WRITE, 0x04, size_of::<UffdioZeropage>());
+const UFFDIO_MOVE: libc::c_ulong = ioc(READ_WRITE, 0x05, size_of::<UffdioCopy>());
+const UFFDIO_POISON: libc::c_ulong = ioc(READ_WRITE, 0x08, size_of::<UffdioZeropage>());
+const _: () = assert!(UFFDIO_API == 0xc018_aa3f && UFFDIO_COPY == 0xc028_aa03);
+const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00 && UFFDIO_UNREGISTER == 0x8010_aa01);
+
+/// `UFFDIO_REGISTER_MODE_MISSING`.
+pub const MODE_MISSING: u64 = 1;
+
+/// Features the region asks for (`UFFD_FEATURE_*`).
+pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
+pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_POISON: u64 = 1 << 14;
+pub const FEATURE_MOVE: u64 = 1 << 16;
+
+/// `UFFD_EVENT_*`.
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+pub const EVENT_REMAP: u8 = 0x14;
+pub const EVENT_REMOVE: u8 = 0x15;
+pub const EVENT_UNMAP: u8 = 0x16;
+/// `UFFD_PAGEFAULT_FLAG_WRITE`.
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+
+/// `struct uffd_msg` (packed in the kernel's header; this layout has no padding either).
+#[repr(C)]
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Msg {
+    pub event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    /// pagefault: flags, address, ptid; remap: from, to, len; remove and unmap: start, end.
+    pub arg: [u64; 3],
+}
+const _: () = assert!(size_of::<Msg>() == 32);
+
+/// What an ioctl that changes a page said: done, or the kernel's errno (`EAGAIN`: the
+/// address space is changing and an event is waiting to be read; `EEXIST`: the page is
+/// there already; `ENOENT`: no registered mapping there, or for a move no page at the source).
+pub type Outcome = Result<(), i32>;
+
+/// A userfaultfd descriptor, non-blocking.
+pub struct Uffd {
+    /// The descriptor, -1 once [`Uffd::shutdown`] closed it (every call then fails with
+    /// `EBADF`).
+    fd: AtomicI32,
+    /// Made with `UFFD_USER_MODE_ONLY`: faults taken inside the kernel (a system call reading
+    /// or writing the region) are not handled and fail with `EFAULT`.
+    pub user_mode_only: bool,
+}
+
+impl Uffd {
+    /// A new descriptor: handling every fault if the process may (`CAP_SYS_PTRACE` or
+    /// `vm.unprivileged_userfaultfd=1`), else user-mode faults only, where the kernel allows
+    /// that, then `/dev/userfaultfd` (its permissions decide).
+    pub fn open() -> io::Result<Uffd> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let mut first_error = None;
+        for (extra, user_mode_only) in [(0, false), (UFFD_USER_MODE_ONLY, true)] {
+            // SAFETY: userfaultfd takes only flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | extra) };
+            if fd >= 0 {
+                // SAFETY: the kernel just made this descriptor for us alone.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+                return Ok(Uffd::from_fd(fd, user_mode_only));
+            }
+            first_error.get_or_insert_with(io::Error::last_os_error);
+        }
+        // SAFETY: a NUL-terminated path and plain flags.
+        let dev =
+            unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if dev >= 0 {
+            // SAFETY: a descriptor open() just returned, ours alone.
+            let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+            const USERFAULTFD_IOC_NEW: libc::c_ulong = (UFFDIO << 8) as libc::c_ulong;
+            // SAFETY: USERFAULTFD_IOC_NEW takes the flags by value and returns a descriptor.
+            let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) };
+            if fd >= 0 {
+                // SAFETY: a descriptor the kernel just made for us alone.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                return Ok(Uffd::from_fd(fd, false));
+            }
+        }
+        Err(first_error.unwrap_or_else(io::Error::last_os_error))
+    }
+
+    fn from_fd(fd: OwnedFd, user_mode_only: bool) -> Uffd {
+        Uffd {
+            fd: AtomicI32::new(fd.into_raw_fd()),
+            user_mode_only,
+        }
+    }
+
+    fn raw(&self) -> i32 {
+        self.fd.load(Relaxed)
+    }
+
+    /// Closes the descriptor: the kernel unregisters every range and wakes the threads
+    /// waiting on faults (they fault again, on memory that is the kernel's own). Called once
+    /// the threads that use it are gone.
+    pub fn shutdown(&self) {
+        let fd = self.fd.swap(-1, Relaxed);
+        if fd >= 0 {
+            // SAFETY: a descriptor this value owned, closed once (the swap above).
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    /// `UFFDIO_API` with `features`; the features the kernel has, or its error (`EINVAL`:
+    /// one of them is not in this kernel).
+    pub fn api(&self, features: u64) -> io::Result<u64> {
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API reads and writes the struct we pass, nothing else.
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_API, &mut api) })?;
+        Ok(api.features)
+    }
+
+    /// `UFFDIO_REGISTER` of `[start, start + len)` in `mode`.
+    pub fn register(&self, start: u64, len: u64, mode: u64) -> io::Result<()> {
+        let mut reg = UffdioRegister {
+            range: UffdioRange { start, len },
+            mode,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER reads and writes the struct we pass; registering changes
+        // no memory's content.
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_REGISTER, &mut reg) })
+    }
+
+    /// `UFFDIO_UNREGISTER`: the range's faults are the kernel's again (missing pages read as
+    /// zeros); threads waiting on them are woken.
+    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
+        let range = UffdioRange { start, len };
+        // SAFETY: UFFDIO_UNREGISTER reads the struct we pass; it changes no page's content.
+        cvt(unsafe { libc::ioctl(self.raw(), UFFDIO_UNREGISTER, &range) })
+    }
+
+    /// `UFFDIO_WAKE`: wakes the threads waiting on faults in the range.
+    pub fn wake(&self, start: u64, len: u64) {
+        let range = UffdioRange { start, len };
+        // SAFETY: UFFDIO_WAKE reads the struct we pass and only wakes threads. A failure
+        // (nothing waiting, a range gone) leaves nothing to do.
+        unsafe { libc::ioctl(self.raw(), UFFDIO_WAKE, &range) };
+    }
+
+    /// `UFFDIO_COPY` of `src` to `dst` (page-aligned, `src.len()` a whole number of pages),
+    /// waking the threads waiting there.
+    pub fn copy(&self, dst: u64, src: &[u8]) -> Outcome {
+        let mut copy = UffdioCopy {
+            dst,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            ..Default::default()
+        };
+        // SAFETY: the kernel reads `src.len()` bytes from `src`, a live slice, and fills only
+        // page-table entries that are empty (EEXIST otherwise) in a mapping registered with
+        // this descriptor (ENOENT otherwise): it overwrites no memory anyone holds.
+        let r = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut copy) };
+        outcome(r, copy.done, src.len())
+    }
+
+    /// `UFFDIO_ZEROPAGE`: maps the zero page at the empty pages of the range.
+    pub fn zeropage(&self, start: u64, len: u64) -> Outcome {
+        let mut z = UffdioZeropage {
+            range: UffdioRange { start, len },
+            ..Default::default()
+        };
+        // SAFETY: as `copy`: only empty entries of a registered mapping are filled.
+        let r = unsafe { libc::ioctl(self.raw(), UFFDIO_ZEROPAGE, &mut z) };
+        outcome(r, z.done, len as usize)
+    }
+
+    /// `UFFDIO_POISON`: the range's empty pages raise `SIGBUS` when touched (a page whose
+    /// stored copy could not be read back: the program learns it lost it rather than reading
+    /// something else).
+    pub fn poison(&self, start: u64, len: u64) -> Outcome {
+        let mut z = UffdioZeropage {
+            range: UffdioRange { start, len },
+            ..Default::default()
+        };
+        // SAFETY: as `copy`: only empty entries of a registered mapping are filled.
+        let r = unsafe { libc::ioctl(self.raw(), UFFDIO_POISON, &mut z) };
+        outcome(r, z.done, len as usize)
+    }
+
+    /// `UFFDIO_MOVE` of the pages at `src` to `dst` (empty, in a mapping registered with this
+    /// descriptor): atomically, as far as any thread can see, the pages leave `src` (whose
+    /// entries become empty) and appear at `dst`, with their content as it was at the move.
+    ///
+    /// # Safety
+    /// The pages at `src` must be ones whose content the caller keeps for their owner (a
+    /// region page under its page lock, which the protocol stores or puts back): the kernel
+    /// accepts any anonymous private mapping as the source, Rust's own heap included.
+    pub unsafe fn move_page(&self, dst: u64, src: u64, len: u64) -> Outcome {
+        let mut mv = UffdioCopy {
+            dst,
+            src,
+            len,
+            ..Default::default()
+        };
+        // SAFETY: the struct is ours; what the move does to `src` is the caller's contract;
+        // `dst` must be empty and registered with this descriptor, which the kernel checks.
+        let r = unsafe { libc::ioctl(self.raw(), UFFDIO_MOVE, &mut mv) };
+        outcome(r, mv.done, len as usize)
+    }
+
+    /// Reads the waiting messages into `buf`; how many (0: none waiting).
+    pub fn read(&self, buf: &mut [Msg]) -> io::Result<usize> {
+        // SAFETY: read writes at most `size_of_val(buf)` bytes into `buf`, a live slice of
+        // plain integers (any bytes are valid values).
+        let n = unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), size_of_val(buf)) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) => Ok(0),
+                _ => Err(e),
+            };
+        }
+        Ok(n as usize / size_of::<Msg>())
+    }
+
+    /// Waits until a message is waiting, `waker` is signalled, or `timeout_ms` pass (-1:
+    /// no limit).
+    pub fn poll(&self, waker: &Waker, timeout_ms: i32) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: waker.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll reads and writes the two structs of a live array, nothing else. An
+        // interrupted poll returns early, which the caller's loop absorbs.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+    }
+}
+
+impl Drop for Uffd {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// An eventfd: wakes the fault thread out of its poll to stop.
+pub struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    pub fn new() -> io::Result<Waker> {
+        // SAFETY: eventfd takes an initial count and flags and returns a descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        cvt(fd)?;
+        // SAFETY: a descriptor the kernel just made for us alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Waker { fd })
+    }
+
+    /// Makes the descriptor readable (for good: the fault thread is stopping).
+    pub fn wake(&self) {
+        let one = 1u64;
+        // SAFETY: writes the 8 bytes of a live u64. A full counter (EAGAIN) is still readable.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+fn cvt(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// An ioctl's result as [`Outcome`]: a whole `len` done, else the errno (a part done is
+/// reported by the kernel as done bytes with `EAGAIN`; the callers here move whole pages,
+/// one at a time, or retry the whole range).
+fn outcome(r: libc::c_int, done: i64, len: usize) -> Outcome {
+    if r == 0 && done == len as i64 {
+        return Ok(());
+    }
+    if done < 0 {
+        return Err(-done as i32);
+    }
+    Err(io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO))
+}

@@ -1,0 +1,318 @@
+//! A region's pages read back as written whatever evicts them, and the program's own drops,
+//! unmaps and moves never bring back a stale copy.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use common::{check_page, region, write_page, PAGE, WORDS};
+
+#[test]
+fn a_never_written_page_reads_as_zeros_and_costs_no_store() {
+    let Some(r) = region(256 * PAGE, 256 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    assert!(words.iter().all(|w| w.load(Relaxed) == 0));
+    let s = r.stats();
+    assert_eq!(s.zero_faults, 256, "{s:?}");
+    assert_eq!(s.resident_pages, 256);
+    // Evicted, a page of zeros is dropped with nothing stored.
+    for page in 0..256 {
+        assert!(r.evict(page).unwrap(), "page {page} was resident");
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.resident_pages, s.stored_pages, s.evictions),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.zero_evictions, 256);
+    assert_eq!(
+        s.mm_stat.orig_data_size, 0,
+        "the device holds nothing: {s:?}"
+    );
+    assert!(words.iter().all(|w| w.load(Relaxed) == 0));
+    // A page written with zeros is no different.
+    words[5 * WORDS].store(0, Relaxed);
+    assert!(r.evict(5).unwrap());
+    assert_eq!(r.stats().stored_pages, 0);
+}
+
+#[test]
+fn an_evicted_page_is_stored_and_comes_back() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    for page in 0..64 {
+        assert!(r.evict(page).unwrap());
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.resident_pages, s.stored_pages, s.evictions),
+        (0, 64, 64),
+        "{s:?}"
+    );
+    assert_eq!(s.mm_stat.orig_data_size, 64 * PAGE as u64);
+    for page in 0..64 {
+        check_page(words, page, 1).unwrap();
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.faults, s.resident_pages, s.stored_pages),
+        (64, 64, 0),
+        "{s:?}"
+    );
+    assert!(r.evict(64).is_err(), "page 64 is beyond the region");
+}
+
+/// Eight threads each own every eighth page and write new versions of them or check them,
+/// at random, while the reclaim thread keeps the region at a tenth of its size.
+#[test]
+fn every_page_reads_back_under_a_tenth_budget_with_eight_threads() {
+    const PAGES: u64 = 4096;
+    const THREADS: u64 = 8;
+    let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE / 10) else {
+        return;
+    };
+    let words = r.words();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            s.spawn(move || {
+                let mine: Vec<u64> = (t..PAGES).step_by(THREADS as usize).collect();
+                let mut version = vec![0u64; mine.len()];
+                let mut x = 0x2545_F491_4F6C_DD1D_u64 ^ t;
+                for _ in 0..12_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = (x % mine.len() as u64) as usize;
+                    if x >> 60 < 6 {
+                        version[i] += 1;
+                        write_page(words, mine[i], version[i]);
+                    } else {
+                        check_page(words, mine[i], version[i]).unwrap();
+                    }
+                }
+                for (i, &page) in mine.iter().enumerate() {
+                    check_page(words, page, version[i]).unwrap();
+                }
+            });
+        }
+    });
+    let s = r.stats();
+    assert!(s.evictions > 1000, "the reclaim thread ran: {s:?}");
+    assert!(s.faults > 1000, "pages came back from the store: {s:?}");
+    assert!(
+        s.resident_pages <= s.budget_pages + 2 * 64,
+        "resident pages stay near the budget: {s:?}"
+    );
+    assert_eq!(
+        s.evict_failures + s.poisoned_pages + s.held_pages,
+        0,
+        "{s:?}"
+    );
+}
+
+#[test]
+fn the_programs_madv_dontneed_never_brings_back_a_stored_copy() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    // Half out in the store, half resident; then the program drops pages 16..48 itself.
+    for page in 0..32 {
+        assert!(r.evict(page).unwrap());
+    }
+    let p = r.as_ptr();
+    // SAFETY: inside the region; dropping it is what the test means.
+    let rc = unsafe { libc::madvise(p.add(16 * PAGE).cast(), 32 * PAGE, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    let s = r.stats();
+    assert_eq!(
+        s.stored_pages, 16,
+        "the dropped pages' stored copies went: {s:?}"
+    );
+    assert_eq!(s.removed_pages, 32);
+    assert_eq!(s.mm_stat.orig_data_size, 16 * PAGE as u64);
+    for page in 0..64 {
+        let version = if (16..48).contains(&page) { 0 } else { 1 };
+        check_page(words, page, version).unwrap();
+    }
+    // Written again, evicted, dropped through the region's own call: zeros again.
+    write_page(words, 20, 2);
+    assert!(r.evict(20).unwrap());
+    r.discard(20 * PAGE, PAGE).unwrap();
+    check_page(words, 20, 0).unwrap();
+}
+
+#[test]
+fn the_programs_munmap_drops_the_stored_copies() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    for page in 0..64 {
+        assert!(r.evict(page).unwrap());
+    }
+    let p = r.as_ptr();
+    // SAFETY: the region's last 32 pages are replaced by fresh anonymous memory (an unmap
+    // and a new mapping in one call, so no other thread's mapping can land in between).
+    unsafe {
+        let q = libc::mmap(
+            p.add(32 * PAGE).cast(),
+            32 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        assert_eq!(q, p.add(32 * PAGE).cast());
+    }
+    let s = r.stats();
+    assert_eq!(s.stored_pages, 32, "{s:?}");
+    assert_eq!(s.unmapped_pages, 32);
+    for page in 0..64 {
+        check_page(words, page, if page < 32 { 1 } else { 0 }).unwrap();
+    }
+    // The new memory is the program's: the region never takes its pages, nor unmaps them.
+    for page in 32..64 {
+        write_page(words, page, 3);
+        assert!(!r.evict(page).unwrap());
+        check_page(words, page, 3).unwrap();
+    }
+    let ours = p as usize + 32 * PAGE;
+    drop(r);
+    // SAFETY: the test's own mapping; it reads as written after the region went.
+    unsafe {
+        let w = std::slice::from_raw_parts(ours as *const std::sync::atomic::AtomicU64, 32 * WORDS);
+        for page in 0..32 {
+            for i in 0..WORDS {
+                assert_eq!(
+                    w[page * WORDS + i].load(Relaxed),
+                    common::word(32 + page as u64, 3, i)
+                );
+            }
+        }
+        libc::munmap(ours as *mut libc::c_void, 32 * PAGE);
+    }
+}
+
+#[test]
+fn the_programs_mremap_takes_its_pages_out_with_their_content() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    for page in (0..64).step_by(2) {
+        assert!(r.evict(page).unwrap());
+    }
+    let p = r.as_ptr();
+    // SAFETY: pages 32..64 move onto a place reserved for them; fresh memory is then mapped
+    // where they were, unless another thread's mapping landed there meanwhile
+    // (MAP_FIXED_NOREPLACE refuses to replace it).
+    let (moved, old_after, refilled) = unsafe {
+        let hole = libc::mmap(
+            std::ptr::null_mut(),
+            32 * PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(hole, libc::MAP_FAILED);
+        let q = libc::mremap(
+            p.add(32 * PAGE).cast(),
+            32 * PAGE,
+            32 * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            hole,
+        );
+        assert_eq!(q, hole, "{}", std::io::Error::last_os_error());
+        let back = libc::mmap(
+            p.add(32 * PAGE).cast(),
+            32 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        let moved =
+            std::slice::from_raw_parts(q.cast::<std::sync::atomic::AtomicU64>(), 32 * WORDS);
+        (moved, q, back == p.add(32 * PAGE).cast())
+    };
+    let s = r.stats();
+    assert_eq!(
+        s.stored_pages, 16,
+        "the moved pages' copies left the store: {s:?}"
+    );
+    assert_eq!(s.remapped_pages, 32);
+    for page in 0..32u64 {
+        // The moved pages read as written, at their new place.
+        let base = page as usize * WORDS;
+        for w in 0..WORDS {
+            assert_eq!(
+                moved[base + w].load(Relaxed),
+                common::word(32 + page, 1, w),
+                "moved page {page} word {w}"
+            );
+        }
+    }
+    let pages = if refilled { 64 } else { 32 };
+    for page in 0..pages {
+        check_page(words, page, if page < 32 { 1 } else { 0 }).unwrap();
+    }
+    let old = p as usize + 32 * PAGE;
+    drop(r);
+    // SAFETY: the moved pages, and the fresh memory where they were: the test's own, which
+    // the region left alone.
+    unsafe {
+        libc::munmap(old_after, 32 * PAGE);
+        if refilled {
+            libc::munmap(old as *mut libc::c_void, 32 * PAGE);
+        }
+    }
+}
+
+#[test]
+fn the_region_can_be_dropped_by_the_last_of_many_faulting_threads() {
+    let Some(r) = region(1024 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let r = std::sync::Arc::new(r);
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let r = std::sync::Arc::clone(&r);
+            std::thread::spawn(move || {
+                let words = r.words();
+                for round in 1..=3 {
+                    for page in (t..1024).step_by(8) {
+                        write_page(words, page, round);
+                    }
+                }
+                for page in (t..1024).step_by(8) {
+                    check_page(words, page, 3).unwrap();
+                }
+                // Whichever thread ends last drops the region, with the others' faults
+                // possibly still being served.
+            })
+        })
+        .collect();
+    drop(r);
+    for t in threads {
+        t.join().unwrap();
+    }
+}
