@@ -119,6 +119,12 @@ wait_for() {
   done
 }
 
+# Runs a command, its output shown only if it fails.
+quiet() {
+  local out
+  out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
+}
+
 osd_state() {
   local line
   line=$(cephc osd dump 2>/dev/null | grep "^osd\.$1 ") || { echo "unknown"; return; }
@@ -319,9 +325,9 @@ EOF
     wait_for "osd.$i" 120 "osd.$i up" osd_is "$i" up
   done
 
-  cephc osd pool create rbd "$pg_num" "$pg_num" replicated >/dev/null 2>&1
-  cephc osd pool set rbd size "$replicas" --yes-i-really-mean-it >/dev/null 2>&1
-  cephc osd pool set rbd min_size 1 >/dev/null 2>&1
+  quiet cephc osd pool create rbd "$pg_num" "$pg_num" replicated
+  quiet cephc osd pool set rbd size "$replicas" --yes-i-really-mean-it
+  quiet cephc osd pool set rbd min_size 1
   rbdc pool init rbd
   cephc auth get-or-create client.ztier mon 'profile rbd' osd 'profile rbd pool=rbd' \
     mgr 'profile rbd pool=rbd' >"$dir/ztier.keyring"
