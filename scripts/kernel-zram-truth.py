@@ -88,8 +88,24 @@ def kernel_config():
     config["arch"] = os.uname().machine
     return config
 
+def refuse(why):
+    print(f"kernel-zram-truth: cannot run: {why}", file=sys.stderr)
+    sys.exit(2)
+
 def main():
+    if len(sys.argv) != 2:
+        refuse("usage: kernel-zram-truth.py CORPUS.pages[.zst] > CORPUS.truth.json")
     path = sys.argv[1]
+    if os.geteuid() != 0:
+        refuse("needs root (zram's hot_add, sysfs attributes and its block device)")
+    if not os.path.exists("/sys/class/zram-control"):
+        subprocess.run(["modprobe", "zram", "num_devices=0"], capture_output=True)
+    if not os.path.exists("/sys/class/zram-control"):
+        refuse("this kernel has no zram (/sys/class/zram-control; modprobe zram failed)")
+    if not os.path.exists("/proc/config.gz"):
+        refuse("no /proc/config.gz: the figures need the kernel's CONFIG_ZSMALLOC_CHAIN_SIZE")
+    if not os.path.isfile(path):
+        refuse(f"{path}: no such file")
     with tempfile.TemporaryDirectory() as tmp:
         raw = path
         if path.endswith(".zst"):
