@@ -132,9 +132,20 @@ impl TraceReplay {
         if let Some(target) = &self.writeback {
             dev.set_backing(Some(Backing::new(target.store.clone(), target.format)?))?;
         }
+        // A trace read from a file was checked by `Trace::read`; one built in memory may
+        // break its invariants, which is an error here, never a panic.
         let page = |index: u32| {
             let at = index as usize * CORPUS_PAGE;
-            &corpus.bytes()[at..at + CORPUS_PAGE]
+            corpus.bytes().get(at..at + CORPUS_PAGE).ok_or_else(|| {
+                ReplayError::Config(format!(
+                    "the trace names corpus page {index}, {} has {}",
+                    corpus.name,
+                    corpus.pages()
+                ))
+            })
+        };
+        let inconsistent = |n: usize, vpn: u64, what: &str| {
+            ReplayError::Config(format!("trace epoch {n}: page {vpn:#x} {what}"))
         };
         let began = Instant::now();
         let mut slots: HashMap<u64, u64> = HashMap::new();
@@ -148,7 +159,9 @@ impl TraceReplay {
         for (n, epoch) in trace.epochs.iter().enumerate() {
             // Went first: their slots are free for the pages that appear.
             for vpn in &epoch.went {
-                let slot = slots.remove(vpn).expect("the trace was checked when read");
+                let slot = slots
+                    .remove(vpn)
+                    .ok_or_else(|| inconsistent(n, *vpn, "goes while not present"))?;
                 latest.remove(vpn);
                 dev.discard_page(slot)
                     .map_err(|e| at("discarding", slot as usize, e))?;
@@ -157,23 +170,31 @@ impl TraceReplay {
             }
             let mut read_back = 0;
             for w in &epoch.changed {
-                let slot = slots[&w.vpn];
+                let slot = *slots
+                    .get(&w.vpn)
+                    .ok_or_else(|| inconsistent(n, w.vpn, "changes while not present"))?;
                 // Swapped in before it is changed: from the store if it was written back.
                 read_back += u64::from(dev.entry(slot)?.has(SlotFlag::Wb));
                 dev.read_page(slot, &mut scratch)
                     .map_err(|e| at("reading", slot as usize, e))?;
-                dev.write_page(slot, page(w.corpus_page))
+                dev.write_page(slot, page(w.corpus_page)?)
                     .map_err(|e| at("writing", slot as usize, e))?;
                 latest.insert(w.vpn, w.corpus_page);
             }
             for w in &epoch.appeared {
+                if slots.contains_key(&w.vpn) {
+                    return Err(inconsistent(n, w.vpn, "appears while present"));
+                }
                 let slot = free.pop_first().unwrap_or_else(|| {
                     next_slot += 1;
                     next_slot - 1
                 });
+                if slot >= device_pages {
+                    return Err(inconsistent(n, w.vpn, "appears beyond the pages present"));
+                }
                 slots.insert(w.vpn, slot);
                 latest.insert(w.vpn, w.corpus_page);
-                dev.write_page(slot, page(w.corpus_page))
+                dev.write_page(slot, page(w.corpus_page)?)
                     .map_err(|e| at("writing", slot as usize, e))?;
             }
             totals.0 += (epoch.appeared.len() + epoch.changed.len()) as u64;
@@ -213,12 +234,13 @@ impl TraceReplay {
         }
         // Every present page reads back as its last content.
         for (vpn, &slot) in &slots {
+            let content = latest[vpn]; // set with every slot
             dev.read_page(slot, &mut scratch)
                 .map_err(|e| at("reading", slot as usize, e))?;
-            if scratch[..] != *page(latest[vpn]) {
+            if scratch[..] != *page(content)? {
                 return Err(ReplayError::Mismatch {
                     corpus: corpus.name.clone(),
-                    page: latest[vpn] as usize,
+                    page: content as usize,
                 });
             }
         }
@@ -369,6 +391,22 @@ mod tests {
             .run(&Corpus::load(&short).unwrap(), &trace)
             .unwrap_err();
         assert!(err.to_string().contains("not the corpus"), "{err}");
+        // A trace built in memory that breaks the invariants is an error, not a panic.
+        let mut broken = trace.clone();
+        broken.epochs[1].went.push(999);
+        let err = replay.run(&corpus, &broken).unwrap_err();
+        assert!(err.to_string().contains("goes while not present"), "{err}");
+        let mut broken = trace.clone();
+        broken.epochs[2].changed[0].vpn = 998;
+        let err = replay.run(&corpus, &broken).unwrap_err();
+        assert!(
+            err.to_string().contains("changes while not present"),
+            "{err}"
+        );
+        let mut broken = trace.clone();
+        broken.epochs[0].appeared[1].corpus_page = 10_000;
+        let err = replay.run(&corpus, &broken).unwrap_err();
+        assert!(err.to_string().contains("corpus page 10000"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
