@@ -146,7 +146,11 @@ impl Shared {
             HELD => 2,
             _ => 1,
         };
+        // In before the copy, which lets the faulting thread run on: what it reads of the
+        // region's figures (and of the device's) then includes its own fault. Put back if
+        // the copy fails.
         self.fault_ins[kind].fetch_add(1, Relaxed);
+        self.drop_stored(page, state);
         self.leave(page, state, RESIDENT | REFERENCED);
         let outcome: Outcome = match (s, &held) {
             (STORED, _) => self.uffd.copy(addr, buf),
@@ -156,22 +160,28 @@ impl Shared {
             _ => self.uffd.zeropage(addr, self.page_size as u64),
         };
         match outcome {
-            Ok(()) => {
-                self.drop_stored(page, state);
-                Served::Done
-            }
+            Ok(()) => Served::Done,
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page; the copy is stale.
-                self.drop_stored(page, state);
                 self.uffd.wake(addr, self.page_size as u64);
                 Served::Done
             }
             Err(e) => {
                 self.fault_ins[kind].fetch_sub(1, Relaxed);
+                let mut back = state;
+                let mut held = held;
+                if s == STORED {
+                    if let Err(cause) = self.device.write_page(page, buf) {
+                        // The store refuses it now: kept whole instead.
+                        *self.last_error.lock() = Some(format!("page {page}: {cause}"));
+                        held = Some(buf.into());
+                        back = HELD;
+                    }
+                }
                 if let Some(copy) = held {
                     self.held.lock().insert(page, copy);
                 }
-                self.leave(page, RESIDENT, state);
+                self.leave(page, RESIDENT, back);
                 match e {
                     libc::EAGAIN => Served::Later,
                     // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the

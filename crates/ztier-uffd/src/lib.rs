@@ -478,9 +478,12 @@ impl Region {
         Ok(matches!(r?, reclaim::Evicted::Out))
     }
 
-    /// The region's figures.
+    /// The region's figures. They include every drop, unmap and move the program's calls
+    /// returned from: such a call returns once the fault thread read its event, which it
+    /// handles under `gate` (write) in the same hold, so waiting for `gate` waits for that.
     pub fn stats(&self) -> RegionStats {
         let sh = &self.shared;
+        drop(sh.gate.read());
         let c = |k: Count| sh.counts.sum(k as usize);
         RegionStats {
             pages: sh.pages,

@@ -316,3 +316,58 @@ fn the_region_can_be_dropped_by_the_last_of_many_faulting_threads() {
         t.join().unwrap();
     }
 }
+
+/// A store past the device's memory limit refuses the page: the eviction says why, and the
+/// page stays in memory with its content.
+#[test]
+fn a_refused_store_keeps_the_page() {
+    let config = ztier_uffd::RegionConfig {
+        store_limit: 8 * PAGE as u64,
+        ..Default::default()
+    };
+    let r = match ztier_uffd::Region::with_config(64 * PAGE, 64 * PAGE, &config) {
+        Ok(r) => r,
+        Err(_) if region(PAGE, PAGE).is_none() => return,
+        Err(e) => panic!("{e}"),
+    };
+    let words = r.words();
+    // Pages that do not compress: each takes a whole page of the store.
+    let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut noise = vec![0u64; 64 * WORDS];
+    for w in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *w = x;
+    }
+    for (w, v) in words.iter().zip(&noise) {
+        w.store(*v, Relaxed);
+    }
+    let mut refused = 0;
+    for page in 0..64 {
+        match r.evict(page) {
+            Ok(out) => assert!(out),
+            Err(ztier_uffd::Error::Store { page: p, .. }) => {
+                assert_eq!(p, page);
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        refused > 0 && refused < 64,
+        "the limit refused some: {refused}"
+    );
+    let s = r.stats();
+    assert_eq!(s.held_pages, refused, "{s:?}");
+    assert_eq!(s.evict_failures, refused);
+    assert!(r.last_error().unwrap().contains("stays resident"));
+    for (i, (w, v)) in words.iter().zip(&noise).enumerate() {
+        assert_eq!(w.load(Relaxed), *v, "word {i}");
+    }
+    assert_eq!(
+        r.stats().held_pages,
+        0,
+        "touched, the held pages are back in the region"
+    );
+}

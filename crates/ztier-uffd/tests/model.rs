@@ -1,0 +1,80 @@
+//! A region against a model of its bytes and of where each page is: any sequence of
+//! writes, reads, evictions and drops reads back what the model says, and the store holds
+//! exactly the evicted pages that are not zeros. The budget holds every page, so only the
+//! sequence evicts (the reclaim thread under a budget is `region.rs`'s eight-thread test).
+
+mod common;
+
+use common::{check_page, region, write_page, PAGE};
+use proptest::prelude::*;
+
+const PAGES: u64 = 16;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Writes version `v` (1..) of a page.
+    Write(u64, u64),
+    Read(u64),
+    Evict(u64),
+    /// The program's MADV_DONTNEED of `n` pages from a page.
+    Discard(u64, u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..PAGES, 1..1000u64).prop_map(|(p, v)| Op::Write(p, v)),
+        4 => (0..PAGES).prop_map(Op::Read),
+        3 => (0..PAGES).prop_map(Op::Evict),
+        1 => (0..PAGES, 1..4u64).prop_map(|(p, n)| Op::Discard(p, n.min(PAGES - p))),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_region_reads_back_as_its_model(ops in proptest::collection::vec(op(), 1..120)) {
+        let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE) else {
+            return Ok(());
+        };
+        let words = r.words();
+        let mut model = [0u64; PAGES as usize];
+        let mut out = [true; PAGES as usize];
+        for op in &ops {
+            match *op {
+                Op::Write(p, v) => {
+                    write_page(words, p, v);
+                    model[p as usize] = v;
+                    out[p as usize] = false;
+                }
+                Op::Read(p) => {
+                    prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
+                    out[p as usize] = false;
+                }
+                Op::Evict(p) => {
+                    prop_assert_eq!(r.evict(p).unwrap(), !out[p as usize]);
+                    out[p as usize] = true;
+                }
+                Op::Discard(p, n) => {
+                    r.discard(p as usize * PAGE, n as usize * PAGE).unwrap();
+                    for i in p..p + n {
+                        model[i as usize] = 0;
+                        out[i as usize] = true;
+                    }
+                }
+            }
+            // The store holds exactly the pages out that are not zeros, and nothing else
+            // is resident.
+            let s = r.stats();
+            let stored = (0..PAGES as usize).filter(|&i| out[i] && model[i] != 0).count() as u64;
+            let resident = out.iter().filter(|&&o| !o).count() as u64;
+            prop_assert_eq!((s.stored_pages, s.resident_pages), (stored, resident), "{:?}", s);
+            prop_assert_eq!(s.mm_stat.orig_data_size, stored * PAGE as u64);
+        }
+        for p in 0..PAGES {
+            prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
+        }
+        let s = r.stats();
+        prop_assert_eq!((s.stored_pages, s.resident_pages), (0, PAGES), "{:?}", s);
+    }
+}
