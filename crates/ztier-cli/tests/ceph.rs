@@ -487,6 +487,8 @@ fn cold_pages_on_ceph_survive_what_clusters_do() {
     let stat = a.stat();
     assert_eq!(stat["bd_stat"]["failed_writebacks"], 0, "{stat}");
     a.read_all(&client_a, 2).unwrap();
+    // Ceph hid the death from its client: the store was never lost.
+    assert!(!a.log_text().contains("lost the store"), "{}", a.log_text());
     step(began, "an OSD killed mid-writeback: every page read back");
     cluster.run("osd-start", &["1"]);
     cluster.run("wait-clean", &[]);
@@ -501,6 +503,7 @@ fn cold_pages_on_ceph_survive_what_clusters_do() {
     assert_eq!(cluster.run("osd-state", &[&hung]), "down");
     let state = a.ctl(&["backing_dev"]);
     assert!(state.contains("connected"), "{state}");
+    assert!(!a.log_text().contains("lost the store"), "{}", a.log_text());
     cluster.run("osd-cont", &[&hung]);
     cluster.run("wait-osd", &[&hung, "up"]);
     cluster.run("wait-clean", &[]);
