@@ -77,6 +77,7 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
+mod capi;
 mod fault;
 mod mapping;
 mod reclaim;

@@ -1,0 +1,62 @@
+/* ztier_uffd.h: a userfaultfd region with a RAM budget, for C and C++ programs.
+ *
+ * A region is an anonymous mapping whose pages beyond a budget are kept compressed (lz4 on
+ * zsmalloc, in a zram device of ztier's) and brought back when touched. Link with
+ * -lztier_uffd (the crate's cdylib). The process needs userfaultfd: root (CAP_SYS_PTRACE),
+ * vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd; else only faults taken in
+ * user mode are served, and a system call reading or writing an evicted page fails with
+ * EFAULT. Linux 6.8 or later (UFFDIO_MOVE). The region is not inherited by fork's child.
+ * Every function may be called from any thread; destroy only once no thread uses the
+ * region.
+ */
+#ifndef ZTIER_UFFD_H
+#define ZTIER_UFFD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ztier_region ztier_region;
+
+/* The region's figures (RegionStats in Rust). */
+typedef struct ztier_region_stats {
+    uint64_t pages;
+    uint64_t budget_pages;
+    uint64_t resident_pages;   /* present in the region */
+    uint64_t stored_pages;     /* held compressed */
+    uint64_t held_pages;       /* refused by the store, held whole until touched */
+    uint64_t faults;           /* served from the store */
+    uint64_t zero_faults;      /* served with zeros */
+    uint64_t evictions;        /* stored and dropped */
+    uint64_t zero_evictions;   /* found all zeros: dropped, nothing stored */
+    uint64_t evict_failures;   /* refused by the store */
+    uint64_t removed_pages;    /* dropped by the program (MADV_DONTNEED) */
+    uint64_t unmapped_pages;   /* unmapped by the program */
+    uint64_t compr_data_size;  /* bytes of compressed data held */
+    uint64_t mem_used_total;   /* bytes of memory the store holds */
+} ztier_region_stats;
+
+/* A region of `length` bytes (a whole number of pages) of which at most `budget` bytes
+ * (at least one page) are resident. NULL on failure, with errno: EINVAL (length or budget),
+ * EPERM (userfaultfd not allowed), ENOSYS (the kernel lacks UFFDIO_MOVE), ENOMEM. */
+ztier_region *ztier_region_create(size_t length, size_t budget);
+
+/* The region's first byte; the memory lives until ztier_region_destroy. */
+void *ztier_region_ptr(const ztier_region *region);
+
+size_t ztier_region_len(const ztier_region *region);
+
+/* Fills *out; 0, or -1 with errno EINVAL for a NULL argument. */
+int ztier_region_get_stats(const ztier_region *region, ztier_region_stats *out);
+
+/* Stops the region's threads and unmaps it. NULL is ignored. */
+void ztier_region_destroy(ztier_region *region);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

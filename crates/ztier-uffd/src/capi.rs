@@ -1,0 +1,109 @@
+//! The C ABI (`include/ztier_uffd.h`): create, pointer, length, statistics (`ztier_region_get_stats`), destroy.
+//!
+//! Invariants: a `ztier_region *` is a `Box<Region>` made by `ztier_region_create` and
+//! freed only by `ztier_region_destroy`; errors are reported through `errno`, nothing
+//! panics across the boundary (every function here is infallible or returns the error).
+#![allow(unsafe_code)]
+
+use crate::{Error, Region};
+
+/// `ztier_region_stats`, field for field.
+#[repr(C)]
+pub struct CStats {
+    pages: u64,
+    budget_pages: u64,
+    resident_pages: u64,
+    stored_pages: u64,
+    held_pages: u64,
+    faults: u64,
+    zero_faults: u64,
+    evictions: u64,
+    zero_evictions: u64,
+    evict_failures: u64,
+    removed_pages: u64,
+    unmapped_pages: u64,
+    compr_data_size: u64,
+    mem_used_total: u64,
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno, always valid to write.
+    unsafe { *libc::__errno_location() = e };
+}
+
+#[no_mangle]
+pub extern "C" fn ztier_region_create(length: usize, budget: usize) -> *mut Region {
+    match Region::new(length, budget) {
+        Ok(r) => Box::into_raw(Box::new(r)),
+        Err(e) => {
+            set_errno(match e {
+                Error::BadLength { .. } | Error::BadBudget { .. } => libc::EINVAL,
+                Error::NotPermitted(_) => libc::EPERM,
+                Error::Unsupported(_) => libc::ENOSYS,
+                _ => libc::ENOMEM,
+            });
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// `region` is NULL or a live region from `ztier_region_create`.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_ptr(region: *const Region) -> *mut libc::c_void {
+    // SAFETY: the caller's contract.
+    match unsafe { region.as_ref() } {
+        Some(r) => r.as_ptr().cast(),
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// # Safety
+/// As `ztier_region_ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_len(region: *const Region) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { region.as_ref() }.map_or(0, Region::len)
+}
+
+/// # Safety
+/// As `ztier_region_ptr`; `out` is NULL or points to a writable `ztier_region_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut CStats) -> i32 {
+    // SAFETY: the caller's contract.
+    let (Some(r), false) = (unsafe { region.as_ref() }, out.is_null()) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let s = r.stats();
+    let c = CStats {
+        pages: s.pages,
+        budget_pages: s.budget_pages,
+        resident_pages: s.resident_pages,
+        stored_pages: s.stored_pages,
+        held_pages: s.held_pages,
+        faults: s.faults,
+        zero_faults: s.zero_faults,
+        evictions: s.evictions,
+        zero_evictions: s.zero_evictions,
+        evict_failures: s.evict_failures,
+        removed_pages: s.removed_pages,
+        unmapped_pages: s.unmapped_pages,
+        compr_data_size: s.mm_stat.compr_data_size,
+        mem_used_total: s.mm_stat.mem_used_total,
+    };
+    // SAFETY: `out` is non-null and writable (the caller's contract).
+    unsafe { out.write(c) };
+    0
+}
+
+/// # Safety
+/// `region` is NULL or a region from `ztier_region_create` not yet destroyed, which no
+/// thread uses any more.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_destroy(region: *mut Region) {
+    if !region.is_null() {
+        // SAFETY: made by Box::into_raw in ztier_region_create, freed once (the contract).
+        drop(unsafe { Box::from_raw(region) });
+    }
+}
