@@ -7,7 +7,7 @@ use clap::Args;
 use ztier_compress::Algorithm;
 use ztier_corpus::trace::Trace;
 use ztier_corpus::Corpus;
-use ztier_replay::trace::{TraceReplay, TraceRun};
+use ztier_replay::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
 use ztier_replay::zram::{FieldComparison, WritebackTarget, ZramReplay, ZramRun};
 use ztier_replay::zswap::{ZswapReplay, ZswapRun};
 use ztier_zram::MmStat;
@@ -92,6 +92,13 @@ pub struct BenchArgs {
     /// run are recompressed and written back, then every page is marked idle.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub idle_epochs: u32,
+    /// With --trace --front zswap: the memory zswap's pool limit is a percentage of (K, M, G
+    /// suffixes; default this machine's).
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub ram: Option<u64>,
+    /// With --trace --front zswap: zswap's max_pool_percent.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_pool_percent: u32,
     /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
     /// quarter of this machine's memory (the bench holds the pages, their compressed copies
     /// and the device).
@@ -123,7 +130,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     if args.front == Front::Zswap {
         if args.trace {
-            bail!("--trace replays through zram only");
+            return run_zswap_trace(args, &paths, layout);
         }
         return run_zswap(args, &paths, layout);
     }
@@ -280,6 +287,104 @@ fn run_trace(
         }
     }
     Ok(())
+}
+
+/// `--trace --front zswap`: each corpus's trace through zswap over a swap device.
+fn run_zswap_trace(
+    args: &BenchArgs,
+    paths: &[PathBuf],
+    layout: ztier_pool::ZsConfig,
+) -> anyhow::Result<()> {
+    if args.discard_odd
+        || args.stats
+        || args.recompress.is_some()
+        || args.writeback_file.is_some()
+        || args.writeback_nbd.is_some()
+        || args.plot.is_some()
+    {
+        bail!(
+            "--discard-odd, --stats, --recompress, --writeback-* and --plot are zram's; zswap's \
+             trace replay writes back by its own pool limit (--ram, --max-pool-percent)"
+        );
+    }
+    for path in paths {
+        let corpus = load(args, path)?;
+        let trace_path = Trace::path_for(path);
+        let trace = Trace::read(&trace_path)
+            .with_context(|| format!("--trace: reading {}", trace_path.display()))?;
+        for &allocator in args.allocator.kinds() {
+            for algorithm in &args.compressors {
+                let replay = ZswapTraceReplay {
+                    allocator,
+                    layout,
+                    algorithm: algorithm.clone(),
+                    ram_bytes: args.ram.unwrap_or_else(ztier_pool::physical_memory_bytes),
+                    max_pool_percent: args.max_pool_percent,
+                };
+                let run = replay.run(&corpus, &trace)?;
+                if args.json {
+                    println!("{}", serde_json::to_string(&run)?);
+                } else {
+                    print_zswap_trace_run(&run);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_zswap_trace_run(r: &ZswapTraceRun) {
+    println!(
+        "{}: {} epochs through zswap, {} on {} (chain {}), pool limit {}% of {}",
+        r.corpus,
+        r.epochs.len(),
+        r.compressor,
+        r.allocator,
+        r.chain_size,
+        r.max_pool_percent,
+        mib(r.ram_bytes)
+    );
+    println!(
+        "  {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>14} {:>12} {:>10}",
+        "epoch",
+        "at s",
+        "present",
+        "appeared",
+        "changed",
+        "went",
+        "read back",
+        "stored",
+        "pool_total",
+        "written back",
+        "limit hit"
+    );
+    for e in &r.epochs {
+        let z = &e.zswap;
+        println!(
+            "  {:>5} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>14} {:>12} {:>10}",
+            e.epoch,
+            e.seconds,
+            e.present,
+            e.appeared,
+            e.changed,
+            e.went,
+            e.read_back,
+            z.stored_pages,
+            z.pool_total_size,
+            z.written_back_pages,
+            z.pool_limit_hit
+        );
+    }
+    println!(
+        "  {} pages swapped out, {} slots freed, {} swapped in from the device; peak pool {}; \
+         every present page verified ({:.2} s)",
+        r.pages_swapped_out,
+        r.slots_freed,
+        r.read_back_pages,
+        mib(r.peak_pool_total_size),
+        r.seconds
+    );
+    println!();
 }
 
 fn print_trace_run(r: &TraceRun) {

@@ -889,6 +889,41 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
     assert!(std::fs::read_to_string(&trace_svg)
         .unwrap()
         .contains("memory over time"));
+    // The same trace through zswap with a pool limit of 1 % of 16 MiB: verified, some pages
+    // sent to the device.
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args([
+            "bench",
+            "--trace",
+            "--front",
+            "zswap",
+            "--compressor",
+            "lzo",
+        ])
+        .args([
+            "--ram",
+            "16M",
+            "--max-pool-percent",
+            "1",
+            "--json",
+            "--corpus",
+        ])
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["verified"], true);
+    assert_eq!(run["epochs"].as_array().unwrap().len(), 3);
+    let z = &run["final_zswap"];
+    assert!(
+        z["swpout_device"].as_u64().unwrap() + z["written_back_pages"].as_u64().unwrap() > 0,
+        "{run}"
+    );
     let (w, h, ink, colours) = rendered(&trace_svg);
     assert!(ink * 50 > w * h, "{ink} of {}", w * h);
     assert!(colours >= 4, "{colours} colours");

@@ -10,7 +10,8 @@
 //! - [`zswap`]: the same replay through a zswap cache in front of a swap device, with the
 //!   kernel zswap's figures compared.
 //! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
-//!   discards, the idle marks, writeback and recompression of idle pages), memory after each.
+//!   discards, the idle marks, writeback and recompression of idle pages), or through zswap
+//!   (swap-outs, swap-ins, frees, its pool limit and shrinker), memory after each.
 //! - [`swap_bench`]: threads swapping real pages out and in through zswap over a swap
 //!   file, with a working set larger than the pool, the shrinker writing back meanwhile.
 //! - [`swap_alloc`]: the swap-slot allocator's lock study: threads allocating and freeing

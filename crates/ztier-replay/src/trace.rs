@@ -12,22 +12,32 @@
 //! what the policy recompressed, wrote back and read again, and the final figures; at the end
 //! every present page is read and compared with its last content in the corpus.
 //!
-//! Invariants: a virtual page holds one slot from its appearance to its going; slots are
+//! [`ZswapTraceReplay`] replays the same through zswap in front of a swap device: pages
+//! swapped out as they appear or change (a changed page swapped in first, from the device if
+//! zswap wrote it back, and its slot freed), slots freed as pages go; zswap's own pool limit
+//! and shrink worker decide what goes to the device. Its figures after every epoch.
+//!
+//! Invariants: a virtual page holds one slot from its appearance to its going (zram; in
+//! zswap, until it changes, as a swapped-in page's slot is freed); zram's slots are
 //! reused lowest first, so the device is as large as the most pages present at once. The
 //! trace is checked against the corpus (its corpus pages all inside it) before anything runs.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+use ztier_blockdev::memory::MemoryDevice;
 use ztier_compress::Algorithm;
 use ztier_corpus::trace::Trace;
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Backing, BdStat, Device, MmStat, PageSelector, SlotFlag};
+use ztier_zswap::{Cache, Config, Source, ZswapStats};
 
 use crate::driver::{at, round3};
 use crate::zram::WritebackTarget;
+use crate::zswap::zswap_err;
 use crate::{ReplayError, Result};
 
 /// What to replay a trace through.
@@ -268,6 +278,186 @@ impl TraceReplay {
     }
 }
 
+/// A capture over time replayed through zswap in front of a swap device, as the swapping
+/// process would use them: a page that appears is swapped out to a new slot; a page that
+/// changed is swapped in (from zswap, or from the device if the shrinker wrote it back),
+/// its slot freed, and swapped out again to a new one; a page that went has its slot freed.
+/// zswap's own policy runs meanwhile: the pool limit (`max_pool_percent` of `ram_bytes`) and
+/// the shrink worker, which writes the coldest pages back to the device; its figures are
+/// read once it is idle after each epoch.
+#[derive(Debug, Clone)]
+pub struct ZswapTraceReplay {
+    pub allocator: AllocatorKind,
+    pub layout: ZsConfig,
+    pub algorithm: Algorithm,
+    /// The memory `max_pool_percent` is of (the kernel's `totalram_pages()`), in bytes.
+    pub ram_bytes: u64,
+    pub max_pool_percent: u32,
+}
+
+/// zswap after one epoch.
+#[derive(Debug, Clone, Serialize)]
+pub struct ZswapTraceEpochRow {
+    pub epoch: usize,
+    pub seconds: f64,
+    pub present: u64,
+    pub appeared: u64,
+    pub changed: u64,
+    pub went: u64,
+    /// Of the changed pages, those swapped in from the device (written back before).
+    pub read_back: u64,
+    pub zswap: ZswapStats,
+}
+
+/// A whole trace through zswap (what `--json` prints).
+#[derive(Debug, Clone, Serialize)]
+pub struct ZswapTraceRun {
+    pub corpus: String,
+    pub front: &'static str,
+    pub allocator: &'static str,
+    pub compressor: String,
+    pub chain_size: usize,
+    pub ram_bytes: u64,
+    pub max_pool_percent: u32,
+    pub epochs: Vec<ZswapTraceEpochRow>,
+    pub final_zswap: ZswapStats,
+    pub pages_swapped_out: u64,
+    pub slots_freed: u64,
+    pub read_back_pages: u64,
+    pub peak_pool_total_size: u64,
+    pub seconds: f64,
+    pub verified: bool,
+}
+
+impl ZswapTraceReplay {
+    /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
+    pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<ZswapTraceRun> {
+        self.layout
+            .validate()
+            .map_err(ztier_pool::PoolError::from)?;
+        if self.layout.page_size != CORPUS_PAGE {
+            return Err(ReplayError::Config(format!(
+                "a trace is replayed in {CORPUS_PAGE}-byte pages, the pages it was captured in"
+            )));
+        }
+        let page = |index: u32| {
+            let at = index as usize * CORPUS_PAGE;
+            corpus.bytes().get(at..at + CORPUS_PAGE).ok_or_else(|| {
+                ReplayError::Config(format!(
+                    "the trace names corpus page {index}, {} has {}",
+                    corpus.name,
+                    corpus.pages()
+                ))
+            })
+        };
+        let inconsistent = |n: usize, vpn: u64, what: &str| {
+            ReplayError::Config(format!("trace epoch {n}: page {vpn:#x} {what}"))
+        };
+        let most_present = trace.epochs.iter().map(|e| e.present()).max().unwrap_or(0);
+        // Room for every page present at once, twice over, so the slot allocator's clusters
+        // never run short.
+        let slots = (2 * most_present + 1).div_ceil(512) * 512 + 512;
+        let backing = Arc::new(
+            MemoryDevice::new(slots * CORPUS_PAGE as u64)
+                .map_err(|e| ReplayError::Config(format!("the swap device's backing: {e}")))?,
+        );
+        let swap = Arc::new(ztier_swap::Device::new(backing, Default::default())?);
+        let mut config = Config::new(self.algorithm.clone(), self.ram_bytes);
+        config.max_pool_percent = self.max_pool_percent;
+        let pool = self.allocator.make_pool(&self.layout)?;
+        let cache = Cache::new(swap.clone(), pool, config).map_err(zswap_err)?;
+        let began = Instant::now();
+        let mut slot_of: HashMap<u64, u64> = HashMap::new();
+        let mut latest: HashMap<u64, u32> = HashMap::new();
+        let mut scratch = vec![0u8; CORPUS_PAGE];
+        let mut rows = Vec::with_capacity(trace.epochs.len());
+        let (mut out, mut freed, mut read_back_total, mut peak) = (0u64, 0u64, 0u64, 0u64);
+        let swap_out = |slot: u64, content: &[u8]| -> Result<()> {
+            cache
+                .swap_out(slot, content)
+                .map(|_| ())
+                .map_err(|e| at("swapping out", slot as usize, zswap_err(e)))
+        };
+        for (n, epoch) in trace.epochs.iter().enumerate() {
+            for vpn in &epoch.went {
+                let slot = slot_of
+                    .remove(vpn)
+                    .ok_or_else(|| inconsistent(n, *vpn, "goes while not present"))?;
+                latest.remove(vpn);
+                cache.swap_free(slot).map_err(zswap_err)?;
+                freed += 1;
+            }
+            let mut read_back = 0;
+            for w in &epoch.changed {
+                let slot = *slot_of
+                    .get(&w.vpn)
+                    .ok_or_else(|| inconsistent(n, w.vpn, "changes while not present"))?;
+                let source = cache.swap_in(slot, &mut scratch).map_err(zswap_err)?;
+                read_back += u64::from(source == Source::Device);
+                cache.swap_free(slot).map_err(zswap_err)?;
+                freed += 1;
+                let slot = swap.alloc(0)?;
+                slot_of.insert(w.vpn, slot);
+                latest.insert(w.vpn, w.corpus_page);
+                swap_out(slot, page(w.corpus_page)?)?;
+            }
+            for w in &epoch.appeared {
+                if slot_of.contains_key(&w.vpn) {
+                    return Err(inconsistent(n, w.vpn, "appears while present"));
+                }
+                let slot = swap.alloc(0)?;
+                slot_of.insert(w.vpn, slot);
+                latest.insert(w.vpn, w.corpus_page);
+                swap_out(slot, page(w.corpus_page)?)?;
+            }
+            out += (epoch.appeared.len() + epoch.changed.len()) as u64;
+            read_back_total += read_back;
+            cache.wait_shrink_idle();
+            let zswap = cache.stats();
+            peak = peak.max(zswap.pool_total_size);
+            rows.push(ZswapTraceEpochRow {
+                epoch: n,
+                seconds: epoch.millis as f64 / 1000.0,
+                present: epoch.present(),
+                appeared: epoch.appeared.len() as u64,
+                changed: epoch.changed.len() as u64,
+                went: epoch.went.len() as u64,
+                read_back,
+                zswap,
+            });
+        }
+        let final_zswap = cache.stats();
+        // Every present page swaps in as its last content (from zswap or the device).
+        for (vpn, &slot) in &slot_of {
+            let content = latest[vpn]; // set with every slot
+            cache.swap_in(slot, &mut scratch).map_err(zswap_err)?;
+            if scratch[..] != *page(content)? {
+                return Err(ReplayError::Mismatch {
+                    corpus: corpus.name.clone(),
+                    page: content as usize,
+                });
+            }
+        }
+        Ok(ZswapTraceRun {
+            corpus: corpus.name.clone(),
+            front: "zswap",
+            allocator: self.allocator.name(),
+            compressor: self.algorithm.to_string(),
+            chain_size: self.layout.chain_size,
+            ram_bytes: self.ram_bytes,
+            max_pool_percent: self.max_pool_percent,
+            epochs: rows,
+            final_zswap,
+            pages_swapped_out: out,
+            slots_freed: freed,
+            read_back_pages: read_back_total,
+            peak_pool_total_size: peak,
+            seconds: round3(began.elapsed().as_secs_f64()),
+            verified: true,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,12 +475,9 @@ mod tests {
         p
     }
 
-    #[test]
-    fn a_trace_replays_its_epochs_and_the_policy_writes_back_idle_pages() {
-        let dir = std::env::temp_dir().join(format!("ztier-trace-replay-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // Epoch 0: 100 pages appear. Epoch 1: 10 change, 20 go, 5 appear. Epochs 2 and 3:
-        // the same 10 change again. The other 70 pages stay unwritten from epoch 0 on.
+    /// Epoch 0: 100 pages appear. Epoch 1: 10 change, 20 go, 5 appear. Epoch 2: the same
+    /// 10 change again; epoch 3 too, and page 50. Written to `dir` and read back.
+    fn made_trace(dir: &std::path::Path) -> (Corpus, Trace) {
         let mut next = 0u32;
         let mut write = |vpn: u64| {
             next += 1;
@@ -337,6 +524,14 @@ mod tests {
         let corpus = Corpus::load(&corpus_path).unwrap();
         let trace = Trace::read(&Trace::path_for(&corpus_path)).unwrap();
 
+        (corpus, trace)
+    }
+
+    #[test]
+    fn a_trace_replays_its_epochs_and_the_policy_writes_back_idle_pages() {
+        let dir = std::env::temp_dir().join(format!("ztier-trace-replay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (corpus, trace) = made_trace(&dir);
         let store = Arc::new(
             ztier_blockdev::memory::MemoryDevice::new(Backing::size_for(105 * CORPUS_PAGE as u64))
                 .unwrap(),
@@ -407,6 +602,43 @@ mod tests {
         broken.epochs[0].appeared[1].corpus_page = 10_000;
         let err = replay.run(&corpus, &broken).unwrap_err();
         assert!(err.to_string().contains("corpus page 10000"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    #[test]
+    fn a_trace_replays_through_zswap_and_a_full_pool_sends_pages_to_the_device() {
+        let dir = std::env::temp_dir().join(format!("ztier-trace-zswap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (corpus, trace) = made_trace(&dir);
+        let replay = |ram_bytes: u64, max_pool_percent: u32| ZswapTraceReplay {
+            allocator: AllocatorKind::Zsmalloc,
+            layout: ZsConfig::default(),
+            algorithm: "lzo".parse().unwrap(),
+            ram_bytes,
+            max_pool_percent,
+        };
+        // No limit in reach: every page present is in zswap after every epoch.
+        let run = replay(1 << 40, 20).run(&corpus, &trace).unwrap();
+        let stored: Vec<u64> = run.epochs.iter().map(|r| r.zswap.stored_pages).collect();
+        assert_eq!(stored, [100, 85, 85, 85]);
+        assert_eq!(run.pages_swapped_out, 100 + 15 + 10 + 11);
+        assert_eq!(run.slots_freed, 20 + 10 + 10 + 11);
+        assert_eq!(run.read_back_pages, 0);
+        assert_eq!(run.final_zswap.written_back_pages, 0);
+        assert!(run.verified);
+        // A pool limit of a few pages: stores refused to the device, pages written back,
+        // changed pages swapped in from the device; every page still right at the end.
+        let run = replay(1 << 20, 1).run(&corpus, &trace).unwrap();
+        let z = &run.final_zswap;
+        assert!(z.pool_limit_hit > 0, "{z:?}");
+        assert!(z.swpout_device + z.written_back_pages > 0, "{z:?}");
+        assert!(run.read_back_pages > 0);
+        // The limit (2 pages) and at most one zspage (chain 8) taken past it by a store
+        // under way.
+        assert!(
+            run.peak_pool_total_size <= (2 + 8) * 4096,
+            "{}",
+            run.peak_pool_total_size
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
