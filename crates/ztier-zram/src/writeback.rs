@@ -39,7 +39,10 @@
 //! the cache when it is freed, before its slots can be handed out again. A miss right after
 //! the segment before it (a sequential read) reads ahead: the next live segments, each held
 //! while it is read, go out with it as requests in flight together, into the cache.
-//! `bd_reads` counts the segments read from the store.
+//! A segment being read is listed while it is: a reader that misses it waits for that
+//! read and takes its bytes, so concurrent misses cost the store one read (a failed read
+//! leaves each waiter to read for itself). `bd_reads` counts the segments read from the
+//! store.
 //!
 //! A saved state (`state.rs`) names written-back pages by place: the save stamps the store's
 //! header first (`Backing::mark`), and from then on no unit goes back to the allocator
@@ -178,9 +181,75 @@ fn new_stamp() -> [u8; 16] {
 #[derive(Default)]
 struct SegmentCache {
     segments: Mutex<Vec<(u64, Arc<[u8]>)>>,
+    /// Segments being read from the store now: a reader that misses one waits for that
+    /// read instead of sending its own (concurrent misses cost the store one read).
+    loading: Mutex<Vec<(u64, Arc<Loading>)>>,
+}
+
+/// A segment read in flight: its bytes once read (`Some(None)`: the read failed).
+#[derive(Default)]
+struct Loading {
+    done: Mutex<Option<Option<Arc<[u8]>>>>,
+    finished: parking_lot::Condvar,
+}
+
+impl Loading {
+    /// The bytes the read got, once it ends; `None` if it failed.
+    fn wait(&self) -> Option<Arc<[u8]>> {
+        let mut done = self.done.lock();
+        while done.is_none() {
+            self.finished.wait(&mut done);
+        }
+        done.clone().flatten()
+    }
+}
+
+/// The right to read a segment for everyone who misses it meanwhile; its readers are told
+/// the outcome when it is finished, or, if it is dropped unfinished, that it failed.
+struct Claim<'a> {
+    cache: &'a SegmentCache,
+    first: u64,
+    loading: Arc<Loading>,
+}
+
+impl Claim<'_> {
+    fn finish(self, bytes: Option<Arc<[u8]>>) {
+        *self.loading.done.lock() = Some(bytes);
+        // Dropped now: the entry goes and the waiters wake.
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut done = self.loading.done.lock();
+        if done.is_none() {
+            *done = Some(None);
+        }
+        drop(done);
+        self.loading.finished.notify_all();
+        self.cache
+            .loading
+            .lock()
+            .retain(|(f, l)| !(*f == self.first && Arc::ptr_eq(l, &self.loading)));
+    }
 }
 
 impl SegmentCache {
+    /// The claim to read segment `first`, or the read of it already in flight.
+    fn claim(&self, first: u64) -> std::result::Result<Claim<'_>, Arc<Loading>> {
+        let mut loading = self.loading.lock();
+        if let Some((_, l)) = loading.iter().find(|(f, _)| *f == first) {
+            return Err(Arc::clone(l));
+        }
+        let l = Arc::new(Loading::default());
+        loading.push((first, Arc::clone(&l)));
+        Ok(Claim {
+            cache: self,
+            first,
+            loading: l,
+        })
+    }
+
     fn get(&self, first: u64) -> Option<Arc<[u8]>> {
         let mut segs = self.segments.lock();
         let i = segs.iter().position(|(f, _)| *f == first)?;
@@ -504,51 +573,67 @@ impl Backing {
     /// next live segments, up to [`READAHEAD`] in all, in one batch of requests in flight
     /// together, into the cache; each is held while it is read, so none is freed meanwhile.
     fn segment(&self, first: u64) -> std::result::Result<(Arc<[u8]>, u64), SwapError> {
-        if let Some(bytes) = self.cache.get(first) {
-            return Ok((bytes, 0));
-        }
+        let own = loop {
+            if let Some(bytes) = self.cache.get(first) {
+                return Ok((bytes, 0));
+            }
+            match self.cache.claim(first) {
+                Ok(claim) => break claim,
+                // Another reader is reading it: its bytes are this one's too. If its read
+                // failed, this one tries for itself.
+                Err(loading) => {
+                    if let Some(bytes) = loading.wait() {
+                        return Ok((bytes, 0));
+                    }
+                }
+            }
+        };
         let sequential = first >= SEG_SLOTS && self.cache.contains(first - SEG_SLOTS);
-        let mut ahead = Vec::new();
+        let (mut ahead, mut claims) = (Vec::new(), vec![own]);
         if sequential {
-            // The segments just after it, live and not cached, looking no further than
-            // twice the readahead (past freed ones).
+            // The segments just after it, live, not cached and not being read, looking no
+            // further than twice the readahead (past freed ones).
             for next in (1..2 * READAHEAD as u64).map(|i| first + i * SEG_SLOTS) {
-                if ahead.len() + 1 == READAHEAD || next + SEG_SLOTS > self.places.slots() {
+                if claims.len() == READAHEAD || next + SEG_SLOTS > self.places.slots() {
                     break;
                 }
-                if !self.cache.contains(next) && self.try_hold(next) {
-                    ahead.push(next);
+                if self.cache.contains(next) || !self.try_hold(next) {
+                    continue;
+                }
+                ahead.push(next);
+                if let Ok(claim) = self.cache.claim(next) {
+                    claims.push(claim);
                 }
             }
         }
-        let firsts: Vec<u64> = std::iter::once(first)
-            .chain(ahead.iter().copied())
-            .collect();
-        let read = self.fetch(&firsts);
+        let reads = claims.len() as u64;
+        let read = self.fetch(claims);
         // The readahead's holds go; a segment whose last byte went meanwhile leaves the
         // cache with its last hold.
         for f in ahead {
             self.release_bytes(f, 1);
         }
-        let own = read?;
-        Ok((own, firsts.len() as u64))
+        Ok((read?, reads))
     }
 
-    /// Reads the packed segments at `firsts` (each held by the caller) as requests in flight
-    /// together, adds them to the cache, and returns the first.
-    fn fetch(&self, firsts: &[u64]) -> std::result::Result<Arc<[u8]>, SwapError> {
-        let mut bufs: Vec<Vec<u8>> = firsts.iter().map(|_| vec![0u8; SEG_BYTES]).collect();
-        let mut reads: Vec<(u64, usize, &mut [u8])> = firsts
+    /// Reads the packed segments claimed (each held by the caller) as requests in flight
+    /// together, adds them to the cache, tells whoever waits for them, and returns the
+    /// first.
+    fn fetch(&self, claims: Vec<Claim<'_>>) -> std::result::Result<Arc<[u8]>, SwapError> {
+        let mut bufs: Vec<Vec<u8>> = claims.iter().map(|_| vec![0u8; SEG_BYTES]).collect();
+        let mut reads: Vec<(u64, usize, &mut [u8])> = claims
             .iter()
             .zip(bufs.iter_mut())
-            .map(|(&f, b)| (f, 0, &mut b[..]))
+            .map(|(c, b)| (c.first, 0, &mut b[..]))
             .collect();
+        // On an error the claims go unfinished: their waiters read for themselves.
         self.places.read_runs(&mut reads)?;
         let mut own = None;
-        for (&f, bytes) in firsts.iter().zip(bufs) {
+        for (claim, bytes) in claims.into_iter().zip(bufs) {
             let bytes: Arc<[u8]> = bytes.into();
             own.get_or_insert_with(|| Arc::clone(&bytes));
-            self.cache.add(f, bytes);
+            self.cache.add(claim.first, Arc::clone(&bytes));
+            claim.finish(Some(bytes));
         }
         Ok(own.expect("at least one segment"))
     }
@@ -1020,11 +1105,17 @@ impl Device {
                 }
             }
         }
-        // One segment: the page's own read fetches it as cheaply.
-        if firsts.len() >= 2 && store.fetch(&firsts).is_ok() {
-            self.shard()
-                .counters
-                .add(Counter::BdReads, firsts.len() as i64);
+        // One segment: the page's own read fetches it as cheaply. Those another reader is
+        // reading already are left to it.
+        if firsts.len() >= 2 {
+            let claims: Vec<Claim<'_>> = firsts
+                .iter()
+                .filter_map(|&f| store.cache.claim(f).ok())
+                .collect();
+            let n = claims.len() as i64;
+            if n > 0 && store.fetch(claims).is_ok() {
+                self.shard().counters.add(Counter::BdReads, n);
+            }
         }
         drop(pins);
     }

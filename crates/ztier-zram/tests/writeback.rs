@@ -542,3 +542,60 @@ fn segments_go_out_and_come_back_several_at_once() {
     }
     assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
 }
+
+/// A store whose reads take a while, so readers that miss the same segment meet.
+struct Slow(MemoryDevice);
+
+impl ztier_blockdev::BlockDevice for Slow {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        std::thread::sleep(Duration::from_millis(2));
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.0.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
+        self.0.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn readers_missing_the_same_segment_share_one_read() {
+    let n = 800;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(Slow(MemoryDevice::new(8 << 20).unwrap()));
+    dev.set_backing(Some(Backing::new(store, WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    let segments = dev.bd_stat().unwrap().bytes_held / (64 << 10);
+    assert!(segments >= 4);
+    // Four threads read every page in the same order at once: each segment is missed by
+    // all four about together.
+    let start = Barrier::new(4);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                start.wait();
+                verify(&dev, n, |_| None);
+            });
+        }
+    });
+    let reads = dev.bd_stat().unwrap().bd_reads;
+    assert!(
+        reads < 2 * segments,
+        "{reads} store reads for {segments} segments: the readers read on their own"
+    );
+}
