@@ -126,9 +126,7 @@ impl SwapBench {
                 ..SwapConfig::default()
             },
         )?);
-        let pool = self
-            .allocator
-            .make_pool(&self.layout)?;
+        let pool = self.allocator.make_pool(&self.layout)?;
         let mut config = Config::new(self.algorithm.clone(), self.ram_bytes);
         config.max_pool_percent = self.max_pool_percent;
         config.accept_threshold_percent = self.accept_threshold_percent;

@@ -169,7 +169,9 @@ impl ZramReplay {
     /// Replays `corpus`; `truth` is its kernel figures, if any (already checked against the
     /// corpus by [`Corpus::truth`]).
     pub fn run(&self, corpus: &Corpus, truth: Option<&Truth<MmStat>>) -> Result<ZramRun> {
-        self.layout.validate().map_err(ztier_pool::PoolError::from)?;
+        self.layout
+            .validate()
+            .map_err(ztier_pool::PoolError::from)?;
         let ps = self.layout.page_size;
         let pages = pages_of(corpus, ps)?;
         let bytes = pages.len() * ps;
@@ -179,9 +181,7 @@ impl ZramReplay {
         let total = (pages.len() * passes * 2) as u64;
         let streams = ReferenceStreams::default();
         let make_device = || -> Result<Device> {
-            let pool = self
-                .allocator
-                .make_pool(&self.layout)?;
+            let pool = self.allocator.make_pool(&self.layout)?;
             Ok(Device::new(bytes as u64, alg.clone(), pool)?)
         };
 

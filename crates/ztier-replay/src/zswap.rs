@@ -77,7 +77,9 @@ const LAYOUT_FIELDS: [&str; 2] = ["pool_total_size", "Zswap"];
 
 impl ZswapReplay {
     pub fn run(&self, corpus: &Corpus, truth: Option<&ZswapTruth>) -> Result<ZswapRun> {
-        self.layout.validate().map_err(ztier_pool::PoolError::from)?;
+        self.layout
+            .validate()
+            .map_err(ztier_pool::PoolError::from)?;
         let ps = self.layout.page_size;
         if ps as u64 != ztier_swap::SLOT_BYTES {
             return Err(ReplayError::Config(format!(
@@ -102,9 +104,7 @@ impl ZswapReplay {
                     .map_err(|e| ReplayError::Config(format!("the swap device's backing: {e}")))?,
             );
             let swap = Arc::new(ztier_swap::Device::new(backing, Default::default())?);
-            let pool = self
-                .allocator
-                .make_pool(&self.layout)?;
+            let pool = self.allocator.make_pool(&self.layout)?;
             let mut config = Config::new(alg.clone(), u64::MAX / 128);
             config.shrink_worker = false;
             let cache = Cache::new(swap.clone(), pool, config).map_err(zswap_err)?;
