@@ -673,10 +673,11 @@ struct Batch {
 }
 
 impl Batch {
-    fn new() -> Batch {
+    /// An empty batch with room for `bytes`.
+    fn new(bytes: usize) -> Batch {
         Batch {
             pages: Vec::new(),
-            buf: vec![0u8; SEG_BYTES],
+            buf: vec![0u8; bytes],
             used: 0,
         }
     }
@@ -765,7 +766,12 @@ impl Device {
         let mut done = WbResult::default();
         // Full batches waiting to go out together, and the one being filled.
         let mut group: Vec<Batch> = Vec::new();
-        let mut batch = Batch::new();
+        // A batch's room: a segment packed, a page (one block) in the kernel's formats.
+        let unit = match store.format {
+            WbFormat::Packed => SEG_BYTES,
+            _ => self.page_size,
+        };
+        let mut batch = Batch::new(unit);
         let mut page = vec![0u8; self.page_size];
         let mut index = range.start;
         let r = loop {
@@ -773,7 +779,7 @@ impl Device {
             let full = index >= range.end
                 || max_pages.is_some_and(|m| done.pages + queued + batch.pages.len() as u64 >= m);
             if full {
-                group.push(std::mem::replace(&mut batch, Batch::new()));
+                group.push(std::mem::replace(&mut batch, Batch::new(unit)));
                 break self.write_group(&store, &mut group, &mut done);
             }
             let mut p = match self.collect(index, mode, &store, &mut page) {
@@ -795,7 +801,7 @@ impl Device {
             if self.writeback_limit().is_some_and(|left| blocks > left) {
                 // The limit has no room for this page: write what fits, then stop.
                 self.uncollect(&p);
-                group.push(std::mem::replace(&mut batch, Batch::new()));
+                group.push(std::mem::replace(&mut batch, Batch::new(unit)));
                 break self
                     .write_group(&store, &mut group, &mut done)
                     .and(Err(ZramError::WritebackLimit));
@@ -808,7 +814,7 @@ impl Device {
                 // This one starts the next batch: put it back as it was, queue the batch,
                 // and write the group once it is full.
                 self.uncollect(&p);
-                group.push(std::mem::replace(&mut batch, Batch::new()));
+                group.push(std::mem::replace(&mut batch, Batch::new(unit)));
                 if group.len() == WB_IN_FLIGHT {
                     if let Err(e) = self.write_group(&store, &mut group, &mut done) {
                         break Err(e);
