@@ -54,10 +54,10 @@ where
 pub fn pages_of(corpus: &ztier_corpus::Corpus, page_size: usize) -> Result<Vec<&[u8]>> {
     let pages: Vec<&[u8]> = corpus.chunks(page_size).collect();
     if pages.is_empty() {
-        return Err(ReplayError::Config(format!(
-            "{}: smaller than one {page_size}-byte page",
-            corpus.name
-        )));
+        return Err(ReplayError::CorpusTooSmall {
+            corpus: corpus.name.clone(),
+            page_size,
+        });
     }
     Ok(pages)
 }
@@ -227,11 +227,11 @@ mod tests {
         let progress = Progress::new("test", 600, false);
         let r = for_each_page(&pages, 2, &progress, |i, _, _| {
             if i == 300 {
-                Err(crate::ReplayError::Config("stop".into()))
+                Err(crate::ReplayError::SlotsInUse { slots: 300 })
             } else {
                 Ok(())
             }
         });
-        assert!(matches!(r, Err(crate::ReplayError::Config(_))));
+        assert!(matches!(r, Err(crate::ReplayError::SlotsInUse { .. })));
     }
 }

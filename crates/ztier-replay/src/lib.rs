@@ -40,8 +40,68 @@ pub enum ReplayError {
     Zram(#[from] ZramError),
     #[error("{0}")]
     Compress(#[from] CompressError),
+    #[error("{corpus}: smaller than one {page_size}-byte page")]
+    CorpusTooSmall { corpus: String, page_size: usize },
+    #[error(
+        "a trace is replayed in {}-byte pages, the pages it was captured in",
+        ztier_corpus::CORPUS_PAGE
+    )]
+    TracePageSize { page_size: usize },
+    #[error(
+        "zswap needs pages of the swap device's {} bytes, not {page_size}",
+        ztier_swap::SLOT_BYTES
+    )]
+    ZswapPageSize { page_size: usize },
+    #[error(
+        "the trace names {trace_pages} corpus pages, {corpus} has {corpus_pages}: not the corpus it was captured with"
+    )]
+    NotTheCorpus {
+        trace_pages: u64,
+        corpus: String,
+        corpus_pages: usize,
+    },
+    /// A trace built in memory that names a page past its corpus.
+    #[error("the trace names corpus page {index}, {corpus} has {corpus_pages}")]
+    CorpusPageOutside {
+        index: u32,
+        corpus: String,
+        corpus_pages: usize,
+    },
+    /// A trace built in memory that breaks the invariants `Trace::read` checks.
+    #[error("trace epoch {epoch}: page {vpn:#x} {what}")]
+    TraceInconsistent {
+        epoch: usize,
+        vpn: u64,
+        what: &'static str,
+    },
+    #[error("threads and ops must be above zero")]
+    NoThreadsOrOps,
+    #[error("{threads} threads for {pages} pages: each thread needs a page at least")]
+    FewerPagesThanThreads { threads: usize, pages: usize },
+    /// The memory behind a swap device the replay made could not be had.
+    #[error("the swap device's backing: {0}")]
+    SwapBacking(ztier_blockdev::BlockError),
+    /// The file behind a swap device the replay made could not be created.
+    #[error("{}: {source}", path.display())]
+    SwapFile {
+        path: std::path::PathBuf,
+        source: ztier_blockdev::BlockError,
+    },
+    #[error("zswap refused page {page}: {why}")]
+    ZswapRefused {
+        page: usize,
+        why: ztier_zswap::Reject,
+    },
+    /// Pages or slots held once every page was taken back: a leak.
+    #[error("after every page came back, zswap holds {pages} pages and the device {slots} slots")]
+    ZswapHoldsPages { pages: u64, slots: u64 },
+    #[error("after every page was loaded the cache still holds {pages} pages and {pool_bytes} pool bytes")]
+    CacheHoldsPages { pages: u64, pool_bytes: u64 },
+    #[error("{slots} slots still in use after every thread let go")]
+    SlotsInUse { slots: u64 },
+    /// The swap device's own consistency check (`verify`) failed.
     #[error("{0}")]
-    Config(String),
+    SwapInconsistent(String),
     #[error("{0}")]
     Pool(#[from] ztier_pool::PoolError),
     #[error("{0}")]

@@ -75,13 +75,18 @@ impl Workload {
     }
 }
 
+/// A workload name [`Workload::ALL`] does not have.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("unknown workload '{0}' (order0, mixed, churn, nearly-full)")]
+pub struct UnknownWorkload(pub String);
+
 impl std::str::FromStr for Workload {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Workload, String> {
+    type Err = UnknownWorkload;
+    fn from_str(s: &str) -> std::result::Result<Workload, UnknownWorkload> {
         Workload::ALL
             .into_iter()
             .find(|w| w.name() == s)
-            .ok_or_else(|| format!("unknown workload '{s}' (order0, mixed, churn, nearly-full)"))
+            .ok_or_else(|| UnknownWorkload(s.to_string()))
     }
 }
 
@@ -163,13 +168,14 @@ impl Rng {
 impl SwapAllocBench {
     pub fn run(&self) -> Result<SwapAllocReport> {
         if self.threads == 0 || self.ops == 0 {
-            return Err(ReplayError::Config(
-                "threads and ops must be above zero".into(),
-            ));
+            return Err(ReplayError::NoThreadsOrOps);
         }
         let path = backing_path(&self.dir, self.mode, self.threads);
-        let file = FileDevice::open(&path, self.device_bytes)
-            .map_err(|e| ReplayError::Config(format!("{}: {e}", path.display())));
+        let file =
+            FileDevice::open(&path, self.device_bytes).map_err(|source| ReplayError::SwapFile {
+                path: path.clone(),
+                source,
+            });
         let result = file.and_then(|file| self.run_on(Arc::new(file)));
         let _ = std::fs::remove_file(&path);
         result
@@ -229,12 +235,11 @@ impl SwapAllocBench {
         }
         dev.drain_slot_caches();
         if dev.in_use() != 0 {
-            return Err(ReplayError::Config(format!(
-                "{} slots still in use after every thread let go",
-                dev.in_use()
-            )));
+            return Err(ReplayError::SlotsInUse {
+                slots: dev.in_use(),
+            });
         }
-        dev.verify().map_err(ReplayError::Config)?;
+        dev.verify().map_err(ReplayError::SwapInconsistent)?;
         let slots_allocated: u64 = during
             .per_order
             .iter()

@@ -96,18 +96,26 @@ struct Tally {
 
 impl SwapBench {
     pub fn run(&self, corpus_name: &str, pages: &[&[u8]]) -> Result<SwapBenchReport> {
-        if self.threads == 0 || self.ops == 0 || pages.len() < self.threads {
-            return Err(ReplayError::Config(
-                "threads and ops must be above zero, with a page per thread at least".into(),
-            ));
+        if self.threads == 0 || self.ops == 0 {
+            return Err(ReplayError::NoThreadsOrOps);
+        }
+        if pages.len() < self.threads {
+            return Err(ReplayError::FewerPagesThanThreads {
+                threads: self.threads,
+                pages: pages.len(),
+            });
         }
         let path = self
             .dir
             .join(format!("ztier-swap-bench-{}.swap", std::process::id()));
         // Every page could be out at once; a tenth more, as a swap device is not run full.
         let slots = (pages.len() as u64 * 11 / 10 + 1).div_ceil(512) * 512 + 512;
-        let file = FileDevice::open(&path, slots * ztier_swap::SLOT_BYTES)
-            .map_err(|e| ReplayError::Config(format!("{}: {e}", path.display())));
+        let file = FileDevice::open(&path, slots * ztier_swap::SLOT_BYTES).map_err(|source| {
+            ReplayError::SwapFile {
+                path: path.clone(),
+                source,
+            }
+        });
         let result = file.and_then(|f| self.run_on(Arc::new(f), corpus_name, pages));
         let _ = std::fs::remove_file(&path);
         result
@@ -182,13 +190,12 @@ impl SwapBench {
         cache.wait_shrink_idle();
         let end = cache.stats();
         if end.stored_pages + end.zero_pages != 0 || swap.in_use() != 0 {
-            return Err(ReplayError::Config(format!(
-                "after every page came back, zswap holds {} pages and the device {} slots",
-                end.stored_pages + end.zero_pages,
-                swap.in_use()
-            )));
+            return Err(ReplayError::ZswapHoldsPages {
+                pages: end.stored_pages + end.zero_pages,
+                slots: swap.in_use(),
+            });
         }
-        swap.verify().map_err(ReplayError::Config)?;
+        swap.verify().map_err(ReplayError::SwapInconsistent)?;
         let slots_allocated: u64 = device
             .per_order
             .iter()

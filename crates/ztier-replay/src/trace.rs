@@ -110,17 +110,16 @@ impl TraceReplay {
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
         if self.layout.page_size != CORPUS_PAGE {
-            return Err(ReplayError::Config(format!(
-                "a trace is replayed in {CORPUS_PAGE}-byte pages, the pages it was captured in"
-            )));
+            return Err(ReplayError::TracePageSize {
+                page_size: self.layout.page_size,
+            });
         }
         if trace.corpus_pages() > corpus.pages() as u64 {
-            return Err(ReplayError::Config(format!(
-                "the trace names {} corpus pages, {} has {}: not the corpus it was captured with",
-                trace.corpus_pages(),
-                corpus.name,
-                corpus.pages()
-            )));
+            return Err(ReplayError::NotTheCorpus {
+                trace_pages: trace.corpus_pages(),
+                corpus: corpus.name.clone(),
+                corpus_pages: corpus.pages(),
+            });
         }
         let idle_epochs = self.idle_epochs.max(1) as usize;
         let device_pages = trace
@@ -146,16 +145,17 @@ impl TraceReplay {
         // break its invariants, which is an error here, never a panic.
         let page = |index: u32| {
             let at = index as usize * CORPUS_PAGE;
-            corpus.bytes().get(at..at + CORPUS_PAGE).ok_or_else(|| {
-                ReplayError::Config(format!(
-                    "the trace names corpus page {index}, {} has {}",
-                    corpus.name,
-                    corpus.pages()
-                ))
-            })
+            corpus
+                .bytes()
+                .get(at..at + CORPUS_PAGE)
+                .ok_or_else(|| ReplayError::CorpusPageOutside {
+                    index,
+                    corpus: corpus.name.clone(),
+                    corpus_pages: corpus.pages(),
+                })
         };
-        let inconsistent = |n: usize, vpn: u64, what: &str| {
-            ReplayError::Config(format!("trace epoch {n}: page {vpn:#x} {what}"))
+        let inconsistent = |epoch: usize, vpn: u64, what: &'static str| {
+            ReplayError::TraceInconsistent { epoch, vpn, what }
         };
         let began = Instant::now();
         let mut slots: HashMap<u64, u64> = HashMap::new();
@@ -336,30 +336,30 @@ impl ZswapTraceReplay {
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
         if self.layout.page_size != CORPUS_PAGE {
-            return Err(ReplayError::Config(format!(
-                "a trace is replayed in {CORPUS_PAGE}-byte pages, the pages it was captured in"
-            )));
+            return Err(ReplayError::TracePageSize {
+                page_size: self.layout.page_size,
+            });
         }
         let page = |index: u32| {
             let at = index as usize * CORPUS_PAGE;
-            corpus.bytes().get(at..at + CORPUS_PAGE).ok_or_else(|| {
-                ReplayError::Config(format!(
-                    "the trace names corpus page {index}, {} has {}",
-                    corpus.name,
-                    corpus.pages()
-                ))
-            })
+            corpus
+                .bytes()
+                .get(at..at + CORPUS_PAGE)
+                .ok_or_else(|| ReplayError::CorpusPageOutside {
+                    index,
+                    corpus: corpus.name.clone(),
+                    corpus_pages: corpus.pages(),
+                })
         };
-        let inconsistent = |n: usize, vpn: u64, what: &str| {
-            ReplayError::Config(format!("trace epoch {n}: page {vpn:#x} {what}"))
+        let inconsistent = |epoch: usize, vpn: u64, what: &'static str| {
+            ReplayError::TraceInconsistent { epoch, vpn, what }
         };
         let most_present = trace.epochs.iter().map(|e| e.present()).max().unwrap_or(0);
         // Room for every page present at once, twice over, so the slot allocator's clusters
         // never run short.
         let slots = (2 * most_present + 1).div_ceil(512) * 512 + 512;
         let backing = Arc::new(
-            MemoryDevice::new(slots * CORPUS_PAGE as u64)
-                .map_err(|e| ReplayError::Config(format!("the swap device's backing: {e}")))?,
+            MemoryDevice::new(slots * CORPUS_PAGE as u64).map_err(ReplayError::SwapBacking)?,
         );
         let swap = Arc::new(ztier_swap::Device::new(backing, Default::default())?);
         let mut config = Config::new(self.algorithm.clone(), self.ram_bytes);

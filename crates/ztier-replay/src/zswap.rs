@@ -82,10 +82,7 @@ impl ZswapReplay {
             .map_err(ztier_pool::PoolError::from)?;
         let ps = self.layout.page_size;
         if ps as u64 != ztier_swap::SLOT_BYTES {
-            return Err(ReplayError::Config(format!(
-                "zswap needs pages of the swap device's {} bytes, not {ps}",
-                ztier_swap::SLOT_BYTES
-            )));
+            return Err(ReplayError::ZswapPageSize { page_size: ps });
         }
         let pages = pages_of(corpus, ps)?;
         let bytes = pages.len() * ps;
@@ -99,10 +96,8 @@ impl ZswapReplay {
         // pages get theirs.
         let make_cache = || -> Result<(Cache, Vec<u64>)> {
             let slots = (pages.len() as u64 + 1).div_ceil(512) * 512;
-            let backing = Arc::new(
-                MemoryDevice::new(slots * ps as u64)
-                    .map_err(|e| ReplayError::Config(format!("the swap device's backing: {e}")))?,
-            );
+            let backing =
+                Arc::new(MemoryDevice::new(slots * ps as u64).map_err(ReplayError::SwapBacking)?);
             let swap = Arc::new(ztier_swap::Device::new(backing, Default::default())?);
             let pool = self.allocator.make_pool(&self.layout)?;
             let mut config = Config::new(alg.clone(), u64::MAX / 128);
@@ -117,9 +112,7 @@ impl ZswapReplay {
             for_each_page(&pages, threads, progress, |i, page, _| {
                 match cache.store(slots[i], page).map_err(zswap_err) {
                     Ok(Placement::Zswap | Placement::Zero) => Ok(()),
-                    Ok(Placement::Device(why)) => Err(ReplayError::Config(format!(
-                        "zswap refused page {i}: {why}"
-                    ))),
+                    Ok(Placement::Device(why)) => Err(ReplayError::ZswapRefused { page: i, why }),
                     Err(e) => Err(at("storing", i, e)),
                 }
             })
@@ -199,11 +192,10 @@ impl ZswapReplay {
         )?;
         let after = cache.stats();
         if after.stored_pages + after.zero_pages != 0 || after.pool_total_size != 0 {
-            return Err(ReplayError::Config(format!(
-                "after every page was loaded the cache still holds {} pages and {} pool bytes",
-                after.stored_pages + after.zero_pages,
-                after.pool_total_size
-            )));
+            return Err(ReplayError::CacheHoldsPages {
+                pages: after.stored_pages + after.zero_pages,
+                pool_bytes: after.pool_total_size,
+            });
         }
 
         let (raw_c, raw_d) = (mb_s(bytes, raw_compress_s), mb_s(bytes, raw_decompress_s));
