@@ -360,13 +360,15 @@ fn io_goes_on_while_writeback_and_recompression_run() {
                     (&recompressed, &written_back, &passes, &ended);
                 s.spawn(move || {
                     let mut out = vec![0u8; PS];
-                    // Thread t owns pages of its parity; generation g of page i is
-                    // page(i + g * n).
+                    // Thread t owns pages of its parity in the first half; generation g
+                    // of page i is page(i + g * n). The second half is left alone, so the
+                    // passes always find idle pages however slowly they run (touched, every
+                    // page of the first half stops being idle within 512 rounds).
                     let mut gen = vec![0u64; n as usize];
                     start.wait();
                     let mut round = 0u64;
                     while round < 6000 || (passes.load(Relaxed) == 0 && !ended.load(Relaxed)) {
-                        let i = ((round * 7919 + t * 13) % (n / 2)) * 2 + t;
+                        let i = ((round * 7919 + t * 13) % (n / 4)) * 2 + t;
                         if round.is_multiple_of(3) {
                             gen[i as usize] += 1;
                             dev.write_page(i, &page(i + gen[i as usize] * n)).unwrap();
