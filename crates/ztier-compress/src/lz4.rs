@@ -139,9 +139,11 @@ fn compress_u16(
     if n > MFLIMIT {
         let mflimit = n - MFLIMIT;
         let matchlimit = n - LASTLITERALS;
-        // SAFETY (every read32 below): at most n - 11, see above.
+        // Every read32 below is at most at n - 11 (the fn's header).
+        // SAFETY: 0 + 4 <= n, as n > MFLIMIT.
         table[hash(unsafe { read32(src, 0) })] = 0;
         let mut ip = 1;
+        // SAFETY: 1 + 4 <= n, as n > MFLIMIT.
         let mut forward_h = hash(unsafe { read32(src, ip) });
 
         'sequences: loop {
@@ -161,8 +163,11 @@ fn compress_u16(
                         break 'sequences;
                     }
                     m = table[h] as usize;
+                    // SAFETY: forward_ip <= mflimit, checked above.
                     forward_h = hash(unsafe { read32(src, forward_ip) });
                     table[h] = ip as u16;
+                    // SAFETY: ip was a forward_ip checked against mflimit; m is a position
+                    // stored from such an ip, or 0.
                     if unsafe { read32(src, m) == read32(src, ip) } {
                         break;
                     }
@@ -207,10 +212,13 @@ fn compress_u16(
                     break 'sequences;
                 }
                 // Fill the table, then test the next position for an immediate match.
+                // SAFETY: ip - 2 < ip <= mflimit, checked above.
                 table[hash(unsafe { read32(src, ip - 2) })] = (ip - 2) as u16;
+                // SAFETY: ip <= mflimit, checked above.
                 let h = hash(unsafe { read32(src, ip) });
                 m = table[h] as usize;
                 table[h] = ip as u16;
+                // SAFETY: ip <= mflimit; m is a position stored from an earlier ip, or 0.
                 if m + MAX_DISTANCE >= ip && unsafe { read32(src, m) == read32(src, ip) } {
                     token = op;
                     op += 1;
@@ -220,6 +228,7 @@ fn compress_u16(
                 break;
             }
             ip += 1;
+            // SAFETY: ip <= mflimit + 1 = n - 11, as the loop above left with ip <= mflimit.
             forward_h = hash(unsafe { read32(src, ip) });
         }
     }

@@ -247,12 +247,14 @@ fn compress_chunk<const RLE: bool>(
             }
 
             let mut m_len = 4;
-            // SAFETY (both reads of 8 here): m_pos < ip, and ip + m_len < ip_end + 8.
+            // SAFETY: m_pos < ip < ip_end and m_len = 4: the 8 bytes end before in_end - 8.
             let mut v = unsafe { read64(src, ip + m_len) ^ read64(src, m_pos + m_len) };
             let mut capped = false;
             if v == 0 {
                 loop {
                     m_len += 8;
+                    // SAFETY: ip + m_len - 8 < ip_end (checked on the round before), so the 8
+                    // bytes end before in_end - 4 (the fn's header).
                     v = unsafe { read64(src, ip + m_len) ^ read64(src, m_pos + m_len) };
                     if ip + m_len >= ip_end {
                         capped = true;
