@@ -129,7 +129,8 @@ impl Process {
 
     /// Reads every captured page once (see the module's note on consistency), calling
     /// `on_page` with its virtual page number and content, in address order. The process
-    /// exiting is [`CaptureError::Exited`]; a mapping unmapped meanwhile is marked
+    /// exiting, before the read or during it, is [`CaptureError::Exited`] (not
+    /// [`CaptureError::NoProcess`], once it was opened); a mapping unmapped meanwhile is marked
     /// [`vanished`](MappingRead::vanished) and the capture goes on.
     pub fn snapshot(
         &self,
@@ -137,6 +138,42 @@ impl Process {
         stop: bool,
         on_page: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<Snapshot> {
+        // The process gone by the time a read of its /proc files fails (its directory gone
+        // once it is reaped, its pid perhaps another process's) is an exit, whatever the
+        // failed read said; an error of `on_page`'s own is passed on as it is.
+        let mut pages = 0u64;
+        let mut page_failed = false;
+        let result = self.read_all(file_backed, stop, &mut |vpn, page| {
+            let r = on_page(vpn, page);
+            page_failed = r.is_err();
+            pages += u64::from(r.is_ok());
+            r
+        });
+        match result {
+            Err(e)
+                if !page_failed && !matches!(e, CaptureError::Exited { .. }) && !self.alive() =>
+            {
+                Err(CaptureError::Exited {
+                    pid: self.pid,
+                    pages_read: pages,
+                })
+            }
+            other => other,
+        }
+    }
+
+    fn read_all(
+        &self,
+        file_backed: bool,
+        stop: bool,
+        on_page: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<Snapshot> {
+        if !self.alive() {
+            return Err(CaptureError::Exited {
+                pid: self.pid,
+                pages_read: 0,
+            });
+        }
         let started = Instant::now();
         let stopped = if stop {
             Some(Stopped::stop(self)?)

@@ -75,7 +75,8 @@ pub struct Manifest {
     /// Pages left out as frames already read (the shared zero page, KSM), first capture.
     pub duplicate_frames: u64,
     pub epochs: Vec<EpochSummary>,
-    /// The process exited before the recording's end: the epochs before are kept.
+    /// The process exited before the recording's end (during an epoch or between two): the
+    /// epochs done before are kept and written; the one it cut short, if any, is not.
     pub ended_by_exit: bool,
     pub corpus: PathBuf,
     pub trace: PathBuf,
@@ -286,8 +287,10 @@ impl Recorder {
     }
 
     /// Epochs every `every` for `total` (the first at once), `on_epoch` told of each. The
-    /// process exiting after the first epoch ends the recording, keeping the epochs before
-    /// ([`Manifest::ended_by_exit`]); exiting before it is [`CaptureError::Exited`].
+    /// process exiting after the first epoch (during an epoch, or between two, reaped or
+    /// not) ends the recording with `Ok`, keeping the epochs done: [`finish`](Self::finish)
+    /// then writes them, with [`Manifest::ended_by_exit`] set. Exiting before the first
+    /// epoch is whole is [`CaptureError::Exited`].
     pub fn record(
         &mut self,
         every: Duration,

@@ -90,12 +90,26 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     }
     .with_context(|| format!("capturing process {}", args.pid))?;
     let manifest = recorder.finish()?;
+    if manifest.ended_by_exit {
+        eprintln!(
+            "ztier: process {} exited during the recording, after {} epochs (the last at {:.1} s): \
+             they are kept and written",
+            manifest.pid,
+            manifest.epochs.len(),
+            last_epoch_seconds(&manifest)
+        );
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&manifest)?);
     } else {
         print_manifest(&manifest);
     }
     Ok(())
+}
+
+/// When the last epoch kept began, in seconds since the first.
+fn last_epoch_seconds(m: &Manifest) -> f64 {
+    m.epochs.last().map_or(0, |e| e.millis) as f64 / 1000.0
 }
 
 fn epoch_header() -> String {
@@ -190,7 +204,7 @@ fn print_manifest(m: &Manifest) {
         println!(
             "  {} epochs over {:.1} s{}",
             m.epochs.len(),
-            m.epochs.last().map_or(0, |e| e.millis) as f64 / 1000.0,
+            last_epoch_seconds(m),
             if m.ended_by_exit {
                 "; the process exited, the epochs before are kept"
             } else {

@@ -481,6 +481,90 @@ fn a_process_that_exits_mid_capture_is_one_clear_error_and_leaves_no_files() {
 }
 
 #[test]
+fn a_recording_whose_process_exits_between_epochs_keeps_the_epochs_before() {
+    let dir = common::temp_dir("capture-exit-between");
+    // The child exits, and is reaped, after the second epoch and before the third: the
+    // third finds no /proc/PID at all.
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("between.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    let mut seen = 0;
+    recorder
+        .record(
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_secs(600),
+            &mut |e| {
+                seen += 1;
+                if e.epoch == 1 {
+                    writeln!(child.stdin, "exit").unwrap();
+                    child.child.wait().unwrap();
+                }
+            },
+        )
+        .expect("the process's exit ends the recording, not as an error");
+    assert_eq!(seen, 2);
+    let manifest = recorder.finish().unwrap();
+    assert!(manifest.ended_by_exit);
+    assert_eq!(manifest.epochs.len(), 2);
+    let trace = Trace::read(&dir.join("between.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 2);
+    assert_eq!(
+        Corpus::load(&output).unwrap().pages() as u64,
+        trace.corpus_pages()
+    );
+
+    // Through the command line: the epochs before are written, stderr says the process
+    // exited, the status is 0.
+    let mut child = MemoryChild::spawn();
+    let mut capture = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args([
+            "capture",
+            "--pid",
+            &child.pid().to_string(),
+            "--every",
+            "10ms",
+            "--for",
+            "10m",
+        ])
+        .arg("-o")
+        .arg(dir.join("cli.pages.zst"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(capture.stdout.take().unwrap());
+    // The header, then epoch 0's row, then epoch 1's.
+    for _ in 0..3 {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the capture ended"
+        );
+    }
+    writeln!(child.stdin, "exit").unwrap();
+    child.child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let out = capture.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("process {} exited", child.pid())),
+        "{stderr}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cli.capture.json")).unwrap()).unwrap();
+    assert_eq!(manifest["ended_by_exit"], true);
+    let epochs = manifest["epochs"].as_array().unwrap().len();
+    assert!(epochs >= 2, "{epochs} epochs");
+    assert_eq!(
+        Trace::read(&dir.join("cli.trace")).unwrap().epochs.len(),
+        epochs
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn capture_without_permission_is_one_clear_error() {
     let dir = common::temp_dir("capture-perm");
     let root = rustix::process::geteuid().is_root();
