@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use crate::userfaultfd::{self, Msg, Outcome};
 use crate::{Count, Shared, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED};
@@ -22,6 +23,41 @@ const BUDGET_SLACK: u64 = 2 * crate::BATCH as u64;
 struct Fault {
     addr: u64,
     write: bool,
+    /// When its message was read: the fault's latency, as the handler sees it, runs from
+    /// here to its copy.
+    read_at: Instant,
+}
+
+/// The fault-around window: how many stored pages after a faulting one come in with it.
+/// It doubles while faults follow on from where the last one's pages ended (a sequential
+/// or clustered touch), up to [`MAX_AROUND`], and halves when one does not.
+pub(crate) struct Around {
+    window: usize,
+    next: u64,
+    max: usize,
+}
+
+impl Around {
+    pub(crate) fn new(max: usize) -> Around {
+        Around {
+            window: 0,
+            next: u64::MAX,
+            max,
+        }
+    }
+
+    fn window(&mut self, page: u64) -> usize {
+        self.window = if page == self.next {
+            (self.window * 2).max(1).min(self.max)
+        } else {
+            self.window / 2
+        };
+        self.window
+    }
+
+    fn served(&mut self, page: u64, pages: usize) {
+        self.next = page + pages as u64;
+    }
 }
 
 /// Pages an `mremap` moved out of the region: their stored copies, to be copied to where
@@ -38,11 +74,22 @@ enum Served {
     Later,
 }
 
+/// The fault thread. A panic here would leave every thread that faults on the region
+/// waiting for ever (or, were the descriptor closed, reading zeros where its data was): the
+/// process is aborted instead, with the panic's message.
 pub(crate) fn run(sh: &Shared) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_faults(sh))).is_err() {
+        eprintln!("ztier-uffd: the fault thread panicked; no page of the region can be served");
+        std::process::abort();
+    }
+}
+
+fn serve_faults(sh: &Shared) {
     let mut msgs = [Msg::default(); 64];
     let mut faults: VecDeque<Fault> = VecDeque::new();
     let mut remaps: Vec<Remap> = Vec::new();
-    let mut buf = vec![0u8; sh.page_size].into_boxed_slice();
+    let mut around = Around::new(sh.fault_around);
+    let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
     loop {
         if sh.stop_faults.load(Relaxed) {
@@ -74,6 +121,7 @@ pub(crate) fn run(sh: &Shared) {
                         userfaultfd::EVENT_PAGEFAULT => faults.push_back(Fault {
                             addr: m.arg[1] & !(sh.page_size as u64 - 1),
                             write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
+                            read_at: Instant::now(),
                         }),
                         userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
                         userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
@@ -95,9 +143,12 @@ pub(crate) fn run(sh: &Shared) {
         while left > 0 {
             left -= 1;
             let f = faults.pop_front().expect("counted");
-            if let Served::Later = sh.serve(f, &mut buf, &zeros) {
-                sh.count(Count::Deferred, 1);
-                faults.push_back(f);
+            match sh.serve(f, &mut buf, &zeros, &mut around) {
+                Served::Later => {
+                    sh.count(Count::Deferred, 1);
+                    faults.push_back(f);
+                }
+                Served::Done => sh.latency.record(f.read_at.elapsed()),
             }
         }
         sh.wake_reclaim_if_over();
@@ -106,7 +157,7 @@ pub(crate) fn run(sh: &Shared) {
 
 impl Shared {
     /// Serves one fault.
-    fn serve(&self, f: Fault, buf: &mut [u8], zeros: &[u8]) -> Served {
+    fn serve(&self, f: Fault, buf: &mut [u8], zeros: &[u8], around: &mut Around) -> Served {
         let Some(page) = self.page_of(f.addr) else {
             // A page moved out by an mremap whose copies are still under way: the copy (or
             // the unregistering after it) wakes it; waking it now lets it retry meanwhile.
@@ -126,13 +177,7 @@ impl Shared {
         }
         let addr = self.page_addr(page);
         if s == STORED {
-            if let Err(e) = self.device.read_page(page, buf) {
-                *self.last_error.lock() = Some(format!("page {page}: {e}"));
-                if self.uffd.poison(addr, self.page_size as u64).is_ok() {
-                    self.count(Count::Poisoned, 1);
-                }
-                return Served::Done;
-            }
+            return self.serve_stored(page, buf, around);
         }
         let held = if s == HELD {
             self.held.lock().remove(&page)
@@ -141,11 +186,7 @@ impl Shared {
         };
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
-        let kind = match s {
-            STORED => 0,
-            HELD => 2,
-            _ => 1,
-        };
+        let kind = if s == HELD { 2 } else { 1 };
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures (and of the device's) then includes its own fault. Put back if
         // the copy fails.
@@ -153,7 +194,6 @@ impl Shared {
         self.drop_stored(page, state);
         self.leave(page, state, RESIDENT | REFERENCED);
         let outcome: Outcome = match (s, &held) {
-            (STORED, _) => self.uffd.copy(addr, buf),
             (HELD, Some(copy)) => self.uffd.copy(addr, copy),
             // An unmapped page faults only if it is still mapped (MREMAP_DONTUNMAP): empty.
             _ if f.write => self.uffd.copy(addr, zeros),
@@ -168,20 +208,10 @@ impl Shared {
             }
             Err(e) => {
                 self.fault_ins[kind].fetch_sub(1, Relaxed);
-                let mut back = state;
-                let mut held = held;
-                if s == STORED {
-                    if let Err(cause) = self.device.write_page(page, buf) {
-                        // The store refuses it now: kept whole instead.
-                        *self.last_error.lock() = Some(format!("page {page}: {cause}"));
-                        held = Some(buf.into());
-                        back = HELD;
-                    }
-                }
                 if let Some(copy) = held {
                     self.held.lock().insert(page, copy);
                 }
-                self.leave(page, RESIDENT, back);
+                self.leave(page, RESIDENT, state);
                 match e {
                     libc::EAGAIN => Served::Later,
                     // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
@@ -190,6 +220,98 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Serves a fault on a stored page (locked by the caller), with as many of the stored
+    /// pages after it as the fault-around window takes, in one copy.
+    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around) -> Served {
+        let ps = self.page_size;
+        let window = around.window(page);
+        // The neighbours' stripes: the fault thread may hold several (a window is far
+        // shorter than the stripe count, so they are distinct); every other holder holds one
+        // and waits for none.
+        let mut guards = Vec::new();
+        let mut n = 1;
+        while n <= window && page + (n as u64) < self.pages {
+            let next = page + n as u64;
+            let g = self.locks.lock(next);
+            if self.state(next) & STATE_MASK != STORED {
+                break;
+            }
+            guards.push(g);
+            n += 1;
+        }
+        let mut read = 0;
+        while read < n {
+            let p = page + read as u64;
+            if let Err(e) = self
+                .device
+                .read_page(p, &mut buf[read * ps..(read + 1) * ps])
+            {
+                *self.last_error.lock() = Some(format!("page {p}: {e}"));
+                if read == 0 {
+                    if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
+                        self.count(Count::Poisoned, 1);
+                    }
+                    return Served::Done;
+                }
+                break;
+            }
+            read += 1;
+        }
+        let n = read;
+        // In before the copy, which lets the faulting thread run on: what it reads of the
+        // region's figures (and of the device's) then includes its own fault. Put back for
+        // the pages the copy does not install.
+        self.fault_ins[0].fetch_add(1, Relaxed);
+        self.count(Count::FaultAround, n as u64 - 1);
+        for k in 0..n as u64 {
+            self.drop_stored(page + k, STORED);
+            // Neighbours come in without a second chance: cold unless touched.
+            let to = if k == 0 {
+                RESIDENT | REFERENCED
+            } else {
+                RESIDENT
+            };
+            self.leave(page + k, STORED, to);
+        }
+        let (done, outcome) = self.uffd.copy_run(self.page_addr(page), &buf[..n * ps]);
+        let mut installed = if outcome.is_ok() { n } else { done / ps };
+        if let Err(libc::EEXIST) = outcome {
+            // That page is present already: what the program sees is that page.
+            installed += 1;
+            self.uffd.wake(self.page_addr(page), ps as u64);
+        }
+        around.served(page, installed.max(1));
+        for k in installed.min(n)..n {
+            self.put_back(page + k as u64, &buf[k * ps..(k + 1) * ps]);
+        }
+        match outcome {
+            Ok(()) | Err(libc::EEXIST) => Served::Done,
+            Err(e) => {
+                if installed == 0 {
+                    self.fault_ins[0].fetch_sub(1, Relaxed);
+                }
+                match e {
+                    libc::EAGAIN if installed == 0 => Served::Later,
+                    _ => Served::Done,
+                }
+            }
+        }
+    }
+
+    /// A page counted in whose copy failed (its lock held): stored again, or held whole if
+    /// the store refuses it now.
+    fn put_back(&self, page: u64, content: &[u8]) {
+        let back = match self.device.write_page(page, content) {
+            Ok(()) => STORED,
+            Err(cause) => {
+                *self.last_error.lock() = Some(format!("page {page}: {cause}"));
+                self.held.lock().insert(page, content.into());
+                HELD
+            }
+        };
+        self.leave(page, RESIDENT, back);
     }
 
     /// Whether faults that bring a page in wait for the reclaim thread.

@@ -166,8 +166,25 @@ enum Count {
     Remapped,
     Poisoned,
     Deferred,
+    FaultAround,
 }
-const COUNTS: usize = Count::Deferred as usize + 1;
+const COUNTS: usize = Count::FaultAround as usize + 1;
+
+/// Buckets of the fault latency histogram: bucket 0 under 1 µs, bucket `k` from
+/// `2^(k-1)` to `2^k` µs, the last everything longer.
+pub const LATENCY_BUCKETS: usize = 16;
+
+/// The fault thread's latency histogram (it alone records).
+#[derive(Default)]
+struct Latency([AtomicU64; LATENCY_BUCKETS]);
+
+impl Latency {
+    fn record(&self, d: std::time::Duration) {
+        let us = d.as_micros() as u64;
+        let bucket = (u64::BITS - us.leading_zeros()) as usize;
+        self.0[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, Relaxed);
+    }
+}
 
 /// A region's figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -202,6 +219,11 @@ pub struct RegionStats {
     pub remapped_pages: u64,
     /// Pages whose stored copy could not be read: a touch raises SIGBUS.
     pub poisoned_pages: u64,
+    /// Pages installed by fault-around beside the faulting page.
+    pub fault_around_pages: u64,
+    /// Faults by how long the fault thread took from reading one to installing its page
+    /// (see [`LATENCY_BUCKETS`]).
+    pub fault_latency_us: [u64; LATENCY_BUCKETS],
     /// Faults served late: the address space was changing (`EAGAIN`), or the region was
     /// over its budget while the reclaim thread caught up.
     pub deferred_faults: u64,
@@ -217,7 +239,12 @@ pub struct RegionConfig {
     /// The device's memory limit in bytes (0: none): a store past it fails and the page
     /// stays resident.
     pub store_limit: u64,
+    /// The most stored pages a fault brings in after its own (0: none).
+    pub fault_around: usize,
 }
+
+/// The default of [`RegionConfig::fault_around`].
+pub const MAX_AROUND: usize = 15;
 
 impl Default for RegionConfig {
     fn default() -> Self {
@@ -225,6 +252,7 @@ impl Default for RegionConfig {
             algorithm: Algorithm::new(Kind::Lz4),
             allocator: AllocatorKind::Zsmalloc,
             store_limit: 0,
+            fault_around: MAX_AROUND,
         }
     }
 }
@@ -255,6 +283,9 @@ struct Shared {
     /// thread alone, before its copy wakes the faulting thread (so that thread's next
     /// reading includes its own fault), and taken back if the copy fails.
     fault_ins: [AtomicU64; 3],
+    latency: Latency,
+    /// The most stored pages a fault brings in beside its own.
+    fault_around: usize,
     /// Stops the reclaim thread.
     stop: AtomicBool,
     /// Stops the fault thread (set only once the reclaim thread is gone: its drop of the
@@ -303,12 +334,16 @@ impl Region {
         let device = Device::new(len as u64, config.algorithm.clone(), pool)
             .map_err(|e| Error::Device(e.to_string()))?;
         device.set_mem_limit(config.store_limit);
-        Region::with_device(len, budget, device)
+        Region::make(len, budget, device, config.fault_around.min(1023))
     }
 
     /// A region storing in `device`, which must have a page for each of the region's, of
     /// the OS page size, and be empty (its pages are the region's from now on).
     pub fn with_device(len: usize, budget: usize, device: Device) -> Result<Region> {
+        Region::make(len, budget, device, MAX_AROUND)
+    }
+
+    fn make(len: usize, budget: usize, device: Device, fault_around: usize) -> Result<Region> {
         let page_size = ztier_base::os::page_size();
         check_length(len, page_size)?;
         let pages = (len / page_size) as u64;
@@ -367,6 +402,8 @@ impl Region {
             held: Mutex::new(HashMap::new()),
             counts: Counters::default(),
             fault_ins: Default::default(),
+            latency: Latency::default(),
+            fault_around,
             stop: AtomicBool::new(false),
             stop_faults: AtomicBool::new(false),
             waker: Waker::new().map_err(os("eventfd"))?,
@@ -504,6 +541,8 @@ impl Region {
             remapped_pages: c(Count::Remapped),
             poisoned_pages: c(Count::Poisoned),
             deferred_faults: c(Count::Deferred),
+            fault_around_pages: c(Count::FaultAround),
+            fault_latency_us: std::array::from_fn(|i| sh.latency.0[i].load(Relaxed)),
             mm_stat: sh.device.mm_stat(),
         }
     }

@@ -237,6 +237,20 @@ impl Uffd {
         outcome(r, copy.done, src.len())
     }
 
+    /// `UFFDIO_COPY` of several pages: the bytes copied (a whole number of pages from `dst`
+    /// on, all of them if the outcome is `Ok`) and the outcome.
+    pub fn copy_run(&self, dst: u64, src: &[u8]) -> (usize, Outcome) {
+        let mut copy = UffdioCopy {
+            dst,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            ..Default::default()
+        };
+        // SAFETY: as `copy`.
+        let r = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut copy) };
+        (copy.done.max(0) as usize, outcome(r, copy.done, src.len()))
+    }
+
     /// `UFFDIO_ZEROPAGE`: maps the zero page at the empty pages of the range.
     pub fn zeropage(&self, start: u64, len: u64) -> Outcome {
         let mut z = UffdioZeropage {

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use ztier_uffd::{Error, Region};
+use ztier_uffd::{Error, Region, RegionConfig};
 
 pub const PAGE: usize = 4096;
 pub const WORDS: usize = PAGE / 8;
@@ -12,7 +12,12 @@ pub const WORDS: usize = PAGE / 8;
 /// A region, or `None` (with the reason printed) where this process may not use
 /// userfaultfd; under `CI` that fails instead.
 pub fn region(len: usize, budget: usize) -> Option<Region> {
-    match Region::new(len, budget) {
+    region_with(len, budget, &RegionConfig::default())
+}
+
+/// [`region`], made as `config` says.
+pub fn region_with(len: usize, budget: usize, config: &RegionConfig) -> Option<Region> {
+    match Region::with_config(len, budget, config) {
         Ok(r) => Some(r),
         Err(e @ (Error::NotPermitted(_) | Error::Unsupported(_))) => {
             if std::env::var_os("CI").is_some() {
