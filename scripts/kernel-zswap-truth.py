@@ -13,8 +13,19 @@ read before and after; then every page faulted back in and compared with the cor
 figures are the differences. zswap's parameters are put back, the swap file switched off
 and removed, whatever happens.
 
+A clean run, the only kind whose figures are kept: zswap's pool empty when it starts
+(debugfs stored_pages 0 and pool_total_size 0: no other page in zswap whose zspages the
+corpus's objects could share, no fragmentation left by a run before; the script waits for
+that, and if it does not come, switches its own swap file off and on again, which takes
+back every page held on it), and afterwards its stored pages and zero pages adding up to
+exactly the corpus's pages (nothing else went through swap meanwhile). A figure is written
+only when two consecutive clean runs agree on every counter taken (stored pages,
+incompressible pages, pool_total_size, zero pages, written back); otherwise, after six
+runs, the script refuses (exit 2) and writes nothing.
+
 Refuses, saying why, where it cannot run: not root, no zswap in this kernel, a compressor
-the kernel's crypto API does not offer zswap, a swap file that cannot be switched on.
+the kernel's crypto API does not offer zswap, a swap file that cannot be switched on,
+zswap's pool not emptying (pages of another swap device in it), no two clean runs agreeing.
 
 Usage: sudo scripts/kernel-zswap-truth.py [--compressor ALG]... [--swap-dir DIR]
            CORPUS.pages[.zst]... > DIR/zswap-truth.json
@@ -83,18 +94,68 @@ def page_kinds(data):
     return zero, same
 
 
-def measure(data, alg):
-    """One clean run: the counters are the whole system's, so a run during which anything
-    else went through swap (its stored pages and zero pages not adding up to the corpus's)
-    is taken again, up to three times."""
-    for _ in range(3):
+# What two clean runs must agree on for a figure to be written.
+AGREE = ("stored_pages", "stored_incompressible_pages", "pool_total_size", "swpout_zero",
+         "written_back_pages")
+RUNS = 6
+
+
+def pool_empty():
+    c = debugfs_counters()
+    return c.get("stored_pages", 0) == 0 and c.get("pool_total_size", 0) == 0
+
+
+def wait_pool_empty(seconds):
+    deadline = time.monotonic() + seconds
+    while not pool_empty():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def empty_the_pool(swapfile):
+    """zswap's pool empty before a run: a run's own pages leave it as its mapping is
+    unmapped; another process's pages on this script's swap file are taken back by switching
+    the file off and on again. Refuses if the pool still holds pages (another swap
+    device's)."""
+    if wait_pool_empty(2):
+        return
+    subprocess.run(["swapoff", swapfile], check=False)
+    r = subprocess.run(["swapon", "-p", "32767", swapfile], capture_output=True, text=True)
+    if r.returncode:
+        refuse(f"swapon {swapfile} again (to empty zswap's pool): {r.stderr.strip()}")
+    if not wait_pool_empty(5):
+        c = debugfs_counters()
+        refuse(f"zswap's pool does not empty ({c.get('stored_pages')} pages stored, "
+               f"pool_total_size {c.get('pool_total_size')}) after swapoff and swapon of "
+               f"{swapfile}: pages of another swap device are in it, and a run on a pool "
+               "holding other pages is not the corpus's figure")
+
+
+def measure(data, alg, swapfile):
+    """The figures of two consecutive clean runs that agree (see the header). The counters
+    are the whole system's: a run on a pool not empty, or during which anything else went
+    through swap, is not clean."""
+    last = None
+    for _ in range(RUNS):
+        empty_the_pool(swapfile)
         figures = measure_once(data, alg)
-        if figures["stored_pages"] + figures["swpout_zero"] == figures["pages"]:
+        if figures["stored_pages"] + figures["swpout_zero"] != figures["pages"]:
+            print(f"kernel-zswap-truth: {alg}: {figures['stored_pages']} stored and "
+                  f"{figures['swpout_zero']} zero pages for {figures['pages']}: something else "
+                  "swapped meanwhile, measuring again from an empty pool", file=sys.stderr)
+            last = None
+            continue
+        if last is not None and all(last[k] == figures[k] for k in AGREE):
             return figures
-        print(f"kernel-zswap-truth: {alg}: {figures['stored_pages']} stored and "
-              f"{figures['swpout_zero']} zero pages for {figures['pages']}: something else "
-              "swapped meanwhile, measuring again", file=sys.stderr)
-    refuse(f"{alg}: three runs disturbed by other swapping on this machine")
+        if last is not None:
+            print(f"kernel-zswap-truth: {alg}: two clean runs differ "
+                  f"({', '.join(f'{k} {last[k]} then {figures[k]}' for k in AGREE if last[k] != figures[k])}), "
+                  "measuring again", file=sys.stderr)
+        last = figures
+    refuse(f"{alg}: no two consecutive clean runs agreed in {RUNS} (other swapping on this "
+           "machine?): no figure written")
 
 
 def measure_once(data, alg):
@@ -224,7 +285,7 @@ def main():
                        "writeback) to a swap file of its own; the zswap debugfs counters, /proc/meminfo "
                        "and vmstat swpout_zero differences across the swap-out; every page faulted back "
                        "in and verified.",
-                "corpora": {name: {alg: measure(data, alg) for alg in algs}
+                "corpora": {name: {alg: measure(data, alg, swapfile) for alg in algs}
                             for name, data in corpora.items()},
             }
         finally:
