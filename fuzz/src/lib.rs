@@ -40,7 +40,7 @@ pub fn decompress_is_total(alg: &str, data: &[u8]) {
         let mut lib = vec![0u8; OUT];
         match (
             ours.as_ref().ok().copied(),
-            ztier_bench::liblzo2::decompress_safe(data, &mut lib),
+            ztier_reference::liblzo2::decompress_safe(data, &mut lib),
         ) {
             (Some(n), Some(m)) => {
                 assert_eq!(m, n);

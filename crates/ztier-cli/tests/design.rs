@@ -8,7 +8,7 @@ use std::path::Path;
 /// The crates' short names, as the table writes them.
 const SHORT: [&str; 14] = [
     "base", "pool", "compress", "blockdev", "swap", "zram", "zswap", "nbd", "corpus", "replay",
-    "cli", "bench", "capture", "uffd",
+    "cli", "reference", "capture", "uffd",
 ];
 
 /// The short crate names a table cell names (whole words only: "zswap" is not "swap").

@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ztier_bench::liblzo2;
 use ztier_compress::{liblz4, worst_case_len, Algorithm};
 use ztier_corpus::Corpus;
+use ztier_reference::liblzo2;
 
 fn sample() -> Corpus {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
