@@ -101,10 +101,15 @@ impl Trace {
     }
 
     fn decode(bytes: &[u8]) -> std::result::Result<Trace, String> {
-        let mut r = Reader { bytes, at: 0 };
-        if r.take(8)? != MAGIC {
+        // The magic first: a file too short for it, or not starting with it, is not a trace
+        // at all (not a truncated one).
+        if !bytes.starts_with(MAGIC) {
             return Err("not a ztier trace (no ZTIERTRC header)".into());
         }
+        let mut r = Reader {
+            bytes,
+            at: MAGIC.len(),
+        };
         let version = r.u32()?;
         if version != VERSION {
             return Err(format!("trace version {version}, this reads {VERSION}"));
@@ -372,5 +377,13 @@ mod tests {
         let err = Trace::decode(&huge).unwrap_err();
         assert!(err.contains("truncated"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_without_the_magic_is_not_a_trace() {
+        for garbage in [&b""[..], b"garbage", b"ZTIERTR", b"ZTIERTRX\x01\0\0\0"] {
+            let err = Trace::decode(garbage).unwrap_err();
+            assert!(err.contains("not a ztier trace"), "{garbage:?}: {err}");
+        }
     }
 }
