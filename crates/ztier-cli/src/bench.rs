@@ -23,6 +23,9 @@ pub enum Front {
     /// A zswap cache in front of a swap device: pages swapped out to it, the zswap counters
     /// beside the kernel zswap's.
     Zswap,
+    /// A userfaultfd region (`ztier-uffd`) under --budget: evicted, faulted back in and
+    /// verified, beside the kernel zswap's page-out and fault-in.
+    Uffd,
 }
 
 #[derive(Args, Debug)]
@@ -104,6 +107,9 @@ pub struct BenchArgs {
     /// and the device).
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub max_corpus: Option<u64>,
+    /// With --front uffd: the region's RAM budget, a share of its size (25% or 0.25).
+    #[arg(long, default_value = "25%", value_parser = crate::uffd_bench::parse_budget)]
+    pub budget: f64,
 }
 
 /// The bundled sample: next to the working directory, or in the source tree.
@@ -128,6 +134,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         args.corpora.clone()
     };
+    if args.front == Front::Uffd {
+        return crate::uffd_bench::run(args, &paths);
+    }
     if args.front == Front::Zswap {
         if args.trace {
             return run_zswap_trace(args, &paths, layout);

@@ -11,6 +11,7 @@ mod serve;
 mod size;
 mod swap_alloc;
 mod swap_bench;
+mod uffd_bench;
 
 use clap::{Parser, Subcommand};
 

@@ -1,0 +1,227 @@
+//! `ztier bench --front uffd [--budget 25%]`: each corpus written into a region
+//! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
+//! evicts the rest, every page read back in order and verified, then single pages touched
+//! at random for the fault latency; beside the kernel zswap's MADV_PAGEOUT and fault-in
+//! figures for the same pages from the corpus's `zswap-truth.json` (marked as such: this
+//! kernel offers zswap no lz4, so the kernel's path is measured with lzo-rle).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ztier_corpus::Corpus;
+use ztier_uffd::{Region, RegionConfig};
+
+use crate::bench::BenchArgs;
+
+/// One corpus × compressor through a region.
+#[derive(Debug, serde::Serialize)]
+struct UffdRun {
+    corpus: String,
+    compressor: String,
+    pages: u64,
+    budget_pages: u64,
+    /// MB/s the reclaim thread evicted at, the budget cut from every page to the share.
+    evict_mb_s: f64,
+    /// MB/s of pages brought back while every page was read in order.
+    seq_faultin_mb_s: f64,
+    /// One page touched at random (no fault-around): the toucher's time, p50/p99/max µs.
+    fault_p50_us: f64,
+    fault_p99_us: f64,
+    fault_max_us: f64,
+    /// Region pages resident at the end of the sequential pass, against the budget.
+    resident_pages: u64,
+    /// The device's mm_stat after the eviction: memory held, compressed bytes.
+    mem_used_total: u64,
+    compr_data_size: u64,
+    stored_pages: u64,
+    /// The kernel zswap's figures for these pages (`zswap-truth.json`, lzo-rle), if there.
+    kernel_pageout_mb_s: Option<f64>,
+    kernel_faultin_mb_s: Option<f64>,
+    kernel_pool_total_size: Option<u64>,
+}
+
+/// `--budget`: a share of the region, `25%` or `0.25`.
+pub fn parse_budget(s: &str) -> Result<f64, String> {
+    let v: f64 = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|e| format!("{s:?}: {e}"))?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!(
+            "{s:?}: the budget is a share of the region, over 0 up to 100%"
+        ));
+    }
+    Ok(v)
+}
+
+pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
+    for path in paths {
+        let corpus = match args.max_corpus {
+            Some(max) => Corpus::load_at_most(path, max),
+            None => Corpus::load(path),
+        }
+        .with_context(|| format!("loading {}", path.display()))?;
+        for algorithm in &args.compressors {
+            let run = run_one(&corpus, algorithm, args.budget)?;
+            if args.json {
+                println!("{}", serde_json::to_string(&run)?);
+            } else {
+                print_run(&run);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_one(
+    corpus: &Corpus,
+    algorithm: &ztier_compress::Algorithm,
+    share: f64,
+) -> anyhow::Result<UffdRun> {
+    let ps = 4096usize;
+    let pages = corpus.pages();
+    let len = pages * ps;
+    let budget = ((len as f64 * share) as usize).max(ps);
+    let config = RegionConfig {
+        algorithm: algorithm.clone(),
+        ..RegionConfig::default()
+    };
+    // Written with the whole region in budget, so the write evicts nothing.
+    let region = Region::with_config(len, len, &config).context("making the region")?;
+    let words = region.words();
+    for (i, page) in corpus.chunks(ps).enumerate() {
+        for (w, bytes) in page.chunks_exact(8).enumerate() {
+            let v = u64::from_ne_bytes(bytes.try_into().expect("8 bytes"));
+            words[i * (ps / 8) + w].store(v, Relaxed);
+        }
+    }
+
+    // Evict: the budget cut to the share; the reclaim thread's time to get under it.
+    let before = region.stats();
+    let t = Instant::now();
+    region.set_budget(budget)?;
+    while region.stats().resident_pages > region.stats().budget_pages {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let evict_time = t.elapsed();
+    let after = region.stats();
+    let evicted =
+        (after.evictions + after.zero_evictions) - (before.evictions + before.zero_evictions);
+    let evict_mb_s = evicted as f64 * ps as f64 / evict_time.as_secs_f64() / 1e6;
+    let held = after.mm_stat;
+
+    // Sequential fault-in: one word of every page, in order; then every page verified.
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for i in 0..pages {
+        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
+    }
+    let seq_time = t.elapsed();
+    std::hint::black_box(sum);
+    let seq = region.stats();
+    let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
+    let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
+    verify(&region, corpus)?;
+
+    // Single-page fault latency: pages evicted one by one, touched in a scattered order
+    // (so fault-around stays closed).
+    let mut lat = Vec::new();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..2000.min(pages) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let page = (x % pages as u64) as usize;
+        let stored = region.stats().evictions;
+        region.evict(page as u64)?;
+        if region.stats().evictions == stored {
+            continue; // not resident, or a zero page: nothing stored
+        }
+        let t = Instant::now();
+        std::hint::black_box(words[page * (ps / 8)].load(Relaxed));
+        lat.push(t.elapsed().as_nanos() as f64 / 1000.0);
+        // Back out, so each touch is a fault from the store.
+        region.evict(page as u64)?;
+    }
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let truth = corpus.zswap_truth("lzo-rle").ok().flatten();
+    Ok(UffdRun {
+        corpus: corpus.name.clone(),
+        compressor: algorithm.to_string(),
+        pages: pages as u64,
+        budget_pages: (budget / ps) as u64,
+        evict_mb_s,
+        seq_faultin_mb_s,
+        fault_p50_us: pct(0.5),
+        fault_p99_us: pct(0.99),
+        fault_max_us: lat.last().copied().unwrap_or(0.0),
+        resident_pages: seq.resident_pages,
+        mem_used_total: held.mem_used_total,
+        compr_data_size: held.compr_data_size,
+        stored_pages: after.stored_pages,
+        kernel_pageout_mb_s: truth.as_ref().and_then(|t| t.pageout_mb_s),
+        kernel_faultin_mb_s: truth.as_ref().and_then(|t| t.faultin_mb_s),
+        kernel_pool_total_size: truth.as_ref().map(|t| t.pool_total_size),
+    })
+}
+
+/// Every word of every page as the corpus has it.
+fn verify(region: &Region, corpus: &Corpus) -> anyhow::Result<()> {
+    let words = region.words();
+    for (i, page) in corpus.chunks(4096).enumerate() {
+        for (w, bytes) in page.chunks_exact(8).enumerate() {
+            let want = u64::from_ne_bytes(bytes.try_into().expect("8 bytes"));
+            let got = words[i * 512 + w].load(Relaxed);
+            anyhow::ensure!(
+                got == want,
+                "page {i} word {w}: {got:#x}, the corpus has {want:#x}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_run(r: &UffdRun) {
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "{} / {}: {} pages, budget {} pages",
+        r.corpus, r.compressor, r.pages, r.budget_pages
+    );
+    let kernel = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    println!(
+        "  evict       {:>8.0} MB/s   kernel zswap MADV_PAGEOUT {} MB/s (zswap-truth.json, lzo-rle)",
+        r.evict_mb_s,
+        kernel(r.kernel_pageout_mb_s)
+    );
+    println!(
+        "  fault-in    {:>8.0} MB/s   kernel zswap fault-in {} MB/s (zswap-truth.json, lzo-rle)",
+        r.seq_faultin_mb_s,
+        kernel(r.kernel_faultin_mb_s)
+    );
+    println!(
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store)",
+        r.fault_p50_us, r.fault_p99_us, r.fault_max_us
+    );
+    println!(
+        "  resident    {} pages after the pass (budget {})",
+        r.resident_pages, r.budget_pages
+    );
+    println!(
+        "  held        {:.1} MB memory for {} stored pages ({:.1} MB compressed){}",
+        mb(r.mem_used_total),
+        r.stored_pages,
+        mb(r.compr_data_size),
+        r.kernel_pool_total_size
+            .map(|p| format!("; kernel zswap pool {:.1} MB (lzo-rle, every page)", mb(p)))
+            .unwrap_or_default()
+    );
+    println!("  every page verified");
+}
