@@ -95,6 +95,14 @@ impl Policy {
         })
     }
 
+    /// Asks the policy to stop after the pass it is in, if any (without waiting: dropping
+    /// it waits). A writeback of that pass can be waited for with
+    /// [`Device::close_writeback`].
+    pub fn stop(&self) {
+        self.shared.state.lock().stop = true;
+        self.shared.wake.notify_all();
+    }
+
     pub fn stats(&self) -> PolicyStats {
         self.shared.state.lock().stats.clone()
     }

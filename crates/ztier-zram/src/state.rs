@@ -186,6 +186,9 @@ impl Device {
             bytes: 0,
         };
         let store = self.backing();
+        // No writeback changes the store until the state is written: waits for one in
+        // progress, and keeps the next out.
+        let _no_writeback = store.as_ref().map(|s| s.exclude_writeback());
         // Before any page is looked at: from here on, no unit a page is seen in goes back
         // to the allocator until the store changes again (which clears the stamp).
         let stamp = match &store {

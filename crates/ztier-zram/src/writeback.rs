@@ -50,7 +50,9 @@
 //! a writeback does); the units kept meanwhile are freed then. A state loads only if the
 //! store still has its stamp, so it never names bytes that were overwritten or discarded.
 //!
-//! Locks: a slot's lock (to pin, collect or commit), then `Backing::cache` and
+//! Locks: `Backing::gate` first (a writeback holds it shared for its whole length, a save
+//! exclusively for its whole length; never taken under any other lock), then a slot's lock
+//! (to pin, collect or commit), then `Backing::cache` and
 //! `Backing::mark` (leaves, held to look up, add or drop one entry, never across I/O), then
 //! the swap allocator's. `Backing::stamping` is taken with no other lock held, by a save
 //! and a writeback, across the header write that sets or clears the stamp.
@@ -61,7 +63,7 @@ use std::sync::atomic::{
 };
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use serde::Serialize;
 use ztier_blockdev::BlockDevice;
@@ -320,6 +322,10 @@ pub struct Backing {
     mark: Mutex<Mark>,
     /// Held by whoever writes the store's stamp, so a mark and an unmark land in order.
     stamping: Mutex<()>,
+    /// Writebacks hold it shared for their whole length, a save exclusively for its whole
+    /// length (so no writeback changes the store under a state being saved); true once
+    /// writeback is closed for good ([`Device::close_writeback`]).
+    gate: RwLock<bool>,
     bytes_written: AtomicU64,
     bytes_stored: AtomicU64,
     failed: AtomicU64,
@@ -399,6 +405,7 @@ impl Backing {
                 deferred: Vec::new(),
             }),
             stamping: Mutex::new(()),
+            gate: RwLock::new(false),
             places,
             format,
             unit_slots,
@@ -441,12 +448,26 @@ impl Backing {
     /// Stamps the store for a state being saved: from now until [`Backing::unmark`], no
     /// unit is given back to the allocator, so what the state names stays on the store.
     /// Returns the stamp, which the state keeps.
+    /// A store still stamped (nothing written back since the last mark) keeps its stamp:
+    /// a save that fails or is cut short before its state is in place then leaves the last
+    /// state saved loadable. A new stamp is written only after an unmark.
     pub(crate) fn mark(&self) -> Result<[u8; 16]> {
         let _serial = self.stamping.lock();
+        if self.mark.lock().marked {
+            let stamp = self.places.stamp();
+            if stamp != [0; 16] {
+                return Ok(stamp);
+            }
+        }
         let stamp = new_stamp();
         self.places.set_stamp(stamp).map_err(ZramError::Backing)?;
         self.mark.lock().marked = true;
         Ok(stamp)
+    }
+
+    /// Keeps writebacks out until the guard drops: taken by a save for its whole length.
+    pub(crate) fn exclude_writeback(&self) -> RwLockWriteGuard<'_, bool> {
+        self.gate.write()
     }
 
     /// Before any change to the store: its stamp is cleared (the saved state no longer
@@ -717,6 +738,15 @@ impl Device {
         self.backing.read().clone()
     }
 
+    /// Closes writeback for good: waits for any writeback in progress (the policy's, or one
+    /// a control request started) to end, and refuses every one after it. For a server that
+    /// stops: its final save then describes the store as it stays.
+    pub fn close_writeback(&self) {
+        if let Some(b) = self.backing() {
+            *b.gate.write() = true;
+        }
+    }
+
     /// `writeback_limit_enable` and `writeback_limit` (in 4 KiB blocks): each block written
     /// to the store takes one; at 0, writeback stops.
     pub fn set_writeback_limit(&self, limit: Option<u64>) {
@@ -756,6 +786,13 @@ impl Device {
         max_pages: Option<u64>,
     ) -> Result<WbResult> {
         let store = self.backing().ok_or(ZramError::NoBacking)?;
+        // Held to the end: a save waits for this writeback, and it for a save.
+        let closed = store.gate.read();
+        if *closed {
+            return Err(ZramError::Busy(
+                "writeback is closed: the device is stopping".into(),
+            ));
+        }
         let range = range.unwrap_or(0..self.pages());
         if range.end > self.pages() {
             return Err(ZramError::BadIndex {

@@ -321,3 +321,129 @@ proptest::proptest! {
         proptest::prop_assert_eq!(dev.bd_stat().unwrap().bytes_held, unit);
     }
 }
+
+/// A save that fails (a full disk, a kill before its rename) leaves the last state saved
+/// loadable: the store is still as that state says, so it keeps that state's stamp.
+#[test]
+fn a_failed_save_leaves_the_last_state_loadable() {
+    struct Full;
+    impl std::io::Write for Full {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from_raw_os_error(28))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let store = store();
+    let dev = filled_on(&store, WbFormat::Packed);
+    let state = save(&dev);
+    dev.save_state(&mut Full).unwrap_err();
+    drop(dev);
+    let dev = device();
+    dev.load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
+        .unwrap();
+    verify(&dev, |_| None);
+}
+
+/// A store whose first data write waits until released: by the test, or by the next write
+/// to its header (a save's stamp).
+struct Held {
+    inner: Arc<dyn BlockDevice>,
+    state: std::sync::Mutex<(bool, bool)>, // (a write is waiting, released)
+    cv: std::sync::Condvar,
+}
+
+impl Held {
+    fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
+    fn wait_held(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.0 {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+}
+
+impl BlockDevice for Held {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        if offset == 0 {
+            self.inner.write_at(offset, data, fua)?;
+            self.release();
+            return Ok(());
+        }
+        let mut s = self.state.lock().unwrap();
+        s.0 = true;
+        self.cv.notify_all();
+        while !s.1 {
+            s = self.cv.wait(s).unwrap();
+        }
+        drop(s);
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A save while a writeback is under way waits for it: the state it writes is still the
+/// store's when it returns (the writeback's later groups no longer clear the stamp under
+/// it). Closing writeback waits for one in progress too, and refuses the next.
+#[test]
+fn a_save_during_a_writeback_is_valid_when_it_returns() {
+    let inner = store();
+    let held = Arc::new(Held {
+        inner: Arc::clone(&inner),
+        state: std::sync::Mutex::new((false, false)),
+        cv: std::sync::Condvar::new(),
+    });
+    let dev = Arc::new(device());
+    for i in 0..PAGES {
+        dev.write_page(i, &page(i)).unwrap();
+    }
+    let backing = Backing::new(Arc::clone(&held) as Arc<dyn BlockDevice>, WbFormat::Packed);
+    dev.set_backing(Some(backing.unwrap())).unwrap();
+    let writeback = {
+        let dev = Arc::clone(&dev);
+        std::thread::spawn(move || dev.writeback(PageSelector::All, None, None).unwrap())
+    };
+    held.wait_held();
+    let saved = {
+        let dev = Arc::clone(&dev);
+        std::thread::spawn(move || save(&dev))
+    };
+    // Not a measure: a save that did not wait has stamped the store by now (which released
+    // the writeback); one that waits is let through here.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    held.release();
+    let wrote = writeback.join().unwrap();
+    assert!(wrote.pages > PAGES / 2, "{wrote:?}");
+    let state = saved.join().unwrap();
+    dev.close_writeback();
+    let e = dev.writeback(PageSelector::All, None, None).unwrap_err();
+    assert!(e.to_string().contains("closed"), "{e}");
+    drop(dev);
+    let dev = device();
+    let summary = dev
+        .load_state_with_store(&mut &state[..], inner, WbFormat::Packed)
+        .unwrap();
+    assert!(summary.from_backing_store > PAGES / 2, "{summary:?}");
+    verify(&dev, |_| None);
+}
