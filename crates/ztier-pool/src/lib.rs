@@ -184,6 +184,16 @@ pub enum ConfigError {
     ChainSize { chain_size: usize },
 }
 
+/// A name [`AllocatorKind`] or [`ChainRule`] does not know, said with the names there are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnknownName {
+    #[error("unknown allocator '{0}' (known: {known})", known = AllocatorKind::names())]
+    Allocator(String),
+    #[error("unknown chain rule '{0}' (least-waste, used-percent)")]
+    ChainRule(String),
+}
+
 /// The page sizes every allocator supports.
 pub const PAGE_SIZES: [usize; 2] = [4096, 16384];
 

@@ -48,6 +48,12 @@ impl AllocatorKind {
         }
     }
 
+    /// Every allocator's name, comma-separated, for messages.
+    pub(crate) fn names() -> String {
+        let names: Vec<_> = AllocatorKind::ALL.iter().map(|k| k.name()).collect();
+        names.join(", ")
+    }
+
     /// This allocator's config for the layout a user chose (a page size, and zsmalloc's
     /// chain settings): zsmalloc takes it whole; zblock takes the page size (its block types
     /// are computed) and zsmalloc's huge threshold for it, so that a front end stores the same
@@ -83,16 +89,13 @@ impl std::fmt::Display for AllocatorKind {
 }
 
 impl std::str::FromStr for AllocatorKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         AllocatorKind::ALL
             .iter()
             .copied()
             .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = AllocatorKind::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown allocator '{s}' (known: {})", names.join(", "))
-            })
+            .ok_or_else(|| crate::UnknownName::Allocator(s.to_string()))
     }
 }
 
@@ -134,6 +137,7 @@ mod tests {
         assert!("slab"
             .parse::<AllocatorKind>()
             .unwrap_err()
+            .to_string()
             .contains("zsmalloc, zblock"));
     }
 }

@@ -78,14 +78,12 @@ impl ChainRule {
 }
 
 impl std::str::FromStr for ChainRule {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         match s {
             "least-waste" => Ok(ChainRule::LeastWaste),
             "used-percent" => Ok(ChainRule::UsedPercent),
-            _ => Err(format!(
-                "unknown chain rule '{s}' (least-waste, used-percent)"
-            )),
+            _ => Err(crate::UnknownName::ChainRule(s.to_string())),
         }
     }
 }
