@@ -103,6 +103,7 @@ fn serve_faults(sh: &Shared) {
         if sh.stop_faults.load(Relaxed) {
             return;
         }
+        sh.waker.drain();
         {
             let _gate = sh.gate.write();
             loop {

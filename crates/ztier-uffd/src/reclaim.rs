@@ -38,6 +38,8 @@ pub(crate) fn run(sh: &Shared) {
         }
         let out = sh.evict_batch(&mut hand);
         sh.reclaim_stuck.store(out == 0, Relaxed);
+        // Faults held back for the budget can go now (or, stuck, no longer wait for it).
+        sh.waker.wake();
         if out == 0 {
             // Nothing could go (every candidate refused, or the address space changing):
             // try again shortly rather than spin.

@@ -338,7 +338,8 @@ impl Drop for Uffd {
     }
 }
 
-/// An eventfd: wakes the fault thread out of its poll to stop.
+/// An eventfd: wakes the fault thread out of its poll, to stop, or because the reclaim
+/// thread made room for faults held back for the budget.
 pub struct Waker {
     fd: OwnedFd,
 }
@@ -353,7 +354,14 @@ impl Waker {
         Ok(Waker { fd })
     }
 
-    /// Makes the descriptor readable (for good: the fault thread is stopping).
+    /// Takes the wake-ups so far (the poll blocks again until the next).
+    pub fn drain(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads at most 8 bytes into a live u64. Nothing to read (EAGAIN) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    }
+
+    /// Makes the descriptor readable until drained.
     pub fn wake(&self) {
         let one = 1u64;
         // SAFETY: writes the 8 bytes of a live u64. A full counter (EAGAIN) is still readable.
