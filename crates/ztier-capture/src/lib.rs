@@ -53,19 +53,24 @@ pub enum CaptureError {
          access to it (the same user, and kernel.yama.ptrace_scope allowing it)"
     )]
     Permission { pid: u32, path: PathBuf },
+    #[error("process {pid} ({name}) is a kernel thread: it has no user memory to capture")]
+    KernelThread { pid: u32, name: String },
     #[error(
         "process {pid} exited during the capture ({pages_read} pages read); nothing was written"
     )]
     Exited { pid: u32, pages_read: u64 },
-    #[error("{path}: {source}")]
+    /// The io error is in the message, not a source of its own: said once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: unexpected content: {reason}")]
     Malformed { path: PathBuf, reason: String },
+    /// Writing the corpus or the trace (other than an io error, which is [`Io`](Self::Io)
+    /// with the output's path): the corpus error's message, its causes in it, said once.
     #[error("{0}")]
-    Corpus(#[from] ztier_corpus::CorpusError),
+    Corpus(ztier_corpus::CorpusError),
     #[error("{0}")]
     Config(String),
 }
@@ -86,7 +91,19 @@ pub(crate) fn open_error(pid: u32, path: &Path, e: std::io::Error) -> CaptureErr
         }
         _ => CaptureError::Io {
             path: path.to_owned(),
-            source: e,
+            error: e,
         },
+    }
+}
+
+/// The typed error for a failure to write an output file: an io error names `path`, the
+/// file the user asked for (not the temporary file it is written under).
+pub(crate) fn output_error(path: &Path, e: ztier_corpus::CorpusError) -> CaptureError {
+    match e {
+        ztier_corpus::CorpusError::Io { source, .. } => CaptureError::Io {
+            path: path.to_owned(),
+            error: source,
+        },
+        other => CaptureError::Corpus(other),
     }
 }

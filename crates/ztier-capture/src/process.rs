@@ -73,7 +73,15 @@ impl Process {
     /// Opens `pid` for reading: [`CaptureError::NoProcess`] if there is none,
     /// [`CaptureError::Permission`] if this user may not read it.
     pub fn open(pid: u32) -> Result<Process> {
-        let start_time = stat(pid)?.1;
+        let (_, start_time, flags) = stat(pid)?;
+        if flags & PF_KTHREAD != 0 {
+            return Err(CaptureError::KernelThread {
+                pid,
+                name: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default(),
+            });
+        }
         let open = |name: &str| {
             let path = PathBuf::from(format!("/proc/{pid}/{name}"));
             File::open(&path).map_err(|e| open_error(pid, &path, e))
@@ -104,7 +112,7 @@ impl Process {
     /// Whether the process this was opened on still runs (not gone, not a zombie, not
     /// another process of the same pid).
     pub fn alive(&self) -> bool {
-        matches!(stat(self.pid), Ok((state, start)) if start == self.start_time && !matches!(state, 'Z' | 'X' | 'x'))
+        matches!(stat(self.pid), Ok((state, start, _)) if start == self.start_time && !matches!(state, 'Z' | 'X' | 'x'))
     }
 
     /// Its command line, arguments joined by spaces (empty for a kernel thread).
@@ -268,8 +276,8 @@ impl Process {
                 let address = (vpn + run_start as u64) * PAGE as u64;
                 let got = match self.read_fully(&self.mem, bytes, address) {
                     Ok(got) => got,
-                    Err(CaptureError::Io { source, .. })
-                        if source.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error()) =>
+                    Err(CaptureError::Io { error, .. })
+                        if error.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error()) =>
                     {
                         0
                     }
@@ -323,13 +331,13 @@ impl Process {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
+                Err(error) => {
                     if done > 0 {
                         break;
                     }
                     return Err(CaptureError::Io {
                         path: PathBuf::from(format!("/proc/{}/mem", self.pid)),
-                        source,
+                        error,
                     });
                 }
             }
@@ -357,8 +365,11 @@ fn covered(maps: &[Mapping], start: u64, end: u64) -> bool {
     at >= end
 }
 
-/// `/proc/PID/stat`'s state letter and start time.
-fn stat(pid: u32) -> Result<(char, u64)> {
+/// `task_struct`'s flag of a kernel thread (`PF_KTHREAD`), in `/proc/PID/stat`'s flags.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// `/proc/PID/stat`'s state letter, start time and flags.
+fn stat(pid: u32) -> Result<(char, u64, u64)> {
     let path = PathBuf::from(format!("/proc/{pid}/stat"));
     let text = std::fs::read_to_string(&path).map_err(|e| open_error(pid, &path, e))?;
     // The name (field 2) is in parentheses and may hold spaces and parentheses: the fields
@@ -373,12 +384,16 @@ fn stat(pid: u32) -> Result<(char, u64)> {
         .first()
         .and_then(|s| s.chars().next())
         .ok_or_else(malformed)?;
-    // starttime is field 22; `rest` starts at field 3.
+    // starttime is field 22, flags field 9; `rest` starts at field 3.
     let start = fields
         .get(19)
         .and_then(|s| s.parse().ok())
         .ok_or_else(malformed)?;
-    Ok((state, start))
+    let flags = fields
+        .get(6)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(malformed)?;
+    Ok((state, start, flags))
 }
 
 /// The process stopped by SIGSTOP while it is read, continued when this is dropped (unless
@@ -399,7 +414,7 @@ impl<'a> Stopped<'a> {
             rustix::process::kill_process(pid, rustix::process::Signal::STOP).map_err(|e| {
                 CaptureError::Io {
                     path: PathBuf::from(format!("/proc/{}", process.pid)),
-                    source: e.into(),
+                    error: e.into(),
                 }
             })?;
         }

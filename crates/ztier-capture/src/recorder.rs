@@ -18,7 +18,7 @@ use ztier_corpus::trace::{Epoch, PageWrite, Trace, TraceWriter};
 use ztier_corpus::writer::{CorpusWriter, WrittenCorpus};
 
 use crate::process::{MappingRead, Process};
-use crate::{CaptureError, Result, PAGE};
+use crate::{output_error, CaptureError, Result, PAGE};
 
 /// What to capture and how.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,6 +98,7 @@ pub struct Recorder {
     process: Process,
     options: CaptureOptions,
     corpus: CorpusWriter,
+    corpus_path: PathBuf,
     trace: TraceWriter,
     trace_path: PathBuf,
     manifest_path: PathBuf,
@@ -145,14 +146,15 @@ impl Recorder {
                 ))
             })?;
         let manifest_path = output.with_file_name(format!("{stem}.capture.json"));
-        let corpus = CorpusWriter::create(output)?;
-        let trace = TraceWriter::create(&trace_path)?;
+        let corpus = CorpusWriter::create(output).map_err(|e| output_error(output, e))?;
+        let trace = TraceWriter::create(&trace_path).map_err(|e| output_error(&trace_path, e))?;
         Ok(Recorder {
             command_line: process.command_line(),
             process_name: process.name(),
             process,
             options,
             corpus,
+            corpus_path: output.to_owned(),
             trace,
             trace_path,
             manifest_path,
@@ -192,6 +194,7 @@ impl Recorder {
         let mut zero = 0u64;
         let mut same = 0u64;
         let corpus = &mut self.corpus;
+        let corpus_path = &self.corpus_path;
         let hashes = &self.hashes;
         let snap = self.process.snapshot(
             self.options.file_backed,
@@ -220,7 +223,9 @@ impl Recorder {
                 } else {
                     epoch.appeared.push(write);
                     if first {
-                        corpus.push(page)?;
+                        corpus
+                            .push(page)
+                            .map_err(|e| output_error(corpus_path, e))?;
                     } else {
                         held_appeared.extend_from_slice(page);
                     }
@@ -252,7 +257,9 @@ impl Recorder {
             .chunks_exact(PAGE)
             .chain(held_changed.chunks_exact(PAGE))
         {
-            self.corpus.push(page)?;
+            self.corpus
+                .push(page)
+                .map_err(|e| output_error(&self.corpus_path, e))?;
         }
         let mut went: Vec<u64> = self
             .hashes
@@ -262,7 +269,9 @@ impl Recorder {
             .collect();
         went.sort_unstable();
         epoch.went = went;
-        self.trace.write_epoch(&epoch)?;
+        self.trace
+            .write_epoch(&epoch)
+            .map_err(|e| output_error(&self.trace_path, e))?;
         self.hashes = next_hashes;
         self.zero_pages += zero;
         self.same_filled_pages += same;
@@ -328,8 +337,13 @@ impl Recorder {
         let Some(first) = self.first else {
             return Err(CaptureError::Config("no epoch was captured".into()));
         };
-        let written: WrittenCorpus = self.corpus.finish()?;
-        self.trace.finish()?;
+        let written: WrittenCorpus = self
+            .corpus
+            .finish()
+            .map_err(|e| output_error(&self.corpus_path, e))?;
+        self.trace
+            .finish()
+            .map_err(|e| output_error(&self.trace_path, e))?;
         let mut by_kind: Vec<KindSummary> = Vec::new();
         for m in &first.mappings {
             let at = match by_kind.iter().position(|k| k.kind == m.mapping.kind) {
@@ -393,9 +407,9 @@ impl Recorder {
         };
         let json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| CaptureError::Config(format!("the manifest does not serialise: {e}")))?;
-        std::fs::write(&self.manifest_path, json).map_err(|source| CaptureError::Io {
+        std::fs::write(&self.manifest_path, json).map_err(|error| CaptureError::Io {
             path: self.manifest_path.clone(),
-            source,
+            error,
         })?;
         Ok(manifest)
     }

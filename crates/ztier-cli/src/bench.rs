@@ -138,6 +138,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return crate::uffd_bench::run(args, &paths);
     }
     if args.front == Front::Zswap {
+        // Refused by name rather than ignored: zswap's runs have no sweep table or picture,
+        // and its pool is zsmalloc's at --chain-size (one chain size a run).
+        for (given, flag) in [
+            (args.plot.is_some(), "--plot"),
+            (!args.chain_sizes.is_empty(), "--chain-sizes"),
+        ] {
+            if given {
+                bail!(
+                    "{flag} is zram's: --front zswap draws no picture and sweeps no chain \
+                     sizes (one --chain-size a run; `ztier plot` draws zram results)"
+                );
+            }
+        }
         if args.trace {
             return run_zswap_trace(args, &paths, layout);
         }
@@ -309,10 +322,9 @@ fn run_zswap_trace(
         || args.recompress.is_some()
         || args.writeback_file.is_some()
         || args.writeback_nbd.is_some()
-        || args.plot.is_some()
     {
         bail!(
-            "--discard-odd, --stats, --recompress, --writeback-* and --plot are zram's; zswap's \
+            "--discard-odd, --stats, --recompress and --writeback-* are zram's; zswap's \
              trace replay writes back by its own pool limit (--ram, --max-pool-percent)"
         );
     }

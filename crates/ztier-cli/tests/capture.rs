@@ -565,6 +565,84 @@ fn a_recording_whose_process_exits_between_epochs_keeps_the_epochs_before() {
 }
 
 #[test]
+fn bench_front_zswap_refuses_the_flags_it_has_no_use_for_by_name() {
+    let dir = common::temp_dir("zswap-flags");
+    let svg = dir.join("x.svg");
+    for (args, flag) in [
+        (vec!["--plot", svg.to_str().unwrap()], "--plot"),
+        (vec!["--chain-sizes", "4,8"], "--chain-sizes"),
+        (vec!["--trace", "--chain-sizes", "4,8"], "--chain-sizes"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(["bench", "--front", "zswap"])
+            .args(&args)
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} is refused");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(!svg.exists());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A kernel thread's pid (PF_KTHREAD in its stat flags), if this namespace shows one.
+fn kernel_thread() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let flags: u64 = stat[stat.rfind(')')? + 1..]
+            .split_whitespace()
+            .nth(6)?
+            .parse()
+            .ok()?;
+        (flags & 0x0020_0000 != 0).then_some(pid)
+    })
+}
+
+#[test]
+fn capture_errors_are_said_once_with_the_users_path_and_a_kernel_thread_is_named() {
+    let dir = common::temp_dir("capture-errors");
+    let child = MemoryChild::spawn();
+    // An output in a directory that is not there: the user's path, the cause once.
+    let output = dir.join("missing").join("x.pages.zst");
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["capture", "--pid", &child.pid().to_string()])
+        .arg("-o")
+        .arg(&output)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(output.to_str().unwrap()), "{stderr}");
+    assert!(!stderr.contains("partial"), "{stderr}");
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+    drop(child);
+
+    // A kernel thread has no user memory: said so, not that it exited.
+    if let Some(pid) = kernel_thread() {
+        let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(["capture", "--pid", &pid.to_string()])
+            .arg("-o")
+            .arg(dir.join("k.pages.zst"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("is a kernel thread"), "{stderr}");
+        assert!(!stderr.contains("exited"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn capture_without_permission_is_one_clear_error() {
     let dir = common::temp_dir("capture-perm");
     let root = rustix::process::geteuid().is_root();
