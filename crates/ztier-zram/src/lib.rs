@@ -65,7 +65,7 @@ use ztier_pool::{PoolError, PoolStats, ZPool};
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{Entry, PageSelector, SlotFlag};
-pub use state::StateSummary;
+pub use state::{StateFile, StateSummary};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
 pub use writeback::{Backing, BdStat, WbFormat, WbResult};
 

@@ -37,6 +37,31 @@
 //! it ends, so none is handed out again under it. A state that does not match the device
 //! or its store, is truncated, or fails its checksum is refused with the reason, and the
 //! device is left empty, its store untouched: never served half loaded.
+//!
+//! A save excludes writeback for its whole length (`Backing::gate`), so the stamp it
+//! writes is still the store's when it returns; a save with nothing written back since the
+//! last one keeps that one's stamp, so a save that fails leaves the last state loadable.
+//!
+//! Files ([`StateFile`]; `ztier serve --state PATH`): a state is served at most once. A
+//! state is consumed when loaded, so a server that dies (kill -9, OOM, a panic) after taking
+//! writes never leaves behind a state that would load as if they had not happened:
+//!
+//! - `PATH`: a state no server has loaded, written by a clean stop. At start it is loaded,
+//!   then, before any client is served, renamed to `PATH.loaded` (the directory synced).
+//! - `PATH.loaded`: consumed: the state a running server loaded, or saved while it went on
+//!   serving (`ztier ctl save`), or, empty, the mark of a server that started with none.
+//!   A start that finds it and no `PATH` refuses, naming it: the server did not stop
+//!   cleanly and the writes it took are lost. Moved away, the next start is empty; renamed
+//!   to `PATH`, it is served as it was (the stamp still guards the store).
+//! - `PATH.tmp`: a save under way; never read. Made and removed at start to prove the
+//!   directory takes the state before any page is taken.
+//!
+//! A save writes `PATH.tmp`, syncs it and renames it: at a clean stop (no more requests,
+//! writeback closed) to `PATH`, then removes `PATH.loaded`; while serving goes on, to
+//! `PATH.loaded`. Each step leaves a safe pair: a crash before the rename leaves the files
+//! as they were (`PATH.loaded`, refused: the server's pages are lost); after it, before the
+//! removal, both (`PATH` is the newer and loads, replacing `PATH.loaded`). A `PATH` never
+//! consumed is never touched by a save, so it stays loadable whatever happens to one.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -615,5 +640,165 @@ impl Device {
         let shift = age.saturating_sub(lived).as_secs().min(u64::from(u32::MAX)) as u32;
         self.age_shift
             .store(shift, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A state's files at `PATH` (see the module's header for the protocol): `PATH`, a state
+/// no server has loaded; `PATH.loaded`, the one a running server loaded or saved while it
+/// went on serving (or, empty, the mark of a server that started with none); `PATH.tmp`, a
+/// save under way.
+#[derive(Debug, Clone)]
+pub struct StateFile {
+    path: std::path::PathBuf,
+}
+
+fn file_error(what: String, e: std::io::Error) -> ZramError {
+    ZramError::BadState(format!("{what}: {e}"))
+}
+
+impl StateFile {
+    pub fn new(path: impl Into<std::path::PathBuf>) -> StateFile {
+        StateFile { path: path.into() }
+    }
+
+    /// `PATH`.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    fn with(&self, suffix: &str) -> std::path::PathBuf {
+        let mut p = self.path.as_os_str().to_owned();
+        p.push(suffix);
+        p.into()
+    }
+
+    /// `PATH.loaded`: the state a running server consumed.
+    pub fn loaded_path(&self) -> std::path::PathBuf {
+        self.with(".loaded")
+    }
+
+    fn tmp_path(&self) -> std::path::PathBuf {
+        self.with(".tmp")
+    }
+
+    /// Makes the directory's changes durable (a rename, a removal).
+    fn sync_dir(&self) -> Result<()> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| file_error(format!("syncing {}", dir.display()), e))
+    }
+
+    /// At start, before anything is served: proves the directory takes the state (`PATH.tmp`
+    /// made and removed), and opens the state to load. `None` if there is none; refused if
+    /// the only one is consumed (a server that loaded it, or started with none, did not stop
+    /// cleanly: what it served since is lost, and serving the state would hide that).
+    pub fn open(&self) -> Result<Option<std::fs::File>> {
+        let tmp = self.tmp_path();
+        std::fs::File::create(&tmp).map_err(|e| {
+            file_error(
+                format!(
+                    "{} cannot be written: creating {}",
+                    self.path.display(),
+                    tmp.display()
+                ),
+                e,
+            )
+        })?;
+        std::fs::remove_file(&tmp)
+            .map_err(|e| file_error(format!("removing {}", tmp.display()), e))?;
+        match std::fs::File::open(&self.path) {
+            Ok(f) => return Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(file_error(format!("opening {}", self.path.display()), e)),
+        }
+        let loaded = self.loaded_path();
+        match std::fs::metadata(&loaded) {
+            Ok(m) => {
+                let what = if m.len() == 0 {
+                    "started with no state".to_string()
+                } else {
+                    format!("loaded or saved {}", loaded.display())
+                };
+                let serve_it = if m.len() == 0 {
+                    String::new()
+                } else {
+                    format!(
+                        ", or rename it to {} to serve it as it was, without those writes",
+                        self.path.display()
+                    )
+                };
+                Err(ZramError::BadState(format!(
+                    "the server that {what} did not stop cleanly: writes it took since are \
+                     lost; move {} away to start empty{serve_it}",
+                    loaded.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(file_error(format!("looking at {}", loaded.display()), e)),
+        }
+    }
+
+    /// Once a state is loaded (`loaded`), or none was there, and before a client is served:
+    /// `PATH` becomes `PATH.loaded` (or an empty `PATH.loaded` is made), so a server that does
+    /// not stop cleanly leaves no state that would load as if nothing had been written since.
+    pub fn consume(&self, loaded: bool) -> Result<()> {
+        let to = self.loaded_path();
+        if loaded {
+            std::fs::rename(&self.path, &to).map_err(|e| {
+                file_error(
+                    format!("renaming {} to {}", self.path.display(), to.display()),
+                    e,
+                )
+            })?;
+        } else {
+            std::fs::File::create(&to)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| file_error(format!("creating {}", to.display()), e))?;
+        }
+        self.sync_dir()
+    }
+
+    /// Saves `device`'s state: to `PATH.tmp`, synced, then renamed into place. At a clean
+    /// stop (`stopped`, the server taking no more requests) it becomes `PATH` and
+    /// `PATH.loaded` goes; while the server goes on serving it becomes `PATH.loaded` (a
+    /// state the writes after it would make stale). A save that fails leaves the files as
+    /// they were, but for `PATH.tmp`.
+    pub fn save(&self, device: &Device, stopped: bool) -> Result<StateSummary> {
+        let tmp = self.tmp_path();
+        let file = std::fs::File::create(&tmp)
+            .map_err(|e| file_error(format!("creating {}", tmp.display()), e))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        let summary = device.save_state(&mut out)?;
+        let file = out
+            .into_inner()
+            .map_err(|e| file_error(format!("writing {}", tmp.display()), e.into_error()))?;
+        file.sync_all()
+            .map_err(|e| file_error(format!("syncing {}", tmp.display()), e))?;
+        let to = if stopped {
+            self.path.clone()
+        } else {
+            self.loaded_path()
+        };
+        std::fs::rename(&tmp, &to).map_err(|e| {
+            file_error(format!("renaming {} to {}", tmp.display(), to.display()), e)
+        })?;
+        if stopped {
+            match std::fs::remove_file(self.loaded_path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(file_error(
+                        format!("removing {}", self.loaded_path().display()),
+                        e,
+                    ))
+                }
+            }
+        }
+        self.sync_dir()?;
+        Ok(summary)
     }
 }

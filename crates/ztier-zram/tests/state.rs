@@ -10,7 +10,7 @@ use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
-use ztier_zram::{Backing, Device, PageSelector, WbFormat};
+use ztier_zram::{Backing, Device, PageSelector, StateFile, WbFormat};
 
 const PS: usize = 4096;
 const PAGES: u64 = 3000;
@@ -216,17 +216,47 @@ fn a_state_older_than_the_store_is_refused() {
         "{e}"
     );
 
-    // Saved again with nothing changed after it: a restart, and another, both load.
+    // Saved again at a clean stop: a restart loads it, and consumes it; the server that
+    // loaded it dies (no save): the next start is refused, naming the file, never served
+    // the old pages as if nothing had been written since.
+    let dir = std::env::temp_dir().join(format!("ztier-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = StateFile::new(dir.join("s.state"));
     let dev = filled_on(&store, WbFormat::Packed);
-    let state = save(&dev);
+    file.save(&dev, true).unwrap();
     drop(dev);
-    for _ in 0..2 {
+    let start = |file: &StateFile| -> ztier_zram::Result<Device> {
         let dev = device();
-        dev.load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
-            .unwrap();
-        verify(&dev, |_| None);
-        // Reads and a drop change nothing on the store: units the state names are kept.
-    }
+        let mut f = file.open()?.expect("a state");
+        dev.load_state_with_store(&mut f, Arc::clone(&store), WbFormat::Packed)?;
+        file.consume(true)?;
+        Ok(dev)
+    };
+    let dev = start(&file).unwrap();
+    verify(&dev, |_| None);
+    dev.write_page(3, &page(33)).unwrap();
+    drop(dev); // killed: no save
+    let e = start(&file).err().expect("refused").to_string();
+    assert!(
+        e.contains("did not stop cleanly") && e.contains("s.state.loaded"),
+        "{e}"
+    );
+    // A save while the server goes on is consumed too; a clean stop's loads again.
+    std::fs::rename(file.loaded_path(), file.path()).unwrap();
+    let dev = start(&file).unwrap();
+    file.save(&dev, false).unwrap();
+    assert!(start(&file).is_err());
+    file.save(&dev, true).unwrap();
+    drop(dev);
+    assert!(!file.loaded_path().exists());
+    verify(&start(&file).unwrap(), |_| None);
+    // A server that started with no state leaves a mark: its death is refused too.
+    let none = StateFile::new(dir.join("none.state"));
+    assert!(none.open().unwrap().is_none());
+    none.consume(false).unwrap();
+    let e = none.open().unwrap_err().to_string();
+    assert!(e.contains("started with no state"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// What the property test does to a device.
