@@ -377,3 +377,34 @@ fn a_refused_store_keeps_the_page() {
         "touched, the held pages are back in the region"
     );
 }
+
+/// fork's child does not have the region (MADV_DONTFORK): nothing there is mapped in it, so
+/// it can neither fault on pages no handler serves nor share the region's pages.
+#[test]
+fn a_forked_child_does_not_have_the_region() {
+    let Some(r) = region(16 * PAGE, 16 * PAGE) else {
+        return;
+    };
+    write_page(r.words(), 3, 1);
+    let p = r.as_ptr();
+    // SAFETY: the child calls only madvise and _exit (async-signal-safe) before it ends.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: advice that changes nothing, on an address range; ENOMEM says it is
+        // not mapped.
+        let rc = unsafe { libc::madvise(p.cast(), 16 * PAGE, libc::MADV_NORMAL) };
+        let unmapped =
+            rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(if unmapped { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child, writing its status into a live int.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child had the region mapped (status {status:#x})"
+    );
+    check_page(r.words(), 3, 1).unwrap();
+}
