@@ -57,10 +57,15 @@
 //!   is served again from its (maybe changed) state. From a move: the page was not moved and
 //!   stays resident; the batch ends.
 //! - **`EEXIST`** from a copy: the page is present; the stored copy is stale and goes.
-//! - **A store that fails** (the device's memory limit, its allocator): the page is moved
-//!   back into the region and stays resident, or, if that fails too, kept in a heap copy
-//!   (`HELD`) until it is touched; the error is counted and kept ([`Region::evict`] returns
-//!   it).
+//! - **A store that fails** (the device's memory limit, its allocator): the page stays in
+//!   memory, kept whole in the heap (`HELD`) until it is touched, when it is copied back; the
+//!   error is counted and kept ([`Region::evict`] returns it). It is not moved back into
+//!   the region at once: that move would need `gate`, which comes before the page lock the
+//!   evictor holds.
+//! - **The budget**: the reclaim thread evicts while the resident pages exceed it; the fault
+//!   thread holds faults that bring a page in back (in its queue, still reading messages)
+//!   while the resident pages are 128 past it and the reclaim thread is making progress,
+//!   and the reclaim thread wakes it after each batch.
 //! - **Dropping the region**: the reclaim thread stops first (its drop of the pad needs the
 //!   fault thread), then the fault thread; the userfaultfd is closed before the mappings are
 //!   unmapped (an unmap with the descriptor open would wait for its `UNMAP` event to be read),
