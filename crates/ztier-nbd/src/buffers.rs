@@ -4,9 +4,9 @@
 //! Each buffer is an anonymous mapping, reused for later requests of the connection and
 //! unmapped when the connection ends. Two costs go away that a fresh `vec![0; len]` per
 //! request paid: zeroing the buffer before the socket or the device fills it, and faulting
-//! in fresh pages (together 15 % of the server's CPU under nbdcopy). And because they are
-//! mappings, not heap memory, a finished connection's buffers go back to the OS whatever
-//! the allocator would have kept in its per-thread arenas (8 MiB after one nbdcopy).
+//! in fresh pages (MEASUREMENTS.md has their share of the server's CPU). And because they
+//! are mappings, not heap memory, a finished connection's buffers go back to the OS whatever
+//! the allocator would have kept in its per-thread arenas.
 //!
 //! Invariants: the pool keeps at most `keep_bytes` of mappings (the connection's in-flight
 //! budget), so it never holds more than the requests in flight needed at once, and the pools

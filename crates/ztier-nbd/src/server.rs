@@ -5,10 +5,9 @@
 //! take turns at reading (leader and followers): the one whose turn it is reads a request
 //! whole, hands the turn on, runs the request on the device and writes its reply. Replies go
 //! in whatever order requests finish (clients match them by cookie). A payload is read and
-//! stored by one thread, on one core's cache, and no request waits in a queue. Against a
-//! reader handing requests to workers through a queue, nbdcopy's writes (medians of five
-//! alternating runs on 2 cores) went from 521 to 582 MB/s with zstd and a dictionary, and
-//! from 827 to 845 MB/s with lz4.
+//! stored by one thread, on one core's cache, and no request waits in a queue (faster for
+//! nbdcopy's writes than a reader handing requests to workers through a queue: MEASUREMENTS.md,
+//! "The NBD server: accept, turns, idle trim, dictionary level").
 //!
 //! Invariants and bounds:
 //! - a request is run only once its header and whole payload have arrived: a write cut
@@ -242,8 +241,8 @@ impl Server {
     /// every connection has ended.
     ///
     /// The loop sleeps in `poll` on the listener and the stop eventfd, so a client is taken
-    /// the moment it connects (a poll every 20 ms cost nbdcopy 13-30 ms a copy over its two
-    /// connections) and a stop is seen at once. An error from `accept()` (EMFILE, ENFILE,
+    /// the moment it connects (a periodic poll delayed each of nbdcopy's two connections by
+    /// up to its period) and a stop is seen at once. An error from `accept()` (EMFILE, ENFILE,
     /// ENOBUFS, ECONNABORTED, ...) is counted, logged once per run of them, and retried
     /// after a backoff; only a listener that is no socket at all ends the loop with an error.
     pub fn serve(self: &Arc<Self>, listener: Listener) -> io::Result<()> {

@@ -275,8 +275,9 @@ impl Inner {
     /// cursor while the cluster was a thread's is never announced, so without another pass
     /// the thread would leave a half-empty cluster on the frag list (where order 0 looks
     /// once, after the free list) and take a fresh one. With 64 threads churning small
-    /// shares, that used up the free clusters at 43 % full (200 order-0 clusters on the
-    /// frag list, most of them half empty), and order-4 allocations failed.
+    /// shares, that used up the free clusters long before the device was full (half-empty
+    /// order-0 clusters stranded on the frag list), and order-4 allocations failed
+    /// (MEASUREMENTS.md, "The swap-slot allocator's locks at 64 threads").
     pub(super) fn worth_another_pass(&self, c: &Cluster) -> bool {
         self.config.policy == ListPolicy::Ztier
             && matches!(c.flag, Flag::Frag | Flag::Nonfull)
