@@ -79,9 +79,6 @@
 //! while it checks a page and moves it) → `locks[page % STRIPES]` (one at a time) → the zram
 //! device's own locks, and `held` (a leaf). The reclaim signal's mutex is taken alone.
 //! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`.
-#![deny(unsafe_code)]
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 mod capi;
 mod fault;
 mod mapping;

@@ -1,5 +1,8 @@
 //! A region's pages read back as written whatever evicts them, and the program's own drops,
 //! unmaps and moves never bring back a stale copy.
+// The program's own madvise, munmap, mremap and fork are raw calls on the region's memory,
+// each with its reason.
+#![allow(unsafe_code)]
 
 mod common;
 
