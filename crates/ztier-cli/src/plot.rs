@@ -5,17 +5,19 @@
 //! - memory by size class, used and wasted, for each run with an allocator table (zsmalloc's
 //!   classes or zblock's block types): what the objects hold and what the pool's pages hold
 //!   beyond them;
-//! - the distribution of compressed page sizes: objects per size class, one line per run;
+//! - the distribution of compressed page sizes: objects per size class, a point per class
+//!   and a colour per run;
 //! - for a sweep (more than one run), `mem_used_total` of each run beside the kernel's where
 //!   its figures are known;
-//! - for a trace, memory over time: pages held, compressed bytes, the pool, and the pages on
-//!   the backing store after each epoch.
+//! - for a trace, memory over time: pages held, compressed bytes, the pool, and the bytes the
+//!   backing store holds after each epoch.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Deserialize;
 use ztier_zram::MmStat;
 
@@ -86,6 +88,9 @@ struct TraceEpoch {
 
 #[derive(Deserialize)]
 struct StoreCount {
+    /// Bytes the held pages take on the store (older results lack it: then their count of
+    /// pages, uncompressed, is drawn and the legend says so).
+    bytes_stored: Option<u64>,
     bd_count: u64,
 }
 
@@ -105,26 +110,37 @@ struct ClassBytes {
 }
 
 impl AllocatorTable {
-    fn classes(&self) -> Vec<ClassBytes> {
+    /// Each class's bytes; a table whose figures overflow 64 bits is refused (it came from
+    /// a file: nothing in it is trusted).
+    fn classes(&self) -> anyhow::Result<Vec<ClassBytes>> {
+        let product = |a: u64, b: u64, c: u64| {
+            a.checked_mul(b)
+                .and_then(|x| x.checked_mul(c))
+                .context("an allocator table's figures overflow 64 bits: not a bench result")
+        };
         match self {
             AllocatorTable::Zsmalloc(rows) => rows
                 .iter()
                 .filter(|r| r.pages_used > 0)
-                .map(|r| ClassBytes {
-                    size: r.size,
-                    objects: r.obj_used,
-                    used: r.obj_used * r.size,
-                    pages: r.pages_used * 4096,
+                .map(|r| {
+                    Ok(ClassBytes {
+                        size: r.size,
+                        objects: r.obj_used,
+                        used: product(r.obj_used, r.size, 1)?,
+                        pages: product(r.pages_used, 4096, 1)?,
+                    })
                 })
                 .collect(),
             AllocatorTable::Zblock(rows) => rows
                 .iter()
                 .filter(|r| r.blocks > 0)
-                .map(|r| ClassBytes {
-                    size: r.slot_size,
-                    objects: r.used_slots,
-                    used: r.used_slots * r.slot_size,
-                    pages: r.blocks * r.pages_per_block * 4096,
+                .map(|r| {
+                    Ok(ClassBytes {
+                        size: r.slot_size,
+                        objects: r.used_slots,
+                        used: product(r.used_slots, r.slot_size, 1)?,
+                        pages: product(r.blocks, r.pages_per_block, 4096)?,
+                    })
                 })
                 .collect(),
         }
@@ -164,11 +180,24 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
             ),
         }
     }
-    let tables: Vec<(&ZramResult, Vec<ClassBytes>)> = zram
-        .iter()
-        .filter_map(|r| r.allocator_stats.as_ref().map(|t| (r, t.classes())))
-        .filter(|(_, c)| !c.is_empty())
-        .collect();
+    let mut tables: Vec<(&ZramResult, Vec<ClassBytes>)> = Vec::new();
+    for r in &zram {
+        if let Some(t) = &r.allocator_stats {
+            let classes = t.classes()?;
+            // A panel's sums too: refused rather than wrapped.
+            for sum in [
+                classes.iter().try_fold(0u64, |a, c| a.checked_add(c.used)),
+                classes.iter().try_fold(0u64, |a, c| a.checked_add(c.pages)),
+            ] {
+                if sum.is_none() {
+                    bail!("an allocator table's figures overflow 64 bits: not a bench result");
+                }
+            }
+            if !classes.is_empty() {
+                tables.push((r, classes));
+            }
+        }
+    }
     let panels =
         tables.len() + usize::from(!tables.is_empty()) + usize::from(zram.len() > 1) + traces.len();
     if panels == 0 {
@@ -199,6 +228,32 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
 
 fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("drawing the SVG: {e:?}")
+}
+
+/// Colours told apart at a glance (Tableau's ten, then two more), for the runs of one panel.
+const DISTINCT: [RGBColor; 12] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(0, 0, 128),
+];
+
+/// A sweep run's short name: compressor, allocator, and the chain size only for zsmalloc
+/// (zblock has none: the table shows `-`).
+fn run_name(r: &ZramResult) -> String {
+    if r.allocator == "zsmalloc" {
+        format!("{} {} c{}", r.compressor, r.allocator, r.chain_size)
+    } else {
+        format!("{} {}", r.compressor, r.allocator)
+    }
 }
 
 fn label(r: &ZramResult) -> String {
@@ -297,6 +352,13 @@ fn distribution_panel(
         .max()
         .unwrap_or(1) as f64
         * 1.1;
+    // As wide as the widest class of any run (zblock's largest slots are past 4096 bytes).
+    let right = tables
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|c| c.size))
+        .max()
+        .unwrap_or(4096) as f64
+        + 64.0;
     let mut chart = ChartBuilder::on(area)
         .caption(
             "distribution of compressed page sizes (objects per size class)",
@@ -305,26 +367,31 @@ fn distribution_panel(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..4160f64, 0f64..top)
+        .build_cartesian_2d(0f64..right, 0f64..top)
         .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("compressed size, by size class (bytes)")
-        .y_desc("pages")
+        .y_desc("objects (compressed pages)")
         .draw()
         .map_err(draw_err)?;
+    // A point per class (the classes are far apart in places: a line between two would
+    // show sizes no class has), a colour of its own per run.
     for (i, (r, classes)) in tables.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = DISTINCT[i % DISTINCT.len()];
+        let filled = (i / DISTINCT.len()).is_multiple_of(2);
         chart
-            .draw_series(LineSeries::new(
-                classes.iter().map(|c| (c.size as f64, c.objects as f64)),
-                color.stroke_width(2),
-            ))
+            .draw_series(classes.iter().map(move |c| {
+                let style = if filled {
+                    color.filled()
+                } else {
+                    color.stroke_width(1)
+                };
+                Circle::new((c.size as f64, c.objects as f64), 3, style)
+            }))
             .map_err(draw_err)?
             .label(label(r))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
+            .legend(move |(x, y)| Circle::new((x + 8, y), 4, color.filled()));
     }
     chart
         .configure_series_labels()
@@ -350,11 +417,18 @@ fn sweep_panel(area: &Area, runs: &[ZramResult]) -> anyhow::Result<()> {
         .flatten()
         .map(mib)
         .fold(1.0, f64::max)
-        * 1.15;
+        * 1.4;
     let n = runs.len();
+    // The key is in the caption: a legend box would hide the runs' labels at the top.
+    let any_kernel = runs.iter().any(|r| r.kernel.is_some());
     let mut chart = ChartBuilder::on(area)
         .caption(
-            "sweep: mem_used_total of each run (the kernel's beside it where known)",
+            if any_kernel {
+                "sweep: mem_used_total of each run, ztier in blue, the kernel's in grey beside it \
+                 where known; ratio above"
+            } else {
+                "sweep: mem_used_total of each run (no kernel figures for these runs); ratio above"
+            },
             ("sans-serif", 18),
         )
         .margin(12)
@@ -377,9 +451,7 @@ fn sweep_panel(area: &Area, runs: &[ZramResult]) -> anyhow::Result<()> {
                 BLUE.mix(0.8).filled(),
             )
         }))
-        .map_err(draw_err)?
-        .label("ztier")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.8).filled()));
+        .map_err(draw_err)?;
     chart
         .draw_series(runs.iter().enumerate().filter_map(|(i, r)| {
             let k = r.kernel.as_ref()?;
@@ -389,37 +461,36 @@ fn sweep_panel(area: &Area, runs: &[ZramResult]) -> anyhow::Result<()> {
                 BLACK.mix(0.5).filled(),
             ))
         }))
-        .map_err(draw_err)?
-        .label("kernel")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLACK.mix(0.5).filled()));
-    // Each run named under its bars, its ratio (orig / mem_used_total) above them.
+        .map_err(draw_err)?;
+    // Each run named at the top, its ratio (orig / mem_used_total) just above its bars (the
+    // text's bottom on the bar's top plus a margin, so it never overlaps the bar).
+    let above =
+        TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Left, VPos::Bottom));
     for (i, r) in runs.iter().enumerate() {
         let x = i as f64 + 0.1;
+        let bar = r
+            .kernel
+            .as_ref()
+            .map_or(0, |k| k.mm_stat.mem_used_total)
+            .max(r.mm_stat.mem_used_total);
         chart
             .draw_series(std::iter::once(Text::new(
                 format!(
                     "{:.2}x",
                     r.mm_stat.orig_data_size as f64 / r.mm_stat.mem_used_total.max(1) as f64
                 ),
-                (x, mib(r.mm_stat.mem_used_total) + top * 0.02),
-                ("sans-serif", 12),
+                (x, mib(bar) + top * 0.02),
+                above.clone(),
             )))
             .map_err(draw_err)?;
         chart
             .draw_series(std::iter::once(Text::new(
-                format!("{} {} c{}", r.compressor, r.allocator, r.chain_size),
-                (x, top * 0.97 - (i % 2) as f64 * top * 0.05),
+                run_name(r),
+                (x, top * 0.97 - (i % 2) as f64 * top * 0.06),
                 ("sans-serif", 11),
             )))
             .map_err(draw_err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(draw_err)?;
     Ok(())
 }
 
@@ -437,10 +508,16 @@ fn trace_panel(area: &Area, t: &TraceResult) -> anyhow::Result<()> {
         ("mem_used_total (the pool)", RED, |e| {
             mib(e.mm_stat.mem_used_total)
         }),
-        ("on the backing store", MAGENTA, |e| {
-            mib(e.bd_stat.as_ref().map_or(0, |b| b.bd_count) * 4096)
+        ("on the backing store (bytes stored)", MAGENTA, |e| {
+            mib(e.bd_stat.as_ref().map_or(0, |b| {
+                b.bytes_stored.unwrap_or(b.bd_count.saturating_mul(4096))
+            }))
         }),
     ];
+    let store_as_pages = t
+        .epochs
+        .iter()
+        .any(|e| e.bd_stat.as_ref().is_some_and(|b| b.bytes_stored.is_none()));
     let top = t
         .epochs
         .iter()
@@ -469,13 +546,18 @@ fn trace_panel(area: &Area, t: &TraceResult) -> anyhow::Result<()> {
         .map_err(draw_err)?;
     for (name, color, value) in &series {
         let color = *color;
+        let name = if store_as_pages && name.starts_with("on the backing store") {
+            "on the backing store (its pages' uncompressed size)"
+        } else {
+            name
+        };
         chart
             .draw_series(LineSeries::new(
                 t.epochs.iter().map(|e| (e.seconds, value(e))),
                 color.stroke_width(2),
             ))
             .map_err(draw_err)?
-            .label(*name)
+            .label(name)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
             });

@@ -978,6 +978,14 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
     ] {
         assert!(svg.contains(title), "{title}");
     }
+    // zblock has no chain size: its runs are not labelled with one; the distribution counts
+    // objects; the kernel's key is there, for the runs it has figures for.
+    assert!(
+        !svg.contains("zblock c"),
+        "a zblock run labelled with a chain size"
+    );
+    assert!(svg.contains("objects (compressed pages)"));
+    assert!(svg.contains("in grey beside it"));
     let (w, h, ink, colours) = rendered(&sweep);
     assert!(w >= 330 && h >= 700, "{w}x{h}");
     assert!(
@@ -1016,6 +1024,52 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
     );
     let (w, h, ink, _) = rendered(&one);
     assert!(ink * 20 > w * h, "{ink} of {}", w * h);
+    // A sweep none of whose runs has the kernel's figures (chain 4): no kernel key drawn.
+    let json = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["bench", "--compressor", "lz4", "--chain-sizes", "4"])
+        .args(["--allocator", "all", "--json", "--corpus"])
+        .arg(&sample)
+        .output()
+        .unwrap();
+    assert!(json.status.success());
+    std::fs::write(dir.join("nokernel.json"), &json.stdout).unwrap();
+    let nokernel = dir.join("nokernel.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .arg("plot")
+        .arg(dir.join("nokernel.json"))
+        .arg("-o")
+        .arg(&nokernel)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let svg = std::fs::read_to_string(&nokernel).unwrap();
+    assert!(svg.contains("sweep:"));
+    assert!(!svg.contains(">kernel<") && !svg.contains("in grey beside it"));
+    // A result whose allocator table overflows 64 bits is refused, not wrapped.
+    let first = String::from_utf8_lossy(&json.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut huge: serde_json::Value = serde_json::from_str(&first).unwrap();
+    huge["allocator_stats"] = serde_json::json!({
+        "allocator": "zsmalloc",
+        "rows": [{"size": 3072, "obj_used": u64::MAX / 2, "pages_used": 1}],
+    });
+    std::fs::write(dir.join("huge.json"), format!("{huge}\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .arg("plot")
+        .arg(dir.join("huge.json"))
+        .arg("-o")
+        .arg(dir.join("huge.svg"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("overflow 64 bits"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A result with nothing to draw is refused, saying why.
     std::fs::write(dir.join("bad.json"), "{\"x\": 1}\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
@@ -1058,9 +1112,10 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
     assert_eq!(run["epochs"].as_array().unwrap().len(), 3);
     assert_eq!(run["verified"], true);
     assert!(run["written_back_pages"].as_u64().unwrap() > 0, "{run}");
-    assert!(std::fs::read_to_string(&trace_svg)
-        .unwrap()
-        .contains("memory over time"));
+    let svg = std::fs::read_to_string(&trace_svg).unwrap();
+    assert!(svg.contains("memory over time"));
+    // The store's line is its bytes stored, said so.
+    assert!(svg.contains("on the backing store (bytes stored)"));
     // The same trace through zswap with a pool limit of 1 % of 16 MiB: verified, some pages
     // sent to the device.
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
