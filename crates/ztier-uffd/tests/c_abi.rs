@@ -1,8 +1,14 @@
 //! The C ABI from C: `tests/c/region_test.c` compiled with the machine's `cc` against the
 //! crate's cdylib and header, and run.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the C test may run (it takes well under a second) before it is killed and the
+/// test fails: a fault its region's handler never serves must not hang CI.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// Skips (printing why) unless `CI` is set, where it fails.
 fn skip(why: &str) {
@@ -49,16 +55,36 @@ fn the_c_test_passes() {
         Err(e) => return skip(&format!("cc: {e}")),
         Ok(s) => assert!(s.success(), "cc failed: {s}"),
     }
-    let run = Command::new(&out).output().expect("running the C test");
+    let mut child = Command::new(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running the C test");
+    // Its output is a few lines: the pipes never fill, so waiting before reading them is
+    // safe.
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the C test") {
+            break status;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&out);
+            panic!(
+                "the C test still ran after {} s (a fault never served?): killed",
+                LIMIT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     let _ = std::fs::remove_file(&out);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    print!("{}", String::from_utf8_lossy(&run.stdout));
-    if run.status.code() == Some(77) {
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let _ = child.stdout.take().expect("piped").read_to_string(&mut stdout);
+    let _ = child.stderr.take().expect("piped").read_to_string(&mut stderr);
+    print!("{stdout}");
+    if status.code() == Some(77) {
         return skip(&stderr);
     }
-    assert!(
-        run.status.success(),
-        "the C test failed ({}): {stderr}",
-        run.status
-    );
+    assert!(status.success(), "the C test failed ({status}): {stderr}");
 }

@@ -1,24 +1,77 @@
 //! What the region tests share: making a region where userfaultfd is allowed, and page
-//! contents that say which page and which version they are.
+//! contents that say which page and which version they are; and a watchdog, so that a test
+//! stuck on a fault the handler never serves fails with a message instead of hanging CI.
 #![allow(dead_code)]
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use ztier_uffd::{Error, Region, RegionConfig};
 
 pub const PAGE: usize = 4096;
 pub const WORDS: usize = PAGE / 8;
 
+/// How long a region may live in a test (its making to the end of its drop) before the
+/// watchdog aborts the process: every test here takes a few seconds on an idle 2-core
+/// machine, so this is only reached by a thread waiting on a fault no one serves (or a
+/// drop waiting on a thread that does not stop).
+pub const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Aborts the process with a message naming the test, unless dropped within its time.
+pub struct Watchdog {
+    _done: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    pub fn new(limit: Duration) -> Watchdog {
+        let (done, rx) = mpsc::channel::<()>();
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a ztier-uffd test")
+            .to_owned();
+        std::thread::spawn(move || {
+            // Ok never comes (nothing is sent); Disconnected is the guard's drop.
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                eprintln!(
+                    "{test}: still running after {} s: a thread waits on a fault the region's \
+                     handler never serves, or the region's drop waits on a thread that does not \
+                     stop; aborting",
+                    limit.as_secs()
+                );
+                std::process::abort();
+            }
+        });
+        Watchdog { _done: done }
+    }
+}
+
+/// A region under a [`Watchdog`] (dropped after the region, so a drop that hangs is
+/// caught too).
+pub struct Guarded {
+    region: Region,
+    _dog: Watchdog,
+}
+
+impl Deref for Guarded {
+    type Target = Region;
+    fn deref(&self) -> &Region {
+        &self.region
+    }
+}
+
 /// A region, or `None` (with the reason printed) where this process may not use
 /// userfaultfd; under `CI` that fails instead.
-pub fn region(len: usize, budget: usize) -> Option<Region> {
+pub fn region(len: usize, budget: usize) -> Option<Guarded> {
     region_with(len, budget, &RegionConfig::default())
 }
 
 /// [`region`], made as `config` says.
-pub fn region_with(len: usize, budget: usize, config: &RegionConfig) -> Option<Region> {
+pub fn region_with(len: usize, budget: usize, config: &RegionConfig) -> Option<Guarded> {
+    let dog = Watchdog::new(WATCHDOG);
     match Region::with_config(len, budget, config) {
-        Ok(r) => Some(r),
+        Ok(region) => Some(Guarded { region, _dog: dog }),
         Err(e @ (Error::NotPermitted(_) | Error::Unsupported(_))) => {
             if std::env::var_os("CI").is_some() {
                 panic!("CI must run the region tests: {e}");
