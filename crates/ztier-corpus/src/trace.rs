@@ -8,7 +8,8 @@
 //! replay that writes each epoch's pages in turn rebuilds the process's memory at each epoch.
 //!
 //! Invariants [`Trace::read`] checks (a file that breaks one is refused, nothing is
-//! trusted): a page appears only when it is not present, changes or goes only when it is;
+//! trusted): a page appears only when it is not present, changes or goes only when it is,
+//! and is named at most once an epoch (not appearing and changing, or changing and going);
 //! corpus pages are named in increasing order, each once, the first of an epoch being the
 //! one after the last of the epoch before; epoch times do not go backwards. Counts are
 //! checked against the bytes left before anything is allocated for them.
@@ -144,6 +145,8 @@ impl Trace {
                 unchanged,
                 ..Epoch::default()
             };
+            // Each page is named once an epoch: appeared, changed or went.
+            let mut named: HashSet<u64> = HashSet::new();
             for (list, appearing) in [(&mut epoch.appeared, true), (&mut epoch.changed, false)] {
                 let n = if appearing { counts[0] } else { counts[1] };
                 list.reserve_exact(n);
@@ -159,6 +162,9 @@ impl Trace {
                         )));
                     }
                     next_corpus_page += 1;
+                    if !named.insert(w.vpn) {
+                        return Err(bad(format!("page {:#x} named twice", w.vpn)));
+                    }
                     let was_present = if appearing {
                         !present.insert(w.vpn)
                     } else {
@@ -178,6 +184,9 @@ impl Trace {
             epoch.went.reserve_exact(counts[2]);
             for _ in 0..counts[2] {
                 let vpn = r.u64()?;
+                if !named.insert(vpn) {
+                    return Err(bad(format!("page {vpn:#x} named twice")));
+                }
                 if !present.remove(&vpn) {
                     return Err(bad(format!("page {vpn:#x} goes while not present")));
                 }
@@ -376,6 +385,43 @@ mod tests {
         huge.extend_from_slice(&[0u8; 8]);
         let err = Trace::decode(&huge).unwrap_err();
         assert!(err.contains("truncated"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_page_named_twice_in_one_epoch_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ztier-trace-twice-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.trace");
+        let first = Epoch {
+            appeared: vec![w(10, 0), w(11, 1)],
+            ..Epoch::default()
+        };
+        for second in [
+            // Appears and changes (the counts otherwise adding up).
+            Epoch {
+                millis: 1,
+                unchanged: 1,
+                appeared: vec![w(20, 2)],
+                changed: vec![w(20, 3)],
+                ..Epoch::default()
+            },
+            // Changes and goes.
+            Epoch {
+                millis: 1,
+                unchanged: 0,
+                changed: vec![w(10, 2)],
+                went: vec![10],
+                ..Epoch::default()
+            },
+        ] {
+            let mut tw = TraceWriter::create(&path).unwrap();
+            tw.write_epoch(&first).unwrap();
+            tw.write_epoch(&second).unwrap();
+            tw.finish().unwrap();
+            let err = Trace::read(&path).unwrap_err().to_string();
+            assert!(err.contains("named twice"), "{err}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
