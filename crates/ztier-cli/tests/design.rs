@@ -7,8 +7,20 @@ use std::path::Path;
 
 /// The crates' short names, as the table writes them.
 const SHORT: [&str; 14] = [
-    "base", "pool", "compress", "blockdev", "swap", "zram", "zswap", "nbd", "corpus", "replay",
-    "cli", "reference", "capture", "uffd",
+    "base",
+    "pool",
+    "compress",
+    "blockdev",
+    "swap",
+    "zram",
+    "zswap",
+    "nbd",
+    "corpus",
+    "replay",
+    "cli",
+    "reference",
+    "capture",
+    "uffd",
 ];
 
 /// The short crate names a table cell names (whole words only: "zswap" is not "swap").
