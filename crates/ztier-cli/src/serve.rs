@@ -13,7 +13,7 @@ use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_nbd::{Client, ClientConfig, Server, ServerConfig};
 use ztier_pool::AllocatorKind;
-use ztier_zram::{Backing, Device, Policy, PolicyConfig};
+use ztier_zram::{Backing, Device, Policy, PolicyConfig, StateFile};
 
 use crate::classes::PoolLayoutArgs;
 
@@ -191,29 +191,23 @@ impl Store {
     }
 }
 
-/// Saves the device's state at `path`: written to a temporary file beside it, synced, then
-/// renamed into place, so a crash mid-save leaves the last good state. A line says what.
-fn save_state(device: &Device, path: &std::path::Path) -> anyhow::Result<String> {
+/// Saves the device's state at `path` ([`StateFile::save`]: a temporary file beside it,
+/// synced, then renamed into place, so a crash mid-save leaves the files as they were). At
+/// a clean stop (`stopped`) it becomes `path`; while the server goes on serving, the
+/// consumed `path.loaded`. A line says what.
+fn save_state(device: &Device, path: &std::path::Path, stopped: bool) -> anyhow::Result<String> {
     let start = std::time::Instant::now();
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let summary = device
-        .save_state(&mut out)
-        .with_context(|| format!("saving the state to {}", tmp.display()))?;
-    let file = out
-        .into_inner()
-        .map_err(|e| anyhow::anyhow!("writing {}: {}", tmp.display(), e.error()))?;
-    file.sync_all()
-        .with_context(|| format!("syncing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming it to {}", path.display()))?;
+    let file = StateFile::new(path);
+    let summary = file.save(device, stopped)?;
+    let to = if stopped {
+        path.to_path_buf()
+    } else {
+        file.loaded_path()
+    };
     Ok(format!(
         "state saved to {}: {} pages ({} of them on the backing store), {} bytes, \
          mem_used_total {}, in {:.2} s",
-        path.display(),
+        to.display(),
         summary.pages,
         summary.from_backing_store,
         summary.bytes,
@@ -231,10 +225,13 @@ fn load_state(
     args: &ServeArgs,
 ) -> anyhow::Result<(bool, Option<Arc<Client>>)> {
     let start = std::time::Instant::now();
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((false, None)),
-        Err(e) => return Err(e).with_context(|| format!("opening the state {}", path.display())),
+    // Refused here if the directory cannot take a state, or the state was consumed by a
+    // server that did not stop cleanly.
+    let Some(file) = StateFile::new(path)
+        .open()
+        .with_context(|| format!("--state {}", path.display()))?
+    else {
+        return Ok((false, None));
     };
     let mut input = std::io::BufReader::with_capacity(1 << 20, file);
     let context = || {
@@ -387,6 +384,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
 fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> {
     // The parent to outlive, read before anything can make it exit unseen.
     let parent = rustix::process::getppid();
+    let mut state_loaded = false;
     let (store, what) = match args.store {
         StoreKind::Zram => {
             let layout = args.layout.config();
@@ -405,6 +403,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 Some(path) => load_state(&device, path, args)?,
                 None => (false, None),
             };
+            state_loaded = loaded;
             if !loaded || (device.backing().is_none() && args.backing_dev.is_some()) {
                 let (backing, made) = backing_store(args)?.unzip();
                 device.set_backing(backing)?;
@@ -438,8 +437,11 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             (Store::Zram(device, policy, link, args.state.clone()), what)
         }
         StoreKind::Plain => {
-            if args.mem_limit != 0 || args.backing_dev.is_some() {
-                bail!("--mem-limit and --backing-dev are zram's: a plain RAM disk has neither");
+            if args.mem_limit != 0 || args.backing_dev.is_some() || args.state.is_some() {
+                bail!(
+                    "--mem-limit, --backing-dev and --state are zram's: a plain RAM disk has \
+                     none of them"
+                );
             }
             let device = MemoryDevice::new(args.size)
                 .with_context(|| format!("making a {}-byte RAM disk", args.size))?;
@@ -467,6 +469,13 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     };
     let mut files = SocketFiles(Vec::new(), Vec::new());
     let place = listen(args, activated, &mut files)?;
+    // Last, before a client is served: the state loaded (or the lack of one) is consumed, so
+    // a server that dies from now on leaves no state that would serve stale pages.
+    if let Some(path) = &args.state {
+        StateFile::new(path)
+            .consume(state_loaded)
+            .with_context(|| format!("--state {}", path.display()))?;
+    }
     let server = Server::new(store.block_device(), config);
     let control = args
         .control
@@ -574,8 +583,24 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         let _ = t.join();
     }
     drop(files);
-    if let (Store::Zram(device, _, _, Some(path)), Ok(())) = (&*store, &served) {
-        eprintln!("ztier serve: {}", save_state(device, path)?);
+    let mut saved = Ok(());
+    if let (Store::Zram(device, policy, _, Some(path)), Ok(())) = (&*store, &served) {
+        // No writeback from here on (the policy's, or one a control request started is
+        // waited for): the state saved is the store's as it stays.
+        if let Some(p) = policy {
+            p.stop();
+        }
+        device.close_writeback();
+        match save_state(device, path, true) {
+            Ok(line) => eprintln!("ztier serve: {line}"),
+            Err(e) => {
+                eprintln!(
+                    "ztier serve: the state could not be saved, so the device's pages are \
+                     lost: {e:#}"
+                );
+                saved = Err(e);
+            }
+        }
     }
     served.context("serving")?;
     eprintln!("ztier serve: stopped");
@@ -585,6 +610,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     } else {
         print!("{}", stats_text(&store, &server, false));
     }
+    saved.context("saving the state")?;
     let code = *exit.lock().unwrap_or_else(|p| p.into_inner());
     Ok(code.unwrap_or(0))
 }

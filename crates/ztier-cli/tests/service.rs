@@ -285,8 +285,11 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
         &log,
     );
     nbdcopy(image.to_str().unwrap(), &uri);
+    // Saved while serving goes on: consumed already (the writes after it would make it
+    // stale), so it is STATE.loaded.
     assert!(ctl(&socket, &["save"]).contains("state saved"));
-    let in_memory = std::fs::metadata(&state).unwrap().len();
+    assert!(!state.exists());
+    let in_memory = std::fs::metadata(dir.join("state.loaded")).unwrap().len();
     ctl(&socket, &["idle", "all"]);
     let last = corpus.bytes().len() / 4096 - 1;
     let range = format!("page_indexes=1000-{last}");
@@ -305,6 +308,10 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
     assert!(std::fs::read_to_string(&log)
         .unwrap()
         .contains("state saved"));
+    assert!(
+        !dir.join("state.loaded").exists(),
+        "a clean stop removes it"
+    );
     // The written-back pages' bytes stayed on the store: the state names their places.
     let with_store = std::fs::metadata(&state).unwrap().len();
     assert!(
@@ -395,5 +402,116 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
     let corrupt = dir.join("corrupt");
     std::fs::write(&corrupt, &damaged).unwrap();
     refused(&corrupt, &size, "lz4", "damaged");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server that dies (kill -9) after taking writes leaves no state that would serve the
+/// pages from before them: the state it loaded was consumed, and the next start is refused,
+/// naming it, until it is moved away.
+#[test]
+fn a_server_that_did_not_stop_cleanly_is_never_restarted_from_a_stale_state() {
+    if !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("state-consumed");
+    let (socket, state, log) = (dir.join("s.sock"), dir.join("state"), dir.join("log"));
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    std::fs::write(&a, vec![0xaa; 1 << 20]).unwrap();
+    std::fs::write(&b, vec![0xbb; 1 << 20]).unwrap();
+    // Image A, saved at a clean stop.
+    let server = serve_with_state(&socket, &state, "1M", &[], &log);
+    nbdcopy(a.to_str().unwrap(), &uri);
+    stop(server);
+    assert!(state.exists());
+    // Started from it, image B written (acknowledged), then killed.
+    let mut server = serve_with_state(&socket, &state, "1M", &[], &log);
+    nbdcopy(b.to_str().unwrap(), &uri);
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(dir.join("s.sock.ctl"));
+    // Never A served again as if B had not been written.
+    let o = Command::new(ZTIER)
+        .args(["serve", "--size", "1M", "--compressor", "lz4", "--socket"])
+        .arg(&socket)
+        .arg("--state")
+        .arg(&state)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "served a stale state: {err}");
+    assert!(
+        err.contains("did not stop cleanly")
+            && err.contains(&format!("{}.loaded", state.display())),
+        "{err}"
+    );
+    // Moved away: an empty start.
+    std::fs::rename(dir.join("state.loaded"), dir.join("moved")).unwrap();
+    let server = serve_with_state(&socket, &state, "1M", &[], &log);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A state path the server cannot write is refused at start, before a page is taken; a
+/// final save that fails still prints the statistics, and says the pages are lost.
+#[test]
+fn an_unwritable_state_is_found_at_start_and_a_failed_save_still_reports() {
+    let dir = temp_dir("state-unwritable");
+    let o = Command::new(ZTIER)
+        .args(["serve", "--size", "1M", "--socket"])
+        .arg(dir.join("s.sock"))
+        .args(["--state", "/proc/ztier.state", "--run", "exit 0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "started with an unwritable state: {err}"
+    );
+    assert!(err.contains("/proc/ztier.state"), "{err}");
+    assert!(
+        !err.contains("ztier serve: 1048576 bytes"),
+        "it served: {err}"
+    );
+
+    // Its directory gone while it serves: the save at stop fails.
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let (socket, log) = (dir.join("t.sock"), dir.join("log"));
+    let server = Started(
+        Command::new(ZTIER)
+            .args(["serve", "--size", "1M", "--socket"])
+            .arg(&socket)
+            .arg("--state")
+            .arg(sub.join("state"))
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("ztier serve never made its control socket", || {
+        dir.join("t.sock.ctl").exists()
+    });
+    std::fs::remove_dir_all(&sub).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server.0),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let mut server = server;
+    let mut out = String::new();
+    use std::io::Read;
+    server
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(!server.0.wait().unwrap().success());
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(err.contains("pages are lost"), "{err}");
+    assert!(out.contains("mm_stat"), "no statistics: {out}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -427,7 +427,7 @@ fn control(store: &Store, request: &str) -> String {
         (Some("set"), Some("save"), _) => {
             return match state {
                 None => "error: the server was started without --state PATH\n".into(),
-                Some(path) => match super::save_state(device, path) {
+                Some(path) => match super::save_state(device, path, false) {
                     Ok(line) => format!("{line}\n"),
                     Err(e) => format!("error: {e:#}\n"),
                 },
