@@ -40,6 +40,9 @@
 //! cluster lock is taken inside the device lock only by `try_lock` (isolation). Legacy mode:
 //! the thread's slot cache, its current-cluster shard, the device lock, a cluster lock, the
 //! available-list lock. A device is in one mode for life, so the two orders never meet.
+//! The stamp's lock (`Inner::stamp`) is taken alone, never with another of these: held by
+//! [`Device::set_stamp`] across the header's write and flush (a round trip to a remote
+//! store), so stamps land in order; [`Device::stamp`] waits for a write in progress.
 
 use std::path::Path;
 use std::sync::Arc;
