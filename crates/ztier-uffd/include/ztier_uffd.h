@@ -30,13 +30,15 @@ typedef struct ztier_region_stats {
     uint64_t held_pages;       /* refused by the store, held whole until touched */
     uint64_t faults;           /* served from the store */
     uint64_t zero_faults;      /* served with zeros */
-    uint64_t evictions;        /* stored and dropped */
+    uint64_t evictions;        /* dropped with a copy in the store (evictions_clean included) */
     uint64_t zero_evictions;   /* found all zeros: dropped, nothing stored */
     uint64_t evict_failures;   /* refused by the store */
     uint64_t removed_pages;    /* dropped by the program (MADV_DONTNEED) */
     uint64_t unmapped_pages;   /* unmapped by the program */
     uint64_t compr_data_size;  /* bytes of compressed data held */
     uint64_t mem_used_total;   /* bytes of memory the store holds */
+    uint64_t clean_pages;      /* resident, read in from the store, not written since */
+    uint64_t evictions_clean;  /* of evictions: clean pages dropped, nothing written */
 } ztier_region_stats;
 
 /* A region of `length` bytes (a whole number of pages) of which at most `budget` bytes

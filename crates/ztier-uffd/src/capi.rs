@@ -24,6 +24,8 @@ pub struct CStats {
     unmapped_pages: u64,
     compr_data_size: u64,
     mem_used_total: u64,
+    clean_pages: u64,
+    evictions_clean: u64,
 }
 
 fn set_errno(e: i32) {
@@ -91,6 +93,8 @@ pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut
         unmapped_pages: s.unmapped_pages,
         compr_data_size: s.mm_stat.compr_data_size,
         mem_used_total: s.mm_stat.mem_used_total,
+        clean_pages: s.clean_pages,
+        evictions_clean: s.evictions_clean,
     };
     // SAFETY: `out` is non-null and writable (the caller's contract).
     unsafe { out.write(c) };

@@ -1,5 +1,7 @@
 //! The fault thread: reads the userfaultfd's messages, handles the program's changes to its
-//! address space (remove, unmap, remap events) and serves the faults.
+//! address space (remove, unmap, remap events) and serves the faults: missing pages, and the
+//! first write to a clean page (its copy discarded before its protection is lifted: lib.rs,
+//! "Clean pages").
 //!
 //! Invariants: it never reads or writes the region or the pad (the kernel copies into them
 //! for it); events are handled, under `gate` (write), before any fault read after them is
@@ -12,7 +14,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use crate::userfaultfd::{self, Msg, Outcome};
-use crate::{Count, Shared, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED};
+use crate::{
+    Count, Shared, CLEAN, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED,
+};
 
 /// Pages the fault thread lets the resident count exceed the budget by while the reclaim
 /// thread is making progress, before it holds faults back.
@@ -23,6 +27,8 @@ const BUDGET_SLACK: u64 = 2 * crate::BATCH as u64;
 struct Fault {
     addr: u64,
     write: bool,
+    /// A write to a write-protected (clean) page.
+    wp: bool,
     /// When its message was read: the fault's latency, as the handler sees it, runs from
     /// here to its copy.
     read_at: Instant,
@@ -122,6 +128,7 @@ fn serve_faults(sh: &Shared) {
                         userfaultfd::EVENT_PAGEFAULT => faults.push_back(Fault {
                             addr: m.arg[1] & !(sh.page_size as u64 - 1),
                             write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
+                            wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
                             read_at: Instant::now(),
                         }),
                         userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
@@ -139,17 +146,20 @@ fn serve_faults(sh: &Shared) {
                 }
             }
         }
-        remaps.retain_mut(|r| !sh.continue_remap(r));
-        let mut left = faults.len();
-        while left > 0 {
-            left -= 1;
-            let f = faults.pop_front().expect("counted");
-            match sh.serve(f, &mut buf, &zeros, &mut around) {
-                Served::Later => {
-                    sh.count(Count::Deferred, 1);
-                    faults.push_back(f);
+        {
+            let _serving = sh.serving.lock();
+            remaps.retain_mut(|r| !sh.continue_remap(r));
+            let mut left = faults.len();
+            while left > 0 {
+                left -= 1;
+                let f = faults.pop_front().expect("counted");
+                match sh.serve(f, &mut buf, &zeros, &mut around) {
+                    Served::Later => {
+                        sh.count(Count::Deferred, 1);
+                        faults.push_back(f);
+                    }
+                    Served::Done => sh.latency.record(f.read_at.elapsed()),
                 }
-                Served::Done => sh.latency.record(f.read_at.elapsed()),
             }
         }
         sh.wake_reclaim_if_over();
@@ -161,13 +171,20 @@ impl Shared {
     fn serve(&self, f: Fault, buf: &mut [u8], zeros: &[u8], around: &mut Around) -> Served {
         let Some(page) = self.page_of(f.addr) else {
             // A page moved out by an mremap whose copies are still under way: the copy (or
-            // the unregistering after it) wakes it; waking it now lets it retry meanwhile.
+            // the unregistering after it) wakes it; waking it now lets it retry meanwhile. A
+            // clean page moved out is the program's own now: its protection goes.
+            if f.wp {
+                let _ = self.uffd.writeprotect(f.addr, self.page_size as u64, false);
+            }
             self.uffd.wake(f.addr, self.page_size as u64);
             return Served::Done;
         };
         let _lock = self.locks.lock(page);
         let state = self.state(page);
         let s = state & STATE_MASK;
+        if f.wp && (s == RESIDENT || s == GONE) {
+            return self.serve_first_write(page, state);
+        }
         if s == RESIDENT || s == GONE {
             self.count(Count::SpuriousFaults, 1);
             self.uffd.wake(f.addr, self.page_size as u64);
@@ -178,7 +195,7 @@ impl Shared {
         }
         let addr = self.page_addr(page);
         if s == STORED {
-            return self.serve_stored(page, buf, around);
+            return self.serve_stored(page, buf, around, f.write);
         }
         let held = if s == HELD {
             self.held.lock().remove(&page)
@@ -223,9 +240,33 @@ impl Shared {
         }
     }
 
+    /// The program's first write to a clean page since it came in (locked by the caller,
+    /// which it holds across both steps): its copy in the store is discarded, then its
+    /// protection lifted, which wakes the writer. Until then the writer waits, so no
+    /// evictor can have decided the page was clean after the write was made.
+    fn serve_first_write(&self, page: u64, state: u8) -> Served {
+        let ps = self.page_size as u64;
+        self.count(Count::FirstWrites, 1);
+        if state & STATE_MASK == RESIDENT && state & CLEAN != 0 {
+            self.drop_stored(page, state);
+            self.leave(page, state, state & !CLEAN);
+        }
+        match self.uffd.writeprotect(self.page_addr(page), ps, false) {
+            Ok(()) => Served::Done,
+            // The page stays dirty (no copy), still protected: lifted on the next try.
+            Err(libc::EAGAIN) => Served::Later,
+            Err(_) => {
+                self.uffd.wake(self.page_addr(page), ps);
+                Served::Done
+            }
+        }
+    }
+
     /// Serves a fault on a stored page (locked by the caller), with as many of the stored
-    /// pages after it as the fault-around window takes, in one copy.
-    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around) -> Served {
+    /// pages after it as the fault-around window takes, in one copy. A read brings them in
+    /// clean: write-protected, their copies kept in the store; a write brings them in
+    /// dirty, their copies discarded.
+    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, write: bool) -> Served {
         let ps = self.page_size;
         let window = around.window(page);
         // The neighbours' stripes: the fault thread may hold several (a window is far
@@ -266,26 +307,44 @@ impl Shared {
         // the pages the copy does not install.
         self.fault_ins[0].fetch_add(1, Relaxed);
         self.count(Count::FaultAround, n as u64 - 1);
+        let clean = if write { 0 } else { CLEAN };
         for k in 0..n as u64 {
-            self.drop_stored(page + k, STORED);
+            if write {
+                self.drop_stored(page + k, STORED);
+            }
             // Neighbours come in without a second chance: cold unless touched.
             let to = if k == 0 {
-                RESIDENT | REFERENCED
+                RESIDENT | REFERENCED | clean
             } else {
-                RESIDENT
+                RESIDENT | clean
             };
             self.leave(page + k, STORED, to);
         }
-        let (done, outcome) = self.uffd.copy_run(self.page_addr(page), &buf[..n * ps]);
+        let (done, outcome) = self
+            .uffd
+            .copy_run(self.page_addr(page), &buf[..n * ps], !write);
         let mut installed = if outcome.is_ok() { n } else { done / ps };
         if let Err(libc::EEXIST) = outcome {
-            // That page is present already: what the program sees is that page.
+            // That page is present already: what the program sees is that page, which is
+            // not one of ours and not protected, so it is not clean.
+            let p = page + installed as u64;
+            if !write && installed < n {
+                let state = self.state(p);
+                self.drop_stored(p, state);
+                self.leave(p, state, state & !CLEAN);
+            }
             installed += 1;
             self.uffd.wake(self.page_addr(page), ps as u64);
         }
         around.served(page, installed.max(1));
         for k in installed.min(n)..n {
-            self.put_back(page + k as u64, &buf[k * ps..(k + 1) * ps]);
+            let p = page + k as u64;
+            if write {
+                self.put_back(p, &buf[k * ps..(k + 1) * ps]);
+            } else {
+                // Its copy is still in the store.
+                self.leave(p, self.state(p), STORED);
+            }
         }
         match outcome {
             Ok(()) | Err(libc::EEXIST) => Served::Done,

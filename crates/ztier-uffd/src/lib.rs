@@ -30,6 +30,7 @@
 //! |---|---|---|---|
 //! | `EMPTY` | empty, or about to be (a drop whose event was read) | nothing | zeros |
 //! | `RESIDENT` | present (maybe the zero page) | nothing | spurious: wake |
+//! | `RESIDENT` + `CLEAN` | present, write-protected | zram page `i`, the same bytes | a write: the copy goes, then the protection |
 //! | `STORED` | empty | zram page `i` | decompress, copy |
 //! | `HELD` | empty | a heap copy (the store refused it) | copy |
 //! | `GONE` | a page the program's `mremap` moved onto the region: the program's own | nothing | wake |
@@ -74,11 +75,49 @@
 //!   Threads still touching the region must be gone: the safe API borrows the region.
 //! - **`fork`**: the region and the pad are `MADV_DONTFORK`: a child does not have them.
 //!
+//! # Clean pages
+//!
+//! A page a *read* fault brings in from the store (with its fault-around neighbours) is
+//! installed write-protected (`UFFDIO_COPY_MODE_WP`; the region is registered in
+//! write-protect mode too) and keeps its copy in the store: its state says `RESIDENT` +
+//! `CLEAN`. Evicting it again is only the move into the pad and the pad's drop: nothing
+//! is compressed or written (`evictions_clean`). A *write* fault on a stored page brings it
+//! in unprotected, its copy discarded (dirty, as are zero-filled and held pages).
+//!
+//! The program's first write to a clean page is a write-protect fault that the fault thread
+//! serves, synchronously: under the page's lock it discards the copy and clears `CLEAN`,
+//! then lifts the protection (`UFFDIO_WRITEPROTECT`), which wakes the writer. **The race
+//! between that write and an evictor's decision**: the evictor reads `CLEAN` and moves the
+//! page under the same page lock. The write cannot land before the fault thread has taken
+//! that lock and discarded the copy (it waits in the kernel, the page still protected), so
+//! either the evictor held the lock first and moved the page with no write in it (the
+//! writer's fault then finds the page out, and is served as a write fault on a stored page:
+//! the copy is its content), or the fault thread did, and the evictor finds the page dirty
+//! and compresses what the move took, write included. No copy older than a write is ever
+//! kept for a page that is present, so none is served after one.
+//!
+//! Why not `UFFD_FEATURE_WP_ASYNC` with `PAGEMAP_SCAN` (a write resolved in the kernel
+//! without the handler, 1.2 µs against a fault's round trip): nothing orders such a write
+//! against the evictor. A scan before the move can say "not written" and the write land
+//! before the move; the move does not carry the write-protect bit into the pad, so after it
+//! nothing tells whether the page was written, short of comparing it with its copy
+//! (a decompression). The synchronous fault costs one handler round trip per page that is
+//! read in and then written; a page faulted in by a write costs none.
+//!
+//! What else sees a clean page: the program's `MADV_DONTNEED`, `munmap` and `mremap`
+//! discard its copy (`drop_stored`) like a stored page's; a page `mremap` moved out that was
+//! clean is unprotected when written (its write-protect fault is outside the region) and the
+//! new range's unregistering clears the protection; a copy that finds the page present
+//! (`EEXIST`) makes it dirty. A user-mode-only userfaultfd cannot serve a write the kernel
+//! makes (a `read(2)` into a clean page fails with `EFAULT`), as for missing pages.
+//!
 //! # Lock order
 //! `gate` (the fault thread's write while it reads and handles messages; an evictor's read
 //! while it checks a page and moves it) → `locks[page % STRIPES]` (one at a time) → the zram
 //! device's own locks, and `held` (a leaf). The reclaim signal's mutex is taken alone.
-//! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`.
+//! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
+//! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
+//! holding nothing.
 mod capi;
 mod fault;
 mod mapping;
@@ -150,6 +189,10 @@ const UNMAPPED: u8 = 5;
 const STATE_MASK: u8 = 0x7;
 /// Set when a page is faulted in; the clock clears it once before it evicts the page.
 const REFERENCED: u8 = 0x80;
+/// With `RESIDENT`: the page came in from the store by a read and was not written since;
+/// it is write-protected and zram page `i` still holds its copy (see the module's
+/// "Clean pages").
+const CLEAN: u8 = 0x40;
 
 /// Page lock stripes.
 const STRIPES: usize = 1024;
@@ -161,6 +204,7 @@ const BATCH: usize = 64;
 enum Count {
     SpuriousFaults,
     Evictions,
+    CleanEvictions,
     ZeroEvictions,
     EvictFailures,
     Removed,
@@ -169,8 +213,9 @@ enum Count {
     Poisoned,
     Deferred,
     FaultAround,
+    FirstWrites,
 }
-const COUNTS: usize = Count::FaultAround as usize + 1;
+const COUNTS: usize = Count::FirstWrites as usize + 1;
 
 /// Buckets of the fault latency histogram: bucket 0 under 1 µs, bucket `k` from
 /// `2^(k-1)` to `2^k` µs, the last everything longer.
@@ -207,8 +252,19 @@ pub struct RegionStats {
     pub held_faults: u64,
     /// Faults on a page already present (another thread's fault served it first).
     pub spurious_faults: u64,
-    /// Pages compressed into the store and dropped.
+    /// Write-protect faults served: the program's first writes to clean pages, each of
+    /// which discarded the page's copy in the store (and any that found it out or dirty
+    /// already).
+    pub first_write_faults: u64,
+    /// Resident pages the store still holds a copy of (faulted in by a read, not written
+    /// since): evicting one again is only dropping it.
+    pub clean_pages: u64,
+    /// Pages dropped with a copy in the store: `evictions_dirty + evictions_clean`.
     pub evictions: u64,
+    /// Evictions that compressed the page and wrote it to the store.
+    pub evictions_dirty: u64,
+    /// Evictions of clean pages: the store's copy kept, nothing compressed or written.
+    pub evictions_clean: u64,
     /// Pages found all zeros at eviction: dropped with nothing stored.
     pub zero_evictions: u64,
     /// Evictions the store refused (the page stayed resident or was held).
@@ -223,8 +279,9 @@ pub struct RegionStats {
     pub poisoned_pages: u64,
     /// Pages installed by fault-around beside the faulting page.
     pub fault_around_pages: u64,
-    /// Faults by how long the fault thread took from reading one to installing its page
-    /// (see [`LATENCY_BUCKETS`]).
+    /// Faults by how long the fault thread took from reading one to installing its page or
+    /// lifting its protection (see [`LATENCY_BUCKETS`]): every fault served, spurious ones
+    /// included.
     pub fault_latency_us: [u64; LATENCY_BUCKETS],
     /// Faults served late: the address space was changing (`EAGAIN`), or the region was
     /// over its budget while the reclaim thread caught up.
@@ -278,6 +335,8 @@ struct Shared {
     gate: RwLock<()>,
     resident: AtomicU64,
     stored: AtomicU64,
+    /// Resident pages marked `CLEAN`.
+    clean: AtomicU64,
     /// Pages the store refused, by page.
     held: Mutex<HashMap<u64, Box<[u8]>>>,
     counts: Counters<COUNTS>,
@@ -286,6 +345,10 @@ struct Shared {
     /// reading includes its own fault), and taken back if the copy fails.
     fault_ins: [AtomicU64; 3],
     latency: Latency,
+    /// Held by the fault thread while it serves the faults it read, up to its recording of
+    /// their latency; `stats()` waits for it, so a thread's figures include the recording
+    /// of the fault that woke it.
+    serving: Mutex<()>,
     /// The most stored pages a fault brings in beside its own.
     fault_around: usize,
     /// Stops the reclaim thread.
@@ -384,10 +447,21 @@ impl Region {
         })?;
         let map = Mapping::new(len).map_err(os("mmap of the region"))?;
         let scratch = Mapping::new((BATCH + 1) * page_size).map_err(os("mmap of the pad"))?;
-        for m in [&map, &scratch] {
-            uffd.register(m.addr(), m.len() as u64, userfaultfd::MODE_MISSING)
-                .map_err(os("UFFDIO_REGISTER"))?;
-        }
+        // The region in write-protect mode too (its clean pages); the pad only for moves.
+        uffd.register(
+            map.addr(),
+            map.len() as u64,
+            userfaultfd::MODE_MISSING | userfaultfd::MODE_WP,
+        )
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => Error::Unsupported("write-protect mode on anonymous memory"),
+            _ => Error::Os {
+                what: "UFFDIO_REGISTER",
+                source: e,
+            },
+        })?;
+        uffd.register(scratch.addr(), scratch.len() as u64, userfaultfd::MODE_MISSING)
+            .map_err(os("UFFDIO_REGISTER"))?;
         let shared = Arc::new(Shared {
             uffd,
             map,
@@ -401,10 +475,12 @@ impl Region {
             gate: RwLock::new(()),
             resident: AtomicU64::new(0),
             stored: AtomicU64::new(0),
+            clean: AtomicU64::new(0),
             held: Mutex::new(HashMap::new()),
             counts: Counters::default(),
             fault_ins: Default::default(),
             latency: Latency::default(),
+            serving: Mutex::new(()),
             fault_around,
             stop: AtomicBool::new(false),
             stop_faults: AtomicBool::new(false),
@@ -524,18 +600,23 @@ impl Region {
     pub fn stats(&self) -> RegionStats {
         let sh = &self.shared;
         drop(sh.gate.read());
+        drop(sh.serving.lock());
         let c = |k: Count| sh.counts.sum(k as usize);
         RegionStats {
             pages: sh.pages,
             budget_pages: sh.budget_pages.load(Relaxed),
             resident_pages: sh.resident.load(Relaxed),
             stored_pages: sh.stored.load(Relaxed),
+            clean_pages: sh.clean.load(Relaxed),
             held_pages: sh.held.lock().len() as u64,
             faults: sh.fault_ins[0].load(Relaxed),
             zero_faults: sh.fault_ins[1].load(Relaxed),
             held_faults: sh.fault_ins[2].load(Relaxed),
             spurious_faults: c(Count::SpuriousFaults),
-            evictions: c(Count::Evictions),
+            first_write_faults: c(Count::FirstWrites),
+            evictions: c(Count::Evictions) + c(Count::CleanEvictions),
+            evictions_dirty: c(Count::Evictions),
+            evictions_clean: c(Count::CleanEvictions),
             zero_evictions: c(Count::ZeroEvictions),
             evict_failures: c(Count::EvictFailures),
             removed_pages: c(Count::Removed),
@@ -669,9 +750,15 @@ impl Shared {
             }
             _ => {}
         }
+        if from & STATE_MASK == RESIDENT && from & CLEAN != 0 {
+            self.clean.fetch_sub(1, Relaxed);
+        }
         match to & STATE_MASK {
             RESIDENT => {
                 self.resident.fetch_add(1, Relaxed);
+                if to & CLEAN != 0 {
+                    self.clean.fetch_add(1, Relaxed);
+                }
             }
             STORED => {
                 self.stored.fetch_add(1, Relaxed);
@@ -681,10 +768,15 @@ impl Shared {
         self.set_state(page, to);
     }
 
-    /// Drops whatever page `page` holds out of the region (its lock held): its stored copy
-    /// is discarded.
+    /// Whether a page in `state` has a copy in the store (stored, or resident and clean).
+    fn has_copy(state: u8) -> bool {
+        let s = state & STATE_MASK;
+        s == STORED || (s == RESIDENT && state & CLEAN != 0)
+    }
+
+    /// Discards page `page`'s copy in the store, if it has one (its lock held).
     fn drop_stored(&self, page: u64, state: u8) {
-        if state & STATE_MASK == STORED {
+        if Shared::has_copy(state) {
             // A discard of an index in range only fails for a bad index.
             let _ = self.device.discard_page(page);
         }

@@ -1,7 +1,8 @@
 //! The reclaim thread and eviction: while the resident pages exceed the budget, a clock
 //! over the page table picks pages not faulted in since its last pass (the kernel's second
 //! chance, from what userspace sees: a fault sets a page's referenced bit, the hand clears
-//! it once), moves each out into the pad, stores it, and empties the pad a batch at a time.
+//! it once), moves each out into the pad, stores it (a clean page's copy is in the store
+//! already: nothing to store), and empties the pad a batch at a time.
 //!
 //! Invariants: a page is moved only under `gate` (read) and its lock, after its state said
 //! `RESIDENT`; its lock is held until its state says where its content is. The pad's pages
@@ -10,7 +11,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use crate::{Count, Error, Result, Shared, EMPTY, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED};
+use crate::{
+    Count, Error, Result, Shared, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED,
+};
 
 /// What became of a page an evictor chose.
 pub(crate) enum Evicted {
@@ -102,6 +105,7 @@ impl Shared {
             Err(libc::EAGAIN) => return Ok(Evicted::Busy),
             Err(libc::ENOENT) => {
                 // No page there (dropped by the kernel): it reads as zeros.
+                self.drop_stored(page, state);
                 self.leave(page, state, EMPTY);
                 self.count(Count::ZeroEvictions, 1);
                 return Ok(Evicted::Out);
@@ -115,6 +119,14 @@ impl Shared {
                     source: std::io::Error::from_raw_os_error(e),
                 });
             }
+        }
+        if state & CLEAN != 0 {
+            // Not written since it came in from the store (a write would have waited for the
+            // fault thread, which needs this page's lock to mark it dirty): the store's copy
+            // is its content. Nothing to compress or write; the pad's copy is dropped.
+            self.leave(page, state, STORED);
+            self.count(Count::CleanEvictions, 1);
+            return Ok(Evicted::Out);
         }
         // SAFETY: the pad page holds the page just moved in; only this evictor, holding the
         // pad slot, reads or changes it until it empties it.

@@ -57,6 +57,13 @@ struct UffdioCopy {
     /// Bytes copied (moved), or a negative errno.
     done: i64,
 }
+/// `struct uffdio_writeprotect`.
+#[repr(C)]
+#[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
 /// `struct uffdio_zeropage` and `struct uffdio_poison` have the same layout.
 #[repr(C)]
 #[derive(Default)]
@@ -73,12 +80,22 @@ const UFFDIO_WAKE: libc::c_ulong = ioc(READ, 0x02, size_of::<UffdioRange>());
 const UFFDIO_COPY: libc::c_ulong = ioc(READ_WRITE, 0x03, size_of::<UffdioCopy>());
 const UFFDIO_ZEROPAGE: libc::c_ulong = ioc(READ_WRITE, 0x04, size_of::<UffdioZeropage>());
 const UFFDIO_MOVE: libc::c_ulong = ioc(READ_WRITE, 0x05, size_of::<UffdioCopy>());
+const UFFDIO_WRITEPROTECT: libc::c_ulong =
+    ioc(READ_WRITE, 0x06, size_of::<UffdioWriteprotect>());
 const UFFDIO_POISON: libc::c_ulong = ioc(READ_WRITE, 0x08, size_of::<UffdioZeropage>());
 const _: () = assert!(UFFDIO_API == 0xc018_aa3f && UFFDIO_COPY == 0xc028_aa03);
 const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00 && UFFDIO_UNREGISTER == 0x8010_aa01);
+const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
 
 /// `UFFDIO_REGISTER_MODE_MISSING`.
 pub const MODE_MISSING: u64 = 1;
+/// `UFFDIO_REGISTER_MODE_WP`: a write to a page installed write-protected
+/// (`UFFDIO_COPY_MODE_WP`) is a fault for the handler, with `PAGEFAULT_FLAG_WP`.
+pub const MODE_WP: u64 = 2;
+/// `UFFDIO_COPY_MODE_WP`.
+const COPY_MODE_WP: u64 = 2;
+/// `UFFDIO_WRITEPROTECT_MODE_WP`.
+const WRITEPROTECT_MODE_WP: u64 = 1;
 
 /// Features the region asks for (`UFFD_FEATURE_*`).
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
@@ -94,6 +111,8 @@ pub const EVENT_REMOVE: u8 = 0x15;
 pub const EVENT_UNMAP: u8 = 0x16;
 /// `UFFD_PAGEFAULT_FLAG_WRITE`.
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+/// `UFFD_PAGEFAULT_FLAG_WP`: a write to a write-protected page.
+pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
 /// `struct uffd_msg` (packed in the kernel's header; this layout has no padding either).
 #[repr(C)]
@@ -237,18 +256,40 @@ impl Uffd {
         outcome(r, copy.done, src.len())
     }
 
-    /// `UFFDIO_COPY` of several pages: the bytes copied (a whole number of pages from `dst`
-    /// on, all of them if the outcome is `Ok`) and the outcome.
-    pub fn copy_run(&self, dst: u64, src: &[u8]) -> (usize, Outcome) {
+    /// `UFFDIO_COPY` of several pages, write-protected if `wp` (a range registered with
+    /// [`MODE_WP`]): the bytes copied (a whole number of pages from `dst` on, all of them if
+    /// the outcome is `Ok`) and the outcome.
+    pub fn copy_run(&self, dst: u64, src: &[u8], wp: bool) -> (usize, Outcome) {
         let mut copy = UffdioCopy {
             dst,
             src: src.as_ptr() as u64,
             len: src.len() as u64,
+            mode: if wp { COPY_MODE_WP } else { 0 },
             ..Default::default()
         };
         // SAFETY: as `copy`.
         let r = unsafe { libc::ioctl(self.raw(), UFFDIO_COPY, &mut copy) };
         (copy.done.max(0) as usize, outcome(r, copy.done, src.len()))
+    }
+
+    /// `UFFDIO_WRITEPROTECT` of the range: protects its present pages (`wp`) or lifts the
+    /// protection and wakes the threads waiting on write faults there.
+    pub fn writeprotect(&self, start: u64, len: u64, wp: bool) -> Outcome {
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange { start, len },
+            mode: if wp { WRITEPROTECT_MODE_WP } else { 0 },
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads the struct we pass and changes only the
+        // protection of pages in a range registered with this descriptor (the kernel checks):
+        // no memory's content.
+        let r = unsafe { libc::ioctl(self.raw(), UFFDIO_WRITEPROTECT, &mut w) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO))
+        }
     }
 
     /// `UFFDIO_ZEROPAGE`: maps the zero page at the empty pages of the range.

@@ -1,6 +1,8 @@
 //! A region against a model of its bytes and of where each page is: any sequence of
 //! writes, reads, evictions and drops reads back what the model says, and the store holds
-//! exactly the evicted pages that are not zeros. The budget holds every page, so only the
+//! exactly the evicted pages that are not zeros and the clean ones (read in from the store
+//! and not written since); an eviction is clean (nothing written to the store) exactly
+//! when the model says the page is clean. The budget holds every page, so only the
 //! sequence evicts (the reclaim thread under a budget is `region.rs`'s eight-thread test),
 //! and fault-around is off (`region.rs` reads every page back with it on).
 
@@ -52,41 +54,80 @@ proptest! {
         let words = r.words();
         let mut model = [0u64; PAGES as usize];
         let mut out = [true; PAGES as usize];
+        // Resident, came in from the store by a read, not written since.
+        let mut clean = [false; PAGES as usize];
+        let (mut evictions_clean, mut evictions_dirty) = (0u64, 0u64);
         for op in &ops {
             match *op {
                 Op::Write(p, v) => {
                     write_page(words, p, v);
                     model[p as usize] = v;
                     out[p as usize] = false;
+                    clean[p as usize] = false;
                 }
                 Op::Read(p) => {
                     prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
+                    if out[p as usize] {
+                        // From the store if it holds the page; zeros are not clean.
+                        clean[p as usize] = model[p as usize] != 0;
+                    }
                     out[p as usize] = false;
                 }
                 Op::Evict(p) => {
                     prop_assert_eq!(r.evict(p).unwrap(), !out[p as usize]);
+                    if !out[p as usize] {
+                        if clean[p as usize] {
+                            evictions_clean += 1;
+                        } else if model[p as usize] != 0 {
+                            evictions_dirty += 1;
+                        }
+                    }
                     out[p as usize] = true;
+                    clean[p as usize] = false;
                 }
                 Op::Discard(p, n) => {
                     r.discard(p as usize * PAGE, n as usize * PAGE).unwrap();
                     for i in p..p + n {
                         model[i as usize] = 0;
                         out[i as usize] = true;
+                        clean[i as usize] = false;
                     }
                 }
             }
-            // The store holds exactly the pages out that are not zeros, and nothing else
-            // is resident.
+            // The store holds exactly the pages out that are not zeros and the clean ones,
+            // and nothing else is resident.
             let s = r.stats();
             let stored = (0..PAGES as usize).filter(|&i| out[i] && model[i] != 0).count() as u64;
             let resident = out.iter().filter(|&&o| !o).count() as u64;
-            prop_assert_eq!((s.stored_pages, s.resident_pages), (stored, resident), "{:?}", s);
-            prop_assert_eq!(s.mm_stat.orig_data_size, stored * PAGE as u64);
+            let cleans = clean.iter().filter(|&&c| c).count() as u64;
+            prop_assert_eq!(
+                (s.stored_pages, s.resident_pages, s.clean_pages),
+                (stored, resident, cleans),
+                "{:?}",
+                s
+            );
+            prop_assert_eq!(s.mm_stat.orig_data_size, (stored + cleans) * PAGE as u64);
+            prop_assert_eq!(
+                (s.evictions_clean, s.evictions_dirty),
+                (evictions_clean, evictions_dirty),
+                "{:?}",
+                s
+            );
         }
         for p in 0..PAGES {
             prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
+            if out[p as usize] {
+                clean[p as usize] = model[p as usize] != 0;
+            }
         }
         let s = r.stats();
-        prop_assert_eq!((s.stored_pages, s.resident_pages), (0, PAGES), "{:?}", s);
+        let cleans = clean.iter().filter(|&&c| c).count() as u64;
+        prop_assert_eq!(
+            (s.stored_pages, s.resident_pages, s.clean_pages),
+            (0, PAGES, cleans),
+            "{:?}",
+            s
+        );
+        prop_assert_eq!(s.mm_stat.orig_data_size, cleans * PAGE as u64);
     }
 }

@@ -79,6 +79,117 @@ fn an_evicted_page_is_stored_and_comes_back() {
     assert!(r.evict(64).is_err(), "page 64 is beyond the region");
 }
 
+/// Pages that do not compress (each is stored raw: the device's `huge_pages_since` counts
+/// every write of one), page `page`'s at `version`.
+fn write_noise(words: &[std::sync::atomic::AtomicU64], page: u64, version: u64) {
+    let mut x = (page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
+    for w in 0..WORDS {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        words[page as usize * WORDS + w].store(x, Relaxed);
+    }
+}
+
+fn noise_is(words: &[std::sync::atomic::AtomicU64], page: u64, version: u64) -> bool {
+    let mut x = (page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
+    (0..WORDS).all(|w| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        words[page as usize * WORDS + w].load(Relaxed) == x
+    })
+}
+
+/// A page read back in from the store and not written since keeps its copy there:
+/// evicting it again writes nothing to the store (its figures do not move) and counts as
+/// clean; it reads back the same.
+#[test]
+fn a_clean_page_is_evicted_again_without_writing_the_store() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..8 {
+        write_noise(words, page, 1);
+        assert!(r.evict(page).unwrap());
+    }
+    let s = r.stats();
+    assert_eq!((s.evictions_dirty, s.mm_stat.huge_pages_since), (8, 8), "{s:?}");
+    for page in 0..8 {
+        assert!(noise_is(words, page, 1), "page {page} read back");
+    }
+    let before = r.stats();
+    assert_eq!((before.clean_pages, before.stored_pages), (8, 0), "{before:?}");
+    for page in 0..8 {
+        assert!(r.evict(page).unwrap());
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.evictions_clean, s.evictions_dirty, s.evictions),
+        (8, 8, 16),
+        "{s:?}"
+    );
+    assert_eq!(s.mm_stat, before.mm_stat, "the store was not written");
+    assert_eq!((s.clean_pages, s.stored_pages, s.resident_pages), (0, 8, 0), "{s:?}");
+    for page in 0..8 {
+        assert!(noise_is(words, page, 1), "page {page} read back again");
+    }
+}
+
+/// A page written after it came in clean loses its copy at the write: evicted again it is
+/// stored anew and reads back what was written, a whole page or one word of it.
+#[test]
+fn a_page_written_after_it_came_in_is_stored_anew() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..8 {
+        write_noise(words, page, 1);
+        assert!(r.evict(page).unwrap());
+        assert!(noise_is(words, page, 1), "page {page} read back");
+    }
+    assert_eq!(r.stats().clean_pages, 8);
+    // Pages 0-3 rewritten whole; pages 4-7 one word each, the last.
+    for page in 0..4 {
+        write_noise(words, page, 2);
+    }
+    for page in 4..8 {
+        words[page as usize * WORDS + WORDS - 1].store(0xDEAD_BEEF ^ page, Relaxed);
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.clean_pages, s.mm_stat.orig_data_size, s.first_write_faults),
+        (0, 0, 8),
+        "the copies went at the writes: {s:?}"
+    );
+    for page in 0..8 {
+        assert!(r.evict(page).unwrap());
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.evictions_clean, s.evictions_dirty, s.mm_stat.huge_pages_since),
+        (0, 16, 16),
+        "{s:?}"
+    );
+    for page in 0..4 {
+        assert!(noise_is(words, page, 2), "page {page} reads its new bytes");
+    }
+    for page in 4..8 {
+        let base = page as usize * WORDS;
+        assert_eq!(words[base + WORDS - 1].load(Relaxed), 0xDEAD_BEEF ^ page);
+        // The rest of the page as it was.
+        let mut x = (page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 1;
+        for w in 0..WORDS - 1 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            assert_eq!(words[base + w].load(Relaxed), x, "page {page} word {w}");
+        }
+    }
+}
+
 /// Eight threads each own every eighth page and write new versions of them or check them,
 /// at random, while the reclaim thread keeps the region at a tenth of its size.
 #[test]
@@ -115,6 +226,13 @@ fn every_page_reads_back_under_a_tenth_budget_with_eight_threads() {
     });
     let s = r.stats();
     assert!(s.evictions > 1000, "the reclaim thread ran: {s:?}");
+    // Both kinds ran under the threads' writes: pages read in and evicted clean, pages
+    // written after they came in stored anew (and every page read back above).
+    assert!(
+        s.evictions_clean > 100 && s.evictions_dirty > 100,
+        "clean and dirty evictions: {s:?}"
+    );
+    assert_eq!(s.evictions, s.evictions_clean + s.evictions_dirty);
     assert!(s.faults > 1000, "pages came back from the store: {s:?}");
     assert!(
         s.resident_pages <= s.budget_pages + 2 * 64,
