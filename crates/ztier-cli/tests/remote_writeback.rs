@@ -441,3 +441,122 @@ fn a_restart_finds_its_pages_on_nbdkit_and_refuses_a_store_that_restarted_empty(
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stop while the policy writes back to a slow store (every write 100 ms late): the
+/// writeback in progress ends and no other starts before the final save, so the state it
+/// saves still describes the store and the next start loads it.
+#[test]
+fn a_stop_during_the_policys_writeback_saves_a_state_that_loads() {
+    if !have("nbdkit") || !have("nbdcopy") {
+        return;
+    }
+    let dir = temp_dir("remote-state-policy");
+    let (socket, state) = (dir.join("s.sock"), dir.join("state"));
+    let store_socket = dir.join("nbdkit.sock");
+    let child = Command::new("nbdkit")
+        .args(["--foreground", "--exit-with-parent", "--unix"])
+        .arg(&store_socket)
+        .args(["--filter=delay", "memory", "64M", "wdelay=100ms"])
+        .spawn()
+        .expect("start nbdkit");
+    let _nbdkit = Nbdkit(child);
+    let start = Instant::now();
+    while !store_socket.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no nbdkit socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let store = format!("nbd+unix:///?socket={}", store_socket.display());
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let image = dir.join("image");
+    let pages: Vec<u8> = (0..4096u64).flat_map(page).collect();
+    std::fs::write(&image, &pages).unwrap();
+    let serve = |policy: bool| {
+        let mut ctl_socket = socket.as_os_str().to_owned();
+        ctl_socket.push(".ctl");
+        let _ = std::fs::remove_file(&ctl_socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(["serve", "--size", "16M", "--compressor", "lz4", "--socket"])
+            .arg(&socket)
+            .arg("--state")
+            .arg(&state)
+            .args(["--backing-dev", &store])
+            .args(if policy {
+                &["--mem-target", "1M", "--policy-interval", "1s"][..]
+            } else {
+                &[][..]
+            })
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = child;
+        let start = Instant::now();
+        while !Path::new(&ctl_socket).exists() {
+            if child.try_wait().unwrap().is_some() {
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "ztier serve did not start: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no control socket"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    };
+    let server = serve(true);
+    let o = Command::new("nbdcopy")
+        .args([image.to_str().unwrap(), &uri])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Stopped once the policy has begun writing back (a few pages out of thousands).
+    let start = Instant::now();
+    loop {
+        let bd = ctl(&socket, &["bd_stat"]);
+        if bd.split_whitespace().next().unwrap() != "0" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no writeback");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = server.wait_with_output_after_term();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let server = serve(false);
+    let back = dir.join("back");
+    let o = Command::new("nbdcopy")
+        .args([&uri, back.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&back).unwrap()[..pages.len()] == pages[..]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+trait TermWait {
+    fn wait_with_output_after_term(self) -> Output;
+}
+
+impl TermWait for Child {
+    /// SIGTERM, then its status and stderr.
+    fn wait_with_output_after_term(self) -> Output {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        self.wait_with_output().unwrap()
+    }
+}
