@@ -1,7 +1,10 @@
 //! `ztier bench --front uffd [--budget 25%]`: each corpus written into a region
 //! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
 //! evicts the rest, every page read back in order and verified, then single pages touched
-//! at random for the fault latency; beside the kernel zswap's MADV_PAGEOUT and fault-in
+//! at random for the fault latency, then random reads with a working set (most pages
+//! evicted clean: read in and not written since); all of it twice, with the region's clean
+//! pages on and off (every eviction compressing, as before them); beside the kernel zswap's
+//! MADV_PAGEOUT and fault-in
 //! figures for the same pages from the corpus's `zswap-truth.json` (marked as such: this
 //! kernel offers zswap no lz4, so the kernel's path is measured with lzo-rle).
 
@@ -20,6 +23,8 @@ use crate::bench::BenchArgs;
 struct UffdRun {
     corpus: String,
     compressor: String,
+    /// `RegionConfig::clean_pages`: a page read in keeps its copy in the store.
+    clean_pages: bool,
     pages: u64,
     budget_pages: u64,
     /// MB/s the reclaim thread evicted at, the budget cut from every page to the share.
@@ -30,6 +35,17 @@ struct UffdRun {
     fault_p50_us: f64,
     fault_p99_us: f64,
     fault_max_us: f64,
+    /// Random reads with a working set (9 in 10 in a scattered hot set of half the budget,
+    /// the rest anywhere): MB/s of one-word reads, pages brought in, and the reclaim
+    /// thread's evictions meanwhile, clean (nothing written) and dirty (compressed, stored).
+    random_reads: u64,
+    random_read_mb_s: f64,
+    random_pages_in: u64,
+    random_evictions_clean: u64,
+    random_evictions_dirty: u64,
+    /// Evictions over the whole run, clean and dirty.
+    evictions_clean: u64,
+    evictions_dirty: u64,
     /// Region pages resident at the end of the sequential pass, against the budget.
     resident_pages: u64,
     /// The device's mm_stat after the eviction: memory held, compressed bytes.
@@ -65,11 +81,13 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
         }
         .with_context(|| format!("loading {}", path.display()))?;
         for algorithm in &args.compressors {
-            let run = run_one(&corpus, algorithm, args.budget)?;
-            if args.json {
-                println!("{}", serde_json::to_string(&run)?);
-            } else {
-                print_run(&run);
+            for clean_pages in [true, false] {
+                let run = run_one(&corpus, algorithm, args.budget, clean_pages)?;
+                if args.json {
+                    println!("{}", serde_json::to_string(&run)?);
+                } else {
+                    print_run(&run);
+                }
             }
         }
     }
@@ -80,6 +98,7 @@ fn run_one(
     corpus: &Corpus,
     algorithm: &ztier_compress::Algorithm,
     share: f64,
+    clean_pages: bool,
 ) -> anyhow::Result<UffdRun> {
     let ps = 4096usize;
     let pages = corpus.pages();
@@ -87,6 +106,7 @@ fn run_one(
     let budget = ((len as f64 * share) as usize).max(ps);
     let config = RegionConfig {
         algorithm: algorithm.clone(),
+        clean_pages,
         ..RegionConfig::default()
     };
     // Written with the whole region in budget, so the write evicts nothing.
@@ -147,6 +167,32 @@ fn run_one(
         region.evict(page as u64)?;
     }
     lat.sort_by(f64::total_cmp);
+
+    // Random reads with a working set: 9 in 10 in a hot set of half the budget, scattered
+    // over the region (page `k * stride % pages`), the rest anywhere.
+    let budget_pages = (budget / ps).max(1);
+    let hot = (budget_pages / 2).max(1);
+    let stride = (pages / hot).max(1) | 1;
+    let reads = 4 * pages as u64;
+    let before_rand = region.stats();
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for _ in 0..reads {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let page = if !x.is_multiple_of(10) {
+            ((x >> 8) as usize % hot) * stride % pages
+        } else {
+            (x >> 8) as usize % pages
+        };
+        sum = sum.wrapping_add(words[page * (ps / 8)].load(Relaxed));
+    }
+    let rand_time = t.elapsed();
+    std::hint::black_box(sum);
+    let rand = region.stats();
+    verify(&region, corpus)?;
+    let end = region.stats();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 - 1.0) * p) as usize)
             .copied()
@@ -156,6 +202,15 @@ fn run_one(
     Ok(UffdRun {
         corpus: corpus.name.clone(),
         compressor: algorithm.to_string(),
+        clean_pages,
+        random_reads: reads,
+        random_read_mb_s: reads as f64 * ps as f64 / rand_time.as_secs_f64() / 1e6,
+        random_pages_in: (rand.faults + rand.fault_around_pages)
+            - (before_rand.faults + before_rand.fault_around_pages),
+        random_evictions_clean: rand.evictions_clean - before_rand.evictions_clean,
+        random_evictions_dirty: rand.evictions_dirty - before_rand.evictions_dirty,
+        evictions_clean: end.evictions_clean,
+        evictions_dirty: end.evictions_dirty,
         pages: pages as u64,
         budget_pages: (budget / ps) as u64,
         evict_mb_s,
@@ -192,8 +247,12 @@ fn verify(region: &Region, corpus: &Corpus) -> anyhow::Result<()> {
 fn print_run(r: &UffdRun) {
     let mb = |b: u64| b as f64 / 1e6;
     println!(
-        "{} / {}: {} pages, budget {} pages",
-        r.corpus, r.compressor, r.pages, r.budget_pages
+        "{} / {} / clean pages {}: {} pages, budget {} pages",
+        r.corpus,
+        r.compressor,
+        if r.clean_pages { "on" } else { "off" },
+        r.pages,
+        r.budget_pages
     );
     let kernel = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     println!(
@@ -223,5 +282,17 @@ fn print_run(r: &UffdRun) {
             .map(|p| format!("; kernel zswap pool {:.1} MB (lzo-rle, every page)", mb(p)))
             .unwrap_or_default()
     );
-    println!("  every page verified");
+    println!(
+        "  random      {:>8.0} MB/s   {} one-word reads (hot set half the budget), {} pages in, evictions {} clean / {} dirty",
+        r.random_read_mb_s,
+        r.random_reads,
+        r.random_pages_in,
+        r.random_evictions_clean,
+        r.random_evictions_dirty
+    );
+    println!(
+        "  evictions   {} clean / {} dirty over the run",
+        r.evictions_clean, r.evictions_dirty
+    );
+    println!("  every page verified (after the sequential and the random reads)");
 }

@@ -195,7 +195,7 @@ impl Shared {
         }
         let addr = self.page_addr(page);
         if s == STORED {
-            return self.serve_stored(page, buf, around, f.write);
+            return self.serve_stored(page, buf, around, f.write || !self.clean_pages);
         }
         let held = if s == HELD {
             self.held.lock().remove(&page)
@@ -264,9 +264,9 @@ impl Shared {
 
     /// Serves a fault on a stored page (locked by the caller), with as many of the stored
     /// pages after it as the fault-around window takes, in one copy. A read brings them in
-    /// clean: write-protected, their copies kept in the store; a write brings them in
-    /// dirty, their copies discarded.
-    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, write: bool) -> Served {
+    /// clean: write-protected, their copies kept in the store; `dirty` (a write, or clean
+    /// pages off) brings them in unprotected, their copies discarded.
+    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
         let window = around.window(page);
         // The neighbours' stripes: the fault thread may hold several (a window is far
@@ -307,9 +307,9 @@ impl Shared {
         // the pages the copy does not install.
         self.fault_ins[0].fetch_add(1, Relaxed);
         self.count(Count::FaultAround, n as u64 - 1);
-        let clean = if write { 0 } else { CLEAN };
+        let clean = if dirty { 0 } else { CLEAN };
         for k in 0..n as u64 {
-            if write {
+            if dirty {
                 self.drop_stored(page + k, STORED);
             }
             // Neighbours come in without a second chance: cold unless touched.
@@ -322,13 +322,13 @@ impl Shared {
         }
         let (done, outcome) = self
             .uffd
-            .copy_run(self.page_addr(page), &buf[..n * ps], !write);
+            .copy_run(self.page_addr(page), &buf[..n * ps], !dirty);
         let mut installed = if outcome.is_ok() { n } else { done / ps };
         if let Err(libc::EEXIST) = outcome {
             // That page is present already: what the program sees is that page, which is
             // not one of ours and not protected, so it is not clean.
             let p = page + installed as u64;
-            if !write && installed < n {
+            if !dirty && installed < n {
                 let state = self.state(p);
                 self.drop_stored(p, state);
                 self.leave(p, state, state & !CLEAN);
@@ -339,7 +339,7 @@ impl Shared {
         around.served(page, installed.max(1));
         for k in installed.min(n)..n {
             let p = page + k as u64;
-            if write {
+            if dirty {
                 self.put_back(p, &buf[k * ps..(k + 1) * ps]);
             } else {
                 // Its copy is still in the store.

@@ -300,6 +300,11 @@ pub struct RegionConfig {
     pub store_limit: u64,
     /// The most stored pages a fault brings in after its own (0: none).
     pub fault_around: usize,
+    /// Whether a page read in from the store keeps its copy there, so that evicting it
+    /// again unwritten costs no compression or store write (module's "Clean pages"). Off,
+    /// every page comes in dirty: for a program that writes nearly every page it reads,
+    /// where each first write would cost a write-protect fault.
+    pub clean_pages: bool,
 }
 
 /// The default of [`RegionConfig::fault_around`].
@@ -312,6 +317,7 @@ impl Default for RegionConfig {
             allocator: AllocatorKind::Zsmalloc,
             store_limit: 0,
             fault_around: MAX_AROUND,
+            clean_pages: true,
         }
     }
 }
@@ -351,6 +357,8 @@ struct Shared {
     serving: Mutex<()>,
     /// The most stored pages a fault brings in beside its own.
     fault_around: usize,
+    /// [`RegionConfig::clean_pages`].
+    clean_pages: bool,
     /// Stops the reclaim thread.
     stop: AtomicBool,
     /// Stops the fault thread (set only once the reclaim thread is gone: its drop of the
@@ -399,16 +407,28 @@ impl Region {
         let device = Device::new(len as u64, config.algorithm.clone(), pool)
             .map_err(|e| Error::Device(e.to_string()))?;
         device.set_mem_limit(config.store_limit);
-        Region::make(len, budget, device, config.fault_around.min(1023))
+        Region::make(
+            len,
+            budget,
+            device,
+            config.fault_around.min(1023),
+            config.clean_pages,
+        )
     }
 
     /// A region storing in `device`, which must have a page for each of the region's, of
     /// the OS page size, and be empty (its pages are the region's from now on).
     pub fn with_device(len: usize, budget: usize, device: Device) -> Result<Region> {
-        Region::make(len, budget, device, MAX_AROUND)
+        Region::make(len, budget, device, MAX_AROUND, true)
     }
 
-    fn make(len: usize, budget: usize, device: Device, fault_around: usize) -> Result<Region> {
+    fn make(
+        len: usize,
+        budget: usize,
+        device: Device,
+        fault_around: usize,
+        clean_pages: bool,
+    ) -> Result<Region> {
         let page_size = ztier_base::os::page_size();
         check_length(len, page_size)?;
         let pages = (len / page_size) as u64;
@@ -482,6 +502,7 @@ impl Region {
             latency: Latency::default(),
             serving: Mutex::new(()),
             fault_around,
+            clean_pages,
             stop: AtomicBool::new(false),
             stop_faults: AtomicBool::new(false),
             waker: Waker::new().map_err(os("eventfd"))?,

@@ -137,6 +137,32 @@ fn a_clean_page_is_evicted_again_without_writing_the_store() {
     }
 }
 
+/// With clean pages off, a page read back comes in dirty: evicted again it is written anew.
+#[test]
+fn with_clean_pages_off_every_eviction_writes() {
+    let config = ztier_uffd::RegionConfig {
+        clean_pages: false,
+        ..Default::default()
+    };
+    let Some(r) = region_with(64 * PAGE, 64 * PAGE, &config) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..8 {
+        write_noise(words, page, 1);
+        assert!(r.evict(page).unwrap());
+        assert!(noise_is(words, page, 1), "page {page} read back");
+        assert!(r.evict(page).unwrap());
+        assert!(noise_is(words, page, 1), "page {page} read back again");
+    }
+    let s = r.stats();
+    assert_eq!(
+        (s.evictions_clean, s.evictions_dirty, s.clean_pages, s.mm_stat.huge_pages_since),
+        (0, 16, 0, 16),
+        "{s:?}"
+    );
+}
+
 /// A page written after it came in clean loses its copy at the write: evicted again it is
 /// stored anew and reads back what was written, a whole page or one word of it.
 #[test]
