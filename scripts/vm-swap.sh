@@ -191,7 +191,7 @@ run() {
     ztier | ztier-wb-file | ztier-wb-nbd | ztier-restart)
       local args=(serve --size "$swap_size" --socket "$sock" --compressor "$compressor" --quiet)
       if [ "$kind" = ztier-restart ]; then
-        rm -f "$work/state"
+        rm -f "$work/state" "$work/state.loaded"
         args+=(--state "$work/state")
       fi
       if [ "$kind" = ztier-wb-file ]; then
