@@ -145,9 +145,12 @@ pub struct ServeArgs {
     /// clients holds more; a client past its share waits.
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub max_in_flight: u64,
-    /// Keep the device across restarts: its pages are saved to PATH when the server stops
-    /// (and on `ztier ctl save`), and a state found at PATH when it starts is loaded, if it
-    /// matches the disk's size and compressor (else the start fails and says why).
+    /// Keep the device across restarts: its pages are saved to PATH when the server stops,
+    /// and a state found at PATH when it starts is loaded, if it matches the disk's size
+    /// and compressor (else the start fails and says why). PATH's directory must be
+    /// writable. A loaded state is renamed PATH.loaded until the next clean stop (`ztier
+    /// ctl save` writes PATH.loaded): a start that finds only PATH.loaded (the last server
+    /// did not stop cleanly) is refused.
     #[arg(long, value_name = "PATH")]
     pub state: Option<PathBuf>,
     /// A client that reads none of its replies for this long is cut off.
