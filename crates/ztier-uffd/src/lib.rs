@@ -480,8 +480,12 @@ impl Region {
                 source: e,
             },
         })?;
-        uffd.register(scratch.addr(), scratch.len() as u64, userfaultfd::MODE_MISSING)
-            .map_err(os("UFFDIO_REGISTER"))?;
+        uffd.register(
+            scratch.addr(),
+            scratch.len() as u64,
+            userfaultfd::MODE_MISSING,
+        )
+        .map_err(os("UFFDIO_REGISTER"))?;
         let shared = Arc::new(Shared {
             uffd,
             map,

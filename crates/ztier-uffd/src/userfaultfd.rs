@@ -80,8 +80,7 @@ const UFFDIO_WAKE: libc::c_ulong = ioc(READ, 0x02, size_of::<UffdioRange>());
 const UFFDIO_COPY: libc::c_ulong = ioc(READ_WRITE, 0x03, size_of::<UffdioCopy>());
 const UFFDIO_ZEROPAGE: libc::c_ulong = ioc(READ_WRITE, 0x04, size_of::<UffdioZeropage>());
 const UFFDIO_MOVE: libc::c_ulong = ioc(READ_WRITE, 0x05, size_of::<UffdioCopy>());
-const UFFDIO_WRITEPROTECT: libc::c_ulong =
-    ioc(READ_WRITE, 0x06, size_of::<UffdioWriteprotect>());
+const UFFDIO_WRITEPROTECT: libc::c_ulong = ioc(READ_WRITE, 0x06, size_of::<UffdioWriteprotect>());
 const UFFDIO_POISON: libc::c_ulong = ioc(READ_WRITE, 0x08, size_of::<UffdioZeropage>());
 const _: () = assert!(UFFDIO_API == 0xc018_aa3f && UFFDIO_COPY == 0xc028_aa03);
 const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00 && UFFDIO_UNREGISTER == 0x8010_aa01);

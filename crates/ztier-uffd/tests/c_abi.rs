@@ -80,8 +80,16 @@ fn the_c_test_passes() {
     };
     let _ = std::fs::remove_file(&out);
     let (mut stdout, mut stderr) = (String::new(), String::new());
-    let _ = child.stdout.take().expect("piped").read_to_string(&mut stdout);
-    let _ = child.stderr.take().expect("piped").read_to_string(&mut stderr);
+    let _ = child
+        .stdout
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stdout);
+    let _ = child
+        .stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stderr);
     print!("{stdout}");
     if status.code() == Some(77) {
         return skip(&stderr);

@@ -115,12 +115,20 @@ fn a_clean_page_is_evicted_again_without_writing_the_store() {
         assert!(r.evict(page).unwrap());
     }
     let s = r.stats();
-    assert_eq!((s.evictions_dirty, s.mm_stat.huge_pages_since), (8, 8), "{s:?}");
+    assert_eq!(
+        (s.evictions_dirty, s.mm_stat.huge_pages_since),
+        (8, 8),
+        "{s:?}"
+    );
     for page in 0..8 {
         assert!(noise_is(words, page, 1), "page {page} read back");
     }
     let before = r.stats();
-    assert_eq!((before.clean_pages, before.stored_pages), (8, 0), "{before:?}");
+    assert_eq!(
+        (before.clean_pages, before.stored_pages),
+        (8, 0),
+        "{before:?}"
+    );
     for page in 0..8 {
         assert!(r.evict(page).unwrap());
     }
@@ -131,7 +139,11 @@ fn a_clean_page_is_evicted_again_without_writing_the_store() {
         "{s:?}"
     );
     assert_eq!(s.mm_stat, before.mm_stat, "the store was not written");
-    assert_eq!((s.clean_pages, s.stored_pages, s.resident_pages), (0, 8, 0), "{s:?}");
+    assert_eq!(
+        (s.clean_pages, s.stored_pages, s.resident_pages),
+        (0, 8, 0),
+        "{s:?}"
+    );
     for page in 0..8 {
         assert!(noise_is(words, page, 1), "page {page} read back again");
     }
@@ -157,7 +169,12 @@ fn with_clean_pages_off_every_eviction_writes() {
     }
     let s = r.stats();
     assert_eq!(
-        (s.evictions_clean, s.evictions_dirty, s.clean_pages, s.mm_stat.huge_pages_since),
+        (
+            s.evictions_clean,
+            s.evictions_dirty,
+            s.clean_pages,
+            s.mm_stat.huge_pages_since
+        ),
         (0, 16, 0, 16),
         "{s:?}"
     );
@@ -186,7 +203,11 @@ fn a_page_written_after_it_came_in_is_stored_anew() {
     }
     let s = r.stats();
     assert_eq!(
-        (s.clean_pages, s.mm_stat.orig_data_size, s.first_write_faults),
+        (
+            s.clean_pages,
+            s.mm_stat.orig_data_size,
+            s.first_write_faults
+        ),
         (0, 0, 8),
         "the copies went at the writes: {s:?}"
     );
@@ -195,7 +216,11 @@ fn a_page_written_after_it_came_in_is_stored_anew() {
     }
     let s = r.stats();
     assert_eq!(
-        (s.evictions_clean, s.evictions_dirty, s.mm_stat.huge_pages_since),
+        (
+            s.evictions_clean,
+            s.evictions_dirty,
+            s.mm_stat.huge_pages_since
+        ),
         (0, 16, 16),
         "{s:?}"
     );
