@@ -1,7 +1,8 @@
 //! The structures every ztier layer shares, written once: zsmalloc's zspage lists, zblock's
 //! block lists, the swap allocator's cluster lists and zswap's LRU are all [`list`]s over an
 //! [`slab`]; handles of every allocator are packed with [`bits`]; per-CPU state (zram's
-//! streams and counters) lives in [`shard`]s; byte ranges are cut into page [`pieces`]; tests
+//! streams and counters) lives in [`shard`]s; every counter set is declared with
+//! [`counters!`] ([`counter`]); byte ranges are cut into page [`pieces`]; tests
 //! write [`pattern`]s; what the process asks of the OS (page size, memory, RSS, idle
 //! priority) is in [`os`].
 //!
@@ -11,6 +12,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bits;
+pub mod counter;
 pub mod list;
 pub mod os;
 pub mod pattern;

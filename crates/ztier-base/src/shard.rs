@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::counter::CounterIndex;
+
 /// The shard count: enough that the threads of a 16-CPU machine each have their own.
 pub const SHARDS: usize = 16;
 
@@ -95,6 +97,17 @@ impl Stripes {
 /// Event counters kept per shard, so that threads counting the same event do not share a
 /// cache line (as the kernel's per-CPU `vm_event` counters): [`add`](Counters::add) is one
 /// relaxed atomic add on the calling thread's line, [`sum`](Counters::sum) reads them all.
+///
+/// Indexed by a [`counters!`](crate::counters) set (`Counters<{ Count::COUNT }>`) or by a
+/// bare `usize`. A set of another size does not compile:
+///
+/// ```compile_fail
+/// ztier_base::counters! {
+///     enum Count { A, B[2] }
+/// }
+/// let counters: ztier_base::shard::Counters<2> = Default::default();
+/// counters.add(Count::A, 1);
+/// ```
 pub struct Counters<const N: usize> {
     shards: Box<[PaddedCounts<N>]>,
 }
@@ -113,14 +126,30 @@ impl<const N: usize> Default for Counters<N> {
 }
 
 impl<const N: usize> Counters<N> {
-    /// Adds `n` to counter `i` (`i < N`).
+    /// `counter`'s place, its set's size checked against `N` when this compiles.
     #[inline]
-    pub fn add(&self, i: usize, n: u64) {
-        self.shards[shard_index()].0[i].fetch_add(n, Relaxed);
+    fn index<I: CounterIndex>(counter: I) -> usize {
+        const {
+            assert!(
+                match I::SET {
+                    Some(set) => set == N,
+                    None => true,
+                },
+                "counters of one set indexed by another"
+            )
+        };
+        counter.index()
     }
 
-    /// Counter `i` over every shard (exact once the counting threads have stopped).
-    pub fn sum(&self, i: usize) -> u64 {
+    /// Adds `n` to `counter`.
+    #[inline]
+    pub fn add(&self, counter: impl CounterIndex, n: u64) {
+        self.shards[shard_index()].0[Self::index(counter)].fetch_add(n, Relaxed);
+    }
+
+    /// `counter` over every shard (exact once the counting threads have stopped).
+    pub fn sum(&self, counter: impl CounterIndex) -> u64 {
+        let i = Self::index(counter);
         self.shards.iter().map(|s| s.0[i].load(Relaxed)).sum()
     }
 }
@@ -129,22 +158,34 @@ impl<const N: usize> Counters<N> {
 mod tests {
     use super::*;
 
+    crate::counters! {
+        enum Count {
+            Never,
+            ByThread[2],
+        }
+    }
+
     #[test]
     fn counters_sum_over_threads() {
-        let counters: Counters<3> = Counters::default();
+        let counters: Counters<{ Count::COUNT }> = Counters::default();
         std::thread::scope(|s| {
             for t in 0..20u64 {
                 let counters = &counters;
                 s.spawn(move || {
                     for _ in 0..1000 {
-                        counters.add(1, t);
-                        counters.add(2, 1);
+                        counters.add(Count::ByThread.at(0), t);
+                        counters.add(Count::ByThread.at(1), 1);
                     }
                 });
             }
         });
-        assert_eq!(counters.sum(0), 0);
-        assert_eq!(counters.sum(1), 1000 * (0..20).sum::<u64>());
+        assert_eq!(counters.sum(Count::Never), 0);
+        assert_eq!(
+            counters.sum(Count::ByThread.at(0)),
+            1000 * (0..20).sum::<u64>()
+        );
+        assert_eq!(counters.sum(Count::ByThread.at(1)), 20_000);
+        // A bare index is the same counter.
         assert_eq!(counters.sum(2), 20_000);
     }
 

@@ -13,14 +13,22 @@ use ztier_base::shard::Counters;
 
 use crate::sync::{Mutex, MutexGuard};
 
-const ACQUIRED: usize = 0;
-const CONTENDED: usize = 1;
-const WAIT_NS: usize = 2;
+ztier_base::counters! {
+    /// What a class of locks counts.
+    enum Count {
+        /// Acquisitions, contended or not.
+        Acquired,
+        /// Acquisitions that found the lock held.
+        Contended,
+        /// Nanoseconds those waited.
+        WaitNs,
+    }
+}
 
 /// The counts of one class of locks.
 pub struct LockStats {
     name: &'static str,
-    counts: Counters<3>,
+    counts: Counters<{ Count::COUNT }>,
 }
 
 impl LockStats {
@@ -35,9 +43,9 @@ impl LockStats {
     pub fn report(&self) -> LockReport {
         LockReport {
             name: self.name,
-            acquisitions: self.counts.sum(ACQUIRED),
-            contended: self.counts.sum(CONTENDED),
-            wait_ns: self.counts.sum(WAIT_NS),
+            acquisitions: self.counts.sum(Count::Acquired),
+            contended: self.counts.sum(Count::Contended),
+            wait_ns: self.counts.sum(Count::WaitNs),
         }
     }
 }
@@ -70,16 +78,16 @@ impl<T> CountedMutex<T> {
     #[inline]
     pub(crate) fn lock(&self, stats: &LockStats) -> MutexGuard<'_, T> {
         if let Some(guard) = self.inner.try_lock() {
-            stats.counts.add(ACQUIRED, 1);
+            stats.counts.add(Count::Acquired, 1);
             return guard;
         }
         let start = Instant::now();
         // Counted as the wait begins, so a reading shows the waiters of a held lock.
-        stats.counts.add(CONTENDED, 1);
+        stats.counts.add(Count::Contended, 1);
         let guard = self.inner.lock();
         let waited = start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        stats.counts.add(ACQUIRED, 1);
-        stats.counts.add(WAIT_NS, waited);
+        stats.counts.add(Count::Acquired, 1);
+        stats.counts.add(Count::WaitNs, waited);
         guard
     }
 
@@ -88,7 +96,7 @@ impl<T> CountedMutex<T> {
     #[inline]
     pub(crate) fn try_lock(&self, stats: &LockStats) -> Option<MutexGuard<'_, T>> {
         let guard = self.inner.try_lock()?;
-        stats.counts.add(ACQUIRED, 1);
+        stats.counts.add(Count::Acquired, 1);
         Some(guard)
     }
 }

@@ -31,13 +31,21 @@ impl Default for LastDevice {
     }
 }
 
+ztier_base::counters! {
+    /// What a [`Swap`] counts beside its devices.
+    enum Count {
+        /// Allocations of `2^order` slots that no device could serve, by order.
+        Fallback[NR_ORDERS],
+    }
+}
+
 /// The swap devices of a system.
 pub struct Swap {
     devices: Vec<OnceLock<Device>>,
     swapon_lock: Mutex<usize>,
     avail: Arc<Avail>,
     last: Shards<LastDevice>,
-    fallbacks: Counters<NR_ORDERS>,
+    fallbacks: Counters<{ Count::COUNT }>,
 }
 
 impl Default for Swap {
@@ -112,7 +120,7 @@ impl Swap {
                 return Ok(SwapEntry::new(id, u64::from(slot)));
             }
         }
-        self.fallbacks.add(o, 1);
+        self.fallbacks.add(Count::Fallback.at(o), 1);
         Err(SwapError::Full { order })
     }
 
@@ -152,7 +160,9 @@ impl Swap {
             .collect();
         SwapStats {
             devices,
-            fallbacks: (0..NR_ORDERS).map(|o| self.fallbacks.sum(o)).collect(),
+            fallbacks: (0..NR_ORDERS)
+                .map(|o| self.fallbacks.sum(Count::Fallback.at(o)))
+                .collect(),
             avail_lock: self.avail.lock_stats.report(),
         }
     }

@@ -120,7 +120,7 @@ impl Inner {
             }
             self.release_slots(&mut c, id, freed, runs, &mut held);
             self.counters
-                .add(crate::swapfile::FREED_ORDER0, u64::from(freed));
+                .add(crate::swapfile::Count::Freed.at(0), u64::from(freed));
         }
         ret.clear();
     }

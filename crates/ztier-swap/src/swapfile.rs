@@ -158,15 +158,21 @@ impl Default for Config {
     }
 }
 
-// Counter indices.
-const ALLOCATED: usize = 0;
-const FREED: usize = NR_ORDERS;
-/// Order-0 frees, for the legacy flush.
-pub(crate) const FREED_ORDER0: usize = FREED;
-const FALLBACK: usize = 2 * NR_ORDERS;
-const DISCARDED: usize = 3 * NR_ORDERS;
-const DISCARD_ERRORS: usize = 3 * NR_ORDERS + 1;
-const COUNTERS: usize = 3 * NR_ORDERS + 2;
+ztier_base::counters! {
+    /// A device's counters (its [`DeviceStats`]).
+    pub(crate) enum Count {
+        /// Allocations of `2^order` slots, by order.
+        Allocated[NR_ORDERS],
+        /// Frees of `2^order` slots, by order (single slots: order 0).
+        Freed[NR_ORDERS],
+        /// Allocations that found no room, by order.
+        Fallback[NR_ORDERS],
+        /// Clusters discarded.
+        Discarded,
+        /// Discards that failed.
+        DiscardErrors,
+    }
+}
 
 /// The per-thread current cluster: the slot to try next for each order (0: none; slot 0 is
 /// the header and never free, the kernel's `SWAP_ENTRY_INVALID`).
@@ -214,7 +220,7 @@ pub(crate) struct Inner {
     hole_cursor: AtomicU64,
     pub(crate) caches: Shards<SlotCache>,
     pub(crate) backing: Arc<dyn BlockDevice>,
-    pub(crate) counters: Counters<COUNTERS>,
+    pub(crate) counters: Counters<{ Count::COUNT }>,
     pub(crate) device_lock: LockStats,
     pub(crate) cluster_lock: LockStats,
     pub(crate) global_lock: LockStats,

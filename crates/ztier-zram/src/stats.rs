@@ -4,62 +4,56 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Declares [`Counter`] and `COUNTERS`, its number of variants, from one list, so the
-/// counter arrays can never be sized apart from the enum.
-macro_rules! counters {
-    ($($(#[doc = $doc:literal])+ $name:ident,)+) => {
-        /// One of the device's running counters (`struct zram_stats`).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum Counter {
-            $($(#[doc = $doc])+ $name,)+
-        }
-
-        const COUNTERS: usize = [$(Counter::$name),+].len();
-    };
-}
-
-counters! {
-    /// Bytes of compressed objects held (huge pages count a whole page).
-    ComprDataSize,
-    /// Slots holding data (same-filled ones included).
-    PagesStored,
-    /// Slots holding a same-filled page as one word.
-    SamePages,
-    /// Slots holding a page stored raw.
-    HugePages,
-    /// Pages ever stored raw since the device was created or reset.
-    HugePagesSince,
-    /// Reads that failed (corrupt object, bad request).
-    FailedReads,
-    /// Writes that failed (memory limit, allocation, bad request).
-    FailedWrites,
-    /// Slots freed by discard.
-    NotifyFree,
-    /// Pages held on the backing store (`bd_count`).
-    BdCount,
-    /// Pages read from the backing store (`bd_reads`).
-    BdReads,
-    /// 4 KiB blocks written to the backing store (`bd_writes`).
-    BdWrites,
-    /// Pages recompressed into a smaller class by a secondary algorithm.
-    Recompressed,
-    /// Pages that no secondary algorithm could shrink, marked incompressible.
-    RecompIncompressible,
-    /// Frees that found the slot busy (kept for `debug_stat`; always 0 here, since a free
-    /// waits for the slot lock instead of giving up).
-    MissFree,
+ztier_base::counters! {
+    /// One of the device's running counters (`struct zram_stats`).
+    pub enum Counter {
+        /// Bytes of compressed objects held (huge pages count a whole page).
+        ComprDataSize,
+        /// Slots holding data (same-filled ones included).
+        PagesStored,
+        /// Slots holding a same-filled page as one word.
+        SamePages,
+        /// Slots holding a page stored raw.
+        HugePages,
+        /// Pages ever stored raw since the device was created or reset.
+        HugePagesSince,
+        /// Reads that failed (corrupt object, bad request).
+        FailedReads,
+        /// Writes that failed (memory limit, allocation, bad request).
+        FailedWrites,
+        /// Slots freed by discard.
+        NotifyFree,
+        /// Pages held on the backing store (`bd_count`).
+        BdCount,
+        /// Pages read from the backing store (`bd_reads`).
+        BdReads,
+        /// 4 KiB blocks written to the backing store (`bd_writes`).
+        BdWrites,
+        /// Pages recompressed into a smaller class by a secondary algorithm.
+        Recompressed,
+        /// Pages that no secondary algorithm could shrink, marked incompressible.
+        RecompIncompressible,
+        /// Frees that found the slot busy (kept for `debug_stat`; always 0 here, since a free
+        /// waits for the slot lock instead of giving up).
+        MissFree,
+    }
 }
 
 /// One shard of every counter. It is written only by the thread holding its shard, so an
 /// update is a plain add, and a reading sums the shards (a shard may go negative when one
 /// thread frees what another stored).
+///
+/// Not [`ztier_base::shard::Counters`]: these live in the shard beside its streams, under the
+/// lock an operation already holds (so an add is a plain add, not an atomic one), they are
+/// signed (most are levels, raised by one thread and lowered by another), and `reset` zeroes
+/// them with every shard held.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Counters([i64; COUNTERS]);
+pub(crate) struct Counters([i64; Counter::COUNT]);
 
 impl Counters {
     #[inline]
     pub fn add(&mut self, counter: Counter, n: i64) {
-        self.0[counter as usize] += n;
+        self.0[counter.index()] += n;
     }
 
     /// Adds another shard into this one.
@@ -71,7 +65,7 @@ impl Counters {
 
     /// A total, as the sysfs files show it (never below zero).
     pub fn get(&self, counter: Counter) -> u64 {
-        self.0[counter as usize].max(0) as u64
+        self.0[counter.index()].max(0) as u64
     }
 }
 

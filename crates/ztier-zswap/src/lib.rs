@@ -326,7 +326,7 @@ impl Cache {
         let r = match self.inner.store_locked(slot, page) {
             Err(ZswapError::Rejected(why)) => {
                 self.inner.swap.write_slot(slot, page)?;
-                self.inner.events.add(Event::SwpoutDevice as usize, 1);
+                self.inner.events.add(Event::SwpoutDevice, 1);
                 Ok(Placement::Device(why))
             }
             other => other,
@@ -344,7 +344,7 @@ impl Cache {
             return Ok(source);
         }
         self.inner.swap.read_slot(slot, out)?;
-        self.inner.events.add(Event::SwpinDevice as usize, 1);
+        self.inner.events.add(Event::SwpinDevice, 1);
         Ok(Source::Device)
     }
 
@@ -403,7 +403,7 @@ impl Inner {
     }
 
     fn count(&self, e: Event) {
-        self.events.add(e as usize, 1);
+        self.events.add(e, 1);
     }
 
     fn max_pages(&self) -> u64 {
@@ -746,7 +746,7 @@ impl Inner {
 
     fn stats(&self) -> ZswapStats {
         self.flush_all();
-        let e = |x: Event| self.events.sum(x as usize);
+        let e = |x: Event| self.events.sum(x);
         let pool_total_size = self.total_pages() * self.page_size as u64;
         let stored_pages = self.stored_pages.load(Relaxed);
         let lru_bytes = self.lru.lock().bytes();

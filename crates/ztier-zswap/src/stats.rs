@@ -5,30 +5,29 @@
 use serde::Serialize;
 use ztier_base::shard::Counters;
 
-/// Events, counted per thread shard.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Event {
-    PoolLimitHit,
-    RejectReclaimFail,
-    RejectAllocFail,
-    RejectKmemcacheFail,
-    RejectCompressFail,
-    RejectCompressPoor,
-    DecompressFail,
-    WrittenBack,
-    Zswpout,
-    Zswpin,
-    SwpoutZero,
-    SwpinZero,
-    /// Pages written to the swap device because zswap refused them.
-    SwpoutDevice,
-    /// Pages read from the swap device (written back or refused earlier).
-    SwpinDevice,
+ztier_base::counters! {
+    /// Events, counted per thread shard.
+    pub(crate) enum Event {
+        PoolLimitHit,
+        RejectReclaimFail,
+        RejectAllocFail,
+        RejectKmemcacheFail,
+        RejectCompressFail,
+        RejectCompressPoor,
+        DecompressFail,
+        WrittenBack,
+        Zswpout,
+        Zswpin,
+        SwpoutZero,
+        SwpinZero,
+        /// Pages written to the swap device because zswap refused them.
+        SwpoutDevice,
+        /// Pages read from the swap device (written back or refused earlier).
+        SwpinDevice,
+    }
 }
 
-pub(crate) const EVENTS: usize = Event::SwpinDevice as usize + 1;
-
-pub(crate) type Events = Counters<EVENTS>;
+pub(crate) type Events = Counters<{ Event::COUNT }>;
 
 /// Everything zswap reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -486,11 +486,11 @@ impl Inner {
     }
 
     pub(crate) fn count_alloc(&self, order: u32) {
-        self.counters.add(ALLOCATED + order as usize, 1);
+        self.counters.add(Count::Allocated.at(order as usize), 1);
     }
 
     pub(crate) fn count_fallback(&self, order: u32) {
-        self.counters.add(FALLBACK + order as usize, 1);
+        self.counters.add(Count::Fallback.at(order as usize), 1);
     }
 
     pub(super) fn alloc_on(&self, cpu: usize, order: u32) -> Result<u64, SwapError> {

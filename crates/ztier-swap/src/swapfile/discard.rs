@@ -65,10 +65,10 @@ impl Inner {
             let punched = self
                 .backing
                 .discard(first * SLOT_BYTES, (end - first) * SLOT_BYTES);
-            self.counters.add(DISCARDED, 1);
+            self.counters.add(Count::Discarded, 1);
             if punched.is_err() {
                 // As the kernel: a failed discard loses nothing, the slots are free anyway.
-                self.counters.add(DISCARD_ERRORS, 1);
+                self.counters.add(Count::DiscardErrors, 1);
             }
             if self.config.mode == Mode::Legacy && held.is_none() {
                 // The legacy order: device lock, then the cluster's.

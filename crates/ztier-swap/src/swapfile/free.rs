@@ -24,7 +24,7 @@ impl Inner {
             Mode::Cluster => {
                 let (id, i) = self.locate(offset)?;
                 self.put_in_cluster(id, &[i], &mut None)?;
-                self.counters.add(FREED, 1);
+                self.counters.add(Count::Freed.at(0), 1);
                 Ok(())
             }
         }
@@ -49,7 +49,8 @@ impl Inner {
         } else {
             0
         };
-        self.counters.add(FREED + order.min(NR_ORDERS - 1), 1);
+        self.counters
+            .add(Count::Freed.at(order.min(NR_ORDERS - 1)), 1);
         Ok(())
     }
 
@@ -82,13 +83,13 @@ impl Inner {
                 continue;
             }
             match self.put_in_cluster(cluster as u32, &idx, &mut held) {
-                Ok(()) => self.counters.add(FREED, idx.len() as u64),
+                Ok(()) => self.counters.add(Count::Freed.at(0), idx.len() as u64),
                 Err(e) => {
                     // One bad slot refuses its cluster's group whole; free the rest of it.
                     first_error.get_or_insert(e);
                     for &i in &idx {
                         if self.put_in_cluster(cluster as u32, &[i], &mut held).is_ok() {
-                            self.counters.add(FREED, 1);
+                            self.counters.add(Count::Freed.at(0), 1);
                         }
                     }
                 }

@@ -72,9 +72,9 @@ impl Inner {
         let per_order = (0..NR_ORDERS)
             .map(|o| OrderStats {
                 order: o as u32,
-                allocations: self.counters.sum(ALLOCATED + o),
-                frees: self.counters.sum(FREED + o),
-                fallbacks: self.counters.sum(FALLBACK + o),
+                allocations: self.counters.sum(Count::Allocated.at(o)),
+                frees: self.counters.sum(Count::Freed.at(o)),
+                fallbacks: self.counters.sum(Count::Fallback.at(o)),
             })
             .collect();
         DeviceStats {
@@ -90,8 +90,8 @@ impl Inner {
             per_order,
             lists: self.list_counts(),
             frag_free_slots: self.frag_free_slots(),
-            clusters_discarded: self.counters.sum(DISCARDED),
-            discard_errors: self.counters.sum(DISCARD_ERRORS),
+            clusters_discarded: self.counters.sum(Count::Discarded),
+            discard_errors: self.counters.sum(Count::DiscardErrors),
             locks: vec![
                 self.device_lock.report(),
                 self.cluster_lock.report(),
