@@ -199,23 +199,23 @@ const STRIPES: usize = 1024;
 /// Pages the reclaim thread moves out before it empties the pad.
 const BATCH: usize = 64;
 
-/// The counters of [`RegionStats`] kept per thread shard.
-#[derive(Clone, Copy)]
-enum Count {
-    SpuriousFaults,
-    Evictions,
-    CleanEvictions,
-    ZeroEvictions,
-    EvictFailures,
-    Removed,
-    Unmapped,
-    Remapped,
-    Poisoned,
-    Deferred,
-    FaultAround,
-    FirstWrites,
+ztier_base::counters! {
+    /// The counters of [`RegionStats`] kept per thread shard.
+    enum Count {
+        SpuriousFaults,
+        Evictions,
+        CleanEvictions,
+        ZeroEvictions,
+        EvictFailures,
+        Removed,
+        Unmapped,
+        Remapped,
+        Poisoned,
+        Deferred,
+        FaultAround,
+        FirstWrites,
+    }
 }
-const COUNTS: usize = Count::FirstWrites as usize + 1;
 
 /// Buckets of the fault latency histogram: bucket 0 under 1 µs, bucket `k` from
 /// `2^(k-1)` to `2^k` µs, the last everything longer.
@@ -345,7 +345,7 @@ struct Shared {
     clean: AtomicU64,
     /// Pages the store refused, by page.
     held: Mutex<HashMap<u64, Box<[u8]>>>,
-    counts: Counters<COUNTS>,
+    counts: Counters<{ Count::COUNT }>,
     /// Faults served from the store, with zeros, from a held copy: counted by the fault
     /// thread alone, before its copy wakes the faulting thread (so that thread's next
     /// reading includes its own fault), and taken back if the copy fails.
@@ -626,7 +626,7 @@ impl Region {
         let sh = &self.shared;
         drop(sh.gate.read());
         drop(sh.serving.lock());
-        let c = |k: Count| sh.counts.sum(k as usize);
+        let c = |k: Count| sh.counts.sum(k);
         RegionStats {
             pages: sh.pages,
             budget_pages: sh.budget_pages.load(Relaxed),
@@ -733,7 +733,7 @@ impl Shared {
     }
 
     fn count(&self, k: Count, n: u64) {
-        self.counts.add(k as usize, n);
+        self.counts.add(k, n);
     }
 
     /// The region page at `addr`, if it is one.
