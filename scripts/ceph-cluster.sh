@@ -37,8 +37,11 @@
 #   hung OSD is otherwise never marked down, and with the default grace (20 s) it takes
 #   24-28 s, too near the client's 30 s timeout;
 # - PG autoscaling off: a pool resized under a running test re-peers it;
-# - images with layering only: with exclusive-lock a restarted export waits for the killed
-#   one's watch to time out before it may write;
+# - images without exclusive-lock (layering, striping): with it a restarted export waits
+#   for the killed one's watch to time out before it may write;
+# - images striped in 64 KiB units over 16 objects: with the default (4 MiB objects, no
+#   striping) the 64 KiB segments a read-back reads ahead together all sit in one object,
+#   so one PG on one OSD serves them one after another;
 # - the export with cache.direct=on: librbd's cache off, so a write is acknowledged once
 #   every replica has it (ztier sends no flush after a writeback).
 set -euo pipefail
@@ -333,7 +336,8 @@ EOF
     mgr 'profile rbd pool=rbd' >"$dir/ztier.keyring"
   local name
   for name in $(images); do
-    rbdc create --size "$image_size" --image-feature layering "rbd/$name"
+    rbdc create --size "$image_size" --image-feature layering,striping \
+      --stripe-unit 65536 --stripe-count 16 "rbd/$name"
   done
   wait_for mgr.x 180 "every PG active+clean" all_clean
   export_start
