@@ -145,7 +145,7 @@ impl std::str::FromStr for WbFormat {
 
 /// Packed segments kept after a read, so the pages written back together (usually
 /// neighbours, read together again) cost one request to the store, not one each.
-const SEGMENT_CACHE: usize = 128;
+const SEGMENT_CACHE: usize = 32;
 
 /// Segments a sequential read fetches at once (the one asked for and those after it), in
 /// flight together: a quarter of the cache, so readahead never pushes out what it read.
@@ -153,7 +153,7 @@ const READAHEAD: usize = SEGMENT_CACHE / 4;
 
 /// Units (packed segments, or single blocks) a writeback writes to the store together, in
 /// flight at once.
-const WB_IN_FLIGHT: usize = 32;
+const WB_IN_FLIGHT: usize = 8;
 
 /// A stamp no other save made: the clock, the process and a hasher's random keys.
 fn new_stamp() -> [u8; 16] {
@@ -178,7 +178,7 @@ fn new_stamp() -> [u8; 16] {
 /// Recently read packed segments, most recent last. A segment is read whole on a miss, while
 /// a pin keeps it allocated, and leaves the cache when its last live byte goes, before its
 /// slots can be handed out again; so a cached segment always holds what the store holds.
-/// Bounded at [`SEGMENT_CACHE`] segments (8 MiB); the lock is held to look up, add or drop
+/// Bounded at [`SEGMENT_CACHE`] segments (2 MiB); the lock is held to look up, add or drop
 /// one, never across I/O.
 #[derive(Default)]
 struct SegmentCache {
