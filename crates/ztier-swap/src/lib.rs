@@ -6,7 +6,8 @@
 //!   (a file, a remote disk), allocating 2^order contiguous slots, in the cluster mode of
 //!   the 2024 lock rework or the legacy mode before it ([`Mode`]);
 //! - [`cluster`]: a cluster's slot counts and the lists it moves between;
-//! - `swap_slots`: the legacy mode's per-thread slot caches;
+//! - `swapfile::swap_slots`: the legacy mode's per-thread slot caches (a child of the
+//!   device it caches for, so the two import no circle);
 //! - `avail` and [`swap`]: several devices by priority, and the off-list bit
 //!   that lets a full device leave the available list without a global lock;
 //! - [`lockstat`]: every lock's acquisitions, contention and wait, as `perf lock contention`
@@ -22,7 +23,6 @@ pub mod cluster;
 pub mod entry;
 pub mod lockstat;
 pub mod swap;
-mod swap_slots;
 pub mod swapfile;
 mod sync;
 
@@ -32,7 +32,7 @@ mod loom_tests;
 pub use cluster::{Flag, NR_ORDERS, SWAPFILE_CLUSTER};
 pub use entry::{SwapEntry, MAX_SWAPFILES};
 pub use swap::{Swap, SwapStats};
-pub use swap_slots::SWAP_SLOTS_CACHE_SIZE;
+pub use swapfile::SWAP_SLOTS_CACHE_SIZE;
 pub use swapfile::{Config, Device, DeviceStats, ListPolicy, Mode, OrderStats, SLOT_BYTES};
 
 /// Why a swap operation failed.

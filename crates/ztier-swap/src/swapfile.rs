@@ -11,7 +11,7 @@
 //!   sequential.
 //! - [`Mode::Legacy`], the allocator before it: every allocation and free under the device
 //!   lock, with a per-thread cache of 64 slots in front of each (`mm/swap_slots.c`, see
-//!   `swap_slots.rs`).
+//!   `swapfile/swap_slots.rs`).
 //!
 //! A device is made over a block device it formats ([`Device::new`]), or reopened over an
 //! area one formatted ([`Device::reopen`], as `swapon` finds an area `mkswap` made), with
@@ -58,20 +58,22 @@ use crate::cluster::{
     SWAP_MAP_FREEING, SWAP_MAP_MAX,
 };
 use crate::lockstat::{CountedMutex, LockReport, LockStats};
-use crate::swap_slots::SlotCache;
 use crate::sync::{AtomicU64, MutexGuard, Ordering};
 use crate::SwapError;
+use swap_slots::SlotCache;
 
 mod alloc;
 mod discard;
 mod free;
 mod header;
 mod stats;
+mod swap_slots;
 
-pub(crate) use alloc::run_is_free;
+use alloc::run_is_free;
 use alloc::{runs_worth_a_trip, Published};
 use header::{random_uuid, swap_header};
 pub use stats::{DeviceStats, OrderStats};
+pub use swap_slots::SWAP_SLOTS_CACHE_SIZE;
 
 /// Bytes in a slot: a page.
 pub const SLOT_BYTES: u64 = 4096;

@@ -7,8 +7,8 @@
 //! Lock order: the thread's cache, its current-cluster shard, the device lock, a cluster
 //! lock. A put takes the slot's cluster lock alone first and lets go of it before the cache.
 
+use super::Inner;
 use crate::cluster::{SWAPFILE_CLUSTER, SWAP_MAP_BAD, SWAP_MAP_FREEING, SWAP_MAP_MAX};
-use crate::swapfile::Inner;
 use crate::SwapError;
 
 /// Slots a thread caches (`SWAP_SLOTS_CACHE_SIZE`, `SWAP_BATCH`).
@@ -56,12 +56,7 @@ impl Inner {
     }
 
     /// Allocates order-0 slots into the cache until it is full or the device has none.
-    fn legacy_fill(
-        &self,
-        cache: &mut SlotCache,
-        next: &mut u32,
-        held: &mut crate::swapfile::Held<'_>,
-    ) {
+    fn legacy_fill(&self, cache: &mut SlotCache, next: &mut u32, held: &mut super::Held<'_>) {
         while cache.slots.len() < SWAP_SLOTS_CACHE_SIZE {
             let found = self
                 .alloc_cached(next, 0, held)
@@ -115,12 +110,12 @@ impl Inner {
                 if c.map[i] == SWAP_MAP_FREEING {
                     c.map[i] = 0;
                     freed += 1;
-                    runs += u16::from(crate::swapfile::run_is_free(&c, i));
+                    runs += u16::from(super::run_is_free(&c, i));
                 }
             }
             self.release_slots(&mut c, id, freed, runs, &mut held);
             self.counters
-                .add(crate::swapfile::Count::Freed.at(0), u64::from(freed));
+                .add(super::Count::Freed.at(0), u64::from(freed));
         }
         ret.clear();
     }
