@@ -1,5 +1,5 @@
-//! Replaying real memory through ztier's engines, as `ztier bench` (and, later,
-//! `ztier swap-bench`) do: the parts a front end would otherwise write again.
+//! Replaying real memory through ztier's engines, as `ztier bench` and
+//! `ztier swap-bench` do: the parts a front end would otherwise write again.
 //!
 //! - [`driver`]: runs a closure over every page of a corpus on N threads, in batches handed
 //!   out round robin; times a phase and its reference pass by pass, in turns, keeping the best

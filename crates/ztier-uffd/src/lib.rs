@@ -97,7 +97,7 @@
 //! kept for a page that is present, so none is served after one.
 //!
 //! Why not `UFFD_FEATURE_WP_ASYNC` with `PAGEMAP_SCAN` (a write resolved in the kernel
-//! without the handler, 1.2 µs against a fault's round trip): nothing orders such a write
+//! without the handler, far cheaper than a fault's round trip): nothing orders such a write
 //! against the evictor. A scan before the move can say "not written" and the write land
 //! before the move; the move does not carry the write-protect bit into the pad, so after it
 //! nothing tells whether the page was written, short of comparing it with its copy
