@@ -60,8 +60,14 @@
 //! writeback closed) to `PATH`, then removes `PATH.loaded`; while serving goes on, to
 //! `PATH.loaded`. Each step leaves a safe pair: a crash before the rename leaves the files
 //! as they were (`PATH.loaded`, refused: the server's pages are lost); after it, before the
-//! removal, both (`PATH` is the newer and loads, replacing `PATH.loaded`). A `PATH` never
-//! consumed is never touched by a save, so it stays loadable whatever happens to one.
+//! removal, both (`PATH` is the newer and loads, replacing `PATH.loaded`; the directory is
+//! synced between the rename and the removal, so no crash keeps the one without the other).
+//! A save while serving goes on never touches `PATH`; a clean stop's replaces it only by a
+//! rename. Saves are one at a time in the process (`StateFile::save`), so a `ctl save` and
+//! the stop's never share `PATH.tmp`.
+//!
+//! Not covered: a start killed after it consumed the state and before its first client is
+//! refused like a crash, though nothing was served (renaming `PATH.loaded` back is right).
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -767,7 +773,15 @@ impl StateFile {
     /// `PATH.loaded` goes; while the server goes on serving it becomes `PATH.loaded` (a
     /// state the writes after it would make stale). A save that fails leaves the files as
     /// they were, but for `PATH.tmp`.
+    ///
+    /// Saves are one at a time in the process (a `ctl save` and the stop's, or two `ctl
+    /// save`s, would otherwise write one `PATH.tmp` together and rename each other's away).
     pub fn save(&self, device: &Device, stopped: bool) -> Result<StateSummary> {
+        static ONE_SAVE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A save that panicked left nothing the next needs undone: its PATH.tmp is rewritten.
+        let _saving = ONE_SAVE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let tmp = self.tmp_path();
         let file = std::fs::File::create(&tmp)
             .map_err(|e| file_error(format!("creating {}", tmp.display()), e))?;
@@ -787,6 +801,9 @@ impl StateFile {
             file_error(format!("renaming {} to {}", tmp.display(), to.display()), e)
         })?;
         if stopped {
+            // The rename durable before the consumed state goes: a power loss must never
+            // keep the removal without the rename (the next start would be empty, silently).
+            self.sync_dir()?;
             match std::fs::remove_file(self.loaded_path()) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

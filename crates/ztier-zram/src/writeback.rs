@@ -54,8 +54,8 @@
 //! exclusively for its whole length; never taken under any other lock), then a slot's lock
 //! (to pin, collect or commit), then `Backing::cache` and
 //! `Backing::mark` (leaves, held to look up, add or drop one entry, never across I/O), then
-//! the swap allocator's. `Backing::stamping` is taken with no other lock held, by a save
-//! and a writeback, across the header write that sets or clears the stamp.
+//! the swap allocator's. `Backing::stamping` is taken under `Backing::gate` and no other
+//! lock, by a save and a writeback, across the header write that sets or clears the stamp.
 
 use std::sync::atomic::{
     AtomicU32, AtomicU64,

@@ -477,3 +477,33 @@ fn a_save_during_a_writeback_is_valid_when_it_returns() {
     assert!(summary.from_backing_store > PAGES / 2, "{summary:?}");
     verify(&dev, |_| None);
 }
+
+#[test]
+fn saves_at_the_same_time_each_leave_a_state_that_loads() {
+    // A `ctl save` beside the stop's: both write PATH.tmp and rename it. One at a time, each
+    // succeeds and what is left loads; together, one renamed the other's file away (ENOENT)
+    // or left a mix of both that failed its checksum.
+    let dir = std::env::temp_dir().join(format!("ztier-state-saves-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = StateFile::new(dir.join("s.state"));
+    let store = store();
+    let dev = filled_on(&store, WbFormat::Packed);
+    std::thread::scope(|s| {
+        for stopped in [false, true, false, true] {
+            let (file, dev) = (&file, &dev);
+            s.spawn(move || {
+                for _ in 0..10 {
+                    file.save(dev, stopped).unwrap();
+                }
+            });
+        }
+    });
+    drop(dev);
+    let fresh = device();
+    let mut f = std::fs::File::open(file.path()).unwrap();
+    fresh
+        .load_state_with_store(&mut f, Arc::clone(&store), WbFormat::Packed)
+        .unwrap();
+    verify(&fresh, |_| None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
