@@ -196,6 +196,9 @@ fn reopened_runs_freed_are_handed_out_again() {
         for &(f, o) in &runs {
             dev.free_range(f, 1 << o).unwrap();
         }
+        // verify is exact only with nothing else running: the discard worker's pass over
+        // the clusters just freed done first (it failed about one run in twenty otherwise).
+        while dev.discard_now() {}
         dev.verify().unwrap();
         assert_eq!(dev.in_use(), 0);
         let mut n = 0;
