@@ -290,15 +290,7 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
         return Ok(None);
     };
     if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
-        let config = ClientConfig {
-            io_timeout: args.backing_timeout,
-            ..ClientConfig::default()
-        };
-        let client = Arc::new(
-            Client::connect_with(&uri, config)
-                .with_context(|| format!("connecting to the backing export {uri}"))?,
-        );
+        let client = connect_export(args, spec)?;
         return Ok(Some((
             Arc::clone(&client) as Arc<dyn BlockDevice>,
             Some(client),
@@ -311,6 +303,18 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
     let file = ztier_blockdev::file::FileDevice::open(path, meta.len())
         .with_context(|| format!("opening the backing file {spec}"))?;
     Ok(Some((Arc::new(file), None)))
+}
+
+/// The NBD export `--backing-dev` names, connected with `--backing-timeout`.
+fn connect_export(args: &ServeArgs, spec: &str) -> anyhow::Result<Arc<Client>> {
+    let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
+    let config = ClientConfig {
+        io_timeout: args.backing_timeout,
+        ..ClientConfig::default()
+    };
+    Ok(Arc::new(Client::connect_with(&uri, config).with_context(
+        || format!("connecting to the backing export {uri}"),
+    )?))
 }
 
 /// The TLS `--tls` and `--tls-certificates` ask for.
@@ -335,15 +339,7 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
         return Ok(None);
     };
     if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
-        let config = ClientConfig {
-            io_timeout: args.backing_timeout,
-            ..ClientConfig::default()
-        };
-        let client = Arc::new(
-            Client::connect_with(&uri, config)
-                .with_context(|| format!("connecting to the backing export {uri}"))?,
-        );
+        let client = connect_export(args, spec)?;
         let backing = Backing::new(
             Arc::clone(&client) as Arc<dyn BlockDevice>,
             args.writeback_format,
@@ -351,9 +347,9 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
         .with_context(|| format!("setting up the backing store {spec}"))?;
         // Written by Backing::new: from now on only this store is ever read back.
         let (offset, len) = backing.identity();
-        client
-            .pin_identity(offset, len)
-            .with_context(|| format!("reading back the identity just written to {uri}"))?;
+        client.pin_identity(offset, len).with_context(|| {
+            format!("reading back the identity just written to {}", client.uri())
+        })?;
         client.set_log(|line| eprintln!("ztier serve: {line}"));
         return Ok(Some((backing, Some(client))));
     }
