@@ -82,18 +82,34 @@ pid_of() {
   fi
 }
 
-# Says why daemon NAME is not running, from its log: its errors before any crash dump (the
-# dump repeats the log), else the start of its stderr, else the end of the log.
-why() {
-  local name=$1 log=$dir/log/$1.log out=$dir/log/$1.out errors=""
-  if [ -s "$log" ]; then
-    errors=$(sed '/--- begin dump of recent events ---/,$d' "$log" |
-      grep -E '^[^ ]+ [0-9a-f]+ +-1 |ceph_abort_msg|FAILED ceph_assert' | tail -n 8 || true)
+# The errors in a Ceph log before any crash dump (the dump repeats the log).
+ceph_errors() {
+  [ -s "$1" ] || return 0
+  sed '/--- begin dump of recent events ---/,$d' "$1" |
+    grep -E '^[^ ]+ [0-9a-f]+ +-1 |ceph_abort_msg|FAILED ceph_assert' | tail -n 8 || true
+}
+
+# Says why daemon NAME is not running, from its logs: its errors before any crash dump,
+# else the start of its stderr, else the end of the log. The export's librbd logs as a
+# client of its own (client.ztier.PID.log): a librbd abort leaves its stderr empty.
+why_not_running() {
+  local name=$1 log=$dir/log/$1.log out=$dir/log/$1.out errors="" pid client
+  errors=$(ceph_errors "$log")
+  if [ -z "$errors" ] && [ "$name" = export ] && [ -f "$dir/run/export.pid" ]; then
+    pid=$(<"$dir/run/export.pid")
+    client=$dir/log/client.ztier.$pid.log
+    errors=$(ceph_errors "$client")
+    [ -z "$errors" ] || log=$client
   fi
   [ -n "$errors" ] || errors=$(grep -v '^ *$' "$out" 2>/dev/null | head -n 15 || true)
   [ -n "$errors" ] || errors=$(tail -n 15 "$log" 2>/dev/null || true)
+  [ -n "$errors" ] || errors="(nothing in its logs: it exited or was killed without a word)"
   echo "ceph-cluster: $name is not running; from its log ($log, $out):" >&2
   echo "$errors" >&2
+}
+
+why() {
+  why_not_running "$1"
   exit 1
 }
 
@@ -161,9 +177,30 @@ export_start() {
     args+=(--blockdev "driver=rbd,node-name=$name,pool=rbd,image=$image,user=ztier,conf=$conf,cache.direct=on,discard=unmap")
     args+=(--export "type=nbd,id=export-$name,node-name=$name,name=$name,writable=on")
   done
-  start_daemon export qemu-storage-daemon \
-    --nbd-server "addr.type=unix,addr.path=$dir/nbd.sock,max-connections=16" "${args[@]}"
+  local try
+  for try in 1 2; do
+    start_daemon export qemu-storage-daemon \
+      --nbd-server "addr.type=unix,addr.path=$dir/nbd.sock,max-connections=16" "${args[@]}"
+    # Once, on a fresh machine's first cluster, the export died at its start with nothing
+    # in its stderr (its logs went with the test's directory): said, and started once more.
+    if [ "$try" -eq 1 ] && ! exported; then
+      why_not_running export
+      echo "ceph-cluster: starting the export again" >&2
+      continue
+    fi
+    break
+  done
   wait_for export 60 "the NBD export" test -S "$dir/nbd.sock"
+}
+
+# True once the export listens, false as soon as it is not running (up to 60 s).
+exported() {
+  local end=$((SECONDS + 60))
+  until [ -S "$dir/nbd.sock" ]; do
+    [ -n "$(pid_of export)" ] || return 1
+    [ $SECONDS -lt $end ] || return 0
+    sleep 0.2
+  done
 }
 
 kill_daemon() {
