@@ -274,19 +274,35 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     let backing = dir.join("backing");
 
-    // Filled, its state saved while every page is in memory (the reference for its size),
-    // then every page but the first 1000 written back to a file, and stopped: the state is
-    // saved again.
-    let server = serve_with_state(
-        &socket,
-        &state,
-        &size,
-        &["--backing-dev", backing.to_str().unwrap()],
-        &log,
-    );
+    // Every byte the disk serves, read back by nbdcopy: the corpus, then zeros.
+    let reads_back_exact = |when: &str| {
+        let back = dir.join("back");
+        nbdcopy(&uri, back.to_str().unwrap());
+        let back = std::fs::read(&back).unwrap();
+        assert!(
+            back[..corpus.bytes().len()] == *corpus.bytes(),
+            "the disk restarted {when} differs"
+        );
+        assert!(
+            back[corpus.bytes().len()..].iter().all(|&b| b == 0),
+            "the disk restarted {when} has bytes past the corpus"
+        );
+    };
+
+    // Filled, stopped with every page in memory (its state saved), started again from it:
+    // every byte as before.
+    let store_flags = ["--backing-dev", backing.to_str().unwrap()];
+    let server = serve_with_state(&socket, &state, &size, &store_flags, &log);
     nbdcopy(image.to_str().unwrap(), &uri);
-    // Saved while serving goes on: consumed already (the writes after it would make it
-    // stale), so it is STATE.loaded.
+    stop(server);
+    assert!(state.exists(), "no state saved at the stop");
+    let server = serve_with_state(&socket, &state, &size, &store_flags, &log);
+    reads_back_exact("with every page in memory");
+
+    // Its state saved while every page is in memory (the reference for its size), then
+    // every page but the first 1000 written back to a file, and stopped: the state is
+    // saved again. Saved while serving goes on: consumed already (the writes after it
+    // would make it stale), so it is STATE.loaded.
     assert!(ctl(&socket, &["save"]).contains("state saved"));
     assert!(!state.exists());
     let in_memory = std::fs::metadata(dir.join("state.loaded")).unwrap().len();
@@ -321,21 +337,13 @@ fn a_restart_from_its_state_serves_every_byte_it_served() {
 
     // Started again from it, with the same store: every byte as before, the written-back
     // pages still on the store.
-    let store_flags = ["--backing-dev", backing.to_str().unwrap()];
     let server = serve_with_state(&socket, &state, &size, &store_flags, &log);
     assert_eq!(
         bd_count(&socket),
         on_store,
         "the pages are still on the store"
     );
-    let back = dir.join("back");
-    nbdcopy(&uri, back.to_str().unwrap());
-    let back = std::fs::read(&back).unwrap();
-    assert!(
-        back[..corpus.bytes().len()] == *corpus.bytes(),
-        "the restarted disk differs"
-    );
-    assert!(back[corpus.bytes().len()..].iter().all(|&b| b == 0));
+    reads_back_exact("with pages written back");
     assert_eq!(bd_count(&socket), on_store);
     // `ctl save` while it runs writes the same state again.
     assert!(ctl(&socket, &["save"]).contains("state saved"));
