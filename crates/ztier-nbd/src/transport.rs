@@ -103,6 +103,13 @@ impl Write for Stream {
             Stream::Unix(s) => s.write(buf),
         }
     }
+    /// One writev(2) for all the pieces (a reply's header and its data).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.flush(),
