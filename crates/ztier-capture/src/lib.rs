@@ -71,8 +71,16 @@ pub enum CaptureError {
     /// with the output's path): the corpus error's message, its causes in it, said once.
     #[error("{0}")]
     Corpus(ztier_corpus::CorpusError),
-    #[error("{0}")]
-    Config(String),
+    #[error("{}: the output's name ends in .pages.zst or .pages", path.display())]
+    OutputName { path: PathBuf },
+    #[error("more than 2^32 pages in one capture's corpus")]
+    TooManyPages,
+    #[error("an epoch every 0 s")]
+    ZeroInterval,
+    #[error("no epoch was captured")]
+    NoEpoch,
+    #[error("the manifest does not serialise: {0}")]
+    Manifest(serde_json::Error),
 }
 
 pub type Result<T, E = CaptureError> = std::result::Result<T, E>;

@@ -139,11 +139,8 @@ impl Recorder {
         let stem = name
             .strip_suffix(".pages.zst")
             .or_else(|| name.strip_suffix(".pages"))
-            .ok_or_else(|| {
-                CaptureError::Config(format!(
-                    "{}: the output's name ends in .pages.zst or .pages",
-                    output.display()
-                ))
+            .ok_or_else(|| CaptureError::OutputName {
+                path: output.to_owned(),
             })?;
         let manifest_path = output.with_file_name(format!("{stem}.capture.json"));
         let corpus = CorpusWriter::create(output).map_err(|e| output_error(output, e))?;
@@ -241,9 +238,7 @@ impl Recorder {
             };
         let new_pages = (epoch.appeared.len() + epoch.changed.len()) as u64;
         if u32::try_from(base + new_pages).is_err() {
-            return Err(CaptureError::Config(
-                "more than 2^32 pages in one capture's corpus".into(),
-            ));
+            return Err(CaptureError::TooManyPages);
         }
         for (n, w) in epoch
             .appeared
@@ -307,7 +302,7 @@ impl Recorder {
         on_epoch: &mut dyn FnMut(&EpochSummary),
     ) -> Result<()> {
         if every.is_zero() {
-            return Err(CaptureError::Config("an epoch every 0 s".into()));
+            return Err(CaptureError::ZeroInterval);
         }
         let start = Instant::now();
         let mut due = start;
@@ -335,7 +330,7 @@ impl Recorder {
     /// Writes the corpus, the trace and the manifest into place.
     pub fn finish(self) -> Result<Manifest> {
         let Some(first) = self.first else {
-            return Err(CaptureError::Config("no epoch was captured".into()));
+            return Err(CaptureError::NoEpoch);
         };
         let written: WrittenCorpus = self
             .corpus
@@ -405,8 +400,7 @@ impl Recorder {
             corpus: written.path,
             trace: self.trace_path,
         };
-        let json = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| CaptureError::Config(format!("the manifest does not serialise: {e}")))?;
+        let json = serde_json::to_vec_pretty(&manifest).map_err(CaptureError::Manifest)?;
         std::fs::write(&self.manifest_path, json).map_err(|error| CaptureError::Io {
             path: self.manifest_path.clone(),
             error,

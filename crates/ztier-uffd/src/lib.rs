@@ -173,8 +173,10 @@ pub enum Error {
     /// resident.
     #[error("page {page} stays resident: the store refused it: {cause}")]
     Store { page: u64, cause: ZramError },
+    #[error("making the device's pool: {0}")]
+    Pool(ztier_pool::PoolError),
     #[error("making the device: {0}")]
-    Device(String),
+    Device(ZramError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -400,12 +402,9 @@ impl Region {
             page_size,
             ..ZsConfig::default()
         };
-        let pool = config
-            .allocator
-            .make_pool(&layout)
-            .map_err(|e| Error::Device(e.to_string()))?;
-        let device = Device::new(len as u64, config.algorithm.clone(), pool)
-            .map_err(|e| Error::Device(e.to_string()))?;
+        let pool = config.allocator.make_pool(&layout).map_err(Error::Pool)?;
+        let device =
+            Device::new(len as u64, config.algorithm.clone(), pool).map_err(Error::Device)?;
         device.set_mem_limit(config.store_limit);
         Region::make(
             len,
