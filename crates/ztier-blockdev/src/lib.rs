@@ -122,6 +122,15 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// A count that moves whenever the bytes this device serves may have changed other than
+    /// by writes made through it: an NBD export's link lost (a read then gets the store's
+    /// word, an error) or found again (perhaps a store that restarted). A copy of the
+    /// device's bytes kept by its user holds only while the count stays the same. 0, never
+    /// moving, for a device nothing else changes (a file, a RAM disk).
+    fn epoch(&self) -> u64 {
+        0
+    }
+
     /// Reads several ranges, each `(offset, buffer)`: the same as a [`read_at`] of each in
     /// turn, which is what it does by default. A device whose requests wait on a network
     /// (an NBD export) sends them all before it waits for the first, so they cost one round

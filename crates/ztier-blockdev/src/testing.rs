@@ -11,11 +11,15 @@ use crate::{BlockDevice, BlockError};
 
 /// A device whose writes fail while `fail_writes` is set (a full disk, a vanished server),
 /// whose reads fail while `fail_reads` is, and whose reads wait while it is stalled (a store
-/// paused, a network partition); otherwise `inner`. It counts the reads it answers.
+/// paused, a network partition); otherwise `inner`. It counts the reads it answers. Its
+/// [`epoch`](BlockDevice::epoch) moves each time its reads start or stop failing, as an NBD
+/// client's does when its link is lost and found again.
 pub struct Faulty<D> {
     pub inner: D,
-    pub fail_writes: AtomicBool,
-    pub fail_reads: AtomicBool,
+    fail_writes: AtomicBool,
+    fail_reads: AtomicBool,
+    /// Times the reads started or stopped failing.
+    changes: AtomicU64,
     stall: Mutex<Stall>,
     stall_changed: Condvar,
     reads: AtomicU64,
@@ -34,6 +38,7 @@ impl<D: BlockDevice> Faulty<D> {
             inner,
             fail_writes: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
             stall: Mutex::default(),
             stall_changed: Condvar::new(),
             reads: AtomicU64::new(0),
@@ -42,7 +47,9 @@ impl<D: BlockDevice> Faulty<D> {
 
     pub fn set_failing(&self, writes: bool, reads: bool) {
         self.fail_writes.store(writes, Relaxed);
-        self.fail_reads.store(reads, Relaxed);
+        if self.fail_reads.swap(reads, Relaxed) != reads {
+            self.changes.fetch_add(1, Relaxed);
+        }
     }
 
     /// Holds every read from now on until `stall(false)`, which lets the waiting ones go.
@@ -115,6 +122,9 @@ impl<D: BlockDevice> BlockDevice for Faulty<D> {
     }
     fn flush(&self) -> crate::Result<()> {
         self.inner.flush()
+    }
+    fn epoch(&self) -> u64 {
+        self.inner.epoch() + self.changes.load(Relaxed)
     }
 }
 

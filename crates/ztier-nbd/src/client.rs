@@ -43,6 +43,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -396,6 +397,8 @@ pub struct Client {
     /// The link's state as last published under `link` (a leaf): what `status` and
     /// `is_connected` read, so they never wait behind a request on the network.
     shown: Mutex<LinkStatus>,
+    /// Losses and reconnects so far, as last published: [`BlockDevice::epoch`].
+    epoch: AtomicU64,
     /// Bytes at an offset the export must hold on every reconnect.
     identity: Mutex<Option<(u64, Vec<u8>)>>,
     log: Mutex<Option<LogFn>>,
@@ -735,6 +738,7 @@ impl Client {
                 reconnects: 0,
                 reconnects_by_itself: false,
             }),
+            epoch: AtomicU64::new(0),
             identity: Mutex::new(None),
             log: Mutex::new(None),
             writes: Mutex::new(()),
@@ -953,6 +957,8 @@ impl Client {
     /// Publishes the link's state for `status` (called under the link's lock whenever the
     /// state changes).
     fn publish(&self, link: &Link) {
+        self.epoch
+            .store(link.losses + link.reconnects, Ordering::Release);
         *self.shown.lock().unwrap_or_else(|p| p.into_inner()) = LinkStatus {
             state: link.state.clone(),
             since: link.since,
@@ -1281,6 +1287,12 @@ fn command_name(kind: u16) -> &'static str {
 impl BlockDevice for Client {
     fn size(&self) -> u64 {
         self.info.size
+    }
+
+    /// Moves when the link is lost (a read of the store then fails, whatever a cache held)
+    /// and when it is found again (the store checked by its identity, but perhaps restarted).
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
     }
 
     fn block_size(&self) -> u32 {

@@ -112,10 +112,14 @@ fn a_vanished_server_is_an_error_until_the_owner_reconnects() {
     let mut s = serve("gone", dev.clone(), config("x"));
     let client = Client::connect(&s.uri("x")).unwrap();
     client.write_at(0, &[5u8; 4096], false).unwrap();
+    assert_eq!(client.epoch(), 0);
     s.stop();
     let _ = std::fs::remove_file(&s.path);
     let err = client.write_at(4096, &[6u8; 4096], false).unwrap_err();
     assert!(matches!(err, BlockError::Io(_)), "{err}");
+    // Lost: the epoch moves (a cache of the store's bytes is no longer good).
+    let lost = client.epoch();
+    assert!(lost > 0, "the epoch stayed at 0 when the link was lost");
     assert!(
         client.read_at(0, &mut [0u8; 4096]).is_err(),
         "no server, no read"
@@ -128,6 +132,10 @@ fn a_vanished_server_is_an_error_until_the_owner_reconnects() {
     assert!(err.to_string().contains("reconnect"), "{err}");
     // ...until the owner reconnects.
     client.reconnect().unwrap();
+    assert!(
+        client.epoch() > lost,
+        "the epoch stayed when the link came back"
+    );
     let mut page = [0u8; 4096];
     client.read_at(0, &mut page).unwrap();
     assert_eq!(page, [5u8; 4096]);

@@ -36,7 +36,9 @@
 //! take the page back into the pool (nor does the kernel). A packed page's read fetches its
 //! whole segment in one request and keeps it in a small cache (`SEGMENT_CACHE` segments),
 //! so the pages written back together cost the store one read between them; a segment leaves
-//! the cache when it is freed, before its slots can be handed out again. A miss right after
+//! the cache when it is freed, before its slots can be handed out again, and the whole cache
+//! goes when the store's epoch moves (its link lost or found again), so a store that is away
+//! fails its pages' reads and one that is back is read anew. A miss right after
 //! the segment before it (a sequential read) reads ahead: the next live segments, each held
 //! while it is read, go out with it as requests in flight together, into the cache.
 //! A segment being read is listed while it is: a reader that misses it waits for that
@@ -178,14 +180,34 @@ fn new_stamp() -> [u8; 16] {
 /// Recently read packed segments, most recent last. A segment is read whole on a miss, while
 /// a pin keeps it allocated, and leaves the cache when its last live byte goes, before its
 /// slots can be handed out again; so a cached segment always holds what the store holds.
-/// Bounded at [`SEGMENT_CACHE`] segments (2 MiB); the lock is held to look up, add or drop
-/// one, never across I/O.
+/// And the cache is emptied when the store's [`epoch`](BlockDevice::epoch) moves (its link
+/// lost, or found again): while the store is away its pages fail as the store does, and
+/// what it holds once back is read from it anew. Bounded at [`SEGMENT_CACHE`] segments
+/// (2 MiB); the lock is held to look up, add or drop one, never across I/O.
 #[derive(Default)]
 struct SegmentCache {
-    segments: Mutex<Vec<(u64, Arc<[u8]>)>>,
+    cached: Mutex<Cached>,
     /// Segments being read from the store now: a reader that misses one waits for that
     /// read instead of sending its own (concurrent misses cost the store one read).
     loading: Mutex<Vec<(u64, Arc<Loading>)>>,
+}
+
+/// The cached segments and the store's epoch they were read in.
+#[derive(Default)]
+struct Cached {
+    epoch: u64,
+    segments: Vec<(u64, Arc<[u8]>)>,
+}
+
+impl Cached {
+    /// The segments of the store's `epoch`: emptied first if it moved on from theirs.
+    fn at(&mut self, epoch: u64) -> &mut Vec<(u64, Arc<[u8]>)> {
+        if self.epoch != epoch {
+            self.segments.clear();
+            self.epoch = epoch;
+        }
+        &mut self.segments
+    }
 }
 
 /// A segment read in flight: its bytes once read (`Some(None)`: the read failed).
@@ -252,8 +274,9 @@ impl SegmentCache {
         })
     }
 
-    fn get(&self, first: u64) -> Option<Arc<[u8]>> {
-        let mut segs = self.segments.lock();
+    fn get(&self, first: u64, epoch: u64) -> Option<Arc<[u8]>> {
+        let mut cached = self.cached.lock();
+        let segs = cached.at(epoch);
         let i = segs.iter().position(|(f, _)| *f == first)?;
         let hit = segs.remove(i);
         let bytes = Arc::clone(&hit.1);
@@ -261,8 +284,14 @@ impl SegmentCache {
         Some(bytes)
     }
 
-    fn add(&self, first: u64, bytes: Arc<[u8]>) {
-        let mut segs = self.segments.lock();
+    /// Adds a segment read in the store's `epoch` (as it was before the read began), unless
+    /// the cache has seen a later one since.
+    fn add(&self, first: u64, bytes: Arc<[u8]>, epoch: u64) {
+        let mut cached = self.cached.lock();
+        if epoch < cached.epoch {
+            return;
+        }
+        let segs = cached.at(epoch);
         segs.retain(|(f, _)| *f != first);
         if segs.len() == SEGMENT_CACHE {
             segs.remove(0);
@@ -270,12 +299,16 @@ impl SegmentCache {
         segs.push((first, bytes));
     }
 
-    fn contains(&self, first: u64) -> bool {
-        self.segments.lock().iter().any(|(f, _)| *f == first)
+    fn contains(&self, first: u64, epoch: u64) -> bool {
+        self.cached
+            .lock()
+            .at(epoch)
+            .iter()
+            .any(|(f, _)| *f == first)
     }
 
     fn forget(&self, first: u64) {
-        self.segments.lock().retain(|(f, _)| *f != first);
+        self.cached.lock().segments.retain(|(f, _)| *f != first);
     }
 }
 
@@ -308,6 +341,8 @@ pub struct WbResult {
 
 /// The backing store and its free-space map.
 pub struct Backing {
+    /// The device the places are on (for its epoch: the segment cache's lifetime).
+    store: Arc<dyn BlockDevice>,
     places: ztier_swap::Device,
     format: WbFormat,
     /// Slots per unit of `live`: a segment's (packed) or one block's (the kernel's formats).
@@ -361,8 +396,9 @@ impl Backing {
     /// A store on `dev` (its first 4 KiB hold the allocator's header), formatted: whatever
     /// it held is forgotten.
     pub fn new(dev: Arc<dyn BlockDevice>, format: WbFormat) -> Result<Backing> {
-        let places = ztier_swap::Device::new(dev, places_config()).map_err(ZramError::Backing)?;
-        Ok(Backing::over(places, format, false))
+        let places = ztier_swap::Device::new(Arc::clone(&dev), places_config())
+            .map_err(ZramError::Backing)?;
+        Ok(Backing::over(dev, places, format, false))
     }
 
     /// The store a saved state's pages are on, opened again as it is, not formatted: the
@@ -381,20 +417,27 @@ impl Backing {
         };
         let runs: Vec<(u64, u32)> = units.iter().map(|&(first, _)| (first, order)).collect();
         let places =
-            ztier_swap::Device::reopen(dev, places_config(), &runs).map_err(|e| match e {
-                SwapError::NotTheArea(why) => ZramError::BadState(format!(
-                    "the backing store is not the one its pages were written back to: {why}"
-                )),
-                e => ZramError::BadState(format!("the backing store: {e}")),
+            ztier_swap::Device::reopen(Arc::clone(&dev), places_config(), &runs).map_err(|e| {
+                match e {
+                    SwapError::NotTheArea(why) => ZramError::BadState(format!(
+                        "the backing store is not the one its pages were written back to: {why}"
+                    )),
+                    e => ZramError::BadState(format!("the backing store: {e}")),
+                }
             })?;
-        let store = Backing::over(places, format, true);
+        let store = Backing::over(dev, places, format, true);
         for &(first, live) in units {
             store.live_of(first).store(live, Relaxed);
         }
         Ok(store)
     }
 
-    fn over(places: ztier_swap::Device, format: WbFormat, marked: bool) -> Backing {
+    fn over(
+        store: Arc<dyn BlockDevice>,
+        places: ztier_swap::Device,
+        format: WbFormat,
+        marked: bool,
+    ) -> Backing {
         let unit_slots = unit_slots_of(format);
         let units = places.slots().div_ceil(unit_slots) as usize;
         Backing {
@@ -406,6 +449,7 @@ impl Backing {
             }),
             stamping: Mutex::new(()),
             gate: RwLock::new(false),
+            store,
             places,
             format,
             unit_slots,
@@ -594,8 +638,9 @@ impl Backing {
     /// next live segments, up to [`READAHEAD`] in all, in one batch of requests in flight
     /// together, into the cache; each is held while it is read, so none is freed meanwhile.
     fn segment(&self, first: u64) -> std::result::Result<(Arc<[u8]>, u64), SwapError> {
+        let epoch = self.store.epoch();
         let own = loop {
-            if let Some(bytes) = self.cache.get(first) {
+            if let Some(bytes) = self.cache.get(first, epoch) {
                 return Ok((bytes, 0));
             }
             match self.cache.claim(first) {
@@ -609,7 +654,7 @@ impl Backing {
                 }
             }
         };
-        let sequential = first >= SEG_SLOTS && self.cache.contains(first - SEG_SLOTS);
+        let sequential = first >= SEG_SLOTS && self.cache.contains(first - SEG_SLOTS, epoch);
         let (mut ahead, mut claims) = (Vec::new(), vec![own]);
         if sequential {
             // The segments just after it, live, not cached and not being read, looking no
@@ -618,7 +663,7 @@ impl Backing {
                 if claims.len() == READAHEAD || next + SEG_SLOTS > self.places.slots() {
                     break;
                 }
-                if self.cache.contains(next) || !self.try_hold(next) {
+                if self.cache.contains(next, epoch) || !self.try_hold(next) {
                     continue;
                 }
                 ahead.push(next);
@@ -628,7 +673,7 @@ impl Backing {
             }
         }
         let reads = claims.len() as u64;
-        let read = self.fetch(claims);
+        let read = self.fetch(claims, epoch);
         // The readahead's holds go; a segment whose last byte went meanwhile leaves the
         // cache with its last hold.
         for f in ahead {
@@ -638,9 +683,13 @@ impl Backing {
     }
 
     /// Reads the packed segments claimed (each held by the caller) as requests in flight
-    /// together, adds them to the cache, tells whoever waits for them, and returns the
-    /// first.
-    fn fetch(&self, claims: Vec<Claim<'_>>) -> std::result::Result<Arc<[u8]>, SwapError> {
+    /// together, adds them to the cache (read in the store's `epoch`, as it was before the
+    /// read), tells whoever waits for them, and returns the first.
+    fn fetch(
+        &self,
+        claims: Vec<Claim<'_>>,
+        epoch: u64,
+    ) -> std::result::Result<Arc<[u8]>, SwapError> {
         let mut bufs: Vec<Vec<u8>> = claims.iter().map(|_| vec![0u8; SEG_BYTES]).collect();
         let mut reads: Vec<(u64, usize, &mut [u8])> = claims
             .iter()
@@ -653,7 +702,7 @@ impl Backing {
         for (claim, bytes) in claims.into_iter().zip(bufs) {
             let bytes: Arc<[u8]> = bytes.into();
             own.get_or_insert_with(|| Arc::clone(&bytes));
-            self.cache.add(claim.first, Arc::clone(&bytes));
+            self.cache.add(claim.first, Arc::clone(&bytes), epoch);
             claim.finish(Some(bytes));
         }
         Ok(own.expect("at least one segment"))
@@ -1135,11 +1184,12 @@ impl Device {
             return;
         }
         let (mut firsts, mut pins) = (Vec::new(), Vec::new());
+        let epoch = store.store.epoch();
         for index in range {
             let Ok(slot) = self.slot(index) else { break };
             let g = slot.lock();
             if let Content::WrittenBack(place) = g.entry.content() {
-                if !firsts.contains(&place.first) && !store.cache.contains(place.first) {
+                if !firsts.contains(&place.first) && !store.cache.contains(place.first, epoch) {
                     firsts.push(place.first);
                     pins.push(store.pin(place));
                     if firsts.len() == READAHEAD {
@@ -1156,7 +1206,7 @@ impl Device {
                 .filter_map(|&f| store.cache.claim(f).ok())
                 .collect();
             let n = claims.len() as i64;
-            if n > 0 && store.fetch(claims).is_ok() {
+            if n > 0 && store.fetch(claims, epoch).is_ok() {
                 self.shard().counters.add(Counter::BdReads, n);
             }
         }

@@ -448,6 +448,39 @@ fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
     verify(&dev, n, |i| Some(page(i + 7777)));
 }
 
+#[test]
+fn cached_segments_go_when_the_store_is_lost_and_are_read_anew_when_it_is_back() {
+    let n = 64;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(Faulty::new(MemoryDevice::new(8 << 20).unwrap()));
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    // Page 1: written back (page 0 is a zero page, never on the store).
+    let mut out = vec![0u8; PS];
+    dev.read_page(1, &mut out).unwrap();
+    let reads = store.reads();
+    dev.read_page(1, &mut out).unwrap();
+    assert_eq!(store.reads(), reads, "the second read is the cache's");
+
+    // The store is lost (its epoch moves): the page's read is the store's, and fails,
+    // though the cache held its segment.
+    store.set_failing(false, true);
+    let err = dev.read_page(1, &mut out).unwrap_err();
+    assert!(err.to_string().contains("vanished"), "{err}");
+    // Back: read from the store again, exact.
+    store.set_failing(false, false);
+    dev.read_page(1, &mut out).unwrap();
+    assert_eq!(out, page(1));
+    assert_eq!(
+        store.reads(),
+        reads + 1,
+        "read anew from the store once back"
+    );
+    verify(&dev, n, |_| None);
+}
+
 /// A store that counts its batches (`read_many` and `write_many` calls of more than one
 /// range), the requests a remote store would have in flight together.
 struct Batches {
