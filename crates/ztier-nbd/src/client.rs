@@ -341,7 +341,7 @@ struct Conn {
 }
 
 /// Requests a pipelined read or write keeps in flight on the connection at once.
-const IN_FLIGHT: usize = 16;
+const IN_FLIGHT: usize = 32;
 
 /// One request of a pipelined batch.
 struct Pipelined<'a> {

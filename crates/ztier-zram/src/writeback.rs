@@ -154,8 +154,10 @@ const SEGMENT_CACHE: usize = 32;
 const READAHEAD: usize = SEGMENT_CACHE / 4;
 
 /// Units (packed segments, or single blocks) a writeback writes to the store together, in
-/// flight at once.
-const WB_IN_FLIGHT: usize = 8;
+/// flight at once: enough to keep a replicated store's disks busy while each write waits for
+/// every replica (what 8 and 32 gave on Ceph: MEASUREMENTS.md, "Cold pages on a Ceph
+/// cluster").
+const WB_IN_FLIGHT: usize = 32;
 
 /// A stamp no other save made: the clock, the process and a hasher's random keys.
 fn new_stamp() -> [u8; 16] {
