@@ -105,12 +105,20 @@ fn serve_faults(sh: &Shared) {
         if waiting {
             std::thread::yield_now();
         }
-        sh.uffd.poll(&sh.waker, if waiting { 1 } else { -1 });
+        // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
+        // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which
+        // costs more than the handler's own wake-up, which the scheduler puts on the
+        // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
+        let ready = sh.uffd.poll(&sh.waker, if waiting { 1 } else { -1 });
         if sh.stop_faults.load(Relaxed) {
             return;
         }
-        sh.waker.drain();
-        {
+        if ready.waker {
+            sh.waker.drain();
+        }
+        // Nothing to read when only the waker woke it (or the poll timed out): queued
+        // faults are served below all the same.
+        if ready.uffd {
             let _gate = sh.gate.write();
             loop {
                 let n = match sh.uffd.read(&mut msgs) {

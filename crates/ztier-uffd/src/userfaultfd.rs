@@ -352,8 +352,8 @@ impl Uffd {
     }
 
     /// Waits until a message is waiting, `waker` is signalled, or `timeout_ms` pass (-1:
-    /// no limit).
-    pub fn poll(&self, waker: &Waker, timeout_ms: i32) {
+    /// no limit; 0: only looks); which of the two is readable.
+    pub fn poll(&self, waker: &Waker, timeout_ms: i32) -> Ready {
         let mut fds = [
             libc::pollfd {
                 fd: self.raw(),
@@ -368,8 +368,23 @@ impl Uffd {
         ];
         // SAFETY: poll reads and writes the two structs of a live array, nothing else. An
         // interrupted poll returns early, which the caller's loop absorbs.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        if r <= 0 {
+            return Ready::default();
+        }
+        // An error or hang-up on the descriptor (closed) counts as readable: the read says.
+        Ready {
+            uffd: fds[0].revents != 0,
+            waker: fds[1].revents != 0,
+        }
     }
+}
+
+/// What [`Uffd::poll`] found readable.
+#[derive(Default, Clone, Copy)]
+pub struct Ready {
+    pub uffd: bool,
+    pub waker: bool,
 }
 
 impl Drop for Uffd {
