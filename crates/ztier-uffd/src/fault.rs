@@ -270,10 +270,13 @@ impl Shared {
         }
     }
 
-    /// Serves a fault on a stored page (locked by the caller), with as many of the stored
-    /// pages after it as the fault-around window takes, in one copy. A read brings them in
-    /// clean: write-protected, their copies kept in the store; `dirty` (a write, or clean
-    /// pages off) brings them in unprotected, their copies discarded.
+    /// Serves a fault on a stored page (locked by the caller), then as many of the stored
+    /// pages after it as the fault-around window takes. The faulting page goes in alone
+    /// first, after one decompression, which wakes its thread; the neighbours follow in one
+    /// copy. A read brings them in clean: write-protected, their copies kept in the store;
+    /// `dirty` (a write, or clean pages off) brings them in unprotected, their copies
+    /// discarded once the copy is done (until then, under their locks, the store's copy is
+    /// what goes back if the copy fails: nothing to compress again).
     fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
         let window = around.window(page);
@@ -291,95 +294,101 @@ impl Shared {
             guards.push(g);
             n += 1;
         }
+        if let Err(e) = self.device.read_page(page, &mut buf[..ps]) {
+            *self.last_error.lock() = Some(format!("page {page}: {e}"));
+            if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
+                self.count(Count::Poisoned, 1);
+            }
+            return Served::Done;
+        }
+        let clean = if dirty { 0 } else { CLEAN };
+        // In before the copy, which lets the faulting thread run on: what it reads of the
+        // region's figures then includes its own fault. Taken back if the copy fails.
+        self.fault_ins[0].fetch_add(1, Relaxed);
+        self.leave(page, STORED, RESIDENT | REFERENCED | clean);
+        match self
+            .uffd
+            .copy_run(self.page_addr(page), &buf[..ps], !dirty)
+            .1
+        {
+            Ok(()) => {
+                if dirty {
+                    self.drop_stored(page, STORED);
+                }
+            }
+            Err(libc::EEXIST) => {
+                // Present already: what the program sees is that page, which is not one of
+                // ours and not protected: not clean, and the stored copy is stale.
+                self.drop_stored(page, STORED);
+                self.leave(page, RESIDENT | REFERENCED | clean, RESIDENT | REFERENCED);
+                self.uffd.wake(self.page_addr(page), ps as u64);
+                around.served(page, 1);
+                return Served::Done;
+            }
+            Err(e) => {
+                self.fault_ins[0].fetch_sub(1, Relaxed);
+                self.leave(page, RESIDENT | REFERENCED | clean, STORED);
+                around.served(page, 1);
+                return match e {
+                    libc::EAGAIN => Served::Later,
+                    // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
+                    // process is exiting.
+                    _ => Served::Done,
+                };
+            }
+        }
+        // The neighbours, read while the faulting thread runs on.
+        let first = page + 1;
         let mut read = 0;
-        while read < n {
-            let p = page + read as u64;
+        while read < n - 1 {
+            let p = first + read as u64;
             if let Err(e) = self
                 .device
                 .read_page(p, &mut buf[read * ps..(read + 1) * ps])
             {
                 *self.last_error.lock() = Some(format!("page {p}: {e}"));
-                if read == 0 {
-                    if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
-                        self.count(Count::Poisoned, 1);
-                    }
-                    return Served::Done;
-                }
                 break;
             }
             read += 1;
         }
-        let n = read;
-        // In before the copy, which lets the faulting thread run on: what it reads of the
-        // region's figures (and of the device's) then includes its own fault. Put back for
-        // the pages the copy does not install.
-        self.fault_ins[0].fetch_add(1, Relaxed);
-        self.count(Count::FaultAround, n as u64 - 1);
-        let clean = if dirty { 0 } else { CLEAN };
-        for k in 0..n as u64 {
-            if dirty {
-                self.drop_stored(page + k, STORED);
-            }
+        for k in 0..read as u64 {
             // Neighbours come in without a second chance: cold unless touched.
-            let to = if k == 0 {
-                RESIDENT | REFERENCED | clean
-            } else {
-                RESIDENT | clean
-            };
-            self.leave(page + k, STORED, to);
+            self.leave(first + k, STORED, RESIDENT | clean);
         }
-        let (done, outcome) = self
-            .uffd
-            .copy_run(self.page_addr(page), &buf[..n * ps], !dirty);
-        let mut installed = if outcome.is_ok() { n } else { done / ps };
-        if let Err(libc::EEXIST) = outcome {
-            // That page is present already: what the program sees is that page, which is
-            // not one of ours and not protected, so it is not clean.
-            let p = page + installed as u64;
-            if !dirty && installed < n {
-                let state = self.state(p);
-                self.drop_stored(p, state);
-                self.leave(p, state, state & !CLEAN);
+        let mut installed = read;
+        if read > 0 {
+            let (done, outcome) =
+                self.uffd
+                    .copy_run(self.page_addr(first), &buf[..read * ps], !dirty);
+            if outcome.is_err() {
+                installed = done / ps;
             }
-            installed += 1;
-            self.uffd.wake(self.page_addr(page), ps as u64);
-        }
-        around.served(page, installed.max(1));
-        for k in installed.min(n)..n {
-            let p = page + k as u64;
+            let copied = installed;
+            self.count(Count::FaultAround, copied as u64);
             if dirty {
-                self.put_back(p, &buf[k * ps..(k + 1) * ps]);
-            } else {
-                // Its copy is still in the store.
-                self.leave(p, self.state(p), STORED);
-            }
-        }
-        match outcome {
-            Ok(()) | Err(libc::EEXIST) => Served::Done,
-            Err(e) => {
-                if installed == 0 {
-                    self.fault_ins[0].fetch_sub(1, Relaxed);
-                }
-                match e {
-                    libc::EAGAIN if installed == 0 => Served::Later,
-                    _ => Served::Done,
+                for k in 0..copied as u64 {
+                    self.drop_stored(first + k, STORED);
                 }
             }
-        }
-    }
-
-    /// A page counted in whose copy failed (its lock held): stored again, or held whole if
-    /// the store refuses it now.
-    fn put_back(&self, page: u64, content: &[u8]) {
-        let back = match self.device.write_page(page, content) {
-            Ok(()) => STORED,
-            Err(cause) => {
-                *self.last_error.lock() = Some(format!("page {page}: {cause}"));
-                self.held.lock().insert(page, content.into());
-                HELD
+            if let Err(libc::EEXIST) = outcome {
+                // As for the faulting page: present, not ours, not clean; the copy is stale.
+                let p = first + installed as u64;
+                if installed < read {
+                    self.drop_stored(p, STORED);
+                    self.leave(p, RESIDENT | clean, RESIDENT);
+                    self.uffd.wake(self.page_addr(p), ps as u64);
+                    installed += 1;
+                }
             }
-        };
-        self.leave(page, RESIDENT, back);
+            // The pages the copy did not install: their copies are still in the store.
+            for k in installed..read {
+                let p = first + k as u64;
+                self.leave(p, RESIDENT | clean, STORED);
+            }
+        }
+        around.served(page, installed + 1);
+        drop(guards);
+        Served::Done
     }
 
     /// Whether faults that bring a page in wait for the reclaim thread.
