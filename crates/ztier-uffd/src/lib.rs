@@ -543,6 +543,14 @@ impl Region {
         self.shared.map.len()
     }
 
+    /// The addresses of the region's landing pad (the mapping its evictors move pages
+    /// into before they store them), for a process's own accounting of what the region
+    /// keeps resident (`/proc/self/smaps`): the region's mapping and this one.
+    pub fn pad_range(&self) -> std::ops::Range<usize> {
+        let start = self.shared.scratch.addr() as usize;
+        start..start + self.shared.scratch.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         false
     }
