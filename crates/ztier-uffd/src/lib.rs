@@ -455,7 +455,8 @@ impl Region {
             | userfaultfd::FEATURE_EVENT_UNMAP
             | userfaultfd::FEATURE_EVENT_REMAP
             | userfaultfd::FEATURE_MOVE
-            | userfaultfd::FEATURE_POISON;
+            | userfaultfd::FEATURE_POISON
+            | userfaultfd::FEATURE_THREAD_ID;
         uffd.api(features).map_err(|e| match e.raw_os_error() {
             Some(libc::EINVAL) => Error::Unsupported(
                 "UFFDIO_MOVE, UFFDIO_POISON or the remove, unmap and remap events",
