@@ -1,12 +1,17 @@
 //! `ztier bench --front uffd [--budget 25%]`: each corpus written into a region
 //! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
-//! evicts the rest, every page read back in order and verified, then single pages touched
-//! at random for the fault latency, then random reads with a working set (most pages
-//! evicted clean: read in and not written since); all of it twice, with the region's clean
-//! pages on and off (every eviction compressing, as before them); beside the kernel zswap's
-//! MADV_PAGEOUT and fault-in
-//! figures for the same pages from the corpus's `zswap-truth.json` (marked as such: this
-//! kernel offers zswap no lz4, so the kernel's path is measured with lzo-rle).
+//! evicts the rest, every page read back in order and verified (under the budget: each page
+//! brought in makes the reclaim thread evict another), the region's RSS then taken from
+//! /proc/self/smaps, then single pages touched at random for the fault latency, then random
+//! reads with a working set (most pages evicted clean: read in and not written since), then
+//! every page stored and read back in order with the budget not binding (into free memory,
+//! as the kernel's fault-in figure is), and the memory held then set beside a fresh zram
+//! device's holding the same pages; all of it twice, with the region's clean pages on and
+//! off (every eviction compressing, as before them); beside the kernel zswap's
+//! MADV_PAGEOUT and fault-in figures for the same pages from the corpus's
+//! `zswap-truth.json` (marked as such: this kernel offers zswap no lz4, so the kernel's
+//! path is measured with lzo-rle). The bench uses the public APIs of ztier-uffd and
+//! ztier-zram only.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
