@@ -1,12 +1,17 @@
 //! `ztier bench --front uffd [--budget 25%]`: each corpus written into a region
 //! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
-//! evicts the rest, every page read back in order and verified, then single pages touched
-//! at random for the fault latency, then random reads with a working set (most pages
-//! evicted clean: read in and not written since); all of it twice, with the region's clean
-//! pages on and off (every eviction compressing, as before them); beside the kernel zswap's
-//! MADV_PAGEOUT and fault-in
-//! figures for the same pages from the corpus's `zswap-truth.json` (marked as such: this
-//! kernel offers zswap no lz4, so the kernel's path is measured with lzo-rle).
+//! evicts the rest, every page read back in order and verified (under the budget: each page
+//! brought in makes the reclaim thread evict another), the region's RSS then taken from
+//! /proc/self/smaps, then single pages touched at random for the fault latency, then random
+//! reads with a working set (most pages evicted clean: read in and not written since), then
+//! every page stored and read back in order with the budget not binding (into free memory,
+//! as the kernel's fault-in figure is), and the memory held then set beside a fresh zram
+//! device's holding the same pages; all of it twice, with the region's clean pages on and
+//! off (every eviction compressing, as before them); beside the kernel zswap's
+//! MADV_PAGEOUT and fault-in figures for the same pages from the corpus's
+//! `zswap-truth.json` (marked as such: this kernel offers zswap no lz4, so the kernel's
+//! path is measured with lzo-rle). The bench uses the public APIs of ztier-uffd and
+//! ztier-zram only.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -46,8 +51,23 @@ struct UffdRun {
     /// Evictions over the whole run, clean and dirty.
     evictions_clean: u64,
     evictions_dirty: u64,
+    /// Every page stored (the budget cut to one page), then the budget raised to the
+    /// whole region and every page read in order: the pages come into free memory with
+    /// nothing evicted meanwhile, as in the kernel's fault-in figure.
+    seq_faultin_free_mb_s: f64,
     /// Region pages resident at the end of the sequential pass, against the budget.
     resident_pages: u64,
+    /// Bytes the region keeps resident at the end of the sequential pass: its mapping's
+    /// and its pad's `Rss` in /proc/self/smaps, and its state byte a page.
+    rss_bytes: u64,
+    /// What #28 allows: the budget and 64 bytes a stored page.
+    rss_allowed_bytes: u64,
+    /// With every page stored: the region's device's mm_stat, and a fresh zram device
+    /// (same compressor and allocator) with every page of the corpus written to it.
+    all_stored_pages: u64,
+    all_mem_used_total: u64,
+    zram_mem_used_total: u64,
+    zram_stored_pages: u64,
     /// The device's mm_stat after the eviction: memory held, compressed bytes.
     mem_used_total: u64,
     compr_data_size: u64,
@@ -142,6 +162,7 @@ fn run_one(
     let seq_time = t.elapsed();
     std::hint::black_box(sum);
     let seq = region.stats();
+    let rss_bytes = region_rss(&region)? + pages as u64;
     let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
     let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
     verify(&region, corpus)?;
@@ -193,6 +214,26 @@ fn run_one(
     let rand = region.stats();
     verify(&region, corpus)?;
     let end = region.stats();
+
+    // Every page stored, then read in order into free memory (nothing evicted meanwhile).
+    region.set_budget(ps)?;
+    while region.stats().resident_pages > region.stats().budget_pages {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let all = region.stats();
+    region.set_budget(len)?;
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for i in 0..pages {
+        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
+    }
+    let free_time = t.elapsed();
+    std::hint::black_box(sum);
+    let free = region.stats();
+    let brought_free =
+        (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
+    verify(&region, corpus)?;
+    let zram = zram_of(corpus, algorithm)?;
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 - 1.0) * p) as usize)
             .copied()
@@ -218,7 +259,14 @@ fn run_one(
         fault_p50_us: pct(0.5),
         fault_p99_us: pct(0.99),
         fault_max_us: lat.last().copied().unwrap_or(0.0),
+        seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
         resident_pages: seq.resident_pages,
+        rss_bytes,
+        rss_allowed_bytes: budget as u64 + 64 * seq.stored_pages,
+        all_stored_pages: all.stored_pages,
+        all_mem_used_total: all.mm_stat.mem_used_total,
+        zram_mem_used_total: zram.mem_used_total,
+        zram_stored_pages: zram.orig_data_size / ps as u64 - zram.same_pages,
         mem_used_total: held.mem_used_total,
         compr_data_size: held.compr_data_size,
         stored_pages: after.stored_pages,
@@ -226,6 +274,57 @@ fn run_one(
         kernel_faultin_mb_s: truth.as_ref().and_then(|t| t.faultin_mb_s),
         kernel_pool_total_size: truth.as_ref().map(|t| t.pool_total_size),
     })
+}
+
+/// The bytes of the region's mapping and its pad resident now (`Rss` in /proc/self/smaps).
+fn region_rss(region: &Region) -> anyhow::Result<u64> {
+    let map = region.as_ptr() as usize..region.as_ptr() as usize + region.len();
+    let pad = region.pad_range();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").context("/proc/self/smaps")?;
+    let mut inside = false;
+    let mut kb = 0u64;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    let within = |r: &std::ops::Range<usize>| a >= r.start && b <= r.end;
+                    inside = within(&map) || within(&pad);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(v) = line.strip_prefix("Rss:") {
+                kb += v.trim().trim_end_matches("kB").trim().parse::<u64>()?;
+            }
+        }
+    }
+    Ok(kb * 1024)
+}
+
+/// A fresh zram device, the region's compressor and allocator, holding every page of the
+/// corpus: its mm_stat.
+fn zram_of(
+    corpus: &Corpus,
+    algorithm: &ztier_compress::Algorithm,
+) -> anyhow::Result<ztier_zram::MmStat> {
+    let ps = 4096usize;
+    let layout = ztier_pool::ZsConfig {
+        page_size: ps,
+        ..ztier_pool::ZsConfig::default()
+    };
+    let pool = ztier_pool::AllocatorKind::Zsmalloc
+        .make_pool(&layout)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let device = ztier_zram::Device::new((corpus.pages() * ps) as u64, algorithm.clone(), pool)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (i, page) in corpus.chunks(ps).enumerate() {
+        device
+            .write_page(i as u64, page)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(device.mm_stat())
 }
 
 /// Every word of every page as the corpus has it.
@@ -266,12 +365,31 @@ fn print_run(r: &UffdRun) {
         kernel(r.kernel_faultin_mb_s)
     );
     println!(
+        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {} MB/s)",
+        r.seq_faultin_free_mb_s,
+        kernel(r.kernel_faultin_mb_s)
+    );
+    println!(
         "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store)",
         r.fault_p50_us, r.fault_p99_us, r.fault_max_us
     );
     println!(
         "  resident    {} pages after the pass (budget {})",
         r.resident_pages, r.budget_pages
+    );
+    println!(
+        "  rss         {:.2} MB region + pad + state bytes after the pass; allowed {:.2} MB (budget + 64 B a stored page)",
+        mb(r.rss_bytes),
+        mb(r.rss_allowed_bytes)
+    );
+    println!(
+        "  all stored  {:.2} MB held for {} pages (+{:.2} MB state bytes); zram device, same pages: {:.2} MB for {} pages ({:.3}x)",
+        mb(r.all_mem_used_total),
+        r.all_stored_pages,
+        mb(r.pages),
+        mb(r.zram_mem_used_total),
+        r.zram_stored_pages,
+        (r.all_mem_used_total + r.pages) as f64 / r.zram_mem_used_total as f64
     );
     println!(
         "  held        {:.1} MB memory for {} stored pages ({:.1} MB compressed){}",
@@ -294,5 +412,5 @@ fn print_run(r: &UffdRun) {
         "  evictions   {} clean / {} dirty over the run",
         r.evictions_clean, r.evictions_dirty
     );
-    println!("  every page verified (after the sequential and the random reads)");
+    println!("  every page verified (after each read pass)");
 }

@@ -7,11 +7,13 @@
 //! for it); events are handled, under `gate` (write), before any fault read after them is
 //! served; a fault that cannot be served yet (`EAGAIN`, or the budget while the reclaim
 //! thread catches up) waits in a queue while the thread goes on reading messages, so the
-//! thread never waits for anything that waits for it. Lock order: lib.rs.
+//! thread never waits for anything that waits for it. It blocks in `poll` between messages
+//! (no spinning) and, at most every 20 ms, moves to the CPU the last faulting thread ran on
+//! (`Follow`). Lock order: lib.rs.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::userfaultfd::{self, Msg, Outcome};
 use crate::{
@@ -66,6 +68,42 @@ impl Around {
     }
 }
 
+/// How often the fault thread looks where the thread that faulted runs.
+const FOLLOW_EVERY: Duration = Duration::from_millis(20);
+
+/// Keeps the fault thread on the CPU of the threads that fault. A fault's round trip is
+/// two wake-ups (the faulting thread's of the handler, the handler's copy's of it): on
+/// one CPU they are context switches; across two, on a machine whose idle CPUs halt (a
+/// VM's vCPUs), each is an interrupt into a halted CPU, 25 µs or more. The scheduler
+/// keeps whichever placement it happened on; this moves the handler, at most every
+/// [`FOLLOW_EVERY`], to the CPU the last faulting thread ran on (from its
+/// /proc/self/task/TID/stat, the message's thread id) when it is not there.
+#[derive(Default)]
+struct Follow {
+    last: Option<Instant>,
+}
+
+impl Follow {
+    fn fault(&mut self, tid: u64) {
+        if self.last.is_some_and(|t| t.elapsed() < FOLLOW_EVERY) || tid == 0 {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let Some(cpu) = cpu_of(tid) else { return };
+        if userfaultfd::current_cpu() != Some(cpu) {
+            userfaultfd::move_to_cpu(cpu);
+        }
+    }
+}
+
+/// The CPU thread `tid` of this process last ran on (field 39 of its stat).
+fn cpu_of(tid: u64) -> Option<usize> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(39 - 3)?.parse().ok()
+}
+
 /// Pages an `mremap` moved out of the region: their stored copies, to be copied to where
 /// they are now, after which the new range is unregistered (its pages leave the region).
 struct Remap {
@@ -97,6 +135,7 @@ fn serve_faults(sh: &Shared) {
     let mut around = Around::new(sh.fault_around);
     let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
+    let mut follow = Follow::default();
     loop {
         if sh.stop_faults.load(Relaxed) {
             return;
@@ -105,12 +144,20 @@ fn serve_faults(sh: &Shared) {
         if waiting {
             std::thread::yield_now();
         }
-        sh.uffd.poll(&sh.waker, if waiting { 1 } else { -1 });
+        // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
+        // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which
+        // costs more than the handler's own wake-up, which the scheduler puts on the
+        // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
+        let ready = sh.uffd.poll(&sh.waker, if waiting { 1 } else { -1 });
         if sh.stop_faults.load(Relaxed) {
             return;
         }
-        sh.waker.drain();
-        {
+        if ready.waker {
+            sh.waker.drain();
+        }
+        // Nothing to read when only the waker woke it (or the poll timed out): queued
+        // faults are served below all the same.
+        if ready.uffd {
             let _gate = sh.gate.write();
             loop {
                 let n = match sh.uffd.read(&mut msgs) {
@@ -125,12 +172,15 @@ fn serve_faults(sh: &Shared) {
                 };
                 for m in &msgs[..n] {
                     match m.event {
-                        userfaultfd::EVENT_PAGEFAULT => faults.push_back(Fault {
-                            addr: m.arg[1] & !(sh.page_size as u64 - 1),
-                            write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
-                            wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
-                            read_at: Instant::now(),
-                        }),
+                        userfaultfd::EVENT_PAGEFAULT => {
+                            follow.fault(m.arg[2]);
+                            faults.push_back(Fault {
+                                addr: m.arg[1] & !(sh.page_size as u64 - 1),
+                                write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
+                                wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
+                                read_at: Instant::now(),
+                            })
+                        }
                         userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
                         userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
                         userfaultfd::EVENT_REMAP => {
@@ -262,10 +312,13 @@ impl Shared {
         }
     }
 
-    /// Serves a fault on a stored page (locked by the caller), with as many of the stored
-    /// pages after it as the fault-around window takes, in one copy. A read brings them in
-    /// clean: write-protected, their copies kept in the store; `dirty` (a write, or clean
-    /// pages off) brings them in unprotected, their copies discarded.
+    /// Serves a fault on a stored page (locked by the caller), then as many of the stored
+    /// pages after it as the fault-around window takes. The faulting page goes in alone
+    /// first, after one decompression, which wakes its thread; the neighbours follow in one
+    /// copy. A read brings them in clean: write-protected, their copies kept in the store;
+    /// `dirty` (a write, or clean pages off) brings them in unprotected, their copies
+    /// discarded once the copy is done (until then, under their locks, the store's copy is
+    /// what goes back if the copy fails: nothing to compress again).
     fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
         let window = around.window(page);
@@ -283,95 +336,101 @@ impl Shared {
             guards.push(g);
             n += 1;
         }
+        if let Err(e) = self.device.read_page(page, &mut buf[..ps]) {
+            *self.last_error.lock() = Some(format!("page {page}: {e}"));
+            if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
+                self.count(Count::Poisoned, 1);
+            }
+            return Served::Done;
+        }
+        let clean = if dirty { 0 } else { CLEAN };
+        // In before the copy, which lets the faulting thread run on: what it reads of the
+        // region's figures then includes its own fault. Taken back if the copy fails.
+        self.fault_ins[0].fetch_add(1, Relaxed);
+        self.leave(page, STORED, RESIDENT | REFERENCED | clean);
+        match self
+            .uffd
+            .copy_run(self.page_addr(page), &buf[..ps], !dirty)
+            .1
+        {
+            Ok(()) => {
+                if dirty {
+                    self.drop_stored(page, STORED);
+                }
+            }
+            Err(libc::EEXIST) => {
+                // Present already: what the program sees is that page, which is not one of
+                // ours and not protected: not clean, and the stored copy is stale.
+                self.drop_stored(page, STORED);
+                self.leave(page, RESIDENT | REFERENCED | clean, RESIDENT | REFERENCED);
+                self.uffd.wake(self.page_addr(page), ps as u64);
+                around.served(page, 1);
+                return Served::Done;
+            }
+            Err(e) => {
+                self.fault_ins[0].fetch_sub(1, Relaxed);
+                self.leave(page, RESIDENT | REFERENCED | clean, STORED);
+                around.served(page, 1);
+                return match e {
+                    libc::EAGAIN => Served::Later,
+                    // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
+                    // process is exiting.
+                    _ => Served::Done,
+                };
+            }
+        }
+        // The neighbours, read while the faulting thread runs on.
+        let first = page + 1;
         let mut read = 0;
-        while read < n {
-            let p = page + read as u64;
+        while read < n - 1 {
+            let p = first + read as u64;
             if let Err(e) = self
                 .device
                 .read_page(p, &mut buf[read * ps..(read + 1) * ps])
             {
                 *self.last_error.lock() = Some(format!("page {p}: {e}"));
-                if read == 0 {
-                    if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
-                        self.count(Count::Poisoned, 1);
-                    }
-                    return Served::Done;
-                }
                 break;
             }
             read += 1;
         }
-        let n = read;
-        // In before the copy, which lets the faulting thread run on: what it reads of the
-        // region's figures (and of the device's) then includes its own fault. Put back for
-        // the pages the copy does not install.
-        self.fault_ins[0].fetch_add(1, Relaxed);
-        self.count(Count::FaultAround, n as u64 - 1);
-        let clean = if dirty { 0 } else { CLEAN };
-        for k in 0..n as u64 {
-            if dirty {
-                self.drop_stored(page + k, STORED);
-            }
+        for k in 0..read as u64 {
             // Neighbours come in without a second chance: cold unless touched.
-            let to = if k == 0 {
-                RESIDENT | REFERENCED | clean
-            } else {
-                RESIDENT | clean
-            };
-            self.leave(page + k, STORED, to);
+            self.leave(first + k, STORED, RESIDENT | clean);
         }
-        let (done, outcome) = self
-            .uffd
-            .copy_run(self.page_addr(page), &buf[..n * ps], !dirty);
-        let mut installed = if outcome.is_ok() { n } else { done / ps };
-        if let Err(libc::EEXIST) = outcome {
-            // That page is present already: what the program sees is that page, which is
-            // not one of ours and not protected, so it is not clean.
-            let p = page + installed as u64;
-            if !dirty && installed < n {
-                let state = self.state(p);
-                self.drop_stored(p, state);
-                self.leave(p, state, state & !CLEAN);
+        let mut installed = read;
+        if read > 0 {
+            let (done, outcome) =
+                self.uffd
+                    .copy_run(self.page_addr(first), &buf[..read * ps], !dirty);
+            if outcome.is_err() {
+                installed = done / ps;
             }
-            installed += 1;
-            self.uffd.wake(self.page_addr(page), ps as u64);
-        }
-        around.served(page, installed.max(1));
-        for k in installed.min(n)..n {
-            let p = page + k as u64;
+            let copied = installed;
+            self.count(Count::FaultAround, copied as u64);
             if dirty {
-                self.put_back(p, &buf[k * ps..(k + 1) * ps]);
-            } else {
-                // Its copy is still in the store.
-                self.leave(p, self.state(p), STORED);
-            }
-        }
-        match outcome {
-            Ok(()) | Err(libc::EEXIST) => Served::Done,
-            Err(e) => {
-                if installed == 0 {
-                    self.fault_ins[0].fetch_sub(1, Relaxed);
-                }
-                match e {
-                    libc::EAGAIN if installed == 0 => Served::Later,
-                    _ => Served::Done,
+                for k in 0..copied as u64 {
+                    self.drop_stored(first + k, STORED);
                 }
             }
-        }
-    }
-
-    /// A page counted in whose copy failed (its lock held): stored again, or held whole if
-    /// the store refuses it now.
-    fn put_back(&self, page: u64, content: &[u8]) {
-        let back = match self.device.write_page(page, content) {
-            Ok(()) => STORED,
-            Err(cause) => {
-                *self.last_error.lock() = Some(format!("page {page}: {cause}"));
-                self.held.lock().insert(page, content.into());
-                HELD
+            if let Err(libc::EEXIST) = outcome {
+                // As for the faulting page: present, not ours, not clean; the copy is stale.
+                let p = first + installed as u64;
+                if installed < read {
+                    self.drop_stored(p, STORED);
+                    self.leave(p, RESIDENT | clean, RESIDENT);
+                    self.uffd.wake(self.page_addr(p), ps as u64);
+                    installed += 1;
+                }
             }
-        };
-        self.leave(page, RESIDENT, back);
+            // The pages the copy did not install: their copies are still in the store.
+            for k in installed..read {
+                let p = first + k as u64;
+                self.leave(p, RESIDENT | clean, STORED);
+            }
+        }
+        around.served(page, installed + 1);
+        drop(guards);
+        Served::Done
     }
 
     /// Whether faults that bring a page in wait for the reclaim thread.

@@ -454,7 +454,8 @@ impl Region {
             | userfaultfd::FEATURE_EVENT_UNMAP
             | userfaultfd::FEATURE_EVENT_REMAP
             | userfaultfd::FEATURE_MOVE
-            | userfaultfd::FEATURE_POISON;
+            | userfaultfd::FEATURE_POISON
+            | userfaultfd::FEATURE_THREAD_ID;
         uffd.api(features).map_err(|e| match e.raw_os_error() {
             Some(libc::EINVAL) => Error::Unsupported(
                 "UFFDIO_MOVE, UFFDIO_POISON or the remove, unmap and remap events",
@@ -540,6 +541,14 @@ impl Region {
 
     pub fn len(&self) -> usize {
         self.shared.map.len()
+    }
+
+    /// The addresses of the region's landing pad (the mapping its evictors move pages
+    /// into before they store them), for a process's own accounting of what the region
+    /// keeps resident (`/proc/self/smaps`): the region's mapping and this one.
+    pub fn pad_range(&self) -> std::ops::Range<usize> {
+        let start = self.shared.scratch.addr() as usize;
+        start..start + self.shared.scratch.len()
     }
 
     pub fn is_empty(&self) -> bool {

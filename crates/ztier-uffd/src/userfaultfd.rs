@@ -1,6 +1,7 @@
 //! The userfaultfd file descriptor and its ioctls (`include/uapi/linux/userfaultfd.h`), and
-//! the eventfd that wakes the thread polling it: the only system calls of the crate besides
-//! the mapping's (`mapping.rs`).
+//! the eventfd that wakes the thread polling it, and the fault thread's move to another CPU
+//! (`sched_setaffinity`): the only system calls of the crate besides the mapping's
+//! (`mapping.rs`).
 //!
 //! Why raw ioctls: the protocol needs `UFFDIO_MOVE` (6.8) and `UFFDIO_POISON` (6.6), which
 //! no userfaultfd crate wraps; the structures below are the kernel's, field for field.
@@ -100,6 +101,8 @@ const WRITEPROTECT_MODE_WP: u64 = 1;
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// The faulting thread's id in a page fault's message (`arg[2]`).
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_POISON: u64 = 1 << 14;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
@@ -352,8 +355,8 @@ impl Uffd {
     }
 
     /// Waits until a message is waiting, `waker` is signalled, or `timeout_ms` pass (-1:
-    /// no limit).
-    pub fn poll(&self, waker: &Waker, timeout_ms: i32) {
+    /// no limit; 0: only looks); which of the two is readable.
+    pub fn poll(&self, waker: &Waker, timeout_ms: i32) -> Ready {
         let mut fds = [
             libc::pollfd {
                 fd: self.raw(),
@@ -368,8 +371,23 @@ impl Uffd {
         ];
         // SAFETY: poll reads and writes the two structs of a live array, nothing else. An
         // interrupted poll returns early, which the caller's loop absorbs.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        if r <= 0 {
+            return Ready::default();
+        }
+        // An error or hang-up on the descriptor (closed) counts as readable: the read says.
+        Ready {
+            uffd: fds[0].revents != 0,
+            waker: fds[1].revents != 0,
+        }
     }
+}
+
+/// What [`Uffd::poll`] found readable.
+#[derive(Default, Clone, Copy)]
+pub struct Ready {
+    pub uffd: bool,
+    pub waker: bool,
 }
 
 impl Drop for Uffd {
@@ -430,4 +448,38 @@ fn outcome(r: libc::c_int, done: i64, len: usize) -> Outcome {
     Err(io::Error::last_os_error()
         .raw_os_error()
         .unwrap_or(libc::EIO))
+}
+
+/// The CPU the calling thread runs on now.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes nothing and returns a CPU number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
+/// Moves the calling thread to `cpu` now, leaving it free to run anywhere it could before
+/// (its affinity is set to that CPU alone, which migrates it, then put back).
+pub fn move_to_cpu(cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
+    let mut was: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most the size we pass into a live cpu_set_t; 0 is
+    // the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut was) } != 0 {
+        return;
+    }
+    // SAFETY: as above, an empty set.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE, checked above; the set is a live local.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    // SAFETY: sched_setaffinity reads the sets we pass (live locals) and changes only where
+    // the calling thread may run; a CPU outside the process's cpuset fails (EINVAL), and
+    // the thread stays where it was.
+    unsafe {
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) == 0 {
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &was);
+        }
+    }
 }
