@@ -470,6 +470,12 @@ pub fn move_to_cpu(cpu: usize) {
     if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut was) } != 0 {
         return;
     }
+    // Never, even for a moment, onto a CPU the thread may not run on (a program's own
+    // affinity, which the region's threads inherit).
+    // SAFETY: `cpu` is below CPU_SETSIZE, checked above; `was` is a live, filled set.
+    if !unsafe { libc::CPU_ISSET(cpu, &was) } {
+        return;
+    }
     // SAFETY: as above, an empty set.
     let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `cpu` is below CPU_SETSIZE, checked above; the set is a live local.
