@@ -19,8 +19,10 @@
 //! registered with the same userfaultfd): the move clears the region's page-table entry and
 //! flushes the TLBs before the page appears in the pad, so every write of the program lands
 //! either before the move (and is in the stored copy) or after it (and faults, and waits).
-//! The copy in the pad is stable (no one else maps it), so it is compressed from there with
-//! no write-protection pass, then the pad is emptied (`MADV_DONTNEED`, a batch at a time).
+//! The reclaim thread moves a run of neighbouring cold pages with one move (one TLB flush
+//! for the run), each page locked. The copy in the pad is stable (no one else maps it), so
+//! it is compressed from there with no write-protection pass, then the pad is emptied
+//! (`MADV_DONTNEED`, a batch at a time).
 //! The classic alternative (write-protect, copy, `MADV_DONTNEED` the region page) would
 //! send the handler a `REMOVE` event for its own drop, indistinguishable from the program's.
 //!
@@ -40,8 +42,9 @@
 //! - **Eviction against the program's writes**: the move is atomic (above).
 //! - **A fault on a page under eviction**: the evictor holds the page's lock from before the
 //!   move until the state says `STORED` (or the page is back); the fault thread waits for
-//!   that lock, which is held across one compression, never across anything that waits for
-//!   the fault thread.
+//!   that lock, which is held across the run's move and the compressions of the run's pages
+//!   up to its own (each page's released once it is settled, in page order), never across
+//!   anything that waits for the fault thread.
 //! - **The program's `MADV_DONTNEED`**: the kernel queues `REMOVE`, waits until it is read,
 //!   then zaps. The fault thread reads and handles events under `gate` (write), before it
 //!   serves any fault read after them: the stored copy is discarded and the page is `EMPTY`
@@ -113,8 +116,12 @@
 //!
 //! # Lock order
 //! `gate` (the fault thread's write while it reads and handles messages; an evictor's read
-//! while it checks a page and moves it) → `locks[page % STRIPES]` (one at a time) → the zram
-//! device's own locks, and `held` (a leaf). The reclaim signal's mutex is taken alone.
+//! while it checks pages and moves them) → `locks[page % STRIPES]` → the zram device's own
+//! locks, and `held` (a leaf). Page locks, several at once: the fault thread takes a
+//! faulting page's and then its fault-around neighbours' in page order, waiting for each;
+//! an evictor waits only for the first page of its run and takes the others with `try_lock`
+//! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
+//! can form; everyone else holds one at a time. The reclaim signal's mutex is taken alone.
 //! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
@@ -130,9 +137,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use serde::Serialize;
-use ztier_base::shard::{Counters, Stripes};
+use ztier_base::shard::Counters;
 use ztier_compress::{Algorithm, Kind};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Device, MmStat, ZramError};
@@ -198,6 +205,36 @@ const CLEAN: u8 = 0x40;
 
 /// Page lock stripes.
 const STRIPES: usize = 1024;
+
+/// The page locks: `STRIPES` mutexes, page `p`'s the one at `p % STRIPES`, each on its own
+/// cache line. A holder of several takes the first waiting and the others only with
+/// [`try_lock`](PageLocks::try_lock) (the evictor), or takes them in page order, fewer than
+/// `STRIPES` at once (the fault thread): see lib.rs's lock order.
+struct PageLocks(Box<[Stripe]>);
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Stripe(Mutex<()>);
+
+impl PageLocks {
+    fn new(n: usize) -> PageLocks {
+        PageLocks((0..n.max(1)).map(|_| Stripe::default()).collect())
+    }
+
+    fn stripe(&self, page: u64) -> &Mutex<()> {
+        &self.0[(page % self.0.len() as u64) as usize].0
+    }
+
+    /// Page `page`'s lock, waiting for it.
+    fn lock(&self, page: u64) -> MutexGuard<'_, ()> {
+        self.stripe(page).lock()
+    }
+
+    /// Page `page`'s lock if no one holds it.
+    fn try_lock(&self, page: u64) -> Option<MutexGuard<'_, ()>> {
+        self.stripe(page).try_lock()
+    }
+}
 /// Pages the reclaim thread moves out before it empties the pad.
 const BATCH: usize = 64;
 
@@ -339,7 +376,7 @@ struct Shared {
     budget_pages: AtomicU64,
     /// A state byte per page.
     states: Box<[AtomicU8]>,
-    locks: Stripes,
+    locks: PageLocks,
     gate: RwLock<()>,
     resident: AtomicU64,
     stored: AtomicU64,
@@ -495,7 +532,7 @@ impl Region {
             pages,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
             states: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
-            locks: Stripes::new(STRIPES),
+            locks: PageLocks::new(STRIPES),
             gate: RwLock::new(()),
             resident: AtomicU64::new(0),
             stored: AtomicU64::new(0),
