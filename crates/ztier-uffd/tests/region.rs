@@ -579,15 +579,15 @@ fn a_forked_child_does_not_have_the_region() {
     check_page(r.words(), 3, 1).unwrap();
 }
 
-/// The reclaim thread moves runs of neighbouring cold pages with one move each. Four
-/// threads write whole pages of their own contiguous blocks over and over, in order (so
-/// the writes land on pages of a run as it is moved), while the budget is cut to an eighth:
-/// every page reads back the last version written, at once and at the end.
+/// The evictors move runs of neighbouring cold pages with one move each. Four threads
+/// write whole pages of their own contiguous blocks over and over, in order (so the writes
+/// land on pages of a run as it is moved), while the budget is cut to an eighth, until
+/// every page was evicted dirty three times over: every page reads back the last version
+/// written, at once and at the end.
 #[test]
 fn a_run_moved_while_threads_write_into_it_reads_back_exact() {
     const PAGES: u64 = 2048;
     const THREADS: u64 = 4;
-    const ROUNDS: u64 = 6;
     let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE) else {
         return;
     };
@@ -596,25 +596,42 @@ fn a_run_moved_while_threads_write_into_it_reads_back_exact() {
         write_page(words, page, 1);
     }
     let block = PAGES / THREADS;
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            s.spawn(move || {
-                for round in 0..ROUNDS {
-                    let version = round + 2;
-                    for page in t * block..(t + 1) * block {
-                        write_page(words, page, version);
-                        check_page(words, page, version).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let versions: Vec<u64> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let done = &done;
+                s.spawn(move || {
+                    let mut version = 1;
+                    while !done.load(Relaxed) {
+                        version += 1;
+                        for page in t * block..(t + 1) * block {
+                            write_page(words, page, version);
+                            check_page(words, page, version).unwrap();
+                        }
                     }
-                }
-            });
-        }
+                    version
+                })
+            })
+            .collect();
         r.set_budget(PAGES as usize * PAGE / 8).unwrap();
+        let t = std::time::Instant::now();
+        while r.stats().evictions_dirty < 4 * PAGES
+            && t.elapsed() < std::time::Duration::from_secs(30)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        done.store(true, Relaxed);
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
     });
     for page in 0..PAGES {
-        check_page(words, page, ROUNDS + 1).unwrap();
+        check_page(words, page, versions[(page / block) as usize]).unwrap();
     }
     let s = r.stats();
-    assert!(s.evictions_dirty > PAGES, "the reclaim thread ran: {s:?}");
+    assert!(
+        s.evictions_dirty >= 4 * PAGES,
+        "pages were evicted as they were written: {s:?}"
+    );
     assert_eq!(
         s.evict_failures + s.poisoned_pages + s.held_pages,
         0,
