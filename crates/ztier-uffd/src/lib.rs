@@ -3,7 +3,7 @@
 //! zram page `i`, reached through the device's public API only), so that at most a budget of
 //! its pages is resident while the program sees all of it.
 //!
-//! Two threads serve a region. The **fault thread** reads the userfaultfd's messages: a fault
+//! Two threads serve a region (three while it is far over budget). The **fault thread** reads the userfaultfd's messages: a fault
 //! on a page that is out is served by `UFFDIO_COPY` of its decompressed content, or by
 //! `UFFDIO_ZEROPAGE` (a read) or a copy of zeros (a write) for a page never written or
 //! dropped; the program's own `MADV_DONTNEED`/`MADV_FREE`, `munmap` and `mremap` arrive as
@@ -11,7 +11,9 @@
 //! make stale. It never reads or writes the region itself (a fault it took there would wait
 //! for itself). The **reclaim thread** runs while the resident pages exceed the budget: it
 //! picks cold pages by a clock over the page table (a page faulted in gets a second chance),
-//! stores them and drops them.
+//! stores them and drops them; while the region is far over its budget a second evictor
+//! takes pages from the same clock beside it (two CPUs compressing), with its own part of
+//! the pad.
 //!
 //! # The eviction protocol
 //!
@@ -70,7 +72,7 @@
 //!   thread holds faults that bring a page in back (in its queue, still reading messages)
 //!   while the resident pages are 128 past it and the reclaim thread is making progress,
 //!   and the reclaim thread wakes it after each batch.
-//! - **Dropping the region**: the reclaim thread stops first (its drop of the pad needs the
+//! - **Dropping the region**: the evictors stop first (their drops of the pad need the
 //!   fault thread), then the fault thread; the userfaultfd is closed before the mappings are
 //!   unmapped (an unmap with the descriptor open would wait for its `UNMAP` event to be read),
 //!   and only the pages still the region's are unmapped: what the program unmapped or moved
@@ -121,7 +123,7 @@
 //! faulting page's and then its fault-around neighbours' in page order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
-//! can form; everyone else holds one at a time. The reclaim signal's mutex is taken alone.
+//! can form; everyone else holds one at a time. The reclaim signal's mutex and the helper's are taken alone.
 //! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
@@ -367,7 +369,8 @@ impl Default for RegionConfig {
 struct Shared {
     uffd: Uffd,
     map: Mapping,
-    /// The evictors' landing pad: `BATCH` pages for the reclaim thread, one for
+    /// The evictors' landing pad: `BATCH` pages for the reclaim thread, `BATCH` for its
+    /// helper, one for
     /// [`Region::evict`].
     scratch: Mapping,
     device: Device,
@@ -398,15 +401,21 @@ struct Shared {
     fault_around: usize,
     /// [`RegionConfig::clean_pages`].
     clean_pages: bool,
-    /// Stops the reclaim thread.
+    /// Stops the evictors.
     stop: AtomicBool,
-    /// Stops the fault thread (set only once the reclaim thread is gone: its drop of the
-    /// pad waits for the fault thread to read the event).
+    /// Stops the fault thread (set only once the evictors are gone: their drops of the
+    /// pad wait for the fault thread to read the event).
     stop_faults: AtomicBool,
     waker: Waker,
     /// The reclaim thread's wake-up: set when the budget is exceeded.
     reclaim_wanted: Mutex<bool>,
     reclaim_cv: Condvar,
+    /// The clock's hand, shared by the evictors: each takes pages from it a segment at a
+    /// time.
+    hand: AtomicU64,
+    /// The second evictor's wake-up (when the region is far over budget).
+    helper_idle: Mutex<()>,
+    helper_cv: Condvar,
     /// Whether the reclaim thread's last batch evicted nothing (the fault thread then stops
     /// holding faults back for the budget's sake: nothing would release them).
     reclaim_stuck: AtomicBool,
@@ -422,6 +431,7 @@ pub struct Region {
     shared: Arc<Shared>,
     fault_thread: Option<JoinHandle<()>>,
     reclaim_thread: Option<JoinHandle<()>>,
+    helper_thread: Option<JoinHandle<()>>,
 }
 
 impl Region {
@@ -503,7 +513,7 @@ impl Region {
             },
         })?;
         let map = Mapping::new(len).map_err(os("mmap of the region"))?;
-        let scratch = Mapping::new((BATCH + 1) * page_size).map_err(os("mmap of the pad"))?;
+        let scratch = Mapping::new((2 * BATCH + 1) * page_size).map_err(os("mmap of the pad"))?;
         // The region in write-protect mode too (its clean pages); the pad only for moves.
         uffd.register(
             map.addr(),
@@ -549,6 +559,9 @@ impl Region {
             waker: Waker::new().map_err(os("eventfd"))?,
             reclaim_wanted: Mutex::new(false),
             reclaim_cv: Condvar::new(),
+            hand: AtomicU64::new(0),
+            helper_idle: Mutex::new(()),
+            helper_cv: Condvar::new(),
             reclaim_stuck: AtomicBool::new(false),
             scratch_manual: Mutex::new(()),
             last_error: Mutex::new(None),
@@ -564,9 +577,11 @@ impl Region {
             shared: Arc::clone(&shared),
             fault_thread: None,
             reclaim_thread: None,
+            helper_thread: None,
         };
         region.fault_thread = Some(spawn("uffd-fault", fault::run)?);
         region.reclaim_thread = Some(spawn("uffd-reclaim", reclaim::run)?);
+        region.helper_thread = Some(spawn("uffd-reclaim2", reclaim::run_helper)?);
         Ok(region)
     }
 
@@ -658,7 +673,7 @@ impl Region {
             return Err(Error::BadPage(page));
         }
         let _pad = self.shared.scratch_manual.lock();
-        let slot = BATCH;
+        let slot = 2 * BATCH;
         let r = self.shared.evict_one(page, slot);
         self.shared.empty_pad(slot, 1);
         Ok(matches!(r?, reclaim::Evicted::Out))
@@ -722,9 +737,16 @@ impl Drop for Region {
             *wanted = true;
             sh.reclaim_cv.notify_all();
         }
-        // The reclaim thread first: its drop of the pad waits for the fault thread to read
-        // the event.
-        if let Some(t) = self.reclaim_thread.take() {
+        {
+            let _idle = sh.helper_idle.lock();
+            sh.helper_cv.notify_all();
+        }
+        // The evictors first: their drops of the pad wait for the fault thread to read the
+        // event.
+        for t in [self.reclaim_thread.take(), self.helper_thread.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
         sh.stop_faults.store(true, Relaxed);

@@ -27,8 +27,10 @@ pub(crate) enum Evicted {
     Busy,
 }
 
+/// The reclaim thread: evicts while the resident pages exceed the budget, through pad pages
+/// `[0, BATCH)`.
 pub(crate) fn run(sh: &Shared) {
-    let mut hand = 0u64;
+    let mut segment = (0, 0);
     loop {
         {
             let mut wanted = sh.reclaim_wanted.lock();
@@ -41,7 +43,12 @@ pub(crate) fn run(sh: &Shared) {
         if sh.stop.load(Relaxed) {
             return;
         }
-        let out = sh.evict_batch(&mut hand);
+        if sh.far_over_budget() {
+            // Under its mutex: the helper is either before its look at the budget or waiting.
+            let _idle = sh.helper_idle.lock();
+            sh.helper_cv.notify_one();
+        }
+        let out = sh.evict_batch(&mut segment, 0);
         sh.reclaim_stuck.store(out == 0, Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();
@@ -52,6 +59,35 @@ pub(crate) fn run(sh: &Shared) {
         }
     }
 }
+
+/// The second evictor: evicts beside the reclaim thread while the region is far over its
+/// budget ([`FAR`] pages), through pad pages `[BATCH, 2 * BATCH)`, taking its pages from
+/// the same clock, so that two CPUs compress. Near the budget the reclaim thread is alone.
+pub(crate) fn run_helper(sh: &Shared) {
+    let mut segment = (0, 0);
+    loop {
+        {
+            let mut idle = sh.helper_idle.lock();
+            while !sh.stop.load(Relaxed) && !sh.far_over_budget() {
+                sh.helper_cv.wait_for(&mut idle, Duration::from_millis(100));
+            }
+        }
+        if sh.stop.load(Relaxed) {
+            return;
+        }
+        let out = sh.evict_batch(&mut segment, crate::BATCH);
+        sh.waker.wake();
+        if out == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Pages past the budget beyond which the second evictor helps.
+const FAR: u64 = 4 * crate::BATCH as u64;
+
+/// Pages of the clock an evictor takes from the hand at a time.
+const SEGMENT: u64 = 4 * crate::BATCH as u64;
 
 /// What an evictor's run did.
 #[derive(Default)]
@@ -70,13 +106,36 @@ pub(crate) struct Run {
 }
 
 impl Shared {
-    /// Evicts up to a pad's worth of cold pages while over budget; how many went out.
-    fn evict_batch(&self, hand: &mut u64) -> u64 {
+    /// Whether the second evictor helps.
+    fn far_over_budget(&self) -> bool {
+        self.resident.load(Relaxed) > self.budget_pages.load(Relaxed).saturating_add(FAR)
+    }
+
+    /// The next pages of the clock for an evictor, `[start, end)`: the hand moves past them.
+    fn claim(&self) -> (u64, u64) {
+        let pages = self.pages;
+        let start = self
+            .hand
+            .fetch_update(Relaxed, Relaxed, |h| {
+                Some(if h + SEGMENT >= pages { 0 } else { h + SEGMENT })
+            })
+            .expect("always Some");
+        let start = start.min(pages - 1);
+        (start, (start + SEGMENT).min(pages))
+    }
+
+    /// Evicts up to a pad's worth of cold pages while over budget, through pad pages from
+    /// `pad` on, from the part of the clock `segment` (the evictor's own, taken from the
+    /// hand; a new one once it is done); how many went out.
+    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> u64 {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
         while slot < crate::BATCH && scanned < 2 * self.pages && self.over_budget() {
-            let page = *hand;
+            if segment.0 >= segment.1 {
+                *segment = self.claim();
+            }
+            let page = segment.0;
             let state = self.state(page);
             if state & STATE_MASK != RESIDENT || state & REFERENCED != 0 {
                 if state & REFERENCED != 0 {
@@ -84,20 +143,21 @@ impl Shared {
                     // own.
                     self.states[page as usize].fetch_and(!REFERENCED, Relaxed);
                 }
-                *hand = (page + 1) % self.pages;
+                segment.0 += 1;
                 scanned += 1;
                 continue;
             }
-            // A run of cold resident pages from here, no longer than the excess or the pad.
+            // A run of cold resident pages from here, no longer than the excess, the pad or
+            // the segment.
             let excess = self
                 .resident
                 .load(Relaxed)
                 .saturating_sub(self.budget_pages.load(Relaxed));
             let max = (crate::BATCH - slot)
                 .min(excess.max(1) as usize)
-                .min((self.pages - page) as usize);
-            let run = self.evict_run(page, max, slot);
-            *hand = (page + run.taken as u64) % self.pages;
+                .min((segment.1 - page) as usize);
+            let run = self.evict_run(page, max, pad + slot);
+            segment.0 += run.taken as u64;
             scanned += run.taken as u64;
             slot += run.slots;
             out += run.out as u64;
@@ -108,7 +168,7 @@ impl Shared {
                 break;
             }
         }
-        self.empty_pad(0, slot);
+        self.empty_pad(pad, slot);
         out
     }
 
