@@ -22,7 +22,7 @@ use crate::{
 
 /// Pages the fault thread lets the resident count exceed the budget by while the reclaim
 /// thread is making progress, before it holds faults back.
-const BUDGET_SLACK: u64 = 2 * crate::BATCH as u64;
+const BUDGET_SLACK: u64 = 128;
 
 /// A fault read and not yet served.
 #[derive(Clone, Copy)]

@@ -237,8 +237,12 @@ impl PageLocks {
         self.stripe(page).try_lock()
     }
 }
-/// Pages the reclaim thread moves out before it empties the pad.
-const BATCH: usize = 64;
+/// Pages an evictor moves out before it empties its part of the pad. Each emptying is a
+/// `MADV_DONTNEED` of the pad, which waits for the fault thread to read its `REMOVE` event
+/// (a wake-up of another CPU), and each batch ends with a wake-up of the fault thread: 256
+/// rather than 64 made eviction 1.2-1.5x faster (MEASUREMENTS.md), for at most 2 MiB of pad
+/// resident while the evictors work.
+const BATCH: usize = 256;
 
 ztier_base::counters! {
     /// The counters of [`RegionStats`] kept per thread shard.

@@ -84,10 +84,10 @@ pub(crate) fn run_helper(sh: &Shared) {
 }
 
 /// Pages past the budget beyond which the second evictor helps.
-const FAR: u64 = 4 * crate::BATCH as u64;
+const FAR: u64 = 256;
 
 /// Pages of the clock an evictor takes from the hand at a time.
-const SEGMENT: u64 = 4 * crate::BATCH as u64;
+const SEGMENT: u64 = 256;
 
 /// What an evictor's run did.
 #[derive(Default)]
