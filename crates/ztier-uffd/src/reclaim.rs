@@ -67,9 +67,11 @@ pub(crate) fn run_helper(sh: &Shared) {
     let mut segment = (0, 0);
     loop {
         {
+            // No timeout: the reclaim thread wakes it (under this mutex, so no wake-up is
+            // lost), and the region's drop does; idle, it never runs.
             let mut idle = sh.helper_idle.lock();
             while !sh.stop.load(Relaxed) && !sh.far_over_budget() {
-                sh.helper_cv.wait_for(&mut idle, Duration::from_millis(100));
+                sh.helper_cv.wait(&mut idle);
             }
         }
         if sh.stop.load(Relaxed) {
