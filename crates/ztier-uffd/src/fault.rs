@@ -22,7 +22,7 @@ use crate::{
 
 /// Pages the fault thread lets the resident count exceed the budget by while the reclaim
 /// thread is making progress, before it holds faults back.
-const BUDGET_SLACK: u64 = 2 * crate::BATCH as u64;
+const BUDGET_SLACK: u64 = 128;
 
 /// A fault read and not yet served.
 #[derive(Clone, Copy)]
@@ -322,9 +322,9 @@ impl Shared {
     fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
         let window = around.window(page);
-        // The neighbours' stripes: the fault thread may hold several (a window is far
-        // shorter than the stripe count, so they are distinct); every other holder holds one
-        // and waits for none.
+        // The neighbours' stripes: the fault thread may hold several, taken in page order (a
+        // window is shorter than the stripe count, so they are distinct); an evictor holding
+        // several waits for none after its first (lib.rs's lock order).
         let mut guards = Vec::new();
         let mut n = 1;
         while n <= window && page + (n as u64) < self.pages {

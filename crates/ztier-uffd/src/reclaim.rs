@@ -1,12 +1,14 @@
 //! The reclaim thread and eviction: while the resident pages exceed the budget, a clock
 //! over the page table picks pages not faulted in since its last pass (the kernel's second
 //! chance, from what userspace sees: a fault sets a page's referenced bit, the hand clears
-//! it once), moves each out into the pad, stores it (a clean page's copy is in the store
-//! already: nothing to store), and empties the pad a batch at a time.
+//! it once), moves runs of them out into the pad (one `UFFDIO_MOVE` a run of neighbours),
+//! stores each from there (a clean page's copy is in the store already: nothing to store),
+//! and empties the pad a batch at a time.
 //!
 //! Invariants: a page is moved only under `gate` (read) and its lock, after its state said
-//! `RESIDENT`; its lock is held until its state says where its content is. The pad's pages
-//! are read only here, after a move put a page there. Lock order: lib.rs.
+//! `RESIDENT`; its lock is held until its state says where its content is. A run's first
+//! lock is waited for, the others only tried. The pad's pages are read only here, after a
+//! move put a page there. Lock order: lib.rs.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -25,8 +27,10 @@ pub(crate) enum Evicted {
     Busy,
 }
 
+/// The reclaim thread: evicts while the resident pages exceed the budget, through pad pages
+/// `[0, BATCH)`.
 pub(crate) fn run(sh: &Shared) {
-    let mut hand = 0u64;
+    let mut segment = (0, 0);
     loop {
         {
             let mut wanted = sh.reclaim_wanted.lock();
@@ -39,7 +43,12 @@ pub(crate) fn run(sh: &Shared) {
         if sh.stop.load(Relaxed) {
             return;
         }
-        let out = sh.evict_batch(&mut hand);
+        if sh.far_over_budget() {
+            // Under its mutex: the helper is either before its look at the budget or waiting.
+            let _idle = sh.helper_idle.lock();
+            sh.helper_cv.notify_one();
+        }
+        let out = sh.evict_batch(&mut segment, 0);
         sh.reclaim_stuck.store(out == 0, Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();
@@ -51,74 +60,243 @@ pub(crate) fn run(sh: &Shared) {
     }
 }
 
+/// The second evictor: evicts beside the reclaim thread while the region is far over its
+/// budget ([`FAR`] pages), through pad pages `[BATCH, 2 * BATCH)`, taking its pages from
+/// the same clock, so that two CPUs compress. Near the budget the reclaim thread is alone.
+pub(crate) fn run_helper(sh: &Shared) {
+    let mut segment = (0, 0);
+    loop {
+        {
+            // No timeout: the reclaim thread wakes it (under this mutex, so no wake-up is
+            // lost), and the region's drop does; idle, it never runs.
+            let mut idle = sh.helper_idle.lock();
+            while !sh.stop.load(Relaxed) && !sh.far_over_budget() {
+                sh.helper_cv.wait(&mut idle);
+            }
+        }
+        if sh.stop.load(Relaxed) {
+            return;
+        }
+        let out = sh.evict_batch(&mut segment, crate::BATCH);
+        sh.waker.wake();
+        if out == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Pages past the budget beyond which the second evictor helps.
+const FAR: u64 = 256;
+
+/// Pages of the clock an evictor takes from the hand at a time.
+const SEGMENT: u64 = 256;
+
+/// What an evictor's run did.
+#[derive(Default)]
+pub(crate) struct Run {
+    /// Pages from the first on that the run is done with (the clock's hand moves past them):
+    /// at least one.
+    pub(crate) taken: usize,
+    /// Pad pages from the run's first slot on that it may have filled.
+    pub(crate) slots: usize,
+    /// Pages that went out (stored, clean, or found all zeros).
+    pub(crate) out: usize,
+    /// The address space is changing: an event is waiting for the fault thread.
+    pub(crate) busy: bool,
+    /// The last error (the move refused, the store refused).
+    pub(crate) error: Option<Error>,
+}
+
 impl Shared {
-    /// Evicts up to a pad's worth of cold pages while over budget; how many went out.
-    fn evict_batch(&self, hand: &mut u64) -> u64 {
+    /// Whether the second evictor helps.
+    fn far_over_budget(&self) -> bool {
+        self.resident.load(Relaxed) > self.budget_pages.load(Relaxed).saturating_add(FAR)
+    }
+
+    /// The next pages of the clock for an evictor, `[start, end)`: the hand moves past them.
+    fn claim(&self) -> (u64, u64) {
+        let pages = self.pages;
+        let start = self
+            .hand
+            .fetch_update(Relaxed, Relaxed, |h| {
+                Some(if h + SEGMENT >= pages { 0 } else { h + SEGMENT })
+            })
+            .expect("always Some");
+        let start = start.min(pages - 1);
+        (start, (start + SEGMENT).min(pages))
+    }
+
+    /// Evicts up to a pad's worth of cold pages while over budget, through pad pages from
+    /// `pad` on, from the part of the clock `segment` (the evictor's own, taken from the
+    /// hand; a new one once it is done); how many went out.
+    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> u64 {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
         while slot < crate::BATCH && scanned < 2 * self.pages && self.over_budget() {
-            let page = *hand;
-            *hand = (page + 1) % self.pages;
-            scanned += 1;
+            if segment.0 >= segment.1 {
+                *segment = self.claim();
+            }
+            let page = segment.0;
             let state = self.state(page);
-            if state & STATE_MASK != RESIDENT {
-                continue;
-            }
-            if state & REFERENCED != 0 {
-                // Clearing only the bit: a state set meanwhile under the lock keeps its own.
-                self.states[page as usize].fetch_and(!REFERENCED, Relaxed);
-                continue;
-            }
-            match self.evict_one(page, slot) {
-                Ok(Evicted::Out) => {
-                    out += 1;
-                    slot += 1;
+            if state & STATE_MASK != RESIDENT || state & REFERENCED != 0 {
+                if state & REFERENCED != 0 {
+                    // Clearing only the bit: a state set meanwhile under the lock keeps its
+                    // own.
+                    self.states[page as usize].fetch_and(!REFERENCED, Relaxed);
                 }
-                Ok(Evicted::Skipped) => {}
-                Ok(Evicted::Busy) => break,
-                Err(e) => *self.last_error.lock() = Some(e.to_string()),
+                segment.0 += 1;
+                scanned += 1;
+                continue;
+            }
+            // A run of cold resident pages from here, no longer than the excess, the pad or
+            // the segment.
+            let excess = self
+                .resident
+                .load(Relaxed)
+                .saturating_sub(self.budget_pages.load(Relaxed));
+            let max = (crate::BATCH - slot)
+                .min(excess.max(1) as usize)
+                .min((segment.1 - page) as usize);
+            let run = self.evict_run(page, max, pad + slot);
+            segment.0 += run.taken as u64;
+            scanned += run.taken as u64;
+            slot += run.slots;
+            out += run.out as u64;
+            if let Some(e) = run.error {
+                *self.last_error.lock() = Some(e.to_string());
+            }
+            if run.busy {
+                break;
             }
         }
-        self.empty_pad(0, slot);
+        self.empty_pad(pad, slot);
         out
     }
 
     /// Evicts `page` through pad page `slot` (the caller's alone until it empties it).
     pub(crate) fn evict_one(&self, page: u64, slot: usize) -> Result<Evicted> {
-        let ps = self.page_size;
-        let gate = self.gate.read();
-        let _lock = self.locks.lock(page);
-        let state = self.state(page);
-        if state & STATE_MASK != RESIDENT {
-            return Ok(Evicted::Skipped);
+        let run = self.evict_run(page, 1, slot);
+        match run {
+            Run { error: Some(e), .. } => Err(e),
+            Run { busy: true, .. } => Ok(Evicted::Busy),
+            Run { out: 1, .. } => Ok(Evicted::Out),
+            _ => Ok(Evicted::Skipped),
         }
-        let pad = self.scratch.addr() + (slot * ps) as u64;
-        // SAFETY: the page is the region's (its state, checked under `gate`, says resident,
-        // and no unmap can have gone unseen: see lib.rs) and its lock is held until its
-        // content is stored or held below.
-        #[allow(unsafe_code)]
-        let moved = unsafe { self.uffd.move_page(pad, self.page_addr(page), ps as u64) };
+    }
+
+    /// Evicts the resident pages from `first` on, at most `max` of them, through pad pages
+    /// from `slot` on (the caller's alone until it empties them): `first` if it is
+    /// resident, and after it those resident and not referenced whose locks are free. One
+    /// `UFFDIO_MOVE` takes the run out (one TLB flush for all of it, not one a page), then
+    /// each page is stored from the pad and its lock released, in page order.
+    ///
+    /// The locks: `first`'s is waited for, under `gate` (read); the others are only tried
+    /// (lib.rs's lock order: an evictor never waits while it holds a page lock). Each is
+    /// held from before its state is checked until its state says where its content is,
+    /// as for a single page: a fault on a page of the run waits until that page is
+    /// settled; the program's write to it lands before its move (and is stored) or after
+    /// (and faults, and waits).
+    pub(crate) fn evict_run(&self, first: u64, max: usize, slot: usize) -> Run {
+        let ps = self.page_size;
+        let mut run = Run {
+            taken: 1,
+            ..Run::default()
+        };
+        let gate = self.gate.read();
+        let lock = self.locks.lock(first);
+        let state = self.state(first);
+        if state & STATE_MASK != RESIDENT {
+            return run;
+        }
+        // (state, lock, no page was there) for each page of the run.
+        let mut pages = Vec::with_capacity(max);
+        pages.push((state, lock, false));
+        while pages.len() < max {
+            let page = first + pages.len() as u64;
+            let cold = |s: u8| s & STATE_MASK == RESIDENT && s & REFERENCED == 0;
+            if !cold(self.state(page)) {
+                break;
+            }
+            let Some(lock) = self.locks.try_lock(page) else {
+                break;
+            };
+            let state = self.state(page);
+            if !cold(state) {
+                break;
+            }
+            pages.push((state, lock, false));
+        }
+        // The moves, all under `gate`: pages `[0, moved)` went into the pad (or were holes);
+        // those after stay as they are.
+        let n = pages.len();
+        let mut moved = 0;
+        let mut one_by_one = n == 1;
+        while moved < n {
+            let len = if one_by_one { 1 } else { n - moved };
+            let dst = self.scratch.addr() + ((slot + moved) * ps) as u64;
+            let src = self.page_addr(first + moved as u64);
+            // SAFETY: the pages are the region's (their states, checked under `gate`, say
+            // resident, and no unmap can have gone unseen: see lib.rs) and their locks are
+            // held until their content is stored or held below.
+            #[allow(unsafe_code)]
+            let (done, outcome) = unsafe { self.uffd.move_pages(dst, src, (len * ps) as u64) };
+            moved += done / ps;
+            match outcome {
+                Ok(()) => {}
+                // A part moved: a move of the rest says what stopped it.
+                Err(_) if done > 0 => {}
+                Err(libc::EAGAIN) => {
+                    run.busy = true;
+                    break;
+                }
+                Err(libc::ENOENT) => {
+                    // No page there (dropped by the kernel): it reads as zeros.
+                    pages[moved].2 = true;
+                    moved += 1;
+                }
+                // A run across two mappings (the program changed part of the range's
+                // protection, or remapped inside it) fails whole: page by page, the pages
+                // of each go.
+                Err(_) if len > 1 => one_by_one = true,
+                Err(e) => {
+                    // EBUSY (a page pinned or shared), EINVAL (the program changed the
+                    // range's protection): it stays, with a second chance before the next
+                    // try.
+                    let page = first + moved as u64;
+                    self.states[page as usize].fetch_or(REFERENCED, Relaxed);
+                    run.error = Some(Error::Os {
+                        what: "UFFDIO_MOVE",
+                        source: std::io::Error::from_raw_os_error(e),
+                    });
+                    run.taken = moved + 1;
+                    break;
+                }
+            }
+        }
         drop(gate);
-        match moved {
-            Ok(()) => {}
-            Err(libc::EAGAIN) => return Ok(Evicted::Busy),
-            Err(libc::ENOENT) => {
-                // No page there (dropped by the kernel): it reads as zeros.
-                self.drop_stored(page, state);
-                self.leave(page, state, EMPTY);
-                self.count(Count::ZeroEvictions, 1);
-                return Ok(Evicted::Out);
+        run.taken = run.taken.max(moved);
+        run.slots = moved;
+        for (k, (state, lock, hole)) in pages.into_iter().take(moved).enumerate() {
+            let page = first + k as u64;
+            match self.settle(page, state, slot + k, hole) {
+                Ok(()) => run.out += 1,
+                Err(e) => run.error = Some(e),
             }
-            Err(e) => {
-                // EBUSY (a page pinned or shared), EINVAL (the program changed the range's
-                // protection): it stays, with a second chance before the next try.
-                self.states[page as usize].fetch_or(REFERENCED, Relaxed);
-                return Err(Error::Os {
-                    what: "UFFDIO_MOVE",
-                    source: std::io::Error::from_raw_os_error(e),
-                });
-            }
+            drop(lock);
+        }
+        run
+    }
+
+    /// Stores page `page` (locked by the caller), moved out into pad page `slot`, or gone
+    /// from the region if `hole`, and sets its state to say where its content is.
+    fn settle(&self, page: u64, state: u8, slot: usize, hole: bool) -> Result<()> {
+        let ps = self.page_size;
+        if hole {
+            self.drop_stored(page, state);
+            self.leave(page, state, EMPTY);
+            self.count(Count::ZeroEvictions, 1);
+            return Ok(());
         }
         if state & CLEAN != 0 {
             // Not written since it came in from the store (a write would have waited for the
@@ -126,7 +304,7 @@ impl Shared {
             // is its content. Nothing to compress or write; the pad's copy is dropped.
             self.leave(page, state, STORED);
             self.count(Count::CleanEvictions, 1);
-            return Ok(Evicted::Out);
+            return Ok(());
         }
         // SAFETY: the pad page holds the page just moved in; only this evictor, holding the
         // pad slot, reads or changes it until it empties it.
@@ -135,13 +313,13 @@ impl Shared {
         if ztier_compress::same_filled(content) == Some(0) {
             self.leave(page, state, EMPTY);
             self.count(Count::ZeroEvictions, 1);
-            return Ok(Evicted::Out);
+            return Ok(());
         }
         match self.device.write_page(page, content) {
             Ok(()) => {
                 self.leave(page, state, STORED);
                 self.count(Count::Evictions, 1);
-                Ok(Evicted::Out)
+                Ok(())
             }
             Err(cause) => {
                 // The page stays in memory, held whole until it is touched. Putting it back

@@ -8,7 +8,7 @@
 //!
 //! Invariants: every ioctl here either only reads memory of ours passed as a slice, or
 //! changes page tables of a range the kernel itself checks is registered with this
-//! descriptor; the one exception, [`Uffd::move_page`], takes a page *out* of a mapping and is
+//! descriptor; the one exception, [`Uffd::move_pages`], takes a page *out* of a mapping and is
 //! `unsafe` for that reason. No locks.
 #![allow(unsafe_code)]
 
@@ -318,15 +318,18 @@ impl Uffd {
         outcome(r, z.done, len as usize)
     }
 
-    /// `UFFDIO_MOVE` of the pages at `src` to `dst` (empty, in a mapping registered with this
-    /// descriptor): atomically, as far as any thread can see, the pages leave `src` (whose
-    /// entries become empty) and appear at `dst`, with their content as it was at the move.
+    /// `UFFDIO_MOVE` of the `len` bytes of pages at `src` to `dst` (empty, in a mapping
+    /// registered with this descriptor): atomically for each page, as far as any thread can
+    /// see, the pages leave `src` (whose entries become empty) and appear at `dst`, with
+    /// their content as it was at the move. The bytes moved (a whole number of pages from
+    /// the start, all of them if the outcome is `Ok`) and the outcome: after a part moved
+    /// the kernel says only `EAGAIN` (whatever stopped it); a move of what is left says why.
     ///
     /// # Safety
-    /// The pages at `src` must be ones whose content the caller keeps for their owner (a
-    /// region page under its page lock, which the protocol stores or puts back): the kernel
+    /// The pages at `src` must be ones whose content the caller keeps for their owner (region
+    /// pages under their page locks, which the protocol stores or puts back): the kernel
     /// accepts any anonymous private mapping as the source, Rust's own heap included.
-    pub unsafe fn move_page(&self, dst: u64, src: u64, len: u64) -> Outcome {
+    pub unsafe fn move_pages(&self, dst: u64, src: u64, len: u64) -> (usize, Outcome) {
         let mut mv = UffdioCopy {
             dst,
             src,
@@ -336,7 +339,7 @@ impl Uffd {
         // SAFETY: the struct is ours; what the move does to `src` is the caller's contract;
         // `dst` must be empty and registered with this descriptor, which the kernel checks.
         let r = unsafe { libc::ioctl(self.raw(), UFFDIO_MOVE, &mut mv) };
-        outcome(r, mv.done, len as usize)
+        (mv.done.max(0) as usize, outcome(r, mv.done, len as usize))
     }
 
     /// Reads the waiting messages into `buf`; how many (0: none waiting).
@@ -436,8 +439,8 @@ fn cvt(r: libc::c_int) -> io::Result<()> {
 }
 
 /// An ioctl's result as [`Outcome`]: a whole `len` done, else the errno (a part done is
-/// reported by the kernel as done bytes with `EAGAIN`; the callers here move whole pages,
-/// one at a time, or retry the whole range).
+/// reported by the kernel as done bytes with `EAGAIN`, which the run variants return
+/// beside it).
 fn outcome(r: libc::c_int, done: i64, len: usize) -> Outcome {
     if r == 0 && done == len as i64 {
         return Ok(());

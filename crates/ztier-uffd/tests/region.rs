@@ -578,3 +578,113 @@ fn a_forked_child_does_not_have_the_region() {
     );
     check_page(r.words(), 3, 1).unwrap();
 }
+
+/// The evictors move runs of neighbouring cold pages with one move each. Four threads
+/// write whole pages of their own contiguous blocks over and over, in order (so the writes
+/// land on pages of a run as it is moved), while the budget is cut to an eighth, until
+/// every page was evicted dirty three times over: every page reads back the last version
+/// written, at once and at the end.
+#[test]
+fn a_run_moved_while_threads_write_into_it_reads_back_exact() {
+    const PAGES: u64 = 2048;
+    const THREADS: u64 = 4;
+    let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..PAGES {
+        write_page(words, page, 1);
+    }
+    let block = PAGES / THREADS;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let versions: Vec<u64> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let done = &done;
+                s.spawn(move || {
+                    let mut version = 1;
+                    while !done.load(Relaxed) {
+                        version += 1;
+                        for page in t * block..(t + 1) * block {
+                            write_page(words, page, version);
+                            check_page(words, page, version).unwrap();
+                        }
+                    }
+                    version
+                })
+            })
+            .collect();
+        r.set_budget(PAGES as usize * PAGE / 8).unwrap();
+        let t = std::time::Instant::now();
+        while r.stats().evictions_dirty < 4 * PAGES
+            && t.elapsed() < std::time::Duration::from_secs(30)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        done.store(true, Relaxed);
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for page in 0..PAGES {
+        check_page(words, page, versions[(page / block) as usize]).unwrap();
+    }
+    let s = r.stats();
+    assert!(
+        s.evictions_dirty >= 4 * PAGES,
+        "pages were evicted as they were written: {s:?}"
+    );
+    assert_eq!(
+        s.evict_failures + s.poisoned_pages + s.held_pages,
+        0,
+        "{s:?}"
+    );
+}
+
+/// A run across two mappings (the program made a page in the middle read-only, which
+/// splits the region's mapping) is not moved whole: the pages on either side go out page
+/// by page, the read-only one stays (the move refuses it), and all read back.
+#[test]
+fn a_run_across_a_protection_change_goes_out_page_by_page() {
+    const PAGES: u64 = 64;
+    let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..PAGES {
+        write_page(words, page, 1);
+    }
+    // SAFETY: page 20 of the region, made read-only (its content kept); the test only reads
+    // it until it is made writable again below.
+    let rc = unsafe { libc::mprotect(r.as_ptr().add(20 * PAGE).cast(), PAGE, libc::PROT_READ) };
+    assert_eq!(rc, 0);
+    r.set_budget(4 * PAGE).unwrap();
+    let t = std::time::Instant::now();
+    while r.stats().resident_pages > 4 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "the pages around the read-only one go out: {:?}",
+            r.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let s = r.stats();
+    assert!(s.evictions_dirty >= PAGES - 4, "{s:?}");
+    assert!(r.last_error().is_some_and(|e| e.contains("UFFDIO_MOVE")));
+    check_page(words, 20, 1).unwrap();
+    // SAFETY: the same page made writable again, as the rest of the region.
+    let rc = unsafe {
+        libc::mprotect(
+            r.as_ptr().add(20 * PAGE).cast(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(rc, 0);
+    r.set_budget(PAGES as usize * PAGE).unwrap();
+    for page in 0..PAGES {
+        check_page(words, page, 1).unwrap();
+        write_page(words, page, 2);
+    }
+    for page in 0..PAGES {
+        check_page(words, page, 2).unwrap();
+    }
+}
