@@ -92,6 +92,15 @@ impl Stripes {
             .0
             .lock()
     }
+
+    /// The lock of `key`'s stripe if no one holds it now: for a holder of several that
+    /// waits only for its first, so that it never waits while holding one.
+    #[inline]
+    pub fn try_lock(&self, key: u64) -> Option<MutexGuard<'_, ()>> {
+        self.locks[(key % self.locks.len() as u64) as usize]
+            .0
+            .try_lock()
+    }
 }
 
 /// Event counters kept per shard, so that threads counting the same event do not share a
@@ -163,6 +172,20 @@ mod tests {
             Never,
             ByThread[2],
         }
+    }
+
+    #[test]
+    fn try_lock_is_refused_while_the_stripe_is_held_and_only_then() {
+        let stripes = Stripes::new(4);
+        let held = stripes.lock(1);
+        assert!(stripes.try_lock(1).is_none(), "the same key");
+        assert!(
+            stripes.try_lock(5).is_none(),
+            "another key of the same stripe"
+        );
+        assert!(stripes.try_lock(2).is_some(), "another stripe");
+        drop(held);
+        assert!(stripes.try_lock(1).is_some());
     }
 
     #[test]

@@ -139,9 +139,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use serde::Serialize;
-use ztier_base::shard::Counters;
+use ztier_base::shard::{Counters, Stripes};
 use ztier_compress::{Algorithm, Kind};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Device, MmStat, ZramError};
@@ -208,35 +208,6 @@ const CLEAN: u8 = 0x40;
 /// Page lock stripes.
 const STRIPES: usize = 1024;
 
-/// The page locks: `STRIPES` mutexes, page `p`'s the one at `p % STRIPES`, each on its own
-/// cache line. A holder of several takes the first waiting and the others only with
-/// [`try_lock`](PageLocks::try_lock) (the evictor), or takes them in page order, fewer than
-/// `STRIPES` at once (the fault thread): see lib.rs's lock order.
-struct PageLocks(Box<[Stripe]>);
-
-#[repr(align(64))]
-#[derive(Default)]
-struct Stripe(Mutex<()>);
-
-impl PageLocks {
-    fn new(n: usize) -> PageLocks {
-        PageLocks((0..n.max(1)).map(|_| Stripe::default()).collect())
-    }
-
-    fn stripe(&self, page: u64) -> &Mutex<()> {
-        &self.0[(page % self.0.len() as u64) as usize].0
-    }
-
-    /// Page `page`'s lock, waiting for it.
-    fn lock(&self, page: u64) -> MutexGuard<'_, ()> {
-        self.stripe(page).lock()
-    }
-
-    /// Page `page`'s lock if no one holds it.
-    fn try_lock(&self, page: u64) -> Option<MutexGuard<'_, ()>> {
-        self.stripe(page).try_lock()
-    }
-}
 /// Pages an evictor moves out before it empties its part of the pad. Each emptying is a
 /// `MADV_DONTNEED` of the pad, which waits for the fault thread to read its `REMOVE` event
 /// (a wake-up of another CPU), and each batch ends with a wake-up of the fault thread: 256
@@ -383,7 +354,10 @@ struct Shared {
     budget_pages: AtomicU64,
     /// A state byte per page.
     states: Box<[AtomicU8]>,
-    locks: PageLocks,
+    /// The page locks: page `p`'s is stripe `p % STRIPES`. A holder of several takes the
+    /// first waiting and the others only with `try_lock` (an evictor), or takes them in page
+    /// order, fewer than `STRIPES` at once (the fault thread): see the lock order above.
+    locks: Stripes,
     gate: RwLock<()>,
     resident: AtomicU64,
     stored: AtomicU64,
@@ -546,7 +520,7 @@ impl Region {
             pages,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
             states: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
-            locks: PageLocks::new(STRIPES),
+            locks: Stripes::new(STRIPES),
             gate: RwLock::new(()),
             resident: AtomicU64::new(0),
             stored: AtomicU64::new(0),
