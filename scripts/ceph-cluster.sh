@@ -74,10 +74,13 @@ rbdc() { timeout 60 rbd -c "$conf" "$@"; }
 # The pid of daemon NAME if it is running and is this cluster's (its command line names
 # DIR: a pid reused by another process is left alone); nothing otherwise.
 pid_of() {
-  local file=$dir/run/$1.pid pid
+  local file=$dir/run/$1.pid pid cmdline
   [ -f "$file" ] || return 0
   pid=$(<"$file")
-  if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$dir/"; then
+  # Read whole, then matched: no pipe into `grep -q`, whose early exit can fail the pipeline
+  # (pipefail) and make a running daemon look gone.
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 0
+  if [[ $cmdline == *"$dir/"* ]]; then
     echo "$pid"
   fi
 }
@@ -186,6 +189,7 @@ export_start() {
     if [ "$try" -eq 1 ] && ! exported; then
       why_not_running export
       echo "ceph-cluster: starting the export again" >&2
+      kill_daemon export
       continue
     fi
     break
@@ -266,7 +270,7 @@ up() {
   local port
   for _ in $(seq 100); do
     port=$((20000 + RANDOM % 20000))
-    ss -Hltn "sport = :$port" | grep -q . || break
+    [ -n "$(ss -Hltn "sport = :$port")" ] || break
   done
 
   local fsid
