@@ -411,15 +411,21 @@ fn io_goes_on_while_writeback_and_recompression_run() {
     );
 }
 
-#[test]
-fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
-    let n = 600;
+/// A device of `n` pages, filled, every page written back packed to a `Faulty` RAM store.
+fn all_written_back_packed(n: u64) -> (Device, Arc<Faulty<MemoryDevice>>) {
     let dev = device(n, "lz4");
     fill(&dev, n);
     let store = Arc::new(Faulty::new(MemoryDevice::new(8 << 20).unwrap()));
     dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
         .unwrap();
     dev.writeback(PageSelector::All, None, None).unwrap();
+    (dev, store)
+}
+
+#[test]
+fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
+    let n = 600;
+    let (dev, store) = all_written_back_packed(n);
     let bd = dev.bd_stat().unwrap();
     let segments = bd.bytes_held / (64 << 10);
     assert!(segments > 1 && segments * 8 < bd.bd_count, "{bd:?}");
@@ -451,12 +457,7 @@ fn packed_pages_are_read_a_segment_at_a_time_and_never_stale() {
 #[test]
 fn cached_segments_go_when_the_store_is_lost_and_are_read_anew_when_it_is_back() {
     let n = 64;
-    let dev = device(n, "lz4");
-    fill(&dev, n);
-    let store = Arc::new(Faulty::new(MemoryDevice::new(8 << 20).unwrap()));
-    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
-        .unwrap();
-    dev.writeback(PageSelector::All, None, None).unwrap();
+    let (dev, store) = all_written_back_packed(n);
     // Page 1: written back (page 0 is a zero page, never on the store).
     let mut out = vec![0u8; PS];
     dev.read_page(1, &mut out).unwrap();
