@@ -635,3 +635,76 @@ fn readers_missing_the_same_segment_share_one_read() {
         "{reads} store reads for {segments} segments: the readers read on their own"
     );
 }
+
+/// A store whose reads take a while (a remote store's round trip), counting the blocks read
+/// by the thread that made it and by any other.
+struct ReadsByThread {
+    inner: MemoryDevice,
+    reader: std::thread::ThreadId,
+    by_reader: AtomicU64,
+    by_others: AtomicU64,
+}
+
+impl ztier_blockdev::BlockDevice for ReadsByThread {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        std::thread::sleep(Duration::from_micros(500));
+        let count = if std::thread::current().id() == self.reader {
+            &self.by_reader
+        } else {
+            &self.by_others
+        };
+        count.fetch_add(1, Relaxed);
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_sequential_reader_finds_the_next_segments_read_in_the_background() {
+    let n = 2400;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(ReadsByThread {
+        inner: MemoryDevice::new(32 << 20).unwrap(),
+        reader: std::thread::current().id(),
+        by_reader: AtomicU64::new(0),
+        by_others: AtomicU64::new(0),
+    });
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    let segments = dev.bd_stat().unwrap().bytes_held / (64 << 10);
+    assert!(
+        segments >= 48,
+        "{segments} segments: too few for three windows of 16"
+    );
+    let (mine, others) = (store.by_reader.load(Relaxed), store.by_others.load(Relaxed));
+
+    // Read in order, page by page: past the first windows, the segments are read by the
+    // readahead while this thread decompresses, each once, every page exact.
+    verify(&dev, n, |_| None);
+    let mine = store.by_reader.load(Relaxed) - mine;
+    let others = store.by_others.load(Relaxed) - others;
+    assert!(
+        others >= segments / 2,
+        "of {segments} segments, {others} were read in the background and {mine} by the reader"
+    );
+    assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
+}
