@@ -712,10 +712,15 @@ impl Device {
         self.pool.compact()
     }
 
-    /// Frees every slot and zeroes the statistics (`reset`); the limit stays. It holds every
-    /// shard throughout, so no read, write or discard runs beside it: each one finishes
-    /// before it or starts after it.
+    /// Frees every slot and zeroes the statistics (`reset`); the limit stays. It waits for
+    /// the backing store's readahead to end, then holds every shard throughout, so no read,
+    /// write or discard runs beside it: each one finishes before it or starts after it.
     pub fn reset(&self) {
+        // A readahead in flight holds places on the store: it ends before they are freed.
+        let store = self.backing();
+        if let Some(store) = &store {
+            store.quiesce();
+        }
         let mut shards = self.shards.lock_all();
         for slot in self.slots.iter() {
             let mut g = slot.lock();
@@ -723,6 +728,9 @@ impl Device {
         }
         for shard in shards.iter_mut() {
             shard.counters = Counters::default();
+        }
+        if let Some(store) = &store {
+            store.reset_reads();
         }
         self.max_used_pages.store(self.pool.total_pages(), Relaxed);
     }

@@ -42,9 +42,10 @@
 //! the segment before it (a sequential read) reads ahead: the next live segments, each held
 //! while it is read, go out with it as requests in flight together, into the cache. The
 //! first segment read ahead is a mark, as the kernel's `PG_readahead` page is: when the
-//! reader reaches it, the next window is read in the background (one window at a time, on a
-//! thread that lives while it reads), so its requests are in flight while the reader
-//! decompresses the pages of this one.
+//! reader reaches it, the next window is claimed and read in the background (on a thread
+//! that lives while it reads, at most two at a time), so its requests are in flight while
+//! the reader decompresses the pages of this one. A reset, and a new store in its place,
+//! wait for those threads to end.
 //! A segment being read is listed while it is: a reader that misses it waits for that
 //! read and takes its bytes, so concurrent misses cost the store one read (a failed read
 //! leaves each waiter to read for itself). `bd_reads` counts the segments read from the
@@ -58,8 +59,10 @@
 //!
 //! Locks: `Backing::gate` first (a writeback holds it shared for its whole length, a save
 //! exclusively for its whole length; never taken under any other lock), then a slot's lock
-//! (to pin, collect or commit), then `Backing::cache`, `Backing::ahead` and
-//! `Backing::mark` (leaves, held to look up, add or drop one entry, never across I/O), then
+//! (to pin, collect or commit), then `Backing::cache` (its `loading` list, then its cached
+//! segments), `Backing::ahead`, `Backing::ahead_threads` and `Backing::mark` (held to look
+//! up, add or drop one entry, never across I/O; `loading` takes the cached segments' lock
+//! inside it, nothing else nests), then
 //! the swap allocator's. `Backing::stamping` is taken under `Backing::gate` and no other
 //! lock, by a save and a writeback, across the header write that sets or clears the stamp.
 
@@ -378,11 +381,43 @@ struct Ahead {
 /// Background readahead windows being read at once, at most: a thread each.
 const AHEAD_THREADS: usize = 2;
 
-/// Segments claimed to be read together, each held (so none is freed meanwhile) until the
-/// window is dropped.
+/// Segments claimed to be read together, each held so none is freed meanwhile: a
+/// segment's hold goes once its bytes are in the cache (before its waiters wake), the rest
+/// when the window is dropped (a failed read, a segment someone else was reading).
 struct Window {
+    store: Arc<Backing>,
     claims: Vec<Claim>,
     held: Vec<u64>,
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // The claims first (their waiters read for themselves), then the holds.
+        self.claims.clear();
+        for f in self.held.drain(..) {
+            self.store.release_bytes(f, 1);
+        }
+    }
+}
+
+/// The background readahead threads of a store: how many run now, and a signal when one
+/// ends (a reset or a new store waits for them: [`Backing::quiesce`]).
+#[derive(Default)]
+struct AheadThreads {
+    running: Mutex<usize>,
+    ended: parking_lot::Condvar,
+}
+
+/// A running readahead thread's place in [`AheadThreads`], given back when it ends however
+/// it ends.
+struct AheadTicket(Arc<Backing>);
+
+impl Drop for AheadTicket {
+    fn drop(&mut self) {
+        let threads = &self.0.ahead_threads;
+        *threads.running.lock() -= 1;
+        threads.ended.notify_all();
+    }
 }
 
 /// The backing store and its free-space map.
@@ -401,10 +436,11 @@ pub struct Backing {
     cache: Arc<SegmentCache>,
     /// A sequential reader's readahead in the background.
     ahead: Mutex<Ahead>,
-    /// Segments the background readahead read from the store (`bd_reads` counts them too).
-    ahead_reads: AtomicU64,
+    /// Packed segments read from the store (`bd_reads`), counted once read, before a reader
+    /// waiting for one wakes.
+    segment_reads: AtomicU64,
     /// Background readahead threads running now (at most [`AHEAD_THREADS`]).
-    ahead_threads: std::sync::atomic::AtomicUsize,
+    ahead_threads: AheadThreads,
     /// Whether the store is as a saved state left it (see [`Backing::mark`]).
     mark: Mutex<Mark>,
     /// Held by whoever writes the store's stamp, so a mark and an unmark land in order.
@@ -496,8 +532,8 @@ impl Backing {
             live: (0..units).map(|_| AtomicU32::new(0)).collect(),
             cache: Arc::default(),
             ahead: Mutex::new(Ahead::default()),
-            ahead_reads: AtomicU64::new(0),
-            ahead_threads: Default::default(),
+            segment_reads: AtomicU64::new(0),
+            ahead_threads: AheadThreads::default(),
             mark: Mutex::new(Mark {
                 marked,
                 deferred: Vec::new(),
@@ -688,16 +724,16 @@ impl Backing {
     }
 
     /// The packed segment starting at slot `first`, from the cache or read whole from the
-    /// store; the caller holds a pin on it. With it, the segments read: 0 on a hit. A miss
-    /// right after the segment before it on the store (a sequential read) also reads the
-    /// next live segments, up to [`READAHEAD`] in all, in one batch of requests in flight
-    /// together, into the cache; each is held while it is read, so none is freed meanwhile.
-    fn segment(self: &Arc<Self>, first: u64) -> std::result::Result<(Arc<[u8]>, u64), SwapError> {
+    /// store; the caller holds a pin on it. A miss right after the segment before it on the
+    /// store (a sequential read) also reads the next live segments, up to [`READAHEAD`] in
+    /// all, in one batch of requests in flight together, into the cache; each is held while
+    /// it is read, so none is freed meanwhile.
+    fn segment(self: &Arc<Self>, first: u64) -> std::result::Result<Arc<[u8]>, SwapError> {
         let epoch = self.store.epoch();
         let own = loop {
             if let Some(bytes) = self.cache.get(first, epoch) {
                 self.on_read(first);
-                return Ok((bytes, 0));
+                return Ok(bytes);
             }
             match self.cache.claim(first, epoch) {
                 Taken::Claim(claim) => break claim,
@@ -706,7 +742,7 @@ impl Backing {
                 Taken::Loading(loading) => {
                     if let Some(bytes) = loading.wait() {
                         self.on_read(first);
-                        return Ok((bytes, 0));
+                        return Ok(bytes);
                     }
                 }
                 // Read in since the look: the next look finds it.
@@ -714,30 +750,26 @@ impl Backing {
             }
         };
         let sequential = first >= SEG_SLOTS && self.cache.contains(first - SEG_SLOTS, epoch);
-        let mut claims = vec![own];
-        let mut held = Vec::new();
-        if sequential {
-            // The segments after it go with it; the first of them is the mark.
-            if let Some(ahead) = self.claim_window(first + SEG_SLOTS, READAHEAD - 1, epoch) {
-                claims.extend(ahead.claims);
-                held = ahead.held;
+        // The segments after it go with it; the first of them is the mark.
+        let ahead = sequential
+            .then(|| self.claim_window(first + SEG_SLOTS, READAHEAD - 1, epoch))
+            .flatten();
+        match ahead {
+            Some(mut w) => {
+                let mut claims = vec![own];
+                claims.append(&mut w.claims);
+                self.fetch(claims, epoch, &mut w.held)
             }
+            None => self.fetch(vec![own], epoch, &mut Vec::new()),
         }
-        let reads = claims.len() as u64;
-        let read = self.fetch(claims, epoch);
-        // The readahead's holds go; a segment whose last byte went meanwhile leaves the
-        // cache with its last hold.
-        for f in held {
-            self.release_bytes(f, 1);
-        }
-        Ok((read?, reads))
     }
 
     /// Claims up to `n` live segments from slot `start` on that are neither cached nor being
     /// read (looking no further than twice [`READAHEAD`], past freed ones), each held, and
     /// makes the first the mark for the window after; `None` if there are none.
-    fn claim_window(&self, start: u64, n: usize, epoch: u64) -> Option<Window> {
+    fn claim_window(self: &Arc<Self>, start: u64, n: usize, epoch: u64) -> Option<Window> {
         let mut w = Window {
+            store: Arc::clone(self),
             claims: Vec::new(),
             held: Vec::new(),
         };
@@ -753,15 +785,10 @@ impl Backing {
                 w.claims.push(claim);
             }
         }
-        let (Some(first), Some(last)) = (w.claims.first(), w.claims.last()) else {
-            for f in w.held {
-                self.release_bytes(f, 1);
-            }
-            return None;
-        };
+        let (first, last) = (w.claims.first()?.first, w.claims.last()?.first);
         *self.ahead.lock() = Ahead {
-            mark: Some(first.first),
-            last: last.first,
+            mark: Some(first),
+            last,
         };
         Some(w)
     }
@@ -778,66 +805,59 @@ impl Backing {
             a.mark = None;
             a.last + SEG_SLOTS
         };
-        let running = self.ahead_threads.fetch_add(1, AcqRel);
-        let window = if running < AHEAD_THREADS {
-            self.claim_window(start, READAHEAD, self.store.epoch())
-        } else {
-            None
-        };
-        let Some(window) = window else {
-            self.ahead_threads.fetch_sub(1, AcqRel);
-            return;
-        };
+        {
+            let mut running = self.ahead_threads.running.lock();
+            if *running == AHEAD_THREADS {
+                return;
+            }
+            *running += 1;
+        }
+        let ticket = AheadTicket(Arc::clone(self));
         let epoch = self.store.epoch();
         // Claimed before the thread starts: a reader that gets there first waits for these
-        // reads rather than sending its own. The window goes to the thread once it runs, so
-        // if none can be started, its holds are let go here.
-        let (give, take) = std::sync::mpsc::sync_channel::<Window>(1);
-        let store = Arc::clone(self);
-        let spawned = std::thread::Builder::new()
+        // reads rather than sending its own. If no thread can be started, the window and
+        // the ticket are dropped here: the claims go unfinished (their readers read for
+        // themselves) and the holds go.
+        let Some(mut window) = self.claim_window(start, READAHEAD, epoch) else {
+            return;
+        };
+        let _ = std::thread::Builder::new()
             .name("zram-readahead".into())
             .spawn(move || {
-                if let Ok(window) = take.recv() {
-                    store.read_window(window, epoch);
-                }
-                store.ahead_threads.fetch_sub(1, AcqRel);
+                let claims = std::mem::take(&mut window.claims);
+                // A failure is left to the reads of those pages to meet and report.
+                let _ = window.store.fetch(claims, epoch, &mut window.held);
+                // The holds go before the ticket, so a store that waits for its readahead
+                // to end finds every unit as its pages left it.
+                drop(window);
+                drop(ticket);
             });
-        match spawned {
-            Ok(_) => {
-                let _ = give.send(window);
-            }
-            Err(_) => {
-                // No thread to spare: the claims go unfinished (their readers read for
-                // themselves), the holds go, and the reader's misses read ahead.
-                let Window { claims, held } = window;
-                drop(claims);
-                for f in held {
-                    self.release_bytes(f, 1);
-                }
-                self.ahead_threads.fetch_sub(1, AcqRel);
-            }
+    }
+
+    /// Waits until no readahead thread is reading this store: before a reset frees its
+    /// pages' places, and before another store (maybe over the same device) replaces it.
+    pub(crate) fn quiesce(&self) {
+        let mut running = self.ahead_threads.running.lock();
+        while *running > 0 {
+            self.ahead_threads.ended.wait(&mut running);
         }
     }
 
-    /// Reads a window claimed by [`on_read`](Self::on_read) and lets its holds go. A failure
-    /// is left to the reads of those pages to meet and report.
-    fn read_window(&self, w: Window, epoch: u64) {
-        // Counted before the read, taken back if it fails: a reader that waited for these
-        // segments sees them counted once it has their bytes.
-        let n = w.claims.len() as u64;
-        self.ahead_reads.fetch_add(n, Relaxed);
-        if self.fetch(w.claims, epoch).is_err() {
-            self.ahead_reads.fetch_sub(n, Relaxed);
-        }
-        for f in w.held {
-            self.release_bytes(f, 1);
-        }
+    /// Zeroes the count of segments read (a reset's, with the device's other counters).
+    pub(crate) fn reset_reads(&self) {
+        self.segment_reads.store(0, Relaxed);
     }
 
-    /// Reads the packed segments claimed (each held by the caller) as requests in flight
-    /// together, adds them to the cache (read in the store's `epoch`, as it was before the
-    /// read), tells whoever waits for them, and returns the first.
-    fn fetch(&self, claims: Vec<Claim>, epoch: u64) -> std::result::Result<Arc<[u8]>, SwapError> {
+    /// Reads the packed segments claimed as requests in flight together, adds them to the
+    /// cache (read in the store's `epoch`, as it was before the read), lets go of each one's
+    /// hold in `held` once it is cached, tells whoever waits for them, and returns the first.
+    /// Each is held by the caller (a pin, or a hold in `held`).
+    fn fetch(
+        &self,
+        claims: Vec<Claim>,
+        epoch: u64,
+        held: &mut Vec<u64>,
+    ) -> std::result::Result<Arc<[u8]>, SwapError> {
         let mut bufs: Vec<Vec<u8>> = claims.iter().map(|_| vec![0u8; SEG_BYTES]).collect();
         let mut reads: Vec<(u64, usize, &mut [u8])> = claims
             .iter()
@@ -846,20 +866,28 @@ impl Backing {
             .collect();
         // On an error the claims go unfinished: their waiters read for themselves.
         self.places.read_runs(&mut reads)?;
+        // Counted before anyone waiting for them wakes.
+        self.segment_reads.fetch_add(claims.len() as u64, Relaxed);
         let mut own = None;
         for (claim, bytes) in claims.into_iter().zip(bufs) {
             let bytes: Arc<[u8]> = bytes.into();
             own.get_or_insert_with(|| Arc::clone(&bytes));
             self.cache.add(claim.first, Arc::clone(&bytes), epoch);
+            // Cached, so a hold is no longer needed to keep it from going stale: freed
+            // from now on, it leaves the cache first. Every waiter holds a pin of its own.
+            if let Some(i) = held.iter().position(|&f| f == claim.first) {
+                held.swap_remove(i);
+                self.release_bytes(claim.first, 1);
+            }
             claim.finish(Some(bytes));
         }
-        Ok(own.expect("at least one segment"))
+        own.ok_or_else(|| SwapError::Invalid("no segment to read".into()))
     }
 
     pub(crate) fn stat(&self, counters: &Counters) -> BdStat {
         BdStat {
             bd_count: counters.get(Counter::BdCount),
-            bd_reads: counters.get(Counter::BdReads) + self.ahead_reads.load(Relaxed),
+            bd_reads: counters.get(Counter::BdReads) + self.segment_reads.load(Relaxed),
             bd_writes: counters.get(Counter::BdWrites),
             bytes_written: self.bytes_written.load(Relaxed),
             bytes_stored: self.bytes_stored.load(Relaxed),
@@ -925,6 +953,11 @@ impl Device {
             return Err(ZramError::Busy(
                 "pages are written back to the current backing store".into(),
             ));
+        }
+        // The old store's readahead ends first: its late frees must not land on a new
+        // store over the same device.
+        if let Some(old) = b.as_ref() {
+            old.quiesce();
         }
         *b = store.map(Arc::new);
         Ok(())
@@ -1289,9 +1322,9 @@ impl Device {
         // The object's bytes: from its segment (packed), or read alone into a buffer of its
         // own (no copy into a shared one).
         let (segment, alone);
+        // Packed segments count their own reads (`Backing::segment_reads`).
         let (object, store_reads): (&[u8], u64) = if store.format == WbFormat::Packed {
-            let (bytes, read) = store.segment(place.first).map_err(ZramError::Backing)?;
-            segment = bytes;
+            segment = store.segment(place.first).map_err(ZramError::Backing)?;
             let object =
                 segment
                     .get(place.at..place.at + size)
@@ -1300,7 +1333,7 @@ impl Device {
                         place: format!("{place:?}"),
                         size,
                     })?;
-            (object, read)
+            (object, 0)
         } else {
             let mut bytes = vec![0u8; size];
             store.read(place, &mut bytes).map_err(ZramError::Backing)?;
@@ -1356,9 +1389,8 @@ impl Device {
                     Taken::Loading(_) | Taken::Cached => None,
                 })
                 .collect();
-            let n = claims.len() as i64;
-            if n > 0 && store.fetch(claims, epoch).is_ok() {
-                self.shard().counters.add(Counter::BdReads, n);
+            if !claims.is_empty() {
+                let _ = store.fetch(claims, epoch, &mut Vec::new());
             }
         }
         drop(pins);
