@@ -40,6 +40,15 @@ struct UffdRun {
     fault_p50_us: f64,
     fault_p99_us: f64,
     fault_max_us: f64,
+    /// As many touches served by a bare userfaultfd handler (one ready page copied in,
+    /// nothing else), right after, the two threads held on one CPU: this machine's floor for
+    /// the round trip, p50/p99 µs.
+    floor_one_cpu_p50_us: f64,
+    floor_one_cpu_p99_us: f64,
+    /// The same, the two threads held on two CPUs (each wake-up crosses between them), where
+    /// the process may use two.
+    floor_two_cpus_p50_us: Option<f64>,
+    floor_two_cpus_p99_us: Option<f64>,
     /// Random reads with a working set (9 in 10 in a scattered hot set of half the budget,
     /// the rest anywhere): MB/s of one-word reads, pages brought in, and the reclaim
     /// thread's evictions meanwhile, clean (nothing written) and dirty (compressed, stored).
@@ -188,6 +197,15 @@ fn run_one(
         region.evict(page as u64)?;
     }
     lat.sort_by(f64::total_cmp);
+    let floor =
+        ztier_uffd::bare_fault_latency(lat.len().max(1)).context("the bare userfaultfd handler")?;
+    let micros = |taken: &[Duration]| {
+        let mut us: Vec<f64> = taken.iter().map(|d| d.as_nanos() as f64 / 1000.0).collect();
+        us.sort_by(f64::total_cmp);
+        us
+    };
+    let floor_one = micros(&floor.one_cpu);
+    let floor_two = floor.two_cpus.as_deref().map(micros);
 
     // Random reads with a working set: 9 in 10 in a hot set of half the budget, scattered
     // over the region (page `k * stride % pages`), the rest anywhere.
@@ -234,7 +252,7 @@ fn run_one(
         (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
     verify(&region, corpus)?;
     let zram = zram_of(corpus, algorithm)?;
-    let pct = |p: f64| {
+    let pct = |lat: &[f64], p: f64| {
         lat.get(((lat.len() as f64 - 1.0) * p) as usize)
             .copied()
             .unwrap_or(0.0)
@@ -256,9 +274,13 @@ fn run_one(
         budget_pages: (budget / ps) as u64,
         evict_mb_s,
         seq_faultin_mb_s,
-        fault_p50_us: pct(0.5),
-        fault_p99_us: pct(0.99),
+        fault_p50_us: pct(&lat, 0.5),
+        fault_p99_us: pct(&lat, 0.99),
         fault_max_us: lat.last().copied().unwrap_or(0.0),
+        floor_one_cpu_p50_us: pct(&floor_one, 0.5),
+        floor_one_cpu_p99_us: pct(&floor_one, 0.99),
+        floor_two_cpus_p50_us: floor_two.as_deref().map(|f| pct(f, 0.5)),
+        floor_two_cpus_p99_us: floor_two.as_deref().map(|f| pct(f, 0.99)),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
         resident_pages: seq.resident_pages,
         rss_bytes,
@@ -372,6 +394,14 @@ fn print_run(r: &UffdRun) {
     println!(
         "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store)",
         r.fault_p50_us, r.fault_p99_us, r.fault_max_us
+    );
+    let two = match (r.floor_two_cpus_p50_us, r.floor_two_cpus_p99_us) {
+        (Some(p50), Some(p99)) => format!("; on two CPUs p50 {p50:.1} µs  p99 {p99:.1} µs"),
+        _ => String::new(),
+    };
+    println!(
+        "  floor       p50 {:.1} µs  p99 {:.1} µs with the two threads on one CPU{two} (a bare handler copying one ready page)",
+        r.floor_one_cpu_p50_us, r.floor_one_cpu_p99_us
     );
     println!(
         "  resident    {} pages after the pass (budget {})",

@@ -15,6 +15,10 @@
 //! takes pages from the same clock beside it (two CPUs compressing), with its own part of
 //! the pad.
 //!
+//! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
+//! the same round trip served by a bare handler, its two threads held on one CPU and on two
+//! (`floor.rs`).
+//!
 //! # The eviction protocol
 //!
 //! A page is taken out with `UFFDIO_MOVE` into a page of a landing pad (`scratch`, a mapping
@@ -129,6 +133,7 @@
 //! holding nothing.
 mod capi;
 mod fault;
+mod floor;
 mod mapping;
 mod reclaim;
 mod userfaultfd;
@@ -146,6 +151,7 @@ use ztier_compress::{Algorithm, Kind};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Device, MmStat, ZramError};
 
+pub use floor::{bare_fault_latency, Floor};
 use mapping::Mapping;
 use userfaultfd::{Uffd, Waker};
 

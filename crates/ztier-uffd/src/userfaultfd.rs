@@ -1,7 +1,7 @@
 //! The userfaultfd file descriptor and its ioctls (`include/uapi/linux/userfaultfd.h`), and
-//! the eventfd that wakes the thread polling it, and the fault thread's move to another CPU
-//! (`sched_setaffinity`): the only system calls of the crate besides the mapping's
-//! (`mapping.rs`).
+//! the eventfd that wakes the thread polling it, and the threads' placement on CPUs
+//! (`sched_setaffinity`: the fault thread's move, the floor's pinned threads): the only
+//! system calls of the crate besides the mapping's (`mapping.rs`).
 //!
 //! Why raw ioctls: the protocol needs `UFFDIO_MOVE` (6.8) and `UFFDIO_POISON` (6.6), which
 //! no userfaultfd crate wraps; the structures below are the kernel's, field for field.
@@ -458,6 +458,35 @@ pub fn current_cpu() -> Option<usize> {
     // SAFETY: sched_getcpu takes nothing and returns a CPU number or -1.
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).ok()
+}
+
+/// The CPUs the calling thread may run on, in order (empty if that cannot be read).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most the size we pass into a live cpu_set_t; 0 is
+    // the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: every index is below CPU_SETSIZE; the set is a live, filled local.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Keeps the calling thread on `cpu` alone from now on; whether it could.
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    // SAFETY: as in `allowed_cpus`, an empty set.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE, checked above; the set is a live local.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    // SAFETY: sched_setaffinity reads the set we pass and changes only where the calling
+    // thread may run; a CPU it may not use fails (EINVAL) and nothing changes.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) == 0 }
 }
 
 /// Moves the calling thread to `cpu` now, leaving it free to run anywhere it could before

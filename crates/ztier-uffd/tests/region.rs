@@ -688,3 +688,20 @@ fn a_run_across_a_protection_change_goes_out_page_by_page() {
         check_page(words, page, 2).unwrap();
     }
 }
+
+#[test]
+fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
+    // A region first, so a process that may not use userfaultfd skips here as everywhere.
+    if region(PAGE, PAGE).is_none() {
+        return;
+    }
+    let _dog = common::Watchdog::new(common::WATCHDOG);
+    let floor = ztier_uffd::bare_fault_latency(300).unwrap();
+    assert_eq!(floor.one_cpu.len(), 300);
+    assert!(floor.one_cpu.iter().all(|d| !d.is_zero()));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match &floor.two_cpus {
+        Some(two) => assert_eq!(two.len(), 300),
+        None => assert_eq!(cpus, 1, "two CPUs usable but none measured"),
+    }
+}

@@ -1,0 +1,120 @@
+//! The floor under a region's fault latency on this machine: the same round trip with none
+//! of ztier's work in it. A bare handler thread (poll, read, one `UFFDIO_COPY` of a page it
+//! keeps ready) serves a thread that drops one page (`MADV_DONTNEED`) and touches it, page
+//! after page. What is left is the kernel's fault path and the two wake-ups (the faulting
+//! thread's of the handler, the copy's of the faulting thread), measured with both threads
+//! held on one CPU and on two: on a VM whose idle vCPUs halt, a wake-up into another vCPU
+//! costs more than everything ztier does for a fault, and where the faulting thread runs is
+//! the scheduler's choice, not the handler's. A bench sets a region's latency beside these,
+//! measured in the same run.
+//!
+//! Invariants: the mapping is this module's alone, read only by the measuring thread and
+//! written only by the kernel's copies; the handler never touches it; both threads are this
+//! module's own, so pinning them changes no one else's placement. No locks.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use crate::mapping::Mapping;
+use crate::userfaultfd::{self, Msg, Uffd, Waker};
+use crate::{Error, Result};
+
+/// Pages the measuring thread cycles through (each dropped before it is touched again).
+const PAGES: usize = 256;
+
+/// The bare round trip's latencies, each from the touch to its return, in the order taken.
+#[derive(Debug, Clone, Default)]
+pub struct Floor {
+    /// The handler and the faulting thread held on one CPU (each wake-up a context switch).
+    pub one_cpu: Vec<Duration>,
+    /// Held on two different CPUs (each wake-up crosses to the other), if the process may
+    /// use two.
+    pub two_cpus: Option<Vec<Duration>>,
+}
+
+/// `samples` single-page faults served by a bare userfaultfd handler on one CPU, and as
+/// many on two. Needs what a region needs (userfaultfd, allowed to this process).
+pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
+    let cpus = userfaultfd::allowed_cpus();
+    let first = cpus.first().copied().unwrap_or(0);
+    Ok(Floor {
+        one_cpu: measure(samples, first, first)?,
+        two_cpus: match cpus.get(1) {
+            Some(&second) => Some(measure(samples, first, second)?),
+            None => None,
+        },
+    })
+}
+
+/// The round trips of a toucher held on CPU `toucher` served by a handler on `handler`.
+fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duration>> {
+    let page_size = ztier_base::os::page_size();
+    let os = |what| move |source| Error::Os { what, source };
+    let uffd = Uffd::open().map_err(Error::NotPermitted)?;
+    uffd.api(0).map_err(os("UFFDIO_API"))?;
+    let map = Mapping::new(PAGES * page_size).map_err(os("mmap"))?;
+    uffd.register(map.addr(), map.len() as u64, userfaultfd::MODE_MISSING)
+        .map_err(os("UFFDIO_REGISTER"))?;
+    let waker = Waker::new().map_err(os("eventfd"))?;
+    let (stop, failed) = (AtomicBool::new(false), AtomicBool::new(false));
+    let content = vec![0x5au8; page_size];
+    std::thread::scope(|s| -> Result<Vec<Duration>> {
+        let serve = s.spawn(|| {
+            userfaultfd::pin_to_cpu(handler);
+            let mut msgs = [Msg::default(); 16];
+            while !stop.load(Relaxed) {
+                if !uffd.poll(&waker, -1).uffd {
+                    continue;
+                }
+                let Ok(n) = uffd.read(&mut msgs) else {
+                    // Closed, the range unregistered: a touch waiting now, or made later,
+                    // is the kernel's own (and the measuring thread stops).
+                    failed.store(true, Relaxed);
+                    uffd.shutdown();
+                    return;
+                };
+                for m in &msgs[..n] {
+                    if m.event == userfaultfd::EVENT_PAGEFAULT {
+                        let addr = m.arg[1] & !(page_size as u64 - 1);
+                        // EEXIST (already there) or EAGAIN: the touch faults again.
+                        let _ = uffd.copy(addr, &content);
+                    }
+                }
+            }
+        });
+        let touch = s.spawn(|| -> Result<Vec<Duration>> {
+            userfaultfd::pin_to_cpu(toucher);
+            let mut taken = Vec::with_capacity(samples);
+            for i in 0..samples {
+                let offset = (i % PAGES) * page_size;
+                // SAFETY: the mapping is ours alone, no reference into it is alive, and its
+                // content is the handler's copy, which this drops on purpose.
+                unsafe { map.dont_need(offset, page_size) }.map_err(os("madvise"))?;
+                let t = Instant::now();
+                // SAFETY: an address inside the live mapping; the read faults, the handler
+                // fills the page, and the read returns its first byte (nothing is kept).
+                let byte = unsafe { std::ptr::read_volatile(map.ptr().add(offset)) };
+                taken.push(t.elapsed());
+                std::hint::black_box(byte);
+                if failed.load(Relaxed) {
+                    return Err(Error::Os {
+                        what: "reading the userfaultfd",
+                        source: std::io::Error::other("the bare handler's read failed"),
+                    });
+                }
+            }
+            Ok(taken)
+        });
+        let taken = touch.join().unwrap_or_else(|_| {
+            Err(Error::Os {
+                what: "measuring the floor",
+                source: std::io::Error::other("the measuring thread panicked"),
+            })
+        });
+        stop.store(true, Relaxed);
+        waker.wake();
+        let _ = serve.join();
+        taken
+    })
+}
