@@ -188,6 +188,10 @@ export_start() {
     # in its stderr (its logs went with the test's directory): said, and started once more.
     if [ "$try" -eq 1 ] && ! exported; then
       why_not_running export
+      # Whether the process is gone or only looked gone (its state, if it is still there).
+      local pid
+      pid=$(<"$dir/run/export.pid")
+      echo "ceph-cluster: export pid $pid: $(ps -o stat=,args= -p "$pid" 2>/dev/null || echo 'no such process')" >&2
       echo "ceph-cluster: starting the export again" >&2
       kill_daemon export
       continue
