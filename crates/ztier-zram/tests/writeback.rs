@@ -708,3 +708,32 @@ fn a_sequential_reader_finds_the_next_segments_read_in_the_background() {
     );
     assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
 }
+
+#[test]
+fn a_reset_waits_for_the_readahead_and_frees_every_place() {
+    let n = 2400;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(Slow(MemoryDevice::new(32 << 20).unwrap()));
+    dev.set_backing(Some(Backing::new(store, WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    // Read in order until a window is being read in the background (more segments read
+    // than the reader has reached), then reset at once.
+    let mut out = vec![0u8; PS];
+    let mut i = 0;
+    while i < n && dev.bd_stat().unwrap().bd_reads < 2 * 16 {
+        dev.read_page(i, &mut out).unwrap();
+        assert!(out == page(i), "page {i}");
+        i += 1;
+    }
+    assert!(i < n, "no readahead went out");
+    dev.reset();
+    // Every place given back, none still held by a read in flight; the counts start again.
+    let bd = dev.bd_stat().unwrap();
+    assert_eq!(
+        (bd.bytes_held, bd.bd_count, bd.bd_reads),
+        (0, 0, 0),
+        "{bd:?}"
+    );
+}
