@@ -508,16 +508,9 @@ pub fn move_to_cpu(cpu: usize) {
     if !unsafe { libc::CPU_ISSET(cpu, &was) } {
         return;
     }
-    // SAFETY: as above, an empty set.
-    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE, checked above; the set is a live local.
-    unsafe { libc::CPU_SET(cpu, &mut one) };
-    // SAFETY: sched_setaffinity reads the sets we pass (live locals) and changes only where
-    // the calling thread may run; a CPU outside the process's cpuset fails (EINVAL), and
-    // the thread stays where it was.
-    unsafe {
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) == 0 {
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &was);
-        }
+    if pin_to_cpu(cpu) {
+        // SAFETY: sched_setaffinity reads the set we pass (a live local) and changes only
+        // where the calling thread may run: back to where it could before.
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &was) };
     }
 }

@@ -579,28 +579,54 @@ fn segments_go_out_and_come_back_several_at_once() {
     assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);
 }
 
-/// A store whose reads take a while, so readers that miss the same segment meet.
-struct Slow(MemoryDevice);
+/// A RAM store whose reads take `delay` (a remote store's round trip, so readers that miss
+/// the same segment meet), counting the blocks read by the thread that made it and by any
+/// other.
+struct Slow {
+    inner: MemoryDevice,
+    delay: Duration,
+    maker: std::thread::ThreadId,
+    by_maker: AtomicU64,
+    by_others: AtomicU64,
+}
+
+impl Slow {
+    fn new(bytes: u64, delay: Duration) -> Slow {
+        Slow {
+            inner: MemoryDevice::new(bytes).unwrap(),
+            delay,
+            maker: std::thread::current().id(),
+            by_maker: AtomicU64::new(0),
+            by_others: AtomicU64::new(0),
+        }
+    }
+}
 
 impl ztier_blockdev::BlockDevice for Slow {
     fn size(&self) -> u64 {
-        self.0.size()
+        self.inner.size()
     }
     fn block_size(&self) -> u32 {
-        self.0.block_size()
+        self.inner.block_size()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
-        std::thread::sleep(Duration::from_millis(2));
-        self.0.read_at(offset, buf)
+        std::thread::sleep(self.delay);
+        let count = if std::thread::current().id() == self.maker {
+            &self.by_maker
+        } else {
+            &self.by_others
+        };
+        count.fetch_add(1, Relaxed);
+        self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
-        self.0.write_at(offset, data, fua)
+        self.inner.write_at(offset, data, fua)
     }
     fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
-        self.0.discard(offset, len)
+        self.inner.discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
-        self.0.write_zeroes(offset, len, may_unmap)
+        self.inner.write_zeroes(offset, len, may_unmap)
     }
     fn flush(&self) -> ztier_blockdev::Result<()> {
         Ok(())
@@ -612,7 +638,7 @@ fn readers_missing_the_same_segment_share_one_read() {
     let n = 800;
     let dev = device(n, "lz4");
     fill(&dev, n);
-    let store = Arc::new(Slow(MemoryDevice::new(8 << 20).unwrap()));
+    let store = Arc::new(Slow::new(8 << 20, Duration::from_millis(2)));
     dev.set_backing(Some(Backing::new(store, WbFormat::Packed).unwrap()))
         .unwrap();
     dev.writeback(PageSelector::All, None, None).unwrap();
@@ -636,57 +662,13 @@ fn readers_missing_the_same_segment_share_one_read() {
     );
 }
 
-/// A store whose reads take a while (a remote store's round trip), counting the blocks read
-/// by the thread that made it and by any other.
-struct ReadsByThread {
-    inner: MemoryDevice,
-    reader: std::thread::ThreadId,
-    by_reader: AtomicU64,
-    by_others: AtomicU64,
-}
-
-impl ztier_blockdev::BlockDevice for ReadsByThread {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
-        std::thread::sleep(Duration::from_micros(500));
-        let count = if std::thread::current().id() == self.reader {
-            &self.by_reader
-        } else {
-            &self.by_others
-        };
-        count.fetch_add(1, Relaxed);
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_at(offset, data, fua)
-    }
-    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
-        self.inner.write_zeroes(offset, len, may_unmap)
-    }
-    fn flush(&self) -> ztier_blockdev::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn a_sequential_reader_finds_the_next_segments_read_in_the_background() {
     let n = 2400;
     let dev = device(n, "lz4");
     fill(&dev, n);
-    let store = Arc::new(ReadsByThread {
-        inner: MemoryDevice::new(32 << 20).unwrap(),
-        reader: std::thread::current().id(),
-        by_reader: AtomicU64::new(0),
-        by_others: AtomicU64::new(0),
-    });
+    // This thread reads; the store tells its reads from the readahead's.
+    let store = Arc::new(Slow::new(32 << 20, Duration::from_micros(500)));
     dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
         .unwrap();
     dev.writeback(PageSelector::All, None, None).unwrap();
@@ -695,12 +677,12 @@ fn a_sequential_reader_finds_the_next_segments_read_in_the_background() {
         segments >= 48,
         "{segments} segments: too few for three windows of 16"
     );
-    let (mine, others) = (store.by_reader.load(Relaxed), store.by_others.load(Relaxed));
+    let (mine, others) = (store.by_maker.load(Relaxed), store.by_others.load(Relaxed));
 
     // Read in order, page by page: past the first windows, the segments are read by the
     // readahead while this thread decompresses, each once, every page exact.
     verify(&dev, n, |_| None);
-    let mine = store.by_reader.load(Relaxed) - mine;
+    let mine = store.by_maker.load(Relaxed) - mine;
     let others = store.by_others.load(Relaxed) - others;
     assert!(
         others >= segments / 2,
@@ -714,7 +696,7 @@ fn a_reset_waits_for_the_readahead_and_frees_every_place() {
     let n = 2400;
     let dev = device(n, "lz4");
     fill(&dev, n);
-    let store = Arc::new(Slow(MemoryDevice::new(32 << 20).unwrap()));
+    let store = Arc::new(Slow::new(32 << 20, Duration::from_millis(2)));
     dev.set_backing(Some(Backing::new(store, WbFormat::Packed).unwrap()))
         .unwrap();
     dev.writeback(PageSelector::All, None, None).unwrap();
