@@ -110,6 +110,10 @@ pub struct BenchArgs {
     /// With --front uffd: the region's RAM budget, a share of its size (25% or 0.25).
     #[arg(long, default_value = "25%", value_parser = crate::uffd_bench::parse_budget)]
     pub budget: f64,
+    /// With --front uffd: keep the region's fault thread at normal priority (by default it
+    /// runs at idle priority while one thread faults, where the process may leave it again).
+    #[arg(long)]
+    pub normal_priority: bool,
 }
 
 /// The bundled sample: next to the working directory, or in the source tree.

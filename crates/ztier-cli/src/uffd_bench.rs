@@ -40,6 +40,10 @@ struct UffdRun {
     fault_p50_us: f64,
     fault_p99_us: f64,
     fault_max_us: f64,
+    /// The fault thread at idle priority after the latency phase, and how often over the
+    /// run its idle priority was taken back.
+    idle_priority: bool,
+    idle_priority_demotions: u64,
     /// As many touches served by a bare userfaultfd handler (one ready page copied in,
     /// nothing else), right after, the two threads held on one CPU: this machine's floor for
     /// the round trip, p50/p99 µs.
@@ -111,7 +115,13 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
         .with_context(|| format!("loading {}", path.display()))?;
         for algorithm in &args.compressors {
             for clean_pages in [true, false] {
-                let run = run_one(&corpus, algorithm, args.budget, clean_pages)?;
+                let run = run_one(
+                    &corpus,
+                    algorithm,
+                    args.budget,
+                    clean_pages,
+                    !args.normal_priority,
+                )?;
                 if args.json {
                     println!("{}", serde_json::to_string(&run)?);
                 } else {
@@ -128,6 +138,7 @@ fn run_one(
     algorithm: &ztier_compress::Algorithm,
     share: f64,
     clean_pages: bool,
+    idle_priority: bool,
 ) -> anyhow::Result<UffdRun> {
     let ps = 4096usize;
     let pages = corpus.pages();
@@ -136,6 +147,7 @@ fn run_one(
     let config = RegionConfig {
         algorithm: algorithm.clone(),
         clean_pages,
+        idle_priority,
         ..RegionConfig::default()
     };
     // Written with the whole region in budget, so the write evicts nothing.
@@ -197,6 +209,7 @@ fn run_one(
         region.evict(page as u64)?;
     }
     lat.sort_by(f64::total_cmp);
+    let idle_priority = region.stats().idle_priority;
     let floor =
         ztier_uffd::bare_fault_latency(lat.len().max(1)).context("the bare userfaultfd handler")?;
     let micros = |taken: &[Duration]| {
@@ -277,6 +290,8 @@ fn run_one(
         fault_p50_us: pct(&lat, 0.5),
         fault_p99_us: pct(&lat, 0.99),
         fault_max_us: lat.last().copied().unwrap_or(0.0),
+        idle_priority,
+        idle_priority_demotions: end.idle_priority_demotions,
         floor_one_cpu_p50_us: pct(&floor_one, 0.5),
         floor_one_cpu_p99_us: pct(&floor_one, 0.99),
         floor_two_cpus_p50_us: floor_two.as_deref().map(|f| pct(f, 0.5)),
@@ -392,8 +407,10 @@ fn print_run(r: &UffdRun) {
         kernel(r.kernel_faultin_mb_s)
     );
     println!(
-        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store)",
-        r.fault_p50_us, r.fault_p99_us, r.fault_max_us
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store; fault thread at {} priority, taken back {} times)",
+        r.fault_p50_us, r.fault_p99_us, r.fault_max_us,
+        if r.idle_priority { "idle" } else { "normal" },
+        r.idle_priority_demotions
     );
     let two = match (r.floor_two_cpus_p50_us, r.floor_two_cpus_p99_us) {
         (Some(p50), Some(p99)) => format!("; on two CPUs p50 {p50:.1} µs  p99 {p99:.1} µs"),

@@ -8,13 +8,14 @@
 //! served; a fault that cannot be served yet (`EAGAIN`, or the budget while the reclaim
 //! thread catches up) waits in a queue while the thread goes on reading messages, so the
 //! thread never waits for anything that waits for it. It blocks in `poll` between messages
-//! (no spinning) and, at most every 20 ms, moves to the CPU the last faulting thread ran on
-//! (`Follow`). Lock order: lib.rs.
+//! (no spinning) and keeps to the CPU of the thread that faults (placement.rs). Lock
+//! order: lib.rs.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::placement::Follow;
 use crate::userfaultfd::{self, Msg, Outcome};
 use crate::{
     Count, Shared, CLEAN, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED,
@@ -68,42 +69,6 @@ impl Around {
     }
 }
 
-/// How often the fault thread looks where the thread that faulted runs.
-const FOLLOW_EVERY: Duration = Duration::from_millis(20);
-
-/// Keeps the fault thread on the CPU of the threads that fault. A fault's round trip is
-/// two wake-ups (the faulting thread's of the handler, the handler's copy's of it): on
-/// one CPU they are context switches; across two, on a machine whose idle CPUs halt (a
-/// VM's vCPUs), each is an interrupt into a halted CPU, 25 µs or more. The scheduler
-/// keeps whichever placement it happened on; this moves the handler, at most every
-/// [`FOLLOW_EVERY`], to the CPU the last faulting thread ran on (from its
-/// /proc/self/task/TID/stat, the message's thread id) when it is not there.
-#[derive(Default)]
-struct Follow {
-    last: Option<Instant>,
-}
-
-impl Follow {
-    fn fault(&mut self, tid: u64) {
-        if self.last.is_some_and(|t| t.elapsed() < FOLLOW_EVERY) || tid == 0 {
-            return;
-        }
-        self.last = Some(Instant::now());
-        let Some(cpu) = cpu_of(tid) else { return };
-        if userfaultfd::current_cpu() != Some(cpu) {
-            userfaultfd::move_to_cpu(cpu);
-        }
-    }
-}
-
-/// The CPU thread `tid` of this process last ran on (field 39 of its stat).
-fn cpu_of(tid: u64) -> Option<usize> {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces; the fields after its ')' are plain.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(39 - 3)?.parse().ok()
-}
-
 /// Pages an `mremap` moved out of the region: their stored copies, to be copied to where
 /// they are now, after which the new range is unregistered (its pages leave the region).
 struct Remap {
@@ -135,7 +100,7 @@ fn serve_faults(sh: &Shared) {
     let mut around = Around::new(sh.fault_around);
     let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
-    let mut follow = Follow::default();
+    let mut follow = Follow::start(&sh.placement);
     loop {
         if sh.stop_faults.load(Relaxed) {
             return;
@@ -152,6 +117,7 @@ fn serve_faults(sh: &Shared) {
         if sh.stop_faults.load(Relaxed) {
             return;
         }
+        sh.placement.turn();
         if ready.waker {
             sh.waker.drain();
         }
@@ -173,7 +139,10 @@ fn serve_faults(sh: &Shared) {
                 for m in &msgs[..n] {
                     match m.event {
                         userfaultfd::EVENT_PAGEFAULT => {
-                            follow.fault(m.arg[2]);
+                            if follow.fault(m.arg[2]) {
+                                // The reclaim thread, its guard, to short naps.
+                                sh.reclaim_cv.notify_one();
+                            }
                             faults.push_back(Fault {
                                 addr: m.arg[1] & !(sh.page_size as u64 - 1),
                                 write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
@@ -212,6 +181,8 @@ fn serve_faults(sh: &Shared) {
                 }
             }
         }
+        sh.placement
+            .holding(!faults.is_empty() || !remaps.is_empty());
         sh.wake_reclaim_if_over();
     }
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::mapping::Mapping;
+use crate::placement;
 use crate::userfaultfd::{self, Msg, Uffd, Waker};
 use crate::{Error, Result};
 
@@ -36,7 +37,7 @@ pub struct Floor {
 /// `samples` single-page faults served by a bare userfaultfd handler on one CPU, and as
 /// many on two. Needs what a region needs (userfaultfd, allowed to this process).
 pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
-    let cpus = userfaultfd::allowed_cpus();
+    let cpus = placement::allowed_cpus();
     let first = cpus.first().copied().unwrap_or(0);
     Ok(Floor {
         one_cpu: measure(samples, first, first)?,
@@ -61,7 +62,7 @@ fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duratio
     let content = vec![0x5au8; page_size];
     std::thread::scope(|s| -> Result<Vec<Duration>> {
         let serve = s.spawn(|| {
-            userfaultfd::pin_to_cpu(handler);
+            placement::pin_to_cpu(handler);
             let mut msgs = [Msg::default(); 16];
             while !stop.load(Relaxed) {
                 if !uffd.poll(&waker, -1).uffd {
@@ -84,7 +85,7 @@ fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duratio
             }
         });
         let touch = s.spawn(|| -> Result<Vec<Duration>> {
-            userfaultfd::pin_to_cpu(toucher);
+            placement::pin_to_cpu(toucher);
             let mut taken = Vec::with_capacity(samples);
             for i in 0..samples {
                 let offset = (i % PAGES) * page_size;

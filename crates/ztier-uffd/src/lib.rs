@@ -15,6 +15,12 @@
 //! takes pages from the same clock beside it (two CPUs compressing), with its own part of
 //! the pad.
 //!
+//! The fault thread keeps to the CPU of the thread that faults, and while a single thread
+//! faults it runs at idle priority, so that the faulting thread, woken by the copy, stays
+//! on that CPU: on a machine whose idle CPUs halt, a fault's two wake-ups across CPUs cost
+//! ten times the rest of it. The reclaim thread guards it: faults that wait while it does
+//! not run take idle priority back (`placement.rs`, [`RegionConfig::idle_priority`]).
+//!
 //! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
 //! the same round trip served by a bare handler, its two threads held on one CPU and on two
 //! (`floor.rs`).
@@ -127,7 +133,9 @@
 //! faulting page's and then its fault-around neighbours' in page order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
-//! can form; everyone else holds one at a time. The reclaim signal's mutex and the helper's are taken alone.
+//! can form; everyone else holds one at a time. The reclaim signal's mutex and the helper's
+//! are taken alone but for `placement`'s state, a leaf (the guard, under the reclaim
+//! signal's; the fault thread's looks, under `gate`; `stats()`).
 //! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
@@ -135,6 +143,7 @@ mod capi;
 mod fault;
 mod floor;
 mod mapping;
+mod placement;
 mod reclaim;
 mod userfaultfd;
 
@@ -308,6 +317,12 @@ pub struct RegionStats {
     /// Faults served late: the address space was changing (`EAGAIN`), or the region was
     /// over its budget while the reclaim thread caught up.
     pub deferred_faults: u64,
+    /// Whether the fault thread runs at idle priority now, keeping a faulting thread on
+    /// its CPU ([`RegionConfig::idle_priority`]).
+    pub idle_priority: bool,
+    /// How often the fault thread's idle priority was taken back because faults waited
+    /// for it while another thread held its CPU.
+    pub idle_priority_demotions: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
 }
@@ -327,6 +342,12 @@ pub struct RegionConfig {
     /// every page comes in dirty: for a program that writes nearly every page it reads,
     /// where each first write would cost a write-protect fault.
     pub clean_pages: bool,
+    /// Whether the fault thread may run at idle priority (`SCHED_IDLE`) while a single
+    /// thread faults, which keeps that thread on the fault thread's CPU: on a machine whose
+    /// idle CPUs halt (a VM), a fault's two wake-ups across CPUs cost ten times the rest of
+    /// it. Used only where the process may leave idle priority again (`CAP_SYS_NICE` or an
+    /// `RLIMIT_NICE` of 20); taken back whenever faults wait for it (module `placement`).
+    pub idle_priority: bool,
 }
 
 /// The default of [`RegionConfig::fault_around`].
@@ -340,6 +361,7 @@ impl Default for RegionConfig {
             store_limit: 0,
             fault_around: MAX_AROUND,
             clean_pages: true,
+            idle_priority: true,
         }
     }
 }
@@ -385,6 +407,8 @@ struct Shared {
     fault_around: usize,
     /// [`RegionConfig::clean_pages`].
     clean_pages: bool,
+    /// Where the fault thread runs, and at what priority.
+    placement: placement::Placement,
     /// Stops the evictors.
     stop: AtomicBool,
     /// Stops the fault thread (set only once the evictors are gone: their drops of the
@@ -443,13 +467,22 @@ impl Region {
             device,
             config.fault_around.min(1023),
             config.clean_pages,
+            config.idle_priority,
         )
     }
 
     /// A region storing in `device`, which must have a page for each of the region's, of
     /// the OS page size, and be empty (its pages are the region's from now on).
     pub fn with_device(len: usize, budget: usize, device: Device) -> Result<Region> {
-        Region::make(len, budget, device, MAX_AROUND, true)
+        let defaults = RegionConfig::default();
+        Region::make(
+            len,
+            budget,
+            device,
+            defaults.fault_around,
+            defaults.clean_pages,
+            defaults.idle_priority,
+        )
     }
 
     fn make(
@@ -458,6 +491,7 @@ impl Region {
         device: Device,
         fault_around: usize,
         clean_pages: bool,
+        idle_priority: bool,
     ) -> Result<Region> {
         let page_size = ztier_base::os::page_size();
         check_length(len, page_size)?;
@@ -538,6 +572,7 @@ impl Region {
             serving: Mutex::new(()),
             fault_around,
             clean_pages,
+            placement: placement::Placement::new(idle_priority),
             stop: AtomicBool::new(false),
             stop_faults: AtomicBool::new(false),
             waker: Waker::new().map_err(os("eventfd"))?,
@@ -695,6 +730,8 @@ impl Region {
             deferred_faults: c(Count::Deferred),
             fault_around_pages: c(Count::FaultAround),
             fault_latency_us: std::array::from_fn(|i| sh.latency.0[i].load(Relaxed)),
+            idle_priority: sh.placement.idle(),
+            idle_priority_demotions: sh.placement.demotions(),
             mm_stat: sh.device.mm_stat(),
         }
     }
@@ -799,6 +836,11 @@ impl Shared {
 
     fn over_budget(&self) -> bool {
         self.resident.load(Relaxed) > self.budget_pages.load(Relaxed)
+    }
+
+    /// The fault thread's guard (placement.rs), run by the reclaim thread.
+    fn guard_fault_thread(&self) {
+        self.placement.guard(|| self.uffd.poll(&self.waker, 0).uffd);
     }
 
     fn wake_reclaim_if_over(&self) {

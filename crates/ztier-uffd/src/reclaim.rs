@@ -13,6 +13,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use crate::placement;
 use crate::{
     Count, Error, Result, Shared, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED,
 };
@@ -36,8 +37,14 @@ pub(crate) fn run(sh: &Shared) {
             let mut wanted = sh.reclaim_wanted.lock();
             while !sh.stop.load(Relaxed) && !sh.over_budget() {
                 *wanted = false;
-                sh.reclaim_cv
-                    .wait_for(&mut wanted, Duration::from_millis(100));
+                // Often while the fault thread is at idle priority: this thread is its guard.
+                let nap = if sh.placement.idle() {
+                    placement::GUARD_EVERY
+                } else {
+                    Duration::from_millis(100)
+                };
+                sh.reclaim_cv.wait_for(&mut wanted, nap);
+                sh.guard_fault_thread();
             }
         }
         if sh.stop.load(Relaxed) {
@@ -49,6 +56,7 @@ pub(crate) fn run(sh: &Shared) {
             sh.helper_cv.notify_one();
         }
         let out = sh.evict_batch(&mut segment, 0);
+        sh.guard_fault_thread();
         sh.reclaim_stuck.store(out == 0, Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();

@@ -705,3 +705,119 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
         None => assert_eq!(cpus, 1, "two CPUs usable but none measured"),
     }
 }
+
+/// A region's fault thread uses idle priority only where the process may leave it again.
+fn skip_without_idle_priority() {
+    let why = "this process may not leave idle priority again (no CAP_SYS_NICE, RLIMIT_NICE \
+               under 20), so the fault thread stays at normal priority";
+    if std::env::var_os("CI").is_some() {
+        panic!("CI must run the idle-priority tests: {why}");
+    }
+    eprintln!("skipped: {why}");
+}
+
+/// Holds the calling thread on `cpu`.
+fn hold_on_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is 0 in these tests, below CPU_SETSIZE; the set is a live local.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: reads the set we pass; changes only where the calling thread (0) runs.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}");
+}
+
+/// Evicts `pages` and reads them back, each checked.
+fn evict_and_read(r: &ztier_uffd::Region, pages: std::ops::Range<u64>) {
+    for page in pages.clone() {
+        r.evict(page).unwrap();
+    }
+    for page in pages {
+        check_page(r.words(), page, 1).unwrap();
+    }
+}
+
+#[test]
+fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    // One thread faulting on CPU 0: the fault thread goes to idle priority there.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            hold_on_cpu(0);
+            for _ in 0..20 {
+                evict_and_read(&r, 0..64);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+    });
+    if !r.stats().idle_priority {
+        skip_without_idle_priority();
+        return;
+    }
+    // A thread of normal priority busy on that CPU: the fault thread would get a few
+    // thousandths of it. Every fault is still served, and the guard has taken idle priority
+    // back.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            hold_on_cpu(0);
+            while !stop.load(Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        s.spawn(|| {
+            hold_on_cpu(0);
+            evict_and_read(&r, 0..64);
+            stop.store(true, Relaxed);
+        });
+    });
+    let s = r.stats();
+    assert!(s.idle_priority_demotions >= 1, "{s:?}");
+    assert!(!s.idle_priority, "{s:?}");
+}
+
+#[test]
+fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    evict_and_read(&r, 0..64);
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    evict_and_read(&r, 0..64);
+    if !r.stats().idle_priority {
+        skip_without_idle_priority();
+        return;
+    }
+    // Two threads taking turns at faulting, for longer than a look's interval.
+    let turn = std::sync::Mutex::new(());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for round in 0..20u64 {
+                    let _mine = turn.lock().unwrap();
+                    let page = round % 64;
+                    r.evict(page).unwrap();
+                    check_page(r.words(), page, 1).unwrap();
+                    drop(_mine);
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                }
+            });
+        }
+    });
+    let s = r.stats();
+    assert!(!s.idle_priority, "{s:?}");
+    assert_eq!(
+        s.idle_priority_demotions, 0,
+        "left by the fault thread, not the guard: {s:?}"
+    );
+}
