@@ -25,6 +25,10 @@
 //! `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20 (sched(7)); a region made without either
 //! follows at normal priority only (a probe thread tries both ways when the region is made).
 //!
+//! While the fault thread is pinned at idle priority, the evictors keep off its CPU (any
+//! thread of normal priority there takes the CPU from it, and an evictor's batch compresses
+//! for a millisecond or so), where the process has another.
+//!
 //! Invariants: only the fault thread enters idle priority, and only the fault thread or
 //! the guard leaves it, each under `state`; the guard reads the fault thread's loop count,
 //! never blocks on it. Lock order: `state` is a leaf.
@@ -49,6 +53,10 @@ pub(crate) const STARVED_AFTER: Duration = Duration::from_millis(2);
 /// priority (at normal priority it sleeps as before).
 pub(crate) const GUARD_EVERY: Duration = Duration::from_millis(4);
 
+/// Faults are coming if the fault thread looked where the faulting thread runs this
+/// recently (it looks at most every [`LOOK_EVERY`] while they come).
+const FAULTS_RECENT: Duration = Duration::from_millis(10);
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -70,6 +78,8 @@ struct State {
     idle: bool,
     /// The CPU it is pinned to (at idle priority only).
     pinned: Option<usize>,
+    /// The fault thread's last look (faults are coming while it is recent).
+    looked: Option<Instant>,
     /// The CPUs the fault thread could run on when it started: where it may go again when
     /// it leaves idle priority.
     cpus: Vec<usize>,
@@ -94,6 +104,7 @@ impl Placement {
             state: Mutex::new(State {
                 idle: false,
                 pinned: None,
+                looked: None,
                 cpus: Vec::new(),
                 retry_at: None,
                 backoff: FIRST_BACKOFF,
@@ -147,6 +158,51 @@ impl Placement {
             st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
             st.demotions += 1;
         }
+    }
+}
+
+/// An evictor's side: it keeps off the CPU the fault thread is pinned to at idle priority,
+/// where it would take the CPU from the fault thread (an evictor's batch compresses for a
+/// millisecond or so) while a fault waits. Made on the evictor's thread.
+pub(crate) struct KeepOff<'a> {
+    placement: &'a Placement,
+    /// The CPU this thread keeps off now, if any.
+    off: Option<usize>,
+    /// The CPUs this thread could run on when it started.
+    cpus: Vec<usize>,
+}
+
+impl<'a> KeepOff<'a> {
+    pub(crate) fn start(placement: &'a Placement) -> KeepOff<'a> {
+        KeepOff {
+            placement,
+            off: None,
+            cpus: allowed_cpus(),
+        }
+    }
+
+    /// Before a batch: off the fault thread's CPU while it is pinned at idle priority and
+    /// faults are coming (if another CPU is left), back on it once not: an eviction pass
+    /// with no faults uses every CPU.
+    pub(crate) fn settle(&mut self) {
+        if !self.placement.allowed {
+            return;
+        }
+        let pinned = {
+            let st = self.placement.state.lock();
+            st.pinned
+                .filter(|_| st.looked.is_some_and(|t| t.elapsed() < FAULTS_RECENT))
+        };
+        let want = pinned.filter(|cpu| self.cpus.iter().any(|c| c != cpu));
+        if want == self.off {
+            return;
+        }
+        let cpus: Vec<usize> = match want {
+            Some(cpu) => self.cpus.iter().copied().filter(|&c| c != cpu).collect(),
+            None => self.cpus.clone(),
+        };
+        set_affinity(0, &cpus);
+        self.off = want;
     }
 }
 
@@ -204,6 +260,7 @@ impl<'a> Follow<'a> {
         }
         let mut entered = false;
         let mut st = p.state.lock();
+        st.looked = self.last_look;
         if st.idle && mixed {
             if set_normal_priority(0) {
                 set_affinity(0, &st.cpus);

@@ -32,6 +32,7 @@ pub(crate) enum Evicted {
 /// `[0, BATCH)`.
 pub(crate) fn run(sh: &Shared) {
     let mut segment = (0, 0);
+    let mut keep_off = placement::KeepOff::start(&sh.placement);
     loop {
         {
             let mut wanted = sh.reclaim_wanted.lock();
@@ -55,6 +56,7 @@ pub(crate) fn run(sh: &Shared) {
             let _idle = sh.helper_idle.lock();
             sh.helper_cv.notify_one();
         }
+        keep_off.settle();
         let out = sh.evict_batch(&mut segment, 0);
         sh.guard_fault_thread();
         sh.reclaim_stuck.store(out == 0, Relaxed);
@@ -73,6 +75,7 @@ pub(crate) fn run(sh: &Shared) {
 /// the same clock, so that two CPUs compress. Near the budget the reclaim thread is alone.
 pub(crate) fn run_helper(sh: &Shared) {
     let mut segment = (0, 0);
+    let mut keep_off = placement::KeepOff::start(&sh.placement);
     loop {
         {
             // No timeout: the reclaim thread wakes it (under this mutex, so no wake-up is
@@ -85,6 +88,7 @@ pub(crate) fn run_helper(sh: &Shared) {
         if sh.stop.load(Relaxed) {
             return;
         }
+        keep_off.settle();
         let out = sh.evict_batch(&mut segment, crate::BATCH);
         sh.waker.wake();
         if out == 0 {

@@ -798,18 +798,24 @@ fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
         skip_without_idle_priority();
         return;
     }
-    // Two threads taking turns at faulting, for longer than a look's interval.
-    let turn = std::sync::Mutex::new(());
+    // Two threads faulting strictly by turns (each fault's thread differs from the one
+    // before), for longer than a look's interval (250 µs).
+    let turn = std::sync::Mutex::new(0u64);
+    let next = std::sync::Condvar::new();
     std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                for round in 0..20u64 {
-                    let _mine = turn.lock().unwrap();
-                    let page = round % 64;
+        for me in 0..2u64 {
+            let (turn, next, r) = (&turn, &next, &r);
+            s.spawn(move || {
+                for round in 0..100u64 {
+                    let mut t = turn.lock().unwrap();
+                    while *t % 2 != me {
+                        t = next.wait(t).unwrap();
+                    }
+                    let page = (2 * round + me) % 64;
                     r.evict(page).unwrap();
                     check_page(r.words(), page, 1).unwrap();
-                    drop(_mine);
-                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    *t += 1;
+                    next.notify_all();
                 }
             });
         }
