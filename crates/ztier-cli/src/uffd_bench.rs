@@ -44,6 +44,8 @@ struct UffdRun {
     /// run its idle priority was taken back.
     idle_priority: bool,
     idle_priority_demotions: u64,
+    /// Of those, in the latency phase.
+    latency_idle_priority_demotions: u64,
     /// As many touches served by a bare userfaultfd handler (one ready page copied in,
     /// nothing else), right after, the two threads held on one CPU: this machine's floor for
     /// the round trip, p50/p99 µs.
@@ -190,6 +192,7 @@ fn run_one(
 
     // Single-page fault latency: pages evicted one by one, touched in a scattered order
     // (so fault-around stays closed).
+    let demotions_before = region.stats().idle_priority_demotions;
     let mut lat = Vec::new();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     for _ in 0..2000.min(pages) {
@@ -209,7 +212,9 @@ fn run_one(
         region.evict(page as u64)?;
     }
     lat.sort_by(f64::total_cmp);
-    let idle_priority = region.stats().idle_priority;
+    let after_latency = region.stats();
+    let idle_priority = after_latency.idle_priority;
+    let latency_idle_priority_demotions = after_latency.idle_priority_demotions - demotions_before;
     let floor =
         ztier_uffd::bare_fault_latency(lat.len().max(1)).context("the bare userfaultfd handler")?;
     let micros = |taken: &[Duration]| {
@@ -292,6 +297,7 @@ fn run_one(
         fault_max_us: lat.last().copied().unwrap_or(0.0),
         idle_priority,
         idle_priority_demotions: end.idle_priority_demotions,
+        latency_idle_priority_demotions,
         floor_one_cpu_p50_us: pct(&floor_one, 0.5),
         floor_one_cpu_p99_us: pct(&floor_one, 0.99),
         floor_two_cpus_p50_us: floor_two.as_deref().map(|f| pct(f, 0.5)),
@@ -407,9 +413,10 @@ fn print_run(r: &UffdRun) {
         kernel(r.kernel_faultin_mb_s)
     );
     println!(
-        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store; fault thread at {} priority, taken back {} times)",
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs (one page, from the store; fault thread at {} priority, taken back {} times in this phase, {} in the run)",
         r.fault_p50_us, r.fault_p99_us, r.fault_max_us,
         if r.idle_priority { "idle" } else { "normal" },
+        r.latency_idle_priority_demotions,
         r.idle_priority_demotions
     );
     let two = match (r.floor_two_cpus_p50_us, r.floor_two_cpus_p99_us) {

@@ -87,7 +87,10 @@ enum Served {
 /// waiting for ever (or, were the descriptor closed, reading zeros where its data was): the
 /// process is aborted instead, with the panic's message.
 pub(crate) fn run(sh: &Shared) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_faults(sh))).is_err() {
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_faults(sh)));
+    // However it ended, its thread id is not acted on again.
+    sh.placement.done();
+    if served.is_err() {
         eprintln!("ztier-uffd: the fault thread panicked; no page of the region can be served");
         std::process::abort();
     }
@@ -117,7 +120,7 @@ fn serve_faults(sh: &Shared) {
         if sh.stop_faults.load(Relaxed) {
             return;
         }
-        sh.placement.turn();
+        sh.placement.progress();
         if ready.waker {
             sh.waker.drain();
         }
@@ -139,10 +142,7 @@ fn serve_faults(sh: &Shared) {
                 for m in &msgs[..n] {
                     match m.event {
                         userfaultfd::EVENT_PAGEFAULT => {
-                            if follow.fault(m.arg[2]) {
-                                // The reclaim thread, its guard, to short naps.
-                                sh.reclaim_cv.notify_one();
-                            }
+                            follow.fault(m.arg[2]);
                             faults.push_back(Fault {
                                 addr: m.arg[1] & !(sh.page_size as u64 - 1),
                                 write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
@@ -177,7 +177,10 @@ fn serve_faults(sh: &Shared) {
                         sh.count(Count::Deferred, 1);
                         faults.push_back(f);
                     }
-                    Served::Done => sh.latency.record(f.read_at.elapsed()),
+                    Served::Done => {
+                        sh.latency.record(f.read_at.elapsed());
+                        sh.placement.progress();
+                    }
                 }
             }
         }

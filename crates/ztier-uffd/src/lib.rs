@@ -3,7 +3,8 @@
 //! zram page `i`, reached through the device's public API only), so that at most a budget of
 //! its pages is resident while the program sees all of it.
 //!
-//! Two threads serve a region (three while it is far over budget). The **fault thread** reads the userfaultfd's messages: a fault
+//! Two threads serve a region (three while it is far over budget; and the fault thread's
+//! guard while it runs at idle priority, see below). The **fault thread** reads the userfaultfd's messages: a fault
 //! on a page that is out is served by `UFFDIO_COPY` of its decompressed content, or by
 //! `UFFDIO_ZEROPAGE` (a read) or a copy of zeros (a write) for a page never written or
 //! dropped; the program's own `MADV_DONTNEED`/`MADV_FREE`, `munmap` and `mremap` arrive as
@@ -18,8 +19,8 @@
 //! The fault thread keeps to the CPU of the thread that faults, and while a single thread
 //! faults it runs at idle priority, so that the faulting thread, woken by the copy, stays
 //! on that CPU: on a machine whose idle CPUs halt, a fault's two wake-ups across CPUs cost
-//! ten times the rest of it. The reclaim thread guards it: faults that wait while it does
-//! not run take idle priority back (`placement.rs`, [`RegionConfig::idle_priority`]).
+//! ten times the rest of it. A guard thread ends idle priority when faults wait for it
+//! (`placement.rs`, [`RegionConfig::idle_priority`]).
 //!
 //! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
 //! the same round trip served by a bare handler, its two threads held on one CPU and on two
@@ -133,9 +134,8 @@
 //! faulting page's and then its fault-around neighbours' in page order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
-//! can form; everyone else holds one at a time. The reclaim signal's mutex and the helper's
-//! are taken alone but for `placement`'s state, a leaf (the guard, under the reclaim
-//! signal's; the fault thread's looks, under `gate`; `stats()`).
+//! can form; everyone else holds one at a time. The reclaim signal's mutex, the helper's
+//! and `placement`'s guard's are taken alone (`placement` is otherwise atomics).
 //! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
@@ -317,11 +317,14 @@ pub struct RegionStats {
     /// Faults served late: the address space was changing (`EAGAIN`), or the region was
     /// over its budget while the reclaim thread caught up.
     pub deferred_faults: u64,
+    /// Whether the fault thread may run at idle priority ([`RegionConfig::idle_priority`],
+    /// and the process may leave idle priority again).
+    pub idle_priority_usable: bool,
     /// Whether the fault thread runs at idle priority now, keeping a faulting thread on
-    /// its CPU ([`RegionConfig::idle_priority`]).
+    /// its CPU.
     pub idle_priority: bool,
-    /// How often the fault thread's idle priority was taken back because faults waited
-    /// for it while another thread held its CPU.
+    /// How often the fault thread's idle priority was ended because faults waited for it
+    /// (another thread held its CPU).
     pub idle_priority_demotions: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
@@ -440,6 +443,7 @@ pub struct Region {
     fault_thread: Option<JoinHandle<()>>,
     reclaim_thread: Option<JoinHandle<()>>,
     helper_thread: Option<JoinHandle<()>>,
+    guard_thread: Option<JoinHandle<()>>,
 }
 
 impl Region {
@@ -597,10 +601,16 @@ impl Region {
             fault_thread: None,
             reclaim_thread: None,
             helper_thread: None,
+            guard_thread: None,
         };
         region.fault_thread = Some(spawn("uffd-fault", fault::run)?);
         region.reclaim_thread = Some(spawn("uffd-reclaim", reclaim::run)?);
         region.helper_thread = Some(spawn("uffd-reclaim2", reclaim::run_helper)?);
+        if shared.placement.usable() {
+            region.guard_thread = Some(spawn("uffd-guard", |sh| {
+                sh.placement.run_guard(|| sh.uffd.poll(&sh.waker, 0).uffd)
+            })?);
+        }
         Ok(region)
     }
 
@@ -730,6 +740,7 @@ impl Region {
             deferred_faults: c(Count::Deferred),
             fault_around_pages: c(Count::FaultAround),
             fault_latency_us: std::array::from_fn(|i| sh.latency.0[i].load(Relaxed)),
+            idle_priority_usable: sh.placement.usable(),
             idle_priority: sh.placement.idle(),
             idle_priority_demotions: sh.placement.demotions(),
             mm_stat: sh.device.mm_stat(),
@@ -752,6 +763,11 @@ fn check_length(len: usize, page_size: usize) -> Result<()> {
 impl Drop for Region {
     fn drop(&mut self) {
         let sh = &self.shared;
+        // The guard first: it acts on the fault thread's id only while that thread runs.
+        sh.placement.stop();
+        if let Some(t) = self.guard_thread.take() {
+            let _ = t.join();
+        }
         sh.stop.store(true, Relaxed);
         {
             let mut wanted = sh.reclaim_wanted.lock();
@@ -836,11 +852,6 @@ impl Shared {
 
     fn over_budget(&self) -> bool {
         self.resident.load(Relaxed) > self.budget_pages.load(Relaxed)
-    }
-
-    /// The fault thread's guard (placement.rs), run by the reclaim thread.
-    fn guard_fault_thread(&self) {
-        self.placement.guard(|| self.uffd.poll(&self.waker, 0).uffd);
     }
 
     fn wake_reclaim_if_over(&self) {

@@ -14,82 +14,100 @@
 //! - **Idle priority** (`SCHED_IDLE`), while a single thread faults: the scheduler counts a
 //!   CPU that runs only idle-priority threads as idle when it places a woken thread, so the
 //!   faulting thread, woken by the copy, stays on the fault thread's CPU and takes it over at
-//!   once. The fault thread is then pinned to that CPU (following moves the pin).
+//!   once. The fault thread is then pinned to that CPU (following moves the pin), and the
+//!   evictors keep off it while faults come (an evictor's batch compresses for a millisecond
+//!   or so, and would take the CPU from it), where the process has another CPU.
 //!
 //! Idle priority starves beside any busy thread of normal priority, and a fault waits for
-//! it. So it is used only while one thread faults (faults from several leave it at the next
-//! look), and a guard, run by the reclaim thread, takes it back: when faults are waiting
-//! and the fault thread has not come round its loop for [`STARVED_AFTER`], it goes back to
-//! normal priority, free to run on any CPU it could at the start, and idle priority is tried
-//! again only after a back-off (0.1 s, doubling up to 5 s). Leaving idle priority needs
-//! `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20 (sched(7)); a region made without either
-//! follows at normal priority only (a probe thread tries both ways when the region is made).
+//! it. So faults from a second thread end it at the next look (and it is not tried again for
+//! [`MIXED_BACKOFF`]), and a **guard thread**, which waits for nothing the fault thread does,
+//! ends it when faults have waited [`STARVED_AFTER`] (a message unread, or faults read and
+//! not yet served) with no progress of the fault thread: the fault thread goes back to normal
+//! priority, free to run on any CPU it could at the start, and idle priority is tried again
+//! after a back-off (0.1 s, doubling to 5 s, back to 0.1 s after a minute without one). A
+//! second with no fault ends it too (nothing to keep together; the guard stops waking).
+//! Leaving idle priority needs `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20 (sched(7)): a probe
+//! thread tries both ways when the region is made, and without them the fault thread only
+//! follows, at normal priority. Should leaving ever fail later (the process gave up the
+//! capability), idle priority is not used again.
 //!
-//! While the fault thread is pinned at idle priority, the evictors keep off its CPU (any
-//! thread of normal priority there takes the CPU from it, and an evictor's batch compresses
-//! for a millisecond or so), where the process has another.
-//!
-//! Invariants: only the fault thread enters idle priority, and only the fault thread or
-//! the guard leaves it, each under `state`; the guard reads the fault thread's loop count,
-//! never blocks on it. Lock order: `state` is a leaf.
+//! Invariants: `mode` says whether the fault thread runs at idle priority; only the fault
+//! thread sets it to `IDLE` (after its own change of policy), and whoever takes it from
+//! `IDLE` to `NORMAL` with a compare-and-swap (the fault thread or the guard) makes the change
+//! of policy and affinity back, so each change back is made once. `DONE` (the fault thread has
+//! ended) is never left: the guard never acts on a thread id that may be reused. No locks but
+//! the guard's own sleep (`nap`, a leaf).
 #![allow(unsafe_code)]
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
 /// one `pread` of a stat file (about 1 µs here).
 pub(crate) const LOOK_EVERY: Duration = Duration::from_micros(250);
 
-/// How long faults may wait while the fault thread, at idle priority, does not come round
-/// its loop, before the guard takes idle priority back.
+/// How long faults may wait with no progress of the fault thread, at idle priority, before
+/// the guard ends idle priority.
 pub(crate) const STARVED_AFTER: Duration = Duration::from_millis(2);
 
-/// How often the reclaim thread, idle, runs the guard while the fault thread is at idle
-/// priority (at normal priority it sleeps as before).
-pub(crate) const GUARD_EVERY: Duration = Duration::from_millis(4);
+/// The guard's look while faults come (a fault in the last [`GUARD_BUSY`]), and otherwise.
+const GUARD_EVERY: Duration = Duration::from_millis(1);
+const GUARD_QUIET: Duration = Duration::from_millis(20);
+const GUARD_BUSY: Duration = Duration::from_millis(100);
 
-/// Faults are coming if the fault thread looked where the faulting thread runs this
-/// recently (it looks at most every [`LOOK_EVERY`] while they come).
+/// Idle priority ends after this long with no fault.
+const IDLE_ENDS_AFTER: Duration = Duration::from_secs(1);
+
+/// Faults are coming if one was read this recently: the evictors keep off the pinned CPU.
 const FAULTS_RECENT: Duration = Duration::from_millis(10);
+
+/// Idle priority is not tried again for this long after faults from several threads.
+pub(crate) const MIXED_BACKOFF: Duration = Duration::from_millis(100);
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A minute without a demotion starts the back-off afresh.
+const BACKOFF_FORGOTTEN: Duration = Duration::from_secs(60);
 
-/// What the fault thread and the guard share.
+const NORMAL: u8 = 0;
+const IDLE: u8 = 1;
+const DONE: u8 = 2;
+const NOT_PINNED: usize = usize::MAX;
+
+/// What the fault thread, its guard and the evictors share.
 pub(crate) struct Placement {
     /// Whether idle priority is used at all: asked for, and leaving it allowed.
-    allowed: bool,
+    allowed: AtomicBool,
     /// The fault thread's id (0 until it starts).
     tid: AtomicI32,
-    /// The fault thread's turns round its loop.
-    turns: AtomicU64,
-    /// Whether the fault thread, at its last turn, held faults it could not serve yet.
-    holding: AtomicBool,
-    state: Mutex<State>,
-}
-
-struct State {
-    /// The fault thread runs at idle priority.
-    idle: bool,
-    /// The CPU it is pinned to (at idle priority only).
-    pinned: Option<usize>,
-    /// The fault thread's last look (faults are coming while it is recent).
-    looked: Option<Instant>,
-    /// The CPUs the fault thread could run on when it started: where it may go again when
+    /// The CPUs the fault thread could run on when it started: where it may run again when
     /// it leaves idle priority.
-    cpus: Vec<usize>,
-    /// Not before then (after the guard took idle priority back).
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    /// The guard's last look: the fault thread's turns then, and since when unchanged.
-    seen: (u64, Instant),
-    /// How often the guard took idle priority back.
-    demotions: u64,
+    cpus: OnceLock<Vec<usize>>,
+    /// `NORMAL`, `IDLE` or `DONE`.
+    mode: AtomicU8,
+    /// The CPU the fault thread is pinned to at idle priority (`NOT_PINNED`: none).
+    pinned: AtomicUsize,
+    /// The fault thread's progress: turns of its loop and faults served.
+    progress: AtomicU64,
+    /// Whether the fault thread has faults read and not yet served.
+    holding: AtomicBool,
+    /// When, in ns since `epoch`, the fault thread last read a fault.
+    last_fault: AtomicU64,
+    /// Not at idle priority before then (ns since `epoch`).
+    retry_at: AtomicU64,
+    epoch: Instant,
+    demotions: AtomicU64,
+    /// The guard's sleep, and its wake-up (the fault thread entering idle priority, the
+    /// region's drop).
+    nap: Mutex<()>,
+    wake: Condvar,
+    stop: AtomicBool,
 }
 
 impl Placement {
@@ -97,73 +115,158 @@ impl Placement {
     /// wanted and this process may leave it again.
     pub(crate) fn new(wanted: bool) -> Placement {
         Placement {
-            allowed: wanted && may_leave_idle_priority(),
+            allowed: AtomicBool::new(wanted && may_leave_idle_priority()),
             tid: AtomicI32::new(0),
-            turns: AtomicU64::new(0),
+            cpus: OnceLock::new(),
+            mode: AtomicU8::new(NORMAL),
+            pinned: AtomicUsize::new(NOT_PINNED),
+            progress: AtomicU64::new(0),
             holding: AtomicBool::new(false),
-            state: Mutex::new(State {
-                idle: false,
-                pinned: None,
-                looked: None,
-                cpus: Vec::new(),
-                retry_at: None,
-                backoff: FIRST_BACKOFF,
-                seen: (0, Instant::now()),
-                demotions: 0,
-            }),
+            last_fault: AtomicU64::new(0),
+            retry_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+            demotions: AtomicU64::new(0),
+            nap: Mutex::new(()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
         }
+    }
+
+    /// Whether idle priority may be used (asked for, and the process may leave it).
+    pub(crate) fn usable(&self) -> bool {
+        self.allowed.load(Relaxed)
     }
 
     /// Whether the fault thread runs at idle priority now.
     pub(crate) fn idle(&self) -> bool {
-        self.state.lock().idle
+        self.mode.load(Acquire) == IDLE
     }
 
-    /// How often the guard took idle priority back.
+    /// How often the guard ended idle priority because faults waited.
     pub(crate) fn demotions(&self) -> u64 {
-        self.state.lock().demotions
+        self.demotions.load(Relaxed)
     }
 
-    /// A turn of the fault thread's loop.
-    pub(crate) fn turn(&self) {
-        self.turns.fetch_add(1, Relaxed);
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Whether the fault thread, ending a turn, holds faults back to serve later.
+    fn since(&self, at: &AtomicU64) -> Duration {
+        Duration::from_nanos(self.now().saturating_sub(at.load(Relaxed)))
+    }
+
+    /// A turn of the fault thread's loop, or a fault served.
+    pub(crate) fn progress(&self) {
+        self.progress.fetch_add(1, Relaxed);
+    }
+
+    /// Whether the fault thread holds faults read and not yet served.
     pub(crate) fn holding(&self, faults: bool) {
         self.holding.store(faults, Relaxed);
     }
 
-    /// The guard, run by the reclaim thread: `unread` says whether a message waits for the
-    /// fault thread.
-    pub(crate) fn guard(&self, unread: impl FnOnce() -> bool) {
-        let mut st = self.state.lock();
-        if !st.idle {
-            return;
+    /// Takes the fault thread from idle priority back to normal, free to run where it
+    /// could at the start, if it is at idle priority and no one else has done it; whether
+    /// this call did. `tid` 0: the calling thread (the fault thread itself).
+    fn end_idle(&self, tid: i32) -> bool {
+        if self
+            .mode
+            .compare_exchange(IDLE, NORMAL, AcqRel, Acquire)
+            .is_err()
+        {
+            return false;
         }
-        let turns = self.turns.load(Relaxed);
-        if turns != st.seen.0 {
-            st.seen = (turns, Instant::now());
-            return;
+        if !set_normal_priority(tid) {
+            // The process can no longer leave idle priority: not used again (this thread
+            // stays at it, the guard's look never passes NORMAL).
+            self.allowed.store(false, Relaxed);
         }
-        if st.seen.1.elapsed() < STARVED_AFTER || !(self.holding.load(Relaxed) || unread()) {
-            return;
+        if let Some(cpus) = self.cpus.get() {
+            set_affinity(tid, cpus);
         }
-        let tid = self.tid.load(Relaxed);
-        if set_normal_priority(tid) {
-            set_affinity(tid, &st.cpus);
-            st.idle = false;
-            st.pinned = None;
-            st.retry_at = Some(Instant::now() + st.backoff);
-            st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
-            st.demotions += 1;
+        self.pinned.store(NOT_PINNED, Relaxed);
+        true
+    }
+
+    /// The fault thread has ended: its id is not acted on again.
+    pub(crate) fn done(&self) {
+        self.mode.store(DONE, Release);
+    }
+
+    /// Ends the guard thread.
+    pub(crate) fn stop(&self) {
+        let _nap = self.nap.lock();
+        self.stop.store(true, Relaxed);
+        self.wake.notify_all();
+    }
+
+    /// The guard thread: `unread` says whether a message waits in the userfaultfd.
+    pub(crate) fn run_guard(&self, unread: impl Fn() -> bool) {
+        let mut backoff = FIRST_BACKOFF;
+        let mut last_demotion: Option<Instant> = None;
+        // Faults found waiting, since when, and the fault thread's progress then.
+        let mut waiting: Option<(Instant, u64)> = None;
+        // Off the fault thread's CPU too: there a CPU running only the fault thread counts
+        // as idle, so this thread's wake-ups would land on it and take it from a fault.
+        let mut keep_off = KeepOff::start(self);
+        loop {
+            keep_off.settle();
+            {
+                let mut nap = self.nap.lock();
+                if self.stop.load(Relaxed) {
+                    return;
+                }
+                let sleep = if self.mode.load(Acquire) != IDLE {
+                    // Woken when the fault thread enters idle priority (under `nap`).
+                    Duration::from_secs(1)
+                } else if self.since(&self.last_fault) < GUARD_BUSY {
+                    GUARD_EVERY
+                } else {
+                    GUARD_QUIET
+                };
+                self.wake.wait_for(&mut nap, sleep);
+                if self.stop.load(Relaxed) {
+                    return;
+                }
+            }
+            if self.mode.load(Acquire) != IDLE {
+                waiting = None;
+                continue;
+            }
+            let progress = self.progress.load(Relaxed);
+            if !(self.holding.load(Relaxed) || unread()) {
+                waiting = None;
+                if self.since(&self.last_fault) >= IDLE_ENDS_AFTER {
+                    let tid = self.tid.load(Relaxed);
+                    self.end_idle(tid);
+                }
+                continue;
+            }
+            match waiting {
+                Some((since, seen)) if seen == progress => {
+                    if since.elapsed() >= STARVED_AFTER {
+                        let tid = self.tid.load(Relaxed);
+                        if self.end_idle(tid) {
+                            if last_demotion.is_some_and(|t| t.elapsed() >= BACKOFF_FORGOTTEN) {
+                                backoff = FIRST_BACKOFF;
+                            }
+                            self.retry_at
+                                .store(self.now() + backoff.as_nanos() as u64, Relaxed);
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                            last_demotion = Some(Instant::now());
+                            self.demotions.fetch_add(1, Relaxed);
+                        }
+                        waiting = None;
+                    }
+                }
+                _ => waiting = Some((Instant::now(), progress)),
+            }
         }
     }
 }
 
-/// An evictor's side: it keeps off the CPU the fault thread is pinned to at idle priority,
-/// where it would take the CPU from the fault thread (an evictor's batch compresses for a
-/// millisecond or so) while a fault waits. Made on the evictor's thread.
+/// An evictor's side: it keeps off the CPU the fault thread is pinned to at idle priority
+/// while faults come. Made on the evictor's thread.
 pub(crate) struct KeepOff<'a> {
     placement: &'a Placement,
     /// The CPU this thread keeps off now, if any.
@@ -185,15 +288,12 @@ impl<'a> KeepOff<'a> {
     /// faults are coming (if another CPU is left), back on it once not: an eviction pass
     /// with no faults uses every CPU.
     pub(crate) fn settle(&mut self) {
-        if !self.placement.allowed {
-            return;
-        }
-        let pinned = {
-            let st = self.placement.state.lock();
-            st.pinned
-                .filter(|_| st.looked.is_some_and(|t| t.elapsed() < FAULTS_RECENT))
-        };
-        let want = pinned.filter(|cpu| self.cpus.iter().any(|c| c != cpu));
+        let p = self.placement;
+        let pinned = p.pinned.load(Relaxed);
+        let want = (pinned != NOT_PINNED
+            && p.since(&p.last_fault) < FAULTS_RECENT
+            && self.cpus.iter().any(|&c| c != pinned))
+        .then_some(pinned);
         if want == self.off {
             return;
         }
@@ -201,8 +301,9 @@ impl<'a> KeepOff<'a> {
             Some(cpu) => self.cpus.iter().copied().filter(|&c| c != cpu).collect(),
             None => self.cpus.clone(),
         };
-        set_affinity(0, &cpus);
-        self.off = want;
+        if set_affinity(0, &cpus) {
+            self.off = want;
+        }
     }
 }
 
@@ -215,6 +316,8 @@ pub(crate) struct Follow<'a> {
     /// more than one thread.
     last_tid: u64,
     mixed: bool,
+    /// The CPU this thread pinned itself to at idle priority.
+    pinned: Option<usize>,
     /// The stat file of the thread last looked at, by its id.
     stat: Option<(u64, File)>,
 }
@@ -223,64 +326,78 @@ impl<'a> Follow<'a> {
     pub(crate) fn start(placement: &'a Placement) -> Follow<'a> {
         // SAFETY: gettid takes nothing and returns the calling thread's id.
         placement.tid.store(unsafe { libc::gettid() }, Relaxed);
-        placement.state.lock().cpus = allowed_cpus();
+        let _ = placement.cpus.set(allowed_cpus());
+        // A real-time (or batch) fault thread keeps its policy: idle priority would end at
+        // normal priority, not at its own.
+        if !normal_policy() {
+            placement.allowed.store(false, Relaxed);
+        }
         Follow {
             placement,
             last_look: None,
             last_tid: 0,
             mixed: false,
+            pinned: None,
             stat: None,
         }
     }
 
-    /// A fault read from thread `tid` (0 if the kernel did not say); true if the fault
-    /// thread has just gone to idle priority (its guard should look often from now on).
-    pub(crate) fn fault(&mut self, tid: u64) -> bool {
+    /// A fault read from thread `tid` (0 if the kernel did not say).
+    pub(crate) fn fault(&mut self, tid: u64) {
+        let p = self.placement;
+        p.last_fault.store(p.now(), Relaxed);
+        p.holding.store(true, Relaxed);
         if tid == 0 {
-            return false;
+            return;
         }
         if self.last_tid != 0 && tid != self.last_tid {
             self.mixed = true;
         }
         self.last_tid = tid;
         if self.last_look.is_some_and(|t| t.elapsed() < LOOK_EVERY) {
-            return false;
+            return;
         }
         self.last_look = Some(Instant::now());
         let mixed = std::mem::take(&mut self.mixed);
         let Some(cpu) = self.cpu_of(tid) else {
-            return false;
+            return;
         };
-        let p = self.placement;
-        if !p.allowed {
-            if current_cpu() != Some(cpu) {
-                move_to_cpu(cpu);
+        if p.allowed.load(Relaxed) {
+            if mixed {
+                if p.end_idle(0) {
+                    p.retry_at
+                        .store(p.now() + MIXED_BACKOFF.as_nanos() as u64, Relaxed);
+                }
+            } else if p.mode.load(Acquire) == NORMAL
+                && p.now() >= p.retry_at.load(Relaxed)
+                && set_idle_priority()
+            {
+                p.mode.store(IDLE, Release);
+                // The guard to its short naps.
+                let _nap = p.nap.lock();
+                p.wake.notify_all();
             }
-            return false;
         }
-        let mut entered = false;
-        let mut st = p.state.lock();
-        st.looked = self.last_look;
-        if st.idle && mixed {
-            if set_normal_priority(0) {
-                set_affinity(0, &st.cpus);
-                st.idle = false;
-                st.pinned = None;
+        let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
+        if p.mode.load(Acquire) == IDLE {
+            if self.pinned != Some(cpu) && cpus.contains(&cpu) && pin_to_cpu(cpu) {
+                self.pinned = Some(cpu);
+                p.pinned.store(cpu, Relaxed);
+                if p.mode.load(Acquire) != IDLE {
+                    // Ended meanwhile by the guard, which may have set the affinity back
+                    // before this pin: set it back again.
+                    set_affinity(0, cpus);
+                    self.pinned = None;
+                    p.pinned.store(NOT_PINNED, Relaxed);
+                }
             }
-        } else if !st.idle && !mixed && st.retry_at.is_none_or(|t| Instant::now() >= t) {
-            st.idle = set_idle_priority();
-            entered = st.idle;
-            // The guard counts unchanged turns from now.
-            st.seen = (p.turns.load(Relaxed), Instant::now());
+            return;
         }
-        if st.idle {
-            if st.pinned != Some(cpu) && pin_to_cpu(cpu) {
-                st.pinned = Some(cpu);
-            }
-        } else if current_cpu() != Some(cpu) {
+        // At normal priority: whoever ended idle priority set the affinity back.
+        self.pinned = None;
+        if current_cpu() != Some(cpu) {
             move_to_cpu(cpu);
         }
-        entered
     }
 
     /// The CPU thread `tid` of this process last ran on (field 39 of its stat).
@@ -338,14 +455,22 @@ fn set_idle_priority() -> bool {
 fn set_normal_priority(tid: i32) -> bool {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler reads the struct we pass and changes only the policy of
-    // thread `tid` (an id of this process's fault thread, or 0).
+    // thread `tid`: 0, or the fault thread's id while it runs (`mode` is `DONE`, and never
+    // left, once it has ended, so no one acts on an id that may be reused).
     unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0 }
 }
 
-/// Lets thread `tid` of this process (0: the calling one) run on `cpus` (none: left alone).
-fn set_affinity(tid: i32, cpus: &[usize]) {
+/// Whether the calling thread runs under `SCHED_OTHER` (not real-time, batch or idle).
+fn normal_policy() -> bool {
+    // SAFETY: sched_getscheduler reads the calling thread's (0) policy, nothing else.
+    unsafe { libc::sched_getscheduler(0) == libc::SCHED_OTHER }
+}
+
+/// Lets thread `tid` of this process (0: the calling one) run on `cpus`; whether it could
+/// (none given: left alone).
+fn set_affinity(tid: i32, cpus: &[usize]) -> bool {
     if cpus.is_empty() {
-        return;
+        return false;
     }
     // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -354,8 +479,9 @@ fn set_affinity(tid: i32, cpus: &[usize]) {
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
     // SAFETY: sched_setaffinity reads the set we pass and changes only where thread `tid`
-    // may run; CPUs it may not use fail the call (EINVAL) and nothing changes.
-    unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) };
+    // may run (the kernel keeps the CPUs of the set it may use, and fails, changing
+    // nothing, if none is left).
+    unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) == 0 }
 }
 
 /// The CPU the calling thread runs on now.
@@ -460,6 +586,12 @@ mod tests {
         assert!(follow.cpu_of(other_tid).is_some());
         drop(done_tx);
         other.join().unwrap();
+        // The join can return a moment before the kernel has released the thread.
+        let mut tries = 0;
+        while follow.cpu_of(other_tid).is_some() && tries < 1000 {
+            std::thread::sleep(Duration::from_millis(1));
+            tries += 1;
+        }
         assert_eq!(follow.cpu_of(other_tid), None);
         assert!(follow.stat.is_none());
     }

@@ -38,14 +38,8 @@ pub(crate) fn run(sh: &Shared) {
             let mut wanted = sh.reclaim_wanted.lock();
             while !sh.stop.load(Relaxed) && !sh.over_budget() {
                 *wanted = false;
-                // Often while the fault thread is at idle priority: this thread is its guard.
-                let nap = if sh.placement.idle() {
-                    placement::GUARD_EVERY
-                } else {
-                    Duration::from_millis(100)
-                };
-                sh.reclaim_cv.wait_for(&mut wanted, nap);
-                sh.guard_fault_thread();
+                sh.reclaim_cv
+                    .wait_for(&mut wanted, Duration::from_millis(100));
             }
         }
         if sh.stop.load(Relaxed) {
@@ -58,7 +52,6 @@ pub(crate) fn run(sh: &Shared) {
         }
         keep_off.settle();
         let out = sh.evict_batch(&mut segment, 0);
-        sh.guard_fault_thread();
         sh.reclaim_stuck.store(out == 0, Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();

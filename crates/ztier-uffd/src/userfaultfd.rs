@@ -1,7 +1,6 @@
 //! The userfaultfd file descriptor and its ioctls (`include/uapi/linux/userfaultfd.h`), and
-//! the eventfd that wakes the thread polling it, and the threads' placement on CPUs
-//! (`sched_setaffinity`: the fault thread's move, the floor's pinned threads): the only
-//! system calls of the crate besides the mapping's (`mapping.rs`).
+//! the eventfd that wakes the thread polling it. The crate's other system calls are the
+//! mapping's (`mapping.rs`) and the threads' placement and priority (`placement.rs`).
 //!
 //! Why raw ioctls: the protocol needs `UFFDIO_MOVE` (6.8) and `UFFDIO_POISON` (6.6), which
 //! no userfaultfd crate wraps; the structures below are the kernel's, field for field.
