@@ -127,6 +127,9 @@ fn serve_faults(sh: &Shared) {
         // Nothing to read when only the waker woke it (or the poll timed out): queued
         // faults are served below all the same.
         if ready.uffd {
+            // In hand from here until served (the guard's view of what waits for this
+            // thread: a message read is no longer unread).
+            sh.placement.holding(true);
             let _gate = sh.gate.write();
             loop {
                 let n = match sh.uffd.read(&mut msgs) {
@@ -172,6 +175,13 @@ fn serve_faults(sh: &Shared) {
             while left > 0 {
                 left -= 1;
                 let f = faults.pop_front().expect("counted");
+                if faults.is_empty() && remaps.is_empty() {
+                    // The last: its copy wakes a thread of normal priority, which takes this
+                    // CPU at once from a fault thread at idle priority. Nothing waits after
+                    // it (unless it is put back below, or new messages come, which the guard
+                    // sees unread).
+                    sh.placement.holding(false);
+                }
                 match sh.serve(f, &mut buf, &zeros, &mut around) {
                     Served::Later => {
                         sh.count(Count::Deferred, 1);

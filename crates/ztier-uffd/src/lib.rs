@@ -4,7 +4,7 @@
 //! its pages is resident while the program sees all of it.
 //!
 //! Two threads serve a region (three while it is far over budget; and the fault thread's
-//! guard while it runs at idle priority, see below). The **fault thread** reads the userfaultfd's messages: a fault
+//! guard where idle priority is usable, see below). The **fault thread** reads the userfaultfd's messages: a fault
 //! on a page that is out is served by `UFFDIO_COPY` of its decompressed content, or by
 //! `UFFDIO_ZEROPAGE` (a read) or a copy of zeros (a write) for a page never written or
 //! dropped; the program's own `MADV_DONTNEED`/`MADV_FREE`, `munmap` and `mremap` arrive as

@@ -32,7 +32,8 @@
 //! capability), idle priority is not used again.
 //!
 //! Invariants: `mode` says whether the fault thread runs at idle priority; only the fault
-//! thread sets it to `IDLE` (after its own change of policy), and whoever takes it from
+//! thread sets it to `IDLE` (before its own change of policy, which it undoes if the mode
+//! was ended meanwhile), and whoever takes it from
 //! `IDLE` to `NORMAL` with a compare-and-swap (the fault thread or the guard) makes the change
 //! of policy and affinity back, so each change back is made once. `DONE` (the fault thread has
 //! ended) is never left: the guard never acts on a thread id that may be reused. No locks but
@@ -193,8 +194,11 @@ impl Placement {
         self.mode.store(DONE, Release);
     }
 
-    /// Ends the guard thread.
+    /// Ends the guard thread, and idle priority for good: the region is being dropped, and
+    /// its drop waits for the fault thread (the evictors' last events, its own end).
     pub(crate) fn stop(&self) {
+        self.allowed.store(false, Relaxed);
+        self.end_idle(self.tid.load(Relaxed));
         let _nap = self.nap.lock();
         self.stop.store(true, Relaxed);
         self.wake.notify_all();
@@ -216,15 +220,18 @@ impl Placement {
                 if self.stop.load(Relaxed) {
                     return;
                 }
-                let sleep = if self.mode.load(Acquire) != IDLE {
-                    // Woken when the fault thread enters idle priority (under `nap`).
-                    Duration::from_secs(1)
-                } else if self.since(&self.last_fault) < GUARD_BUSY {
-                    GUARD_EVERY
+                if self.mode.load(Acquire) != IDLE {
+                    // Woken when the fault thread enters idle priority, or by `stop` (both
+                    // under `nap`, so neither is lost).
+                    self.wake.wait(&mut nap);
                 } else {
-                    GUARD_QUIET
-                };
-                self.wake.wait_for(&mut nap, sleep);
+                    let sleep = if waiting.is_some() || self.since(&self.last_fault) < GUARD_BUSY {
+                        GUARD_EVERY
+                    } else {
+                        GUARD_QUIET
+                    };
+                    self.wake.wait_for(&mut nap, sleep);
+                }
                 if self.stop.load(Relaxed) {
                     return;
                 }
@@ -246,12 +253,14 @@ impl Placement {
                 Some((since, seen)) if seen == progress => {
                     if since.elapsed() >= STARVED_AFTER {
                         let tid = self.tid.load(Relaxed);
+                        if last_demotion.is_some_and(|t| t.elapsed() >= BACKOFF_FORGOTTEN) {
+                            backoff = FIRST_BACKOFF;
+                        }
+                        // Before the change back: a fault thread that gets the CPU between
+                        // the two must not enter idle priority again at once.
+                        self.retry_at
+                            .fetch_max(self.now() + backoff.as_nanos() as u64, Relaxed);
                         if self.end_idle(tid) {
-                            if last_demotion.is_some_and(|t| t.elapsed() >= BACKOFF_FORGOTTEN) {
-                                backoff = FIRST_BACKOFF;
-                            }
-                            self.retry_at
-                                .store(self.now() + backoff.as_nanos() as u64, Relaxed);
                             backoff = (backoff * 2).min(MAX_BACKOFF);
                             last_demotion = Some(Instant::now());
                             self.demotions.fetch_add(1, Relaxed);
@@ -364,15 +373,23 @@ impl<'a> Follow<'a> {
         };
         if p.allowed.load(Relaxed) {
             if mixed {
-                if p.end_idle(0) {
-                    p.retry_at
-                        .store(p.now() + MIXED_BACKOFF.as_nanos() as u64, Relaxed);
-                }
-            } else if p.mode.load(Acquire) == NORMAL
-                && p.now() >= p.retry_at.load(Relaxed)
-                && set_idle_priority()
+                p.retry_at
+                    .fetch_max(p.now() + MIXED_BACKOFF.as_nanos() as u64, Relaxed);
+                p.end_idle(0);
+            } else if p.now() >= p.retry_at.load(Relaxed)
+                && p.mode
+                    .compare_exchange(NORMAL, IDLE, AcqRel, Acquire)
+                    .is_ok()
             {
-                p.mode.store(IDLE, Release);
+                // IDLE before the change, so that the guard watches from the moment this
+                // thread can be starved; should the guard have ended it meanwhile (its change
+                // back may have come first), back to normal here.
+                self.pinned = None;
+                if !set_idle_priority() {
+                    let _ = p.mode.compare_exchange(IDLE, NORMAL, AcqRel, Acquire);
+                } else if p.mode.load(Acquire) != IDLE {
+                    set_normal_priority(0);
+                }
                 // The guard to its short naps.
                 let _nap = p.nap.lock();
                 p.wake.notify_all();
