@@ -384,7 +384,9 @@ impl<'a> Follow<'a> {
                 // IDLE before the change, so that the guard watches from the moment this
                 // thread can be starved; should the guard have ended it meanwhile (its change
                 // back may have come first), back to normal here.
-                self.pinned = None;
+                // `self.pinned` is left as it was: a re-entry on the CPU it was last pinned to
+                // stays unpinned until the faulting thread moves. Pinning again at once
+                // measured worse (MEASUREMENTS.md, 2026-11-26); why is not known.
                 if !set_idle_priority() {
                     let _ = p.mode.compare_exchange(IDLE, NORMAL, AcqRel, Acquire);
                 } else if p.mode.load(Acquire) != IDLE {
