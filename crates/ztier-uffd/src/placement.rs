@@ -51,11 +51,11 @@ use parking_lot::{Condvar, Mutex};
 
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
 /// one `pread` of a stat file (about 1 µs here).
-pub(crate) const LOOK_EVERY: Duration = Duration::from_micros(250);
+const LOOK_EVERY: Duration = Duration::from_micros(250);
 
 /// How long faults may wait with no progress of the fault thread, at idle priority, before
 /// the guard ends idle priority.
-pub(crate) const STARVED_AFTER: Duration = Duration::from_millis(2);
+const STARVED_AFTER: Duration = Duration::from_millis(2);
 
 /// The guard's look while faults come (a fault in the last [`GUARD_BUSY`]), and otherwise.
 const GUARD_EVERY: Duration = Duration::from_millis(1);
@@ -69,7 +69,7 @@ const IDLE_ENDS_AFTER: Duration = Duration::from_secs(1);
 const FAULTS_RECENT: Duration = Duration::from_millis(10);
 
 /// Idle priority is not tried again for this long after faults from several threads.
-pub(crate) const MIXED_BACKOFF: Duration = Duration::from_millis(100);
+const MIXED_BACKOFF: Duration = Duration::from_millis(100);
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -527,16 +527,7 @@ pub fn allowed_cpus() -> Vec<usize> {
 
 /// Keeps the calling thread on `cpu` alone from now on; whether it could.
 pub fn pin_to_cpu(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
-    // SAFETY: as in `allowed_cpus`, an empty set.
-    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE, checked above; the set is a live local.
-    unsafe { libc::CPU_SET(cpu, &mut one) };
-    // SAFETY: sched_setaffinity reads the set we pass and changes only where the calling
-    // thread may run; a CPU it may not use fails (EINVAL) and nothing changes.
-    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) == 0 }
+    set_affinity(0, &[cpu])
 }
 
 /// Moves the calling thread to `cpu` now, leaving it free to run anywhere it could before

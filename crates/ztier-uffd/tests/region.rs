@@ -747,6 +747,34 @@ fn evict_and_read(r: &ztier_uffd::Region, pages: std::ops::Range<u64>) {
     }
 }
 
+/// A 64-page region made as `config` says, every page written (version 1); `None` (the
+/// test skips, saying why) where userfaultfd or idle priority is not usable.
+fn written_region_for_idle_priority(config: &ztier_uffd::RegionConfig) -> Option<common::Guarded> {
+    let r = region_with(64 * PAGE, 64 * PAGE, config)?;
+    for page in 0..64 {
+        write_page(r.words(), page, 1);
+    }
+    if !r.stats().idle_priority_usable {
+        skip_without_idle_priority();
+        return None;
+    }
+    Some(r)
+}
+
+/// Evicts and reads every page from the calling thread until the fault thread is seen at
+/// idle priority (entered at the first fault's look; a busy thread of another test on its
+/// CPU may end it meanwhile), at most 500 times; whether it was seen.
+fn fault_until_idle_priority(r: &ztier_uffd::Region) -> bool {
+    for _ in 0..500 {
+        evict_and_read(r, 0..64);
+        if r.stats().idle_priority {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
+}
+
 #[test]
 fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
     // A fault a page (no fault-around), so that a pass is 64 faults.
@@ -754,17 +782,9 @@ fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
         fault_around: 0,
         ..Default::default()
     };
-    let Some(r) = region_with(64 * PAGE, 64 * PAGE, &config) else {
+    let Some(r) = written_region_for_idle_priority(&config) else {
         return;
     };
-    let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
-    if !r.stats().idle_priority_usable {
-        skip_without_idle_priority();
-        return;
-    }
     // One thread faults on one CPU: the fault thread goes to idle priority there. Then a
     // thread of normal priority is busy on that CPU, and the same thread faults again: the
     // fault thread would get a few thousandths of the CPU. Every fault is still served,
@@ -784,17 +804,7 @@ fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
         let toucher = s.spawn(|| {
             let _stop = SetOnDrop(&stop);
             hold_on_first_cpu();
-            // Idle priority is entered at the first fault's look; a busy thread of another
-            // test on this CPU may end it meanwhile, so look until it is seen.
-            let mut entered = false;
-            for _ in 0..500 {
-                evict_and_read(&r, 0..64);
-                if r.stats().idle_priority {
-                    entered = true;
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            let entered = fault_until_idle_priority(&r);
             let before = r.stats().idle_priority_demotions;
             busy.store(true, Relaxed);
             // A fault waits for the fault thread's scraps of the CPU, not always longer than
@@ -830,29 +840,15 @@ fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
 
 #[test]
 fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
-    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+    let Some(r) = written_region_for_idle_priority(&ztier_uffd::RegionConfig::default()) else {
         return;
     };
-    let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
-    if !r.stats().idle_priority_usable {
-        skip_without_idle_priority();
-        return;
-    }
-    // One thread faulting: idle priority (looked for until seen: another test's busy thread
-    // may end it meanwhile).
-    let mut entered = false;
-    for _ in 0..500 {
-        evict_and_read(&r, 0..64);
-        if r.stats().idle_priority {
-            entered = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    assert!(entered, "never at idle priority: {:?}", r.stats());
+    // One thread faulting: idle priority.
+    assert!(
+        fault_until_idle_priority(&r),
+        "never at idle priority: {:?}",
+        r.stats()
+    );
     // Two threads faulting strictly by turns (each fault's thread differs from the one
     // before), for longer than a look's interval (250 µs).
     let turn = std::sync::Mutex::new(0u64);
