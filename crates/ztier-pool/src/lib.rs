@@ -289,6 +289,15 @@ pub trait ZPool: Send + Sync {
         }
         first
     }
+    /// [`free_batch`](Self::free_batch) of the objects it can free without waiting: those
+    /// whose lock another thread holds now stay in `handles`, for a later call (a thread
+    /// freeing the objects it has loaded need not stop while another reads beside them).
+    /// Pools without such locks free them all.
+    fn free_batch_uncontended(&self, handles: &mut Vec<Handle>) -> Result<()> {
+        let r = self.free_batch(handles);
+        handles.clear();
+        r
+    }
     /// Allocates and writes in one step.
     fn store(&self, data: &[u8]) -> Result<Handle> {
         let handle = self.malloc(data.len())?;

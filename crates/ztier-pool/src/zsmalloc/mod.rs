@@ -291,8 +291,11 @@ impl ZsPool {
     }
 
     /// An emptied zspage's pages (already counted freed): kept as a spare of its class if
-    /// the class and the pool have room, else given back to the arena.
-    fn retire_pages(&self, st: &mut ClassState, pages: PageChain) {
+    /// the class and the pool have room; else returned, for the caller to give back to the
+    /// arena once it has let go of the class's lock (the arena may release pages to the OS
+    /// there, a system call with a TLB flush that readers of the class must not wait on).
+    #[must_use = "pages not kept as a spare go back to the arena"]
+    fn retire_pages(&self, st: &mut ClassState, pages: PageChain) -> Option<PageChain> {
         let n = pages.len() as u64;
         let room = st.spare.len() < SPARE_ZSPAGES_PER_CLASS
             && self
@@ -303,9 +306,54 @@ impl ZsPool {
                 .is_ok();
         if room {
             st.spare.push(pages);
+            None
         } else {
+            Some(pages)
+        }
+    }
+
+    /// Frees a group of handles of one class under one hold of its lock, then gives the
+    /// zspages they emptied back to the arena. With `only_if_free`, a lock held by another
+    /// thread frees nothing and returns `Ok(false)`. A handle that fails changes nothing;
+    /// the first error is returned after the others are freed.
+    fn free_group(&self, group: &[Handle], only_if_free: bool) -> Result<bool> {
+        let Some(&first_handle) = group.first() else {
+            return Ok(true);
+        };
+        let Some(class) = self.classes.get(H_CLASS.get(first_handle.raw()) as usize) else {
+            return Err(PoolError::UnknownHandle {
+                handle: first_handle.raw(),
+            });
+        };
+        let mut st = if only_if_free {
+            match class.state.try_write() {
+                Some(st) => st,
+                None => return Ok(false),
+            }
+        } else {
+            class.state.write()
+        };
+        let mut first = Ok(true);
+        let mut retired = Vec::new();
+        for &h in group {
+            // Decoding checks each handle (its class among them: a foreign or forged one
+            // names another class, or none, and is refused here).
+            let r = self.decode(h).and_then(|(c, index, generation)| {
+                if !std::ptr::eq(c, class) {
+                    return Err(PoolError::UnknownHandle { handle: h.raw() });
+                }
+                self.free_locked(class, &mut st, h, index, generation)
+            });
+            match r {
+                Ok(pages) => retired.extend(pages),
+                Err(e) => first = first.and(Err(e)),
+            }
+        }
+        drop(st);
+        for pages in retired {
             self.arena.free_chain(pages);
         }
+        first
     }
 
     /// Gives a class's spares back to the arena.
@@ -426,7 +474,8 @@ impl ZsPool {
         }
     }
 
-    /// `zs_free()` under the class's lock.
+    /// `zs_free()` under the class's lock. Returns the pages of a zspage it emptied that
+    /// the class did not keep, for the caller to give back to the arena after unlocking.
     fn free_locked(
         &self,
         class: &SizeClass,
@@ -434,20 +483,21 @@ impl ZsPool {
         handle: Handle,
         index: u32,
         generation: u32,
-    ) -> Result<()> {
+    ) -> Result<Option<PageChain>> {
         let spec = &class.spec;
+        let mut retired = None;
         let (id, obj) = self.locate(st, handle, index, generation)?;
         st.obj_free(spec, id, obj);
         st.obj_used -= 1;
         if st.fix_fullness_group(spec, id) == FG_EMPTY {
             st.remove_zspage(id);
             let pages = st.free_zspage(spec, id);
-            self.retire_pages(st, pages);
+            retired = self.retire_pages(st, pages);
             self.pages_allocated
                 .fetch_sub(spec.pages_per_zspage as u64, Ordering::Relaxed);
         }
         st.free_handle_slot(index);
-        Ok(())
+        Ok(retired)
     }
 
     fn compact_class(&self, class: &SizeClass) -> u64 {
@@ -531,26 +581,51 @@ impl ZPool for ZsPool {
     fn free(&self, handle: Handle) -> Result<()> {
         let (class, index, generation) = self.decode(handle)?;
         let mut st = class.state.write();
-        self.free_locked(class, &mut st, handle, index, generation)
+        let retired = self.free_locked(class, &mut st, handle, index, generation)?;
+        drop(st);
+        if let Some(pages) = retired {
+            self.arena.free_chain(pages);
+        }
+        Ok(())
     }
 
     /// The handles sorted by class, each class's lock taken once for its objects.
     fn free_batch(&self, handles: &mut [Handle]) -> Result<()> {
-        let mut first = Ok(());
         handles.sort_unstable_by_key(|h| H_CLASS.get(h.raw()));
+        let mut first = Ok(());
         for group in handles.chunk_by(|a, b| H_CLASS.get(a.raw()) == H_CLASS.get(b.raw())) {
-            // Decoding checks each handle; those of one group name one class.
-            let mut locked: Option<RwLockWriteGuard<'_, ClassState>> = None;
-            for &h in group {
-                let r = self.decode(h).and_then(|(class, index, generation)| {
-                    let st = locked.get_or_insert_with(|| class.state.write());
-                    self.free_locked(class, st, h, index, generation)
-                });
-                if let Err(e) = r {
-                    first = first.and(Err(e));
-                }
+            if let Err(e) = self.free_group(group, false) {
+                first = first.and(Err(e));
             }
         }
+        first
+    }
+
+    /// As [`free_batch`](ZPool::free_batch), passing over the classes whose lock is held
+    /// (by a reader decompressing an object, most often): their handles stay in `handles`.
+    fn free_batch_uncontended(&self, handles: &mut Vec<Handle>) -> Result<()> {
+        handles.sort_unstable_by_key(|h| H_CLASS.get(h.raw()));
+        let mut first = Ok(());
+        let mut kept = 0;
+        let mut start = 0;
+        while start < handles.len() {
+            let class = H_CLASS.get(handles[start].raw());
+            let end = start
+                + handles[start..]
+                    .iter()
+                    .take_while(|h| H_CLASS.get(h.raw()) == class)
+                    .count();
+            match self.free_group(&handles[start..end], true) {
+                Ok(true) => {}
+                Ok(false) => {
+                    handles.copy_within(start..end, kept);
+                    kept += end - start;
+                }
+                Err(e) => first = first.and(Err(e)),
+            }
+            start = end;
+        }
+        handles.truncate(kept);
         first
     }
 
@@ -932,6 +1007,51 @@ mod tests {
         let (class, index, generation) = pool.decode(handle).unwrap();
         let st = class.state.read();
         pool.locate(&st, handle, index, generation).unwrap()
+    }
+
+    /// A batch freed without waiting frees the objects of the classes no one holds and
+    /// keeps the others for a later call; a foreign handle is refused and stops nothing.
+    #[test]
+    fn a_batch_freed_without_waiting_keeps_the_objects_of_held_classes() {
+        let pool = ZsPool::new(ZsConfig::default()).unwrap();
+        let other = ZsPool::new(ZsConfig::default()).unwrap();
+        let (small, large) = (100, 1000);
+        let held_class = pool.table.slot_for_request(large);
+        let mut handles = Vec::new();
+        for _ in 0..20 {
+            handles.push(pool.malloc(small).unwrap());
+            handles.push(pool.malloc(large).unwrap());
+        }
+        let foreign = other.malloc(small).unwrap();
+        let mut batch = handles.clone();
+        batch.push(foreign);
+        let reader = pool.classes[held_class].state.read();
+        let r = pool.free_batch_uncontended(&mut batch);
+        assert!(matches!(r, Err(PoolError::UnknownHandle { .. })), "{r:?}");
+        let (large_handles, small_handles): (Vec<Handle>, Vec<Handle>) = handles
+            .iter()
+            .partition(|h| H_CLASS.get(h.raw()) as usize == held_class);
+        let mut kept = batch.clone();
+        kept.sort_unstable_by_key(|h| h.raw());
+        let mut expected = large_handles.clone();
+        expected.sort_unstable_by_key(|h| h.raw());
+        assert_eq!(kept, expected, "only the held class's objects are kept");
+        drop(reader);
+        for h in &small_handles {
+            assert!(matches!(pool.free(*h), Err(PoolError::FreedHandle { .. })));
+        }
+        for h in &large_handles {
+            let (class, index, generation) = pool.decode(*h).unwrap();
+            let st = class.state.read();
+            assert!(
+                pool.locate(&st, *h, index, generation).is_ok(),
+                "still live"
+            );
+        }
+        pool.free_batch_uncontended(&mut batch).unwrap();
+        assert!(batch.is_empty());
+        assert_eq!(pool.total_pages(), 0, "every object freed");
+        other.free(foreign).unwrap();
     }
 
     proptest! {
