@@ -19,6 +19,9 @@
 //!   once; its pool object and LRU node are freed with the next 31 loads of the thread's
 //!   shard, in one batch (one hold of the LRU lock, one of each class lock), and before any
 //!   figure is read, any store of the shard checks the pool limit, or the shrinker walks.
+//!   A load's batch passes over the classes another thread holds (a reader decompressing:
+//!   a free would wait for it, and readers behind the free for both), keeping their
+//!   objects for the next batch, up to 127 loads' worth, past which it waits.
 //! - The pool limit is `max_pool_percent` of a RAM budget; once reached, stores are refused
 //!   (`pool_limit_hit`) until the pool is back under `accept_threshold_percent` of the
 //!   limit, and a background worker compacts the pool and writes the LRU's coldest pages
@@ -78,6 +81,10 @@ const STORE_COMPACT_MOVES: usize = 8;
 /// the LRU lock taken once and each class's lock once for the batch, instead of each once
 /// per load.
 const FREE_BATCH: usize = 32;
+
+/// Loaded pages' objects a shard may keep unfreed because their class was held by another
+/// thread when its batch was freed; at this many, the batch waits for the locks.
+const FREE_DEFER_MAX: usize = 4 * FREE_BATCH;
 
 /// Why zswap refused a store (the kernel's `reject_*` counters name the same causes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -280,7 +287,7 @@ impl Cache {
         self.inner.pool.stats()
     }
     /// Bytes of pool pages held now (`pool_total_size`), without the rest of the figures:
-    /// the objects of up to 32 loads a thread shard has not freed yet included
+    /// the objects of up to 128 loads a thread shard has not freed yet included
     /// ([`stats`](Self::stats) frees them first).
     pub fn pool_bytes(&self) -> u64 {
         self.inner.total_pages() * self.inner.page_size as u64
@@ -546,20 +553,39 @@ impl Inner {
     /// Frees what a shard's loads put off: their LRU nodes under one hold of the LRU lock,
     /// their objects with one hold of each class's lock. The caller holds the shard.
     fn flush(&self, shard: &mut Shard) {
+        self.take_off_lru(shard);
         if shard.freed.is_empty() {
             return;
-        }
-        {
-            let mut lru = self.lru.lock();
-            for id in shard.lru_freed.drain(..) {
-                self.lru_remove(&mut lru, id);
-            }
         }
         // The handles came from this pool, and the values that named them are gone.
         self.pool
             .free_batch(&mut shard.freed)
             .expect("index values name live objects");
         shard.freed.clear();
+    }
+
+    /// A load's share of [`flush`](Self::flush): the objects whose class no other thread
+    /// holds are freed, the others kept for the next batch (a free waits for no reader
+    /// decompressing beside it), unless [`FREE_DEFER_MAX`] are waiting.
+    fn flush_uncontended(&self, shard: &mut Shard) {
+        if shard.freed.len() >= FREE_DEFER_MAX {
+            return self.flush(shard);
+        }
+        self.take_off_lru(shard);
+        self.pool
+            .free_batch_uncontended(&mut shard.freed)
+            .expect("index values name live objects");
+    }
+
+    /// The LRU nodes of the shard's loaded pages taken off, under one hold of the LRU lock.
+    fn take_off_lru(&self, shard: &mut Shard) {
+        if shard.lru_freed.is_empty() {
+            return;
+        }
+        let mut lru = self.lru.lock();
+        for id in shard.lru_freed.drain(..) {
+            self.lru_remove(&mut lru, id);
+        }
     }
 
     /// Moves LRU nodes from the top of its slab into free ids below, up to `batches` of `per`,
@@ -680,8 +706,8 @@ impl Inner {
         }
         shard.freed.push(handle);
         shard.lru_freed.push(lru_id);
-        if shard.freed.len() >= FREE_BATCH {
-            self.flush(&mut shard);
+        if shard.lru_freed.len() >= FREE_BATCH {
+            self.flush_uncontended(&mut shard);
         }
         self.count(Event::Zswpin);
         Ok(Some(Source::Zswap))
