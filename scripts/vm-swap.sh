@@ -117,6 +117,46 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 trap 'echo "vm-swap: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 
+# What a hung run leaves to look at: the guest's CPU (halted or not, where), QEMU's view of
+# its disks (requests done on each), and the server's own counts (requests read against
+# replies sent: a server that owes no reply did not lose one). Asked of QEMU's monitor
+# socket $1, of ztier serve on socket $2 (empty for other servers).
+dump_hang() {
+  local monitor=$1 served=$2
+  echo "vm-swap: the state at the time-out:" >&2
+  if [ -S "$monitor" ]; then
+    python3 - "$monitor" <<'PY' >&2 || echo "vm-swap: QEMU's monitor did not answer" >&2
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+out = b""
+for cmd in (b"info status", b"info registers", b"info blockstats", b"info block"):
+    s.sendall(cmd + b"\n")
+    time.sleep(0.5)
+    try:
+        while True:
+            chunk = s.recv(65536)
+            out += chunk
+            if len(chunk) < 65536:
+                break
+    except socket.timeout:
+        pass
+# The general registers, RIP and whether the vCPU is halted; not the segment, FPU and
+# vector registers.
+noise = ("ES =", "CS =", "SS =", "DS =", "FS =", "GS =", "LDT", "TR =", "GDT", "IDT", "DR",
+         "EFER", "FCW", "FPR", "XMM", "(qemu)", "QEMU ")
+for line in out.decode(errors="replace").splitlines():
+    if line.strip() and not line.lstrip().startswith(noise):
+        print("  qemu| " + line.rstrip())
+PY
+  fi
+  if [ -n "$served" ] && [ -S "$served.ctl" ]; then
+    "$ztier" stat --socket "$served" 2>&1 | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ' |
+      sed 's/^/  server| /' >&2 || true
+  fi
+}
+
 # Stops a process we started: SIG (default TERM), up to 10 s, then KILL.
 stop() {
   local pid=$1 sig=${2:-TERM}
@@ -233,7 +273,8 @@ run() {
   local accel=(-accel tcg)
   [ "$kvm" = 0 ] || accel=(-accel kvm)
   local qemu=(qemu-system-x86_64 -nodefaults -machine pc "${accel[@]}" -m "$ram" -smp 1
-    -display none -monitor none -serial "file:$console" -no-reboot -no-shutdown
+    -display none -monitor "unix:$work/$kind.monitor,server=on,wait=off"
+    -serial "file:$console" -no-reboot -no-shutdown
     -kernel "$kernel" -initrd "$work/initrd.gz"
     -append "console=ttyS0 panic=-1 quiet loglevel=3 transparent_hugepage=never vmswap.swap=$swap vmswap.mib=$mib vmswap.touches=$touches"
     -drive "file=$work/corpus.raw,format=raw,if=none,id=corpus,readonly=on"
@@ -264,6 +305,9 @@ run() {
     fi
     if [ $((SECONDS - t0)) -ge "$timeout" ]; then
       echo "vm-swap: the guest did not finish in $timeout s" >&2
+      local served=""
+      [ "$kind" = "${kind#ztier}" ] || served=$sock
+      dump_hang "$work/$kind.monitor" "$served"
       break
     fi
     if [ -n "$store" ]; then

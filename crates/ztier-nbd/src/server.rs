@@ -135,7 +135,12 @@ pub struct ServerStats {
     pub tls_sessions: AtomicU64,
     /// `accept()` errors (each retried after a backoff).
     pub accept_errors: AtomicU64,
+    /// Request headers read (`NBD_CMD_DISC` among them, which has no reply).
     pub requests: AtomicU64,
+    /// Replies sent whole: with `requests`, what the server owes its clients (a request
+    /// read and not yet answered is running, waiting for a budget, or lost with its
+    /// connection).
+    pub replies: AtomicU64,
     pub errors: AtomicU64,
     /// Buffer bytes of the requests in flight now, server-wide (at most three quarters of
     /// `max_in_flight_total`, but for one request larger than that running alone).

@@ -535,6 +535,8 @@ fn bad_requests_get_errors_and_the_connection_goes_on() {
     assert_eq!(simple(&mut s, 0).0, 0);
     request(&mut s, CMD_READ, 0, 102, 0, 512, &[]);
     assert_eq!(simple(&mut s, 512), (0, 102, vec![0; 512]));
+    // Every request read was answered, the refused ones too.
+    assert_replies(&h, 10, 10);
     // A bad magic ends the connection (the stream cannot be trusted past it). A good
     // request follows it: a server that skipped the bad header, or looked for the next
     // magic, would answer that one instead of closing.
@@ -720,4 +722,19 @@ fn many_requests_in_flight_are_all_answered() {
     }
     sender.join().unwrap();
     assert_eq!(seen.len(), 256);
+    assert_replies(&h, 256, 256);
+}
+
+/// The server's `requests` and `replies` reach these counts (a reply is counted just after
+/// it is sent, so the client may read it first).
+fn assert_replies(h: &Harness, requests: u64, replies: u64) {
+    let stats = h.server.stats();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stats.replies.load(Relaxed) < replies && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(
+        (stats.requests.load(Relaxed), stats.replies.load(Relaxed)),
+        (requests, replies)
+    );
 }

@@ -108,9 +108,16 @@ impl Server {
                 }
             };
             let Job { req, payload, cost } = job;
-            if !conn.dead.load(Ordering::Relaxed) && run(self, conn, req, &payload).is_err() {
-                conn.dead.store(true, Ordering::Relaxed);
-                conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
+            if !conn.dead.load(Ordering::Relaxed) {
+                match run(self, conn, req, &payload) {
+                    Ok(()) => {
+                        self.stats.replies.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        conn.dead.store(true, Ordering::Relaxed);
+                        conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
+                    }
+                }
             }
             conn.buffers.give(payload);
             self.release_credit(conn, cost);
@@ -143,6 +150,7 @@ impl Server {
                 // Read past the payload so the stream stays in step, then refuse it.
                 discard(s, payload_len as u64)?;
                 conn.send_error(req, EINVAL, "payload longer than the maximum")?;
+                self.stats.replies.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             // What its buffers map (a write's payload, a read's reply), counted against the
