@@ -5,6 +5,11 @@
 # ztier, also its mem_used_total and whether RSS <= 1.05 x mem_used_total + 8 MiB. "ztier
 # plain" is the same server over an uncompressed RAM disk: the protocol's own ceiling.
 #
+# For the reads, also the CPU each side spent a GB (the server's from /proc, nbdcopy's from
+# the shell's `time`): on a 2-core machine the two share the cores, so a server that
+# decompresses (ztier lz4) against one that copies stored bytes (nbdkit sparse) is capped by
+# the sum of the two sides' CPU a GB, whatever its threads do.
+#
 # Then fio's nbd engine, 4 KiB random 50/50 reads and writes at queue depth 32, buffers 60 %
 # compressible, 256 MiB, 10 s, against ztier lz4 and plain and nbdkit zstd and sparse: IOPS,
 # and the ratio to nbdkit zstd.
@@ -74,6 +79,17 @@ seconds() { # command... -> wall seconds
 
 calc() { awk "BEGIN { print $1 }"; }
 
+# A process's CPU seconds so far, its exited threads' included.
+cpu_s() { awk -v tck="$(getconf CLK_TCK)" '{ print ($14 + $15) / tck }' "/proc/$1/stat"; }
+
+# nbdcopy's read of the export to null:, its CPU seconds (user + system) left in
+# $work/client.cpu.
+read_to_null() {
+  local TIMEFORMAT='%U %S'
+  { time nbdcopy "$1" null: 2>&3; } 3>&2 2>"$work/client.time"
+  awk '{ print $1 + $2 }' "$work/client.time" >"$work/client.cpu"
+}
+
 # The median of a space-separated list of numbers.
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -86,7 +102,7 @@ for corpus in "${corpora[@]}"; do
   printf '%s: %d bytes, nbdcopy in and out\n' "$(basename "$corpus")" "$bytes"
   printf '  %-22s %10s %10s %10s %9s %9s %9s  %s\n' server "write MB/s" "read MB/s" "RSS MiB" "write x" "read x" "RSS x" \
     "mem_used_total MiB, RSS <= 1.05x + 8 MiB"
-  declare -A W R M MUT
+  declare -A W R M MUT SCPU CCPU
   # zram's answer to small pages, a zstd dictionary (`algorithm_params dict=`), trained here
   # on the corpus itself (the kernel's intended use: pages like those the device will hold).
   "$ztier" train-dict --corpus "$corpus" --sample 16M --size 256K -o "$work/corpus.dict" >/dev/null
@@ -108,8 +124,12 @@ for corpus in "${corpora[@]}"; do
         MUT[$server]+=" $("$ztier" stat --socket "$work/sock" --json |
           python3 -c 'import json,sys; print(json.load(sys.stdin)["mm_stat"]["mem_used_total"])')"
       fi
-      r=$(seconds nbdcopy "$uri" null:)
+      s0=$(cpu_s "$server_pid")
+      r=$(seconds read_to_null "$uri")
+      s1=$(cpu_s "$server_pid")
       stop
+      SCPU[$server]+=" $(calc "($s1 - $s0) / ($bytes / 1e9)")"
+      CCPU[$server]+=" $(calc "$(cat "$work/client.cpu") / ($bytes / 1e9)")"
       W[$server]+=" $(calc "$bytes / $w / 1e6")"
       R[$server]+=" $(calc "$bytes / $r / 1e6")"
       M[$server]+=" $(calc "$rss / 1024")"
@@ -119,6 +139,8 @@ for corpus in "${corpora[@]}"; do
     W[$s]=$(median "${W[$s]}")
     R[$s]=$(median "${R[$s]}")
     M[$s]=$(median "${M[$s]}")
+    SCPU[$s]=$(median "${SCPU[$s]}")
+    CCPU[$s]=$(median "${CCPU[$s]}")
     if [ -n "${MUT[$s]:-}" ]; then MUT[$s]=$(median "${MUT[$s]}"); fi
   done
 
@@ -139,7 +161,15 @@ for corpus in "${corpora[@]}"; do
   done
   echo "  (medians of ${ROUNDS:-3} rounds; zstd+dict: zstd:dict= with a 256 KiB dictionary trained on this corpus by"
   echo "   ztier train-dict, at zram's level 3; zstd-2+dict: the same at level 2)"
-  unset W R M MUT
+  cores=$(nproc)
+  echo "  reads, CPU seconds a GB (server's at 10 ms ticks; medians), and the most $cores cores give at that cost:"
+  printf '    %-22s %8s %8s %8s %14s\n' server server nbdcopy both "ceiling MB/s"
+  for s in "nbdkit sparse" "ztier plain" "ztier lz4"; do
+    both=$(calc "${SCPU[$s]} + ${CCPU[$s]}")
+    printf '    %-22s %8.3f %8.3f %8.3f %14.0f\n' "$s" "${SCPU[$s]}" "${CCPU[$s]}" "$both" \
+      "$(calc "($both > 0 ? $cores * 1000 / $both : 0)")"
+  done
+  unset W R M MUT SCPU CCPU
 done
 
 echo "fio nbd engine: 4 KiB randrw 50/50, iodepth 32, 60 % compressible buffers, 10 s"
