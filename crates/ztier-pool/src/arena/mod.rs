@@ -447,7 +447,10 @@ impl ArenaState {
     /// meanwhile (so the arena, if dropped, leaks its chunks rather than unmap pages being
     /// released).
     fn take_gathered(&mut self) -> Vec<NonNull<u8>> {
-        let step = std::mem::take(&mut self.gathered);
+        // The list keeps its room: the frees that gather the next batch (a load pass's,
+        // on the loading thread) grow no vector.
+        let room = self.gathered.capacity();
+        let step = std::mem::replace(&mut self.gathered, Vec::with_capacity(room));
         self.pages_out += step.len();
         self.release_asked = false;
         step
