@@ -79,13 +79,16 @@ seconds() { # command... -> wall seconds
 
 calc() { awk "BEGIN { print $1 }"; }
 
-# A process's CPU seconds so far, its exited threads' included.
-cpu_s() { awk -v tck="$(getconf CLK_TCK)" '{ print ($14 + $15) / tck }' "/proc/$1/stat"; }
+# A process's CPU seconds so far, its exited threads' included (0 if it is gone).
+cpu_s() {
+  awk -v tck="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) / tck }' "/proc/$1/stat" 2>/dev/null ||
+    echo 0
+}
 
 # nbdcopy's read of the export to null:, its CPU seconds (user + system) left in
 # $work/client.cpu.
 read_to_null() {
-  local TIMEFORMAT='%U %S'
+  local TIMEFORMAT='%U %S' LC_ALL=C
   { time nbdcopy "$1" null: 2>&3; } 3>&2 2>"$work/client.time"
   awk '{ print $1 + $2 }' "$work/client.time" >"$work/client.cpu"
 }

@@ -42,7 +42,8 @@
 # the workload).
 #
 # Needs: qemu-system-x86, linux-image-amd64 (the guest's kernel and modules),
-# busybox-static, gcc (static libc), cpio, zstd, nbdkit (scripts/setup.sh installs them).
+# busybox-static, gcc (static libc), cpio, zstd, nbdkit (scripts/setup.sh installs them);
+# python3 to ask QEMU's monitor after a time-out.
 # The ztier binary is $ZTIER, else built here (cargo build --release -p ztier-cli).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -124,7 +125,9 @@ trap 'echo "vm-swap: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 dump_hang() {
   local monitor=$1 served=$2
   echo "vm-swap: the state at the time-out:" >&2
-  if [ -S "$monitor" ]; then
+  if ! command -v python3 >/dev/null; then
+    echo "vm-swap: no python3 to ask QEMU's monitor" >&2
+  elif [ -S "$monitor" ]; then
     python3 - "$monitor" <<'PY' >&2 || echo "vm-swap: QEMU's monitor did not answer" >&2
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX)
@@ -133,15 +136,18 @@ s.connect(sys.argv[1])
 out = b""
 for cmd in (b"info status", b"info registers", b"info blockstats", b"info block"):
     s.sendall(cmd + b"\n")
-    time.sleep(0.5)
+    # Whatever comes within a second of the command (a slow guest's QEMU answers late).
+    s.settimeout(1)
     try:
         while True:
             chunk = s.recv(65536)
-            out += chunk
-            if len(chunk) < 65536:
+            if not chunk:
                 break
+            out += chunk
     except socket.timeout:
         pass
+if not out:
+    sys.exit(1)
 # The general registers, RIP and whether the vCPU is halted; not the segment, FPU and
 # vector registers.
 noise = ("ES =", "CS =", "SS =", "DS =", "FS =", "GS =", "LDT", "TR =", "GDT", "IDT", "DR",
@@ -152,7 +158,7 @@ for line in out.decode(errors="replace").splitlines():
 PY
   fi
   if [ -n "$served" ] && [ -S "$served.ctl" ]; then
-    "$ztier" stat --socket "$served" 2>&1 | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ' |
+    timeout 10 "$ztier" stat --socket "$served" 2>&1 | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ' |
       sed 's/^/  server| /' >&2 || true
   fi
 }

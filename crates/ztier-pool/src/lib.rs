@@ -292,7 +292,8 @@ pub trait ZPool: Send + Sync {
     /// [`free_batch`](Self::free_batch) of the objects it can free without waiting: those
     /// whose lock another thread holds now stay in `handles`, for a later call (a thread
     /// freeing the objects it has loaded need not stop while another reads beside them).
-    /// Pools without such locks free them all.
+    /// On an error, the handles passed over are still in `handles`. Pools that do not
+    /// override it wait for their locks and free them all.
     fn free_batch_uncontended(&self, handles: &mut Vec<Handle>) -> Result<()> {
         let r = self.free_batch(handles);
         handles.clear();

@@ -13,6 +13,7 @@ pub fn run_all<P: ZPool>(make: impl Fn() -> P) -> u64 {
     boundary_sizes(&make());
     bad_handles(&make());
     foreign_handles(&make(), &make());
+    batch_free_without_waiting(&make(), &make());
     wrong_lengths(&make());
     free_returns_pages(&make());
     concurrent_round_trips(&make())
@@ -146,6 +147,36 @@ pub fn foreign_handles<P: ZPool>(a: &P, b: &P) {
     assert_eq!(&out[..15], b"pool b's object");
     a.free(in_a).unwrap();
     b.free(in_b).unwrap();
+}
+
+/// A batch freed without waiting, with no other thread about, frees every object it can:
+/// the good handles are freed, a foreign or already freed one is refused and changes
+/// nothing, and nothing is left in the batch.
+pub fn batch_free_without_waiting<P: ZPool>(a: &P, b: &P) {
+    let good: Vec<Handle> = (1..40)
+        .map(|i| a.store(&pattern(i, 37 * i as usize + 5)).expect("store"))
+        .collect();
+    let foreign = b.store(&pattern(1, 100)).expect("store");
+    let freed = a.store(&pattern(2, 100)).expect("store");
+    a.free(freed).expect("free");
+    let kept = a.store(&pattern(3, 300)).expect("store");
+    let mut batch = good.clone();
+    batch.push(foreign);
+    batch.push(freed);
+    assert!(
+        a.free_batch_uncontended(&mut batch).is_err(),
+        "a foreign and a freed handle refused"
+    );
+    assert!(batch.is_empty(), "nothing held, nothing kept: {batch:?}");
+    for h in good {
+        assert!(a.free(h).is_err(), "freed by the batch");
+    }
+    assert_eq!(b.read(foreign, &mut [0u8; 100]).expect("still live"), 100);
+    let mut out = vec![0u8; 300];
+    a.read(kept, &mut out).expect("untouched");
+    assert_eq!(out, pattern(3, 300));
+    a.free(kept).expect("free");
+    b.free(foreign).expect("free");
 }
 
 /// Writes of the wrong length and reads into short buffers are refused, data intact.

@@ -21,7 +21,10 @@
 //!   figure is read, any store of the shard checks the pool limit, or the shrinker walks.
 //!   A load's batch passes over the classes another thread holds (a reader decompressing:
 //!   a free would wait for it, and readers behind the free for both), keeping their
-//!   objects for the next batch, up to 127 loads' worth, past which it waits.
+//!   objects for the next batch, up to 63 loads' worth, past which it waits: a shard holds
+//!   at most 94 loaded pages' objects between batches. Other threads' shards hold theirs
+//!   when a store checks the pool limit (the kernel frees each at once), so with several
+//!   threads loading, the limit can be reached up to that many objects a shard early.
 //! - The pool limit is `max_pool_percent` of a RAM budget; once reached, stores are refused
 //!   (`pool_limit_hit`) until the pool is back under `accept_threshold_percent` of the
 //!   limit, and a background worker compacts the pool and writes the LRU's coldest pages
@@ -83,8 +86,9 @@ const STORE_COMPACT_MOVES: usize = 8;
 const FREE_BATCH: usize = 32;
 
 /// Loaded pages' objects a shard may keep unfreed because their class was held by another
-/// thread when its batch was freed; at this many, the batch waits for the locks.
-const FREE_DEFER_MAX: usize = 4 * FREE_BATCH;
+/// thread when its batch was freed; at this many, the batch waits for the locks. A shard
+/// holds at most `FREE_DEFER_MAX + FREE_BATCH - 2` loaded pages' objects between batches.
+const FREE_DEFER_MAX: usize = 2 * FREE_BATCH;
 
 /// Why zswap refused a store (the kernel's `reject_*` counters name the same causes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -287,7 +291,7 @@ impl Cache {
         self.inner.pool.stats()
     }
     /// Bytes of pool pages held now (`pool_total_size`), without the rest of the figures:
-    /// the objects of up to 128 loads a thread shard has not freed yet included
+    /// the objects of up to 94 loads a thread shard has not freed yet included
     /// ([`stats`](Self::stats) frees them first).
     pub fn pool_bytes(&self) -> u64 {
         self.inner.total_pages() * self.inner.page_size as u64
