@@ -101,6 +101,13 @@ pub struct ServerConfig {
     /// certificates ([`ServerTls::from_dir`]). The TLS handshake counts against
     /// `handshake_limit` like the rest of the haggling.
     pub tls: ServerTls,
+    /// The send buffer (`SO_SNDBUF`) asked for each connection on a Unix socket; 0 keeps the
+    /// system's. The kernel doubles it and caps it at `net.core.wmem_max`. A Unix socket's
+    /// default (about 208 KiB) is smaller than one of nbdcopy's 256 KiB read replies, so its
+    /// sender would block partway through each while the connection's other threads wait
+    /// for the writer, and the cores idle between the wake-ups (MEASUREMENTS.md). TCP
+    /// connections keep the kernel's autotuning.
+    pub unix_send_buffer: usize,
 }
 
 impl Default for ServerConfig {
@@ -120,6 +127,7 @@ impl Default for ServerConfig {
             max_in_flight_total: 256 << 20,
             reply_timeout: Duration::from_secs(30),
             tls: ServerTls::off(),
+            unix_send_buffer: 1 << 20,
         }
     }
 }

@@ -738,3 +738,51 @@ fn assert_replies(h: &Harness, requests: u64, replies: u64) {
         (requests, replies)
     );
 }
+
+/// A read reply larger than a Unix socket's default send buffer goes out whole while the
+/// client has read none of it: the server asks for a larger buffer (`unix_send_buffer`), so
+/// its sender does not stop partway and hold the connection's writer. With the system's
+/// size the same reply stays unsent, which shows the test can tell.
+#[test]
+fn a_large_reply_goes_out_before_the_client_reads() {
+    const REPLY: u32 = 320 << 10;
+    let replied_unread = |unix_send_buffer: usize| -> bool {
+        let h = Harness::new(
+            &format!("sndbuf{unix_send_buffer}"),
+            ServerConfig {
+                unix_send_buffer,
+                ..config()
+            },
+        );
+        let mut s = open(&h, false);
+        request(&mut s, CMD_READ, 0, 1, 0, REPLY, &[]);
+        let stats = h.server.stats();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while stats.replies.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let replied = stats.replies.load(Relaxed) == 1;
+        // Read it now: the reply is whole either way.
+        assert_eq!(simple(&mut s, REPLY as usize).0, 0);
+        replied
+    };
+    assert!(
+        replied_unread(ServerConfig::default().unix_send_buffer),
+        "a {REPLY}-byte reply waited for the client with the server's send buffer"
+    );
+    let system_default: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_default")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(usize::MAX);
+    if system_default < REPLY as usize {
+        assert!(
+            !replied_unread(0),
+            "a {REPLY}-byte reply went out unread with the system's {system_default}-byte buffer"
+        );
+    } else {
+        eprintln!(
+            "net.core.wmem_default is {system_default} bytes: the system's own buffer holds \
+             the reply, so the control case tells nothing here and is not run"
+        );
+    }
+}

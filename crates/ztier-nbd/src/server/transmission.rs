@@ -21,6 +21,10 @@ impl Server {
         // A client that stops reading its replies is cut off after `reply_timeout` (the
         // socket's send timeout, shared by every handle on it), and what its requests held
         // goes back to the server's budget.
+        if let (Stream::Unix(s), n @ 1..) = (&stream, self.config.unix_send_buffer) {
+            // Best effort: a refusal leaves the system's size, which serves, only slower.
+            let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, n);
+        }
         let result = stream
             .set_write_timeout(Some(self.config.reply_timeout))
             .and_then(|()| stream.try_clone())
