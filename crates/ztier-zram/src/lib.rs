@@ -56,7 +56,7 @@ pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
@@ -207,9 +207,11 @@ pub struct Device {
     limit_pages: AtomicU64,
     /// Highest pool pages seen after a write (`max_used_pages`).
     max_used_pages: AtomicU64,
-    /// When the device was made: slots' `ac_time` counts seconds from it.
-    created: Instant,
-    /// Seconds the device is older than `created` says: a loaded state's oldest page's age.
+    /// When the device was made, in seconds of the coarse monotonic clock
+    /// (`ztier_base::os::coarse_monotonic_secs`): slots' `ac_time` counts seconds from it.
+    created_secs: u64,
+    /// Seconds the device is older than `created_secs` says: a loaded state's oldest page's
+    /// age.
     age_shift: std::sync::atomic::AtomicU32,
     /// The backing store (`backing_dev`).
     backing: RwLock<Option<Arc<Backing>>>,
@@ -254,7 +256,7 @@ impl Device {
             page_locks: Stripes::new(PAGE_LOCK_STRIPES),
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
-            created: Instant::now(),
+            created_secs: ztier_base::os::coarse_monotonic_secs(),
             age_shift: std::sync::atomic::AtomicU32::new(0),
             backing: RwLock::new(None),
             wb_limit: AtomicU64::new(u64::MAX),
@@ -320,9 +322,15 @@ impl Device {
     }
 
     /// Seconds since the device was made (slots' `ac_time`), plus the age of a loaded state.
+    /// Read on every access, from the coarse clock (whole seconds need no more).
     fn now(&self) -> u32 {
         let shift = u64::from(self.age_shift.load(Relaxed));
-        (self.created.elapsed().as_secs() + shift).min(u64::from(u32::MAX)) as u32
+        (self.lived_secs() + shift).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// Whole seconds since the device was made.
+    fn lived_secs(&self) -> u64 {
+        ztier_base::os::coarse_monotonic_secs().saturating_sub(self.created_secs)
     }
 
     /// The calling thread's shard, held until the guard goes.

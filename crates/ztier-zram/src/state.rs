@@ -642,8 +642,10 @@ impl Device {
 
     /// Makes the device `age` old, so saved ages of pages keep their meaning.
     fn set_age(&self, age: Duration) {
-        let lived = self.created.elapsed();
-        let shift = age.saturating_sub(lived).as_secs().min(u64::from(u32::MAX)) as u32;
+        let shift = age
+            .as_secs()
+            .saturating_sub(self.lived_secs())
+            .min(u64::from(u32::MAX)) as u32;
         self.age_shift
             .store(shift, std::sync::atomic::Ordering::Relaxed);
     }
