@@ -356,6 +356,27 @@ impl ZsPool {
         first
     }
 
+    /// Sorts the handles by class and frees each class's group under one hold of its lock
+    /// ([`free_group`](Self::free_group)); the groups of classes it may not wait for and
+    /// finds held go to `passed_over`. The first error is returned after every group.
+    fn free_by_class(
+        &self,
+        handles: &mut [Handle],
+        only_if_free: bool,
+        passed_over: &mut Vec<Handle>,
+    ) -> Result<()> {
+        handles.sort_unstable_by_key(|h| H_CLASS.get(h.raw()));
+        let mut first = Ok(());
+        for group in handles.chunk_by(|a, b| H_CLASS.get(a.raw()) == H_CLASS.get(b.raw())) {
+            match self.free_group(group, only_if_free) {
+                Ok(true) => {}
+                Ok(false) => passed_over.extend_from_slice(group),
+                Err(e) => first = first.and(Err(e)),
+            }
+        }
+        first
+    }
+
     /// Gives a class's spares back to the arena.
     fn release_spares(&self, st: &mut ClassState) {
         for pages in st.spare.drain(..) {
@@ -485,17 +506,18 @@ impl ZsPool {
         generation: u32,
     ) -> Result<Option<PageChain>> {
         let spec = &class.spec;
-        let mut retired = None;
         let (id, obj) = self.locate(st, handle, index, generation)?;
         st.obj_free(spec, id, obj);
         st.obj_used -= 1;
-        if st.fix_fullness_group(spec, id) == FG_EMPTY {
+        let retired = if st.fix_fullness_group(spec, id) == FG_EMPTY {
             st.remove_zspage(id);
             let pages = st.free_zspage(spec, id);
-            retired = self.retire_pages(st, pages);
             self.pages_allocated
                 .fetch_sub(spec.pages_per_zspage as u64, Ordering::Relaxed);
-        }
+            self.retire_pages(st, pages)
+        } else {
+            None
+        };
         st.free_handle_slot(index);
         Ok(retired)
     }
@@ -591,42 +613,17 @@ impl ZPool for ZsPool {
 
     /// The handles sorted by class, each class's lock taken once for its objects.
     fn free_batch(&self, handles: &mut [Handle]) -> Result<()> {
-        handles.sort_unstable_by_key(|h| H_CLASS.get(h.raw()));
-        let mut first = Ok(());
-        for group in handles.chunk_by(|a, b| H_CLASS.get(a.raw()) == H_CLASS.get(b.raw())) {
-            if let Err(e) = self.free_group(group, false) {
-                first = first.and(Err(e));
-            }
-        }
-        first
+        self.free_by_class(handles, false, &mut Vec::new())
     }
 
     /// As [`free_batch`](ZPool::free_batch), passing over the classes whose lock is held
     /// (by a reader decompressing an object, most often): their handles stay in `handles`.
     fn free_batch_uncontended(&self, handles: &mut Vec<Handle>) -> Result<()> {
-        handles.sort_unstable_by_key(|h| H_CLASS.get(h.raw()));
-        let mut first = Ok(());
-        let mut kept = 0;
-        let mut start = 0;
-        while start < handles.len() {
-            let class = H_CLASS.get(handles[start].raw());
-            let end = start
-                + handles[start..]
-                    .iter()
-                    .take_while(|h| H_CLASS.get(h.raw()) == class)
-                    .count();
-            match self.free_group(&handles[start..end], true) {
-                Ok(true) => {}
-                Ok(false) => {
-                    handles.copy_within(start..end, kept);
-                    kept += end - start;
-                }
-                Err(e) => first = first.and(Err(e)),
-            }
-            start = end;
-        }
-        handles.truncate(kept);
-        first
+        let mut passed_over = Vec::new();
+        let r = self.free_by_class(handles, true, &mut passed_over);
+        handles.clear();
+        handles.extend_from_slice(&passed_over);
+        r
     }
 
     fn write(&self, handle: Handle, data: &[u8]) -> Result<()> {
