@@ -39,21 +39,22 @@ pub fn page_size() -> usize {
     }
 }
 
-/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`): for
-/// background work that must not take the foreground's cores (the page arena's helper,
-/// zram's policy).
+/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`):
+/// for background work that must not take the foreground's cores (the page arena's helper,
+/// zram's policy), or a thread that should give its CPU to the one it wakes (the
+/// userfaultfd region's fault thread); whether it could.
 ///
 /// Such work is worth doing ahead only on a core with nothing else to do. On a busy machine
 /// (as many working threads as cores) it would take the cores' time all the same and add a
 /// context switch and a cold cache to each step, so there it yields (MEASUREMENTS.md has the
 /// arena helper's figures). A thread put aside this way must hold no lock that a foreground
 /// thread waits for.
-pub fn lower_to_idle_priority() {
+pub fn lower_to_idle_priority() -> bool {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy; param
     // is a valid sched_param for SCHED_IDLE. Failure leaves the thread at normal priority,
     // which is correct, only slower on a busy machine.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
 }
 
 /// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), `u64::MAX` if unreadable:

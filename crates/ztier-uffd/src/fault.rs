@@ -172,6 +172,7 @@ fn serve_faults(sh: &Shared) {
             let _serving = sh.serving.lock();
             remaps.retain_mut(|r| !sh.continue_remap(r));
             let mut left = faults.len();
+            let mut served = 0;
             while left > 0 {
                 left -= 1;
                 let f = faults.pop_front().expect("counted");
@@ -190,8 +191,12 @@ fn serve_faults(sh: &Shared) {
                     Served::Done => {
                         sh.latency.record(f.read_at.elapsed());
                         sh.placement.progress();
+                        served += 1;
                     }
                 }
+            }
+            if served > 0 {
+                follow.served();
             }
         }
         sh.placement

@@ -326,6 +326,8 @@ pub struct RegionStats {
     /// How often the fault thread's idle priority was ended because faults waited for it
     /// (another thread held its CPU).
     pub idle_priority_demotions: u64,
+    /// How often the fault thread moved to the CPU of the thread whose faults it serves.
+    pub fault_thread_moves: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
 }
@@ -743,6 +745,7 @@ impl Region {
             idle_priority_usable: sh.placement.usable(),
             idle_priority: sh.placement.idle(),
             idle_priority_demotions: sh.placement.demotions(),
+            fault_thread_moves: sh.placement.moves(),
             mm_stat: sh.device.mm_stat(),
         }
     }

@@ -10,7 +10,10 @@
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
 //!   thread whose fault it just read last ran on (its `/proc/self/task/TID/stat`, kept
-//!   open) and moves there.
+//!   open) and moves there; at idle priority also at once when two turns of serving faults
+//!   went by without this thread being preempted (`getrusage`'s involuntary switches): a
+//!   copy's wake-up of a faulting thread on this CPU preempts it, so none says the two are
+//!   apart.
 //! - **Idle priority** (`SCHED_IDLE`), while a single thread faults: the scheduler counts a
 //!   CPU that runs only idle-priority threads as idle when it places a woken thread, so the
 //!   faulting thread, woken by the copy, stays on the fault thread's CPU and takes it over at
@@ -48,10 +51,15 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use ztier_base::os::lower_to_idle_priority;
 
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
 /// one `pread` of a stat file (about 1 µs here).
 const LOOK_EVERY: Duration = Duration::from_micros(250);
+
+/// Turns of serving faults at idle priority without being preempted after which the fault
+/// thread looks at once where the faulting thread runs.
+const APART_AFTER_TURNS: u32 = 2;
 
 /// How long faults may wait with no progress of the fault thread, at idle priority, before
 /// the guard ends idle priority.
@@ -104,6 +112,8 @@ pub(crate) struct Placement {
     retry_at: AtomicU64,
     epoch: Instant,
     demotions: AtomicU64,
+    /// How often the fault thread moved to follow a faulting thread to another CPU.
+    moves: AtomicU64,
     /// The guard's sleep, and its wake-up (the fault thread entering idle priority, the
     /// region's drop).
     nap: Mutex<()>,
@@ -127,6 +137,7 @@ impl Placement {
             retry_at: AtomicU64::new(0),
             epoch: Instant::now(),
             demotions: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
             nap: Mutex::new(()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -146,6 +157,11 @@ impl Placement {
     /// How often the guard ended idle priority because faults waited.
     pub(crate) fn demotions(&self) -> u64 {
         self.demotions.load(Relaxed)
+    }
+
+    /// How often the fault thread moved to another CPU, following a faulting thread.
+    pub(crate) fn moves(&self) -> u64 {
+        self.moves.load(Relaxed)
     }
 
     fn now(&self) -> u64 {
@@ -329,6 +345,12 @@ pub(crate) struct Follow<'a> {
     pinned: Option<usize>,
     /// The stat file of the thread last looked at, by its id.
     stat: Option<(u64, File)>,
+    /// This thread's involuntary context switches at its last count, and how many turns
+    /// in a row served faults without one (at idle priority each copy's wake-up of a
+    /// faulting thread on this CPU takes the CPU from this thread at once: a turn without
+    /// it says the faulting thread runs elsewhere now).
+    preempted: u64,
+    turns_unpreempted: u32,
 }
 
 impl<'a> Follow<'a> {
@@ -348,7 +370,31 @@ impl<'a> Follow<'a> {
             mixed: false,
             pinned: None,
             stat: None,
+            preempted: involuntary_switches(),
+            turns_unpreempted: 0,
         }
+    }
+
+    /// A turn of the fault thread's loop that served faults (each one's copy woke its
+    /// thread). At idle priority, two such turns in a row with this thread never preempted
+    /// mean the faulting thread was woken on another CPU: the next fault looks where it
+    /// runs at once rather than within [`LOOK_EVERY`], so the two are apart for one or two
+    /// faults, not for every fault of a quarter of a millisecond (each 50 µs or more).
+    pub(crate) fn served(&mut self) {
+        if self.placement.mode.load(Relaxed) != IDLE {
+            return;
+        }
+        let now = involuntary_switches();
+        if now == self.preempted {
+            self.turns_unpreempted += 1;
+            if self.turns_unpreempted >= APART_AFTER_TURNS {
+                self.last_look = None;
+                self.turns_unpreempted = 0;
+            }
+        } else {
+            self.turns_unpreempted = 0;
+        }
+        self.preempted = now;
     }
 
     /// A fault read from thread `tid` (0 if the kernel did not say).
@@ -387,7 +433,7 @@ impl<'a> Follow<'a> {
                 // `self.pinned` is left as it was: a re-entry on the CPU it was last pinned to
                 // stays unpinned until the faulting thread moves. Pinning again at once
                 // measured worse (MEASUREMENTS.md, 2026-11-26); why is not known.
-                if !set_idle_priority() {
+                if !lower_to_idle_priority() {
                     let _ = p.mode.compare_exchange(IDLE, NORMAL, AcqRel, Acquire);
                 } else if p.mode.load(Acquire) != IDLE {
                     set_normal_priority(0);
@@ -400,6 +446,7 @@ impl<'a> Follow<'a> {
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
         if p.mode.load(Acquire) == IDLE {
             if self.pinned != Some(cpu) && cpus.contains(&cpu) && pin_to_cpu(cpu) {
+                p.moves.fetch_add(1, Relaxed);
                 self.pinned = Some(cpu);
                 p.pinned.store(cpu, Relaxed);
                 if p.mode.load(Acquire) != IDLE {
@@ -414,8 +461,8 @@ impl<'a> Follow<'a> {
         }
         // At normal priority: whoever ended idle priority set the affinity back.
         self.pinned = None;
-        if current_cpu() != Some(cpu) {
-            move_to_cpu(cpu);
+        if current_cpu() != Some(cpu) && move_to_cpu(cpu) {
+            p.moves.fetch_add(1, Relaxed);
         }
     }
 
@@ -442,6 +489,17 @@ impl<'a> Follow<'a> {
     }
 }
 
+/// The calling thread's involuntary context switches so far (0 if unknown).
+fn involuntary_switches() -> u64 {
+    // SAFETY: rusage is plain integers; all zeros is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+        return 0;
+    }
+    usage.ru_nivcsw as u64
+}
+
 /// Field 39 (the CPU last run on) of a /proc/PID/stat line.
 fn stat_cpu(line: &[u8]) -> Option<usize> {
     // The command name (field 2) may hold spaces and parentheses; the fields after its last
@@ -456,18 +514,10 @@ fn stat_cpu(line: &[u8]) -> Option<usize> {
 fn may_leave_idle_priority() -> bool {
     std::thread::Builder::new()
         .name("uffd-probe".into())
-        .spawn(|| set_idle_priority() && set_normal_priority(0))
+        .spawn(|| lower_to_idle_priority() && set_normal_priority(0))
         .ok()
         .and_then(|t| t.join().ok())
         .unwrap_or(false)
-}
-
-/// The calling thread to `SCHED_IDLE`; whether it could.
-fn set_idle_priority() -> bool {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler reads the struct we pass and changes only the calling
-    // thread's (0) policy.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
 }
 
 /// Thread `tid` of this process (0: the calling one) to `SCHED_OTHER`; whether it could.
@@ -531,29 +581,32 @@ pub fn pin_to_cpu(cpu: usize) -> bool {
 }
 
 /// Moves the calling thread to `cpu` now, leaving it free to run anywhere it could before
-/// (its affinity is set to that CPU alone, which migrates it, then put back).
-pub fn move_to_cpu(cpu: usize) {
+/// (its affinity is set to that CPU alone, which migrates it, then put back); whether it
+/// moved.
+pub fn move_to_cpu(cpu: usize) -> bool {
     if cpu >= libc::CPU_SETSIZE as usize {
-        return;
+        return false;
     }
     // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
     let mut was: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sched_getaffinity writes at most the size we pass into a live cpu_set_t; 0 is
     // the calling thread.
     if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut was) } != 0 {
-        return;
+        return false;
     }
     // Never, even for a moment, onto a CPU the thread may not run on (a program's own
     // affinity, which the region's threads inherit).
     // SAFETY: `cpu` is below CPU_SETSIZE, checked above; `was` is a live, filled set.
     if !unsafe { libc::CPU_ISSET(cpu, &was) } {
-        return;
+        return false;
     }
-    if pin_to_cpu(cpu) {
-        // SAFETY: sched_setaffinity reads the set we pass (a live local) and changes only
-        // where the calling thread may run: back to where it could before.
-        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &was) };
+    if !pin_to_cpu(cpu) {
+        return false;
     }
+    // SAFETY: sched_setaffinity reads the set we pass (a live local) and changes only
+    // where the calling thread may run: back to where it could before.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &was) };
+    true
 }
 
 #[cfg(test)]
@@ -572,6 +625,37 @@ mod tests {
         }
         assert_eq!(stat_cpu(b"1234 (cut"), None);
         assert_eq!(stat_cpu(b"1234 (short) S 1 2"), None);
+    }
+
+    #[test]
+    fn a_thread_sharing_its_cpu_with_a_busy_one_counts_involuntary_switches() {
+        // The signal quick following rests on: a runnable thread of normal priority on this
+        // thread's CPU takes it from this thread, and getrusage counts that.
+        let Some(&cpu) = allowed_cpus().first() else {
+            return;
+        };
+        let was = allowed_cpus();
+        assert!(pin_to_cpu(cpu));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu(cpu);
+                while !stop.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let before = involuntary_switches();
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until && involuntary_switches() == before {
+            std::hint::spin_loop();
+        }
+        let after = involuntary_switches();
+        stop.store(true, Relaxed);
+        busy.join().unwrap();
+        set_affinity(0, &was);
+        assert!(after > before, "{before} -> {after}");
     }
 
     fn thread_id() -> u64 {
