@@ -10,10 +10,9 @@
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
 //!   thread whose fault it just read last ran on (its `/proc/self/task/TID/stat`, kept
-//!   open) and moves there; at idle priority also at once when two turns of serving faults
-//!   went by without this thread being preempted (`getrusage`'s involuntary switches): a
-//!   copy's wake-up of a faulting thread on this CPU preempts it, so none says the two are
-//!   apart.
+//!   open) and moves there; at idle priority also at once after a turn of serving faults
+//!   in which this thread was not preempted (`getrusage`'s involuntary switches): a copy's
+//!   wake-up of a faulting thread on this CPU preempts it, so none says the two are apart.
 //! - **Idle priority** (`SCHED_IDLE`), while a single thread faults: the scheduler counts a
 //!   CPU that runs only idle-priority threads as idle when it places a woken thread, so the
 //!   faulting thread, woken by the copy, stays on the fault thread's CPU and takes it over at
@@ -25,7 +24,9 @@
 //! it. So faults from a second thread end it at the next look (and it is not tried again for
 //! [`MIXED_BACKOFF`]), and a **guard thread**, which waits for nothing the fault thread does,
 //! ends it when faults have waited [`STARVED_AFTER`] (a message unread, or faults read and
-//! not yet served) with no progress of the fault thread: the fault thread goes back to normal
+//! not yet served) with no progress of the fault thread (it looks every [`GUARD_EVERY`],
+//! and every [`GUARD_CONFIRM`] once it has seen faults waiting, so a starvation ends within
+//! about 52 ms): the fault thread goes back to normal
 //! priority, free to run on any CPU it could at the start, and idle priority is tried again
 //! after a back-off (0.1 s, doubling to 5 s, back to 0.1 s after a minute without one). A
 //! second with no fault ends it too (nothing to keep together; the guard stops waking).
@@ -57,18 +58,18 @@ use ztier_base::os::lower_to_idle_priority;
 /// one `pread` of a stat file (about 1 µs here).
 const LOOK_EVERY: Duration = Duration::from_micros(250);
 
-/// Turns of serving faults at idle priority without being preempted after which the fault
-/// thread looks at once where the faulting thread runs.
-const APART_AFTER_TURNS: u32 = 2;
-
 /// How long faults may wait with no progress of the fault thread, at idle priority, before
 /// the guard ends idle priority.
 const STARVED_AFTER: Duration = Duration::from_millis(2);
 
-/// The guard's look while faults come (a fault in the last [`GUARD_BUSY`]), and otherwise.
-const GUARD_EVERY: Duration = Duration::from_millis(1);
-const GUARD_QUIET: Duration = Duration::from_millis(20);
-const GUARD_BUSY: Duration = Duration::from_millis(100);
+/// The guard's look: every [`GUARD_EVERY`], and every [`GUARD_CONFIRM`] once it has seen
+/// faults waiting, until they are served or it ends idle priority; a starvation is ended
+/// within `GUARD_EVERY + STARVED_AFTER`. Each look wakes a thread of normal priority, and
+/// the scheduler sends the faulting thread to the other CPU at some of those moments: a
+/// guard looking every millisecond measured 40-100 such separations a pass of 2000 faults,
+/// every 20 ms 7-13, every 50 ms 3-6 (MEASUREMENTS.md, 2026-11-27).
+const GUARD_EVERY: Duration = Duration::from_millis(50);
+const GUARD_CONFIRM: Duration = Duration::from_millis(1);
 
 /// Idle priority ends after this long with no fault.
 const IDLE_ENDS_AFTER: Duration = Duration::from_secs(1);
@@ -241,10 +242,10 @@ impl Placement {
                     // under `nap`, so neither is lost).
                     self.wake.wait(&mut nap);
                 } else {
-                    let sleep = if waiting.is_some() || self.since(&self.last_fault) < GUARD_BUSY {
-                        GUARD_EVERY
+                    let sleep = if waiting.is_some() {
+                        GUARD_CONFIRM
                     } else {
-                        GUARD_QUIET
+                        GUARD_EVERY
                     };
                     self.wake.wait_for(&mut nap, sleep);
                 }
@@ -284,7 +285,10 @@ impl Placement {
                         waiting = None;
                     }
                 }
-                _ => waiting = Some((Instant::now(), progress)),
+                // The fault thread moved on since faults were seen waiting: back to the
+                // long look.
+                Some(_) => waiting = None,
+                None => waiting = Some((Instant::now(), progress)),
             }
         }
     }
@@ -345,12 +349,10 @@ pub(crate) struct Follow<'a> {
     pinned: Option<usize>,
     /// The stat file of the thread last looked at, by its id.
     stat: Option<(u64, File)>,
-    /// This thread's involuntary context switches at its last count, and how many turns
-    /// in a row served faults without one (at idle priority each copy's wake-up of a
-    /// faulting thread on this CPU takes the CPU from this thread at once: a turn without
-    /// it says the faulting thread runs elsewhere now).
+    /// This thread's involuntary context switches at its last count (at idle priority each
+    /// copy's wake-up of a faulting thread on this CPU takes the CPU from this thread at
+    /// once: a turn of serving without one says the faulting thread runs elsewhere now).
     preempted: u64,
-    turns_unpreempted: u32,
 }
 
 impl<'a> Follow<'a> {
@@ -371,30 +373,26 @@ impl<'a> Follow<'a> {
             pinned: None,
             stat: None,
             preempted: involuntary_switches(),
-            turns_unpreempted: 0,
         }
     }
 
     /// A turn of the fault thread's loop that served faults (each one's copy woke its
-    /// thread). At idle priority, two such turns in a row with this thread never preempted
-    /// mean the faulting thread was woken on another CPU: the next fault looks where it
-    /// runs at once rather than within [`LOOK_EVERY`], so the two are apart for one or two
-    /// faults, not for every fault of a quarter of a millisecond (each 50 µs or more).
+    /// thread). At idle priority, a turn in which this thread was not preempted means the
+    /// faulting thread was woken on another CPU: this thread looks where it runs and
+    /// follows it now, before its next fault, rather than within [`LOOK_EVERY`] (every
+    /// fault while the two are apart costs 50 µs or more).
     pub(crate) fn served(&mut self) {
         if self.placement.mode.load(Relaxed) != IDLE {
             return;
         }
         let now = involuntary_switches();
-        if now == self.preempted {
-            self.turns_unpreempted += 1;
-            if self.turns_unpreempted >= APART_AFTER_TURNS {
-                self.last_look = None;
-                self.turns_unpreempted = 0;
-            }
-        } else {
-            self.turns_unpreempted = 0;
-        }
+        let apart = now == self.preempted;
         self.preempted = now;
+        if apart && self.last_tid != 0 {
+            self.look(self.last_tid);
+            // The look's own system calls may have been preempted.
+            self.preempted = involuntary_switches();
+        }
     }
 
     /// A fault read from thread `tid` (0 if the kernel did not say).
@@ -412,6 +410,13 @@ impl<'a> Follow<'a> {
         if self.last_look.is_some_and(|t| t.elapsed() < LOOK_EVERY) {
             return;
         }
+        self.look(tid);
+    }
+
+    /// Looks where thread `tid` runs, and follows it there (entering or leaving idle
+    /// priority as the faults since the last look allow).
+    fn look(&mut self, tid: u64) {
+        let p = self.placement;
         self.last_look = Some(Instant::now());
         let mixed = std::mem::take(&mut self.mixed);
         let Some(cpu) = self.cpu_of(tid) else {
