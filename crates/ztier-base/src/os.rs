@@ -48,7 +48,8 @@ pub fn page_size() -> usize {
 /// (as many working threads as cores) it would take the cores' time all the same and add a
 /// context switch and a cold cache to each step, so there it yields (MEASUREMENTS.md has the
 /// arena helper's figures). A thread put aside this way must hold no lock that a foreground
-/// thread waits for.
+/// thread waits for, or something must end its idle priority when one waits (the
+/// userfaultfd region's guard does that for its fault thread).
 pub fn lower_to_idle_priority() -> bool {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy; param

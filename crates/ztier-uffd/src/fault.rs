@@ -168,11 +168,11 @@ fn serve_faults(sh: &Shared) {
                 }
             }
         }
+        let mut served = 0;
         {
             let _serving = sh.serving.lock();
             remaps.retain_mut(|r| !sh.continue_remap(r));
             let mut left = faults.len();
-            let mut served = 0;
             while left > 0 {
                 left -= 1;
                 let f = faults.pop_front().expect("counted");
@@ -195,9 +195,11 @@ fn serve_faults(sh: &Shared) {
                     }
                 }
             }
-            if served > 0 {
-                follow.served();
-            }
+        }
+        // Outside `serving`: following may move this thread, which at idle priority then
+        // waits for the faulting thread to leave that CPU.
+        if served > 0 {
+            follow.served();
         }
         sh.placement
             .holding(!faults.is_empty() || !remaps.is_empty());

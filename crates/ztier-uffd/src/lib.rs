@@ -134,8 +134,9 @@
 //! faulting page's and then its fault-around neighbours' in page order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
-//! can form; everyone else holds one at a time. The reclaim signal's mutex, the helper's
-//! and `placement`'s guard's are taken alone (`placement` is otherwise atomics).
+//! can form; everyone else holds one at a time. The reclaim signal's mutex and the
+//! helper's are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
+//! thread may take under `gate` (`placement` is otherwise atomics).
 //! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.

@@ -23,13 +23,13 @@
 //! Idle priority starves beside any busy thread of normal priority, and a fault waits for
 //! it. So faults from a second thread end it at the next look (and it is not tried again for
 //! [`MIXED_BACKOFF`]), and a **guard thread**, which waits for nothing the fault thread does,
-//! ends it when faults have waited [`STARVED_AFTER`] (a message unread, or faults read and
-//! not yet served) with no progress of the fault thread (it looks every [`GUARD_EVERY`],
-//! and every [`GUARD_CONFIRM`] once it has seen faults waiting, so a starvation ends within
-//! about 52 ms): the fault thread goes back to normal
-//! priority, free to run on any CPU it could at the start, and idle priority is tried again
-//! after a back-off (0.1 s, doubling to 5 s, back to 0.1 s after a minute without one). A
-//! second with no fault ends it too (nothing to keep together; the guard stops waking).
+//! ends it when a look finds faults waiting (a message unread, or faults read and not yet
+//! served) and they then wait [`STARVED_AFTER`] with no progress of the fault thread (it
+//! looks every [`GUARD_EVERY`], so a starvation ends within about 52 ms): the fault thread
+//! goes back to normal priority, free to run on any CPU it could at the start, and idle
+//! priority is tried again after a back-off (0.1 s, doubling to 5 s, back to 0.1 s after a
+//! minute without one). A second with no fault ends it too (nothing to keep together; the
+//! guard stops waking).
 //! Leaving idle priority needs `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20 (sched(7)): a probe
 //! thread tries both ways when the region is made, and without them the fault thread only
 //! follows, at normal priority. Should leaving ever fail later (the process gave up the
@@ -62,12 +62,14 @@ const LOOK_EVERY: Duration = Duration::from_micros(250);
 /// the guard ends idle priority.
 const STARVED_AFTER: Duration = Duration::from_millis(2);
 
-/// The guard's look: every [`GUARD_EVERY`], and every [`GUARD_CONFIRM`] once it has seen
-/// faults waiting, until they are served or it ends idle priority; a starvation is ended
-/// within `GUARD_EVERY + STARVED_AFTER`. Each look wakes a thread of normal priority, and
-/// the scheduler sends the faulting thread to the other CPU at some of those moments: a
-/// guard looking every millisecond measured 40-100 such separations a pass of 2000 faults,
-/// every 20 ms 7-13, every 50 ms 3-6 (MEASUREMENTS.md, 2026-11-27).
+/// The guard's look: every [`GUARD_EVERY`], and every [`GUARD_CONFIRM`] after a look that
+/// found faults waiting, until the fault thread makes any progress (a turn of its loop
+/// counts) or [`STARVED_AFTER`] has passed without; so a starvation is ended within about
+/// `GUARD_EVERY + STARVED_AFTER`, and a fault thread that gets the CPU now and then only
+/// when those 2 ms after a look hold no turn of it. Each look wakes a thread of normal
+/// priority, and the scheduler sends the faulting thread to the other CPU at some of those
+/// moments: with a guard looking every millisecond, 40-100 such separations a pass of 2000
+/// faults; every 20 ms, 4-11; every 50 ms, 3-6 (MEASUREMENTS.md, 2026-11-27).
 const GUARD_EVERY: Duration = Duration::from_millis(50);
 const GUARD_CONFIRM: Duration = Duration::from_millis(1);
 
@@ -353,6 +355,10 @@ pub(crate) struct Follow<'a> {
     /// copy's wake-up of a faulting thread on this CPU takes the CPU from this thread at
     /// once: a turn of serving without one says the faulting thread runs elsewhere now).
     preempted: u64,
+    /// Whether the last look made for such a turn found nowhere to go (the thread on this
+    /// CPU after all, or on one this thread may not run on): the next waits for
+    /// [`LOOK_EVERY`], as a look for a fault does.
+    fruitless: bool,
 }
 
 impl<'a> Follow<'a> {
@@ -373,6 +379,7 @@ impl<'a> Follow<'a> {
             pinned: None,
             stat: None,
             preempted: involuntary_switches(),
+            fruitless: false,
         }
     }
 
@@ -388,9 +395,13 @@ impl<'a> Follow<'a> {
         let now = involuntary_switches();
         let apart = now == self.preempted;
         self.preempted = now;
-        if apart && self.last_tid != 0 {
+        let due = !self.fruitless || self.last_look.is_none_or(|t| t.elapsed() >= LOOK_EVERY);
+        if apart && self.last_tid != 0 && due {
+            let moves = self.placement.moves.load(Relaxed);
             self.look(self.last_tid);
-            // The look's own system calls may have been preempted.
+            self.fruitless = self.placement.moves.load(Relaxed) == moves;
+            // The look's own system calls (a move goes through the kernel's stopper
+            // thread) count as involuntary switches.
             self.preempted = involuntary_switches();
         }
     }
@@ -450,8 +461,11 @@ impl<'a> Follow<'a> {
         }
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
         if p.mode.load(Acquire) == IDLE {
+            let elsewhere = current_cpu() != Some(cpu);
             if self.pinned != Some(cpu) && cpus.contains(&cpu) && pin_to_cpu(cpu) {
-                p.moves.fetch_add(1, Relaxed);
+                if elsewhere {
+                    p.moves.fetch_add(1, Relaxed);
+                }
                 self.pinned = Some(cpu);
                 p.pinned.store(cpu, Relaxed);
                 if p.mode.load(Acquire) != IDLE {
@@ -636,10 +650,10 @@ mod tests {
     fn a_thread_sharing_its_cpu_with_a_busy_one_counts_involuntary_switches() {
         // The signal quick following rests on: a runnable thread of normal priority on this
         // thread's CPU takes it from this thread, and getrusage counts that.
-        let Some(&cpu) = allowed_cpus().first() else {
-            return;
-        };
         let was = allowed_cpus();
+        let Some(&cpu) = was.first() else {
+            panic!("no CPU this thread may use");
+        };
         assert!(pin_to_cpu(cpu));
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let busy = {
@@ -661,6 +675,58 @@ mod tests {
         busy.join().unwrap();
         set_affinity(0, &was);
         assert!(after > before, "{before} -> {after}");
+    }
+
+    #[test]
+    fn a_wake_up_of_a_thread_on_its_cpu_preempts_an_idle_priority_thread() {
+        // The signal `Follow::served` reads: a thread at idle priority that wakes a thread
+        // of normal priority on its own CPU gives that CPU up at once, and getrusage counts
+        // each as an involuntary switch. The woken thread waits in a blocking read, as a
+        // faulting thread waits in the kernel (a channel's receiver would spin and yield
+        // first, runnable when the wake-up comes).
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        // The last CPU: the test beside it keeps a busy thread on the first.
+        let Some(&cpu) = allowed_cpus().last() else {
+            panic!("no CPU this thread may use");
+        };
+        // A pass of 20 wake-ups; the best of five passes (other threads sharing the CPU have
+        // left a whole pass without one, now and then).
+        let pass = || {
+            let (mut waker_end, mut woken_end) = UnixStream::pair().unwrap();
+            let woken = std::thread::spawn(move || {
+                assert!(pin_to_cpu(cpu));
+                let mut byte = [0u8];
+                while woken_end.read_exact(&mut byte).is_ok() {
+                    woken_end.write_all(&byte).unwrap();
+                }
+            });
+            let preempted = std::thread::spawn(move || {
+                assert!(pin_to_cpu(cpu));
+                assert!(lower_to_idle_priority(), "lowering to idle priority");
+                let mut preempted = 0;
+                let mut byte = [0u8];
+                for _ in 0..20 {
+                    let before = involuntary_switches();
+                    waker_end.write_all(&[1]).unwrap();
+                    let after = involuntary_switches();
+                    preempted += u32::from(after > before);
+                    waker_end.read_exact(&mut byte).unwrap();
+                }
+                preempted
+            })
+            .join()
+            .unwrap();
+            woken.join().unwrap();
+            preempted
+        };
+        let passes: Vec<u32> = (0..5).map(|_| pass()).collect();
+        // Each wake-up should; a tick's preemption of the woken thread before it blocks
+        // again may leave it runnable at the next wake-up now and then.
+        assert!(
+            passes.iter().any(|&p| p >= 15),
+            "wake-ups of 20 that preempted, five passes: {passes:?}"
+        );
     }
 
     fn thread_id() -> u64 {

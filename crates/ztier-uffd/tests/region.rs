@@ -716,25 +716,36 @@ fn skip_without_idle_priority() {
     eprintln!("skipped: {why}");
 }
 
-/// Holds the calling thread on the first CPU it may use (the same one for every caller
-/// of a test). The crate's own helper is private to it.
-fn hold_on_first_cpu() {
+/// The CPUs the calling thread may use, in order. The crate's own helper is private to it.
+fn allowed_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sched_getaffinity writes at most the size we pass into a live local.
     let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
     assert_eq!(rc, 0, "sched_getaffinity");
-    let first = (0..libc::CPU_SETSIZE as usize)
+    (0..libc::CPU_SETSIZE as usize)
         // SAFETY: every index is below CPU_SETSIZE; the set is a live, filled local.
-        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .expect("a CPU this thread may use");
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Holds the calling thread on `cpu` alone.
+fn hold_on(cpu: usize) {
+    assert!(cpu < libc::CPU_SETSIZE as usize);
     // SAFETY: as above, an empty set.
     let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `first` is below CPU_SETSIZE; the set is a live local.
-    unsafe { libc::CPU_SET(first, &mut one) };
+    // SAFETY: `cpu` is below CPU_SETSIZE; the set is a live local.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
     // SAFETY: reads the set we pass; changes only where the calling thread (0) runs.
     let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) };
-    assert_eq!(rc, 0, "sched_setaffinity to CPU {first}");
+    assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}");
+}
+
+/// Holds the calling thread on the first CPU it may use (the same one for every caller
+/// of a test).
+fn hold_on_first_cpu() {
+    let first = *allowed_cpus().first().expect("a CPU this thread may use");
+    hold_on(first);
 }
 
 /// Evicts `pages` and reads them back, each checked.
@@ -875,4 +886,43 @@ fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
     // (Not that the guard never acted: another test's busy thread may have held this
     // region's fault thread's CPU meanwhile.)
     assert!(!s.idle_priority, "{s:?}");
+}
+
+#[test]
+fn the_fault_thread_follows_a_faulting_thread_to_another_cpu() {
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: one CPU, nowhere to follow a thread to");
+        return;
+    }
+    let config = ztier_uffd::RegionConfig {
+        fault_around: 0,
+        ..Default::default()
+    };
+    let Some(r) = written_region_for_idle_priority(&config) else {
+        return;
+    };
+    // One thread faults on one CPU until the fault thread runs there at idle priority, then
+    // moves to another and faults on: the fault thread goes after it (at once, seeing its
+    // copies no longer take its CPU; or, had another test's busy thread ended idle priority
+    // meanwhile, at its next look).
+    let (entered, before, after) = std::thread::scope(|s| {
+        s.spawn(|| {
+            hold_on(cpus[0]);
+            let entered = fault_until_idle_priority(&r);
+            let before = r.stats().fault_thread_moves;
+            hold_on(cpus[1]);
+            for _ in 0..20 {
+                evict_and_read(&r, 0..64);
+                if r.stats().fault_thread_moves > before {
+                    break;
+                }
+            }
+            (entered, before, r.stats().fault_thread_moves)
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(entered, "never at idle priority: {:?}", r.stats());
+    assert!(after > before, "{:?}", r.stats());
 }
