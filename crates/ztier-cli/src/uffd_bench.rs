@@ -82,6 +82,10 @@ struct UffdRun {
     /// whole region and every page read in order: the pages come into free memory with
     /// nothing evicted meanwhile, as in the kernel's fault-in figure.
     seq_faultin_free_mb_s: f64,
+    /// The fault thread's moves to follow the reading thread in that pass, and whether it
+    /// ran at idle priority at its end.
+    free_fault_thread_moves: u64,
+    free_idle_priority: bool,
     /// Region pages resident at the end of the sequential pass, against the budget.
     resident_pages: u64,
     /// Bytes the region keeps resident at the end of the sequential pass: its mapping's
@@ -340,6 +344,8 @@ fn run_one(
         floor_two_cpus_p50_us: floor_two.as_deref().map(|f| pct(f, 0.5)),
         floor_two_cpus_p99_us: floor_two.as_deref().map(|f| pct(f, 0.99)),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
+        free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
+        free_idle_priority: free.idle_priority,
         resident_pages: seq.resident_pages,
         rss_bytes,
         rss_allowed_bytes: budget as u64 + 64 * seq.stored_pages,
@@ -445,9 +451,11 @@ fn print_run(r: &UffdRun) {
         kernel(r.kernel_faultin_mb_s)
     );
     println!(
-        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {} MB/s)",
+        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {} MB/s; fault thread at {} priority, moved {} times)",
         r.seq_faultin_free_mb_s,
-        kernel(r.kernel_faultin_mb_s)
+        kernel(r.kernel_faultin_mb_s),
+        if r.free_idle_priority { "idle" } else { "normal" },
+        r.free_fault_thread_moves
     );
     println!(
         "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run)",
