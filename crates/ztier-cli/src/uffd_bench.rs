@@ -151,6 +151,18 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until the region's resident pages are within its budget (the reclaim thread has
+/// caught up), or until `deadline`.
+fn wait_within_budget(region: &Region, deadline: Option<Instant>) {
+    loop {
+        let s = region.stats();
+        if s.resident_pages <= s.budget_pages || deadline.is_some_and(|d| Instant::now() >= d) {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 fn run_one(
     corpus: &Corpus,
     algorithm: &ztier_compress::Algorithm,
@@ -182,9 +194,7 @@ fn run_one(
     let before = region.stats();
     let t = Instant::now();
     region.set_budget(budget)?;
-    while region.stats().resident_pages > region.stats().budget_pages {
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    wait_within_budget(&region, None);
     let evict_time = t.elapsed();
     let after = region.stats();
     let evicted =
@@ -210,11 +220,7 @@ fn run_one(
     // (so fault-around stays closed), until LATENCY_SAMPLES faults are timed. First the
     // reclaim thread finishes bringing the region under its budget after the verify pass
     // above (faults it makes wait for its locks are the evict pass's, not a fault's own).
-    let settle_by = Instant::now() + Duration::from_secs(5);
-    while region.stats().resident_pages > region.stats().budget_pages && Instant::now() < settle_by
-    {
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    wait_within_budget(&region, Some(Instant::now() + Duration::from_secs(5)));
     let before_latency = region.stats();
     let mut lat = Vec::with_capacity(LATENCY_SAMPLES);
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -227,10 +233,7 @@ fn run_one(
         x ^= x << 17;
         let page = (x % pages as u64) as usize;
         // A zero page goes out as nothing stored, and comes back as the zero page.
-        if corpus.bytes()[page * ps..(page + 1) * ps]
-            .iter()
-            .all(|&b| b == 0)
-        {
+        if ztier_compress::same_filled(&corpus.bytes()[page * ps..(page + 1) * ps]) == Some(0) {
             continue;
         }
         // Not resident: nothing to time. (The region's figures are not read here: each
@@ -289,9 +292,7 @@ fn run_one(
 
     // Every page stored, then read in order into free memory (nothing evicted meanwhile).
     region.set_budget(ps)?;
-    while region.stats().resident_pages > region.stats().budget_pages {
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    wait_within_budget(&region, None);
     let all = region.stats();
     region.set_budget(len)?;
     let t = Instant::now();

@@ -397,9 +397,7 @@ impl<'a> Follow<'a> {
         self.preempted = now;
         let due = !self.fruitless || self.last_look.is_none_or(|t| t.elapsed() >= LOOK_EVERY);
         if apart && self.last_tid != 0 && due {
-            let moves = self.placement.moves.load(Relaxed);
-            self.look(self.last_tid);
-            self.fruitless = self.placement.moves.load(Relaxed) == moves;
+            self.fruitless = !self.look(self.last_tid);
             // The look's own system calls (a move goes through the kernel's stopper
             // thread) count as involuntary switches.
             self.preempted = involuntary_switches();
@@ -425,13 +423,14 @@ impl<'a> Follow<'a> {
     }
 
     /// Looks where thread `tid` runs, and follows it there (entering or leaving idle
-    /// priority as the faults since the last look allow).
-    fn look(&mut self, tid: u64) {
+    /// priority as the faults since the last look allow); whether this thread moved to
+    /// another CPU.
+    fn look(&mut self, tid: u64) -> bool {
         let p = self.placement;
         self.last_look = Some(Instant::now());
         let mixed = std::mem::take(&mut self.mixed);
         let Some(cpu) = self.cpu_of(tid) else {
-            return;
+            return false;
         };
         if p.allowed.load(Relaxed) {
             if mixed {
@@ -461,9 +460,12 @@ impl<'a> Follow<'a> {
         }
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
         if p.mode.load(Acquire) == IDLE {
-            let elsewhere = current_cpu() != Some(cpu);
-            if self.pinned != Some(cpu) && cpus.contains(&cpu) && pin_to_cpu(cpu) {
-                if elsewhere {
+            if self.pinned == Some(cpu) || !cpus.contains(&cpu) {
+                return false;
+            }
+            let moved = current_cpu() != Some(cpu);
+            if pin_to_cpu(cpu) {
+                if moved {
                     p.moves.fetch_add(1, Relaxed);
                 }
                 self.pinned = Some(cpu);
@@ -475,14 +477,17 @@ impl<'a> Follow<'a> {
                     self.pinned = None;
                     p.pinned.store(NOT_PINNED, Relaxed);
                 }
+                return moved;
             }
-            return;
+            return false;
         }
         // At normal priority: whoever ended idle priority set the affinity back.
         self.pinned = None;
-        if current_cpu() != Some(cpu) && move_to_cpu(cpu) {
+        let moved = current_cpu() != Some(cpu) && move_to_cpu(cpu);
+        if moved {
             p.moves.fetch_add(1, Relaxed);
         }
+        moved
     }
 
     /// The CPU thread `tid` of this process last ran on (field 39 of its stat).
