@@ -8,9 +8,11 @@
 //! as the kernel's fault-in figure is), and the memory held then set beside a fresh zram
 //! device's holding the same pages; all of it twice, with the region's clean pages on and
 //! off (every eviction compressing, as before them); beside the kernel zswap's
-//! MADV_PAGEOUT and fault-in figures for the same pages from the corpus's
-//! `zswap-truth.json` (marked as such: this kernel offers zswap no lz4, so the kernel's
-//! path is measured with lzo-rle). The bench uses the public APIs of ztier-uffd and
+//! MADV_PAGEOUT, fault-in and single-page fault latency on the same pages, measured in the
+//! run before the regions where the machine has the path (swap on, zswap on:
+//! `ztier_uffd::kernel_pageout`, with zswap's own compressor), else its figures from the
+//! corpus's `zswap-truth.json` and the reason (both marked: the project's kernel offers
+//! zswap no lz4, so its path is lzo-rle). The bench uses the public APIs of ztier-uffd and
 //! ztier-zram only.
 
 use std::path::PathBuf;
@@ -103,10 +105,64 @@ struct UffdRun {
     mem_used_total: u64,
     compr_data_size: u64,
     stored_pages: u64,
+    /// The kernel's own path on the same pages, measured in this run where the machine has
+    /// one (swap on, zswap on: `ztier_uffd::kernel_pageout`), else why not.
+    kernel_in_run: Option<KernelRun>,
+    kernel_in_run_missing: Option<String>,
     /// The kernel zswap's figures for these pages (`zswap-truth.json`, lzo-rle), if there.
     kernel_pageout_mb_s: Option<f64>,
     kernel_faultin_mb_s: Option<f64>,
     kernel_pool_total_size: Option<u64>,
+}
+
+/// The kernel's path measured in the run: MADV_PAGEOUT through zswap, the pages touched back
+/// in order, then single pages pushed out and touched (as many as the region's latency
+/// phase times).
+#[derive(Debug, Clone, serde::Serialize)]
+struct KernelRun {
+    /// zswap's compressor on this machine.
+    compressor: String,
+    pages: u64,
+    /// Pages MADV_PAGEOUT left resident (not counted in the MB/s).
+    left_resident: u64,
+    pageout_mb_s: f64,
+    faultin_mb_s: f64,
+    fault_samples: usize,
+    fault_p50_us: f64,
+    fault_p99_us: f64,
+    fault_max_us: f64,
+}
+
+/// The kernel's path for the corpus's pages, or why this machine has none.
+fn kernel_run(corpus: &Corpus) -> Result<KernelRun, String> {
+    let k =
+        ztier_uffd::kernel_pageout(corpus.bytes(), LATENCY_SAMPLES).map_err(|e| e.to_string())?;
+    let out_bytes = (k.pages - k.left_resident) as f64 * k.page_size as f64;
+    let mut us: Vec<f64> = k
+        .latency
+        .iter()
+        .map(|d| d.as_nanos() as f64 / 1000.0)
+        .collect();
+    us.sort_by(f64::total_cmp);
+    Ok(KernelRun {
+        compressor: k.compressor,
+        pages: k.pages as u64,
+        left_resident: k.left_resident as u64,
+        pageout_mb_s: out_bytes / k.pageout.as_secs_f64() / 1e6,
+        faultin_mb_s: out_bytes / k.faultin.as_secs_f64() / 1e6,
+        fault_samples: us.len(),
+        fault_p50_us: percentile(&us, 0.5),
+        fault_p99_us: percentile(&us, 0.99),
+        fault_max_us: us.last().copied().unwrap_or(0.0),
+    })
+}
+
+/// The `p` quantile of sorted values (0 for none).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * p) as usize)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// `--budget`: a share of the region, `25%` or `0.25`.
@@ -131,6 +187,8 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
             None => Corpus::load(path),
         }
         .with_context(|| format!("loading {}", path.display()))?;
+        // Before the regions, whose memory would otherwise be reclaimed beside it.
+        let kernel = kernel_run(&corpus);
         for algorithm in &args.compressors {
             for clean_pages in [true, false] {
                 let run = run_one(
@@ -139,6 +197,7 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
                     args.budget,
                     clean_pages,
                     !args.normal_priority,
+                    &kernel,
                 )?;
                 if args.json {
                     println!("{}", serde_json::to_string(&run)?);
@@ -169,6 +228,7 @@ fn run_one(
     share: f64,
     clean_pages: bool,
     idle_priority: bool,
+    kernel: &Result<KernelRun, String>,
 ) -> anyhow::Result<UffdRun> {
     let ps = 4096usize;
     let pages = corpus.pages();
@@ -307,11 +367,7 @@ fn run_one(
         (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
     verify(&region, corpus)?;
     let zram = zram_of(corpus, algorithm)?;
-    let pct = |lat: &[f64], p: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * p) as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let pct = percentile;
     let truth = corpus.zswap_truth("lzo-rle").ok().flatten();
     Ok(UffdRun {
         corpus: corpus.name.clone(),
@@ -357,6 +413,8 @@ fn run_one(
         mem_used_total: held.mem_used_total,
         compr_data_size: held.compr_data_size,
         stored_pages: after.stored_pages,
+        kernel_in_run: kernel.as_ref().ok().cloned(),
+        kernel_in_run_missing: kernel.as_ref().err().cloned(),
         kernel_pageout_mb_s: truth.as_ref().and_then(|t| t.pageout_mb_s),
         kernel_faultin_mb_s: truth.as_ref().and_then(|t| t.faultin_mb_s),
         kernel_pool_total_size: truth.as_ref().map(|t| t.pool_total_size),
@@ -441,20 +499,31 @@ fn print_run(r: &UffdRun) {
         r.budget_pages
     );
     let kernel = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    // The kernel's figures: measured in this run where the machine allows it, else the
+    // corpus's truth file's.
+    let (k_out, k_in, k_from) = match &r.kernel_in_run {
+        Some(k) => (
+            format!("{:.0}", k.pageout_mb_s),
+            format!("{:.0}", k.faultin_mb_s),
+            format!("this run, {}", k.compressor),
+        ),
+        None => (
+            kernel(r.kernel_pageout_mb_s),
+            kernel(r.kernel_faultin_mb_s),
+            "zswap-truth.json, lzo-rle".to_string(),
+        ),
+    };
     println!(
-        "  evict       {:>8.0} MB/s   kernel zswap MADV_PAGEOUT {} MB/s (zswap-truth.json, lzo-rle)",
-        r.evict_mb_s,
-        kernel(r.kernel_pageout_mb_s)
+        "  evict       {:>8.0} MB/s   kernel zswap MADV_PAGEOUT {k_out} MB/s ({k_from})",
+        r.evict_mb_s
     );
     println!(
-        "  fault-in    {:>8.0} MB/s   kernel zswap fault-in {} MB/s (zswap-truth.json, lzo-rle)",
-        r.seq_faultin_mb_s,
-        kernel(r.kernel_faultin_mb_s)
+        "  fault-in    {:>8.0} MB/s   kernel zswap fault-in {k_in} MB/s ({k_from})",
+        r.seq_faultin_mb_s
     );
     println!(
-        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {} MB/s; fault thread at {} priority, moved {} times)",
+        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {k_in} MB/s; fault thread at {} priority, moved {} times)",
         r.seq_faultin_free_mb_s,
-        kernel(r.kernel_faultin_mb_s),
         if r.free_idle_priority { "idle" } else { "normal" },
         r.free_fault_thread_moves
     );
@@ -466,6 +535,15 @@ fn print_run(r: &UffdRun) {
         r.latency_idle_priority_demotions,
         r.idle_priority_demotions
     );
+    match (&r.kernel_in_run, &r.kernel_in_run_missing) {
+        (Some(k), _) => println!(
+            "  kernel      p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page from zswap, {}, measured before the region; {} of {} pages left resident by MADV_PAGEOUT)",
+            k.fault_p50_us, k.fault_p99_us, k.fault_max_us, k.fault_samples, k.compressor,
+            k.left_resident, k.pages
+        ),
+        (None, Some(why)) => println!("  kernel      not measured in this run: {why}"),
+        (None, None) => {}
+    }
     if r.fault_start_over_budget > 0 {
         println!(
             "              (the phase began {} pages over the budget: the reclaim thread had not caught up within 5 s)",

@@ -344,6 +344,70 @@ fn bench_through_zswap_reports_the_kernels_counters() {
     assert!(stderr(&o).contains("zram's"), "{}", stderr(&o));
 }
 
+/// `bench --front uffd` as a user runs it: a pass with clean pages on and one with them off,
+/// every page verified, their figures in the JSON, and the kernel's own path either
+/// measured in the run or the reason it was not.
+#[test]
+fn bench_through_a_uffd_region_reports_and_verifies() {
+    let path = corpus("uffd.pages", 256, 0);
+    let o = ztier(&[
+        "bench",
+        "--front",
+        "uffd",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lz4",
+        "--json",
+    ]);
+    if !o.status.success() && stderr(&o).contains("userfaultfd is not allowed") {
+        eprintln!("skipped: {}", stderr(&o));
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["clean_pages"], true);
+    assert_eq!(runs[1]["clean_pages"], false);
+    for r in &runs {
+        assert_eq!(r["pages"], 256, "{r}");
+        assert_eq!(r["budget_pages"], 64, "{r}");
+        for key in [
+            "evict_mb_s",
+            "seq_faultin_mb_s",
+            "seq_faultin_free_mb_s",
+            "fault_p50_us",
+            "fault_p99_us",
+            "floor_one_cpu_p50_us",
+            "rss_bytes",
+            "all_mem_used_total",
+            "zram_mem_used_total",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
+        }
+        // 32 zero pages are stored as nothing; of the others the region, cut to a budget of
+        // one page, stores all but that one, as a zram device holding every page does.
+        assert_eq!(r["zram_stored_pages"], 224, "{r}");
+        let stored = r["all_stored_pages"].as_u64().unwrap();
+        assert!((223..=224).contains(&stored), "{r}");
+        match (
+            r["kernel_in_run"].is_null(),
+            r["kernel_in_run_missing"].as_str(),
+        ) {
+            (false, None) => {
+                let k = &r["kernel_in_run"];
+                assert_eq!(k["pages"], 256, "{r}");
+                assert!(k["fault_samples"].as_u64().is_some_and(|n| n > 0), "{r}");
+            }
+            (true, Some(why)) => assert!(why.contains("swap"), "{why}"),
+            _ => panic!("the kernel's path neither measured nor refused: {r}"),
+        }
+    }
+}
+
 /// The kernel zswap's figures on a shared corpus, through the CLI as a user runs it.
 #[test]
 fn bench_through_zswap_equals_the_kernel_on_a_shared_corpus() {

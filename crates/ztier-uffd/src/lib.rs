@@ -24,7 +24,8 @@
 //!
 //! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
 //! the same round trip served by a bare handler, its two threads held on one CPU and on two
-//! (`floor.rs`).
+//! (`floor.rs`); [`kernel_pageout`] the kernel's own path for the same pages, where the
+//! machine has one (`MADV_PAGEOUT` through zswap, the pages touched back: `pageout.rs`).
 //!
 //! # The eviction protocol
 //!
@@ -144,6 +145,7 @@ mod capi;
 mod fault;
 mod floor;
 mod mapping;
+mod pageout;
 mod placement;
 mod reclaim;
 mod userfaultfd;
@@ -163,6 +165,7 @@ use ztier_zram::{Device, MmStat, ZramError};
 
 pub use floor::{bare_fault_latency, Floor};
 use mapping::Mapping;
+pub use pageout::{kernel_pageout, KernelPageout};
 use userfaultfd::{Uffd, Waker};
 
 /// What making or using a region refuses.
@@ -202,6 +205,10 @@ pub enum Error {
     Pool(ztier_pool::PoolError),
     #[error("making the device: {0}")]
     Device(ZramError),
+    /// The kernel's own path for a region's pages ([`kernel_pageout`]) is not there, or did
+    /// not give the pages back.
+    #[error("the kernel's swap path: {0}")]
+    NoKernelPath(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

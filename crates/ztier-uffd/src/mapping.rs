@@ -98,6 +98,51 @@ impl Mapping {
         Ok(())
     }
 
+    /// `MADV_PAGEOUT` of `[offset, offset + len)` (clamped to the mapping): the kernel
+    /// reclaims those pages now, as its own reclaim would (through zswap and swap, for an
+    /// anonymous mapping), keeping their content.
+    pub fn page_out(&self, offset: usize, len: usize) -> io::Result<()> {
+        let len = len.min(self.len.saturating_sub(offset));
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range is inside our mapping (clamped above), and the advice changes
+        // no byte of it (a page pushed out reads back the same).
+        let r = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(offset).cast(),
+                len,
+                libc::MADV_PAGEOUT,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// How many pages of `[offset, offset + len)` (clamped to the mapping, `offset` a whole
+    /// number of pages) are resident (`mincore`).
+    pub fn resident_pages(&self, offset: usize, len: usize) -> io::Result<usize> {
+        let len = len.min(self.len.saturating_sub(offset));
+        let ps = ztier_base::os::page_size();
+        if len == 0 {
+            return Ok(0);
+        }
+        if !offset.is_multiple_of(ps) {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let mut vec = vec![0u8; len.div_ceil(ps)];
+        // SAFETY: the range is inside our mapping and page-aligned (checked above); `vec`
+        // has the one byte per page that mincore writes.
+        let r =
+            unsafe { libc::mincore(self.ptr.as_ptr().add(offset).cast(), len, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
+    }
+
     /// Unmaps the byte ranges `runs` (each inside the mapping) now, and nothing more at the
     /// drop: for a mapping part of which the program unmapped or moved itself, whose
     /// addresses may hold the program's own mappings since.

@@ -706,6 +706,51 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
     }
 }
 
+/// The kernel's own path for a region's pages: where swap and zswap are on, every page comes
+/// back equal (the function checks) with every touch timed; elsewhere it refuses, naming
+/// what is missing. Uneven lengths are refused either way.
+#[test]
+fn the_kernels_pageout_path_is_measured_where_it_exists_and_refused_where_not() {
+    let ps = ztier_base::os::page_size();
+    let pages = 64;
+    let mut data = vec![0u8; pages * ps];
+    for (i, page) in data.chunks_mut(ps).enumerate().skip(1) {
+        // Compressible and distinct (page 0 stays all zero: never drawn for a latency).
+        for (j, b) in page.iter_mut().enumerate() {
+            *b = ((i * 7 + j / 64) % 251) as u8;
+        }
+    }
+    assert!(matches!(
+        ztier_uffd::kernel_pageout(&data[..ps + 1], 4),
+        Err(ztier_uffd::Error::BadLength { .. })
+    ));
+    let zswap_on = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y");
+    let swap_on = std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1);
+    match ztier_uffd::kernel_pageout(&data, 16) {
+        Ok(k) => {
+            assert!(
+                swap_on && zswap_on,
+                "measured with swap {swap_on}, zswap {zswap_on}"
+            );
+            assert_eq!((k.pages, k.page_size), (pages, ps));
+            assert!(k.left_resident < pages, "nothing went out: {k:?}");
+            assert!(!k.compressor.is_empty());
+            // A page that will not go out is passed over, but most do.
+            assert!(!k.latency.is_empty() && k.latency.len() <= 16, "{k:?}");
+        }
+        Err(ztier_uffd::Error::NoKernelPath(why)) => {
+            assert!(
+                !(swap_on && zswap_on),
+                "refused with swap and zswap on: {why}"
+            );
+            let names = if zswap_on { "swap" } else { "zswap" };
+            assert!(why.contains(names), "{why}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// A region's fault thread uses idle priority only where the process may leave it again.
 fn skip_without_idle_priority() {
     let why = "this process may not leave idle priority again (no CAP_SYS_NICE, RLIMIT_NICE \

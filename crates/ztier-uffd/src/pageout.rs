@@ -1,0 +1,188 @@
+//! The kernel's own path for the pages a region would hold, measured beside it where this
+//! machine has one: the pages copied into a plain anonymous mapping (no userfaultfd),
+//! pushed out with `MADV_PAGEOUT` (through zswap into the swap device behind it) and touched
+//! back, first in order, then one page at a time (pushed out alone, touched, timed), as a
+//! region's single-page faults are timed. It needs what the kernel needs for that path: swap
+//! on with room for the pages, and zswap on (without it the pages would go to the swap
+//! device, a disk path, which is no comparison for a compressed tier); where it is missing,
+//! [`kernel_pageout`] says what is.
+//!
+//! Invariants: the mapping is this module's alone and only the calling thread touches it;
+//! every page comes back equal to the one given (else an error). No locks.
+#![allow(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::mapping::Mapping;
+use crate::{Error, Result};
+
+/// `MADV_PAGEOUT` calls over the whole mapping at most: a page still in a per-CPU LRU batch
+/// is passed over by one call (the kernel's own truth script repeats it the same way).
+const PAGEOUT_TRIES: usize = 4;
+
+/// Tries per timed single-page fault before the latency pass gives up (a page that will
+/// not go out, or an all-zero page, is passed over).
+const TRIES_PER_SAMPLE: usize = 20;
+
+/// What the kernel made of the pages.
+#[derive(Debug, Clone)]
+pub struct KernelPageout {
+    /// zswap's compressor (`/sys/module/zswap/parameters/compressor`).
+    pub compressor: String,
+    /// The system's page size, the pages' size.
+    pub page_size: usize,
+    /// Pages given, and of them those `MADV_PAGEOUT` left resident.
+    pub pages: usize,
+    pub left_resident: usize,
+    /// The `MADV_PAGEOUT` calls over the whole mapping.
+    pub pageout: Duration,
+    /// One word of every page read in order, pages that went out faulting back in.
+    pub faultin: Duration,
+    /// Single pages pushed out alone and touched, the touch timed, in the order taken
+    /// (all-zero pages not drawn).
+    pub latency: Vec<Duration>,
+}
+
+/// The kernel's path for `data` (whole pages of the system's page size): pageout and
+/// fault-in times, and `samples` single-page fault latencies. Refuses, saying why, where
+/// the path is missing (no swap, no room on it, zswap off) or a page comes back different.
+pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
+    let ps = ztier_base::os::page_size();
+    if data.is_empty() || !data.len().is_multiple_of(ps) {
+        return Err(Error::BadLength {
+            len: data.len(),
+            page_size: ps,
+        });
+    }
+    let compressor = zswap_compressor()?;
+    let free = swap_free_bytes()?;
+    if free < data.len() as u64 {
+        return Err(Error::NoKernelPath(format!(
+            "the swap devices have {free} bytes free (/proc/swaps), the pages need {}",
+            data.len()
+        )));
+    }
+    let os = |what| move |source| Error::Os { what, source };
+    let pages = data.len() / ps;
+    let map = Mapping::new(data.len()).map_err(os("mmap"))?;
+    // SAFETY: the mapping is new, ours alone and as long as `data`; nothing else refers to
+    // it.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.ptr(), data.len()) };
+
+    let t = Instant::now();
+    let mut left = pages;
+    for _ in 0..PAGEOUT_TRIES {
+        map.page_out(0, data.len())
+            .map_err(os("madvise(MADV_PAGEOUT)"))?;
+        let now_left = map.resident_pages(0, data.len()).map_err(os("mincore"))?;
+        let progress = now_left < left;
+        left = now_left;
+        if left == 0 || !progress {
+            break;
+        }
+    }
+    let pageout = t.elapsed();
+
+    let t = Instant::now();
+    let mut sum = 0u8;
+    for page in 0..pages {
+        // SAFETY: inside the live mapping; the read faults the page back in (or finds it
+        // resident) and returns its first byte, nothing kept.
+        sum ^= unsafe { std::ptr::read_volatile(map.ptr().add(page * ps)) };
+    }
+    let faultin = t.elapsed();
+    std::hint::black_box(sum);
+    check_equal(&map, data, ps)?;
+
+    let mut latency = Vec::with_capacity(samples);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..samples.saturating_mul(TRIES_PER_SAMPLE) {
+        if latency.len() == samples {
+            break;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let page = (x % pages as u64) as usize;
+        let offset = page * ps;
+        if data[offset..offset + ps].iter().all(|&b| b == 0) {
+            continue;
+        }
+        map.page_out(offset, ps)
+            .map_err(os("madvise(MADV_PAGEOUT)"))?;
+        if map.resident_pages(offset, ps).map_err(os("mincore"))? != 0 {
+            continue;
+        }
+        let t = Instant::now();
+        // SAFETY: as above.
+        let byte = unsafe { std::ptr::read_volatile(map.ptr().add(offset)) };
+        latency.push(t.elapsed());
+        std::hint::black_box(byte);
+    }
+    check_equal(&map, data, ps)?;
+    Ok(KernelPageout {
+        compressor,
+        page_size: ps,
+        pages,
+        left_resident: left,
+        pageout,
+        faultin,
+        latency,
+    })
+}
+
+/// Every page of the mapping equal to `data`'s (all resident now: each was just touched).
+fn check_equal(map: &Mapping, data: &[u8], ps: usize) -> Result<()> {
+    // SAFETY: the range is the whole mapping, which is ours alone and not changed while the
+    // slice lives (this thread only reads it here).
+    let back = unsafe { map.slice(0, data.len()) };
+    match back
+        .chunks(ps)
+        .zip(data.chunks(ps))
+        .position(|(a, b)| a != b)
+    {
+        None => Ok(()),
+        Some(page) => Err(Error::NoKernelPath(format!(
+            "page {page} came back from the kernel's swap different from what went out"
+        ))),
+    }
+}
+
+/// zswap's compressor, if zswap is on.
+fn zswap_compressor() -> Result<String> {
+    let params = "/sys/module/zswap/parameters";
+    let read = |name: &str| {
+        std::fs::read_to_string(format!("{params}/{name}"))
+            .map(|s| s.trim().to_string())
+            .map_err(|e| Error::NoKernelPath(format!("{params}/{name}: {e} (no zswap here)")))
+    };
+    if read("enabled")? != "Y" {
+        return Err(Error::NoKernelPath(format!(
+            "zswap is off ({params}/enabled is N): MADV_PAGEOUT would write the pages to the \
+             swap device, not compress them"
+        )));
+    }
+    read("compressor")
+}
+
+/// Bytes free on the swap devices that are on (`/proc/swaps`: size and used in KiB).
+fn swap_free_bytes() -> Result<u64> {
+    let swaps = std::fs::read_to_string("/proc/swaps")
+        .map_err(|e| Error::NoKernelPath(format!("/proc/swaps: {e}")))?;
+    let free_kib: u64 = swaps
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let size = f.get(2)?.parse::<u64>().ok()?;
+            let used = f.get(3)?.parse::<u64>().ok()?;
+            Some(size.saturating_sub(used))
+        })
+        .sum();
+    if free_kib == 0 {
+        return Err(Error::NoKernelPath(
+            "no swap is on (/proc/swaps): zswap needs a swap device behind it".to_string(),
+        ));
+    }
+    Ok(free_kib * 1024)
+}
