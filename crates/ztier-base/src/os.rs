@@ -1,6 +1,6 @@
 //! What the process asks of the OS beyond std, for every layer: the page size, the
-//! machine's memory, this process's resident set, idle priority for background threads,
-//! and a coarse clock.
+//! machine's memory, this process's resident set (whole, or of some of its mappings), idle
+//! priority for background threads, and a coarse clock.
 //!
 //! Invariant: nothing here touches memory the caller holds; each call only reads a file
 //! of `/proc` or asks the kernel about (or changes the policy of) the calling thread. No
@@ -78,9 +78,57 @@ pub fn process_rss_bytes() -> Option<u64> {
     Some(resident * page_size() as u64)
 }
 
+/// Bytes resident (`Rss` in `/proc/self/smaps`) in the process's mappings that lie inside
+/// one of `ranges` (a mapping split into several, by its protections or its use, counts
+/// whole: each part lies inside).
+pub fn rss_within(ranges: &[std::ops::Range<usize>]) -> std::io::Result<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let bad = |line: &str| std::io::Error::other(format!("/proc/self/smaps: {line:?}"));
+    let mut inside = false;
+    let mut kib = 0u64;
+    for line in smaps.lines() {
+        // A mapping's first line: "start-end perms ...", addresses in hex.
+        let bounds = line.split_once(' ').and_then(|(range, _)| {
+            let (a, b) = range.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        });
+        if let Some((a, b)) = bounds {
+            inside = ranges.iter().any(|r| a >= r.start && b <= r.end);
+        } else if let (true, Some(v)) = (inside, line.strip_prefix("Rss:")) {
+            kib += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| bad(line))?;
+        }
+    }
+    Ok(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mapping's resident bytes follow its pages: next to none, then every one written.
+    #[test]
+    fn rss_within_counts_a_mappings_resident_pages() {
+        let ps = page_size();
+        let len = 4096 * ps;
+        // An allocation this large is a mapping of its own (the allocator's header in its
+        // first page), which lies inside the range around it.
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        let around = v.as_ptr() as usize - ps..v.as_ptr() as usize + len + ps;
+        let before = rss_within(std::slice::from_ref(&around)).unwrap();
+        assert!(before <= 2 * ps as u64, "{before}");
+        v.resize(len, 1);
+        let after = rss_within(std::slice::from_ref(&around)).unwrap();
+        assert!(after >= len as u64, "{before} -> {after}");
+        assert_eq!(rss_within(&[]).unwrap(), 0);
+    }
 
     /// The coarse clock counts the seconds the precise one does (within its tick).
     #[test]

@@ -423,29 +423,7 @@ fn run_one(
 
 /// The bytes of the region's mapping and its pad resident now (`Rss` in /proc/self/smaps).
 fn region_rss(region: &Region) -> anyhow::Result<u64> {
-    let map = region.as_ptr() as usize..region.as_ptr() as usize + region.len();
-    let pad = region.pad_range();
-    let smaps = std::fs::read_to_string("/proc/self/smaps").context("/proc/self/smaps")?;
-    let mut inside = false;
-    let mut kb = 0u64;
-    for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((a, b)) = range.split_once('-') {
-                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-                {
-                    let within = |r: &std::ops::Range<usize>| a >= r.start && b <= r.end;
-                    inside = within(&map) || within(&pad);
-                    continue;
-                }
-            }
-        }
-        if inside {
-            if let Some(v) = line.strip_prefix("Rss:") {
-                kb += v.trim().trim_end_matches("kB").trim().parse::<u64>()?;
-            }
-        }
-    }
-    Ok(kb * 1024)
+    region.rss_bytes().context("/proc/self/smaps")
 }
 
 /// A fresh zram device, the region's compressor and allocator, holding every page of the

@@ -138,7 +138,7 @@
 //! can form; everyone else holds one at a time. The reclaim signal's mutex and the
 //! helper's are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
 //! thread may take under `gate` (`placement` is otherwise atomics).
-//! `scratch_manual` (the pad page of [`Region::evict`]) is taken before `gate`. `serving`
+//! `scratch_manual` (the pad pages of [`Region::evict`]) is taken before `gate`. `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
 mod capi;
@@ -237,6 +237,13 @@ const STRIPES: usize = 1024;
 /// rather than 64 made eviction 1.2-1.5x faster (MEASUREMENTS.md), for at most 2 MiB of pad
 /// resident while the evictors work.
 const BATCH: usize = 256;
+
+/// Pad pages of [`Region::evict`], emptied together once all are used: each emptying is a
+/// `REMOVE` event the caller waits for the fault thread to read (the pad is registered with
+/// the region's userfaultfd, which `UFFDIO_MOVE` needs), two wake-ups a call were it one a
+/// page, and every wake-up of the program's thread is a chance for the scheduler to place
+/// it away from the fault thread.
+const MANUAL_PAD: usize = 16;
 
 ztier_base::counters! {
     /// The counters of [`RegionStats`] kept per thread shard.
@@ -386,8 +393,7 @@ struct Shared {
     uffd: Uffd,
     map: Mapping,
     /// The evictors' landing pad: `BATCH` pages for the reclaim thread, `BATCH` for its
-    /// helper, one for
-    /// [`Region::evict`].
+    /// helper, [`MANUAL_PAD`] for [`Region::evict`].
     scratch: Mapping,
     device: Device,
     page_size: usize,
@@ -440,8 +446,8 @@ struct Shared {
     /// Whether the reclaim thread's last batch evicted nothing (the fault thread then stops
     /// holding faults back for the budget's sake: nothing would release them).
     reclaim_stuck: AtomicBool,
-    /// The pad page of [`Region::evict`].
-    scratch_manual: Mutex<()>,
+    /// How many of [`Region::evict`]'s pad pages are used since they were last emptied.
+    scratch_manual: Mutex<usize>,
     /// The last store error, as text.
     last_error: Mutex<Option<String>>,
 }
@@ -545,7 +551,8 @@ impl Region {
             },
         })?;
         let map = Mapping::new(len).map_err(os("mmap of the region"))?;
-        let scratch = Mapping::new((2 * BATCH + 1) * page_size).map_err(os("mmap of the pad"))?;
+        let scratch =
+            Mapping::new((2 * BATCH + MANUAL_PAD) * page_size).map_err(os("mmap of the pad"))?;
         // The region in write-protect mode too (its clean pages); the pad only for moves.
         uffd.register(
             map.addr(),
@@ -596,7 +603,7 @@ impl Region {
             helper_idle: Mutex::new(()),
             helper_cv: Condvar::new(),
             reclaim_stuck: AtomicBool::new(false),
-            scratch_manual: Mutex::new(()),
+            scratch_manual: Mutex::new(0),
             last_error: Mutex::new(None),
         });
         let spawn = |name: &str, f: fn(&Shared)| {
@@ -632,6 +639,13 @@ impl Region {
 
     pub fn len(&self) -> usize {
         self.shared.map.len()
+    }
+
+    /// The bytes the region's mapping and its pad have resident now (`Rss` in
+    /// `/proc/self/smaps`).
+    pub fn rss_bytes(&self) -> io::Result<u64> {
+        let map = self.shared.map.addr() as usize;
+        ztier_base::os::rss_within(&[map..map + self.len(), self.pad_range()])
     }
 
     /// The addresses of the region's landing pad (the mapping its evictors move pages
@@ -706,15 +720,20 @@ impl Region {
 
     /// Evicts page `page` now if it is resident: `Ok(true)` if it went out, `Ok(false)` if
     /// it was not resident or the address space was changing, the store's error if it
-    /// refused (the page stays in memory).
+    /// refused (the page stays in memory). The page's memory goes back to the OS with those
+    /// of the calls after it, [`MANUAL_PAD`] (16) calls at a time: until then it is in the
+    /// pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
     pub fn evict(&self, page: u64) -> Result<bool> {
         if page >= self.shared.pages {
             return Err(Error::BadPage(page));
         }
-        let _pad = self.shared.scratch_manual.lock();
-        let slot = 2 * BATCH;
-        let r = self.shared.evict_one(page, slot);
-        self.shared.empty_pad(slot, 1);
+        let mut used = self.shared.scratch_manual.lock();
+        let r = self.shared.evict_one(page, 2 * BATCH + *used);
+        *used += 1;
+        if *used == MANUAL_PAD {
+            self.shared.empty_pad(2 * BATCH, MANUAL_PAD);
+            *used = 0;
+        }
         Ok(matches!(r?, reclaim::Evicted::Out))
     }
 

@@ -79,6 +79,40 @@ fn an_evicted_page_is_stored_and_comes_back() {
     assert!(r.evict(64).is_err(), "page 64 is beyond the region");
 }
 
+/// The pages `Region::evict` takes out go back to the OS sixteen at a time: the pad never
+/// holds more, and holds none once a sixteenth call has emptied it.
+#[test]
+fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
+    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..64 {
+        write_page(words, page, 1);
+    }
+    let pad_rss = || common::rss_of(r.pad_range());
+    assert_eq!(pad_rss(), 0);
+    for page in 0..40 {
+        assert!(r.evict(page).unwrap());
+        let held = pad_rss();
+        assert!(
+            held <= 16 * PAGE,
+            "after {} evictions the pad holds {held} bytes",
+            page + 1
+        );
+        if (page + 1) % 16 == 0 {
+            assert_eq!(held, 0, "after {} evictions", page + 1);
+        }
+    }
+    assert!(
+        pad_rss() > 0,
+        "the last 8 are in the pad until 8 more calls"
+    );
+    for page in 0..64 {
+        check_page(words, page, 1).unwrap();
+    }
+}
+
 /// Pages that do not compress (each is stored raw: the device's `huge_pages_since` counts
 /// every write of one), page `page`'s at `version`.
 fn write_noise(words: &[std::sync::atomic::AtomicU64], page: u64, version: u64) {

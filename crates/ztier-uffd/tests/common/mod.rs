@@ -126,3 +126,8 @@ pub fn check_page(words: &[AtomicU64], page: u64, version: u64) -> Result<(), St
     }
     Ok(())
 }
+
+/// Bytes resident in the mapping at `range` (`/proc/self/smaps`).
+pub fn rss_of(range: std::ops::Range<usize>) -> usize {
+    ztier_base::os::rss_within(&[range]).expect("/proc/self/smaps") as usize
+}
