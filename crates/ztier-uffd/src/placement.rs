@@ -445,9 +445,6 @@ impl<'a> Follow<'a> {
                 // IDLE before the change, so that the guard watches from the moment this
                 // thread can be starved; should the guard have ended it meanwhile (its change
                 // back may have come first), back to normal here.
-                // `self.pinned` is left as it was: a re-entry on the CPU it was last pinned to
-                // stays unpinned until the faulting thread moves. Pinning again at once
-                // measured worse (MEASUREMENTS.md, 2026-11-26); why is not known.
                 if !lower_to_idle_priority() {
                     let _ = p.mode.compare_exchange(IDLE, NORMAL, AcqRel, Acquire);
                 } else if p.mode.load(Acquire) != IDLE {
@@ -460,7 +457,11 @@ impl<'a> Follow<'a> {
         }
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
         if p.mode.load(Acquire) == IDLE {
-            if self.pinned == Some(cpu) || !cpus.contains(&cpu) {
+            // Pinned there already: nothing to do. (`self.pinned` alone is not that: the
+            // guard's end of idle priority unpins this thread, and at idle priority an
+            // unpinned thread woken by a fault is put on another, idle CPU, away from the
+            // faulting thread, for as long as that thread stays where it is.)
+            if (self.pinned == Some(cpu) && p.pinned.load(Relaxed) == cpu) || !cpus.contains(&cpu) {
                 return false;
             }
             let moved = current_cpu() != Some(cpu);
