@@ -113,21 +113,38 @@ pub fn rss_within(ranges: &[std::ops::Range<usize>]) -> std::io::Result<u64> {
 mod tests {
     use super::*;
 
-    /// A mapping's resident bytes follow its pages: next to none, then every one written.
+    /// A mapping's resident bytes follow its pages: none, then every one written.
     #[test]
     fn rss_within_counts_a_mappings_resident_pages() {
         let ps = page_size();
-        let len = 4096 * ps;
-        // An allocation this large is a mapping of its own (the allocator's header in its
-        // first page), which lies inside the range around it.
-        let mut v: Vec<u8> = Vec::with_capacity(len);
-        let around = v.as_ptr() as usize - ps..v.as_ptr() as usize + len + ps;
-        let before = rss_within(std::slice::from_ref(&around)).unwrap();
-        assert!(before <= 2 * ps as u64, "{before}");
-        v.resize(len, 1);
-        let after = rss_within(std::slice::from_ref(&around)).unwrap();
-        assert!(after >= len as u64, "{before} -> {after}");
+        let len = 64 * ps;
+        // SAFETY: a new anonymous mapping at an address of the kernel's choosing; it touches
+        // no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: advice on our own new mapping. No huge pages, and flags no neighbour has,
+        // so it stays a mapping of its own in /proc/self/smaps.
+        assert_eq!(unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) }, 0);
+        let range = p as usize..p as usize + len;
+        assert_eq!(rss_within(std::slice::from_ref(&range)).unwrap(), 0);
+        // SAFETY: the mapping is ours, `len` bytes long and writable; nothing else uses it.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 1, len) };
+        assert_eq!(
+            rss_within(std::slice::from_ref(&range)).unwrap(),
+            len as u64
+        );
         assert_eq!(rss_within(&[]).unwrap(), 0);
+        // SAFETY: our own mapping, unmapped once, no reference into it left.
+        unsafe { libc::munmap(p, len) };
     }
 
     /// The coarse clock counts the seconds the precise one does (within its tick).

@@ -116,8 +116,8 @@ struct UffdRun {
 }
 
 /// The kernel's path measured in the run: MADV_PAGEOUT through zswap, the pages touched back
-/// in order, then single pages pushed out and touched (as many as the region's latency
-/// phase times).
+/// in order, then single pages pushed out and touched (2000, or as many as the corpus has
+/// pages).
 #[derive(Debug, Clone, serde::Serialize)]
 struct KernelRun {
     /// zswap's compressor on this machine.
@@ -133,18 +133,18 @@ struct KernelRun {
     fault_max_us: f64,
 }
 
-/// The kernel's path for the corpus's pages, or why this machine has none.
-fn kernel_run(corpus: &Corpus) -> Result<KernelRun, String> {
-    let k =
-        ztier_uffd::kernel_pageout(corpus.bytes(), LATENCY_SAMPLES).map_err(|e| e.to_string())?;
+/// The kernel's path for the corpus's pages, or why this machine has none (a page that
+/// came back wrong is an error).
+fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
+    let samples = LATENCY_SAMPLES.min(corpus.pages());
+    let k = match ztier_uffd::kernel_pageout(corpus.bytes(), samples) {
+        Ok(k) => k,
+        Err(ztier_uffd::Error::NoKernelPath(why)) => return Ok(Err(why)),
+        Err(e) => return Err(e).context("the kernel's swap path"),
+    };
     let out_bytes = (k.pages - k.left_resident) as f64 * k.page_size as f64;
-    let mut us: Vec<f64> = k
-        .latency
-        .iter()
-        .map(|d| d.as_nanos() as f64 / 1000.0)
-        .collect();
-    us.sort_by(f64::total_cmp);
-    Ok(KernelRun {
+    let us = micros(&k.latency);
+    Ok(Ok(KernelRun {
         compressor: k.compressor,
         pages: k.pages as u64,
         left_resident: k.left_resident as u64,
@@ -154,7 +154,14 @@ fn kernel_run(corpus: &Corpus) -> Result<KernelRun, String> {
         fault_p50_us: percentile(&us, 0.5),
         fault_p99_us: percentile(&us, 0.99),
         fault_max_us: us.last().copied().unwrap_or(0.0),
-    })
+    }))
+}
+
+/// Durations in µs, sorted.
+fn micros(taken: &[Duration]) -> Vec<f64> {
+    let mut us: Vec<f64> = taken.iter().map(|d| d.as_nanos() as f64 / 1000.0).collect();
+    us.sort_by(f64::total_cmp);
+    us
 }
 
 /// The `p` quantile of sorted values (0 for none).
@@ -188,7 +195,7 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
         }
         .with_context(|| format!("loading {}", path.display()))?;
         // Before the regions, whose memory would otherwise be reclaimed beside it.
-        let kernel = kernel_run(&corpus);
+        let kernel = kernel_run(&corpus)?;
         for algorithm in &args.compressors {
             for clean_pages in [true, false] {
                 let run = run_one(
@@ -271,7 +278,7 @@ fn run_one(
     let seq_time = t.elapsed();
     std::hint::black_box(sum);
     let seq = region.stats();
-    let rss_bytes = region_rss(&region)? + pages as u64;
+    let rss_bytes = region.rss_bytes().context("/proc/self/smaps")? + pages as u64;
     let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
     let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
     verify(&region, corpus)?;
@@ -316,11 +323,6 @@ fn run_one(
         after_latency.fault_thread_moves - before_latency.fault_thread_moves;
     let floor =
         ztier_uffd::bare_fault_latency(lat.len().max(1)).context("the bare userfaultfd handler")?;
-    let micros = |taken: &[Duration]| {
-        let mut us: Vec<f64> = taken.iter().map(|d| d.as_nanos() as f64 / 1000.0).collect();
-        us.sort_by(f64::total_cmp);
-        us
-    };
     let floor_one = micros(&floor.one_cpu);
     let floor_two = floor.two_cpus.as_deref().map(micros);
 
@@ -367,7 +369,6 @@ fn run_one(
         (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
     verify(&region, corpus)?;
     let zram = zram_of(corpus, algorithm)?;
-    let pct = percentile;
     let truth = corpus.zswap_truth("lzo-rle").ok().flatten();
     Ok(UffdRun {
         corpus: corpus.name.clone(),
@@ -389,17 +390,17 @@ fn run_one(
         fault_start_over_budget: before_latency
             .resident_pages
             .saturating_sub(before_latency.budget_pages),
-        fault_p50_us: pct(&lat, 0.5),
-        fault_p99_us: pct(&lat, 0.99),
+        fault_p50_us: percentile(&lat, 0.5),
+        fault_p99_us: percentile(&lat, 0.99),
         fault_max_us: lat.last().copied().unwrap_or(0.0),
         idle_priority,
         idle_priority_demotions: end.idle_priority_demotions,
         latency_idle_priority_demotions,
         latency_fault_thread_moves,
-        floor_one_cpu_p50_us: pct(&floor_one, 0.5),
-        floor_one_cpu_p99_us: pct(&floor_one, 0.99),
-        floor_two_cpus_p50_us: floor_two.as_deref().map(|f| pct(f, 0.5)),
-        floor_two_cpus_p99_us: floor_two.as_deref().map(|f| pct(f, 0.99)),
+        floor_one_cpu_p50_us: percentile(&floor_one, 0.5),
+        floor_one_cpu_p99_us: percentile(&floor_one, 0.99),
+        floor_two_cpus_p50_us: floor_two.as_deref().map(|f| percentile(f, 0.5)),
+        floor_two_cpus_p99_us: floor_two.as_deref().map(|f| percentile(f, 0.99)),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
         free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
         free_idle_priority: free.idle_priority,
@@ -419,11 +420,6 @@ fn run_one(
         kernel_faultin_mb_s: truth.as_ref().and_then(|t| t.faultin_mb_s),
         kernel_pool_total_size: truth.as_ref().map(|t| t.pool_total_size),
     })
-}
-
-/// The bytes of the region's mapping and its pad resident now (`Rss` in /proc/self/smaps).
-fn region_rss(region: &Region) -> anyhow::Result<u64> {
-    region.rss_bytes().context("/proc/self/smaps")
 }
 
 /// A fresh zram device, the region's compressor and allocator, holding every page of the

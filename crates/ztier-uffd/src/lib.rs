@@ -138,7 +138,9 @@
 //! can form; everyone else holds one at a time. The reclaim signal's mutex and the
 //! helper's are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
 //! thread may take under `gate` (`placement` is otherwise atomics).
-//! `scratch_manual` (the pad pages of [`Region::evict`]) is taken before `gate`. `serving`
+//! `manual_pad_used` (the pad pages of [`Region::evict`]) is taken before `gate`, and held
+//! while those pages are emptied, which waits for the fault thread to read the event (it
+//! never takes that lock). `serving`
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
 mod capi;
@@ -205,10 +207,15 @@ pub enum Error {
     Pool(ztier_pool::PoolError),
     #[error("making the device: {0}")]
     Device(ZramError),
-    /// The kernel's own path for a region's pages ([`kernel_pageout`]) is not there, or did
-    /// not give the pages back.
+    /// The kernel's own path for a region's pages ([`kernel_pageout`]) is not there: what
+    /// is missing.
     #[error("the kernel's swap path: {0}")]
     NoKernelPath(String),
+    /// A page came back from the kernel's swap path different from what went out.
+    #[error("page {page} came back from the kernel's swap path different from what went out")]
+    KernelPathCorrupt { page: usize },
+    #[error("{len} bytes of pages: the length must be a positive whole number of {page_size}-byte pages")]
+    BadPages { len: usize, page_size: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -447,7 +454,7 @@ struct Shared {
     /// holding faults back for the budget's sake: nothing would release them).
     reclaim_stuck: AtomicBool,
     /// How many of [`Region::evict`]'s pad pages are used since they were last emptied.
-    scratch_manual: Mutex<usize>,
+    manual_pad_used: Mutex<usize>,
     /// The last store error, as text.
     last_error: Mutex<Option<String>>,
 }
@@ -603,7 +610,7 @@ impl Region {
             helper_idle: Mutex::new(()),
             helper_cv: Condvar::new(),
             reclaim_stuck: AtomicBool::new(false),
-            scratch_manual: Mutex::new(0),
+            manual_pad_used: Mutex::new(0),
             last_error: Mutex::new(None),
         });
         let spawn = |name: &str, f: fn(&Shared)| {
@@ -642,7 +649,8 @@ impl Region {
     }
 
     /// The bytes the region's mapping and its pad have resident now (`Rss` in
-    /// `/proc/self/smaps`).
+    /// `/proc/self/smaps`; a mapping of the program's own placed where it unmapped part of
+    /// the region counts too).
     pub fn rss_bytes(&self) -> io::Result<u64> {
         let map = self.shared.map.addr() as usize;
         ztier_base::os::rss_within(&[map..map + self.len(), self.pad_range()])
@@ -721,13 +729,14 @@ impl Region {
     /// Evicts page `page` now if it is resident: `Ok(true)` if it went out, `Ok(false)` if
     /// it was not resident or the address space was changing, the store's error if it
     /// refused (the page stays in memory). The page's memory goes back to the OS with those
-    /// of the calls after it, [`MANUAL_PAD`] (16) calls at a time: until then it is in the
-    /// pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
+    /// of the calls after it, 16 calls at a time, or when the reclaim thread
+    /// next finds the region within its budget and idle (within about 0.1 s): until then it
+    /// is in the pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
     pub fn evict(&self, page: u64) -> Result<bool> {
         if page >= self.shared.pages {
             return Err(Error::BadPage(page));
         }
-        let mut used = self.shared.scratch_manual.lock();
+        let mut used = self.shared.manual_pad_used.lock();
         let r = self.shared.evict_one(page, 2 * BATCH + *used);
         *used += 1;
         if *used == MANUAL_PAD {

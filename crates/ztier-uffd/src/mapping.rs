@@ -1,5 +1,6 @@
 //! An anonymous private mapping (`mmap`), its `madvise`s and its `munmap` at drop: the
-//! region's memory and the reclaim thread's landing pad.
+//! region's memory, the reclaim thread's landing pad, the floor's pages and the plain
+//! mapping the kernel's own path is measured on (`pageout.rs`).
 //!
 //! Invariants: the mapping lives exactly as long as the value; it is never inherited by a
 //! child (`MADV_DONTFORK`: a child would share the region's pages copy-on-write, which

@@ -8,7 +8,8 @@
 //! [`kernel_pageout`] says what is.
 //!
 //! Invariants: the mapping is this module's alone and only the calling thread touches it;
-//! every page comes back equal to the one given (else an error). No locks.
+//! every page that went out went through zswap (`/proc/vmstat`), and every page comes back
+//! equal to the one given (else an error). No locks.
 #![allow(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -49,7 +50,7 @@ pub struct KernelPageout {
 pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     let ps = ztier_base::os::page_size();
     if data.is_empty() || !data.len().is_multiple_of(ps) {
-        return Err(Error::BadLength {
+        return Err(Error::BadPages {
             len: data.len(),
             page_size: ps,
         });
@@ -69,6 +70,7 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     // it.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.ptr(), data.len()) };
 
+    let before = zswap_outs();
     let t = Instant::now();
     let mut left = pages;
     for _ in 0..PAGEOUT_TRIES {
@@ -82,6 +84,23 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
         }
     }
     let pageout = t.elapsed();
+    // Every page that went out went through zswap (stored, or a zero page the swap layer
+    // keeps as nothing), not to the swap device: else this is a disk path. Other processes'
+    // swap-outs meanwhile only add to the count.
+    let through_zswap = zswap_outs().saturating_sub(before);
+    if left == pages {
+        return Err(Error::NoKernelPath(
+            "MADV_PAGEOUT moved no page out (a memory cgroup's swap limit, locked memory?)"
+                .to_string(),
+        ));
+    }
+    if through_zswap < (pages - left) as u64 {
+        return Err(Error::NoKernelPath(format!(
+            "only {through_zswap} of the {} pages that went out went through zswap \
+             (/proc/vmstat zswpout and swpout_zero): the others went to the swap device",
+            pages - left
+        )));
+    }
 
     let t = Instant::now();
     let mut sum = 0u8;
@@ -94,7 +113,7 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     std::hint::black_box(sum);
     check_equal(&map, data, ps)?;
 
-    let mut latency = Vec::with_capacity(samples);
+    let mut latency = Vec::with_capacity(samples.min(pages));
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for _ in 0..samples.saturating_mul(TRIES_PER_SAMPLE) {
         if latency.len() == samples {
@@ -120,6 +139,11 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
         std::hint::black_box(byte);
     }
     check_equal(&map, data, ps)?;
+    if samples > 0 && latency.is_empty() {
+        return Err(Error::NoKernelPath(
+            "no single page went out with MADV_PAGEOUT to be timed".to_string(),
+        ));
+    }
     Ok(KernelPageout {
         compressor,
         page_size: ps,
@@ -131,10 +155,11 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     })
 }
 
-/// Every page of the mapping equal to `data`'s (all resident now: each was just touched).
+/// Every page of the mapping equal to `data`'s.
 fn check_equal(map: &Mapping, data: &[u8], ps: usize) -> Result<()> {
-    // SAFETY: the range is the whole mapping, which is ours alone and not changed while the
-    // slice lives (this thread only reads it here).
+    // SAFETY: the range is the whole mapping, which is ours alone (no userfaultfd: a page
+    // still out is faulted back by the kernel itself as it is read) and not changed while
+    // the slice lives (this thread only reads it here, and pushes nothing out meanwhile).
     let back = unsafe { map.slice(0, data.len()) };
     match back
         .chunks(ps)
@@ -142,10 +167,20 @@ fn check_equal(map: &Mapping, data: &[u8], ps: usize) -> Result<()> {
         .position(|(a, b)| a != b)
     {
         None => Ok(()),
-        Some(page) => Err(Error::NoKernelPath(format!(
-            "page {page} came back from the kernel's swap different from what went out"
-        ))),
+        Some(page) => Err(Error::KernelPathCorrupt { page }),
     }
+}
+
+/// Pages the swap layer has sent through zswap so far: stored there (`zswpout`) or, being
+/// all zero, kept as nothing (`swpout_zero`), from `/proc/vmstat` (0 for a field it lacks).
+fn zswap_outs() -> u64 {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    vmstat
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(name, _)| matches!(*name, "zswpout" | "swpout_zero"))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// zswap's compressor, if zswap is on.
@@ -156,10 +191,11 @@ fn zswap_compressor() -> Result<String> {
             .map(|s| s.trim().to_string())
             .map_err(|e| Error::NoKernelPath(format!("{params}/{name}: {e} (no zswap here)")))
     };
-    if read("enabled")? != "Y" {
+    let enabled = read("enabled")?;
+    if enabled != "Y" {
         return Err(Error::NoKernelPath(format!(
-            "zswap is off ({params}/enabled is N): MADV_PAGEOUT would write the pages to the \
-             swap device, not compress them"
+            "zswap is off ({params}/enabled is {enabled}): MADV_PAGEOUT would write the pages \
+             to the swap device, not compress them"
         )));
     }
     read("compressor")
@@ -169,20 +205,23 @@ fn zswap_compressor() -> Result<String> {
 fn swap_free_bytes() -> Result<u64> {
     let swaps = std::fs::read_to_string("/proc/swaps")
         .map_err(|e| Error::NoKernelPath(format!("/proc/swaps: {e}")))?;
-    let free_kib: u64 = swaps
+    let devices: Vec<(u64, u64)> = swaps
         .lines()
         .skip(1)
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
             let size = f.get(2)?.parse::<u64>().ok()?;
             let used = f.get(3)?.parse::<u64>().ok()?;
-            Some(size.saturating_sub(used))
+            Some((size, used))
         })
-        .sum();
-    if free_kib == 0 {
+        .collect();
+    if devices.is_empty() {
         return Err(Error::NoKernelPath(
             "no swap is on (/proc/swaps): zswap needs a swap device behind it".to_string(),
         ));
     }
-    Ok(free_kib * 1024)
+    Ok(devices
+        .iter()
+        .map(|(size, used)| size.saturating_sub(*used) * 1024)
+        .sum())
 }

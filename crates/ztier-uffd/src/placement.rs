@@ -442,6 +442,9 @@ impl<'a> Follow<'a> {
                     .compare_exchange(NORMAL, IDLE, AcqRel, Acquire)
                     .is_ok()
             {
+                // Entering idle priority, this thread is not pinned (whoever ended it last
+                // set the affinity back): the look below pins it.
+                self.pinned = None;
                 // IDLE before the change, so that the guard watches from the moment this
                 // thread can be starved; should the guard have ended it meanwhile (its change
                 // back may have come first), back to normal here.

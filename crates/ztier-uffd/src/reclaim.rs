@@ -34,16 +34,25 @@ pub(crate) fn run(sh: &Shared) {
     let mut segment = (0, 0);
     let mut keep_off = placement::KeepOff::start(&sh.placement);
     loop {
-        {
+        let idle = {
             let mut wanted = sh.reclaim_wanted.lock();
-            while !sh.stop.load(Relaxed) && !sh.over_budget() {
+            !sh.stop.load(Relaxed) && !sh.over_budget() && {
                 *wanted = false;
                 sh.reclaim_cv
-                    .wait_for(&mut wanted, Duration::from_millis(100));
+                    .wait_for(&mut wanted, Duration::from_millis(100))
+                    .timed_out()
             }
-        }
+        };
         if sh.stop.load(Relaxed) {
             return;
+        }
+        if !sh.over_budget() {
+            // Outside `reclaim_wanted`: emptying the pad waits for the fault thread, which
+            // takes that lock to wake this thread.
+            if idle {
+                sh.release_manual_pad();
+            }
+            continue;
         }
         if sh.far_over_budget() {
             // Under its mutex: the helper is either before its look at the budget or waiting.
@@ -335,6 +344,17 @@ impl Shared {
                 let e = Error::Store { page, cause };
                 *self.last_error.lock() = Some(e.to_string());
                 Err(e)
+            }
+        }
+    }
+
+    /// Empties the pad pages [`Region::evict`](crate::Region::evict) has used, unless a call
+    /// of it holds them now (the reclaim thread, idle, gives them back to the OS).
+    pub(crate) fn release_manual_pad(&self) {
+        if let Some(mut used) = self.manual_pad_used.try_lock() {
+            if *used > 0 {
+                self.empty_pad(2 * crate::BATCH, *used);
+                *used = 0;
             }
         }
     }

@@ -79,8 +79,9 @@ fn an_evicted_page_is_stored_and_comes_back() {
     assert!(r.evict(64).is_err(), "page 64 is beyond the region");
 }
 
-/// The pages `Region::evict` takes out go back to the OS sixteen at a time: the pad never
-/// holds more, and holds none once a sixteenth call has emptied it.
+/// The pages `Region::evict` takes out go back to the OS sixteen at a time, or once the
+/// region is idle: the pad never holds more, holds none once a sixteenth call has emptied
+/// it, and none soon after the calls stop.
 #[test]
 fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
     let Some(r) = region(64 * PAGE, 64 * PAGE) else {
@@ -104,10 +105,16 @@ fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
             assert_eq!(held, 0, "after {} evictions", page + 1);
         }
     }
-    assert!(
-        pad_rss() > 0,
-        "the last 8 are in the pad until 8 more calls"
-    );
+    // The last 8: given back by the reclaim thread, idle, within about 0.1 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while pad_rss() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pad still holds {} bytes",
+            pad_rss()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     for page in 0..64 {
         check_page(words, page, 1).unwrap();
     }
@@ -742,7 +749,8 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
 
 /// The kernel's own path for a region's pages: where swap and zswap are on, every page comes
 /// back equal (the function checks) with every touch timed; elsewhere it refuses, naming
-/// what is missing. Uneven lengths are refused either way.
+/// what is missing. Uneven lengths are refused either way. (CI has swap off: there the
+/// refusal is what runs; a machine with both on runs the measurement.)
 #[test]
 fn the_kernels_pageout_path_is_measured_where_it_exists_and_refused_where_not() {
     let ps = ztier_base::os::page_size();
@@ -756,7 +764,7 @@ fn the_kernels_pageout_path_is_measured_where_it_exists_and_refused_where_not() 
     }
     assert!(matches!(
         ztier_uffd::kernel_pageout(&data[..ps + 1], 4),
-        Err(ztier_uffd::Error::BadLength { .. })
+        Err(ztier_uffd::Error::BadPages { .. })
     ));
     let zswap_on = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
         .is_ok_and(|s| s.trim() == "Y");
@@ -774,12 +782,13 @@ fn the_kernels_pageout_path_is_measured_where_it_exists_and_refused_where_not() 
             assert!(!k.latency.is_empty() && k.latency.len() <= 16, "{k:?}");
         }
         Err(ztier_uffd::Error::NoKernelPath(why)) => {
-            assert!(
-                !(swap_on && zswap_on),
-                "refused with swap and zswap on: {why}"
-            );
-            let names = if zswap_on { "swap" } else { "zswap" };
-            assert!(why.contains(names), "{why}");
+            // With both on, only a full swap device (or pages kept in) refuses.
+            let expected: &[&str] = match (zswap_on, swap_on) {
+                (false, _) => &["zswap is off", "no zswap here"],
+                (true, false) => &["no swap is on"],
+                (true, true) => &["bytes free", "moved no page", "went to the swap device"],
+            };
+            assert!(expected.iter().any(|e| why.contains(e)), "{why}");
         }
         Err(e) => panic!("{e}"),
     }
