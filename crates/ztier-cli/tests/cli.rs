@@ -19,6 +19,14 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A successful run's standard output, a JSON value a line (`--json`).
+fn json_lines(o: &Output) -> Vec<serde_json::Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// A small corpus file: text-like pages, a few zero pages, a few incompressible ones.
 fn corpus(name: &str, pages: usize, extra_bytes: usize) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ztier-cli-{}", std::process::id()));
@@ -102,10 +110,7 @@ fn bench_reports_and_verifies() {
         "--discard-odd",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let runs: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let runs = json_lines(&o);
     assert_eq!(runs.len(), 2);
     for r in &runs {
         for key in [
@@ -317,10 +322,7 @@ fn bench_through_zswap_reports_the_kernels_counters() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let runs: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let runs = json_lines(&o);
     assert_eq!(runs.len(), 2);
     for r in &runs {
         let z = &r["zswap"];
@@ -365,10 +367,7 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
         return;
     }
     assert!(o.status.success(), "{}", stderr(&o));
-    let runs: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let runs = json_lines(&o);
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[0]["clean_pages"], true);
     assert_eq!(runs[1]["clean_pages"], false);

@@ -80,42 +80,32 @@ impl Mapping {
     /// No reference to those bytes may be alive, and their content must be one the caller
     /// means to drop (the region's owner asked for it, or the reclaim thread stored it).
     pub unsafe fn dont_need(&self, offset: usize, len: usize) -> io::Result<()> {
-        let len = len.min(self.len.saturating_sub(offset));
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: the range is inside our mapping (clamped above); dropping its content is
-        // the caller's contract.
-        let r = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().add(offset).cast(),
-                len,
-                libc::MADV_DONTNEED,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        // SAFETY: dropping the content is the caller's contract.
+        unsafe { self.advise(offset, len, libc::MADV_DONTNEED) }
     }
 
     /// `MADV_PAGEOUT` of `[offset, offset + len)` (clamped to the mapping): the kernel
     /// reclaims those pages now, as its own reclaim would (through zswap and swap, for an
     /// anonymous mapping), keeping their content.
     pub fn page_out(&self, offset: usize, len: usize) -> io::Result<()> {
+        // SAFETY: the advice changes no byte of the range (a page pushed out reads back the
+        // same).
+        unsafe { self.advise(offset, len, libc::MADV_PAGEOUT) }
+    }
+
+    /// `madvise(advice)` of `[offset, offset + len)`, clamped to the mapping.
+    ///
+    /// # Safety
+    /// What the advice does to those bytes must be what the caller means (`MADV_DONTNEED`
+    /// drops them: no reference to them may be alive).
+    unsafe fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
         let len = len.min(self.len.saturating_sub(offset));
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: the range is inside our mapping (clamped above), and the advice changes
-        // no byte of it (a page pushed out reads back the same).
-        let r = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().add(offset).cast(),
-                len,
-                libc::MADV_PAGEOUT,
-            )
-        };
+        // SAFETY: the range is inside our mapping (clamped above); the advice's effect on it
+        // is the caller's contract.
+        let r = unsafe { libc::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }

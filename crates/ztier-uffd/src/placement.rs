@@ -460,11 +460,9 @@ impl<'a> Follow<'a> {
         }
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
         if p.mode.load(Acquire) == IDLE {
-            // Pinned there already: nothing to do. (`self.pinned` alone is not that: the
-            // guard's end of idle priority unpins this thread, and at idle priority an
-            // unpinned thread woken by a fault is put on another, idle CPU, away from the
-            // faulting thread, for as long as that thread stays where it is.)
-            if (self.pinned == Some(cpu) && p.pinned.load(Relaxed) == cpu) || !cpus.contains(&cpu) {
+            // Pinned there already: nothing to do (`self.pinned` is reset on every entry to
+            // idle priority, after whoever ended it last set the affinity back).
+            if self.pinned == Some(cpu) || !cpus.contains(&cpu) {
                 return false;
             }
             let moved = current_cpu() != Some(cpu);
