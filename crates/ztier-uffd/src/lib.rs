@@ -10,7 +10,9 @@
 //! dropped; the program's own `MADV_DONTNEED`/`MADV_FREE`, `munmap` and `mremap` arrive as
 //! events (`UFFD_FEATURE_EVENT_REMOVE`, `_UNMAP`, `_REMAP`) and drop the stored copies they
 //! make stale. It never reads or writes the region itself (a fault it took there would wait
-//! for itself). The **reclaim thread** runs while the resident pages exceed the budget: it
+//! for itself). The **reclaim thread** runs once the resident pages exceed the budget, and
+//! on until they are a little under it (a sixteenth of the budget, at most 128 pages, so
+//! that a program faulting pages in does not wake it again at each fault-around window): it
 //! picks cold pages by a clock over the page table (a page faulted in gets a second chance),
 //! stores them and drops them; while the region is far over its budget a second evictor
 //! takes pages from the same clock beside it (two CPUs compressing), with its own part of
@@ -80,7 +82,8 @@
 //!   error is counted and kept ([`Region::evict`] returns it). It is not moved back into
 //!   the region at once: that move would need `gate`, which comes before the page lock the
 //!   evictor holds.
-//! - **The budget**: the reclaim thread evicts while the resident pages exceed it; the fault
+//! - **The budget**: the reclaim thread evicts once the resident pages exceed it, down to
+//!   128 pages under it (a sixteenth of it at most); the fault
 //!   thread holds faults that bring a page in back (in its queue, still reading messages)
 //!   while the resident pages are 128 past it and the reclaim thread is making progress,
 //!   and the reclaim thread wakes it after each batch.
@@ -244,6 +247,12 @@ const STRIPES: usize = 1024;
 /// rather than 64 made eviction 1.2-1.5x faster (MEASUREMENTS.md), for at most 2 MiB of pad
 /// resident while the evictors work.
 const BATCH: usize = 256;
+
+/// Pages under the budget an eviction pass goes down to (at most a sixteenth of the
+/// budget): each pass that stopped at the budget itself was as long as the fault-around
+/// window that started it, and cost a wake-up of the reclaim thread, the pad's emptying (a
+/// wait for the fault thread) and a wake-up of the fault thread back.
+const RECLAIM_MARGIN: u64 = 128;
 
 /// Pad pages of [`Region::evict`], emptied together once all are used: each emptying is a
 /// `REMOVE` event the caller waits for the fault thread to read (the pad is registered with
@@ -896,6 +905,15 @@ impl Shared {
 
     fn over_budget(&self) -> bool {
         self.resident.load(Relaxed) > self.budget_pages.load(Relaxed)
+    }
+
+    /// Where an eviction pass that the budget started stops: a little under the budget
+    /// (kswapd's high watermark above its low), so that a program faulting pages in keeps
+    /// going for [`RECLAIM_MARGIN`] pages before the reclaim thread is woken again, and that
+    /// thread evicts in batches, not a fault-around window at a time.
+    fn reclaim_target(&self) -> u64 {
+        let budget = self.budget_pages.load(Relaxed);
+        budget - (budget / 16).min(RECLAIM_MARGIN)
     }
 
     fn wake_reclaim_if_over(&self) {

@@ -1,4 +1,5 @@
-//! The reclaim thread and eviction: while the resident pages exceed the budget, a clock
+//! The reclaim thread and eviction: once the resident pages exceed the budget, and until
+//! they are a little under it (`Shared::reclaim_target`), a clock
 //! over the page table picks pages not faulted in since its last pass (the kernel's second
 //! chance, from what userspace sees: a fault sets a page's referenced bit, the hand clears
 //! it once), moves runs of them out into the pad (one `UFFDIO_MOVE` a run of neighbours),
@@ -28,15 +29,24 @@ pub(crate) enum Evicted {
     Busy,
 }
 
-/// The reclaim thread: evicts while the resident pages exceed the budget, through pad pages
-/// `[0, BATCH)`.
+/// The reclaim thread: evicts once the resident pages exceed the budget, down to a little
+/// under it (`Shared::reclaim_target`), through pad pages `[0, BATCH)`.
 pub(crate) fn run(sh: &Shared) {
     let mut segment = (0, 0);
     let mut keep_off = placement::KeepOff::start(&sh.placement);
+    // In a pass the budget started: it goes on, batch after batch, down to the target.
+    let mut passing = false;
     loop {
+        let more = |passing: bool| {
+            if passing {
+                sh.resident.load(Relaxed) > sh.reclaim_target()
+            } else {
+                sh.over_budget()
+            }
+        };
         let idle = {
             let mut wanted = sh.reclaim_wanted.lock();
-            !sh.stop.load(Relaxed) && !sh.over_budget() && {
+            !sh.stop.load(Relaxed) && !more(passing) && {
                 *wanted = false;
                 sh.reclaim_cv
                     .wait_for(&mut wanted, Duration::from_millis(100))
@@ -46,7 +56,8 @@ pub(crate) fn run(sh: &Shared) {
         if sh.stop.load(Relaxed) {
             return;
         }
-        if !sh.over_budget() {
+        passing = more(passing) || sh.over_budget();
+        if !passing {
             // Outside `reclaim_wanted`: emptying the pad waits for the fault thread, which
             // takes that lock to wake this thread.
             if idle {
@@ -66,7 +77,8 @@ pub(crate) fn run(sh: &Shared) {
         sh.waker.wake();
         if out == 0 {
             // Nothing could go (every candidate refused, or the address space changing):
-            // try again shortly rather than spin.
+            // try again shortly rather than spin, and from the budget again.
+            passing = false;
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -147,7 +159,11 @@ impl Shared {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
-        while slot < crate::BATCH && scanned < 2 * self.pages && self.over_budget() {
+        let target = self.reclaim_target();
+        while slot < crate::BATCH
+            && scanned < 2 * self.pages
+            && self.resident.load(Relaxed) > target
+        {
             if segment.0 >= segment.1 {
                 *segment = self.claim();
             }
@@ -165,10 +181,7 @@ impl Shared {
             }
             // A run of cold resident pages from here, no longer than the excess, the pad or
             // the segment.
-            let excess = self
-                .resident
-                .load(Relaxed)
-                .saturating_sub(self.budget_pages.load(Relaxed));
+            let excess = self.resident.load(Relaxed).saturating_sub(target);
             let max = (crate::BATCH - slot)
                 .min(excess.max(1) as usize)
                 .min((segment.1 - page) as usize);

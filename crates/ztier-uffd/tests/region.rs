@@ -284,6 +284,65 @@ fn a_page_written_after_it_came_in_is_stored_anew() {
 
 /// Eight threads each own every eighth page and write new versions of them or check them,
 /// at random, while the reclaim thread keeps the region at a tenth of its size.
+/// An eviction pass the budget starts goes down to a little under it (a sixteenth of the
+/// budget, at most 128 pages), over as many of the reclaim thread's batches (256 pages) as
+/// that takes, so that pages faulted in afterwards do not wake it again for each
+/// fault-around window; and no further while the region stays under its budget.
+#[test]
+fn an_eviction_pass_goes_a_little_under_the_budget_and_then_rests() {
+    const PAGES: u64 = 2048;
+    const BUDGET: u64 = 1024;
+    // Past the budget by less than the 256 pages that call in the second evictor (two
+    // evictors each take the excess they see, and may together go under the target), by
+    // more than one batch past the target.
+    const WRITTEN: u64 = BUDGET + 250;
+    let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..WRITTEN {
+        write_page(words, page, 1);
+    }
+    r.set_budget(BUDGET as usize * PAGE).unwrap();
+    let settled = |r: &ztier_uffd::Region| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let s = r.stats();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let again = r.stats();
+            if again.resident_pages == s.resident_pages && s.resident_pages <= BUDGET {
+                return again;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never settled: {again:?}"
+            );
+        }
+    };
+    let s = settled(&r);
+    let target = BUDGET - BUDGET / 16;
+    assert_eq!(s.resident_pages, target, "where the pass stopped: {s:?}");
+    // Pages read back while the region stays under its budget evict nothing.
+    let evictions = s.evictions;
+    let mut read = 0;
+    for page in (0..WRITTEN).step_by(64) {
+        if r.stats().resident_pages + 64 > BUDGET {
+            break;
+        }
+        check_page(words, page, 1).unwrap();
+        read += 1;
+    }
+    let s = settled(&r);
+    assert!(read > 0, "no page was read back: {s:?}");
+    assert_eq!(
+        s.evictions, evictions,
+        "read {read} pages under the budget: {s:?}"
+    );
+    for page in 0..WRITTEN {
+        check_page(words, page, 1).unwrap();
+    }
+}
+
 #[test]
 fn every_page_reads_back_under_a_tenth_budget_with_eight_threads() {
     const PAGES: u64 = 4096;
