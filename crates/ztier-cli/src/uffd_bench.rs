@@ -1,7 +1,7 @@
 //! `ztier bench --front uffd [--budget 25%]`: each corpus written into a region
 //! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
-//! evicts the rest, every page read back in order and verified (under the budget: each page
-//! brought in makes the reclaim thread evict another), the region's RSS then taken from
+//! evicts the rest, every page read back in order and verified (under the budget: the pages
+//! brought in make the reclaim thread evict as many others), the region's RSS then taken from
 //! /proc/self/smaps, then single pages touched at random for the fault latency, then random
 //! reads with a working set (most pages evicted clean: read in and not written since), then
 //! every page stored and read back in order with the budget not binding (into free memory,
@@ -217,12 +217,22 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until the region's resident pages are within its budget (the reclaim thread has
-/// caught up), or until `deadline`.
+/// Waits until the reclaim thread's pass is over: the region's resident pages down to the
+/// pass's target (a little under the budget), or within the budget and no longer falling
+/// (nothing more it could evict); or until `deadline`.
 fn wait_within_budget(region: &Region, deadline: Option<Instant>) {
+    let mut last = (u64::MAX, Instant::now());
     loop {
         let s = region.stats();
-        if s.resident_pages <= s.budget_pages || deadline.is_some_and(|d| Instant::now() >= d) {
+        let now = Instant::now();
+        if s.resident_pages != last.0 {
+            last = (s.resident_pages, now);
+        }
+        let still = now - last.1 >= Duration::from_millis(20);
+        if s.resident_pages <= s.reclaim_target_pages
+            || (s.resident_pages <= s.budget_pages && still)
+            || deadline.is_some_and(|d| now >= d)
+        {
             return;
         }
         std::thread::sleep(Duration::from_micros(200));

@@ -300,6 +300,9 @@ impl Latency {
 pub struct RegionStats {
     pub pages: u64,
     pub budget_pages: u64,
+    /// Where an eviction pass the budget starts stops: a sixteenth of the budget (at most
+    /// 128 pages) under it.
+    pub reclaim_target_pages: u64,
     /// Pages present in the region (the zero page included).
     pub resident_pages: u64,
     /// Pages held compressed in the device.
@@ -771,6 +774,7 @@ impl Region {
         RegionStats {
             pages: sh.pages,
             budget_pages: sh.budget_pages.load(Relaxed),
+            reclaim_target_pages: sh.reclaim_target(),
             resident_pages: sh.resident.load(Relaxed),
             stored_pages: sh.stored.load(Relaxed),
             clean_pages: sh.clean.load(Relaxed),

@@ -34,19 +34,16 @@ pub(crate) enum Evicted {
 pub(crate) fn run(sh: &Shared) {
     let mut segment = (0, 0);
     let mut keep_off = placement::KeepOff::start(&sh.placement);
-    // In a pass the budget started: it goes on, batch after batch, down to the target.
+    // In a pass the budget started: it goes on, batch after batch, down to the target, and
+    // ends there; the next starts only when the budget is crossed again.
     let mut passing = false;
     loop {
-        let more = |passing: bool| {
-            if passing {
-                sh.resident.load(Relaxed) > sh.reclaim_target()
-            } else {
-                sh.over_budget()
-            }
-        };
+        if passing && sh.resident.load(Relaxed) <= sh.reclaim_target() {
+            passing = false;
+        }
         let idle = {
             let mut wanted = sh.reclaim_wanted.lock();
-            !sh.stop.load(Relaxed) && !more(passing) && {
+            !sh.stop.load(Relaxed) && !passing && !sh.over_budget() && {
                 *wanted = false;
                 sh.reclaim_cv
                     .wait_for(&mut wanted, Duration::from_millis(100))
@@ -56,7 +53,7 @@ pub(crate) fn run(sh: &Shared) {
         if sh.stop.load(Relaxed) {
             return;
         }
-        passing = more(passing) || sh.over_budget();
+        passing = passing || sh.over_budget();
         if !passing {
             // Outside `reclaim_wanted`: emptying the pad waits for the fault thread, which
             // takes that lock to wake this thread.
@@ -72,7 +69,10 @@ pub(crate) fn run(sh: &Shared) {
         }
         keep_off.settle();
         let out = sh.evict_batch(&mut segment, 0);
-        sh.reclaim_stuck.store(out == 0, Relaxed);
+        // Stuck only while over the budget: nothing evicted between the target and the
+        // budget (another evictor got there first, or an event is waiting) holds no fault.
+        sh.reclaim_stuck
+            .store(out == 0 && sh.over_budget(), Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();
         if out == 0 {
@@ -85,8 +85,10 @@ pub(crate) fn run(sh: &Shared) {
 }
 
 /// The second evictor: evicts beside the reclaim thread while the region is far over its
-/// budget ([`FAR`] pages), through pad pages `[BATCH, 2 * BATCH)`, taking its pages from
-/// the same clock, so that two CPUs compress. Near the budget the reclaim thread is alone.
+/// budget ([`FAR`] pages; each of its batches, once started, goes on down to the reclaim
+/// target as the reclaim thread's do), through pad pages `[BATCH, 2 * BATCH)`, taking its
+/// pages from the same clock, so that two CPUs compress. Near the budget the reclaim thread
+/// is alone.
 pub(crate) fn run_helper(sh: &Shared) {
     let mut segment = (0, 0);
     let mut keep_off = placement::KeepOff::start(&sh.placement);
@@ -152,17 +154,16 @@ impl Shared {
         (start, (start + SEGMENT).min(pages))
     }
 
-    /// Evicts up to a pad's worth of cold pages while over budget, through pad pages from
-    /// `pad` on, from the part of the clock `segment` (the evictor's own, taken from the
-    /// hand; a new one once it is done); how many went out.
+    /// Evicts up to a pad's worth of cold pages while over the reclaim target, through pad
+    /// pages from `pad` on, from the part of the clock `segment` (the evictor's own, taken
+    /// from the hand; a new one once it is done); how many went out.
     fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> u64 {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
-        let target = self.reclaim_target();
         while slot < crate::BATCH
             && scanned < 2 * self.pages
-            && self.resident.load(Relaxed) > target
+            && self.resident.load(Relaxed) > self.reclaim_target()
         {
             if segment.0 >= segment.1 {
                 *segment = self.claim();
@@ -181,7 +182,10 @@ impl Shared {
             }
             // A run of cold resident pages from here, no longer than the excess, the pad or
             // the segment.
-            let excess = self.resident.load(Relaxed).saturating_sub(target);
+            let excess = self
+                .resident
+                .load(Relaxed)
+                .saturating_sub(self.reclaim_target());
             let max = (crate::BATCH - slot)
                 .min(excess.max(1) as usize)
                 .min((segment.1 - page) as usize);
