@@ -467,8 +467,9 @@ struct Shared {
     /// The second evictor's wake-up (when the region is far over budget).
     helper_idle: Mutex<()>,
     helper_cv: Condvar,
-    /// Whether the reclaim thread's last batch evicted nothing (the fault thread then stops
-    /// holding faults back for the budget's sake: nothing would release them).
+    /// Whether the reclaim thread's last batch evicted nothing while the region was over
+    /// its budget (the fault thread then stops holding faults back for the budget's sake:
+    /// nothing would release them); cleared once the region is under its budget.
     reclaim_stuck: AtomicBool,
     /// How many of [`Region::evict`]'s pad pages are used since they were last emptied.
     manual_pad_used: Mutex<usize>,

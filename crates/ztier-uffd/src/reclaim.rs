@@ -38,9 +38,6 @@ pub(crate) fn run(sh: &Shared) {
     // ends there; the next starts only when the budget is crossed again.
     let mut passing = false;
     loop {
-        if passing && sh.resident.load(Relaxed) <= sh.reclaim_target() {
-            passing = false;
-        }
         let idle = {
             let mut wanted = sh.reclaim_wanted.lock();
             !sh.stop.load(Relaxed) && !passing && !sh.over_budget() && {
@@ -55,6 +52,9 @@ pub(crate) fn run(sh: &Shared) {
         }
         passing = passing || sh.over_budget();
         if !passing {
+            // Under the budget by whatever way (a pass, the program's own drops, a budget
+            // raised): nothing to be stuck on.
+            sh.reclaim_stuck.store(false, Relaxed);
             // Outside `reclaim_wanted`: emptying the pad waits for the fault thread, which
             // takes that lock to wake this thread.
             if idle {
@@ -68,14 +68,20 @@ pub(crate) fn run(sh: &Shared) {
             sh.helper_cv.notify_one();
         }
         keep_off.settle();
-        let out = sh.evict_batch(&mut segment, 0);
+        let (out, reached) = sh.evict_batch(&mut segment, 0);
+        // The pass ends where it reached the target, not where the thread looks next: the
+        // pad's emptying waits for the fault thread, which serves the faults that came
+        // meanwhile, and pages they bring in under the budget are not this pass's.
+        if reached {
+            passing = false;
+        }
         // Stuck only while over the budget: nothing evicted between the target and the
         // budget (another evictor got there first, or an event is waiting) holds no fault.
         sh.reclaim_stuck
             .store(out == 0 && sh.over_budget(), Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();
-        if out == 0 {
+        if out == 0 && !reached {
             // Nothing could go (every candidate refused, or the address space changing):
             // try again shortly rather than spin, and from the budget again.
             passing = false;
@@ -85,10 +91,9 @@ pub(crate) fn run(sh: &Shared) {
 }
 
 /// The second evictor: evicts beside the reclaim thread while the region is far over its
-/// budget ([`FAR`] pages; each of its batches, once started, goes on down to the reclaim
-/// target as the reclaim thread's do), through pad pages `[BATCH, 2 * BATCH)`, taking its
-/// pages from the same clock, so that two CPUs compress. Near the budget the reclaim thread
-/// is alone.
+/// budget ([`FAR`] pages), through pad pages `[BATCH, 2 * BATCH)`, taking its pages from
+/// the same clock, so that two CPUs compress. Near the budget the reclaim thread is alone
+/// (a batch of this one's that began far over may still run on down to the target).
 pub(crate) fn run_helper(sh: &Shared) {
     let mut segment = (0, 0);
     let mut keep_off = placement::KeepOff::start(&sh.placement);
@@ -105,7 +110,7 @@ pub(crate) fn run_helper(sh: &Shared) {
             return;
         }
         keep_off.settle();
-        let out = sh.evict_batch(&mut segment, crate::BATCH);
+        let (out, _) = sh.evict_batch(&mut segment, crate::BATCH);
         sh.waker.wake();
         if out == 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -156,8 +161,9 @@ impl Shared {
 
     /// Evicts up to a pad's worth of cold pages while over the reclaim target, through pad
     /// pages from `pad` on, from the part of the clock `segment` (the evictor's own, taken
-    /// from the hand; a new one once it is done); how many went out.
-    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> u64 {
+    /// from the hand; a new one once it is done): how many went out, and whether the resident
+    /// pages were down to the target when it stopped.
+    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> (u64, bool) {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
@@ -201,8 +207,9 @@ impl Shared {
                 break;
             }
         }
+        let reached = self.resident.load(Relaxed) <= self.reclaim_target();
         self.empty_pad(pad, slot);
-        out
+        (out, reached)
     }
 
     /// Evicts `page` through pad page `slot` (the caller's alone until it empties it).
