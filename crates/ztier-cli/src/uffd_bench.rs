@@ -220,7 +220,7 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
 /// Waits until the reclaim thread's pass is over: the region's resident pages down to the
 /// pass's target (a little under the budget), or within the budget and no longer falling
 /// (nothing more it could evict); or until `deadline`.
-fn wait_within_budget(region: &Region, deadline: Option<Instant>) {
+fn wait_for_reclaim_pass(region: &Region, deadline: Option<Instant>) {
     let mut last = (u64::MAX, Instant::now());
     loop {
         let s = region.stats();
@@ -271,7 +271,7 @@ fn run_one(
     let before = region.stats();
     let t = Instant::now();
     region.set_budget(budget)?;
-    wait_within_budget(&region, None);
+    wait_for_reclaim_pass(&region, None);
     let evict_time = t.elapsed();
     let after = region.stats();
     let evicted =
@@ -297,7 +297,7 @@ fn run_one(
     // (so fault-around stays closed), until LATENCY_SAMPLES faults are timed. First the
     // reclaim thread finishes bringing the region under its budget after the verify pass
     // above (faults it makes wait for its locks are the evict pass's, not a fault's own).
-    wait_within_budget(&region, Some(Instant::now() + Duration::from_secs(5)));
+    wait_for_reclaim_pass(&region, Some(Instant::now() + Duration::from_secs(5)));
     let before_latency = region.stats();
     let mut lat = Vec::with_capacity(LATENCY_SAMPLES);
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -364,7 +364,7 @@ fn run_one(
 
     // Every page stored, then read in order into free memory (nothing evicted meanwhile).
     region.set_budget(ps)?;
-    wait_within_budget(&region, None);
+    wait_for_reclaim_pass(&region, None);
     let all = region.stats();
     region.set_budget(len)?;
     let t = Instant::now();

@@ -69,12 +69,11 @@ pub(crate) fn run(sh: &Shared) {
         }
         keep_off.settle();
         let (out, reached) = sh.evict_batch(&mut segment, 0);
-        // The pass ends where it reached the target, not where the thread looks next: the
+        // The pass ends where it reached the target, not where the thread looks next (the
         // pad's emptying waits for the fault thread, which serves the faults that came
-        // meanwhile, and pages they bring in under the budget are not this pass's.
-        if reached {
-            passing = false;
-        }
+        // meanwhile, and pages they bring in under the budget are not this pass's); or, when
+        // nothing could go, it starts again from the budget.
+        passing = out > 0 && !reached;
         // Stuck only while over the budget: nothing evicted between the target and the
         // budget (another evictor got there first, or an event is waiting) holds no fault.
         sh.reclaim_stuck
@@ -83,8 +82,7 @@ pub(crate) fn run(sh: &Shared) {
         sh.waker.wake();
         if out == 0 && !reached {
             // Nothing could go (every candidate refused, or the address space changing):
-            // try again shortly rather than spin, and from the budget again.
-            passing = false;
+            // try again shortly rather than spin.
             std::thread::sleep(Duration::from_millis(1));
         }
     }
