@@ -540,6 +540,7 @@ fn run_zswap(
                 let truth = corpus
                     .zswap_truth(algorithm.kind.name())
                     .context("reading zswap-truth.json")?;
+                let mut runs = Vec::new();
                 for &threads in &args.threads {
                     let replay = ZswapReplay {
                         allocator,
@@ -560,6 +561,10 @@ fn run_zswap(
                             run.corpus, run.compressor, threads
                         ));
                     }
+                    runs.push(run);
+                }
+                if !args.json {
+                    print_zswap_scaling(&runs);
                 }
             }
         }
@@ -603,6 +608,13 @@ fn print_zswap_run(r: &ZswapRun) {
         "  load  {:>8.1} MB/s  = {:.2}x raw decompress ({:.1} MB/s), every page verified",
         r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s
     );
+    println!(
+        "  zram on the same pages: read {:.1} MB/s, swap-in {:.1} MB/s (each page read, then its \
+         slot freed, as zram_slot_free_notify does); zswap's load = {:.2}x zram's swap-in",
+        r.zram_read_mb_s,
+        r.zram_swapin_mb_s,
+        r.load_mb_s / r.zram_swapin_mb_s
+    );
     if let Some(k) = &r.kernel {
         println!("  the kernel's zswap ({}) on the same pages:", k.release);
         println!(
@@ -623,6 +635,29 @@ fn print_zswap_run(r: &ZswapRun) {
         }
     }
     println!();
+}
+
+/// How each thread count's figures scale from the first's, for zswap's load and for zram's
+/// reads and swap-in on the same pages: a load that frees (zswap's, zram's swap-in) meets
+/// the frees' cost and shared lines, which zram's plain reads do not.
+fn print_zswap_scaling(runs: &[ZswapRun]) {
+    let Some((first, rest)) = runs.split_first() else {
+        return;
+    };
+    for r in rest {
+        println!(
+            "{}: {} threads / {}: zswap load {:.2}x, zram swap-in {:.2}x, zram read {:.2}x",
+            r.corpus,
+            r.threads,
+            first.threads,
+            r.load_mb_s / first.load_mb_s,
+            r.zram_swapin_mb_s / first.zram_swapin_mb_s,
+            r.zram_read_mb_s / first.zram_read_mb_s
+        );
+    }
+    if !rest.is_empty() {
+        println!();
+    }
 }
 
 /// One row of a comparison with the kernel: ztier's figure, the kernel's, the difference.

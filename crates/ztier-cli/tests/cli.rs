@@ -340,7 +340,31 @@ fn bench_through_zswap_reports_the_kernels_counters() {
         ] {
             assert!(!z[key].is_null(), "{key} missing in {r}");
         }
+        // zram on the same pages, beside zswap's load: its reads and its swap-in (the
+        // replay fails if a swap-in pass left a page or a pool byte behind).
+        for key in ["load_mb_s", "zram_read_mb_s", "zram_swapin_mb_s"] {
+            assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
+        }
     }
+    let o = ztier(&[
+        "bench",
+        "--front",
+        "zswap",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lzo",
+        "--threads",
+        "1,2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(
+        out.matches("zram on the same pages: read ").count(),
+        2,
+        "{out}"
+    );
+    assert!(out.contains("zswap: 2 threads / 1: zswap load "), "{out}");
     let o = ztier(&["bench", "--front", "zswap", "--discard-odd"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("zram's"), "{}", stderr(&o));

@@ -3,7 +3,9 @@
 //! swap layer does), then swapped back in and verified; zswap's counters after the
 //! swap-out, store and load speeds as ratios to the raw compressor and decompressor on the
 //! same pages and threads in the same run, and the kernel zswap's figures
-//! (`zswap-truth.json`) compared where they apply.
+//! (`zswap-truth.json`) compared where they apply; and, beside the load, zram on the same
+//! pages and threads: its reads, and its swap-in (read, then the slot freed), a load that
+//! frees as zswap's does, so what the frees cost is seen apart from zswap's own code.
 //!
 //! The kernel's figures were taken with one process swapping its pages out in order, on
 //! zsmalloc at the kernel's chain size, with no pool limit reached and no writeback; the
@@ -56,6 +58,12 @@ pub struct ZswapRun {
     pub raw_decompress_mb_s: f64,
     pub store_vs_raw: f64,
     pub load_vs_raw: f64,
+    /// zram on the same pages, allocator and threads, in the same run: each page read and
+    /// its slot freed at once, as the kernel's swap-in from zram frees it
+    /// (`zram_slot_free_notify`) for a page mapped once: a load that frees, as zswap's does.
+    pub zram_swapin_mb_s: f64,
+    /// zram's plain reads of the same pages (nothing freed).
+    pub zram_read_mb_s: f64,
     pub verified: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<ZswapComparison>,
@@ -198,6 +206,8 @@ impl ZswapReplay {
             });
         }
 
+        let (zram_read_s, zram_swapin_s) = self.zram_beside(&pages, passes, total)?;
+
         let (raw_c, raw_d) = (mb_s(bytes, raw_compress_s), mb_s(bytes, raw_decompress_s));
         let (store, load) = (mb_s(bytes, store_s), mb_s(bytes, load_s));
         let metadata_bytes_per_page =
@@ -218,11 +228,59 @@ impl ZswapReplay {
             raw_decompress_mb_s: round1(raw_d),
             store_vs_raw: round3(store / raw_c),
             load_vs_raw: round3(load / raw_d),
+            zram_swapin_mb_s: round1(mb_s(bytes, zram_swapin_s)),
+            zram_read_mb_s: round1(mb_s(bytes, zram_read_s)),
             verified: true,
             kernel: None,
         };
         run.kernel = truth.and_then(|t| self.compare(t, &run));
         Ok(run)
+    }
+
+    /// zram on the same pages, allocator, compressor and threads: the best times of its
+    /// reads and of its swap-in (each page read, then its slot freed), passes taken in
+    /// turn, the pages written again (untimed) after each swap-in. What a load that frees
+    /// its object costs the pool, measured where no zswap code runs: the scale two loaders
+    /// reach here is the machine's and the pool's, not zswap's index.
+    fn zram_beside(&self, pages: &[&[u8]], passes: usize, total: u64) -> Result<(f64, f64)> {
+        let ps = self.layout.page_size;
+        let threads = self.threads;
+        let pool = self.allocator.make_pool(&self.layout)?;
+        let dev = ztier_zram::Device::new((pages.len() * ps) as u64, self.algorithm.clone(), pool)?;
+        let quiet = Progress::new("", 0, false);
+        let write_all = || {
+            for_each_page(pages, threads, &quiet, |i, page, _| {
+                dev.write_page(i as u64, page)
+                    .map_err(|e| at("writing", i, e))
+            })
+        };
+        let read = |i: usize, scratch: &mut Vec<u8>| {
+            scratch.resize(ps, 0);
+            dev.read_page(i as u64, scratch)
+                .map_err(|e| at("reading", i, e))
+        };
+        write_all()?;
+        let progress = Progress::new("zram", total, self.progress);
+        let (mut best_read, mut best_swapin) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..passes.max(1) {
+            let t = for_each_page(pages, threads, &progress, |i, _, scratch| read(i, scratch))?;
+            best_read = best_read.min(t);
+            let t = for_each_page(pages, threads, &progress, |i, _, scratch| {
+                read(i, scratch)?;
+                dev.discard_page(i as u64).map_err(|e| at("freeing", i, e))
+            })?;
+            best_swapin = best_swapin.min(t);
+            let left = dev.mm_stat();
+            if left.orig_data_size != 0 || left.mem_used_total != 0 {
+                return Err(ReplayError::CacheHoldsPages {
+                    pages: left.orig_data_size / ps as u64,
+                    pool_bytes: left.mem_used_total,
+                });
+            }
+            write_all()?;
+        }
+        progress.finish();
+        Ok((best_read, best_swapin))
     }
 
     /// The kernel's figures beside the run's, if they describe this configuration.
