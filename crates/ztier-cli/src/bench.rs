@@ -610,7 +610,7 @@ fn print_zswap_run(r: &ZswapRun) {
     );
     println!(
         "  zram on the same pages: read {:.1} MB/s, swap-in {:.1} MB/s (each page read, then its \
-         slot freed, as zram_slot_free_notify does); zswap's load = {:.2}x zram's swap-in",
+         slot freed at once, as zram_slot_free_notify does); zswap's load = {:.2}x zram's swap-in",
         r.zram_read_mb_s,
         r.zram_swapin_mb_s,
         r.load_mb_s / r.zram_swapin_mb_s
@@ -638,16 +638,20 @@ fn print_zswap_run(r: &ZswapRun) {
 }
 
 /// How each thread count's figures scale from the first's, for zswap's load and for zram's
-/// reads and swap-in on the same pages: a load that frees (zswap's, zram's swap-in) meets
-/// the frees' cost and shared lines, which zram's plain reads do not.
+/// reads and swap-in on the same pages: a load that frees its object (zswap's, in batches;
+/// zram's swap-in, one at a time) meets the frees' cost and the lines they write, which
+/// zram's plain reads do not. Text only (`--json` has each run's figures).
 fn print_zswap_scaling(runs: &[ZswapRun]) {
     let Some((first, rest)) = runs.split_first() else {
         return;
     };
     for r in rest {
         println!(
-            "{}: {} threads / {}: zswap load {:.2}x, zram swap-in {:.2}x, zram read {:.2}x",
+            "{} {} on {}: {} threads / {}: zswap load {:.2}x, zram swap-in {:.2}x, zram read \
+             {:.2}x",
             r.corpus,
+            r.compressor,
+            r.allocator,
             r.threads,
             first.threads,
             r.load_mb_s / first.load_mb_s,

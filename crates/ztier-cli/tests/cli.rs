@@ -364,7 +364,10 @@ fn bench_through_zswap_reports_the_kernels_counters() {
         2,
         "{out}"
     );
-    assert!(out.contains("zswap: 2 threads / 1: zswap load "), "{out}");
+    assert!(
+        out.contains("zswap lzo on zsmalloc: 2 threads / 1: zswap load "),
+        "{out}"
+    );
     let o = ztier(&["bench", "--front", "zswap", "--discard-odd"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("zram's"), "{}", stderr(&o));

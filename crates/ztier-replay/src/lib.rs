@@ -97,6 +97,16 @@ pub enum ReplayError {
     ZswapHoldsPages { pages: u64, slots: u64 },
     #[error("after every page was loaded the cache still holds {pages} pages and {pool_bytes} pool bytes")]
     CacheHoldsPages { pages: u64, pool_bytes: u64 },
+    /// zram, beside zswap's load, still held something after a swap-in pass freed every slot.
+    #[error(
+        "after a swap-in pass freed every slot, zram still holds {pages} pages, {compressed} \
+         compressed bytes and {pool_bytes} bytes of pool (mem_used_total)"
+    )]
+    ZramHoldsPages {
+        pages: u64,
+        compressed: u64,
+        pool_bytes: u64,
+    },
     #[error("{slots} slots still in use after every thread let go")]
     SlotsInUse { slots: u64 },
     /// The swap device's own consistency check (`verify`) failed.
