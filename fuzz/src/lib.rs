@@ -460,3 +460,157 @@ fn tls_client_sends(
     let _ = sock.shutdown(std::net::Shutdown::Write);
     drain.join().expect("drain");
 }
+
+/// A saved zram state as outside input: `ztier serve --state PATH` loads whatever file it is
+/// pointed at. By the first byte: the rest is the whole state; or its body after a valid
+/// header (a device of 16 pages of 4096 bytes, lz4, with zstd as its one secondary
+/// algorithm); or, after that header, records made from it (indexes in order, any flags,
+/// priority and kind, sizes that agree with the flags, objects of the input's bytes), so the
+/// records' checks and the reads of what they install are reached at once. The checksum is
+/// appended, so what the loader meets is a crafted file, not only a damaged one.
+///
+/// A load ends in a summary or a refusal; a refused load leaves the device empty; a loaded
+/// device reads every page, takes writes and discards, compacts and saves again with no
+/// panic (a page whose bytes do not decompress is an error, not a panic), and its saved
+/// state loads into a new device holding the same.
+pub fn zram_state(data: &[u8]) {
+    zram_state_checked(data)
+}
+
+/// Before the first input, a pool kept for the process: the arena's helper thread starts
+/// with the process's first arena and ends with its last, so without one kept alive each
+/// input would start and end a thread (which LeakSanitizer, at exit, takes for leaks).
+pub fn zram_state_init() {
+    static KEPT: std::sync::OnceLock<ztier_pool::ZsPool> = std::sync::OnceLock::new();
+    KEPT.get_or_init(|| ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool"));
+}
+
+fn zram_state_checked(data: &[u8]) {
+    const PAGES: u64 = 16;
+    const PAGE: usize = 4096;
+    let device = || {
+        let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
+        let dev = ztier_zram::Device::new(
+            PAGES * PAGE as u64,
+            "lz4".parse().expect("lz4"),
+            Box::new(pool),
+        )
+        .expect("device");
+        dev.set_recomp_algorithms(vec!["zstd".parse().expect("zstd")])
+            .expect("secondary");
+        dev
+    };
+    let dev = device();
+    let mut state = Vec::new();
+    let mode = data.first().map_or(0, |b| b % 3);
+    if mode != 0 {
+        let name = |state: &mut Vec<u8>, s: &str| {
+            state.extend((s.len() as u16).to_le_bytes());
+            state.extend(s.as_bytes());
+        };
+        state.extend(b"ZTIERST1");
+        state.extend(2u32.to_le_bytes());
+        state.extend((PAGE as u32).to_le_bytes());
+        state.extend(PAGES.to_le_bytes());
+        state.extend(0u32.to_le_bytes());
+        name(&mut state, &dev.algorithm().to_string());
+        let secondary = dev.recomp_algorithms();
+        state.push(secondary.len() as u8);
+        for a in &secondary {
+            name(&mut state, &a.to_string());
+        }
+        state.push(0); // no backing store
+        if mode == 1 {
+            state.extend(&data[1..]);
+        } else {
+            state_records(&mut state, &data[1..], PAGES, PAGE);
+        }
+    } else {
+        state.extend(data);
+    }
+    state.extend(crc32fast::hash(&state).to_le_bytes());
+
+    let mut page = vec![0u8; PAGE];
+    match dev.load_state(&mut &state[..]) {
+        Err(_) => {
+            let m = dev.mm_stat();
+            assert_eq!(
+                (
+                    m.orig_data_size,
+                    m.compr_data_size,
+                    m.mem_used_total,
+                    m.same_pages,
+                    m.huge_pages
+                ),
+                (0, 0, 0, 0, 0),
+                "a refused state left pages behind"
+            );
+        }
+        Ok(_) => {
+            for i in 0..PAGES {
+                let _ = dev.read_page(i, &mut page);
+            }
+            let mut saved = Vec::new();
+            dev.save_state(&mut saved).expect("a loaded state saves");
+            let again = device();
+            again
+                .load_state(&mut &saved[..])
+                .expect("a state saved from a loaded one loads");
+            assert_eq!(
+                again.mm_stat(),
+                dev.mm_stat(),
+                "the state saved again holds the same pages"
+            );
+            page.fill(0x5a);
+            for i in (0..PAGES).step_by(3) {
+                let _ = dev.write_page(i, &page);
+            }
+            for i in (1..PAGES).step_by(3) {
+                let _ = dev.discard_page(i);
+            }
+            dev.compact();
+            for i in 0..PAGES {
+                let _ = dev.read_page(i, &mut page);
+            }
+            dev.reset();
+            assert_eq!(dev.mm_stat().mem_used_total, 0);
+        }
+    }
+}
+
+/// Records for [`zram_state`] made from `data`, 8 bytes a record (and an object's bytes taken
+/// from what follows): page indexes in order, then any of the flags' 7 bits, any priority,
+/// a kind (same-filled, stored, on a store), a size the flags agree with; then the end mark.
+fn state_records(state: &mut Vec<u8>, mut data: &[u8], pages: u64, page: usize) {
+    let mut index = 0u64;
+    while data.len() >= 8 && index < pages {
+        let (r, rest) = data.split_at(8);
+        data = rest;
+        let size = (u16::from_le_bytes([r[4], r[5]]) as usize % page) + 1;
+        let kind = 1 + r[3] % 3;
+        let size = if kind == 1 { 0 } else { size };
+        let flags = size as u64 | u64::from(r[1] & 0x7f) << 16 | u64::from(r[2] % 4) << 23;
+        state.extend(index.to_le_bytes());
+        state.extend(flags.to_le_bytes());
+        state.extend(u32::from(r[6]).to_le_bytes());
+        state.push(kind);
+        match kind {
+            1 => {
+                state.extend(u64::from_le_bytes([r[7], r[0], r[1], r[2], 0, 0, 0, 0]).to_le_bytes())
+            }
+            2 => {
+                state.extend((size as u16).to_le_bytes());
+                let take = size.min(data.len());
+                state.extend(&data[..take]);
+                state.resize(state.len() + size - take, r[7]);
+                data = &data[take..];
+            }
+            _ => {
+                state.extend(u64::from_le_bytes([r[7], r[0], 0, 0, 0, 0, 0, 0]).to_le_bytes());
+                state.extend((size as u16).to_le_bytes());
+            }
+        }
+        index += 1 + u64::from(r[0] % 3);
+    }
+    state.extend(u64::MAX.to_le_bytes());
+}

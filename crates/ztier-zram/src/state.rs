@@ -463,7 +463,29 @@ impl Device {
             let age = r.u32()?;
             let mut e = Entry::from_saved_flags(flags);
             e.set_ac_time(now.saturating_sub(age));
+            // The checksum finds damage; a crafted file passes it. Flags no save writes would
+            // be read as they say: a priority with no algorithm, a huge object short of a
+            // page.
+            let prio = e.priority() as usize;
+            if prio > secondary.len() {
+                return Err(bad_state(format!(
+                    "page {index} is stored by secondary algorithm {prio}; the state names {}",
+                    secondary.len()
+                )));
+            }
+            if e.has(SlotFlag::Huge) && e.size() != self.page_size {
+                return Err(bad_state(format!(
+                    "page {index} is marked huge with a size of {} (a huge page is stored whole)",
+                    e.size()
+                )));
+            }
             match r.u8()? {
+                KIND_SAME if e.size() != 0 => {
+                    return Err(bad_state(format!(
+                        "page {index} is same-filled with a size of {}",
+                        e.size()
+                    )));
+                }
                 KIND_SAME => e.set_same(r.u64()?),
                 KIND_STORED => {
                     let size = r.u16()? as usize;

@@ -1,0 +1,7 @@
+#![no_main]
+libfuzzer_sys::fuzz_target!(
+    // The arena's helper thread lives for the process; started here, before any input, it
+    // is not taken for an input's leak.
+    init: ztier_fuzz::zram_state_init(),
+    |data: &[u8]| ztier_fuzz::zram_state(data)
+);
