@@ -466,8 +466,11 @@ fn tls_client_sends(
 /// header (a device of 16 pages of 4096 bytes, lz4, with zstd as its one secondary
 /// algorithm); or, after that header, records made from it (indexes in order, any flags,
 /// priority and kind, sizes that agree with the flags, objects of the input's bytes), so the
-/// records' checks and the reads of what they install are reached at once. The checksum is
-/// appended, so what the loader meets is a crafted file, not only a damaged one.
+/// records' checks and the reads of what they install are reached at once; or a real state
+/// whose pages are mostly written back to a packed store, with the input's bytes XORed into
+/// it, loaded with a copy of that store (so the places, the units and the store's reopening
+/// are reached). The checksum is made good, so what the loader meets is a crafted file, not
+/// only a damaged one.
 ///
 /// A load ends in a summary or a refusal; a refused load leaves the device empty; a loaded
 /// device reads every page, takes writes and discards, compacts and saves again with no
@@ -502,7 +505,10 @@ fn zram_state_checked(data: &[u8]) {
     };
     let dev = device();
     let mut state = Vec::new();
-    let mode = data.first().map_or(0, |b| b % 3);
+    let mode = data.first().map_or(0, |b| b % 4);
+    if mode == 3 {
+        return zram_state_on_store(&dev, &data[1..], device);
+    }
     if mode != 0 {
         let name = |state: &mut Vec<u8>, s: &str| {
             state.extend((s.len() as u16).to_le_bytes());
@@ -530,9 +536,23 @@ fn zram_state_checked(data: &[u8]) {
     }
     state.extend(crc32fast::hash(&state).to_le_bytes());
 
+    let loaded = dev.load_state(&mut &state[..]);
+    check_loaded_state(&dev, loaded.is_ok(), device);
+}
+
+/// What [`zram_state`] holds of a device after a load: refused, nothing left; loaded, every
+/// page read, the state saved again and loaded into `device()` equal, then writes, discards,
+/// compaction and reads.
+fn check_loaded_state(
+    dev: &ztier_zram::Device,
+    loaded: bool,
+    device: impl Fn() -> ztier_zram::Device,
+) {
+    const PAGE: usize = 4096;
+    let pages = dev.pages();
     let mut page = vec![0u8; PAGE];
-    match dev.load_state(&mut &state[..]) {
-        Err(_) => {
+    match loaded {
+        false => {
             let m = dev.mm_stat();
             assert_eq!(
                 (
@@ -546,30 +566,32 @@ fn zram_state_checked(data: &[u8]) {
                 "a refused state left pages behind"
             );
         }
-        Ok(_) => {
-            for i in 0..PAGES {
+        true => {
+            for i in 0..pages {
                 let _ = dev.read_page(i, &mut page);
             }
-            let mut saved = Vec::new();
-            dev.save_state(&mut saved).expect("a loaded state saves");
-            let again = device();
-            again
-                .load_state(&mut &saved[..])
-                .expect("a state saved from a loaded one loads");
-            assert_eq!(
-                again.mm_stat(),
-                dev.mm_stat(),
-                "the state saved again holds the same pages"
-            );
+            if dev.bd_stat().is_none() {
+                let mut saved = Vec::new();
+                dev.save_state(&mut saved).expect("a loaded state saves");
+                let again = device();
+                again
+                    .load_state(&mut &saved[..])
+                    .expect("a state saved from a loaded one loads");
+                assert_eq!(
+                    again.mm_stat(),
+                    dev.mm_stat(),
+                    "the state saved again holds the same pages"
+                );
+            }
             page.fill(0x5a);
-            for i in (0..PAGES).step_by(3) {
+            for i in (0..pages).step_by(3) {
                 let _ = dev.write_page(i, &page);
             }
-            for i in (1..PAGES).step_by(3) {
+            for i in (1..pages).step_by(3) {
                 let _ = dev.discard_page(i);
             }
             dev.compact();
-            for i in 0..PAGES {
+            for i in 0..pages {
                 let _ = dev.read_page(i, &mut page);
             }
             dev.reset();
@@ -613,4 +635,73 @@ fn state_records(state: &mut Vec<u8>, mut data: &[u8], pages: u64, page: usize) 
         index += 1 + u64::from(r[0] % 3);
     }
     state.extend(u64::MAX.to_le_bytes());
+}
+
+/// [`zram_state`]'s fourth kind of input: a real state of a device whose pages are mostly on
+/// a packed store (made once), `data` XORed into it two bytes at a time (a place, a value),
+/// its checksum made good, loaded with a fresh copy of the store as the save left it.
+fn zram_state_on_store(
+    dev: &ztier_zram::Device,
+    data: &[u8],
+    device: impl Fn() -> ztier_zram::Device,
+) {
+    use std::sync::{Arc, OnceLock};
+    use ztier_blockdev::{memory::MemoryDevice, BlockDevice};
+    use ztier_zram::{Backing, PageSelector, WbFormat};
+    const PAGE: usize = 4096;
+    // The saved state and the store's bytes as the save left them.
+    static SAVED: OnceLock<(Vec<u8>, Vec<u8>)> = OnceLock::new();
+    let store_of = |bytes: &[u8]| {
+        let store = MemoryDevice::new(bytes.len() as u64).expect("store");
+        store.write_at(0, bytes, false).expect("store written");
+        Arc::new(store) as Arc<dyn BlockDevice>
+    };
+    let (state, store_bytes) = SAVED.get_or_init(|| {
+        let size = Backing::size_for(dev.pages() * PAGE as u64);
+        let store = store_of(&vec![0u8; size as usize]);
+        let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
+        let full = ztier_zram::Device::new(
+            dev.pages() * PAGE as u64,
+            dev.algorithm().clone(),
+            Box::new(pool),
+        )
+        .expect("device");
+        full.set_recomp_algorithms(dev.recomp_algorithms())
+            .expect("secondary");
+        for i in 0..dev.pages() {
+            let mut page = vec![(i % 5) as u8; PAGE];
+            for (j, b) in page.iter_mut().enumerate().step_by(7) {
+                *b = (i as usize * 31 + j) as u8;
+            }
+            full.write_page(i, &page).expect("write");
+        }
+        full.set_backing(Some(
+            Backing::new(Arc::clone(&store), WbFormat::Packed).expect("backing"),
+        ))
+        .expect("set backing");
+        full.mark_idle(None);
+        let mut page = vec![0u8; PAGE];
+        full.read_page(0, &mut page).expect("read");
+        full.writeback(PageSelector::Idle, None, None)
+            .expect("writeback");
+        let mut state = Vec::new();
+        full.save_state(&mut state).expect("save");
+        let mut bytes = vec![0u8; size as usize];
+        store.read_at(0, &mut bytes).expect("store read");
+        (state, bytes)
+    });
+    let mut state = state.clone();
+    let body = state.len() - 4;
+    for pair in data.chunks_exact(3) {
+        let at = u16::from_le_bytes([pair[0], pair[1]]) as usize % body;
+        state[at] ^= pair[2];
+    }
+    let crc = crc32fast::hash(&state[..body]);
+    state[body..].copy_from_slice(&crc.to_le_bytes());
+    let loaded =
+        dev.load_state_with_store(&mut &state[..], store_of(store_bytes), WbFormat::Packed);
+    if loaded.is_err() {
+        assert!(dev.bd_stat().is_none(), "a refused state left a store set");
+    }
+    check_loaded_state(dev, loaded.is_ok(), device);
 }
