@@ -467,9 +467,9 @@ fn tls_client_sends(
 /// algorithm); or, after that header, records made from it (indexes in order, any flags,
 /// priority and kind, sizes that agree with the flags, objects of the input's bytes), so the
 /// records' checks and the reads of what they install are reached at once; or a real state
-/// whose pages are mostly written back to a packed store, with the input's bytes XORed into
-/// it, loaded with a copy of that store (so the places, the units and the store's reopening
-/// are reached). The checksum is made good, so what the loader meets is a crafted file, not
+/// whose pages are mostly written back to a packed store, loaded with a copy of that store,
+/// the input's changes XORed into the one or the other (so the places, the units, the
+/// store's header and its reopening are reached). The checksum is made good, so what the loader meets is a crafted file, not
 /// only a damaged one.
 ///
 /// A load ends in a summary or a refusal; a refused load leaves the device empty; a loaded
@@ -638,8 +638,10 @@ fn state_records(state: &mut Vec<u8>, mut data: &[u8], pages: u64, page: usize) 
 }
 
 /// [`zram_state`]'s fourth kind of input: a real state of a device whose pages are mostly on
-/// a packed store (made once), `data` XORed into it two bytes at a time (a place, a value),
-/// its checksum made good, loaded with a fresh copy of the store as the save left it.
+/// a packed store (made once), and a fresh copy of the store as the save left it; `data`'s
+/// changes (a place, a value to XOR) go into the state (its checksum made good) or into the
+/// store (a store that lies: a remote one, a damaged file), then the state is loaded with
+/// the store.
 fn zram_state_on_store(
     dev: &ztier_zram::Device,
     data: &[u8],
@@ -691,15 +693,27 @@ fn zram_state_on_store(
         (state, bytes)
     });
     let mut state = state.clone();
+    let mut store_bytes = store_bytes.clone();
     let body = state.len() - 4;
-    for pair in data.chunks_exact(3) {
-        let at = u16::from_le_bytes([pair[0], pair[1]]) as usize % body;
-        state[at] ^= pair[2];
+    // The first byte: the changes go to the state (even) or to the store (odd: its header
+    // and the first pages after it).
+    let (on_store, data) = match data.split_first() {
+        Some((b, rest)) => (b & 1 == 1, rest),
+        None => (false, data),
+    };
+    for change in data.chunks_exact(3) {
+        let at = u16::from_le_bytes([change[0], change[1]]) as usize;
+        if on_store {
+            let len = store_bytes.len();
+            store_bytes[at % len] ^= change[2];
+        } else {
+            state[at % body] ^= change[2];
+        }
     }
     let crc = crc32fast::hash(&state[..body]);
     state[body..].copy_from_slice(&crc.to_le_bytes());
     let loaded =
-        dev.load_state_with_store(&mut &state[..], store_of(store_bytes), WbFormat::Packed);
+        dev.load_state_with_store(&mut &state[..], store_of(&store_bytes), WbFormat::Packed);
     if loaded.is_err() {
         assert!(dev.bd_stat().is_none(), "a refused state left a store set");
     }
