@@ -719,3 +719,127 @@ fn zram_state_on_store(
     }
     check_loaded_state(dev, loaded.is_ok(), device);
 }
+
+/// The device's controls as `ztier serve`'s control socket takes them (`ztier ctl ATTR
+/// VALUE`, a line of at most 256 bytes from a client): `data` is a series of requests, each
+/// a byte naming an attribute (a writable one, a readable one, or, past them, a name from
+/// the input) and a value up to the next newline (its bytes read as the words and numbers
+/// the attributes take, [`attr_value`], or as themselves), run in order on a device of 16 pages with
+/// a packed backing store, half of them written. Every request ends in an answer or an
+/// error, never a panic; no value is taken for another (a number too large for its field is
+/// refused, not cut).
+pub fn zram_attrs(data: &[u8]) {
+    use std::sync::Arc;
+    use ztier_blockdev::memory::MemoryDevice;
+    use ztier_zram::{Backing, WbFormat};
+    const PAGES: u64 = 16;
+    const PAGE: usize = 4096;
+    const WRITABLE: [&str; 9] = [
+        "idle",
+        "writeback",
+        "writeback_limit",
+        "writeback_limit_enable",
+        "recomp_algorithm",
+        "recompress",
+        "compact",
+        "mem_limit",
+        "mem_used_max",
+    ];
+    const READABLE: [&str; 8] = [
+        "mm_stat",
+        "io_stat",
+        "bd_stat",
+        "debug_stat",
+        "writeback_limit",
+        "writeback_limit_enable",
+        "recomp_algorithm",
+        "backing_dev",
+    ];
+    let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
+    let dev = ztier_zram::Device::new(
+        PAGES * PAGE as u64,
+        "lz4".parse().expect("lz4"),
+        Box::new(pool),
+    )
+    .expect("device");
+    let store = Arc::new(MemoryDevice::new(Backing::size_for(PAGES * PAGE as u64)).expect("store"));
+    dev.set_backing(Some(
+        Backing::new(store, WbFormat::Packed).expect("backing"),
+    ))
+    .expect("set backing");
+    for i in (0..PAGES).step_by(2) {
+        let mut page = vec![(i % 7) as u8; PAGE];
+        for (j, b) in page.iter_mut().enumerate().step_by(11) {
+            *b = (i as usize + j) as u8;
+        }
+        dev.write_page(i, &page).expect("write");
+    }
+    for request in data.split(|&b| b == b'\n').take(32) {
+        let Some((&which, value)) = request.split_first() else {
+            continue;
+        };
+        let value = attr_value(&value[..value.len().min(64)]);
+        let which = which as usize;
+        if which < WRITABLE.len() {
+            let _ = dev.store_attr(WRITABLE[which], &value);
+        } else if which < WRITABLE.len() + READABLE.len() {
+            let _ = dev.show_attr(READABLE[which - WRITABLE.len()]);
+        } else if which & 1 == 0 {
+            let _ = dev.store_attr(value.split(' ').next().unwrap_or(""), &value);
+        } else {
+            let _ = dev.show_attr(&value);
+        }
+    }
+    let mut page = vec![0u8; PAGE];
+    for i in 0..PAGES {
+        dev.read_page(i, &mut page).expect("every page still reads");
+    }
+}
+
+/// A control value from `bytes`: each byte below the table's length is a word or number the
+/// attributes take (their keys, modes, edge numbers), any other is itself, so that values
+/// like `page_indexes=2-18446744073709551615` are a few bytes away, not a few million runs.
+fn attr_value(bytes: &[u8]) -> String {
+    const WORDS: [&str; 32] = [
+        "page=",
+        "page_indexes=",
+        "type=",
+        "threshold=",
+        "priority=",
+        "algo=",
+        "all",
+        "idle",
+        "huge",
+        "huge_idle",
+        "incompressible",
+        "lz4",
+        "zstd",
+        "lzo-rle",
+        "zstd:level=",
+        "deflate",
+        "0",
+        "1",
+        "2",
+        "3",
+        "63",
+        "64",
+        "4096",
+        "4294967295",
+        "4294967297",
+        "18446744073709551615",
+        "-",
+        " ",
+        "=",
+        "K",
+        "0x",
+        "E",
+    ];
+    let mut value = String::new();
+    for &b in bytes {
+        match WORDS.get(b as usize) {
+            Some(word) => value.push_str(word),
+            None => value.push(b as char),
+        }
+    }
+    value
+}

@@ -35,6 +35,12 @@ fn number(name: &str, value: &str) -> Result<u64> {
         .map_err(|_| bad(name, value, "a number"))
 }
 
+/// A number that must fit a u32 (the kernel's `kstrtouint`): a larger one is refused, not
+/// cut to its low bits.
+fn number_u32(name: &str, value: &str) -> Result<u32> {
+    u32::try_from(number(name, value)?).map_err(|_| bad(name, value, "a number up to 4294967295"))
+}
+
 /// The kernel's `memparse()`, which `mem_limit` takes: a number in C's notation (`0x` hex,
 /// a leading `0` octal, else decimal) and an optional K, M, G, T, P or E (either case).
 fn memparse(name: &str, value: &str) -> Result<u64> {
@@ -88,12 +94,21 @@ impl Device {
                 Ok(format!("{} pages marked idle", self.mark_idle(age)))
             }
             "writeback" => {
+                // An index past the device is refused here, as the kernel's -EINVAL, before
+                // a range end of index + 1 is formed (it would overflow at u64::MAX).
+                let index = |v: &str| {
+                    number(name, v).and_then(|i| {
+                        (i < self.pages()).then_some(i).ok_or_else(|| {
+                            bad(name, v, &format!("a page index below {}", self.pages()))
+                        })
+                    })
+                };
                 let (mode, range) = if let Some(p) = value.strip_prefix("page=") {
-                    let i = number(name, p)?;
+                    let i = index(p)?;
                     (PageSelector::All, Some(i..i + 1))
                 } else if let Some(r) = value.strip_prefix("page_indexes=") {
                     let (a, b) = r.split_once('-').ok_or_else(|| bad(name, r, "N-M"))?;
-                    let (a, b) = (number(name, a)?, number(name, b)?);
+                    let (a, b) = (number(name, a)?, index(b)?);
                     if b < a {
                         return Err(bad(name, r, "a range N-M with N <= M"));
                     }
@@ -169,7 +184,7 @@ impl Device {
                     match k {
                         "type" => mode = v.parse().map_err(|want: String| bad(name, v, &want))?,
                         "threshold" => threshold = Some(number(name, v)? as usize),
-                        "priority" => prio = Some(number(name, v)? as u32),
+                        "priority" => prio = Some(number_u32(name, v)?),
                         _ => return Err(bad(name, k, "type=, threshold= or priority=")),
                     }
                 }
@@ -242,6 +257,52 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::memparse;
+    use crate::Device;
+
+    fn device() -> Device {
+        let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).unwrap();
+        let dev = Device::new(16 * 4096, "lz4".parse().unwrap(), Box::new(pool)).unwrap();
+        dev.write_page(3, &[7u8; 4096]).unwrap();
+        dev
+    }
+
+    /// A number past its field's range is refused with the reason, never wrapped or cut to
+    /// fit: `page=` at the largest index a u64 holds (whose range end overflowed: a panic
+    /// with overflow checks, else an empty range and "0 pages written back"), a priority past
+    /// a u32 (cut to its low bits, 2^32 + 1 recompressed as priority 1).
+    #[test]
+    fn numbers_out_of_their_range_are_refused() {
+        let dev = device();
+        for (attr, value, why) in [
+            (
+                "writeback",
+                "page=18446744073709551615",
+                "a page index below 16",
+            ),
+            ("writeback", "page=16", "a page index below 16"),
+            (
+                "writeback",
+                "page_indexes=2-18446744073709551615",
+                "a page index below 16",
+            ),
+            ("writeback", "page_indexes=5-3", "N <= M"),
+            (
+                "recompress",
+                "type=all priority=4294967297",
+                "a number up to 4294967295",
+            ),
+            ("recompress", "type=all threshold=x", "a number"),
+            (
+                "recomp_algorithm",
+                "algo=zstd priority=18446744073709551615",
+                "a priority from 1 to 1",
+            ),
+        ] {
+            let e = dev.store_attr(attr, value).unwrap_err().to_string();
+            assert!(e.contains(why), "{attr} {value}: {e}");
+        }
+        assert_eq!(dev.mm_stat().orig_data_size, 4096, "nothing changed");
+    }
 
     #[test]
     fn memparse_reads_what_the_kernel_reads() {
