@@ -7,6 +7,9 @@ use anyhow::Context;
 use clap::Args;
 use ztier_capture::{CaptureOptions, EpochSummary, Manifest, Recorder};
 
+// An interval or a length of recording (`500ms`, `5s`, `2m`, `1h`, plain seconds), above zero.
+use crate::size::parse_positive_duration as parse_duration;
+
 #[derive(Args, Debug)]
 pub struct CaptureArgs {
     /// The process to capture.
@@ -34,16 +37,6 @@ pub struct CaptureArgs {
     /// Print the manifest as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
-}
-
-/// An interval or a length of recording: [`crate::size::parse_duration`]'s (`500ms`, `5s`,
-/// `2m`, `1h`, plain seconds), above zero.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = crate::size::parse_duration(s)?;
-    if d.is_zero() {
-        return Err(format!("'{s}' is not a duration above zero"));
-    }
-    Ok(d)
 }
 
 pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {

@@ -106,7 +106,7 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_size)]
     pub mem_target: Option<u64>,
     /// How often the policy runs.
-    #[arg(long, value_parser = crate::size::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = crate::size::parse_positive_duration, default_value = "10s")]
     pub policy_interval: Duration,
     /// The control socket `ztier stat` reads the running device's statistics from. Default
     /// with --socket: that path with `.ctl` appended; with --listen: none.
@@ -115,11 +115,11 @@ pub struct ServeArgs {
     /// How long a request to a remote backing store may wait before the store counts as
     /// lost; a lost store is dialed again by itself, with backoff, and checked to be the
     /// same store (its header's random id) before any page is read from it.
-    #[arg(long, value_parser = crate::size::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = crate::size::parse_positive_duration, default_value = "30s")]
     pub backing_timeout: Duration,
     /// How long a client may take over its handshake before it is cut off (qemu-nbd's
     /// --handshake-limit). Handshakes under way do not count against --max-connections.
-    #[arg(long, value_parser = crate::size::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = crate::size::parse_positive_duration, default_value = "10s")]
     pub handshake_limit: Duration,
     /// The Unix sockets' permissions (data and control), in octal. They are made 0600
     /// whatever the umask: only the server's user (and root) may connect.
@@ -154,7 +154,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub state: Option<PathBuf>,
     /// A client that reads none of its replies for this long is cut off.
-    #[arg(long, value_parser = crate::size::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = crate::size::parse_positive_duration, default_value = "30s")]
     pub reply_timeout: Duration,
 }
 

@@ -43,9 +43,20 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .ok_or_else(bad)
 }
 
+/// [`parse_duration`]'s, above zero: for an interval or a time limit, which at zero would
+/// spin (an interval) or end everything at once (a limit: the OS refuses a zero socket
+/// timeout, so each client would be cut off after its handshake).
+pub fn parse_positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("'{s}' is not a duration above zero"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{parse_duration, parse_size};
+    use super::{parse_duration, parse_positive_duration, parse_size};
     use std::time::Duration;
 
     #[test]
@@ -56,6 +67,11 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("").is_err());
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for zero in ["0", "0s", "0ms", "0d"] {
+            assert!(parse_positive_duration(zero).is_err(), "{zero}");
+        }
+        assert_eq!(parse_positive_duration("1ms"), Ok(Duration::from_millis(1)));
     }
 
     #[test]

@@ -508,3 +508,24 @@ fn swap_bench_verifies_and_writes_back() {
         "{r}"
     );
 }
+
+/// A time limit or an interval of zero is refused when the flags are read: at zero a
+/// server would start and then cut off every client after its handshake (the OS refuses a
+/// zero socket timeout), fail every handshake, or rescan the device in a tight loop.
+#[test]
+fn serve_refuses_zero_time_limits() {
+    for flag in [
+        "--reply-timeout",
+        "--handshake-limit",
+        "--backing-timeout",
+        "--policy-interval",
+    ] {
+        let o = ztier(&["serve", "--size", "1M", flag, "0"]);
+        assert!(!o.status.success(), "{flag} 0 was taken");
+        assert!(
+            stderr(&o).contains("'0' is not a duration above zero"),
+            "{flag}: {}",
+            stderr(&o)
+        );
+    }
+}

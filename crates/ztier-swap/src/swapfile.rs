@@ -317,6 +317,18 @@ impl Device {
             )));
         }
         let nclusters = slots.div_ceil(u64::from(CLUSTER)) as usize;
+        // The map (a byte a slot, in its clusters) is made whole here, as the kernel's
+        // swap_map is at swapon; one larger than the machine's memory is refused up front (a
+        // large sparse file, or a remote export that says it is huge, would otherwise have it
+        // written out until the process is killed).
+        let map_bytes = (nclusters as u64).saturating_mul(std::mem::size_of::<Cluster>() as u64);
+        let memory_bytes = ztier_base::os::physical_memory_bytes();
+        if map_bytes > memory_bytes {
+            return Err(SwapError::Invalid(format!(
+                "{slots} slots need {map_bytes} bytes of slot map; the machine has \
+                 {memory_bytes} bytes of memory"
+            )));
+        }
         let mut clusters: Vec<Cluster> = Vec::new();
         clusters
             .try_reserve_exact(nclusters)

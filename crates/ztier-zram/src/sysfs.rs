@@ -304,6 +304,21 @@ mod tests {
         assert_eq!(dev.mm_stat().orig_data_size, 4096, "nothing changed");
     }
 
+    /// A writeback limit of the most blocks a u64 holds stays a limit (it is how "no limit"
+    /// was kept: the limit read back as off, and enabling it again set it to 0, stopping
+    /// every writeback).
+    #[test]
+    fn the_largest_writeback_limit_stays_on() {
+        let dev = device();
+        dev.store_attr("writeback_limit", "18446744073709551615")
+            .unwrap();
+        assert_eq!(dev.show_attr("writeback_limit_enable").unwrap(), "1");
+        dev.store_attr("writeback_limit_enable", "1").unwrap();
+        assert_eq!(dev.writeback_limit(), Some(u64::MAX - 1));
+        dev.store_attr("writeback_limit_enable", "0").unwrap();
+        assert_eq!(dev.show_attr("writeback_limit_enable").unwrap(), "0");
+    }
+
     #[test]
     fn memparse_reads_what_the_kernel_reads() {
         for (text, bytes) in [

@@ -486,7 +486,7 @@ impl Backing {
     pub fn new(dev: Arc<dyn BlockDevice>, format: WbFormat) -> Result<Backing> {
         let places = ztier_swap::Device::new(Arc::clone(&dev), places_config())
             .map_err(ZramError::Backing)?;
-        Ok(Backing::over(dev, places, format, false))
+        Backing::over(dev, places, format, false)
     }
 
     /// The store a saved state's pages are on, opened again as it is, not formatted: the
@@ -513,23 +513,42 @@ impl Backing {
                     e => ZramError::BadState(format!("the backing store: {e}")),
                 }
             })?;
-        let store = Backing::over(dev, places, format, true);
+        let store = Backing::over(dev, places, format, true)?;
         for &(first, live) in units {
             store.live_of(first).store(live, Relaxed);
         }
         Ok(store)
     }
 
+    /// The store over `places`, with a live count for each of its units: refused if those
+    /// counts would not fit the machine's memory (a store of a byte-sized unit per 4 KiB
+    /// takes 4 bytes a slot), rather than aborting on the allocation.
     fn over(
         store: Arc<dyn BlockDevice>,
         places: ztier_swap::Device,
         format: WbFormat,
         marked: bool,
-    ) -> Backing {
+    ) -> Result<Backing> {
         let unit_slots = unit_slots_of(format);
-        let units = places.slots().div_ceil(unit_slots) as usize;
-        Backing {
-            live: (0..units).map(|_| AtomicU32::new(0)).collect(),
+        let units = places.slots().div_ceil(unit_slots);
+        let live_bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
+        let memory_bytes = ztier_pool::physical_memory_bytes();
+        let mut live = Vec::new();
+        if live_bytes > memory_bytes
+            || usize::try_from(units)
+                .ok()
+                .and_then(|n| live.try_reserve_exact(n).ok())
+                .is_none()
+        {
+            return Err(ZramError::Backing(SwapError::Invalid(format!(
+                "a store of {} bytes needs {live_bytes} bytes of live counts ({format:?} \
+                 format); the machine has {memory_bytes} bytes of memory",
+                store.size()
+            ))));
+        }
+        live.resize_with(units as usize, || AtomicU32::new(0));
+        Ok(Backing {
+            live: live.into(),
             cache: Arc::default(),
             ahead: Mutex::new(Ahead::default()),
             segment_reads: AtomicU64::new(0),
@@ -547,7 +566,7 @@ impl Backing {
             bytes_written: AtomicU64::new(0),
             bytes_stored: AtomicU64::new(0),
             failed: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Counts `bytes` of live objects a reloaded state put back on the store.
@@ -978,9 +997,16 @@ impl Device {
     }
 
     /// `writeback_limit_enable` and `writeback_limit` (in 4 KiB blocks): each block written
-    /// to the store takes one; at 0, writeback stops.
+    /// to the store takes one; at 0, writeback stops. `u64::MAX` is how "no limit" is kept,
+    /// so a limit of `u64::MAX` blocks is kept as one block fewer (more than any store
+    /// holds either way): it stays a limit, reads back as on, and is not lost to 0 when
+    /// `writeback_limit_enable` is written again.
     pub fn set_writeback_limit(&self, limit: Option<u64>) {
-        self.wb_limit.store(limit.unwrap_or(u64::MAX), Relaxed);
+        let kept = match limit {
+            Some(blocks) => blocks.min(u64::MAX - 1),
+            None => u64::MAX,
+        };
+        self.wb_limit.store(kept, Relaxed);
     }
 
     /// Blocks the writeback limit has left (`None`: no limit).
