@@ -1,6 +1,6 @@
 #![no_main]
 libfuzzer_sys::fuzz_target!(
-    // A pool kept for the process (see zram_state_init).
-    init: ztier_fuzz::zram_state_init(),
+    // A pool kept for the process (see keep_arena_helper).
+    init: ztier_fuzz::keep_arena_helper(),
     |data: &[u8]| ztier_fuzz::zram_attrs(data)
 );

@@ -461,6 +461,14 @@ fn tls_client_sends(
     drain.join().expect("drain");
 }
 
+/// Before the first input, a pool kept for the process: the arena's helper thread starts
+/// with the process's first arena and ends with its last, so without one kept alive each
+/// input would start and end a thread (which LeakSanitizer, at exit, takes for leaks).
+pub fn keep_arena_helper() {
+    static KEPT: std::sync::OnceLock<ztier_pool::ZsPool> = std::sync::OnceLock::new();
+    KEPT.get_or_init(|| ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool"));
+}
+
 /// A saved zram state as outside input: `ztier serve --state PATH` loads whatever file it is
 /// pointed at. By the first byte: the rest is the whole state; or its body after a valid
 /// header (a device of 16 pages of 4096 bytes, lz4, with zstd as its one secondary
@@ -469,26 +477,14 @@ fn tls_client_sends(
 /// records' checks and the reads of what they install are reached at once; or a real state
 /// whose pages are mostly written back to a packed store, loaded with a copy of that store,
 /// the input's changes XORed into the one or the other (so the places, the units, the
-/// store's header and its reopening are reached). The checksum is made good, so what the loader meets is a crafted file, not
-/// only a damaged one.
+/// store's header and its reopening are reached). The checksum is made good, so what the
+/// loader meets is a crafted file, not only a damaged one.
 ///
 /// A load ends in a summary or a refusal; a refused load leaves the device empty; a loaded
 /// device reads every page, takes writes and discards, compacts and saves again with no
 /// panic (a page whose bytes do not decompress is an error, not a panic), and its saved
 /// state loads into a new device holding the same.
 pub fn zram_state(data: &[u8]) {
-    zram_state_checked(data)
-}
-
-/// Before the first input, a pool kept for the process: the arena's helper thread starts
-/// with the process's first arena and ends with its last, so without one kept alive each
-/// input would start and end a thread (which LeakSanitizer, at exit, takes for leaks).
-pub fn zram_state_init() {
-    static KEPT: std::sync::OnceLock<ztier_pool::ZsPool> = std::sync::OnceLock::new();
-    KEPT.get_or_init(|| ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool"));
-}
-
-fn zram_state_checked(data: &[u8]) {
     const PAGES: u64 = 16;
     const PAGE: usize = 4096;
     let device = || {
@@ -548,68 +544,68 @@ fn check_loaded_state(
     loaded: bool,
     device: impl Fn() -> ztier_zram::Device,
 ) {
-    const PAGE: usize = 4096;
     let pages = dev.pages();
-    let mut page = vec![0u8; PAGE];
-    match loaded {
-        false => {
-            let m = dev.mm_stat();
-            assert_eq!(
-                (
-                    m.orig_data_size,
-                    m.compr_data_size,
-                    m.mem_used_total,
-                    m.same_pages,
-                    m.huge_pages
-                ),
-                (0, 0, 0, 0, 0),
-                "a refused state left pages behind"
-            );
-        }
-        true => {
-            for i in 0..pages {
-                let _ = dev.read_page(i, &mut page);
-            }
-            if dev.bd_stat().is_none() {
-                let mut saved = Vec::new();
-                dev.save_state(&mut saved).expect("a loaded state saves");
-                let again = device();
-                again
-                    .load_state(&mut &saved[..])
-                    .expect("a state saved from a loaded one loads");
-                assert_eq!(
-                    again.mm_stat(),
-                    dev.mm_stat(),
-                    "the state saved again holds the same pages"
-                );
-            }
-            page.fill(0x5a);
-            for i in (0..pages).step_by(3) {
-                let _ = dev.write_page(i, &page);
-            }
-            for i in (1..pages).step_by(3) {
-                let _ = dev.discard_page(i);
-            }
-            dev.compact();
-            for i in 0..pages {
-                let _ = dev.read_page(i, &mut page);
-            }
-            dev.reset();
-            assert_eq!(dev.mm_stat().mem_used_total, 0);
-        }
+    let mut page = vec![0u8; dev.page_size()];
+    if !loaded {
+        let m = dev.mm_stat();
+        assert_eq!(
+            (
+                m.orig_data_size,
+                m.compr_data_size,
+                m.mem_used_total,
+                m.same_pages,
+                m.huge_pages
+            ),
+            (0, 0, 0, 0, 0),
+            "a refused state left pages behind"
+        );
+        return;
     }
+    for i in 0..pages {
+        let _ = dev.read_page(i, &mut page);
+    }
+    // A device with a store would save a state naming that store; saved again here only
+    // without one.
+    if dev.bd_stat().is_none() {
+        let mut saved = Vec::new();
+        dev.save_state(&mut saved).expect("a loaded state saves");
+        let again = device();
+        again
+            .load_state(&mut &saved[..])
+            .expect("a state saved from a loaded one loads");
+        assert_eq!(
+            again.mm_stat(),
+            dev.mm_stat(),
+            "the state saved again holds the same pages"
+        );
+    }
+    page.fill(0x5a);
+    for i in (0..pages).step_by(3) {
+        let _ = dev.write_page(i, &page);
+    }
+    for i in (1..pages).step_by(3) {
+        let _ = dev.discard_page(i);
+    }
+    dev.compact();
+    for i in 0..pages {
+        let _ = dev.read_page(i, &mut page);
+    }
+    dev.reset();
+    assert_eq!(dev.mm_stat().mem_used_total, 0);
 }
 
 /// Records for [`zram_state`] made from `data`, 8 bytes a record (and an object's bytes taken
 /// from what follows): page indexes in order, then any of the flags' 7 bits, any priority,
-/// a kind (same-filled, stored, on a store), a size the flags agree with; then the end mark.
+/// a kind (same-filled or stored), a size the flags agree with; then the end mark.
 fn state_records(state: &mut Vec<u8>, mut data: &[u8], pages: u64, page: usize) {
     let mut index = 0u64;
     while data.len() >= 8 && index < pages {
         let (r, rest) = data.split_at(8);
         data = rest;
         let size = (u16::from_le_bytes([r[4], r[5]]) as usize % page) + 1;
-        let kind = 1 + r[3] % 3;
+        // Same-filled or stored: the header says there is no store, so a record on one
+        // would only ever be refused.
+        let kind = 1 + r[3] % 2;
         let size = if kind == 1 { 0 } else { size };
         let flags = size as u64 | u64::from(r[1] & 0x7f) << 16 | u64::from(r[2] % 4) << 23;
         state.extend(index.to_le_bytes());
@@ -639,9 +635,10 @@ fn state_records(state: &mut Vec<u8>, mut data: &[u8], pages: u64, page: usize) 
 
 /// [`zram_state`]'s fourth kind of input: a real state of a device whose pages are mostly on
 /// a packed store (made once), and a fresh copy of the store as the save left it; `data`'s
-/// changes (a place, a value to XOR) go into the state (its checksum made good) or into the
-/// store (a store that lies: a remote one, a damaged file), then the state is loaded with
-/// the store.
+/// changes (a place of 4 bytes, a value to XOR) go into the state (its checksum made good)
+/// or into the store (a store that lies: a remote one, a damaged file), then the state is
+/// loaded with the store. A device loaded so is not saved again (its state would name the
+/// store).
 fn zram_state_on_store(
     dev: &ztier_zram::Device,
     data: &[u8],
@@ -696,18 +693,18 @@ fn zram_state_on_store(
     let mut store_bytes = store_bytes.clone();
     let body = state.len() - 4;
     // The first byte: the changes go to the state (even) or to the store (odd: its header
-    // and the first pages after it).
+    // and its segments, written-back pages among them).
     let (on_store, data) = match data.split_first() {
         Some((b, rest)) => (b & 1 == 1, rest),
         None => (false, data),
     };
-    for change in data.chunks_exact(3) {
-        let at = u16::from_le_bytes([change[0], change[1]]) as usize;
+    for change in data.chunks_exact(5) {
+        let at = u32::from_le_bytes([change[0], change[1], change[2], change[3]]) as usize;
         if on_store {
             let len = store_bytes.len();
-            store_bytes[at % len] ^= change[2];
+            store_bytes[at % len] ^= change[4];
         } else {
-            state[at % body] ^= change[2];
+            state[at % body] ^= change[4];
         }
     }
     let crc = crc32fast::hash(&state[..body]);
@@ -721,13 +718,12 @@ fn zram_state_on_store(
 }
 
 /// The device's controls as `ztier serve`'s control socket takes them (`ztier ctl ATTR
-/// VALUE`, a line of at most 256 bytes from a client): `data` is a series of requests, each
-/// a byte naming an attribute (a writable one, a readable one, or, past them, a name from
-/// the input) and a value up to the next newline (its bytes read as the words and numbers
-/// the attributes take, [`attr_value`], or as themselves), run in order on a device of 16 pages with
-/// a packed backing store, half of them written. Every request ends in an answer or an
-/// error, never a panic; no value is taken for another (a number too large for its field is
-/// refused, not cut).
+/// VALUE`): `data` is a series of requests, split at 0xff bytes, each a byte naming an
+/// attribute (a writable one, a readable one, or, past them, a name and value from the
+/// input) and a value (its bytes read as the words and edge numbers the attributes take,
+/// [`attr_value`], or as themselves), run in order on a device of 16 pages with a packed
+/// backing store, half of them written. Every request ends in an answer or an error, never
+/// a panic (an overflow included: fuzz builds check arithmetic), and every page still reads.
 pub fn zram_attrs(data: &[u8]) {
     use std::sync::Arc;
     use ztier_blockdev::memory::MemoryDevice;
@@ -774,7 +770,7 @@ pub fn zram_attrs(data: &[u8]) {
         }
         dev.write_page(i, &page).expect("write");
     }
-    for request in data.split(|&b| b == b'\n').take(32) {
+    for request in data.split(|&b| b == 0xff).take(32) {
         let Some((&which, value)) = request.split_first() else {
             continue;
         };
@@ -785,7 +781,8 @@ pub fn zram_attrs(data: &[u8]) {
         } else if which < WRITABLE.len() + READABLE.len() {
             let _ = dev.show_attr(READABLE[which - WRITABLE.len()]);
         } else if which & 1 == 0 {
-            let _ = dev.store_attr(value.split(' ').next().unwrap_or(""), &value);
+            let (name, rest) = value.split_once(' ').unwrap_or((&value, ""));
+            let _ = dev.store_attr(name, rest);
         } else {
             let _ = dev.show_attr(&value);
         }

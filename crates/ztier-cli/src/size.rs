@@ -68,9 +68,13 @@ mod tests {
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("").is_err());
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        for zero in ["0", "0s", "0ms", "0d"] {
-            assert!(parse_positive_duration(zero).is_err(), "{zero}");
+        for bad in ["0", "0s", "0ms", "0d", "", "-1s", "5 parsecs", "s", "1e400"] {
+            assert!(parse_positive_duration(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_positive_duration("500ms"),
+            Ok(Duration::from_millis(500))
+        );
         assert_eq!(parse_positive_duration("1ms"), Ok(Duration::from_millis(1)));
     }
 

@@ -520,7 +520,9 @@ fn serve_refuses_zero_time_limits() {
         "--backing-timeout",
         "--policy-interval",
     ] {
-        let o = ztier(&["serve", "--size", "1M", flag, "0"]);
+        // Captive (`--run true`): were the zero taken, the server would end with its
+        // command and the test fail, not serve on for ever.
+        let o = ztier(&["serve", "--size", "1M", "--run", "true", flag, "0"]);
         assert!(!o.status.success(), "{flag} 0 was taken");
         assert!(
             stderr(&o).contains("'0' is not a duration above zero"),

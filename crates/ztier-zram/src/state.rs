@@ -265,6 +265,18 @@ impl Device {
             let _page = self.page_lock(index);
             let g = self.slot(index)?.lock();
             let e = g.entry;
+            // The header named the secondary algorithms as they were when the save began; a
+            // page recompressed since by one set meanwhile would make a state its load
+            // refuses. Saves are per page, not a point in time: this one fails instead (a
+            // failed save leaves the last state loadable).
+            if e.priority() as usize > secondary.len() {
+                return Err(bad_state(format!(
+                    "the secondary algorithms changed during the save (page {index} is stored \
+                     by algorithm {}; the save began with {})",
+                    e.priority(),
+                    secondary.len()
+                )));
+            }
             let age = now.saturating_sub(e.ac_time());
             let record = |w: &mut Summed<&mut dyn Write>, kind: u8| -> Result<()> {
                 w.write_all(&index.to_le_bytes()).map_err(io)?;
@@ -465,7 +477,7 @@ impl Device {
             e.set_ac_time(now.saturating_sub(age));
             // The checksum finds damage; a crafted file passes it. Flags no save writes would
             // be read as they say: a priority with no algorithm, a huge object short of a
-            // page.
+            // page, a same-filled page with a size.
             let prio = e.priority() as usize;
             if prio > secondary.len() {
                 return Err(bad_state(format!(

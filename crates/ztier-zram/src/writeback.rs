@@ -472,6 +472,35 @@ fn places_config() -> ztier_swap::Config {
     }
 }
 
+/// A store's live counts, one for each unit of `format` in `store_bytes` (in the page and
+/// compressed formats a unit is one 4 KiB slot: 4 bytes of counts a slot). Refused, with
+/// the reason, where they would not fit the machine's memory, or cannot be allocated:
+/// a store that says it is huge (a sparse file, a remote export) must not abort the
+/// process.
+fn live_counts(store_bytes: u64, format: WbFormat) -> Result<Box<[AtomicU32]>> {
+    let units = (store_bytes / SLOT_BYTES).div_ceil(unit_slots_of(format));
+    let bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
+    let memory_bytes = ztier_pool::physical_memory_bytes();
+    let too_large = |why: String| {
+        ZramError::Backing(SwapError::Invalid(format!(
+            "a store of {store_bytes} bytes needs {bytes} bytes of live counts ({format:?} \
+             format): {why}"
+        )))
+    };
+    if bytes > memory_bytes {
+        return Err(too_large(format!(
+            "the machine has {memory_bytes} bytes of memory"
+        )));
+    }
+    let mut live = Vec::new();
+    let n = usize::try_from(units)
+        .ok()
+        .filter(|&n| live.try_reserve_exact(n).is_ok())
+        .ok_or_else(|| too_large("they could not be allocated".into()))?;
+    live.resize_with(n, || AtomicU32::new(0));
+    Ok(live.into_boxed_slice())
+}
+
 /// The slots of a unit of `format`: a packed segment's, or one block.
 fn unit_slots_of(format: WbFormat) -> u64 {
     match format {
@@ -484,9 +513,11 @@ impl Backing {
     /// A store on `dev` (its first 4 KiB hold the allocator's header), formatted: whatever
     /// it held is forgotten.
     pub fn new(dev: Arc<dyn BlockDevice>, format: WbFormat) -> Result<Backing> {
+        // Refused before the store is formatted.
+        let live = live_counts(dev.size(), format)?;
         let places = ztier_swap::Device::new(Arc::clone(&dev), places_config())
             .map_err(ZramError::Backing)?;
-        Backing::over(dev, places, format, false)
+        Ok(Backing::over(dev, places, format, live, false))
     }
 
     /// The store a saved state's pages are on, opened again as it is, not formatted: the
@@ -513,42 +544,25 @@ impl Backing {
                     e => ZramError::BadState(format!("the backing store: {e}")),
                 }
             })?;
-        let store = Backing::over(dev, places, format, true)?;
+        let live = live_counts(dev.size(), format)?;
+        let store = Backing::over(dev, places, format, live, true);
         for &(first, live) in units {
             store.live_of(first).store(live, Relaxed);
         }
         Ok(store)
     }
 
-    /// The store over `places`, with a live count for each of its units: refused if those
-    /// counts would not fit the machine's memory (a store of a byte-sized unit per 4 KiB
-    /// takes 4 bytes a slot), rather than aborting on the allocation.
     fn over(
         store: Arc<dyn BlockDevice>,
         places: ztier_swap::Device,
         format: WbFormat,
+        live: Box<[AtomicU32]>,
         marked: bool,
-    ) -> Result<Backing> {
+    ) -> Backing {
         let unit_slots = unit_slots_of(format);
-        let units = places.slots().div_ceil(unit_slots);
-        let live_bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
-        let memory_bytes = ztier_pool::physical_memory_bytes();
-        let mut live = Vec::new();
-        if live_bytes > memory_bytes
-            || usize::try_from(units)
-                .ok()
-                .and_then(|n| live.try_reserve_exact(n).ok())
-                .is_none()
-        {
-            return Err(ZramError::Backing(SwapError::Invalid(format!(
-                "a store of {} bytes needs {live_bytes} bytes of live counts ({format:?} \
-                 format); the machine has {memory_bytes} bytes of memory",
-                store.size()
-            ))));
-        }
-        live.resize_with(units as usize, || AtomicU32::new(0));
-        Ok(Backing {
-            live: live.into(),
+        debug_assert_eq!(live.len() as u64, places.slots().div_ceil(unit_slots));
+        Backing {
+            live,
             cache: Arc::default(),
             ahead: Mutex::new(Ahead::default()),
             segment_reads: AtomicU64::new(0),
@@ -566,7 +580,7 @@ impl Backing {
             bytes_written: AtomicU64::new(0),
             bytes_stored: AtomicU64::new(0),
             failed: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Counts `bytes` of live objects a reloaded state put back on the store.

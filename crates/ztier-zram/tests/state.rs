@@ -510,9 +510,10 @@ fn saves_at_the_same_time_each_leave_a_state_that_loads() {
 
 /// A state is outside input (`ztier serve --state PATH` loads whatever file it is given), and
 /// its checksum finds damage, not design: a record whose flags name a secondary algorithm
-/// the state does not have, or a huge page whose size is not a page, is refused with the
-/// reason under a good checksum, and the device is left empty. (Loaded, the first panicked
-/// at its first read, the second read back a page of one object's bytes and stale ones.)
+/// the state does not have, a huge page whose size is not a page, or a same-filled page
+/// with a size, is refused with the reason under a good checksum, and the device is left
+/// empty. (Loaded, the first panicked at its first read, the second read back a page of
+/// one object's bytes and stale ones.)
 #[test]
 fn a_crafted_state_with_impossible_flags_is_refused() {
     let dev = device();
@@ -522,7 +523,12 @@ fn a_crafted_state_with_impossible_flags_is_refused() {
     // algorithm, no store; then the first record: page 0's index, then its flags.
     let flags_at = 8 + 4 + 4 + 8 + 4 + (2 + 3) + 1 + 1 + 8;
     let flags = u64::from_le_bytes(state[flags_at..flags_at + 8].try_into().unwrap());
-    let crafted = |flags: u64| {
+    // The same for a device whose page 0 is same-filled (`page(0)` is all zeros).
+    let same = device();
+    same.write_page(0, &page(0)).unwrap();
+    let same_state = save(&same);
+    let same_flags = u64::from_le_bytes(same_state[flags_at..flags_at + 8].try_into().unwrap());
+    let crafted_from = |state: &Vec<u8>, flags: u64| {
         let mut bad = state.clone();
         bad[flags_at..flags_at + 8].copy_from_slice(&flags.to_le_bytes());
         let body = bad.len() - 4;
@@ -530,11 +536,16 @@ fn a_crafted_state_with_impossible_flags_is_refused() {
         bad[body..].copy_from_slice(&crc.to_le_bytes());
         bad
     };
+    let crafted = |flags: u64| crafted_from(&state, flags);
     let huge = 1 << 19; // ZRAM_HUGE: the flags' fourth bit after the 16-bit size
     for (bad, why) in [
         (crafted(flags | 1 << 23), "secondary algorithm 1"),
         (crafted(flags | 3 << 23), "secondary algorithm 3"),
         (crafted(flags | huge), "huge"),
+        (
+            crafted_from(&same_state, same_flags | 100),
+            "same-filled with a size",
+        ),
     ] {
         let fresh = device();
         let e = fresh.load_state(&mut &bad[..]).unwrap_err();
