@@ -461,6 +461,13 @@ fn tls_client_sends(
     drain.join().expect("drain");
 }
 
+/// A zram device of `pages` 4 KiB pages on zsmalloc, compressing with lz4.
+fn lz4_device(pages: u64) -> ztier_zram::Device {
+    let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
+    ztier_zram::Device::new(pages * 4096, "lz4".parse().expect("lz4"), Box::new(pool))
+        .expect("device")
+}
+
 /// Before the first input, a pool kept for the process: the arena's helper thread starts
 /// with the process's first arena and ends with its last, so without one kept alive each
 /// input would start and end a thread (which LeakSanitizer, at exit, takes for leaks).
@@ -488,13 +495,7 @@ pub fn zram_state(data: &[u8]) {
     const PAGES: u64 = 16;
     const PAGE: usize = 4096;
     let device = || {
-        let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
-        let dev = ztier_zram::Device::new(
-            PAGES * PAGE as u64,
-            "lz4".parse().expect("lz4"),
-            Box::new(pool),
-        )
-        .expect("device");
+        let dev = lz4_device(PAGES);
         dev.set_recomp_algorithms(vec!["zstd".parse().expect("zstd")])
             .expect("secondary");
         dev
@@ -658,15 +659,8 @@ fn zram_state_on_store(
     let (state, store_bytes) = SAVED.get_or_init(|| {
         let size = Backing::size_for(dev.pages() * PAGE as u64);
         let store = store_of(&vec![0u8; size as usize]);
-        let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
-        let full = ztier_zram::Device::new(
-            dev.pages() * PAGE as u64,
-            dev.algorithm().clone(),
-            Box::new(pool),
-        )
-        .expect("device");
-        full.set_recomp_algorithms(dev.recomp_algorithms())
-            .expect("secondary");
+        // A device like `dev` (made by the same `device`).
+        let full = device();
         for i in 0..dev.pages() {
             let mut page = vec![(i % 5) as u8; PAGE];
             for (j, b) in page.iter_mut().enumerate().step_by(7) {
@@ -751,13 +745,7 @@ pub fn zram_attrs(data: &[u8]) {
         "recomp_algorithm",
         "backing_dev",
     ];
-    let pool = ztier_pool::ZsPool::new(ztier_pool::ZsConfig::default()).expect("pool");
-    let dev = ztier_zram::Device::new(
-        PAGES * PAGE as u64,
-        "lz4".parse().expect("lz4"),
-        Box::new(pool),
-    )
-    .expect("device");
+    let dev = lz4_device(PAGES);
     let store = Arc::new(MemoryDevice::new(Backing::size_for(PAGES * PAGE as u64)).expect("store"));
     dev.set_backing(Some(
         Backing::new(store, WbFormat::Packed).expect("backing"),

@@ -309,18 +309,21 @@ fn an_endless_corpus_is_refused() {
 #[test]
 fn bench_through_zswap_reports_the_kernels_counters() {
     let path = corpus("zswap.pages", 64, 0);
-    let o = ztier(&[
-        "bench",
-        "--front",
-        "zswap",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lzo",
-        "--threads",
-        "1,2",
-        "--json",
-    ]);
+    let bench = |more: &[&str]| {
+        let args = [
+            "bench",
+            "--front",
+            "zswap",
+            "--corpus",
+            path.to_str().unwrap(),
+            "--compressor",
+            "lzo",
+            "--threads",
+            "1,2",
+        ];
+        ztier(&[&args[..], more].concat())
+    };
+    let o = bench(&["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let runs = json_lines(&o);
     assert_eq!(runs.len(), 2);
@@ -346,17 +349,7 @@ fn bench_through_zswap_reports_the_kernels_counters() {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
     }
-    let o = ztier(&[
-        "bench",
-        "--front",
-        "zswap",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lzo",
-        "--threads",
-        "1,2",
-    ]);
+    let o = bench(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert_eq!(
