@@ -95,13 +95,15 @@ impl Trace {
             path: path.to_owned(),
             source,
         })?;
-        Trace::decode(&bytes).map_err(|reason| CorpusError::Malformed {
+        Trace::from_bytes(&bytes).map_err(|reason| CorpusError::Malformed {
             path: path.to_owned(),
             reason,
         })
     }
 
-    fn decode(bytes: &[u8]) -> std::result::Result<Trace, String> {
+    /// A trace from a file's bytes, checked (see the module's invariants); a refusal says
+    /// why. A trace accepted here is written back byte for byte by [`to_bytes`](Self::to_bytes).
+    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Trace, String> {
         // The magic first: a file too short for it, or not starting with it, is not a trace
         // at all (not a truncated one).
         if !bytes.starts_with(MAGIC) {
@@ -192,7 +194,8 @@ impl Trace {
                 }
                 epoch.went.push(vpn);
             }
-            if unchanged + (counts[0] + counts[1]) as u64 != present.len() as u64 {
+            // Checked: the count is the file's, and may be anything.
+            if unchanged.checked_add((counts[0] + counts[1]) as u64) != Some(present.len() as u64) {
                 return Err(bad(format!(
                     "{unchanged} unchanged pages and {} written do not add up to the {} present",
                     counts[0] + counts[1],
@@ -203,6 +206,58 @@ impl Trace {
         }
         Ok(Trace { page_size, epochs })
     }
+
+    /// The trace in its file format: what [`TraceWriter`] writes for the same epochs. The
+    /// caller keeps the module's invariants (a trace read back keeps them); an epoch with a
+    /// list longer than a `u32` counts is refused.
+    pub fn to_bytes(&self) -> std::result::Result<Vec<u8>, String> {
+        let mut out = header();
+        for e in &self.epochs {
+            encode_epoch(e, &mut out)?;
+        }
+        Ok(out)
+    }
+}
+
+/// The file's header: magic, version, page size.
+fn header() -> Vec<u8> {
+    [
+        &MAGIC[..],
+        &VERSION.to_le_bytes(),
+        &(CORPUS_PAGE as u32).to_le_bytes(),
+    ]
+    .concat()
+}
+
+/// Appends one epoch in the file format; refused if a list is longer than a `u32` counts.
+fn encode_epoch(e: &Epoch, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+    let count = |n: usize| {
+        u32::try_from(n)
+            .map_err(|_| format!("{n} pages in one epoch's list, more than a trace holds"))
+    };
+    let counts = [
+        count(e.appeared.len())?,
+        count(e.changed.len())?,
+        count(e.went.len())?,
+    ];
+    out.reserve(
+        EPOCH_HEADER
+            + (e.appeared.len() + e.changed.len()) * WRITE_ENTRY
+            + e.went.len() * WENT_ENTRY,
+    );
+    out.extend_from_slice(&e.millis.to_le_bytes());
+    out.extend_from_slice(&e.unchanged.to_le_bytes());
+    for n in counts {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    for w in e.appeared.iter().chain(&e.changed) {
+        out.extend_from_slice(&w.vpn.to_le_bytes());
+        out.extend_from_slice(&w.corpus_page.to_le_bytes());
+    }
+    for vpn in &e.went {
+        out.extend_from_slice(&vpn.to_le_bytes());
+    }
+    Ok(())
 }
 
 struct Reader<'a> {
@@ -250,13 +305,7 @@ impl TraceWriter {
             source,
         };
         let mut out = BufWriter::new(std::fs::File::create(&temporary).map_err(io)?);
-        let header = [
-            &MAGIC[..],
-            &VERSION.to_le_bytes(),
-            &(CORPUS_PAGE as u32).to_le_bytes(),
-        ]
-        .concat();
-        if let Err(e) = out.write_all(&header) {
+        if let Err(e) = out.write_all(&header()) {
             let _ = std::fs::remove_file(&temporary);
             return Err(io(e));
         }
@@ -270,27 +319,11 @@ impl TraceWriter {
 
     /// Appends an epoch; the caller keeps the module's invariants (the capture does).
     pub fn write_epoch(&mut self, e: &Epoch) -> Result<()> {
-        let count = |n: usize| {
-            u32::try_from(n).map_err(|_| CorpusError::Malformed {
-                path: self.path.clone(),
-                reason: format!("{n} pages in one epoch's list, more than a trace holds"),
-            })
-        };
-        let mut buf = Vec::with_capacity(
-            EPOCH_HEADER + (e.appeared.len() + e.changed.len()) * WRITE_ENTRY + e.went.len() * 8,
-        );
-        buf.extend_from_slice(&e.millis.to_le_bytes());
-        buf.extend_from_slice(&e.unchanged.to_le_bytes());
-        for n in [e.appeared.len(), e.changed.len(), e.went.len()] {
-            buf.extend_from_slice(&count(n)?.to_le_bytes());
-        }
-        for w in e.appeared.iter().chain(&e.changed) {
-            buf.extend_from_slice(&w.vpn.to_le_bytes());
-            buf.extend_from_slice(&w.corpus_page.to_le_bytes());
-        }
-        for vpn in &e.went {
-            buf.extend_from_slice(&vpn.to_le_bytes());
-        }
+        let mut buf = Vec::new();
+        encode_epoch(e, &mut buf).map_err(|reason| CorpusError::Malformed {
+            path: self.path.clone(),
+            reason,
+        })?;
         let out = self.out.as_mut().expect("taken only by finish");
         out.write_all(&buf).map_err(|source| CorpusError::Io {
             path: self.temporary.clone(),
@@ -364,9 +397,10 @@ mod tests {
         );
 
         let good = std::fs::read(&path).unwrap();
+        assert_eq!(t.to_bytes().unwrap(), good, "written back byte for byte");
         // Cut anywhere inside: refused.
         for cut in [3, 17, 30, good.len() - 1] {
-            assert!(Trace::decode(&good[..cut]).is_err(), "cut at {cut}");
+            assert!(Trace::from_bytes(&good[..cut]).is_err(), "cut at {cut}");
         }
         // A page that changes while not present.
         let mut bad = epochs.clone();
@@ -383,7 +417,7 @@ mod tests {
         huge.extend_from_slice(&[0u8; 16]);
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         huge.extend_from_slice(&[0u8; 8]);
-        let err = Trace::decode(&huge).unwrap_err();
+        let err = Trace::from_bytes(&huge).unwrap_err();
         assert!(err.contains("truncated"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -426,9 +460,28 @@ mod tests {
     }
 
     #[test]
+    fn an_unchanged_count_past_any_sum_is_refused() {
+        // One page appears while the epoch says u64::MAX - k were there unchanged: the sum
+        // overflows (a panic with overflow checks, a wrapped sum without them), and is
+        // refused as not adding up.
+        for k in [0, 1] {
+            let t = Trace {
+                page_size: CORPUS_PAGE as u32,
+                epochs: vec![Epoch {
+                    unchanged: u64::MAX - k,
+                    appeared: vec![w(7, 0)],
+                    ..Epoch::default()
+                }],
+            };
+            let err = Trace::from_bytes(&t.to_bytes().unwrap()).unwrap_err();
+            assert!(err.contains("do not add up"), "{err}");
+        }
+    }
+
+    #[test]
     fn a_file_without_the_magic_is_not_a_trace() {
         for garbage in [&b""[..], b"garbage", b"ZTIERTR", b"ZTIERTRX\x01\0\0\0"] {
-            let err = Trace::decode(garbage).unwrap_err();
+            let err = Trace::from_bytes(garbage).unwrap_err();
             assert!(err.contains("not a ztier trace"), "{garbage:?}: {err}");
         }
     }
