@@ -834,7 +834,7 @@ fn attr_value(bytes: &[u8]) -> String {
 /// replay` reads). By the first byte: the rest is the whole file; or epochs after a valid
 /// header; or a valid trace built from the input (pages appearing, changing and going over
 /// a few dozen page numbers, so that the same page comes back), written out, then changed at
-/// places the input names, by XOR or by an edge number written over the field there (no
+/// places the input names, by XOR or by an edge number written over the bytes there (no
 /// change: it must read back as built).
 ///
 /// A file is accepted or refused, never a panic; an accepted trace keeps the format's
@@ -862,7 +862,7 @@ pub fn trace(data: &[u8]) {
                 if edges == 2 {
                     file[at] ^= change[2];
                 } else {
-                    // An edge number written over the field there (8 bytes, or its low 4).
+                    // An edge number written over the bytes there (8 of them, or its low 4).
                     let n = TRACE_EDGES[usize::from(change[2]) % TRACE_EDGES.len()];
                     let width = if change[2] & 0x80 == 0 { 8 } else { 4 };
                     let end = (at + width).min(file.len());
@@ -880,6 +880,7 @@ pub fn trace(data: &[u8]) {
     if let Some(built) = built {
         assert_eq!(trace, built, "read back other than built");
     }
+    assert_eq!(trace.check(), Ok(()), "read, yet its check refuses it");
     assert_eq!(
         trace.to_bytes().expect("an accepted trace's lists fit"),
         file,
@@ -906,6 +907,7 @@ const TRACE_EDGES: [u64; 10] = [
 /// absent, changes or goes only when present, is named once an epoch; corpus pages run
 /// 0, 1, 2, ... in order; times do not go backwards; the unchanged count adds up.
 fn check_trace(trace: &ztier_corpus::trace::Trace) {
+    assert_eq!(trace.page_size, 4096, "the corpus's page size");
     let mut present = std::collections::HashSet::new();
     let mut next_corpus_page = 0u64;
     let mut millis = 0;
@@ -925,7 +927,11 @@ fn check_trace(trace: &ztier_corpus::trace::Trace) {
         }
         for w in e.appeared.iter().chain(&e.changed) {
             assert!(named.insert(w.vpn), "{:#x} named twice", w.vpn);
-            assert_eq!(u64::from(w.corpus_page), next_corpus_page);
+            assert_eq!(
+                u64::from(w.corpus_page),
+                next_corpus_page,
+                "corpus pages out of order"
+            );
             next_corpus_page += 1;
         }
         for vpn in &e.went {
@@ -938,13 +944,17 @@ fn check_trace(trace: &ztier_corpus::trace::Trace) {
             "the counts do not add up"
         );
     }
-    assert_eq!(trace.corpus_pages(), next_corpus_page);
+    assert_eq!(
+        trace.corpus_pages(),
+        next_corpus_page,
+        "corpus pages miscounted"
+    );
 }
 
 /// A valid trace from `data`, and the bytes left over (the changes to make to its file).
 /// Each epoch takes a byte of time step and a byte of how many operations follow; each
-/// operation a byte: the low six bits a page number, the top two what happens to it (a
-/// page present changes or goes, an absent one appears; a page already named this epoch is
+/// operation a byte: the low six bits a page number, the top bit what happens to it if it
+/// is present (changes or goes; an absent one appears; a page already named this epoch is
 /// passed over).
 fn build_trace(mut data: &[u8]) -> (ztier_corpus::trace::Trace, &[u8]) {
     use ztier_corpus::trace::{Epoch, PageWrite, Trace};

@@ -124,98 +124,147 @@ impl Trace {
             ));
         }
         let mut epochs: Vec<Epoch> = Vec::new();
-        let mut present: HashSet<u64> = HashSet::new();
-        let mut next_corpus_page: u64 = 0;
+        let mut checker = Checker::default();
         while r.at < bytes.len() {
             let index = epochs.len();
-            let bad = |what: String| format!("epoch {index}: {what}");
             let millis = r.u64()?;
             let unchanged = r.u64()?;
-            let counts = [r.u32()? as usize, r.u32()? as usize, r.u32()? as usize];
-            let need = (counts[0] + counts[1]) * WRITE_ENTRY + counts[2] * WENT_ENTRY;
-            if need > bytes.len() - r.at {
-                return Err(bad(format!(
-                    "its counts need {need} bytes, {} are left (truncated?)",
-                    bytes.len() - r.at
-                )));
+            let counts = [r.u32()?, r.u32()?, r.u32()?].map(u64::from);
+            // In 64 bits: the counts are the file's, up to 2^32 each.
+            let need = (counts[0] + counts[1]) * WRITE_ENTRY as u64 + counts[2] * WENT_ENTRY as u64;
+            let left = (bytes.len() - r.at) as u64;
+            if need > left {
+                return Err(format!(
+                    "epoch {index}: its counts need {need} bytes, {left} are left (truncated?)"
+                ));
             }
-            if epochs.last().is_some_and(|e| e.millis > millis) {
-                return Err(bad("its time is before the epoch before's".into()));
-            }
+            // Each count now fits the bytes left, so in memory too.
+            let [appeared, changed, went] = counts.map(|n| n as usize);
             let mut epoch = Epoch {
                 millis,
                 unchanged,
-                ..Epoch::default()
+                appeared: Vec::with_capacity(appeared),
+                changed: Vec::with_capacity(changed),
+                went: Vec::with_capacity(went),
             };
-            // Each page is named once an epoch: appeared, changed or went.
-            let mut named: HashSet<u64> = HashSet::new();
-            for (list, appearing) in [(&mut epoch.appeared, true), (&mut epoch.changed, false)] {
-                let n = if appearing { counts[0] } else { counts[1] };
-                list.reserve_exact(n);
+            for (list, n) in [
+                (&mut epoch.appeared, appeared),
+                (&mut epoch.changed, changed),
+            ] {
                 for _ in 0..n {
-                    let w = PageWrite {
+                    list.push(PageWrite {
                         vpn: r.u64()?,
                         corpus_page: r.u32()?,
-                    };
-                    if u64::from(w.corpus_page) != next_corpus_page {
-                        return Err(bad(format!(
-                            "corpus page {} where {next_corpus_page} was due",
-                            w.corpus_page
-                        )));
-                    }
-                    next_corpus_page += 1;
-                    if !named.insert(w.vpn) {
-                        return Err(bad(format!("page {:#x} named twice", w.vpn)));
-                    }
-                    let was_present = if appearing {
-                        !present.insert(w.vpn)
-                    } else {
-                        present.contains(&w.vpn)
-                    };
-                    if was_present == appearing {
-                        return Err(bad(format!(
-                            "page {:#x} {} while {}present",
-                            w.vpn,
-                            if appearing { "appears" } else { "changes" },
-                            if appearing { "" } else { "not " }
-                        )));
-                    }
-                    list.push(w);
+                    });
                 }
             }
-            epoch.went.reserve_exact(counts[2]);
-            for _ in 0..counts[2] {
-                let vpn = r.u64()?;
-                if !named.insert(vpn) {
-                    return Err(bad(format!("page {vpn:#x} named twice")));
-                }
-                if !present.remove(&vpn) {
-                    return Err(bad(format!("page {vpn:#x} goes while not present")));
-                }
-                epoch.went.push(vpn);
+            for _ in 0..went {
+                epoch.went.push(r.u64()?);
             }
-            // Checked: the count is the file's, and may be anything.
-            if unchanged.checked_add((counts[0] + counts[1]) as u64) != Some(present.len() as u64) {
-                return Err(bad(format!(
-                    "{unchanged} unchanged pages and {} written do not add up to the {} present",
-                    counts[0] + counts[1],
-                    present.len()
-                )));
-            }
+            checker.epoch(index, &epoch)?;
             epochs.push(epoch);
         }
         Ok(Trace { page_size, epochs })
     }
 
+    /// Checks a trace held in memory (built, not read) against the module's invariants, as
+    /// [`from_bytes`](Self::from_bytes) checks a file: one that passes has consistent counts
+    /// ([`Epoch::present`] is the pages present, and no sum of them overflows).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.page_size as usize != CORPUS_PAGE {
+            return Err(format!(
+                "page size {}, corpus pages are {CORPUS_PAGE}",
+                self.page_size
+            ));
+        }
+        let mut checker = Checker::default();
+        for (index, epoch) in self.epochs.iter().enumerate() {
+            checker.epoch(index, epoch)?;
+        }
+        Ok(())
+    }
+
     /// The trace in its file format: what [`TraceWriter`] writes for the same epochs. The
-    /// caller keeps the module's invariants (a trace read back keeps them); an epoch with a
-    /// list longer than a `u32` counts is refused.
+    /// caller keeps the module's invariants (a trace read back keeps them; [`check`]
+    /// (Self::check) checks one built). Refused: a page size other than the corpus's (the
+    /// format has room for no other), an epoch's list longer than a `u32` can count.
     pub fn to_bytes(&self) -> std::result::Result<Vec<u8>, String> {
+        if self.page_size as usize != CORPUS_PAGE {
+            return Err(format!(
+                "page size {}, a trace holds corpus pages of {CORPUS_PAGE}",
+                self.page_size
+            ));
+        }
         let mut out = header();
         for e in &self.epochs {
             encode_epoch(e, &mut out)?;
         }
         Ok(out)
+    }
+}
+
+/// The invariants, checked an epoch at a time against the pages present so far.
+#[derive(Default)]
+struct Checker {
+    present: HashSet<u64>,
+    next_corpus_page: u64,
+    millis: u64,
+}
+
+impl Checker {
+    fn epoch(&mut self, index: usize, epoch: &Epoch) -> std::result::Result<(), String> {
+        let bad = |what: String| format!("epoch {index}: {what}");
+        if epoch.millis < self.millis {
+            return Err(bad("its time is before the epoch before's".into()));
+        }
+        self.millis = epoch.millis;
+        // Each page is named once an epoch: appeared, changed or went.
+        let mut named: HashSet<u64> = HashSet::new();
+        for (list, appearing) in [(&epoch.appeared, true), (&epoch.changed, false)] {
+            for w in list {
+                if u64::from(w.corpus_page) != self.next_corpus_page {
+                    return Err(bad(format!(
+                        "corpus page {} where {} was due",
+                        w.corpus_page, self.next_corpus_page
+                    )));
+                }
+                self.next_corpus_page += 1;
+                if !named.insert(w.vpn) {
+                    return Err(bad(format!("page {:#x} named twice", w.vpn)));
+                }
+                let was_present = if appearing {
+                    !self.present.insert(w.vpn)
+                } else {
+                    self.present.contains(&w.vpn)
+                };
+                if was_present == appearing {
+                    return Err(bad(format!(
+                        "page {:#x} {} while {}present",
+                        w.vpn,
+                        if appearing { "appears" } else { "changes" },
+                        if appearing { "" } else { "not " }
+                    )));
+                }
+            }
+        }
+        for &vpn in &epoch.went {
+            if !named.insert(vpn) {
+                return Err(bad(format!("page {vpn:#x} named twice")));
+            }
+            if !self.present.remove(&vpn) {
+                return Err(bad(format!("page {vpn:#x} goes while not present")));
+            }
+        }
+        let written = (epoch.appeared.len() + epoch.changed.len()) as u64;
+        // Checked: the unchanged count may be anything (a file's, or a caller's).
+        if epoch.unchanged.checked_add(written) != Some(self.present.len() as u64) {
+            return Err(bad(format!(
+                "{} unchanged pages and {written} written do not add up to the {} present",
+                epoch.unchanged,
+                self.present.len()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -229,7 +278,7 @@ fn header() -> Vec<u8> {
     .concat()
 }
 
-/// Appends one epoch in the file format; refused if a list is longer than a `u32` counts.
+/// Appends one epoch in the file format; refused if a list is longer than a `u32` can count.
 fn encode_epoch(e: &Epoch, out: &mut Vec<u8>) -> std::result::Result<(), String> {
     let count = |n: usize| {
         u32::try_from(n)
@@ -461,19 +510,22 @@ mod tests {
 
     #[test]
     fn an_unchanged_count_past_any_sum_is_refused() {
-        // One page appears while the epoch says u64::MAX - k were there unchanged: the sum
-        // overflows (a panic with overflow checks, a wrapped sum without them), and is
-        // refused as not adding up.
+        // Two pages appear while the epoch says u64::MAX - k were there unchanged: the sum
+        // overflows (a panic with overflow checks, as in a debug build; a wrapped sum
+        // without them), and is refused as not adding up, read from a file or checked in
+        // memory.
         for k in [0, 1] {
             let t = Trace {
                 page_size: CORPUS_PAGE as u32,
                 epochs: vec![Epoch {
                     unchanged: u64::MAX - k,
-                    appeared: vec![w(7, 0)],
+                    appeared: vec![w(7, 0), w(8, 1)],
                     ..Epoch::default()
                 }],
             };
             let err = Trace::from_bytes(&t.to_bytes().unwrap()).unwrap_err();
+            assert!(err.contains("do not add up"), "{err}");
+            let err = t.check().unwrap_err();
             assert!(err.contains("do not add up"), "{err}");
         }
     }

@@ -67,7 +67,12 @@ pub enum ReplayError {
         corpus: String,
         corpus_pages: usize,
     },
-    /// A trace built in memory that breaks the invariants `Trace::read` checks.
+    /// A trace built in memory that breaks the invariants `Trace::read` checks
+    /// (`Trace::check`'s reason).
+    #[error("the trace: {0}")]
+    TraceInvalid(String),
+    /// The replay's pages disagree with a trace that passed `Trace::check` (a replay bug,
+    /// an error rather than a panic).
     #[error("trace epoch {epoch}: page {vpn:#x} {what}")]
     TraceInconsistent {
         epoch: usize,

@@ -106,6 +106,9 @@ pub struct TraceRun {
 impl TraceReplay {
     /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<TraceRun> {
+        // A trace read from a file was checked by `Trace::read`; one built in memory is
+        // checked here, before its counts size anything.
+        trace.check().map_err(ReplayError::TraceInvalid)?;
         self.layout
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
@@ -141,8 +144,6 @@ impl TraceReplay {
         if let Some(target) = &self.writeback {
             dev.set_backing(Some(Backing::new(target.store.clone(), target.format)?))?;
         }
-        // A trace read from a file was checked by `Trace::read`; one built in memory may
-        // break its invariants, which is an error here, never a panic.
         let page = |index: u32| {
             let at = index as usize * CORPUS_PAGE;
             corpus
@@ -332,6 +333,9 @@ pub struct ZswapTraceRun {
 impl ZswapTraceReplay {
     /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<ZswapTraceRun> {
+        // A trace read from a file was checked by `Trace::read`; one built in memory is
+        // checked here, before its counts size anything.
+        trace.check().map_err(ReplayError::TraceInvalid)?;
         self.layout
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
@@ -628,6 +632,11 @@ mod tests {
         broken.epochs[0].appeared[1].corpus_page = 10_000;
         let err = replay.run(&corpus, &broken).unwrap_err();
         assert!(err.to_string().contains("corpus page 10000"), "{err}");
+        // Counts that overflow the device's size (it was sized from them first).
+        let mut broken = trace.clone();
+        broken.epochs[0].unchanged = u64::MAX;
+        let err = replay.run(&corpus, &broken).unwrap_err();
+        assert!(err.to_string().contains("do not add up"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
