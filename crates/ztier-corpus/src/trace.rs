@@ -185,9 +185,10 @@ impl Trace {
     }
 
     /// The trace in its file format: what [`TraceWriter`] writes for the same epochs. The
-    /// caller keeps the module's invariants (a trace read back keeps them; [`check`]
-    /// (Self::check) checks one built). Refused: a page size other than the corpus's (the
-    /// format has room for no other), an epoch's list longer than a `u32` can count.
+    /// caller keeps the module's invariants (a trace read back keeps them;
+    /// [`check`](Self::check) checks one built). Refused: a page size other than the
+    /// corpus's (the format has room for no other), an epoch's list longer than a `u32` can
+    /// count.
     pub fn to_bytes(&self) -> std::result::Result<Vec<u8>, String> {
         if self.page_size as usize != CORPUS_PAGE {
             return Err(format!(
