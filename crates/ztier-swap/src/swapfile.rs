@@ -278,6 +278,16 @@ impl Device {
         Device::attach_as(backing, config, 0, Avail::new(), Some(used))
     }
 
+    /// The memory a device over `backing_bytes` keeps for its slot map (a byte a slot, in
+    /// its clusters: the kernel's `swap_map` and `cluster_info`), made whole when it is
+    /// attached; for a caller that keeps more beside it to weigh the two together.
+    pub fn slot_map_bytes(backing_bytes: u64) -> u64 {
+        let slots = backing_bytes / SLOT_BYTES;
+        slots
+            .div_ceil(u64::from(CLUSTER))
+            .saturating_mul(std::mem::size_of::<Cluster>() as u64)
+    }
+
     /// A swap device over a file of `size` bytes at `path` (created, or truncated to size).
     pub fn over_file(path: &Path, size: u64, config: Config) -> Result<Device, SwapError> {
         let file = ztier_blockdev::file::FileDevice::open(path, size)?;
@@ -321,7 +331,7 @@ impl Device {
         // swap_map is at swapon; one larger than the machine's memory is refused up front (a
         // large sparse file, or a remote export that says it is huge, would otherwise have it
         // written out until the process is killed).
-        let map_bytes = (nclusters as u64).saturating_mul(std::mem::size_of::<Cluster>() as u64);
+        let map_bytes = Device::slot_map_bytes(backing.size());
         let memory_bytes = ztier_base::os::physical_memory_bytes();
         if map_bytes > memory_bytes {
             return Err(SwapError::Invalid(format!(

@@ -474,20 +474,31 @@ fn places_config() -> ztier_swap::Config {
 
 /// A store's live counts, one for each unit of `format` in `store_bytes` (in the page and
 /// compressed formats a unit is one 4 KiB slot: 4 bytes of counts a slot). Refused, with
-/// the reason, where they would not fit the machine's memory, or cannot be allocated:
-/// a store that says it is huge (a sparse file, a remote export) must not abort the
-/// process.
+/// the reason, where they and the store's slot map together would not fit the machine's
+/// memory, or they cannot be allocated: a store that says it is huge (a sparse file, a
+/// remote export) must not abort the process.
 fn live_counts(store_bytes: u64, format: WbFormat) -> Result<Box<[AtomicU32]>> {
+    live_counts_within(store_bytes, format, ztier_pool::physical_memory_bytes())
+}
+
+/// [`live_counts`] on a machine of `memory_bytes`.
+fn live_counts_within(
+    store_bytes: u64,
+    format: WbFormat,
+    memory_bytes: u64,
+) -> Result<Box<[AtomicU32]>> {
     let units = (store_bytes / SLOT_BYTES).div_ceil(unit_slots_of(format));
     let bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
-    let memory_bytes = ztier_pool::physical_memory_bytes();
+    // The allocator's map is made whole beside them when the store is attached: each alone
+    // may fit where the two do not.
+    let map_bytes = ztier_swap::Device::slot_map_bytes(store_bytes);
     let too_large = |why: String| {
         ZramError::Backing(SwapError::Invalid(format!(
             "a store of {store_bytes} bytes needs {bytes} bytes of live counts ({format:?} \
-             format): {why}"
+             format) and {map_bytes} bytes of slot map: {why}"
         )))
     };
-    if bytes > memory_bytes {
+    if bytes.saturating_add(map_bytes) > memory_bytes {
         return Err(too_large(format!(
             "the machine has {memory_bytes} bytes of memory"
         )));
@@ -1442,5 +1453,35 @@ impl Device {
             store.release(place, size);
         }
         counters.add(Counter::BdCount, -1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_counts_and_the_slot_map_are_weighed_together() {
+        // A 1 GiB store in the page format: 1 MiB of live counts, and a slot map about a
+        // quarter of that.
+        let store = 1u64 << 30;
+        let counts = (store / SLOT_BYTES) * 4;
+        let map = ztier_swap::Device::slot_map_bytes(store);
+        assert!(map > 0 && map < counts, "{map} {counts}");
+        // Room for either alone, not for both: refused, saying both.
+        let err = live_counts_within(store, WbFormat::Page, counts + map - 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("{counts} bytes of live counts"))
+                && err.contains(&format!("{map} bytes of slot map")),
+            "{err}"
+        );
+        // Room for both: made, every count zero.
+        let live = live_counts_within(store, WbFormat::Page, counts + map).unwrap();
+        assert_eq!(live.len() as u64, store / SLOT_BYTES);
+        assert!(live
+            .iter()
+            .all(|c| c.load(std::sync::atomic::Ordering::Relaxed) == 0));
     }
 }
