@@ -138,6 +138,11 @@ pub(crate) struct Lists {
 }
 
 impl Lists {
+    /// The bytes each cluster's node takes in [`Lists::new`]'s table.
+    pub(crate) const fn node_bytes() -> usize {
+        std::mem::size_of::<Node>()
+    }
+
     pub(crate) fn new(clusters: usize) -> Lists {
         Lists {
             nodes: vec![Node::default(); clusters],

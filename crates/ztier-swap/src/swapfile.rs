@@ -278,14 +278,38 @@ impl Device {
         Device::attach_as(backing, config, 0, Avail::new(), Some(used))
     }
 
-    /// The memory a device over `backing_bytes` keeps for its slot map (a byte a slot, in
-    /// its clusters: the kernel's `swap_map` and `cluster_info`), made whole when it is
-    /// attached; for a caller that keeps more beside it to weigh the two together.
-    pub fn slot_map_bytes(backing_bytes: u64) -> u64 {
+    /// The slots of a device over `backing_bytes`, or why there can be no such device: fewer
+    /// than two (a header and one more), or more than a `u32` addresses.
+    pub fn slots_for(backing_bytes: u64) -> Result<u64, SwapError> {
         let slots = backing_bytes / SLOT_BYTES;
-        slots
+        if slots < 2 {
+            return Err(SwapError::Invalid(format!(
+                "a swap device needs at least two {SLOT_BYTES}-byte slots (a header and one \
+                 more); the backing device has {backing_bytes} bytes"
+            )));
+        }
+        if slots > u64::from(u32::MAX) {
+            return Err(SwapError::Invalid(format!(
+                "{slots} slots; at most {} are addressed",
+                u32::MAX
+            )));
+        }
+        Ok(slots)
+    }
+
+    /// The memory a device over `backing_bytes` takes for its slot map (a byte a slot, in
+    /// its clusters: the kernel's `swap_map` and `cluster_info`) at its peak, while it is
+    /// made: the clusters are filled in plain, then moved under their locks (the two side by
+    /// side for a moment), beside each cluster's published count and list node. It keeps
+    /// about half of this. For a caller that keeps more beside it to weigh the two together.
+    pub fn slot_map_bytes(backing_bytes: u64) -> u64 {
+        let per_cluster = std::mem::size_of::<Cluster>()
+            + std::mem::size_of::<CountedMutex<Cluster>>()
+            + std::mem::size_of::<AtomicU64>()
+            + Lists::node_bytes();
+        (backing_bytes / SLOT_BYTES)
             .div_ceil(u64::from(CLUSTER))
-            .saturating_mul(std::mem::size_of::<Cluster>() as u64)
+            .saturating_mul(per_cluster as u64)
     }
 
     /// A swap device over a file of `size` bytes at `path` (created, or truncated to size).
@@ -312,20 +336,7 @@ impl Device {
         avail: Arc<Avail>,
         used: Option<&[(u64, u32)]>,
     ) -> Result<Device, SwapError> {
-        let slots = backing.size() / SLOT_BYTES;
-        if slots < 2 {
-            return Err(SwapError::Invalid(format!(
-                "a swap device needs at least two {SLOT_BYTES}-byte slots (a header and one \
-                 more); the backing device has {} bytes",
-                backing.size()
-            )));
-        }
-        if slots > u64::from(u32::MAX) {
-            return Err(SwapError::Invalid(format!(
-                "{slots} slots; at most {} are addressed",
-                u32::MAX
-            )));
-        }
+        let slots = Device::slots_for(backing.size())?;
         let nclusters = slots.div_ceil(u64::from(CLUSTER)) as usize;
         // The map (a byte a slot, in its clusters) is made whole here, as the kernel's
         // swap_map is at swapon; one larger than the machine's memory is refused up front (a
@@ -335,8 +346,8 @@ impl Device {
         let memory_bytes = ztier_base::os::physical_memory_bytes();
         if map_bytes > memory_bytes {
             return Err(SwapError::Invalid(format!(
-                "{slots} slots need {map_bytes} bytes of slot map; the machine has \
-                 {memory_bytes} bytes of memory"
+                "{slots} slots need {map_bytes} bytes of slot map while the device is made; \
+                 the machine has {memory_bytes} bytes of memory"
             )));
         }
         let mut clusters: Vec<Cluster> = Vec::new();

@@ -487,6 +487,9 @@ fn live_counts_within(
     format: WbFormat,
     memory_bytes: u64,
 ) -> Result<Box<[AtomicU32]>> {
+    // A store the allocator cannot take (too small, or more slots than it addresses) is
+    // refused before anything is allocated for it.
+    ztier_swap::Device::slots_for(store_bytes).map_err(ZramError::Backing)?;
     let units = (store_bytes / SLOT_BYTES).div_ceil(unit_slots_of(format));
     let bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
     // The allocator's map is made whole beside them when the store is attached: each alone
@@ -507,7 +510,7 @@ fn live_counts_within(
     let n = usize::try_from(units)
         .ok()
         .filter(|&n| live.try_reserve_exact(n).is_ok())
-        .ok_or_else(|| too_large("they could not be allocated".into()))?;
+        .ok_or_else(|| too_large("the live counts could not be allocated".into()))?;
     live.resize_with(n, || AtomicU32::new(0));
     Ok(live.into_boxed_slice())
 }
@@ -546,6 +549,8 @@ impl Backing {
             0
         };
         let runs: Vec<(u64, u32)> = units.iter().map(|&(first, _)| (first, order)).collect();
+        // Weighed before the allocator's map is made, as for a new store.
+        let live = live_counts(dev.size(), format)?;
         let places =
             ztier_swap::Device::reopen(Arc::clone(&dev), places_config(), &runs).map_err(|e| {
                 match e {
@@ -555,7 +560,6 @@ impl Backing {
                     e => ZramError::BadState(format!("the backing store: {e}")),
                 }
             })?;
-        let live = live_counts(dev.size(), format)?;
         let store = Backing::over(dev, places, format, live, true);
         for &(first, live) in units {
             store.live_of(first).store(live, Relaxed);
@@ -1462,8 +1466,8 @@ mod tests {
 
     #[test]
     fn live_counts_and_the_slot_map_are_weighed_together() {
-        // A 1 GiB store in the page format: 1 MiB of live counts, and a slot map about a
-        // quarter of that.
+        // A 1 GiB store in the page format: 1 MiB of live counts, and a slot map at its
+        // peak about half of that.
         let store = 1u64 << 30;
         let counts = (store / SLOT_BYTES) * 4;
         let map = ztier_swap::Device::slot_map_bytes(store);
@@ -1477,6 +1481,21 @@ mod tests {
                 && err.contains(&format!("{map} bytes of slot map")),
             "{err}"
         );
+        // A store the allocator cannot take is refused before any count is made.
+        let err = live_counts_within(SLOT_BYTES, WbFormat::Page, u64::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at least two"), "{err}");
+        // Nor is one with more slots than the allocator addresses, however much memory
+        // there is (its counts would be 16 GiB, made before the allocator refused it).
+        let err = live_counts_within(
+            (u64::from(u32::MAX) + 1) * SLOT_BYTES,
+            WbFormat::Page,
+            u64::MAX,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("at most"), "{err}");
         // Room for both: made, every count zero.
         let live = live_counts_within(store, WbFormat::Page, counts + map).unwrap();
         assert_eq!(live.len() as u64, store / SLOT_BYTES);
