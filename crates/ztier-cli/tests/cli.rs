@@ -1,7 +1,7 @@
 //! The `ztier` binary as a user runs it: the class tables the kernel has, the bench's report
 //! and JSON, and clear errors (with a non-zero exit) for bad input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn ztier(args: &[&str]) -> Output {
@@ -13,6 +13,20 @@ fn ztier(args: &[&str]) -> Output {
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `ztier bench --front zswap` on the corpus at `path` with `compressor`, and `more` flags.
+fn zswap_bench(path: &Path, compressor: &str, more: &[&str]) -> Output {
+    let args = [
+        "bench",
+        "--front",
+        "zswap",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        compressor,
+    ];
+    ztier(&[&args[..], more].concat())
 }
 
 fn stderr(o: &Output) -> String {
@@ -309,20 +323,7 @@ fn an_endless_corpus_is_refused() {
 #[test]
 fn bench_through_zswap_reports_the_kernels_counters() {
     let path = corpus("zswap.pages", 64, 0);
-    let bench = |more: &[&str]| {
-        let args = [
-            "bench",
-            "--front",
-            "zswap",
-            "--corpus",
-            path.to_str().unwrap(),
-            "--compressor",
-            "lzo",
-            "--threads",
-            "1,2",
-        ];
-        ztier(&[&args[..], more].concat())
-    };
+    let bench = |more: &[&str]| zswap_bench(&path, "lzo", &[&["--threads", "1,2"], more].concat());
     let o = bench(&["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let runs = json_lines(&o);
@@ -446,15 +447,7 @@ fn bench_through_zswap_equals_the_kernel_on_a_shared_corpus() {
         return;
     };
     let path = dir.join("cc1.pages.zst");
-    let o = ztier(&[
-        "bench",
-        "--front",
-        "zswap",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lzo-rle",
-    ]);
+    let o = zswap_bench(&path, "lzo-rle", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("every field equal to the kernel's"), "{out}");

@@ -489,8 +489,8 @@ fn live_counts_within(
 ) -> Result<Box<[AtomicU32]>> {
     // A store the allocator cannot take (too small, or more slots than it addresses) is
     // refused before anything is allocated for it.
-    ztier_swap::Device::slots_for(store_bytes).map_err(ZramError::Backing)?;
-    let units = (store_bytes / SLOT_BYTES).div_ceil(unit_slots_of(format));
+    let slots = ztier_swap::Device::slots_for(store_bytes).map_err(ZramError::Backing)?;
+    let units = slots.div_ceil(unit_slots_of(format));
     let bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
     // The allocator's map is made whole beside them when the store is attached: each alone
     // may fit where the two do not.
