@@ -114,6 +114,11 @@ pub struct BenchArgs {
     /// runs at idle priority while one thread faults, where the process may leave it again).
     #[arg(long)]
     pub normal_priority: bool,
+    /// With --front uffd: the region makes no CPU latency request while faults come (by
+    /// default it holds one where /dev/cpu_dma_latency can be opened, so that idle CPUs
+    /// poll instead of halting; see ztier_uffd::RegionConfig::cpu_latency_qos).
+    #[arg(long)]
+    pub no_cpu_latency_qos: bool,
 }
 
 /// The bundled sample: next to the working directory, or in the source tree.

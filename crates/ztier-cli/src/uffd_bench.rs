@@ -60,6 +60,11 @@ struct UffdRun {
     latency_idle_priority_demotions: u64,
     /// The fault thread's moves to follow the touching thread in the latency phase.
     latency_fault_thread_moves: u64,
+    /// Whether the region's CPU latency request was held in the latency phase, the times
+    /// it was taken over the run (once a spell of faults), or why it makes none.
+    latency_cpu_latency_qos_held: bool,
+    cpu_latency_qos_holds: u64,
+    cpu_latency_qos_unused: Option<String>,
     /// As many touches served by a bare userfaultfd handler (one ready page copied in,
     /// nothing else), right after, the two threads held on one CPU: this machine's floor for
     /// the round trip, p50/p99 µs.
@@ -69,6 +74,10 @@ struct UffdRun {
     /// the process may use two.
     floor_two_cpus_p50_us: Option<f64>,
     floor_two_cpus_p99_us: Option<f64>,
+    /// On two CPUs with a CPU latency request held (idle CPUs poll), where the process may
+    /// make one.
+    floor_two_cpus_qos_p50_us: Option<f64>,
+    floor_two_cpus_qos_p99_us: Option<f64>,
     /// Random reads with a working set (9 in 10 in a scattered hot set of half the budget,
     /// the rest anywhere): MB/s of one-word reads, pages brought in, and the reclaim
     /// thread's evictions meanwhile, clean (nothing written) and dirty (compressed, stored).
@@ -204,6 +213,7 @@ pub fn run(args: &BenchArgs, paths: &[PathBuf]) -> anyhow::Result<()> {
                     args.budget,
                     clean_pages,
                     !args.normal_priority,
+                    !args.no_cpu_latency_qos,
                     &kernel,
                 )?;
                 if args.json {
@@ -245,6 +255,7 @@ fn run_one(
     share: f64,
     clean_pages: bool,
     idle_priority: bool,
+    cpu_latency_qos: bool,
     kernel: &Result<KernelRun, String>,
 ) -> anyhow::Result<UffdRun> {
     let ps = 4096usize;
@@ -255,6 +266,7 @@ fn run_one(
         algorithm: algorithm.clone(),
         clean_pages,
         idle_priority,
+        cpu_latency_qos,
         ..RegionConfig::default()
     };
     // Written with the whole region in budget, so the write evicts nothing.
@@ -331,10 +343,19 @@ fn run_one(
         after_latency.idle_priority_demotions - before_latency.idle_priority_demotions;
     let latency_fault_thread_moves =
         after_latency.fault_thread_moves - before_latency.fault_thread_moves;
+    let latency_cpu_latency_qos_held = before_latency.cpu_latency_qos_held
+        || after_latency.cpu_latency_qos_holds > before_latency.cpu_latency_qos_holds;
+    // The floor is the machine's own: the region's request lapses first (10 ms after its
+    // last fault).
+    let lapse = Instant::now() + Duration::from_millis(200);
+    while region.stats().cpu_latency_qos_held && Instant::now() < lapse {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let floor =
         ztier_uffd::bare_fault_latency(lat.len().max(1)).context("the bare userfaultfd handler")?;
     let floor_one = micros(&floor.one_cpu);
     let floor_two = floor.two_cpus.as_deref().map(micros);
+    let floor_two_qos = floor.two_cpus_latency_qos.as_deref().map(micros);
 
     // Random reads with a working set: 9 in 10 in a hot set of half the budget, scattered
     // over the region (page `k * stride % pages`), the rest anywhere.
@@ -407,10 +428,15 @@ fn run_one(
         idle_priority_demotions: end.idle_priority_demotions,
         latency_idle_priority_demotions,
         latency_fault_thread_moves,
+        latency_cpu_latency_qos_held,
+        cpu_latency_qos_holds: free.cpu_latency_qos_holds,
+        cpu_latency_qos_unused: region.cpu_latency_qos_unused(),
         floor_one_cpu_p50_us: percentile(&floor_one, 0.5),
         floor_one_cpu_p99_us: percentile(&floor_one, 0.99),
         floor_two_cpus_p50_us: floor_two.as_deref().map(|f| percentile(f, 0.5)),
         floor_two_cpus_p99_us: floor_two.as_deref().map(|f| percentile(f, 0.99)),
+        floor_two_cpus_qos_p50_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.5)),
+        floor_two_cpus_qos_p99_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.99)),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
         free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
         free_idle_priority: free.idle_priority,
@@ -511,8 +537,20 @@ fn print_run(r: &UffdRun) {
         if r.free_idle_priority { "idle" } else { "normal" },
         r.free_fault_thread_moves
     );
+    let qos = match &r.cpu_latency_qos_unused {
+        None => format!(
+            "CPU latency request {} in this phase, taken {} times in the run",
+            if r.latency_cpu_latency_qos_held {
+                "held"
+            } else {
+                "not held"
+            },
+            r.cpu_latency_qos_holds
+        ),
+        Some(why) => format!("no CPU latency request: {why}"),
+    };
     println!(
-        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run)",
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run; {qos})",
         r.fault_p50_us, r.fault_p99_us, r.fault_max_us, r.fault_samples,
         if r.idle_priority { "idle" } else { "normal" },
         r.latency_fault_thread_moves,
@@ -534,10 +572,13 @@ fn print_run(r: &UffdRun) {
             r.fault_start_over_budget
         );
     }
-    let two = match (r.floor_two_cpus_p50_us, r.floor_two_cpus_p99_us) {
+    let mut two = match (r.floor_two_cpus_p50_us, r.floor_two_cpus_p99_us) {
         (Some(p50), Some(p99)) => format!("; on two CPUs p50 {p50:.1} µs  p99 {p99:.1} µs"),
         _ => String::new(),
     };
+    if let (Some(p50), Some(p99)) = (r.floor_two_cpus_qos_p50_us, r.floor_two_cpus_qos_p99_us) {
+        two += &format!(", with a CPU latency request p50 {p50:.1} µs  p99 {p99:.1} µs");
+    }
     println!(
         "  floor       p50 {:.1} µs  p99 {:.1} µs with the two threads on one CPU{two} (a bare handler copying one ready page)",
         r.floor_one_cpu_p50_us, r.floor_one_cpu_p99_us

@@ -408,6 +408,26 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
         ] {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
+        // The region's CPU latency request: taken in the latency phase, and measured under
+        // the floor on two CPUs, where the process may make one (root); else the reason.
+        match r["cpu_latency_qos_unused"].as_str() {
+            None => {
+                assert_eq!(r["latency_cpu_latency_qos_held"], true, "{r}");
+                assert!(
+                    r["cpu_latency_qos_holds"].as_u64().is_some_and(|n| n >= 1),
+                    "{r}"
+                );
+                if !r["floor_two_cpus_p50_us"].is_null() {
+                    assert!(
+                        r["floor_two_cpus_qos_p50_us"]
+                            .as_f64()
+                            .is_some_and(|v| v > 0.0),
+                        "{r}"
+                    );
+                }
+            }
+            Some(why) => assert!(why.contains("cannot be opened"), "{why}"),
+        }
         // 32 zero pages are stored as nothing; of the others the region, cut to a budget of
         // one page, stores all but that one, as a zram device holding every page does.
         assert_eq!(r["zram_stored_pages"], 224, "{r}");

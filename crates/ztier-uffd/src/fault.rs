@@ -116,10 +116,17 @@ fn serve_faults(sh: &Shared) {
         // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which
         // costs more than the handler's own wake-up, which the scheduler puts on the
         // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
-        let ready = sh.uffd.poll(&sh.waker, if waiting { 1 } else { -1 });
+        // While the CPU latency request is held, the wait ends when it is due to go.
+        let timeout = match sh.qos.wait_ms(Instant::now()) {
+            _ if waiting => 1,
+            Some(ms) => ms,
+            None => -1,
+        };
+        let ready = sh.uffd.poll(&sh.waker, timeout);
         if sh.stop_faults.load(Relaxed) {
             return;
         }
+        sh.qos.relax_if_quiet(Instant::now());
         sh.placement.progress();
         if ready.waker {
             sh.waker.drain();
@@ -194,6 +201,12 @@ fn serve_faults(sh: &Shared) {
                         served += 1;
                     }
                 }
+            }
+            if served > 0 {
+                // After the copies (taking the request wakes the idle CPUs, which no
+                // faulting thread need wait for), and under `serving`, so that a faulting
+                // thread's reading of the figures includes it.
+                sh.qos.hold(Instant::now());
             }
         }
         // Outside `serving`: following may move this thread, which at idle priority then

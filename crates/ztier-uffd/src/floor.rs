@@ -5,8 +5,10 @@
 //! thread's of the handler, the copy's of the faulting thread), measured with both threads
 //! held on one CPU and on two: on a VM whose idle vCPUs halt, a wake-up into another vCPU
 //! costs more than everything ztier does for a fault, and where the faulting thread runs is
-//! the scheduler's choice, not the handler's. A bench sets a region's latency beside these,
-//! measured in the same run.
+//! the scheduler's choice, not the handler's. On two CPUs it is measured again with a CPU
+//! latency request held (`cpu_latency_qos.rs`, as a region's fault thread holds one while
+//! faults come), where the process may make one: what is left of the crossing when idle
+//! CPUs poll. A bench sets a region's latency beside these, measured in the same run.
 //!
 //! Invariants: the mapping is this module's alone, read only by the measuring thread and
 //! written only by the kernel's copies; the handler never touches it; both threads are this
@@ -16,6 +18,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use crate::cpu_latency_qos::CpuLatencyQos;
 use crate::mapping::Mapping;
 use crate::placement;
 use crate::userfaultfd::{self, Msg, Uffd, Waker};
@@ -32,6 +35,9 @@ pub struct Floor {
     /// Held on two different CPUs (each wake-up crosses to the other), if the process may
     /// use two.
     pub two_cpus: Option<Vec<Duration>>,
+    /// On two CPUs with a CPU latency request of 0 µs held (idle CPUs poll instead of
+    /// halting), if the process may use two CPUs and make the request.
+    pub two_cpus_latency_qos: Option<Vec<Duration>>,
 }
 
 /// `samples` single-page faults served by a bare userfaultfd handler on one CPU, and as
@@ -39,12 +45,28 @@ pub struct Floor {
 pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     let cpus = placement::allowed_cpus();
     let first = cpus.first().copied().unwrap_or(0);
+    let one_cpu = measure(samples, first, first)?;
+    let Some(&second) = cpus.get(1) else {
+        return Ok(Floor {
+            one_cpu,
+            ..Floor::default()
+        });
+    };
+    let two_cpus = Some(measure(samples, first, second)?);
+    let qos = CpuLatencyQos::open(true);
+    let two_cpus_latency_qos = if qos.usable() {
+        qos.hold(Instant::now());
+        let taken = measure(samples, first, second)?;
+        // Dropped, the request goes with its file.
+        drop(qos);
+        Some(taken)
+    } else {
+        None
+    };
     Ok(Floor {
-        one_cpu: measure(samples, first, first)?,
-        two_cpus: match cpus.get(1) {
-            Some(&second) => Some(measure(samples, first, second)?),
-            None => None,
-        },
+        one_cpu,
+        two_cpus,
+        two_cpus_latency_qos,
     })
 }
 

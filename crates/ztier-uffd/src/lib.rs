@@ -22,7 +22,10 @@
 //! faults it runs at idle priority, so that the faulting thread, woken by the copy, stays
 //! on that CPU: on a machine whose idle CPUs halt, a fault's two wake-ups across CPUs cost
 //! ten times the rest of it. A guard thread ends idle priority when faults wait for it
-//! (`placement.rs`, [`RegionConfig::idle_priority`]).
+//! (`placement.rs`, [`RegionConfig::idle_priority`]). When the two are apart all the same,
+//! a CPU latency request the fault thread holds while faults come keeps idle CPUs polling
+//! instead of halting, so the crossing costs little (`cpu_latency_qos.rs`,
+//! [`RegionConfig::cpu_latency_qos`]).
 //!
 //! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
 //! the same round trip served by a bare handler, its two threads held on one CPU and on two
@@ -138,8 +141,8 @@
 //! faulting page's and then its fault-around neighbours' in page order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
-//! can form; everyone else holds one at a time. The reclaim signal's mutex and the
-//! helper's are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
+//! can form; everyone else holds one at a time. The reclaim signal's mutex, the
+//! helper's and the CPU latency request's reason (`cpu_latency_qos.rs`) are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
 //! thread may take under `gate` (`placement` is otherwise atomics).
 //! `manual_pad_used` (the pad pages of [`Region::evict`]) is taken before `gate`, and held
 //! while those pages are emptied, which waits for the fault thread to read the event (it
@@ -147,6 +150,7 @@
 //! (the fault thread's, while it serves) is taken before the page locks; `stats()` takes it
 //! holding nothing.
 mod capi;
+mod cpu_latency_qos;
 mod fault;
 mod floor;
 mod mapping;
@@ -362,6 +366,14 @@ pub struct RegionStats {
     pub idle_priority_demotions: u64,
     /// How often the fault thread moved to the CPU of the thread whose faults it serves.
     pub fault_thread_moves: u64,
+    /// Whether the region can ask the machine for CPU wake-ups without delay while faults
+    /// come ([`RegionConfig::cpu_latency_qos`]; [`Region::cpu_latency_qos_unused`] says
+    /// why not where it cannot).
+    pub cpu_latency_qos_usable: bool,
+    /// Whether that request is held now (a fault came within the last 10 ms).
+    pub cpu_latency_qos_held: bool,
+    /// Times the request was taken: once for each spell of faults.
+    pub cpu_latency_qos_holds: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
 }
@@ -387,6 +399,16 @@ pub struct RegionConfig {
     /// it. Used only where the process may leave idle priority again (`CAP_SYS_NICE` or an
     /// `RLIMIT_NICE` of 20); taken back whenever faults wait for it (module `placement`).
     pub idle_priority: bool,
+    /// Whether the fault thread asks the machine, through the kernel's CPU latency QoS
+    /// (`/dev/cpu_dma_latency`, root's by default), to keep idle CPUs out of states slower
+    /// to leave than polling, from a fault until none has come for 10 ms. When the
+    /// scheduler puts the faulting thread and the fault thread on different CPUs, each of
+    /// a fault's two wake-ups goes to a CPU that went idle in between; on a VM whose idle
+    /// vCPUs halt at once that costs 50-70 µs a fault instead of 6-9. The price is power:
+    /// while the request is held, every idle CPU of the machine polls instead of halting
+    /// (module `cpu_latency_qos`). Where the device cannot be opened the region runs
+    /// without it.
+    pub cpu_latency_qos: bool,
 }
 
 /// The default of [`RegionConfig::fault_around`]: a sequential touch reaches windows of 63
@@ -406,6 +428,7 @@ impl Default for RegionConfig {
             fault_around: MAX_AROUND,
             clean_pages: true,
             idle_priority: true,
+            cpu_latency_qos: true,
         }
     }
 }
@@ -452,6 +475,8 @@ struct Shared {
     clean_pages: bool,
     /// Where the fault thread runs, and at what priority.
     placement: placement::Placement,
+    /// The fault thread's request for CPU wake-ups without delay, while faults come.
+    qos: cpu_latency_qos::CpuLatencyQos,
     /// Stops the evictors.
     stop: AtomicBool,
     /// Stops the fault thread (set only once the evictors are gone: their drops of the
@@ -513,6 +538,7 @@ impl Region {
             config.fault_around.min(1023),
             config.clean_pages,
             config.idle_priority,
+            config.cpu_latency_qos,
         )
     }
 
@@ -527,6 +553,7 @@ impl Region {
             defaults.fault_around,
             defaults.clean_pages,
             defaults.idle_priority,
+            defaults.cpu_latency_qos,
         )
     }
 
@@ -537,6 +564,7 @@ impl Region {
         fault_around: usize,
         clean_pages: bool,
         idle_priority: bool,
+        cpu_latency_qos: bool,
     ) -> Result<Region> {
         let page_size = ztier_base::os::page_size();
         check_length(len, page_size)?;
@@ -619,6 +647,7 @@ impl Region {
             fault_around,
             clean_pages,
             placement: placement::Placement::new(idle_priority),
+            qos: cpu_latency_qos::CpuLatencyQos::open(cpu_latency_qos),
             stop: AtomicBool::new(false),
             stop_faults: AtomicBool::new(false),
             waker: Waker::new().map_err(os("eventfd"))?,
@@ -801,8 +830,17 @@ impl Region {
             idle_priority: sh.placement.idle(),
             idle_priority_demotions: sh.placement.demotions(),
             fault_thread_moves: sh.placement.moves(),
+            cpu_latency_qos_usable: sh.qos.usable(),
+            cpu_latency_qos_held: sh.qos.held(),
+            cpu_latency_qos_holds: sh.qos.holds(),
             mm_stat: sh.device.mm_stat(),
         }
+    }
+
+    /// Why the region does not ask for CPU wake-ups without delay
+    /// ([`RegionConfig::cpu_latency_qos`]), where it does not.
+    pub fn cpu_latency_qos_unused(&self) -> Option<String> {
+        self.shared.qos.unused_because()
     }
 
     /// The last error a store gave the reclaim thread, if any.

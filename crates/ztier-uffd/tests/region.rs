@@ -805,6 +805,82 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
         Some(two) => assert_eq!(two.len(), 300),
         None => assert_eq!(cpus, 1, "two CPUs usable but none measured"),
     }
+    // With a CPU latency request too, where the process may make one (root).
+    let may_request = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/cpu_dma_latency")
+        .is_ok();
+    match &floor.two_cpus_latency_qos {
+        Some(two) => assert_eq!(two.len(), 300),
+        None => assert!(
+            cpus == 1 || !may_request,
+            "a request could be made but none measured"
+        ),
+    }
+}
+
+/// A fault takes the region's CPU latency request (idle CPUs then poll, so a fault's
+/// wake-ups across CPUs cost little), a spell with no fault gives it back, the next fault
+/// takes it again, and a region told not to makes none. Where `/dev/cpu_dma_latency`
+/// cannot be opened (not root), the region says why, and this skips.
+#[test]
+fn a_fault_holds_the_cpu_latency_request_until_faults_stop() {
+    let Some(r) = region(4 * PAGE, 4 * PAGE) else {
+        return;
+    };
+    let s = r.stats();
+    if !s.cpu_latency_qos_usable {
+        let why = r
+            .cpu_latency_qos_unused()
+            .expect("a reason where it is not usable");
+        if std::env::var_os("CI").is_some() {
+            panic!("CI must run the CPU latency request's test: {why}");
+        }
+        eprintln!("skipped: {why}");
+        return;
+    }
+    assert_eq!(r.cpu_latency_qos_unused(), None);
+    let words = r.words();
+    // The first touch faults (a page never written); the reading after it includes what
+    // the fault thread did for it.
+    write_page(words, 0, 1);
+    let s = r.stats();
+    assert!(s.cpu_latency_qos_held, "{s:?}");
+    assert_eq!(s.cpu_latency_qos_holds, 1, "{s:?}");
+    // The machine's target (the device's read) is the least of all requests: ours is 0.
+    let target = std::fs::read("/dev/cpu_dma_latency").expect("reading the machine's target");
+    assert_eq!(i32::from_ne_bytes(target[..4].try_into().unwrap()), 0);
+    let quiet = |r: &ztier_uffd::Region| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while r.stats().cpu_latency_qos_held && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        !r.stats().cpu_latency_qos_held
+    };
+    assert!(quiet(&r), "still held 5 s after the last fault");
+    // Another spell of faults takes it again, once.
+    assert!(r.evict(0).unwrap());
+    check_page(words, 0, 1).unwrap();
+    for page in 1..4 {
+        write_page(words, page, 2);
+    }
+    let s = r.stats();
+    assert!(s.cpu_latency_qos_held, "{s:?}");
+    assert_eq!(s.cpu_latency_qos_holds, 2, "{s:?}");
+    assert!(quiet(&r));
+
+    let config = ztier_uffd::RegionConfig {
+        cpu_latency_qos: false,
+        ..Default::default()
+    };
+    let off = region_with(4 * PAGE, 4 * PAGE, &config).expect("made as the first was");
+    write_page(off.words(), 0, 1);
+    let s = off.stats();
+    assert!(
+        !s.cpu_latency_qos_usable && !s.cpu_latency_qos_held && s.cpu_latency_qos_holds == 0,
+        "{s:?}"
+    );
+    assert!(off.cpu_latency_qos_unused().unwrap().contains("turned off"));
 }
 
 /// The kernel's own path for a region's pages: where swap and zswap are on, every page comes

@@ -1,0 +1,217 @@
+//! The kernel's CPU latency QoS (`kernel/power/qos.c`, `/dev/cpu_dma_latency`), asked for
+//! while faults come.
+//!
+//! A fault's round trip is two wake-ups. When the faulting thread and the fault thread run
+//! on different CPUs, each wake-up goes to a CPU that went idle in between, and what that
+//! costs is the idle state's exit: on a VM whose idle vCPUs halt at once (cpuidle's
+//! `haltpoll` with `guest_halt_poll_ns` 0, as here) it is an interrupt into a halted vCPU,
+//! and a bare handler's round trip takes 50-70 µs at p50 instead of 6-9
+//! (MEASUREMENTS.md, 2026-11-27). The scheduler separates the two threads now and then
+//! whatever the fault thread does (placement.rs), so the idle state decides the tail.
+//!
+//! A request of 0 µs keeps every idle CPU in its polling state (cpuidle's state 0) while it
+//! is held: the wake-up is then a flag the other CPU is watching. It costs power (idle CPUs
+//! spin), so the fault thread holds it only from a fault until none has come for
+//! [`RELAX_AFTER`], then withdraws it (a request back at the default value, no constraint).
+//! The device is the kernel's interface for exactly this (a request lives while its file is
+//! open, and goes with the process); it is root's alone by default, and where it cannot be
+//! opened the region runs without it and says why.
+//!
+//! Invariants: only the fault thread changes the request (`hold`, `relax_if_quiet`), so
+//! `held` is the request's state; the figures are atomics `stats()` reads. The one lock,
+//! the reason the request is not used, is a leaf.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// The kernel's interface to CPU latency QoS requests.
+const DEVICE: &str = "/dev/cpu_dma_latency";
+
+/// How long after the last fault the request is withdrawn: far longer than the gaps
+/// between a program's faults while it pages something in, short enough that idle CPUs
+/// stop polling soon after.
+pub(crate) const RELAX_AFTER: Duration = Duration::from_millis(10);
+
+/// `PM_QOS_DEFAULT_VALUE`: a request at this value asks for nothing (the class's default).
+const NO_CONSTRAINT: i32 = -1;
+
+/// A CPU latency request the fault thread takes while faults come.
+pub(crate) struct CpuLatencyQos {
+    /// The request's file; `None` where it is not used (turned off, or not permitted).
+    file: Option<File>,
+    /// Set once a write was refused: the request is not used again.
+    refused: AtomicBool,
+    /// Why the request is not used, where it is not (a leaf lock, taken only then and by
+    /// `stats()`).
+    unused: Mutex<Option<String>>,
+    /// The clock the fault times below count from.
+    epoch: Instant,
+    /// When the last fault came (nanoseconds from `epoch`), while the request is held.
+    last_fault_ns: AtomicU64,
+    held: AtomicBool,
+    /// Times the request was taken.
+    holds: AtomicU64,
+}
+
+impl CpuLatencyQos {
+    /// The request, opened where `wanted` and the device allows (asking for nothing until
+    /// the first fault).
+    pub(crate) fn open(wanted: bool) -> CpuLatencyQos {
+        let (file, unused) = if !wanted {
+            (
+                None,
+                Some("turned off (RegionConfig::cpu_latency_qos)".to_string()),
+            )
+        } else {
+            match OpenOptions::new().write(true).open(DEVICE) {
+                Ok(f) => (Some(f), None),
+                Err(e) => (None, Some(format!("{DEVICE} cannot be opened: {e}"))),
+            }
+        };
+        let qos = CpuLatencyQos {
+            file,
+            refused: AtomicBool::new(false),
+            unused: Mutex::new(unused),
+            epoch: Instant::now(),
+            last_fault_ns: AtomicU64::new(0),
+            held: AtomicBool::new(false),
+            holds: AtomicU64::new(0),
+        };
+        // Opening adds a request at the default value; saying so explicitly shows a
+        // device that takes no writes now, not at the first fault.
+        let _ = qos.set(NO_CONSTRAINT);
+        qos
+    }
+
+    /// Whether the request can be taken.
+    pub(crate) fn usable(&self) -> bool {
+        self.file.is_some() && !self.refused.load(Relaxed)
+    }
+
+    /// Why the request is not used, where it is not.
+    pub(crate) fn unused_because(&self) -> Option<String> {
+        self.unused.lock().clone()
+    }
+
+    /// Whether the request is held now.
+    pub(crate) fn held(&self) -> bool {
+        self.held.load(Relaxed)
+    }
+
+    /// Times the request was taken.
+    pub(crate) fn holds(&self) -> u64 {
+        self.holds.load(Relaxed)
+    }
+
+    /// A fault came (the fault thread's call): the request is held (taken now if it was
+    /// not) until [`RELAX_AFTER`] passes with none.
+    pub(crate) fn hold(&self, now: Instant) {
+        if !self.usable() {
+            return;
+        }
+        self.last_fault_ns.store(self.ns(now), Relaxed);
+        if !self.held() && self.set(0).is_ok() {
+            self.held.store(true, Relaxed);
+            self.holds.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// How long the fault thread may wait for a message before it should look at the
+    /// request again, in milliseconds: `None` while none is held (it may wait for ever).
+    pub(crate) fn wait_ms(&self, now: Instant) -> Option<i32> {
+        if !self.held() {
+            return None;
+        }
+        let quiet = Duration::from_nanos(
+            self.ns(now)
+                .saturating_sub(self.last_fault_ns.load(Relaxed)),
+        );
+        let left = RELAX_AFTER.saturating_sub(quiet);
+        Some(left.as_millis().clamp(1, i32::MAX as u128) as i32)
+    }
+
+    /// Withdraws the request once no fault has come for [`RELAX_AFTER`] (the fault
+    /// thread's call).
+    pub(crate) fn relax_if_quiet(&self, now: Instant) {
+        if !self.held() {
+            return;
+        }
+        let quiet = self
+            .ns(now)
+            .saturating_sub(self.last_fault_ns.load(Relaxed));
+        if Duration::from_nanos(quiet) >= RELAX_AFTER && self.set(NO_CONSTRAINT).is_ok() {
+            self.held.store(false, Relaxed);
+        }
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Writes the request's value (a binary `s32`, as the device takes it). A refused
+    /// write leaves the request unused from then on, with the reason; closing the file
+    /// (when the region goes) withdraws whatever it asked.
+    fn set(&self, value: i32) -> std::io::Result<()> {
+        let Some(mut f) = self.file.as_ref().filter(|_| !self.refused.load(Relaxed)) else {
+            return Ok(());
+        };
+        f.write_all(&value.to_ne_bytes()).inspect_err(|e| {
+            *self.unused.lock() = Some(format!("{DEVICE} refused a request: {e}"));
+            self.refused.store(true, Relaxed);
+            self.held.store(false, Relaxed);
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turned_off_it_is_never_held_and_says_why() {
+        let qos = CpuLatencyQos::open(false);
+        assert!(!qos.usable());
+        assert!(qos.unused_because().unwrap().contains("turned off"));
+        qos.hold(Instant::now());
+        assert!(!qos.held());
+        assert_eq!(qos.holds(), 0);
+        assert_eq!(qos.wait_ms(Instant::now()), None);
+    }
+
+    /// Where the device can be opened (root), a fault takes the request, a quiet spell
+    /// withdraws it, and the kernel's aggregate follows: the device's read gives the
+    /// machine's current target, which our request of 0 sets while it is held.
+    #[test]
+    fn held_from_a_fault_until_a_quiet_spell() {
+        let qos = CpuLatencyQos::open(true);
+        if !qos.usable() {
+            eprintln!("skipped: {}", qos.unused_because().unwrap_or_default());
+            return;
+        }
+        let target = || -> i32 {
+            let bytes = std::fs::read(DEVICE).expect("reading the machine's target");
+            i32::from_ne_bytes(bytes[..4].try_into().expect("four bytes"))
+        };
+        let t0 = Instant::now();
+        qos.hold(t0);
+        assert!(qos.held());
+        assert_eq!(qos.holds(), 1);
+        assert_eq!(target(), 0, "a held request of 0 is the machine's target");
+        let wait = qos.wait_ms(t0).expect("a deadline while held");
+        assert!((1..=RELAX_AFTER.as_millis() as i32).contains(&wait));
+        // A second fault while held takes nothing more.
+        qos.hold(t0 + Duration::from_millis(1));
+        assert_eq!(qos.holds(), 1);
+        // Not yet quiet: held.
+        qos.relax_if_quiet(t0 + Duration::from_millis(2));
+        assert!(qos.held());
+        qos.relax_if_quiet(t0 + Duration::from_millis(1) + RELAX_AFTER);
+        assert!(!qos.held());
+        assert_eq!(qos.wait_ms(t0 + RELAX_AFTER * 2), None);
+    }
+}
