@@ -78,6 +78,12 @@ struct UffdRun {
     /// make one.
     floor_two_cpus_qos_p50_us: Option<f64>,
     floor_two_cpus_qos_p99_us: Option<f64>,
+    /// The machine's CPU latency target (µs) while the floor on two CPUs without a request
+    /// was measured: 2000 s where nobody asks for anything, lower where another process
+    /// (or region) held a request then; and the cpuidle driver, which decides what a
+    /// request changes (its state 0 polls on x86's haltpoll, intel_idle, acpi_idle).
+    floor_latency_target_us: Option<i32>,
+    cpuidle_driver: Option<String>,
     /// Random reads with a working set (9 in 10 in a scattered hot set of half the budget,
     /// the rest anywhere): MB/s of one-word reads, pages brought in, and the reclaim
     /// thread's evictions meanwhile, clean (nothing written) and dirty (compressed, stored).
@@ -165,6 +171,10 @@ fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
         fault_max_us: us.last().copied().unwrap_or(0.0),
     }))
 }
+
+/// The machine's CPU latency target when nobody asks for anything:
+/// `PM_QOS_CPU_LATENCY_DEFAULT_VALUE`, 2000 s.
+const NO_LATENCY_TARGET_US: i32 = 2_000_000_000;
 
 /// Durations in µs, sorted.
 fn micros(taken: &[Duration]) -> Vec<f64> {
@@ -437,6 +447,10 @@ fn run_one(
         floor_two_cpus_p99_us: floor_two.as_deref().map(|f| percentile(f, 0.99)),
         floor_two_cpus_qos_p50_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.5)),
         floor_two_cpus_qos_p99_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.99)),
+        floor_latency_target_us: floor.latency_target_us,
+        cpuidle_driver: std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
+            .ok()
+            .map(|d| d.trim().to_string()),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
         free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
         free_idle_priority: free.idle_priority,
@@ -576,8 +590,17 @@ fn print_run(r: &UffdRun) {
         (Some(p50), Some(p99)) => format!("; on two CPUs p50 {p50:.1} µs  p99 {p99:.1} µs"),
         _ => String::new(),
     };
+    if let Some(target) = r
+        .floor_latency_target_us
+        .filter(|&t| t < NO_LATENCY_TARGET_US)
+    {
+        two += &format!(" (while a CPU latency request of {target} µs was held elsewhere)");
+    }
     if let (Some(p50), Some(p99)) = (r.floor_two_cpus_qos_p50_us, r.floor_two_cpus_qos_p99_us) {
         two += &format!(", with a CPU latency request p50 {p50:.1} µs  p99 {p99:.1} µs");
+    }
+    if let Some(driver) = &r.cpuidle_driver {
+        two += &format!("; cpuidle driver {driver}");
     }
     println!(
         "  floor       p50 {:.1} µs  p99 {:.1} µs with the two threads on one CPU{two} (a bare handler copying one ready page)",

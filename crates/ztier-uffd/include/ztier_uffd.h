@@ -6,6 +6,13 @@
  * vm.unprivileged_userfaultfd=1, or access to /dev/userfaultfd; else only faults taken in
  * user mode are served, and a system call reading or writing an evicted page fails with
  * EFAULT. Linux 6.8 or later (UFFDIO_MOVE). The region is not inherited by fork's child.
+ * While faults come (until 10 ms pass with none), a region holds a CPU latency request of
+ * 0 us through /dev/cpu_dma_latency where it may open it (root): every idle CPU of the
+ * machine then polls instead of halting, so that a fault whose two threads the scheduler put
+ * on different CPUs does not wait for a halted CPU to wake (on a VM, 50-80 us instead of
+ * 8-10). It costs power (on a VM, host CPU time); ZTIER_REGION_NO_CPU_LATENCY_QOS turns it
+ * off. A child forked (without exec) while the request is held shares it: if the parent is
+ * killed then, the child keeps it until it exits or execs.
  * Every function may be called from any thread; destroy only once no thread uses the
  * region.
  */
@@ -39,12 +46,22 @@ typedef struct ztier_region_stats {
     uint64_t mem_used_total;   /* bytes of memory the store holds */
     uint64_t clean_pages;      /* resident, read in from the store, not written since */
     uint64_t evictions_clean;  /* of evictions: clean pages dropped, nothing written */
+    uint64_t cpu_latency_qos_usable; /* 1: the region can make its CPU latency request */
+    uint64_t cpu_latency_qos_held;   /* 1: it holds it now */
+    uint64_t cpu_latency_qos_holds;  /* times it was taken, once a spell of faults */
 } ztier_region_stats;
+
+/* ztier_region_create_flags: make no CPU latency request while faults come. */
+#define ZTIER_REGION_NO_CPU_LATENCY_QOS 1u
 
 /* A region of `length` bytes (a whole number of pages) of which at most `budget` bytes
  * (at least one page) are resident. NULL on failure, with errno: EINVAL (length or budget),
  * EPERM (userfaultfd not allowed), ENOSYS (the kernel lacks UFFDIO_MOVE), ENOMEM. */
 ztier_region *ztier_region_create(size_t length, size_t budget);
+
+/* As ztier_region_create, with flags (ZTIER_REGION_NO_CPU_LATENCY_QOS); EINVAL for a flag
+ * it does not know. */
+ztier_region *ztier_region_create_flags(size_t length, size_t budget, uint32_t flags);
 
 /* The region's first byte; the memory lives until ztier_region_destroy. */
 void *ztier_region_ptr(const ztier_region *region);

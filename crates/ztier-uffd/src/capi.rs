@@ -1,11 +1,12 @@
-//! The C ABI (`include/ztier_uffd.h`): create, pointer, length, statistics (`ztier_region_get_stats`), destroy.
+//! The C ABI (`include/ztier_uffd.h`): create (with the defaults, or flags), pointer,
+//! length, statistics (`ztier_region_get_stats`), destroy.
 //!
 //! Invariants: a `ztier_region *` is a `Box<Region>` made by `ztier_region_create` and
 //! freed only by `ztier_region_destroy`; errors are reported through `errno`, nothing
 //! panics across the boundary (every function here is infallible or returns the error).
 #![allow(unsafe_code)]
 
-use crate::{Error, Region};
+use crate::{Error, Region, RegionConfig};
 
 /// `ztier_region_stats`, field for field.
 #[repr(C)]
@@ -26,7 +27,13 @@ pub struct CStats {
     mem_used_total: u64,
     clean_pages: u64,
     evictions_clean: u64,
+    cpu_latency_qos_usable: u64,
+    cpu_latency_qos_held: u64,
+    cpu_latency_qos_holds: u64,
 }
+
+/// `ZTIER_REGION_NO_CPU_LATENCY_QOS`: `RegionConfig::cpu_latency_qos` off.
+const NO_CPU_LATENCY_QOS: u32 = 1;
 
 fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno, always valid to write.
@@ -35,7 +42,24 @@ fn set_errno(e: i32) {
 
 #[no_mangle]
 pub extern "C" fn ztier_region_create(length: usize, budget: usize) -> *mut Region {
-    match Region::new(length, budget) {
+    ztier_region_create_flags(length, budget, 0)
+}
+
+#[no_mangle]
+pub extern "C" fn ztier_region_create_flags(
+    length: usize,
+    budget: usize,
+    flags: u32,
+) -> *mut Region {
+    if flags & !NO_CPU_LATENCY_QOS != 0 {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let config = RegionConfig {
+        cpu_latency_qos: flags & NO_CPU_LATENCY_QOS == 0,
+        ..RegionConfig::default()
+    };
+    match Region::with_config(length, budget, &config) {
         Ok(r) => Box::into_raw(Box::new(r)),
         Err(e) => {
             set_errno(match e {
@@ -95,6 +119,9 @@ pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut
         mem_used_total: s.mm_stat.mem_used_total,
         clean_pages: s.clean_pages,
         evictions_clean: s.evictions_clean,
+        cpu_latency_qos_usable: s.cpu_latency_qos_usable.into(),
+        cpu_latency_qos_held: s.cpu_latency_qos_held.into(),
+        cpu_latency_qos_holds: s.cpu_latency_qos_holds,
     };
     // SAFETY: `out` is non-null and writable (the caller's contract).
     unsafe { out.write(c) };

@@ -88,8 +88,10 @@ enum Served {
 /// process is aborted instead, with the panic's message.
 pub(crate) fn run(sh: &Shared) {
     let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_faults(sh)));
-    // However it ended, its thread id is not acted on again.
+    // However it ended, its thread id is not acted on again, and no CPU is kept polling
+    // for it.
     sh.placement.done();
+    sh.qos.withdraw();
     if served.is_err() {
         eprintln!("ztier-uffd: the fault thread panicked; no page of the region can be served");
         std::process::abort();
@@ -117,16 +119,20 @@ fn serve_faults(sh: &Shared) {
         // costs more than the handler's own wake-up, which the scheduler puts on the
         // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
         // While the CPU latency request is held, the wait ends when it is due to go.
-        let timeout = match sh.qos.wait_ms(Instant::now()) {
-            _ if waiting => 1,
-            Some(ms) => ms,
-            None => -1,
+        let timeout = match waiting {
+            true => 1,
+            false if sh.qos.held() => sh.qos.wait_ms(Instant::now()).unwrap_or(1),
+            false => -1,
         };
         let ready = sh.uffd.poll(&sh.waker, timeout);
         if sh.stop_faults.load(Relaxed) {
             return;
         }
-        sh.qos.relax_if_quiet(Instant::now());
+        // Not with a message in hand: withdrawing wakes the idle CPUs, which may halt
+        // again just before this thread's copy has to wake one.
+        if !ready.uffd && sh.qos.held() {
+            sh.qos.relax_if_quiet(Instant::now());
+        }
         sh.placement.progress();
         if ready.waker {
             sh.waker.drain();

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::cpu_latency_qos::CpuLatencyQos;
+use crate::cpu_latency_qos::{self, CpuLatencyQos};
 use crate::mapping::Mapping;
 use crate::placement;
 use crate::userfaultfd::{self, Msg, Uffd, Waker};
@@ -38,6 +38,10 @@ pub struct Floor {
     /// On two CPUs with a CPU latency request of 0 µs held (idle CPUs poll instead of
     /// halting), if the process may use two CPUs and make the request.
     pub two_cpus_latency_qos: Option<Vec<Duration>>,
+    /// The machine's CPU latency target (µs, the least of every process's requests) while
+    /// `two_cpus` was measured, where it can be read: 2000 s when nobody asks for anything;
+    /// lower, and `two_cpus` is no longer the machine's own halting floor.
+    pub latency_target_us: Option<i32>,
 }
 
 /// `samples` single-page faults served by a bare userfaultfd handler on one CPU, and as
@@ -52,10 +56,11 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
             ..Floor::default()
         });
     };
+    let latency_target_us = cpu_latency_qos::machine_target();
     let two_cpus = Some(measure(samples, first, second)?);
     let qos = CpuLatencyQos::open(true);
-    let two_cpus_latency_qos = if qos.usable() {
-        qos.hold(Instant::now());
+    qos.hold(Instant::now());
+    let two_cpus_latency_qos = if qos.held() {
         let taken = measure(samples, first, second)?;
         // Dropped, the request goes with its file.
         drop(qos);
@@ -67,6 +72,7 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
         one_cpu,
         two_cpus,
         two_cpus_latency_qos,
+        latency_target_us,
     })
 }
 

@@ -141,9 +141,11 @@
 //! faulting page's and then its fault-around neighbours' in page order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
-//! can form; everyone else holds one at a time. The reclaim signal's mutex, the
-//! helper's and the CPU latency request's reason (`cpu_latency_qos.rs`) are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
-//! thread may take under `gate` (`placement` is otherwise atomics).
+//! can form; everyone else holds one at a time. The reclaim signal's mutex and the
+//! helper's are taken alone; `placement`'s guard's (its sleep) is a leaf, which the fault
+//! thread may take under `gate` (`placement` is otherwise atomics); the CPU latency
+//! request's reason (`cpu_latency_qos.rs`) is a leaf, which the fault thread may take under
+//! `serving` (when the device refuses a write).
 //! `manual_pad_used` (the pad pages of [`Region::evict`]) is taken before `gate`, and held
 //! while those pages are emptied, which waits for the fault thread to read the event (it
 //! never takes that lock). `serving`
@@ -370,7 +372,8 @@ pub struct RegionStats {
     /// come ([`RegionConfig::cpu_latency_qos`]; [`Region::cpu_latency_qos_unused`] says
     /// why not where it cannot).
     pub cpu_latency_qos_usable: bool,
-    /// Whether that request is held now (a fault came within the last 10 ms).
+    /// Whether that request is held now: from a fault until the fault thread, waking after
+    /// 10 ms with none, withdraws it.
     pub cpu_latency_qos_held: bool,
     /// Times the request was taken: once for each spell of faults.
     pub cpu_latency_qos_holds: u64,
@@ -404,10 +407,12 @@ pub struct RegionConfig {
     /// to leave than polling, from a fault until none has come for 10 ms. When the
     /// scheduler puts the faulting thread and the fault thread on different CPUs, each of
     /// a fault's two wake-ups goes to a CPU that went idle in between; on a VM whose idle
-    /// vCPUs halt at once that costs 50-70 µs a fault instead of 6-9. The price is power:
-    /// while the request is held, every idle CPU of the machine polls instead of halting
-    /// (module `cpu_latency_qos`). Where the device cannot be opened the region runs
-    /// without it.
+    /// vCPUs halt at once that costs 50-80 µs a fault instead of 8-10. The price is power
+    /// (on a VM, the host's CPU time): while the request is held, every idle CPU of the
+    /// machine polls instead of halting, where its cpuidle driver's first state polls
+    /// (x86's `haltpoll`, `intel_idle`, `acpi_idle`; elsewhere the request changes nothing).
+    /// Where the device cannot be opened the region runs without it (module
+    /// `cpu_latency_qos`).
     pub cpu_latency_qos: bool,
 }
 

@@ -55,7 +55,10 @@ fn the_c_test_passes() {
         Err(e) => return skip(&format!("cc: {e}")),
         Ok(s) => assert!(s.success(), "cc failed: {s}"),
     }
+    // The library the program was linked against, not whatever cargo's own library path
+    // finds first (an older copy in target/debug, left by a `cargo build` before a change).
     let mut child = Command::new(&out)
+        .env("LD_LIBRARY_PATH", &lib)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -820,8 +820,8 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
 }
 
 /// A fault takes the region's CPU latency request (idle CPUs then poll, so a fault's
-/// wake-ups across CPUs cost little), a spell with no fault gives it back, the next fault
-/// takes it again, and a region told not to makes none. Where `/dev/cpu_dma_latency`
+/// wake-ups across CPUs cost little), a spell with no fault gives it back, the next faults
+/// take it again, and a region told not to makes none. Where `/dev/cpu_dma_latency`
 /// cannot be opened (not root), the region says why, and this skips.
 #[test]
 fn a_fault_holds_the_cpu_latency_request_until_faults_stop() {
@@ -842,14 +842,12 @@ fn a_fault_holds_the_cpu_latency_request_until_faults_stop() {
     assert_eq!(r.cpu_latency_qos_unused(), None);
     let words = r.words();
     // The first touch faults (a page never written); the reading after it includes what
-    // the fault thread did for it.
+    // the fault thread did for it. (Whether it is still held depends on this thread
+    // running within 10 ms; that a held request sets the machine's target is the unit
+    // tests' to show.)
     write_page(words, 0, 1);
     let s = r.stats();
-    assert!(s.cpu_latency_qos_held, "{s:?}");
     assert_eq!(s.cpu_latency_qos_holds, 1, "{s:?}");
-    // The machine's target (the device's read) is the least of all requests: ours is 0.
-    let target = std::fs::read("/dev/cpu_dma_latency").expect("reading the machine's target");
-    assert_eq!(i32::from_ne_bytes(target[..4].try_into().unwrap()), 0);
     let quiet = |r: &ztier_uffd::Region| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while r.stats().cpu_latency_qos_held && std::time::Instant::now() < deadline {
@@ -858,15 +856,15 @@ fn a_fault_holds_the_cpu_latency_request_until_faults_stop() {
         !r.stats().cpu_latency_qos_held
     };
     assert!(quiet(&r), "still held 5 s after the last fault");
-    // Another spell of faults takes it again, once.
+    // Another spell of faults takes it again.
     assert!(r.evict(0).unwrap());
     check_page(words, 0, 1).unwrap();
     for page in 1..4 {
         write_page(words, page, 2);
     }
+    // Taken again (more than once only if this thread waited 10 ms between two faults).
     let s = r.stats();
-    assert!(s.cpu_latency_qos_held, "{s:?}");
-    assert_eq!(s.cpu_latency_qos_holds, 2, "{s:?}");
+    assert!(s.cpu_latency_qos_holds >= 2, "{s:?}");
     assert!(quiet(&r));
 
     let config = ztier_uffd::RegionConfig {

@@ -1,5 +1,5 @@
 /* The C ABI's test: a 16 MiB region under a 2 MiB budget, every page written and read
- * back, the figures read, the region destroyed. Exit 0: passed; 77: userfaultfd is not
+ * back, the figures read, the region destroyed; then one made with a flag. Exit 0: passed; 77: userfaultfd is not
  * allowed here (skipped); else failed, with the reason on stderr. */
 #include <errno.h>
 #include <stdint.h>
@@ -64,7 +64,30 @@ int main(void) {
                 (unsigned long long)s.resident_pages, (unsigned long long)s.budget_pages);
         return 1;
     }
+    /* Faults came: the CPU latency request was taken, where the region may make one. */
+    if (s.cpu_latency_qos_usable && s.cpu_latency_qos_holds == 0) {
+        fprintf(stderr, "faults came and the CPU latency request was never taken\n");
+        return 1;
+    }
     ztier_region_destroy(r);
     ztier_region_destroy(NULL);
+
+    /* Told not to, a region makes none; a flag it does not know is refused. */
+    if (ztier_region_create_flags(LEN, BUDGET, 2) != NULL || errno != EINVAL) {
+        fprintf(stderr, "an unknown flag was not refused with EINVAL\n");
+        return 1;
+    }
+    r = ztier_region_create_flags(LEN, BUDGET, ZTIER_REGION_NO_CPU_LATENCY_QOS);
+    if (r == NULL) {
+        fprintf(stderr, "ztier_region_create_flags: %s\n", strerror(errno));
+        return 1;
+    }
+    m = ztier_region_ptr(r);
+    m[0] = 1;
+    if (ztier_region_get_stats(r, &s) != 0 || s.cpu_latency_qos_usable || s.cpu_latency_qos_holds) {
+        fprintf(stderr, "a region told to make no CPU latency request made one\n");
+        return 1;
+    }
+    ztier_region_destroy(r);
     return 0;
 }
