@@ -232,7 +232,9 @@ mod tests {
             return true;
         }
         let why = qos.unused_because().unwrap_or_default();
-        if std::env::var_os("CI").is_some() {
+        // A kernel without the device (no CONFIG_CPU_IDLE) cannot be given one; a device
+        // this process may not use can.
+        if std::env::var_os("CI").is_some() && std::path::Path::new(DEVICE).exists() {
             panic!("CI must run the CPU latency request's tests: {why}");
         }
         eprintln!("skipped: {why}");

@@ -833,7 +833,10 @@ fn a_fault_holds_the_cpu_latency_request_until_faults_stop() {
         let why = r
             .cpu_latency_qos_unused()
             .expect("a reason where it is not usable");
-        if std::env::var_os("CI").is_some() {
+        // A kernel without the device (no CONFIG_CPU_IDLE) cannot be given one; a device
+        // this process may not use can.
+        let device = std::path::Path::new("/dev/cpu_dma_latency").exists();
+        if std::env::var_os("CI").is_some() && device {
             panic!("CI must run the CPU latency request's test: {why}");
         }
         eprintln!("skipped: {why}");
