@@ -154,7 +154,7 @@ fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
     let samples = LATENCY_SAMPLES.min(corpus.pages());
     let k = match ztier_uffd::kernel_pageout(corpus.bytes(), samples) {
         Ok(k) => k,
-        Err(ztier_uffd::Error::NoKernelPath(why)) => return Ok(Err(why)),
+        Err(ztier_uffd::Error::NoKernelPath(why)) => return Ok(Err(why.to_string())),
         Err(e) => return Err(e).context("the kernel's swap path"),
     };
     let out_bytes = (k.pages - k.left_resident) as f64 * k.page_size as f64;

@@ -442,19 +442,9 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
                 assert_eq!(k["pages"], 256, "{r}");
                 assert!(k["fault_samples"].as_u64().is_some_and(|n| n > 0), "{r}");
             }
-            (true, Some(why)) => assert!(
-                [
-                    "zswap is off",
-                    "no zswap here",
-                    "no swap is on",
-                    "bytes free",
-                    "moved no page",
-                    "went to the swap device",
-                ]
-                .iter()
-                .any(|e| why.contains(e)),
-                "{why}"
-            ),
+            // Which reason, for which state of the machine, is ztier-uffd's test of
+            // `kernel_pageout`; the bench prints the library's.
+            (true, Some(why)) => assert!(!why.trim().is_empty(), "{r}"),
             _ => panic!("the kernel's path neither measured nor refused: {r}"),
         }
     }

@@ -176,7 +176,7 @@ use ztier_zram::{Device, MmStat, ZramError};
 
 pub use floor::{bare_fault_latency, Floor};
 use mapping::Mapping;
-pub use pageout::{kernel_pageout, KernelPageout};
+pub use pageout::{kernel_pageout, KernelPageout, NoKernelPath};
 use userfaultfd::{Uffd, Waker};
 
 /// What making or using a region refuses.
@@ -219,7 +219,7 @@ pub enum Error {
     /// The kernel's own path for a region's pages ([`kernel_pageout`]) is not there: what
     /// is missing.
     #[error("the kernel's swap path: {0}")]
-    NoKernelPath(String),
+    NoKernelPath(NoKernelPath),
     /// A page came back from the kernel's swap path different from what went out.
     #[error("page {page} came back from the kernel's swap path different from what went out")]
     KernelPathCorrupt { page: usize },

@@ -25,6 +25,42 @@ const PAGEOUT_TRIES: usize = 4;
 /// not go out, or an all-zero page, is passed over).
 const TRIES_PER_SAMPLE: usize = 20;
 
+/// Why the kernel's own path is not there for the pages (each says what is missing; the
+/// kinds are what tests and callers match on, the text what a user reads).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoKernelPath {
+    /// zswap's parameters cannot be read: no zswap in this kernel.
+    #[error("{param}: {error} (no zswap here)")]
+    NoZswap { param: String, error: String },
+    #[error(
+        "zswap is off ({param} is {enabled}): MADV_PAGEOUT would write the pages to the swap \
+         device, not compress them"
+    )]
+    ZswapOff { param: String, enabled: String },
+    #[error("/proc/swaps: {0}")]
+    SwapsUnreadable(String),
+    #[error("no swap is on (/proc/swaps): zswap needs a swap device behind it")]
+    NoSwap,
+    #[error("the swap devices have {free} bytes free (/proc/swaps), the pages need {need}")]
+    SwapTooSmall { free: u64, need: usize },
+    #[error("MADV_PAGEOUT moved no page out (a memory cgroup's swap limit, locked memory?)")]
+    NothingMoved,
+    #[error(
+        "only {through_zswap} of the {went_out} pages that went out went through zswap \
+         (/proc/vmstat zswpout and swpout_zero): the others went to the swap device"
+    )]
+    WentToSwapDevice { through_zswap: u64, went_out: usize },
+    #[error("no single page went out with MADV_PAGEOUT to be timed")]
+    NoSinglePage,
+}
+
+impl From<NoKernelPath> for Error {
+    fn from(why: NoKernelPath) -> Error {
+        Error::NoKernelPath(why)
+    }
+}
+
 /// What the kernel made of the pages.
 #[derive(Debug, Clone)]
 pub struct KernelPageout {
@@ -58,10 +94,11 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     let compressor = zswap_compressor()?;
     let free = swap_free_bytes()?;
     if free < data.len() as u64 {
-        return Err(Error::NoKernelPath(format!(
-            "the swap devices have {free} bytes free (/proc/swaps), the pages need {}",
-            data.len()
-        )));
+        return Err(NoKernelPath::SwapTooSmall {
+            free,
+            need: data.len(),
+        }
+        .into());
     }
     let os = |what| move |source| Error::Os { what, source };
     let pages = data.len() / ps;
@@ -89,17 +126,14 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     // swap-outs meanwhile only add to the count.
     let through_zswap = zswap_outs().saturating_sub(before);
     if left == pages {
-        return Err(Error::NoKernelPath(
-            "MADV_PAGEOUT moved no page out (a memory cgroup's swap limit, locked memory?)"
-                .to_string(),
-        ));
+        return Err(NoKernelPath::NothingMoved.into());
     }
     if through_zswap < (pages - left) as u64 {
-        return Err(Error::NoKernelPath(format!(
-            "only {through_zswap} of the {} pages that went out went through zswap \
-             (/proc/vmstat zswpout and swpout_zero): the others went to the swap device",
-            pages - left
-        )));
+        return Err(NoKernelPath::WentToSwapDevice {
+            through_zswap,
+            went_out: pages - left,
+        }
+        .into());
     }
 
     let t = Instant::now();
@@ -140,9 +174,7 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     }
     check_equal(&map, data, ps)?;
     if samples > 0 && latency.is_empty() {
-        return Err(Error::NoKernelPath(
-            "no single page went out with MADV_PAGEOUT to be timed".to_string(),
-        ));
+        return Err(NoKernelPath::NoSinglePage.into());
     }
     Ok(KernelPageout {
         compressor,
@@ -189,22 +221,26 @@ fn zswap_compressor() -> Result<String> {
     let read = |name: &str| {
         std::fs::read_to_string(format!("{params}/{name}"))
             .map(|s| s.trim().to_string())
-            .map_err(|e| Error::NoKernelPath(format!("{params}/{name}: {e} (no zswap here)")))
+            .map_err(|e| NoKernelPath::NoZswap {
+                param: format!("{params}/{name}"),
+                error: e.to_string(),
+            })
     };
     let enabled = read("enabled")?;
     if enabled != "Y" {
-        return Err(Error::NoKernelPath(format!(
-            "zswap is off ({params}/enabled is {enabled}): MADV_PAGEOUT would write the pages \
-             to the swap device, not compress them"
-        )));
+        return Err(NoKernelPath::ZswapOff {
+            param: format!("{params}/enabled"),
+            enabled,
+        }
+        .into());
     }
-    read("compressor")
+    Ok(read("compressor")?)
 }
 
 /// Bytes free on the swap devices that are on (`/proc/swaps`: size and used in KiB).
 fn swap_free_bytes() -> Result<u64> {
     let swaps = std::fs::read_to_string("/proc/swaps")
-        .map_err(|e| Error::NoKernelPath(format!("/proc/swaps: {e}")))?;
+        .map_err(|e| NoKernelPath::SwapsUnreadable(e.to_string()))?;
     let devices: Vec<(u64, u64)> = swaps
         .lines()
         .skip(1)
@@ -216,9 +252,7 @@ fn swap_free_bytes() -> Result<u64> {
         })
         .collect();
     if devices.is_empty() {
-        return Err(Error::NoKernelPath(
-            "no swap is on (/proc/swaps): zswap needs a swap device behind it".to_string(),
-        ));
+        return Err(NoKernelPath::NoSwap.into());
     }
     Ok(devices
         .iter()
