@@ -30,27 +30,34 @@ const TRIES_PER_SAMPLE: usize = 20;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NoKernelPath {
-    /// zswap's parameters cannot be read: no zswap in this kernel.
-    #[error("{param}: {error} (no zswap here)")]
-    NoZswap { param: String, error: String },
+    /// zswap's parameter at `path` cannot be read: no zswap in this kernel.
+    #[error("{path}: {error} (no zswap here)")]
+    NoZswap { path: String, error: String },
+    /// zswap is not enabled (`path` reads `enabled`, not `Y`).
     #[error(
-        "zswap is off ({param} is {enabled}): MADV_PAGEOUT would write the pages to the swap \
+        "zswap is off ({path} is {enabled}): MADV_PAGEOUT would write the pages to the swap \
          device, not compress them"
     )]
-    ZswapOff { param: String, enabled: String },
+    ZswapOff { path: String, enabled: String },
+    /// `/proc/swaps` cannot be read (the OS's reason).
     #[error("/proc/swaps: {0}")]
     SwapsUnreadable(String),
+    /// No swap device is on.
     #[error("no swap is on (/proc/swaps): zswap needs a swap device behind it")]
     NoSwap,
+    /// The swap devices have `free` bytes free; the pages need `need` bytes.
     #[error("the swap devices have {free} bytes free (/proc/swaps), the pages need {need}")]
     SwapTooSmall { free: u64, need: usize },
+    /// Every page stayed resident through every `MADV_PAGEOUT`.
     #[error("MADV_PAGEOUT moved no page out (a memory cgroup's swap limit, locked memory?)")]
     NothingMoved,
+    /// Of `went_out` pages pushed out, only `through_zswap` went through zswap.
     #[error(
         "only {through_zswap} of the {went_out} pages that went out went through zswap \
          (/proc/vmstat zswpout and swpout_zero): the others went to the swap device"
     )]
     WentToSwapDevice { through_zswap: u64, went_out: usize },
+    /// No page pushed out alone left memory, so no single-page fault could be timed.
     #[error("no single page went out with MADV_PAGEOUT to be timed")]
     NoSinglePage,
 }
@@ -81,8 +88,9 @@ pub struct KernelPageout {
 }
 
 /// The kernel's path for `data` (whole pages of the system's page size): pageout and
-/// fault-in times, and `samples` single-page fault latencies. Refuses, saying why, where
-/// the path is missing (no swap, no room on it, zswap off) or a page comes back different.
+/// fault-in times, and `samples` single-page fault latencies. Refuses, saying why
+/// ([`NoKernelPath`]), where the path is missing (no swap, no room on it, zswap off), or
+/// ([`Error::KernelPathCorrupt`]) where a page comes back different.
 pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     let ps = ztier_base::os::page_size();
     if data.is_empty() || !data.len().is_multiple_of(ps) {
@@ -222,14 +230,14 @@ fn zswap_compressor() -> Result<String> {
         std::fs::read_to_string(format!("{params}/{name}"))
             .map(|s| s.trim().to_string())
             .map_err(|e| NoKernelPath::NoZswap {
-                param: format!("{params}/{name}"),
+                path: format!("{params}/{name}"),
                 error: e.to_string(),
             })
     };
     let enabled = read("enabled")?;
     if enabled != "Y" {
         return Err(NoKernelPath::ZswapOff {
-            param: format!("{params}/enabled"),
+            path: format!("{params}/enabled"),
             enabled,
         }
         .into());
