@@ -172,10 +172,6 @@ fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
     }))
 }
 
-/// The machine's CPU latency target when nobody asks for anything:
-/// `PM_QOS_CPU_LATENCY_DEFAULT_VALUE`, 2000 s.
-const NO_LATENCY_TARGET_US: i32 = 2_000_000_000;
-
 /// Durations in µs, sorted.
 fn micros(taken: &[Duration]) -> Vec<f64> {
     let mut us: Vec<f64> = taken.iter().map(|d| d.as_nanos() as f64 / 1000.0).collect();
@@ -448,9 +444,7 @@ fn run_one(
         floor_two_cpus_qos_p50_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.5)),
         floor_two_cpus_qos_p99_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.99)),
         floor_latency_target_us: floor.latency_target_us,
-        cpuidle_driver: std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
-            .ok()
-            .map(|d| d.trim().to_string()),
+        cpuidle_driver: floor.cpuidle_driver.clone(),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
         free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
         free_idle_priority: free.idle_priority,
@@ -592,7 +586,7 @@ fn print_run(r: &UffdRun) {
     };
     if let Some(target) = r
         .floor_latency_target_us
-        .filter(|&t| t < NO_LATENCY_TARGET_US)
+        .filter(|&t| t < ztier_uffd::NO_CPU_LATENCY_TARGET_US)
     {
         two += &format!(" (while a CPU latency request of {target} µs was held elsewhere)");
     }

@@ -49,6 +49,10 @@ pub(crate) const RELAX_AFTER: Duration = Duration::from_millis(10);
 /// `PM_QOS_DEFAULT_VALUE`: a request at this value asks for nothing (the class's default).
 const NO_CONSTRAINT: i32 = -1;
 
+/// The machine's CPU latency target (µs) when nobody asks for anything:
+/// `PM_QOS_CPU_LATENCY_DEFAULT_VALUE`, 2000 s.
+pub const NO_CPU_LATENCY_TARGET_US: i32 = 2_000_000_000;
+
 /// A CPU latency request the fault thread takes while faults come.
 pub(crate) struct CpuLatencyQos {
     /// The request's file; `None` where it is not used (turned off, not permitted, not the
@@ -201,8 +205,8 @@ fn open_device() -> std::result::Result<File, String> {
 }
 
 /// The machine's CPU latency target in µs, the least of every process's requests (the
-/// device's read), where the device can be read; `PM_QOS_CPU_LATENCY_DEFAULT_VALUE`
-/// (2000 s) when nobody asks for anything.
+/// device's read), where the device can be read; [`NO_CPU_LATENCY_TARGET_US`] when nobody
+/// asks for anything.
 pub(crate) fn machine_target() -> Option<i32> {
     let bytes = std::fs::read(DEVICE).ok()?;
     Some(i32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
@@ -225,6 +229,14 @@ mod tests {
 
     /// The tests that read the machine's target take turns: each one's request is part of it.
     static MACHINE_TARGET: Mutex<()> = Mutex::new(());
+
+    /// A request to test, and this test's turn at the machine's target; `None` (having
+    /// said why) where the request cannot be made here.
+    fn usable_request() -> Option<(parking_lot::MutexGuard<'static, ()>, CpuLatencyQos)> {
+        let turn = MACHINE_TARGET.lock();
+        let qos = CpuLatencyQos::open(true);
+        usable_or_skip(&qos).then_some((turn, qos))
+    }
 
     /// Whether the request can be made here; if not, says why, and fails under `CI`.
     fn usable_or_skip(qos: &CpuLatencyQos) -> bool {
@@ -257,11 +269,9 @@ mod tests {
     /// machine's current target, which our request of 0 sets while it is held.
     #[test]
     fn held_from_a_fault_until_a_quiet_spell() {
-        let _turn = MACHINE_TARGET.lock();
-        let qos = CpuLatencyQos::open(true);
-        if !usable_or_skip(&qos) {
+        let Some((_turn, qos)) = usable_request() else {
             return;
-        }
+        };
         let t0 = Instant::now();
         qos.hold(t0);
         assert!(qos.held());
@@ -290,11 +300,9 @@ mod tests {
     /// (a forked child's copy; here a duplicate descriptor of the same open file).
     #[test]
     fn dropped_while_held_it_is_withdrawn_for_a_shared_file_too() {
-        let _turn = MACHINE_TARGET.lock();
-        let qos = CpuLatencyQos::open(true);
-        if !usable_or_skip(&qos) {
+        let Some((_turn, qos)) = usable_request() else {
             return;
-        }
+        };
         if machine_target() == Some(0) {
             eprintln!("skipped: another process holds a request of 0 µs");
             return;

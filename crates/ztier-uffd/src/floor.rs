@@ -42,6 +42,9 @@ pub struct Floor {
     /// `two_cpus` was measured, where it can be read: 2000 s when nobody asks for anything;
     /// lower, and `two_cpus` is no longer the machine's own halting floor.
     pub latency_target_us: Option<i32>,
+    /// The cpuidle driver (`/sys/devices/system/cpu/cpuidle/current_driver`), which decides
+    /// what a request changes: its state 0 polls on x86's haltpoll, intel_idle, acpi_idle.
+    pub cpuidle_driver: Option<String>,
 }
 
 /// `samples` single-page faults served by a bare userfaultfd handler on one CPU, and as
@@ -50,9 +53,13 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     let cpus = placement::allowed_cpus();
     let first = cpus.first().copied().unwrap_or(0);
     let one_cpu = measure(samples, first, first)?;
+    let cpuidle_driver = std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
+        .ok()
+        .map(|d| d.trim().to_string());
     let Some(&second) = cpus.get(1) else {
         return Ok(Floor {
             one_cpu,
+            cpuidle_driver,
             ..Floor::default()
         });
     };
@@ -61,10 +68,7 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     let qos = CpuLatencyQos::open(true);
     qos.hold(Instant::now());
     let two_cpus_latency_qos = if qos.held() {
-        let taken = measure(samples, first, second)?;
-        // Dropped, the request goes with its file.
-        drop(qos);
-        Some(taken)
+        Some(measure(samples, first, second)?)
     } else {
         None
     };
@@ -73,6 +77,7 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
         two_cpus,
         two_cpus_latency_qos,
         latency_target_us,
+        cpuidle_driver,
     })
 }
 

@@ -174,6 +174,7 @@ use ztier_compress::{Algorithm, Kind};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Device, MmStat, ZramError};
 
+pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use floor::{bare_fault_latency, Floor};
 use mapping::Mapping;
 pub use pageout::{kernel_pageout, KernelPageout, NoKernelPath};
