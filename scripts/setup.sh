@@ -78,6 +78,10 @@ check() {
     echo "setup: missing package: $pkg" >&2
     ok=1
   done
+  if qemu_utils_mismatched; then
+    echo "setup: qemu-utils is missing or not the backports build the QEMU emulators are" >&2
+    ok=1
+  fi
   for tool in cargo rustc; do
     if ! command -v "$tool" >/dev/null 2>&1; then
       echo "setup: missing tool: $tool (install a Rust toolchain with rustup)" >&2
@@ -93,12 +97,6 @@ check() {
   return "$ok"
 }
 
-if [ "${1:-}" = "--check" ]; then
-  check
-  echo "setup: every package and tool is here"
-  exit 0
-fi
-
 # The QEMU packages given (of QEMU_PACKAGES) from the backports of this release, when
 # qemu-utils is a backports build (this project's machines come with qemu-utils 10 from
 # bookworm-backports, which Breaks bookworm's qemu-system-common 7.2: apt would remove
@@ -107,12 +105,32 @@ fi
 # beside the machine's own sources (same archive), with package lists of its own: /etc/apt and
 # /var/lib/apt/lists are left as they were.
 install_qemu() {
-  local version codename uri dir
+  local version
   version=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
   if [[ $version != *~bpo* ]]; then
     echo "setup: qemu-system-x86 cannot be installed beside qemu-utils $version" >&2
     return 1
   fi
+  from_backports "$@"
+}
+
+# Whether qemu-utils is missing or not a backports build while a QEMU package installed is
+# one: qemu-utils must be the same build (the archive's own is older, does not match the
+# emulators, and lacks qemu-storage-daemon), so it comes from backports too.
+qemu_utils_mismatched() {
+  local pkg status
+  status=$(dpkg-query -W -f='${Status} ${Version}' qemu-utils 2>/dev/null || true)
+  [[ $status != "install ok installed "*~bpo* ]] || return 1
+  for pkg in "${QEMU_PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null || true)
+    [[ $status != "install ok installed "*~bpo* ]] || return 0
+  done
+  return 1
+}
+
+# Installs the packages given from this release's backports.
+from_backports() {
+  local codename uri dir
   codename=$(awk -F= '$1 == "VERSION_CODENAME" { print $2 }' /etc/os-release)
   # shellcheck disable=SC2016 # (apt's own $(FIELD)s)
   uri=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk -v c="$codename" '$2 == c && !n++ { print $1 }')
@@ -127,6 +145,16 @@ install_qemu() {
   rm -rf "$dir"
 }
 
+if [ "${1:-}" = "--check" ]; then
+  check
+  echo "setup: every package and tool is here"
+  exit 0
+fi
+
+if qemu_utils_mismatched; then
+  echo "setup: installing qemu-utils from backports, as the QEMU emulators here are"
+  from_backports qemu-utils
+fi
 mapfile -t need < <(missing_packages)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]}"
