@@ -28,27 +28,52 @@ extern "C" {
 
 typedef struct ztier_region ztier_region;
 
-/* The region's figures (RegionStats in Rust). */
+/* Buckets of fault_latency_us: bucket 0 under 1 us, bucket k from 2^(k-1) to 2^k us, the
+ * last everything longer. */
+#define ZTIER_REGION_LATENCY_BUCKETS 16
+
+/* The region's figures (RegionStats in Rust). Set `size` to sizeof(ztier_region_stats)
+ * before ztier_region_get_stats: the library fills that many bytes at most, fields from the
+ * start, and sets `size` to the bytes it filled. A program built against this header keeps
+ * working with a later library (whose struct only grows at the end), and one built against
+ * a later header learns from `size` which fields an earlier library left unfilled. */
 typedef struct ztier_region_stats {
+    uint64_t size;             /* in: the caller's sizeof; out: the bytes filled */
     uint64_t pages;
     uint64_t budget_pages;
     uint64_t resident_pages;   /* present in the region */
     uint64_t stored_pages;     /* held compressed */
     uint64_t held_pages;       /* refused by the store, held whole until touched */
-    uint64_t faults;           /* served from the store */
+    uint64_t faults;           /* served from the store (the faulting page) */
     uint64_t zero_faults;      /* served with zeros */
-    uint64_t evictions;        /* dropped with a copy in the store (evictions_clean included) */
+    uint64_t evictions;        /* dropped with a copy in the store: dirty + clean */
     uint64_t zero_evictions;   /* found all zeros: dropped, nothing stored */
     uint64_t evict_failures;   /* refused by the store */
     uint64_t removed_pages;    /* dropped by the program (MADV_DONTNEED) */
     uint64_t unmapped_pages;   /* unmapped by the program */
-    uint64_t compr_data_size;  /* bytes of compressed data held */
-    uint64_t mem_used_total;   /* bytes of memory the store holds */
+    uint64_t compr_data_size;  /* bytes of compressed data held (mm_stat) */
+    uint64_t mem_used_total;   /* bytes of memory the store holds (mm_stat) */
     uint64_t clean_pages;      /* resident, read in from the store, not written since */
     uint64_t evictions_clean;  /* of evictions: clean pages dropped, nothing written */
     uint64_t cpu_latency_qos_usable; /* 1: the region can make its CPU latency request */
     uint64_t cpu_latency_qos_held;   /* 1: it holds it now */
     uint64_t cpu_latency_qos_holds;  /* times it was taken, once a spell of faults */
+    uint64_t reclaim_target_pages;   /* where an eviction pass stops, under the budget */
+    uint64_t held_faults;      /* served from a held copy */
+    uint64_t spurious_faults;  /* on a page already present (another fault served it) */
+    uint64_t first_write_faults; /* first writes to clean pages: their copies discarded */
+    uint64_t evictions_dirty;  /* of evictions: compressed and written to the store */
+    uint64_t remapped_pages;   /* moved out of the region by the program's mremap */
+    uint64_t poisoned_pages;   /* whose copy could not be read: a touch raises SIGBUS */
+    uint64_t deferred_faults;  /* served late (address space changing, over budget) */
+    uint64_t fault_around_pages; /* installed beside a faulting page */
+    uint64_t refaults;         /* pages brought back in after the region evicted them */
+    uint64_t written_back_pages; /* copies on the device's backing store (bd_count) */
+    uint64_t fault_latency_us[ZTIER_REGION_LATENCY_BUCKETS]; /* every fault served */
+    uint64_t orig_data_size;   /* bytes of pages held (mm_stat) */
+    uint64_t mem_used_max;     /* mem_used_total's peak (mm_stat) */
+    uint64_t same_pages;       /* held as one repeated word, no memory (mm_stat) */
+    uint64_t huge_pages;       /* held uncompressed (mm_stat) */
 } ztier_region_stats;
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */
@@ -68,7 +93,8 @@ void *ztier_region_ptr(const ztier_region *region);
 
 size_t ztier_region_len(const ztier_region *region);
 
-/* Fills *out; 0, or -1 with errno EINVAL for a NULL argument. */
+/* Fills *out up to out->size bytes (set it first); 0, or -1 with errno EINVAL for a NULL
+ * argument or a size under 8. */
 int ztier_region_get_stats(const ztier_region *region, ztier_region_stats *out);
 
 /* Stops the region's threads and unmaps it. NULL is ignored. */

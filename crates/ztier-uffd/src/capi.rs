@@ -6,11 +6,15 @@
 //! panics across the boundary (every function here is infallible or returns the error).
 #![allow(unsafe_code)]
 
-use crate::{Error, Region, RegionConfig};
+use crate::{Error, Region, RegionConfig, LATENCY_BUCKETS};
 
-/// `ztier_region_stats`, field for field.
+/// `ztier_region_stats`, field for field: 8-byte fields only, so it has no padding and any
+/// prefix of it is a prefix of its fields (what a caller built against an older header
+/// asks for). New fields go at the end.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct CStats {
+    size: u64,
     pages: u64,
     budget_pages: u64,
     resident_pages: u64,
@@ -30,7 +34,26 @@ pub struct CStats {
     cpu_latency_qos_usable: u64,
     cpu_latency_qos_held: u64,
     cpu_latency_qos_holds: u64,
+    reclaim_target_pages: u64,
+    held_faults: u64,
+    spurious_faults: u64,
+    first_write_faults: u64,
+    evictions_dirty: u64,
+    remapped_pages: u64,
+    poisoned_pages: u64,
+    deferred_faults: u64,
+    fault_around_pages: u64,
+    refaults: u64,
+    written_back_pages: u64,
+    fault_latency_us: [u64; LATENCY_BUCKETS],
+    orig_data_size: u64,
+    mem_used_max: u64,
+    same_pages: u64,
+    huge_pages: u64,
 }
+
+/// The fields every caller has: `size` itself.
+const STATS_HEADER: usize = size_of::<u64>();
 
 /// `ZTIER_REGION_NO_CPU_LATENCY_QOS`: `RegionConfig::cpu_latency_qos` off.
 const NO_CPU_LATENCY_QOS: u32 = 1;
@@ -93,7 +116,8 @@ pub unsafe extern "C" fn ztier_region_len(region: *const Region) -> usize {
 }
 
 /// # Safety
-/// As `ztier_region_ptr`; `out` is NULL or points to a writable `ztier_region_stats`.
+/// As `ztier_region_ptr`; `out` is NULL or points to a writable `ztier_region_stats`
+/// prefix of `out->size` bytes (the caller's `sizeof`, set before the call).
 #[no_mangle]
 pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut CStats) -> i32 {
     // SAFETY: the caller's contract.
@@ -101,8 +125,33 @@ pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut
         set_errno(libc::EINVAL);
         return -1;
     };
-    let s = r.stats();
-    let c = CStats {
+    // SAFETY: `out` points to at least the size field (the contract); read unaligned in
+    // case a caller's buffer is not aligned for it.
+    let asked = unsafe { out.cast::<u64>().read_unaligned() };
+    if asked < STATS_HEADER as u64 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let mut c = c_stats(&r.stats());
+    // A caller built against a shorter struct gets the fields it knows; a longer one learns
+    // how many this library filled.
+    let filled = (asked as usize).min(size_of::<CStats>()) / size_of::<u64>() * size_of::<u64>();
+    c.size = filled as u64;
+    // SAFETY: `filled` bytes: no more than the caller's `size` (which it says are
+    // writable) nor than `c` holds; `c` is a local, so the two do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            std::ptr::from_ref(&c).cast::<u8>(),
+            out.cast::<u8>(),
+            filled,
+        )
+    };
+    0
+}
+
+fn c_stats(s: &crate::RegionStats) -> CStats {
+    CStats {
+        size: size_of::<CStats>() as u64,
         pages: s.pages,
         budget_pages: s.budget_pages,
         resident_pages: s.resident_pages,
@@ -122,10 +171,23 @@ pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut
         cpu_latency_qos_usable: s.cpu_latency_qos_usable.into(),
         cpu_latency_qos_held: s.cpu_latency_qos_held.into(),
         cpu_latency_qos_holds: s.cpu_latency_qos_holds,
-    };
-    // SAFETY: `out` is non-null and writable (the caller's contract).
-    unsafe { out.write(c) };
-    0
+        reclaim_target_pages: s.reclaim_target_pages,
+        held_faults: s.held_faults,
+        spurious_faults: s.spurious_faults,
+        first_write_faults: s.first_write_faults,
+        evictions_dirty: s.evictions_dirty,
+        remapped_pages: s.remapped_pages,
+        poisoned_pages: s.poisoned_pages,
+        deferred_faults: s.deferred_faults,
+        fault_around_pages: s.fault_around_pages,
+        refaults: s.refaults,
+        written_back_pages: s.written_back_pages,
+        fault_latency_us: s.fault_latency_us,
+        orig_data_size: s.mm_stat.orig_data_size,
+        mem_used_max: s.mm_stat.mem_used_max,
+        same_pages: s.mm_stat.same_pages,
+        huge_pages: s.mm_stat.huge_pages,
+    }
 }
 
 /// # Safety

@@ -19,6 +19,7 @@ use crate::placement::Follow;
 use crate::userfaultfd::{self, Msg, Outcome};
 use crate::{
     Count, Shared, CLEAN, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED,
+    ZEROED,
 };
 
 /// Pages the fault thread lets the resident count exceed the budget by while the reclaim
@@ -265,6 +266,7 @@ impl Shared {
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
         let kind = if s == HELD { 2 } else { 1 };
+        let zero_refault = s == EMPTY && state & ZEROED != 0;
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures (and of the device's) then includes its own fault. Put back if
         // the copy fails.
@@ -278,7 +280,12 @@ impl Shared {
             _ => self.uffd.zeropage(addr, self.page_size as u64),
         };
         match outcome {
-            Ok(()) => Served::Done,
+            Ok(()) => {
+                if zero_refault {
+                    self.count(Count::ZeroRefaults, 1);
+                }
+                Served::Done
+            }
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page; the copy is stale.
                 self.uffd.wake(addr, self.page_size as u64);

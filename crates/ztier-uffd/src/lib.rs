@@ -172,7 +172,8 @@ use serde::Serialize;
 use ztier_base::shard::{Counters, Stripes};
 use ztier_compress::{Algorithm, Kind};
 use ztier_pool::{AllocatorKind, ZsConfig};
-use ztier_zram::{Device, MmStat, ZramError};
+pub use ztier_zram::{Backing, PageSelector, Policy, PolicyConfig, WbFormat, WbResult};
+use ztier_zram::{BdStat, Device, MmStat, ZramError};
 
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use floor::{bare_fault_latency, Floor};
@@ -217,6 +218,13 @@ pub enum Error {
     Pool(ztier_pool::PoolError),
     #[error("making the device: {0}")]
     Device(ZramError),
+    /// The device refused an operation the program asked of it ([`Region::set_backing`],
+    /// [`Region::writeback`]): what it was, and why.
+    #[error("{what}: {cause}")]
+    Zram {
+        what: &'static str,
+        cause: ZramError,
+    },
     /// The kernel's own path for a region's pages ([`kernel_pageout`]) is not there: what
     /// is missing.
     #[error("the kernel's swap path: {0}")]
@@ -244,6 +252,9 @@ const REFERENCED: u8 = 0x80;
 /// it is write-protected and zram page `i` still holds its copy (see the module's
 /// "Clean pages").
 const CLEAN: u8 = 0x40;
+/// With `EMPTY`: the page is out because an evictor found it all zeros (not because it was
+/// never written or the program dropped it), so the fault that brings it back is a refault.
+const ZEROED: u8 = 0x20;
 
 /// Page lock stripes.
 const STRIPES: usize = 1024;
@@ -283,6 +294,7 @@ ztier_base::counters! {
         Deferred,
         FaultAround,
         FirstWrites,
+        ZeroRefaults,
     }
 }
 
@@ -351,6 +363,14 @@ pub struct RegionStats {
     pub poisoned_pages: u64,
     /// Pages installed by fault-around beside the faulting page.
     pub fault_around_pages: u64,
+    /// Pages brought back in after the region evicted them: from the store (faults and
+    /// fault-around), from a held copy, or as zeros where the eviction found the page all
+    /// zeros. The kernel's `workingset_refault_anon` for a region: what its choice of cold
+    /// pages costs (a page never written or dropped by the program is not one).
+    pub refaults: u64,
+    /// Pages whose compressed copy the device has written back to its backing store
+    /// ([`Region::set_backing`], [`Region::writeback`]): `bd_stat`'s `bd_count`.
+    pub written_back_pages: u64,
     /// Faults by how long the fault thread took from reading one to installing its page or
     /// lifting its protection (see [`LATENCY_BUCKETS`]): every fault served, spurious ones
     /// included.
@@ -380,6 +400,8 @@ pub struct RegionStats {
     pub cpu_latency_qos_holds: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
+    /// The device's `bd_stat`, where it has a backing store.
+    pub bd_stat: Option<BdStat>,
 }
 
 /// How a region makes its own device.
@@ -448,7 +470,8 @@ struct Shared {
     /// The evictors' landing pad: `BATCH` pages for the reclaim thread, `BATCH` for its
     /// helper, [`MANUAL_PAD`] for [`Region::evict`].
     scratch: Mapping,
-    device: Device,
+    /// Shared with a policy the program starts ([`Region::start_policy`]).
+    device: Arc<Device>,
     page_size: usize,
     pages: u64,
     budget_pages: AtomicU64,
@@ -635,7 +658,7 @@ impl Region {
             uffd,
             map,
             scratch,
-            device,
+            device: Arc::new(device),
             page_size,
             pages,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
@@ -807,6 +830,7 @@ impl Region {
         drop(sh.gate.read());
         drop(sh.serving.lock());
         let c = |k: Count| sh.counts.sum(k);
+        let bd_stat = sh.device.bd_stat();
         RegionStats {
             pages: sh.pages,
             budget_pages: sh.budget_pages.load(Relaxed),
@@ -831,6 +855,11 @@ impl Region {
             poisoned_pages: c(Count::Poisoned),
             deferred_faults: c(Count::Deferred),
             fault_around_pages: c(Count::FaultAround),
+            refaults: sh.fault_ins[0].load(Relaxed)
+                + sh.fault_ins[2].load(Relaxed)
+                + c(Count::FaultAround)
+                + c(Count::ZeroRefaults),
+            written_back_pages: bd_stat.map_or(0, |b| b.bd_count),
             fault_latency_us: std::array::from_fn(|i| sh.latency.0[i].load(Relaxed)),
             idle_priority_usable: sh.placement.usable(),
             idle_priority: sh.placement.idle(),
@@ -840,6 +869,7 @@ impl Region {
             cpu_latency_qos_held: sh.qos.held(),
             cpu_latency_qos_holds: sh.qos.holds(),
             mm_stat: sh.device.mm_stat(),
+            bd_stat,
         }
     }
 
@@ -852,6 +882,53 @@ impl Region {
     /// The last error a store gave the reclaim thread, if any.
     pub fn last_error(&self) -> Option<String> {
         self.shared.last_error.lock().clone()
+    }
+
+    /// Gives the region's device a backing store, or takes it away (`None`): zram's
+    /// `backing_dev`. [`writeback`](Self::writeback) and a policy
+    /// ([`start_policy`](Self::start_policy)) move compressed copies there, out of memory; a
+    /// fault on such a page reads it from the store (a read the store refuses, after its
+    /// own retries, poisons the page: a touch raises SIGBUS, as the kernel's swap-in
+    /// error does). Refused while pages are written back to the current store.
+    pub fn set_backing(&self, store: Option<Backing>) -> Result<()> {
+        let what = "setting the device's backing store";
+        self.shared
+            .device
+            .set_backing(store)
+            .map_err(|cause| Error::Zram { what, cause })
+    }
+
+    /// zram's `idle`: marks the stored copies not read or written for `older_than` (all
+    /// of them: `None`) idle, for [`writeback`](Self::writeback) of
+    /// [`PageSelector::Idle`] pages. A fault reading a page in from the store clears its
+    /// mark; a page resident and clean keeps a copy the program's reads do not touch
+    /// (userspace sees no accessed bits), so it may be marked and written back while in
+    /// use, and its next eviction is still only a drop. Returns the copies marked.
+    pub fn mark_idle(&self, older_than: Option<std::time::Duration>) -> u64 {
+        self.shared.device.mark_idle(older_than)
+    }
+
+    /// zram's `writeback`: writes the stored copies `mode` selects (at most `max_pages`)
+    /// to the backing store, freeing their memory. It runs beside faults and evictions
+    /// (the device locks a page at a time); what the program sees does not change.
+    pub fn writeback(&self, mode: PageSelector, max_pages: Option<u64>) -> Result<WbResult> {
+        self.shared
+            .device
+            .writeback(mode, None, max_pages)
+            .map_err(|cause| Error::Zram {
+                what: "the device's writeback",
+                cause,
+            })
+    }
+
+    /// Starts zram's policy on the region's device (recompression and writeback of pages
+    /// idle for a while, writeback down to a memory target), on a thread of its own at idle
+    /// priority, until the returned [`Policy`] is dropped.
+    pub fn start_policy(&self, config: PolicyConfig) -> Result<Policy> {
+        Policy::start(Arc::clone(&self.shared.device), config).map_err(|source| Error::Os {
+            what: "spawning the policy's thread",
+            source,
+        })
     }
 }
 

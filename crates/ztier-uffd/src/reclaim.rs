@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::placement;
 use crate::{
     Count, Error, Result, Shared, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED,
+    ZEROED,
 };
 
 /// What became of a page an evictor chose.
@@ -330,7 +331,7 @@ impl Shared {
         let ps = self.page_size;
         if hole {
             self.drop_stored(page, state);
-            self.leave(page, state, EMPTY);
+            self.leave(page, state, EMPTY | ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         }
@@ -347,7 +348,7 @@ impl Shared {
         #[allow(unsafe_code)]
         let content = unsafe { self.scratch.slice(slot * ps, ps) };
         if ztier_compress::same_filled(content) == Some(0) {
-            self.leave(page, state, EMPTY);
+            self.leave(page, state, EMPTY | ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         }

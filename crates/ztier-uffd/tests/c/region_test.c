@@ -46,9 +46,57 @@ int main(void) {
                 fprintf(stderr, "page %zu word %zu differs\n", p, w);
                 return 1;
             }
-    ztier_region_stats s;
+    ztier_region_stats s = {.size = sizeof s};
     if (ztier_region_get_stats(r, &s) != 0 || ztier_region_get_stats(r, NULL) != -1) {
         fprintf(stderr, "ztier_region_get_stats\n");
+        return 1;
+    }
+    if (s.size != sizeof s) {
+        fprintf(stderr, "the library filled %llu bytes of a %zu-byte ztier_region_stats\n",
+                (unsigned long long)s.size, sizeof s);
+        return 1;
+    }
+    /* The fields are where the header says: figures that must agree across the struct. */
+    uint64_t timed = 0;
+    for (int b = 0; b < ZTIER_REGION_LATENCY_BUCKETS; b++)
+        timed += s.fault_latency_us[b];
+    if (timed < s.faults + s.zero_faults + s.held_faults ||
+        s.evictions != s.evictions_dirty + s.evictions_clean ||
+        s.refaults < s.faults + s.fault_around_pages || s.refaults == 0 ||
+        s.orig_data_size < s.stored_pages * PAGE / 2 || s.mem_used_max < s.mem_used_total ||
+        s.reclaim_target_pages > s.budget_pages || s.written_back_pages != 0) {
+        fprintf(stderr, "the figures disagree: timed %llu faults %llu+%llu+%llu evictions %llu "
+                "(%llu dirty, %llu clean) refaults %llu around %llu\n",
+                (unsigned long long)timed, (unsigned long long)s.faults,
+                (unsigned long long)s.zero_faults, (unsigned long long)s.held_faults,
+                (unsigned long long)s.evictions, (unsigned long long)s.evictions_dirty,
+                (unsigned long long)s.evictions_clean, (unsigned long long)s.refaults,
+                (unsigned long long)s.fault_around_pages);
+        return 1;
+    }
+    /* A program built against an earlier, shorter struct gets its fields and nothing past
+     * them; one built against a longer struct learns what was filled. */
+    unsigned char buf[sizeof s + 64];
+    memset(buf, 0xAA, sizeof buf);
+    uint64_t asked = 4 * sizeof(uint64_t);
+    memcpy(buf, &asked, sizeof asked);
+    ztier_region_stats *prefix = (ztier_region_stats *)buf;
+    if (ztier_region_get_stats(r, prefix) != 0 || prefix->size != asked ||
+        prefix->pages != LEN / PAGE || buf[asked] != 0xAA) {
+        fprintf(stderr, "a 32-byte ztier_region_stats was not filled as asked\n");
+        return 1;
+    }
+    asked = sizeof buf;
+    memcpy(buf, &asked, sizeof asked);
+    if (ztier_region_get_stats(r, prefix) != 0 || prefix->size != sizeof s ||
+        buf[sizeof s] != 0xAA) {
+        fprintf(stderr, "a longer ztier_region_stats was filled past the library's fields\n");
+        return 1;
+    }
+    asked = 4;
+    memcpy(buf, &asked, sizeof asked);
+    if (ztier_region_get_stats(r, prefix) != -1 || errno != EINVAL) {
+        fprintf(stderr, "a size under 8 bytes was not refused with EINVAL\n");
         return 1;
     }
     printf("pages %llu resident %llu stored %llu faults %llu evictions %llu mem_used %llu\n",
@@ -84,6 +132,7 @@ int main(void) {
     }
     m = ztier_region_ptr(r);
     m[0] = 1;
+    s.size = sizeof s;
     if (ztier_region_get_stats(r, &s) != 0 || s.cpu_latency_qos_usable || s.cpu_latency_qos_holds) {
         fprintf(stderr, "a region told to make no CPU latency request made one\n");
         return 1;
