@@ -30,6 +30,11 @@ use crate::bench::BenchArgs;
 /// 8000 pages) gives fewer within the pass's tries.
 const LATENCY_SAMPLES: usize = 2000;
 
+/// Faults that brought a page in (from the store, a held copy, or zeros), spurious ones not.
+fn trips(s: &ztier_uffd::RegionStats) -> u64 {
+    s.faults + s.zero_faults + s.held_faults
+}
+
 /// One corpus × compressor through a region.
 #[derive(Debug, serde::Serialize)]
 struct UffdRun {
@@ -92,6 +97,14 @@ struct UffdRun {
     random_pages_in: u64,
     random_evictions_clean: u64,
     random_evictions_dirty: u64,
+    /// Over the second half of those reads (the first warms every policy): the pages the
+    /// region brought back in (fault-around's included) and the faults that brought them,
+    /// beside the pages MIN (which knows the future: no policy brings in fewer), LRU and
+    /// CLOCK (which see every access) and a model of the region's own clock (which sees
+    /// faults only) bring in for the same reads, holding the budget's pages.
+    random_refaults: u64,
+    random_fault_trips: u64,
+    random_oracle: ztier_uffd::oracle::Refaults,
     /// Evictions over the whole run, clean and dirty.
     evictions_clean: u64,
     evictions_dirty: u64,
@@ -369,23 +382,37 @@ fn run_one(
     let hot = (budget_pages / 2).max(1);
     let stride = (pages / hot).max(1) | 1;
     let reads = 4 * pages as u64;
+    // Drawn before the timed loop, and replayed after it through the oracles (MIN, LRU,
+    // CLOCK with every access seen) at the budget: the region's refaults in the second half
+    // beside theirs, each warmed by the first half.
+    let trace: Vec<u32> = (0..reads)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let page = if !x.is_multiple_of(10) {
+                ((x >> 8) as usize % hot) * stride % pages
+            } else {
+                (x >> 8) as usize % pages
+            };
+            page as u32
+        })
+        .collect();
+    let half = trace.len() / 2;
     let before_rand = region.stats();
+    let mut mid_rand = before_rand;
     let t = Instant::now();
     let mut sum = 0u64;
-    for _ in 0..reads {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let page = if !x.is_multiple_of(10) {
-            ((x >> 8) as usize % hot) * stride % pages
-        } else {
-            (x >> 8) as usize % pages
-        };
-        sum = sum.wrapping_add(words[page * (ps / 8)].load(Relaxed));
+    for (i, &page) in trace.iter().enumerate() {
+        if i == half {
+            mid_rand = region.stats();
+        }
+        sum = sum.wrapping_add(words[page as usize * (ps / 8)].load(Relaxed));
     }
     let rand_time = t.elapsed();
     std::hint::black_box(sum);
     let rand = region.stats();
+    let oracle = ztier_uffd::oracle::replay(&trace, budget_pages, half);
     verify(&region, corpus)?;
     let end = region.stats();
 
@@ -417,6 +444,9 @@ fn run_one(
             - (before_rand.faults + before_rand.fault_around_pages),
         random_evictions_clean: rand.evictions_clean - before_rand.evictions_clean,
         random_evictions_dirty: rand.evictions_dirty - before_rand.evictions_dirty,
+        random_refaults: rand.refaults - mid_rand.refaults,
+        random_fault_trips: trips(&rand) - trips(&mid_rand),
+        random_oracle: oracle,
         evictions_clean: end.evictions_clean,
         evictions_dirty: end.evictions_dirty,
         pages: pages as u64,
@@ -634,6 +664,20 @@ fn print_run(r: &UffdRun) {
         r.random_pages_in,
         r.random_evictions_clean,
         r.random_evictions_dirty
+    );
+    let o = &r.random_oracle;
+    println!(
+        "  refaults    {} pages in ({} faults) over the last {} reads; at {} pages resident MIN brings in {}, LRU {}, CLOCK {}, a clock seeing faults only {} (region {:.2}x MIN, {:.2}x LRU)",
+        r.random_refaults,
+        r.random_fault_trips,
+        o.accesses,
+        o.capacity,
+        o.min,
+        o.lru,
+        o.clock,
+        o.fault_clock,
+        r.random_refaults as f64 / o.min.max(1) as f64,
+        r.random_refaults as f64 / o.lru.max(1) as f64
     );
     println!(
         "  evictions   {} clean / {} dirty over the run",

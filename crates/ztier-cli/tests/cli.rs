@@ -428,6 +428,24 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
             }
             Some(why) => assert!(why.contains("cannot be opened"), "{why}"),
         }
+        // The random reads' second half replayed through the oracles at the budget: MIN
+        // brings in no more than any other policy; the region brought pages back.
+        let o = &r["random_oracle"];
+        let n = |k: &str| o[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+        assert_eq!(n("capacity"), 64, "{r}");
+        assert_eq!(
+            2 * n("accesses"),
+            r["random_reads"].as_u64().unwrap(),
+            "{r}"
+        );
+        assert!(
+            n("min") > 0
+                && ["lru", "clock", "fault_clock"]
+                    .iter()
+                    .all(|k| n(k) >= n("min")),
+            "{r}"
+        );
+        assert!(r["random_refaults"].as_u64().is_some_and(|v| v > 0), "{r}");
         // 32 zero pages are stored as nothing; of the others the region, cut to a budget of
         // one page, stores all but that one, as a zram device holding every page does.
         assert_eq!(r["zram_stored_pages"], 224, "{r}");

@@ -156,6 +156,7 @@ mod cpu_latency_qos;
 mod fault;
 mod floor;
 mod mapping;
+pub mod oracle;
 mod pageout;
 mod placement;
 mod reclaim;
