@@ -58,7 +58,10 @@
 //! store still has its stamp, so it never names bytes that were overwritten or discarded.
 //!
 //! Locks: `Backing::gate` first (a writeback holds it shared for its whole length, a save
-//! exclusively for its whole length; never taken under any other lock), then a slot's lock
+//! exclusively for its whole length, and so does a change of store while it swaps
+//! `Device::backing`, so no writeback in flight commits pages to a store the device no
+//! longer has; never taken under any other lock), then `Device::backing` (its `RwLock`,
+//! held to look the store up or swap it), then a slot's lock
 //! (to pin, collect or commit), then `Backing::cache` (its `loading` list, then its cached
 //! segments), `Backing::ahead`, `Backing::ahead_threads` and `Backing::mark` (held to look
 //! up, add or drop one entry, never across I/O; `loading` takes the cached segments' lock
@@ -996,7 +999,23 @@ impl Device {
     /// Sets the backing store (`backing_dev`). Refused while pages are written back to the
     /// current one.
     pub fn set_backing(&self, store: Option<Backing>) -> Result<()> {
+        // The current store's gate first (before `backing`, as a writeback takes it): a
+        // writeback on it in flight has pages it has not yet counted in `bd_count`, and
+        // would commit them to a store the device no longer has; one that starts after
+        // this finds it is not the device's store any more (`writeback`).
+        let current = self.backing();
+        let _quiet = current.as_ref().map(|old| old.gate.write());
         let mut b = self.backing.write();
+        let same = match (&*b, &current) {
+            (Some(now), Some(seen)) => Arc::ptr_eq(now, seen),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            return Err(ZramError::Busy(
+                "the backing store was changed meanwhile".into(),
+            ));
+        }
         if b.is_some() && self.counters().get(Counter::BdCount) > 0 {
             return Err(ZramError::Busy(
                 "pages are written back to the current backing store".into(),
@@ -1071,11 +1090,18 @@ impl Device {
         max_pages: Option<u64>,
     ) -> Result<WbResult> {
         let store = self.backing().ok_or(ZramError::NoBacking)?;
-        // Held to the end: a save waits for this writeback, and it for a save.
+        // Held to the end: a save waits for this writeback, and it for a save; so does a
+        // change of store (`set_backing`).
         let closed = store.gate.read();
         if *closed {
             return Err(ZramError::Busy(
                 "writeback is closed: the device is stopping".into(),
+            ));
+        }
+        if !self.backing().is_some_and(|now| Arc::ptr_eq(&now, &store)) {
+            // Replaced (or taken away) between the look and the gate.
+            return Err(ZramError::Busy(
+                "the backing store was changed meanwhile".into(),
             ));
         }
         let range = range.unwrap_or(0..self.pages());

@@ -719,3 +719,44 @@ fn a_reset_waits_for_the_readahead_and_frees_every_place() {
         "{bd:?}"
     );
 }
+
+/// A change of store racing a writeback: either the change waits for the writeback (and is
+/// then refused, its pages being on the store) or it goes first (and the writeback, finding
+/// the store changed under it, is refused). No page is ever committed to a store the device
+/// no longer has: every page reads back, and `bd_count` is what the device's store holds.
+#[test]
+fn a_store_changed_during_a_writeback_never_strands_a_page() {
+    const PAGES: u64 = 64;
+    let store = || {
+        let ram = MemoryDevice::new(Backing::size_for(PAGES * PS as u64)).unwrap();
+        Backing::new(Arc::new(ram), WbFormat::Packed).unwrap()
+    };
+    let (mut swapped, mut refused) = (0, 0);
+    for _ in 0..200 {
+        let dev = device(PAGES, "lz4");
+        fill(&dev, PAGES);
+        dev.set_backing(Some(store())).unwrap();
+        let barrier = Barrier::new(2);
+        let written = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                barrier.wait();
+                dev.writeback(PageSelector::All, None, None)
+            });
+            barrier.wait();
+            match dev.set_backing(Some(store())) {
+                Ok(()) => swapped += 1,
+                Err(ZramError::Busy(_)) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+            writer.join().unwrap()
+        });
+        verify(&dev, PAGES, |_| None);
+        let on_store = dev.bd_stat().unwrap().bd_count;
+        match written {
+            Ok(wb) => assert_eq!(on_store, wb.pages),
+            Err(ZramError::Busy(_)) => assert_eq!(on_store, 0),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    eprintln!("store changed first {swapped} times, refused {refused} times");
+}
