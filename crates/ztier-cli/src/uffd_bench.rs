@@ -667,7 +667,7 @@ fn print_run(r: &UffdRun) {
     );
     let o = &r.random_oracle;
     println!(
-        "  refaults    {} pages in ({} faults) over the last {} reads; at {} pages resident MIN brings in {}, LRU {}, CLOCK {}, a clock seeing faults only {} (region {:.2}x MIN, {:.2}x LRU)",
+        "  refaults    {} pages in ({} faults) over the last {} reads; at {} pages resident MIN brings in {}, LRU {}, CLOCK {}, a clock seeing faults only {} (region {:.2}x MIN in pages, {:.2}x in faults; {:.2}x LRU)",
         r.random_refaults,
         r.random_fault_trips,
         o.accesses,
@@ -677,6 +677,7 @@ fn print_run(r: &UffdRun) {
         o.clock,
         o.fault_clock,
         r.random_refaults as f64 / o.min.max(1) as f64,
+        r.random_fault_trips as f64 / o.min.max(1) as f64,
         r.random_refaults as f64 / o.lru.max(1) as f64
     );
     println!(

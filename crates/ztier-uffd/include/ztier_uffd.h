@@ -74,6 +74,20 @@ typedef struct ztier_region_stats {
     uint64_t mem_used_max;     /* mem_used_total's peak (mm_stat) */
     uint64_t same_pages;       /* held as one repeated word, no memory (mm_stat) */
     uint64_t huge_pages;       /* held uncompressed (mm_stat) */
+    uint64_t mem_limit;        /* the store's memory limit in bytes, 0: none (mm_stat) */
+    uint64_t pages_compacted;  /* pages compaction gave back (mm_stat) */
+    uint64_t huge_pages_since; /* pages stored uncompressed since the device was made */
+    uint64_t idle_priority_usable;    /* 1: the fault thread may run at idle priority */
+    uint64_t idle_priority;           /* 1: it does now */
+    uint64_t idle_priority_demotions; /* times idle priority was ended for waiting faults */
+    uint64_t fault_thread_moves;      /* times the fault thread moved to a faulting CPU */
+    /* The device's backing store (bd_stat), 0 without one: */
+    uint64_t bd_reads;         /* reads from the store (a packed segment is one) */
+    uint64_t bd_writes;        /* 4 KiB blocks written to it */
+    uint64_t bd_bytes_written;
+    uint64_t bd_bytes_stored;  /* bytes of live copies on it */
+    uint64_t bd_bytes_held;    /* bytes of blocks or segments held on it */
+    uint64_t bd_failed_writebacks; /* writebacks the store refused: pages kept in memory */
 } ztier_region_stats;
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */

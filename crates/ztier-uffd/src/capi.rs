@@ -50,7 +50,24 @@ pub struct CStats {
     mem_used_max: u64,
     same_pages: u64,
     huge_pages: u64,
+    mem_limit: u64,
+    pages_compacted: u64,
+    huge_pages_since: u64,
+    idle_priority_usable: u64,
+    idle_priority: u64,
+    idle_priority_demotions: u64,
+    fault_thread_moves: u64,
+    bd_reads: u64,
+    bd_writes: u64,
+    bd_bytes_written: u64,
+    bd_bytes_stored: u64,
+    bd_bytes_held: u64,
+    bd_failed_writebacks: u64,
 }
+
+/// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
+/// side: `sizeof(ztier_region_stats)`, and the size this library fills).
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 64 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -150,6 +167,7 @@ pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut
 }
 
 fn c_stats(s: &crate::RegionStats) -> CStats {
+    let bd = s.bd_stat.unwrap_or_default();
     CStats {
         size: size_of::<CStats>() as u64,
         pages: s.pages,
@@ -187,6 +205,19 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         mem_used_max: s.mm_stat.mem_used_max,
         same_pages: s.mm_stat.same_pages,
         huge_pages: s.mm_stat.huge_pages,
+        mem_limit: s.mm_stat.mem_limit,
+        pages_compacted: s.mm_stat.pages_compacted,
+        huge_pages_since: s.mm_stat.huge_pages_since,
+        idle_priority_usable: s.idle_priority_usable.into(),
+        idle_priority: s.idle_priority.into(),
+        idle_priority_demotions: s.idle_priority_demotions,
+        fault_thread_moves: s.fault_thread_moves,
+        bd_reads: bd.bd_reads,
+        bd_writes: bd.bd_writes,
+        bd_bytes_written: bd.bytes_written,
+        bd_bytes_stored: bd.bytes_stored,
+        bd_bytes_held: bd.bytes_held,
+        bd_failed_writebacks: bd.failed_writebacks,
     }
 }
 

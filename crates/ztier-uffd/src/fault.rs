@@ -267,9 +267,6 @@ impl Shared {
         // region's figures then includes its own fault. Taken back if the copy fails.
         let kind = if s == HELD { 2 } else { 1 };
         let zero_refault = s == EMPTY && state & ZEROED != 0;
-        // In before the copy, which lets the faulting thread run on: what it reads of the
-        // region's figures (and of the device's) then includes its own fault. Put back if
-        // the copy fails.
         self.fault_ins[kind].fetch_add(1, Relaxed);
         self.drop_stored(page, state);
         self.leave(page, state, RESIDENT | REFERENCED);
@@ -377,7 +374,10 @@ impl Shared {
             }
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page, which is not one of
-                // ours and not protected: not clean, and the stored copy is stale.
+                // ours and not protected: not clean, and the stored copy is stale. Nothing
+                // came in: a spurious fault, not a refault.
+                self.fault_ins[0].fetch_sub(1, Relaxed);
+                self.count(Count::SpuriousFaults, 1);
                 self.drop_stored(page, STORED);
                 self.leave(page, RESIDENT | REFERENCED | clean, RESIDENT | REFERENCED);
                 self.uffd.wake(self.page_addr(page), ps as u64);

@@ -50,6 +50,7 @@
 //! | state | the page-table entry | the store | a fault |
 //! |---|---|---|---|
 //! | `EMPTY` | empty, or about to be (a drop whose event was read) | nothing | zeros |
+//! | `EMPTY` + `ZEROED` | empty: an evictor found the page all zeros | nothing | zeros, a refault |
 //! | `RESIDENT` | present (maybe the zero page) | nothing | spurious: wake |
 //! | `RESIDENT` + `CLEAN` | present, write-protected | zram page `i`, the same bytes | a write: the copy goes, then the protection |
 //! | `STORED` | empty | zram page `i` | decompress, copy |
@@ -173,7 +174,8 @@ use serde::Serialize;
 use ztier_base::shard::{Counters, Stripes};
 use ztier_compress::{Algorithm, Kind};
 use ztier_pool::{AllocatorKind, ZsConfig};
-pub use ztier_zram::{Backing, PageSelector, Policy, PolicyConfig, WbFormat, WbResult};
+use ztier_zram::Policy;
+pub use ztier_zram::{Backing, PageSelector, PolicyConfig, PolicyStats, WbFormat, WbResult};
 use ztier_zram::{BdStat, Device, MmStat, ZramError};
 
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
@@ -530,6 +532,20 @@ struct Shared {
     manual_pad_used: Mutex<usize>,
     /// The last store error, as text.
     last_error: Mutex<Option<String>>,
+}
+
+/// zram's policy running on a region's device ([`Region::start_policy`]); it stops when
+/// dropped, which the region's borrow makes happen before the region goes.
+pub struct RegionPolicy<'a> {
+    policy: Policy,
+    _region: std::marker::PhantomData<&'a Region>,
+}
+
+impl RegionPolicy<'_> {
+    /// What the policy did so far.
+    pub fn stats(&self) -> PolicyStats {
+        self.policy.stats()
+    }
 }
 
 /// An anonymous mapping whose pages beyond a RAM budget are kept compressed; see the
@@ -924,11 +940,17 @@ impl Region {
 
     /// Starts zram's policy on the region's device (recompression and writeback of pages
     /// idle for a while, writeback down to a memory target), on a thread of its own at idle
-    /// priority, until the returned [`Policy`] is dropped.
-    pub fn start_policy(&self, config: PolicyConfig) -> Result<Policy> {
-        Policy::start(Arc::clone(&self.shared.device), config).map_err(|source| Error::Os {
-            what: "spawning the policy's thread",
-            source,
+    /// priority, until the returned [`RegionPolicy`] is dropped (which waits for its pass),
+    /// at the latest with the region.
+    pub fn start_policy(&self, config: PolicyConfig) -> Result<RegionPolicy<'_>> {
+        let policy =
+            Policy::start(Arc::clone(&self.shared.device), config).map_err(|source| Error::Os {
+                what: "spawning the policy's thread",
+                source,
+            })?;
+        Ok(RegionPolicy {
+            policy,
+            _region: std::marker::PhantomData,
         })
     }
 }

@@ -1,5 +1,5 @@
 //! What a region's choice of cold pages is measured against: an access trace (every page a
-//! program touched, in order) replayed through three policies holding the same number of
+//! program touched, in order) replayed through four policies holding the same number of
 //! pages resident, each counting the pages it must bring in (its refaults).
 //!
 //! - **MIN** (Belady's): on a miss with no room, let go of the page whose next use is
@@ -44,7 +44,7 @@ pub struct Refaults {
     pub fault_clock: u64,
 }
 
-/// Replays `trace` (page numbers) through MIN, LRU and CLOCK, each holding at most
+/// Replays `trace` (page numbers) through MIN, LRU, CLOCK and the fault clock, each holding at most
 /// `capacity` pages (at least one), counting the misses from access `count_from` on.
 pub fn replay(trace: &[u32], capacity: usize, count_from: usize) -> Refaults {
     let capacity = capacity.max(1);

@@ -2,6 +2,7 @@
  * back, the figures read, the region destroyed; then one made with a flag. Exit 0: passed; 77: userfaultfd is not
  * allowed here (skipped); else failed, with the reason on stderr. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +10,12 @@
 #include "ztier_uffd.h"
 
 #define PAGE 4096
+
+/* The layout this test was written against: 64 fields of 8 bytes, the histogram at field 31
+ * (the library's side asserts the same size). */
+_Static_assert(sizeof(ztier_region_stats) == 64 * 8, "ztier_region_stats's size");
+_Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
+_Static_assert(offsetof(ztier_region_stats, bd_failed_writebacks) == 63 * 8, "the last field");
 #define LEN (16u << 20)
 #define BUDGET (2u << 20)
 
@@ -76,17 +83,21 @@ int main(void) {
     }
     /* A program built against an earlier, shorter struct gets its fields and nothing past
      * them; one built against a longer struct learns what was filled. */
-    unsigned char buf[sizeof s + 64];
-    memset(buf, 0xAA, sizeof buf);
+    union {
+        ztier_region_stats s;
+        unsigned char bytes[sizeof(ztier_region_stats) + 64];
+    } big;
+    unsigned char *buf = big.bytes;
+    ztier_region_stats *prefix = &big.s;
+    memset(buf, 0xAA, sizeof big);
     uint64_t asked = 4 * sizeof(uint64_t);
     memcpy(buf, &asked, sizeof asked);
-    ztier_region_stats *prefix = (ztier_region_stats *)buf;
     if (ztier_region_get_stats(r, prefix) != 0 || prefix->size != asked ||
         prefix->pages != LEN / PAGE || buf[asked] != 0xAA) {
         fprintf(stderr, "a 32-byte ztier_region_stats was not filled as asked\n");
         return 1;
     }
-    asked = sizeof buf;
+    asked = sizeof big;
     memcpy(buf, &asked, sizeof asked);
     if (ztier_region_get_stats(r, prefix) != 0 || prefix->size != sizeof s ||
         buf[sizeof s] != 0xAA) {
