@@ -60,7 +60,7 @@ typedef struct ztier_region_stats {
     uint64_t cpu_latency_qos_holds;  /* times it was taken, once a spell of faults */
     uint64_t reclaim_target_pages;   /* where an eviction pass stops, under the budget */
     uint64_t held_faults;      /* served from a held copy */
-    uint64_t spurious_faults;  /* on a page already present (another fault served it) */
+    uint64_t spurious_faults;  /* on a page already present: nothing brought in */
     uint64_t first_write_faults; /* first writes to clean pages: their copies discarded */
     uint64_t evictions_dirty;  /* of evictions: compressed and written to the store */
     uint64_t remapped_pages;   /* moved out of the region by the program's mremap */

@@ -285,6 +285,9 @@ impl Shared {
             }
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page; the copy is stale.
+                // Nothing came in: a spurious fault, not a refault.
+                self.fault_ins[kind].fetch_sub(1, Relaxed);
+                self.count(Count::SpuriousFaults, 1);
                 self.uffd.wake(addr, self.page_size as u64);
                 Served::Done
             }

@@ -337,7 +337,8 @@ pub struct RegionStats {
     pub zero_faults: u64,
     /// Faults served from a held copy.
     pub held_faults: u64,
-    /// Faults on a page already present (another thread's fault served it first).
+    /// Faults on a page already present: another thread's fault served it first, or a page
+    /// of the program's own was there when the copy came (nothing brought in).
     pub spurious_faults: u64,
     /// Write-protect faults served: the program's first writes to clean pages, each of
     /// which discarded the page's copy in the store (and any that found it out or dirty

@@ -220,6 +220,20 @@ impl Device {
         // No writeback changes the store until the state is written: waits for one in
         // progress, and keeps the next out.
         let _no_writeback = store.as_ref().map(|s| s.exclude_writeback());
+        // A store set in place of this one before its gate was ours (`set_backing` holds the
+        // old store's gate while it swaps) would have its writebacks described under this
+        // one's stamp.
+        let current = self.backing();
+        if store.is_some()
+            && !store
+                .as_ref()
+                .zip(current.as_ref())
+                .is_some_and(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return Err(ZramError::Busy(
+                "the backing store was changed meanwhile".into(),
+            ));
+        }
         // Before any page is looked at: from here on, no unit a page is seen in goes back
         // to the allocator until the store changes again (which clears the stamp).
         let stamp = match &store {

@@ -60,14 +60,16 @@
 //! Locks: `Backing::gate` first (a writeback holds it shared for its whole length, a save
 //! exclusively for its whole length, and so does a change of store while it swaps
 //! `Device::backing`, so no writeback in flight commits pages to a store the device no
-//! longer has; never taken under any other lock), then `Device::backing` (its `RwLock`,
-//! held to look the store up or swap it), then a slot's lock
+//! longer has; never taken under any other lock), then a slot's lock
 //! (to pin, collect or commit), then `Backing::cache` (its `loading` list, then its cached
 //! segments), `Backing::ahead`, `Backing::ahead_threads` and `Backing::mark` (held to look
 //! up, add or drop one entry, never across I/O; `loading` takes the cached segments' lock
 //! inside it, nothing else nests), then
 //! the swap allocator's. `Backing::stamping` is taken under `Backing::gate` and no other
 //! lock, by a save and a writeback, across the header write that sets or clears the stamp.
+//! `Device::backing` (an `RwLock` of the store) is held only to look the store up or to swap
+//! it, taking nothing under it (a swap waits there for the old store's readahead threads,
+//! which take none of the device's locks); it may be taken under the gate or a slot's lock.
 
 use std::sync::atomic::{
     AtomicU32, AtomicU64,
@@ -1004,7 +1006,12 @@ impl Device {
         // would commit them to a store the device no longer has; one that starts after
         // this finds it is not the device's store any more (`writeback`).
         let current = self.backing();
-        let _quiet = current.as_ref().map(|old| old.gate.write());
+        let quiet = current.as_ref().map(|old| old.gate.write());
+        if quiet.as_ref().is_some_and(|closed| **closed) {
+            return Err(ZramError::Busy(
+                "writeback is closed: the device is stopping".into(),
+            ));
+        }
         let mut b = self.backing.write();
         let same = match (&*b, &current) {
             (Some(now), Some(seen)) => Arc::ptr_eq(now, seen),
@@ -1039,8 +1046,15 @@ impl Device {
     /// a control request started) to end, and refuses every one after it. For a server that
     /// stops: its final save then describes the store as it stays.
     pub fn close_writeback(&self) {
-        if let Some(b) = self.backing() {
-            *b.gate.write() = true;
+        // The store the device has once its gate is held: a store set meanwhile in place of
+        // the one looked up first is closed instead (`set_backing` swaps under the old
+        // store's gate, and refuses once it is closed).
+        while let Some(b) = self.backing() {
+            let mut closed = b.gate.write();
+            if self.backing().is_some_and(|now| Arc::ptr_eq(&now, &b)) {
+                *closed = true;
+                return;
+            }
         }
     }
 

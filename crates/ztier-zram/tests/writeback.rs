@@ -743,20 +743,59 @@ fn a_store_changed_during_a_writeback_never_strands_a_page() {
                 dev.writeback(PageSelector::All, None, None)
             });
             barrier.wait();
-            match dev.set_backing(Some(store())) {
-                Ok(()) => swapped += 1,
-                Err(ZramError::Busy(_)) => refused += 1,
+            let changed = match dev.set_backing(Some(store())) {
+                Ok(()) => true,
+                Err(ZramError::Busy(_)) => false,
                 Err(e) => panic!("{e}"),
-            }
-            writer.join().unwrap()
+            };
+            (changed, writer.join().unwrap())
         });
         verify(&dev, PAGES, |_| None);
         let on_store = dev.bd_stat().unwrap().bd_count;
         match written {
-            Ok(wb) => assert_eq!(on_store, wb.pages),
-            Err(ZramError::Busy(_)) => assert_eq!(on_store, 0),
-            Err(e) => panic!("{e}"),
+            // The change went first: the writeback wrote to the new store, or, finding the
+            // store changed under it, nothing.
+            (true, Ok(wb)) => {
+                assert_eq!(on_store, wb.pages);
+                swapped += 1;
+            }
+            (true, Err(ZramError::Busy(_))) => {
+                assert_eq!(on_store, 0);
+                swapped += 1;
+            }
+            // The change was refused: the writeback's pages were on the store by then.
+            (false, Ok(wb)) => {
+                assert!(
+                    wb.pages > 0 && on_store == wb.pages,
+                    "{wb:?}, {on_store} on the store"
+                );
+                refused += 1;
+            }
+            (changed, Err(e)) => panic!("writeback refused (store changed first: {changed}): {e}"),
         }
     }
     eprintln!("store changed first {swapped} times, refused {refused} times");
+}
+
+/// Writeback closed for good stays closed: a new store cannot be set in place of the closed
+/// one (which would open writeback again), and no writeback runs.
+#[test]
+fn a_closed_writeback_takes_no_new_store() {
+    let dev = device(16, "lz4");
+    fill(&dev, 16);
+    let store = || {
+        let ram = MemoryDevice::new(Backing::size_for(16 * PS as u64)).unwrap();
+        Backing::new(Arc::new(ram), WbFormat::Packed).unwrap()
+    };
+    dev.set_backing(Some(store())).unwrap();
+    dev.close_writeback();
+    assert!(matches!(
+        dev.set_backing(Some(store())),
+        Err(ZramError::Busy(_))
+    ));
+    assert!(matches!(
+        dev.writeback(PageSelector::All, None, None),
+        Err(ZramError::Busy(_))
+    ));
+    verify(&dev, 16, |_| None);
 }
