@@ -42,6 +42,17 @@ pub trait Linked {
     fn links_mut(&mut self) -> &mut Links;
 }
 
+/// Links alone are a node: for lists whose nodes carry nothing else (their ids are the
+/// items).
+impl Linked for Links {
+    fn links(&self) -> &Links {
+        self
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        self
+    }
+}
+
 /// One list: its ends and length. The nodes are in a slice given to each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct List {
@@ -177,22 +188,11 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::VecDeque;
 
-    #[derive(Default, Clone)]
-    struct Node(Links);
-    impl Linked for Node {
-        fn links(&self) -> &Links {
-            &self.0
-        }
-        fn links_mut(&mut self) -> &mut Links {
-            &mut self.0
-        }
-    }
-
     proptest! {
         /// Two lists over one slice behave as two deques of the same ids.
         #[test]
         fn lists_match_deques(ops in prop::collection::vec((0..6u8, 0..16u32), 1..300)) {
-            let mut nodes = vec![Node::default(); 16];
+            let mut nodes = vec![Links::default(); 16];
             let mut lists = [List::new(), List::new()];
             let mut model: [VecDeque<u32>; 2] = Default::default();
             let on = |model: &[VecDeque<u32>; 2], id| model.iter().position(|m| m.contains(&id));
@@ -222,7 +222,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "on a list already")]
     fn a_node_cannot_join_two_lists() {
-        let mut nodes = vec![Node::default(); 2];
+        let mut nodes = vec![Links::default(); 2];
         let (mut a, mut b) = (List::new(), List::new());
         a.push_back(&mut nodes, 0);
         b.push_back(&mut nodes, 0);

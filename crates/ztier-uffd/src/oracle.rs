@@ -29,7 +29,7 @@
 use std::collections::BinaryHeap;
 
 use serde::Serialize;
-use ztier_base::list::{Linked, Links, List};
+use ztier_base::list::{Links, List};
 
 /// Pages each policy brought in over the counted part of a trace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -103,25 +103,13 @@ fn min(trace: &[u32], pages: usize, capacity: usize, count_from: usize) -> u64 {
     misses
 }
 
-/// A page's place on the LRU list.
-#[derive(Default, Clone, Copy)]
-struct Node(Links);
-
-impl Linked for Node {
-    fn links(&self) -> &Links {
-        &self.0
-    }
-    fn links_mut(&mut self) -> &mut Links {
-        &mut self.0
-    }
-}
-
 fn lru(trace: &[u32], pages: usize, capacity: usize, count_from: usize) -> u64 {
-    let mut nodes = vec![Node::default(); pages];
+    // Each page's place on the list.
+    let mut nodes = vec![Links::default(); pages];
     let mut list = List::new();
     let mut misses = 0;
     for (i, &p) in trace.iter().enumerate() {
-        if nodes[p as usize].0.is_linked() {
+        if nodes[p as usize].is_linked() {
             list.remove(&mut nodes, p);
         } else {
             if i >= count_from {

@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::{check_page, region, region_with, write_page, PAGE, WORDS};
+use common::{check_page, own_pages_at_random, region, region_with, write_page, PAGE, WORDS};
 
 #[test]
 fn a_never_written_page_reads_as_zeros_and_costs_no_store() {
@@ -355,24 +355,7 @@ fn every_page_reads_back_under_a_tenth_budget_with_eight_threads() {
     std::thread::scope(|s| {
         for t in 0..THREADS {
             s.spawn(move || {
-                let mine: Vec<u64> = (t..PAGES).step_by(THREADS as usize).collect();
-                let mut version = vec![0u64; mine.len()];
-                let mut x = 0x2545_F491_4F6C_DD1D_u64 ^ t;
-                for _ in 0..12_000 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let i = (x % mine.len() as u64) as usize;
-                    if x >> 60 < 6 {
-                        version[i] += 1;
-                        write_page(words, mine[i], version[i]);
-                    } else {
-                        check_page(words, mine[i], version[i]).unwrap();
-                    }
-                }
-                for (i, &page) in mine.iter().enumerate() {
-                    check_page(words, page, version[i]).unwrap();
-                }
+                own_pages_at_random(words, (t, THREADS), PAGES, 12_000, 0x2545_F491_4F6C_DD1D, 6)
             });
         }
     });

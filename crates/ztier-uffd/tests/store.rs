@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use common::{check_page, region, write_page, PAGE, WORDS};
+use common::{check_page, own_pages_at_random, region, write_page, PAGE, WORDS};
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_uffd::{Backing, PageSelector, PolicyConfig, Region, WbFormat};
 
@@ -168,24 +168,8 @@ fn writeback_beside_threads_faulting_keeps_every_page() {
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
                 s.spawn(move || {
-                    let mine: Vec<u64> = (t..PAGES).step_by(THREADS as usize).collect();
-                    let mut version = vec![0u64; mine.len()];
-                    let mut x = 0x9E37_79B9_7F4A_7C15_u64 ^ t;
-                    for _ in 0..8000 {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        let i = (x % mine.len() as u64) as usize;
-                        if x >> 62 == 0 {
-                            version[i] += 1;
-                            write_page(words, mine[i], version[i]);
-                        } else {
-                            check_page(words, mine[i], version[i]).unwrap();
-                        }
-                    }
-                    for (i, &page) in mine.iter().enumerate() {
-                        check_page(words, page, version[i]).unwrap();
-                    }
+                    // A write in four.
+                    own_pages_at_random(words, (t, THREADS), PAGES, 8000, 0x9E37_79B9_7F4A_7C15, 4)
                 })
             })
             .collect();

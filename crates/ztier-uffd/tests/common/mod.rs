@@ -127,6 +127,38 @@ pub fn check_page(words: &[AtomicU64], page: u64, version: u64) -> Result<(), St
     Ok(())
 }
 
+/// Thread `t` of `threads` owning every `threads`-th page of the first `pages`: `rounds`
+/// times it picks one of its pages at random (xorshift from `seed ^ t`) and writes a new
+/// version of it (`writes_in_16` times in 16) or checks it holds its last; then checks them
+/// all. Panics at the first page that reads back wrong.
+pub fn own_pages_at_random(
+    words: &[AtomicU64],
+    (t, threads): (u64, u64),
+    pages: u64,
+    rounds: usize,
+    seed: u64,
+    writes_in_16: u64,
+) {
+    let mine: Vec<u64> = (t..pages).step_by(threads as usize).collect();
+    let mut version = vec![0u64; mine.len()];
+    let mut x = seed ^ t;
+    for _ in 0..rounds {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = (x % mine.len() as u64) as usize;
+        if x >> 60 < writes_in_16 {
+            version[i] += 1;
+            write_page(words, mine[i], version[i]);
+        } else {
+            check_page(words, mine[i], version[i]).unwrap();
+        }
+    }
+    for (i, &page) in mine.iter().enumerate() {
+        check_page(words, page, version[i]).unwrap();
+    }
+}
+
 /// Bytes resident in the mapping at `range` (`/proc/self/smaps`).
 pub fn rss_of(range: std::ops::Range<usize>) -> usize {
     ztier_base::os::rss_within(&[range]).expect("/proc/self/smaps") as usize
