@@ -8,7 +8,8 @@
 //! served; a fault that cannot be served yet (`EAGAIN`, or the budget while the reclaim
 //! thread catches up) waits in a queue while the thread goes on reading messages, so the
 //! thread never waits for anything that waits for it. It blocks in `poll` between messages
-//! (no spinning) and keeps to the CPU of the thread that faults (placement.rs). Lock
+//! (no spinning), but reads once before it after serving faults (the next is often in by
+//! then), and keeps to the CPU of the thread that faults (placement.rs). Lock
 //! order: lib.rs.
 
 use std::collections::VecDeque;
@@ -107,6 +108,8 @@ fn serve_faults(sh: &Shared) {
     let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
     let mut follow = Follow::start(&sh.placement);
+    // Whether the last turn served faults.
+    let mut after_serving = false;
     loop {
         if sh.stop_faults.load(Relaxed) {
             return;
@@ -115,70 +118,57 @@ fn serve_faults(sh: &Shared) {
         if waiting {
             std::thread::yield_now();
         }
-        // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
-        // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which
-        // costs more than the handler's own wake-up, which the scheduler puts on the
-        // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
-        // While the CPU latency request is held, the wait ends when it is due to go.
-        let timeout = match waiting {
-            true => 1,
-            false if sh.qos.held() => sh.qos.wait_ms(Instant::now()).unwrap_or(1),
-            false => -1,
-        };
-        let ready = sh.uffd.poll(&sh.waker, timeout);
-        if sh.stop_faults.load(Relaxed) {
-            return;
-        }
-        // Not with a message in hand: withdrawing wakes the idle CPUs, which may halt
-        // again just before this thread's copy has to wake one.
-        if !ready.uffd && sh.qos.held() {
-            sh.qos.relax_if_quiet(Instant::now());
-        }
-        sh.placement.progress();
-        if ready.waker {
-            sh.waker.drain();
-        }
-        // Nothing to read when only the waker woke it (or the poll timed out): queued
-        // faults are served below all the same.
-        if ready.uffd {
-            // In hand from here until served (the guard's view of what waits for this
-            // thread: a message read is no longer unread).
+        // After a turn that served faults, a read before any wait: a copy's wake-up of a
+        // faulting thread on this CPU gives it this CPU at once (at idle priority), so by
+        // the time this thread runs again that thread's next fault is usually in, and a
+        // poll first would be one more system call on its path. Nothing in: the faulting
+        // thread may run on another CPU, and following it (outside `serving`: a move at idle
+        // priority waits for the faulting thread to leave that CPU) comes before its next
+        // fault (placement.rs, "Following").
+        let mut read = 0;
+        if std::mem::take(&mut after_serving) {
             sh.placement.holding(true);
-            let _gate = sh.gate.write();
-            loop {
-                let n = match sh.uffd.read(&mut msgs) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
-                        if e.raw_os_error() == Some(libc::EBADF) {
-                            return;
-                        }
-                        0
-                    }
-                };
-                for m in &msgs[..n] {
-                    match m.event {
-                        userfaultfd::EVENT_PAGEFAULT => {
-                            follow.fault(m.arg[2]);
-                            faults.push_back(Fault {
-                                addr: m.arg[1] & !(sh.page_size as u64 - 1),
-                                write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
-                                wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
-                                read_at: Instant::now(),
-                            })
-                        }
-                        userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
-                        userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
-                        userfaultfd::EVENT_REMAP => {
-                            if let Some(r) = sh.on_remap(m.arg[0], m.arg[1], m.arg[2]) {
-                                remaps.push(r);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                if n < msgs.len() {
-                    break;
+            read = match take_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow) {
+                Some(n) => n,
+                None => return,
+            };
+            if read == 0 {
+                sh.placement.holding(waiting);
+                follow.nothing_in_after_serving();
+            }
+        }
+        if read == 0 {
+            // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
+            // vCPUs), a handler awake on one CPU wakes the faulting thread on another,
+            // which costs more than the handler's own wake-up, which the scheduler puts on
+            // the faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
+            // While the CPU latency request is held, the wait ends when it is due to go.
+            let timeout = match waiting {
+                true => 1,
+                false if sh.qos.held() => sh.qos.wait_ms(Instant::now()).unwrap_or(1),
+                false => -1,
+            };
+            let ready = sh.uffd.poll(&sh.waker, timeout);
+            if sh.stop_faults.load(Relaxed) {
+                return;
+            }
+            // Not with a message in hand: withdrawing wakes the idle CPUs, which may halt
+            // again just before this thread's copy has to wake one.
+            if !ready.uffd && sh.qos.held() {
+                sh.qos.relax_if_quiet(Instant::now());
+            }
+            sh.placement.progress();
+            if ready.waker {
+                sh.waker.drain();
+            }
+            // Nothing to read when only the waker woke it (or the poll timed out): queued
+            // faults are served below all the same.
+            if ready.uffd {
+                // In hand from here until served (the guard's view of what waits for this
+                // thread: a message read is no longer unread).
+                sh.placement.holding(true);
+                if take_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow).is_none() {
+                    return;
                 }
             }
         }
@@ -216,14 +206,61 @@ fn serve_faults(sh: &Shared) {
                 sh.qos.hold(Instant::now());
             }
         }
-        // Outside `serving`: following may move this thread, which at idle priority then
-        // waits for the faulting thread to leave that CPU.
-        if served > 0 {
-            follow.served();
-        }
+        after_serving = served > 0;
         sh.placement
             .holding(!faults.is_empty() || !remaps.is_empty());
         sh.wake_reclaim_if_over();
+    }
+}
+
+/// Reads every waiting message, under `gate` (write): faults join the queue, the program's
+/// changes to its address space are handled at once. How many were read; `None` once the
+/// descriptor is gone (the region is being dropped).
+fn take_messages(
+    sh: &Shared,
+    msgs: &mut [Msg],
+    faults: &mut VecDeque<Fault>,
+    remaps: &mut Vec<Remap>,
+    follow: &mut Follow<'_>,
+) -> Option<usize> {
+    let _gate = sh.gate.write();
+    let mut read = 0;
+    loop {
+        let n = match sh.uffd.read(msgs) {
+            Ok(n) => n,
+            Err(e) => {
+                *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
+                if e.raw_os_error() == Some(libc::EBADF) {
+                    return None;
+                }
+                0
+            }
+        };
+        for m in &msgs[..n] {
+            match m.event {
+                userfaultfd::EVENT_PAGEFAULT => {
+                    follow.fault(m.arg[2]);
+                    faults.push_back(Fault {
+                        addr: m.arg[1] & !(sh.page_size as u64 - 1),
+                        write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
+                        wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
+                        read_at: Instant::now(),
+                    })
+                }
+                userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
+                userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
+                userfaultfd::EVENT_REMAP => {
+                    if let Some(r) = sh.on_remap(m.arg[0], m.arg[1], m.arg[2]) {
+                        remaps.push(r);
+                    }
+                }
+                _ => {}
+            }
+        }
+        read += n;
+        if n < msgs.len() {
+            return Some(read);
+        }
     }
 }
 
@@ -353,7 +390,8 @@ impl Shared {
             guards.push(g);
             n += 1;
         }
-        if let Err(e) = self.device.read_page(page, &mut buf[..ps]) {
+        let rp = self.device.read_page(page, &mut buf[..ps]);
+        if let Err(e) = rp {
             *self.last_error.lock() = Some(format!("page {page}: {e}"));
             if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
                 self.count(Count::Poisoned, 1);
@@ -365,11 +403,11 @@ impl Shared {
         // region's figures then includes its own fault. Taken back if the copy fails.
         self.fault_ins[0].fetch_add(1, Relaxed);
         self.leave(page, STORED, RESIDENT | REFERENCED | clean);
-        match self
+        let cr = self
             .uffd
             .copy_run(self.page_addr(page), &buf[..ps], !dirty)
-            .1
-        {
+            .1;
+        match cr {
             Ok(()) => {
                 if dirty {
                     self.drop_stored(page, STORED);

@@ -10,9 +10,11 @@
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
 //!   thread whose fault it just read last ran on (its `/proc/self/task/TID/stat`, kept
-//!   open) and moves there; at idle priority also at once after a turn of serving faults
-//!   in which this thread was not preempted (`getrusage`'s involuntary switches): a copy's
-//!   wake-up of a faulting thread on this CPU preempts it, so none says the two are apart.
+//!   open) and moves there; at idle priority also at once when, after a turn of serving
+//!   faults, its first read finds no message: a copy's wake-up of a faulting thread on
+//!   this CPU takes the CPU from the fault thread until that thread blocks again, usually
+//!   on its next fault, so finding nothing in says the two are apart. (It was `getrusage`'s
+//!   count of involuntary switches after each turn: a system call on every fault's path.)
 //! - **Idle priority** (`SCHED_IDLE`), while a single thread faults: the scheduler counts a
 //!   CPU that runs only idle-priority threads as idle when it places a woken thread, so the
 //!   faulting thread, woken by the copy, stays on the fault thread's CPU and takes it over at
@@ -351,11 +353,7 @@ pub(crate) struct Follow<'a> {
     pinned: Option<usize>,
     /// The stat file of the thread last looked at, by its id.
     stat: Option<(u64, File)>,
-    /// This thread's involuntary context switches at its last count (at idle priority each
-    /// copy's wake-up of a faulting thread on this CPU takes the CPU from this thread at
-    /// once: a turn of serving without one says the faulting thread runs elsewhere now).
-    preempted: u64,
-    /// Whether the last look made for such a turn found nowhere to go (the thread on this
+    /// Whether the last look made after serving found nowhere to go (the thread on this
     /// CPU after all, or on one this thread may not run on): the next waits for
     /// [`LOOK_EVERY`], as a look for a fault does.
     fruitless: bool,
@@ -378,29 +376,26 @@ impl<'a> Follow<'a> {
             mixed: false,
             pinned: None,
             stat: None,
-            preempted: involuntary_switches(),
             fruitless: false,
         }
     }
 
-    /// A turn of the fault thread's loop that served faults (each one's copy woke its
-    /// thread). At idle priority, a turn in which this thread was not preempted means the
-    /// faulting thread was woken on another CPU: this thread looks where it runs and
-    /// follows it now, before its next fault, rather than within [`LOOK_EVERY`] (every
-    /// fault while the two are apart costs 50 µs or more).
-    pub(crate) fn served(&mut self) {
+    /// The first read after a turn of the fault thread's loop that served faults found no
+    /// message. At idle priority, a copy's wake-up of a faulting thread on this CPU takes
+    /// the CPU from this thread until that thread blocks again, usually on its next fault,
+    /// which is then in when this thread reads: nothing in means the faulting thread was
+    /// most likely woken on another CPU. This thread looks where it runs and follows it now,
+    /// before its next fault, rather than within [`LOOK_EVERY`] (every fault while the two
+    /// are apart costs 50 µs or more). A look that finds the two together (the faulting
+    /// thread blocked on something else, or ran on with this thread given a slice beside
+    /// it) is not repeated within [`LOOK_EVERY`].
+    pub(crate) fn nothing_in_after_serving(&mut self) {
         if self.placement.mode.load(Relaxed) != IDLE {
             return;
         }
-        let now = involuntary_switches();
-        let apart = now == self.preempted;
-        self.preempted = now;
         let due = !self.fruitless || self.last_look.is_none_or(|t| t.elapsed() >= LOOK_EVERY);
-        if apart && self.last_tid != 0 && due {
+        if self.last_tid != 0 && due {
             self.fruitless = !self.look(self.last_tid);
-            // The look's own system calls (a move goes through the kernel's stopper
-            // thread) count as involuntary switches.
-            self.preempted = involuntary_switches();
         }
     }
 
@@ -513,17 +508,6 @@ impl<'a> Follow<'a> {
         }
         cpu
     }
-}
-
-/// The calling thread's involuntary context switches so far (0 if unknown).
-fn involuntary_switches() -> u64 {
-    // SAFETY: rusage is plain integers; all zeros is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
-        return 0;
-    }
-    usage.ru_nivcsw as u64
 }
 
 /// Field 39 (the CPU last run on) of a /proc/PID/stat line.
@@ -653,9 +637,20 @@ mod tests {
         assert_eq!(stat_cpu(b"1234 (short) S 1 2"), None);
     }
 
+    /// The calling thread's involuntary context switches so far (0 if unknown).
+    fn involuntary_switches() -> u64 {
+        // SAFETY: rusage is plain integers; all zeros is a valid value.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+            return 0;
+        }
+        usage.ru_nivcsw as u64
+    }
+
     #[test]
     fn a_thread_sharing_its_cpu_with_a_busy_one_counts_involuntary_switches() {
-        // The signal quick following rests on: a runnable thread of normal priority on this
+        // The measure the next test takes: a runnable thread of normal priority on this
         // thread's CPU takes it from this thread, and getrusage counts that.
         let was = allowed_cpus();
         let Some(&cpu) = was.first() else {
@@ -686,9 +681,10 @@ mod tests {
 
     #[test]
     fn a_wake_up_of_a_thread_on_its_cpu_preempts_an_idle_priority_thread() {
-        // The signal `Follow::served` reads: a thread at idle priority that wakes a thread
-        // of normal priority on its own CPU gives that CPU up at once, and getrusage counts
-        // each as an involuntary switch. The woken thread waits in a blocking read, as a
+        // What quick following rests on (`Follow::nothing_in_after_serving`): a thread at
+        // idle priority that wakes a thread of normal priority on its own CPU gives that CPU
+        // up at once (getrusage counts each as an involuntary switch), so the woken thread's
+        // next fault is in before the fault thread reads again. The woken thread waits in a blocking read, as a
         // faulting thread waits in the kernel (a channel's receiver would spin and yield
         // first, runnable when the wake-up comes).
         use std::io::{Read, Write};
