@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use crate::placement::Follow;
+use crate::placement::{involuntary_switches, Follow};
 use crate::userfaultfd::{self, Msg, Outcome};
 use crate::{
     Count, Shared, CLEAN, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED,
@@ -46,6 +46,11 @@ pub(crate) struct Around {
     window: usize,
     next: u64,
     max: usize,
+    /// For a turn in which a fault brought neighbours in (at idle priority): whether its
+    /// copy of the faulting page took this thread's CPU (`getrusage`'s involuntary switches
+    /// across it). Such a turn says nothing by its next read (module `placement`,
+    /// "Following").
+    preempted_by_copy: Option<bool>,
 }
 
 impl Around {
@@ -54,6 +59,7 @@ impl Around {
             window: 0,
             next: u64::MAX,
             max,
+            preempted_by_copy: None,
         }
     }
 
@@ -108,8 +114,9 @@ fn serve_faults(sh: &Shared) {
     let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
     let mut follow = Follow::start(&sh.placement);
-    // Whether the last turn served faults.
-    let mut after_serving = false;
+    // Whether the last turn served faults, and whether finding no message right after it
+    // says the faulting thread runs on another CPU.
+    let (mut after_serving, mut empty_means_apart) = (false, false);
     loop {
         if sh.stop_faults.load(Relaxed) {
             return;
@@ -121,23 +128,24 @@ fn serve_faults(sh: &Shared) {
         // After a turn that served faults, a read before any wait: a copy's wake-up of a
         // faulting thread on this CPU gives it this CPU at once (at idle priority), so by
         // the time this thread runs again that thread's next fault is usually in, and a
-        // poll first would be one more system call on its path. Nothing in: the faulting
-        // thread may run on another CPU, and following it (outside `serving`: a move at idle
-        // priority waits for the faulting thread to leave that CPU) comes before its next
-        // fault (placement.rs, "Following").
-        let mut read = 0;
+        // poll first would be one more system call on its path. Only if `gate` is free: an
+        // evictor holding it is no reason to wait here with nothing known to be in.
+        let mut read = None;
         if std::mem::take(&mut after_serving) {
-            sh.placement.holding(true);
-            read = match take_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow) {
-                Some(n) => n,
-                None => return,
-            };
-            if read == 0 {
-                sh.placement.holding(waiting);
-                follow.nothing_in_after_serving();
+            if let Some(_gate) = sh.gate.try_write() {
+                read = match read_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow) {
+                    Some(n) => Some(n),
+                    None => return,
+                };
+            }
+            // Nothing in: the faulting thread may run on another CPU, and following it
+            // (outside `serving`: a move at idle priority waits for the faulting thread to
+            // leave that CPU) comes before its next fault (placement.rs, "Following").
+            if read == Some(0) && empty_means_apart {
+                follow.maybe_apart();
             }
         }
-        if read == 0 {
+        if read.unwrap_or(0) == 0 {
             // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
             // vCPUs), a handler awake on one CPU wakes the faulting thread on another,
             // which costs more than the handler's own wake-up, which the scheduler puts on
@@ -167,7 +175,8 @@ fn serve_faults(sh: &Shared) {
                 // In hand from here until served (the guard's view of what waits for this
                 // thread: a message read is no longer unread).
                 sh.placement.holding(true);
-                if take_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow).is_none() {
+                let _gate = sh.gate.write();
+                if read_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow).is_none() {
                     return;
                 }
             }
@@ -207,23 +216,34 @@ fn serve_faults(sh: &Shared) {
             }
         }
         after_serving = served > 0;
+        // A turn whose fault brought neighbours in let the faulting thread run on while they
+        // came, and fault on them wherever it ran: whether the first copy took this
+        // thread's CPU says instead.
+        match around.preempted_by_copy.take() {
+            Some(preempted) => {
+                empty_means_apart = false;
+                if !preempted {
+                    follow.maybe_apart();
+                }
+            }
+            None => empty_means_apart = after_serving,
+        }
         sh.placement
             .holding(!faults.is_empty() || !remaps.is_empty());
         sh.wake_reclaim_if_over();
     }
 }
 
-/// Reads every waiting message, under `gate` (write): faults join the queue, the program's
-/// changes to its address space are handled at once. How many were read; `None` once the
-/// descriptor is gone (the region is being dropped).
-fn take_messages(
+/// Reads every waiting message, the caller holding `gate` (write): faults join the queue,
+/// the program's changes to its address space are handled at once. How many were read;
+/// `None` once the descriptor is gone (the region is being dropped).
+fn read_messages(
     sh: &Shared,
     msgs: &mut [Msg],
     faults: &mut VecDeque<Fault>,
     remaps: &mut Vec<Remap>,
     follow: &mut Follow<'_>,
 ) -> Option<usize> {
-    let _gate = sh.gate.write();
     let mut read = 0;
     loop {
         let n = match sh.uffd.read(msgs) {
@@ -390,8 +410,7 @@ impl Shared {
             guards.push(g);
             n += 1;
         }
-        let rp = self.device.read_page(page, &mut buf[..ps]);
-        if let Err(e) = rp {
+        if let Err(e) = self.device.read_page(page, &mut buf[..ps]) {
             *self.last_error.lock() = Some(format!("page {page}: {e}"));
             if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
                 self.count(Count::Poisoned, 1);
@@ -403,11 +422,17 @@ impl Shared {
         // region's figures then includes its own fault. Taken back if the copy fails.
         self.fault_ins[0].fetch_add(1, Relaxed);
         self.leave(page, STORED, RESIDENT | REFERENCED | clean);
-        let cr = self
+        // Only where it tells the fault thread something, and costs little beside the
+        // neighbours' decompression: a system call.
+        let switches = (n > 1 && self.placement.at_idle_priority()).then(involuntary_switches);
+        let copied = self
             .uffd
             .copy_run(self.page_addr(page), &buf[..ps], !dirty)
             .1;
-        match cr {
+        if let Some(before) = switches {
+            around.preempted_by_copy = Some(involuntary_switches() != before);
+        }
+        match copied {
             Ok(()) => {
                 if dirty {
                     self.drop_stored(page, STORED);

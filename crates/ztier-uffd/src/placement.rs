@@ -10,11 +10,13 @@
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
 //!   thread whose fault it just read last ran on (its `/proc/self/task/TID/stat`, kept
-//!   open) and moves there; at idle priority also at once when, after a turn of serving
-//!   faults, its first read finds no message: a copy's wake-up of a faulting thread on
-//!   this CPU takes the CPU from the fault thread until that thread blocks again, usually
-//!   on its next fault, so finding nothing in says the two are apart. (It was `getrusage`'s
-//!   count of involuntary switches after each turn: a system call on every fault's path.)
+//!   open) and moves there; at idle priority also at once after a turn of serving faults
+//!   that says the two are apart: a copy's wake-up of a faulting thread on this CPU takes
+//!   the CPU from the fault thread until that thread blocks again, usually on its next
+//!   fault, so the fault thread's first read after a turn of single-page faults finds it in
+//!   (no system call more than the read that serves it); where a fault brought neighbours
+//!   in, so that the faulting thread ran on meanwhile wherever it runs, `getrusage`'s count
+//!   of involuntary switches across the first copy says instead.
 //! - **Idle priority** (`SCHED_IDLE`), while a single thread faults: the scheduler counts a
 //!   CPU that runs only idle-priority threads as idle when it places a woken thread, so the
 //!   faulting thread, woken by the copy, stays on the fault thread's CPU and takes it over at
@@ -180,6 +182,11 @@ impl Placement {
     /// A turn of the fault thread's loop, or a fault served.
     pub(crate) fn progress(&self) {
         self.progress.fetch_add(1, Relaxed);
+    }
+
+    /// Whether the fault thread runs at idle priority.
+    pub(crate) fn at_idle_priority(&self) -> bool {
+        self.mode.load(Relaxed) == IDLE
     }
 
     /// Whether the fault thread holds faults read and not yet served.
@@ -380,16 +387,18 @@ impl<'a> Follow<'a> {
         }
     }
 
-    /// The first read after a turn of the fault thread's loop that served faults found no
-    /// message. At idle priority, a copy's wake-up of a faulting thread on this CPU takes
-    /// the CPU from this thread until that thread blocks again, usually on its next fault,
-    /// which is then in when this thread reads: nothing in means the faulting thread was
-    /// most likely woken on another CPU. This thread looks where it runs and follows it now,
-    /// before its next fault, rather than within [`LOOK_EVERY`] (every fault while the two
-    /// are apart costs 50 µs or more). A look that finds the two together (the faulting
-    /// thread blocked on something else, or ran on with this thread given a slice beside
-    /// it) is not repeated within [`LOOK_EVERY`].
-    pub(crate) fn nothing_in_after_serving(&mut self) {
+    /// A sign, after a turn of the fault thread's loop that served faults, that the
+    /// faulting thread was woken on another CPU: at idle priority, a copy's wake-up of a
+    /// faulting thread on this CPU takes the CPU from this thread until that thread blocks
+    /// again, usually on its next fault. So the first read after a turn of single-page
+    /// faults finds nothing in, or, where a fault brought neighbours in (the faulting thread
+    /// running on meanwhile, wherever it runs), the copy of the faulting page did not take
+    /// this thread's CPU. This thread looks where the faulting thread runs and follows it
+    /// now, before its next fault, rather than within [`LOOK_EVERY`] (every fault while the
+    /// two are apart costs 50 µs or more). A look that finds the two together (the faulting
+    /// thread blocked on something else, or ran on beside this thread given a slice) is not
+    /// repeated within [`LOOK_EVERY`].
+    pub(crate) fn maybe_apart(&mut self) {
         if self.placement.mode.load(Relaxed) != IDLE {
             return;
         }
@@ -508,6 +517,17 @@ impl<'a> Follow<'a> {
         }
         cpu
     }
+}
+
+/// The calling thread's involuntary context switches so far (0 if unknown).
+pub(crate) fn involuntary_switches() -> u64 {
+    // SAFETY: rusage is plain integers; all zeros is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+        return 0;
+    }
+    usage.ru_nivcsw as u64
 }
 
 /// Field 39 (the CPU last run on) of a /proc/PID/stat line.
@@ -637,21 +657,11 @@ mod tests {
         assert_eq!(stat_cpu(b"1234 (short) S 1 2"), None);
     }
 
-    /// The calling thread's involuntary context switches so far (0 if unknown).
-    fn involuntary_switches() -> u64 {
-        // SAFETY: rusage is plain integers; all zeros is a valid value.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
-        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
-            return 0;
-        }
-        usage.ru_nivcsw as u64
-    }
-
     #[test]
     fn a_thread_sharing_its_cpu_with_a_busy_one_counts_involuntary_switches() {
-        // The measure the next test takes: a runnable thread of normal priority on this
-        // thread's CPU takes it from this thread, and getrusage counts that.
+        // The signal a turn with fault-around reads (and the next test's measure): a
+        // runnable thread of normal priority on this thread's CPU takes it from this
+        // thread, and getrusage counts that.
         let was = allowed_cpus();
         let Some(&cpu) = was.first() else {
             panic!("no CPU this thread may use");
@@ -681,13 +691,14 @@ mod tests {
 
     #[test]
     fn a_wake_up_of_a_thread_on_its_cpu_preempts_an_idle_priority_thread() {
-        // What quick following rests on (`Follow::nothing_in_after_serving`): a thread at
-        // idle priority that wakes a thread of normal priority on its own CPU gives that CPU
-        // up at once (getrusage counts each as an involuntary switch), so the woken thread's
-        // next fault is in before the fault thread reads again. The woken thread waits in a blocking read, as a
-        // faulting thread waits in the kernel (a channel's receiver would spin and yield
-        // first, runnable when the wake-up comes).
-        use std::io::{Read, Write};
+        // What quick following rests on (`Follow::maybe_apart`): a thread at idle priority
+        // that wakes a thread of normal priority on its own CPU gives that CPU up at once,
+        // so the woken thread has run, and answered, before the waker's next look (the
+        // fault thread's first read after serving single pages), and getrusage counts an
+        // involuntary switch across the wake-up (what a turn with fault-around reads). The
+        // woken thread waits in a blocking read, as a faulting thread waits in the kernel (a
+        // channel's receiver would spin and yield first, runnable when the wake-up comes).
+        use std::io::{ErrorKind, Read, Write};
         use std::os::unix::net::UnixStream;
         // The last CPU: the test beside it keeps a busy thread on the first.
         let Some(&cpu) = allowed_cpus().last() else {
@@ -704,31 +715,41 @@ mod tests {
                     woken_end.write_all(&byte).unwrap();
                 }
             });
-            let preempted = std::thread::spawn(move || {
+            let counts = std::thread::spawn(move || {
                 assert!(pin_to_cpu(cpu));
                 assert!(lower_to_idle_priority(), "lowering to idle priority");
-                let mut preempted = 0;
+                let (mut preempted, mut answered) = (0, 0);
                 let mut byte = [0u8];
+                waker_end.set_nonblocking(true).unwrap();
                 for _ in 0..20 {
                     let before = involuntary_switches();
                     waker_end.write_all(&[1]).unwrap();
                     let after = involuntary_switches();
                     preempted += u32::from(after > before);
-                    waker_end.read_exact(&mut byte).unwrap();
+                    match waker_end.read(&mut byte) {
+                        Ok(1) => answered += 1,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            waker_end.set_nonblocking(false).unwrap();
+                            waker_end.read_exact(&mut byte).unwrap();
+                            waker_end.set_nonblocking(true).unwrap();
+                        }
+                        other => panic!("reading the answer: {other:?}"),
+                    }
                 }
-                preempted
+                (preempted, answered)
             })
             .join()
             .unwrap();
             woken.join().unwrap();
-            preempted
+            counts
         };
-        let passes: Vec<u32> = (0..5).map(|_| pass()).collect();
+        let passes: Vec<(u32, u32)> = (0..5).map(|_| pass()).collect();
         // Each wake-up should; a tick's preemption of the woken thread before it blocks
         // again may leave it runnable at the next wake-up now and then.
         assert!(
-            passes.iter().any(|&p| p >= 15),
-            "wake-ups of 20 that preempted, five passes: {passes:?}"
+            passes.iter().any(|&(p, _)| p >= 15) && passes.iter().any(|&(_, a)| a >= 15),
+            "wake-ups of 20 that preempted, and that were answered before the next read, five \
+             passes: {passes:?}"
         );
     }
 

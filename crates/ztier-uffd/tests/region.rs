@@ -1115,9 +1115,10 @@ fn the_fault_thread_follows_a_faulting_thread_to_another_cpu() {
         return;
     };
     // One thread faults on one CPU until the fault thread runs there at idle priority, then
-    // moves to another and faults on: the fault thread goes after it (at once, seeing its
-    // copies no longer take its CPU; or, had another test's busy thread ended idle priority
-    // meanwhile, at its next look).
+    // moves to another and faults on: the fault thread goes after it, at its next look (due
+    // at the first fault after a pass's evictions, which take longer than a look's
+    // interval). This does not single out the quick look after serving (placement.rs,
+    // "Following"), which catches a thread that moves while it faults on without a pause.
     let (entered, before, after) = std::thread::scope(|s| {
         s.spawn(|| {
             hold_on(cpus[0]);
