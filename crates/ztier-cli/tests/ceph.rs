@@ -411,9 +411,11 @@ fn cold_pages_on_ceph_survive_what_clusters_do() {
     );
     // A with a timeout well past the time the cluster takes to mark a hung OSD down and
     // re-peer (15-21 s here, more on a loaded machine: what is tested is that the reads
-    // wait and complete, not the timeout's value), B with a short one, to be outlived.
+    // wait and complete, not the timeout's value), B with a short one, to be outlived when
+    // every OSD hangs (yet not so short that a healthy cluster's slow request on a loaded
+    // two-core machine, while both servers write back at once, counts as a lost store).
     let mut a = Server::start(&dir, "a", 1, 32768, &cluster.run("uri", &["a"]), "60s");
-    let mut b = Server::start(&dir, "b", 2, 16384, &cluster.run("uri", &["b"]), "3s");
+    let mut b = Server::start(&dir, "b", 2, 16384, &cluster.run("uri", &["b"]), "10s");
     let (client_a, client_b) = (a.client(), b.client());
     step(began, "cluster up, two servers");
 

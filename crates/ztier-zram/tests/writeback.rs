@@ -100,12 +100,14 @@ fn idle_marking_and_aging() {
     let dev = device(64, "lz4");
     fill(&dev, 64);
     assert_eq!(dev.mark_idle(Some(Duration::from_secs(3600))), 0);
-    // Pages untouched for a second are, those read since are not.
-    std::thread::sleep(Duration::from_millis(2100));
+    // Pages untouched for two seconds are, those read since are not. (Ages are whole
+    // seconds of a coarse clock: with one second, a second's boundary between the reads and
+    // the marking would age a page just read to 1 and mark it.)
+    std::thread::sleep(Duration::from_millis(3100));
     for i in 32..64 {
         dev.read_page(i, &mut out).unwrap();
     }
-    assert_eq!(dev.mark_idle(Some(Duration::from_secs(1))), 30);
+    assert_eq!(dev.mark_idle(Some(Duration::from_secs(2))), 30);
     assert!(dev.entry(5).unwrap().has(SlotFlag::Idle));
     assert!(!dev.entry(40).unwrap().has(SlotFlag::Idle));
 }
