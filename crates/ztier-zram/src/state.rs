@@ -224,12 +224,7 @@ impl Device {
         // old store's gate while it swaps) would have its writebacks described under this
         // one's stamp.
         let current = self.backing();
-        if store.is_some()
-            && !store
-                .as_ref()
-                .zip(current.as_ref())
-                .is_some_and(|(a, b)| Arc::ptr_eq(a, b))
-        {
+        if store.is_some() && !crate::writeback::same_store(store.as_ref(), current.as_ref()) {
             return Err(ZramError::Busy(
                 "the backing store was changed meanwhile".into(),
             ));

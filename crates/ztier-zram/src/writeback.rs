@@ -1013,12 +1013,7 @@ impl Device {
             ));
         }
         let mut b = self.backing.write();
-        let same = match (&*b, &current) {
-            (Some(now), Some(seen)) => Arc::ptr_eq(now, seen),
-            (None, None) => true,
-            _ => false,
-        };
-        if !same {
+        if !same_store(b.as_ref(), current.as_ref()) {
             return Err(ZramError::Busy(
                 "the backing store was changed meanwhile".into(),
             ));
@@ -1051,7 +1046,7 @@ impl Device {
         // store's gate, and refuses once it is closed).
         while let Some(b) = self.backing() {
             let mut closed = b.gate.write();
-            if self.backing().is_some_and(|now| Arc::ptr_eq(&now, &b)) {
+            if same_store(self.backing().as_ref(), Some(&b)) {
                 *closed = true;
                 return;
             }
@@ -1112,7 +1107,7 @@ impl Device {
                 "writeback is closed: the device is stopping".into(),
             ));
         }
-        if !self.backing().is_some_and(|now| Arc::ptr_eq(&now, &store)) {
+        if !same_store(self.backing().as_ref(), Some(&store)) {
             // Replaced (or taken away) between the look and the gate.
             return Err(ZramError::Busy(
                 "the backing store was changed meanwhile".into(),
@@ -1497,6 +1492,16 @@ impl Device {
             store.release(place, size);
         }
         counters.add(Counter::BdCount, -1);
+    }
+}
+
+/// Whether two looks at a device's store saw the same one (or both none): a store is
+/// told apart by its identity, not its contents.
+pub(crate) fn same_store(a: Option<&Arc<Backing>>, b: Option<&Arc<Backing>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }
 
