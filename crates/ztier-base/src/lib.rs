@@ -3,11 +3,12 @@
 //! [`slab`]; handles of every allocator are packed with [`bits`]; per-CPU state (zram's
 //! streams and counters) lives in [`shard`]s; every counter set is declared with
 //! [`counters!`] ([`counter`]); byte ranges are cut into page [`pieces`]; tests
-//! write [`pattern`]s; what the process asks of the OS (page size, memory, RSS, idle
-//! priority) is in [`os`].
+//! write [`pattern`]s; a read asks for a line it will need through a [`prefetch`] hint;
+//! what the process asks of the OS (page size, memory, RSS, idle priority) is in [`os`].
 //!
 //! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
-//! [`os`] (libc calls that touch no memory of the caller's).
+//! [`os`] (libc calls that touch no memory of the caller's) and [`prefetch`] (a hint that
+//! reads nothing).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -17,6 +18,7 @@ pub mod list;
 pub mod os;
 pub mod pattern;
 pub mod pieces;
+pub mod prefetch;
 pub mod shard;
 pub mod slab;
 
