@@ -254,8 +254,8 @@ struct HandleSlot {
     zspage: u32,
     /// The address of the object's header as a number, split in two for room (user
     /// addresses take 48 bits): a prefetch hint only, set with `zspage` and `obj`. A read asks
-    /// for the object's line as soon as it has this entry, so the miss on it overlaps the
-    /// zspage descriptor's instead of following it (MEASUREMENTS.md, "A cold read's misses").
+    /// for the object's line as soon as it has this entry, so the fetch is under way while
+    /// the zspage's descriptor is read, not only after (MEASUREMENTS.md, "A cold read's misses").
     /// Never used to reach memory: a wrong value costs a wasted fetch, not a wrong read.
     header_at_low: u32,
     header_at_high: u16,
