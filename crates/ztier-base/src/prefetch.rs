@@ -18,7 +18,7 @@ pub fn prefetch_read(addr: usize) {
         // SAFETY: the intrinsic's only requirement is SSE, part of every x86_64 CPU; a
         // prefetch never dereferences its operand in the program's sense (no fault, no
         // value), so any address is sound.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::without_provenance(addr)) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = addr;
