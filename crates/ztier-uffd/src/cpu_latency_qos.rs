@@ -25,9 +25,14 @@
 //! and before the file is closed, not left to the close. (A process killed while it holds
 //! one leaves it to such a child until that child exits or execs.)
 //!
+//! While it is held, an alarm (a timerfd the fault thread polls beside the userfaultfd) is
+//! set for when it may be due to go, and set again for the rest of the spell when it rings
+//! early (faults came meanwhile): once each [`RELAX_AFTER`] at most, where a timeout on
+//! every poll armed and cancelled a kernel timer on every fault's path.
+//!
 //! Invariants: only the fault thread changes the request (`hold`, `relax_if_quiet`,
-//! `withdraw`; then the drop, after it has ended), so `held` is the request's state; the
-//! figures are atomics `stats()` reads. The one lock, the reason the request is not used,
+//! `withdraw`; then the drop, after it has ended), so `held` is the request's state, and the
+//! alarm is set exactly while it is held; the figures are atomics `stats()` reads. The one lock, the reason the request is not used,
 //! is a leaf.
 
 use std::fs::{File, OpenOptions};
@@ -37,6 +42,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use crate::userfaultfd::Alarm;
 
 /// The kernel's interface to CPU latency QoS requests.
 const DEVICE: &str = "/dev/cpu_dma_latency";
@@ -70,6 +77,10 @@ pub(crate) struct CpuLatencyQos {
     held: AtomicBool,
     /// Times the request was taken.
     holds: AtomicU64,
+    /// Rings when the request may be due to go, so that the fault thread's poll needs no
+    /// timeout of its own while it is held (`None` where no timerfd could be made: then
+    /// [`wait_ms`](Self::wait_ms) gives the poll a timeout instead).
+    alarm: Option<Alarm>,
 }
 
 impl CpuLatencyQos {
@@ -85,7 +96,9 @@ impl CpuLatencyQos {
             let why = "turned off (RegionConfig::cpu_latency_qos)".to_string();
             (None, Some(why))
         };
+        let alarm = file.as_ref().and_then(|_| Alarm::new().ok());
         let qos = CpuLatencyQos {
+            alarm,
             file,
             refused: AtomicBool::new(false),
             unused: Mutex::new(unused),
@@ -130,25 +143,51 @@ impl CpuLatencyQos {
         if !self.held() && self.set(0).is_ok() {
             self.held.store(true, Relaxed);
             self.holds.fetch_add(1, Relaxed);
+            if let Some(alarm) = &self.alarm {
+                alarm.set(RELAX_AFTER);
+            }
         }
+    }
+
+    /// What the fault thread's poll waits on beside the userfaultfd while the request is
+    /// held: it rings when the request may be due to go.
+    pub(crate) fn alarm(&self) -> Option<&Alarm> {
+        self.alarm.as_ref().filter(|_| self.held())
     }
 
     /// How long the fault thread may wait for a message before it should look at the
     /// request again, in whole milliseconds rounded up (so that it wakes once, after the
-    /// quiet spell): `None` while none is held (it may wait for ever).
+    /// quiet spell): `None` while none is held, or while the alarm will wake it (it may
+    /// wait for ever).
     pub(crate) fn wait_ms(&self, now: Instant) -> Option<i32> {
-        if !self.held() {
+        if !self.held() || self.alarm.is_some() {
             return None;
         }
         let left = RELAX_AFTER.saturating_sub(self.quiet(now));
         Some(left.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128) as i32)
     }
 
-    /// Withdraws the request once no fault has come for [`RELAX_AFTER`] (the fault
-    /// thread's call).
+    /// The fault thread's poll timeout: -1 (none) unless the request is held with no
+    /// alarm, then [`wait_ms`](Self::wait_ms) (the clock is read only then).
+    pub(crate) fn poll_timeout_ms(&self) -> i32 {
+        if !self.held() || self.alarm.is_some() {
+            return -1;
+        }
+        self.wait_ms(Instant::now()).unwrap_or(-1)
+    }
+
+    /// Withdraws the request once no fault has come for [`RELAX_AFTER`], else sets the
+    /// alarm for when that will be (the fault thread's call, when its poll found no
+    /// message: the alarm rang, or something else woke it).
     pub(crate) fn relax_if_quiet(&self, now: Instant) {
-        if self.held() && self.quiet(now) >= RELAX_AFTER {
+        if !self.held() {
+            return;
+        }
+        let quiet = self.quiet(now);
+        if quiet >= RELAX_AFTER {
             self.withdraw();
+        } else if let Some(alarm) = &self.alarm {
+            alarm.set(RELAX_AFTER - quiet);
         }
     }
 
@@ -156,6 +195,9 @@ impl CpuLatencyQos {
     pub(crate) fn withdraw(&self) {
         if self.set(NO_CONSTRAINT).is_ok() {
             self.held.store(false, Relaxed);
+            if let Some(alarm) = &self.alarm {
+                alarm.disarm();
+            }
         }
     }
 
@@ -269,7 +311,7 @@ mod tests {
     /// machine's current target, which our request of 0 sets while it is held.
     #[test]
     fn held_from_a_fault_until_a_quiet_spell() {
-        let Some((_turn, qos)) = usable_request() else {
+        let Some((_turn, mut qos)) = usable_request() else {
             return;
         };
         let t0 = Instant::now();
@@ -281,19 +323,38 @@ mod tests {
             Some(0),
             "a held request of 0 is the machine's target"
         );
-        assert_eq!(qos.wait_ms(t0), Some(10));
-        // Rounded up: one wake-up, after the quiet spell, not one just before it.
-        assert_eq!(qos.wait_ms(t0 + Duration::from_micros(300)), Some(10));
-        assert_eq!(qos.wait_ms(t0 + Duration::from_micros(9_999)), Some(1));
+        // The alarm, set for the quiet spell, is what the fault thread's poll waits on
+        // beside the userfaultfd: the poll itself needs no timeout.
+        let alarm_left = |qos: &CpuLatencyQos| qos.alarm().and_then(|a| a.remaining());
+        assert!(qos.alarm().is_some(), "a held request has its alarm");
+        assert!(alarm_left(&qos).is_none_or(|d| d <= RELAX_AFTER));
+        assert_eq!(qos.wait_ms(t0), None);
+        assert_eq!(qos.poll_timeout_ms(), -1);
         // A second fault while held takes nothing more.
         qos.hold(t0 + Duration::from_millis(1));
         assert_eq!(qos.holds(), 1);
-        // Not yet quiet: held.
+        // Not yet quiet: held, the alarm set again for the rest of the spell.
         qos.relax_if_quiet(t0 + Duration::from_millis(2));
         assert!(qos.held());
+        assert!(alarm_left(&qos).is_none_or(|d| d <= Duration::from_millis(9)));
         qos.relax_if_quiet(t0 + Duration::from_millis(1) + RELAX_AFTER);
         assert!(!qos.held());
-        assert_eq!(qos.wait_ms(t0 + RELAX_AFTER * 2), None);
+        assert!(qos.alarm().is_none());
+        assert_eq!(qos.alarm.as_ref().unwrap().remaining(), None, "disarmed");
+        assert_eq!(qos.poll_timeout_ms(), -1);
+
+        // Without an alarm (no timerfd could be made), the poll's timeout ends the wait,
+        // rounded up: one wake-up, after the quiet spell, not one just before it.
+        qos.alarm = None;
+        let t1 = Instant::now();
+        qos.hold(t1);
+        assert_eq!(qos.wait_ms(t1), Some(10));
+        assert_eq!(qos.wait_ms(t1 + Duration::from_micros(300)), Some(10));
+        assert_eq!(qos.wait_ms(t1 + Duration::from_micros(9_999)), Some(1));
+        assert!((1..=10).contains(&qos.poll_timeout_ms()));
+        qos.relax_if_quiet(t1 + RELAX_AFTER);
+        assert!(!qos.held());
+        assert_eq!(qos.wait_ms(t1 + RELAX_AFTER * 2), None);
     }
 
     /// A request dropped while held is withdrawn even where its file stays open elsewhere

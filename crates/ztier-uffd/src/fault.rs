@@ -150,13 +150,14 @@ fn serve_faults(sh: &Shared) {
             // vCPUs), a handler awake on one CPU wakes the faulting thread on another,
             // which costs more than the handler's own wake-up, which the scheduler puts on
             // the faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
-            // While the CPU latency request is held, the wait ends when it is due to go.
+            // While the CPU latency request is held, its alarm (polled beside the
+            // userfaultfd) rings when the request may be due to go, so the poll itself
+            // needs no timeout, whose timer would be armed and cancelled on every fault.
             let timeout = match waiting {
                 true => 1,
-                false if sh.qos.held() => sh.qos.wait_ms(Instant::now()).unwrap_or(1),
-                false => -1,
+                false => sh.qos.poll_timeout_ms(),
             };
-            let ready = sh.uffd.poll(&sh.waker, timeout);
+            let ready = sh.uffd.poll(&sh.waker, sh.qos.alarm(), timeout);
             if sh.stop_faults.load(Relaxed) {
                 return;
             }

@@ -726,7 +726,8 @@ impl Region {
         region.helper_thread = Some(spawn("uffd-reclaim2", reclaim::run_helper)?);
         if shared.placement.usable() {
             region.guard_thread = Some(spawn("uffd-guard", |sh| {
-                sh.placement.run_guard(|| sh.uffd.poll(&sh.waker, 0).uffd)
+                sh.placement
+                    .run_guard(|| sh.uffd.poll(&sh.waker, None, 0).uffd)
             })?);
         }
         Ok(region)
