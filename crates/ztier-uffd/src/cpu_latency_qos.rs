@@ -27,13 +27,14 @@
 //!
 //! While it is held, an alarm (a timerfd the fault thread polls beside the userfaultfd) is
 //! set for when it may be due to go, and set again for the rest of the spell when it rings
-//! early (faults came meanwhile): once each [`RELAX_AFTER`] at most, where a timeout on
+//! early (faults came meanwhile): about once each [`RELAX_AFTER`], where a timeout on
 //! every poll armed and cancelled a kernel timer on every fault's path.
 //!
 //! Invariants: only the fault thread changes the request (`hold`, `relax_if_quiet`,
-//! `withdraw`; then the drop, after it has ended), so `held` is the request's state, and the
-//! alarm is set exactly while it is held; the figures are atomics `stats()` reads. The one lock, the reason the request is not used,
-//! is a leaf.
+//! `withdraw`; then the drop, after it has ended), so `held` is the request's state; while
+//! it is held the alarm is set or has rung and not yet been taken, and once it is not, the
+//! alarm is disarmed (a refused write too). The figures are atomics `stats()` reads. The one
+//! lock, the reason the request is not used, is a leaf.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -224,6 +225,9 @@ impl CpuLatencyQos {
             *self.unused.lock() = Some(format!("{DEVICE} refused a request: {e}"));
             self.refused.store(true, Relaxed);
             self.held.store(false, Relaxed);
+            if let Some(alarm) = &self.alarm {
+                alarm.disarm();
+            }
         })
     }
 }
