@@ -195,10 +195,7 @@ impl CpuLatencyQos {
     /// Withdraws the request, held or not (the fault thread's call as it ends).
     pub(crate) fn withdraw(&self) {
         if self.set(NO_CONSTRAINT).is_ok() {
-            self.held.store(false, Relaxed);
-            if let Some(alarm) = &self.alarm {
-                alarm.disarm();
-            }
+            self.let_go();
         }
     }
 
@@ -224,11 +221,16 @@ impl CpuLatencyQos {
         f.write_all(&value.to_ne_bytes()).inspect_err(|e| {
             *self.unused.lock() = Some(format!("{DEVICE} refused a request: {e}"));
             self.refused.store(true, Relaxed);
-            self.held.store(false, Relaxed);
-            if let Some(alarm) = &self.alarm {
-                alarm.disarm();
-            }
+            self.let_go();
         })
+    }
+
+    /// The request is no longer held: nothing is due, so the alarm is disarmed.
+    fn let_go(&self) {
+        self.held.store(false, Relaxed);
+        if let Some(alarm) = &self.alarm {
+            alarm.disarm();
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The userfaultfd file descriptor and its ioctls (`include/uapi/linux/userfaultfd.h`), and
-//! the eventfd and the timerfd that wake the thread polling it. The crate's other system calls are the
-//! mapping's (`mapping.rs`) and the threads' placement and priority (`placement.rs`).
+//! the eventfd and the timerfd that wake the thread polling it. The crate's other system
+//! calls are the mapping's (`mapping.rs`) and the threads' placement and priority
+//! (`placement.rs`).
 //!
 //! Why raw ioctls: the protocol needs `UFFDIO_MOVE` (6.8) and `UFFDIO_POISON` (6.6), which
 //! no userfaultfd crate wraps; the structures below are the kernel's, field for field.
@@ -469,16 +470,7 @@ impl Alarm {
     /// How long until it rings; `None` if it is not set (or has rung).
     #[cfg(test)]
     pub fn remaining(&self) -> Option<std::time::Duration> {
-        let mut cur = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-        };
+        let mut cur = one_shot(std::time::Duration::ZERO);
         // SAFETY: writes one itimerspec into a live local.
         let r = unsafe { libc::timerfd_gettime(self.fd.as_raw_fd(), &mut cur) };
         let left =
@@ -487,19 +479,24 @@ impl Alarm {
     }
 
     fn settime(&self, value: std::time::Duration) {
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: value.as_secs() as libc::time_t,
-                tv_nsec: value.subsec_nanos() as libc::c_long,
-            },
-        };
+        let spec = one_shot(value);
         // SAFETY: reads one itimerspec from a live local; no old value is asked for. It
         // cannot fail for a valid descriptor and a normalized value.
         unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+}
+
+/// A timerfd setting that rings once, `value` from now (zero: never).
+fn one_shot(value: std::time::Duration) -> libc::itimerspec {
+    libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: value.as_secs() as libc::time_t,
+            tv_nsec: value.subsec_nanos() as libc::c_long,
+        },
     }
 }
 
