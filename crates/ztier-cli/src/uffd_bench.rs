@@ -65,6 +65,10 @@ struct UffdRun {
     latency_idle_priority_demotions: u64,
     /// The fault thread's moves to follow the touching thread in the latency phase.
     latency_fault_thread_moves: u64,
+    /// In the latency phase: the fault thread's waits parked in its read (not in `poll`),
+    /// and the times another thread (an eviction, the figures, the alarm) rang it out.
+    latency_parked_reads: u64,
+    latency_fault_thread_rung: u64,
     /// Whether the region's CPU latency request was held in the latency phase, the times
     /// it was taken over the run (once a spell of faults), or why it makes none.
     latency_cpu_latency_qos_held: bool,
@@ -464,6 +468,9 @@ fn run_one(
         idle_priority_demotions: end.idle_priority_demotions,
         latency_idle_priority_demotions,
         latency_fault_thread_moves,
+        latency_parked_reads: after_latency.parked_reads - before_latency.parked_reads,
+        latency_fault_thread_rung: after_latency.fault_thread_rung
+            - before_latency.fault_thread_rung,
         latency_cpu_latency_qos_held,
         cpu_latency_qos_holds: free.cpu_latency_qos_holds,
         cpu_latency_qos_unused: region.cpu_latency_qos_unused(),
@@ -588,12 +595,14 @@ fn print_run(r: &UffdRun) {
         Some(why) => format!("no CPU latency request: {why}"),
     };
     println!(
-        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run; {qos})",
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run; parked in its read {} times, rung out {}; {qos})",
         r.fault_p50_us, r.fault_p99_us, r.fault_max_us, r.fault_samples,
         if r.idle_priority { "idle" } else { "normal" },
         r.latency_fault_thread_moves,
         r.latency_idle_priority_demotions,
-        r.idle_priority_demotions
+        r.idle_priority_demotions,
+        r.latency_parked_reads,
+        r.latency_fault_thread_rung
     );
     match (&r.kernel_in_run, &r.kernel_in_run_missing) {
         (Some(k), _) => println!(

@@ -25,26 +25,32 @@
 //! and before the file is closed, not left to the close. (A process killed while it holds
 //! one leaves it to such a child until that child exits or execs.)
 //!
-//! While it is held, an alarm (a timerfd the fault thread polls beside the userfaultfd) is
-//! set for when it may be due to go, and set again for the rest of the spell when it rings
-//! early (faults came meanwhile): about once each [`RELAX_AFTER`], where a timeout on
-//! every poll armed and cancelled a kernel timer on every fault's path.
+//! While it is held, an alarm (a timerfd) is set for when it may be due to go: set again by
+//! a fault at most every half [`RELAX_AFTER`] (a timeout on every wait armed and cancelled
+//! a kernel timer on every fault's path), so that while faults keep coming it does not
+//! ring, and set again for the rest of the spell if it rings early all the same. A thread
+//! of the region's waits on the alarm ([`watch_alarm`](CpuLatencyQos::watch_alarm)): when it
+//! rings, that thread marks it rung and wakes the fault thread, out of its poll or out of
+//! its blocking read (bell.rs), which then looks at the request. (A ring of a parked fault
+//! thread makes the kernel refuse copies until the ringer runs again: better when no fault
+//! is coming.)
 //!
 //! Invariants: only the fault thread changes the request (`hold`, `relax_if_quiet`,
 //! `withdraw`; then the drop, after it has ended), so `held` is the request's state; while
-//! it is held the alarm is set or has rung and not yet been taken, and once it is not, the
-//! alarm is disarmed (a refused write too). The figures are atomics `stats()` reads. The one
-//! lock, the reason the request is not used, is a leaf.
+//! it is held the alarm is set or has rung and not yet been looked at, and once it is not,
+//! the alarm is disarmed (a refused write too). The alarm's watcher only takes its ringing
+//! and sets `rang`, which the fault thread takes. The figures are atomics `stats()` reads.
+//! The one lock, the reason the request is not used, is a leaf.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::userfaultfd::Alarm;
+use crate::userfaultfd::{Alarm, Waker};
 
 /// The kernel's interface to CPU latency QoS requests.
 const DEVICE: &str = "/dev/cpu_dma_latency";
@@ -75,13 +81,18 @@ pub(crate) struct CpuLatencyQos {
     epoch: Instant,
     /// When the last fault came (nanoseconds from `epoch`), while the request is held.
     last_fault_ns: AtomicU64,
+    /// When a fault last set the alarm (nanoseconds from `epoch`).
+    armed_ns: AtomicU64,
     held: AtomicBool,
     /// Times the request was taken.
     holds: AtomicU64,
-    /// Rings when the request may be due to go, so that the fault thread's poll needs no
+    /// Rings when the request may be due to go, so that the fault thread's wait needs no
     /// timeout of its own while it is held (`None` where no timerfd could be made: then
-    /// [`wait_ms`](Self::wait_ms) gives the poll a timeout instead).
+    /// [`wait_ms`](Self::wait_ms) gives the poll a timeout instead, and the fault thread
+    /// does not park in its read while the request is held).
     alarm: Option<Alarm>,
+    /// The alarm rang (its watcher's mark) and the fault thread has not yet looked.
+    rang: AtomicBool,
 }
 
 impl CpuLatencyQos {
@@ -105,8 +116,10 @@ impl CpuLatencyQos {
             unused: Mutex::new(unused),
             epoch: Instant::now(),
             last_fault_ns: AtomicU64::new(0),
+            armed_ns: AtomicU64::new(0),
             held: AtomicBool::new(false),
             holds: AtomicU64::new(0),
+            rang: AtomicBool::new(false),
         };
         // Opening adds a request at the default value; saying so explicitly shows a
         // device that takes no writes now, not at the first fault.
@@ -140,20 +153,68 @@ impl CpuLatencyQos {
         if !self.usable() {
             return;
         }
-        self.last_fault_ns.store(self.ns(now), Relaxed);
+        let ns = self.ns(now);
+        self.last_fault_ns.store(ns, Relaxed);
         if !self.held() && self.set(0).is_ok() {
             self.held.store(true, Relaxed);
             self.holds.fetch_add(1, Relaxed);
-            if let Some(alarm) = &self.alarm {
-                alarm.set(RELAX_AFTER);
+            self.arm(ns);
+        } else if self.held()
+            && ns.saturating_sub(self.armed_ns.load(Relaxed)) >= RELAX_AFTER.as_nanos() as u64 / 2
+        {
+            // Pushed back while faults keep coming: it rings only once they stop.
+            self.arm(ns);
+        }
+    }
+
+    /// Sets the alarm for a whole quiet spell from `ns` (a fault's time).
+    fn arm(&self, ns: u64) {
+        if let Some(alarm) = &self.alarm {
+            alarm.set(RELAX_AFTER);
+            self.armed_ns.store(ns, Relaxed);
+        }
+    }
+
+    /// The alarm while the request is held: it rings when the request may be due to go.
+    #[cfg(test)]
+    fn alarm(&self) -> Option<&Alarm> {
+        self.alarm.as_ref().filter(|_| self.held())
+    }
+
+    /// Whether there is an alarm to watch ([`watch_alarm`](Self::watch_alarm)).
+    pub(crate) fn has_alarm(&self) -> bool {
+        self.alarm.is_some()
+    }
+
+    /// The alarm's watcher (a thread of its own): each time the alarm rings, marks it rung
+    /// and calls `wake_fault_thread`; returns once `stop` is set and `stop_waker`
+    /// signalled.
+    pub(crate) fn watch_alarm(
+        &self,
+        stop: &AtomicBool,
+        stop_waker: &Waker,
+        wake_fault_thread: impl Fn(),
+    ) {
+        let Some(alarm) = &self.alarm else {
+            return;
+        };
+        while !stop.load(Relaxed) {
+            if alarm.wait(stop_waker) {
+                self.rang.store(true, SeqCst);
+                wake_fault_thread();
             }
         }
     }
 
-    /// What the fault thread's poll waits on beside the userfaultfd while the request is
-    /// held: it rings when the request may be due to go.
-    pub(crate) fn alarm(&self) -> Option<&Alarm> {
-        self.alarm.as_ref().filter(|_| self.held())
+    /// Whether the alarm rang since the fault thread last looked (the fault thread's call;
+    /// it then looks: [`relax_if_quiet`](Self::relax_if_quiet)).
+    pub(crate) fn take_ringing(&self) -> bool {
+        self.rang.swap(false, SeqCst)
+    }
+
+    /// Whether the alarm rang and the fault thread has not looked yet (without taking it).
+    pub(crate) fn ringing(&self) -> bool {
+        self.rang.load(SeqCst)
     }
 
     /// How long the fault thread may wait for a message before it should look at the
@@ -178,8 +239,8 @@ impl CpuLatencyQos {
     }
 
     /// Withdraws the request once no fault has come for [`RELAX_AFTER`], else sets the
-    /// alarm for when that will be (the fault thread's call, when its poll found no
-    /// message: the alarm rang, or something else woke it).
+    /// alarm for when that will be (the fault thread's call, before a wait or after a poll
+    /// that found no message, with nothing in hand).
     pub(crate) fn relax_if_quiet(&self, now: Instant) {
         if !self.held() {
             return;
@@ -329,8 +390,8 @@ mod tests {
             Some(0),
             "a held request of 0 is the machine's target"
         );
-        // The alarm, set for the quiet spell, is what the fault thread's poll waits on
-        // beside the userfaultfd: the poll itself needs no timeout.
+        // The alarm, set for the quiet spell, is what wakes the fault thread (through its
+        // watcher): its wait itself needs no timeout.
         let alarm_left = |qos: &CpuLatencyQos| qos.alarm().and_then(|a| a.remaining());
         assert!(qos.alarm().is_some(), "a held request has its alarm");
         assert!(alarm_left(&qos).is_none_or(|d| d <= RELAX_AFTER));

@@ -7,14 +7,17 @@
 //! for it); events are handled, under `gate` (write), before any fault read after them is
 //! served; a fault that cannot be served yet (`EAGAIN`, or the budget while the reclaim
 //! thread catches up) waits in a queue while the thread goes on reading messages, so the
-//! thread never waits for anything that waits for it. It blocks in `poll` between messages
-//! (no spinning), but reads once before it after serving faults (the next is often in by
-//! then), and keeps to the CPU of the thread that faults (placement.rs). Lock
-//! order: lib.rs.
+//! thread never waits for anything that waits for it. Between messages it blocks (no
+//! spinning): while faults come, in a `read` of the descriptor made blocking, holding `gate`
+//! (bell.rs says how other threads get it out); otherwise in `poll`. After serving faults it
+//! reads once without waiting first (the next is often in by then). It keeps to the CPU of
+//! the thread that faults (placement.rs). Lock order: lib.rs.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLockWriteGuard;
 
 use crate::placement::{involuntary_switches, Follow};
 use crate::userfaultfd::{self, Msg, Outcome};
@@ -26,6 +29,12 @@ use crate::{
 /// Pages the fault thread lets the resident count exceed the budget by while the reclaim
 /// thread is making progress, before it holds faults back.
 const BUDGET_SLACK: u64 = 128;
+
+/// How long after the last fault a wait of the fault thread may begin parked in its read
+/// (bell.rs): as long as it holds the CPU latency request for them. Parked, it holds `gate`
+/// until a message or a ring ends the wait; the first wait after it that begins later is
+/// in `poll`, where evictors and `Region::stats` need not ring it.
+const PARK_WHILE: Duration = crate::cpu_latency_qos::RELAX_AFTER;
 
 /// A fault read and not yet served.
 #[derive(Clone, Copy)]
@@ -96,6 +105,7 @@ enum Served {
 /// process is aborted instead, with the panic's message.
 pub(crate) fn run(sh: &Shared) {
     let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_faults(sh)));
+    read_unread_rings(sh);
     // However it ended, its thread id is not acted on again, and no CPU is kept polling
     // for it.
     sh.placement.done();
@@ -117,6 +127,13 @@ fn serve_faults(sh: &Shared) {
     // Whether the last turn served faults, and whether finding no message right after it
     // says the faulting thread runs on another CPU.
     let (mut after_serving, mut empty_means_apart) = (false, false);
+    // Whether the descriptor is blocking now (this thread parks in its read); when a fault
+    // was last served; whether this thread may park (a fault served since a parked wait
+    // ended with none: a ring says other threads want `gate` now, and parking again at once
+    // would make each of them ring).
+    let mut blocking = false;
+    let mut last_fault: Option<Instant> = None;
+    let mut may_park = false;
     loop {
         if sh.stop_faults.load(Relaxed) {
             return;
@@ -145,44 +162,49 @@ fn serve_faults(sh: &Shared) {
                 follow.maybe_apart();
             }
         }
+        // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
+        // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which
+        // costs more than the handler's own wake-up, which the scheduler puts on the
+        // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
         if read.unwrap_or(0) == 0 {
-            // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
-            // vCPUs), a handler awake on one CPU wakes the faulting thread on another,
-            // which costs more than the handler's own wake-up, which the scheduler puts on
-            // the faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
-            // While the CPU latency request is held, its alarm (polled beside the
-            // userfaultfd) rings when the request may be due to go, so the poll itself
-            // needs no timeout, whose timer would be armed and cancelled on every fault.
-            let timeout = match waiting {
-                true => 1,
-                false => sh.qos.poll_timeout_ms(),
-            };
-            let ready = sh.uffd.poll(&sh.waker, sh.qos.alarm(), timeout);
-            if sh.stop_faults.load(Relaxed) {
-                return;
-            }
-            // Not with a message in hand: withdrawing wakes the idle CPUs, which may halt
-            // again just before this thread's copy has to wake one.
-            if !ready.uffd && sh.qos.held() {
-                sh.qos.relax_if_quiet(Instant::now());
-            }
-            sh.placement.progress();
-            if ready.waker {
-                sh.waker.drain();
-            }
-            // Nothing to read when only the waker woke it (or the poll timed out): queued
-            // faults are served below all the same.
-            if ready.uffd {
-                // In hand from here until served (the guard's view of what waits for this
-                // thread: a message read is no longer unread).
-                sh.placement.holding(true);
-                let _gate = sh.gate.write();
-                if read_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow).is_none() {
-                    return;
+            // Parked in the read while faults come, none waits to be served again, and no
+            // eviction pass runs (its batches would each ring this thread out); never with
+            // the CPU latency request held and no alarm to ring it out for the request.
+            let park = may_park
+                && sh.uffd.can_block()
+                && !waiting
+                && !sh.reclaim_passing.load(Relaxed)
+                && (sh.qos.has_alarm() || !sh.qos.held())
+                && last_fault.is_some_and(|t| t.elapsed() < PARK_WHILE);
+            if park != blocking {
+                match sh.uffd.set_blocking(park) {
+                    Ok(()) => blocking = park,
+                    Err(e) => *sh.last_error.lock() = Some(format!("the userfaultfd: {e}")),
                 }
+            }
+            if blocking {
+                match park_and_read(sh, &mut msgs, &mut faults, &mut remaps, &mut follow) {
+                    Parked::Read { faults } => may_park = faults,
+                    // Someone waits for `gate`: let go of it.
+                    Parked::Wanted => {
+                        may_park = false;
+                        continue;
+                    }
+                    Parked::Gone => return,
+                }
+            } else if !poll_and_read(
+                sh,
+                waiting,
+                &mut msgs,
+                &mut faults,
+                &mut remaps,
+                &mut follow,
+            ) {
+                return;
             }
         }
         let mut served = 0;
+
         {
             let _serving = sh.serving.lock();
             remaps.retain_mut(|r| !sh.continue_remap(r));
@@ -213,7 +235,10 @@ fn serve_faults(sh: &Shared) {
                 // After the copies (taking the request wakes the idle CPUs, which no
                 // faulting thread need wait for), and under `serving`, so that a faulting
                 // thread's reading of the figures includes it.
-                sh.qos.hold(Instant::now());
+                let now = Instant::now();
+                sh.qos.hold(now);
+                last_fault = Some(now);
+                may_park = true;
             }
         }
         after_serving = served > 0;
@@ -232,6 +257,148 @@ fn serve_faults(sh: &Shared) {
         sh.placement
             .holding(!faults.is_empty() || !remaps.is_empty());
         sh.wake_reclaim_if_over();
+    }
+}
+
+/// How a parked wait ended.
+enum Parked {
+    /// Messages read (maybe only a ring), and handled; whether faults were among them.
+    Read { faults: bool },
+    /// Someone wants the fault thread out of its read (bell.rs): it did not park, and let
+    /// `gate` go to whoever waits for it.
+    Wanted,
+    /// The region is being dropped.
+    Gone,
+}
+
+/// Waits for the next message in a blocking read, holding `gate` (write) from before the
+/// wait until the messages read are handled (as `read_messages`'s caller holds it), unless
+/// someone wants this thread out of its read (bell.rs). The descriptor is blocking.
+fn park_and_read(
+    sh: &Shared,
+    msgs: &mut [Msg],
+    faults: &mut VecDeque<Fault>,
+    remaps: &mut Vec<Remap>,
+    follow: &mut Follow<'_>,
+) -> Parked {
+    let gate = sh.gate.write();
+    if sh.stop_faults.load(Relaxed) {
+        return Parked::Gone;
+    }
+    loop {
+        look_at_request_if_rung(sh);
+        if !sh.bell.park() {
+            RwLockWriteGuard::unlock_fair(gate);
+            return Parked::Wanted;
+        }
+        // The alarm's watcher marks it rung before it looks whether to ring: a ringing
+        // marked before the park is seen here, one after it rings this thread out.
+        if !sh.qos.ringing() {
+            break;
+        }
+        sh.bell.unpark();
+    }
+    sh.count(Count::ParkedReads, 1);
+    let got = sh.uffd.read_waiting(msgs);
+    sh.bell.unpark();
+    sh.placement.progress();
+    let n = match got {
+        Ok(n) => n,
+        Err(e) => {
+            *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
+            if e.raw_os_error() == Some(libc::EBADF) {
+                return Parked::Gone;
+            }
+            0
+        }
+    };
+    let queued = faults.len();
+    handle_messages(sh, &msgs[..n], faults, remaps, follow);
+    if n == msgs.len() && read_messages(sh, msgs, faults, remaps, follow).is_none() {
+        return Parked::Gone;
+    }
+    drop(gate);
+    Parked::Read {
+        faults: faults.len() > queued,
+    }
+}
+
+/// Waits in `poll` for a message, the waker (the reclaim thread made room, the alarm rang,
+/// the region is being dropped), or a millisecond while faults wait to be served again;
+/// then reads what came. `false` once the region is being dropped. The descriptor is not
+/// blocking.
+fn poll_and_read(
+    sh: &Shared,
+    waiting: bool,
+    msgs: &mut [Msg],
+    faults: &mut VecDeque<Fault>,
+    remaps: &mut Vec<Remap>,
+    follow: &mut Follow<'_>,
+) -> bool {
+    // While the CPU latency request is held, its alarm's watcher wakes this thread when the
+    // request may be due to go, so the poll itself needs no timeout, whose timer would be
+    // armed and cancelled on every fault.
+    // Its ringing is taken before every wait, not only when a wait ends with no message:
+    // it rings once, and a ringing left for a later wait would leave the request held.
+    look_at_request_if_rung(sh);
+    let timeout = match waiting {
+        true => 1,
+        false => sh.qos.poll_timeout_ms(),
+    };
+    let ready = sh.uffd.poll(&sh.waker, timeout);
+    if sh.stop_faults.load(Relaxed) {
+        return false;
+    }
+    // Not with a message in hand: withdrawing wakes the idle CPUs, which may halt again
+    // just before this thread's copy has to wake one.
+    if !ready.uffd && sh.qos.held() {
+        sh.qos.relax_if_quiet(Instant::now());
+    }
+    sh.placement.progress();
+    if ready.waker {
+        sh.waker.drain();
+    }
+    // Nothing to read when only the waker woke it (or the poll timed out): queued faults
+    // are served all the same.
+    if ready.uffd {
+        // In hand from here until served (the guard's view of what waits for this thread: a
+        // message read is no longer unread).
+        sh.placement.holding(true);
+        let _gate = sh.gate.write();
+        if read_messages(sh, msgs, faults, remaps, follow).is_none() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Before a wait, with no message in hand (withdrawing the CPU latency request wakes the
+/// idle CPUs, which may halt again just before this thread's copy has to wake one): if the
+/// request's alarm rang, the request goes if no fault came for its quiet spell, else the
+/// alarm is set for the rest of it.
+fn look_at_request_if_rung(sh: &Shared) {
+    if sh.qos.take_ringing() && sh.qos.held() {
+        sh.qos.relax_if_quiet(Instant::now());
+    }
+}
+
+/// Reads until every ring made is read (the fault thread's last act): a thread that rang
+/// waits until its ring is read (the region's drop among them). Other messages no longer
+/// matter.
+fn read_unread_rings(sh: &Shared) {
+    if sh.bell.rings_unread() == 0 || sh.uffd.set_blocking(true).is_err() {
+        return;
+    }
+    let mut msgs = [Msg::default(); 16];
+    while sh.bell.rings_unread() > 0 {
+        let Ok(n) = sh.uffd.read_waiting(&mut msgs) else {
+            return;
+        };
+        for m in &msgs[..n] {
+            if m.event == userfaultfd::EVENT_REMOVE {
+                sh.bell.is_ring(m.arg[0], m.arg[1]);
+            }
+        }
     }
 }
 
@@ -257,30 +424,43 @@ fn read_messages(
                 0
             }
         };
-        for m in &msgs[..n] {
-            match m.event {
-                userfaultfd::EVENT_PAGEFAULT => {
-                    follow.fault(m.arg[2]);
-                    faults.push_back(Fault {
-                        addr: m.arg[1] & !(sh.page_size as u64 - 1),
-                        write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
-                        wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
-                        read_at: Instant::now(),
-                    })
-                }
-                userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
-                userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
-                userfaultfd::EVENT_REMAP => {
-                    if let Some(r) = sh.on_remap(m.arg[0], m.arg[1], m.arg[2]) {
-                        remaps.push(r);
-                    }
-                }
-                _ => {}
-            }
-        }
+        handle_messages(sh, &msgs[..n], faults, remaps, follow);
         read += n;
         if n < msgs.len() {
             return Some(read);
+        }
+    }
+}
+
+/// Handles messages read, the caller holding `gate` (write): faults join the queue, the
+/// program's changes to its address space are handled at once, rings are taken as read.
+fn handle_messages(
+    sh: &Shared,
+    msgs: &[Msg],
+    faults: &mut VecDeque<Fault>,
+    remaps: &mut Vec<Remap>,
+    follow: &mut Follow<'_>,
+) {
+    for m in msgs {
+        match m.event {
+            userfaultfd::EVENT_PAGEFAULT => {
+                follow.fault(m.arg[2]);
+                faults.push_back(Fault {
+                    addr: m.arg[1] & !(sh.page_size as u64 - 1),
+                    write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
+                    wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
+                    read_at: Instant::now(),
+                })
+            }
+            userfaultfd::EVENT_REMOVE if sh.bell.is_ring(m.arg[0], m.arg[1]) => {}
+            userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
+            userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
+            userfaultfd::EVENT_REMAP => {
+                if let Some(r) = sh.on_remap(m.arg[0], m.arg[1], m.arg[2]) {
+                    remaps.push(r);
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -98,7 +98,7 @@ fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duratio
             placement::pin_to_cpu(handler);
             let mut msgs = [Msg::default(); 16];
             while !stop.load(Relaxed) {
-                if !uffd.poll(&waker, None, -1).uffd {
+                if !uffd.poll(&waker, -1).uffd {
                     continue;
                 }
                 let Ok(n) = uffd.read(&mut msgs) else {

@@ -74,14 +74,16 @@ impl Mapping {
     }
 
     /// `MADV_DONTNEED` of `[offset, offset + len)` (clamped to the mapping): its pages go back
-    /// to the OS and read as empty (a userfaultfd fault, or zeros) afterwards.
+    /// to the OS and read as empty (a userfaultfd fault, or zeros) afterwards. As
+    /// `MADV_DONTNEED_LOCKED` (Linux 5.18), so that it works in a process that locked its
+    /// memory (`mlockall`) too, where plain `MADV_DONTNEED` is refused (`EINVAL`).
     ///
     /// # Safety
     /// No reference to those bytes may be alive, and their content must be one the caller
     /// means to drop (the region's owner asked for it, or the reclaim thread stored it).
     pub unsafe fn dont_need(&self, offset: usize, len: usize) -> io::Result<()> {
         // SAFETY: dropping the content is the caller's contract.
-        unsafe { self.advise(offset, len, libc::MADV_DONTNEED) }
+        unsafe { self.advise(offset, len, libc::MADV_DONTNEED_LOCKED) }
     }
 
     /// `MADV_PAGEOUT` of `[offset, offset + len)` (clamped to the mapping): the kernel

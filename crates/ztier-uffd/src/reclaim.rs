@@ -52,6 +52,7 @@ pub(crate) fn run(sh: &Shared) {
             return;
         }
         passing = passing || sh.over_budget();
+        sh.reclaim_passing.store(passing, Relaxed);
         if !passing {
             // Under the budget by whatever way (a pass, the program's own drops, a budget
             // raised): nothing to be stuck on.
@@ -75,6 +76,7 @@ pub(crate) fn run(sh: &Shared) {
         // meanwhile, and pages they bring in under the budget are not this pass's); or, when
         // nothing could go, it starts again from the budget.
         passing = out > 0 && !reached;
+        sh.reclaim_passing.store(passing, Relaxed);
         // Stuck only while over the budget: nothing evicted between the target and the
         // budget (another evictor got there first, or an event is waiting) holds no fault.
         sh.reclaim_stuck
@@ -240,7 +242,7 @@ impl Shared {
             taken: 1,
             ..Run::default()
         };
-        let gate = self.gate.read();
+        let gate = self.gate_read();
         let lock = self.locks.lock(first);
         let state = self.state(first);
         if state & STATE_MASK != RESIDENT {

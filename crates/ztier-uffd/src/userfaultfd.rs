@@ -1,5 +1,13 @@
 //! The userfaultfd file descriptor and its ioctls (`include/uapi/linux/userfaultfd.h`), and
-//! the eventfd and the timerfd that wake the thread polling it. The crate's other system
+//! the eventfd and the timerfd that wake the thread polling it.
+//!
+//! The descriptor is non-blocking, and can be polled, unless [`Uffd::set_blocking`] made it
+//! blocking for a while: a `read` with nothing waiting then waits in the kernel, one system
+//! call where a `poll` and a `read` are two (the kernel's poll of a blocking userfaultfd
+//! answers `EPOLLERR`, so it is not polled then). Reads that must not wait pass
+//! `RWF_NOWAIT`, which a kernel whose userfaultfd reads are `read_iter` and that marks the
+//! file `FMODE_NOWAIT` takes (6.18 does); where it does not, the descriptor stays
+//! non-blocking. The crate's other system
 //! calls are the mapping's (`mapping.rs`) and the threads' placement and priority
 //! (`placement.rs`).
 //!
@@ -134,7 +142,7 @@ const _: () = assert!(size_of::<Msg>() == 32);
 /// there already; `ENOENT`: no registered mapping there, or for a move no page at the source).
 pub type Outcome = Result<(), i32>;
 
-/// A userfaultfd descriptor, non-blocking.
+/// A userfaultfd descriptor, non-blocking unless [`Uffd::set_blocking`] says otherwise.
 pub struct Uffd {
     /// The descriptor, -1 once [`Uffd::shutdown`] closed it (every call then fails with
     /// `EBADF`).
@@ -142,6 +150,8 @@ pub struct Uffd {
     /// Made with `UFFD_USER_MODE_ONLY`: faults taken inside the kernel (a system call reading
     /// or writing the region) are not handled and fail with `EFAULT`.
     pub user_mode_only: bool,
+    /// Whether reads may pass `RWF_NOWAIT` (checked by [`Uffd::probe_nowait_reads`]).
+    nowait_reads: bool,
 }
 
 impl Uffd {
@@ -183,6 +193,7 @@ impl Uffd {
         Uffd {
             fd: AtomicI32::new(fd.into_raw_fd()),
             user_mode_only,
+            nowait_reads: false,
         }
     }
 
@@ -342,45 +353,117 @@ impl Uffd {
         (mv.done.max(0) as usize, outcome(r, mv.done, len as usize))
     }
 
-    /// Reads the waiting messages into `buf`; how many (0: none waiting).
+    /// Whether a read may be told not to wait (`RWF_NOWAIT`), so that the descriptor may be
+    /// made blocking ([`Uffd::set_blocking`]). Reads a message if one is waiting: called
+    /// before any range is registered.
+    pub fn probe_nowait_reads(&mut self) -> bool {
+        let mut msg = [Msg::default()];
+        self.nowait_reads = true;
+        let r = self.read(&mut msg);
+        self.nowait_reads = matches!(r, Ok(0));
+        self.nowait_reads
+    }
+
+    /// Whether [`Uffd::set_blocking`] may make the descriptor blocking.
+    pub fn can_block(&self) -> bool {
+        self.nowait_reads
+    }
+
+    /// Makes the descriptor blocking (a [`read_waiting`](Uffd::read_waiting) with nothing
+    /// in waits for a message; it cannot be polled meanwhile) or non-blocking again; only
+    /// where [`can_block`](Uffd::can_block).
+    pub fn set_blocking(&self, blocking: bool) -> io::Result<()> {
+        if blocking && !self.nowait_reads {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        let flags = if blocking { 0 } else { libc::O_NONBLOCK };
+        // SAFETY: F_SETFL takes plain flags; of the flags it changes this descriptor has
+        // only O_NONBLOCK.
+        cvt(unsafe { libc::fcntl(self.raw(), libc::F_SETFL, flags) })?;
+        Ok(())
+    }
+
+    /// Reads the waiting messages into `buf` without waiting for any; how many (0: none
+    /// waiting).
     pub fn read(&self, buf: &mut [Msg]) -> io::Result<usize> {
-        // SAFETY: read writes at most `size_of_val(buf)` bytes into `buf`, a live slice of
-        // plain integers (any bytes are valid values).
-        let n = unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), size_of_val(buf)) };
+        self.read_with(
+            buf,
+            if self.nowait_reads {
+                libc::RWF_NOWAIT
+            } else {
+                0
+            },
+        )
+    }
+
+    /// Reads the waiting messages into `buf`, waiting for the first if the descriptor is
+    /// blocking; how many (0: none, or a signal came first).
+    pub fn read_waiting(&self, buf: &mut [Msg]) -> io::Result<usize> {
+        self.read_with(buf, 0)
+    }
+
+    fn read_with(&self, buf: &mut [Msg], flags: libc::c_int) -> io::Result<usize> {
+        let n = if flags == 0 {
+            // SAFETY: read writes at most `size_of_val(buf)` bytes into `buf`, a live slice
+            // of plain integers (any bytes are valid values).
+            unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), size_of_val(buf)) }
+        } else {
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: size_of_val(buf),
+            };
+            // SAFETY: preadv2 writes at most `iov_len` bytes at `iov_base`, a live slice of
+            // plain integers (any bytes are valid values); offset -1 is the file position (a
+            // userfaultfd has none).
+            unsafe { libc::preadv2(self.raw(), &iov, 1, -1, flags) }
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
-                Some(libc::EAGAIN) => Ok(0),
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
                 _ => Err(e),
             };
         }
         Ok(n as usize / size_of::<Msg>())
     }
 
-    /// Waits until a message is waiting, `waker` is signalled, `alarm` (if any) rings, or
-    /// `timeout_ms` pass (-1: no limit; 0: only looks); which of the userfaultfd and the
-    /// waker is readable (a ringing alarm is only a return with neither).
-    pub fn poll(&self, waker: &Waker, alarm: Option<&Alarm>, timeout_ms: i32) -> Ready {
+    /// Whether a message waits unread (without waiting): a poll, or, while the descriptor is
+    /// blocking (its poll answers `EPOLLERR` then), the faults the kernel has queued unread
+    /// (`pending` in its `/proc/self/fdinfo`). Events do not count there.
+    pub fn unread(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one live struct, without waiting.
+        let r = unsafe { libc::poll(&mut fd, 1, 0) };
+        if fd.revents & libc::POLLERR == 0 {
+            return r > 0 && fd.revents != 0;
+        }
+        std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.raw()))
+            .ok()
+            .and_then(|info| fdinfo_pending(&info))
+            .is_some_and(|n| n > 0)
+    }
+
+    /// Waits until a message is waiting, `waker` is signalled, or `timeout_ms` pass (-1: no
+    /// limit; 0: only looks); which of the userfaultfd and the waker is readable. The
+    /// descriptor must not be blocking (its poll would answer at once).
+    pub fn poll(&self, waker: &Waker, timeout_ms: i32) -> Ready {
         let pollin = |fd: i32| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        let mut fds = [
-            pollin(self.raw()),
-            pollin(waker.fd.as_raw_fd()),
-            pollin(alarm.map_or(-1, |a| a.fd.as_raw_fd())),
-        ];
-        let n = if alarm.is_some() { 3 } else { 2 };
-        // SAFETY: poll reads and writes the first `n` structs of a live array, nothing else.
-        // An interrupted poll returns early, which the caller's loop absorbs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), n, timeout_ms) };
+        let mut fds = [pollin(self.raw()), pollin(waker.fd.as_raw_fd())];
+        // SAFETY: poll reads and writes the two structs of a live array, nothing else. An
+        // interrupted poll returns early, which the caller's loop absorbs.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
         if r <= 0 {
             return Ready::default();
         }
         // An error or hang-up on the descriptor (closed) counts as readable: the read says.
-        // A ringing alarm is only a return without a message (the caller's clock says what
-        // is due).
         Ready {
             uffd: fds[0].revents != 0,
             waker: fds[1].revents != 0,
@@ -462,6 +545,33 @@ impl Alarm {
         self.settime(after.max(std::time::Duration::from_micros(1)));
     }
 
+    /// Waits until the alarm rings (and takes the ringing: `true`) or `stop` is signalled
+    /// (`false`; left signalled).
+    pub fn wait(&self, stop: &Waker) -> bool {
+        let pollin = |fd: i32| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut fds = [pollin(self.fd.as_raw_fd()), pollin(stop.fd.as_raw_fd())];
+        // SAFETY: poll reads and writes the two structs of a live array, nothing else.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r <= 0 || fds[1].revents != 0 || fds[0].revents == 0 {
+            return false;
+        }
+        let mut expirations = 0u64;
+        // SAFETY: reads at most 8 bytes into a live u64. Set again meanwhile, the timer
+        // has nothing to read (EAGAIN): it did not ring after all.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut expirations as *mut u64).cast(),
+                8,
+            )
+        };
+        n == 8
+    }
+
     /// Never rings until set again; a ringing not yet taken is taken.
     pub fn disarm(&self) {
         self.settime(std::time::Duration::ZERO);
@@ -484,6 +594,13 @@ impl Alarm {
         // cannot fail for a valid descriptor and a normalized value.
         unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
     }
+}
+
+/// The `pending:` count of a userfaultfd's fdinfo (faults queued and not yet read).
+fn fdinfo_pending(info: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("pending:"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// A timerfd setting that rings once, `value` from now (zero: never).
@@ -537,6 +654,52 @@ mod tests {
         };
         // SAFETY: polls one live struct.
         unsafe { libc::poll(&mut fd, 1, within.as_millis() as i32) == 1 }
+    }
+
+    /// The guard's look at a blocking descriptor: the faults its fdinfo says are queued.
+    #[test]
+    fn a_blocking_descriptors_unread_faults_are_read_from_its_fdinfo() {
+        assert_eq!(
+            fdinfo_pending("pos:\t0\nflags:\t02000000\npending:\t3\ntotal:\t5\n"),
+            Some(3)
+        );
+        assert_eq!(fdinfo_pending("pos:\t0\n"), None);
+        let Ok(mut uffd) = Uffd::open() else {
+            eprintln!("skipped: userfaultfd not allowed here");
+            return;
+        };
+        uffd.api(0).unwrap();
+        assert!(!uffd.unread());
+        if !uffd.probe_nowait_reads() {
+            eprintln!("skipped: this kernel refuses RWF_NOWAIT on a userfaultfd");
+            return;
+        }
+        let map = crate::mapping::Mapping::new(4096).unwrap();
+        uffd.register(map.addr(), 4096, MODE_MISSING).unwrap();
+        uffd.set_blocking(true).unwrap();
+        assert!(!uffd.unread(), "nothing queued, blocking");
+        assert_eq!(uffd.read(&mut [Msg::default()]).unwrap(), 0, "no wait");
+        let addr = map.ptr() as usize;
+        std::thread::scope(|s| {
+            // SAFETY: a read of the live mapping's first byte, which faults until the copy
+            // below fills it; nothing else touches the mapping.
+            let toucher = s.spawn(move || unsafe { std::ptr::read_volatile(addr as *const u8) });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !uffd.unread() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the fault never showed as unread"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut msg = [Msg::default()];
+            assert_eq!(uffd.read_waiting(&mut msg).unwrap(), 1);
+            assert_eq!(msg[0].event, EVENT_PAGEFAULT);
+            assert!(!uffd.unread(), "read");
+            uffd.copy(map.addr(), &[7u8; 4096]).unwrap();
+            assert_eq!(toucher.join().unwrap(), 7);
+        });
+        uffd.set_blocking(false).unwrap();
     }
 
     /// An alarm rings once its time has come and stays rung until it is set again (which
