@@ -466,6 +466,18 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         tls: server_tls(args)?,
         ..ServerConfig::default()
     };
+    // SIGINT and SIGTERM set a flag; a watcher stops the server, which answers what is in
+    // flight and ends its connections. A second signal, with the flag already set, ends the
+    // process at once (status 1). Before any socket exists: a signal sent as soon as one
+    // appears (a service manager's, a test's) stops the server as one sent later does,
+    // where before the handlers it would kill it with its socket files left behind.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
     let mut files = SocketFiles(Vec::new(), Vec::new());
     let place = listen(args, activated, &mut files)?;
     // Last, before a client is served: the state loaded (or the lack of one) is consumed, so
@@ -502,16 +514,6 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         None => None,
     };
 
-    // SIGINT and SIGTERM set a flag; a watcher stops the server, which answers what is in
-    // flight and ends its connections. A second signal, with the flag already set, ends the
-    // process at once (status 1).
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
     if args.exit_with_parent {
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
             .context("--exit-with-parent")?;
