@@ -2,9 +2,8 @@
 //! message in a blocking `read` of the userfaultfd ("parked"), holding `gate` (write), not
 //! in a `poll` followed by a `read`: one system call on a fault's path instead of two, and
 //! no poll table to set up and take down: 0.6-0.9 µs off a bare handler's round trip here,
-//! 0.3-0.5 µs off a region's single-page fault at p50 (MEASUREMENTS.md, "A fault thread
-//! parked in its read"). Nothing but a message ends such a
-//! read. So a thread that needs the parked fault thread (an evictor or [`Region::stats`]
+//! 0-0.7 µs off a region's single-page fault at p50 (MEASUREMENTS.md, "A fault thread
+//! parked in its read"). Nothing but a message (or a signal) ends such a read. So a thread that needs the parked fault thread (an evictor or [`Region::stats`]
 //! waiting for `gate`, the CPU latency request's alarm, the region's drop) sends it one: a
 //! `MADV_DONTNEED` of the bell page, a page of the pad that nothing maps or moves into,
 //! makes the kernel queue a `REMOVE` event for it and return once the event is read.
@@ -20,7 +19,9 @@
 //! yet unparked) rings all the same, and waits for the fault thread's next read, which every
 //! turn of its loop makes. The fault thread reads every counted ring before it ends, so no
 //! ringer waits for ever. A ring that could not be made (its `madvise` failed) is taken back
-//! and leaves the bell unusable: the fault thread parks no more. Atomics only; no locks.
+//! and leaves the bell unusable: the fault thread parks no more, but a wait already parked
+//! ends only with the next message. `MADV_DONTNEED_LOCKED` of a page of the region's own
+//! pad fails only if the program unmapped that pad. Atomics only; no locks.
 //!
 //! [`Region::stats`]: crate::Region::stats
 

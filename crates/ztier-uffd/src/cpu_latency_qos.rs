@@ -32,8 +32,9 @@
 //! of the region's waits on the alarm ([`watch_alarm`](CpuLatencyQos::watch_alarm)): when it
 //! rings, that thread marks it rung and wakes the fault thread, out of its poll or out of
 //! its blocking read (bell.rs), which then looks at the request. (A ring of a parked fault
-//! thread makes the kernel refuse copies until the ringer runs again: better when no fault
-//! is coming.)
+//! thread makes the kernel refuse copies until the ringer runs again, a millisecond's wait
+//! for a fault that comes then, or longer where every CPU is busy, since the watcher runs
+//! at idle priority: better when no fault is coming.)
 //!
 //! Invariants: only the fault thread changes the request (`hold`, `relax_if_quiet`,
 //! `withdraw`; then the drop, after it has ended), so `held` is the request's state; while
@@ -333,11 +334,11 @@ impl Drop for CpuLatencyQos {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The tests that read the machine's target take turns: each one's request is part of it.
-    static MACHINE_TARGET: Mutex<()> = Mutex::new(());
+    pub(crate) static MACHINE_TARGET: Mutex<()> = Mutex::new(());
 
     /// A request to test, and this test's turn at the machine's target; `None` (having
     /// said why) where the request cannot be made here.

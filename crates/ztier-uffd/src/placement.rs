@@ -28,7 +28,7 @@
 //! it. So faults from a second thread end it at the next look (and it is not tried again for
 //! [`MIXED_BACKOFF`]), and a **guard thread**, which waits for nothing the fault thread does,
 //! ends it when a look finds faults waiting (a message unread, or, while the descriptor is
-//! blocking (the fault thread parked in its read: bell.rs), a fault unread; or faults read and not yet
+//! blocking because faults come (bell.rs), a fault unread; or faults read and not yet
 //! served) and they then wait [`STARVED_AFTER`] with no progress of the fault thread (it
 //! looks every [`GUARD_EVERY`], so a starvation ends within about 52 ms): the fault thread
 //! goes back to normal priority, free to run on any CPU it could at the start, and idle
