@@ -161,6 +161,10 @@ fn serve_faults(sh: &Shared) {
             if read == Some(0) && empty_means_apart {
                 follow.maybe_apart();
             }
+            // Nothing in hand: the moment for a look a fault found due.
+            if read == Some(0) {
+                follow.look_if_due();
+            }
         }
         // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
         // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which

@@ -10,7 +10,8 @@
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
 //!   thread whose fault it just read last ran on (its `/proc/self/task/TID/stat`, kept
-//!   open) and moves there; at idle priority also at once after a turn of serving faults
+//!   open) and moves there, when it next has nothing in hand (or on a fault's path once the
+//!   look is [`LOOK_OVERDUE`]); at idle priority also at once after a turn of serving faults
 //!   that says the two are apart: a copy's wake-up of a faulting thread on this CPU takes
 //!   the CPU from the fault thread until that thread blocks again, usually on its next
 //!   fault, so the fault thread's first read after a turn of single-page faults finds it in
@@ -62,6 +63,12 @@ use ztier_base::os::lower_to_idle_priority;
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
 /// one `pread` of a stat file (about 1 µs here).
 const LOOK_EVERY: Duration = Duration::from_micros(250);
+
+/// How long a look a fault found due may wait for a moment when the fault thread has
+/// nothing in hand ([`Follow::look_if_due`]) before the next fault makes it on its path: a
+/// look on the path of one fault in five or six (single-page faults 40-50 µs apart) put
+/// 0.1-0.2 µs on the p50 of cc1's (MEASUREMENTS.md, "A fault thread parked in its read").
+const LOOK_OVERDUE: Duration = Duration::from_millis(2);
 
 /// How long faults may wait with no progress of the fault thread, at idle priority, before
 /// the guard ends idle priority.
@@ -365,6 +372,8 @@ pub(crate) struct Follow<'a> {
     /// CPU after all, or on one this thread may not run on): the next waits for
     /// [`LOOK_EVERY`], as a look for a fault does.
     fruitless: bool,
+    /// A fault found a look due, left for [`look_if_due`](Follow::look_if_due).
+    look_due: bool,
 }
 
 impl<'a> Follow<'a> {
@@ -385,6 +394,7 @@ impl<'a> Follow<'a> {
             pinned: None,
             stat: None,
             fruitless: false,
+            look_due: false,
         }
     }
 
@@ -409,7 +419,9 @@ impl<'a> Follow<'a> {
         }
     }
 
-    /// A fault read from thread `tid` (0 if the kernel did not say).
+    /// A fault read from thread `tid` (0 if the kernel did not say). A look it finds due
+    /// is left for the next moment this thread has nothing in hand, unless it has been due
+    /// for [`LOOK_OVERDUE`] (or none was ever made): then it is made now, on the fault's path.
     pub(crate) fn fault(&mut self, tid: u64) {
         let p = self.placement;
         p.last_fault.store(p.now(), Relaxed);
@@ -421,10 +433,21 @@ impl<'a> Follow<'a> {
             self.mixed = true;
         }
         self.last_tid = tid;
-        if self.last_look.is_some_and(|t| t.elapsed() < LOOK_EVERY) {
-            return;
+        match self.last_look.map(|t| t.elapsed()) {
+            Some(since) if since < LOOK_EVERY => {}
+            Some(since) if since < LOOK_OVERDUE => self.look_due = true,
+            _ => {
+                self.look(tid);
+            }
         }
-        self.look(tid);
+    }
+
+    /// The look a fault found due, if any (the fault thread's call when its read after
+    /// serving found nothing: nothing in hand, and the faulting thread not faulting yet).
+    pub(crate) fn look_if_due(&mut self) {
+        if self.look_due && self.last_tid != 0 {
+            self.look(self.last_tid);
+        }
     }
 
     /// Looks where thread `tid` runs, and follows it there (entering or leaving idle
@@ -433,6 +456,7 @@ impl<'a> Follow<'a> {
     fn look(&mut self, tid: u64) -> bool {
         let p = self.placement;
         self.last_look = Some(Instant::now());
+        self.look_due = false;
         let mixed = std::mem::take(&mut self.mixed);
         let Some(cpu) = self.cpu_of(tid) else {
             return false;
