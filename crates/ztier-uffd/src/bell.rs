@@ -117,15 +117,6 @@ impl Bell {
         }
     }
 
-    /// A want that is never withdrawn (the region's drop): the fault thread never parks
-    /// again. Whether the caller must ring.
-    pub(crate) fn want_for_ever(&self) -> bool {
-        let want = self.want();
-        let must_ring = want.must_ring;
-        std::mem::forget(want);
-        must_ring
-    }
-
     /// A counted ring could not be made (the caller's `madvise` failed): it is taken back,
     /// and the fault thread parks no more.
     pub(crate) fn ring_failed(&self) {
@@ -191,7 +182,9 @@ mod tests {
         drop(w);
         assert!(bell.park());
         bell.unpark();
-        assert!(!bell.want_for_ever());
+        let for_ever = bell.want();
+        assert!(!for_ever.must_ring);
+        std::mem::forget(for_ever);
         assert!(!bell.park(), "a want for ever: never parks again");
 
         let bell = Bell::new(0x1000, 4096);

@@ -117,13 +117,15 @@ pub(crate) fn run(sh: &Shared) {
 }
 
 fn serve_faults(sh: &Shared) {
-    let mut msgs = [Msg::default(); 64];
-    let mut faults: VecDeque<Fault> = VecDeque::new();
-    let mut remaps: Vec<Remap> = Vec::new();
+    let mut inbox = Inbox {
+        msgs: [Msg::default(); 64],
+        faults: VecDeque::new(),
+        remaps: Vec::new(),
+        follow: Follow::start(&sh.placement),
+    };
     let mut around = Around::new(sh.fault_around);
     let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
-    let mut follow = Follow::start(&sh.placement);
     // Whether the last turn served faults, and whether finding no message right after it
     // says the faulting thread runs on another CPU.
     let (mut after_serving, mut empty_means_apart) = (false, false);
@@ -138,7 +140,7 @@ fn serve_faults(sh: &Shared) {
         if sh.stop_faults.load(Relaxed) {
             return;
         }
-        let waiting = !faults.is_empty() || !remaps.is_empty();
+        let waiting = !inbox.faults.is_empty() || !inbox.remaps.is_empty();
         if waiting {
             std::thread::yield_now();
         }
@@ -150,7 +152,7 @@ fn serve_faults(sh: &Shared) {
         let mut read = None;
         if std::mem::take(&mut after_serving) {
             if let Some(_gate) = sh.gate.try_write() {
-                read = match read_messages(sh, &mut msgs, &mut faults, &mut remaps, &mut follow) {
+                read = match inbox.read(sh) {
                     Some(n) => Some(n),
                     None => return,
                 };
@@ -158,12 +160,12 @@ fn serve_faults(sh: &Shared) {
             // Nothing in: the faulting thread may run on another CPU, and following it
             // (outside `serving`: a move at idle priority waits for the faulting thread to
             // leave that CPU) comes before its next fault (placement.rs, "Following").
-            if read == Some(0) && empty_means_apart {
-                follow.maybe_apart();
-            }
-            // Nothing in hand: the moment for a look a fault found due.
+            // Nothing in hand: also the moment for a look a fault found due.
             if read == Some(0) {
-                follow.look_if_due();
+                if empty_means_apart {
+                    inbox.follow.maybe_apart();
+                }
+                inbox.follow.look_if_due();
             }
         }
         // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
@@ -187,7 +189,7 @@ fn serve_faults(sh: &Shared) {
                 }
             }
             if blocking {
-                match park_and_read(sh, &mut msgs, &mut faults, &mut remaps, &mut follow) {
+                match park_and_read(sh, &mut inbox) {
                     Parked::Read { faults } => may_park = faults,
                     // Someone waits for `gate`: let go of it.
                     Parked::Wanted => {
@@ -196,14 +198,7 @@ fn serve_faults(sh: &Shared) {
                     }
                     Parked::Gone => return,
                 }
-            } else if !poll_and_read(
-                sh,
-                waiting,
-                &mut msgs,
-                &mut faults,
-                &mut remaps,
-                &mut follow,
-            ) {
+            } else if !poll_and_read(sh, waiting, &mut inbox) {
                 return;
             }
         }
@@ -211,12 +206,12 @@ fn serve_faults(sh: &Shared) {
 
         {
             let _serving = sh.serving.lock();
-            remaps.retain_mut(|r| !sh.continue_remap(r));
-            let mut left = faults.len();
+            inbox.remaps.retain_mut(|r| !sh.continue_remap(r));
+            let mut left = inbox.faults.len();
             while left > 0 {
                 left -= 1;
-                let f = faults.pop_front().expect("counted");
-                if faults.is_empty() && remaps.is_empty() {
+                let f = inbox.faults.pop_front().expect("counted");
+                if inbox.faults.is_empty() && inbox.remaps.is_empty() {
                     // The last: its copy wakes a thread of normal priority, which takes this
                     // CPU at once from a fault thread at idle priority. Nothing waits after
                     // it (unless it is put back below, or new messages come, which the guard
@@ -226,7 +221,7 @@ fn serve_faults(sh: &Shared) {
                 match sh.serve(f, &mut buf, &zeros, &mut around) {
                     Served::Later => {
                         sh.count(Count::Deferred, 1);
-                        faults.push_back(f);
+                        inbox.faults.push_back(f);
                     }
                     Served::Done => {
                         sh.latency.record(f.read_at.elapsed());
@@ -253,13 +248,13 @@ fn serve_faults(sh: &Shared) {
             Some(preempted) => {
                 empty_means_apart = false;
                 if !preempted {
-                    follow.maybe_apart();
+                    inbox.follow.maybe_apart();
                 }
             }
             None => empty_means_apart = after_serving,
         }
         sh.placement
-            .holding(!faults.is_empty() || !remaps.is_empty());
+            .holding(!inbox.faults.is_empty() || !inbox.remaps.is_empty());
         sh.wake_reclaim_if_over();
     }
 }
@@ -276,15 +271,9 @@ enum Parked {
 }
 
 /// Waits for the next message in a blocking read, holding `gate` (write) from before the
-/// wait until the messages read are handled (as `read_messages`'s caller holds it), unless
+/// wait until the messages read are handled (as `Inbox::read`'s caller holds it), unless
 /// someone wants this thread out of its read (bell.rs). The descriptor is blocking.
-fn park_and_read(
-    sh: &Shared,
-    msgs: &mut [Msg],
-    faults: &mut VecDeque<Fault>,
-    remaps: &mut Vec<Remap>,
-    follow: &mut Follow<'_>,
-) -> Parked {
+fn park_and_read(sh: &Shared, inbox: &mut Inbox<'_>) -> Parked {
     let gate = sh.gate.write();
     if sh.stop_faults.load(Relaxed) {
         return Parked::Gone;
@@ -303,7 +292,7 @@ fn park_and_read(
         sh.bell.unpark();
     }
     sh.count(Count::ParkedReads, 1);
-    let got = sh.uffd.read_waiting(msgs);
+    let got = sh.uffd.read_waiting(&mut inbox.msgs);
     sh.bell.unpark();
     sh.placement.progress();
     let n = match got {
@@ -316,14 +305,14 @@ fn park_and_read(
             0
         }
     };
-    let queued = faults.len();
-    handle_messages(sh, &msgs[..n], faults, remaps, follow);
-    if n == msgs.len() && read_messages(sh, msgs, faults, remaps, follow).is_none() {
+    let queued = inbox.faults.len();
+    inbox.handle(sh, n);
+    if n == inbox.msgs.len() && inbox.read(sh).is_none() {
         return Parked::Gone;
     }
     drop(gate);
     Parked::Read {
-        faults: faults.len() > queued,
+        faults: inbox.faults.len() > queued,
     }
 }
 
@@ -331,14 +320,7 @@ fn park_and_read(
 /// the region is being dropped), or a millisecond while faults wait to be served again;
 /// then reads what came. `false` once the region is being dropped. The descriptor is not
 /// blocking.
-fn poll_and_read(
-    sh: &Shared,
-    waiting: bool,
-    msgs: &mut [Msg],
-    faults: &mut VecDeque<Fault>,
-    remaps: &mut Vec<Remap>,
-    follow: &mut Follow<'_>,
-) -> bool {
+fn poll_and_read(sh: &Shared, waiting: bool, inbox: &mut Inbox<'_>) -> bool {
     // While the CPU latency request is held, its alarm's watcher wakes this thread when the
     // request may be due to go, so the poll itself needs no timeout, whose timer would be
     // armed and cancelled on every fault.
@@ -369,7 +351,7 @@ fn poll_and_read(
         // message read is no longer unread).
         sh.placement.holding(true);
         let _gate = sh.gate.write();
-        if read_messages(sh, msgs, faults, remaps, follow).is_none() {
+        if inbox.read(sh).is_none() {
             return false;
         }
     }
@@ -406,65 +388,65 @@ fn read_unread_rings(sh: &Shared) {
     }
 }
 
-/// Reads every waiting message, the caller holding `gate` (write): faults join the queue,
-/// the program's changes to its address space are handled at once. How many were read;
-/// `None` once the descriptor is gone (the region is being dropped).
-fn read_messages(
-    sh: &Shared,
-    msgs: &mut [Msg],
-    faults: &mut VecDeque<Fault>,
-    remaps: &mut Vec<Remap>,
-    follow: &mut Follow<'_>,
-) -> Option<usize> {
-    let mut read = 0;
-    loop {
-        let n = match sh.uffd.read(msgs) {
-            Ok(n) => n,
-            Err(e) => {
-                *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
-                if e.raw_os_error() == Some(libc::EBADF) {
-                    return None;
-                }
-                0
-            }
-        };
-        handle_messages(sh, &msgs[..n], faults, remaps, follow);
-        read += n;
-        if n < msgs.len() {
-            return Some(read);
-        }
-    }
+/// What the fault thread's reads fill: the messages read, the faults and moves waiting to
+/// be served, and the following of the threads that fault.
+struct Inbox<'a> {
+    msgs: [Msg; 64],
+    faults: VecDeque<Fault>,
+    remaps: Vec<Remap>,
+    follow: Follow<'a>,
 }
 
-/// Handles messages read, the caller holding `gate` (write): faults join the queue, the
-/// program's changes to its address space are handled at once, rings are taken as read.
-fn handle_messages(
-    sh: &Shared,
-    msgs: &[Msg],
-    faults: &mut VecDeque<Fault>,
-    remaps: &mut Vec<Remap>,
-    follow: &mut Follow<'_>,
-) {
-    for m in msgs {
-        match m.event {
-            userfaultfd::EVENT_PAGEFAULT => {
-                follow.fault(m.arg[2]);
-                faults.push_back(Fault {
-                    addr: m.arg[1] & !(sh.page_size as u64 - 1),
-                    write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
-                    wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
-                    read_at: Instant::now(),
-                })
-            }
-            userfaultfd::EVENT_REMOVE if sh.bell.is_ring(m.arg[0], m.arg[1]) => {}
-            userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
-            userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
-            userfaultfd::EVENT_REMAP => {
-                if let Some(r) = sh.on_remap(m.arg[0], m.arg[1], m.arg[2]) {
-                    remaps.push(r);
+impl Inbox<'_> {
+    /// Reads every waiting message, the caller holding `gate` (write): faults join the
+    /// queue, the program's changes to its address space are handled at once. How many
+    /// were read; `None` once the descriptor is gone (the region is being dropped).
+    fn read(&mut self, sh: &Shared) -> Option<usize> {
+        let mut read = 0;
+        loop {
+            let n = match sh.uffd.read(&mut self.msgs) {
+                Ok(n) => n,
+                Err(e) => {
+                    *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
+                    if e.raw_os_error() == Some(libc::EBADF) {
+                        return None;
+                    }
+                    0
                 }
+            };
+            self.handle(sh, n);
+            read += n;
+            if n < self.msgs.len() {
+                return Some(read);
             }
-            _ => {}
+        }
+    }
+
+    /// Handles the first `n` messages read, the caller holding `gate` (write): faults join
+    /// the queue, the program's changes to its address space are handled at once, rings
+    /// are taken as read.
+    fn handle(&mut self, sh: &Shared, n: usize) {
+        for m in self.msgs[..n].iter().copied() {
+            match m.event {
+                userfaultfd::EVENT_PAGEFAULT => {
+                    self.follow.fault(m.arg[2]);
+                    self.faults.push_back(Fault {
+                        addr: m.arg[1] & !(sh.page_size as u64 - 1),
+                        write: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WRITE != 0,
+                        wp: m.arg[0] & userfaultfd::PAGEFAULT_FLAG_WP != 0,
+                        read_at: Instant::now(),
+                    })
+                }
+                userfaultfd::EVENT_REMOVE if sh.bell.is_ring(m.arg[0], m.arg[1]) => {}
+                userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
+                userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
+                userfaultfd::EVENT_REMAP => {
+                    if let Some(r) = sh.on_remap(m.arg[0], m.arg[1], m.arg[2]) {
+                        self.remaps.push(r);
+                    }
+                }
+                _ => {}
+            }
         }
     }
 }

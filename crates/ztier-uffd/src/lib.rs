@@ -1049,9 +1049,7 @@ impl Drop for Region {
         sh.waker.wake();
         // A want that stays: the fault thread parks no more, and if parked is rung out
         // (this waits until it read the ring).
-        if sh.bell.want_for_ever() {
-            sh.ring_bell();
-        }
+        std::mem::forget(sh.want_fault_thread_out());
         if let Some(t) = self.fault_thread.take() {
             let _ = t.join();
         }
@@ -1112,23 +1110,27 @@ impl Shared {
         if let Some(g) = self.gate.try_read() {
             return g;
         }
+        let want = self.want_fault_thread_out();
+        let g = self.gate.read();
+        drop(want);
+        g
+    }
+
+    /// A want of the fault thread out of its blocking read (bell.rs), which is rung out
+    /// now if it is parked; it does not park again until the want is dropped.
+    fn want_fault_thread_out(&self) -> bell::Want<'_> {
         let want = self.bell.want();
         if want.must_ring {
             self.ring_bell();
         }
-        let g = self.gate.read();
-        drop(want);
-        g
+        want
     }
 
     /// Wakes the fault thread wherever it waits: its poll (the waker) or its blocking read
     /// (the bell, if it is parked). The CPU latency request's alarm watcher's call.
     fn wake_fault_thread(&self) {
         self.waker.wake();
-        let want = self.bell.want();
-        if want.must_ring {
-            self.ring_bell();
-        }
+        drop(self.want_fault_thread_out());
     }
 
     /// Rings the fault thread out of its blocking read (a want found it parked, and counted
