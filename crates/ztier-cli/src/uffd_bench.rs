@@ -2,7 +2,8 @@
 //! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
 //! evicts the rest, every page read back in order and verified (under the budget: the pages
 //! brought in make the reclaim thread evict as many others), the region's RSS then taken from
-//! /proc/self/smaps, then single pages touched at random for the fault latency, then random
+//! /proc/self/smaps, then single pages touched at random for the fault latency (pushed out as
+//! they were, then written and pushed out, as the kernel's own figure's are), then random
 //! reads with a working set (most pages evicted clean: read in and not written since), then
 //! every page stored and read back in order with the budget not binding (into free memory,
 //! as the kernel's fault-in figure is), and the memory held then set beside a fresh zram
@@ -53,10 +54,17 @@ struct UffdRun {
     /// Resident pages over the budget when that phase began (0 unless the reclaim thread
     /// had not caught up within 5 s).
     fault_start_over_budget: u64,
-    /// One page touched at random (no fault-around): the toucher's time, p50/p99/max µs.
+    /// One page touched at random (no fault-around), pushed out as it was (with clean pages
+    /// on, only dropped: its copy stored long before): the toucher's time, p50/p99/max µs.
     fault_p50_us: f64,
     fault_p99_us: f64,
     fault_max_us: f64,
+    /// The same for pages written, then pushed out (compressed as they go, as the kernel's
+    /// `MADV_PAGEOUT` compresses the pages of its own figure): how many, p50/p99/max µs.
+    written_fault_samples: usize,
+    written_fault_p50_us: f64,
+    written_fault_p99_us: f64,
+    written_fault_max_us: f64,
     /// The fault thread at idle priority after the latency phase, and how often over the
     /// run its idle priority was taken back.
     idle_priority: bool,
@@ -334,33 +342,10 @@ fn run_one(
     // above (faults it makes wait for its locks are the evict pass's, not a fault's own).
     wait_for_reclaim_pass(&region, Some(Instant::now() + Duration::from_secs(5)));
     let before_latency = region.stats();
-    let mut lat = Vec::with_capacity(LATENCY_SAMPLES);
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    for _ in 0..LATENCY_SAMPLES * 20 {
-        if lat.len() == LATENCY_SAMPLES.min(pages) {
-            break;
-        }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let page = (x % pages as u64) as usize;
-        // A zero page goes out as nothing stored, and comes back as the zero page.
-        if ztier_compress::same_filled(&corpus.bytes()[page * ps..(page + 1) * ps]) == Some(0) {
-            continue;
-        }
-        // Not resident: nothing to time. (The region's figures are not read here: each
-        // read waits for the fault thread's locks, a wake-up more than the fault's own.)
-        if !region.evict(page as u64)? {
-            continue;
-        }
-        let t = Instant::now();
-        std::hint::black_box(words[page * (ps / 8)].load(Relaxed));
-        lat.push(t.elapsed().as_nanos() as f64 / 1000.0);
-        // Back out, so each touch is a fault from the store.
-        region.evict(page as u64)?;
-    }
-    lat.sort_by(f64::total_cmp);
+    let lat = single_faults(&region, corpus, &mut x, false)?;
     let after_latency = region.stats();
+    let written = single_faults(&region, corpus, &mut x, true)?;
     let idle_priority = after_latency.idle_priority;
     let latency_idle_priority_demotions =
         after_latency.idle_priority_demotions - before_latency.idle_priority_demotions;
@@ -464,6 +449,10 @@ fn run_one(
         fault_p50_us: percentile(&lat, 0.5),
         fault_p99_us: percentile(&lat, 0.99),
         fault_max_us: lat.last().copied().unwrap_or(0.0),
+        written_fault_samples: written.len(),
+        written_fault_p50_us: percentile(&written, 0.5),
+        written_fault_p99_us: percentile(&written, 0.99),
+        written_fault_max_us: written.last().copied().unwrap_or(0.0),
         idle_priority,
         idle_priority_demotions: end.idle_priority_demotions,
         latency_idle_priority_demotions,
@@ -501,6 +490,58 @@ fn run_one(
         kernel_faultin_mb_s: truth.as_ref().and_then(|t| t.faultin_mb_s),
         kernel_pool_total_size: truth.as_ref().map(|t| t.pool_total_size),
     })
+}
+
+/// Single pages pushed out and touched, drawn at random from `x` on (scattered, so
+/// fault-around stays closed), until `LATENCY_SAMPLES` faults are timed (or the draws run
+/// out): the touching thread's time in µs, sorted. Zero pages are left out (they come back
+/// as the zero page, nothing stored).
+///
+/// Not `written`: a page is pushed out as it is, and only if resident. With clean pages on,
+/// one read since it came in (all of them here) is only dropped, and its fault reads a
+/// copy stored long before (out of the cache). `written`: the page's first word is written
+/// first (its own value; a page out comes in for it), so the push compresses and stores
+/// it then, as the kernel's `MADV_PAGEOUT` does before each of its own faults is timed.
+/// Each page timed is pushed out again after its touch, so every touch is a fault.
+fn single_faults(
+    region: &Region,
+    corpus: &Corpus,
+    x: &mut u64,
+    written: bool,
+) -> anyhow::Result<Vec<f64>> {
+    let ps = 4096usize;
+    let pages = corpus.pages();
+    let words = region.words();
+    let mut lat = Vec::with_capacity(LATENCY_SAMPLES);
+    for _ in 0..LATENCY_SAMPLES * 20 {
+        if lat.len() == LATENCY_SAMPLES.min(pages) {
+            break;
+        }
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        let page = (*x % pages as u64) as usize;
+        let bytes = &corpus.bytes()[page * ps..(page + 1) * ps];
+        if ztier_compress::same_filled(bytes) == Some(0) {
+            continue;
+        }
+        if written {
+            let first = u64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes"));
+            words[page * (ps / 8)].store(first, Relaxed);
+        }
+        // Not resident: nothing to time. (The region's figures are not read here: each
+        // read waits for the fault thread's locks, a wake-up more than the fault's own.)
+        if !region.evict(page as u64)? {
+            continue;
+        }
+        let t = Instant::now();
+        std::hint::black_box(words[page * (ps / 8)].load(Relaxed));
+        lat.push(t.elapsed().as_nanos() as f64 / 1000.0);
+        // Back out, so each touch is a fault from the store.
+        region.evict(page as u64)?;
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok(lat)
 }
 
 /// A fresh zram device, the region's compressor and allocator, holding every page of the
@@ -595,14 +636,19 @@ fn print_run(r: &UffdRun) {
         Some(why) => format!("no CPU latency request: {why}"),
     };
     println!(
-        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run; parked in its read {} times, rung out {}; {qos})",
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store, pushed out as it was{}; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run; parked in its read {} times, rung out {}; {qos})",
         r.fault_p50_us, r.fault_p99_us, r.fault_max_us, r.fault_samples,
+        if r.clean_pages { " (read since it came in: only dropped, its copy stored long before)" } else { " (compressed as it went)" },
         if r.idle_priority { "idle" } else { "normal" },
         r.latency_fault_thread_moves,
         r.latency_idle_priority_demotions,
         r.idle_priority_demotions,
         r.latency_parked_reads,
         r.latency_fault_thread_rung
+    );
+    println!(
+        "  written     p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page written, then pushed out: compressed as it went, as the kernel's MADV_PAGEOUT compresses each page of its figure)",
+        r.written_fault_p50_us, r.written_fault_p99_us, r.written_fault_max_us, r.written_fault_samples
     );
     match (&r.kernel_in_run, &r.kernel_in_run_missing) {
         (Some(k), _) => println!(

@@ -401,6 +401,8 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
             "seq_faultin_free_mb_s",
             "fault_p50_us",
             "fault_p99_us",
+            "written_fault_p50_us",
+            "written_fault_p99_us",
             "floor_one_cpu_p50_us",
             "rss_bytes",
             "all_mem_used_total",
