@@ -88,6 +88,8 @@ typedef struct ztier_region_stats {
     uint64_t bd_bytes_stored;  /* bytes of live copies on it */
     uint64_t bd_bytes_held;    /* bytes of blocks or segments held on it */
     uint64_t bd_failed_writebacks; /* writebacks the store refused: pages kept in memory */
+    uint64_t parked_reads;     /* the fault thread's waits parked in a blocking read */
+    uint64_t fault_thread_rung; /* times another thread rang it out of such a wait */
 } ztier_region_stats;
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */

@@ -63,11 +63,13 @@ pub struct CStats {
     bd_bytes_stored: u64,
     bd_bytes_held: u64,
     bd_failed_writebacks: u64,
+    parked_reads: u64,
+    fault_thread_rung: u64,
 }
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 64 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 66 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -218,6 +220,8 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         bd_bytes_stored: bd.bytes_stored,
         bd_bytes_held: bd.bytes_held,
         bd_failed_writebacks: bd.failed_writebacks,
+        parked_reads: s.parked_reads,
+        fault_thread_rung: s.fault_thread_rung,
     }
 }
 
