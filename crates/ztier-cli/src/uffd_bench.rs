@@ -60,8 +60,11 @@ struct UffdRun {
     fault_p99_us: f64,
     fault_max_us: f64,
     /// The same for pages written, then pushed out (compressed as they go, as the kernel's
-    /// `MADV_PAGEOUT` compresses the pages of its own figure): how many, p50/p99/max µs.
+    /// `MADV_PAGEOUT` compresses the pages of its own figure): how many, p50/p99/max µs,
+    /// and the dirty evictions in that pass (at least two a fault: the push-out before its
+    /// touch, and the one after, its own value written back).
     written_fault_samples: usize,
+    written_evictions_dirty: u64,
     written_fault_p50_us: f64,
     written_fault_p99_us: f64,
     written_fault_max_us: f64,
@@ -346,6 +349,7 @@ fn run_one(
     let lat = single_faults(&region, corpus, &mut x, false)?;
     let after_latency = region.stats();
     let written = single_faults(&region, corpus, &mut x, true)?;
+    let after_written = region.stats();
     let idle_priority = after_latency.idle_priority;
     let latency_idle_priority_demotions =
         after_latency.idle_priority_demotions - before_latency.idle_priority_demotions;
@@ -450,6 +454,7 @@ fn run_one(
         fault_p99_us: percentile(&lat, 0.99),
         fault_max_us: lat.last().copied().unwrap_or(0.0),
         written_fault_samples: written.len(),
+        written_evictions_dirty: after_written.evictions_dirty - after_latency.evictions_dirty,
         written_fault_p50_us: percentile(&written, 0.5),
         written_fault_p99_us: percentile(&written, 0.99),
         written_fault_max_us: written.last().copied().unwrap_or(0.0),
@@ -499,10 +504,12 @@ fn run_one(
 ///
 /// Not `written`: a page is pushed out as it is, and only if resident. With clean pages on,
 /// one read since it came in (all of them here) is only dropped, and its fault reads a
-/// copy stored long before (out of the cache). `written`: the page's first word is written
-/// first (its own value; a page out comes in for it), so the push compresses and stores
-/// it then, as the kernel's `MADV_PAGEOUT` does before each of its own faults is timed.
-/// Each page timed is pushed out again after its touch, so every touch is a fault.
+/// copy stored long before (out of the cache). `written`: the page's first word is given a
+/// new value first (a page out comes in for it), so the push compresses and stores it then,
+/// as the kernel's `MADV_PAGEOUT` does before each of its own faults is timed; the touch
+/// must read the new value back (a stale copy served is an error), and the page's own
+/// value is then written back. Each page timed is pushed out again after its touch, so
+/// every touch is a fault.
 fn single_faults(
     region: &Region,
     corpus: &Corpus,
@@ -525,9 +532,10 @@ fn single_faults(
         if ztier_compress::same_filled(bytes) == Some(0) {
             continue;
         }
+        let word = &words[page * (ps / 8)];
+        let own = u64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes"));
         if written {
-            let first = u64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes"));
-            words[page * (ps / 8)].store(first, Relaxed);
+            word.store(!own, Relaxed);
         }
         // Not resident: nothing to time. (The region's figures are not read here: each
         // read waits for the fault thread's locks, a wake-up more than the fault's own.)
@@ -535,8 +543,16 @@ fn single_faults(
             continue;
         }
         let t = Instant::now();
-        std::hint::black_box(words[page * (ps / 8)].load(Relaxed));
+        let got = std::hint::black_box(word.load(Relaxed));
         lat.push(t.elapsed().as_nanos() as f64 / 1000.0);
+        if written {
+            anyhow::ensure!(
+                got == !own,
+                "page {page}: {got:#x} read back after it was written and pushed out, not the {:#x} written",
+                !own
+            );
+            word.store(own, Relaxed);
+        }
         // Back out, so each touch is a fault from the store.
         region.evict(page as u64)?;
     }

@@ -410,6 +410,13 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
         ] {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
+        // Every page timed in the written pass was compressed as it went out, twice.
+        let samples = r["written_fault_samples"].as_u64().unwrap();
+        assert!(samples > 0, "{r}");
+        assert!(
+            r["written_evictions_dirty"].as_u64().unwrap() >= 2 * samples,
+            "{r}"
+        );
         // The region's CPU latency request: taken in the latency phase, and measured under
         // the floor on two CPUs, where the process may make one (root); else the reason.
         match r["cpu_latency_qos_unused"].as_str() {
