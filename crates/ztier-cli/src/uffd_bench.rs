@@ -540,6 +540,10 @@ fn single_faults(
         // Not resident: nothing to time. (The region's figures are not read here: each
         // read waits for the fault thread's locks, a wake-up more than the fault's own.)
         if !region.evict(page as u64)? {
+            // Written, and already pushed out by the reclaim thread: its own value back.
+            if written {
+                word.store(own, Relaxed);
+            }
             continue;
         }
         let t = Instant::now();
