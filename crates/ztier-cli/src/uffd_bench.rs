@@ -187,6 +187,7 @@ fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
     };
     let out_bytes = (k.pages - k.left_resident) as f64 * k.page_size as f64;
     let us = micros(&k.latency);
+    let (fault_p50_us, fault_p99_us, fault_max_us) = p50_p99_max(&us);
     Ok(Ok(KernelRun {
         compressor: k.compressor,
         pages: k.pages as u64,
@@ -194,9 +195,9 @@ fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
         pageout_mb_s: out_bytes / k.pageout.as_secs_f64() / 1e6,
         faultin_mb_s: out_bytes / k.faultin.as_secs_f64() / 1e6,
         fault_samples: us.len(),
-        fault_p50_us: percentile(&us, 0.5),
-        fault_p99_us: percentile(&us, 0.99),
-        fault_max_us: us.last().copied().unwrap_or(0.0),
+        fault_p50_us,
+        fault_p99_us,
+        fault_max_us,
     }))
 }
 
@@ -205,6 +206,23 @@ fn micros(taken: &[Duration]) -> Vec<f64> {
     let mut us: Vec<f64> = taken.iter().map(|d| d.as_nanos() as f64 / 1000.0).collect();
     us.sort_by(f64::total_cmp);
     us
+}
+
+/// p50, p99 and the largest of sorted µs (0 for none).
+fn p50_p99_max(sorted: &[f64]) -> (f64, f64, f64) {
+    (
+        percentile(sorted, 0.5),
+        percentile(sorted, 0.99),
+        sorted.last().copied().unwrap_or(0.0),
+    )
+}
+
+/// The next of a xorshift64 sequence (the bench's draws: fixed, the same every run).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
 }
 
 /// The `p` quantile of sorted values (0 for none).
@@ -350,6 +368,8 @@ fn run_one(
     let after_latency = region.stats();
     let written = single_faults(&region, corpus, &mut x, true)?;
     let after_written = region.stats();
+    let (fault_p50_us, fault_p99_us, fault_max_us) = p50_p99_max(&lat);
+    let (written_fault_p50_us, written_fault_p99_us, written_fault_max_us) = p50_p99_max(&written);
     let idle_priority = after_latency.idle_priority;
     let latency_idle_priority_demotions =
         after_latency.idle_priority_demotions - before_latency.idle_priority_demotions;
@@ -380,9 +400,7 @@ fn run_one(
     // beside theirs, each warmed by the first half.
     let trace: Vec<u32> = (0..reads)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = xorshift(&mut x);
             let page = if !x.is_multiple_of(10) {
                 ((x >> 8) as usize % hot) * stride % pages
             } else {
@@ -450,14 +468,14 @@ fn run_one(
         fault_start_over_budget: before_latency
             .resident_pages
             .saturating_sub(before_latency.budget_pages),
-        fault_p50_us: percentile(&lat, 0.5),
-        fault_p99_us: percentile(&lat, 0.99),
-        fault_max_us: lat.last().copied().unwrap_or(0.0),
+        fault_p50_us,
+        fault_p99_us,
+        fault_max_us,
         written_fault_samples: written.len(),
         written_evictions_dirty: after_written.evictions_dirty - after_latency.evictions_dirty,
-        written_fault_p50_us: percentile(&written, 0.5),
-        written_fault_p99_us: percentile(&written, 0.99),
-        written_fault_max_us: written.last().copied().unwrap_or(0.0),
+        written_fault_p50_us,
+        written_fault_p99_us,
+        written_fault_max_us,
         idle_priority,
         idle_priority_demotions: end.idle_priority_demotions,
         latency_idle_priority_demotions,
@@ -519,15 +537,12 @@ fn single_faults(
     let ps = 4096usize;
     let pages = corpus.pages();
     let words = region.words();
-    let mut lat = Vec::with_capacity(LATENCY_SAMPLES);
+    let mut taken = Vec::with_capacity(LATENCY_SAMPLES);
     for _ in 0..LATENCY_SAMPLES * 20 {
-        if lat.len() == LATENCY_SAMPLES.min(pages) {
+        if taken.len() == LATENCY_SAMPLES.min(pages) {
             break;
         }
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        let page = (*x % pages as u64) as usize;
+        let page = (xorshift(x) % pages as u64) as usize;
         let bytes = &corpus.bytes()[page * ps..(page + 1) * ps];
         if ztier_compress::same_filled(bytes) == Some(0) {
             continue;
@@ -548,7 +563,7 @@ fn single_faults(
         }
         let t = Instant::now();
         let got = std::hint::black_box(word.load(Relaxed));
-        lat.push(t.elapsed().as_nanos() as f64 / 1000.0);
+        taken.push(t.elapsed());
         if written {
             anyhow::ensure!(
                 got == !own,
@@ -560,8 +575,7 @@ fn single_faults(
         // Back out, so each touch is a fault from the store.
         region.evict(page as u64)?;
     }
-    lat.sort_by(f64::total_cmp);
-    Ok(lat)
+    Ok(micros(&taken))
 }
 
 /// A fresh zram device, the region's compressor and allocator, holding every page of the

@@ -28,13 +28,21 @@
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+use ztier_base::bits::Field;
+
+/// The word's fields, low to high: the park bit, the wants, the rings made and not yet read.
+const PARKED_BIT: Field = Field::at(0, 1);
+const WANT_COUNT: Field = Field::after(PARKED_BIT, 31);
+const RING_COUNT: Field = Field::after(WANT_COUNT, 32);
+const _: () = assert!(RING_COUNT.end() == 64);
+
 /// The fault thread is parked.
-const PARKED: u64 = 1;
-/// One want, in bits 1 to 31.
-const WANT: u64 = 1 << 1;
-const WANTS: u64 = ((1 << 31) - 1) << 1;
-/// One ring made and not yet read, in bits 32 to 63.
-const RING: u64 = 1 << 32;
+const PARKED: u64 = 1 << PARKED_BIT.shift();
+/// One want, and every want.
+const WANT: u64 = 1 << WANT_COUNT.shift();
+const WANTS: u64 = WANT_COUNT.max() << WANT_COUNT.shift();
+/// One ring made and not yet read.
+const RING: u64 = 1 << RING_COUNT.shift();
 
 pub(crate) struct Bell {
     word: AtomicU64,
@@ -70,11 +78,6 @@ impl Bell {
             broken: AtomicBool::new(false),
             rung: AtomicU64::new(0),
         }
-    }
-
-    /// The bell page's address.
-    pub(crate) fn page(&self) -> u64 {
-        self.page
     }
 
     /// The fault thread's call, holding `gate` (write): whether it may park (no one wants
@@ -136,7 +139,7 @@ impl Bell {
 
     /// Rings made and not yet read: the fault thread reads them before it ends.
     pub(crate) fn rings_unread(&self) -> u64 {
-        self.word.load(SeqCst) >> 32
+        RING_COUNT.get(self.word.load(SeqCst))
     }
 
     /// Times the fault thread was rung out of its read.

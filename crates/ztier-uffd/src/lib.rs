@@ -1137,11 +1137,13 @@ impl Shared {
     /// the ring): a `REMOVE` event for the bell page, which returns once the fault thread
     /// read it.
     fn ring_bell(&self) {
-        let offset = self.bell.page() - self.scratch.addr();
         // SAFETY: the bell page is the pad's last page, which no one reads, writes, maps or
         // moves a page into: there is nothing in it to drop, and no reference to it.
         #[allow(unsafe_code)]
-        let dropped = unsafe { self.scratch.dont_need(offset as usize, self.page_size) };
+        let dropped = unsafe {
+            self.scratch
+                .dont_need(BELL_PAGE * self.page_size, self.page_size)
+        };
         if dropped.is_err() {
             self.bell.ring_failed();
         }

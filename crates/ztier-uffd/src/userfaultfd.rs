@@ -451,23 +451,11 @@ impl Uffd {
     /// limit; 0: only looks); which of the userfaultfd and the waker is readable. The
     /// descriptor must not be blocking (its poll would answer at once).
     pub fn poll(&self, waker: &Waker, timeout_ms: i32) -> Ready {
-        let pollin = |fd: i32| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut fds = [pollin(self.raw()), pollin(waker.fd.as_raw_fd())];
-        // SAFETY: poll reads and writes the two structs of a live array, nothing else. An
-        // interrupted poll returns early, which the caller's loop absorbs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if r <= 0 {
-            return Ready::default();
-        }
         // An error or hang-up on the descriptor (closed) counts as readable: the read says.
-        Ready {
-            uffd: fds[0].revents != 0,
-            waker: fds[1].revents != 0,
-        }
+        // An interrupted poll returns early, which the caller's loop absorbs.
+        let [uffd, waker] =
+            poll_two([self.raw(), waker.fd.as_raw_fd()], timeout_ms).unwrap_or_default();
+        Ready { uffd, waker }
     }
 }
 
@@ -502,9 +490,8 @@ impl Waker {
 
     /// Takes the wake-ups so far (the poll blocks again until the next).
     pub fn drain(&self) {
-        let mut count = 0u64;
-        // SAFETY: reads at most 8 bytes into a live u64. Nothing to read (EAGAIN) is fine.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        // Nothing to read (EAGAIN) is fine.
+        read_count(self.fd.as_raw_fd());
     }
 
     /// Makes the descriptor readable until drained.
@@ -548,28 +535,12 @@ impl Alarm {
     /// Waits until the alarm rings (and takes the ringing: `true`) or `stop` is signalled
     /// (`false`; left signalled).
     pub fn wait(&self, stop: &Waker) -> bool {
-        let pollin = |fd: i32| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut fds = [pollin(self.fd.as_raw_fd()), pollin(stop.fd.as_raw_fd())];
-        // SAFETY: poll reads and writes the two structs of a live array, nothing else.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r <= 0 || fds[1].revents != 0 || fds[0].revents == 0 {
-            return false;
+        match poll_two([self.fd.as_raw_fd(), stop.fd.as_raw_fd()], -1) {
+            // Set again meanwhile, the timer has nothing to read (EAGAIN): it did not ring
+            // after all.
+            Some([true, false]) => read_count(self.fd.as_raw_fd()),
+            _ => false,
         }
-        let mut expirations = 0u64;
-        // SAFETY: reads at most 8 bytes into a live u64. Set again meanwhile, the timer
-        // has nothing to read (EAGAIN): it did not ring after all.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut expirations as *mut u64).cast(),
-                8,
-            )
-        };
-        n == 8
     }
 
     /// Never rings until set again; a ringing not yet taken is taken.
@@ -638,6 +609,27 @@ fn outcome(r: libc::c_int, done: i64, len: usize) -> Outcome {
     Err(io::Error::last_os_error()
         .raw_os_error()
         .unwrap_or(libc::EIO))
+}
+
+/// `poll` of two descriptors for input, waiting `timeout_ms` (-1: no limit): which are
+/// ready (an error or hang-up counts), or `None` if none (timed out, interrupted, failed).
+fn poll_two(fds: [i32; 2], timeout_ms: i32) -> Option<[bool; 2]> {
+    let mut polled = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: poll reads and writes the two structs of a live array, nothing else.
+    let r = unsafe { libc::poll(polled.as_mut_ptr(), 2, timeout_ms) };
+    (r > 0).then(|| polled.map(|p| p.revents != 0))
+}
+
+/// Reads the 8-byte count of an eventfd or timerfd (taking it): whether there was one.
+fn read_count(fd: i32) -> bool {
+    let mut count = 0u64;
+    // SAFETY: reads at most 8 bytes into a live u64.
+    let n = unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
+    n == 8
 }
 
 #[cfg(test)]
