@@ -117,10 +117,21 @@ impl Mapping {
     /// How many pages of `[offset, offset + len)` (clamped to the mapping, `offset` a whole
     /// number of pages) are resident (`mincore`).
     pub fn resident_pages(&self, offset: usize, len: usize) -> io::Result<usize> {
+        Ok(self
+            .residency(offset, len)?
+            .into_iter()
+            .filter(|&r| r)
+            .count())
+    }
+
+    /// For each page of `[offset, offset + len)` (clamped to the mapping, `offset` a whole
+    /// number of pages), whether it is resident (`mincore`: present in the page table, or
+    /// in the swap cache).
+    pub fn residency(&self, offset: usize, len: usize) -> io::Result<Vec<bool>> {
         let len = len.min(self.len.saturating_sub(offset));
         let ps = ztier_base::os::page_size();
         if len == 0 {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         if !offset.is_multiple_of(ps) {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -133,7 +144,7 @@ impl Mapping {
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(vec.iter().filter(|&&b| b & 1 != 0).count())
+        Ok(vec.into_iter().map(|b| b & 1 != 0).collect())
     }
 
     /// Unmaps the byte ranges `runs` (each inside the mapping) now, and nothing more at the
@@ -172,5 +183,35 @@ impl Drop for Mapping {
             // life.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residency_says_which_pages_are_in_memory() {
+        let ps = ztier_base::os::page_size();
+        let m = Mapping::new(4 * ps).unwrap();
+        assert_eq!(m.residency(0, 4 * ps).unwrap(), [false; 4]);
+        // SAFETY: inside our own mapping, which no userfaultfd watches: each write faults in
+        // a page of zeros and sets its first byte.
+        unsafe {
+            m.ptr().add(ps).write(1);
+            m.ptr().add(3 * ps).write(1);
+        }
+        assert_eq!(m.residency(0, 4 * ps).unwrap(), [false, true, false, true]);
+        assert_eq!(m.resident_pages(0, 4 * ps).unwrap(), 2);
+        // Clamped to the mapping.
+        assert_eq!(m.residency(2 * ps, 8 * ps).unwrap(), [false, true]);
+        assert_eq!(m.residency(4 * ps, ps).unwrap(), []);
+        assert_eq!(
+            m.residency(1, ps).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        // SAFETY: no reference to the page is alive; its byte is ours to drop.
+        unsafe { m.dont_need(ps, ps).unwrap() };
+        assert_eq!(m.residency(0, 4 * ps).unwrap(), [false, false, false, true]);
     }
 }

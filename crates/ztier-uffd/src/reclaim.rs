@@ -384,12 +384,32 @@ impl Shared {
         }
     }
 
-    /// Empties pad pages `[slot, slot + n)`.
+    /// Empties pad pages `[slot, slot + n)`, the last [`WARM_FRAMES`] of those present read
+    /// first: the kernel's per-CPU free lists hand out the frames freed last first, so those
+    /// are the new pages of this CPU's next allocations (mostly faults' copies, which write
+    /// all of a page). A page compressed on its way out was read whole already; a clean one
+    /// was not, and a copy into its cold frame would miss on every line (MEASUREMENTS.md,
+    /// 2026-11-28). Only the last few: reading every clean page made random reads slower.
     pub(crate) fn empty_pad(&self, slot: usize, n: usize) {
         let ps = self.page_size;
+        if let Ok(present) = self.scratch.residency(slot * ps, n * ps) {
+            let last = present.iter().enumerate().rev().filter(|&(_, &p)| p);
+            for (k, _) in last.take(WARM_FRAMES) {
+                // SAFETY: present (just checked; only the kernel's own reclaim could take it
+                // away since, and then the read faults it back from swap, not to the fault
+                // thread), and the evictor's alone until it empties it below.
+                #[allow(unsafe_code)]
+                let page = unsafe { self.scratch.slice((slot + k) * ps, ps) };
+                std::hint::black_box(page.iter().step_by(64).fold(0u8, |a, &b| a ^ b));
+            }
+        }
         // SAFETY: the pad's pages hold only copies already stored or held, and no
-        // reference to them is alive (`evict_one`'s slice is gone).
+        // reference to them is alive (`evict_one`'s slice is gone, the warm-up's too).
         #[allow(unsafe_code)]
         let _ = unsafe { self.scratch.dont_need(slot * ps, n * ps) };
     }
 }
+
+/// Pad pages read just before an emptying gives them back ([`Shared::empty_pad`]): as many
+/// as [`Region::evict`](crate::Region::evict) uses before it empties its part of the pad.
+const WARM_FRAMES: usize = crate::MANUAL_PAD;
