@@ -464,6 +464,11 @@ impl Shared {
             self.uffd.wake(f.addr, self.page_size as u64);
             return Served::Done;
         };
+        if !f.wp {
+            // A missing page is most often a stored one: its slot's miss overlaps the
+            // lock's and the state's.
+            self.device.prefetch(page);
+        }
         let _lock = self.locks.lock(page);
         let state = self.state(page);
         let s = state & STATE_MASK;

@@ -366,6 +366,15 @@ impl Device {
             })
     }
 
+    /// A hint that page `index` will be read soon: asks the CPU for its slot's line, so
+    /// that the miss on it overlaps the caller's own work before the read (a fault handler
+    /// taking its page's lock). Does nothing for an index out of range.
+    pub fn prefetch(&self, index: u64) {
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| self.slots.get(i)) {
+            ztier_base::prefetch::prefetch_read(std::ptr::from_ref(slot).addr());
+        }
+    }
+
     /// Writes one whole page.
     pub fn write_page(&self, index: u64, page: &[u8]) -> Result<()> {
         let _page = self.page_lock(index);
