@@ -44,7 +44,8 @@
 //! The reclaim thread moves a run of neighbouring cold pages with one move (one TLB flush
 //! for the run), each page locked. The copy in the pad is stable (no one else maps it), so
 //! it is compressed from there with no write-protection pass, then the pad is emptied
-//! (`MADV_DONTNEED`, a batch at a time).
+//! (`MADV_DONTNEED`, a batch at a time; its last few present pages read first, so that the
+//! frames the next faults' copies get are warm: `Shared::empty_pad`).
 //! The classic alternative (write-protect, copy, `MADV_DONTNEED` the region page) would
 //! send the handler a `REMOVE` event for its own drop, indistinguishable from the program's.
 //!
