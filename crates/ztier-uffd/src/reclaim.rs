@@ -386,9 +386,9 @@ impl Shared {
 
     /// Empties pad pages `[slot, slot + n)`, the last [`WARM_FRAMES`] of those present read
     /// first: the kernel's per-CPU free lists hand out the frames freed last first, so those
-    /// are the new pages of this CPU's next allocations (mostly faults' copies, which write
-    /// all of a page). A page compressed on its way out was read whole already; a clean one
-    /// was not, and a copy into its cold frame would miss on every line (MEASUREMENTS.md,
+    /// are the new pages of this CPU's next allocations, such as a fault's copy (which writes
+    /// all of its page). A page compressed on its way out was read whole already; a clean one
+    /// was not, and a copy into its cold frame misses on every line (MEASUREMENTS.md,
     /// 2026-11-28). Only the last few: reading every clean page made random reads slower.
     pub(crate) fn empty_pad(&self, slot: usize, n: usize) {
         let ps = self.page_size;
@@ -410,6 +410,9 @@ impl Shared {
     }
 }
 
-/// Pad pages read just before an emptying gives them back ([`Shared::empty_pad`]): as many
-/// as [`Region::evict`](crate::Region::evict) uses before it empties its part of the pad.
+/// Pad pages read just before an emptying gives them back ([`Shared::empty_pad`]). All of
+/// [`Region::evict`](crate::Region::evict)'s part of the pad, whose caller runs on the CPU
+/// the frames go back to and often touches a page it pushed out soon after (as the bench's
+/// single-page pass does); the last sixteenth of a reclaim batch, whose frames help a fault
+/// only where the fault thread runs on the reclaim thread's CPU.
 const WARM_FRAMES: usize = crate::MANUAL_PAD;
