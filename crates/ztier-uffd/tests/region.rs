@@ -93,22 +93,16 @@ fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
     }
     let pad_rss = || common::rss_of(r.pad_range());
     assert_eq!(pad_rss(), 0);
-    // Calls since the pad was last seen empty: the sixteenth empties it, or the reclaim
-    // thread, idle, did sooner (its 100 ms tick may fall anywhere in this loop on a busy
-    // machine, and starts the count of sixteen again).
-    let mut since_empty = 0;
+    // Each call leaves its page in the pad until an emptying: the sixteenth call's, or the
+    // reclaim thread's, idle (its 100 ms tick may fall anywhere in this loop on a busy
+    // machine, even while a call waits for the pad, and starts the count of sixteen
+    // again). Either way the pad never holds sixteen pages.
     for page in 0..40 {
         assert!(r.evict(page).unwrap());
         let held = pad_rss();
         assert!(
-            held <= 16 * PAGE,
-            "after {} evictions the pad holds {held} bytes",
-            page + 1
-        );
-        since_empty = if held == 0 { 0 } else { since_empty + 1 };
-        assert!(
-            since_empty < 16,
-            "after {} evictions the pad has held pages for 16 calls",
+            held <= 15 * PAGE,
+            "after {} evictions the pad holds {held} bytes: an emptying was missed",
             page + 1
         );
     }
@@ -124,6 +118,101 @@ fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
     }
     for page in 0..64 {
         check_page(words, page, 1).unwrap();
+    }
+}
+
+/// An emptying of `Region::evict`'s part of the pad reads the pages in it first (so the
+/// frames it gives back are warm), and only those present: calls on pages that were not
+/// resident leave holes in the pad, which a read would fault on with no one to serve it.
+/// With holes between written, clean and zero pages, every emptying ends, the pad goes back
+/// to the OS, and every page reads back as it was.
+#[test]
+fn emptying_a_pad_with_holes_reads_only_what_is_there() {
+    // A read of a hole would wait forever: on a thread of its own, with a deadline.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        pad_with_holes();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("evicting through a pad with holes did not end within 60 s")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("evicting through a pad with holes failed (above)")
+        }
+    }
+}
+
+fn pad_with_holes() {
+    let Some(r) = region(128 * PAGE, 128 * PAGE) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..32 {
+        write_page(words, page, 3);
+    }
+    // Pages 32..64 read once (the zero page), 64..128 never touched.
+    for page in 32..64 {
+        assert_eq!(words[page as usize * WORDS].load(Relaxed), 0);
+    }
+    let pad_rss = || common::rss_of(r.pad_range());
+    // Emptied by the sixteenth call, or by the reclaim thread, idle, within about 0.1 s
+    // (which may also have come mid-loop and started the count of sixteen again).
+    let pad_empties = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while pad_rss() != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pad still holds {} bytes",
+                pad_rss()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    // Written pages out (dirty), each followed by a call on a page never touched: a hole.
+    for page in 0..32 {
+        assert!(r.evict(page).unwrap());
+        assert!(
+            !r.evict(64 + page).unwrap(),
+            "page {} was never resident",
+            64 + page
+        );
+    }
+    assert!(pad_rss() <= 16 * PAGE);
+    pad_empties();
+    // Read back, so each is clean, then out again (nothing compressed), beside zero pages
+    // and holes.
+    for page in 0..32 {
+        check_page(words, page, 3).unwrap();
+    }
+    for page in 0..32 {
+        assert!(r.evict(page).unwrap());
+        assert!(
+            r.evict(32 + page).unwrap(),
+            "page {} held the zero page",
+            32 + page
+        );
+        assert!(!r.evict(96 + page).unwrap());
+        assert!(!r.evict(96 + page).unwrap());
+    }
+    assert!(pad_rss() <= 16 * PAGE);
+    pad_empties();
+    let s = r.stats();
+    assert_eq!(
+        (s.evictions_dirty, s.evictions_clean, s.zero_evictions),
+        (32, 32, 32),
+        "{s:?}"
+    );
+    for page in 0..32 {
+        check_page(words, page, 3).unwrap();
+    }
+    for page in 32..128 {
+        assert!(
+            (0..WORDS).all(|w| words[page as usize * WORDS + w].load(Relaxed) == 0),
+            "page {page} reads as zeros"
+        );
     }
 }
 
@@ -331,14 +420,19 @@ fn an_eviction_pass_goes_a_little_under_the_budget_and_then_rests() {
         "where the pass stopped: {s:?}"
     );
     // Pages read back at once, one by one (every other page: no fault-around), leave the
-    // region under its budget: the pass is over, nothing more goes out.
+    // region under its budget: the pass is over, nothing more goes out. (Most of them were
+    // out: the pass took pages from the clock's hand on, but one whose lock was busy, or
+    // that was touched, stays in and a later one goes instead.)
     for page in (0..32).step_by(2) {
         check_page(words, page, 1).unwrap();
     }
     std::thread::sleep(Duration::from_millis(300));
     let after = r.stats();
     let brought = after.faults - s.faults + after.fault_around_pages - s.fault_around_pages;
-    assert_eq!(brought, 16, "pages came back from the store: {after:?}");
+    assert!(
+        (8..=16).contains(&brought),
+        "{brought} of 16 pages came back from the store: {after:?}"
+    );
     assert_eq!(
         (after.evictions, after.resident_pages),
         (s.evictions, target + brought),
