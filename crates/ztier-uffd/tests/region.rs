@@ -107,15 +107,7 @@ fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
         );
     }
     // The last 8: given back by the reclaim thread, idle, within about 0.1 s.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while pad_rss() != 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the pad still holds {} bytes",
-            pad_rss()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    common::wait_until_pad_empty(&r);
     for page in 0..64 {
         check_page(words, page, 1).unwrap();
     }
@@ -158,19 +150,6 @@ fn pad_with_holes() {
         assert_eq!(words[page as usize * WORDS].load(Relaxed), 0);
     }
     let pad_rss = || common::rss_of(r.pad_range());
-    // Emptied by the sixteenth call, or by the reclaim thread, idle, within about 0.1 s
-    // (which may also have come mid-loop and started the count of sixteen again).
-    let pad_empties = || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while pad_rss() != 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the pad still holds {} bytes",
-                pad_rss()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    };
     // Written pages out (dirty), each followed by a call on a page never touched: a hole.
     for page in 0..32 {
         assert!(r.evict(page).unwrap());
@@ -181,7 +160,7 @@ fn pad_with_holes() {
         );
     }
     assert!(pad_rss() <= 16 * PAGE);
-    pad_empties();
+    common::wait_until_pad_empty(&r);
     // Read back, so each is clean, then out again (nothing compressed), beside zero pages
     // and holes.
     for page in 0..32 {
@@ -198,7 +177,7 @@ fn pad_with_holes() {
         assert!(!r.evict(96 + page).unwrap());
     }
     assert!(pad_rss() <= 16 * PAGE);
-    pad_empties();
+    common::wait_until_pad_empty(&r);
     let s = r.stats();
     assert_eq!(
         (s.evictions_dirty, s.evictions_clean, s.zero_evictions),

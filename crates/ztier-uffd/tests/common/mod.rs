@@ -159,6 +159,20 @@ pub fn own_pages_at_random(
     }
 }
 
+/// Waits until the region's pad holds no page (emptied by `Region::evict`'s sixteenth call,
+/// or by the reclaim thread, idle, within about 0.1 s); fails after 5 s.
+pub fn wait_until_pad_empty(r: &ztier_uffd::Region) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while rss_of(r.pad_range()) != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pad still holds {} bytes",
+            rss_of(r.pad_range())
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Bytes resident in the mapping at `range` (`/proc/self/smaps`).
 pub fn rss_of(range: std::ops::Range<usize>) -> usize {
     ztier_base::os::rss_within(&[range]).expect("/proc/self/smaps") as usize
