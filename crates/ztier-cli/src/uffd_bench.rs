@@ -98,6 +98,12 @@ struct UffdRun {
     /// make one.
     floor_two_cpus_qos_p50_us: Option<f64>,
     floor_two_cpus_qos_p99_us: Option<f64>,
+    /// The handler placed as a region's fault thread places itself (idle priority, following
+    /// the faulting thread, which runs where the scheduler puts it), the request held,
+    /// where the process has two CPUs and may leave idle priority: the round trip, its tail
+    /// included, that the region's own placement allows on this machine.
+    floor_placed_p50_us: Option<f64>,
+    floor_placed_p99_us: Option<f64>,
     /// The machine's CPU latency target (µs) while the floor on two CPUs without a request
     /// was measured: 2000 s where nobody asks for anything, lower where another process
     /// (or region) held a request then; and the cpuidle driver, which decides what a
@@ -388,6 +394,7 @@ fn run_one(
     let floor_one = micros(&floor.one_cpu);
     let floor_two = floor.two_cpus.as_deref().map(micros);
     let floor_two_qos = floor.two_cpus_latency_qos.as_deref().map(micros);
+    let floor_placed = floor.placed_as_region.as_deref().map(micros);
 
     // Random reads with a working set: 9 in 10 in a hot set of half the budget, scattered
     // over the region (page `k * stride % pages`), the rest anywhere.
@@ -492,6 +499,8 @@ fn run_one(
         floor_two_cpus_p99_us: floor_two.as_deref().map(|f| percentile(f, 0.99)),
         floor_two_cpus_qos_p50_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.5)),
         floor_two_cpus_qos_p99_us: floor_two_qos.as_deref().map(|f| percentile(f, 0.99)),
+        floor_placed_p50_us: floor_placed.as_deref().map(|f| percentile(f, 0.5)),
+        floor_placed_p99_us: floor_placed.as_deref().map(|f| percentile(f, 0.99)),
         floor_latency_target_us: floor.latency_target_us,
         cpuidle_driver: floor.cpuidle_driver.clone(),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
@@ -711,6 +720,11 @@ fn print_run(r: &UffdRun) {
     }
     if let (Some(p50), Some(p99)) = (r.floor_two_cpus_qos_p50_us, r.floor_two_cpus_qos_p99_us) {
         two += &format!(", with a CPU latency request p50 {p50:.1} µs  p99 {p99:.1} µs");
+    }
+    if let (Some(p50), Some(p99)) = (r.floor_placed_p50_us, r.floor_placed_p99_us) {
+        two += &format!(
+            ", placed as the region's fault thread places itself p50 {p50:.1} µs  p99 {p99:.1} µs"
+        );
     }
     if let Some(driver) = &r.cpuidle_driver {
         two += &format!("; cpuidle driver {driver}");

@@ -437,6 +437,13 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
             }
             Some(why) => assert!(why.contains("cannot be opened"), "{why}"),
         }
+        // The floor placed as the region's fault thread: measured wherever the region's
+        // fault thread ran at idle priority and there are two CPUs (the same conditions).
+        if r["idle_priority"] == true && !r["floor_two_cpus_p50_us"].is_null() {
+            for key in ["floor_placed_p50_us", "floor_placed_p99_us"] {
+                assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
+            }
+        }
         // The random reads' second half replayed through the oracles at the budget: MIN
         // brings in no more than any other policy; the region brought pages back.
         let o = &r["random_oracle"];

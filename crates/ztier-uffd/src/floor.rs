@@ -8,11 +8,16 @@
 //! the scheduler's choice, not the handler's. On two CPUs it is measured again with a CPU
 //! latency request held (`cpu_latency_qos.rs`, as a region's fault thread holds one while
 //! faults come), where the process may make one: what is left of the crossing when idle
-//! CPUs poll. A bench sets a region's latency beside these, measured in the same run.
+//! CPUs poll. Last, still with the request held, the handler places itself as a region's
+//! fault thread does (placement.rs: idle priority, following the faulting thread, a guard)
+//! and the faulting thread runs where the scheduler puts it: the round trip, tail included,
+//! that a region's own placement allows on this machine, with none of its work. A bench
+//! sets a region's latency beside these, measured in the same run.
 //!
 //! Invariants: the mapping is this module's alone, read only by the measuring thread and
 //! written only by the kernel's copies; the handler never touches it; both threads are this
-//! module's own, so pinning them changes no one else's placement. No locks.
+//! module's own, so pinning them changes no one else's placement. No locks but the placed
+//! handler's guard's own sleep (placement.rs).
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -20,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::cpu_latency_qos::{self, CpuLatencyQos};
 use crate::mapping::Mapping;
-use crate::placement;
+use crate::placement::{self, Follow, Placement};
 use crate::userfaultfd::{self, Msg, Uffd, Waker};
 use crate::{Error, Result};
 
@@ -38,6 +43,13 @@ pub struct Floor {
     /// On two CPUs with a CPU latency request of 0 µs held (idle CPUs poll instead of
     /// halting), if the process may use two CPUs and make the request.
     pub two_cpus_latency_qos: Option<Vec<Duration>>,
+    /// The handler placed as a region's fault thread places itself (placement.rs: idle
+    /// priority, following the faulting thread, the guard), the faulting thread left where
+    /// the scheduler puts it, and the CPU latency request held: the round trip a region's
+    /// own placement allows on this machine, its tail included (the ticks and moves that
+    /// land in a fault). Measured where the process has two CPUs and may leave idle
+    /// priority again.
+    pub placed_as_region: Option<Vec<Duration>>,
     /// The machine's CPU latency target (µs, the least of every process's requests) while
     /// `two_cpus` was measured, where it can be read: 2000 s when nobody asks for anything;
     /// lower, and `two_cpus` is no longer the machine's own halting floor.
@@ -52,7 +64,7 @@ pub struct Floor {
 pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     let cpus = placement::allowed_cpus();
     let first = cpus.first().copied().unwrap_or(0);
-    let one_cpu = measure(samples, first, first)?;
+    let one_cpu = measure(samples, Placing::Pinned(first, first))?;
     let cpuidle_driver = std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
         .ok()
         .map(|d| d.trim().to_string());
@@ -64,11 +76,18 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
         });
     };
     let latency_target_us = cpu_latency_qos::machine_target();
-    let two_cpus = Some(measure(samples, first, second)?);
+    let two_cpus = Some(measure(samples, Placing::Pinned(first, second))?);
     let qos = CpuLatencyQos::open(true);
     qos.hold(Instant::now());
     let two_cpus_latency_qos = if qos.held() {
-        Some(measure(samples, first, second)?)
+        Some(measure(samples, Placing::Pinned(first, second))?)
+    } else {
+        None
+    };
+    // Still holding the request, as a region's fault thread does while faults come.
+    let placement = Placement::new(true);
+    let placed_as_region = if placement.usable() {
+        Some(measure(samples, Placing::AsRegion(&placement))?)
     } else {
         None
     };
@@ -76,28 +95,62 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
         one_cpu,
         two_cpus,
         two_cpus_latency_qos,
+        placed_as_region,
         latency_target_us,
         cpuidle_driver,
     })
 }
 
-/// The round trips of a toucher held on CPU `toucher` served by a handler on `handler`.
-fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duration>> {
+/// Where the two threads of a measurement run.
+enum Placing<'a> {
+    /// The toucher held on the first CPU, the handler on the second.
+    Pinned(usize, usize),
+    /// The toucher where the scheduler puts it; the handler places itself as a region's
+    /// fault thread does: it follows the thread whose fault it read ([`Follow`]), at idle
+    /// priority while one thread faults, with a guard that ends idle priority should faults
+    /// starve.
+    AsRegion(&'a Placement),
+}
+
+/// The round trips of a toucher served by a bare handler, placed as `placing` says.
+fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
     let page_size = ztier_base::os::page_size();
     let os = |what| move |source| Error::Os { what, source };
     let uffd = Uffd::open().map_err(Error::NotPermitted)?;
-    uffd.api(0).map_err(os("UFFDIO_API"))?;
+    uffd.api(userfaultfd::FEATURE_THREAD_ID)
+        .map_err(os("UFFDIO_API"))?;
     let map = Mapping::new(PAGES * page_size).map_err(os("mmap"))?;
     uffd.register(map.addr(), map.len() as u64, userfaultfd::MODE_MISSING)
         .map_err(os("UFFDIO_REGISTER"))?;
     let waker = Waker::new().map_err(os("eventfd"))?;
     let (stop, failed) = (AtomicBool::new(false), AtomicBool::new(false));
     let content = vec![0x5au8; page_size];
+    let placement = match placing {
+        Placing::AsRegion(placement) => Some(placement),
+        Placing::Pinned(..) => None,
+    };
     std::thread::scope(|s| -> Result<Vec<Duration>> {
+        let guard = placement.map(|p| s.spawn(|| p.run_guard(|| uffd.unread())));
         let serve = s.spawn(|| {
-            placement::pin_to_cpu(handler);
+            let mut follow = match placing {
+                Placing::Pinned(_, handler) => {
+                    placement::pin_to_cpu(handler);
+                    None
+                }
+                Placing::AsRegion(p) => Some(Follow::start(p)),
+            };
             let mut msgs = [Msg::default(); 16];
+            let mut served = false;
             while !stop.load(Relaxed) {
+                // As the fault thread: after a turn that served faults, a look whether the
+                // faulting thread was woken elsewhere; otherwise a look a fault left due.
+                if let Some(follow) = follow.as_mut() {
+                    if std::mem::take(&mut served) {
+                        follow.maybe_apart();
+                    } else {
+                        follow.look_if_due();
+                    }
+                }
                 if !uffd.poll(&waker, -1).uffd {
                     continue;
                 }
@@ -106,19 +159,33 @@ fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duratio
                     // is the kernel's own (and the measuring thread stops).
                     failed.store(true, Relaxed);
                     uffd.shutdown();
-                    return;
+                    break;
                 };
                 for m in &msgs[..n] {
                     if m.event == userfaultfd::EVENT_PAGEFAULT {
+                        if let Some(follow) = follow.as_mut() {
+                            // The faulting thread's id (`UFFD_FEATURE_THREAD_ID`).
+                            follow.fault(m.arg[2]);
+                        }
                         let addr = m.arg[1] & !(page_size as u64 - 1);
                         // EEXIST (already there) or EAGAIN: the touch faults again.
                         let _ = uffd.copy(addr, &content);
+                        served = true;
                     }
                 }
+                if let Some(p) = placement {
+                    p.progress();
+                    p.holding(false);
+                }
+            }
+            if let Some(p) = placement {
+                p.done();
             }
         });
         let touch = s.spawn(|| -> Result<Vec<Duration>> {
-            placement::pin_to_cpu(toucher);
+            if let Placing::Pinned(toucher, _) = placing {
+                placement::pin_to_cpu(toucher);
+            }
             let mut taken = Vec::with_capacity(samples);
             for i in 0..samples {
                 let offset = (i % PAGES) * page_size;
@@ -149,6 +216,11 @@ fn measure(samples: usize, toucher: usize, handler: usize) -> Result<Vec<Duratio
         stop.store(true, Relaxed);
         waker.wake();
         let _ = serve.join();
+        if let (Some(p), Some(guard)) = (placement, guard) {
+            // The handler has ended (`done`): the guard acts on its id no more.
+            p.stop();
+            let _ = guard.join();
+        }
         taken
     })
 }
