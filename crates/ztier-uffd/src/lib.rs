@@ -31,8 +31,8 @@
 //! meanwhile ring it out (`bell.rs`).
 //!
 //! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
-//! the same round trip served by a bare handler, its two threads held on one CPU and on two
-//! (`floor.rs`); [`kernel_pageout`] the kernel's own path for the same pages, where the
+//! the same round trip served by a bare handler, its two threads held on one CPU and on two,
+//! and placed as the fault thread places itself (`floor.rs`); [`kernel_pageout`] the kernel's own path for the same pages, where the
 //! machine has one (`MADV_PAGEOUT` through zswap, the pages touched back: `pageout.rs`).
 //!
 //! # The eviction protocol

@@ -854,7 +854,7 @@ fn a_run_across_a_protection_change_goes_out_page_by_page() {
 }
 
 #[test]
-fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
+fn the_floors_bare_handler_serves_every_touch_on_one_cpu_on_two_and_placed_as_a_region() {
     // A region first, so a process that may not use userfaultfd skips here as everywhere.
     if region(PAGE, PAGE).is_none() {
         return;
@@ -878,6 +878,19 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_and_on_two() {
         None => assert!(
             cpus == 1 || !may_request,
             "a request could be made but none measured"
+        ),
+    }
+    // Placed as a region's fault thread places itself, where a region's fault thread may
+    // use idle priority (it may leave it again: root here) and there are two CPUs.
+    let idle_priority = region(PAGE, PAGE).is_some_and(|r| r.stats().idle_priority_usable);
+    match &floor.placed_as_region {
+        Some(placed) => {
+            assert_eq!(placed.len(), 300);
+            assert!(placed.iter().all(|d| !d.is_zero()));
+        }
+        None => assert!(
+            cpus == 1 || !idle_priority,
+            "idle priority usable on two CPUs but no placed floor measured"
         ),
     }
 }
