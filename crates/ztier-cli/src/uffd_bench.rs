@@ -98,10 +98,12 @@ struct UffdRun {
     /// make one.
     floor_two_cpus_qos_p50_us: Option<f64>,
     floor_two_cpus_qos_p99_us: Option<f64>,
-    /// The handler placed as a region's fault thread places itself (idle priority, following
-    /// the faulting thread, which runs where the scheduler puts it), the request held,
-    /// where the process has two CPUs and may leave idle priority: the round trip, its tail
-    /// included, that the region's own placement allows on this machine.
+    /// The handler placed as a region's fault thread places itself by default (idle
+    /// priority, following the faulting thread, which runs where the scheduler puts it),
+    /// the request held where it may be made, where the process has two CPUs and may leave
+    /// idle priority (whatever --normal-priority and --no-cpu-latency-qos say for the
+    /// region): the round trip, its tail included, that the region's own placement allows
+    /// on this machine.
     floor_placed_p50_us: Option<f64>,
     floor_placed_p99_us: Option<f64>,
     /// The machine's CPU latency target (µs) while the floor on two CPUs without a request

@@ -8,16 +8,19 @@
 //! the scheduler's choice, not the handler's. On two CPUs it is measured again with a CPU
 //! latency request held (`cpu_latency_qos.rs`, as a region's fault thread holds one while
 //! faults come), where the process may make one: what is left of the crossing when idle
-//! CPUs poll. Last, still with the request held, the handler places itself as a region's
-//! fault thread does (placement.rs: idle priority, following the faulting thread, a guard)
-//! and the faulting thread runs where the scheduler puts it: the round trip, tail included,
-//! that a region's own placement allows on this machine, with none of its work. A bench
-//! sets a region's latency beside these, measured in the same run.
+//! CPUs poll. Last, with the request still held where it could be made, the handler places
+//! itself as a region's fault thread does by default (placement.rs: idle priority,
+//! following the faulting thread, a guard; a read before any wait after serving, the looks
+//! where fault.rs makes them; but always waiting in `poll`, never parked in a read) and the
+//! faulting thread runs where the scheduler puts it: the round trip, tail included, that a
+//! region's own placement allows on this machine, with none of its work. A bench sets a
+//! region's latency beside these, measured in the same run.
 //!
 //! Invariants: the mapping is this module's alone, read only by the measuring thread and
-//! written only by the kernel's copies; the handler never touches it; both threads are this
-//! module's own, so pinning them changes no one else's placement. No locks but the placed
-//! handler's guard's own sleep (placement.rs).
+//! written only by the kernel's copies; the handler never touches it; the threads (the
+//! toucher, the handler, the placed handler's guard) are this module's own, so pinning them
+//! or changing their priority changes no one else's placement. No locks but the guard's own
+//! sleep (placement.rs).
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -43,12 +46,12 @@ pub struct Floor {
     /// On two CPUs with a CPU latency request of 0 µs held (idle CPUs poll instead of
     /// halting), if the process may use two CPUs and make the request.
     pub two_cpus_latency_qos: Option<Vec<Duration>>,
-    /// The handler placed as a region's fault thread places itself (placement.rs: idle
-    /// priority, following the faulting thread, the guard), the faulting thread left where
-    /// the scheduler puts it, and the CPU latency request held: the round trip a region's
-    /// own placement allows on this machine, its tail included (the ticks and moves that
-    /// land in a fault). Measured where the process has two CPUs and may leave idle
-    /// priority again.
+    /// The handler placed as a region's fault thread places itself by default (placement.rs:
+    /// idle priority, following the faulting thread, the guard), the faulting thread left
+    /// where the scheduler puts it, and the CPU latency request held where the process may
+    /// make one: the round trip a region's own placement allows on this machine, its tail
+    /// included (the ticks and moves that land in a fault). Measured where the process has
+    /// two CPUs and may leave idle priority again.
     pub placed_as_region: Option<Vec<Duration>>,
     /// The machine's CPU latency target (µs, the least of every process's requests) while
     /// `two_cpus` was measured, where it can be read: 2000 s when nobody asks for anything;
@@ -60,7 +63,9 @@ pub struct Floor {
 }
 
 /// `samples` single-page faults served by a bare userfaultfd handler on one CPU, and as
-/// many on two. Needs what a region needs (userfaultfd, allowed to this process).
+/// many on two (without and with a CPU latency request) and placed as a region's fault
+/// thread, where the process may (see [`Floor`]). Needs what a region needs (userfaultfd,
+/// allowed to this process).
 pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     let cpus = placement::allowed_cpus();
     let first = cpus.first().copied().unwrap_or(0);
@@ -84,7 +89,8 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     } else {
         None
     };
-    // Still holding the request, as a region's fault thread does while faults come.
+    // Still holding the request (if made), as a region's fault thread does while faults
+    // come.
     let placement = Placement::new(true);
     let placed_as_region = if placement.usable() {
         Some(measure(samples, Placing::AsRegion(&placement))?)
@@ -140,41 +146,58 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
                 Placing::AsRegion(p) => Some(Follow::start(p)),
             };
             let mut msgs = [Msg::default(); 16];
-            let mut served = false;
+            let mut after_serving = false;
             while !stop.load(Relaxed) {
-                // As the fault thread: after a turn that served faults, a look whether the
-                // faulting thread was woken elsewhere; otherwise a look a fault left due.
-                if let Some(follow) = follow.as_mut() {
-                    if std::mem::take(&mut served) {
+                // Placed as a region's: after a turn that served a fault, a read before any
+                // wait (the faulting thread's next fault is usually in by then), and only if
+                // nothing is in, the looks where the faulting thread runs, as the fault
+                // thread makes them (fault.rs); it waits in `poll`, never parked in a read.
+                let mut n = 0;
+                if let Some(follow) = follow.as_mut().filter(|_| after_serving) {
+                    n = match uffd.read(&mut msgs) {
+                        Ok(n) => n,
+                        Err(_) => usize::MAX,
+                    };
+                    if n == 0 {
                         follow.maybe_apart();
-                    } else {
                         follow.look_if_due();
                     }
                 }
-                if !uffd.poll(&waker, -1).uffd {
-                    continue;
+                if n == 0 {
+                    if !uffd.poll(&waker, -1).uffd {
+                        continue;
+                    }
+                    n = uffd.read(&mut msgs).unwrap_or(usize::MAX);
                 }
-                let Ok(n) = uffd.read(&mut msgs) else {
+                if n == usize::MAX {
                     // Closed, the range unregistered: a touch waiting now, or made later,
                     // is the kernel's own (and the measuring thread stops).
                     failed.store(true, Relaxed);
                     uffd.shutdown();
                     break;
-                };
-                for m in &msgs[..n] {
-                    if m.event == userfaultfd::EVENT_PAGEFAULT {
-                        if let Some(follow) = follow.as_mut() {
-                            // The faulting thread's id (`UFFD_FEATURE_THREAD_ID`).
-                            follow.fault(m.arg[2]);
-                        }
-                        let addr = m.arg[1] & !(page_size as u64 - 1);
-                        // EEXIST (already there) or EAGAIN: the touch faults again.
-                        let _ = uffd.copy(addr, &content);
-                        served = true;
+                }
+                after_serving = false;
+                for (i, m) in msgs[..n].iter().enumerate() {
+                    if m.event != userfaultfd::EVENT_PAGEFAULT {
+                        continue;
                     }
+                    if let Some(follow) = follow.as_mut() {
+                        // The faulting thread's id (`UFFD_FEATURE_THREAD_ID`).
+                        follow.fault(m.arg[2]);
+                    }
+                    if let Some(p) = placement.filter(|_| i + 1 == n) {
+                        // The last: nothing waits after its copy (as fault.rs says).
+                        p.holding(false);
+                    }
+                    let addr = m.arg[1] & !(page_size as u64 - 1);
+                    // EEXIST (already there) or EAGAIN: the touch faults again.
+                    let _ = uffd.copy(addr, &content);
+                    if let Some(p) = placement {
+                        p.progress();
+                    }
+                    after_serving = true;
                 }
                 if let Some(p) = placement {
-                    p.progress();
                     p.holding(false);
                 }
             }
