@@ -152,30 +152,27 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
                 // wait (the faulting thread's next fault is usually in by then), and only if
                 // nothing is in, the looks where the faulting thread runs, as the fault
                 // thread makes them (fault.rs); it waits in `poll`, never parked in a read.
-                let mut n = 0;
+                let mut got = Ok(0);
                 if let Some(follow) = follow.as_mut().filter(|_| after_serving) {
-                    n = match uffd.read(&mut msgs) {
-                        Ok(n) => n,
-                        Err(_) => usize::MAX,
-                    };
-                    if n == 0 {
+                    got = uffd.read(&mut msgs);
+                    if matches!(got, Ok(0)) {
                         follow.maybe_apart();
                         follow.look_if_due();
                     }
                 }
-                if n == 0 {
+                if matches!(got, Ok(0)) {
                     if !uffd.poll(&waker, -1).uffd {
                         continue;
                     }
-                    n = uffd.read(&mut msgs).unwrap_or(usize::MAX);
+                    got = uffd.read(&mut msgs);
                 }
-                if n == usize::MAX {
+                let Ok(n) = got else {
                     // Closed, the range unregistered: a touch waiting now, or made later,
                     // is the kernel's own (and the measuring thread stops).
                     failed.store(true, Relaxed);
                     uffd.shutdown();
                     break;
-                }
+                };
                 after_serving = false;
                 for (i, m) in msgs[..n].iter().enumerate() {
                     if m.event != userfaultfd::EVENT_PAGEFAULT {

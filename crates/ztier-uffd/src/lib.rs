@@ -32,8 +32,9 @@
 //!
 //! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
 //! the same round trip served by a bare handler, its two threads held on one CPU and on two,
-//! and placed as the fault thread places itself (`floor.rs`); [`kernel_pageout`] the kernel's own path for the same pages, where the
-//! machine has one (`MADV_PAGEOUT` through zswap, the pages touched back: `pageout.rs`).
+//! and placed as the fault thread places itself (`floor.rs`); [`kernel_pageout`] the
+//! kernel's own path for the same pages, where the machine has one (`MADV_PAGEOUT` through
+//! zswap, the pages touched back: `pageout.rs`).
 //!
 //! # The eviction protocol
 //!

@@ -855,10 +855,11 @@ fn a_run_across_a_protection_change_goes_out_page_by_page() {
 
 #[test]
 fn the_floors_bare_handler_serves_every_touch_on_one_cpu_on_two_and_placed_as_a_region() {
-    // A region first, so a process that may not use userfaultfd skips here as everywhere.
-    if region(PAGE, PAGE).is_none() {
+    // A region first, so a process that may not use userfaultfd skips here as everywhere;
+    // whether its fault thread may use idle priority (it may leave it again: root here).
+    let Some(idle_priority) = region(PAGE, PAGE).map(|r| r.stats().idle_priority_usable) else {
         return;
-    }
+    };
     let _dog = common::Watchdog::new(common::WATCHDOG);
     let floor = ztier_uffd::bare_fault_latency(300).unwrap();
     assert_eq!(floor.one_cpu.len(), 300);
@@ -881,8 +882,7 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_on_two_and_placed_as_a_
         ),
     }
     // Placed as a region's fault thread places itself, where a region's fault thread may
-    // use idle priority (it may leave it again: root here) and there are two CPUs.
-    let idle_priority = region(PAGE, PAGE).is_some_and(|r| r.stats().idle_priority_usable);
+    // use idle priority and there are two CPUs.
     match &floor.placed_as_region {
         Some(placed) => {
             assert_eq!(placed.len(), 300);
