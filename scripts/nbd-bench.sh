@@ -10,6 +10,11 @@
 # decompresses (ztier lz4) against one that copies stored bytes (nbdkit sparse) is capped by
 # the sum of the two sides' CPU a GB, whatever its threads do.
 #
+# "nbdkit lz4" is nbdkit doing ztier lz4's job: scripts/nbdkit-lz4.c, the memory plugin's
+# sparse allocator with each 4 KiB page kept as liblz4 compressed it and decompressed on
+# read, built here. Its reads against nbdkit sparse's are what decompressing every page
+# costs nbdkit's server; ztier lz4's against it, what ztier's server makes of the same work.
+#
 # Then fio's nbd engine, 4 KiB random 50/50 reads and writes at queue depth 32, buffers 60 %
 # compressible, 256 MiB, 10 s, against ztier lz4 and plain and nbdkit zstd and sparse: IOPS,
 # and the ratio to nbdkit zstd.
@@ -19,7 +24,8 @@
 # moves between 337 and 524 MB/s, so a single round's ratio is mostly noise.
 #
 # Usage: [ROUNDS=N] scripts/nbd-bench.sh [CORPUS.pages.zst ...]   (default: ../shared/corpus/postgres)
-# Needs: nbdkit, libnbd-bin (nbdcopy), fio, zstd; builds ztier in release mode.
+# Needs: nbdkit, libnbd-bin (nbdcopy), fio, zstd, a C compiler, nbdkit-plugin-dev and
+# liblz4-dev (for nbdkit lz4); builds ztier in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpora=("$@")
@@ -30,6 +36,10 @@ done
 cargo build --release -q -p ztier-cli
 ztier=target/release/ztier
 work=$(mktemp -d)
+cc -O2 -Wall -shared -fPIC -o "$work/nbdkit-lz4.so" scripts/nbdkit-lz4.c -llz4 || {
+  echo "nbd-bench: cannot build scripts/nbdkit-lz4.c (it needs nbdkit-plugin-dev and liblz4-dev: scripts/setup.sh)" >&2
+  exit 1
+}
 # The corpus is decompressed into memory (tmpfs) where there is one: a file on disk can have
 # its page cache dropped between rounds (this VM runs DAMON with a pageout scheme), and
 # nbdcopy then reads it from the disk in one round and from memory in the next.
@@ -109,16 +119,24 @@ for corpus in "${corpora[@]}"; do
   # zram's answer to small pages, a zstd dictionary (`algorithm_params dict=`), trained here
   # on the corpus itself (the kernel's intended use: pages like those the device will hold).
   "$ztier" train-dict --corpus "$corpus" --sample 16M --size 256K -o "$work/corpus.dict" >/dev/null
-  names=("nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "ztier plain" "ztier lz4" "ztier zstd"
+  names=("nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "nbdkit lz4" "ztier plain" "ztier lz4" "ztier zstd"
     "ztier zstd:dict=$work/corpus.dict" "ztier zstd:level=2,dict=$work/corpus.dict" "ztier lzo-rle")
-  for _ in $(seq "${ROUNDS:-3}"); do
+  for round in $(seq "${ROUNDS:-3}"); do
     for server in "${names[@]}"; do
       read -r kind alg <<<"$server"
-      case $kind in
-        nbdkit) start nbdkit -f -U "$work/sock" memory size="$size" allocator="$alg" ;;
-        ztier) start_ztier "$alg" --size "$size" ;;
+      case $server in
+        "nbdkit lz4") start nbdkit -f -U "$work/sock" "$work/nbdkit-lz4.so" size="$size" ;;
+        nbdkit*) start nbdkit -f -U "$work/sock" memory size="$size" allocator="$alg" ;;
+        ztier*) start_ztier "$alg" --size "$size" ;;
       esac
       w=$(seconds nbdcopy "$raw" "$uri")
+      # The reference is this script's own code: its first round's pages are read back and
+      # compared before any of its figures count.
+      if [ "$server" = "nbdkit lz4" ] && [ "$round" = 1 ]; then
+        nbdcopy "$uri" "$shm/back.raw"
+        cmp -n "$bytes" "$raw" "$shm/back.raw" || { echo "nbd-bench: nbdkit lz4 read back other bytes" >&2; exit 1; }
+        rm -f "$shm/back.raw"
+      fi
       # RSS at rest: 1.5 s after the write, for every server alike (ztier's page helper
       # gives back its prepared chunk after 1 s without allocations, then trims idle pools).
       sleep 1.5
@@ -167,11 +185,14 @@ for corpus in "${corpora[@]}"; do
   cores=$(nproc)
   echo "  reads, CPU seconds a GB (server's at 10 ms ticks; medians), and the most $cores cores give at that cost:"
   printf '    %-22s %8s %8s %8s %14s\n' server server nbdcopy both "ceiling MB/s"
-  for s in "nbdkit sparse" "ztier plain" "ztier lz4"; do
+  for s in "nbdkit sparse" "nbdkit lz4" "ztier plain" "ztier lz4"; do
     both=$(calc "${SCPU[$s]} + ${CCPU[$s]}")
     printf '    %-22s %8.3f %8.3f %8.3f %14.0f\n' "$s" "${SCPU[$s]}" "${CCPU[$s]}" "$both" \
       "$(calc "($both > 0 ? $cores * 1000 / $both : 0)")"
   done
+  printf '  reads: ztier lz4 %.2fx nbdkit sparse; nbdkit lz4 %.2fx nbdkit sparse; ztier lz4 %.2fx nbdkit lz4 (the same work)\n' \
+    "$(calc "${R[ztier lz4]} / ${R[nbdkit sparse]}")" "$(calc "${R[nbdkit lz4]} / ${R[nbdkit sparse]}")" \
+    "$(calc "${R[ztier lz4]} / ${R[nbdkit lz4]}")"
   unset W R M MUT SCPU CCPU
 done
 

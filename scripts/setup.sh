@@ -16,6 +16,8 @@
 #     nbdinfo, nbdsh, nbdfuse, qemu-img, fio's nbd engine) the tests of `ztier serve` drive
 #   - nbdkit: the reference server scripts/nbd-bench.sh measures against, and the remote
 #     store zram's writeback tests write to
+#   - nbdkit-plugin-dev, liblz4-dev: the header and library scripts/nbd-bench.sh builds its
+#     "nbdkit lz4" reference with (scripts/nbdkit-lz4.c: nbdkit doing ztier lz4's work)
 #   - iproute2: `ip netns` and `tc netem`, for the far-memory test (two namespaces, a veth
 #     pair, a delay)
 #   - qemu-system-x86: the virtual machine whose swap disk is a `ztier serve` export
@@ -41,7 +43,7 @@
 #     (a real renderer: the picture must draw, not only parse)
 set -euo pipefail
 
-PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit iproute2
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit nbdkit-plugin-dev liblz4-dev iproute2
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd
   ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra librsvg2-bin)
 
