@@ -2,8 +2,10 @@
 //! in the same run: ztier's kernel-variant lz4 against liblz4, ztier's lzo and lzo-rle
 //! against liblzo2's LZO1X-1. Throughput is of uncompressed bytes. Decoders are compared on
 //! the same blocks: liblz4 and liblzo2 decode what ztier's lz4 and lzo wrote.
+//!
+//! `ZTIER_BENCH_CORPUS=PATH.pages.zst` measures another corpus instead of the sample.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ztier_compress::{liblz4, worst_case_len, Algorithm};
@@ -11,8 +13,11 @@ use ztier_corpus::Corpus;
 use ztier_reference::liblzo2;
 
 fn sample() -> Corpus {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst");
-    Corpus::load(&path).expect("bundled sample")
+    let path = match std::env::var_os("ZTIER_BENCH_CORPUS") {
+        Some(path) => PathBuf::from(path),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst"),
+    };
+    Corpus::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn compress(c: &mut Criterion) {

@@ -70,6 +70,22 @@ fn copy_match_wild(dst: &mut [u8], op: usize, dist: usize, len: usize) {
 #[inline(always)]
 pub unsafe fn copy_near_match(to: *mut u8, dist: usize, len: usize) {
     debug_assert!((1..WILD).contains(&dist));
+    if dist > 8 {
+        // Periods of 9 to 15 have no cheap register pattern: 8-byte steps from `dist` back,
+        // each reading only bytes already final (dist >= 8), as liblz4's wild copy does.
+        let mut k = 0;
+        while k < len {
+            // SAFETY: the caller's contract: reads to - dist + k .. to - dist + k + 8, behind
+            // to + k; writes to + k .. to + k + 8 with k < len.
+            unsafe {
+                to.add(k)
+                    .cast::<[u8; 8]>()
+                    .write_unaligned(to.sub(dist).add(k).cast::<[u8; 8]>().read_unaligned())
+            };
+            k += 8;
+        }
+        return;
+    }
     // SAFETY: the caller's contract: the load covers to - dist .. to - dist + 16 <= to + 15,
     // each store to + k .. to + k + 16 with k < len.
     unsafe {
