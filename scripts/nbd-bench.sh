@@ -36,10 +36,6 @@ done
 cargo build --release -q -p ztier-cli
 ztier=target/release/ztier
 work=$(mktemp -d)
-cc -O2 -Wall -shared -fPIC -o "$work/nbdkit-lz4.so" scripts/nbdkit-lz4.c -llz4 || {
-  echo "nbd-bench: cannot build scripts/nbdkit-lz4.c (it needs nbdkit-plugin-dev and liblz4-dev: scripts/setup.sh)" >&2
-  exit 1
-}
 # The corpus is decompressed into memory (tmpfs) where there is one: a file on disk can have
 # its page cache dropped between rounds (this VM runs DAMON with a pageout scheme), and
 # nbdcopy then reads it from the disk in one round and from memory in the next.
@@ -50,6 +46,10 @@ cleanup() {
   rm -rf "$work" "$shm"
 }
 trap cleanup EXIT
+cc -O2 -Wall -shared -fPIC -o "$work/nbdkit-lz4.so" scripts/nbdkit-lz4.c -llz4 || {
+  echo "nbd-bench: cannot build scripts/nbdkit-lz4.c (it needs nbdkit-plugin-dev and liblz4-dev: scripts/setup.sh)" >&2
+  exit 1
+}
 
 # Starts a server (the rest of the arguments) on $work/sock and waits for the socket.
 start() {
