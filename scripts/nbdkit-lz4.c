@@ -38,6 +38,7 @@ static int64_t size = -1;
 static struct page *pages;
 static uint64_t npages;
 static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
+static const uint8_t zeros[PAGE];
 
 static int
 lz4_config (const char *key, const char *value)
@@ -116,7 +117,6 @@ read_page (uint64_t i, uint8_t *out)
 static int
 store_page (uint64_t i, const uint8_t *in)
 {
-  static const uint8_t zeros[PAGE];
   struct page *p = &pages[i];
   if (memcmp (in, zeros, PAGE) == 0) {
     free (p->bytes);
@@ -169,20 +169,17 @@ lz4_pread (void *handle, void *buf, uint32_t count, uint64_t offset, uint32_t fl
 static int
 write_range (const uint8_t *buf, uint32_t count, uint64_t offset)
 {
-  static const uint8_t zeros[PAGE];
   uint8_t page[PAGE];
   int r = 0;
   pthread_rwlock_wrlock (&lock);
   while (count > 0 && r == 0) {
     uint64_t i = offset / PAGE;
     uint32_t in = offset % PAGE, n = PAGE - in < count ? PAGE - in : count;
+    const uint8_t *from = buf ? buf : zeros;
     if (in == 0 && n == PAGE)
-      r = store_page (i, buf ? buf : zeros);
+      r = store_page (i, from);
     else if ((r = read_page (i, page)) == 0) {
-      if (buf)
-        memcpy (page + in, buf, n);
-      else
-        memset (page + in, 0, n);
+      memcpy (page + in, from, n);
       r = store_page (i, page);
     }
     if (buf)
