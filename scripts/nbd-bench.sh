@@ -105,6 +105,7 @@ read_to_null() {
 
 # The median of a space-separated list of numbers.
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+largest() { tr ' ' '\n' <<<"$1" | grep . | sort -g | tail -n 1; }
 
 for corpus in "${corpora[@]}"; do
   raw="$shm/corpus.raw"
@@ -152,14 +153,13 @@ for corpus in "${corpora[@]}"; do
       SCPU[$server]+=" $(calc "($s1 - $s0) / ($bytes / 1e9)")"
       CCPU[$server]+=" $(calc "$(cat "$work/client.cpu") / ($bytes / 1e9)")"
       W[$server]+=" $(calc "$bytes / $w / 1e6")"
-      read_mb=$(calc "$bytes / $r / 1e6")
-      R[$server]+=" $read_mb"
-      BEST[$server]=$(calc "($read_mb > ${BEST[$server]:-0}) ? $read_mb : ${BEST[$server]:-0}")
+      R[$server]+=" $(calc "$bytes / $r / 1e6")"
       M[$server]+=" $(calc "$rss / 1024")"
     done
   done
   for s in "${names[@]}"; do
     W[$s]=$(median "${W[$s]}")
+    BEST[$s]=$(largest "${R[$s]}")
     R[$s]=$(median "${R[$s]}")
     M[$s]=$(median "${M[$s]}")
     SCPU[$s]=$(median "${SCPU[$s]}")
