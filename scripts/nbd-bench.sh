@@ -29,6 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpora=("$@")
+rounds=${ROUNDS:-3}
 [ ${#corpora[@]} -gt 0 ] || corpora=(../shared/corpus/postgres.pages.zst)
 for tool in nbdkit nbdcopy fio zstd; do
   command -v "$tool" >/dev/null || { echo "nbd-bench: $tool is not installed (scripts/setup.sh)" >&2; exit 1; }
@@ -103,9 +104,11 @@ read_to_null() {
   awk '{ print $1 + $2 }' "$work/client.time" >"$work/client.cpu"
 }
 
-# The median of a space-separated list of numbers.
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-largest() { tr ' ' '\n' <<<"$1" | grep . | sort -g | tail -n 1; }
+# A space-separated list of numbers, one a line, smallest first.
+sorted() { tr ' ' '\n' <<<"$1" | grep . | sort -g; }
+# The median and the largest of such a list.
+median() { sorted "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+largest() { sorted "$1" | tail -n 1; }
 
 for corpus in "${corpora[@]}"; do
   raw="$shm/corpus.raw"
@@ -122,7 +125,7 @@ for corpus in "${corpora[@]}"; do
   "$ztier" train-dict --corpus "$corpus" --sample 16M --size 256K -o "$work/corpus.dict" >/dev/null
   names=("nbdkit zstd" "nbdkit sparse" "nbdkit malloc" "nbdkit lz4" "ztier plain" "ztier lz4" "ztier zstd"
     "ztier zstd:dict=$work/corpus.dict" "ztier zstd:level=2,dict=$work/corpus.dict" "ztier lzo-rle")
-  for round in $(seq "${ROUNDS:-3}"); do
+  for round in $(seq "$rounds"); do
     for server in "${names[@]}"; do
       read -r kind alg <<<"$server"
       case $server in
@@ -182,7 +185,7 @@ for corpus in "${corpora[@]}"; do
       "$(calc "${R[$s]} / ${R[nbdkit zstd]}")" \
       "$(calc "${M[$s]} / ${M[nbdkit zstd]}")" "$bound"
   done
-  echo "  (medians of ${ROUNDS:-3} rounds; zstd+dict: zstd:dict= with a 256 KiB dictionary trained on this corpus by"
+  echo "  (medians of $rounds rounds; zstd+dict: zstd:dict= with a 256 KiB dictionary trained on this corpus by"
   echo "   ztier train-dict, at zram's level 3; zstd-2+dict: the same at level 2)"
   cores=$(nproc)
   echo "  reads, CPU seconds a GB (server's at 10 ms ticks; medians), and the most $cores cores give at that cost:"
@@ -197,7 +200,7 @@ for corpus in "${corpora[@]}"; do
     "$(calc "${R[ztier lz4]} / ${R[nbdkit lz4]}")"
   # #26's goal reads the best round of each server, so each side's luckiest round counts.
   printf '  reads, best of %s rounds: ztier lz4 %.0f MB/s, nbdkit sparse %.0f, nbdkit lz4 %.0f; ztier lz4 %.2fx nbdkit sparse, %.2fx nbdkit lz4\n' \
-    "${ROUNDS:-3}" "${BEST[ztier lz4]}" "${BEST[nbdkit sparse]}" "${BEST[nbdkit lz4]}" \
+    "$rounds" "${BEST[ztier lz4]}" "${BEST[nbdkit sparse]}" "${BEST[nbdkit lz4]}" \
     "$(calc "${BEST[ztier lz4]} / ${BEST[nbdkit sparse]}")" "$(calc "${BEST[ztier lz4]} / ${BEST[nbdkit lz4]}")"
   unset W R M MUT SCPU CCPU BEST
 done
