@@ -26,10 +26,6 @@ use crate::{
     ZEROED,
 };
 
-/// Pages the fault thread lets the resident count exceed the budget by while the reclaim
-/// thread is making progress, before it holds faults back.
-const BUDGET_SLACK: u64 = 128;
-
 /// How long after the last fault a wait of the fault thread may begin parked in its read
 /// (bell.rs): as long as it holds the CPU latency request for them. Parked, it holds `gate`
 /// until a message or a ring ends the wait; the first wait after it that begins later is
@@ -690,9 +686,7 @@ impl Shared {
 
     /// Whether faults that bring a page in wait for the reclaim thread.
     fn over_budget_hard(&self) -> bool {
-        let budget = self.budget_pages.load(Relaxed);
-        self.resident.load(Relaxed) >= budget.saturating_add(BUDGET_SLACK)
-            && !self.reclaim_stuck.load(Relaxed)
+        self.resident.load(Relaxed) > self.fault_hold_above() && !self.reclaim_stuck.load(Relaxed)
     }
 
     /// The region pages wholly or partly in `[start, end)`.

@@ -92,10 +92,12 @@
 //!   the region at once: that move would need `gate`, which comes before the page lock the
 //!   evictor holds.
 //! - **The budget**: the reclaim thread evicts once the resident pages exceed it, down to
-//!   128 pages under it (a sixteenth of it at most); the fault
-//!   thread holds faults that bring a page in back (in its queue, still reading messages)
-//!   while the resident pages are 128 past it and the reclaim thread is making progress,
-//!   and the reclaim thread wakes it after each batch.
+//!   its margin under it (a sixteenth of it, at most 128 pages); the fault thread holds
+//!   faults that bring a page in back (in its queue, still reading messages) while the
+//!   resident pages are more than the margin past it and the reclaim thread is making
+//!   progress, and the reclaim thread wakes it after each batch. So the resident pages run
+//!   past the budget by at most the margin and one fault-around window while reclaim
+//!   catches up, and pages moved out sit in the pad until their batch ends.
 //! - **Dropping the region**: the evictors stop first (their drops of the pad need the
 //!   fault thread), then the CPU latency request's alarm watcher (a ring of its is read by
 //!   the fault thread, still running), then the fault thread, rung out of its read if parked
@@ -280,10 +282,12 @@ const STRIPES: usize = 1024;
 /// resident while the evictors work.
 const BATCH: usize = 256;
 
-/// Pages under the budget an eviction pass goes down to (at most a sixteenth of the
-/// budget): each pass that stopped at the budget itself was as long as the fault-around
-/// window that started it, and cost a wake-up of the reclaim thread, the pad's emptying (a
-/// wait for the fault thread) and a wake-up of the fault thread back.
+/// The most pages of a region's budget margin (`Shared::budget_margin`, otherwise a
+/// sixteenth of the budget): how far under the budget an eviction pass goes (each pass that
+/// stopped at the budget itself was as long as the fault-around window that started it, and
+/// cost a wake-up of the reclaim thread, the pad's emptying, a wait for the fault thread,
+/// and a wake-up of the fault thread back), and how far past it faults may take the
+/// resident pages while the reclaim thread catches up.
 const RECLAIM_MARGIN: u64 = 128;
 
 /// Pad pages of [`Region::evict`], emptied together once all are used: each emptying is a
@@ -1165,13 +1169,28 @@ impl Shared {
         self.resident.load(Relaxed) > self.budget_pages.load(Relaxed)
     }
 
-    /// Where an eviction pass that the budget started stops: a little under the budget
+    /// A sixteenth of `budget`, at most [`RECLAIM_MARGIN`] pages: small budgets get a margin
+    /// in proportion, so that a region of a few MiB is not let run a quarter past its
+    /// budget.
+    fn budget_margin(budget: u64) -> u64 {
+        (budget / 16).min(RECLAIM_MARGIN)
+    }
+
+    /// Where an eviction pass that the budget started stops: a margin under the budget
     /// (kswapd's high watermark above its low), so that a program faulting pages in keeps
-    /// going for [`RECLAIM_MARGIN`] pages before the reclaim thread is woken again, and that
-    /// thread evicts in batches, not a fault-around window at a time.
+    /// going for that many pages before the reclaim thread is woken again, and that thread
+    /// evicts in batches, not a fault-around window at a time.
     fn reclaim_target(&self) -> u64 {
         let budget = self.budget_pages.load(Relaxed);
-        budget - (budget / 16).min(RECLAIM_MARGIN)
+        budget - Shared::budget_margin(budget)
+    }
+
+    /// Where the fault thread holds faults that bring pages in, while the reclaim thread is
+    /// making progress: resident pages past the budget by its margin. A fault served under
+    /// it may still bring in a fault-around window (at most [`MAX_AROUND`] pages more).
+    fn fault_hold_above(&self) -> u64 {
+        let budget = self.budget_pages.load(Relaxed);
+        budget.saturating_add(Shared::budget_margin(budget))
     }
 
     fn wake_reclaim_if_over(&self) {

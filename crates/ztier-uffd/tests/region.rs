@@ -422,6 +422,59 @@ fn an_eviction_pass_goes_a_little_under_the_budget_and_then_rests() {
     }
 }
 
+/// A small budget is kept as closely as a large one, in proportion: while a thread reads
+/// every page in order (each fault bringing a window in, the reclaim thread compressing
+/// behind it), the resident pages run past the budget by at most its margin (a sixteenth
+/// of it) and one fault-around window, not by the 128 pages a large budget's margin allows.
+#[test]
+fn a_small_budget_is_overrun_by_at_most_its_margin_and_a_window() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+    const PAGES: u64 = 2048;
+    const BUDGET: u64 = 256;
+    // Every eviction compresses, so the reclaim thread falls behind the reads.
+    let config = ztier_uffd::RegionConfig {
+        clean_pages: false,
+        ..Default::default()
+    };
+    let Some(r) = region_with(PAGES as usize * PAGE, BUDGET as usize * PAGE, &config) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..PAGES {
+        write_page(words, page, 1);
+    }
+    let done = AtomicBool::new(false);
+    let peak = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !done.load(Relaxed) {
+                peak = peak.max(r.stats().resident_pages);
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            peak
+        });
+        for _ in 0..4 {
+            for page in 0..PAGES {
+                check_page(words, page, 1).unwrap();
+            }
+        }
+        done.store(true, Relaxed);
+        sampler.join().unwrap()
+    });
+    let limit = BUDGET + BUDGET / 16 + ztier_uffd::MAX_AROUND as u64 + 1;
+    assert!(
+        peak > BUDGET,
+        "the reads ran the region past its budget, so the bound was tested: peak {peak}"
+    );
+    assert!(
+        peak <= limit,
+        "resident pages peaked at {peak}, past the budget {BUDGET} by more than its margin \
+         and a fault-around window ({limit}): {:?}",
+        r.stats()
+    );
+}
+
 /// Eight threads each own every eighth page and write new versions of them or check them,
 /// at random, while the reclaim thread keeps the region at a tenth of its size.
 #[test]
