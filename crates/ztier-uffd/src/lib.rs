@@ -96,8 +96,8 @@
 //!   faults that bring a page in back (in its queue, still reading messages) while the
 //!   resident pages are more than the margin past it and the reclaim thread is making
 //!   progress, and the reclaim thread wakes it after each batch. So the resident pages run
-//!   past the budget by at most the margin and one fault-around window while reclaim
-//!   catches up, and pages moved out sit in the pad until their batch ends.
+//!   past the budget by at most the margin, one faulting page and its fault-around window
+//!   while reclaim catches up, and pages moved out sit in the pad until their batch ends.
 //! - **Dropping the region**: the evictors stop first (their drops of the pad need the
 //!   fault thread), then the CPU latency request's alarm watcher (a ring of its is read by
 //!   the fault thread, still running), then the fault thread, rung out of its read if parked
@@ -1187,7 +1187,8 @@ impl Shared {
 
     /// Where the fault thread holds faults that bring pages in, while the reclaim thread is
     /// making progress: resident pages past the budget by its margin. A fault served under
-    /// it may still bring in a fault-around window (at most [`MAX_AROUND`] pages more).
+    /// it may still bring in its page and a fault-around window (`RegionConfig::fault_around`
+    /// pages more, [`MAX_AROUND`] by default).
     fn fault_hold_above(&self) -> u64 {
         let budget = self.budget_pages.load(Relaxed);
         budget.saturating_add(Shared::budget_margin(budget))

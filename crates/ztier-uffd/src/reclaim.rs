@@ -70,7 +70,7 @@ pub(crate) fn run(sh: &Shared) {
             sh.helper_cv.notify_one();
         }
         keep_off.settle();
-        let (out, reached) = sh.evict_batch(&mut segment, 0);
+        let Batch { out, reached, busy } = sh.evict_batch(&mut segment, 0);
         // The pass ends where it reached the target, not where the thread looks next (the
         // pad's emptying waits for the fault thread, which serves the faults that came
         // meanwhile, and pages they bring in under the budget are not this pass's); or, when
@@ -79,8 +79,11 @@ pub(crate) fn run(sh: &Shared) {
         sh.reclaim_passing.store(passing, Relaxed);
         // Stuck only while over the budget: nothing evicted between the target and the
         // budget (another evictor got there first, or an event is waiting) holds no fault.
+        // Nor is a batch stopped by an event stuck: the fault thread reads the event (its
+        // own ring among them) while it holds faults back, and the next batch goes on;
+        // counted stuck, it let faults take the resident pages past the hold unchecked.
         sh.reclaim_stuck
-            .store(out == 0 && sh.over_budget(), Relaxed);
+            .store(out == 0 && !busy && sh.over_budget(), Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();
         if out == 0 && !reached {
@@ -111,7 +114,7 @@ pub(crate) fn run_helper(sh: &Shared) {
             return;
         }
         keep_off.settle();
-        let (out, _) = sh.evict_batch(&mut segment, crate::BATCH);
+        let Batch { out, .. } = sh.evict_batch(&mut segment, crate::BATCH);
         sh.waker.wake();
         if out == 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -124,6 +127,18 @@ const FAR: u64 = 256;
 
 /// Pages of the clock an evictor takes from the hand at a time.
 const SEGMENT: u64 = 256;
+
+/// What an evictor's batch did.
+struct Batch {
+    /// Pages that went out.
+    out: u64,
+    /// Whether the resident pages were down to the reclaim target when it stopped.
+    reached: bool,
+    /// Whether it stopped at a move refused while the address space changes: an event
+    /// waits for the fault thread, which reads it even while it holds faults back, and the
+    /// batch after it can go on.
+    busy: bool,
+}
 
 /// What an evictor's run did.
 #[derive(Default)]
@@ -162,12 +177,12 @@ impl Shared {
 
     /// Evicts up to a pad's worth of cold pages while over the reclaim target, through pad
     /// pages from `pad` on, from the part of the clock `segment` (the evictor's own, taken
-    /// from the hand; a new one once it is done): how many went out, and whether the resident
-    /// pages were down to the target when it stopped.
-    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> (u64, bool) {
+    /// from the hand; a new one once it is done).
+    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> Batch {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
+        let mut busy = false;
         while slot < crate::BATCH
             && scanned < 2 * self.pages
             && self.resident.load(Relaxed) > self.reclaim_target()
@@ -205,12 +220,13 @@ impl Shared {
                 *self.last_error.lock() = Some(e.to_string());
             }
             if run.busy {
+                busy = true;
                 break;
             }
         }
         let reached = self.resident.load(Relaxed) <= self.reclaim_target();
         self.empty_pad(pad, slot);
-        (out, reached)
+        Batch { out, reached, busy }
     }
 
     /// Evicts `page` through pad page `slot` (the caller's alone until it empties it).
