@@ -2,8 +2,9 @@
 //! (`ztier_uffd::Region`), the budget then cut to the given share so the reclaim thread
 //! evicts the rest, every page read back in order and verified (under the budget: the pages
 //! brought in make the reclaim thread evict as many others), the region's RSS then taken from
-//! /proc/self/smaps (right after the pass, and at rest once the reclaim thread is done), then single pages touched at random for the fault latency (pushed out as
-//! they were, then written and pushed out, as the kernel's own figure's are), then random
+//! /proc/self/smaps (and again at rest, after the verify pass, once the reclaim thread is
+//! done), then single pages touched at random for the fault latency (pushed out as they
+//! were, then written and pushed out, as the kernel's own figure's are), then random
 //! reads with a working set (most pages evicted clean: read in and not written since), then
 //! every page stored and read back in order with the budget not binding (into free memory,
 //! as the kernel's fault-in figure is), and the memory held then set beside a fresh zram
@@ -145,12 +146,13 @@ struct UffdRun {
     resident_pages: u64,
     /// Bytes the region keeps resident at the end of the sequential pass: its mapping's
     /// and its pad's `Rss` in /proc/self/smaps, and its state byte a page.
-    rss_after_pass_bytes: u64,
-    /// Region pages resident once the reclaim thread has finished the pass's eviction.
-    resident_at_rest_pages: u64,
-    /// The same bytes as `rss_after_pass_bytes` then: what the region holds to its budget.
     rss_bytes: u64,
-    /// What #28 allows: the budget and 64 bytes a stored page (at rest).
+    /// Region pages resident at rest: after the verify pass that follows, once the reclaim
+    /// thread is done (or 5 s).
+    resident_at_rest_pages: u64,
+    /// The same bytes as `rss_bytes` then (the pad included, emptied or not).
+    rss_at_rest_bytes: u64,
+    /// What #28 allows: the budget and 64 bytes a page stored at the end of the pass.
     rss_allowed_bytes: u64,
     /// With every page stored: the region's device's mm_stat, and a fresh zram device
     /// (same compressor and allocator) with every page of the corpus written to it.
@@ -315,7 +317,7 @@ fn wait_for_reclaim_pass(region: &Region, deadline: Option<Instant>) {
     }
 }
 
-/// The region's RSS (as `rss_after_pass_bytes` is taken) once its reclaim pass is over
+/// The region's RSS (as `rss_bytes` is taken) once its reclaim pass is over
 /// and the pad it went through emptied: two readings 2 ms apart that agree (at most 0.1 s
 /// of them), with the stats of the last.
 fn rss_at_rest(region: &Region) -> anyhow::Result<(u64, ztier_uffd::RegionStats)> {
@@ -385,7 +387,7 @@ fn run_one(
     let seq_time = t.elapsed();
     std::hint::black_box(sum);
     let seq = region.stats();
-    let rss_after_pass_bytes = region.rss_bytes().context("/proc/self/smaps")? + pages as u64;
+    let rss_bytes = region.rss_bytes().context("/proc/self/smaps")? + pages as u64;
     let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
     let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
     verify(&region, corpus)?;
@@ -395,7 +397,7 @@ fn run_one(
     // reclaim thread finishes bringing the region under its budget after the verify pass
     // above (faults it makes wait for its locks are the evict pass's, not a fault's own).
     wait_for_reclaim_pass(&region, Some(Instant::now() + Duration::from_secs(5)));
-    let (rss_bytes, rest) = rss_at_rest(&region)?;
+    let (rss_at_rest_bytes, rest) = rss_at_rest(&region)?;
     let before_latency = region.stats();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let lat = single_faults(&region, corpus, &mut x, false)?;
@@ -535,10 +537,10 @@ fn run_one(
         free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
         free_idle_priority: free.idle_priority,
         resident_pages: seq.resident_pages,
-        rss_after_pass_bytes,
-        resident_at_rest_pages: rest.resident_pages,
         rss_bytes,
-        rss_allowed_bytes: budget as u64 + 64 * rest.stored_pages,
+        resident_at_rest_pages: rest.resident_pages,
+        rss_at_rest_bytes,
+        rss_allowed_bytes: budget as u64 + 64 * seq.stored_pages,
         all_stored_pages: all.stored_pages,
         all_mem_used_total: all.mm_stat.mem_used_total,
         zram_mem_used_total: zram.mem_used_total,
@@ -764,13 +766,13 @@ fn print_run(r: &UffdRun) {
         r.floor_one_cpu_p50_us, r.floor_one_cpu_p99_us
     );
     println!(
-        "  resident    {} pages right after the pass, {} at rest (budget {}; past it by at most a sixteenth of it, 128 pages at most, and a fault-around window while the reclaim thread catches up)",
+        "  resident    {} pages right after the pass, {} at rest (budget {}; past it by at most its margin, a faulting page and its fault-around window while the reclaim thread catches up)",
         r.resident_pages, r.resident_at_rest_pages, r.budget_pages
     );
     println!(
-        "  rss         {:.2} MB region + pad + state bytes at rest, {:.2} MB right after the pass; allowed {:.2} MB (budget + 64 B a stored page)",
+        "  rss         {:.2} MB region + pad + state bytes right after the pass, {:.2} MB at rest; allowed {:.2} MB (budget + 64 B a stored page)",
         mb(r.rss_bytes),
-        mb(r.rss_after_pass_bytes),
+        mb(r.rss_at_rest_bytes),
         mb(r.rss_allowed_bytes)
     );
     println!(

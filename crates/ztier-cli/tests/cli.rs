@@ -405,6 +405,7 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
             "written_fault_p99_us",
             "floor_one_cpu_p50_us",
             "rss_bytes",
+            "rss_at_rest_bytes",
             "all_mem_used_total",
             "zram_mem_used_total",
         ] {
