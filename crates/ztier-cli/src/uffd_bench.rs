@@ -141,8 +141,8 @@ struct UffdRun {
     free_fault_thread_moves: u64,
     free_idle_priority: bool,
     /// Region pages resident at the end of the sequential pass, against the budget: past
-    /// it by at most its margin and a fault-around window while the reclaim thread catches
-    /// up.
+    /// it by at most its margin, a faulting page and its fault-around window while the
+    /// reclaim thread catches up.
     resident_pages: u64,
     /// Bytes the region keeps resident at the end of the sequential pass: its mapping's
     /// and its pad's `Rss` in /proc/self/smaps, and its state byte a page.
@@ -317,23 +317,25 @@ fn wait_for_reclaim_pass(region: &Region, deadline: Option<Instant>) {
     }
 }
 
-/// The region's RSS (as `rss_bytes` is taken) once its reclaim pass is over
-/// and the pad it went through emptied: two readings 2 ms apart that agree (at most 0.1 s
-/// of them), with the stats of the last.
-fn rss_at_rest(region: &Region) -> anyhow::Result<(u64, ztier_uffd::RegionStats)> {
-    let read = || -> anyhow::Result<u64> {
-        Ok(region.rss_bytes().context("/proc/self/smaps")? + region.pages())
-    };
-    let mut last = read()?;
+/// The bytes a region keeps resident: its mapping's and its pad's `Rss` in
+/// /proc/self/smaps, and its state byte a page.
+fn region_rss(region: &Region) -> anyhow::Result<u64> {
+    Ok(region.rss_bytes().context("/proc/self/smaps")? + region.pages())
+}
+
+/// [`region_rss`] once the reclaim pass is over and the pad it went through emptied: two
+/// readings 2 ms apart that agree (at most 0.1 s of them).
+fn rss_at_rest(region: &Region) -> anyhow::Result<u64> {
+    let mut last = region_rss(region)?;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(2));
-        let now = read()?;
+        let now = region_rss(region)?;
         if now == last {
             break;
         }
         last = now;
     }
-    Ok((last, region.stats()))
+    Ok(last)
 }
 
 fn run_one(
@@ -387,7 +389,7 @@ fn run_one(
     let seq_time = t.elapsed();
     std::hint::black_box(sum);
     let seq = region.stats();
-    let rss_bytes = region.rss_bytes().context("/proc/self/smaps")? + pages as u64;
+    let rss_bytes = region_rss(&region)?;
     let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
     let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
     verify(&region, corpus)?;
@@ -397,7 +399,7 @@ fn run_one(
     // reclaim thread finishes bringing the region under its budget after the verify pass
     // above (faults it makes wait for its locks are the evict pass's, not a fault's own).
     wait_for_reclaim_pass(&region, Some(Instant::now() + Duration::from_secs(5)));
-    let (rss_at_rest_bytes, rest) = rss_at_rest(&region)?;
+    let rss_at_rest_bytes = rss_at_rest(&region)?;
     let before_latency = region.stats();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let lat = single_faults(&region, corpus, &mut x, false)?;
@@ -538,7 +540,7 @@ fn run_one(
         free_idle_priority: free.idle_priority,
         resident_pages: seq.resident_pages,
         rss_bytes,
-        resident_at_rest_pages: rest.resident_pages,
+        resident_at_rest_pages: before_latency.resident_pages,
         rss_at_rest_bytes,
         rss_allowed_bytes: budget as u64 + 64 * seq.stored_pages,
         all_stored_pages: all.stored_pages,
