@@ -9,11 +9,12 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_nbd::client::Client;
+use ztier_nbd::proto;
 use ztier_nbd::{Listener, Server, ServerConfig};
 
 /// Far past any scheduling delay; only a server that never does the thing reaches it.
@@ -71,7 +72,12 @@ fn half_open(path: &PathBuf) -> UnixStream {
 
 /// Waits until the server closes `s` (end of file or a reset).
 fn closed_by_server(s: &mut UnixStream) -> bool {
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    closed_within(s, DEADLINE)
+}
+
+/// Waits up to `limit` for the server to close `s`.
+fn closed_within(s: &mut UnixStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).unwrap();
     let mut b = [0u8; 64];
     match s.read(&mut b) {
         Ok(0) => true,
@@ -122,24 +128,39 @@ fn a_handshake_that_trickles_is_held_to_its_whole_deadline() {
         },
     );
     let mut c = half_open(&s.path);
-    // One byte at a time, each well inside a per-read timeout: only a limit on the whole
-    // handshake ends it. The client flags are 4 bytes; then option headers, byte by byte.
+    // A valid start (fixed newstyle), so the server goes on reading; then an option whose
+    // data is long, one byte every 50 ms: each read is well inside a per-read timeout of
+    // 500 ms, so only a limit on the whole handshake ends it.
+    c.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    let mut option = Vec::new();
+    option.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    option.extend_from_slice(&proto::OPT_INFO.to_be_bytes());
+    option.extend_from_slice(&4096u32.to_be_bytes());
+    option.resize(16 + 4096, b'x');
+    let whole = option.len();
     let (tx, done) = mpsc::channel();
     let mut writer = c.try_clone().unwrap();
     std::thread::spawn(move || {
         let mut sent = 0;
-        while writer.write_all(&[0]).is_ok() && sent < 10_000 {
+        while sent < option.len() && writer.write_all(&option[sent..sent + 1]).is_ok() {
             sent += 1;
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = tx.send(sent);
     });
+    let started = Instant::now();
+    // The deadline is 0.5 s; 3 s is far past it, and far short of the trickle's 200 s.
     assert!(
-        closed_by_server(&mut c),
-        "a trickling handshake was never ended"
+        closed_within(&mut c, Duration::from_secs(3)),
+        "a trickling handshake was not ended within 3 s of a 0.5 s limit"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "the handshake was ended before its limit: the start was refused, not the trickle"
     );
     let sent = done.recv_timeout(DEADLINE).expect("the trickler stopped");
-    assert!(sent < 10_000, "the server kept reading a trickle");
+    assert!(sent < whole, "the server kept reading a trickle");
 }
 
 #[test]

@@ -8,8 +8,11 @@
 //! finished, so an operation that waited on the store would never finish, and the watchdog
 //! (a generous deadline on a channel) fails the test instead of hanging it.
 
+mod common;
+
+use std::io::Write;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use ztier_blockdev::memory::MemoryDevice;
@@ -198,4 +201,105 @@ fn a_partial_write_to_a_written_back_page_keeps_both_changes() {
     let mut out = vec![0; PS];
     dev.read_page(2, &mut out).unwrap();
     assert_eq!(out, want);
+}
+
+/// A writer for a save that stops on the 8-byte write of `index` (a page's record starts
+/// with its index) until released: the save then holds that page's lock.
+struct StopAt {
+    index: u64,
+    /// (stopped there, released)
+    state: Arc<(Mutex<(bool, bool)>, Condvar)>,
+}
+
+impl Write for StopAt {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf == self.index.to_le_bytes() {
+            let (lock, cv) = &*self.state;
+            let mut s = lock.lock().unwrap();
+            s.0 = true;
+            cv.notify_all();
+            while !s.1 {
+                s = cv.wait(s).unwrap();
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A partial write that has read its written-back page (and found it current) but waits
+/// for the page's lock behind a whole-page write of the same page: the whole-page write
+/// goes first, so the patch must find the page changed under it and patch the new content,
+/// not the copy it read. The order is forced, not raced: a save holds the page's stripe
+/// (its writer stopped on the record of page `2 + STRIPES`), the whole-page write queues on
+/// the stripe first and the partial write second, and parking_lot wakes them in that order.
+#[test]
+fn a_partial_write_queued_behind_a_rewrite_patches_the_new_content() {
+    let (dev, _store) = written_back(STRIPES + 44, WbFormat::Packed);
+    let state = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let saver = {
+        let dev = Arc::clone(&dev);
+        let mut out = StopAt {
+            index: 2 + STRIPES,
+            state: Arc::clone(&state),
+        };
+        std::thread::spawn(move || dev.save_state(&mut out).map(|_| ()))
+    };
+    {
+        let (lock, cv) = &*state;
+        let mut s = lock.lock().unwrap();
+        while !s.0 {
+            s = cv.wait_timeout(s, WATCHDOG).unwrap().0;
+            assert!(
+                s.0 || !saver.is_finished(),
+                "the save never reached its page"
+            );
+        }
+    }
+    // Queued first: the whole-page write.
+    let (tid, rx) = mpsc::channel();
+    let rewrite = {
+        let dev = Arc::clone(&dev);
+        std::thread::spawn(move || {
+            tid.send(common::this_thread()).unwrap();
+            dev.write_page(2, &page(222))
+        })
+    };
+    common::wait_until_asleep(rx.recv().unwrap(), || rewrite.is_finished(), "the rewrite");
+    assert!(
+        !rewrite.is_finished(),
+        "the rewrite did not wait for the save's lock"
+    );
+    // Queued second: the partial write, its read of the store done and still current.
+    let (tid, rx) = mpsc::channel();
+    let patch = {
+        let dev = Arc::clone(&dev);
+        std::thread::spawn(move || {
+            tid.send(common::this_thread()).unwrap();
+            dev.write_bytes(2 * PS as u64 + 100, b"first")
+        })
+    };
+    common::wait_until_asleep(rx.recv().unwrap(), || patch.is_finished(), "the patch");
+    assert!(
+        !patch.is_finished(),
+        "the patch did not wait for the save's lock"
+    );
+    {
+        let (lock, cv) = &*state;
+        lock.lock().unwrap().1 = true;
+        cv.notify_all();
+    }
+    saver.join().unwrap().unwrap();
+    rewrite.join().unwrap().unwrap();
+    patch.join().unwrap().unwrap();
+    let mut want = page(222);
+    want[100..105].copy_from_slice(b"first");
+    let mut out = vec![0; PS];
+    dev.read_page(2, &mut out).unwrap();
+    assert!(
+        out == want,
+        "the patch was applied to the copy read before the rewrite"
+    );
 }

@@ -4,6 +4,8 @@
 //! of another size, changed since the save, or missing is refused with the reason, and the
 //! device is left empty with no store set.
 
+mod common;
+
 use std::sync::Arc;
 
 use ztier_blockdev::memory::MemoryDevice;
@@ -188,6 +190,40 @@ fn a_store_that_is_not_the_saved_one_is_refused() {
         .load_state_with_store(&mut &bad[..], Arc::clone(&store), WbFormat::Packed)
         .unwrap_err();
     assert!(e.to_string().contains("damaged"), "{e}");
+    // The store was never written by any of it: the good state still loads.
+    fresh
+        .load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
+        .unwrap();
+    verify(&fresh, |_| None);
+}
+
+/// A state whose checksum does not match what it holds is refused as damaged, with the
+/// device left empty and no store set: here the body is intact, only the stored checksum
+/// is off (any of its 32 bits), so nothing but the check itself can find it.
+#[test]
+fn a_state_that_fails_its_checksum_is_refused() {
+    let store = store();
+    let dev = filled_on(&store, WbFormat::Packed);
+    let state = save(&dev);
+    let fresh = device();
+    let crc_at = state.len() - 4;
+    for bit in [0, 9, 18, 31] {
+        let mut bad = state.clone();
+        bad[crc_at + bit / 8] ^= 1 << (bit % 8);
+        let e = fresh
+            .load_state_with_store(&mut &bad[..], Arc::clone(&store), WbFormat::Packed)
+            .expect_err("a state with a wrong checksum was loaded");
+        assert!(e.to_string().contains("checksum"), "bit {bit}: {e}");
+        assert!(
+            fresh.bd_stat().is_none(),
+            "a refused state left a store set"
+        );
+        assert_eq!(
+            fresh.mm_stat().orig_data_size,
+            0,
+            "a refused state left pages"
+        );
+    }
     // The store was never written by any of it: the good state still loads.
     fresh
         .load_state_with_store(&mut &state[..], Arc::clone(&store), WbFormat::Packed)
@@ -455,13 +491,18 @@ fn a_save_during_a_writeback_is_valid_when_it_returns() {
         std::thread::spawn(move || dev.writeback(PageSelector::All, None, None).unwrap())
     };
     held.wait_held();
+    let (tid, saver) = std::sync::mpsc::channel();
     let saved = {
         let dev = Arc::clone(&dev);
-        std::thread::spawn(move || save(&dev))
+        std::thread::spawn(move || {
+            tid.send(common::this_thread()).unwrap();
+            save(&dev)
+        })
     };
-    // Not a measure: a save that did not wait has stamped the store by now (which released
-    // the writeback); one that waits is let through here.
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The save waits for the writeback (asleep on the gate), or, not waiting, stamps the
+    // store, which releases the writeback; either way it is let through only then.
+    let saver = saver.recv().unwrap();
+    common::wait_until_asleep(saver, || held.state.lock().unwrap().1, "the save");
     held.release();
     let wrote = writeback.join().unwrap();
     assert!(wrote.pages > PAGES / 2, "{wrote:?}");

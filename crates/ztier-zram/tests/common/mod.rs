@@ -1,0 +1,41 @@
+//! What the tests that force an interleaving share: a thread's kernel id, and a wait until
+//! that thread is asleep in the kernel (on a lock's futex, a condition variable, a blocking
+//! read), which is how a test knows that a thread it started has reached the lock it is
+//! meant to queue on before it starts the next one. parking_lot wakes the threads parked on
+//! a lock in the order they parked, so queueing them one after another orders them.
+
+use std::time::{Duration, Instant};
+
+/// Far past any scheduling delay; only a thread that never blocks reaches it.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// The calling thread's kernel id.
+pub fn this_thread() -> u32 {
+    let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+    let tid = link.file_name().expect("PID/task/TID").to_string_lossy();
+    tid.parse().expect("a thread id")
+}
+
+/// Whether thread `tid` of this process is asleep in the kernel (state S or D), or gone.
+pub fn asleep(tid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+        return true;
+    };
+    // The state follows the command name's closing parenthesis.
+    let state = stat[stat.rfind(')').expect("a stat line") + 1..].trim_start();
+    state.starts_with('S') || state.starts_with('D')
+}
+
+/// Waits until thread `tid` is asleep, or `done` says what it was doing is over; panics
+/// past a deadline no working build reaches.
+pub fn wait_until_asleep(tid: u32, done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    // Twice in a row: a thread may sleep for a moment on its way (a page fault's I/O),
+    // but one that waits on a lock stays asleep.
+    let mut seen = 0;
+    while seen < 2 && !done() {
+        seen = if asleep(tid) { seen + 1 } else { 0 };
+        assert!(Instant::now() < deadline, "{what} never blocked");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
