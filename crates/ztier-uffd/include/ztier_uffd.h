@@ -90,6 +90,7 @@ typedef struct ztier_region_stats {
     uint64_t bd_failed_writebacks; /* writebacks the store refused: pages kept in memory */
     uint64_t parked_reads;     /* the fault thread's waits parked in a blocking read */
     uint64_t fault_thread_rung; /* times another thread rang it out of such a wait */
+    uint64_t reclaim_looks;    /* times the reclaim thread looked at the region */
 } ztier_region_stats;
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */

@@ -65,11 +65,12 @@ pub struct CStats {
     bd_failed_writebacks: u64,
     parked_reads: u64,
     fault_thread_rung: u64,
+    reclaim_looks: u64,
 }
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 66 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 67 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -221,6 +222,7 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         bd_bytes_held: bd.bytes_held,
         bd_failed_writebacks: bd.failed_writebacks,
         parked_reads: s.parked_reads,
+        reclaim_looks: s.reclaim_looks,
         fault_thread_rung: s.fault_thread_rung,
     }
 }

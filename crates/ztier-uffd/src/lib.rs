@@ -317,6 +317,7 @@ ztier_base::counters! {
         FirstWrites,
         ZeroRefaults,
         ParkedReads,
+        ReclaimLooks,
     }
 }
 
@@ -427,6 +428,9 @@ pub struct RegionStats {
     /// Times a thread needing the fault thread out of such a read (an evictor's batch,
     /// [`Region::stats`], the request's alarm) rang it out (module `bell`).
     pub fault_thread_rung: u64,
+    /// Times the reclaim thread looked at the region: woken by a fault past the budget, or
+    /// at its 100 ms tick, or for the next batch of a pass.
+    pub reclaim_looks: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
     /// The device's `bd_stat`, where it has a backing store.
@@ -942,6 +946,7 @@ impl Region {
             cpu_latency_qos_holds: sh.qos.holds(),
             parked_reads: c(Count::ParkedReads),
             fault_thread_rung: sh.bell.times_rung(),
+            reclaim_looks: c(Count::ReclaimLooks),
             mm_stat: sh.device.mm_stat(),
             bd_stat,
         }

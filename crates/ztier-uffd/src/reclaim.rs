@@ -51,6 +51,7 @@ pub(crate) fn run(sh: &Shared) {
         if sh.stop.load(Relaxed) {
             return;
         }
+        sh.counts.add(Count::ReclaimLooks, 1);
         passing = passing || sh.over_budget();
         sh.reclaim_passing.store(passing, Relaxed);
         if !passing {
