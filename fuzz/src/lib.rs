@@ -208,7 +208,7 @@ pub fn nbd_server(data: &[u8]) {
         let _ = client.write_all(&input);
         let _ = client.shutdown(std::net::Shutdown::Write);
     });
-    server.handle(1, Stream::Unix(server_end));
+    server.handle(1, Stream::from(server_end));
     feeder.join().expect("feeder");
     drain.join().expect("drain");
 }
@@ -255,7 +255,7 @@ pub fn nbd_client(data: &[u8]) {
         let _ = server_end.read_to_end(&mut sink);
     });
     let uri: ztier_nbd::Uri = "nbd+unix:///?socket=/nonexistent".parse().expect("uri");
-    if let Ok(client) = Client::over_stream(Stream::Unix(client_end), &uri) {
+    if let Ok(client) = Client::over_stream(Stream::from(client_end), &uri) {
         let mut buf = vec![0u8; 8192];
         let _ = client.read_at(0, &mut buf);
         let _ = client.read_at(100, &mut buf[..300]);
@@ -321,7 +321,7 @@ pub fn nbd_server_tls(data: &[u8]) {
         roots
             .add(CertificateDer::from_pem_slice(FUZZ_CA_CERT.as_bytes()).expect("CA"))
             .expect("CA");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         Arc::new(
             rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
@@ -398,7 +398,7 @@ pub fn nbd_server_tls(data: &[u8]) {
             })
         }
     };
-    server.handle(1, Stream::Unix(server_end));
+    server.handle(1, Stream::from(server_end));
     peer.join().expect("the client thread");
 }
 
@@ -1008,4 +1008,15 @@ fn build_trace(mut data: &[u8]) -> (ztier_corpus::trace::Trace, &[u8]) {
         epochs,
     };
     (trace, data)
+}
+
+/// A server certificate's names, read out of untrusted DER by the NBD client's name check
+/// (`ztier_nbd::der`): any bytes are a certificate's names or refused, never a panic, and
+/// whatever names are found lie within the input.
+pub fn x509_names(data: &[u8]) {
+    if let Some(names) = ztier_nbd::der::names(data) {
+        for cn in &names.common_names {
+            assert!(cn.len() <= data.len());
+        }
+    }
 }

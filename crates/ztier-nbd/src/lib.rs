@@ -6,11 +6,12 @@
 
 mod buffers;
 pub mod client;
+pub mod der;
 pub mod proto;
 pub mod server;
 pub mod tls;
 pub mod transport;
 
 pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
-pub use server::{Listener, Server, ServerConfig, Stream};
+pub use server::{Listener, Peer, Server, ServerConfig, Stream};
 pub use tls::{ServerTls, TlsError, TlsMode};

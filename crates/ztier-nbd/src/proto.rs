@@ -363,6 +363,74 @@ impl Request {
     }
 }
 
+/// A simple reply's header, as a client reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimpleReply {
+    pub error: u32,
+    pub cookie: u64,
+}
+
+pub const SIMPLE_REPLY_LEN: usize = 16;
+
+impl SimpleReply {
+    pub fn decode(bytes: &[u8; SIMPLE_REPLY_LEN]) -> Result<SimpleReply, Malformed> {
+        let mut c = Cursor::new(bytes, "simple reply");
+        let magic = c.u32()?;
+        if magic != SIMPLE_REPLY_MAGIC {
+            return Err(malformed("simple reply", format!("magic {magic:#x}")));
+        }
+        Ok(SimpleReply {
+            error: c.u32()?,
+            cookie: c.u64()?,
+        })
+    }
+}
+
+/// An option reply's 20-byte header, as a client reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionReplyHeader {
+    pub option: u32,
+    pub reply: u32,
+    pub len: u32,
+}
+
+pub const OPTION_REPLY_HEADER_LEN: usize = 20;
+
+impl OptionReplyHeader {
+    pub fn decode(bytes: &[u8; OPTION_REPLY_HEADER_LEN]) -> Result<OptionReplyHeader, Malformed> {
+        let mut c = Cursor::new(bytes, "option reply");
+        let magic = c.u64()?;
+        if magic != REP_MAGIC {
+            return Err(malformed("option reply", format!("magic {magic:#x}")));
+        }
+        Ok(OptionReplyHeader {
+            option: c.u32()?,
+            reply: c.u32()?,
+            len: c.u32()?,
+        })
+    }
+}
+
+/// The server's 18-byte newstyle greeting: its handshake flags.
+pub fn decode_greeting(bytes: &[u8; 18]) -> Result<u16, Malformed> {
+    let mut c = Cursor::new(bytes, "greeting");
+    let (magic, opt_magic) = (c.u64()?, c.u64()?);
+    if magic != NBDMAGIC || opt_magic != IHAVEOPT {
+        return Err(malformed(
+            "greeting",
+            "not a newstyle NBD server (oldstyle servers are not supported)",
+        ));
+    }
+    c.u16()
+}
+
+/// `NBD_OPT_EXPORT_NAME`'s reply to a client: the export's size and transmission flags
+/// (the zeroes after them, if any, are the caller's to read).
+pub fn decode_export_name_reply(bytes: &[u8; 10]) -> Result<(u64, u16), Malformed> {
+    let mut c = Cursor::new(bytes, "NBD_OPT_EXPORT_NAME's reply");
+    Ok((c.u64()?, c.u16()?))
+}
+
 /// A simple reply's 16-byte header (data follows for a successful read).
 pub fn simple_reply(cookie: u64, error: u32) -> [u8; 16] {
     let mut b = [0u8; 16];

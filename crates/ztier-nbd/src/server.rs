@@ -14,7 +14,11 @@
 //!   short by a disconnect changes nothing;
 //! - the buffer bytes of requests in flight are bounded per connection
 //!   (`max_in_flight_bytes`) and for the whole server (`max_in_flight_total`: three quarters
-//!   in flight, a quarter kept for reuse), as are the payload of one request
+//!   in flight, a quarter kept for reuse). Half of the in-flight part is reserved, an equal
+//!   share for each of `max_connections`, and a request takes its connection's share first:
+//!   clients that stop reading their replies can hold only the other half (until they are
+//!   cut off), so they delay no other connection's requests of up to its share. Bounded too
+//!   are the payload of one request
 //!   (`max_payload`), option data, and the connections (`max_connections`: one more is
 //!   greeted and closed); a client that reads none of its replies for `reply_timeout` is cut
 //!   off, and what its requests held goes back;
@@ -22,8 +26,11 @@
 //!   in flight are answered;
 //! - a handshake must end within `handshake_limit` (10 s, qemu-nbd's default) or its
 //!   connection is closed; handshakes under way are not counted against `max_connections`
-//!   (a client that stalls mid-handshake cannot shut out others) but have their own bound,
-//!   `max_handshakes`, past which a new connection is closed at once;
+//!   (a client that stalls mid-handshake cannot shut out others) but have their own bounds,
+//!   `max_handshakes` in all and `max_handshakes_per_peer` for each peer (a user on a Unix
+//!   socket, an address on TCP), past which a new connection is closed at once: one peer's
+//!   stalled handshakes never take the places of another's;
+//! - a connection costs one file descriptor (its handles share it);
 //! - an error from `accept()` (out of file descriptors, a connection aborted) is logged and
 //!   accepting goes on after a backoff of 10 ms doubling to 1 s: it never ends the server;
 //! - `stop` wakes the accept loop through an eventfd polled beside the listener, so it works
@@ -64,7 +71,7 @@ use crate::buffers::{mapped_len, Buffer, Buffers, KeptBytes};
 use crate::proto::{self, *};
 use crate::tls::{self, ServerTls, TlsMode, TlsReader, TlsWriter};
 use crate::transport::{accept_error_is_fatal, set_blocking, wait_for_client};
-pub use crate::transport::{Listener, Stream};
+pub use crate::transport::{Listener, Peer, Stream};
 
 /// How a server serves its export.
 #[derive(Debug, Clone)]
@@ -89,6 +96,10 @@ pub struct ServerConfig {
     pub handshake_limit: Duration,
     /// Handshakes under way at once; a connection past them is closed at once.
     pub max_handshakes: usize,
+    /// Handshakes under way at once from one peer (a user on a Unix socket, an address on
+    /// TCP); a connection past them is closed at once, so one peer that stalls its
+    /// handshakes cannot take every place of `max_handshakes` from the others.
+    pub max_handshakes_per_peer: usize,
     /// Bytes of request and reply buffers for the whole server, whatever the clients do:
     /// three quarters for requests in flight (a connection past its share waits for credit,
     /// as one past `max_in_flight_bytes` does), a quarter kept for reuse, so no mix of
@@ -124,6 +135,7 @@ impl Default for ServerConfig {
             log: false,
             handshake_limit: Duration::from_secs(10),
             max_handshakes: 256,
+            max_handshakes_per_peer: 16,
             max_in_flight_total: 256 << 20,
             reply_timeout: Duration::from_secs(30),
             tls: ServerTls::off(),
@@ -172,11 +184,16 @@ pub struct Server {
     connections: Mutex<Vec<(u64, Stream)>>,
     /// Handshakes under way.
     handshakes: AtomicUsize,
+    /// Handshakes under way per peer (held only to count; a leaf).
+    handshakes_by_peer: Mutex<std::collections::HashMap<Peer, usize>>,
     /// A clone of the socket of each handshake under way, so a stop ends them at once
     /// instead of at their deadline.
     handshaking: Mutex<Vec<(u64, Stream)>>,
-    /// Buffer bytes of requests in flight, for the whole server.
+    /// Buffer bytes of requests in flight, for the whole server: the part every connection
+    /// shares (half of the in-flight budget); the other half is reserved, a share each of
+    /// `max_connections` (`reserve_share`), for the connection's own requests.
     credit: Credit,
+    reserve_share: usize,
     /// Buffer bytes kept for reuse, for the whole server.
     kept: Arc<KeptBytes>,
     /// An eventfd the accept loop polls beside its listener, made when it starts; `stop`
@@ -190,6 +207,8 @@ impl Server {
             config.max_in_flight_total / 4 * 3,
             config.max_in_flight_total / 4,
         );
+        let connections = config.max_connections.max(1);
+        let reserve_share = in_flight / 2 / connections;
         Arc::new(Server {
             dev,
             config,
@@ -197,8 +216,10 @@ impl Server {
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
             handshakes: AtomicUsize::new(0),
+            handshakes_by_peer: Mutex::new(std::collections::HashMap::new()),
             handshaking: Mutex::new(Vec::new()),
-            credit: Credit::new(in_flight),
+            credit: Credit::new(in_flight - reserve_share * connections),
+            reserve_share,
             kept: Arc::new(KeptBytes::new(kept)),
             wake: Mutex::new(None),
         })
@@ -266,6 +287,10 @@ impl Server {
         let mut handles: Vec<std::thread::JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
         let mut backoff = Duration::ZERO;
+        // Given up for a moment when the process is out of descriptors, so that a client
+        // waiting to be accepted is taken and turned away (it sees a server close on it)
+        // instead of hanging in the listener's backlog with nothing said.
+        let mut spare = spare_descriptor();
         while !self.is_stopping() {
             if !wait_for_client(&wake, &listener, backoff)? {
                 continue;
@@ -290,7 +315,24 @@ impl Server {
                 Err(e) if accept_error_is_fatal(&e) => return Err(e),
                 Err(e) => {
                     self.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
-                    if backoff.is_zero() {
+                    let out_of_descriptors =
+                        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                    if out_of_descriptors && spare.take().is_some() {
+                        if let Ok(s) = listener.accept() {
+                            next_id += 1;
+                            self.turn_away_for(next_id, s, "the server is out of file descriptors");
+                        }
+                        spare = spare_descriptor();
+                    }
+                    if backoff.is_zero() && out_of_descriptors {
+                        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                            .current
+                            .map_or("unlimited".to_string(), |n| n.to_string());
+                        eprintln!(
+                            "nbd: out of file descriptors (the limit is {limit}): connections \
+                             are turned away; raise it (LimitNOFILE= in a service unit)"
+                        );
+                    } else if backoff.is_zero() {
                         eprintln!("nbd: accepting a connection failed: {e}; retrying with backoff");
                     }
                     backoff =
@@ -319,6 +361,11 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// A descriptor to give up when the process has none left (`/dev/null`, opened now).
+fn spare_descriptor() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
 }
 
 /// What the handshake settled.

@@ -8,7 +8,11 @@
 //! - a client reads `ca-cert.pem` (the CAs it trusts) and, if both are there,
 //!   `client-cert.pem` and `client-key.pem`, which it shows a server that asks.
 //!
-//! The TLS stack is rustls with the `ring` provider (TLS 1.2 and 1.3). Its connection is a
+//! The TLS stack is rustls with the `aws-lc-rs` provider (TLS 1.2 and 1.3; RSA keys of any
+//! size from 2048 bits, as GnuTLS and OpenSSL take them, where `ring` takes only multiples of
+//! 512 and refused nbd's own 2432-bit test key). A server certificate with no
+//! subjectAltName is matched by its common name, as GnuTLS (libnbd, QEMU) does; one that
+//! has a subjectAltName by it alone, as RFC 6125 asks. Its connection is a
 //! state machine that never touches a socket itself, which is what lets the server's
 //! transmission phase keep its threads: one reads while others write, sharing the one
 //! connection behind a mutex that is held only to encrypt or decrypt, never across socket
@@ -32,6 +36,7 @@ use rustls::pki_types::{
 use rustls::server::WebPkiClientVerifier;
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+use crate::der;
 use crate::transport::Stream;
 
 /// Whether a server offers TLS: nbdkit's and qemu-nbd's `--tls=off|on|require`.
@@ -141,7 +146,7 @@ impl ServerTls {
 }
 
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -159,10 +164,22 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+/// The private key in `path`, checked to be one the provider can sign with (so a key it
+/// cannot use is named by its own file, not by the directory).
 fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read_file(path)?;
-    PrivateKeyDer::from_pem_slice(&bytes)
-        .map_err(|e| err(format!("{}: no PEM private key ({e})", path.display())))
+    let key = PrivateKeyDer::from_pem_slice(&bytes)
+        .map_err(|e| err(format!("{}: no PEM private key ({e})", path.display())))?;
+    provider()
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|e| {
+            err(format!(
+                "{}: a key this TLS stack cannot use: {e}",
+                path.display()
+            ))
+        })?;
+    Ok(key)
 }
 
 fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
@@ -266,12 +283,13 @@ pub(crate) fn client_tls(dir: Option<&Path>, name: Option<&str>) -> Result<Clien
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(err)?;
-    let builder = match name {
-        Some(_) => builder.with_webpki_verifier(webpki),
-        None => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki))),
+    let check = match name {
+        Some(_) => NameCheck::SubjectAltNameOrCommonName,
+        None => NameCheck::ChainOnly,
     };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ServerVerifier { webpki, check }));
     let (cert, key) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
     let config = if cert.exists() && key.exists() {
         builder
@@ -288,12 +306,25 @@ pub(crate) fn client_tls(dir: Option<&Path>, name: Option<&str>) -> Result<Clien
     })
 }
 
-/// A server certificate checked against the CAs, whatever name it carries (for a Unix
-/// socket, which has no host name to check).
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+/// What a client checks of a server certificate's name (its chain is always checked
+/// against the CAs, and revocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NameCheck {
+    /// None: a Unix socket, which has no host name to check (libnbd's way).
+    ChainOnly,
+    /// The name against the subjectAltName, or, in a certificate with none, against the
+    /// subject's common name (GnuTLS's way, which libnbd and QEMU use).
+    SubjectAltNameOrCommonName,
+}
 
-impl ServerCertVerifier for ChainOnly {
+/// WebPKI's verifier with the name check libnbd's users expect.
+#[derive(Debug)]
+struct ServerVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    check: NameCheck,
+}
+
+impl ServerCertVerifier for ServerVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -304,14 +335,28 @@ impl ServerCertVerifier for ChainOnly {
     ) -> Result<ServerCertVerified, rustls::Error> {
         // WebPKI checks the chain (and revocation) first and the name last: a name error
         // means the chain passed.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
+        let verified =
+            self.webpki
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now);
+        let Err(rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        )) = &verified
+        else {
+            return verified;
+        };
+        let name_matches = || match (server_name, der::names(end_entity)) {
+            (ServerName::DnsName(dns), Some(names)) if !names.has_subject_alt_name => names
+                .common_names
+                .iter()
+                .any(|cn| cn.eq_ignore_ascii_case(dns.as_ref())),
+            _ => false,
+        };
+        match self.check {
+            NameCheck::ChainOnly => Ok(ServerCertVerified::assertion()),
+            NameCheck::SubjectAltNameOrCommonName if name_matches() => {
+                Ok(ServerCertVerified::assertion())
+            }
+            NameCheck::SubjectAltNameOrCommonName => verified,
         }
     }
 
@@ -321,7 +366,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.webpki.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -330,11 +375,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.webpki.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.webpki.supported_verify_schemes()
     }
 }
 

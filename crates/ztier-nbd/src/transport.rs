@@ -6,6 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
@@ -28,9 +29,9 @@ impl Listener {
         match self {
             Listener::Tcp(l) => l.accept().map(|(s, _)| {
                 let _ = s.set_nodelay(true);
-                Stream::Tcp(s)
+                Stream::from(s)
             }),
-            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::from(s)),
         }
     }
 }
@@ -44,18 +45,52 @@ impl AsFd for Listener {
     }
 }
 
-/// A connected socket, TCP or Unix.
+/// A connected socket, TCP or Unix. Its handles share one descriptor: the connection's
+/// reader, its writer and the server's lists (to shut it at stop) each hold a handle, and
+/// the socket closes when the last goes; a connection costs one descriptor, not one a
+/// handle (as `dup` would).
+#[derive(Clone)]
 pub enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
+    Tcp(Arc<TcpStream>),
+    Unix(Arc<UnixStream>),
+}
+
+impl From<TcpStream> for Stream {
+    fn from(s: TcpStream) -> Stream {
+        Stream::Tcp(Arc::new(s))
+    }
+}
+
+impl From<UnixStream> for Stream {
+    fn from(s: UnixStream) -> Stream {
+        Stream::Unix(Arc::new(s))
+    }
+}
+
+/// Who is at the other end, for the limits each peer is held to: the user on a Unix
+/// socket (`SO_PEERCRED`), the address on TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Peer {
+    User(u32),
+    Address(std::net::IpAddr),
+    /// The kernel would not say (counted as one peer together).
+    Unknown,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::User(uid) => write!(f, "user {uid}"),
+            Peer::Address(a) => write!(f, "{a}"),
+            Peer::Unknown => f.write_str("an unknown peer"),
+        }
+    }
 }
 
 impl Stream {
-    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
+    /// Another handle on the same socket (no new descriptor).
+    pub(crate) fn share(&self) -> Stream {
+        self.clone()
     }
 
     pub(crate) fn shutdown(&self, how: Shutdown) {
@@ -82,7 +117,21 @@ impl Stream {
     pub(crate) fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s.peer_addr().map_or("tcp peer".into(), |a| a.to_string()),
-            Stream::Unix(_) => "unix socket".into(),
+            Stream::Unix(s) => match rustix::net::sockopt::socket_peercred(&**s) {
+                Ok(cred) => format!("unix socket (uid {})", cred.uid.as_raw()),
+                Err(_) => "unix socket".into(),
+            },
+        }
+    }
+
+    /// Who the peer is, for the per-peer limits.
+    pub(crate) fn peer_id(&self) -> Peer {
+        match self {
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map_or(Peer::Unknown, |a| Peer::Address(a.ip())),
+            Stream::Unix(s) => rustix::net::sockopt::socket_peercred(&**s)
+                .map_or(Peer::Unknown, |cred| Peer::User(cred.uid.as_raw())),
         }
     }
 }
@@ -90,8 +139,8 @@ impl Stream {
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => (&**s).read(buf),
+            Stream::Unix(s) => (&**s).read(buf),
         }
     }
 }
@@ -99,21 +148,21 @@ impl Read for Stream {
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => (&**s).write(buf),
+            Stream::Unix(s) => (&**s).write(buf),
         }
     }
     /// One writev(2) for all the pieces (a reply's header and its data).
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.write_vectored(bufs),
-            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => (&**s).write_vectored(bufs),
+            Stream::Unix(s) => (&**s).write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => s.flush(),
-            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => (&**s).flush(),
+            Stream::Unix(s) => (&**s).flush(),
         }
     }
 }

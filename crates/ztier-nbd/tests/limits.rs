@@ -6,6 +6,7 @@
 //! test instead of hanging it.
 
 use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
@@ -27,12 +28,16 @@ struct Served {
 }
 
 fn serve(name: &str, config: ServerConfig) -> Served {
+    serve_device(name, config, 1 << 20)
+}
+
+fn serve_device(name: &str, config: ServerConfig, size: u64) -> Served {
     let dir = std::env::temp_dir().join(format!("ztier-nbd-limits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.sock"));
     let _ = std::fs::remove_file(&path);
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(size).unwrap());
     let server = Server::new(dev, config);
     let s = Arc::clone(&server);
     let (tx, ended) = mpsc::channel();
@@ -93,6 +98,8 @@ fn half_open_handshakes_do_not_shut_out_a_good_client() {
         ServerConfig {
             max_connections: 16,
             handshake_limit: Duration::from_secs(2),
+            // One peer here (this user): its own limit past the stalled handshakes.
+            max_handshakes_per_peer: 128,
             ..ServerConfig::default()
         },
     );
@@ -194,4 +201,139 @@ fn stop_ends_handshakes_under_way_at_once() {
         .expect("the server waited for a handshake's deadline to stop")
         .unwrap();
     assert!(closed_by_server(&mut stalled));
+}
+
+/// A TCP connection to `to` from the loopback address `from` (127.0.0.0/8 is all this
+/// machine's): another peer, as the server counts peers, from the same process.
+fn tcp_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    use rustix::net::{AddressFamily, SocketType};
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    rustix::net::bind(&fd, &std::net::SocketAddrV4::new(from, 0))?;
+    rustix::net::connect(&fd, &to)?;
+    Ok(TcpStream::from(fd))
+}
+
+/// One peer that stalls a thousand handshakes holds only its own share of the places for
+/// handshakes: the rest of them are closed at once, and another peer's client gets in at
+/// once, long before any stalled handshake reaches its deadline.
+#[test]
+fn one_peers_stalled_handshakes_do_not_shut_out_another_peer() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let server = Server::new(
+        dev,
+        ServerConfig {
+            handshake_limit: Duration::from_secs(3600),
+            max_handshakes: 256,
+            max_handshakes_per_peer: 16,
+            ..ServerConfig::default()
+        },
+    );
+    let s = Arc::clone(&server);
+    let serving = std::thread::spawn(move || s.serve(Listener::Tcp(listener)));
+    // A thousand handshakes from 127.0.0.2, each left after the greeting (or closed by the
+    // server at once, past its share).
+    let hostile = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let mut held = Vec::new();
+    let mut closed = 0;
+    for _ in 0..1000 {
+        let mut c = tcp_from(hostile, addr).unwrap();
+        c.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut greeting = [0u8; 18];
+        match c.read_exact(&mut greeting) {
+            Ok(()) => held.push(c),
+            Err(_) => closed += 1,
+        }
+    }
+    assert_eq!(held.len(), 16, "the hostile peer holds only its share");
+    assert_eq!(closed, 1000 - 16);
+    // Another peer (127.0.0.1) gets in and is served.
+    let uri: ztier_nbd::Uri = format!("nbd://{addr}/").parse().unwrap();
+    let client = Client::connect(&uri).expect("another peer's client is served");
+    client.write_at(0, &[5u8; 4096], false).unwrap();
+    let mut back = [0u8; 4096];
+    client.read_at(0, &mut back).unwrap();
+    assert_eq!(back, [5u8; 4096]);
+    drop(client);
+    server.stop();
+    serving.join().unwrap().unwrap();
+}
+
+/// A raw connection through the handshake (`NBD_OPT_EXPORT_NAME`), ready for requests.
+fn raw_session(path: &PathBuf) -> UnixStream {
+    let mut c = half_open(path);
+    c.write_all(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    let mut option = Vec::new();
+    option.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    option.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
+    option.extend_from_slice(&0u32.to_be_bytes());
+    c.write_all(&option).unwrap();
+    let mut reply = [0u8; 10];
+    c.read_exact(&mut reply).unwrap();
+    c
+}
+
+/// Sixteen clients that send reads and never read the replies hold what they can of the
+/// server's in-flight budget until they are cut off (`reply_timeout`); another client's
+/// small read is answered at once all the same, from its connection's own reserve.
+#[test]
+fn clients_that_read_no_replies_delay_no_one_elses_read() {
+    let s = serve_device(
+        "no-readers",
+        ServerConfig {
+            max_connections: 32,
+            max_in_flight_total: 256 << 20,
+            reply_timeout: Duration::from_secs(3600),
+            ..ServerConfig::default()
+        },
+        64 << 20,
+    );
+    // Each sends 64 reads of 8 MiB: its four threads each hold one read's reply, unsent,
+    // 512 MiB wanted in all, twice the whole budget.
+    let mut hogs: Vec<UnixStream> = (0..16).map(|_| raw_session(&s.path)).collect();
+    for h in &mut hogs {
+        let mut reqs = Vec::new();
+        for cookie in 0..64u64 {
+            let req = proto::Request {
+                flags: 0,
+                kind: proto::CMD_READ,
+                cookie,
+                offset: 0,
+                length: 8 << 20,
+            };
+            reqs.extend_from_slice(&req.encode());
+        }
+        h.write_all(&reqs).unwrap();
+    }
+    // Until the hogs hold the budget's shared part (or all they can): in flight and stuck.
+    let deadline = Instant::now() + DEADLINE;
+    let mut last = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = s
+            .server
+            .stats()
+            .in_flight_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if now > 0 && now == last {
+            break;
+        }
+        last = now;
+        assert!(Instant::now() < deadline, "the hogs' reads never piled up");
+    }
+    let client = Client::connect(&s.uri()).unwrap();
+    let started = Instant::now();
+    let mut back = [0u8; 4096];
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(client.read_at(0, &mut back).map(|()| back));
+    });
+    let got = finished
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a small read waited behind clients that read no replies");
+    got.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(hogs);
 }

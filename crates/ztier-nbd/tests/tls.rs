@@ -74,6 +74,19 @@ extendedKeyUsage = serverAuth
 subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
+[legacy]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+[elsewhere]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:elsewhere.example
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
 [client]
 basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature
@@ -833,7 +846,7 @@ fn raw_tls_client(path: &Path, ca: &Path) -> (UnixStream, rustls::ClientConnecti
         .add(CertificateDer::from_pem_file(ca).unwrap())
         .unwrap();
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
@@ -947,4 +960,126 @@ fn a_reply_blocked_on_a_full_socket_does_not_stop_the_tls_reader() {
     let mut back = vec![0u8; 8 << 20];
     s.server.device().read_at(32 << 20, &mut back).unwrap();
     assert!(back == payload, "the write landed whole");
+}
+
+/// `server-cert.pem` and `server-key.pem` in `dir`: an RSA key of `bits`, the subject
+/// `CN=cn`, the extensions of section `extensions`, signed by the CA there.
+fn make_rsa_server(dir: &Path, bits: u32, cn: &str, extensions: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            &format!("rsa:{bits}"),
+            "-nodes",
+            "-keyout",
+            "server-key.pem",
+            "-out",
+            "server.csr",
+            "-config",
+            "openssl.cnf",
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca-cert.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-set_serial",
+            "7",
+            "-days",
+            "3650",
+            "-out",
+            "server-cert.pem",
+            "-extfile",
+            "openssl.cnf",
+            "-extensions",
+            extensions,
+        ],
+    );
+}
+
+/// What GnuTLS servers and clients (nbd's own tests, libnbd, QEMU) take, ztier takes too:
+/// an RSA key of 2432 bits (nbd's test key; a size that is no multiple of 512), and, as a
+/// client, a server certificate that names its host only in its common name (no
+/// subjectAltName). A certificate that has a subjectAltName is held to it alone, and a
+/// common name that is another host's is refused.
+#[test]
+fn a_2432_bit_key_and_a_certificate_named_only_by_its_common_name_are_taken() {
+    if certs().is_none() {
+        return;
+    }
+    let root = scratch().join("legacy-certs");
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = |name: &str| {
+        let d = root.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("openssl.cnf"), OPENSSL_CNF).unwrap();
+        make_ca(&d, "legacy CA");
+        d
+    };
+    let serve_tcp = |certs: &Path| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = Server::new(memory(1 << 20), tls_config(TlsMode::Require, certs, false));
+        let s = Arc::clone(&server);
+        let thread = std::thread::spawn(move || s.serve(Listener::Tcp(listener)).unwrap());
+        (server, thread, port)
+    };
+    let connect = |certs: &Path, port: u16, host: &str| {
+        let uri: Uri = format!(
+            "nbds://127.0.0.1:{port}/?tls-certificates={}&tls-hostname={host}",
+            certs.display()
+        )
+        .parse()
+        .unwrap();
+        Client::connect(&uri)
+    };
+
+    // The common name alone, on a 2432-bit key: loaded, and the name matched.
+    let legacy = dir("legacy");
+    make_rsa_server(&legacy, 2432, "localhost", "legacy");
+    let (server, thread, port) = serve_tcp(&legacy);
+    let client = connect(&legacy, port, "localhost").expect("CN=localhost, no subjectAltName");
+    client.write_at(0, &[9u8; 4096], false).unwrap();
+    drop(client);
+    let e = connect(&legacy, port, "elsewhere.example")
+        .err()
+        .expect("another host's name");
+    assert!(e.to_string().contains("not valid for"), "{e}");
+    server.stop();
+    thread.join().unwrap();
+
+    // A subjectAltName is the only name checked where there is one.
+    let other = dir("elsewhere");
+    make_rsa_server(&other, 2048, "localhost", "elsewhere");
+    let (server, thread, port) = serve_tcp(&other);
+    let e = connect(&other, port, "localhost")
+        .err()
+        .expect("the CN is not looked at");
+    assert!(e.to_string().contains("not valid for"), "{e}");
+    connect(&other, port, "elsewhere.example").expect("the subjectAltName's name");
+    server.stop();
+    thread.join().unwrap();
+
+    // A key the TLS stack cannot use is named by its own file.
+    let bad = dir("bad-key");
+    make_rsa_server(&bad, 2048, "localhost", "legacy");
+    std::fs::write(
+        bad.join("server-key.pem"),
+        "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let e = ServerTls::from_dir(TlsMode::Require, &bad, false).unwrap_err();
+    assert!(e.to_string().contains("server-key.pem"), "{e}");
+    let _ = std::fs::remove_dir_all(&root);
 }

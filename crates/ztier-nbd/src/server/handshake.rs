@@ -25,13 +25,26 @@ impl Server {
             }
             return;
         }
-        // Registered first, then `stopping` looked at: a stop either sees it or is seen.
-        if let Ok(clone) = stream.try_clone() {
-            self.handshaking
-                .lock()
-                .expect("handshaking")
-                .push((id, clone));
+        let who = stream.peer_id();
+        if !self.take_peer_handshake(who) {
+            self.handshakes.fetch_sub(1, Ordering::SeqCst);
+            self.stats
+                .refused_connections
+                .fetch_add(1, Ordering::Relaxed);
+            if self.config.log {
+                eprintln!(
+                    "nbd: connection {id} from {peer} closed: {} handshakes under way from \
+                     {who} already",
+                    self.config.max_handshakes_per_peer
+                );
+            }
+            return;
         }
+        // Registered first, then `stopping` looked at: a stop either sees it or is seen.
+        self.handshaking
+            .lock()
+            .expect("handshaking")
+            .push((id, stream.share()));
         let negotiated = if self.is_stopping() {
             Ok(None)
         } else {
@@ -41,6 +54,7 @@ impl Server {
             .lock()
             .expect("handshaking")
             .retain(|(c, _)| *c != id);
+        self.give_peer_handshake(who);
         self.handshakes.fetch_sub(1, Ordering::SeqCst);
         let (session, tls) = match negotiated {
             Ok(Some(negotiated)) => negotiated,
@@ -77,13 +91,35 @@ impl Server {
     /// Takes connection `id`'s place among `max_connections`, before the handshake's last
     /// reply, so a client that has seen it is counted; false if there is none (handshakes
     /// that ended together may have filled them).
-    pub(super) fn reserve(&self, id: u64, s: &Stream) -> io::Result<bool> {
+    pub(super) fn reserve(&self, id: u64, s: &Stream) -> bool {
         let mut conns = self.connections.lock().expect("connections");
         if conns.len() >= self.config.max_connections || self.is_stopping() {
-            return Ok(false);
+            return false;
         }
-        conns.push((id, s.try_clone()?));
-        Ok(true)
+        conns.push((id, s.share()));
+        true
+    }
+
+    /// Counts a handshake of `who`'s, if it has fewer than `max_handshakes_per_peer` under
+    /// way.
+    fn take_peer_handshake(&self, who: Peer) -> bool {
+        let mut by_peer = self.handshakes_by_peer.lock().expect("handshakes by peer");
+        let n = by_peer.entry(who).or_insert(0);
+        if *n >= self.config.max_handshakes_per_peer.max(1) {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn give_peer_handshake(&self, who: Peer) {
+        let mut by_peer = self.handshakes_by_peer.lock().expect("handshakes by peer");
+        if let std::collections::hash_map::Entry::Occupied(mut e) = by_peer.entry(who) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
     }
 
     pub(super) fn unreserve(&self, id: u64) {
@@ -98,16 +134,25 @@ impl Server {
     }
 
     /// Greets, so the client sees a server, then closes: the spec's way to turn one away.
-    pub(super) fn turn_away(&self, id: u64, peer: &str, mut s: Stream) {
-        self.stats
-            .refused_connections
-            .fetch_add(1, Ordering::Relaxed);
+    pub(super) fn turn_away(&self, id: u64, peer: &str, s: Stream) {
         if self.config.log {
             eprintln!(
                 "nbd: connection {id} from {peer} refused: {} connections already",
                 self.config.max_connections
             );
         }
+        self.turn_away_for(id, s, "");
+    }
+
+    /// Turns connection `id` away, saying `why` in the log (if it says anything).
+    pub(super) fn turn_away_for(&self, id: u64, mut s: Stream, why: &str) {
+        self.stats
+            .refused_connections
+            .fetch_add(1, Ordering::Relaxed);
+        if self.config.log && !why.is_empty() {
+            eprintln!("nbd: connection {id} from {} refused: {why}", s.peer());
+        }
+        let _ = set_blocking(&s);
         let _ = s.set_timeouts(Some(Duration::from_secs(1)));
         let _ = s.write_all(&greeting());
         s.shutdown(Shutdown::Both);
@@ -189,7 +234,7 @@ impl Server {
                     if !no_zeroes {
                         v.extend([0u8; 124]);
                     }
-                    if !self.reserve(id, s.raw.stream)? {
+                    if !self.reserve(id, s.raw.stream) {
                         return Err(full());
                     }
                     s.write_all(&v)?;
@@ -258,7 +303,7 @@ impl Server {
                     let block =
                         info_block_size(self.config.min_block, preferred, self.config.max_payload);
                     reply(s, option, REP_INFO, &block)?;
-                    if option == OPT_GO && !self.reserve(id, s.raw.stream)? {
+                    if option == OPT_GO && !self.reserve(id, s.raw.stream) {
                         let e = full();
                         let _ = reply(s, option, REP_ERR_POLICY, e.to_string().as_bytes());
                         return Err(e);

@@ -27,7 +27,7 @@ impl Server {
         }
         let result = stream
             .set_write_timeout(Some(self.config.reply_timeout))
-            .and_then(|()| stream.try_clone())
+            .map(|()| stream.share())
             .and_then(|reader| {
                 let (reader, writer) = match tls {
                     None => (ReadHalf::Plain(reader), WriteHalf::Plain(stream)),
@@ -63,6 +63,7 @@ impl Server {
         let conn = Arc::new(Conn {
             writer: Mutex::new(writer),
             credit: Credit::new(self.config.max_in_flight_bytes),
+            reserve: Credit::new(self.reserve_share),
             buffers: Buffers::new(self.config.max_in_flight_bytes, Arc::clone(&self.kept)),
             session,
             dead: AtomicBool::new(false),
@@ -111,7 +112,12 @@ impl Server {
                     }
                 }
             };
-            let Job { req, payload, cost } = job;
+            let Job {
+                req,
+                payload,
+                cost,
+                from,
+            } = job;
             if !conn.dead.load(Ordering::Relaxed) {
                 match run(self, conn, req, &payload) {
                     Ok(()) => {
@@ -124,17 +130,20 @@ impl Server {
                 }
             }
             conn.buffers.give(payload);
-            self.release_credit(conn, cost);
+            self.release_credit(conn, cost, from);
         }
     }
 
-    /// Gives a finished request's buffer bytes back to the server's and the connection's
-    /// budgets.
-    pub(super) fn release_credit(&self, conn: &Conn, cost: usize) {
+    /// Gives a finished request's buffer bytes back to the server's (its shared part or the
+    /// connection's reserve, `from`) and the connection's budgets.
+    pub(super) fn release_credit(&self, conn: &Conn, cost: usize, from: CreditFrom) {
         self.stats
             .in_flight_bytes
             .fetch_sub(cost as u64, Ordering::Relaxed);
-        self.credit.release(cost);
+        match from {
+            CreditFrom::Reserve => conn.reserve.release(cost),
+            CreditFrom::Shared => self.credit.release(cost),
+        }
         conn.credit.release(cost);
     }
 
@@ -166,11 +175,19 @@ impl Server {
             };
             let cost = mapped_len(payload_len as usize) + mapped_len(read_len as usize);
             conn.credit.acquire(cost);
-            self.credit.acquire(cost);
+            // The connection's own reserve first, which no other connection can take (so
+            // clients that stop reading their replies, holding the shared part until they
+            // are cut off, delay no one else's small requests); the shared part past it.
+            let from = if conn.reserve.try_acquire(cost) {
+                CreditFrom::Reserve
+            } else {
+                self.credit.acquire(cost);
+                CreditFrom::Shared
+            };
             self.stats
                 .in_flight_bytes
                 .fetch_add(cost as u64, Ordering::Relaxed);
-            let release = || self.release_credit(conn, cost);
+            let release = || self.release_credit(conn, cost, from);
             let mut payload = match conn.buffers.take(payload_len as usize) {
                 Ok(b) => b,
                 Err(e) => {
@@ -182,7 +199,12 @@ impl Server {
                 release();
                 return Err(e);
             }
-            return Ok(Some(Job { req, payload, cost }));
+            return Ok(Some(Job {
+                req,
+                payload,
+                cost,
+                from,
+            }));
         }
     }
 }
@@ -278,11 +300,24 @@ pub(super) struct Job {
     req: Request,
     payload: Buffer,
     cost: usize,
+    from: CreditFrom,
+}
+
+/// Which part of the server's budget a request's bytes came from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CreditFrom {
+    /// The connection's own reserve.
+    Reserve,
+    /// The part every connection shares.
+    Shared,
 }
 
 pub(super) struct Conn {
     writer: Mutex<WriteHalf>,
+    /// The connection's budget (`max_in_flight_bytes`).
     credit: Credit,
+    /// Its reserve of the server's budget: bytes only it may use.
+    reserve: Credit,
     /// Payload buffers, reused across the connection's requests.
     buffers: Buffers,
     session: Session,
@@ -366,6 +401,16 @@ impl Credit {
             used = self.freed.wait(used).expect("credit");
         }
         *used += n;
+    }
+
+    /// Takes `n` bytes if they fit now; never waits.
+    pub(super) fn try_acquire(&self, n: usize) -> bool {
+        let mut used = self.used.lock().expect("credit");
+        if *used + n > self.limit {
+            return false;
+        }
+        *used += n;
+        true
     }
 
     pub(super) fn release(&self, n: usize) {
