@@ -409,3 +409,92 @@ fn batches_go_out_as_requests_in_flight_together_and_come_back_matched() {
         .is_err());
     assert!(client.is_connected());
 }
+
+/// A store away for less than the request timeout costs the requests made meanwhile their
+/// wait, not an error: they wait for the reconnector, which finds the store once it is back,
+/// and are answered then.
+#[test]
+fn an_outage_shorter_than_the_timeout_costs_latency_not_errors() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let mut s = serve("blip", dev.clone(), config("x"));
+    let waits = ClientConfig {
+        io_timeout: std::time::Duration::from_secs(10),
+        max_backoff: std::time::Duration::from_millis(200),
+    };
+    let client = Arc::new(Client::connect_with(&s.uri("x"), waits).unwrap());
+    client
+        .write_at(0, b"ztier-test-identity-0123456789ab", false)
+        .unwrap();
+    client.pin_identity(0, 32).unwrap();
+    client.write_at(8192, &[6u8; 4096], false).unwrap();
+    s.stop();
+    let _ = std::fs::remove_file(&s.path);
+    let reader = {
+        let client = Arc::clone(&client);
+        std::thread::spawn(move || {
+            let mut page = [0u8; 4096];
+            let started = std::time::Instant::now();
+            client
+                .read_at(8192, &mut page)
+                .map(|()| (page, started.elapsed()))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _back = serve("blip", dev, config("x"));
+    let (page, waited) = reader
+        .join()
+        .unwrap()
+        .expect("a read during a short outage");
+    assert_eq!(page, [6u8; 4096]);
+    assert!(
+        waited >= std::time::Duration::from_millis(900),
+        "{waited:?}"
+    );
+    assert_eq!(client.status().state, LinkState::Connected);
+}
+
+/// A store that is back is dialed by the reconnector without a request to drive it: its
+/// status says so within about the longest backoff.
+#[test]
+fn a_store_that_is_back_is_found_without_a_request() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let mut s = serve("found", dev.clone(), config("x"));
+    let (client, _lines) = pinned_client(&s.uri("x"));
+    s.stop();
+    let _ = std::fs::remove_file(&s.path);
+    assert!(client.read_at(8192, &mut [0u8; 4096]).is_err(), "no server");
+    let _back = serve("found", dev, config("x"));
+    let back_at = std::time::Instant::now();
+    while client.status().state != LinkState::Connected {
+        assert!(
+            back_at.elapsed() < std::time::Duration::from_secs(20),
+            "never dialed again: {}",
+            client.status()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The backoff is at most 200 ms here; far less than a second in all.
+    assert!(back_at.elapsed() < std::time::Duration::from_secs(2));
+}
+
+/// `reconnect` on a link that seems up proves it first: a store stopped a moment ago is
+/// found lost (and, not back, the reconnect fails), not called connected.
+#[test]
+fn reconnect_proves_a_link_that_seems_up() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let mut s = serve("probe", dev, config("x"));
+    let (client, _lines) = pinned_client(&s.uri("x"));
+    assert!(client.reconnect().is_ok(), "a live store");
+    s.stop();
+    let _ = std::fs::remove_file(&s.path);
+    assert_eq!(
+        client.status().state,
+        LinkState::Connected,
+        "nothing asked yet"
+    );
+    assert!(
+        client.reconnect().is_err(),
+        "a stopped store called connected"
+    );
+    assert!(matches!(client.status().state, LinkState::Lost { .. }));
+}
