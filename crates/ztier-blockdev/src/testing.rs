@@ -17,6 +17,8 @@ use crate::{BlockDevice, BlockError};
 pub struct Faulty<D> {
     pub inner: D,
     fail_writes: AtomicBool,
+    /// Writes to fail from now on, one each, before writes go through again.
+    fail_next_writes: AtomicU64,
     fail_reads: AtomicBool,
     /// Times the reads started or stopped failing.
     changes: AtomicU64,
@@ -37,6 +39,7 @@ impl<D: BlockDevice> Faulty<D> {
         Faulty {
             inner,
             fail_writes: AtomicBool::new(false),
+            fail_next_writes: AtomicU64::new(0),
             fail_reads: AtomicBool::new(false),
             changes: AtomicU64::new(0),
             stall: Mutex::default(),
@@ -50,6 +53,19 @@ impl<D: BlockDevice> Faulty<D> {
         if self.fail_reads.swap(reads, Relaxed) != reads {
             self.changes.fetch_add(1, Relaxed);
         }
+    }
+
+    /// Fails the next `n` writes (a store that blips), then lets writes through again.
+    pub fn fail_next_writes(&self, n: u64) {
+        self.fail_next_writes.store(n, Relaxed);
+    }
+
+    fn write_fails(&self) -> bool {
+        self.fail_writes.load(Relaxed)
+            || self
+                .fail_next_writes
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
     }
 
     /// Holds every read from now on until `stall(false)`, which lets the waiting ones go.
@@ -106,7 +122,7 @@ impl<D: BlockDevice> BlockDevice for Faulty<D> {
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> crate::Result<()> {
-        if self.fail_writes.load(Relaxed) {
+        if self.write_fails() {
             return Err(Self::failure("write"));
         }
         self.inner.write_at(offset, data, fua)

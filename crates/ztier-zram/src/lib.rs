@@ -115,12 +115,17 @@ pub enum ZramError {
     WritebackLimit,
     #[error("backing store: {0}")]
     Backing(ztier_swap::SwapError),
-    /// A writeback that failed after some of its pages went out (those stay on the store;
-    /// the rest stay in memory).
-    #[error("writeback stopped after {pages} pages ({bytes} bytes) went out: {cause}")]
+    /// A writeback that did not write every page it took: `pages` went out (they stay on
+    /// the store), `failed` could not be written (they stay in memory), and the rest were
+    /// not tried.
+    #[error(
+        "writeback wrote {pages} pages ({bytes} bytes); {failed} pages could not be written \
+         and stay in memory: {cause}"
+    )]
     WritebackCut {
         pages: u64,
         bytes: u64,
+        failed: u64,
         cause: Box<ZramError>,
     },
     #[error("{0}")]
@@ -147,6 +152,13 @@ pub enum ZramError {
     /// A saved state that cannot be written, or read into this device (and why).
     #[error("saved state: {0}")]
     BadState(String),
+    /// A written-back page's copy on the store is not what was written (its checksum does
+    /// not match): the store damaged it.
+    #[error(
+        "page {index}: its copy on the backing store fails its checksum ({place}): the store \
+         damaged it"
+    )]
+    Corrupt { index: u64, place: String },
     /// A written-back slot names bytes past its segment: the slot table is damaged.
     #[error("page {index}: its place on the store ({place}) and size {size} run past its segment")]
     BadPlace {
@@ -219,7 +231,13 @@ pub struct Device {
     wb_limit: AtomicU64,
     /// The secondary algorithms (`recomp_algorithm`), by priority - 1.
     recomp: RwLock<Vec<Algorithm>>,
+    /// Where the device reports what a caller's error alone would not show an operator (a
+    /// written-back copy that fails its checksum); none by default. A leaf.
+    log: parking_lot::Mutex<Option<LogFn>>,
 }
+
+/// Where a device's log lines go ([`Device::set_log`]).
+type LogFn = Box<dyn Fn(&str) + Send + Sync>;
 
 impl Device {
     /// A device of `disksize` bytes on `pool`, compressing with `algorithm`.
@@ -261,7 +279,20 @@ impl Device {
             backing: RwLock::new(None),
             wb_limit: AtomicU64::new(u64::MAX),
             recomp: RwLock::new(Vec::new()),
+            log: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// Where the device's log lines go: a written-back copy that fails its checksum (the
+    /// read is an I/O error; this says which page and where).
+    pub fn set_log(&self, log: impl Fn(&str) + Send + Sync + 'static) {
+        *self.log.lock() = Some(Box::new(log));
+    }
+
+    fn log(&self, line: &str) {
+        if let Some(log) = self.log.lock().as_ref() {
+            log(line);
+        }
     }
 
     pub fn page_size(&self) -> usize {

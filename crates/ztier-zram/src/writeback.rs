@@ -96,6 +96,15 @@ const SWAP_UUID_AT: u64 = 1036;
 const SEG_ORDER: u32 = 4;
 const SEG_SLOTS: u64 = 1 << SEG_ORDER;
 const SEG_BYTES: usize = (SEG_SLOTS * SLOT_BYTES) as usize;
+
+/// The first bytes of a packed segment whose objects each carry a checksum: the object,
+/// then the CRC-32 (IEEE, as the saved state's) of its bytes, little-endian. A segment
+/// written before checksums (objects back to back from byte 0) does not start with it and
+/// is read as it was written; one whose first object happened to begin with these bytes
+/// would fail its checks (an I/O error), never be read wrong.
+const SEGMENT_MAGIC: [u8; 8] = *b"ztierPK1";
+/// An object's checksum, after it.
+const OBJECT_CRC: usize = 4;
 /// A place's fields in a written-back slot's handle word: the byte in the block or
 /// segment, then its first slot.
 const PLACE_AT: Field = Field::at(0, 16);
@@ -360,8 +369,11 @@ pub struct BdStat {
     pub bytes_stored: u64,
     /// Bytes of blocks or segments held on the store.
     pub bytes_held: u64,
-    /// Writebacks that failed (the store refused or vanished); their pages stayed in memory.
+    /// Pages writebacks could not write (the store refused or vanished); they stayed in
+    /// memory.
     pub failed_writebacks: u64,
+    /// Reads of written-back pages whose copy failed its checksum (each an I/O error).
+    pub checksum_failures: u64,
 }
 
 /// What one writeback did.
@@ -369,7 +381,23 @@ pub struct BdStat {
 pub struct WbResult {
     pub pages: u64,
     pub bytes_written: u64,
+    /// Pages whose write the store refused or lost (they stay in memory).
+    pub failed_pages: u64,
 }
+
+/// Why a group of batches did not all go out.
+enum GroupError {
+    /// The store's write failed: the group's pages stay in memory as they were; the next
+    /// group may go out (as the kernel's writeback goes on past a failed bio).
+    Write(ZramError),
+    /// Nothing more can go out (the limit, the store full or changed): the writeback stops.
+    Stop(ZramError),
+}
+
+/// Groups failing to write one after another before a writeback gives up: a store that
+/// is gone fails each after its timeout, and a writeback of thousands of pages would wait
+/// that long for every group.
+const FAILED_GROUPS_IN_A_ROW: u32 = 2;
 
 /// A sequential reader's readahead (the kernel's asynchronous readahead, with its
 /// `PG_readahead` mark): the segment whose read starts the next window in the background,
@@ -456,7 +484,10 @@ pub struct Backing {
     gate: RwLock<bool>,
     bytes_written: AtomicU64,
     bytes_stored: AtomicU64,
+    /// Pages a writeback could not write (the store refused or vanished).
     failed: AtomicU64,
+    /// Reads whose copy failed its checksum.
+    corrupt: AtomicU64,
 }
 
 /// A saved state's hold on the store: while `marked`, the store's header carries the stamp
@@ -600,6 +631,7 @@ impl Backing {
             bytes_written: AtomicU64::new(0),
             bytes_stored: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
         }
     }
 
@@ -946,6 +978,7 @@ impl Backing {
             bytes_stored: self.bytes_stored.load(Relaxed),
             bytes_held: self.places.in_use() * SLOT_BYTES,
             failed_writebacks: self.failed.load(Relaxed),
+            checksum_failures: self.corrupt.load(Relaxed),
         }
     }
 }
@@ -972,12 +1005,29 @@ struct Batch {
 }
 
 impl Batch {
-    /// An empty batch with room for `bytes`.
-    fn new(bytes: usize) -> Batch {
-        Batch {
+    /// An empty batch for a unit of `format`: a packed segment starts with its magic.
+    fn new(format: WbFormat, page_size: usize) -> Batch {
+        let bytes = match format {
+            WbFormat::Packed => SEG_BYTES,
+            _ => page_size,
+        };
+        let mut b = Batch {
             pages: Vec::new(),
             buf: vec![0u8; bytes],
             used: 0,
+        };
+        if format == WbFormat::Packed {
+            b.buf[..SEGMENT_MAGIC.len()].copy_from_slice(&SEGMENT_MAGIC);
+            b.used = SEGMENT_MAGIC.len();
+        }
+        b
+    }
+
+    /// The bytes an object of `size` adds to the unit, its checksum's included.
+    fn room_for(format: WbFormat, size: usize) -> usize {
+        match format {
+            WbFormat::Packed => size + OBJECT_CRC,
+            _ => size,
         }
     }
 
@@ -1123,21 +1173,36 @@ impl Device {
         let mut done = WbResult::default();
         // Full batches waiting to go out together, and the one being filled.
         let mut group: Vec<Batch> = Vec::new();
-        // A batch's room: a segment packed, a page (one block) in the kernel's formats.
-        let unit = match store.format {
-            WbFormat::Packed => SEG_BYTES,
-            _ => self.page_size,
-        };
-        let mut batch = Batch::new(unit);
+        let new_batch = || Batch::new(store.format, self.page_size);
+        let mut batch = new_batch();
         let mut page = vec![0u8; self.page_size];
         let mut index = range.start;
+        // A group's write failed: the last error, and how many in a row.
+        let (mut write_error, mut failed_in_a_row) = (None, 0);
+        let mut send = |group: &mut Vec<Batch>, done: &mut WbResult| -> Result<()> {
+            match self.write_group(&store, group, done) {
+                Ok(()) => {
+                    failed_in_a_row = 0;
+                    Ok(())
+                }
+                Err(GroupError::Write(e)) => {
+                    failed_in_a_row += 1;
+                    if failed_in_a_row >= FAILED_GROUPS_IN_A_ROW {
+                        return Err(e);
+                    }
+                    write_error = Some(e);
+                    Ok(())
+                }
+                Err(GroupError::Stop(e)) => Err(e),
+            }
+        };
         let r = loop {
             let queued = group.iter().map(|b| b.pages.len() as u64).sum::<u64>();
-            let full = index >= range.end
-                || max_pages.is_some_and(|m| done.pages + queued + batch.pages.len() as u64 >= m);
+            let taken = done.pages + done.failed_pages + queued + batch.pages.len() as u64;
+            let full = index >= range.end || max_pages.is_some_and(|m| taken >= m);
             if full {
-                group.push(std::mem::replace(&mut batch, Batch::new(unit)));
-                break self.write_group(&store, &mut group, &mut done);
+                group.push(std::mem::replace(&mut batch, new_batch()));
+                break send(&mut group, &mut done);
             }
             let mut p = match self.collect(index, mode, &store, &mut page) {
                 Ok(Some(p)) => p,
@@ -1154,26 +1219,25 @@ impl Device {
                 }
             };
             let queued_blocks = group.iter().map(Batch::blocks).sum::<u64>();
-            let blocks = queued_blocks + (batch.used + p.size).div_ceil(SLOT_BYTES as usize) as u64;
+            let adds = Batch::room_for(store.format, p.size);
+            let blocks = queued_blocks + (batch.used + adds).div_ceil(SLOT_BYTES as usize) as u64;
             if self.writeback_limit().is_some_and(|left| blocks > left) {
                 // The limit has no room for this page: write what fits, then stop.
                 self.uncollect(&p);
-                group.push(std::mem::replace(&mut batch, Batch::new(unit)));
-                break self
-                    .write_group(&store, &mut group, &mut done)
-                    .and(Err(ZramError::WritebackLimit));
+                group.push(std::mem::replace(&mut batch, new_batch()));
+                break send(&mut group, &mut done).and(Err(ZramError::WritebackLimit));
             }
             let room = match store.format {
-                WbFormat::Packed => batch.used + p.size <= SEG_BYTES,
+                WbFormat::Packed => batch.used + adds <= SEG_BYTES,
                 _ => batch.pages.is_empty(),
             };
             if !room {
                 // This one starts the next batch: put it back as it was, queue the batch,
                 // and write the group once it is full.
                 self.uncollect(&p);
-                group.push(std::mem::replace(&mut batch, Batch::new(unit)));
+                group.push(std::mem::replace(&mut batch, new_batch()));
                 if group.len() == WB_IN_FLIGHT {
-                    if let Err(e) = self.write_group(&store, &mut group, &mut done) {
+                    if let Err(e) = send(&mut group, &mut done) {
                         break Err(e);
                     }
                 }
@@ -1185,18 +1249,27 @@ impl Device {
             };
             let used = batch.used;
             batch.buf[used..used + bytes.len()].copy_from_slice(bytes);
+            if store.format == WbFormat::Packed {
+                let crc = crc32fast::hash(bytes).to_le_bytes();
+                batch.buf[used + bytes.len()..used + bytes.len() + OBJECT_CRC]
+                    .copy_from_slice(&crc);
+            }
             p.at = used;
             p.size = bytes.len();
-            batch.used += bytes.len();
+            batch.used += Batch::room_for(store.format, bytes.len());
             batch.pages.push(p);
             index += 1;
         };
+        // A failed group the writeback went on past is its error, as the kernel returns
+        // the last bio's error after writing what it could.
+        let r = r.and(write_error.map_or(Ok(()), Err));
         r.map(|()| done).map_err(|e| match e {
             // The limit's own error is what the kernel gives, whatever went out before it.
-            ZramError::WritebackLimit => e,
-            e if done.pages > 0 => ZramError::WritebackCut {
+            ZramError::WritebackLimit if done.failed_pages == 0 => e,
+            e if done.pages > 0 || done.failed_pages > 0 => ZramError::WritebackCut {
                 pages: done.pages,
                 bytes: done.bytes_written,
+                failed: done.failed_pages,
                 cause: Box::new(e),
             },
             e => e,
@@ -1273,7 +1346,7 @@ impl Device {
         store: &Backing,
         group: &mut Vec<Batch>,
         done: &mut WbResult,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), GroupError> {
         group.retain(|b| !b.pages.is_empty());
         if group.is_empty() {
             return Ok(());
@@ -1304,33 +1377,39 @@ impl Device {
                     }
                 }
             }
+            // Refused by the store (full, or its header not written), not by the limit:
+            // these pages failed to go out.
+            if !matches!(refused, Some(ZramError::WritebackLimit)) {
+                store.failed.fetch_add(b.pages.len() as u64, Relaxed);
+                done.failed_pages += b.pages.len() as u64;
+            }
             for p in b.pages.drain(..) {
                 self.uncollect(&p);
             }
         }
         let writes: Vec<(u64, &[u8])> = placed.iter().map(|(f, b)| (*f, &b.buf[..])).collect();
         if let Err(e) = store.places.write_runs(&writes) {
-            store.failed.fetch_add(1, Relaxed);
+            let pages: u64 = placed.iter().map(|(_, b)| b.pages.len() as u64).sum();
+            store.failed.fetch_add(pages, Relaxed);
+            done.failed_pages += pages;
             for (first, b) in placed {
                 let _ = store.places.free_range(first, 1 << order);
                 for p in &b.pages {
                     self.uncollect(p);
                 }
             }
-            return Err(ZramError::Backing(e));
+            // The batches refused before the write are not failed writes: they wait for
+            // the next writeback.
+            return Err(match refused {
+                Some(r) => GroupError::Stop(r),
+                None => GroupError::Write(ZramError::Backing(e)),
+            });
         }
         for (first, mut b) in placed {
-            self.commit(store, first, &mut b, done)?;
+            self.commit(store, first, &mut b, done)
+                .map_err(GroupError::Stop)?;
         }
-        match refused {
-            None => Ok(()),
-            Some(e) => {
-                if !matches!(e, ZramError::WritebackLimit) {
-                    store.failed.fetch_add(1, Relaxed);
-                }
-                Err(e)
-            }
-        }
+        refused.map_or(Ok(()), |e| Err(GroupError::Stop(e)))
     }
 
     /// Commits the pages of a batch written at `first`: each slot still as collected now
@@ -1423,6 +1502,21 @@ impl Device {
                         place: format!("{place:?}"),
                         size,
                     })?;
+            if segment.starts_with(&SEGMENT_MAGIC) {
+                let stored = segment.get(place.at + size..place.at + size + OBJECT_CRC);
+                if stored != Some(&crc32fast::hash(object).to_le_bytes()[..]) {
+                    store.corrupt.fetch_add(1, Relaxed);
+                    let e = ZramError::Corrupt {
+                        index,
+                        place: format!(
+                            "segment at slot {}, byte {}, {size} bytes",
+                            place.first, place.at
+                        ),
+                    };
+                    self.log(&format!("{e}; the read fails with EIO"));
+                    return Err(e);
+                }
+            }
             (object, 0)
         } else {
             let mut bytes = vec![0u8; size];

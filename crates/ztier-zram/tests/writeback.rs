@@ -14,6 +14,7 @@ use std::time::Duration;
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::testing::Faulty;
+use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, PageSelector, SlotFlag, WbFormat, ZramError};
@@ -241,13 +242,153 @@ fn a_failing_store_loses_nothing() {
     let err = dev.writeback(PageSelector::All, None, None).unwrap_err();
     assert!(err.to_string().contains("vanished"), "{err}");
     assert_eq!(dev.mm_stat(), before, "nothing moved");
-    assert_eq!(dev.bd_stat().unwrap().failed_writebacks, 1);
+    // Every page the writeback took is counted as failed, not the writeback once.
+    let ZramError::WritebackCut {
+        pages: 0, failed, ..
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    let in_memory = in_pool(&dev);
+    assert_eq!(failed, in_memory, "{err}");
+    assert_eq!(dev.bd_stat().unwrap().failed_writebacks, failed);
     assert!(!dev.entry(150).unwrap().has(SlotFlag::UnderWb));
     verify(&dev, n, |_| None);
     dev.write_page(200, &page(7)).unwrap();
     store.set_failing(false, false);
     dev.writeback(PageSelector::All, None, None).unwrap();
     verify(&dev, n, |i| (i == 200).then(|| page(7)));
+}
+
+/// The packed segments on a store: the slot each starts at (they begin with the magic).
+fn segments_on(store: &dyn BlockDevice) -> Vec<u64> {
+    let mut found = Vec::new();
+    let mut head = [0u8; 8];
+    for slot in (16..store.size() / PS as u64).step_by(16) {
+        store.read_at(slot * PS as u64, &mut head).unwrap();
+        if &head == b"ztierPK1" {
+            found.push(slot);
+        }
+    }
+    found
+}
+
+/// A bit flipped in a packed segment on the store (damage that decompresses all the same)
+/// is found by the object's checksum: the page's read is an I/O error, said in the device's
+/// log and counted, never wrong data; the other pages read back.
+#[test]
+fn a_flipped_bit_on_the_store_is_an_error_never_wrong_data() {
+    let n = 600;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(MemoryDevice::new(16 << 20).unwrap());
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let lines = Arc::clone(&log);
+    dev.set_log(move |line| lines.lock().unwrap().push(line.to_string()));
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    let segments = segments_on(&*store);
+    assert!(segments.len() >= 4, "{segments:?}");
+    // One bit in each segment, a little way in: inside its first objects.
+    for (k, &first) in segments.iter().enumerate() {
+        let at = first * PS as u64 + 100 + 37 * k as u64;
+        let mut b = [0u8];
+        store.read_at(at, &mut b).unwrap();
+        store.write_at(at, &[b[0] ^ 0x10], false).unwrap();
+    }
+    let mut out = vec![0u8; PS];
+    let mut damaged = 0;
+    for i in 0..n {
+        match dev.read_page(i, &mut out) {
+            Ok(()) => assert!(out == page(i), "page {i} read back wrong"),
+            Err(ZramError::Corrupt { index, .. }) => {
+                assert_eq!(index, i);
+                damaged += 1;
+            }
+            Err(e) => panic!("page {i}: {e}"),
+        }
+    }
+    assert_eq!(damaged, segments.len() as u64, "one object a segment");
+    assert_eq!(dev.bd_stat().unwrap().checksum_failures, damaged);
+    let log = log.lock().unwrap();
+    assert_eq!(log.len() as u64, damaged, "{log:?}");
+    assert!(
+        log[0].contains("checksum") && log[0].contains("EIO"),
+        "{log:?}"
+    );
+}
+
+/// A segment written before objects carried checksums (no magic at its start) is read as
+/// it was written, unchecked: a store of an older ztier still reads.
+#[test]
+fn a_segment_without_checksums_is_read_as_before() {
+    let n = 300;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(MemoryDevice::new(16 << 20).unwrap());
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    dev.writeback(PageSelector::All, None, None).unwrap();
+    for first in segments_on(&*store) {
+        store.write_at(first * PS as u64, &[0u8; 8], false).unwrap();
+    }
+    verify(&dev, n, |_| None);
+    assert_eq!(dev.bd_stat().unwrap().checksum_failures, 0);
+}
+
+/// Pages whose objects are in the pool: stored, neither same-filled nor written back.
+fn in_pool(dev: &Device) -> u64 {
+    let m = dev.mm_stat();
+    m.orig_data_size / PS as u64 - m.same_pages - dev.bd_stat().map_or(0, |b| b.bd_count)
+}
+
+/// A store whose write fails once (a blip) costs that group of segments, not the rest of
+/// the writeback: it goes on, as the kernel's writeback goes on past a failed bio, and
+/// reports the pages that failed (they stay in memory, and read back).
+#[test]
+fn a_writeback_goes_on_past_a_failed_write() {
+    let n = 6000;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(Faulty::new(MemoryDevice::new(64 << 20).unwrap()));
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    let stored = in_pool(&dev);
+    store.fail_next_writes(1);
+    let err = dev.writeback(PageSelector::All, None, None).unwrap_err();
+    let ZramError::WritebackCut { pages, failed, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert!(failed > 0 && pages > 0, "{err}");
+    assert_eq!(pages + failed, stored, "every page tried: {err}");
+    let bd = dev.bd_stat().unwrap();
+    assert_eq!((bd.bd_count, bd.failed_writebacks), (pages, failed));
+    verify(&dev, n, |_| None);
+}
+
+/// A store that fails every write (gone) is given up on after two groups in a row, each of
+/// their pages counted; the pages not tried stay in memory uncounted.
+#[test]
+fn a_writeback_gives_up_on_a_store_that_fails_twice_in_a_row() {
+    let n = 6000;
+    let dev = device(n, "lz4");
+    fill(&dev, n);
+    let store = Arc::new(Faulty::new(MemoryDevice::new(64 << 20).unwrap()));
+    dev.set_backing(Some(Backing::new(store.clone(), WbFormat::Packed).unwrap()))
+        .unwrap();
+    let stored = in_pool(&dev);
+    store.set_failing(true, false);
+    let err = dev.writeback(PageSelector::All, None, None).unwrap_err();
+    let ZramError::WritebackCut {
+        pages: 0, failed, ..
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(failed > 0 && failed < stored, "two groups, not all: {err}");
+    assert_eq!(dev.bd_stat().unwrap().failed_writebacks, failed);
+    verify(&dev, n, |_| None);
 }
 
 #[test]
@@ -265,7 +406,7 @@ fn a_full_store_is_a_clear_error_and_loses_nothing() {
     // The error says how many pages did go out.
     assert!(
         err.to_string()
-            .contains(&format!("after {} pages", bd.bd_count)),
+            .contains(&format!("wrote {} pages", bd.bd_count)),
         "{err}"
     );
     verify(&dev, n, |_| None);
