@@ -4,7 +4,8 @@
 //! streams and counters) lives in [`shard`]s; every counter set is declared with
 //! [`counters!`] ([`counter`]); byte ranges are cut into page [`pieces`]; tests
 //! write [`pattern`]s; a read asks for a line it will need through a [`prefetch`] hint;
-//! what the process asks of the OS (page size, memory, RSS, idle priority) is in [`os`].
+//! what the process asks of the OS (page size, memory, RSS, idle priority) is in [`os`];
+//! files that hold a disk's pages are made and opened by [`private_file`].
 //!
 //! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
 //! [`os`] (libc calls that touch no memory of the caller's) and [`prefetch`] (a hint that
@@ -19,6 +20,7 @@ pub mod os;
 pub mod pattern;
 pub mod pieces;
 pub mod prefetch;
+pub mod private_file;
 pub mod shard;
 pub mod slab;
 

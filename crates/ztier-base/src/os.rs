@@ -28,6 +28,12 @@ pub fn coarse_monotonic_secs() -> u64 {
     0
 }
 
+/// The user this process acts as (its effective user id).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
 /// The OS page size in bytes (4096 if the OS will not say).
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.

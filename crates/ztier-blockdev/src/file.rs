@@ -6,10 +6,12 @@
 //! Locking: none of its own; the kernel orders concurrent `pread`/`pwrite` on one file.
 #![allow(unsafe_code)]
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+
+use ztier_base::private_file;
 
 use crate::{check_range, BlockDevice, BlockError, Result};
 
@@ -22,14 +24,13 @@ pub struct FileDevice {
 
 impl FileDevice {
     /// Opens (creating if missing) `path` as a device of `size` bytes: a new or shorter file
-    /// is extended sparse to `size`; a longer one is used up to `size`.
+    /// is extended sparse to `size`; a longer one is used up to `size`. The file holds a
+    /// disk's pages, so it is made mode 0600 whatever the umask, never reached through a
+    /// link, and one that exists must not be writable by another user
+    /// ([`ztier_base::private_file`]).
     pub fn open(path: &Path, size: u64) -> Result<FileDevice> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let (file, _made) =
+            private_file::open_or_create(path).map_err(|e| BlockError::Invalid(e.to_string()))?;
         let meta = file.metadata()?;
         if !meta.file_type().is_file() {
             return Err(BlockError::Invalid(format!(

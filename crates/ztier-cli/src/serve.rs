@@ -23,7 +23,9 @@ mod service;
 use crate::size::parse_size;
 use control::{control_path, serve_control, stats_text};
 pub use control::{ctl, stat, CtlArgs, StatArgs};
-use service::{bind_private, exit_code, listen, notify, start_command, status_line, SocketFiles};
+use service::{
+    bind_private, exit_code, listen, notify, start_command, status_line, RemovedAtEnd, SocketFiles,
+};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -63,8 +65,10 @@ pub struct ServeArgs {
     pub allocator: AllocatorKind,
     #[command(flatten)]
     pub layout: PoolLayoutArgs,
-    /// Memory the device may use (K, M, G suffixes): a write past it fails with ENOSPC and
-    /// changes nothing. 0: no limit.
+    /// Memory the device may use (K, M, G suffixes): a write past it fails with ENOSPC. A
+    /// page that does not fit is left as it was; of a write of several pages, those before
+    /// it are written, as the kernel's zram does with a bio (NBD leaves a failed write's
+    /// range undefined). 0: no limit.
     #[arg(long, value_parser = parse_size, default_value = "0")]
     pub mem_limit: u64,
     /// The export's name (clients may also ask for the default, "").
@@ -394,6 +398,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 .map_err(anyhow::Error::msg)?;
             let device = Device::new(args.size, args.compressor.clone(), pool)
                 .with_context(|| format!("making a {}-byte device", args.size))?;
+            device.set_log(|line| eprintln!("ztier serve: {line}"));
             device.set_mem_limit(args.mem_limit);
             device.set_writeback_limit(args.writeback_limit);
             device.set_recomp_algorithms(args.recompress_algorithms.clone())?;
@@ -466,20 +471,23 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         tls: server_tls(args)?,
         ..ServerConfig::default()
     };
-    // SIGINT and SIGTERM set a flag; a watcher stops the server, which answers what is in
-    // flight and ends its connections. A second signal, with the flag already set, ends the
-    // process at once (status 1). Before any socket exists: a signal sent as soon as one
-    // appears (a service manager's, a test's) stops the server as one sent later does,
-    // where before the handlers it would kill it with its socket files left behind.
+    // Before any socket exists: a signal sent as soon as one appears (a service manager's,
+    // a test's) stops the server as one sent later does, where before the handlers it would
+    // kill it with its socket files left behind.
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
-    let mut files = SocketFiles(Vec::new(), Vec::new());
-    let place = listen(args, activated, &mut files)?;
+    let stopping = Arc::new(Stopping::default());
+    let files = SocketFiles::default();
+    let made_files = RemovedAtEnd(files.clone());
+    let server_slot: Arc<std::sync::OnceLock<Arc<Server>>> = Arc::default();
+    watch_signals(
+        Arc::clone(&stop),
+        Arc::clone(&stopping),
+        files.clone(),
+        Arc::clone(&server_slot),
+        args.state.clone(),
+    )?;
+    raise_descriptor_limit();
+    let place = listen(args, activated, &files)?;
     // Last, before a client is served: the state loaded (or the lack of one) is consumed, so
     // a server that dies from now on leaves no state that would serve stale pages.
     if let Some(path) = &args.state {
@@ -488,6 +496,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             .with_context(|| format!("--state {}", path.display()))?;
     }
     let server = Server::new(store.block_device(), config);
+    let _ = server_slot.set(Arc::clone(&server));
     let control = args
         .control
         .clone()
@@ -498,8 +507,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     );
     let control_thread = match &control {
         Some(path) => {
-            let l =
-                bind_private(path, args.socket_mode, &mut files).context("the control socket")?;
+            let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
             l.set_nonblocking(true)?;
             let (store, server, stop) = (
                 Arc::clone(&store),
@@ -578,12 +586,13 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     eprintln!("ztier serve: {} bytes, {what}, at {}", args.size, place.uri);
     let served = server.serve(place.listener);
     server.stop();
+    stopping.set(Phase::Draining);
     let _ = watcher.join();
     let _ = rustix::io::write(stop_control.as_ref(), &1u64.to_ne_bytes());
     if let Some(t) = control_thread {
         let _ = t.join();
     }
-    drop(files);
+    drop(made_files);
     let mut saved = Ok(());
     if let (Store::Zram(device, policy, _, Some(path)), Ok(())) = (&*store, &served) {
         // No writeback from here on (the policy's, or one a control request started is
@@ -592,6 +601,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             p.stop();
         }
         device.close_writeback();
+        stopping.set(Phase::Saving);
         match save_state(device, path, true) {
             Ok(line) => eprintln!("ztier serve: {line}"),
             Err(e) => {
@@ -603,6 +613,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             }
         }
     }
+    stopping.set(Phase::Done);
     served.context("serving")?;
     eprintln!("ztier serve: stopped");
     // In captive mode stdout is the command's: the statistics go to stderr.
@@ -614,4 +625,116 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     saved.context("saving the state")?;
     let code = *exit.lock().unwrap_or_else(|p| p.into_inner());
     Ok(code.unwrap_or(0))
+}
+
+/// Where a stop is, for the signals that come during it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Phase {
+    /// Serving (or stopping: the first signal came, clients are being let go).
+    #[default]
+    Serving,
+    /// The connections are ending; the state is saved next.
+    Draining,
+    /// The state is being written.
+    Saving,
+    /// Saved (or nothing to save): only the statistics are left to print.
+    Done,
+}
+
+/// The stop's phase, shared with the signal thread.
+#[derive(Default)]
+struct Stopping(std::sync::Mutex<Phase>);
+
+impl Stopping {
+    fn set(&self, phase: Phase) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+    fn get(&self) -> Phase {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// SIGINT and SIGTERM, on a thread of their own. The first stops the server: it answers what
+/// is in flight, ends its connections, saves its state. The second cuts the connections at
+/// once but still saves the state (GNU `timeout` sends its signal twice, to the process and
+/// to its group: a stop must not lose the state to that). A third during the save ends the
+/// process without it: the unfinished file is removed and a line says the state was not
+/// saved; a third before the save ends it the same way.
+fn watch_signals(
+    stop: Arc<AtomicBool>,
+    stopping: Arc<Stopping>,
+    files: SocketFiles,
+    server: Arc<std::sync::OnceLock<Arc<Server>>>,
+    state: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("ztier-signals".into())
+        .spawn(move || {
+            let mut count = 0;
+            for sig in signals.forever() {
+                count += 1;
+                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                let phase = stopping.get();
+                match count {
+                    1 => stop.store(true, Ordering::SeqCst),
+                    2 => {
+                        let line = match (phase, &state) {
+                            (Phase::Saving, Some(_)) => {
+                                "the state is being saved; the save goes on (a third signal \
+                                 ends the process without it)"
+                            }
+                            (_, Some(_)) => {
+                                "connections are cut now; the state is still saved (a third \
+                                 signal ends the process without it)"
+                            }
+                            (_, None) => {
+                                "connections are cut now (a third signal ends the process)"
+                            }
+                        };
+                        eprintln!("ztier serve: a second {name}: {line}");
+                        stop.store(true, Ordering::SeqCst);
+                        if let Some(s) = server.get() {
+                            s.stop_now();
+                        }
+                    }
+                    _ => {
+                        let lost = match (&state, phase) {
+                            (Some(path), Phase::Serving | Phase::Draining | Phase::Saving) => {
+                                zram_state_file(path).remove_unfinished_save();
+                                format!(
+                                    "; the state was NOT saved to {} (what the server took \
+                                     since it started is lost; the next start refuses the \
+                                     consumed state and says so)",
+                                    path.display()
+                                )
+                            }
+                            _ => String::new(),
+                        };
+                        eprintln!("ztier serve: a third {name}: ended at once{lost}");
+                        files.remove_all();
+                        std::process::exit(1);
+                    }
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+fn zram_state_file(path: &std::path::Path) -> StateFile {
+    StateFile::new(path)
+}
+
+/// Raises the soft limit of open files to the hard one, as servers of many connections do:
+/// each connection costs a descriptor. Best effort: a limit that cannot be raised stays.
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
 }

@@ -9,39 +9,15 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{have, temp_dir};
+use common::{as_nobody, ctl, ctl_socket, have, temp_dir, text, wait_for, ztier, Proc, DEADLINE};
 use ztier_blockdev::BlockDevice;
 use ztier_nbd::{Client, Uri};
 
-/// Far past anything a working server takes; only a broken one reaches it.
-const DEADLINE: Duration = Duration::from_secs(30);
 const PAGES: u64 = 2048;
-
-fn ztier() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ztier"))
-}
-
-fn wait_for(path: &Path, what: &str) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < DEADLINE, "{what} never made {path:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// nbdkit's `memory` plugin behind the pause filter, on a Unix socket.
 fn nbdkit(socket: &Path, pause: &Path) -> Proc {
@@ -87,30 +63,6 @@ fn serve(socket: &Path, store: &Path, log: &Path) -> Proc {
         .expect("start ztier serve");
     wait_for(&ctl_socket(socket), "ztier serve");
     Proc(child)
-}
-
-fn ctl_socket(socket: &Path) -> PathBuf {
-    let mut p = socket.as_os_str().to_owned();
-    p.push(".ctl");
-    PathBuf::from(p)
-}
-
-fn ctl(socket: &Path, words: &[&str]) -> Output {
-    ztier()
-        .arg("ctl")
-        .arg("--socket")
-        .arg(socket)
-        .args(words)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Text-like pages, different per index.
@@ -257,16 +209,6 @@ fn serve_plain(socket: &Path, umask: &str, extra: &str) -> Proc {
         .unwrap();
     wait_for(&ctl_socket(socket), "ztier serve");
     Proc(child)
-}
-
-/// Runs `ztier ARGS` as the user `nobody`.
-fn as_nobody(args: &[&str]) -> Output {
-    Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_ztier"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]

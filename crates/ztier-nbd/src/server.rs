@@ -267,6 +267,16 @@ impl Server {
         }
     }
 
+    /// Stops as [`stop`](Self::stop) does, and cuts every connection now, without waiting
+    /// for the replies in flight (a client that reads none of its replies would hold a stop
+    /// for its reply timeout).
+    pub fn stop_now(&self) {
+        self.stop();
+        for (_, s) in self.connections.lock().expect("connections").iter() {
+            s.shutdown(Shutdown::Both);
+        }
+    }
+
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }

@@ -56,6 +56,10 @@
 //! - `PATH.tmp`: a save under way; never read. Made and removed at start to prove the
 //!   directory takes the state before any page is taken.
 //!
+//! Each file holds every page of the disk: made mode 0600 whatever the umask, never through
+//! a link (`ztier_base::private_file`), and a state another user could have written (not
+//! this process user's, or writable by its group or others) is refused with the reason.
+//!
 //! A save writes `PATH.tmp`, syncs it and renames it: at a clean stop (no more requests,
 //! writeback closed) to `PATH`, then removes `PATH.loaded`; while serving goes on, to
 //! `PATH.loaded`. Each step leaves a safe pair: a crash before the rename leaves the files
@@ -75,6 +79,7 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ztier_base::private_file::{self, PrivateFileError};
 use ztier_blockdev::BlockDevice;
 
 use crate::slot::{Content, Entry, SlotFlag};
@@ -707,6 +712,19 @@ fn file_error(what: String, e: std::io::Error) -> ZramError {
     ZramError::BadState(format!("{what}: {e}"))
 }
 
+/// Removes `path` if it is there (a file or a link, never what a link points to).
+fn remove_if_there(path: &std::path::Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(file_error(format!("removing {}", path.display()), e)),
+    }
+}
+
+fn private_error(e: PrivateFileError) -> ZramError {
+    ZramError::BadState(e.to_string())
+}
+
 impl StateFile {
     pub fn new(path: impl Into<std::path::PathBuf>) -> StateFile {
         StateFile { path: path.into() }
@@ -732,6 +750,12 @@ impl StateFile {
         self.with(".tmp")
     }
 
+    /// Removes `PATH.tmp`, the file of a save that will not finish (the process is ending in
+    /// the middle of one): the other files stay as they were, as after a crash.
+    pub fn remove_unfinished_save(&self) {
+        let _ = std::fs::remove_file(self.tmp_path());
+    }
+
     /// Makes the directory's changes durable (a rename, a removal).
     fn sync_dir(&self) -> Result<()> {
         let dir = match self.path.parent() {
@@ -749,22 +773,18 @@ impl StateFile {
     /// cleanly: what it served since is lost, and serving the state would hide that).
     pub fn open(&self) -> Result<Option<std::fs::File>> {
         let tmp = self.tmp_path();
-        std::fs::File::create(&tmp).map_err(|e| {
-            file_error(
-                format!(
-                    "{} cannot be written: creating {}",
-                    self.path.display(),
-                    tmp.display()
-                ),
-                e,
-            )
+        self.fresh_tmp().map_err(|e| {
+            ZramError::BadState(format!("{} cannot be written: {e}", self.path.display()))
         })?;
         std::fs::remove_file(&tmp)
             .map_err(|e| file_error(format!("removing {}", tmp.display()), e))?;
-        match std::fs::File::open(&self.path) {
+        // Not through a link, and not one another user could have written (module
+        // `ztier_base::private_file`).
+        match private_file::open(&self.path, false) {
             Ok(f) => return Ok(Some(f)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(file_error(format!("opening {}", self.path.display()), e)),
+            Err(PrivateFileError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(private_error(e)),
         }
         let loaded = self.loaded_path();
         match std::fs::metadata(&loaded) {
@@ -806,11 +826,21 @@ impl StateFile {
                 )
             })?;
         } else {
-            std::fs::File::create(&to)
-                .and_then(|f| f.sync_all())
+            remove_if_there(&to)?;
+            private_file::create(&to)
+                .map_err(private_error)?
+                .sync_all()
                 .map_err(|e| file_error(format!("creating {}", to.display()), e))?;
         }
         self.sync_dir()
+    }
+
+    /// `PATH.tmp`, made anew (one left by a save cut short, or a link, is removed first):
+    /// mode 0600, the process user's.
+    fn fresh_tmp(&self) -> Result<std::fs::File> {
+        let tmp = self.tmp_path();
+        remove_if_there(&tmp)?;
+        private_file::create(&tmp).map_err(private_error)
     }
 
     /// Saves `device`'s state: to `PATH.tmp`, synced, then renamed into place. At a clean
@@ -828,8 +858,7 @@ impl StateFile {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let tmp = self.tmp_path();
-        let file = std::fs::File::create(&tmp)
-            .map_err(|e| file_error(format!("creating {}", tmp.display()), e))?;
+        let file = self.fresh_tmp()?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         let summary = device.save_state(&mut out)?;
         let file = out

@@ -1,8 +1,9 @@
 //! The control socket of `ztier serve` and its two clients, `ztier stat` and `ztier ctl`: a
 //! line in (`stat`, `stat json`, `get ATTR`, `set ATTR [VALUE]`), the answer out, then the
 //! connection closes. Each connection is served on its own thread (at most
-//! [`MAX_CONTROL_CONNECTIONS`]), so a silent client or a long writeback holds up no one
-//! else; requests that change the device are taken only from the server's own user and
+//! [`MAX_CONTROL_OWNER`] for the server's own user and root, [`MAX_CONTROL_PER_USER`] for each
+//! other user), so a silent client or a long writeback holds up no one else, and no other
+//! user can take the owner's places; requests that change the device are taken only from the server's own user and
 //! root (`SO_PEERCRED`) unless the server was told otherwise. The loop sleeps in `poll` on
 //! the listener and a stop eventfd. No lock of its own is held while a device method runs.
 
@@ -70,9 +71,15 @@ fn ask(
     };
     let mut conn = std::os::unix::net::UnixStream::connect(&path)
         .with_context(|| format!("connecting to {} (is ztier serve running?)", path.display()))?;
-    conn.write_all(format!("{request}\n").as_bytes())?;
+    // A server that turns the connection away answers before it reads (and closes): its
+    // answer is read even when the request could not be written.
+    let wrote = conn.write_all(format!("{request}\n").as_bytes());
     let mut answer = String::new();
-    conn.read_to_string(&mut answer)?;
+    let read = conn.read_to_string(&mut answer);
+    if answer.is_empty() {
+        wrote?;
+        read?;
+    }
     Ok(answer)
 }
 
@@ -100,10 +107,11 @@ pub(super) fn control_path(socket: &std::path::Path) -> PathBuf {
 /// Asks a running server for its statistics and prints them.
 pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
     let request = if args.json { "stat json" } else { "stat" };
-    print!(
-        "{}",
-        ask(args.control.as_ref(), args.socket.as_ref(), request)?
-    );
+    let answer = ask(args.control.as_ref(), args.socket.as_ref(), request)?;
+    if let Some(e) = answer.strip_prefix("error: ") {
+        bail!("{}", e.trim_end());
+    }
+    print!("{answer}");
     Ok(())
 }
 
@@ -247,14 +255,15 @@ impl std::fmt::Display for Snapshot {
             writeln!(
                 f,
                 "bd_stat {:>8} {:>8} {:>8}  ({} bytes written, {} live on the store, {} held, \
-                 {} failed writebacks)",
+                 {} pages failed to write back, {} reads failed their checksum)",
                 b.bd_count,
                 b.bd_reads,
                 b.bd_writes,
                 b.bytes_written,
                 b.bytes_stored,
                 b.bytes_held,
-                b.failed_writebacks
+                b.failed_writebacks,
+                b.checksum_failures
             )?;
         }
         if let Some(l) = &self.store {
@@ -313,8 +322,71 @@ pub(super) fn stats_text(store: &Store, server: &Server, json: bool) -> String {
     snapshot.to_string()
 }
 
-/// Control connections served at once; one more is told so and closed.
-const MAX_CONTROL_CONNECTIONS: usize = 32;
+/// Control connections served at once for the server's own user and root together, and
+/// for each other user (by `SO_PEERCRED`): one more is told so and closed. Another user's
+/// silent connections (a socket opened with `--socket-mode 0666`) never take the owner's.
+const MAX_CONTROL_OWNER: usize = 32;
+const MAX_CONTROL_PER_USER: usize = 8;
+
+/// Who a control connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ControlPeer {
+    /// The server's own user, or root.
+    Owner,
+    /// Another user.
+    User(u32),
+    /// The kernel would not say.
+    Unknown,
+}
+
+impl ControlPeer {
+    fn of(conn: &UnixStream) -> ControlPeer {
+        match rustix::net::sockopt::socket_peercred(conn) {
+            Ok(cred) => {
+                let uid = cred.uid.as_raw();
+                if uid == 0 || uid == rustix::process::getuid().as_raw() {
+                    ControlPeer::Owner
+                } else {
+                    ControlPeer::User(uid)
+                }
+            }
+            Err(_) => ControlPeer::Unknown,
+        }
+    }
+
+    fn limit(self) -> usize {
+        match self {
+            ControlPeer::Owner => MAX_CONTROL_OWNER,
+            ControlPeer::User(_) | ControlPeer::Unknown => MAX_CONTROL_PER_USER,
+        }
+    }
+}
+
+/// Control connections open, per peer (held only to count).
+#[derive(Default)]
+struct ControlCounts(std::sync::Mutex<std::collections::HashMap<ControlPeer, usize>>);
+
+impl ControlCounts {
+    fn take(&self, who: ControlPeer) -> bool {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(who).or_insert(0);
+        if *n >= who.limit() {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn give(&self, who: ControlPeer) {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&who) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&who);
+            }
+        }
+    }
+}
 
 /// Answers the control socket until `stop` is written to: each connection on its own
 /// thread (a silent client or a long writeback holds up no one else), a line in, the answer
@@ -327,7 +399,7 @@ pub(super) fn serve_control(
     server: Arc<Server>,
     any_user: bool,
 ) {
-    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let busy = Arc::new(ControlCounts::default());
     let mut backoff = Duration::ZERO;
     loop {
         let mut fds = [
@@ -363,8 +435,8 @@ pub(super) fn serve_control(
                 continue;
             }
         };
-        if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONTROL_CONNECTIONS {
-            busy.fetch_sub(1, Ordering::SeqCst);
+        let who = ControlPeer::of(&conn);
+        if !busy.take(who) {
             let _ = (&conn).write_all(b"error: too many control connections; try again\n");
             continue;
         }
@@ -373,11 +445,11 @@ pub(super) fn serve_control(
             .name("ztier-ctl".into())
             .spawn(move || {
                 answer_control(&conn, &store, &server, any_user);
-                count.fetch_sub(1, Ordering::SeqCst);
+                count.give(who);
             });
         if spawned.is_err() {
-            // The closure (and its count) went with the failed spawn.
-            busy.fetch_sub(1, Ordering::SeqCst);
+            // The closure went with the failed spawn, its count not given back.
+            busy.give(who);
         }
     }
 }
@@ -408,10 +480,7 @@ fn answer_control(conn: &UnixStream, store: &Store, server: &Server, any_user: b
 
 /// Whether the peer on `conn` runs as the server's user or as root.
 fn may_change(conn: &UnixStream) -> bool {
-    rustix::net::sockopt::socket_peercred(conn).is_ok_and(|cred| {
-        let uid = cred.uid.as_raw();
-        uid == 0 || uid == rustix::process::getuid().as_raw()
-    })
+    ControlPeer::of(conn) == ControlPeer::Owner
 }
 
 /// `get ATTR` and `set ATTR VALUE`: the device's sysfs attributes.

@@ -6,6 +6,7 @@
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use ztier_nbd::Listener;
@@ -13,17 +14,82 @@ use ztier_nbd::Listener;
 use super::{ServeArgs, Store};
 
 /// Socket files `ztier serve` made, and private directories it made for them, removed
-/// when it ends however it ends.
-pub(super) struct SocketFiles(pub(super) Vec<PathBuf>, pub(super) Vec<PathBuf>);
+/// when it ends however it ends: at the end of `serve` (the first handle's drop) or by the
+/// signal thread before it ends the process at once. Shared by both.
+#[derive(Clone, Default)]
+pub(super) struct SocketFiles(Arc<Mutex<MadeFiles>>);
 
-impl Drop for SocketFiles {
-    fn drop(&mut self) {
-        for p in &self.0 {
+#[derive(Default)]
+struct MadeFiles {
+    sockets: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
+}
+
+impl SocketFiles {
+    fn add_socket(&self, p: PathBuf) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sockets
+            .push(p);
+    }
+
+    pub(super) fn add_dir(&self, d: PathBuf) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dirs
+            .push(d);
+    }
+
+    /// Removes every file and directory made, now.
+    pub(super) fn remove_all(&self) {
+        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for p in made.sockets.drain(..) {
             let _ = std::fs::remove_file(p);
         }
-        for d in &self.1 {
+        for d in made.dirs.drain(..) {
             let _ = std::fs::remove_dir(d);
         }
+    }
+}
+
+/// Removes what `files` names when dropped: however `serve` ends, its early returns
+/// included.
+pub(super) struct RemovedAtEnd(pub(super) SocketFiles);
+
+impl Drop for RemovedAtEnd {
+    fn drop(&mut self) {
+        self.0.remove_all();
+    }
+}
+
+/// Removes a socket file left behind by a server that is gone (a `kill -9`, a crash): one
+/// nobody answers on, as nbdkit and qemu-nbd do. One a server answers on is in use, and
+/// anything else at the path is left alone: both are errors that say so.
+fn clear_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} exists and is not a socket; remove it or name another path",
+            path.display()
+        );
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => bail!("{} is in use: a server answers on it", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?;
+            eprintln!(
+                "ztier serve: removed the stale socket {} (no server answers on it)",
+                path.display()
+            );
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("looking whether {} is in use", path.display())),
     }
 }
 
@@ -32,20 +98,15 @@ impl Drop for SocketFiles {
 pub(super) fn bind_private(
     path: &std::path::Path,
     mode: u32,
-    files: &mut SocketFiles,
+    files: &SocketFiles,
 ) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    if path.exists() {
-        bail!(
-            "{} exists; remove it if no server is using it",
-            path.display()
-        );
-    }
+    clear_stale_socket(path)?;
     let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
     let bound = UnixListener::bind(path);
     rustix::process::umask(old);
     let l = bound.with_context(|| format!("binding {}", path.display()))?;
-    files.0.push(path.to_owned());
+    files.add_socket(path.to_owned());
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting {}'s mode to {mode:o}", path.display()))?;
     Ok(l)
@@ -64,7 +125,7 @@ pub(super) struct Place {
 pub(super) fn listen(
     args: &ServeArgs,
     mut activated: listenfd::ListenFd,
-    files: &mut SocketFiles,
+    files: &SocketFiles,
 ) -> anyhow::Result<Place> {
     let export = &args.export_name;
     // nbdkit's way: a server that takes TLS only is named by the TLS scheme.
@@ -122,7 +183,7 @@ pub(super) fn listen(
     }
     if args.run.is_some() && args.listen.is_none() {
         let dir = private_dir()?;
-        files.1.push(dir.clone());
+        files.add_dir(dir.clone());
         let path = dir.join("nbd.sock");
         let l = bind_private(&path, args.socket_mode, files)?;
         return Ok(unix(&path, l));
