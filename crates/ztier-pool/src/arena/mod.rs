@@ -33,7 +33,9 @@
 //! - a chain is given back only to the arena it came from (each chain carries its arena's
 //!   id, checked with `assert!`), so the count of pages out is exact;
 //! - chunks are unmapped only when no page is out (`pages_out == 0`), so a `Page` never
-//!   outlives its mapping; an arena dropped with pages still out leaks its chunks instead;
+//!   outlives its mapping: when the arena's state goes with its last holder (the arena, or
+//!   the helper finishing a release of its gathered pages); an arena whose chains outlived
+//!   it leaks its chunks instead;
 //! - every byte access through a chain is checked, with overflow-checked arithmetic, to lie
 //!   inside the chain before any pointer is formed.
 //!
@@ -406,21 +408,28 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         helper_leave();
-        // The helper may hold this state (through the registry) a moment longer: nothing is
-        // left in it for a trim to touch once the chunks go.
+        // The helper may hold this state (through the registry) a moment longer, releasing
+        // gathered pages: nothing is left in it for a trim to touch, and the chunks go with
+        // the state, once its last holder lets go (`ArenaState`'s drop).
         let mut st = self.state.lock();
         st.next_fresh = None;
         st.hot.clear();
         st.gathered.clear();
         st.cold.clear();
-        if st.pages_out != 0 {
-            // A Page may still point into these chunks, or the helper be releasing pages of
-            // them (counted as out until it is done): leaking is the sound choice.
+    }
+}
+
+impl Drop for ArenaState {
+    fn drop(&mut self) {
+        // The last holder is gone: the arena, or a helper step that was releasing some of
+        // its pages (counted as out until it was done, and done now). Pages still out are
+        // owned by a chain that outlived its allocator: leaking is the sound choice.
+        if self.pages_out != 0 {
             return;
         }
-        for c in st.chunks.drain(..) {
-            // SAFETY: base is the start of a chunk made by map_chunk, and no page of it is
-            // out, so nothing refers to it any more.
+        for c in self.chunks.drain(..) {
+            // SAFETY: base is the start of a chunk made by map_chunk, no page of it is out,
+            // and no one else holds the state, so nothing refers to it any more.
             unsafe { unmap_chunk(c.base) };
         }
     }
