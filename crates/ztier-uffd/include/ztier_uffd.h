@@ -91,6 +91,9 @@ typedef struct ztier_region_stats {
     uint64_t parked_reads;     /* the fault thread's waits parked in a blocking read */
     uint64_t fault_thread_rung; /* times another thread rang it out of such a wait */
     uint64_t reclaim_looks;    /* times the reclaim thread looked at the region */
+    uint64_t reclaim_blocked;  /* 1: over budget, nothing evictable (locked or read-only
+                                * pages: ztier_region_last_error says which); reclaim backs off */
+    uint64_t reclaim_blocked_passes; /* reclaim batches that could evict nothing so */
 } ztier_region_stats;
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */
@@ -113,6 +116,11 @@ size_t ztier_region_len(const ztier_region *region);
 /* Fills *out up to out->size bytes (set it first); 0, or -1 with errno EINVAL for a NULL
  * argument or a size under 8. */
 int ztier_region_get_stats(const ztier_region *region, ztier_region_stats *out);
+
+/* The last error the region's threads met (a store that refused a page, pages that cannot
+ * be evicted and why), as text: copied into buf (at most len - 1 bytes and a NUL, if len >
+ * 0), its whole length returned as snprintf does; 0 if none. */
+size_t ztier_region_last_error(const ztier_region *region, char *buf, size_t len);
 
 /* Stops the region's threads and unmaps it. NULL is ignored. */
 void ztier_region_destroy(ztier_region *region);

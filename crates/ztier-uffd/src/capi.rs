@@ -66,11 +66,13 @@ pub struct CStats {
     parked_reads: u64,
     fault_thread_rung: u64,
     reclaim_looks: u64,
+    reclaim_blocked: u64,
+    reclaim_blocked_passes: u64,
 }
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 67 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 69 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -169,6 +171,31 @@ pub unsafe extern "C" fn ztier_region_get_stats(region: *const Region, out: *mut
     0
 }
 
+/// # Safety
+/// As `ztier_region_ptr`; `buf` is NULL (with `len` 0) or points to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_last_error(
+    region: *const Region,
+    buf: *mut libc::c_char,
+    len: usize,
+) -> usize {
+    // SAFETY: the caller's contract.
+    let Some(r) = (unsafe { region.as_ref() }) else {
+        return 0;
+    };
+    let text = r.last_error().unwrap_or_default();
+    if !buf.is_null() && len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: `n + 1 <= len` bytes, which the caller says are writable; `text` is
+        // ours, so the two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            buf.add(n).write(0);
+        }
+    }
+    text.len()
+}
+
 fn c_stats(s: &crate::RegionStats) -> CStats {
     let bd = s.bd_stat.unwrap_or_default();
     CStats {
@@ -223,6 +250,8 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         bd_failed_writebacks: bd.failed_writebacks,
         parked_reads: s.parked_reads,
         reclaim_looks: s.reclaim_looks,
+        reclaim_blocked: s.reclaim_blocked.into(),
+        reclaim_blocked_passes: s.reclaim_blocked_passes,
         fault_thread_rung: s.fault_thread_rung,
     }
 }

@@ -250,6 +250,37 @@ pub enum Error {
     KernelPathCorrupt { page: usize },
     #[error("{len} bytes of pages: the length must be a positive whole number of {page_size}-byte pages")]
     BadPages { len: usize, page_size: usize },
+    /// A page the reclaim could not move out, and why: it stays resident, and reclaim
+    /// backs off (waiting longer each time nothing can go) until the program undoes it.
+    #[error("page {page} cannot be evicted: {reason}; reclaim backs off while it stays so")]
+    Unmovable { page: u64, reason: UnmovableReason },
+}
+
+/// Why a page cannot be moved out of the region ([`Error::Unmovable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnmovableReason {
+    /// The program locked it in memory (`mlock`, `MCL_CURRENT`).
+    Locked,
+    /// The program made it read-only (`mprotect`).
+    ReadOnly,
+    /// The kernel refused the move for another reason (its errno).
+    Other(i32),
+}
+
+impl std::fmt::Display for UnmovableReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnmovableReason::Locked => f.write_str("the program locked it in memory (mlock)"),
+            UnmovableReason::ReadOnly => {
+                f.write_str("the program made it read-only (mprotect): only writable pages move")
+            }
+            UnmovableReason::Other(e) => write!(
+                f,
+                "UFFDIO_MOVE refused it: {}",
+                std::io::Error::from_raw_os_error(*e)
+            ),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -318,6 +349,7 @@ ztier_base::counters! {
         ZeroRefaults,
         ParkedReads,
         ReclaimLooks,
+        BlockedPasses,
     }
 }
 
@@ -431,6 +463,12 @@ pub struct RegionStats {
     /// Times the reclaim thread looked at the region: woken by a fault past the budget, or
     /// at its 100 ms tick, or for the next batch of a pass.
     pub reclaim_looks: u64,
+    /// Whether the region is over its budget with nothing it can evict: every candidate
+    /// refused (the program locked its pages, or made them read-only: `last_error` says
+    /// which), so reclaim backs off, trying again at most once a second.
+    pub reclaim_blocked: bool,
+    /// Reclaim batches that could evict nothing for that reason.
+    pub reclaim_blocked_passes: u64,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
     /// The device's `bd_stat`, where it has a backing store.
@@ -566,6 +604,8 @@ struct Shared {
     /// its budget (the fault thread then stops holding faults back for the budget's sake:
     /// nothing would release them); cleared once the region is under its budget.
     reclaim_stuck: AtomicBool,
+    /// The last reclaim batch over the budget could evict nothing: every candidate refused.
+    reclaim_blocked: AtomicBool,
     /// How many of [`Region::evict`]'s pad pages are used since they were last emptied.
     manual_pad_used: Mutex<usize>,
     /// The last store error, as text.
@@ -748,6 +788,7 @@ impl Region {
             helper_idle: Mutex::new(()),
             helper_cv: Condvar::new(),
             reclaim_stuck: AtomicBool::new(false),
+            reclaim_blocked: AtomicBool::new(false),
             reclaim_passing: AtomicBool::new(false),
             manual_pad_used: Mutex::new(0),
             last_error: Mutex::new(None),
@@ -947,6 +988,8 @@ impl Region {
             parked_reads: c(Count::ParkedReads),
             fault_thread_rung: sh.bell.times_rung(),
             reclaim_looks: c(Count::ReclaimLooks),
+            reclaim_blocked: sh.reclaim_blocked.load(Relaxed),
+            reclaim_blocked_passes: c(Count::BlockedPasses),
             mm_stat: sh.device.mm_stat(),
             bd_stat,
         }
@@ -1168,6 +1211,14 @@ impl Shared {
 
     fn page_addr(&self, page: u64) -> u64 {
         self.map.addr() + page * self.page_size as u64
+    }
+
+    /// Notes whether the last batch over the budget was refused every page it tried.
+    fn reclaim_blocked(&self, blocked: bool) {
+        self.reclaim_blocked.store(blocked, Relaxed);
+        if blocked {
+            self.count(Count::BlockedPasses, 1);
+        }
     }
 
     fn over_budget(&self) -> bool {

@@ -215,3 +215,41 @@ mod tests {
         assert_eq!(m.residency(0, 4 * ps).unwrap(), [false, false, false, true]);
     }
 }
+
+/// What the kernel says of the mapping at an address: the program may lock or protect its
+/// own memory, and the region must say so when that keeps pages from moving out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MappingFlags {
+    /// Locked in memory (`mlock`): `VmFlags` has `lo`.
+    pub(crate) locked: bool,
+    /// Writable: the permissions have `w`.
+    pub(crate) writable: bool,
+}
+
+/// The flags of this process's mapping holding `addr` (`/proc/self/smaps`); `None` if no
+/// mapping holds it or the file cannot be read.
+pub(crate) fn flags_of(addr: u64) -> Option<MappingFlags> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside: Option<bool> = None;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                if inside.is_some() {
+                    // The mapping ended without a VmFlags line: no flags said.
+                    return None;
+                }
+                if (a..b).contains(&addr) {
+                    let perms = line.split_whitespace().nth(1).unwrap_or("");
+                    inside = Some(perms.as_bytes().get(1) == Some(&b'w'));
+                }
+                continue;
+            }
+        }
+        if let (Some(writable), Some(flags)) = (inside, line.strip_prefix("VmFlags:")) {
+            let locked = flags.split_whitespace().any(|f| f == "lo");
+            return Some(MappingFlags { locked, writable });
+        }
+    }
+    None
+}

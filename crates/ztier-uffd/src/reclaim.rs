@@ -14,10 +14,10 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use crate::placement;
+use crate::{mapping, placement};
 use crate::{
-    Count, Error, Result, Shared, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED,
-    ZEROED,
+    Count, Error, Result, Shared, UnmovableReason, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT,
+    STATE_MASK, STORED, ZEROED,
 };
 
 /// What became of a page an evictor chose.
@@ -30,6 +30,26 @@ pub(crate) enum Evicted {
     Busy,
 }
 
+/// How long an evictor waits before it tries again after a batch that could move no page
+/// out (every candidate refused: the program locked or protected them): doubling from the
+/// first to the last, back to the first once a page goes out. Long enough that pages that
+/// cannot go cost no CPU to speak of; short enough that pages the program unlocks go within
+/// a second.
+const FIRST_BACKOFF: Duration = Duration::from_millis(1);
+const LAST_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Waits on `cv` (with `lock`, whose holder wakes it) for at most `backoff`, and returns the
+/// next backoff.
+fn back_off<T>(
+    lock: &parking_lot::Mutex<T>,
+    cv: &parking_lot::Condvar,
+    backoff: Duration,
+) -> Duration {
+    let mut g = lock.lock();
+    cv.wait_for(&mut g, backoff);
+    (backoff * 2).min(LAST_BACKOFF)
+}
+
 /// The reclaim thread: evicts once the resident pages exceed the budget, down to a little
 /// under it (`Shared::reclaim_target`), through pad pages `[0, BATCH)`.
 pub(crate) fn run(sh: &Shared) {
@@ -38,6 +58,7 @@ pub(crate) fn run(sh: &Shared) {
     // In a pass the budget started: it goes on, batch after batch, down to the target, and
     // ends there; the next starts only when the budget is crossed again.
     let mut passing = false;
+    let mut backoff = FIRST_BACKOFF;
     loop {
         let idle = {
             let mut wanted = sh.reclaim_wanted.lock();
@@ -88,9 +109,19 @@ pub(crate) fn run(sh: &Shared) {
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
         sh.waker.wake();
         if out == 0 && !reached {
-            // Nothing could go (every candidate refused, or the address space changing):
-            // try again shortly rather than spin.
-            std::thread::sleep(Duration::from_millis(1));
+            // Nothing could go: the address space changing (an event waits for the fault
+            // thread: a moment), or every candidate refused (locked or protected by the
+            // program): wait, longer each time nothing goes, woken by a new budget or the
+            // drop, rather than spin.
+            if busy {
+                std::thread::sleep(FIRST_BACKOFF);
+            } else {
+                sh.reclaim_blocked(true);
+                backoff = back_off(&sh.reclaim_wanted, &sh.reclaim_cv, backoff);
+            }
+        } else {
+            sh.reclaim_blocked(false);
+            backoff = FIRST_BACKOFF;
         }
     }
 }
@@ -102,6 +133,7 @@ pub(crate) fn run(sh: &Shared) {
 pub(crate) fn run_helper(sh: &Shared) {
     let mut segment = (0, 0);
     let mut keep_off = placement::KeepOff::start(&sh.placement);
+    let mut backoff = FIRST_BACKOFF;
     loop {
         {
             // No timeout: the reclaim thread wakes it (under this mutex, so no wake-up is
@@ -115,10 +147,15 @@ pub(crate) fn run_helper(sh: &Shared) {
             return;
         }
         keep_off.settle();
-        let Batch { out, .. } = sh.evict_batch(&mut segment, crate::BATCH);
+        let Batch { out, busy, .. } = sh.evict_batch(&mut segment, crate::BATCH);
         sh.waker.wake();
-        if out == 0 {
-            std::thread::sleep(Duration::from_millis(1));
+        if out == 0 && busy {
+            std::thread::sleep(FIRST_BACKOFF);
+        } else if out == 0 {
+            // As the reclaim thread: refused pages are waited out, longer each time.
+            backoff = back_off(&sh.helper_idle, &sh.helper_cv, backoff);
+        } else {
+            backoff = FIRST_BACKOFF;
         }
     }
 }
@@ -153,9 +190,17 @@ pub(crate) struct Run {
     pub(crate) out: usize,
     /// The address space is changing: an event is waiting for the fault thread.
     pub(crate) busy: bool,
-    /// The last error (the move refused, the store refused).
+    /// The last error (the store refused).
     pub(crate) error: Option<Error>,
+    /// A page the kernel would not move out, and its errno (the program locked or
+    /// protected it).
+    pub(crate) refused: Option<(u64, i32)>,
 }
+
+/// Pages a reclaim batch tries that the kernel refuses to move before it gives up the batch:
+/// the program locks and protects ranges, so the pages after a refused one are most likely
+/// refused too, and trying each costs a system call.
+const REFUSED_PER_BATCH: u32 = 64;
 
 impl Shared {
     /// Whether the second evictor helps.
@@ -184,6 +229,7 @@ impl Shared {
         let mut out = 0;
         let mut scanned = 0;
         let mut busy = false;
+        let (mut refused, mut first_refused) = (0, None);
         while slot < crate::BATCH
             && scanned < 2 * self.pages
             && self.resident.load(Relaxed) > self.reclaim_target()
@@ -224,6 +270,18 @@ impl Shared {
                 busy = true;
                 break;
             }
+            if let Some(r) = run.refused {
+                first_refused.get_or_insert(r);
+                refused += 1;
+                if refused == REFUSED_PER_BATCH {
+                    break;
+                }
+            }
+        }
+        // Why pages stay, said once a batch (reading the mapping's flags costs a read of
+        // the process's smaps).
+        if let Some((page, errno)) = first_refused {
+            *self.last_error.lock() = Some(self.unmovable(page, errno).to_string());
         }
         let reached = self.resident.load(Relaxed) <= self.reclaim_target();
         self.empty_pad(pad, slot);
@@ -235,6 +293,10 @@ impl Shared {
         let run = self.evict_run(page, 1, slot);
         match run {
             Run { error: Some(e), .. } => Err(e),
+            Run {
+                refused: Some((page, errno)),
+                ..
+            } => Err(self.unmovable(page, errno)),
             Run { busy: true, .. } => Ok(Evicted::Busy),
             Run { out: 1, .. } => Ok(Evicted::Out),
             _ => Ok(Evicted::Skipped),
@@ -316,15 +378,12 @@ impl Shared {
                 // of each go.
                 Err(_) if len > 1 => one_by_one = true,
                 Err(e) => {
-                    // EBUSY (a page pinned or shared), EINVAL (the program changed the
-                    // range's protection): it stays, with a second chance before the next
-                    // try.
+                    // EBUSY (a page pinned or shared), EINVAL (the program locked the
+                    // range, or changed its protection): it stays, with a second chance
+                    // before the next try.
                     let page = first + moved as u64;
                     self.states[page as usize].fetch_or(REFERENCED, Relaxed);
-                    run.error = Some(Error::Os {
-                        what: "UFFDIO_MOVE",
-                        source: std::io::Error::from_raw_os_error(e),
-                    });
+                    run.refused = Some((page, e));
                     run.taken = moved + 1;
                     break;
                 }
@@ -342,6 +401,20 @@ impl Shared {
             drop(lock);
         }
         run
+    }
+
+    /// Why page `page` could not be moved out (`UFFDIO_MOVE` said `errno`), in the words a
+    /// program's author acts on: its mapping as the kernel shows it (`/proc/self/smaps`):
+    /// locked (`mlock`) or not writable (`mprotect`) are the program's doing, and stay so
+    /// until it undoes them.
+    fn unmovable(&self, page: u64, errno: i32) -> Error {
+        let addr = self.page_addr(page);
+        let reason = match mapping::flags_of(addr) {
+            Some(f) if f.locked => UnmovableReason::Locked,
+            Some(f) if !f.writable => UnmovableReason::ReadOnly,
+            _ => UnmovableReason::Other(errno),
+        };
+        Error::Unmovable { page, reason }
     }
 
     /// Stores page `page` (locked by the caller), moved out into pad page `slot`, or gone

@@ -11,12 +11,13 @@
 
 #define PAGE 4096
 
-/* The layout this test was written against: 67 fields of 8 bytes, the histogram at field 31
+/* The layout this test was written against: 69 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 67 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 69 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
-_Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "the last field");
+_Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
+_Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "the last field");
 #define LEN (16u << 20)
 #define BUDGET (2u << 20)
 
