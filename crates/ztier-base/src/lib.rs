@@ -5,11 +5,12 @@
 //! [`counters!`] ([`counter`]); byte ranges are cut into page [`pieces`]; tests
 //! write [`pattern`]s; a read asks for a line it will need through a [`prefetch`] hint;
 //! what the process asks of the OS (page size, memory, RSS, idle priority) is in [`os`];
-//! files that hold a disk's pages are made and opened by [`private_file`].
+//! files that hold a disk's pages are made and opened by [`private_file`]; per-page tables
+//! that cost memory only where written come from [`zeroed`].
 //!
 //! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
-//! [`os`] (libc calls that touch no memory of the caller's) and [`prefetch`] (a hint that
-//! reads nothing).
+//! [`os`] (libc calls that touch no memory of the caller's), [`prefetch`] (a hint that
+//! reads nothing) and [`zeroed`] (tables of atomics made from zeroed memory).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -23,6 +24,7 @@ pub mod prefetch;
 pub mod private_file;
 pub mod shard;
 pub mod slab;
+pub mod zeroed;
 
 /// "No node": the end of a list, an unset link.
 pub const NONE: u32 = u32::MAX;

@@ -761,7 +761,14 @@ impl Region {
             page_size,
             pages,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
-            states: (0..pages).map(|_| AtomicU8::new(EMPTY)).collect(),
+            // Zeroed by the OS (EMPTY is 0), untouched: memory is taken where pages are.
+            states: usize::try_from(pages)
+                .ok()
+                .and_then(ztier_base::zeroed::bytes)
+                .ok_or_else(|| Error::Os {
+                    what: "the page-state table",
+                    source: io::ErrorKind::OutOfMemory.into(),
+                })?,
             locks: Stripes::new(STRIPES),
             gate: RwLock::new(()),
             resident: AtomicU64::new(0),

@@ -229,7 +229,7 @@ impl Shared {
         let mut out = 0;
         let mut scanned = 0;
         let mut busy = false;
-        let (mut refused, mut first_refused) = (0, None);
+        let mut refused = 0;
         while slot < crate::BATCH
             && scanned < 2 * self.pages
             && self.resident.load(Relaxed) > self.reclaim_target()
@@ -270,18 +270,17 @@ impl Shared {
                 busy = true;
                 break;
             }
-            if let Some(r) = run.refused {
-                first_refused.get_or_insert(r);
+            if let Some((page, errno)) = run.refused {
+                // Why pages stay, said at the first a batch meets (reading the mapping's
+                // flags costs a read of the process's smaps).
+                if refused == 0 {
+                    *self.last_error.lock() = Some(self.unmovable(page, errno).to_string());
+                }
                 refused += 1;
                 if refused == REFUSED_PER_BATCH {
                     break;
                 }
             }
-        }
-        // Why pages stay, said once a batch (reading the mapping's flags costs a read of
-        // the process's smaps).
-        if let Some((page, errno)) = first_refused {
-            *self.last_error.lock() = Some(self.unmovable(page, errno).to_string());
         }
         let reached = self.resident.load(Relaxed) <= self.reclaim_target();
         self.empty_pad(pad, slot);

@@ -915,7 +915,9 @@ fn a_run_across_a_protection_change_goes_out_page_by_page() {
     }
     let s = r.stats();
     assert!(s.evictions_dirty >= PAGES - 4, "{s:?}");
-    assert!(r.last_error().is_some_and(|e| e.contains("page 20") && e.contains("read-only")));
+    assert!(r
+        .last_error()
+        .is_some_and(|e| e.contains("page 20") && e.contains("read-only")));
     check_page(words, 20, 1).unwrap();
     // SAFETY: the same page made writable again, as the rest of the region.
     let rc = unsafe {

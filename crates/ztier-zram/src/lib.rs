@@ -69,7 +69,7 @@ pub use state::{StateFile, StateSummary};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
 pub use writeback::{Backing, BdStat, WbFormat, WbResult};
 
-use slot::{Content, Slot};
+use slot::{Content, Slot, SlotOps};
 use stats::Counters;
 use ztier_base::pieces::pieces;
 use ztier_base::shard::{Shards, Stripes};
@@ -259,17 +259,17 @@ impl Device {
                 memory_bytes,
             });
         }
-        let mut slots = Vec::new();
-        usize::try_from(pages)
+        // Zeroed by the OS, untouched: memory is taken where pages arrive (the kernel's
+        // vzalloc'd table takes it all up front).
+        let slots = usize::try_from(pages)
             .ok()
-            .and_then(|n| slots.try_reserve_exact(n).ok())
+            .and_then(ztier_base::zeroed::words::<2>)
             .ok_or(ZramError::TableAlloc { table_bytes })?;
-        slots.resize_with(slots.capacity(), Slot::default);
         Ok(Device {
             page_size,
             algorithm,
             pool,
-            slots: slots.into_boxed_slice(),
+            slots,
             shards: Shards::default(),
             page_locks: Stripes::new(PAGE_LOCK_STRIPES),
             limit_pages: AtomicU64::new(0),
@@ -735,7 +735,7 @@ impl Device {
         let now = self.now();
         let age = older_than.map(|d| d.as_secs().min(u64::from(u32::MAX)) as u32);
         let mut marked = 0;
-        for slot in self.slots.iter() {
+        for slot in self.slots.iter().filter(|s| !s.is_vacant()) {
             let mut g = slot.lock();
             let e = &mut g.entry;
             if !e.is_allocated() || e.has(SlotFlag::Wb) || e.has(SlotFlag::Same) {
@@ -770,7 +770,7 @@ impl Device {
             store.quiesce();
         }
         let mut shards = self.shards.lock_all();
-        for slot in self.slots.iter() {
+        for slot in self.slots.iter().filter(|s| !s.is_vacant()) {
             let mut g = slot.lock();
             self.free_slot(&mut shards[0].counters, &mut g.entry);
         }

@@ -16,7 +16,7 @@
 use serde::Serialize;
 use ztier_compress::Algorithm;
 
-use crate::slot::{Content, PageSelector, SlotFlag};
+use crate::slot::{Content, PageSelector, SlotFlag, SlotOps};
 use crate::stats::Counter;
 use crate::{Device, Result, ZramError};
 
@@ -50,7 +50,10 @@ impl Device {
         // Every shard first, as `reset` takes them: no I/O runs while the algorithms change
         // (the lock order is shard, slot, then the algorithms' lock).
         let mut shards = self.shards.lock_all();
-        let in_use = self.slots.iter().any(|s| s.lock().entry.priority() > 0);
+        let in_use = self
+            .slots
+            .iter()
+            .any(|s| !s.is_vacant() && s.lock().entry.priority() > 0);
         let mut current = self.recomp.write();
         if in_use && current[..] != algorithms[..] {
             return Err(ZramError::Busy(

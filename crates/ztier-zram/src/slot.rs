@@ -124,13 +124,24 @@ impl std::str::FromStr for PageSelector {
     }
 }
 
-/// One slot.
-#[derive(Default)]
-pub(crate) struct Slot {
-    /// Written only with the lock held; read under it.
-    handle: AtomicU64,
-    /// Size, flags and the lock bit.
-    flags: AtomicU64,
+/// One slot: the handle word (written only with the lock held; read under it), then the
+/// flags word (size, flags and the lock bit). All zeros is an empty, unlocked slot, so the
+/// table is made zeroed by the OS and costs memory only where pages arrive
+/// (`ztier_base::zeroed`).
+pub(crate) type Slot = [AtomicU64; 2];
+const HANDLE_WORD: usize = 0;
+const FLAGS_WORD: usize = 1;
+
+/// What a slot does: its lock, and a look that takes none.
+pub(crate) trait SlotOps {
+    /// Locks the slot; its entry is read under the lock, and written back when the guard
+    /// drops.
+    fn lock(&self) -> SlotGuard<'_>;
+    /// Whether the slot holds nothing and no flag (and is not locked), read without its lock:
+    /// scans over the whole table (marking idle, a reset, a save) pass such slots by without
+    /// writing to them, so the parts of the table never written stay unwritten. A slot being
+    /// filled meanwhile is seen as it was a moment before, as any look without the lock.
+    fn is_vacant(&self) -> bool;
 }
 
 /// A slot's state, as read or written under its lock.
@@ -239,14 +250,14 @@ pub(crate) struct SlotGuard<'a> {
     pub(crate) entry: Entry,
 }
 
-impl Slot {
-    pub(crate) fn lock(&self) -> SlotGuard<'_> {
+impl SlotOps for Slot {
+    fn lock(&self) -> SlotGuard<'_> {
+        let flags_word = &self[FLAGS_WORD];
         let mut spins = 0u32;
         loop {
-            let flags = self.flags.load(Ordering::Relaxed);
+            let flags = flags_word.load(Ordering::Relaxed);
             if flags & LOCK == 0
-                && self
-                    .flags
+                && flags_word
                     .compare_exchange_weak(
                         flags,
                         flags | LOCK,
@@ -258,7 +269,7 @@ impl Slot {
                 return SlotGuard {
                     slot: self,
                     entry: Entry {
-                        handle: self.handle.load(Ordering::Relaxed),
+                        handle: self[HANDLE_WORD].load(Ordering::Relaxed),
                         flags,
                     },
                 };
@@ -271,14 +282,17 @@ impl Slot {
             }
         }
     }
+
+    fn is_vacant(&self) -> bool {
+        self[FLAGS_WORD].load(Ordering::Acquire) == 0
+            && self[HANDLE_WORD].load(Ordering::Relaxed) == 0
+    }
 }
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        self.slot.handle.store(self.entry.handle, Ordering::Relaxed);
-        self.slot
-            .flags
-            .store(self.entry.flags & !LOCK, Ordering::Release);
+        self.slot[HANDLE_WORD].store(self.entry.handle, Ordering::Relaxed);
+        self.slot[FLAGS_WORD].store(self.entry.flags & !LOCK, Ordering::Release);
     }
 }
 
@@ -326,7 +340,7 @@ mod tests {
 
     #[test]
     fn lock_excludes_other_threads() {
-        let slot = Slot::default();
+        let slot: Slot = Default::default();
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {

@@ -82,7 +82,7 @@ use std::sync::Arc;
 use ztier_base::private_file::{self, PrivateFileError};
 use ztier_blockdev::BlockDevice;
 
-use crate::slot::{Content, Entry, SlotFlag};
+use crate::slot::{Content, Entry, SlotFlag, SlotOps};
 use crate::stats::Counter;
 use crate::writeback::{Backing, Place, WbFormat};
 use crate::{Device, Result, ZramError};
@@ -244,6 +244,7 @@ impl Device {
         let oldest = self
             .slots
             .iter()
+            .filter(|s| !s.is_vacant())
             .map(|s| s.lock().entry)
             .filter(Entry::is_allocated)
             .map(|e| now.saturating_sub(e.ac_time()))
@@ -276,6 +277,9 @@ impl Device {
         // that keeps it from being handed out again until the save ends.
         let mut units = BTreeMap::new();
         for index in 0..self.pages() {
+            if self.slot(index)?.is_vacant() {
+                continue;
+            }
             let _page = self.page_lock(index);
             let g = self.slot(index)?.lock();
             let e = g.entry;
@@ -384,7 +388,11 @@ impl Device {
         input: &mut dyn Read,
         store: Option<(Arc<dyn BlockDevice>, WbFormat)>,
     ) -> Result<StateSummary> {
-        if self.slots.iter().any(|s| s.lock().entry.is_allocated()) {
+        if self
+            .slots
+            .iter()
+            .any(|s| !s.is_vacant() && s.lock().entry.is_allocated())
+        {
             return Err(bad_state("the device already holds pages".into()));
         }
         let r = self.load_records(input, store);

@@ -85,7 +85,7 @@ use ztier_swap::{SwapError, SLOT_BYTES};
 
 use ztier_base::bits::Field;
 
-use crate::slot::{Content, Entry, PageSelector, SlotFlag};
+use crate::slot::{Content, Entry, PageSelector, SlotFlag, SlotOps};
 use crate::stats::{Counter, Counters};
 use crate::{Device, Result, ZramError};
 
