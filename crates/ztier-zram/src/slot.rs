@@ -33,8 +33,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ztier_base::bits::Field;
 use ztier_pool::Handle;
 
-use crate::writeback::Place;
-
 /// The flags word's fields, low to high.
 const SIZE: Field = Field::at(0, 16);
 const FLAGS: Field = Field::after(SIZE, 7);
@@ -74,6 +72,46 @@ pub(crate) enum Content {
     Stored(Handle),
     /// On the backing store, the entry's size from this place.
     WrittenBack(Place),
+}
+
+/// A place's fields in a written-back slot's handle word: the byte in the block or
+/// segment, then its first slot.
+const PLACE_AT: Field = Field::at(0, 16);
+const PLACE_FIRST: Field = Field::after(PLACE_AT, 48);
+
+/// The largest byte a place may name in its block or segment.
+pub(crate) const PLACE_AT_MAX: u64 = PLACE_AT.max();
+
+/// Where a written-back page is on the store: the first slot of its block or segment, and
+/// the byte in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    first: u64,
+    at: usize,
+}
+
+impl Place {
+    pub(crate) fn new(first: u64, at: usize) -> Place {
+        Place { first, at }
+    }
+    /// The place packed into a slot's handle word.
+    pub(crate) fn raw(self) -> u64 {
+        PLACE_FIRST.put(self.first) | PLACE_AT.put(self.at as u64)
+    }
+    /// The first slot of its block or segment.
+    pub(crate) fn first(self) -> u64 {
+        self.first
+    }
+    /// The byte it starts at in its block or segment.
+    pub(crate) fn at(self) -> usize {
+        self.at
+    }
+    pub(crate) fn from_raw(raw: u64) -> Place {
+        Place {
+            first: PLACE_FIRST.get(raw),
+            at: PLACE_AT.get(raw) as usize,
+        }
+    }
 }
 
 /// Which pages a writeback or a recompression takes, by their slots' state: the words of the

@@ -82,9 +82,10 @@ use std::sync::Arc;
 use ztier_base::private_file::{self, PrivateFileError};
 use ztier_blockdev::BlockDevice;
 
+use crate::slot::Place;
 use crate::slot::{Content, Entry, SlotFlag, SlotOps};
 use crate::stats::Counter;
-use crate::writeback::{Backing, Place, WbFormat};
+use crate::writeback::{Backing, WbFormat};
 use crate::{Device, Result, ZramError};
 
 const MAGIC: &[u8; 8] = b"ZTIERST1";
