@@ -306,7 +306,24 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
     };
     let file = ztier_blockdev::file::FileDevice::open(path, meta.len())
         .with_context(|| format!("opening the backing file {spec}"))?;
+    warn_if_readable_by_others(spec);
     Ok(Some((Arc::new(file), None)))
+}
+
+/// Says so when an existing backing file (one ztier makes is 0600) may be read by other
+/// users: every page written back is in it. Its mode is the owner's choice; it is used as
+/// it is.
+fn warn_if_readable_by_others(path: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o044 != 0 {
+            eprintln!(
+                "ztier serve: WARNING: the backing file {path} may be read by other users \
+                 (mode {mode:04o}), and it holds every page written back: chmod go-r it"
+            );
+        }
+    }
 }
 
 /// The NBD export `--backing-dev` names, connected with `--backing-timeout`.
@@ -360,6 +377,7 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
     let bytes = args.backing_size.unwrap_or(Backing::size_for(args.size));
     let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
         .with_context(|| format!("opening the backing file {spec}"))?;
+    warn_if_readable_by_others(spec);
     let backing = Backing::new(Arc::new(file), args.writeback_format)
         .with_context(|| format!("setting up the backing store {spec}"))?;
     Ok(Some((backing, None)))

@@ -323,9 +323,34 @@ impl fmt::Display for Algorithm {
     }
 }
 
+/// A compressor named as `Algorithm` cannot take it (`lz4`, `zstd:level=3`, ...), and why.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadAlgorithm {
+    #[error("compressor '{name}' is not built into this ztier (cargo feature {feature})")]
+    NotBuilt { name: String, feature: &'static str },
+    #[error("unknown compressor '{name}' (known: {known})")]
+    Unknown { name: String, known: String },
+    #[error("level '{0}' is not a number")]
+    LevelNotANumber(String),
+    #[error("level {level} is out of range for {name}")]
+    LevelOutOfRange { level: i32, name: String },
+    #[error("dict= is supported for zstd, not {0}")]
+    DictionaryNotTaken(String),
+    #[error("unknown parameter '{param}' for {name} ({known})")]
+    UnknownParameter {
+        param: String,
+        name: String,
+        known: &'static str,
+    },
+    #[cfg(feature = "zstd")]
+    #[error(transparent)]
+    Dictionary(#[from] DictError),
+}
+
 impl FromStr for Algorithm {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = BadAlgorithm;
+    fn from_str(s: &str) -> std::result::Result<Self, BadAlgorithm> {
         let (name, params) = s.split_once(':').unwrap_or((s, ""));
         let kind = Kind::ALL
             .iter()
@@ -333,13 +358,16 @@ impl FromStr for Algorithm {
             .find(|k| k.name() == name)
             .ok_or_else(|| {
                 if let Some((_, feature, _)) = FEATURES.iter().find(|(n, ..)| *n == name) {
-                    return format!(
-                        "compressor '{name}' is not built into this ztier (cargo feature \
-                         {feature})"
-                    );
+                    return BadAlgorithm::NotBuilt {
+                        name: name.to_string(),
+                        feature,
+                    };
                 }
                 let names: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
-                format!("unknown compressor '{name}' (known: {})", names.join(", "))
+                BadAlgorithm::Unknown {
+                    name: name.to_string(),
+                    known: names.join(", "),
+                }
             })?;
         let mut level = None;
         let mut dict_path = None;
@@ -348,15 +376,18 @@ impl FromStr for Algorithm {
                 Some(("level", v)) => {
                     let n: i32 = v
                         .parse()
-                        .map_err(|_| format!("level '{v}' is not a number"))?;
+                        .map_err(|_| BadAlgorithm::LevelNotANumber(v.to_string()))?;
                     if !kind.level_ok(n) {
-                        return Err(format!("level {n} is out of range for {name}"));
+                        return Err(BadAlgorithm::LevelOutOfRange {
+                            level: n,
+                            name: name.to_string(),
+                        });
                     }
                     level = Some(n);
                 }
                 Some(("dict", path)) if kind.takes_dict() => dict_path = Some(path),
                 Some(("dict", _)) => {
-                    return Err(format!("dict= is supported for zstd, not {name}"));
+                    return Err(BadAlgorithm::DictionaryNotTaken(name.to_string()));
                 }
                 _ => {
                     let known = if kind.takes_dict() {
@@ -364,7 +395,11 @@ impl FromStr for Algorithm {
                     } else {
                         "level=N"
                     };
-                    return Err(format!("unknown parameter '{param}' for {name} ({known})"));
+                    return Err(BadAlgorithm::UnknownParameter {
+                        param: param.to_string(),
+                        name: name.to_string(),
+                        known,
+                    });
                 }
             }
         }
@@ -372,9 +407,7 @@ impl FromStr for Algorithm {
         let dict = match dict_path {
             Some(path) => {
                 let at = level.unwrap_or(zstd::DEFAULT_COMPRESSION_LEVEL);
-                Some(Arc::new(
-                    Dictionary::load(std::path::Path::new(path), at).map_err(|e| e.to_string())?,
-                ))
+                Some(Arc::new(Dictionary::load(std::path::Path::new(path), at)?))
             }
             None => None,
         };
@@ -425,7 +458,7 @@ mod tests {
             match name.parse::<Algorithm>() {
                 Ok(a) => assert!(built && a.kind.name() == name),
                 Err(e) => assert!(
-                    !built && e.contains(&format!("cargo feature {feature}")),
+                    !built && e.to_string().contains(&format!("cargo feature {feature}")),
                     "{e}"
                 ),
             }
@@ -443,10 +476,10 @@ mod tests {
         assert_eq!((a.kind, a.level), (Kind::Zstd, Some(5)));
         assert_eq!(a.to_string(), "zstd:level=5");
         assert_eq!("lzo-rle".parse::<Algorithm>().unwrap().kind, Kind::LzoRle);
-        assert!("lzma"
-            .parse::<Algorithm>()
-            .unwrap_err()
-            .contains("unknown compressor"));
+        assert!(matches!(
+            "lzma".parse::<Algorithm>(),
+            Err(BadAlgorithm::Unknown { .. })
+        ));
         assert!("lzo:level=3".parse::<Algorithm>().is_err());
         assert!("zstd:level=99".parse::<Algorithm>().is_err());
         assert!("zstd:window=3".parse::<Algorithm>().is_err());

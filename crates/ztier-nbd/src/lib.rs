@@ -12,6 +12,6 @@ pub mod server;
 pub mod tls;
 pub mod transport;
 
-pub use client::{Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
+pub use client::{BadUri, Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
 pub use server::{Listener, Peer, Server, ServerConfig, Stream};
-pub use tls::{ServerTls, TlsError, TlsMode};
+pub use tls::{BadTlsMode, ServerTls, TlsError, TlsMode};

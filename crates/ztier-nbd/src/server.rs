@@ -302,6 +302,11 @@ impl Server {
         // instead of hanging in the listener's backlog with nothing said.
         let mut spare = spare_descriptor();
         while !self.is_stopping() {
+            // Given up to take a client once, and taken by someone else meanwhile: tried for
+            // again, so the next time the process is out of descriptors there is one.
+            if spare.is_none() {
+                spare = spare_descriptor();
+            }
             if !wait_for_client(&wake, &listener, backoff)? {
                 continue;
             }

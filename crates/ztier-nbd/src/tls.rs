@@ -53,13 +53,13 @@ pub enum TlsMode {
 }
 
 impl std::str::FromStr for TlsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<TlsMode, String> {
+    type Err = BadTlsMode;
+    fn from_str(s: &str) -> Result<TlsMode, BadTlsMode> {
         match s {
             "off" | "false" | "no" => Ok(TlsMode::Off),
             "on" | "true" | "yes" => Ok(TlsMode::On),
             "require" | "required" | "force" => Ok(TlsMode::Require),
-            _ => Err(format!("{s:?} is not a TLS mode (off, on, require)")),
+            _ => Err(BadTlsMode(s.to_string())),
         }
     }
 }
@@ -74,14 +74,46 @@ impl std::fmt::Display for TlsMode {
     }
 }
 
-/// A certificate directory that could not be loaded, or a TLS setting that makes no sense.
+/// A certificate directory that could not be loaded, or a TLS setting that makes no sense:
+/// which file, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct TlsError(String);
-
-fn err(what: impl std::fmt::Display) -> TlsError {
-    TlsError(what.to_string())
+#[non_exhaustive]
+pub enum TlsError {
+    #[error("TLS {0} needs certificates")]
+    NoCertificates(TlsMode),
+    #[error("reading {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    /// A PEM file that does not parse, or holds nothing of what it should.
+    #[error("{}: {what}", path.display())]
+    Pem { path: PathBuf, what: String },
+    /// A key the TLS stack cannot sign with.
+    #[error("{}: a key this TLS stack cannot use: {source}", path.display())]
+    Key {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    /// rustls refused the configuration the directory makes.
+    #[error("{}: {source}", path.display())]
+    Config {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    /// The client's verifier could not be made from the directory's CAs and CRLs.
+    #[error("{}: {source}", path.display())]
+    Verifier {
+        path: PathBuf,
+        source: rustls::client::VerifierBuilderError,
+    },
+    #[error("no tls-certificates=DIR in the URI, and no ca-cert.pem in libnbd's default directories ($HOME/.pki/libnbd, $HOME/.config/pki/libnbd, /etc/pki/libnbd)")]
+    NoClientDirectory,
+    #[error("{name:?} is no server name: {reason}")]
+    ServerName { name: String, reason: String },
 }
+
+/// A TLS mode not spelled as nbdkit's `--tls` takes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a TLS mode (off, on, require)")]
+pub struct BadTlsMode(pub String);
 
 /// A server's TLS setting ([`crate::ServerConfig::tls`]): its mode and, unless it is off, the
 /// rustls configuration its handshakes use.
@@ -118,7 +150,7 @@ impl ServerTls {
     ) -> Result<ServerTls, TlsError> {
         match (mode, &config) {
             (TlsMode::Off, _) => Ok(ServerTls::off()),
-            (_, None) => Err(err(format!("TLS {mode} needs certificates"))),
+            (_, None) => Err(TlsError::NoCertificates(mode)),
             (_, Some(_)) => Ok(ServerTls { mode, config }),
         }
     }
@@ -149,17 +181,36 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// A PEM file at `path` that is not what it should be.
+fn pem(path: &Path, what: impl std::fmt::Display) -> TlsError {
+    TlsError::Pem {
+        path: path.to_path_buf(),
+        what: what.to_string(),
+    }
+}
+
+/// rustls refused the configuration made from `path`.
+fn config(path: &Path, source: rustls::Error) -> TlsError {
+    TlsError::Config {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bytes = read_file(path)?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+        .map_err(|e| pem(path, e))?;
     if certs.is_empty() {
-        return Err(err(format!("{} holds no PEM certificate", path.display())));
+        return Err(pem(path, "it holds no PEM certificate"));
     }
     Ok(certs)
 }
@@ -169,15 +220,13 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read_file(path)?;
     let key = PrivateKeyDer::from_pem_slice(&bytes)
-        .map_err(|e| err(format!("{}: no PEM private key ({e})", path.display())))?;
+        .map_err(|e| pem(path, format!("no PEM private key ({e})")))?;
     provider()
         .key_provider
         .load_private_key(key.clone_key())
-        .map_err(|e| {
-            err(format!(
-                "{}: a key this TLS stack cannot use: {e}",
-                path.display()
-            ))
+        .map_err(|source| TlsError::Key {
+            path: path.to_path_buf(),
+            source,
         })?;
     Ok(key)
 }
@@ -185,9 +234,10 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in certificates(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| err(format!("{}: {e}", path.display())))?;
+        roots.add(cert).map_err(|source| TlsError::Config {
+            path: path.to_path_buf(),
+            source,
+        })?;
     }
     Ok(roots)
 }
@@ -200,7 +250,7 @@ fn crls(dir: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsErr
     let bytes = read_file(&path)?;
     CertificateRevocationListDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(format!("{}: {e}", path.display())))
+        .map_err(|e| pem(&path, e))
 }
 
 /// A server's rustls configuration from a certificate directory.
@@ -209,7 +259,7 @@ fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::ServerConf
     let key = private_key(&dir.join("server-key.pem"))?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(err)?;
+        .map_err(|source| config(dir, source))?;
     let builder = if verify_peer {
         let verifier = WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots(&dir.join("ca-cert.pem"))?),
@@ -217,18 +267,18 @@ fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::ServerConf
         )
         .with_crls(crls(dir)?)
         .build()
-        .map_err(|e| err(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| pem(dir, e))?;
         builder.with_client_cert_verifier(verifier)
     } else {
         builder.with_no_client_auth()
     };
-    let mut config = builder
+    let mut made = builder
         .with_single_cert(chain, key)
-        .map_err(|e| err(format!("{}: {e}", dir.display())))?;
+        .map_err(|source| config(dir, source))?;
     // No session tickets: NBD clients do not resume, and tickets are bytes sent after the
     // handshake that nobody reads.
-    config.send_tls13_tickets = 0;
-    Ok(Arc::new(config))
+    made.send_tls13_tickets = 0;
+    Ok(Arc::new(made))
 }
 
 /// Where a client finds its certificates when the URI names no `tls-certificates`: as
@@ -268,21 +318,19 @@ impl std::fmt::Debug for ClientTls {
 pub(crate) fn client_tls(dir: Option<&Path>, name: Option<&str>) -> Result<ClientTls, TlsError> {
     let dir = match dir {
         Some(d) => d.to_path_buf(),
-        None => default_client_dir().ok_or_else(|| {
-            err(
-                "no tls-certificates=DIR in the URI, and no ca-cert.pem in libnbd's default \
-                 directories ($HOME/.pki/libnbd, $HOME/.config/pki/libnbd, /etc/pki/libnbd)",
-            )
-        })?,
+        None => default_client_dir().ok_or(TlsError::NoClientDirectory)?,
     };
     let roots = Arc::new(roots(&dir.join("ca-cert.pem"))?);
     let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider())
         .with_crls(crls(&dir)?)
         .build()
-        .map_err(|e| err(format!("{}: {e}", dir.display())))?;
+        .map_err(|source| TlsError::Verifier {
+            path: dir.clone(),
+            source,
+        })?;
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(err)?;
+        .map_err(|source| config(&dir, source))?;
     let check = match name {
         Some(_) => NameCheck::SubjectAltNameOrCommonName,
         None => NameCheck::ChainOnly,
@@ -294,12 +342,16 @@ pub(crate) fn client_tls(dir: Option<&Path>, name: Option<&str>) -> Result<Clien
     let config = if cert.exists() && key.exists() {
         builder
             .with_client_auth_cert(certificates(&cert)?, private_key(&key)?)
-            .map_err(|e| err(format!("{}: {e}", cert.display())))?
+            .map_err(|source| config(&cert, source))?
     } else {
         builder.with_no_client_auth()
     };
-    let name = ServerName::try_from(name.unwrap_or("localhost").to_string())
-        .map_err(|e| err(format!("{:?} is no server name: {e}", name.unwrap_or(""))))?;
+    let name = ServerName::try_from(name.unwrap_or("localhost").to_string()).map_err(|e| {
+        TlsError::ServerName {
+            name: name.unwrap_or("").to_string(),
+            reason: e.to_string(),
+        }
+    })?;
     Ok(ClientTls {
         config: Arc::new(config),
         name,
@@ -345,10 +397,10 @@ impl ServerCertVerifier for ServerVerifier {
             return verified;
         };
         let name_matches = || match (server_name, der::names(end_entity)) {
-            (ServerName::DnsName(dns), Some(names)) if !names.has_subject_alt_name => names
-                .common_names
-                .iter()
-                .any(|cn| cn.eq_ignore_ascii_case(dns.as_ref())),
+            // GnuTLS's rule: one common name, and it is the host's.
+            (ServerName::DnsName(dns), Some(names)) if !names.has_subject_alt_name => {
+                matches!(&names.common_names[..], [cn] if cn.eq_ignore_ascii_case(dns.as_ref()))
+            }
             _ => false,
         };
         match self.check {
@@ -512,6 +564,7 @@ pub(crate) fn split(
             shared,
             sock: writer,
             out: Vec::new(),
+            deadline: None,
         },
     )
 }
@@ -579,6 +632,9 @@ pub(crate) struct TlsWriter {
     shared: Shared,
     sock: Stream,
     out: Vec<u8>,
+    /// When what is being written must have gone out ([`TlsWriter::set_deadline`]); none
+    /// (the socket's own timeouts) until one is set.
+    deadline: Option<std::time::Instant>,
 }
 
 impl TlsWriter {
@@ -590,9 +646,17 @@ impl TlsWriter {
     }
 
     fn send_out(&mut self) -> io::Result<()> {
-        let sent = self.sock.write_all(&self.out);
+        let sent = match self.deadline {
+            Some(by) => self.sock.send_by(&[&self.out], by),
+            None => self.sock.write_all(&self.out),
+        };
         self.out.clear();
         sent
+    }
+
+    /// What is written from now on must go out by `by` (a reply's `reply_timeout`).
+    pub(crate) fn set_deadline(&mut self, by: std::time::Instant) {
+        self.deadline = Some(by);
     }
 
     /// Says goodbye (close_notify), waiting at most `limit` for the socket to take it.

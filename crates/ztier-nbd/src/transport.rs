@@ -167,6 +167,58 @@ impl Write for Stream {
     }
 }
 
+impl Stream {
+    /// Sends every byte of `pieces`, in order, by `deadline`: each send never blocks
+    /// (`MSG_DONTWAIT`, this call only: the socket stays blocking for its readers), and
+    /// while the peer's window is full it waits in `poll` for at most what is left. A
+    /// blocking send would wait as long as the peer reads a little now and then (the
+    /// socket's send timeout restarts with each bit of room), so a peer that reads a reply a
+    /// trickle at a time could hold it for ever. As few `sendmsg` calls as the socket takes.
+    pub(crate) fn send_by(&self, pieces: &[&[u8]], deadline: std::time::Instant) -> io::Result<()> {
+        use rustix::net::{SendAncillaryBuffer, SendFlags};
+        let fd = match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        };
+        let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        io::IoSlice::advance_slices(&mut rest, 0); // (drops leading empty pieces)
+        while !rest.is_empty() {
+            let sent = rustix::net::sendmsg(
+                fd,
+                rest,
+                &mut SendAncillaryBuffer::default(),
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            );
+            match sent {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the peer did not read what was sent within the time allowed",
+                        ));
+                    }
+                    let t = rustix::event::Timespec {
+                        tv_sec: left.as_secs() as i64,
+                        tv_nsec: i64::from(left.subsec_nanos()),
+                    };
+                    let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
+                    match rustix::event::poll(&mut fds, Some(&t)) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Waits for a client on `listener` (or, after an accept error, for `backoff` with the
 /// listener left alone) or for a write to `wake`. True when the listener may have a client.
 pub(crate) fn wait_for_client(

@@ -211,6 +211,9 @@ fn a_store_that_stalls_past_the_timeout_is_found_again() {
     dev.stall(true);
     let err = client.read_at(4096, &mut [0u8; 4096]).unwrap_err();
     assert!(matches!(err, BlockError::Io(_)), "{err}");
+    // Said in words, not as the socket's EAGAIN.
+    assert!(err.to_string().contains("no answer within"), "{err}");
+    assert!(!err.to_string().contains("os error 11"), "{err}");
     assert!(!client.is_connected(), "a timed-out request loses the link");
     // While it stalls, a try to reconnect cannot check the identity: still lost.
     assert!(client.reconnect().is_err());

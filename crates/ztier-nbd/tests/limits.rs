@@ -337,3 +337,52 @@ fn clients_that_read_no_replies_delay_no_one_elses_read() {
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(hogs);
 }
+
+/// A client that reads its reply a trickle at a time (often enough that no single wait for
+/// room in its socket outlasts the send timeout) is cut off once the reply has taken longer
+/// than `reply_timeout`, as one that reads nothing is: what was in the socket's buffers
+/// reaches it, then the end.
+#[test]
+fn a_client_that_reads_a_reply_by_the_trickle_is_cut_off() {
+    let s = serve_device(
+        "trickle-reader",
+        ServerConfig {
+            reply_timeout: Duration::from_secs(1),
+            max_payload: 64 << 20,
+            max_in_flight_bytes: 128 << 20,
+            max_in_flight_total: 512 << 20,
+            ..ServerConfig::default()
+        },
+        64 << 20,
+    );
+    let mut c = raw_session(&s.path);
+    let req = proto::Request {
+        flags: 0,
+        kind: proto::CMD_READ,
+        cookie: 1,
+        offset: 0,
+        length: 64 << 20,
+    };
+    c.write_all(&req.encode()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let started = Instant::now();
+    // 16 KiB every 10 ms: the 64 MiB reply would take 40 s.
+    let mut chunk = vec![0u8; 16 << 10];
+    let mut got = 0usize;
+    let cut = loop {
+        match c.read(&mut chunk) {
+            Ok(0) | Err(_) => break started.elapsed(),
+            Ok(n) => got += n,
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(
+            started.elapsed() < DEADLINE,
+            "a trickling reader was never cut off"
+        );
+    };
+    assert!(
+        got < 32 << 20,
+        "{got} bytes read: the reply was not cut short"
+    );
+    assert!(cut < Duration::from_secs(10), "cut off after {cut:?}");
+}

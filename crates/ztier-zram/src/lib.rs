@@ -64,10 +64,10 @@ use ztier_pool::{PoolError, PoolStats, ZPool};
 
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
-pub use slot::{Entry, PageSelector, SlotFlag};
+pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
 pub use state::{StateFile, StateSummary};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
-pub use writeback::{Backing, BdStat, WbFormat, WbResult};
+pub use writeback::{Backing, BadWbFormat, BdStat, WbFormat, WbResult};
 
 use slot::{Content, Slot, SlotOps};
 use stats::Counters;
@@ -136,6 +136,18 @@ pub enum ZramError {
         attr: String,
         value: String,
         want: String,
+    },
+    /// A page selector (`writeback`'s and `recompress`'s `type=`) that is none of them.
+    #[error("{attr}: {source}")]
+    BadSelectorValue {
+        attr: String,
+        source: slot::BadSelector,
+    },
+    /// A compressor (`recomp_algorithm`'s `algo=`) that cannot be made.
+    #[error("{attr}: {source}")]
+    BadAlgorithmValue {
+        attr: String,
+        source: ztier_compress::BadAlgorithm,
     },
     #[error("{name}: no such {kind} attribute ({known})")]
     NoAttribute {

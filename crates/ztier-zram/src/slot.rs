@@ -145,19 +145,23 @@ impl PageSelector {
     }
 }
 
+/// A word `PageSelector` does not take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?}: pages are selected by idle, huge, huge_idle, incompressible (writeback only) or all"
+)]
+pub struct BadSelector(pub String);
+
 impl std::str::FromStr for PageSelector {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<PageSelector, String> {
+    type Err = BadSelector;
+    fn from_str(s: &str) -> std::result::Result<PageSelector, BadSelector> {
         match s {
             "idle" => Ok(PageSelector::Idle),
             "huge" => Ok(PageSelector::Huge),
             "huge_idle" => Ok(PageSelector::HugeIdle),
             "incompressible" => Ok(PageSelector::Incompressible),
             "all" => Ok(PageSelector::All),
-            _ => Err(format!(
-                "{s:?}: pages are selected by idle, huge, huge_idle, incompressible (writeback \
-                 only) or all"
-            )),
+            _ => Err(BadSelector(s.to_string())),
         }
     }
 }

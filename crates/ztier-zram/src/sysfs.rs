@@ -115,9 +115,12 @@ impl Device {
                     (PageSelector::All, Some(a..b + 1))
                 } else {
                     (
-                        value
-                            .parse::<PageSelector>()
-                            .map_err(|want| bad(name, value, &want))?,
+                        value.parse::<PageSelector>().map_err(|source| {
+                            ZramError::BadSelectorValue {
+                                attr: name.into(),
+                                source,
+                            }
+                        })?,
                         None,
                     )
                 };
@@ -154,7 +157,11 @@ impl Device {
                 for (k, v) in pairs(name, value)? {
                     match k {
                         "algo" => {
-                            alg = Some(v.parse().map_err(|want: String| bad(name, v, &want))?)
+                            alg =
+                                Some(v.parse().map_err(|source| ZramError::BadAlgorithmValue {
+                                    attr: name.into(),
+                                    source,
+                                })?)
                         }
                         "priority" => prio = number(name, v)? as usize,
                         _ => return Err(bad(name, k, "algo= or priority=")),
@@ -182,7 +189,12 @@ impl Device {
                 let (mut threshold, mut prio) = (None, None);
                 for (k, v) in pairs(name, value)? {
                     match k {
-                        "type" => mode = v.parse().map_err(|want: String| bad(name, v, &want))?,
+                        "type" => {
+                            mode = v.parse().map_err(|source| ZramError::BadSelectorValue {
+                                attr: name.into(),
+                                source,
+                            })?
+                        }
                         "threshold" => threshold = Some(number(name, v)? as usize),
                         "priority" => prio = Some(number_u32(name, v)?),
                         _ => return Err(bad(name, k, "type=, threshold= or priority=")),

@@ -78,8 +78,25 @@ fn clear_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
             path.display()
         );
     }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => bail!("{} is in use: a server answers on it", path.display()),
+    // Not blocking: a live server whose queue of connections is full would hold a blocking
+    // connect; it is in use all the same.
+    let probe = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("making a socket to look at the old one")?;
+    let addr = rustix::net::SocketAddrUnix::new(path)
+        .with_context(|| format!("{} as a socket address", path.display()))?;
+    match rustix::net::connect(&probe, &addr).map_err(std::io::Error::from) {
+        Ok(()) => bail!("{} is in use: a server answers on it", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            bail!(
+                "{} is in use: a server is there, too busy to answer",
+                path.display()
+            )
+        }
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             std::fs::remove_file(path)
                 .with_context(|| format!("removing the stale socket {}", path.display()))?;

@@ -65,12 +65,17 @@ pub(super) fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{what}: {e}"))
 }
 
+/// Reads `buf` whole; an error says what was being read, and keeps its kind (a timeout
+/// stays a timeout, for the link to say so in words).
 pub(super) fn read_exact(s: &mut impl Read, buf: &mut [u8], what: &str) -> io::Result<()> {
     s.read_exact(buf).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
-            io_err(what, "the server closed the connection")
+            io::Error::new(
+                e.kind(),
+                format!("{what}: the server closed the connection"),
+            )
         } else {
-            io_err(what, e)
+            io::Error::new(e.kind(), format!("{what}: {e}"))
         }
     })
 }

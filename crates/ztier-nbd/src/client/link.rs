@@ -340,6 +340,11 @@ fn in_words(e: io::Error, timeout: Duration) -> io::Error {
     }
 }
 
+/// The least time a request's I/O is given on a link that is up, however little of its
+/// time waiting for the link left it: one found just at its deadline still gets an answer
+/// from a store that is back.
+const LEAST_IO_TIME: Duration = Duration::from_secs(1);
+
 impl Core {
     /// Connects to `uri` and negotiates its export.
     pub(super) fn dial(
@@ -459,12 +464,13 @@ impl Core {
         mut talk: impl FnMut(&mut Conn) -> io::Result<T>,
     ) -> Result<T> {
         let timeout = self.config.io_timeout;
-        let deadline = Instant::now() + timeout;
         let mut link = lock(&self.link);
+        // From when the request has the link: a wait behind other requests is theirs.
+        let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let conn = match &mut link.wire {
-                Wire::Up(conn) if !left.is_zero() => conn,
+                Wire::Up(conn) => conn,
                 Wire::Down { .. } | Wire::Dialing if self.has_identity() && !left.is_zero() => {
                     self.start_reconnector(&mut link);
                     link = self
@@ -476,11 +482,12 @@ impl Core {
                 }
                 _ => return Err(self.down_error(&link, timeout)),
             };
-            // The whole request within what is left of its time.
+            // The request within what is left of its time (each read and write of it).
+            let io_time = left.max(LEAST_IO_TIME).min(timeout);
             let talked = conn
-                .set_timeout(left.min(timeout))
+                .set_timeout(io_time)
                 .and_then(|()| talk(conn))
-                .map_err(|e| in_words(e, left.min(timeout)));
+                .map_err(|e| in_words(e, io_time));
             match talked {
                 Ok(r) => {
                     if conn.timeout != timeout {

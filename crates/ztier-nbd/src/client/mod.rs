@@ -43,7 +43,7 @@ use handshake::wire_error;
 pub use handshake::ExportInfo;
 use link::{Core, Pipelined, PipelinedData, RequestHeader};
 pub use link::{LinkState, LinkStatus};
-pub use uri::{Target, Uri, UriTls, NBD_PORT};
+pub use uri::{BadUri, Target, Uri, UriProblem, UriTls, NBD_PORT};
 
 use crate::proto::*;
 use crate::tls::{self, ClientTls};

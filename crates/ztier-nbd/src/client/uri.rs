@@ -42,17 +42,53 @@ impl Uri {
     }
 }
 
+/// What is wrong with a string given as an NBD URI.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UriProblem {
+    #[error("no nbd:// scheme")]
+    NoScheme,
+    #[error("no ?socket=")]
+    NoQuery,
+    #[error("nbd+unix takes no host")]
+    UnixWithHost,
+    #[error("no socket= in the query")]
+    NoSocket,
+    #[error("no host")]
+    NoHost,
+    #[error("unclosed [")]
+    UnclosedBracket,
+    #[error("junk after ]")]
+    JunkAfterBracket,
+    #[error("bad port")]
+    BadPort,
+    #[error("{0}= is empty")]
+    EmptyTlsKey(String),
+    #[error("{0}: TLS with pre-shared keys is not supported")]
+    PreSharedKeys(String),
+}
+
+/// A string that is not an NBD URI, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{given:?} is not an NBD URI ({problem}): use nbd://HOST[:PORT][/EXPORT] or nbd+unix:///EXPORT?socket=PATH (nbds:// and nbds+unix:// for TLS)")]
+pub struct BadUri {
+    pub given: String,
+    pub problem: UriProblem,
+}
+
 /// The query's `tls-*` keys (the others are left to the caller, e.g. `socket`).
-fn uri_tls(query: &str) -> std::result::Result<UriTls, String> {
+fn uri_tls(query: &str) -> std::result::Result<UriTls, UriProblem> {
     let mut tls = UriTls::default();
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         match k {
             "tls-certificates" if !v.is_empty() => tls.certificates = Some(PathBuf::from(v)),
             "tls-hostname" if !v.is_empty() => tls.hostname = Some(v.to_string()),
-            "tls-certificates" | "tls-hostname" => return Err(format!("{k}= is empty")),
+            "tls-certificates" | "tls-hostname" => {
+                return Err(UriProblem::EmptyTlsKey(k.to_string()))
+            }
             "tls-psk-file" | "tls-username" => {
-                return Err(format!("{k}: TLS with pre-shared keys is not supported"))
+                return Err(UriProblem::PreSharedKeys(k.to_string()))
             }
             _ => {}
         }
@@ -67,63 +103,66 @@ pub enum Target {
 }
 
 impl FromStr for Uri {
-    type Err = String;
+    type Err = BadUri;
 
-    fn from_str(s: &str) -> std::result::Result<Uri, String> {
-        let bad = |why: &str| {
-            format!("{s:?} is not an NBD URI ({why}): use nbd://HOST[:PORT][/EXPORT] or nbd+unix:///EXPORT?socket=PATH (nbds:// and nbds+unix:// for TLS)")
-        };
+    fn from_str(given: &str) -> std::result::Result<Uri, BadUri> {
+        Uri::parse(given).map_err(|problem| BadUri {
+            given: given.to_string(),
+            problem,
+        })
+    }
+}
+
+impl Uri {
+    fn parse(s: &str) -> std::result::Result<Uri, UriProblem> {
         let (s, tls) = if let Some(rest) = s.strip_prefix("nbds://") {
             // The query is TLS's: split it off before the export.
             let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-            let tls = uri_tls(query).map_err(|e| bad(&e))?;
-            (format!("nbd://{rest}"), Some(tls))
+            (format!("nbd://{rest}"), Some(uri_tls(query)?))
         } else if let Some(rest) = s.strip_prefix("nbds+unix://") {
-            let tls = uri_tls(rest.split_once('?').map_or("", |(_, q)| q)).map_err(|e| bad(&e))?;
+            let tls = uri_tls(rest.split_once('?').map_or("", |(_, q)| q))?;
             (format!("nbd+unix://{rest}"), Some(tls))
         } else {
             (s.to_string(), None)
         };
         let s = s.as_str();
         if let Some(rest) = s.strip_prefix("nbd+unix://") {
-            let (path_part, query) = rest.split_once('?').ok_or_else(|| bad("no ?socket="))?;
+            let (path_part, query) = rest.split_once('?').ok_or(UriProblem::NoQuery)?;
             if !path_part.is_empty() && !path_part.starts_with('/') {
-                return Err(bad("nbd+unix takes no host"));
+                return Err(UriProblem::UnixWithHost);
             }
             let export = path_part.trim_start_matches('/').to_string();
             let socket = query
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("socket="))
                 .filter(|p| !p.is_empty())
-                .ok_or_else(|| bad("no socket= in the query"))?;
+                .ok_or(UriProblem::NoSocket)?;
             return Ok(Uri {
                 target: Target::Unix(PathBuf::from(socket)),
                 export,
                 tls,
             });
         }
-        let rest = s
-            .strip_prefix("nbd://")
-            .ok_or_else(|| bad("no nbd:// scheme"))?;
+        let rest = s.strip_prefix("nbd://").ok_or(UriProblem::NoScheme)?;
         let (authority, export) = match rest.split_once('/') {
             Some((a, e)) => (a, e.to_string()),
             None => (rest, String::new()),
         };
         if authority.is_empty() {
-            return Err(bad("no host"));
+            return Err(UriProblem::NoHost);
         }
         // [v6addr]:port, host:port, host
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed ["))?;
+            let (h, after) = v6.split_once(']').ok_or(UriProblem::UnclosedBracket)?;
             let port = match after.strip_prefix(':') {
-                Some(p) => p.parse().map_err(|_| bad("bad port"))?,
+                Some(p) => p.parse().map_err(|_| UriProblem::BadPort)?,
                 None if after.is_empty() => NBD_PORT,
-                None => return Err(bad("junk after ]")),
+                None => return Err(UriProblem::JunkAfterBracket),
             };
             (h.to_string(), port)
         } else {
             match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| bad("bad port"))?),
+                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| UriProblem::BadPort)?),
                 None => (authority.to_string(), NBD_PORT),
             }
         };

@@ -67,6 +67,7 @@ impl Server {
             buffers: Buffers::new(self.config.max_in_flight_bytes, Arc::clone(&self.kept)),
             session,
             dead: AtomicBool::new(false),
+            reply_timeout: self.config.reply_timeout,
         });
         let turn = Arc::new(Mutex::new(Turn {
             stream: reader,
@@ -263,22 +264,6 @@ impl Write for WriteHalf {
     }
 }
 
-/// Writes every byte of `pieces`, in order, with as few writev(2) calls as the socket allows.
-fn write_all_vectored(stream: &mut Stream, pieces: &[&[u8]]) -> io::Result<()> {
-    let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
-    let mut rest = &mut slices[..];
-    io::IoSlice::advance_slices(&mut rest, 0); // (drops leading empty pieces)
-    while !rest.is_empty() {
-        match stream.write_vectored(rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => io::IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// Whose turn it is to read a connection's next request, and how the connection ended.
 pub(super) struct Turn {
     stream: ReadHalf,
@@ -324,6 +309,9 @@ pub(super) struct Conn {
     /// A reply could not be sent: the client is gone. Requests still queued are dropped
     /// unrun, and the socket is shut so the reader stops too.
     dead: AtomicBool,
+    /// How long one whole reply may take to go out (`reply_timeout`): a client that reads
+    /// its replies a trickle at a time is cut off as one that reads none.
+    reply_timeout: Duration,
 }
 
 impl Conn {
@@ -333,9 +321,12 @@ impl Conn {
     /// small reply is gathered first, so that it makes one record, not one per piece.
     pub(super) fn send(&self, pieces: &[&[u8]]) -> io::Result<()> {
         let mut w = self.writer.lock().expect("writer");
+        // The whole reply within `reply_timeout`, however the client reads it.
+        let deadline = Instant::now() + self.reply_timeout;
         match &mut *w {
-            WriteHalf::Plain(stream) => write_all_vectored(stream, pieces),
+            WriteHalf::Plain(stream) => stream.send_by(pieces, deadline),
             WriteHalf::Tls(tls) => {
+                tls.set_deadline(deadline);
                 let total: usize = pieces.iter().map(|p| p.len()).sum();
                 if total <= 64 << 10 {
                     let mut buf = Vec::with_capacity(total);

@@ -83,16 +83,19 @@ pub enum WbFormat {
     Packed,
 }
 
+/// A word `WbFormat` does not take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: the writeback formats are page, compressed and packed")]
+pub struct BadWbFormat(pub String);
+
 impl std::str::FromStr for WbFormat {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<WbFormat, String> {
+    type Err = BadWbFormat;
+    fn from_str(s: &str) -> std::result::Result<WbFormat, BadWbFormat> {
         match s {
             "page" => Ok(WbFormat::Page),
             "compressed" => Ok(WbFormat::Compressed),
             "packed" => Ok(WbFormat::Packed),
-            _ => Err(format!(
-                "{s:?}: the writeback formats are page, compressed and packed"
-            )),
+            _ => Err(BadWbFormat(s.to_string())),
         }
     }
 }
@@ -173,7 +176,7 @@ impl Device {
     }
 
     /// Takes `blocks` from the limit; false (taking nothing) if it has fewer.
-    fn take_limit(&self, blocks: u64) -> bool {
+    pub(super) fn take_limit(&self, blocks: u64) -> bool {
         self.wb_limit
             .fetch_update(Relaxed, Relaxed, |l| {
                 if l == u64::MAX {
@@ -183,6 +186,14 @@ impl Device {
                 }
             })
             .is_ok()
+    }
+
+    /// Gives `blocks` taken by [`take_limit`](Self::take_limit) back, for a write that did
+    /// not happen.
+    fn give_back_limit(&self, blocks: u64) {
+        let _ = self.wb_limit.fetch_update(Relaxed, Relaxed, |l| {
+            (l != u64::MAX).then(|| l.saturating_add(blocks).min(u64::MAX - 1))
+        });
     }
 
     /// `bd_stat`, if a backing store is set.

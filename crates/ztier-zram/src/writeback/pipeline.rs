@@ -357,14 +357,17 @@ impl Device {
             let pages: u64 = placed.iter().map(|(_, b)| b.pages.len() as u64).sum();
             store.failed.fetch_add(pages, Relaxed);
             done.failed_pages += pages;
+            // The limit blocks these batches took go back: nothing of them was written.
+            let taken: u64 = placed.iter().map(|(_, b)| b.blocks()).sum();
+            self.give_back_limit(taken);
             for (first, b) in placed {
                 let _ = store.places.free_range(first, 1 << order);
                 for p in &b.pages {
                     self.uncollect(p);
                 }
             }
-            // The batches refused before the write are not failed writes: they wait for
-            // the next writeback.
+            // The write failed: the writeback may go on with the next group, unless a batch
+            // was refused before it (the limit, the store full), which stops it.
             return Err(match refused {
                 Some(r) => GroupError::Stop(r),
                 None => GroupError::Write(ZramError::Backing(e)),
