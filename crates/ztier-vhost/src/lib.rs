@@ -1,0 +1,222 @@
+//! vhost-user-blk: a [`BlockDevice`] served as a virtual machine's virtio-blk disk, its queues
+//! in the guest's own memory, shared with this process. Every VMM attaches it (QEMU's
+//! `vhost-user-blk-pci`, Cloud Hypervisor's `--disk vhost_user=on`, Firecracker's vhost-user
+//! drives, crosvm's `--vhost-user block`), and no VMM block layer or socket copy sits between
+//! the guest's driver and the device: the guest writes a request into its ring, kicks an
+//! eventfd, and a thread here runs it on the device and puts it on the used ring.
+//!
+//! It knows the block-device trait only, as the NBD server does (never zram). Built on
+//! rust-vmm's crates (the vhost-user protocol and daemon, the split virtqueue, guest
+//! memory): [`config`] is the device the guest sees (features, configuration space),
+//! [`request`] one request read from the ring and run, `backend` a connection's queues, and
+//! here the server: a Unix socket where a VMM connects, one connection served at a time (a
+//! disk belongs to one guest), and a stop that ends it.
+//!
+//! A VMM that reconnects (QEMU's `reconnect-ms`) finds the disk as it was: the device
+//! outlives connections, and requests are completed in order, so the ring's used index is
+//! where the next connection resumes (`backend`'s header). Guest memory is reached only
+//! through the regions the frontend gave; nothing a guest writes into its ring makes this
+//! process panic, spin, or touch memory outside them (`request`'s header).
+//!
+//! Locks: `Server::active` (the connection being served, to end it at a stop: taken to set,
+//! take or end it, never across a connection's requests), then a connection's
+//! (`backend`'s header). No lock of the server's is held while the device runs.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod request;
+
+mod backend;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustix::event::{PollFd, PollFlags};
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use ztier_blockdev::BlockDevice;
+
+pub use config::DeviceConfig;
+
+use backend::Blk;
+
+/// What went wrong serving the socket (a connection's own end is not an error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VhostError {
+    #[error("the vhost-user socket: {0}")]
+    Socket(io::Error),
+    #[error("the vhost-user daemon: {0}")]
+    Daemon(vhost_user_backend::Error),
+}
+
+/// Counts kept while serving, over every connection.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Connections served (a VMM's, and each of its reconnections).
+    pub connections: AtomicU64,
+    /// Requests taken off the queues (each put on the used ring).
+    pub requests: AtomicU64,
+    /// Times a queue's thread looked over its ring for requests (at least once a guest's
+    /// kick; several requests may be run in one look).
+    pub ring_passes: AtomicU64,
+    /// Requests the device failed (`IOERR`).
+    pub device_errors: AtomicU64,
+    /// Requests refused before the device saw them: malformed, in the wrong direction,
+    /// past the end, not whole sectors, a write to a read-only disk (`IOERR`).
+    pub refused: AtomicU64,
+    /// Requests of a type or with flags the device does not do (`UNSUPP`).
+    pub unsupported: AtomicU64,
+    /// Chains with no status byte to answer (no writable byte, or memory outside the
+    /// guest's): put back used with nothing written.
+    pub unanswerable: AtomicU64,
+    /// Chains whose head index the ring cannot hold (past the queue's size): taken off the
+    /// available ring and passed over, since they cannot be put on the used ring.
+    pub bad_heads: AtomicU64,
+    /// Connections that ended on a protocol error (a message the backend refused, a
+    /// frontend that broke the protocol) rather than a hang-up.
+    pub protocol_errors: AtomicU64,
+}
+
+/// A vhost-user-blk server of one device.
+pub struct Server {
+    dev: Arc<dyn BlockDevice>,
+    config: DeviceConfig,
+    stats: Arc<Stats>,
+    stopping: AtomicBool,
+    /// Say each connection and its end on stderr.
+    log: AtomicBool,
+    /// An eventfd the accept loop polls beside its listener; `stop` writes to it.
+    wake: OwnedFd,
+    /// The connection being served: its daemon's shutdown handle and its device (to end its
+    /// workers).
+    active: Mutex<Option<(ShutdownHandle, Arc<Blk>)>>,
+}
+
+impl Server {
+    pub fn new(dev: Arc<dyn BlockDevice>, config: DeviceConfig) -> io::Result<Arc<Server>> {
+        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
+        Ok(Arc::new(Server {
+            dev,
+            config,
+            stats: Arc::new(Stats::default()),
+            stopping: AtomicBool::new(false),
+            log: AtomicBool::new(false),
+            wake: rustix::event::eventfd(0, flags)?,
+            active: Mutex::new(None),
+        }))
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Says each connection and its end on stderr (a connection that ends on a protocol
+    /// error is said whatever this is).
+    pub fn set_log(&self, on: bool) {
+        self.log.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Stops: no more connections are taken, and the one being served ends (its requests in
+    /// hand are finished and put on the used ring first; the VMM, reconnecting to a server
+    /// started again, resumes where they end).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        if let Some((handle, _)) = self
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            handle.shutdown();
+        }
+    }
+
+    /// Serves VMMs connecting on `listener`, one connection at a time, until [`stop`]; a
+    /// connection's end (the VMM gone, or reconnecting) is not an error.
+    ///
+    /// [`stop`]: Server::stop
+    pub fn serve(&self, listener: UnixListener) -> Result<(), VhostError> {
+        // The daemon accepts through a handle of its own on the same socket; this one is
+        // polled beside the stop eventfd, so a stop never waits for a VMM to connect.
+        let accepting = listener.try_clone().map_err(VhostError::Socket)?;
+        let mut vhost_listener = vhost::vhost_user::Listener::from(accepting);
+        while !self.is_stopping() {
+            let mut fds = [
+                PollFd::new(&self.wake, PollFlags::IN),
+                PollFd::new(&listener, PollFlags::IN),
+            ];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(VhostError::Socket(e.into())),
+            }
+            if self.is_stopping() {
+                break;
+            }
+            if !fds[1].revents().contains(PollFlags::IN) {
+                continue;
+            }
+            self.serve_one(&mut vhost_listener)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the connection waiting on `listener` and serves it to its end.
+    fn serve_one(&self, listener: &mut vhost::vhost_user::Listener) -> Result<(), VhostError> {
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<()>::new());
+        let blk = Arc::new(Blk::new(
+            Arc::clone(&self.dev),
+            self.config.clone(),
+            mem.clone(),
+            Arc::clone(&self.stats),
+        ));
+        let mut daemon = VhostUserDaemon::new("ztier-vhost".into(), Arc::clone(&blk), mem)
+            .map_err(VhostError::Daemon)?;
+        daemon.start(listener).map_err(VhostError::Daemon)?;
+        let id = self.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.log.load(Ordering::Relaxed) {
+            eprintln!("vhost-user: connection {id}");
+        }
+        {
+            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            *active = daemon.shutdown_handle().map(|h| (h, Arc::clone(&blk)));
+            // A stop that came before the connection was set as active ends it now.
+            if self.is_stopping() {
+                if let Some((h, _)) = active.as_ref() {
+                    h.shutdown();
+                }
+            }
+        }
+        let ended = daemon.wait();
+        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // The workers end (each finishes the request in hand first); the daemon's drop
+        // joins them.
+        blk.stop_workers();
+        drop(daemon);
+        match ended {
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => {
+                if self.log.load(Ordering::Relaxed) {
+                    eprintln!("vhost-user: connection {id} ended");
+                }
+            }
+            // Anything else ends this connection, not the server: the next VMM is served.
+            Err(e) => {
+                self.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                eprintln!("vhost-user: connection {id} ended: {e}");
+            }
+        }
+        Ok(())
+    }
+}
