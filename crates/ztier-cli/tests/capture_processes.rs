@@ -472,6 +472,19 @@ fn postgres_program(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The postmaster, shut down when dropped (a failed assertion included) with a fast shutdown
+/// (SIGINT): it ends its processes and removes its shared memory, which SIGKILL would leave.
+struct Postmaster(Child);
+
+impl Drop for Postmaster {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// The uid and gid of the user `postgres` (Debian's packages make it).
 fn postgres_user() -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
@@ -541,7 +554,7 @@ fn on_a_capture_of_postgresql_under_pgbench_the_kernels_zram_agrees_with_the_ben
     // Nothing that starts processes on its own (autovacuum), so the processes captured are
     // the ones listed.
     let log = std::fs::File::create(dir.join("postgres.log")).unwrap();
-    let server = common::Proc(
+    let server = Postmaster(
         as_postgres(&postgres)
             .arg("-D")
             .arg(&data)
@@ -624,11 +637,7 @@ fn on_a_capture_of_postgresql_under_pgbench_the_kernels_zram_agrees_with_the_ben
             run["compressor"], run["mem_used_total"], run["kernel"]["fields"]
         );
     }
-    // A fast shutdown: the postmaster ends its processes and removes its shared memory.
-    let target = rustix::process::Pid::from_raw(postmaster as i32).unwrap();
-    rustix::process::kill_process(target, rustix::process::Signal::INT).unwrap();
-    let mut server = server;
-    server.0.wait().unwrap();
+    drop(server);
     let _ = std::fs::remove_dir_all(&measured);
     std::fs::remove_dir_all(&dir).unwrap();
 }
