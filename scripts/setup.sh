@@ -41,11 +41,16 @@
 #     (backports, see install_qemu below)
 #   - librsvg2-bin: rsvg-convert, which renders `ztier plot`'s SVG to PNG in the plot test
 #     (a real renderer: the picture must draw, not only parse)
+#   - postgresql: the server (initdb, postgres, pg_isready) whose postmaster and backends
+#     the capture test captures, shared_buffers included, for the kernel zram comparison
+#   - postgresql-contrib: pgbench, the database and the load that fill shared_buffers (in
+#     the server package itself since PostgreSQL 10; in this one before)
 set -euo pipefail
 
 PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit nbdkit-plugin-dev liblz4-dev iproute2
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd
-  ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra librsvg2-bin)
+  ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra librsvg2-bin
+  postgresql postgresql-contrib)
 
 # The packages that must be the same QEMU build as qemu-utils.
 QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-block-extra)

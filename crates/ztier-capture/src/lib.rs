@@ -1,14 +1,20 @@
-//! Captures a running process's private memory as a corpus (`NAME.pages.zst`), with a
-//! manifest (`NAME.capture.json`) and a trace (`NAME.trace`), once or over time: what
-//! `ztier capture --pid PID` runs. A front end like the others: it reads `/proc` and writes
-//! the corpus format; it knows nothing of zram, zswap or pools.
+//! Captures running processes' memory as a corpus (`NAME.pages.zst`), with a manifest
+//! (`NAME.capture.json`) and a trace (`NAME.trace`), once or over time: what `ztier capture
+//! --pid PID` (or several `--pid`, or `--cgroup PATH`) runs. A front end like the others: it
+//! reads `/proc` and writes the corpus format; it knows nothing of zram, zswap or pools.
 //!
-//! - [`maps`]: `/proc/PID/maps`, and which mappings a capture reads (heap, stacks, private
-//!   anonymous memory; private file mappings on request).
-//! - [`pagemap`]: `/proc/PID/pagemap` entries: which pages are in memory or in swap.
-//! - [`process`]: one read of every captured page through `/proc/PID/mem`, and how
-//!   consistent that copy is (see its header: not one instant's unless the process is
-//!   stopped for it).
+//! - [`target`]: which processes: those named, or a cgroup's, listed at every epoch.
+//! - [`maps`]: `/proc/PID/maps`, what each mapping is and which a capture reads (heap,
+//!   stacks, private anonymous memory, shared memory of every kind; private file mappings on
+//!   request).
+//! - [`pagemap`]: `/proc/PID/pagemap` entries: which pages are in memory or in swap, and
+//!   (to root) their frames and swap slots.
+//! - [`key`]: how a page is named across processes and epochs, and what makes two mapped
+//!   pages one physical page.
+//! - [`process`]: one process opened, whether it still runs, and one read of its captured
+//!   pages through `/proc/PID/mem`, `shmem` for a shared mapping's pages through its object.
+//! - [`snapshot`]: one read of every process, each physical page once, and the check that
+//!   none of them exited meanwhile.
 //! - [`recorder`]: epochs over time. Each epoch reads every page again and compares its
 //!   content hash (SHA-256) with the epoch before's: pages appeared, changed, went.
 //!
@@ -24,21 +30,28 @@
 //! many epochs, not unread), or a page moved by `mremap` (it goes and another appears).
 //! Every epoch costs a read of the whole captured memory.
 //!
-//! Errors are typed ([`CaptureError`]): no such process, no permission (root, or ptrace
-//! access: same user and `kernel.yama.ptrace_scope` allowing it), the process exiting
-//! mid-capture. A mapping unmapped mid-capture is not an error: it is marked vanished in the
+//! Errors are typed ([`CaptureError`]): no such process, a zombie, no permission (root, or
+//! ptrace access: same user and `kernel.yama.ptrace_scope` allowing it), a process exiting
+//! or running another program mid-capture (however the kernel's teardown of its memory looks
+//! meanwhile). A mapping unmapped mid-capture is not an error: it is marked vanished in the
 //! manifest and the pages read before are kept (each was the mapping's content when read).
 #![forbid(unsafe_code)]
 
+pub mod key;
 pub mod maps;
 pub mod pagemap;
 pub mod process;
 pub mod recorder;
+mod shmem;
+pub mod snapshot;
+pub mod target;
 
 use std::path::{Path, PathBuf};
 
-pub use process::{Process, Snapshot};
+pub use process::Process;
 pub use recorder::{CaptureOptions, EpochSummary, Manifest, Recorder};
+pub use snapshot::Snapshot;
+pub use target::Target;
 
 /// The page size a capture reads in (the corpus's).
 pub const PAGE: usize = ztier_corpus::CORPUS_PAGE;
@@ -55,10 +68,23 @@ pub enum CaptureError {
     Permission { pid: u32, path: PathBuf },
     #[error("process {pid} ({name}) is a kernel thread: it has no user memory to capture")]
     KernelThread { pid: u32, name: String },
+    #[error("process {pid} is a zombie (exited, not reaped): nothing to capture")]
+    Zombie { pid: u32 },
     #[error(
         "process {pid} exited during the capture ({pages_read} pages read); nothing was written"
     )]
     Exited { pid: u32, pages_read: u64 },
+    #[error(
+        "process {pid} ran another program (exec) during the capture ({pages_read} pages \
+         read); nothing was written"
+    )]
+    Replaced { pid: u32, pages_read: u64 },
+    #[error("{}: not a cgroup (no cgroup.procs in it)", path.display())]
+    NotACgroup { path: PathBuf },
+    #[error("{}: the cgroup holds no process to capture", path.display())]
+    EmptyCgroup { path: PathBuf },
+    #[error("no process to capture: name one (--pid) or a cgroup (--cgroup)")]
+    NothingToCapture,
     /// The io error is in the message, not a source of its own: said once.
     #[error("{path}: {error}")]
     Io {
@@ -75,6 +101,8 @@ pub enum CaptureError {
     OutputName { path: PathBuf },
     #[error("more than 2^32 pages in one capture's corpus")]
     TooManyPages,
+    #[error("more than {limit} {what} in one capture")]
+    TooMany { what: &'static str, limit: u64 },
     #[error("an epoch every 0 s")]
     ZeroInterval,
     #[error("no epoch was captured")]
@@ -84,6 +112,31 @@ pub enum CaptureError {
 }
 
 pub type Result<T, E = CaptureError> = std::result::Result<T, E>;
+
+impl CaptureError {
+    /// The process whose end (exit, or exec) this error is.
+    pub fn ended_process(&self) -> Option<u32> {
+        match self {
+            CaptureError::Exited { pid, .. } | CaptureError::Replaced { pid, .. } => Some(*pid),
+            _ => None,
+        }
+    }
+
+    /// The error with `pages` read before it counted in (other processes' pages).
+    pub(crate) fn after_pages(self, pages: u64) -> CaptureError {
+        match self {
+            CaptureError::Exited { pid, pages_read } => CaptureError::Exited {
+                pid,
+                pages_read: pages + pages_read,
+            },
+            CaptureError::Replaced { pid, pages_read } => CaptureError::Replaced {
+                pid,
+                pages_read: pages + pages_read,
+            },
+            other => other,
+        }
+    }
+}
 
 /// The typed error for a failure to open or read a file of `/proc/PID`.
 pub(crate) fn open_error(pid: u32, path: &Path, e: std::io::Error) -> CaptureError {

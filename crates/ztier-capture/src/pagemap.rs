@@ -1,6 +1,8 @@
 //! `/proc/PID/pagemap`: one 64-bit entry per virtual page (Documentation/admin-guide/mm/
-//! pagemap.rst). A capture reads the present and swapped bits; the frame number only where
-//! the kernel shows it (CAP_SYS_ADMIN), to take a frame mapped twice once.
+//! pagemap.rst). A capture reads the present and swapped bits; the frame number and the swap
+//! entry only where the kernel shows them (CAP_SYS_ADMIN), to take a page mapped twice once
+//! (`crate::key::PhysicalPage`). A shmem page has a frame here only while this process maps
+//! it in memory: swapped out, or never touched by this process, its entry is empty.
 
 /// One pagemap entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,14 @@ impl PageEntry {
     pub fn frame(self) -> Option<u64> {
         let pfn = self.0 & Self::PFN_MASK;
         (self.present() && pfn != 0).then_some(pfn)
+    }
+
+    /// The swap entry (type and offset) of a swapped-out page, if the kernel shows it to this
+    /// reader (it reads 0 without CAP_SYS_ADMIN; offset 0 of a swap device is its header,
+    /// never a page's, so a shown entry is never 0).
+    pub fn swap_slot(self) -> Option<u64> {
+        let slot = self.0 & Self::PFN_MASK;
+        (self.swapped() && slot != 0).then_some(slot)
     }
 
     /// Whether a capture takes the page: in memory or in swap.
@@ -54,6 +64,9 @@ mod tests {
         assert_eq!(hidden.frame(), None);
         let swapped = PageEntry((1 << 62) | 0x55);
         assert!(swapped.captured() && swapped.frame().is_none());
+        assert_eq!(swapped.swap_slot(), Some(0x55));
+        assert_eq!(present.swap_slot(), None);
+        assert_eq!(PageEntry(1 << 62).swap_slot(), None);
         assert!(!PageEntry(0).captured());
         let bytes: Vec<u8> = [present.0, 0]
             .iter()

@@ -1,13 +1,18 @@
-//! A capture, once or epoch after epoch: each epoch reads the process's pages
-//! ([`Process::snapshot`]) and compares each page's content hash with the epoch before's.
-//! Epoch 0 writes every page to the corpus; each later epoch writes only the pages that
-//! appeared or changed, and the trace records which (see `ztier_corpus::trace`).
+//! A capture, once or epoch after epoch: each epoch reads the processes' pages
+//! (`crate::snapshot`) and compares each page's content hash with the epoch before's, page by
+//! page key (`crate::key`). Epoch 0 writes every page to the corpus; each later epoch writes
+//! only the pages that appeared or changed, and the trace records which (see
+//! `ztier_corpus::trace`).
 //!
 //! Invariants: the trace and the corpus agree at every epoch boundary. A later epoch's new
 //! pages are held until the epoch is read whole and written with its trace entry together,
-//! so an epoch cut short (the process exiting) leaves nothing of itself in either; its page
-//! hashes replace the last epoch's only then. Memory: one 16-byte hash per present page, and
-//! during a later epoch the pages it changed.
+//! so an epoch cut short (a process exiting) leaves nothing of itself in either; its page
+//! hashes replace the last epoch's only then. Nothing is in place under the output's names
+//! before [`Recorder::finish`]: a capture that fails leaves no file. With
+//! [`record`](Recorder::record), epoch `n` starts `n` periods after the first, never earlier:
+//! an epoch that outlasts the period makes the next start at the next multiple of it, and the
+//! periods so skipped are counted ([`Manifest::missed_periods`]), never run back to back.
+//! Memory: one 16-byte hash per present page, and during a later epoch the pages it changed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,15 +22,18 @@ use sha2::{Digest, Sha256};
 use ztier_corpus::trace::{Epoch, PageWrite, Trace, TraceWriter};
 use ztier_corpus::writer::{CorpusWriter, WrittenCorpus};
 
-use crate::process::{MappingRead, Process};
-use crate::{output_error, CaptureError, Result, PAGE};
+use crate::key::ObjectNumbers;
+use crate::maps::MappingKind;
+use crate::process::{Process, ProcessRead};
+use crate::target::Target;
+use crate::{output_error, snapshot, CaptureError, Result, Snapshot, PAGE};
 
 /// What to capture and how.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CaptureOptions {
     /// Also private file mappings (their copy-on-write pages and the file pages mapped).
     pub file_backed: bool,
-    /// Stop the process (SIGSTOP) for each read, for a copy of one instant.
+    /// Stop the processes (SIGSTOP) for each read, for a copy of one instant.
     pub stop: bool,
 }
 
@@ -35,9 +43,11 @@ pub struct EpochSummary {
     pub epoch: u64,
     /// Since the first epoch began.
     pub millis: u64,
-    /// The read's time, and how long the process was stopped for it (with `stop`).
+    /// The read's time, and how long the processes were stopped for it (with `stop`).
     pub seconds: f64,
     pub stopped_seconds: f64,
+    /// Processes read.
+    pub processes: u64,
     pub present: u64,
     pub swapped: u64,
     pub appeared: u64,
@@ -50,9 +60,12 @@ pub struct EpochSummary {
 /// `NAME.capture.json`: what was captured, from what, when.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Manifest {
-    pub pid: u32,
-    pub process_name: String,
-    pub command_line: String,
+    /// The cgroup captured (`--cgroup`), if it was one.
+    pub cgroup: Option<PathBuf>,
+    /// The first capture's processes, each with its mappings that held a page.
+    pub processes: Vec<ProcessRead>,
+    /// Processes of the cgroup read first by a later epoch.
+    pub joined_later: Vec<JoinedProcess>,
     pub kernel: String,
     pub started_unix_seconds: u64,
     pub started_utc: String,
@@ -68,24 +81,40 @@ pub struct Manifest {
     pub stopped: bool,
     /// How consistent the copy is, in words.
     pub consistency: String,
-    /// The first capture's mappings, summed by kind.
+    /// The first capture's mappings, summed by kind over its processes (a shared mapping is
+    /// counted in each process that maps it; its pages are captured once).
     pub by_kind: Vec<KindSummary>,
-    /// The first capture's mappings that held a page.
-    pub mappings: Vec<MappingRead>,
-    /// Pages left out as frames already read (the shared zero page, KSM), first capture.
-    pub duplicate_frames: u64,
+    /// Pages left out by the first capture as a physical page already read at another address
+    /// or in another process (`crate::Snapshot::duplicate_pages`).
+    pub duplicate_pages: u64,
     pub epochs: Vec<EpochSummary>,
-    /// The process exited before the recording's end (during an epoch or between two): the
+    /// With `record`: the period epochs start on, and how many of its multiples passed with
+    /// no epoch started because the epoch before was still running.
+    pub period_millis: Option<u64>,
+    pub missed_periods: u64,
+    /// A process ended the recording before its end (during an epoch or between two): the
     /// epochs done before are kept and written; the one it cut short, if any, is not.
     pub ended_by_exit: bool,
+    /// The process whose exit (or exec) ended it; none when the cgroup emptied.
+    pub exited_pid: Option<u32>,
     pub corpus: PathBuf,
     pub trace: PathBuf,
+}
+
+/// A process of a cgroup first read after the first epoch.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JoinedProcess {
+    pub pid: u32,
+    pub number: u32,
+    pub name: String,
+    pub command_line: String,
+    pub epoch: u64,
 }
 
 /// The mappings of one kind in a capture.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KindSummary {
-    pub kind: crate::maps::MappingKind,
+    pub kind: MappingKind,
     pub mappings: u64,
     pub mapped_bytes: u64,
     pub pages_present: u64,
@@ -95,23 +124,32 @@ pub struct KindSummary {
 
 /// A capture under way.
 pub struct Recorder {
-    process: Process,
+    target: Target,
+    /// Every process the capture has opened; a process's number is its index here, never
+    /// given to another.
+    processes: Vec<Process>,
+    /// The numbers of the processes the next epoch reads.
+    current: Vec<u32>,
+    objects: ObjectNumbers,
     options: CaptureOptions,
     corpus: CorpusWriter,
     corpus_path: PathBuf,
     trace: TraceWriter,
     trace_path: PathBuf,
     manifest_path: PathBuf,
+    /// Each present page's content hash, by page key.
     hashes: HashMap<u64, [u8; 16]>,
     started: Instant,
     started_unix: u64,
-    command_line: String,
-    process_name: String,
-    first: Option<crate::Snapshot>,
+    first: Option<Snapshot>,
+    joined_later: Vec<JoinedProcess>,
     epochs: Vec<EpochSummary>,
     zero_pages: u64,
     same_filled_pages: u64,
+    period: Option<Duration>,
+    missed_periods: u64,
     ended_by_exit: bool,
+    exited_pid: Option<u32>,
 }
 
 /// A page's content hash: SHA-256, the first 16 bytes.
@@ -126,11 +164,33 @@ fn same_filled(page: &[u8]) -> bool {
     page.chunks_exact(8).all(|w| w == first)
 }
 
+impl From<u32> for Target {
+    fn from(pid: u32) -> Target {
+        Target::Pids(vec![pid])
+    }
+}
+
+/// Whether an error opening a cgroup's process says only that it is gone (or has no memory):
+/// it left the cgroup between the listing and the open.
+fn left_meanwhile(e: &CaptureError) -> bool {
+    matches!(
+        e,
+        CaptureError::NoProcess { .. }
+            | CaptureError::Zombie { .. }
+            | CaptureError::KernelThread { .. }
+            | CaptureError::Exited { .. }
+    )
+}
+
 impl Recorder {
-    /// Opens the process and the output files (`output` ends in `.pages.zst` or `.pages`;
+    /// Opens the processes and the output files (`output` ends in `.pages.zst` or `.pages`;
     /// the trace and the manifest go beside it). Nothing is read yet.
-    pub fn start(pid: u32, output: &Path, options: CaptureOptions) -> Result<Recorder> {
-        let process = Process::open(pid)?;
+    pub fn start(
+        target: impl Into<Target>,
+        output: &Path,
+        options: CaptureOptions,
+    ) -> Result<Recorder> {
+        let target = target.into();
         let trace_path = Trace::path_for(output);
         let name = output
             .file_name()
@@ -143,16 +203,15 @@ impl Recorder {
                 path: output.to_owned(),
             })?;
         let manifest_path = output.with_file_name(format!("{stem}.capture.json"));
-        let corpus = CorpusWriter::create(output).map_err(|e| output_error(output, e))?;
-        let trace = TraceWriter::create(&trace_path).map_err(|e| output_error(&trace_path, e))?;
-        Ok(Recorder {
-            command_line: process.command_line(),
-            process_name: process.name(),
-            process,
+        let mut recorder = Recorder {
+            target,
+            processes: Vec::new(),
+            current: Vec::new(),
+            objects: ObjectNumbers::default(),
             options,
-            corpus,
+            corpus: CorpusWriter::create(output).map_err(|e| output_error(output, e))?,
             corpus_path: output.to_owned(),
-            trace,
+            trace: TraceWriter::create(&trace_path).map_err(|e| output_error(&trace_path, e))?,
             trace_path,
             manifest_path,
             hashes: HashMap::new(),
@@ -161,23 +220,78 @@ impl Recorder {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             first: None,
+            joined_later: Vec::new(),
             epochs: Vec::new(),
             zero_pages: 0,
             same_filled_pages: 0,
+            period: None,
+            missed_periods: 0,
             ended_by_exit: false,
-        })
+            exited_pid: None,
+        };
+        recorder.list_processes()?;
+        recorder.started = Instant::now();
+        Ok(recorder)
     }
 
-    pub fn process(&self) -> &Process {
-        &self.process
+    /// The processes the capture has opened, by number.
+    pub fn processes(&self) -> &[Process] {
+        &self.processes
     }
 
-    /// Reads the process once more and records the epoch. `observer` is called with each
-    /// page's virtual page number as it is read (a progress count, or a test acting on the
-    /// process mid-capture).
+    /// Sets [`current`](Self::current) to the processes the next epoch reads: the ones named
+    /// (opened once, at the start), or the cgroup's now, opening the new ones.
+    fn list_processes(&mut self) -> Result<()> {
+        let pids = self.target.pids()?;
+        if let Target::Pids(_) = self.target {
+            if self.processes.is_empty() {
+                for &pid in &pids {
+                    self.processes.push(Process::open(pid)?);
+                }
+                self.current = (0..self.processes.len() as u32).collect();
+            }
+            return if self.current.is_empty() {
+                Err(CaptureError::NothingToCapture)
+            } else {
+                Ok(())
+            };
+        }
+        self.current.clear();
+        for pid in pids {
+            let known = self
+                .processes
+                .iter()
+                .rposition(|p| p.pid() == pid && p.liveness() != crate::process::Liveness::Gone);
+            let number = match known {
+                Some(n) => n,
+                None => match Process::open(pid) {
+                    Ok(process) => {
+                        self.processes.push(process);
+                        self.processes.len() - 1
+                    }
+                    Err(e) if left_meanwhile(&e) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            self.current.push(number as u32);
+        }
+        match self.target.cgroup() {
+            Some(path) if self.current.is_empty() => Err(CaptureError::EmptyCgroup {
+                path: path.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads the processes once more and records the epoch. `observer` is called with each
+    /// page's key (`crate::key`: a private page of the first process by its virtual page
+    /// number) as it is read (a progress count, or a test acting on a process mid-capture).
     pub fn epoch(&mut self, observer: &mut dyn FnMut(u64)) -> Result<&EpochSummary> {
         let millis = self.started.elapsed().as_millis() as u64;
         let first = self.first.is_none();
+        if !first {
+            self.list_processes()?;
+        }
         let mut next_hashes: HashMap<u64, [u8; 16]> = HashMap::with_capacity(self.hashes.len());
         let mut epoch = Epoch {
             millis,
@@ -193,21 +307,30 @@ impl Recorder {
         let corpus = &mut self.corpus;
         let corpus_path = &self.corpus_path;
         let hashes = &self.hashes;
-        let snap = self.process.snapshot(
+        let processes: Vec<(u32, &Process)> = self
+            .current
+            .iter()
+            .map(|&n| (n, &self.processes[n as usize]))
+            .collect();
+        let snap = snapshot::read(
+            &processes,
             self.options.file_backed,
             self.options.stop,
-            &mut |vpn, page| {
-                observer(vpn);
+            self.target.cgroup().is_some(),
+            &mut self.objects,
+            &mut |key, page| {
+                let key = key.0;
+                observer(key);
                 let hash = page_hash(page);
-                next_hashes.insert(vpn, hash);
-                let old = hashes.get(&vpn);
+                next_hashes.insert(key, hash);
+                let old = hashes.get(&key);
                 if old == Some(&hash) {
                     epoch.unchanged += 1;
                     return Ok(());
                 }
                 // Numbered below, once the epoch is whole.
                 let write = PageWrite {
-                    vpn,
+                    vpn: key,
                     corpus_page: 0,
                 };
                 if same_filled(page) {
@@ -259,7 +382,7 @@ impl Recorder {
         let mut went: Vec<u64> = self
             .hashes
             .keys()
-            .filter(|vpn| !next_hashes.contains_key(vpn))
+            .filter(|key| !next_hashes.contains_key(key))
             .copied()
             .collect();
         went.sort_unstable();
@@ -270,31 +393,56 @@ impl Recorder {
         self.hashes = next_hashes;
         self.zero_pages += zero;
         self.same_filled_pages += same;
+        let epoch_number = self.epochs.len() as u64;
         let summary = EpochSummary {
-            epoch: self.epochs.len() as u64,
+            epoch: epoch_number,
             millis,
             seconds: snap.seconds,
             stopped_seconds: snap.stopped_seconds,
+            processes: snap.processes.len() as u64,
             present: snap.pages_read,
             swapped: snap.pages_swapped,
             appeared: epoch.appeared.len() as u64,
             changed: epoch.changed.len() as u64,
             went: epoch.went.len() as u64,
             unchanged: epoch.unchanged,
-            vanished_mappings: snap.mappings.iter().filter(|m| m.vanished).count() as u64,
+            vanished_mappings: snap
+                .processes
+                .iter()
+                .flat_map(|p| &p.mappings)
+                .filter(|m| m.vanished)
+                .count() as u64,
         };
-        if first {
-            self.first = Some(snap);
+        match &self.first {
+            None => self.first = Some(snap),
+            Some(first) => {
+                for p in snap.processes {
+                    let seen = first.processes.iter().any(|f| f.number == p.number)
+                        || self.joined_later.iter().any(|j| j.number == p.number);
+                    if !seen {
+                        self.joined_later.push(JoinedProcess {
+                            pid: p.pid,
+                            number: p.number,
+                            name: p.name,
+                            command_line: p.command_line,
+                            epoch: epoch_number,
+                        });
+                    }
+                }
+            }
         }
         self.epochs.push(summary);
         Ok(self.epochs.last().expect("just pushed"))
     }
 
-    /// Epochs every `every` for `total` (the first at once), `on_epoch` told of each. The
-    /// process exiting after the first epoch (during an epoch, or between two, reaped or
-    /// not) ends the recording with `Ok`, keeping the epochs done: [`finish`](Self::finish)
-    /// then writes them, with [`Manifest::ended_by_exit`] set. Exiting before the first
-    /// epoch is whole is [`CaptureError::Exited`].
+    /// Epochs every `every` for `total`, the first at once, epoch `n` no earlier than `n`
+    /// periods after the first; `on_epoch` is told of each. An epoch that outlasts the period
+    /// makes the next start at the next multiple of `every`, and the multiples skipped count in
+    /// [`Manifest::missed_periods`]. A process ending after the first epoch (exiting or running
+    /// another program, during an epoch or between two, reaped or not; or the cgroup
+    /// emptying) ends the recording with `Ok`, keeping the epochs done:
+    /// [`finish`](Self::finish) then writes them, with [`Manifest::ended_by_exit`] set. A
+    /// process ending before the first epoch is whole is an error.
     pub fn record(
         &mut self,
         every: Duration,
@@ -304,23 +452,34 @@ impl Recorder {
         if every.is_zero() {
             return Err(CaptureError::ZeroInterval);
         }
+        self.period = Some(every);
         let start = Instant::now();
-        let mut due = start;
+        // The last multiple of the period an epoch may start on.
+        let last_period = (total.as_nanos() / every.as_nanos()) as u64;
+        let mut period = 0u64;
         loop {
             let had_epochs = !self.epochs.is_empty();
             match self.epoch(&mut |_| {}) {
                 Ok(summary) => on_epoch(summary),
-                Err(CaptureError::Exited { .. }) if had_epochs => {
+                Err(e) if had_epochs && e.ended_process().is_some() => {
+                    self.ended_by_exit = true;
+                    self.exited_pid = e.ended_process();
+                    return Ok(());
+                }
+                Err(CaptureError::EmptyCgroup { .. }) if had_epochs => {
                     self.ended_by_exit = true;
                     return Ok(());
                 }
                 Err(e) => return Err(e),
             }
-            due += every;
-            if due > start + total {
+            // The next epoch starts on the first multiple of the period not yet begun.
+            let next = (start.elapsed().as_nanos() / every.as_nanos()) as u64 + 1;
+            self.missed_periods += next.min(last_period + 1) - (period + 1);
+            period = next;
+            if period > last_period {
                 return Ok(());
             }
-            // An epoch that took longer than the interval starts the next at once.
+            let due = start + period_offset(every, period);
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
@@ -340,7 +499,7 @@ impl Recorder {
             .finish()
             .map_err(|e| output_error(&self.trace_path, e))?;
         let mut by_kind: Vec<KindSummary> = Vec::new();
-        for m in &first.mappings {
+        for m in first.processes.iter().flat_map(|p| &p.mappings) {
             let at = match by_kind.iter().position(|k| k.kind == m.mapping.kind) {
                 Some(i) => i,
                 None => {
@@ -364,10 +523,19 @@ impl Recorder {
         }
         by_kind.sort_by_key(|k| k.kind);
         let stopped = self.options.stop;
+        let consistency = consistency(stopped, first.processes.len());
+        let processes = first
+            .processes
+            .into_iter()
+            .map(|mut p| {
+                p.mappings.retain(|m| m.pages_read > 0 || m.vanished);
+                p
+            })
+            .collect();
         let manifest = Manifest {
-            pid: self.process.pid(),
-            process_name: self.process_name,
-            command_line: self.command_line,
+            cgroup: self.target.cgroup().map(Path::to_owned),
+            processes,
+            joined_later: self.joined_later,
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
@@ -381,22 +549,14 @@ impl Recorder {
             first_capture_pages: first.pages_read,
             file_backed: self.options.file_backed,
             stopped,
-            consistency: if stopped {
-                "the process was stopped (SIGSTOP) for each read: each epoch is one instant's memory"
-            } else {
-                "the process ran during each read: each page was copied at its own instant, \
-                 and a page written while copied may be torn"
-            }
-            .into(),
+            consistency,
             by_kind,
-            mappings: first
-                .mappings
-                .into_iter()
-                .filter(|m| m.pages_read > 0 || m.vanished)
-                .collect(),
-            duplicate_frames: first.duplicate_frames,
+            duplicate_pages: first.duplicate_pages,
             epochs: self.epochs,
+            period_millis: self.period.map(|p| p.as_millis() as u64),
+            missed_periods: self.missed_periods,
             ended_by_exit: self.ended_by_exit,
+            exited_pid: self.exited_pid,
             corpus: written.path,
             trace: self.trace_path,
         };
@@ -407,6 +567,29 @@ impl Recorder {
         })?;
         Ok(manifest)
     }
+}
+
+/// How consistent the copy is, in words.
+fn consistency(stopped: bool, processes: usize) -> String {
+    let (them, were) = if processes == 1 {
+        ("the process", "was")
+    } else {
+        ("the processes", "were")
+    };
+    if stopped {
+        format!("{them} {were} stopped (SIGSTOP) for each read: each epoch is one instant's memory")
+    } else {
+        format!(
+            "{them} ran during each read: each page was copied at its own instant, and a page \
+             written while copied may be torn"
+        )
+    }
+}
+
+/// `period` periods of `every`, however many.
+fn period_offset(every: Duration, period: u64) -> Duration {
+    let nanos = every.as_nanos().saturating_mul(u128::from(period));
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of a Unix time (the civil-from-days algorithm).

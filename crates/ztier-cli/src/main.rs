@@ -28,8 +28,9 @@ enum Command {
     /// Replay real memory through zram (or, with --front zswap, zswap); print the figures,
     /// speed, and the kernel's figures beside them.
     Bench(bench::BenchArgs),
-    /// Capture a running process's private memory as a corpus (once, or every --every for
-    /// --for, with a trace of the pages that changed), for `ztier bench --corpus`.
+    /// Capture running processes' memory (private, and shared memory once) as a corpus
+    /// (once, or every --every for --for, with a trace of the pages that changed), for
+    /// `ztier bench --corpus`.
     Capture(capture::CaptureArgs),
     /// Print zsmalloc's size-class table for a pool layout.
     Classes(classes::ClassesArgs),

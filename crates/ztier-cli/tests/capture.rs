@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use ztier_capture::{CaptureError, CaptureOptions, Recorder};
@@ -286,7 +286,7 @@ fn every_page_of_a_child_is_captured_as_written_and_a_region_freed_halfway_is_cu
     assert!(freed_during, "the capture read the region's first page");
     let manifest = recorder.finish().unwrap();
     assert!(
-        manifest.mappings.iter().any(|m| m.vanished),
+        manifest.processes[0].mappings.iter().any(|m| m.vanished),
         "the freed region's mapping is marked vanished"
     );
     let corpus = Corpus::load(&output).unwrap();
@@ -575,6 +575,45 @@ fn a_recording_whose_process_exits_between_epochs_keeps_the_epochs_before() {
 }
 
 #[test]
+fn an_epoch_that_outlasts_the_period_moves_the_next_to_the_next_multiple_of_it() {
+    let dir = common::temp_dir("capture-period");
+    let child = MemoryChild::spawn();
+    let output = dir.join("period.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    // Periods of 300 ms for 1.5 s (multiples 0 to 5); the first epoch is made to last 700 ms
+    // (its report sleeps), past the multiples at 300 and 600 ms: the next starts at 900 ms
+    // or later, on a multiple. Back to back, as before, it would start at ~700 ms and the one
+    // after just then.
+    const PERIOD_MS: u64 = 300;
+    recorder
+        .record(
+            std::time::Duration::from_millis(PERIOD_MS),
+            std::time::Duration::from_millis(1500),
+            &mut |e| {
+                if e.epoch == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(700));
+                }
+            },
+        )
+        .unwrap();
+    let manifest = recorder.finish().unwrap();
+    let starts: Vec<u64> = manifest.epochs.iter().map(|e| e.millis).collect();
+    let multiples = common::period_multiples(&starts, PERIOD_MS);
+    assert!(
+        starts.len() >= 2 && multiples[0] == 0 && multiples[1] >= 3,
+        "{starts:?}"
+    );
+    // Every multiple up to the end either began an epoch or was missed.
+    assert_eq!(
+        manifest.missed_periods + starts.len() as u64,
+        6,
+        "epochs at {starts:?} ms"
+    );
+    assert_eq!(manifest.period_millis, Some(PERIOD_MS));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn bench_front_zswap_refuses_the_flags_it_has_no_use_for_by_name() {
     let dir = common::temp_dir("zswap-flags");
     let svg = dir.join("x.svg");
@@ -586,7 +625,7 @@ fn bench_front_zswap_refuses_the_flags_it_has_no_use_for_by_name() {
         let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
             .args(["bench", "--front", "zswap"])
             .args(&args)
-            .current_dir(repo())
+            .current_dir(common::repo())
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -599,15 +638,10 @@ fn bench_front_zswap_refuses_the_flags_it_has_no_use_for_by_name() {
 
 /// A kernel thread's pid (PF_KTHREAD in its stat flags), if this namespace shows one.
 fn kernel_thread() -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        let flags: u64 = stat[stat.rfind(')')? + 1..]
-            .split_whitespace()
-            .nth(6)?
-            .parse()
-            .ok()?;
-        (flags & 0x0020_0000 != 0).then_some(pid)
+    common::pids().into_iter().find(|&pid| {
+        common::stat_field(pid, 9)
+            .and_then(|flags| flags.parse::<u64>().ok())
+            .is_some_and(|flags| flags & 0x0020_0000 != 0)
     })
 }
 
@@ -637,15 +671,11 @@ fn capture_errors_are_said_once_with_the_users_path_and_a_kernel_thread_is_named
 
     // A kernel thread has no user memory: said so, not that it exited.
     if let Some(pid) = kernel_thread() {
-        let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
-            .args(["capture", "--pid", &pid.to_string()])
-            .arg("-o")
-            .arg(dir.join("k.pages.zst"))
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        let stderr = common::one_line_failure(
+            common::ztier()
+                .args(["capture", "--pid", &pid.to_string(), "-o"])
+                .arg(dir.join("k.pages.zst")),
+        );
         assert!(stderr.contains("is a kernel thread"), "{stderr}");
         assert!(!stderr.contains("exited"), "{stderr}");
     }
@@ -689,61 +719,6 @@ fn capture_without_permission_is_one_clear_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The repository's root, for its scripts.
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A directory on tmpfs if there is one (measurement inputs live there).
-fn tmpfs_dir(name: &str) -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        let dir = shm.join(format!("ztier-test-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    } else {
-        common::temp_dir(name)
-    }
-}
-
-/// Runs a truth script on a corpus, its JSON written to `out`.
-fn truth_script(script: &str, args: &[&Path], out: &Path) {
-    let output = Command::new("python3")
-        .arg(repo().join("scripts").join(script))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    std::fs::write(out, &output.stdout).unwrap();
-}
-
-/// `ztier bench ... --json`: one run a line.
-fn bench_json(args: &[&str], corpus: &Path) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
-        .arg("bench")
-        .args(args)
-        .arg("--corpus")
-        .arg(corpus)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ztier bench {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 #[test]
 fn on_a_capture_of_python_the_kernels_zram_and_zswap_agree_with_the_bench() {
     let root = rustix::process::geteuid().is_root();
@@ -758,36 +733,26 @@ fn on_a_capture_of_python_the_kernels_zram_and_zswap_agree_with_the_bench() {
     if !common::have("python3") || !common::have("zstd") || !common::have("mkswap") {
         return;
     }
-    let dir = tmpfs_dir("capture-truth");
+    let dir = common::tmpfs_dir("capture-truth");
     // A real program's memory: CPython holding a dict of 200 000 strings and a list of
     // floats, waiting.
-    let mut python = Command::new("python3")
-        .args([
-            "-c",
-            "import sys\n\
-             d = {i: ('value-%d-' % i) * (i % 7 + 1) for i in range(200000)}\n\
-             f = [i * 0.5 for i in range(300000)]\n\
-             print('ready', flush=True)\n\
-             sys.stdin.read()",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(python.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (python, line) = common::python_ready(
+        "import sys\n\
+         d = {i: ('value-%d-' % i) * (i % 7 + 1) for i in range(200000)}\n\
+         f = [i * 0.5 for i in range(300000)]\n\
+         print('ready', flush=True)\n\
+         sys.stdin.read()",
+        &[],
+    );
     assert_eq!(line.trim(), "ready");
     let corpus = dir.join("python-dict.pages.zst");
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
-        .args(["capture", "--pid", &python.id().to_string()])
+        .args(["capture", "--pid", &python.0.id().to_string()])
         .arg("-o")
         .arg(&corpus)
         .output()
         .unwrap();
-    let _ = python.kill();
-    let _ = python.wait();
+    drop(python);
     assert!(
         out.status.success(),
         "{}",
@@ -795,45 +760,15 @@ fn on_a_capture_of_python_the_kernels_zram_and_zswap_agree_with_the_bench() {
     );
 
     // zram: every field of every compared step, for the kernel's three algorithms.
-    truth_script(
-        "kernel-zram-truth.py",
-        &[&corpus],
-        &dir.join("python-dict.truth.json"),
-    );
-    let runs = bench_json(
-        &[
-            "--compressor",
-            "lzo-rle",
-            "--compressor",
-            "lzo",
-            "--compressor",
-            "lz4",
-        ],
-        &corpus,
-    );
-    assert_eq!(runs.len(), 3);
-    for run in &runs {
-        let kernel = &run["kernel"];
-        let fields = kernel["fields"]
-            .as_array()
-            .expect("the kernel's figures compared");
-        assert!(
-            fields.len() >= 18,
-            "mm_stat after the write and the compaction"
-        );
-        for f in fields {
-            assert_eq!(f["compared"], true, "{} {f}", run["compressor"]);
-            assert_eq!(f["ztier"], f["kernel"], "{} {f}", run["compressor"]);
-        }
-    }
+    common::assert_zram_equals_kernel(&corpus);
 
     // zswap: stored_pages and pool_total_size, lzo and lzo-rle.
-    truth_script(
+    common::truth_script(
         "kernel-zswap-truth.py",
         &[&corpus],
         &dir.join("zswap-truth.json"),
     );
-    let runs = bench_json(
+    let runs = common::bench_json(
         &[
             "--front",
             "zswap",
@@ -938,7 +873,7 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
         return;
     }
     let dir = common::temp_dir("capture-plot");
-    let sample = repo().join("samples/sample.pages.zst");
+    let sample = common::repo().join("samples/sample.pages.zst");
     // A sweep: two compressors, both allocators, two chain sizes, one table and a picture;
     // then the same picture again from its --json result by `ztier plot`.
     let sweep = dir.join("sweep.svg");

@@ -1,6 +1,9 @@
-//! A capture over time (`NAME.trace` beside `NAME.pages.zst`): per epoch, which of a
-//! process's pages appeared, changed and went, each page named by its virtual page number,
-//! and for each page that appeared or changed the corpus page holding its new content.
+//! A capture over time (`NAME.trace` beside `NAME.pages.zst`): per epoch, which of the
+//! captured pages appeared, changed and went, each page named by a 64-bit number, and for each
+//! page that appeared or changed the corpus page holding its new content. The number is
+//! opaque here (a replay only tells pages apart by it): ztier-capture gives a private page of
+//! its first process its virtual page number, and any other page a key of the process's or
+//! the shared memory object's number with the page's place in it (`ztier_capture::key`).
 //!
 //! Epoch 0 is the first capture: every page appears, and the corpus's first pages are those.
 //! Each later epoch appends to the corpus only the pages that appeared or changed, so the
@@ -17,7 +20,7 @@
 //! Format, little-endian: `ZTIERTRC`, version u32 (1), page size u32; then epochs to the end
 //! of the file, each: milliseconds since the first capture u64, pages present and unchanged
 //! u64, counts of appeared, changed and went (u32 each), then the appeared and the changed
-//! pages as (virtual page number u64, corpus page u32), then the pages that went (u64 each).
+//! pages as (page number u64, corpus page u32), then the page numbers that went (u64 each).
 
 use std::collections::HashSet;
 use std::io::{BufWriter, Write};
@@ -31,8 +34,8 @@ const EPOCH_HEADER: usize = 8 + 8 + 3 * 4;
 const WRITE_ENTRY: usize = 12;
 const WENT_ENTRY: usize = 8;
 
-/// A page's new content in an epoch: the page at virtual page number `vpn` now holds corpus
-/// page `corpus_page`.
+/// A page's new content in an epoch: the page numbered `vpn` (its virtual page number, or
+/// the capture's key for it: see the module's header) now holds corpus page `corpus_page`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PageWrite {
     pub vpn: u64,
@@ -48,7 +51,7 @@ pub struct Epoch {
     pub unchanged: u64,
     pub appeared: Vec<PageWrite>,
     pub changed: Vec<PageWrite>,
-    /// Virtual page numbers of the pages that are no longer present (unmapped, freed back
+    /// Numbers of the pages that are no longer present (unmapped, freed back
     /// to the kernel, or neither resident nor in swap).
     pub went: Vec<u64>,
 }

@@ -1,10 +1,12 @@
 //! What the CLI's integration tests share: finding a tool (or saying it is missing and
-//! skipping, except under CI), a fresh directory, reading fio's JSON report, and running
-//! `ztier` (as this user or as `nobody`) and its control socket.
+//! skipping, except under CI), a fresh directory, reading fio's JSON report, running
+//! `ztier` (as this user or as `nobody`) and its control socket, and the kernel zram's
+//! figures for a corpus beside `ztier bench`'s.
 #![allow(dead_code)] // each test file uses its own part
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Far past anything a working server takes; only a broken one reaches it.
@@ -22,6 +24,25 @@ pub fn have(tool: &str) -> bool {
         ));
     }
     found
+}
+
+/// Field `field` of `/proc/PID/stat`, numbered as proc(5) numbers them (3 the state, 4 the
+/// parent's pid, 9 the flags), read past the name (which may hold spaces and parentheses).
+pub fn stat_field(pid: u32, field: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(field.checked_sub(3)?)
+        .map(str::to_owned)
+}
+
+/// The pids `/proc` lists.
+pub fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// An empty directory of this test process's own.
@@ -57,6 +78,24 @@ pub fn wait_for(path: &Path, what: &str) {
 /// A child process killed when dropped.
 pub struct Proc(pub Child);
 
+/// `python3 -c SCRIPT ARGS...` with its stdin and stdout piped, once it has printed its first
+/// line: the process (killed when dropped) and that line.
+pub fn python_ready(script: &str, args: &[&str]) -> (Proc, String) {
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (Proc(child), line)
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -91,6 +130,15 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// Runs `command`, which must fail saying why in one line on stderr: that line.
+pub fn one_line_failure(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
+}
+
 /// Runs `ztier ARGS` as the user `nobody`.
 pub fn as_nobody(args: &[&str]) -> Output {
     Command::new("setpriv")
@@ -99,4 +147,121 @@ pub fn as_nobody(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// The repository's root, for its scripts and samples.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A directory on tmpfs if there is one (measurement inputs live there).
+pub fn tmpfs_dir(name: &str) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        let dir = shm.join(format!("ztier-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    } else {
+        temp_dir(name)
+    }
+}
+
+/// Runs a truth script of `scripts/` on a corpus, its JSON written to `out`.
+pub fn truth_script(script: &str, args: &[&Path], out: &Path) {
+    let output = Command::new("python3")
+        .arg(repo().join("scripts").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::write(out, &output.stdout).unwrap();
+}
+
+/// `ztier bench ARGS --corpus CORPUS --json`: one run a line.
+pub fn bench_json(args: &[&str], corpus: &Path) -> Vec<serde_json::Value> {
+    let out = ztier()
+        .arg("bench")
+        .args(args)
+        .arg("--corpus")
+        .arg(corpus)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ztier bench {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The kernel's zram on `corpus` (`scripts/kernel-zram-truth.py`, written as NAME.truth.json
+/// beside it; root and zram needed) against `ztier bench` with lzo-rle, lzo and lz4: every
+/// `mm_stat` field after the write and after the compaction equal to the kernel's. Returns
+/// the bench's runs.
+pub fn assert_zram_equals_kernel(corpus: &Path) -> Vec<serde_json::Value> {
+    let name = corpus.file_name().unwrap().to_str().unwrap();
+    let stem = name
+        .strip_suffix(".pages.zst")
+        .or_else(|| name.strip_suffix(".pages"))
+        .expect("a corpus's name");
+    truth_script(
+        "kernel-zram-truth.py",
+        &[corpus],
+        &corpus.with_file_name(format!("{stem}.truth.json")),
+    );
+    let runs = bench_json(
+        &[
+            "--compressor",
+            "lzo-rle",
+            "--compressor",
+            "lzo",
+            "--compressor",
+            "lz4",
+        ],
+        corpus,
+    );
+    assert_eq!(runs.len(), 3);
+    for run in &runs {
+        let fields = run["kernel"]["fields"]
+            .as_array()
+            .expect("the kernel's figures compared");
+        assert!(
+            fields.len() >= 18,
+            "mm_stat after the write and the compaction"
+        );
+        for f in fields {
+            assert_eq!(f["compared"], true, "{} {f}", run["compressor"]);
+            assert_eq!(f["ztier"], f["kernel"], "{} {f}", run["compressor"]);
+        }
+    }
+    runs
+}
+
+/// The multiples of `period_ms` a recording's epochs started on (`starts`, milliseconds since
+/// the first), checked: each epoch late by less than half a period (a loaded machine wakes a
+/// sleeper late, never early) and each on a later multiple than the one before (never two
+/// back to back within one period).
+pub fn period_multiples(starts: &[u64], period_ms: u64) -> Vec<u64> {
+    let multiples: Vec<u64> = starts.iter().map(|s| s / period_ms).collect();
+    for (start, multiple) in starts.iter().zip(&multiples) {
+        assert!(
+            start - multiple * period_ms < period_ms / 2,
+            "an epoch began at {start} ms, not on a multiple of {period_ms} ms: {starts:?}"
+        );
+    }
+    assert!(
+        multiples.windows(2).all(|w| w[0] < w[1]),
+        "two epochs in one period: {starts:?}"
+    );
+    multiples
 }
