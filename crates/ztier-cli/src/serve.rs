@@ -18,11 +18,13 @@ use ztier_zram::{Backing, Device, Policy, PolicyConfig, StateFile};
 use crate::classes::PoolLayoutArgs;
 
 mod control;
+mod frontends;
 mod service;
 
 use crate::size::parse_size;
 use control::{control_path, serve_control, stats_text};
 pub use control::{ctl, stat, CtlArgs, StatArgs};
+use frontends::Frontends;
 use service::{
     bind_private, exit_code, listen, notify, start_command, status_line, RemovedAtEnd, SocketFiles,
 };
@@ -77,6 +79,22 @@ pub struct ServeArgs {
     /// Refuse writes, trims and zeroing.
     #[arg(long)]
     pub read_only: bool,
+    /// Serve the disk to a virtual machine as vhost-user-blk on this Unix socket (QEMU's
+    /// vhost-user-blk-pci, Cloud Hypervisor's --disk vhost_user=on, Firecracker's
+    /// vhost-user drives, crosvm's --vhost-user block): the guest's virtio-blk queues are
+    /// run here, in its shared memory. One VMM is served at a time. Alone, it is the only
+    /// front end; with --socket or --listen, NBD is served too. `-` takes the socket
+    /// systemd hands over (LISTEN_FDS: the only one, or the second after NBD's).
+    #[arg(long, value_name = "PATH")]
+    pub vhost_user_blk: Option<PathBuf>,
+    /// The vhost-user-blk device's queues (each served by its own thread); the VMM may use
+    /// fewer.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub vhost_queues: u16,
+    /// What the vhost-user-blk device answers a guest asking for its serial (GET_ID: at most
+    /// 20 bytes; /sys/block/vdX/serial in a Linux guest).
+    #[arg(long, default_value = "ztier")]
+    pub serial: String,
     /// Connections served at once; one more is turned away.
     #[arg(long, default_value_t = 16)]
     pub max_connections: usize,
@@ -496,16 +514,16 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     let stopping = Arc::new(Stopping::default());
     let files = SocketFiles::default();
     let made_files = RemovedAtEnd(files.clone());
-    let server_slot: Arc<std::sync::OnceLock<Arc<Server>>> = Arc::default();
+    let fronts_slot: Arc<std::sync::OnceLock<Arc<Frontends>>> = Arc::default();
     watch_signals(
         Arc::clone(&stop),
         Arc::clone(&stopping),
         files.clone(),
-        Arc::clone(&server_slot),
+        Arc::clone(&fronts_slot),
         args.state.clone(),
     )?;
     raise_descriptor_limit();
-    let place = listen(args, activated, &files)?;
+    let places = listen(args, activated, &files)?;
     // Last, before a client is served: the state loaded (or the lack of one) is consumed, so
     // a server that dies from now on leaves no state that would serve stale pages.
     if let Some(path) = &args.state {
@@ -513,12 +531,36 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             .consume(state_loaded)
             .with_context(|| format!("--state {}", path.display()))?;
     }
-    let server = Server::new(store.block_device(), config);
-    let _ = server_slot.set(Arc::clone(&server));
-    let control = args
-        .control
-        .clone()
-        .or_else(|| args.socket.as_deref().map(control_path));
+    let nbd = places
+        .nbd
+        .as_ref()
+        .map(|_| Server::new(store.block_device(), config));
+    let vhost = match &places.vhost {
+        Some(_) => {
+            let config = ztier_vhost::DeviceConfig {
+                num_queues: args.vhost_queues,
+                read_only: args.read_only,
+                serial: args.serial.clone(),
+                ..ztier_vhost::DeviceConfig::default()
+            };
+            let server = ztier_vhost::Server::new(store.block_device(), config)
+                .context("making the vhost-user-blk server")?;
+            server.set_log(!args.quiet);
+            Some(server)
+        }
+        None => None,
+    };
+    let fronts = Arc::new(Frontends { nbd, vhost });
+    let _ = fronts_slot.set(Arc::clone(&fronts));
+    let control = args.control.clone().or_else(|| {
+        args.socket
+            .as_deref()
+            .or(args
+                .vhost_user_blk
+                .as_deref()
+                .filter(|p| *p != std::path::Path::new("-")))
+            .map(control_path)
+    });
     let stop_control = Arc::new(
         rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
             .context("making the control socket's stop eventfd")?,
@@ -527,14 +569,14 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         Some(path) => {
             let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
             l.set_nonblocking(true)?;
-            let (store, server, stop) = (
+            let (store, fronts, stop) = (
                 Arc::clone(&store),
-                Arc::clone(&server),
+                Arc::clone(&fronts),
                 Arc::clone(&stop_control),
             );
             let any = args.control_any_user;
             Some(std::thread::spawn(move || {
-                serve_control(l, stop, store, server, any)
+                serve_control(l, stop, store, fronts, any)
             }))
         }
         None => None,
@@ -553,28 +595,29 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         std::fs::write(path, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing the pid file {}", path.display()))?;
     }
-    let status = status_line(&store, args.size, &place.uri);
+    let at = places.describe();
+    let status = status_line(&store, args.size, &at);
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&status),
     ]);
     let command = match &args.run {
-        Some(cmd) => Some(start_command(cmd, &place, &args.export_name)?),
+        Some(cmd) => Some(start_command(cmd, &places, &args.export_name)?),
         None => None,
     };
     let exit = Arc::new(std::sync::Mutex::new(None::<u8>));
     let watcher = {
-        let (server, stop, store, exit) = (
-            Arc::clone(&server),
+        let (fronts, stop, store, exit) = (
+            Arc::clone(&fronts),
             Arc::clone(&stop),
             Arc::clone(&store),
             Arc::clone(&exit),
         );
-        let (size, uri) = (args.size, place.uri.clone());
+        let (size, at) = (args.size, at.clone());
         let mut command = command;
         std::thread::spawn(move || {
             let mut ticks = 0u32;
-            while !stop.load(Ordering::Relaxed) && !server.is_stopping() {
+            while !stop.load(Ordering::Relaxed) && !fronts.is_stopping() {
                 if let Some(c) = command.as_mut() {
                     if let Ok(Some(status)) = c.try_wait() {
                         *exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(exit_code(status));
@@ -585,12 +628,12 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 std::thread::sleep(Duration::from_millis(50));
                 ticks += 1;
                 if ticks.is_multiple_of(200) {
-                    let status = status_line(&store, size, &uri);
+                    let status = status_line(&store, size, &at);
                     notify(&[sd_notify::NotifyState::Status(&status)]);
                 }
             }
             notify(&[sd_notify::NotifyState::Stopping]);
-            server.stop();
+            fronts.stop();
             // Stopped by a signal while the command runs: it goes too.
             if let Some(mut c) = command {
                 let pid = rustix::process::Pid::from_child(&c);
@@ -601,9 +644,9 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             }
         })
     };
-    eprintln!("ztier serve: {} bytes, {what}, at {}", args.size, place.uri);
-    let served = server.serve(place.listener);
-    server.stop();
+    eprintln!("ztier serve: {} bytes, {what}, at {at}", args.size);
+    let served = serve_all(&fronts, places);
+    fronts.stop();
     stopping.set(Phase::Draining);
     let _ = watcher.join();
     let _ = rustix::io::write(stop_control.as_ref(), &1u64.to_ne_bytes());
@@ -632,17 +675,43 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         }
     }
     stopping.set(Phase::Done);
-    served.context("serving")?;
+    served?;
     eprintln!("ztier serve: stopped");
     // In captive mode stdout is the command's: the statistics go to stderr.
     if args.run.is_some() {
-        eprint!("{}", stats_text(&store, &server, false));
+        eprint!("{}", stats_text(&store, &fronts, false));
     } else {
-        print!("{}", stats_text(&store, &server, false));
+        print!("{}", stats_text(&store, &fronts, false));
     }
     saved.context("saving the state")?;
     let code = *exit.lock().unwrap_or_else(|p| p.into_inner());
     Ok(code.unwrap_or(0))
+}
+
+/// Runs the front ends on their listeners until they stop: NBD on this thread and
+/// vhost-user-blk on its own when there are both. The first to end (a stop, or an error)
+/// stops the other; the first error is returned.
+fn serve_all(fronts: &Frontends, places: service::Places) -> anyhow::Result<()> {
+    let nbd = fronts.nbd.as_ref().zip(places.nbd);
+    let vhost = fronts.vhost.as_ref().zip(places.vhost);
+    let run_vhost = |server: &ztier_vhost::Server, place: service::VhostPlace| {
+        let r = server
+            .serve(place.listener)
+            .context("serving vhost-user-blk");
+        fronts.stop();
+        r
+    };
+    match (nbd, vhost) {
+        (Some((server, place)), vhost) => std::thread::scope(|s| {
+            let vhost = vhost.map(|(v, place)| s.spawn(move || run_vhost(v, place)));
+            let r = server.serve(place.listener).context("serving NBD");
+            fronts.stop();
+            let v = vhost.map_or(Ok(()), |t| t.join().unwrap_or(Ok(())));
+            r.and(v)
+        }),
+        (None, Some((v, place))) => run_vhost(v, place),
+        (None, None) => Ok(()),
+    }
 }
 
 /// Where a stop is, for the signals that come during it.
@@ -682,7 +751,7 @@ fn watch_signals(
     stop: Arc<AtomicBool>,
     stopping: Arc<Stopping>,
     files: SocketFiles,
-    server: Arc<std::sync::OnceLock<Arc<Server>>>,
+    fronts: Arc<std::sync::OnceLock<Arc<Frontends>>>,
     state: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -714,7 +783,7 @@ fn watch_signals(
                         };
                         eprintln!("ztier serve: a second {name}: {line}");
                         stop.store(true, Ordering::SeqCst);
-                        if let Some(s) = server.get() {
+                        if let Some(s) = fronts.get() {
                             s.stop_now();
                         }
                     }

@@ -6,7 +6,8 @@
 //! chains, runs each on the block device in order ([`crate::request`]), puts it on the used
 //! ring, and notifies the guest once for the batch (or as `EVENT_IDX` asks). In order and to
 //! the end: a chain popped is used before the next is popped, so a connection that ends
-//! leaves no request half done; the VMM, reconnecting, resumes at the used index and sends
+//! leaves no request half done, and at a server's stop none is popped after the one in
+//! hand; the VMM, reconnecting, resumes at the used index and sends
 //! again what was not used (each request may be run twice with the same result: reads,
 //! writes of the same bytes, discards, zero-writes).
 //!
@@ -55,6 +56,8 @@ pub(crate) struct Blk {
     /// The worker threads' exit events, written when the connection is over.
     exits: Mutex<Vec<EventNotifier>>,
     stats: Arc<Stats>,
+    /// The server's stop: no request is taken off a ring once it is set.
+    stopping: Arc<AtomicBool>,
 }
 
 impl Blk {
@@ -63,6 +66,7 @@ impl Blk {
         config: DeviceConfig,
         mem: Memory,
         stats: Arc<Stats>,
+        stopping: Arc<AtomicBool>,
     ) -> Blk {
         let queues = usize::from(config.num_queues.max(1));
         Blk {
@@ -74,6 +78,7 @@ impl Blk {
             fresh: (0..queues).map(|_| AtomicBool::new(true)).collect(),
             exits: Mutex::new(Vec::new()),
             stats,
+            stopping,
         }
     }
 
@@ -95,7 +100,10 @@ impl Blk {
         self.stats.ring_passes.fetch_add(1, Ordering::Relaxed);
         let mut taken = 0;
         let mut used_any = false;
-        while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem.clone()) {
+        while !self.stopping.load(Ordering::SeqCst) {
+            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem.clone()) else {
+                break;
+            };
             taken += 1;
             let head = chain.head_index();
             let (outcome, used) = request::run(chain, &*self.dev, &self.config, &mut scratch);

@@ -25,6 +25,8 @@
 
 pub mod config;
 pub mod request;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 mod backend;
 
@@ -49,8 +51,10 @@ use backend::Blk;
 pub enum VhostError {
     #[error("the vhost-user socket: {0}")]
     Socket(io::Error),
+    /// The daemon could not be made or started (its threads, its first accept); said in
+    /// words, since vhost-user-backend's error is not `Sync`.
     #[error("the vhost-user daemon: {0}")]
-    Daemon(vhost_user_backend::Error),
+    Daemon(String),
 }
 
 /// Counts kept while serving, over every connection.
@@ -86,7 +90,8 @@ pub struct Server {
     dev: Arc<dyn BlockDevice>,
     config: DeviceConfig,
     stats: Arc<Stats>,
-    stopping: AtomicBool,
+    /// Set at a stop; the queues' threads look at it between requests.
+    stopping: Arc<AtomicBool>,
     /// Say each connection and its end on stderr.
     log: AtomicBool,
     /// An eventfd the accept loop polls beside its listener; `stop` writes to it.
@@ -103,7 +108,7 @@ impl Server {
             dev,
             config,
             stats: Arc::new(Stats::default()),
-            stopping: AtomicBool::new(false),
+            stopping: Arc::new(AtomicBool::new(false)),
             log: AtomicBool::new(false),
             wake: rustix::event::eventfd(0, flags)?,
             active: Mutex::new(None),
@@ -124,9 +129,10 @@ impl Server {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Stops: no more connections are taken, and the one being served ends (its requests in
-    /// hand are finished and put on the used ring first; the VMM, reconnecting to a server
-    /// started again, resumes where they end).
+    /// Stops: no more connections are taken, and the one being served ends. Each queue
+    /// finishes the request in hand and puts it on the used ring, and takes no other: the
+    /// VMM, reconnecting to a server started again, resumes at the used index, and the
+    /// requests it posted after are run then.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
@@ -178,10 +184,13 @@ impl Server {
             self.config.clone(),
             mem.clone(),
             Arc::clone(&self.stats),
+            Arc::clone(&self.stopping),
         ));
         let mut daemon = VhostUserDaemon::new("ztier-vhost".into(), Arc::clone(&blk), mem)
-            .map_err(VhostError::Daemon)?;
-        daemon.start(listener).map_err(VhostError::Daemon)?;
+            .map_err(|e| VhostError::Daemon(e.to_string()))?;
+        daemon
+            .start(listener)
+            .map_err(|e| VhostError::Daemon(e.to_string()))?;
         let id = self.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
         if self.log.load(Ordering::Relaxed) {
             eprintln!("vhost-user: connection {id}");

@@ -3,18 +3,16 @@
 //! queue and several, direct and indirect descriptors, with and without `EVENT_IDX`; the
 //! configuration space says what the device is; several queues serve at once.
 
-mod guest;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use guest::{Guest, GuestDisk, Options, Served};
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::testing::{self, pattern};
 use ztier_blockdev::BlockDevice;
+use ztier_vhost::testing::{self as guest, Guest, GuestDisk, Options, Served};
 use ztier_vhost::DeviceConfig;
 
 fn memory(bytes: u64) -> Arc<MemoryDevice> {

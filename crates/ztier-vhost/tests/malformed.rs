@@ -4,15 +4,12 @@
 //! outside the chain's writable buffers is not written, and the next request is served.
 //! A frontend that breaks the protocol loses its connection, not the server.
 
-mod guest;
-
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use guest::{Guest, Options, Raw, Served, DATA_AT, GUEST_BYTES, HEADER_AT, STATUS_AT};
 use proptest::prelude::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -20,6 +17,9 @@ use vm_memory::{Bytes, GuestAddress};
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::testing::pattern;
 use ztier_blockdev::BlockDevice;
+use ztier_vhost::testing::{
+    self as guest, Guest, Options, Raw, Served, DATA_AT, GUEST_BYTES, HEADER_AT, STATUS_AT,
+};
 use ztier_vhost::DeviceConfig;
 
 const R: u16 = 0;

@@ -21,6 +21,8 @@ use rustix::event::{PollFd, PollFlags};
 use serde::Serialize;
 use ztier_nbd::{Client, LinkState, Server};
 
+use super::frontends::Frontends;
+
 use super::Store;
 
 /// Attributes `ztier ctl` runs with no value (the kernel's write-only files, whose value is
@@ -202,7 +204,41 @@ struct Snapshot {
     allocator: Option<ztier_pool::PoolStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     plain: Option<PlainCounts>,
-    server: ServerCounts,
+    /// NBD's server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server: Option<ServerCounts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vhost: Option<VhostCounts>,
+}
+
+/// The vhost-user-blk server's counters, read once.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct VhostCounts {
+    connections: u64,
+    requests: u64,
+    device_errors: u64,
+    refused: u64,
+    unsupported: u64,
+    unanswerable: u64,
+    bad_heads: u64,
+    protocol_errors: u64,
+}
+
+impl VhostCounts {
+    fn of(server: &ztier_vhost::Server) -> VhostCounts {
+        let s = server.stats();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        VhostCounts {
+            connections: load(&s.connections),
+            requests: load(&s.requests),
+            device_errors: load(&s.device_errors),
+            refused: load(&s.refused),
+            unsupported: load(&s.unsupported),
+            unanswerable: load(&s.unanswerable),
+            bad_heads: load(&s.bad_heads),
+            protocol_errors: load(&s.protocol_errors),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -211,8 +247,9 @@ struct PlainCounts {
 }
 
 impl Snapshot {
-    fn of(store: &Store, server: &Server) -> Snapshot {
-        let server = ServerCounts::of(server);
+    fn of(store: &Store, fronts: &Frontends) -> Snapshot {
+        let server = fronts.nbd.as_deref().map(ServerCounts::of);
+        let vhost = fronts.vhost.as_deref().map(VhostCounts::of);
         match store {
             Store::Zram(device, policy, link, _) => Snapshot {
                 mm_stat: Some(device.mm_stat()),
@@ -223,6 +260,7 @@ impl Snapshot {
                 allocator: Some(device.allocator_stats()),
                 plain: None,
                 server,
+                vhost,
             },
             Store::Plain(device) => Snapshot {
                 mm_stat: None,
@@ -235,6 +273,7 @@ impl Snapshot {
                     bytes_held: device.bytes_held(),
                 }),
                 server,
+                vhost,
             },
         }
     }
@@ -287,21 +326,37 @@ impl std::fmt::Display for Snapshot {
                 s.busy_ms
             )?;
         }
-        let c = &self.server;
-        writeln!(
-            f,
-            "server {} connections ({} turned away, {} failed handshakes), {} requests, {} \
-             replied, {} errors, {} bytes written, {} read, {} accept errors",
-            c.connections,
-            c.refused_connections,
-            c.failed_handshakes,
-            c.requests,
-            c.replies,
-            c.errors,
-            c.bytes_written,
-            c.bytes_read,
-            c.accept_errors
-        )?;
+        if let Some(c) = &self.server {
+            writeln!(
+                f,
+                "server {} connections ({} turned away, {} failed handshakes), {} requests, \
+                 {} replied, {} errors, {} bytes written, {} read, {} accept errors",
+                c.connections,
+                c.refused_connections,
+                c.failed_handshakes,
+                c.requests,
+                c.replies,
+                c.errors,
+                c.bytes_written,
+                c.bytes_read,
+                c.accept_errors
+            )?;
+        }
+        if let Some(v) = &self.vhost {
+            writeln!(
+                f,
+                "vhost-user-blk {} connections ({} ended by a protocol error), {} requests, {} \
+                 device errors, {} refused, {} unsupported, {} unanswerable, {} bad heads",
+                v.connections,
+                v.protocol_errors,
+                v.requests,
+                v.device_errors,
+                v.refused,
+                v.unsupported,
+                v.unanswerable,
+                v.bad_heads
+            )?;
+        }
         if let Some(a) = &self.allocator {
             write!(f, "{a}")?;
         }
@@ -310,8 +365,8 @@ impl std::fmt::Display for Snapshot {
 }
 
 /// The statistics, as the control socket and the shutdown report give them.
-pub(super) fn stats_text(store: &Store, server: &Server, json: bool) -> String {
-    let snapshot = Snapshot::of(store, server);
+pub(super) fn stats_text(store: &Store, fronts: &Frontends, json: bool) -> String {
+    let snapshot = Snapshot::of(store, fronts);
     if json {
         // Every field is a plain number, string or serialisable stat struct.
         return serde_json::to_string(&snapshot).map_or_else(
@@ -396,7 +451,7 @@ pub(super) fn serve_control(
     listener: UnixListener,
     stop: Arc<OwnedFd>,
     store: Arc<Store>,
-    server: Arc<Server>,
+    fronts: Arc<Frontends>,
     any_user: bool,
 ) {
     let busy = Arc::new(ControlCounts::default());
@@ -440,11 +495,11 @@ pub(super) fn serve_control(
             let _ = (&conn).write_all(b"error: too many control connections; try again\n");
             continue;
         }
-        let (store, server, count) = (Arc::clone(&store), Arc::clone(&server), Arc::clone(&busy));
+        let (store, fronts, count) = (Arc::clone(&store), Arc::clone(&fronts), Arc::clone(&busy));
         let spawned = std::thread::Builder::new()
             .name("ztier-ctl".into())
             .spawn(move || {
-                answer_control(&conn, &store, &server, any_user);
+                answer_control(&conn, &store, &fronts, any_user);
                 count.give(who);
             });
         if spawned.is_err() {
@@ -455,7 +510,7 @@ pub(super) fn serve_control(
 }
 
 /// One control request and its answer.
-fn answer_control(conn: &UnixStream, store: &Store, server: &Server, any_user: bool) {
+fn answer_control(conn: &UnixStream, store: &Store, fronts: &Frontends, any_user: bool) {
     use std::io::{BufRead, BufReader};
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
@@ -466,8 +521,8 @@ fn answer_control(conn: &UnixStream, store: &Store, server: &Server, any_user: b
     }
     let request = line.trim();
     let answer = match request {
-        "stat" => stats_text(store, server, false),
-        "stat json" => stats_text(store, server, true),
+        "stat" => stats_text(store, fronts, false),
+        "stat json" => stats_text(store, fronts, true),
         r if r.starts_with("set ") && !any_user && !may_change(conn) => {
             "error: only the server's own user (or root) may change the device; \
              start it with --control-any-user to let others\n"

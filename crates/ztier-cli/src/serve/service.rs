@@ -1,5 +1,6 @@
 //! How `ztier serve` runs as a service, with the conventions NBD servers share: where it
-//! listens (a socket systemd hands over, `--socket`, a private socket for `--run`, or TCP),
+//! listens (sockets systemd hands over, `--socket`, a private socket for `--run`, or TCP
+//! for NBD; `--vhost-user-blk`'s socket),
 //! Unix sockets made private from the start, readiness and status for systemd, the captive
 //! command of `--run`, and the socket files removed however the server ends.
 
@@ -129,7 +130,7 @@ pub(super) fn bind_private(
     Ok(l)
 }
 
-/// Where the server listens, and how a client names it.
+/// Where the NBD server listens, and how a client names it.
 pub(super) struct Place {
     pub(super) listener: Listener,
     pub(super) uri: String,
@@ -137,77 +138,178 @@ pub(super) struct Place {
     port: Option<u16>,
 }
 
-/// The listener: the socket systemd handed over, `--socket`, a private socket for `--run`,
-/// or `--listen` (default 127.0.0.1:10809).
+/// Where the vhost-user-blk server listens.
+pub(super) struct VhostPlace {
+    pub(super) listener: UnixListener,
+    pub(super) path: PathBuf,
+}
+
+/// Where each front end listens: NBD's, vhost-user-blk's, or both.
+pub(super) struct Places {
+    pub(super) nbd: Option<Place>,
+    pub(super) vhost: Option<VhostPlace>,
+}
+
+impl Places {
+    /// Where a client finds the disk, said in a line.
+    pub(super) fn describe(&self) -> String {
+        let vhost = self
+            .vhost
+            .as_ref()
+            .map(|v| format!("vhost-user-blk at {}", v.path.display()));
+        match (&self.nbd, vhost) {
+            (Some(p), Some(v)) => format!("{} and {v}", p.uri),
+            (Some(p), None) => p.uri.clone(),
+            (None, Some(v)) => v,
+            (None, None) => "nowhere".into(),
+        }
+    }
+}
+
+/// The listeners: the sockets systemd handed over, `--socket`, a private socket for `--run`,
+/// or `--listen` (default 127.0.0.1:10809) for NBD, unless only `--vhost-user-blk` is given;
+/// `--vhost-user-blk`'s socket (`-`: one handed over, after NBD's if there are two).
 pub(super) fn listen(
     args: &ServeArgs,
     mut activated: listenfd::ListenFd,
     files: &SocketFiles,
-) -> anyhow::Result<Place> {
-    let export = &args.export_name;
-    // nbdkit's way: a server that takes TLS only is named by the TLS scheme.
-    let s = if args.tls == ztier_nbd::TlsMode::Require {
-        "s"
-    } else {
-        ""
-    };
-    let unix = |path: &std::path::Path, l: UnixListener| Place {
-        listener: Listener::Unix(l),
-        uri: format!("nbd{s}+unix:///{export}?socket={}", path.display()),
-        unix_socket: Some(path.to_owned()),
-        port: None,
-    };
-    let tcp = |l: TcpListener| -> anyhow::Result<Place> {
-        let addr = l.local_addr()?;
-        if !addr.ip().is_loopback() && args.tls != ztier_nbd::TlsMode::Require {
-            eprintln!(
-                "ztier serve: WARNING: listening on {addr}, beyond this machine, without \
-                 --tls require: anyone who can reach it can read and write the disk"
-            );
-        }
-        Ok(Place {
-            listener: Listener::Tcp(l),
-            uri: format!("nbd{s}://{addr}/{export}"),
-            unix_socket: None,
-            port: Some(addr.port()),
-        })
-    };
-    if activated.len() > 0 {
+) -> anyhow::Result<Places> {
+    let handed = activated.len();
+    let vhost_handed = args.vhost_user_blk.as_deref() == Some(std::path::Path::new("-"));
+    if vhost_handed && handed == 0 {
+        bail!(
+            "--vhost-user-blk - takes the socket systemd hands over (LISTEN_FDS), and none was \
+             handed over"
+        );
+    }
+    if handed > 0 {
         if args.socket.is_some() || args.listen.is_some() {
             bail!("--socket and --listen cannot be given under socket activation (LISTEN_FDS)");
         }
-        if activated.len() > 1 {
+        let nbd_handed = !vhost_handed || handed == 2;
+        let expected = usize::from(nbd_handed) + usize::from(vhost_handed);
+        if handed != expected {
             bail!(
-                "socket activation handed {} sockets; ztier serve takes one",
-                activated.len()
+                "socket activation handed {handed} sockets; ztier serve takes {expected} here \
+                 (NBD's, then with --vhost-user-blk - the vhost-user-blk one)"
             );
         }
-        if let Ok(Some(l)) = activated.take_unix_listener(0) {
+        let nbd = if nbd_handed {
+            Some(handed_nbd(args, &mut activated)?)
+        } else {
+            None
+        };
+        let vhost = if vhost_handed {
+            let l = match activated.take_unix_listener(expected - 1) {
+                Ok(Some(l)) => l,
+                _ => bail!(
+                    "the socket handed over for vhost-user-blk (LISTEN_FDS) is no listening \
+                     Unix socket"
+                ),
+            };
             let path = l
                 .local_addr()?
                 .as_pathname()
                 .map_or_else(|| PathBuf::from("(unnamed)"), |p| p.to_owned());
-            return Ok(unix(&path, l));
-        }
-        return match activated.take_tcp_listener(0) {
-            Ok(Some(l)) => tcp(l),
-            _ => bail!("the socket handed over (LISTEN_FDS) is no listening Unix or TCP socket"),
+            Some(VhostPlace { listener: l, path })
+        } else {
+            bind_vhost(args, files)?
         };
+        return Ok(Places { nbd, vhost });
     }
+    let vhost = bind_vhost(args, files)?;
+    let nbd = if args.socket.is_some() || args.listen.is_some() || vhost.is_none() {
+        Some(nbd_place(args, files)?)
+    } else {
+        None
+    };
+    Ok(Places { nbd, vhost })
+}
+
+/// `--vhost-user-blk PATH`'s socket, made private as NBD's is.
+fn bind_vhost(args: &ServeArgs, files: &SocketFiles) -> anyhow::Result<Option<VhostPlace>> {
+    let Some(path) = &args.vhost_user_blk else {
+        return Ok(None);
+    };
+    let listener =
+        bind_private(path, args.socket_mode, files).context("the vhost-user-blk socket")?;
+    Ok(Some(VhostPlace {
+        listener,
+        path: path.clone(),
+    }))
+}
+
+/// How an NBD client names a Unix socket or a TCP address.
+fn nbd_unix(args: &ServeArgs, path: &std::path::Path, l: UnixListener) -> Place {
+    Place {
+        listener: Listener::Unix(l),
+        uri: format!(
+            "nbd{}+unix:///{}?socket={}",
+            tls_s(args),
+            args.export_name,
+            path.display()
+        ),
+        unix_socket: Some(path.to_owned()),
+        port: None,
+    }
+}
+
+fn nbd_tcp(args: &ServeArgs, l: TcpListener) -> anyhow::Result<Place> {
+    let addr = l.local_addr()?;
+    if !addr.ip().is_loopback() && args.tls != ztier_nbd::TlsMode::Require {
+        eprintln!(
+            "ztier serve: WARNING: listening on {addr}, beyond this machine, without \
+             --tls require: anyone who can reach it can read and write the disk"
+        );
+    }
+    Ok(Place {
+        listener: Listener::Tcp(l),
+        uri: format!("nbd{}://{addr}/{}", tls_s(args), args.export_name),
+        unix_socket: None,
+        port: Some(addr.port()),
+    })
+}
+
+/// nbdkit's way: a server that takes TLS only is named by the TLS scheme.
+fn tls_s(args: &ServeArgs) -> &'static str {
+    if args.tls == ztier_nbd::TlsMode::Require {
+        "s"
+    } else {
+        ""
+    }
+}
+
+/// The NBD socket systemd handed over (the first).
+fn handed_nbd(args: &ServeArgs, activated: &mut listenfd::ListenFd) -> anyhow::Result<Place> {
+    if let Ok(Some(l)) = activated.take_unix_listener(0) {
+        let path = l
+            .local_addr()?
+            .as_pathname()
+            .map_or_else(|| PathBuf::from("(unnamed)"), |p| p.to_owned());
+        return Ok(nbd_unix(args, &path, l));
+    }
+    match activated.take_tcp_listener(0) {
+        Ok(Some(l)) => nbd_tcp(args, l),
+        _ => bail!("the socket handed over (LISTEN_FDS) is no listening Unix or TCP socket"),
+    }
+}
+
+/// NBD's own listener: `--socket`, a private socket for `--run`, or `--listen`.
+fn nbd_place(args: &ServeArgs, files: &SocketFiles) -> anyhow::Result<Place> {
     if let Some(path) = &args.socket {
         let l = bind_private(path, args.socket_mode, files)?;
-        return Ok(unix(path, l));
+        return Ok(nbd_unix(args, path, l));
     }
     if args.run.is_some() && args.listen.is_none() {
         let dir = private_dir()?;
         files.add_dir(dir.clone());
         let path = dir.join("nbd.sock");
         let l = bind_private(&path, args.socket_mode, files)?;
-        return Ok(unix(&path, l));
+        return Ok(nbd_unix(args, &path, l));
     }
     let addr = args.listen.as_deref().unwrap_or("127.0.0.1:10809");
     let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
-    tcp(l)
+    nbd_tcp(args, l)
 }
 
 /// A new directory only this user can enter, for --run's private socket.
@@ -250,23 +352,34 @@ pub(super) fn status_line(store: &Store, size: u64, uri: &str) -> String {
     }
 }
 
-/// Starts `--run`'s command through the shell, with the server's place in its environment.
+/// Starts `--run`'s command through the shell, with the servers' places in its
+/// environment: NBD's as nbdkit sets them ($uri, $unixsocket or $port, $exportname), and
+/// the vhost-user-blk socket as $vhost_user_blk.
 pub(super) fn start_command(
     cmd: &str,
-    place: &Place,
+    places: &Places,
     export: &str,
 ) -> anyhow::Result<std::process::Child> {
     let mut c = std::process::Command::new("sh");
     c.arg("-c").arg(cmd);
-    c.env("uri", &place.uri).env("exportname", export);
-    match (&place.unix_socket, place.port) {
-        (Some(path), _) => {
-            c.env("unixsocket", path).env_remove("port");
+    c.env_remove("uri")
+        .env_remove("unixsocket")
+        .env_remove("port")
+        .env_remove("vhost_user_blk");
+    if let Some(place) = &places.nbd {
+        c.env("uri", &place.uri).env("exportname", export);
+        match (&place.unix_socket, place.port) {
+            (Some(path), _) => {
+                c.env("unixsocket", path);
+            }
+            (None, Some(port)) => {
+                c.env("port", port.to_string());
+            }
+            (None, None) => {}
         }
-        (None, Some(port)) => {
-            c.env("port", port.to_string()).env_remove("unixsocket");
-        }
-        (None, None) => {}
+    }
+    if let Some(v) = &places.vhost {
+        c.env("vhost_user_blk", &v.path);
     }
     c.spawn()
         .with_context(|| format!("running --run's command {cmd:?}"))

@@ -1,4 +1,5 @@
-//! The VMM and the guest's virtio-blk driver, played by the tests.
+//! The VMM and the guest's virtio-blk driver, played by tests (the `testing` feature): this
+//! crate's own, and the CLI's, which serve a disk and attach to it as a VMM would.
 //!
 //! [`Served`] is a ztier vhost-user-blk server on a socket of its own. [`Guest`] is what a
 //! VMM and a guest kernel are to it: a frontend (the `vhost` crate's, as Cloud Hypervisor's
@@ -16,7 +17,6 @@
 //!
 //! Guest memory: below `FIRST_QUEUE` a sentinel pattern nothing may write; then each queue's
 //! area: its rings, a header, a status byte, an indirect table, and its data buffers.
-#![allow(dead_code)]
 
 use std::io;
 use std::os::unix::net::UnixListener;
@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::{DeviceConfig, Server, VhostError};
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
 };
@@ -39,7 +40,6 @@ use virtio_bindings::virtio_ring::{
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use ztier_blockdev::{check_range, BlockDevice, BlockError};
-use ztier_vhost::{DeviceConfig, Server, VhostError};
 
 pub const GUEST_BYTES: u64 = 80 << 20;
 pub const QUEUE_SIZE: u16 = 256;
@@ -207,7 +207,8 @@ impl Ring {
 }
 
 pub struct Guest {
-    frontend: Mutex<Frontend>,
+    /// The connection (none between a hang-up and the next attach).
+    frontend: Mutex<Option<Frontend>>,
     pub mem: GuestMemoryMmap<()>,
     rings: Vec<Mutex<Ring>>,
     next_ring: AtomicUsize,
@@ -246,7 +247,7 @@ impl Guest {
             .collect();
         let (frontend, offered, config) = attach(path, &mem, options).unwrap();
         let g = Guest {
-            frontend: Mutex::new(frontend),
+            frontend: Mutex::new(Some(frontend)),
             mem,
             rings,
             next_ring: AtomicUsize::new(0),
@@ -262,8 +263,12 @@ impl Guest {
     /// `reconnect-ms` does: the rings stay where they are, each resuming at its used index
     /// (requests posted and not used are taken again).
     pub fn reconnect(&self, path: &Path) -> Result<(), vhost::Error> {
-        let (frontend, _, _) = attach(path, &self.mem, self.options)?;
-        *self.frontend.lock().unwrap() = frontend;
+        // The old connection closed first: the server serves one at a time, and ends one
+        // when its VMM hangs up.
+        let mut slot = self.frontend.lock().unwrap();
+        drop(slot.take());
+        *slot = Some(attach(path, &self.mem, self.options)?.0);
+        drop(slot);
         for r in &self.rings {
             let mut r = r.lock().unwrap();
             // A fresh kick and call, as QEMU makes on each start.
@@ -278,7 +283,8 @@ impl Guest {
     /// leaves that many on each kick eventfd (QEMU starts its host notifiers at 1, so a
     /// backend runs what is pending at once).
     fn start_rings(&self, kick_first: u64) {
-        let mut fe = self.frontend.lock().unwrap();
+        let mut guard = self.frontend.lock().unwrap();
+        let fe = guard.as_mut().expect("attached");
         for r in &self.rings {
             let r = r.lock().unwrap();
             let q = r.index;
@@ -319,7 +325,13 @@ impl Guest {
     /// Stops queue `q` as a VMM does (`GET_VRING_BASE`); returns the index it says the next
     /// request would be taken from.
     pub fn stop_ring(&self, q: usize) -> u32 {
-        self.frontend.lock().unwrap().get_vring_base(q).unwrap()
+        self.frontend
+            .lock()
+            .unwrap()
+            .as_mut()
+            .expect("attached")
+            .get_vring_base(q)
+            .unwrap()
     }
 
     pub fn capacity(&self) -> u64 {
@@ -569,6 +581,82 @@ impl Guest {
         let mut back = vec![0u8; in_len];
         self.mem.read_slice(&mut back, GuestAddress(data)).unwrap();
         (status, back)
+    }
+
+    /// Posts a request on queue `q` without waiting for it, in buffers of its own (`slot`,
+    /// below 8: its header, status, descriptors and a MiB of data apart from the others'),
+    /// so several can be in flight at once. [`Guest::wait_used`] waits for them;
+    /// [`Guest::slot_status`] and [`Guest::slot_data`] read their answers.
+    pub fn post_request(
+        &self,
+        q: usize,
+        slot: u16,
+        kind: u32,
+        sector: u64,
+        out: &[u8],
+        in_len: usize,
+    ) {
+        assert!(slot < 8 && out.len() <= 1 << 20 && in_len <= 1 << 20);
+        let mut ring = self.rings[q].lock().unwrap();
+        let area = self.area(q);
+        let header_at = area + HEADER_AT + 32 * u64::from(slot);
+        let status_at = area + STATUS_AT + u64::from(slot);
+        let data_at = area + DATA_AT + (u64::from(slot) << 20);
+        let mut header = [0u8; 16];
+        header[0..4].copy_from_slice(&kind.to_le_bytes());
+        header[8..16].copy_from_slice(&sector.to_le_bytes());
+        self.mem
+            .write_slice(&header, GuestAddress(header_at))
+            .unwrap();
+        self.mem.write_obj(0xffu8, GuestAddress(status_at)).unwrap();
+        let mut segs = vec![(header_at, 16u32, 0u16)];
+        if !out.is_empty() {
+            self.mem.write_slice(out, GuestAddress(data_at)).unwrap();
+            segs.push((data_at, out.len() as u32, 0));
+        }
+        if in_len > 0 {
+            segs.push((data_at, in_len as u32, VRING_DESC_F_WRITE as u16));
+        }
+        segs.push((status_at, 1, VRING_DESC_F_WRITE as u16));
+        let first = 8 * slot;
+        let raws: Vec<Raw> = segs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, flags))| {
+                let more = i + 1 < segs.len();
+                Raw {
+                    index: first + i as u16,
+                    addr,
+                    len,
+                    flags: if more {
+                        flags | VRING_DESC_F_NEXT as u16
+                    } else {
+                        flags
+                    },
+                    next: first + i as u16 + 1,
+                }
+            })
+            .collect();
+        self.post_locked(&mut ring, &raws, first);
+    }
+
+    /// The status byte of a request posted in `slot` on queue `q`.
+    pub fn slot_status(&self, q: usize, slot: u16) -> u8 {
+        self.mem
+            .read_obj(GuestAddress(self.area(q) + STATUS_AT + u64::from(slot)))
+            .unwrap()
+    }
+
+    /// `len` bytes of the data buffer of `slot` on queue `q`.
+    pub fn slot_data(&self, q: usize, slot: u16, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem
+            .read_slice(
+                &mut v,
+                GuestAddress(self.area(q) + DATA_AT + (u64::from(slot) << 20)),
+            )
+            .unwrap();
+        v
     }
 
     /// Checks nothing wrote below the first queue's area.
