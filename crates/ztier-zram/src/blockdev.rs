@@ -30,7 +30,9 @@ impl From<ZramError> for BlockError {
             ZramError::BadIndex { .. } | ZramError::BadLength { .. } => {
                 BlockError::Invalid(e.to_string())
             }
-            ZramError::MemLimit { .. } => BlockError::NoSpace(e.to_string()),
+            ZramError::MemLimit { .. } | ZramError::GroupLimit { .. } => {
+                BlockError::NoSpace(e.to_string())
+            }
             ZramError::Pool(PoolError::OutOfMemory { .. } | PoolError::HandleSpaceFull { .. }) => {
                 BlockError::NoMemory(e.to_string())
             }

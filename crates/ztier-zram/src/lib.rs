@@ -46,6 +46,7 @@
 #![forbid(unsafe_code)]
 
 mod blockdev;
+mod group;
 pub mod policy;
 mod recompress;
 mod slot;
@@ -62,6 +63,7 @@ use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolError, PoolStats, ZPool};
 
+pub use group::MemoryGroup;
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
@@ -90,6 +92,11 @@ pub enum ZramError {
     BadLength { len: usize, page_size: usize },
     #[error("memory limit reached: {used_bytes} bytes used, limit {limit_bytes}")]
     MemLimit { used_bytes: u64, limit_bytes: u64 },
+    /// The device's memory group (a host's budget) is full.
+    #[error("the group's memory limit reached: {used_bytes} bytes used by its devices, limit {limit_bytes}")]
+    GroupLimit { used_bytes: u64, limit_bytes: u64 },
+    #[error("the device is already in a memory group")]
+    AlreadyInGroup,
     #[error("allocator: {0}")]
     Pool(#[from] PoolError),
     /// The cause is in the message, not also a `source` (a chain printed whole would say it
@@ -246,6 +253,10 @@ pub struct Device {
     /// Where the device reports what a caller's error alone would not show an operator (a
     /// written-back copy that fails its checksum); none by default. A leaf.
     log: parking_lot::Mutex<Option<LogFn>>,
+    /// The memory group the pool counts toward, if any ([`MemoryGroup`]), and what this
+    /// device last told it.
+    group: std::sync::OnceLock<Arc<MemoryGroup>>,
+    group_reported: AtomicU64,
 }
 
 /// Where a device's log lines go ([`Device::set_log`]).
@@ -292,6 +303,8 @@ impl Device {
             wb_limit: AtomicU64::new(u64::MAX),
             recomp: RwLock::new(Vec::new()),
             log: parking_lot::Mutex::new(None),
+            group: std::sync::OnceLock::new(),
+            group_reported: AtomicU64::new(0),
         })
     }
 
@@ -477,6 +490,17 @@ impl Device {
                 limit_bytes: limit * self.page_size as u64,
             });
         }
+        if let Some(sum) = self.report_to_group() {
+            let group = self.group.get().expect("reported to it");
+            if group.is_over(sum) {
+                self.pool.free(handle)?;
+                let used_bytes = self.report_to_group().unwrap_or(sum);
+                return Err(ZramError::GroupLimit {
+                    used_bytes,
+                    limit_bytes: group.limit_bytes(),
+                });
+            }
+        }
 
         let mut g = slot.lock();
         self.free_slot(counters, &mut g.entry);
@@ -625,6 +649,7 @@ impl Device {
             self.free_slot(&mut shard.counters, &mut g.entry);
             shard.counters.add(Counter::NotifyFree, 1);
         }
+        self.report_to_group();
         Ok(freed)
     }
 
@@ -769,7 +794,14 @@ impl Device {
 
     /// Runs the allocator's compaction; returns pages freed.
     pub fn compact(&self) -> u64 {
-        self.pool.compact()
+        let freed = self.pool.compact();
+        self.report_to_group();
+        freed
+    }
+
+    /// The pool's bytes (`mem_used_total`).
+    fn pool_bytes(&self) -> u64 {
+        self.pool.total_pages() * self.page_size as u64
     }
 
     /// Frees every slot and zeroes the statistics (`reset`); the limit stays. It waits for
@@ -835,5 +867,6 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         self.reset();
+        self.leave_group();
     }
 }
