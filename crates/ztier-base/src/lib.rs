@@ -6,7 +6,8 @@
 //! write [`pattern`]s; a read asks for a line it will need through a [`prefetch`] hint;
 //! what the process asks of the OS (page size, memory, RSS, idle priority) is in [`os`];
 //! files that hold a disk's pages are made and opened by [`private_file`]; per-page tables
-//! that cost memory only where written come from [`zeroed`].
+//! that cost memory only where written come from [`zeroed`]; sizes and durations as people
+//! write them are read by [`units`].
 //!
 //! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
 //! [`os`] (libc calls that touch no memory of the caller's), [`prefetch`] (a hint that
@@ -24,6 +25,7 @@ pub mod prefetch;
 pub mod private_file;
 pub mod shard;
 pub mod slab;
+pub mod units;
 pub mod zeroed;
 
 /// "No node": the end of a list, an unset link.

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The crates' short names, as the table writes them.
-const SHORT: [&str; 14] = [
+const SHORT: [&str; 16] = [
     "base",
     "pool",
     "compress",
@@ -21,6 +21,8 @@ const SHORT: [&str; 14] = [
     "reference",
     "capture",
     "uffd",
+    "vhost",
+    "host",
 ];
 
 /// The short crate names a table cell names (whole words only: "zswap" is not "swap").

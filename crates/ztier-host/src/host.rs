@@ -1,0 +1,420 @@
+//! The host: its devices by name, each a zram device with its pool, limits, policy, state
+//! file and backing store, made and ended while the others serve; the memory group every
+//! device's pool counts toward (the host's limit); and the budget's thread
+//! ([`crate::budget`]).
+//!
+//! Invariants: a name names at most one device; a device in the table is in the host's
+//! memory group, has the limits its spec gives, and (with a state directory) has its state
+//! file's guard taken once [`HostDevice::consume_state`] ran; a destroyed device is out of
+//! the table before its files are removed, and its memory goes back when the last holder
+//! of it (a front end's connection) lets it go.
+//!
+//! Locks, outer first: `Host::devices` (the table: read to look up or list, written to add
+//! or remove; never held across a device's work), `Host::budget` (the budget thread's
+//! handle), then a device's own (`HostDevice::policy`, then zram's).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use ztier_blockdev::file::FileDevice;
+use ztier_blockdev::BlockDevice;
+use ztier_zram::{
+    Backing, Device, MemoryGroup, Policy, PolicyConfig, StateFile, StateSummary, ZramError,
+};
+
+use crate::budget::{Budget, BudgetStats};
+use crate::spec::DeviceSpec;
+
+/// How a host keeps its devices.
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    /// The pools' sum the budget keeps under by writing back the coldest pages (every
+    /// device needs a store: `store_dir`); none by default.
+    pub target: Option<u64>,
+    /// The pools' sum no write may take them past (it fails with ENOSPC); 0 = none.
+    pub limit: u64,
+    /// How often the budget looks (default 10 s).
+    pub interval: Option<Duration>,
+    /// Where each device's state is kept across restarts (`NAME.state`), if anywhere.
+    pub state_dir: Option<PathBuf>,
+    /// Where each device's backing store is (`NAME.store`, a sparse file of its own), if
+    /// anywhere: each device's written-back pages in its own file, never read by another,
+    /// removed with the device.
+    pub store_dir: Option<PathBuf>,
+}
+
+/// Why the host refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
+    #[error("a device named {0} exists")]
+    Exists(String),
+    #[error("no device named {0}")]
+    NoSuchDevice(String),
+    #[error("device {name}: {source}")]
+    Device {
+        name: String,
+        source: Box<ZramError>,
+    },
+    #[error("device {name}: its store {}: {source}", path.display())]
+    Store {
+        name: String,
+        path: PathBuf,
+        source: ztier_blockdev::BlockError,
+    },
+    #[error("device {name}: its state {}: {source}", path.display())]
+    State {
+        name: String,
+        path: PathBuf,
+        source: Box<ZramError>,
+    },
+    #[error("device {name}: starting its policy: {source}")]
+    Policy {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("the budget's thread: {0}")]
+    Budget(std::io::Error),
+    #[error("a target needs every device to have a store: give a store directory")]
+    TargetWithoutStores,
+}
+
+/// One device of the host.
+pub struct HostDevice {
+    spec: DeviceSpec,
+    device: Arc<Device>,
+    /// The device's own policy, if its spec asks for one.
+    policy: Mutex<Option<Policy>>,
+    state: Option<StateFile>,
+    /// Whether a state was loaded at creation.
+    loaded: bool,
+    /// The state's guard is taken (the file renamed `.loaded`).
+    consumed: AtomicBool,
+    store_path: Option<PathBuf>,
+    /// Pages the host's budget wrote back from this device.
+    pub(crate) budget_pages: AtomicU64,
+}
+
+impl HostDevice {
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.spec
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The zram device (its statistics, its sysfs attributes).
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The device as front ends serve it.
+    pub fn block_device(&self) -> Arc<dyn BlockDevice> {
+        Arc::clone(&self.device) as Arc<dyn BlockDevice>
+    }
+
+    /// Whether a state was loaded when the device was made.
+    pub fn state_loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// Pages the host's budget wrote back from this device.
+    pub fn budget_written_back_pages(&self) -> u64 {
+        self.budget_pages.load(Ordering::Relaxed)
+    }
+
+    /// The device's own policy's counters, if it has one.
+    pub fn policy_stats(&self) -> Option<ztier_zram::PolicyStats> {
+        self.policy.lock().as_ref().map(Policy::stats)
+    }
+
+    /// Takes the state's guard (`StateFile::consume`): from now on a host that dies leaves
+    /// no state that would serve this device's pages as they were before. Called once the
+    /// device is served; again, it does nothing.
+    pub fn consume_state(&self) -> Result<(), HostError> {
+        let Some(state) = &self.state else {
+            return Ok(());
+        };
+        if self.consumed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        state
+            .consume(self.loaded)
+            .map_err(|source| HostError::State {
+                name: self.spec.name.clone(),
+                path: state.path().to_path_buf(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Saves the device's state (at a stop: `stopped`), if it keeps one.
+    pub fn save_state(&self, stopped: bool) -> Option<Result<StateSummary, HostError>> {
+        let state = self.state.as_ref()?;
+        Some(
+            state
+                .save(&self.device, stopped)
+                .map_err(|source| HostError::State {
+                    name: self.spec.name.clone(),
+                    path: state.path().to_path_buf(),
+                    source: Box::new(source),
+                }),
+        )
+    }
+
+    /// Stops the device's own policy and closes writeback: nothing changes its store from
+    /// now on (before a save).
+    pub fn quiesce(&self) {
+        if let Some(p) = self.policy.lock().take() {
+            p.stop();
+        }
+        self.device.close_writeback();
+    }
+}
+
+/// The host of devices.
+pub struct Host {
+    config: HostConfig,
+    group: Arc<MemoryGroup>,
+    devices: RwLock<BTreeMap<String, Arc<HostDevice>>>,
+    budget: Mutex<Option<Budget>>,
+}
+
+impl Host {
+    /// A host with no devices; its budget's thread starts if it has a target.
+    pub fn new(config: HostConfig) -> Result<Arc<Host>, HostError> {
+        if config.target.is_some() && config.store_dir.is_none() {
+            return Err(HostError::TargetWithoutStores);
+        }
+        let host = Arc::new(Host {
+            group: Arc::new(MemoryGroup::new(config.limit)),
+            config,
+            devices: RwLock::new(BTreeMap::new()),
+            budget: Mutex::new(None),
+        });
+        if let Some(target) = host.config.target {
+            let interval = host.config.interval.unwrap_or(Duration::from_secs(10));
+            let budget = Budget::start(Arc::downgrade(&host), target, interval)
+                .map_err(HostError::Budget)?;
+            *host.budget.lock() = Some(budget);
+        }
+        Ok(host)
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// The memory group every device's pool counts toward.
+    pub fn group(&self) -> &MemoryGroup {
+        &self.group
+    }
+
+    /// The budget's counters, if the host has a target.
+    pub fn budget_stats(&self) -> Option<BudgetStats> {
+        self.budget.lock().as_ref().map(Budget::stats)
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<HostDevice>> {
+        self.devices.read().get(name).cloned()
+    }
+
+    /// Runs one tick of the budget now, whatever its interval (a host without a target:
+    /// nothing); returns the pools' sum after, and what the tick did.
+    pub fn keep_under_target(&self) -> Option<(u64, BudgetStats)> {
+        let target = self.config.target?;
+        let mut tick = BudgetStats::default();
+        let used = crate::budget::keep_under(self, target, &mut tick, &|| false);
+        Some((used, tick))
+    }
+
+    /// Every device, by name.
+    pub fn devices(&self) -> Vec<Arc<HostDevice>> {
+        self.devices.read().values().cloned().collect()
+    }
+
+    /// Makes a device: its pool, limits and policy, in the host's group; its store (in the
+    /// store directory) and its state (from the state directory, if one is there: loaded,
+    /// its guard taken by [`HostDevice::consume_state`] once it is served).
+    pub fn create(&self, spec: DeviceSpec) -> Result<Arc<HostDevice>, HostError> {
+        let name = spec.name.clone();
+        if self.devices.read().contains_key(&name) {
+            return Err(HostError::Exists(name));
+        }
+        let made = self.make(spec)?;
+        let mut devices = self.devices.write();
+        if devices.contains_key(&name) {
+            return Err(HostError::Exists(name));
+        }
+        devices.insert(name, Arc::clone(&made));
+        Ok(made)
+    }
+
+    fn make(&self, spec: DeviceSpec) -> Result<Arc<HostDevice>, HostError> {
+        let name = spec.name.clone();
+        let device_error = |source| HostError::Device {
+            name: name.clone(),
+            source: Box::new(source),
+        };
+        let pool = spec
+            .allocator
+            .make_pool(&spec.layout)
+            .map_err(|e| device_error(ZramError::Pool(e)))?;
+        let device = Device::new(spec.size, spec.compressor.clone(), pool).map_err(device_error)?;
+        device.set_mem_limit(spec.mem_limit);
+        device
+            .set_recomp_algorithms(spec.recompress_algorithms.clone())
+            .map_err(device_error)?;
+        device
+            .join_group(Arc::clone(&self.group))
+            .map_err(device_error)?;
+        let state = self
+            .config
+            .state_dir
+            .as_ref()
+            .map(|dir| StateFile::new(dir.join(format!("{name}.state"))));
+        let store_path = self
+            .config
+            .store_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{name}.store")));
+        let mut loaded = false;
+        if let Some(state) = &state {
+            let state_error = |source| HostError::State {
+                name: name.clone(),
+                path: state.path().to_path_buf(),
+                source: Box::new(source),
+            };
+            if let Some(file) = state.open().map_err(state_error)? {
+                let mut input = std::io::BufReader::with_capacity(1 << 20, file);
+                match store_path.as_deref().filter(|p| p.exists()) {
+                    Some(path) => {
+                        let store = open_store(&name, path, None)?;
+                        device
+                            .load_state_with_store(&mut input, store, spec.writeback_format)
+                            .map_err(state_error)?;
+                    }
+                    None => {
+                        device.load_state(&mut input).map_err(state_error)?;
+                    }
+                }
+                loaded = true;
+            }
+        }
+        if device.backing().is_none() {
+            if let Some(path) = &store_path {
+                let store = open_store(&name, path, Some(Backing::size_for(spec.size)))?;
+                let backing = Backing::new(store, spec.writeback_format).map_err(device_error)?;
+                device.set_backing(Some(backing)).map_err(device_error)?;
+            }
+        }
+        let device = Arc::new(device);
+        let policy_config = PolicyConfig {
+            recompress_idle: spec.recompress_idle,
+            writeback_idle: spec.writeback_idle,
+            mem_target: spec.mem_target,
+            interval: self.config.interval.unwrap_or(Duration::from_secs(10)),
+        };
+        let policy = if policy_config.is_active() {
+            Some(
+                Policy::start(Arc::clone(&device), policy_config).map_err(|source| {
+                    HostError::Policy {
+                        name: name.clone(),
+                        source,
+                    }
+                })?,
+            )
+        } else {
+            None
+        };
+        Ok(Arc::new(HostDevice {
+            spec,
+            device,
+            policy: Mutex::new(policy),
+            state,
+            loaded,
+            consumed: AtomicBool::new(false),
+            store_path,
+            budget_pages: AtomicU64::new(0),
+        }))
+    }
+
+    /// Ends a device: out of the table (no new front end finds it), its policy stopped, its
+    /// state and store files removed. Its memory goes back when the last holder lets it go
+    /// (the caller makes sure no front end holds it, or lets them end first). Returns it.
+    pub fn destroy(&self, name: &str) -> Result<Arc<HostDevice>, HostError> {
+        let gone = self
+            .devices
+            .write()
+            .remove(name)
+            .ok_or_else(|| HostError::NoSuchDevice(name.to_string()))?;
+        gone.quiesce();
+        if let Some(state) = &gone.state {
+            let _ = std::fs::remove_file(state.path());
+            let _ = std::fs::remove_file(state.loaded_path());
+        }
+        if let Some(path) = &gone.store_path {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(gone)
+    }
+
+    /// Stops the budget and every device's policy, closes writeback, and saves each device's
+    /// state (where the host keeps them); returns each save's outcome by name.
+    pub fn stop_and_save(&self) -> Vec<(String, Result<StateSummary, HostError>)> {
+        if let Some(b) = self.budget.lock().take() {
+            b.stop();
+        }
+        let devices = self.devices();
+        let mut saved = Vec::new();
+        for d in &devices {
+            d.quiesce();
+            if let Some(r) = d.save_state(true) {
+                saved.push((d.name().to_string(), r));
+            }
+        }
+        if self.config.state_dir.is_none() {
+            // Without states, stores hold nothing anyone will read again.
+            for d in &devices {
+                if let Some(path) = &d.store_path {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        saved
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(b) = self.budget.get_mut().take() {
+            b.stop();
+        }
+    }
+}
+
+/// A device's store file: opened at its own size (`size` None: it must exist), or made
+/// (sparse, private) at `size`.
+fn open_store(
+    name: &str,
+    path: &Path,
+    size: Option<u64>,
+) -> Result<Arc<dyn BlockDevice>, HostError> {
+    let bytes = match size {
+        Some(s) => s,
+        None => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+    };
+    FileDevice::open(path, bytes)
+        .map(|f| Arc::new(f) as Arc<dyn BlockDevice>)
+        .map_err(|source| HostError::Store {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            source,
+        })
+}

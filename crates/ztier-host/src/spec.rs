@@ -1,0 +1,321 @@
+//! What a device is to be: its name, size, compressor, allocator and limits, written as
+//! `vm1,size=64G,compressor=lz4,mem_limit=2G,mem_low=256M` (a flag, a control request) or
+//! as a table of a host's config file; both read by [`DeviceSpec::from_pairs`], so they
+//! take the same keys with the same meaning and the same errors.
+//!
+//! Invariant: a spec that parsed names a device that can be made (a name the front ends
+//! can use as an export and a file name, a size that is whole pages, a known compressor
+//! and allocator, a valid pool layout).
+
+use std::time::Duration;
+
+use ztier_base::units::{parse_duration, parse_size};
+use ztier_compress::Algorithm;
+use ztier_pool::{AllocatorKind, ChainRule, ZsConfig};
+use ztier_zram::WbFormat;
+
+/// The longest device name (an NBD export name, a socket's and a state file's name).
+pub const NAME_MAX: usize = 64;
+
+/// Why a spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    #[error("a device needs a name (the first word, or name=NAME)")]
+    NoName,
+    #[error(
+        "device name {0:?}: 1 to {NAME_MAX} letters, digits, '-', '_' or '.', not starting \
+         with '.' or '-'"
+    )]
+    BadName(String),
+    #[error("device {name}: no size (size=64G)")]
+    NoSize { name: String },
+    #[error("device {name}: size {size} is not a positive whole number of {page_size}-byte pages")]
+    BadSize {
+        name: String,
+        size: u64,
+        page_size: usize,
+    },
+    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, writeback_format, writeback_idle, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
+    UnknownKey { name: String, key: String },
+    #[error("device {name}: {key}={value}: {why}")]
+    BadValue {
+        name: String,
+        key: String,
+        value: String,
+        why: String,
+    },
+    #[error("device {name}: {key} given twice")]
+    Repeated { name: String, key: String },
+}
+
+/// A device to make.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSpec {
+    pub name: String,
+    /// Bytes.
+    pub size: u64,
+    pub compressor: Algorithm,
+    pub allocator: AllocatorKind,
+    pub layout: ZsConfig,
+    /// The device's own cap on its pool (`mem_limit`); 0 = none.
+    pub mem_limit: u64,
+    /// The pool below which the host's budget takes none of its pages while another device
+    /// is above its own (memory cgroups' `memory.low`); 0 = none.
+    pub mem_low: u64,
+    pub writeback_format: WbFormat,
+    /// The device's own policy: write back pages idle this long.
+    pub writeback_idle: Option<Duration>,
+    /// Secondary algorithms, priority 1 first.
+    pub recompress_algorithms: Vec<Algorithm>,
+    /// The device's own policy: recompress pages idle this long.
+    pub recompress_idle: Option<Duration>,
+    /// The device's own policy: keep its pool under this by writeback.
+    pub mem_target: Option<u64>,
+    /// Served read-only by its front ends.
+    pub read_only: bool,
+    /// What a VM reads as the disk's serial (vhost-user-blk's GET_ID); the name if unset.
+    pub serial: Option<String>,
+}
+
+impl DeviceSpec {
+    /// A device of `size` bytes with the defaults: lzo-rle on zsmalloc, the kernel's layout,
+    /// no limits.
+    pub fn new(name: &str, size: u64) -> Result<DeviceSpec, SpecError> {
+        check_name(name)?;
+        let spec = DeviceSpec::new_unchecked(name, size);
+        spec.check_size()?;
+        Ok(spec)
+    }
+
+    /// A spec from `key=value` pairs (the name as `name=...` or given apart).
+    pub fn from_pairs<'a>(
+        name: Option<&str>,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<DeviceSpec, SpecError> {
+        let pairs: Vec<(&str, &str)> = pairs.into_iter().collect();
+        let named = pairs.iter().find(|(k, _)| *k == "name").map(|(_, v)| *v);
+        let name = name.or(named).ok_or(SpecError::NoName)?;
+        check_name(name)?;
+        let size = pairs
+            .iter()
+            .find(|(k, _)| *k == "size")
+            .ok_or_else(|| SpecError::NoSize {
+                name: name.to_string(),
+            })?;
+        let bad = |key: &str, value: &str, why: String| SpecError::BadValue {
+            name: name.to_string(),
+            key: key.to_string(),
+            value: value.to_string(),
+            why,
+        };
+        let size_of = |k: &str, v: &str| parse_size(v).map_err(|e| bad(k, v, e.to_string()));
+        let duration_of =
+            |k: &str, v: &str| parse_duration(v).map_err(|e| bad(k, v, e.to_string()));
+        let mut spec = DeviceSpec::new_unchecked(name, size_of("size", size.1)?);
+        let mut seen: Vec<&str> = Vec::new();
+        for &(key, value) in &pairs {
+            if key != "recompress_algorithm" && seen.contains(&key) {
+                return Err(SpecError::Repeated {
+                    name: name.to_string(),
+                    key: key.to_string(),
+                });
+            }
+            seen.push(key);
+            match key {
+                "name" | "size" => {}
+                "compressor" => {
+                    spec.compressor = value.parse().map_err(|e| bad(key, value, format!("{e}")))?
+                }
+                "allocator" => {
+                    spec.allocator = value.parse().map_err(|e| bad(key, value, format!("{e}")))?
+                }
+                "chain_size" => {
+                    spec.layout.chain_size = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=16).contains(n))
+                        .ok_or_else(|| bad(key, value, "1 to 16 pages".into()))?
+                }
+                "page_size" => {
+                    spec.layout.page_size = size_of(key, value)
+                        .ok()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|n| ztier_pool::PAGE_SIZES.contains(n))
+                        .ok_or_else(|| bad(key, value, "4K or 16K".into()))?
+                }
+                "chain_rule" => {
+                    spec.layout.chain_rule = match value {
+                        "least-waste" => ChainRule::LeastWaste,
+                        "used-percent" => ChainRule::UsedPercent,
+                        _ => return Err(bad(key, value, "least-waste or used-percent".into())),
+                    }
+                }
+                "mem_limit" => spec.mem_limit = size_of(key, value)?,
+                "mem_low" => spec.mem_low = size_of(key, value)?,
+                "mem_target" => spec.mem_target = Some(size_of(key, value)?),
+                "writeback_format" => {
+                    spec.writeback_format =
+                        value.parse().map_err(|e| bad(key, value, format!("{e}")))?
+                }
+                "writeback_idle" => spec.writeback_idle = Some(duration_of(key, value)?),
+                "recompress_idle" => spec.recompress_idle = Some(duration_of(key, value)?),
+                "recompress_algorithm" => spec
+                    .recompress_algorithms
+                    .push(value.parse().map_err(|e| bad(key, value, format!("{e}")))?),
+                "read_only" => {
+                    spec.read_only = match value {
+                        "true" | "yes" | "1" => true,
+                        "false" | "no" | "0" => false,
+                        _ => return Err(bad(key, value, "true or false".into())),
+                    }
+                }
+                "serial" => spec.serial = Some(value.to_string()),
+                _ => {
+                    return Err(SpecError::UnknownKey {
+                        name: name.to_string(),
+                        key: key.to_string(),
+                    })
+                }
+            }
+        }
+        if let Err(why) = spec.layout.validate() {
+            let page_size = spec.layout.page_size.to_string();
+            return Err(bad("page_size", &page_size, why.to_string()));
+        }
+        spec.check_size()?;
+        Ok(spec)
+    }
+
+    fn new_unchecked(name: &str, size: u64) -> DeviceSpec {
+        DeviceSpec {
+            name: name.to_string(),
+            size,
+            compressor: "lzo-rle".parse().expect("a built-in algorithm"),
+            allocator: AllocatorKind::Zsmalloc,
+            layout: ZsConfig::default(),
+            mem_limit: 0,
+            mem_low: 0,
+            writeback_format: WbFormat::Packed,
+            writeback_idle: None,
+            recompress_algorithms: Vec::new(),
+            recompress_idle: None,
+            mem_target: None,
+            read_only: false,
+            serial: None,
+        }
+    }
+
+    fn check_size(&self) -> Result<(), SpecError> {
+        let ps = self.layout.page_size;
+        if self.size == 0 || !self.size.is_multiple_of(ps as u64) {
+            return Err(SpecError::BadSize {
+                name: self.name.clone(),
+                size: self.size,
+                page_size: ps,
+            });
+        }
+        Ok(())
+    }
+
+    /// The serial a VM reads: the one given, else the name.
+    pub fn serial(&self) -> &str {
+        self.serial.as_deref().unwrap_or(&self.name)
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = SpecError;
+
+    /// `NAME,key=value,...` or `name=NAME,key=value,...`.
+    fn from_str(s: &str) -> Result<DeviceSpec, SpecError> {
+        let mut words = s.split(',').map(str::trim).filter(|w| !w.is_empty());
+        let first = words.next().ok_or(SpecError::NoName)?;
+        let (name, mut pairs) = match first.split_once('=') {
+            Some(pair) => (None, vec![pair]),
+            None => (Some(first), Vec::new()),
+        };
+        for w in words {
+            let pair = w.split_once('=').ok_or_else(|| SpecError::BadValue {
+                name: name.unwrap_or("?").to_string(),
+                key: w.to_string(),
+                value: String::new(),
+                why: "not key=value".into(),
+            })?;
+            pairs.push(pair);
+        }
+        DeviceSpec::from_pairs(name, pairs)
+    }
+}
+
+/// A name front ends can use as an NBD export, a socket's file name and a state file's.
+fn check_name(name: &str) -> Result<(), SpecError> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_MAX
+        && !name.starts_with(['.', '-'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(SpecError::BadName(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_reads_as_the_spec_it_says() {
+        let s: DeviceSpec = "vm1,size=64G,compressor=lz4,mem_limit=2G,mem_low=256M,chain_size=4"
+            .parse()
+            .unwrap();
+        assert_eq!(s.name, "vm1");
+        assert_eq!(s.size, 64 << 30);
+        assert_eq!(s.compressor.to_string(), "lz4");
+        assert_eq!(s.mem_limit, 2 << 30);
+        assert_eq!(s.mem_low, 256 << 20);
+        assert_eq!(s.layout.chain_size, 4);
+        assert_eq!(s.serial(), "vm1");
+        let s: DeviceSpec =
+            "name=a.b_c-1,size=4M,recompress_algorithm=zstd,recompress_algorithm=deflate"
+                .parse()
+                .unwrap();
+        assert_eq!(s.name, "a.b_c-1");
+        assert_eq!(s.recompress_algorithms.len(), 2);
+    }
+
+    #[test]
+    fn mistakes_are_said() {
+        let err = |s: &str| s.parse::<DeviceSpec>().unwrap_err();
+        assert_eq!(err(""), SpecError::NoName);
+        assert!(matches!(err("../x,size=1M"), SpecError::BadName(_)));
+        assert!(matches!(err(".hidden,size=1M"), SpecError::BadName(_)));
+        assert!(matches!(err("vm1"), SpecError::NoSize { .. }));
+        assert!(matches!(err("vm1,size=1000"), SpecError::BadSize { .. }));
+        assert!(matches!(
+            err("vm1,size=1M,colour=red"),
+            SpecError::UnknownKey { .. }
+        ));
+        assert!(matches!(
+            err("vm1,size=1M,compressor=lz9"),
+            SpecError::BadValue { .. }
+        ));
+        assert!(matches!(
+            err("vm1,size=1M,size=2M"),
+            SpecError::Repeated { .. }
+        ));
+        assert!(matches!(
+            err("vm1,size=1M,chain_size=17"),
+            SpecError::BadValue { .. }
+        ));
+        assert!(matches!(
+            err("vm1,size=1M,oops"),
+            SpecError::BadValue { .. }
+        ));
+        let long = format!("{},size=1M", "x".repeat(65));
+        assert!(matches!(err(&long), SpecError::BadName(_)));
+    }
+}
