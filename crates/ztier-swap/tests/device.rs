@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use ztier_base::rng::Rng;
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
@@ -184,12 +185,9 @@ fn multi_order_runs_are_aligned_contiguous_and_disjoint() {
     for config in modes() {
         let dev = device(16 * CL, config);
         let mut used = vec![false; (16 * CL) as usize];
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = Rng::from_state(0x9e37_79b9_7f4a_7c15);
         for _ in 0..400 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let order = [0, 0, 1, 2, 4, 4, 9][(rng % 7) as usize];
+            let order = [0, 0, 1, 2, 4, 4, 9][rng.below(7) as usize];
             let Ok(slot) = dev.alloc(order) else { continue };
             let nr = 1u64 << order;
             assert_eq!(slot % nr, 0, "order {order} at {slot}");
@@ -441,12 +439,11 @@ fn threads_never_share_a_slot() {
                     let (dev, owned) = (&dev, &owned);
                     s.spawn(move || {
                         let mut held: Vec<(u64, u32)> = Vec::new();
-                        let mut rng = t + 1;
+                        let mut rng = Rng::new(t);
                         for _ in 0..20_000 {
-                            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-                            let r = rng >> 33;
-                            if held.len() < 300 && r % 3 != 0 {
-                                let order = if r % 5 == 0 { 2 } else { 0 };
+                            let r = rng.next_u64();
+                            if held.len() < 300 && !r.is_multiple_of(3) {
+                                let order = if r.is_multiple_of(5) { 2 } else { 0 };
                                 if let Ok(slot) = dev.alloc(order) {
                                     for s in slot..slot + (1 << order) {
                                         let was = owned[s as usize].swap(true, Ordering::AcqRel);

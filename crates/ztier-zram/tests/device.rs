@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use ztier_base::rng::Rng;
 use ztier_compress::Algorithm;
 use ztier_pool::testing::pattern;
 use ztier_pool::{PoolStats, ZsConfig, ZsPool};
@@ -27,11 +28,9 @@ fn device(pages: u64, alg: &str) -> Device {
 fn page(seed: u64) -> Vec<u8> {
     let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta ", b"epsilon "];
     let mut out = Vec::with_capacity(4096);
-    let mut x = seed | 1;
+    let mut rng = Rng::from_state(seed | 1);
     while out.len() < 4096 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         out.extend_from_slice(words[(x % 5) as usize]);
         out.push((x >> 8) as u8);
     }

@@ -8,6 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
+use ztier_base::rng::Rng;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
@@ -32,12 +33,10 @@ fn page(seed: u64) -> Vec<u8> {
     if seed.is_multiple_of(16) {
         return vec![0; PS];
     }
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(PS);
     while out.len() < PS {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         out.extend_from_slice(format!("{} ", x % 1000).as_bytes());
     }
     out.truncate(PS);

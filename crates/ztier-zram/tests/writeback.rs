@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
+use ztier_base::rng::Rng;
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::testing::Faulty;
@@ -36,13 +37,11 @@ fn page(seed: u64) -> Vec<u8> {
     if seed.is_multiple_of(16) {
         return vec![0; PS];
     }
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(PS);
     let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta ", b"epsilon "];
     while out.len() < PS {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         if seed % 8 == 7 {
             out.extend_from_slice(&x.to_le_bytes());
         } else {
