@@ -115,6 +115,34 @@ pub enum ZramError {
     WritebackLimit,
     #[error("backing store: {0}")]
     Backing(ztier_swap::SwapError),
+    /// A store whose bookkeeping would not fit in the machine's memory: writeback's live
+    /// counts (a `u32` a unit) and the allocator's slot map, made whole beside them when it
+    /// is attached (each alone may fit where the two do not).
+    #[error(
+        "a store of {store_bytes} bytes needs {live_count_bytes} bytes of live counts \
+         ({format:?} format) and {map_bytes} bytes of slot map: the machine has \
+         {memory_bytes} bytes of memory"
+    )]
+    StoreTooLarge {
+        store_bytes: u64,
+        format: WbFormat,
+        live_count_bytes: u64,
+        map_bytes: u64,
+        memory_bytes: u64,
+    },
+    /// [`StoreTooLarge`](Self::StoreTooLarge)'s live counts fit the machine, and could not be
+    /// allocated.
+    #[error(
+        "a store of {store_bytes} bytes needs {live_count_bytes} bytes of live counts \
+         ({format:?} format) and {map_bytes} bytes of slot map: the live counts could not be \
+         allocated"
+    )]
+    LiveCountsAlloc {
+        store_bytes: u64,
+        format: WbFormat,
+        live_count_bytes: u64,
+        map_bytes: u64,
+    },
     /// A writeback that did not write every page it took: `pages` went out (they stay on
     /// the store), `failed` could not be written (they stay in memory), and the rest were
     /// not tried.
