@@ -880,7 +880,7 @@ pub fn trace(data: &[u8]) {
     if let Some(built) = built {
         assert_eq!(trace, built, "read back other than built");
     }
-    assert_eq!(trace.check(), Ok(()), "read, yet its check refuses it");
+    assert_eq!(trace.check_invariants(), Ok(()), "read, yet its check refuses it");
     assert_eq!(
         trace.to_bytes().expect("an accepted trace's lists fit"),
         file,
