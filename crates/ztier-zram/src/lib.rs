@@ -65,7 +65,7 @@ use ztier_pool::{PoolError, PoolStats, ZPool};
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
-pub use state::{StateFile, StateSummary};
+pub use state::{StateError, StateFile, StateSummary};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
 pub use writeback::{Backing, BadWbFormat, BdStat, WbFormat, WbResult};
 
@@ -156,8 +156,9 @@ pub enum ZramError {
         failed: u64,
         cause: Box<ZramError>,
     },
+    /// Refused for now: what it would change is in use, or going away.
     #[error("{0}")]
-    Busy(String),
+    Busy(Busy),
     /// A value an attribute or setting does not take.
     #[error("{attr}: {value:?} is not {want}")]
     BadValue {
@@ -189,21 +190,32 @@ pub enum ZramError {
     TooManyAlgorithms { given: usize, max: usize },
     #[error("no secondary algorithm is set (recomp_algorithm)")]
     NoSecondary,
-    /// A saved state that cannot be written, or read into this device (and why).
+    /// A saved state that cannot be written, or read into this device (and why). The cause
+    /// is in the message, not also a `source`.
     #[error("saved state: {0}")]
-    BadState(String),
+    BadState(StateError),
     /// A written-back page's copy on the store is not what was written (its checksum does
-    /// not match): the store damaged it.
+    /// not match): the store damaged it. `first` is its segment's first slot, `at` the byte
+    /// in it.
     #[error(
-        "page {index}: its copy on the backing store fails its checksum ({place}): the store \
-         damaged it"
+        "page {index}: its copy on the backing store fails its checksum (segment at slot \
+         {first}, byte {at}, {size} bytes): the store damaged it"
     )]
-    Corrupt { index: u64, place: String },
+    Corrupt {
+        index: u64,
+        first: u64,
+        at: usize,
+        size: usize,
+    },
     /// A written-back slot names bytes past its segment: the slot table is damaged.
-    #[error("page {index}: its place on the store ({place}) and size {size} run past its segment")]
+    #[error(
+        "page {index}: its place on the store (slot {first}, byte {at}) and size {size} run \
+         past its segment"
+    )]
     BadPlace {
         index: u64,
-        place: String,
+        first: u64,
+        at: usize,
         size: usize,
     },
     #[error("after storing {stored} of {len} bytes at offset {offset}: {source}")]
@@ -217,6 +229,27 @@ pub enum ZramError {
 }
 
 pub type Result<T, E = ZramError> = std::result::Result<T, E>;
+
+impl From<StateError> for ZramError {
+    fn from(e: StateError) -> ZramError {
+        ZramError::BadState(e)
+    }
+}
+
+/// What an operation refused for now ([`ZramError::Busy`]) waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Busy {
+    #[error("writeback is closed: the device is stopping")]
+    WritebackClosed,
+    /// Another backing store was set while the operation ran.
+    #[error("the backing store was changed meanwhile")]
+    StoreChanged,
+    #[error("pages are written back to the current backing store")]
+    PagesOnStore,
+    #[error("pages are stored by the secondary algorithms; reset the device first")]
+    PagesOnSecondary,
+}
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
 #[derive(Default)]

@@ -18,7 +18,7 @@ use ztier_blockdev::testing::Faulty;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
-use ztier_zram::{Backing, Device, PageSelector, SlotFlag, WbFormat, ZramError};
+use ztier_zram::{Backing, Busy, Device, PageSelector, SlotFlag, WbFormat, ZramError};
 
 const PS: usize = 4096;
 
@@ -1015,7 +1015,7 @@ fn a_writeback_whose_store_changed_before_its_gate_is_refused() {
     saver.join().unwrap().unwrap();
     change.join().unwrap().unwrap();
     match writeback.join().unwrap() {
-        Err(ZramError::Busy(why)) => assert!(why.contains("changed meanwhile"), "{why}"),
+        Err(ZramError::Busy(why)) => assert_eq!(why, Busy::StoreChanged, "{why}"),
         other => panic!("a writeback to a store the device no longer has: {other:?}"),
     }
     // Nothing was written anywhere: the new store holds nothing, every page is in memory.

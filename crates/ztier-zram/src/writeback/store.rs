@@ -24,7 +24,7 @@ use super::cache::{Ahead, AheadThreads, SegmentCache};
 use super::{WbFormat, SEG_ORDER, SEG_SLOTS, SWAP_UUID_AT};
 use crate::slot::Place;
 use crate::stats::{Counter, Counters};
-use crate::{Result, ZramError};
+use crate::{Result, StateError, ZramError};
 
 /// A stamp no other save made: the clock, the process and a hasher's random keys.
 fn new_stamp() -> [u8; 16] {
@@ -209,10 +209,8 @@ impl Backing {
         let places =
             ztier_swap::Device::reopen(Arc::clone(&dev), places_config(), &runs).map_err(|e| {
                 match e {
-                    SwapError::NotTheArea(why) => ZramError::BadState(format!(
-                        "the backing store is not the one its pages were written back to: {why}"
-                    )),
-                    e => ZramError::BadState(format!("the backing store: {e}")),
+                    SwapError::NotTheArea(why) => StateError::StoreNotTheArea(why),
+                    e => StateError::StoreReopen(e),
                 }
             })?;
         let store = Backing::over(dev, places, format, live, true);
