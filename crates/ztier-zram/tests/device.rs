@@ -564,7 +564,7 @@ fn is_a_block_device() {
 /// zeroed range is a hole only when unmapping was allowed.
 #[test]
 fn block_status_follows_the_slots() {
-    use ztier_blockdev::{BlockDevice, Extent};
+    use ztier_blockdev::{BlockDevice, BlockError, Extent};
     let dev = device(8, "lz4");
     dev.write_page(1, &page(1)).unwrap();
     dev.write_page(2, &[0; 4096]).unwrap();
@@ -586,4 +586,15 @@ fn block_status_follows_the_slots() {
     dev.set_mem_limit(4096);
     let err = BlockDevice::write_at(&dev, 5 * 4096, &noise(5), false).unwrap_err();
     assert_eq!(err.errno(), 28, "{err}");
+    // zram's own error is kept whole under the kind, not flattened to its words.
+    let BlockError::NoSpace(cause) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(
+            cause.downcast_ref::<ZramError>(),
+            Some(ZramError::MemLimit { .. })
+        ),
+        "{err}"
+    );
 }
