@@ -3,8 +3,12 @@
 //! read), which is how a test knows that a thread it started has reached the lock it is
 //! meant to queue on before it starts the next one. parking_lot wakes the threads parked on
 //! a lock in the order they parked, so queueing them one after another orders them.
+//! [`writeback`]: what the writeback tests share.
+#![allow(dead_code)] // each test file uses its own part
 
 use std::time::{Duration, Instant};
+
+pub mod writeback;
 
 /// Far past any scheduling delay; only a thread that never blocks reaches it.
 const DEADLINE: Duration = Duration::from_secs(20);
