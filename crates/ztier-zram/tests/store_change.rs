@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Barrier};
 
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_zram::{Backing, Busy, PageSelector, WbFormat, ZramError};
@@ -69,29 +68,6 @@ fn a_store_changed_during_a_writeback_never_strands_a_page() {
     eprintln!("store changed first {swapped} times, refused {refused} times");
 }
 
-/// A writer for a save that stops on its first write until released: the save then holds
-/// its store's gate (taken before anything is written).
-struct Stopped {
-    /// (stopped, released)
-    state: Arc<(Mutex<(bool, bool)>, Condvar)>,
-}
-
-impl Write for Stopped {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let (lock, cv) = &*self.state;
-        let mut s = lock.lock().unwrap();
-        s.0 = true;
-        cv.notify_all();
-        while !s.1 {
-            s = cv.wait(s).unwrap();
-        }
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The interleaving the race above finds only now and then, forced: a writeback looks up
 /// its store, the store is changed before the writeback has the store's gate, and the
 /// writeback, once it has the gate, finds its store is no longer the device's and is
@@ -108,21 +84,14 @@ fn a_writeback_whose_store_changed_before_its_gate_is_refused() {
     let dev = Arc::new(device(PAGES, "lz4"));
     fill(&dev, PAGES);
     dev.set_backing(Some(store())).unwrap();
-    let state = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    // A save holds the store's gate from its first write on.
+    let mut out = common::StoppedSave::on_first_write();
+    let gate = Arc::clone(&out.gate);
     let saver = {
         let dev = Arc::clone(&dev);
-        let mut out = Stopped {
-            state: Arc::clone(&state),
-        };
         std::thread::spawn(move || dev.save_state(&mut out).map(|_| ()))
     };
-    {
-        let (lock, cv) = &*state;
-        let mut s = lock.lock().unwrap();
-        while !s.0 {
-            s = cv.wait(s).unwrap();
-        }
-    }
+    gate.wait_stopped(|| saver.is_finished());
     let new_store = store();
     let (tid, rx) = mpsc::channel();
     let change = {
@@ -154,11 +123,7 @@ fn a_writeback_whose_store_changed_before_its_gate_is_refused() {
         !writeback.is_finished(),
         "the writeback did not wait for the save"
     );
-    {
-        let (lock, cv) = &*state;
-        lock.lock().unwrap().1 = true;
-        cv.notify_all();
-    }
+    gate.release();
     saver.join().unwrap().unwrap();
     change.join().unwrap().unwrap();
     match writeback.join().unwrap() {
