@@ -2,12 +2,13 @@
 //! block lists, the swap allocator's cluster lists and zswap's LRU are all [`list`]s over an
 //! [`slab`]; handles of every allocator are packed with [`bits`]; per-CPU state (zram's
 //! streams and counters) lives in [`shard`]s; every counter set is declared with
-//! [`counters!`] ([`counter`]); byte ranges are cut into page [`pieces`]; tests
-//! write [`pattern`]s; a read asks for a line it will need through a [`prefetch`] hint;
-//! what the process asks of the OS (page size, memory, RSS, idle priority) is in [`os`];
-//! files that hold a disk's pages are made and opened by [`private_file`]; per-page tables
-//! that cost memory only where written come from [`zeroed`]; sizes and durations as people
-//! write them are read by [`units`].
+//! [`counters!`] ([`counter`]); byte ranges are cut into page [`pieces`]; wire and file
+//! formats are read field by field with [`bytes`]' reader; tests write
+//! [`pattern`]s and draw from the one seeded generator, [`rng`]; a read asks for a line it
+//! will need through a [`prefetch`] hint; what the process asks of the OS (page size,
+//! memory, RSS, idle priority) is in [`os`]; files that hold a disk's pages are made and
+//! opened by [`private_file`]; per-page tables that cost memory only where written come
+//! from [`zeroed`]; sizes and durations as people write them are read by [`units`].
 //!
 //! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
 //! [`os`] (libc calls that touch no memory of the caller's), [`prefetch`] (a hint that
@@ -16,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bits;
+pub mod bytes;
 pub mod counter;
 pub mod list;
 pub mod os;
@@ -23,6 +25,7 @@ pub mod pattern;
 pub mod pieces;
 pub mod prefetch;
 pub mod private_file;
+pub mod rng;
 pub mod shard;
 pub mod slab;
 pub mod units;

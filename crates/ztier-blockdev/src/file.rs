@@ -29,14 +29,12 @@ impl FileDevice {
     /// link, and one that exists must not be writable by another user
     /// ([`ztier_base::private_file`]).
     pub fn open(path: &Path, size: u64) -> Result<FileDevice> {
-        let (file, _made) =
-            private_file::open_or_create(path).map_err(|e| BlockError::Invalid(e.to_string()))?;
+        let (file, _made) = private_file::open_or_create(path).map_err(BlockError::File)?;
         let meta = file.metadata()?;
         if !meta.file_type().is_file() {
-            return Err(BlockError::Invalid(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
+            return Err(BlockError::NotAFile {
+                path: path.to_owned(),
+            });
         }
         if meta.len() < size {
             file.set_len(size)?;

@@ -24,6 +24,11 @@ pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+/// What a device says of a refusal of one of the kinds below: its own error, kept whole (a
+/// `ZramError` stays one, for a caller that downcasts it), or words (a `String` converts
+/// with `.into()`). The seam cannot name the engines' error types, which depend on it.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a block-device operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -31,15 +36,21 @@ pub enum BlockError {
     #[error("bytes {offset}..+{len} are outside the device's {size} bytes")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("no space left: {0}")]
-    NoSpace(String),
+    NoSpace(Cause),
     #[error("out of memory: {0}")]
-    NoMemory(String),
+    NoMemory(Cause),
     #[error("the device is read-only")]
     ReadOnly,
     #[error("{0} is not supported by this device")]
     Unsupported(&'static str),
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(Cause),
+    /// The file of a [`file::FileDevice`] may not hold a disk's pages, or could not be
+    /// opened ([`ztier_base::private_file`]).
+    #[error(transparent)]
+    File(ztier_base::private_file::PrivateFileError),
+    #[error("{} is not a regular file", path.display())]
+    NotAFile { path: std::path::PathBuf },
     /// The cause is in the message, not also a `source`: an error chain printed whole
     /// (`{:#}`) would say it twice.
     #[error("I/O error: {0}")]
@@ -62,7 +73,10 @@ impl BlockError {
     /// The errno value this error is reported as (NBD's error field, the kernel's bio status).
     pub fn errno(&self) -> i32 {
         match self {
-            BlockError::OutOfRange { .. } | BlockError::Invalid(_) => libc::EINVAL,
+            BlockError::OutOfRange { .. }
+            | BlockError::Invalid(_)
+            | BlockError::File(_)
+            | BlockError::NotAFile { .. } => libc::EINVAL,
             BlockError::NoSpace(_) => libc::ENOSPC,
             BlockError::NoMemory(_) => libc::ENOMEM,
             BlockError::ReadOnly => libc::EPERM,

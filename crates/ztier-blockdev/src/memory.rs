@@ -29,16 +29,16 @@ impl MemoryDevice {
     /// table cannot be allocated.
     pub fn new(size: u64) -> Result<MemoryDevice> {
         if !size.is_multiple_of(PAGE as u64) {
-            return Err(BlockError::Invalid(format!(
-                "size {size} is not a whole number of {PAGE}-byte pages"
-            )));
+            return Err(BlockError::Invalid(
+                format!("size {size} is not a whole number of {PAGE}-byte pages").into(),
+            ));
         }
         let count = usize::try_from(size / PAGE as u64)
-            .map_err(|_| BlockError::NoMemory(format!("a page table for {size} bytes")))?;
+            .map_err(|_| BlockError::NoMemory(format!("a page table for {size} bytes").into()))?;
         let mut pages = Vec::new();
         pages
             .try_reserve_exact(count)
-            .map_err(|_| BlockError::NoMemory(format!("a page table for {size} bytes")))?;
+            .map_err(|_| BlockError::NoMemory(format!("a page table for {size} bytes").into()))?;
         pages.resize_with(count, || RwLock::new(None));
         Ok(MemoryDevice { size, pages })
     }

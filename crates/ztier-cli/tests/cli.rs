@@ -46,12 +46,10 @@ fn corpus(name: &str, pages: usize, extra_bytes: usize) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ztier-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut data = Vec::new();
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = ztier_base::rng::Rng::from_state(0x9E37_79B9_7F4A_7C15);
     for p in 0..pages {
         for i in 0..4096 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             data.push(match p % 8 {
                 0 => 0,
                 7 => x as u8,

@@ -21,6 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use trace::TraceError;
+
 /// Size of a corpus page.
 pub const CORPUS_PAGE: usize = 4096;
 
@@ -36,8 +38,28 @@ pub enum CorpusError {
     Truncated { path: PathBuf, len: usize },
     #[error("{path}: empty corpus")]
     Empty { path: PathBuf },
-    #[error("{path}: {reason}")]
-    Malformed { path: PathBuf, reason: String },
+    #[error("{path}: a corpus file's name ends in .pages.zst or .pages")]
+    NotACorpusName { path: PathBuf },
+    #[error("{path}: a page of {len} bytes, not {CORPUS_PAGE}")]
+    PageLength { path: PathBuf, len: usize },
+    /// A JSON file (the kernel's figures) that does not parse as what it should be. The
+    /// cause is in the message, not also a `source`.
+    #[error("{path}: {cause}")]
+    Json {
+        path: PathBuf,
+        cause: serde_json::Error,
+    },
+    /// A `ksizes` file with an entry (a `u16`) for other than each corpus page.
+    #[error("{path}: {entries} entries for {pages} pages")]
+    KernelSizes {
+        path: PathBuf,
+        entries: usize,
+        pages: usize,
+    },
+    /// A trace file refused (see [`trace`]'s invariants). The cause is in the message, not
+    /// also a `source` (a chain printed whole would say it twice).
+    #[error("{path}: {cause}")]
+    BadTrace { path: PathBuf, cause: TraceError },
     #[error("{path}: more than {max} bytes of pages, the most allowed for a corpus here")]
     TooLarge { path: PathBuf, max: u64 },
     #[error("{path} does not describe {corpus}: {reason}")]
@@ -210,9 +232,10 @@ impl Corpus {
             Err(source) => return Err(CorpusError::Io { path, source }),
         };
         if bytes.len() != self.pages() * 2 {
-            return Err(CorpusError::Malformed {
+            return Err(CorpusError::KernelSizes {
                 path,
-                reason: format!("{} entries for {} pages", bytes.len() / 2, self.pages()),
+                entries: bytes.len() / 2,
+                pages: self.pages(),
             });
         }
         Ok(Some(
@@ -316,9 +339,9 @@ impl<M: DeserializeOwned> Truth<M> {
             path: path.to_owned(),
             source,
         })?;
-        serde_json::from_slice(&text).map_err(|e| CorpusError::Malformed {
+        serde_json::from_slice(&text).map_err(|cause| CorpusError::Json {
             path: path.to_owned(),
-            reason: e.to_string(),
+            cause,
         })
     }
 }
@@ -427,9 +450,9 @@ fn read_zswap_truth(path: &Path) -> Result<Option<ZswapTruthFile>> {
     };
     serde_json::from_slice(&text)
         .map(Some)
-        .map_err(|e| CorpusError::Malformed {
+        .map_err(|cause| CorpusError::Json {
             path: path.to_owned(),
-            reason: e.to_string(),
+            cause,
         })
 }
 

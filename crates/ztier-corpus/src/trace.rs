@@ -26,6 +26,8 @@ use std::collections::HashSet;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use ztier_base::bytes::ByteReader;
+
 use crate::{CorpusError, Result, CORPUS_PAGE};
 
 const MAGIC: &[u8; 8] = b"ZTIERTRC";
@@ -33,6 +35,60 @@ const VERSION: u32 = 1;
 const EPOCH_HEADER: usize = 8 + 8 + 3 * 4;
 const WRITE_ENTRY: usize = 12;
 const WENT_ENTRY: usize = 8;
+
+/// Why a trace is refused: a file that is not one, or bytes or epochs that break the
+/// module's invariants (the epoch and page that break them, and the figures).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    #[error("not a ztier trace (no ZTIERTRC header)")]
+    NotATrace,
+    #[error("trace version {version}, this reads {VERSION}")]
+    Version { version: u32 },
+    /// A trace holds corpus pages, of [`CORPUS_PAGE`] bytes.
+    #[error("page size {page_size}, corpus pages are {CORPUS_PAGE}")]
+    PageSize { page_size: u32 },
+    #[error("truncated at byte {at}")]
+    Truncated { at: usize },
+    /// An epoch's counts name more entries than the bytes left hold (checked before any
+    /// room is made for them).
+    #[error("epoch {epoch}: its counts need {need} bytes, {left} are left (truncated?)")]
+    CountsPastEnd { epoch: usize, need: u64, left: u64 },
+    #[error("epoch {epoch}: its time is before the epoch before's")]
+    TimeBackwards {
+        epoch: usize,
+        millis: u64,
+        before: u64,
+    },
+    #[error("epoch {epoch}: corpus page {corpus_page} where {due} was due")]
+    CorpusPageOutOfOrder {
+        epoch: usize,
+        corpus_page: u32,
+        due: u64,
+    },
+    #[error("epoch {epoch}: page {vpn:#x} named twice")]
+    NamedTwice { epoch: usize, vpn: u64 },
+    #[error("epoch {epoch}: page {vpn:#x} appears while present")]
+    AppearsWhilePresent { epoch: usize, vpn: u64 },
+    #[error("epoch {epoch}: page {vpn:#x} changes while not present")]
+    ChangesWhileAbsent { epoch: usize, vpn: u64 },
+    #[error("epoch {epoch}: page {vpn:#x} goes while not present")]
+    GoesWhileAbsent { epoch: usize, vpn: u64 },
+    #[error(
+        "epoch {epoch}: {unchanged} unchanged pages and {written} written do not add up to \
+         the {present} present"
+    )]
+    CountsDoNotAddUp {
+        epoch: usize,
+        unchanged: u64,
+        written: u64,
+        present: u64,
+    },
+    #[error("{pages} pages in one epoch's list, more than a trace holds")]
+    ListTooLong { pages: usize },
+}
+
+type TraceResult<T> = std::result::Result<T, TraceError>;
 
 /// A page's new content in an epoch: the page numbered `vpn` (its virtual page number, or
 /// the capture's key for it: see the module's header) now holds corpus page `corpus_page`.
@@ -98,48 +154,45 @@ impl Trace {
             path: path.to_owned(),
             source,
         })?;
-        Trace::from_bytes(&bytes).map_err(|reason| CorpusError::Malformed {
+        Trace::from_bytes(&bytes).map_err(|cause| CorpusError::BadTrace {
             path: path.to_owned(),
-            reason,
+            cause,
         })
     }
 
     /// A trace from a file's bytes, checked (see the module's invariants); a refusal says
     /// why. A trace accepted here is written back byte for byte by [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Trace, String> {
+    pub fn from_bytes(bytes: &[u8]) -> TraceResult<Trace> {
         // The magic first: a file too short for it, or not starting with it, is not a trace
         // at all (not a truncated one).
-        if !bytes.starts_with(MAGIC) {
-            return Err("not a ztier trace (no ZTIERTRC header)".into());
+        let mut r = Reader(ByteReader::new(bytes));
+        if r.0.take(MAGIC.len()) != Ok(&MAGIC[..]) {
+            return Err(TraceError::NotATrace);
         }
-        let mut r = Reader {
-            bytes,
-            at: MAGIC.len(),
-        };
         let version = r.u32()?;
         if version != VERSION {
-            return Err(format!("trace version {version}, this reads {VERSION}"));
+            return Err(TraceError::Version { version });
         }
         let page_size = r.u32()?;
         if page_size as usize != CORPUS_PAGE {
-            return Err(format!(
-                "page size {page_size}, corpus pages are {CORPUS_PAGE}"
-            ));
+            return Err(TraceError::PageSize { page_size });
         }
         let mut epochs: Vec<Epoch> = Vec::new();
         let mut checker = Checker::default();
-        while r.at < bytes.len() {
+        while r.0.left() > 0 {
             let index = epochs.len();
             let millis = r.u64()?;
             let unchanged = r.u64()?;
             let counts = [r.u32()?, r.u32()?, r.u32()?].map(u64::from);
             // In 64 bits: the counts are the file's, up to 2^32 each.
             let need = (counts[0] + counts[1]) * WRITE_ENTRY as u64 + counts[2] * WENT_ENTRY as u64;
-            let left = (bytes.len() - r.at) as u64;
+            let left = r.0.left() as u64;
             if need > left {
-                return Err(format!(
-                    "epoch {index}: its counts need {need} bytes, {left} are left (truncated?)"
-                ));
+                return Err(TraceError::CountsPastEnd {
+                    epoch: index,
+                    need,
+                    left,
+                });
             }
             // Each count now fits the bytes left, so in memory too.
             let [appeared, changed, went] = counts.map(|n| n as usize);
@@ -173,12 +226,11 @@ impl Trace {
     /// Checks a trace held in memory (built, not read) against the module's invariants, as
     /// [`from_bytes`](Self::from_bytes) checks a file: one that passes has consistent counts
     /// ([`Epoch::present`] is the pages present, and no sum of them overflows).
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check_invariants(&self) -> TraceResult<()> {
         if self.page_size as usize != CORPUS_PAGE {
-            return Err(format!(
-                "page size {}, corpus pages are {CORPUS_PAGE}",
-                self.page_size
-            ));
+            return Err(TraceError::PageSize {
+                page_size: self.page_size,
+            });
         }
         let mut checker = Checker::default();
         for (index, epoch) in self.epochs.iter().enumerate() {
@@ -187,17 +239,23 @@ impl Trace {
         Ok(())
     }
 
+    /// [`check_invariants`](Self::check_invariants)'s refusal in words: kept only for
+    /// ztier-replay, whose `TraceInvalid` holds it as text; goes when that takes the typed
+    /// [`TraceError`].
+    pub fn check(&self) -> std::result::Result<(), String> {
+        self.check_invariants().map_err(|e| e.to_string())
+    }
+
     /// The trace in its file format: what [`TraceWriter`] writes for the same epochs. The
     /// caller keeps the module's invariants (a trace read back keeps them;
     /// [`check`](Self::check) checks one built). Refused: a page size other than the
     /// corpus's (the format has room for no other), an epoch's list longer than a `u32` can
     /// count.
-    pub fn to_bytes(&self) -> std::result::Result<Vec<u8>, String> {
+    pub fn to_bytes(&self) -> TraceResult<Vec<u8>> {
         if self.page_size as usize != CORPUS_PAGE {
-            return Err(format!(
-                "page size {}, a trace holds corpus pages of {CORPUS_PAGE}",
-                self.page_size
-            ));
+            return Err(TraceError::PageSize {
+                page_size: self.page_size,
+            });
         }
         let mut out = header();
         for e in &self.epochs {
@@ -216,10 +274,13 @@ struct Checker {
 }
 
 impl Checker {
-    fn epoch(&mut self, index: usize, epoch: &Epoch) -> std::result::Result<(), String> {
-        let bad = |what: String| format!("epoch {index}: {what}");
+    fn epoch(&mut self, index: usize, epoch: &Epoch) -> TraceResult<()> {
         if epoch.millis < self.millis {
-            return Err(bad("its time is before the epoch before's".into()));
+            return Err(TraceError::TimeBackwards {
+                epoch: index,
+                millis: epoch.millis,
+                before: self.millis,
+            });
         }
         self.millis = epoch.millis;
         // Each page is named once an epoch: appeared, changed or went.
@@ -227,46 +288,50 @@ impl Checker {
         for (list, appearing) in [(&epoch.appeared, true), (&epoch.changed, false)] {
             for w in list {
                 if u64::from(w.corpus_page) != self.next_corpus_page {
-                    return Err(bad(format!(
-                        "corpus page {} where {} was due",
-                        w.corpus_page, self.next_corpus_page
-                    )));
+                    return Err(TraceError::CorpusPageOutOfOrder {
+                        epoch: index,
+                        corpus_page: w.corpus_page,
+                        due: self.next_corpus_page,
+                    });
                 }
                 self.next_corpus_page += 1;
                 if !named.insert(w.vpn) {
-                    return Err(bad(format!("page {:#x} named twice", w.vpn)));
+                    return Err(TraceError::NamedTwice {
+                        epoch: index,
+                        vpn: w.vpn,
+                    });
                 }
                 let was_present = if appearing {
                     !self.present.insert(w.vpn)
                 } else {
                     self.present.contains(&w.vpn)
                 };
-                if was_present == appearing {
-                    return Err(bad(format!(
-                        "page {:#x} {} while {}present",
-                        w.vpn,
-                        if appearing { "appears" } else { "changes" },
-                        if appearing { "" } else { "not " }
-                    )));
+                let (epoch, vpn) = (index, w.vpn);
+                match (appearing, was_present) {
+                    (true, true) => return Err(TraceError::AppearsWhilePresent { epoch, vpn }),
+                    (false, false) => return Err(TraceError::ChangesWhileAbsent { epoch, vpn }),
+                    _ => {}
                 }
             }
         }
         for &vpn in &epoch.went {
             if !named.insert(vpn) {
-                return Err(bad(format!("page {vpn:#x} named twice")));
+                return Err(TraceError::NamedTwice { epoch: index, vpn });
             }
             if !self.present.remove(&vpn) {
-                return Err(bad(format!("page {vpn:#x} goes while not present")));
+                return Err(TraceError::GoesWhileAbsent { epoch: index, vpn });
             }
         }
         let written = (epoch.appeared.len() + epoch.changed.len()) as u64;
+        let present = self.present.len() as u64;
         // Checked: the unchanged count may be anything (a file's, or a caller's).
-        if epoch.unchanged.checked_add(written) != Some(self.present.len() as u64) {
-            return Err(bad(format!(
-                "{} unchanged pages and {written} written do not add up to the {} present",
-                epoch.unchanged,
-                self.present.len()
-            )));
+        if epoch.unchanged.checked_add(written) != Some(present) {
+            return Err(TraceError::CountsDoNotAddUp {
+                epoch: index,
+                unchanged: epoch.unchanged,
+                written,
+                present,
+            });
         }
         Ok(())
     }
@@ -283,11 +348,8 @@ fn header() -> Vec<u8> {
 }
 
 /// Appends one epoch in the file format; refused if a list is longer than a `u32` can count.
-fn encode_epoch(e: &Epoch, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-    let count = |n: usize| {
-        u32::try_from(n)
-            .map_err(|_| format!("{n} pages in one epoch's list, more than a trace holds"))
-    };
+fn encode_epoch(e: &Epoch, out: &mut Vec<u8>) -> TraceResult<()> {
+    let count = |n: usize| u32::try_from(n).map_err(|_| TraceError::ListTooLong { pages: n });
     let counts = [
         count(e.appeared.len())?,
         count(e.changed.len())?,
@@ -313,30 +375,19 @@ fn encode_epoch(e: &Epoch, out: &mut Vec<u8>) -> std::result::Result<(), String>
     Ok(())
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
+/// The trace's little-endian fields, a read past the end refused as truncated.
+struct Reader<'a>(ByteReader<'a>);
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let Some(end) = end else {
-            return Err(format!("truncated at byte {}", self.at));
-        };
-        let out = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(out)
+impl Reader<'_> {
+    fn u32(&mut self) -> TraceResult<u32> {
+        self.0
+            .u32_le()
+            .map_err(|e| TraceError::Truncated { at: e.at })
     }
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+    fn u64(&mut self) -> TraceResult<u64> {
+        self.0
+            .u64_le()
+            .map_err(|e| TraceError::Truncated { at: e.at })
     }
 }
 
@@ -373,9 +424,9 @@ impl TraceWriter {
     /// Appends an epoch; the caller keeps the module's invariants (the capture does).
     pub fn write_epoch(&mut self, e: &Epoch) -> Result<()> {
         let mut buf = Vec::new();
-        encode_epoch(e, &mut buf).map_err(|reason| CorpusError::Malformed {
+        encode_epoch(e, &mut buf).map_err(|cause| CorpusError::BadTrace {
             path: self.path.clone(),
-            reason,
+            cause,
         })?;
         let out = self.out.as_mut().expect("taken only by finish");
         out.write_all(&buf).map_err(|source| CorpusError::Io {
@@ -471,7 +522,11 @@ mod tests {
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         huge.extend_from_slice(&[0u8; 8]);
         let err = Trace::from_bytes(&huge).unwrap_err();
-        assert!(err.contains("truncated"), "{err}");
+        assert!(
+            matches!(err, TraceError::CountsPastEnd { epoch: 0, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("truncated"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -528,9 +583,18 @@ mod tests {
                 }],
             };
             let err = Trace::from_bytes(&t.to_bytes().unwrap()).unwrap_err();
-            assert!(err.contains("do not add up"), "{err}");
-            let err = t.check().unwrap_err();
-            assert!(err.contains("do not add up"), "{err}");
+            assert!(err.to_string().contains("do not add up"), "{err}");
+            let err = t.check_invariants().unwrap_err();
+            assert_eq!(
+                err,
+                TraceError::CountsDoNotAddUp {
+                    epoch: 0,
+                    unchanged: u64::MAX - k,
+                    written: 2,
+                    present: 2
+                }
+            );
+            assert!(err.to_string().contains("do not add up"), "{err}");
         }
     }
 
@@ -538,7 +602,11 @@ mod tests {
     fn a_file_without_the_magic_is_not_a_trace() {
         for garbage in [&b""[..], b"garbage", b"ZTIERTR", b"ZTIERTRX\x01\0\0\0"] {
             let err = Trace::from_bytes(garbage).unwrap_err();
-            assert!(err.contains("not a ztier trace"), "{garbage:?}: {err}");
+            assert_eq!(err, TraceError::NotATrace, "{garbage:?}");
+            assert!(
+                err.to_string().contains("not a ztier trace"),
+                "{garbage:?}: {err}"
+            );
         }
     }
 }

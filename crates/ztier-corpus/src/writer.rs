@@ -47,9 +47,8 @@ impl CorpusWriter {
             .unwrap_or_default();
         let compressed = name.ends_with(".pages.zst");
         if !compressed && !name.ends_with(".pages") {
-            return Err(CorpusError::Malformed {
+            return Err(CorpusError::NotACorpusName {
                 path: path.to_owned(),
-                reason: "a corpus file's name ends in .pages.zst or .pages".into(),
             });
         }
         let temporary = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
@@ -81,9 +80,9 @@ impl CorpusWriter {
     /// Appends one page of [`CORPUS_PAGE`] bytes; returns its index in the corpus.
     pub fn push(&mut self, page: &[u8]) -> Result<u64> {
         if page.len() != CORPUS_PAGE {
-            return Err(CorpusError::Malformed {
+            return Err(CorpusError::PageLength {
                 path: self.path.clone(),
-                reason: format!("a page of {} bytes, not {CORPUS_PAGE}", page.len()),
+                len: page.len(),
             });
         }
         let io = |source| CorpusError::Io {
@@ -181,7 +180,7 @@ mod tests {
         assert!(left.is_empty(), "{left:?}");
         assert!(matches!(
             CorpusWriter::create(&dir.join("x.bin")),
-            Err(CorpusError::Malformed { .. })
+            Err(CorpusError::NotACorpusName { .. })
         ));
         assert!(matches!(
             CorpusWriter::create(&dir.join("e.pages")).unwrap().finish(),

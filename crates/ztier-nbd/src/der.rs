@@ -5,8 +5,8 @@
 //! its own element, and anything not laid out as RFC 5280 says is `None`, never a panic.
 //!
 //! Layout read (RFC 5280, 4.1): Certificate ::= SEQUENCE { tbsCertificate, ... };
-//! TBSCertificate ::= SEQUENCE { [0] version OPTIONAL, serialNumber, signature, issuer,
-//! validity, subject, subjectPublicKeyInfo, [1] OPTIONAL, [2] OPTIONAL, [3] extensions
+//! TBSCertificate ::= SEQUENCE { \[0\] version OPTIONAL, serialNumber, signature, issuer,
+//! validity, subject, subjectPublicKeyInfo, \[1\] OPTIONAL, \[2\] OPTIONAL, \[3\] extensions
 //! OPTIONAL }; Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value };
 //! Extensions ::= SEQUENCE OF SEQUENCE { extnID OID, critical BOOLEAN OPTIONAL, OCTET STRING }.
 

@@ -6,6 +6,8 @@
 //! exactly the message (the caller reads the fixed-size header, then the length it gives,
 //! bounded), so a malformed message is an error, never a panic or an unbounded read.
 
+use ztier_base::bytes::{ByteReader, PastEnd};
+
 /// "NBDMAGIC": the server's first eight bytes.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 /// "IHAVEOPT": after NBDMAGIC in newstyle, and before each option the client sends.
@@ -154,45 +156,43 @@ fn malformed(what: &'static str, why: impl Into<String>) -> Malformed {
     }
 }
 
-/// Reads big-endian fields from a byte slice, refusing to run past its end.
+/// Reads NBD's big-endian fields from a byte slice, refusing to run past its end: the
+/// shared reader ([`ByteReader`]) with the name of the message it reads, for the refusal.
 pub struct Cursor<'a> {
-    bytes: &'a [u8],
+    bytes: ByteReader<'a>,
     what: &'static str,
 }
 
 impl<'a> Cursor<'a> {
     pub fn new(bytes: &'a [u8], what: &'static str) -> Cursor<'a> {
-        Cursor { bytes, what }
+        Cursor {
+            bytes: ByteReader::new(bytes),
+            what,
+        }
+    }
+
+    /// The read past the end, in this message's words.
+    fn past_end(&self, e: PastEnd) -> Malformed {
+        malformed(
+            self.what,
+            format!("needs {} more bytes, has {}", e.wanted, e.left),
+        )
     }
 
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
-        if self.bytes.len() < n {
-            return Err(malformed(
-                self.what,
-                format!("needs {n} more bytes, has {}", self.bytes.len()),
-            ));
-        }
-        let (head, tail) = self.bytes.split_at(n);
-        self.bytes = tail;
-        Ok(head)
+        self.bytes.take(n).map_err(|e| self.past_end(e))
     }
 
     pub fn u16(&mut self) -> Result<u16, Malformed> {
-        Ok(u16::from_be_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
+        self.bytes.u16_be().map_err(|e| self.past_end(e))
     }
 
     pub fn u32(&mut self) -> Result<u32, Malformed> {
-        Ok(u32::from_be_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        self.bytes.u32_be().map_err(|e| self.past_end(e))
     }
 
     pub fn u64(&mut self) -> Result<u64, Malformed> {
-        Ok(u64::from_be_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        self.bytes.u64_be().map_err(|e| self.past_end(e))
     }
 
     /// A u32 length, then that many bytes of UTF-8 (at most `max`).
@@ -207,12 +207,12 @@ impl<'a> Cursor<'a> {
 
     /// Refuses bytes left over.
     pub fn finish(self) -> Result<(), Malformed> {
-        if self.bytes.is_empty() {
+        if self.bytes.left() == 0 {
             Ok(())
         } else {
             Err(malformed(
                 self.what,
-                format!("{} bytes past its end", self.bytes.len()),
+                format!("{} bytes past its end", self.bytes.left()),
             ))
         }
     }

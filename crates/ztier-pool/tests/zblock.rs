@@ -5,6 +5,7 @@ mod common;
 
 use common::model_op;
 use proptest::prelude::*;
+use ztier_base::rng::Rng;
 use ztier_pool::testing::{self, pattern};
 use ztier_pool::{ConfigError, Handle, PoolError, ZPool, ZblockConfig, ZblockPool};
 
@@ -81,13 +82,10 @@ fn freed_slots_are_reused_before_new_blocks() {
         let blocks_full = pool.blocks();
         let pages_full = pool.total_pages();
         // A random half, by a fixed-seed shuffle.
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rng = Rng::from_state(0x2545_F491_4F6C_DD1D);
         let mut freed = Vec::new();
         for (i, h) in handles.iter_mut().enumerate() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if x.is_multiple_of(2) {
+            if rng.next_u64().is_multiple_of(2) {
                 pool.free(h.take().unwrap()).unwrap();
                 freed.push(i);
             }

@@ -33,7 +33,7 @@
 //! The device and its shared state are here; its jobs are child modules: `alloc` (current
 //! clusters, isolation, the list policy, the slow path), `free` (frees, batches, `dup`, I/O
 //! checks), `discard` (the discard worker), `header` (the swap header, its id and the owner's stamp) and
-//! `stats` (statistics and `verify`).
+//! `stats` (statistics and `check_consistency`).
 //!
 //! Lock order (outer first), cluster mode: the thread's current-cluster shard, the global
 //! cluster lock (rotational), a cluster lock, the device lock, the available-list lock. A
@@ -59,7 +59,7 @@ use crate::cluster::{
 };
 use crate::lockstat::{CountedMutex, LockReport, LockStats};
 use crate::sync::{AtomicU64, MutexGuard, Ordering};
-use crate::SwapError;
+use crate::{Inconsistency, NotTheArea, SwapError};
 use swap_slots::SlotCache;
 
 mod alloc;
@@ -70,7 +70,8 @@ mod stats;
 mod swap_slots;
 
 use alloc::run_is_free;
-use alloc::{runs_worth_a_trip, Published};
+use alloc::runs_worth_a_trip;
+pub use alloc::Published;
 use header::{random_uuid, swap_header};
 pub use stats::{DeviceStats, OrderStats};
 pub use swap_slots::SWAP_SLOTS_CACHE_SIZE;
@@ -283,16 +284,10 @@ impl Device {
     pub fn slots_for(backing_bytes: u64) -> Result<u64, SwapError> {
         let slots = backing_bytes / SLOT_BYTES;
         if slots < 2 {
-            return Err(SwapError::Invalid(format!(
-                "a swap device needs at least two {SLOT_BYTES}-byte slots (a header and one \
-                 more); the backing device has {backing_bytes} bytes"
-            )));
+            return Err(SwapError::TooFewSlots { backing_bytes });
         }
         if slots > u64::from(u32::MAX) {
-            return Err(SwapError::Invalid(format!(
-                "{slots} slots; at most {} are addressed",
-                u32::MAX
-            )));
+            return Err(SwapError::TooManySlots { slots });
         }
         Ok(slots)
     }
@@ -345,15 +340,18 @@ impl Device {
         let map_bytes = Device::slot_map_bytes(backing.size());
         let memory_bytes = ztier_base::os::physical_memory_bytes();
         if map_bytes > memory_bytes {
-            return Err(SwapError::Invalid(format!(
-                "{slots} slots need {map_bytes} bytes of slot map while the device is made; \
-                 the machine has {memory_bytes} bytes of memory"
-            )));
+            return Err(SwapError::SlotMapTooLarge {
+                slots,
+                map_bytes,
+                memory_bytes,
+            });
         }
         let mut clusters: Vec<Cluster> = Vec::new();
         clusters
             .try_reserve_exact(nclusters)
-            .map_err(|_| SwapError::Invalid(format!("no memory for {nclusters} clusters")))?;
+            .map_err(|_| SwapError::ClustersAlloc {
+                clusters: nclusters,
+            })?;
         clusters.resize_with(nclusters, Cluster::new);
         // The header slot and the slots past the end are never handed out.
         let mark_bad = |c: &mut Cluster, i: usize| {
@@ -376,7 +374,7 @@ impl Device {
                 let mut page = vec![0u8; SLOT_BYTES as usize];
                 backing.read_at(0, &mut page)?;
                 let (uuid, stamp) = read_header(&page, slots).map_err(SwapError::NotTheArea)?;
-                let in_use = mark_runs(&mut clusters, slots, runs).map_err(SwapError::Invalid)?;
+                let in_use = mark_runs(&mut clusters, slots, runs)?;
                 (uuid, stamp, in_use)
             }
         };
@@ -424,7 +422,7 @@ impl Device {
             let spawned = std::thread::Builder::new()
                 .name("ztier-swap-discard".into())
                 .spawn(move || worker.discard_worker())
-                .map_err(|e| SwapError::Invalid(format!("starting the discard thread: {e}")))?;
+                .map_err(SwapError::DiscardThread)?;
             Some(spawned)
         } else {
             None
@@ -603,9 +601,17 @@ impl Device {
     }
 
     /// Checks every invariant of the clusters and lists; exact when no other operation
-    /// runs (a consistency check, the allocator's fsck).
+    /// runs (a consistency check, the allocator's fsck). The first that does not hold is
+    /// the error.
+    pub fn check_consistency(&self) -> Result<(), Inconsistency> {
+        self.inner.check_consistency()
+    }
+
+    /// [`check_consistency`](Self::check_consistency)'s finding in words: kept only for
+    /// ztier-replay, whose `SwapInconsistent` holds it as text; goes when that takes the
+    /// typed [`Inconsistency`].
     pub fn verify(&self) -> Result<(), String> {
-        self.inner.verify()
+        self.check_consistency().map_err(|e| e.to_string())
     }
 }
 
@@ -620,17 +626,13 @@ impl Drop for Device {
 }
 
 /// The id and stamp of a swap header read back, if it is one of a device of `slots` slots.
-fn read_header(page: &[u8], slots: u64) -> Result<([u8; 16], [u8; 16]), String> {
-    let (uuid, stamp, last_page) = header::parse_header(page).ok_or_else(|| {
-        "its first page is not a Linux swap header (version 1): it was never a store, or \
-         was overwritten"
-            .to_string()
-    })?;
+fn read_header(page: &[u8], slots: u64) -> Result<([u8; 16], [u8; 16]), NotTheArea> {
+    let (uuid, stamp, last_page) = header::parse_header(page).ok_or(NotTheArea::NoSwapHeader)?;
     if u64::from(last_page) != slots - 1 {
-        return Err(format!(
-            "its swap header is of an area of {} slots; the device has {slots}",
-            u64::from(last_page) + 1
-        ));
+        return Err(NotTheArea::OtherSize {
+            area_slots: u64::from(last_page) + 1,
+            slots,
+        });
     }
     Ok((uuid, stamp))
 }
@@ -638,32 +640,24 @@ fn read_header(page: &[u8], slots: u64) -> Result<([u8; 16], [u8; 16]), String> 
 /// Marks each run of `used` allocated (a count of one) in a new device's clusters; the
 /// slots in use. Every run is checked before any slot is marked as a whole: in range,
 /// aligned to its size, overlapping nothing marked.
-fn mark_runs(clusters: &mut [Cluster], slots: u64, used: &[(u64, u32)]) -> Result<u64, String> {
+fn mark_runs(clusters: &mut [Cluster], slots: u64, used: &[(u64, u32)]) -> Result<u64, SwapError> {
     let per = u64::from(CLUSTER);
     // A cluster's order: that of its runs, if one; 0 if several or if it holds bad slots.
     let mut order: Vec<Option<Option<u8>>> = vec![None; clusters.len()];
     let mut in_use = 0;
     for &(first, o) in used {
         if o as usize >= NR_ORDERS {
-            return Err(format!(
-                "a run of order {o}: the largest is {}",
-                NR_ORDERS - 1
-            ));
+            return Err(SwapError::RunOrder { order: o });
         }
         let nr = 1u64 << o;
         if first == 0 || !first.is_multiple_of(nr) || first.saturating_add(nr) > slots {
-            return Err(format!(
-                "a run of {nr} slots at slot {first}: not an aligned run of this area's slots \
-                 1..{slots}"
-            ));
+            return Err(SwapError::RunOutside { first, nr, slots });
         }
         let id = (first / per) as usize;
         let c = &mut clusters[id];
         let at = (first % per) as usize;
         if !c.range_is_free(at, nr as usize) {
-            return Err(format!(
-                "a run of {nr} slots at slot {first} overlaps another run (or the header)"
-            ));
+            return Err(SwapError::RunOverlaps { first, nr });
         }
         c.map[at..at + nr as usize].fill(1);
         c.count += nr as u16;

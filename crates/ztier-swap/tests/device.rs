@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use ztier_base::rng::Rng;
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
@@ -59,7 +60,7 @@ fn exhaustion_and_recovery() {
         dev.free_batch(&mut all).unwrap();
         dev.drain_slot_caches();
         assert_eq!(dev.in_use(), 0);
-        dev.verify().unwrap();
+        dev.check_consistency().unwrap();
         let s = dev.stats();
         assert_eq!(s.lists.free, 3, "{s:?}");
         assert_eq!(dev.alloc(9).unwrap() % CL, 0, "a whole cluster again");
@@ -111,7 +112,7 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
         "{:?}",
         s.lists
     );
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
 
     // No free cluster: CPU 3's order-0 allocations take frag[0] (cluster 0) first...
     assert_eq!(dev.stats().lists.free, 0);
@@ -128,7 +129,7 @@ fn fragmented_clusters_go_to_the_frag_list_and_order_0_takes_them_first() {
         }
     }
     assert_eq!(order, [(2, CL / 2 - 16), (3, CL / 2), (1, 16)]);
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
 }
 
 /// A larger allocation passes by fragmented clusters with no free run of its order without
@@ -172,11 +173,11 @@ fn large_allocations_skip_frag_clusters_without_a_run() {
         2,
         "the failed allocation took the device lock (stats() takes it twice)"
     );
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
     // One more free completes run 5: the next order-4 allocation finds it.
     dev.free(base + 5 * 16 + 15).unwrap();
     assert_eq!(dev.alloc_on(2, 4).unwrap(), base + 5 * 16);
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
 }
 
 #[test]
@@ -184,12 +185,9 @@ fn multi_order_runs_are_aligned_contiguous_and_disjoint() {
     for config in modes() {
         let dev = device(16 * CL, config);
         let mut used = vec![false; (16 * CL) as usize];
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = Rng::from_state(0x9e37_79b9_7f4a_7c15);
         for _ in 0..400 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let order = [0, 0, 1, 2, 4, 4, 9][(rng % 7) as usize];
+            let order = [0, 0, 1, 2, 4, 4, 9][rng.below(7) as usize];
             let Ok(slot) = dev.alloc(order) else { continue };
             let nr = 1u64 << order;
             assert_eq!(slot % nr, 0, "order {order} at {slot}");
@@ -200,7 +198,7 @@ fn multi_order_runs_are_aligned_contiguous_and_disjoint() {
                 assert_eq!(dev.usage(s).unwrap(), 1);
             }
         }
-        dev.verify().unwrap();
+        dev.check_consistency().unwrap();
     }
 }
 
@@ -261,7 +259,7 @@ fn priorities_order_devices_and_a_full_one_leaves_and_comes_back() {
     assert_eq!(e, on_high[7]);
     assert!(swap.device(high).unwrap().off_list());
     for d in [high, b, c] {
-        swap.device(d).unwrap().verify().unwrap();
+        swap.device(d).unwrap().check_consistency().unwrap();
     }
     assert!(matches!(
         swap.free(ztier_swap::SwapEntry::new(7, 1)),
@@ -320,7 +318,7 @@ fn discard_punches_holes_in_the_backing_file() {
         let mut header = vec![0; 4096];
         file.read_at(0, &mut header).unwrap();
         assert_eq!(&header[4086..], b"SWAPSPACE2");
-        dev.verify().unwrap();
+        dev.check_consistency().unwrap();
         drop(dev);
         std::fs::remove_file(&path).unwrap();
     }
@@ -374,7 +372,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         ));
         assert!(matches!(
             dev.free_range(CL - 4, 8),
-            Err(SwapError::Invalid(_))
+            Err(SwapError::RangeAcrossClusters { nr: 8, .. })
         ));
         assert!(matches!(
             dev.free_range(unallocated, 2),
@@ -386,7 +384,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         ));
         assert!(matches!(
             dev.write_slot(slot, &[0; 100]),
-            Err(SwapError::Invalid(_))
+            Err(SwapError::NotASlotLength { len: 100 })
         ));
         assert_eq!(dev.usage(slot).unwrap(), 1, "{config:?}");
         // References: up to the most a slot holds, then refused.
@@ -413,11 +411,11 @@ fn bad_input_is_refused_and_changes_nothing() {
         assert!(matches!(err, SwapError::NotAllocated { offset } if offset == b));
         dev.drain_slot_caches();
         assert_eq!(dev.in_use(), 0);
-        dev.verify().unwrap();
+        dev.check_consistency().unwrap();
     }
     assert!(matches!(
         Device::new(memory(1), Config::default()),
-        Err(SwapError::Invalid(_))
+        Err(SwapError::TooFewSlots { .. })
     ));
 }
 
@@ -441,12 +439,11 @@ fn threads_never_share_a_slot() {
                     let (dev, owned) = (&dev, &owned);
                     s.spawn(move || {
                         let mut held: Vec<(u64, u32)> = Vec::new();
-                        let mut rng = t + 1;
+                        let mut rng = Rng::new(t);
                         for _ in 0..20_000 {
-                            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-                            let r = rng >> 33;
-                            if held.len() < 300 && r % 3 != 0 {
-                                let order = if r % 5 == 0 { 2 } else { 0 };
+                            let r = rng.next_u64();
+                            if held.len() < 300 && !r.is_multiple_of(3) {
+                                let order = if r.is_multiple_of(5) { 2 } else { 0 };
                                 if let Ok(slot) = dev.alloc(order) {
                                     for s in slot..slot + (1 << order) {
                                         let was = owned[s as usize].swap(true, Ordering::AcqRel);
@@ -478,7 +475,7 @@ fn threads_never_share_a_slot() {
             dev.drain_slot_caches();
             assert_eq!(dev.in_use(), 0, "{mode:?} discard {discard}");
             while dev.discard_now() {}
-            dev.verify().unwrap();
+            dev.check_consistency().unwrap();
         }
     }
 }
@@ -505,7 +502,7 @@ fn a_free_into_a_threads_cluster_moves_it_only_under_the_kernels_policy() {
         dev.free(a).unwrap();
         assert_eq!(dev.alloc_on(0, 0).unwrap() / CL, a / CL);
         assert_eq!(device_lock() - before - 2, expected, "{policy:?}");
-        dev.verify().unwrap();
+        dev.check_consistency().unwrap();
     }
 }
 
@@ -544,7 +541,7 @@ fn holes_in_full_clusters_stay_put_and_are_filled_in_place() {
         moved <= 4,
         "frees into full clusters moved them: {moved} acquisitions"
     );
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
     // Nothing else is free: order 0 finds every hole, then the device is full; none of it
     // takes the device lock.
     let extra = all[(2 * CL + 100) as usize];
@@ -563,13 +560,13 @@ fn holes_in_full_clusters_stay_put_and_are_filled_in_place() {
     expected.push(extra);
     expected.sort_unstable();
     assert_eq!(refilled, expected);
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
     // Half free: the cluster leaves the full list for nonfull.
     for &s in all.iter().filter(|&&s| s / CL == 2).take(CL as usize / 2) {
         dev.free(s).unwrap();
     }
     assert_eq!(dev.stats().lists.nonfull[0], 1);
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
 }
 
 /// Under ztier's list policy a thread whose cursor reaches the end of its cluster starts
@@ -611,7 +608,7 @@ fn a_thread_starts_over_in_its_cluster_when_frees_behind_the_cursor_left_room() 
                 free_before - u64::from(!stays),
                 "{policy:?} {mode:?}"
             );
-            dev.verify().unwrap();
+            dev.check_consistency().unwrap();
         }
     }
 }
@@ -641,5 +638,5 @@ fn current_clusters_are_bounded_by_the_shards_whatever_the_threads() {
     let clusters: HashSet<u64> = slots.iter().map(|s| s / CL).collect();
     assert_eq!(slots.len(), 64 * 8);
     assert!(clusters.len() <= SHARDS, "{} clusters", clusters.len());
-    dev.verify().unwrap();
+    dev.check_consistency().unwrap();
 }

@@ -1,6 +1,6 @@
 //! Random operation sequences against a model of slot usage: every count the device reports
 //! is the model's, allocations are aligned runs of free slots, order 0 fails only on a full
-//! device, and after every step each cluster is on the list its state names (`verify`).
+//! device, and after every step each cluster is on the list its state names (`check_consistency`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -151,8 +151,8 @@ fn run(ops: Vec<Op>, mode: Mode, policy: ListPolicy) -> Result<(), TestCaseError
         if !legacy {
             prop_assert_eq!(dev.in_use(), m.counts.len() as u64);
         }
-        if let Err(e) = dev.verify() {
-            return Err(TestCaseError::fail(e));
+        if let Err(e) = dev.check_consistency() {
+            return Err(TestCaseError::fail(e.to_string()));
         }
     }
     dev.drain_slot_caches();

@@ -1,9 +1,9 @@
 //! `Device::reopen`: a device over an area a first device formatted and allocated from, with
 //! exactly the runs it is told are in use. Checked against a model (the set of used slots)
 //! under random runs of mixed orders and frees: the same id and stamp, every used slot
-//! allocated and no other, every invariant of the clusters and lists (`verify`), and the
-//! reopened device hands out only free slots until it is full. Bad headers and bad runs are
-//! refused with the reason, and nothing is written.
+//! allocated and no other, every invariant of the clusters and lists (`check_consistency`),
+//! and the reopened device hands out only free slots until it is full. Bad headers and bad
+//! runs are refused with the reason, and nothing is written.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
-use ztier_swap::{Config, Device, SwapError, SLOT_BYTES, SWAPFILE_CLUSTER};
+use ztier_swap::{Config, Device, NotTheArea, SwapError, SLOT_BYTES, SWAPFILE_CLUSTER};
 
 const CL: u64 = SWAPFILE_CLUSTER as u64;
 
@@ -72,7 +72,8 @@ proptest! {
         prop_assert_eq!(dev.uuid(), uuid);
         prop_assert_eq!(dev.stamp(), [7; 16]);
         prop_assert_eq!(dev.in_use(), used.len() as u64);
-        dev.verify().map_err(TestCaseError::fail)?;
+        dev.check_consistency()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         for slot in 1..slots {
             let want = u8::from(used.contains(&slot));
             prop_assert_eq!(dev.usage(slot).unwrap(), want, "slot {}", slot);
@@ -92,12 +93,14 @@ proptest! {
             }
         }
         prop_assert_eq!(taken.len() as u64, slots - 1, "order 0 fills the device");
-        dev.verify().map_err(TestCaseError::fail)?;
+        dev.check_consistency()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         // A run given back frees its slots as any run does.
         if let Some(&(f, o)) = runs.first() {
             dev.free_range(f, 1 << o).unwrap();
             prop_assert_eq!(dev.usage(f).unwrap(), 0);
-            dev.verify().map_err(TestCaseError::fail)?;
+            dev.check_consistency()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         }
     }
 }
@@ -132,10 +135,22 @@ fn bad_headers_and_runs_are_refused_and_nothing_is_written() {
         .unwrap();
     let e = Device::reopen(bigger, config(false), &[]).err().unwrap();
     assert!(e.to_string().contains("an area of"), "{e}");
+    assert!(
+        matches!(
+            e,
+            SwapError::NotTheArea(NotTheArea::OtherSize { area_slots, slots })
+                if area_slots == 4 * CL && slots == 5 * CL
+        ),
+        "{e:?}"
+    );
     let e = Device::reopen(memory(4 * CL), config(false), &[])
         .err()
         .unwrap();
     assert!(e.to_string().contains("not a Linux swap header"), "{e}");
+    assert!(
+        matches!(e, SwapError::NotTheArea(NotTheArea::NoSwapHeader)),
+        "{e:?}"
+    );
     // And the good one still opens.
     let dev = Device::reopen(Arc::clone(&backing), config(false), &[(a, 4)]).unwrap();
     assert_eq!(dev.in_use(), 16);
@@ -196,10 +211,10 @@ fn reopened_runs_freed_are_handed_out_again() {
         for &(f, o) in &runs {
             dev.free_range(f, 1 << o).unwrap();
         }
-        // verify is exact only with nothing else running: the discard worker's pass over
+        // check_consistency is exact only with nothing else running: the discard worker's pass over
         // the clusters just freed done first (it failed about one run in twenty otherwise).
         while dev.discard_now() {}
-        dev.verify().unwrap();
+        dev.check_consistency().unwrap();
         assert_eq!(dev.in_use(), 0);
         let mut n = 0;
         while dev.alloc(order).is_ok() {

@@ -28,19 +28,19 @@ impl From<ZramError> for BlockError {
                 size: disksize,
             },
             ZramError::BadIndex { .. } | ZramError::BadLength { .. } => {
-                BlockError::Invalid(e.to_string())
+                BlockError::Invalid(Box::new(e))
             }
             ZramError::MemLimit { .. } | ZramError::GroupLimit { .. } => {
-                BlockError::NoSpace(e.to_string())
+                BlockError::NoSpace(Box::new(e))
             }
             ZramError::Pool(PoolError::OutOfMemory { .. } | PoolError::HandleSpaceFull { .. }) => {
-                BlockError::NoMemory(e.to_string())
+                BlockError::NoMemory(Box::new(e))
             }
             ZramError::PartialWrite { stored, source, .. } => BlockError::Partial {
                 done: stored as u64,
                 source: Box::new(BlockError::from(*source)),
             },
-            other => BlockError::Io(std::io::Error::other(other.to_string())),
+            other => BlockError::Io(std::io::Error::other(other)),
         }
     }
 }

@@ -47,6 +47,7 @@
 
 mod blockdev;
 mod group;
+mod error;
 pub mod policy;
 mod recompress;
 mod slot;
@@ -61,13 +62,14 @@ use std::time::Duration;
 
 use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
-use ztier_pool::{PoolError, PoolStats, ZPool};
+use ztier_pool::{PoolStats, ZPool};
 
 pub use group::MemoryGroup;
+pub use error::{Busy, Result, ZramError};
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
-pub use state::{StateFile, StateSummary};
+pub use state::{StateError, StateFile, StateSummary};
 pub use stats::{Counter, DebugStat, IoStat, MmStat};
 pub use writeback::{Backing, BadWbFormat, BdStat, WbFormat, WbResult};
 
@@ -75,127 +77,6 @@ use slot::{Content, Slot, SlotOps};
 use stats::Counters;
 use ztier_base::pieces::pieces;
 use ztier_base::shard::{Shards, Stripes};
-
-/// What a device operation refuses.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ZramError {
-    #[error("offset {offset} + length {len} is beyond the disk's {disksize} bytes")]
-    OutOfRange {
-        offset: u64,
-        len: usize,
-        disksize: u64,
-    },
-    #[error("page {index} is beyond the disk's {pages} pages")]
-    BadIndex { index: u64, pages: u64 },
-    #[error("a page write needs exactly {page_size} bytes, got {len}")]
-    BadLength { len: usize, page_size: usize },
-    #[error("memory limit reached: {used_bytes} bytes used, limit {limit_bytes}")]
-    MemLimit { used_bytes: u64, limit_bytes: u64 },
-    /// The device's memory group (a host's budget) is full.
-    #[error("the group's memory limit reached: {used_bytes} bytes used by its devices, limit {limit_bytes}")]
-    GroupLimit { used_bytes: u64, limit_bytes: u64 },
-    #[error("the device is already in a memory group")]
-    AlreadyInGroup,
-    #[error("allocator: {0}")]
-    Pool(#[from] PoolError),
-    /// The cause is in the message, not also a `source` (a chain printed whole would say it
-    /// twice); a page that decoded short is `CompressError::PageLength`.
-    #[error("page {index}: {cause}")]
-    Compress { index: u64, cause: CompressError },
-    #[error("disk size {0} bytes is not a positive whole number of pages")]
-    BadDiskSize(u64),
-    #[error(
-        "disk size {disksize} bytes needs a slot table of {table_bytes} bytes, more than this \
-         machine's {memory_bytes} bytes of memory"
-    )]
-    DiskTooLarge {
-        disksize: u64,
-        table_bytes: u64,
-        memory_bytes: u64,
-    },
-    #[error("the slot table of {table_bytes} bytes could not be allocated")]
-    TableAlloc { table_bytes: u64 },
-    #[error("no backing store is set (backing_dev)")]
-    NoBacking,
-    #[error("the writeback limit is used up (writeback_limit)")]
-    WritebackLimit,
-    #[error("backing store: {0}")]
-    Backing(ztier_swap::SwapError),
-    /// A writeback that did not write every page it took: `pages` went out (they stay on
-    /// the store), `failed` could not be written (they stay in memory), and the rest were
-    /// not tried.
-    #[error(
-        "writeback wrote {pages} pages ({bytes} bytes); {failed} pages could not be written \
-         and stay in memory: {cause}"
-    )]
-    WritebackCut {
-        pages: u64,
-        bytes: u64,
-        failed: u64,
-        cause: Box<ZramError>,
-    },
-    #[error("{0}")]
-    Busy(String),
-    /// A value an attribute or setting does not take.
-    #[error("{attr}: {value:?} is not {want}")]
-    BadValue {
-        attr: String,
-        value: String,
-        want: String,
-    },
-    /// A page selector (`writeback`'s and `recompress`'s `type=`) that is none of them.
-    #[error("{attr}: {source}")]
-    BadSelectorValue {
-        attr: String,
-        source: slot::BadSelector,
-    },
-    /// A compressor (`recomp_algorithm`'s `algo=`) that cannot be made.
-    #[error("{attr}: {source}")]
-    BadAlgorithmValue {
-        attr: String,
-        source: ztier_compress::BadAlgorithm,
-    },
-    #[error("{name}: no such {kind} attribute ({known})")]
-    NoAttribute {
-        name: String,
-        /// readable or writable.
-        kind: &'static str,
-        /// The attributes there are.
-        known: &'static str,
-    },
-    #[error("{given} secondary algorithms: zram takes at most {max}")]
-    TooManyAlgorithms { given: usize, max: usize },
-    #[error("no secondary algorithm is set (recomp_algorithm)")]
-    NoSecondary,
-    /// A saved state that cannot be written, or read into this device (and why).
-    #[error("saved state: {0}")]
-    BadState(String),
-    /// A written-back page's copy on the store is not what was written (its checksum does
-    /// not match): the store damaged it.
-    #[error(
-        "page {index}: its copy on the backing store fails its checksum ({place}): the store \
-         damaged it"
-    )]
-    Corrupt { index: u64, place: String },
-    /// A written-back slot names bytes past its segment: the slot table is damaged.
-    #[error("page {index}: its place on the store ({place}) and size {size} run past its segment")]
-    BadPlace {
-        index: u64,
-        place: String,
-        size: usize,
-    },
-    #[error("after storing {stored} of {len} bytes at offset {offset}: {source}")]
-    PartialWrite {
-        offset: u64,
-        len: usize,
-        /// Bytes from `offset` on that were stored before the failure; the rest are unchanged.
-        stored: usize,
-        source: Box<ZramError>,
-    },
-}
-
-pub type Result<T, E = ZramError> = std::result::Result<T, E>;
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
 #[derive(Default)]

@@ -18,7 +18,7 @@ use ztier_compress::Algorithm;
 
 use crate::slot::{Content, PageSelector, SlotFlag, SlotOps};
 use crate::stats::Counter;
-use crate::{Device, Result, ZramError};
+use crate::{Busy, Device, Result, ZramError};
 
 /// Secondary algorithms at most (priorities 1..=3).
 pub const MAX_SECONDARY: usize = 3;
@@ -56,9 +56,7 @@ impl Device {
             .any(|s| !s.is_vacant() && s.lock().entry.priority() > 0);
         let mut current = self.recomp.write();
         if in_use && current[..] != algorithms[..] {
-            return Err(ZramError::Busy(
-                "pages are stored by the secondary algorithms; reset the device first".into(),
-            ));
+            return Err(ZramError::Busy(Busy::PagesOnSecondary));
         }
         // Streams are made from the algorithms on first use: drop any made for old ones.
         for shard in shards.iter_mut() {

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use ztier_base::rng::Rng;
 use ztier_compress::Algorithm;
 use ztier_pool::testing::pattern;
 use ztier_pool::{PoolStats, ZsConfig, ZsPool};
@@ -27,11 +28,9 @@ fn device(pages: u64, alg: &str) -> Device {
 fn page(seed: u64) -> Vec<u8> {
     let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta ", b"epsilon "];
     let mut out = Vec::with_capacity(4096);
-    let mut x = seed | 1;
+    let mut rng = Rng::from_state(seed | 1);
     while out.len() < 4096 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         out.extend_from_slice(words[(x % 5) as usize]);
         out.push((x >> 8) as u8);
     }
@@ -565,7 +564,7 @@ fn is_a_block_device() {
 /// zeroed range is a hole only when unmapping was allowed.
 #[test]
 fn block_status_follows_the_slots() {
-    use ztier_blockdev::{BlockDevice, Extent};
+    use ztier_blockdev::{BlockDevice, BlockError, Extent};
     let dev = device(8, "lz4");
     dev.write_page(1, &page(1)).unwrap();
     dev.write_page(2, &[0; 4096]).unwrap();
@@ -587,4 +586,15 @@ fn block_status_follows_the_slots() {
     dev.set_mem_limit(4096);
     let err = BlockDevice::write_at(&dev, 5 * 4096, &noise(5), false).unwrap_err();
     assert_eq!(err.errno(), 28, "{err}");
+    // zram's own error is kept whole under the kind, not flattened to its words.
+    let BlockError::NoSpace(cause) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(
+            cause.downcast_ref::<ZramError>(),
+            Some(ZramError::MemLimit { .. })
+        ),
+        "{err}"
+    );
 }

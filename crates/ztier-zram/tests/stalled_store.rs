@@ -10,9 +10,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ztier_blockdev::memory::MemoryDevice;
@@ -203,32 +202,6 @@ fn a_partial_write_to_a_written_back_page_keeps_both_changes() {
     assert_eq!(out, want);
 }
 
-/// A writer for a save that stops on the 8-byte write of `index` (a page's record starts
-/// with its index) until released: the save then holds that page's lock.
-struct StopAt {
-    index: u64,
-    /// (stopped there, released)
-    state: Arc<(Mutex<(bool, bool)>, Condvar)>,
-}
-
-impl Write for StopAt {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if buf == self.index.to_le_bytes() {
-            let (lock, cv) = &*self.state;
-            let mut s = lock.lock().unwrap();
-            s.0 = true;
-            cv.notify_all();
-            while !s.1 {
-                s = cv.wait(s).unwrap();
-            }
-        }
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A partial write that has read its written-back page (and found it current) but waits
 /// for the page's lock behind a whole-page write of the same page: the whole-page write
 /// goes first, so the patch must find the page changed under it and patch the new content,
@@ -238,26 +211,13 @@ impl Write for StopAt {
 #[test]
 fn a_partial_write_queued_behind_a_rewrite_patches_the_new_content() {
     let (dev, _store) = written_back(STRIPES + 44, WbFormat::Packed);
-    let state = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let mut out = common::StoppedSave::at_page(2 + STRIPES);
+    let gate = Arc::clone(&out.gate);
     let saver = {
         let dev = Arc::clone(&dev);
-        let mut out = StopAt {
-            index: 2 + STRIPES,
-            state: Arc::clone(&state),
-        };
         std::thread::spawn(move || dev.save_state(&mut out).map(|_| ()))
     };
-    {
-        let (lock, cv) = &*state;
-        let mut s = lock.lock().unwrap();
-        while !s.0 {
-            s = cv.wait_timeout(s, WATCHDOG).unwrap().0;
-            assert!(
-                s.0 || !saver.is_finished(),
-                "the save never reached its page"
-            );
-        }
-    }
+    gate.wait_stopped(|| saver.is_finished());
     // Queued first: the whole-page write.
     let (tid, rx) = mpsc::channel();
     let rewrite = {
@@ -286,11 +246,7 @@ fn a_partial_write_queued_behind_a_rewrite_patches_the_new_content() {
         !patch.is_finished(),
         "the patch did not wait for the save's lock"
     );
-    {
-        let (lock, cv) = &*state;
-        lock.lock().unwrap().1 = true;
-        cv.notify_all();
-    }
+    gate.release();
     saver.join().unwrap().unwrap();
     rewrite.join().unwrap().unwrap();
     patch.join().unwrap().unwrap();

@@ -8,11 +8,12 @@ mod common;
 
 use std::sync::Arc;
 
+use ztier_base::rng::Rng;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZsConfig, ZsPool};
-use ztier_zram::{Backing, Device, PageSelector, StateFile, WbFormat};
+use ztier_zram::{Backing, Device, PageSelector, StateError, StateFile, WbFormat, ZramError};
 
 const PS: usize = 4096;
 const PAGES: u64 = 3000;
@@ -32,12 +33,10 @@ fn page(seed: u64) -> Vec<u8> {
     if seed.is_multiple_of(16) {
         return vec![0; PS];
     }
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(PS);
     while out.len() < PS {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         out.extend_from_slice(format!("{} ", x % 1000).as_bytes());
     }
     out.truncate(PS);
@@ -179,6 +178,10 @@ fn a_store_that_is_not_the_saved_one_is_refused() {
     );
     let e = fresh.load_state(&mut &state[..]).unwrap_err();
     assert!(e.to_string().contains("none was given"), "{e}");
+    assert!(
+        matches!(e, ZramError::BadState(StateError::NoStoreGiven { pages }) if pages > 0),
+        "{e:?}"
+    );
     // A unit's live count that does not add up is damage, even under a good checksum: the
     // state is rewritten with one count off and its CRC made again.
     let mut bad = state.clone();
@@ -215,6 +218,10 @@ fn a_state_that_fails_its_checksum_is_refused() {
             .expect_err("a state with a wrong checksum was loaded");
         assert!(e.to_string().contains("checksum"), "bit {bit}: {e}");
         assert!(
+            matches!(e, ZramError::BadState(StateError::Checksum)),
+            "{e:?}"
+        );
+        assert!(
             fresh.bd_stat().is_none(),
             "a refused state left a store set"
         );
@@ -250,6 +257,10 @@ fn a_state_older_than_the_store_is_refused() {
     assert!(
         e.to_string().contains("changed after the state was saved"),
         "{e}"
+    );
+    assert!(
+        matches!(e, ZramError::BadState(StateError::StoreChanged)),
+        "{e:?}"
     );
 
     // Saved again at a clean stop: a restart loads it, and consumes it; the server that

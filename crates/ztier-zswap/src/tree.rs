@@ -199,11 +199,9 @@ mod tests {
         let tree = Tree::new(LEAF as u64);
         let base = tree.bytes();
         let mut model = [Value::EMPTY; LEAF];
-        let mut x = 12345u64;
+        let mut rng = ztier_base::rng::Rng::from_state(12345);
         for step in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let at = (x % LEAF as u64) as usize;
             let value = match (x >> 8) % 3 {
                 0 => Value::EMPTY,

@@ -445,7 +445,7 @@ fn threads_with_writeback(threads: u64) {
     assert_eq!((s.stored_pages, s.zero_pages), (0, 0), "{s:?}");
     assert_eq!(s.pool_total_size, 0);
     assert_eq!(swap.in_use(), 0);
-    swap.verify().unwrap();
+    swap.check_consistency().unwrap();
 }
 
 #[test]

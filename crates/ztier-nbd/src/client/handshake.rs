@@ -310,10 +310,10 @@ fn read_option_reply(s: &mut impl Read, option: u32) -> io::Result<(u32, Vec<u8>
 /// The error a server's errno stands for.
 pub(super) fn wire_error(errno: u32, what: &str) -> BlockError {
     match errno {
-        ENOSPC => BlockError::NoSpace(format!("the NBD server: {what}")),
-        ENOMEM => BlockError::NoMemory(format!("the NBD server: {what}")),
+        ENOSPC => BlockError::NoSpace(format!("the NBD server: {what}").into()),
+        ENOMEM => BlockError::NoMemory(format!("the NBD server: {what}").into()),
         EPERM => BlockError::ReadOnly,
-        EINVAL => BlockError::Invalid(format!("the NBD server refused {what}")),
+        EINVAL => BlockError::Invalid(format!("the NBD server refused {what}").into()),
         ENOTSUP => BlockError::Unsupported("this request (per the NBD server)"),
         e => BlockError::Io(io::Error::other(format!(
             "the NBD server failed {what} with error {e}"

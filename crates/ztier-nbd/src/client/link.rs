@@ -67,7 +67,7 @@ pub enum LinkState {
     },
 }
 
-/// [`Core::status`]: the link's state, since when, and its history.
+/// [`Client::status`](super::Client::status): the link's state, since when, and its history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkStatus {
     pub state: LinkState,

@@ -124,7 +124,7 @@ impl Client {
         };
         tls::client_tls(t.certificates.as_deref(), name)
             .map(Some)
-            .map_err(|e| BlockError::Invalid(format!("TLS for {uri}: {e}")))
+            .map_err(|e| BlockError::Invalid(format!("TLS for {uri}: {e}").into()))
     }
 
     /// Pins the export's identity: the `len` bytes at `offset` are read now, and every

@@ -421,7 +421,7 @@ pub(super) fn run(server: &Server, conn: &Conn, req: Request, payload: &[u8]) ->
     let result: Result<Option<Buffer>, BlockError> = match req.kind {
         CMD_READ => match conn.buffers.take(req.length as usize) {
             Ok(mut buf) => dev.read_at(req.offset, &mut buf).map(|()| Some(buf)),
-            Err(e) => Err(BlockError::NoMemory(format!("a read buffer: {e}"))),
+            Err(e) => Err(BlockError::NoMemory(format!("a read buffer: {e}").into())),
         },
         CMD_WRITE => dev.write_at(req.offset, payload, fua).map(|()| None),
         CMD_FLUSH => dev.flush().map(|()| None),

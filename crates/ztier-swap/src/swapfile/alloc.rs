@@ -28,12 +28,15 @@ pub(super) fn put_on_frag(l: &mut Lists, c: &mut Cluster, id: u32) {
 
 /// What a cluster offers to allocators that do not hold its lock, packed in one word: its
 /// free slots while it is on the full list under ztier's list policy (order 0 fills them
-/// in place), and its free runs while it is on the frag list of its order (> 0).
+/// in place), and its free runs while it is on the frag list of its order (> 0). Public
+/// only as [`Inconsistency::Published`](crate::Inconsistency::Published) names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Published {
-    pub(super) holes: u32,
-    pub(super) frag_runs: u32,
-    pub(super) order: u8,
+pub struct Published {
+    /// Free slots, on the full list under ztier's list policy.
+    pub holes: u32,
+    /// Free runs of `order`, on a frag list.
+    pub frag_runs: u32,
+    pub order: u8,
 }
 
 impl Published {

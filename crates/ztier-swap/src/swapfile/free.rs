@@ -34,9 +34,7 @@ impl Inner {
         let (id, i) = self.locate(offset)?;
         let end = offset.checked_add(nr).filter(|&e| e <= self.slots);
         if nr == 0 || end.is_none() || i as u64 + nr > u64::from(CLUSTER) {
-            return Err(SwapError::Invalid(format!(
-                "{nr} slots from {offset} do not lie in one cluster"
-            )));
+            return Err(SwapError::RangeAcrossClusters { offset, nr });
         }
         let idx: Vec<usize> = (i..i + nr as usize).collect();
         let mut held = match self.config.mode {
@@ -215,10 +213,7 @@ impl Inner {
     pub(super) fn check_run(&self, offset: u64, at: usize, len: usize) -> Result<(), SwapError> {
         let end = at as u64 + len as u64;
         if len == 0 || end > u64::from(CLUSTER) * SLOT_BYTES {
-            return Err(SwapError::Invalid(format!(
-                "{len} bytes at byte {at} of a run: a run holds 1 to {} bytes",
-                u64::from(CLUSTER) * SLOT_BYTES
-            )));
+            return Err(SwapError::BytesOutsideRun { at, len });
         }
         for slot in offset + at as u64 / SLOT_BYTES..offset + end.div_ceil(SLOT_BYTES) {
             if self.usage_of(slot)? == 0 {
@@ -230,9 +225,7 @@ impl Inner {
 
     pub(super) fn check_io(&self, offset: u64, len: usize) -> Result<(), SwapError> {
         if len as u64 != SLOT_BYTES {
-            return Err(SwapError::Invalid(format!(
-                "a slot holds {SLOT_BYTES} bytes, not {len}"
-            )));
+            return Err(SwapError::NotASlotLength { len });
         }
         if self.usage_of(offset)? == 0 {
             return Err(SwapError::NotAllocated { offset });

@@ -1,4 +1,4 @@
-//! What a device reports: its statistics, and `verify`, which checks every invariant of the
+//! What a device reports: its statistics, and `check_consistency`, which checks every invariant of the
 //! clusters, the lists and the published offers against each other.
 
 use super::*;
@@ -101,7 +101,7 @@ impl Inner {
         }
     }
 
-    pub(super) fn verify(&self) -> Result<(), String> {
+    pub(super) fn check_consistency(&self) -> Result<(), Inconsistency> {
         let mut on_list = vec![None; self.clusters.len()];
         {
             let mut l = self.lists.lock(&self.device_lock);
@@ -111,12 +111,18 @@ impl Inner {
                 lists.push((Flag::Frag, o));
             }
             if self.nonempty.load(Ordering::Acquire) != l.nonempty_mask() {
-                return Err("the published list bitmap differs from the lists".into());
+                return Err(Inconsistency::ListBitmap);
             }
             for (flag, order) in lists {
                 for id in l.ids(flag, order) {
-                    if let Some(prev) = on_list[id as usize].replace((flag, order)) {
-                        return Err(format!("cluster {id} on two lists: {prev:?} and {flag:?}"));
+                    if let Some((first, first_order)) = on_list[id as usize].replace((flag, order))
+                    {
+                        return Err(Inconsistency::OnTwoLists {
+                            cluster: id,
+                            first,
+                            first_order,
+                            second: flag,
+                        });
                     }
                 }
             }
@@ -124,13 +130,15 @@ impl Inner {
         let mut in_use = 0u64;
         let mut frag_runs = [0u64; NR_ORDERS];
         for (id, lock) in self.clusters.iter().enumerate() {
+            let cluster = id as u32;
             let c = lock.lock(&self.cluster_lock);
             let used = c.map.iter().filter(|&&b| b != 0).count();
             if used != usize::from(c.count) {
-                return Err(format!(
-                    "cluster {id}: count {} but {used} slots used",
-                    c.count
-                ));
+                return Err(Inconsistency::Count {
+                    cluster,
+                    count: c.count,
+                    used,
+                });
             }
             in_use += c
                 .map
@@ -143,10 +151,12 @@ impl Inner {
                 Flag::Nonfull | Flag::Frag => Some((c.flag, c.order)),
             };
             if on_list[id] != expected && !(c.flag == Flag::Discard && on_list[id].is_none()) {
-                return Err(format!(
-                    "cluster {id}: flag {:?} order {} but on {:?}",
-                    c.flag, c.order, on_list[id]
-                ));
+                return Err(Inconsistency::WrongList {
+                    cluster,
+                    flag: c.flag,
+                    order: c.order,
+                    on: on_list[id],
+                });
             }
             let fits = match c.flag {
                 Flag::Free | Flag::Discard => c.count == 0,
@@ -159,52 +169,56 @@ impl Inner {
                 Flag::None => false,
             };
             if !fits {
-                return Err(format!(
-                    "cluster {id}: {:?} with {} slots used",
-                    c.flag, c.count
-                ));
+                return Err(Inconsistency::FlagDoesNotFit {
+                    cluster,
+                    flag: c.flag,
+                    used: c.count,
+                });
             }
             if c.count > 0 && c.free_runs != c.count_free_runs() {
-                return Err(format!(
-                    "cluster {id}: {} free runs of order {} counted, {} there",
-                    c.free_runs,
-                    c.order,
-                    c.count_free_runs()
-                ));
+                return Err(Inconsistency::FreeRuns {
+                    cluster,
+                    counted: c.free_runs,
+                    order: c.order,
+                    there: c.count_free_runs(),
+                });
             }
             let published = Published::unpack(self.published[id].load(Ordering::Relaxed));
-            if published != self.offer(&c) {
-                return Err(format!(
-                    "cluster {id}: published {published:?}, offers {:?}",
-                    self.offer(&c)
-                ));
+            let offers = self.offer(&c);
+            if published != offers {
+                return Err(Inconsistency::Published {
+                    cluster,
+                    published,
+                    offers,
+                });
             }
             frag_runs[usize::from(published.order)] += u64::from(published.frag_runs);
         }
         let summed: [u64; NR_ORDERS] =
             std::array::from_fn(|o| self.frag_runs[o].load(Ordering::Relaxed));
-        if summed != frag_runs {
-            return Err(format!(
-                "free runs on the frag lists: {summed:?} summed, {frag_runs:?} there"
-            ));
+        if let Some(order) = (0..NR_ORDERS).find(|&o| summed[o] != frag_runs[o]) {
+            return Err(Inconsistency::FragRuns {
+                order,
+                summed: summed[order],
+                there: frag_runs[order],
+            });
         }
         if in_use != self.usage.in_use() {
-            return Err(format!(
-                "{in_use} slots used in the clusters, {} counted",
-                self.usage.in_use()
-            ));
+            return Err(Inconsistency::InUse {
+                in_clusters: in_use,
+                counted: self.usage.in_use(),
+            });
         }
         let full = self.usage.in_use() == self.slots - 1;
         if self.usage.off_list() != full
             || self.usage.avail().contains(self.id) == self.usage.off_list()
         {
-            return Err(format!(
-                "in use {} of {}: off-list bit {}, on the available list {}",
-                self.usage.in_use(),
-                self.slots - 1,
-                self.usage.off_list(),
-                self.usage.avail().contains(self.id)
-            ));
+            return Err(Inconsistency::OffList {
+                in_use: self.usage.in_use(),
+                usable: self.slots - 1,
+                off_list: self.usage.off_list(),
+                available: self.usage.avail().contains(self.id),
+            });
         }
         Ok(())
     }

@@ -5,8 +5,8 @@
 
 use ztier_base::private_file::{self, PrivateFileError};
 
-use super::StateSummary;
-use crate::{Device, Result, ZramError};
+use super::{StateError, StateSummary};
+use crate::{Device, Result};
 
 /// A state's files at `PATH` (see the module's header for the protocol): `PATH`, a state
 /// no server has loaded; `PATH.loaded`, the one a running server loaded or saved while it
@@ -17,21 +17,30 @@ pub struct StateFile {
     path: std::path::PathBuf,
 }
 
-fn file_error(what: String, e: std::io::Error) -> ZramError {
-    ZramError::BadState(format!("{what}: {e}"))
-}
-
-/// Removes `path` if it is there (a file or a link, never what a link points to).
-fn remove_if_there(path: &std::path::Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(file_error(format!("removing {}", path.display()), e)),
+/// `action` ("removing", "syncing", …) on `path` failed with `cause`.
+fn file_error(action: &'static str, path: &std::path::Path, cause: std::io::Error) -> StateError {
+    StateError::File {
+        action,
+        path: path.to_owned(),
+        cause,
     }
 }
 
-fn private_error(e: PrivateFileError) -> ZramError {
-    ZramError::BadState(e.to_string())
+fn rename_error(from: &std::path::Path, to: &std::path::Path, cause: std::io::Error) -> StateError {
+    StateError::Rename {
+        from: from.to_owned(),
+        to: to.to_owned(),
+        cause,
+    }
+}
+
+/// Removes `path` if it is there (a file or a link, never what a link points to).
+fn remove_if_there(path: &std::path::Path) -> std::result::Result<(), StateError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(file_error("removing", path, e)),
+    }
 }
 
 impl StateFile {
@@ -73,7 +82,7 @@ impl StateFile {
         };
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| file_error(format!("syncing {}", dir.display()), e))
+            .map_err(|e| file_error("syncing", dir, e).into())
     }
 
     /// At start, before anything is served: proves the directory takes the state (`PATH.tmp`
@@ -82,43 +91,29 @@ impl StateFile {
     /// cleanly: what it served since is lost, and serving the state would hide that).
     pub fn open(&self) -> Result<Option<std::fs::File>> {
         let tmp = self.tmp_path();
-        self.fresh_tmp().map_err(|e| {
-            ZramError::BadState(format!("{} cannot be written: {e}", self.path.display()))
+        self.fresh_tmp().map_err(|cause| StateError::NotWritable {
+            path: self.path.clone(),
+            cause: Box::new(cause),
         })?;
-        std::fs::remove_file(&tmp)
-            .map_err(|e| file_error(format!("removing {}", tmp.display()), e))?;
+        std::fs::remove_file(&tmp).map_err(|e| file_error("removing", &tmp, e))?;
         // Not through a link, and not one another user could have written (module
         // `ztier_base::private_file`).
         match private_file::open(&self.path, false) {
             Ok(f) => return Ok(Some(f)),
             Err(PrivateFileError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(private_error(e)),
+            Err(e) => return Err(StateError::Private(e).into()),
         }
         let loaded = self.loaded_path();
         match std::fs::metadata(&loaded) {
-            Ok(m) => {
-                let what = if m.len() == 0 {
-                    "started with no state".to_string()
-                } else {
-                    format!("loaded or saved {}", loaded.display())
-                };
-                let serve_it = if m.len() == 0 {
-                    String::new()
-                } else {
-                    format!(
-                        ", or rename it to {} to serve it as it was, without those writes",
-                        self.path.display()
-                    )
-                };
-                Err(ZramError::BadState(format!(
-                    "the server that {what} did not stop cleanly: writes it took since are \
-                     lost; move {} away to start empty{serve_it}",
-                    loaded.display()
-                )))
+            Ok(m) => Err(StateError::NotStoppedCleanly {
+                path: self.path.clone(),
+                loaded,
+                started_empty: m.len() == 0,
             }
+            .into()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(file_error(format!("looking at {}", loaded.display()), e)),
+            Err(e) => Err(file_error("looking at", &loaded, e).into()),
         }
     }
 
@@ -128,28 +123,23 @@ impl StateFile {
     pub fn consume(&self, loaded: bool) -> Result<()> {
         let to = self.loaded_path();
         if loaded {
-            std::fs::rename(&self.path, &to).map_err(|e| {
-                file_error(
-                    format!("renaming {} to {}", self.path.display(), to.display()),
-                    e,
-                )
-            })?;
+            std::fs::rename(&self.path, &to).map_err(|e| rename_error(&self.path, &to, e))?;
         } else {
             remove_if_there(&to)?;
             private_file::create(&to)
-                .map_err(private_error)?
+                .map_err(StateError::Private)?
                 .sync_all()
-                .map_err(|e| file_error(format!("creating {}", to.display()), e))?;
+                .map_err(|e| file_error("creating", &to, e))?;
         }
         self.sync_dir()
     }
 
     /// `PATH.tmp`, made anew (one left by a save cut short, or a link, is removed first):
     /// mode 0600, the process user's.
-    fn fresh_tmp(&self) -> Result<std::fs::File> {
+    fn fresh_tmp(&self) -> std::result::Result<std::fs::File, StateError> {
         let tmp = self.tmp_path();
         remove_if_there(&tmp)?;
-        private_file::create(&tmp).map_err(private_error)
+        private_file::create(&tmp).map_err(StateError::Private)
     }
 
     /// Saves `device`'s state: to `PATH.tmp`, synced, then renamed into place. At a clean
@@ -172,17 +162,15 @@ impl StateFile {
         let summary = device.save_state(&mut out)?;
         let file = out
             .into_inner()
-            .map_err(|e| file_error(format!("writing {}", tmp.display()), e.into_error()))?;
+            .map_err(|e| file_error("writing", &tmp, e.into_error()))?;
         file.sync_all()
-            .map_err(|e| file_error(format!("syncing {}", tmp.display()), e))?;
+            .map_err(|e| file_error("syncing", &tmp, e))?;
         let to = if stopped {
             self.path.clone()
         } else {
             self.loaded_path()
         };
-        std::fs::rename(&tmp, &to).map_err(|e| {
-            file_error(format!("renaming {} to {}", tmp.display(), to.display()), e)
-        })?;
+        std::fs::rename(&tmp, &to).map_err(|e| rename_error(&tmp, &to, e))?;
         if stopped {
             // The rename durable before the consumed state goes: a power loss must never
             // keep the removal without the rename (the next start would be empty, silently).
@@ -190,12 +178,7 @@ impl StateFile {
             match std::fs::remove_file(self.loaded_path()) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(file_error(
-                        format!("removing {}", self.loaded_path().display()),
-                        e,
-                    ))
-                }
+                Err(e) => return Err(file_error("removing", &self.loaded_path(), e).into()),
             }
         }
         self.sync_dir()?;

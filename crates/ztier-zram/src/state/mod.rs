@@ -85,7 +85,8 @@ use crate::slot::Place;
 use crate::slot::{Content, Entry, SlotFlag, SlotOps};
 use crate::stats::Counter;
 use crate::writeback::{Backing, WbFormat};
-use crate::{Device, Result, ZramError};
+use crate::{Busy, Device, Result, ZramError};
+pub use error::StateError;
 
 const MAGIC: &[u8; 8] = b"ZTIERST1";
 const VERSION: u32 = 2;
@@ -109,7 +110,7 @@ fn format_of(code: u8) -> Result<WbFormat> {
         0 => WbFormat::Page,
         1 => WbFormat::Compressed,
         2 => WbFormat::Packed,
-        c => return Err(bad_state(format!("an unknown writeback format {c}"))),
+        code => return Err(bad_state(StateError::UnknownWbFormat { code })),
     })
 }
 
@@ -119,10 +120,6 @@ struct SavedStore {
     slots: u64,
     uuid: [u8; 16],
     stamp: [u8; 16],
-}
-
-fn hex(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What a save or a load did.
@@ -155,7 +152,9 @@ impl<W: Write> Write for Summed<W> {
     }
 }
 
-/// A reader that keeps the CRC of what it read, and says "truncated" at an early end.
+/// A reader that keeps the CRC of what it read, and says "truncated" at an early end. A
+/// stream, not `ztier_base::bytes`' slice reader: a state is as large as the disk, read as
+/// it comes, each byte summed as it passes.
 struct Checked<R> {
     inner: R,
     crc: crc32fast::Hasher,
@@ -165,9 +164,9 @@ impl<R: Read> Checked<R> {
     fn bytes(&mut self, buf: &mut [u8]) -> Result<()> {
         self.inner.read_exact(buf).map_err(|e| {
             bad_state(if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                "it is truncated".to_string()
+                StateError::Truncated
             } else {
-                format!("reading it: {e}")
+                StateError::Read(e)
             })
         })?;
         self.crc.update(buf);
@@ -197,11 +196,11 @@ impl<R: Read> Checked<R> {
         let n = self.u16()? as usize;
         let mut b = vec![0u8; n];
         self.bytes(&mut b)?;
-        String::from_utf8(b).map_err(|_| bad_state("a name in it is not UTF-8".into()))
+        String::from_utf8(b).map_err(|_| bad_state(StateError::NameNotUtf8))
     }
 }
 
-fn bad_state(why: String) -> ZramError {
+fn bad_state(why: StateError) -> ZramError {
     ZramError::BadState(why)
 }
 
@@ -215,7 +214,7 @@ impl Device {
     /// a backing store, its header is stamped first, and written-back pages are saved by
     /// their place there.
     pub fn save_state(&self, out: &mut dyn Write) -> Result<StateSummary> {
-        let io = |e: std::io::Error| bad_state(format!("writing it: {e}"));
+        let io = |e: std::io::Error| bad_state(StateError::Write(e));
         let mut w = Summed {
             inner: out,
             crc: crc32fast::Hasher::new(),
@@ -230,9 +229,7 @@ impl Device {
         // one's stamp.
         let current = self.backing();
         if store.is_some() && !crate::writeback::same_store(store.as_ref(), current.as_ref()) {
-            return Err(ZramError::Busy(
-                "the backing store was changed meanwhile".into(),
-            ));
+            return Err(ZramError::Busy(Busy::StoreChanged));
         }
         // Before any page is looked at: from here on, no unit a page is seen in goes back
         // to the allocator until the store changes again (which clears the stamp).
@@ -288,12 +285,11 @@ impl Device {
             // refuses. Saves are per page, not a point in time: this one fails instead (a
             // failed save leaves the last state loadable).
             if e.priority() as usize > secondary.len() {
-                return Err(bad_state(format!(
-                    "the secondary algorithms changed during the save (page {index} is stored \
-                     by algorithm {}; the save began with {})",
-                    e.priority(),
-                    secondary.len()
-                )));
+                return Err(bad_state(StateError::SecondaryChangedDuringSave {
+                    index,
+                    priority: e.priority(),
+                    began_with: secondary.len(),
+                }));
             }
             let age = now.saturating_sub(e.ac_time());
             let record = |w: &mut Summed<&mut dyn Write>, kind: u8| -> Result<()> {
@@ -318,9 +314,7 @@ impl Device {
                 }
                 Content::WrittenBack(place) => {
                     let Some(s) = &store else {
-                        return Err(bad_state(format!(
-                            "page {index} is on a backing store that is no longer set"
-                        )));
+                        return Err(bad_state(StateError::StoreGoneDuringSave { index }));
                     };
                     let unit = units
                         .entry(place.first())
@@ -375,10 +369,7 @@ impl Device {
         format: WbFormat,
     ) -> Result<StateSummary> {
         if self.backing().is_some() {
-            return Err(bad_state(
-                "the device already has a backing store: load the state with the store given"
-                    .into(),
-            ));
+            return Err(bad_state(StateError::DeviceHasStore));
         }
         self.load_checked(input, Some((store, format)))
     }
@@ -393,7 +384,7 @@ impl Device {
             .iter()
             .any(|s| !s.is_vacant() && s.lock().entry.is_allocated())
         {
-            return Err(bad_state("the device already holds pages".into()));
+            return Err(bad_state(StateError::DeviceNotEmpty));
         }
         let r = self.load_records(input, store);
         if r.is_err() {
@@ -414,29 +405,28 @@ impl Device {
         let mut magic = [0u8; 8];
         r.bytes(&mut magic)?;
         if &magic != MAGIC {
-            return Err(bad_state("it is not a ztier state".into()));
+            return Err(bad_state(StateError::NotAState));
         }
         let version = r.u32()?;
         if version != 1 && version != VERSION {
-            return Err(bad_state(format!(
-                "it is version {version}; this ztier reads versions 1 and {VERSION}"
-            )));
+            return Err(bad_state(StateError::Version { version }));
         }
         let (page_size, pages) = (r.u32()? as usize, r.u64()?);
         if page_size != self.page_size || pages != self.pages() {
-            return Err(bad_state(format!(
-                "it holds {pages} pages of {page_size} bytes; the device has {} of {}",
-                self.pages(),
-                self.page_size
-            )));
+            return Err(bad_state(StateError::Geometry {
+                pages,
+                page_size,
+                device_pages: self.pages(),
+                device_page_size: self.page_size,
+            }));
         }
         let oldest = r.u32()?;
         let algorithm = r.string()?;
         if algorithm != self.algorithm().to_string() {
-            return Err(bad_state(format!(
-                "its pages are compressed with {algorithm}; the device uses {}",
-                self.algorithm()
-            )));
+            return Err(bad_state(StateError::Algorithm {
+                state: algorithm,
+                device: self.algorithm().to_string(),
+            }));
         }
         let n = r.u8()?;
         let mut secondary = Vec::new();
@@ -449,11 +439,10 @@ impl Device {
             .map(|a| a.to_string())
             .collect();
         if secondary != ours {
-            return Err(bad_state(format!(
-                "its secondary algorithms are [{}]; the device has [{}]",
-                secondary.join(", "),
-                ours.join(", ")
-            )));
+            return Err(bad_state(StateError::SecondaryAlgorithms {
+                state: secondary,
+                device: ours,
+            }));
         }
         let saved_store = match version {
             1 => None,
@@ -473,7 +462,7 @@ impl Device {
                         stamp,
                     })
                 }
-                k => return Err(bad_state(format!("an unknown store kind {k}"))),
+                kind => return Err(bad_state(StateError::UnknownStoreKind { kind })),
             },
         };
         // Ages are kept: the device is made as old as the state's oldest page.
@@ -490,7 +479,7 @@ impl Device {
                 break;
             }
             if index >= self.pages() || last.is_some_and(|l| index <= l) {
-                return Err(bad_state(format!("page {index} is out of order or range")));
+                return Err(bad_state(StateError::PageOutOfOrder { index }));
             }
             last = Some(index);
             let flags = r.u64()?;
@@ -502,29 +491,30 @@ impl Device {
             // page, a same-filled page with a size.
             let prio = e.priority() as usize;
             if prio > secondary.len() {
-                return Err(bad_state(format!(
-                    "page {index} is stored by secondary algorithm {prio}; the state names {}",
-                    secondary.len()
-                )));
+                return Err(bad_state(StateError::NoSuchSecondary {
+                    index,
+                    priority: prio,
+                    named: secondary.len(),
+                }));
             }
             if e.has(SlotFlag::Huge) && e.size() != self.page_size {
-                return Err(bad_state(format!(
-                    "page {index} is marked huge with a size of {} (a huge page is stored whole)",
-                    e.size()
-                )));
+                return Err(bad_state(StateError::HugeNotWhole {
+                    index,
+                    size: e.size(),
+                }));
             }
             match r.u8()? {
                 KIND_SAME if e.size() != 0 => {
-                    return Err(bad_state(format!(
-                        "page {index} is same-filled with a size of {}",
-                        e.size()
-                    )));
+                    return Err(bad_state(StateError::SameWithSize {
+                        index,
+                        size: e.size(),
+                    }));
                 }
                 KIND_SAME => e.set_same(r.u64()?),
                 KIND_STORED => {
                     let size = r.u16()? as usize;
                     if size == 0 || size > self.page_size || size != e.size() {
-                        return Err(bad_state(format!("page {index}: a size of {size}")));
+                        return Err(bad_state(StateError::Size { index, size }));
                     }
                     r.bytes(&mut object[..size])?;
                     let handle = self.pool.store(&object[..size])?;
@@ -534,7 +524,7 @@ impl Device {
                     let place = Place::from_raw(r.u64()?);
                     let size = r.u16()? as usize;
                     if size == 0 || size > self.page_size || size != e.size() {
-                        return Err(bad_state(format!("page {index}: a size of {size}")));
+                        return Err(bad_state(StateError::Size { index, size }));
                     }
                     e.set_written_back(place, size);
                     on_store.push((index, e, place));
@@ -542,7 +532,7 @@ impl Device {
                     summary.from_backing_store += 1;
                     continue;
                 }
-                k => return Err(bad_state(format!("page {index}: an unknown kind {k}"))),
+                kind => return Err(bad_state(StateError::UnknownKind { index, kind })),
             }
             self.install(index, e);
             summary.pages += 1;
@@ -551,7 +541,7 @@ impl Device {
         if saved_store.is_some() {
             let n = r.u64()?;
             if n > MAX_UNITS {
-                return Err(bad_state(format!("{n} units on the store")));
+                return Err(bad_state(StateError::TooManyUnits { units: n }));
             }
             for _ in 0..n {
                 let first = r.u64()?;
@@ -562,11 +552,9 @@ impl Device {
         let mut crc = [0u8; 4];
         r.inner
             .read_exact(&mut crc)
-            .map_err(|_| bad_state("it is truncated".into()))?;
+            .map_err(|_| bad_state(StateError::Truncated))?;
         if u32::from_le_bytes(crc) != want {
-            return Err(bad_state(
-                "its checksum does not match: it is damaged".into(),
-            ));
+            return Err(bad_state(StateError::Checksum));
         }
         match (saved_store, store) {
             (Some(saved), Some((dev, format))) if !(on_store.is_empty() && units.is_empty()) => {
@@ -577,10 +565,9 @@ impl Device {
                 }
             }
             (Some(_), None) if !(on_store.is_empty() && units.is_empty()) => {
-                return Err(bad_state(format!(
-                    "{} of its pages are on a backing store, and none was given",
-                    on_store.len()
-                )))
+                return Err(bad_state(StateError::NoStoreGiven {
+                    pages: on_store.len(),
+                }))
             }
             // Nothing on a store: a store given is set up new.
             (_, Some((dev, format))) => {
@@ -608,42 +595,32 @@ impl Device {
         pages: &[(u64, Entry, Place)],
     ) -> Result<Backing> {
         if format != saved.format {
-            return Err(bad_state(format!(
-                "its pages were written back in the {:?} format; the device writes back in \
-                 {format:?}",
-                saved.format
-            )));
+            return Err(bad_state(StateError::WbFormat {
+                state: saved.format,
+                device: format,
+            }));
         }
         let slots = dev.size() / ztier_swap::SLOT_BYTES;
         if slots != saved.slots {
-            return Err(bad_state(format!(
-                "its pages are on a backing store of {} slots; the one given has {slots}: a \
-                 different store layout",
-                saved.slots
-            )));
+            return Err(bad_state(StateError::StoreSlots {
+                state: saved.slots,
+                given: slots,
+            }));
         }
         let backing = Backing::reopen(dev, format, units)?;
         if backing.uuid() != saved.uuid {
-            return Err(bad_state(format!(
-                "the backing store is not the one its pages were written back to (its id is \
-                 {}, the state's {})",
-                hex(&backing.uuid()),
-                hex(&saved.uuid)
-            )));
+            return Err(bad_state(StateError::StoreId {
+                store: backing.uuid(),
+                state: saved.uuid,
+            }));
         }
         if backing.stamp() != saved.stamp {
-            return Err(bad_state(
-                "the backing store changed after the state was saved (pages were written \
-                 back or freed since): the state no longer describes it"
-                    .into(),
-            ));
+            return Err(bad_state(StateError::StoreChanged));
         }
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         for &(first, _) in units {
             if !backing.is_unit_start(first) {
-                return Err(bad_state(format!(
-                    "a unit at slot {first} is not one on the store"
-                )));
+                return Err(bad_state(StateError::NotAUnit { first }));
             }
             live.insert(first, 0);
         }
@@ -653,21 +630,22 @@ impl Device {
             match live.get_mut(&place.first()) {
                 Some(bytes) if fits => *bytes += e.size() as u64,
                 _ => {
-                    return Err(bad_state(format!(
-                        "page {index}: its place on the store ({place:?}, {} bytes) is in no \
-                         unit the state names",
-                        e.size()
-                    )))
+                    return Err(bad_state(StateError::PlaceOutsideUnits {
+                        index: *index,
+                        first: place.first(),
+                        at: place.at(),
+                        size: e.size(),
+                    }))
                 }
             }
         }
         for &(first, bytes) in units {
             if live.get(&first) != Some(&u64::from(bytes)) {
-                return Err(bad_state(format!(
-                    "the unit at slot {first} holds {bytes} live bytes, but its pages {}: it \
-                     is damaged",
-                    live.get(&first).copied().unwrap_or(0)
-                )));
+                return Err(bad_state(StateError::UnitLiveBytes {
+                    first,
+                    state: bytes,
+                    pages: live.get(&first).copied().unwrap_or(0),
+                }));
             }
         }
         backing.count_stored(live.values().sum());
@@ -707,6 +685,7 @@ impl Device {
     }
 }
 
+mod error;
 mod file;
 
 pub use file::StateFile;

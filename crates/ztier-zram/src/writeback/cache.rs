@@ -278,6 +278,7 @@ impl Backing {
             }
             None => self.fetch(vec![own], epoch, &mut Vec::new()),
         }
+        .map(|first| first.expect("the segment's own claim is the first"))
     }
 
     /// Claims up to `n` live segments from slot `start` on that are neither cached nor being
@@ -371,14 +372,15 @@ impl Backing {
 
     /// Reads the packed segments claimed as requests in flight together, adds them to the
     /// cache (read in the store's `epoch`, as it was before the read), lets go of each one's
-    /// hold in `held` once it is cached, tells whoever waits for them, and returns the first.
+    /// hold in `held` once it is cached, tells whoever waits for them, and returns the first
+    /// (`None` for no claims).
     /// Each is held by the caller (a pin, or a hold in `held`).
     pub(super) fn fetch(
         &self,
         claims: Vec<Claim>,
         epoch: u64,
         held: &mut Vec<u64>,
-    ) -> std::result::Result<Arc<[u8]>, SwapError> {
+    ) -> std::result::Result<Option<Arc<[u8]>>, SwapError> {
         let mut bufs: Vec<Vec<u8>> = claims.iter().map(|_| vec![0u8; SEG_BYTES]).collect();
         let mut reads: Vec<(u64, usize, &mut [u8])> = claims
             .iter()
@@ -402,6 +404,6 @@ impl Backing {
             }
             claim.finish(Some(bytes));
         }
-        own.ok_or_else(|| SwapError::Invalid("no segment to read".into()))
+        Ok(own)
     }
 }

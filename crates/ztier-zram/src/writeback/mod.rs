@@ -43,7 +43,7 @@ use serde::Serialize;
 use ztier_swap::SLOT_BYTES;
 
 use crate::stats::Counter;
-use crate::{Device, Result, ZramError};
+use crate::{Busy, Device, Result, ZramError};
 
 mod cache;
 mod pipeline;
@@ -111,20 +111,14 @@ impl Device {
         let current = self.backing();
         let quiet = current.as_ref().map(|old| old.gate.write());
         if quiet.as_ref().is_some_and(|closed| **closed) {
-            return Err(ZramError::Busy(
-                "writeback is closed: the device is stopping".into(),
-            ));
+            return Err(ZramError::Busy(Busy::WritebackClosed));
         }
         let mut b = self.backing.write();
         if !same_store(b.as_ref(), current.as_ref()) {
-            return Err(ZramError::Busy(
-                "the backing store was changed meanwhile".into(),
-            ));
+            return Err(ZramError::Busy(Busy::StoreChanged));
         }
         if b.is_some() && self.counters().get(Counter::BdCount) > 0 {
-            return Err(ZramError::Busy(
-                "pages are written back to the current backing store".into(),
-            ));
+            return Err(ZramError::Busy(Busy::PagesOnStore));
         }
         // The old store's readahead ends first: its late frees must not land on a new
         // store over the same device.

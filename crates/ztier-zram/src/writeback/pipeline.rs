@@ -22,7 +22,7 @@ use super::store::Backing;
 use super::{same_store, WbFormat, OBJECT_CRC, SEGMENT_MAGIC, SEG_BYTES, SEG_ORDER};
 use crate::slot::{Content, Entry, PageSelector, Place, SlotFlag, SlotOps};
 use crate::stats::Counter;
-use crate::{Device, Result, ZramError};
+use crate::{Busy, Device, Result, ZramError};
 
 /// Units (packed segments, or single blocks) a writeback writes to the store together, in
 /// flight at once: enough to keep a replicated store's disks busy while each write waits for
@@ -118,15 +118,11 @@ impl Device {
         // change of store (`set_backing`).
         let closed = store.gate.read();
         if *closed {
-            return Err(ZramError::Busy(
-                "writeback is closed: the device is stopping".into(),
-            ));
+            return Err(ZramError::Busy(Busy::WritebackClosed));
         }
         if !same_store(self.backing().as_ref(), Some(&store)) {
             // Replaced (or taken away) between the look and the gate.
-            return Err(ZramError::Busy(
-                "the backing store was changed meanwhile".into(),
-            ));
+            return Err(ZramError::Busy(Busy::StoreChanged));
         }
         let range = range.unwrap_or(0..self.pages());
         if range.end > self.pages() {

@@ -45,25 +45,23 @@ impl Device {
         // Packed segments count their own reads (`Backing::segment_reads`).
         let (object, store_reads): (&[u8], u64) = if store.format == WbFormat::Packed {
             segment = store.segment(place.first()).map_err(ZramError::Backing)?;
-            let object =
-                segment
-                    .get(place.at()..place.at() + size)
-                    .ok_or_else(|| ZramError::BadPlace {
-                        index,
-                        place: format!("{place:?}"),
-                        size,
-                    })?;
+            let object = segment
+                .get(place.at()..place.at() + size)
+                .ok_or(ZramError::BadPlace {
+                    index,
+                    first: place.first(),
+                    at: place.at(),
+                    size,
+                })?;
             if segment.starts_with(&SEGMENT_MAGIC) {
                 let stored = segment.get(place.at() + size..place.at() + size + OBJECT_CRC);
                 if stored != Some(&crc32fast::hash(object).to_le_bytes()[..]) {
                     store.corrupt.fetch_add(1, Relaxed);
                     let e = ZramError::Corrupt {
                         index,
-                        place: format!(
-                            "segment at slot {}, byte {}, {size} bytes",
-                            place.first(),
-                            place.at()
-                        ),
+                        first: place.first(),
+                        at: place.at(),
+                        size,
                     };
                     self.log(&format!("{e}; the read fails with EIO"));
                     return Err(e);

@@ -24,7 +24,7 @@ use super::cache::{Ahead, AheadThreads, SegmentCache};
 use super::{WbFormat, SEG_ORDER, SEG_SLOTS, SWAP_UUID_AT};
 use crate::slot::Place;
 use crate::stats::{Counter, Counters};
-use crate::{Result, ZramError};
+use crate::{Result, StateError, ZramError};
 
 /// A stamp no other save made: the clock, the process and a hasher's random keys.
 fn new_stamp() -> [u8; 16] {
@@ -147,22 +147,25 @@ fn live_counts_within(
     // The allocator's map is made whole beside them when the store is attached: each alone
     // may fit where the two do not.
     let map_bytes = ztier_swap::Device::slot_map_bytes(store_bytes);
-    let too_large = |why: String| {
-        ZramError::Backing(SwapError::Invalid(format!(
-            "a store of {store_bytes} bytes needs {bytes} bytes of live counts ({format:?} \
-             format) and {map_bytes} bytes of slot map: {why}"
-        )))
-    };
     if bytes.saturating_add(map_bytes) > memory_bytes {
-        return Err(too_large(format!(
-            "the machine has {memory_bytes} bytes of memory"
-        )));
+        return Err(ZramError::StoreTooLarge {
+            store_bytes,
+            format,
+            live_count_bytes: bytes,
+            map_bytes,
+            memory_bytes,
+        });
     }
     let mut live = Vec::new();
     let n = usize::try_from(units)
         .ok()
         .filter(|&n| live.try_reserve_exact(n).is_ok())
-        .ok_or_else(|| too_large("the live counts could not be allocated".into()))?;
+        .ok_or(ZramError::LiveCountsAlloc {
+            store_bytes,
+            format,
+            live_count_bytes: bytes,
+            map_bytes,
+        })?;
     live.resize_with(n, || AtomicU32::new(0));
     Ok(live.into_boxed_slice())
 }
@@ -206,10 +209,8 @@ impl Backing {
         let places =
             ztier_swap::Device::reopen(Arc::clone(&dev), places_config(), &runs).map_err(|e| {
                 match e {
-                    SwapError::NotTheArea(why) => ZramError::BadState(format!(
-                        "the backing store is not the one its pages were written back to: {why}"
-                    )),
-                    e => ZramError::BadState(format!("the backing store: {e}")),
+                    SwapError::NotTheArea(why) => StateError::StoreNotTheArea(why),
+                    e => StateError::StoreReopen(e),
                 }
             })?;
         let store = Backing::over(dev, places, format, live, true);
@@ -464,9 +465,16 @@ mod tests {
         let map = ztier_swap::Device::slot_map_bytes(store);
         assert!(map > 0 && map < counts, "{map} {counts}");
         // Room for either alone, not for both: refused, saying both.
-        let err = live_counts_within(store, WbFormat::Page, counts + map - 1)
-            .unwrap_err()
-            .to_string();
+        let err = live_counts_within(store, WbFormat::Page, counts + map - 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ZramError::StoreTooLarge { live_count_bytes, map_bytes, .. }
+                    if live_count_bytes == counts && map_bytes == map
+            ),
+            "{err}"
+        );
+        let err = err.to_string();
         assert!(
             err.contains(&format!("{counts} bytes of live counts"))
                 && err.contains(&format!("{map} bytes of slot map")),

@@ -3,8 +3,15 @@
 //! read), which is how a test knows that a thread it started has reached the lock it is
 //! meant to queue on before it starts the next one. parking_lot wakes the threads parked on
 //! a lock in the order they parked, so queueing them one after another orders them.
+//! [`StoppedSave`]: a save held where a test wants it. [`writeback`]: what the writeback
+//! tests share.
+#![allow(dead_code)] // each test file uses its own part
 
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+pub mod writeback;
 
 /// Far past any scheduling delay; only a thread that never blocks reaches it.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -37,5 +44,81 @@ pub fn wait_until_asleep(tid: u32, done: impl Fn() -> bool, what: &str) {
         seen = if asleep(tid) { seen + 1 } else { 0 };
         assert!(Instant::now() < deadline, "{what} never blocked");
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A save's writer that stops on one write until released, so the save holds, meanwhile,
+/// what it holds there: its store's gate from its first write on; a page's lock while it
+/// writes that page's record (which starts with the page's index).
+pub struct StoppedSave {
+    /// The 8-byte write it stops on; any write if `None`.
+    at: Option<[u8; 8]>,
+    pub gate: Arc<SaveGate>,
+}
+
+/// Where a [`StoppedSave`] stops: whether it has, and whether it is released.
+#[derive(Default)]
+pub struct SaveGate {
+    /// (stopped, released)
+    state: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl StoppedSave {
+    /// Stops on the first write.
+    pub fn on_first_write() -> StoppedSave {
+        StoppedSave {
+            at: None,
+            gate: Arc::default(),
+        }
+    }
+
+    /// Stops on the record of page `index`.
+    pub fn at_page(index: u64) -> StoppedSave {
+        StoppedSave {
+            at: Some(index.to_le_bytes()),
+            gate: Arc::default(),
+        }
+    }
+}
+
+impl SaveGate {
+    /// Waits until the save has stopped; panics if `gave_up` says it ended first, or past a
+    /// deadline no working build reaches.
+    pub fn wait_stopped(&self, gave_up: impl Fn() -> bool) {
+        let deadline = Instant::now() + DEADLINE;
+        let mut s = self.state.lock().unwrap();
+        while !s.0 {
+            s = self
+                .cv
+                .wait_timeout(s, Duration::from_millis(10))
+                .unwrap()
+                .0;
+            assert!(s.0 || !gave_up(), "the save ended before it stopped");
+            assert!(Instant::now() < deadline, "the save never stopped");
+        }
+    }
+
+    /// Lets the save go on.
+    pub fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cv.notify_all();
+    }
+}
+
+impl Write for StoppedSave {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.at.is_none_or(|at| buf == at) {
+            let mut s = self.gate.state.lock().unwrap();
+            s.0 = true;
+            self.gate.cv.notify_all();
+            while !s.1 {
+                s = self.gate.cv.wait(s).unwrap();
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
