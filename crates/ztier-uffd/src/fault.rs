@@ -19,12 +19,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLockWriteGuard;
 
+use crate::page_state::{Kind, PageState};
 use crate::placement::{involuntary_switches, Follow};
 use crate::userfaultfd::{self, Msg, Outcome};
-use crate::{
-    Count, Shared, CLEAN, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED,
-    ZEROED,
-};
+use crate::{Count, Shared};
 
 /// How long after the last fault a wait of the fault thread may begin parked in its read
 /// (bell.rs): as long as it holds the CPU latency request for them. Parked, it holds `gate`
@@ -466,12 +464,12 @@ impl Shared {
             self.device.prefetch(page);
         }
         let _lock = self.locks.lock(page);
-        let state = self.state(page);
-        let s = state & STATE_MASK;
-        if f.wp && (s == RESIDENT || s == GONE) {
+        let state = self.states.get(page);
+        let present = matches!(state.kind(), Kind::Resident | Kind::Gone);
+        if f.wp && present {
             return self.serve_first_write(page, state);
         }
-        if s == RESIDENT || s == GONE {
+        if present {
             self.count(Count::SpuriousFaults, 1);
             self.uffd.wake(f.addr, self.page_size as u64);
             return Served::Done;
@@ -480,30 +478,30 @@ impl Shared {
             return Served::Later;
         }
         let addr = self.page_addr(page);
-        if s == STORED {
+        if state.is(Kind::Stored) {
             return self.serve_stored(page, buf, around, f.write || !self.clean_pages);
         }
-        let held = if s == HELD {
+        let held = if state.is(Kind::Held) {
             self.held.lock().remove(&page)
         } else {
             None
         };
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
-        let kind = if s == HELD { 2 } else { 1 };
-        let zero_refault = s == EMPTY && state & ZEROED != 0;
-        self.fault_ins[kind].fetch_add(1, Relaxed);
+        let source = if state.is(Kind::Held) { 2 } else { 1 };
+        self.fault_ins[source].fetch_add(1, Relaxed);
         self.drop_stored(page, state);
-        self.leave(page, state, RESIDENT | REFERENCED);
-        let outcome: Outcome = match (s, &held) {
-            (HELD, Some(copy)) => self.uffd.copy(addr, copy),
+        let faulted_in = PageState::resident(true, false);
+        self.leave(page, state, faulted_in);
+        let outcome: Outcome = match &held {
+            Some(copy) => self.uffd.copy(addr, copy),
             // An unmapped page faults only if it is still mapped (MREMAP_DONTUNMAP): empty.
             _ if f.write => self.uffd.copy(addr, zeros),
             _ => self.uffd.zeropage(addr, self.page_size as u64),
         };
         match outcome {
             Ok(()) => {
-                if zero_refault {
+                if state.zeroed() {
                     self.count(Count::ZeroRefaults, 1);
                 }
                 Served::Done
@@ -511,17 +509,17 @@ impl Shared {
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page; the copy is stale.
                 // Nothing came in: a spurious fault, not a refault.
-                self.fault_ins[kind].fetch_sub(1, Relaxed);
+                self.fault_ins[source].fetch_sub(1, Relaxed);
                 self.count(Count::SpuriousFaults, 1);
                 self.uffd.wake(addr, self.page_size as u64);
                 Served::Done
             }
             Err(e) => {
-                self.fault_ins[kind].fetch_sub(1, Relaxed);
+                self.fault_ins[source].fetch_sub(1, Relaxed);
                 if let Some(copy) = held {
                     self.held.lock().insert(page, copy);
                 }
-                self.leave(page, RESIDENT, state);
+                self.leave(page, faulted_in, state);
                 match e {
                     libc::EAGAIN => Served::Later,
                     // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
@@ -536,12 +534,12 @@ impl Shared {
     /// which it holds across both steps): its copy in the store is discarded, then its
     /// protection lifted, which wakes the writer. Until then the writer waits, so no
     /// evictor can have decided the page was clean after the write was made.
-    fn serve_first_write(&self, page: u64, state: u8) -> Served {
+    fn serve_first_write(&self, page: u64, state: PageState) -> Served {
         let ps = self.page_size as u64;
         self.count(Count::FirstWrites, 1);
-        if state & STATE_MASK == RESIDENT && state & CLEAN != 0 {
+        if state.clean() {
             self.drop_stored(page, state);
-            self.leave(page, state, state & !CLEAN);
+            self.leave(page, state, state.dirtied());
         }
         match self.uffd.writeprotect(self.page_addr(page), ps, false) {
             Ok(()) => Served::Done,
@@ -572,7 +570,7 @@ impl Shared {
         while n <= window && page + (n as u64) < self.pages {
             let next = page + n as u64;
             let g = self.locks.lock(next);
-            if self.state(next) & STATE_MASK != STORED {
+            if !self.states.get(next).is(Kind::Stored) {
                 break;
             }
             guards.push(g);
@@ -585,11 +583,17 @@ impl Shared {
             }
             return Served::Done;
         }
-        let clean = if dirty { 0 } else { CLEAN };
+        let clean = !dirty;
+        // The faulting page comes in referenced; its neighbours without a second chance:
+        // cold unless touched.
+        let (faulted_in, around_in) = (
+            PageState::resident(true, clean),
+            PageState::resident(false, clean),
+        );
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
         self.fault_ins[0].fetch_add(1, Relaxed);
-        self.leave(page, STORED, RESIDENT | REFERENCED | clean);
+        self.leave(page, PageState::STORED, faulted_in);
         // Only where it tells the fault thread something, and costs little beside the
         // neighbours' decompression: a system call.
         let switches = (n > 1 && self.placement.at_idle_priority()).then(involuntary_switches);
@@ -603,7 +607,7 @@ impl Shared {
         match copied {
             Ok(()) => {
                 if dirty {
-                    self.drop_stored(page, STORED);
+                    self.drop_stored(page, PageState::STORED);
                 }
             }
             Err(libc::EEXIST) => {
@@ -612,15 +616,15 @@ impl Shared {
                 // came in: a spurious fault, not a refault.
                 self.fault_ins[0].fetch_sub(1, Relaxed);
                 self.count(Count::SpuriousFaults, 1);
-                self.drop_stored(page, STORED);
-                self.leave(page, RESIDENT | REFERENCED | clean, RESIDENT | REFERENCED);
+                self.drop_stored(page, PageState::STORED);
+                self.leave(page, faulted_in, faulted_in.dirtied());
                 self.uffd.wake(self.page_addr(page), ps as u64);
                 around.served(page, 1);
                 return Served::Done;
             }
             Err(e) => {
                 self.fault_ins[0].fetch_sub(1, Relaxed);
-                self.leave(page, RESIDENT | REFERENCED | clean, STORED);
+                self.leave(page, faulted_in, PageState::STORED);
                 around.served(page, 1);
                 return match e {
                     libc::EAGAIN => Served::Later,
@@ -645,8 +649,7 @@ impl Shared {
             read += 1;
         }
         for k in 0..read as u64 {
-            // Neighbours come in without a second chance: cold unless touched.
-            self.leave(first + k, STORED, RESIDENT | clean);
+            self.leave(first + k, PageState::STORED, around_in);
         }
         let mut installed = read;
         if read > 0 {
@@ -660,15 +663,15 @@ impl Shared {
             self.count(Count::FaultAround, copied as u64);
             if dirty {
                 for k in 0..copied as u64 {
-                    self.drop_stored(first + k, STORED);
+                    self.drop_stored(first + k, PageState::STORED);
                 }
             }
             if let Err(libc::EEXIST) = outcome {
                 // As for the faulting page: present, not ours, not clean; the copy is stale.
                 let p = first + installed as u64;
                 if installed < read {
-                    self.drop_stored(p, STORED);
-                    self.leave(p, RESIDENT | clean, RESIDENT);
+                    self.drop_stored(p, PageState::STORED);
+                    self.leave(p, around_in, around_in.dirtied());
                     self.uffd.wake(self.page_addr(p), ps as u64);
                     installed += 1;
                 }
@@ -676,7 +679,7 @@ impl Shared {
             // The pages the copy did not install: their copies are still in the store.
             for k in installed..read {
                 let p = first + k as u64;
-                self.leave(p, RESIDENT | clean, STORED);
+                self.leave(p, around_in, PageState::STORED);
             }
         }
         around.served(page, installed + 1);
@@ -705,23 +708,23 @@ impl Shared {
     /// once this event is read): those pages read as zeros from now on.
     fn on_remove(&self, start: u64, end: u64) {
         // The pad's own drops (the evictors') carry nothing to forget.
-        let n = self.forget(self.pages_in(start, end), EMPTY);
+        let n = self.forget(self.pages_in(start, end), PageState::EMPTY);
         self.count(Count::Removed, n);
     }
 
     /// The program unmapped `[start, end)`.
     fn on_unmap(&self, start: u64, end: u64) {
-        let n = self.forget(self.pages_in(start, end), UNMAPPED);
+        let n = self.forget(self.pages_in(start, end), PageState::UNMAPPED);
         self.count(Count::Unmapped, n);
     }
 
     /// Sets `pages` to `to`, dropping their stored copies; how many held anything.
-    fn forget(&self, pages: std::ops::Range<u64>, to: u8) -> u64 {
+    fn forget(&self, pages: std::ops::Range<u64>, to: PageState) -> u64 {
         let mut n = 0;
         for page in pages {
             let _lock = self.locks.lock(page);
-            let state = self.state(page);
-            if !matches!(state & STATE_MASK, EMPTY | UNMAPPED | GONE) {
+            let state = self.states.get(page);
+            if !matches!(state.kind(), Kind::Empty | Kind::Unmapped | Kind::Gone) {
                 n += 1;
             }
             self.drop_stored(page, state);
@@ -738,34 +741,34 @@ impl Shared {
         let mut moved = 0;
         for page in self.pages_in(from, from + len) {
             let _lock = self.locks.lock(page);
-            let state = self.state(page);
+            let state = self.states.get(page);
             let dst = to + (self.page_addr(page) - from);
-            match state & STATE_MASK {
-                STORED => {
+            match state.kind() {
+                Kind::Stored => {
                     let mut copy = vec![0u8; self.page_size].into_boxed_slice();
                     match self.device.read_page(page, &mut copy) {
                         Ok(()) => copies.push((dst, copy)),
                         Err(e) => *self.last_error.lock() = Some(format!("page {page}: {e}")),
                     }
                 }
-                HELD => {
+                Kind::Held => {
                     if let Some(copy) = self.held.lock().remove(&page) {
                         copies.push((dst, copy));
                     }
                 }
                 _ => {}
             }
-            if state & STATE_MASK != EMPTY {
+            if !state.is(Kind::Empty) {
                 moved += 1;
             }
             self.drop_stored(page, state);
             // With MREMAP_DONTUNMAP the old range stays, empty and registered: a fault
             // there finds it empty.
-            self.leave(page, state, UNMAPPED);
+            self.leave(page, state, PageState::UNMAPPED);
         }
         self.count(Count::Remapped, moved);
         // Region pages the move landed on are the program's own memory from now on.
-        self.forget(self.pages_in(to, to + len), GONE);
+        self.forget(self.pages_in(to, to + len), PageState::GONE);
         let r = Remap { to, len, copies };
         Some(r)
     }

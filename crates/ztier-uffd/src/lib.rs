@@ -171,6 +171,7 @@ mod fault;
 mod floor;
 mod mapping;
 pub mod oracle;
+mod page_state;
 mod pageout;
 mod placement;
 mod reclaim;
@@ -178,14 +179,14 @@ mod userfaultfd;
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde::Serialize;
 use ztier_base::shard::{Counters, Stripes};
-use ztier_compress::{Algorithm, Kind};
+use ztier_compress::Algorithm;
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::Policy;
 pub use ztier_zram::{Backing, PageSelector, PolicyConfig, PolicyStats, WbFormat, WbResult};
@@ -194,6 +195,7 @@ use ztier_zram::{BdStat, Device, MmStat, ZramError};
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use floor::{bare_fault_latency, Floor};
 use mapping::Mapping;
+use page_state::{Kind, PageState, PageStates};
 pub use pageout::{kernel_pageout, KernelPageout, NoKernelPath};
 use userfaultfd::{Uffd, Waker};
 
@@ -284,24 +286,6 @@ impl std::fmt::Display for UnmovableReason {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Page states (the low bits of a state byte; see the module's table).
-const EMPTY: u8 = 0;
-const RESIDENT: u8 = 1;
-const STORED: u8 = 2;
-const HELD: u8 = 3;
-const GONE: u8 = 4;
-const UNMAPPED: u8 = 5;
-const STATE_MASK: u8 = 0x7;
-/// Set when a page is faulted in; the clock clears it once before it evicts the page.
-const REFERENCED: u8 = 0x80;
-/// With `RESIDENT`: the page came in from the store by a read and was not written since;
-/// it is write-protected and zram page `i` still holds its copy (see the module's
-/// "Clean pages").
-const CLEAN: u8 = 0x40;
-/// With `EMPTY`: the page is out because an evictor found it all zeros (not because it was
-/// never written or the program dropped it), so the fault that brings it back is a refault.
-const ZEROED: u8 = 0x20;
 
 /// Page lock stripes.
 const STRIPES: usize = 1024;
@@ -521,7 +505,7 @@ pub const MAX_AROUND: usize = 63;
 impl Default for RegionConfig {
     fn default() -> Self {
         RegionConfig {
-            algorithm: Algorithm::new(Kind::Lz4),
+            algorithm: Algorithm::new(ztier_compress::Kind::Lz4),
             allocator: AllocatorKind::Zsmalloc,
             store_limit: 0,
             fault_around: MAX_AROUND,
@@ -546,8 +530,8 @@ struct Shared {
     page_size: usize,
     pages: u64,
     budget_pages: AtomicU64,
-    /// A state byte per page.
-    states: Box<[AtomicU8]>,
+    /// A state byte per page (page_state.rs).
+    states: PageStates,
     /// The page locks: page `p`'s is stripe `p % STRIPES`. A holder of several takes the
     /// first waiting and the others only with `try_lock` (an evictor), or takes them in page
     /// order, fewer than `STRIPES` at once (the fault thread): see the lock order above.
@@ -555,7 +539,7 @@ struct Shared {
     gate: RwLock<()>,
     resident: AtomicU64,
     stored: AtomicU64,
-    /// Resident pages marked `CLEAN`.
+    /// Resident pages that are clean (page_state.rs).
     clean: AtomicU64,
     /// Pages the store refused, by page.
     held: Mutex<HashMap<u64, Box<[u8]>>>,
@@ -761,14 +745,10 @@ impl Region {
             page_size,
             pages,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
-            // Zeroed by the OS (EMPTY is 0), untouched: memory is taken where pages are.
-            states: usize::try_from(pages)
-                .ok()
-                .and_then(ztier_base::zeroed::bytes)
-                .ok_or_else(|| Error::Os {
-                    what: "the page-state table",
-                    source: io::ErrorKind::OutOfMemory.into(),
-                })?,
+            states: PageStates::new(pages).ok_or_else(|| Error::Os {
+                what: "the page-state table",
+                source: io::ErrorKind::OutOfMemory.into(),
+            })?,
             locks: Stripes::new(STRIPES),
             gate: RwLock::new(()),
             resident: AtomicU64::new(0),
@@ -1121,10 +1101,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         self.uffd.shutdown();
         let ps = self.page_size;
-        let mine = |page: u64| {
-            let s = self.state(page) & STATE_MASK;
-            s != UNMAPPED && s != GONE
-        };
+        let mine = |page: u64| self.states.get(page).still_the_regions();
         if (0..self.pages).all(mine) {
             return; // the mapping's drop unmaps it whole
         }
@@ -1150,15 +1127,6 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    fn state(&self, page: u64) -> u8 {
-        self.states[page as usize].load(Relaxed)
-    }
-
-    /// Sets a page's state; the caller holds its lock.
-    fn set_state(&self, page: u64, state: u8) {
-        self.states[page as usize].store(state, Relaxed);
-    }
-
     fn count(&self, k: Count, n: u64) {
         self.counts.add(k, n);
     }
@@ -1269,46 +1237,40 @@ impl Shared {
 
     /// Leaves `page`'s state for `to` (its lock held), keeping the resident and stored
     /// counts and dropping a held copy it leaves behind.
-    fn leave(&self, page: u64, from: u8, to: u8) {
-        match from & STATE_MASK {
-            RESIDENT => {
+    fn leave(&self, page: u64, from: PageState, to: PageState) {
+        match from.kind() {
+            Kind::Resident => {
                 self.resident.fetch_sub(1, Relaxed);
+                if from.clean() {
+                    self.clean.fetch_sub(1, Relaxed);
+                }
             }
-            STORED => {
+            Kind::Stored => {
                 self.stored.fetch_sub(1, Relaxed);
             }
-            HELD => {
+            Kind::Held => {
                 self.held.lock().remove(&page);
             }
             _ => {}
         }
-        if from & STATE_MASK == RESIDENT && from & CLEAN != 0 {
-            self.clean.fetch_sub(1, Relaxed);
-        }
-        match to & STATE_MASK {
-            RESIDENT => {
+        match to.kind() {
+            Kind::Resident => {
                 self.resident.fetch_add(1, Relaxed);
-                if to & CLEAN != 0 {
+                if to.clean() {
                     self.clean.fetch_add(1, Relaxed);
                 }
             }
-            STORED => {
+            Kind::Stored => {
                 self.stored.fetch_add(1, Relaxed);
             }
             _ => {}
         }
-        self.set_state(page, to);
-    }
-
-    /// Whether a page in `state` has a copy in the store (stored, or resident and clean).
-    fn has_copy(state: u8) -> bool {
-        let s = state & STATE_MASK;
-        s == STORED || (s == RESIDENT && state & CLEAN != 0)
+        self.states.set(page, to);
     }
 
     /// Discards page `page`'s copy in the store, if it has one (its lock held).
-    fn drop_stored(&self, page: u64, state: u8) {
-        if Shared::has_copy(state) {
+    fn drop_stored(&self, page: u64, state: PageState) {
+        if state.has_copy() {
             // A discard of an index in range only fails for a bad index.
             let _ = self.device.discard_page(page);
         }

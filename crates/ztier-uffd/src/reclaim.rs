@@ -7,18 +7,16 @@
 //! and empties the pad a batch at a time.
 //!
 //! Invariants: a page is moved only under `gate` (read) and its lock, after its state said
-//! `RESIDENT`; its lock is held until its state says where its content is. A run's first
+//! resident; its lock is held until its state says where its content is. A run's first
 //! lock is waited for, the others only tried. The pad's pages are read only here, after a
 //! move put a page there. Lock order: lib.rs.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use crate::page_state::{Kind, PageState};
 use crate::{mapping, placement};
-use crate::{
-    Count, Error, Result, Shared, UnmovableReason, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT,
-    STATE_MASK, STORED, ZEROED,
-};
+use crate::{Count, Error, Result, Shared, UnmovableReason};
 
 /// What became of a page an evictor chose.
 pub(crate) enum Evicted {
@@ -238,12 +236,10 @@ impl Shared {
                 *segment = self.claim();
             }
             let page = segment.0;
-            let state = self.state(page);
-            if state & STATE_MASK != RESIDENT || state & REFERENCED != 0 {
-                if state & REFERENCED != 0 {
-                    // Clearing only the bit: a state set meanwhile under the lock keeps its
-                    // own.
-                    self.states[page as usize].fetch_and(!REFERENCED, Relaxed);
+            let state = self.states.get(page);
+            if !state.cold() {
+                if state.referenced() {
+                    self.states.clear_referenced(page);
                 }
                 segment.0 += 1;
                 scanned += 1;
@@ -322,8 +318,8 @@ impl Shared {
         };
         let gate = self.gate_read();
         let lock = self.locks.lock(first);
-        let state = self.state(first);
-        if state & STATE_MASK != RESIDENT {
+        let state = self.states.get(first);
+        if !state.is(Kind::Resident) {
             return run;
         }
         // (state, lock, no page was there) for each page of the run.
@@ -331,15 +327,14 @@ impl Shared {
         pages.push((state, lock, false));
         while pages.len() < max {
             let page = first + pages.len() as u64;
-            let cold = |s: u8| s & STATE_MASK == RESIDENT && s & REFERENCED == 0;
-            if !cold(self.state(page)) {
+            if !self.states.get(page).cold() {
                 break;
             }
             let Some(lock) = self.locks.try_lock(page) else {
                 break;
             };
-            let state = self.state(page);
-            if !cold(state) {
+            let state = self.states.get(page);
+            if !state.cold() {
                 break;
             }
             pages.push((state, lock, false));
@@ -381,7 +376,7 @@ impl Shared {
                     // range, or changed its protection): it stays, with a second chance
                     // before the next try.
                     let page = first + moved as u64;
-                    self.states[page as usize].fetch_or(REFERENCED, Relaxed);
+                    self.states.mark_referenced(page);
                     run.refused = Some((page, e));
                     run.taken = moved + 1;
                     break;
@@ -418,19 +413,19 @@ impl Shared {
 
     /// Stores page `page` (locked by the caller), moved out into pad page `slot`, or gone
     /// from the region if `hole`, and sets its state to say where its content is.
-    fn settle(&self, page: u64, state: u8, slot: usize, hole: bool) -> Result<()> {
+    fn settle(&self, page: u64, state: PageState, slot: usize, hole: bool) -> Result<()> {
         let ps = self.page_size;
         if hole {
             self.drop_stored(page, state);
-            self.leave(page, state, EMPTY | ZEROED);
+            self.leave(page, state, PageState::ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         }
-        if state & CLEAN != 0 {
+        if state.clean() {
             // Not written since it came in from the store (a write would have waited for the
             // fault thread, which needs this page's lock to mark it dirty): the store's copy
             // is its content. Nothing to compress or write; the pad's copy is dropped.
-            self.leave(page, state, STORED);
+            self.leave(page, state, PageState::STORED);
             self.count(Count::CleanEvictions, 1);
             return Ok(());
         }
@@ -439,13 +434,13 @@ impl Shared {
         #[allow(unsafe_code)]
         let content = unsafe { self.scratch.slice(slot * ps, ps) };
         if ztier_compress::same_filled(content) == Some(0) {
-            self.leave(page, state, EMPTY | ZEROED);
+            self.leave(page, state, PageState::ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         }
         match self.device.write_page(page, content) {
             Ok(()) => {
-                self.leave(page, state, STORED);
+                self.leave(page, state, PageState::STORED);
                 self.count(Count::Evictions, 1);
                 Ok(())
             }
@@ -453,7 +448,7 @@ impl Shared {
                 // The page stays in memory, held whole until it is touched. Putting it back
                 // with a move would need `gate`, which comes before the page lock.
                 self.held.lock().insert(page, content.into());
-                self.leave(page, state, HELD);
+                self.leave(page, state, PageState::HELD);
                 self.count(Count::EvictFailures, 1);
                 let e = Error::Store { page, cause };
                 *self.last_error.lock() = Some(e.to_string());
