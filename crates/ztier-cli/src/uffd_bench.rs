@@ -12,7 +12,7 @@
 //! off (every eviction compressing, as before them); beside the kernel zswap's
 //! MADV_PAGEOUT, fault-in and single-page fault latency on the same pages, measured in the
 //! run before the regions where the machine has the path (swap on, zswap on:
-//! `ztier_uffd::kernel_pageout`, with zswap's own compressor), else its figures from the
+//! `ztier_uffd::rig::pageout::kernel_pageout`, with zswap's own compressor), else its figures from the
 //! corpus's `zswap-truth.json` and the reason (both marked: the project's kernel offers
 //! zswap no lz4, so its path is lzo-rle). The bench uses the public APIs of ztier-uffd and
 //! ztier-zram only.
@@ -128,7 +128,7 @@ struct UffdRun {
     /// faults only) bring in for the same reads, holding the budget's pages.
     random_refaults: u64,
     random_fault_trips: u64,
-    random_oracle: ztier_uffd::oracle::Refaults,
+    random_oracle: ztier_uffd::rig::oracle::Refaults,
     /// Evictions over the whole run, clean and dirty.
     evictions_clean: u64,
     evictions_dirty: u64,
@@ -165,7 +165,7 @@ struct UffdRun {
     compr_data_size: u64,
     stored_pages: u64,
     /// The kernel's own path on the same pages, measured in this run where the machine has
-    /// one (swap on, zswap on: `ztier_uffd::kernel_pageout`), else why not.
+    /// one (swap on, zswap on: `ztier_uffd::rig::pageout::kernel_pageout`), else why not.
     kernel_in_run: Option<KernelRun>,
     kernel_in_run_missing: Option<String>,
     /// The kernel zswap's figures for these pages (`zswap-truth.json`, lzo-rle), if there.
@@ -196,9 +196,11 @@ struct KernelRun {
 /// came back wrong is an error).
 fn kernel_run(corpus: &Corpus) -> anyhow::Result<Result<KernelRun, String>> {
     let samples = LATENCY_SAMPLES.min(corpus.pages());
-    let k = match ztier_uffd::kernel_pageout(corpus.bytes(), samples) {
+    let k = match ztier_uffd::rig::pageout::kernel_pageout(corpus.bytes(), samples) {
         Ok(k) => k,
-        Err(ztier_uffd::Error::NoKernelPath(why)) => return Ok(Err(why.to_string())),
+        Err(ztier_uffd::rig::pageout::PageoutError::Missing(why)) => {
+            return Ok(Err(why.to_string()))
+        }
         Err(e) => return Err(e).context("the kernel's swap path"),
     };
     let out_bytes = (k.pages - k.left_resident) as f64 * k.page_size as f64;
@@ -421,8 +423,8 @@ fn run_one(
     while region.stats().cpu_latency_qos_held && Instant::now() < lapse {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let floor =
-        ztier_uffd::bare_fault_latency(lat.len().max(1)).context("the bare userfaultfd handler")?;
+    let floor = ztier_uffd::rig::floor::bare_fault_latency(lat.len().max(1))
+        .context("the bare userfaultfd handler")?;
     let floor_one = micros(&floor.one_cpu);
     let floor_two = floor.two_cpus.as_deref().map(micros);
     let floor_two_qos = floor.two_cpus_latency_qos.as_deref().map(micros);
@@ -462,7 +464,7 @@ fn run_one(
     let rand_time = t.elapsed();
     std::hint::black_box(sum);
     let rand = region.stats();
-    let oracle = ztier_uffd::oracle::replay(&trace, budget_pages, half);
+    let oracle = ztier_uffd::rig::oracle::replay(&trace, budget_pages, half);
     verify(&region, corpus)?;
     let end = region.stats();
 

@@ -482,7 +482,7 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
             // corpus's pages pushed out one by one) must find single pages to time.
             (true, Some(why)) => assert_ne!(
                 why,
-                ztier_uffd::NoKernelPath::NoSinglePage.to_string(),
+                ztier_uffd::rig::pageout::NoKernelPath::NoSinglePage.to_string(),
                 "{r}"
             ),
             _ => panic!("the kernel's path neither measured nor refused: {r}"),

@@ -30,11 +30,10 @@
 //! descriptor rather than in `poll`, where the kernel allows it; other threads that need it
 //! meanwhile ring it out (`bell.rs`).
 //!
-//! [`bare_fault_latency`] measures the floor under a fault's latency on the machine at hand:
-//! the same round trip served by a bare handler, its two threads held on one CPU and on two,
-//! and placed as the fault thread places itself (`floor.rs`); [`kernel_pageout`] the
-//! kernel's own path for the same pages, where the machine has one (`MADV_PAGEOUT` through
-//! zswap, the pages touched back: `pageout.rs`).
+//! The measuring rig ([`rig`], not a region's) measures what a region is set beside: the floor
+//! under a fault's latency on the machine at hand (the same round trip served by a bare
+//! handler: [`rig::floor`]), the kernel's own path for the same pages ([`rig::pageout`]), and
+//! the refaults of policies that see more than a region can ([`rig::oracle`]).
 //!
 //! # The eviction protocol
 //!
@@ -168,13 +167,11 @@ mod bell;
 mod capi;
 mod cpu_latency_qos;
 mod fault;
-mod floor;
 mod mapping;
-pub mod oracle;
 mod page_state;
-mod pageout;
 mod placement;
 mod reclaim;
+pub mod rig;
 mod userfaultfd;
 
 use std::collections::HashMap;
@@ -193,10 +190,8 @@ pub use ztier_zram::{Backing, PageSelector, PolicyConfig, PolicyStats, WbFormat,
 use ztier_zram::{BdStat, Device, MmStat, ZramError};
 
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
-pub use floor::{bare_fault_latency, Floor};
 use mapping::Mapping;
 use page_state::{Kind, PageState, PageStates};
-pub use pageout::{kernel_pageout, KernelPageout, NoKernelPath};
 use userfaultfd::{Uffd, Waker};
 
 /// What making or using a region refuses.
@@ -243,15 +238,6 @@ pub enum Error {
         what: &'static str,
         cause: ZramError,
     },
-    /// The kernel's own path for a region's pages ([`kernel_pageout`]) is not there: what
-    /// is missing.
-    #[error("the kernel's swap path: {0}")]
-    NoKernelPath(NoKernelPath),
-    /// A page came back from the kernel's swap path different from what went out.
-    #[error("page {page} came back from the kernel's swap path different from what went out")]
-    KernelPathCorrupt { page: usize },
-    #[error("{len} bytes of pages: the length must be a positive whole number of {page_size}-byte pages")]
-    BadPages { len: usize, page_size: usize },
     /// A page the reclaim could not move out, and why: it stays resident, and reclaim
     /// backs off (waiting longer each time nothing can go) until the program undoes it.
     #[error("page {page} cannot be evicted: {reason}; reclaim backs off while it stays so")]

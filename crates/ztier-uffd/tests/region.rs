@@ -946,7 +946,7 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_on_two_and_placed_as_a_
         return;
     };
     let _dog = common::Watchdog::new(common::WATCHDOG);
-    let floor = ztier_uffd::bare_fault_latency(300).unwrap();
+    let floor = ztier_uffd::rig::floor::bare_fault_latency(300).unwrap();
     assert_eq!(floor.one_cpu.len(), 300);
     assert!(floor.one_cpu.iter().all(|d| !d.is_zero()));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -1061,13 +1061,13 @@ fn the_kernels_pageout_path_is_measured_where_it_exists_and_refused_where_not() 
         }
     }
     assert!(matches!(
-        ztier_uffd::kernel_pageout(&data[..ps + 1], 4),
-        Err(ztier_uffd::Error::BadPages { .. })
+        ztier_uffd::rig::pageout::kernel_pageout(&data[..ps + 1], 4),
+        Err(ztier_uffd::rig::pageout::PageoutError::BadPages { .. })
     ));
     let zswap_on = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
         .is_ok_and(|s| s.trim() == "Y");
     let swap_on = std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1);
-    match ztier_uffd::kernel_pageout(&data, 16) {
+    match ztier_uffd::rig::pageout::kernel_pageout(&data, 16) {
         Ok(k) => {
             assert!(
                 swap_on && zswap_on,
@@ -1079,8 +1079,8 @@ fn the_kernels_pageout_path_is_measured_where_it_exists_and_refused_where_not() 
             // A page that will not go out is passed over, but most do.
             assert!(!k.latency.is_empty() && k.latency.len() <= 16, "{k:?}");
         }
-        Err(ztier_uffd::Error::NoKernelPath(why)) => {
-            use ztier_uffd::NoKernelPath as Why;
+        Err(ztier_uffd::rig::pageout::PageoutError::Missing(why)) => {
+            use ztier_uffd::rig::pageout::NoKernelPath as Why;
             // With both on, only a full swap device (or pages kept in) refuses.
             let expected = match (zswap_on, swap_on) {
                 (false, _) => matches!(why, Why::ZswapOff { .. } | Why::NoZswap { .. }),

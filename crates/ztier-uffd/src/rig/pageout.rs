@@ -15,7 +15,6 @@
 use std::time::{Duration, Instant};
 
 use crate::mapping::Mapping;
-use crate::{Error, Result};
 
 /// `MADV_PAGEOUT` calls over the whole mapping at most: a page still in a per-CPU LRU batch
 /// is passed over by one call (the kernel's own truth script repeats it the same way).
@@ -62,11 +61,26 @@ pub enum NoKernelPath {
     NoSinglePage,
 }
 
-impl From<NoKernelPath> for Error {
-    fn from(why: NoKernelPath) -> Error {
-        Error::NoKernelPath(why)
-    }
+/// What [`kernel_pageout`] refuses or meets.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PageoutError {
+    /// The kernel's own path is not there: what is missing.
+    #[error("the kernel's swap path: {0}")]
+    Missing(#[from] NoKernelPath),
+    /// A page came back from the kernel's swap path different from what went out.
+    #[error("page {page} came back from the kernel's swap path different from what went out")]
+    Corrupt { page: usize },
+    #[error("{len} bytes of pages: the length must be a positive whole number of {page_size}-byte pages")]
+    BadPages { len: usize, page_size: usize },
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
+
+type Result<T, E = PageoutError> = std::result::Result<T, E>;
 
 /// What the kernel made of the pages.
 #[derive(Debug, Clone)]
@@ -90,11 +104,11 @@ pub struct KernelPageout {
 /// The kernel's path for `data` (whole pages of the system's page size): pageout and
 /// fault-in times, and `samples` single-page fault latencies. Refuses, saying why
 /// ([`NoKernelPath`]), where the path is missing (no swap, no room on it, zswap off), or
-/// ([`Error::KernelPathCorrupt`]) where a page comes back different.
+/// ([`PageoutError::Corrupt`]) where a page comes back different.
 pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     let ps = ztier_base::os::page_size();
     if data.is_empty() || !data.len().is_multiple_of(ps) {
-        return Err(Error::BadPages {
+        return Err(PageoutError::BadPages {
             len: data.len(),
             page_size: ps,
         });
@@ -108,7 +122,7 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
         }
         .into());
     }
-    let os = |what| move |source| Error::Os { what, source };
+    let os = |what| move |source| PageoutError::Os { what, source };
     let pages = data.len() / ps;
     let map = Mapping::new(data.len()).map_err(os("mmap"))?;
     // SAFETY: the mapping is new, ours alone and as long as `data`; nothing else refers to
@@ -207,7 +221,7 @@ fn check_equal(map: &Mapping, data: &[u8], ps: usize) -> Result<()> {
         .position(|(a, b)| a != b)
     {
         None => Ok(()),
-        Some(page) => Err(Error::KernelPathCorrupt { page }),
+        Some(page) => Err(PageoutError::Corrupt { page }),
     }
 }
 
