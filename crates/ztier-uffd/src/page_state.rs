@@ -19,7 +19,8 @@
 //! leaves any state set meanwhile as it was but for that bit; a page leaves the region
 //! ([`Kind::Gone`], [`Kind::Unmapped`]) only while the fault thread holds `gate` (write),
 //! as it handles the program's unmap or remap (lib.rs: no move sees an address whose unmap
-//! it has not seen). No locks of its own.
+//! it has not seen; a fault on an unmapped page whose copy fails puts it back as it was,
+//! under the lock it held throughout). No locks of its own.
 
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
