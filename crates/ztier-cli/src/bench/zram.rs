@@ -1,45 +1,28 @@
-//! `ztier bench`: flags in, reports out. The replay itself is `ztier_replay::zram`.
+//! `ztier bench` (and `ztier bench zram`): every corpus written to a zram device, read back
+//! and verified, `mm_stat` after each step beside the kernel zram's (`ztier_replay::zram`);
+//! a sweep of allocators, compressors, chain sizes and thread counts in one table and
+//! picture; or, with `--trace`, a capture over time replayed epoch by epoch with the idle
+//! policy (`ztier_replay::trace`). Flags in, reports out.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use ztier_compress::Algorithm;
 use ztier_corpus::trace::Trace;
-use ztier_corpus::Corpus;
-use ztier_replay::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
-use ztier_replay::zram::{FieldComparison, WritebackTarget, ZramReplay, ZramRun};
-use ztier_replay::zswap::{ZswapReplay, ZswapRun};
+use ztier_replay::trace::{TraceReplay, TraceRun};
+use ztier_replay::zram::{WritebackTarget, ZramReplay, ZramRun};
 use ztier_zram::MmStat;
 
+use super::shared::{mib, print_field, print_verdict, ReplayArgs};
 use crate::classes::PoolLayoutArgs;
 use crate::pools::AllocatorChoice;
 
-/// Which engine the pages go through.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Front {
-    /// A zram device: pages written to it, `mm_stat` beside the kernel zram's.
-    Zram,
-    /// A zswap cache in front of a swap device: pages swapped out to it, the zswap counters
-    /// beside the kernel zswap's.
-    Zswap,
-    /// A userfaultfd region (`ztier-uffd`) under --budget: evicted, faulted back in and
-    /// verified, beside the kernel zswap's page-out and fault-in.
-    Uffd,
-}
-
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// The engine to replay through.
-    #[arg(long, value_enum, default_value = "zram")]
-    pub front: Front,
-    /// Corpus file (raw .pages or .pages.zst); repeatable. Default: the bundled sample.
-    #[arg(long = "corpus", value_name = "PATH")]
-    pub corpora: Vec<PathBuf>,
-    /// Compressor, with optional parameters (lzo-rle, lzo, lz4, lz4hc, zstd, deflate,
-    /// zstd:level=N, ...); repeatable.
-    #[arg(long = "compressor", value_name = "ALG", default_value = "lzo-rle")]
-    pub compressors: Vec<Algorithm>,
+/// The flags of a replay through zram.
+#[derive(Args, Debug, Clone)]
+pub struct ZramArgs {
+    #[command(flatten)]
+    pub replay: ReplayArgs,
     /// Allocator under the device (or `all`).
     #[arg(long, default_value = "zsmalloc")]
     pub allocator: AllocatorChoice,
@@ -53,9 +36,6 @@ pub struct BenchArgs {
     /// truth files were taken).
     #[arg(long)]
     pub discard_odd: bool,
-    /// Print one JSON object per run instead of the report.
-    #[arg(long)]
-    pub json: bool,
     /// Also print the allocator's table after the write (zsmalloc's debugfs `classes`,
     /// zblock's `blocks`).
     #[arg(long)]
@@ -66,16 +46,16 @@ pub struct BenchArgs {
     pub recompress: Option<Algorithm>,
     /// Then mark every page idle and write it back to this file (made sparse; removed after
     /// the run if the bench made it), and read every page back.
-    #[arg(long, value_name = "PATH", conflicts_with = "writeback_nbd")]
+    #[arg(long, value_name = "PATH", group = "writeback")]
     pub writeback_file: Option<PathBuf>,
     /// As --writeback-file, to an NBD export (nbd://HOST:PORT/NAME or
     /// nbd+unix:///NAME?socket=PATH).
-    #[arg(long, value_name = "URI")]
+    #[arg(long, value_name = "URI", group = "writeback")]
     pub writeback_nbd: Option<ztier_nbd::Uri>,
     /// How written-back pages are laid out: packed (compressed objects back to back),
     /// compressed (one per block, the kernel's compressed_writeback) or page (decompressed,
     /// the kernel's default).
-    #[arg(long, default_value = "packed")]
+    #[arg(long, default_value = "packed", requires = "writeback")]
     pub writeback_format: ztier_zram::WbFormat,
     /// Several chain sizes in one sweep (`4,8,16`; overrides --chain-size): every corpus ×
     /// allocator × compressor × chain size × thread count, then one table of them all.
@@ -88,83 +68,24 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
     /// Replay the capture over time beside each corpus (NAME.trace, from `ztier capture
     /// --every`) through zram, epoch by epoch: overwrites, discards and the idle policy
-    /// (--recompress, --writeback-*); memory after every epoch.
-    #[arg(long)]
+    /// (--recompress, --writeback-*); memory after every epoch. One thread, one layout, and
+    /// no discard of its own.
+    #[arg(long, conflicts_with_all = ["threads", "discard_odd", "stats", "chain_sizes"])]
     pub trace: bool,
     /// With --trace: every this many epochs, the pages not written since the policy's last
     /// run are recompressed and written back, then every page is marked idle.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1, requires = "trace",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub idle_epochs: u32,
-    /// With --trace --front zswap: the memory zswap's pool limit is a percentage of (K, M, G
-    /// suffixes; default this machine's).
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
-    pub ram: Option<u64>,
-    /// With --trace --front zswap: zswap's max_pool_percent.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub max_pool_percent: u32,
-    /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
-    /// quarter of this machine's memory (the bench holds the pages, their compressed copies
-    /// and the device).
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
-    pub max_corpus: Option<u64>,
-    /// With --front uffd: the region's RAM budget, a share of its size (25% or 0.25).
-    #[arg(long, default_value = "25%", value_parser = crate::uffd_bench::parse_budget)]
-    pub budget: f64,
-    /// With --front uffd: keep the region's fault thread at normal priority (by default it
-    /// runs at idle priority while one thread faults, where the process may leave it again).
-    #[arg(long)]
-    pub normal_priority: bool,
-    /// With --front uffd: the region makes no CPU latency request while faults come (by
-    /// default it holds one where /dev/cpu_dma_latency can be opened, so that idle CPUs
-    /// poll instead of halting; see ztier_uffd::RegionConfig::cpu_latency_qos).
-    #[arg(long)]
-    pub no_cpu_latency_qos: bool,
 }
 
-/// The bundled sample: next to the working directory, or in the source tree.
-pub fn default_corpus() -> anyhow::Result<PathBuf> {
-    let candidates = [
-        PathBuf::from("samples/sample.pages.zst"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst"),
-    ];
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .context("no --corpus given and the bundled samples/sample.pages.zst is not here")
-}
-
-/// Runs every corpus × allocator × compressor × thread count; fails (after printing every
-/// report) if any run's figures differ from the kernel's where they are compared.
-pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+/// Runs every corpus × allocator × compressor × layout × thread count (or, `--trace`, every
+/// corpus's trace); fails (after printing every report) if any run's figures differ from
+/// the kernel's where they are compared.
+pub fn run(args: &ZramArgs) -> anyhow::Result<()> {
     let layout = args.layout.config();
     layout.validate().map_err(anyhow::Error::msg)?;
-    let paths = if args.corpora.is_empty() {
-        vec![default_corpus()?]
-    } else {
-        args.corpora.clone()
-    };
-    if args.front == Front::Uffd {
-        return crate::uffd_bench::run(args, &paths);
-    }
-    if args.front == Front::Zswap {
-        // Refused by name rather than ignored: zswap's runs have no sweep table or picture,
-        // and its pool is zsmalloc's at --chain-size (one chain size a run).
-        for (given, flag) in [
-            (args.plot.is_some(), "--plot"),
-            (!args.chain_sizes.is_empty(), "--chain-sizes"),
-        ] {
-            if given {
-                bail!(
-                    "{flag} is zram's: --front zswap draws no picture and sweeps no chain \
-                     sizes (one --chain-size a run; `ztier plot` draws zram results)"
-                );
-            }
-        }
-        if args.trace {
-            return run_zswap_trace(args, &paths, layout);
-        }
-        return run_zswap(args, &paths, layout);
-    }
+    let paths = args.replay.paths()?;
     let made_file = args
         .writeback_file
         .as_ref()
@@ -182,18 +103,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 fn run_zram(
-    args: &BenchArgs,
+    args: &ZramArgs,
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let layouts = layouts(args, layout)?;
     for path in paths {
-        let corpus = load(args, path)?;
+        let corpus = args.replay.load(path)?;
         let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
         let writeback = writeback_target(args, corpus.pages() as u64)?;
         for &allocator in args.allocator.kinds() {
-            for algorithm in &args.compressors {
+            for algorithm in &args.replay.compressors {
                 // Chain sizes are zsmalloc's: other allocators run the first layout only.
                 let layouts = if allocator == ztier_pool::AllocatorKind::Zsmalloc {
                     &layouts[..]
@@ -211,12 +132,12 @@ fn run_zram(
                         threads,
                         discard_odd: args.discard_odd,
                         allocator_stats: args.stats || args.plot.is_some(),
-                        progress: !args.json,
+                        progress: !args.replay.json,
                         recompress: args.recompress.clone(),
                         writeback: writeback.clone(),
                     };
                     let run = replay.run(&corpus, truth.as_ref())?;
-                    if args.json {
+                    if args.replay.json {
                         println!("{}", serde_json::to_string(&run)?);
                     } else {
                         print_run(&run);
@@ -226,7 +147,7 @@ fn run_zram(
             }
         }
     }
-    if !args.json && runs.len() > 1 {
+    if !args.replay.json && runs.len() > 1 {
         crate::pools::print_side_by_side(&runs);
     }
     if let Some(svg) = &args.plot {
@@ -235,7 +156,7 @@ fn run_zram(
             .map(serde_json::to_value)
             .collect::<Result<Vec<_>, _>>()?;
         crate::plot::render(&values, svg)?;
-        if !args.json {
+        if !args.replay.json {
             println!("drawn: {}", svg.display());
         }
     }
@@ -255,7 +176,7 @@ fn run_zram(
 
 /// The pool layouts of a sweep: `--chain-sizes`, else the one `--chain-size`.
 fn layouts(
-    args: &BenchArgs,
+    args: &ZramArgs,
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<Vec<ztier_pool::ZsConfig>> {
     if args.chain_sizes.is_empty() {
@@ -276,13 +197,13 @@ fn layouts(
 
 /// `--trace`: each corpus's trace through zram, for every allocator and compressor.
 fn run_trace(
-    args: &BenchArgs,
+    args: &ZramArgs,
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for path in paths {
-        let corpus = load(args, path)?;
+        let corpus = args.replay.load(path)?;
         let trace_path = Trace::path_for(path);
         let trace = Trace::read(&trace_path).with_context(|| {
             format!(
@@ -292,7 +213,7 @@ fn run_trace(
         })?;
         let writeback = writeback_target(args, corpus.pages() as u64)?;
         for &allocator in args.allocator.kinds() {
-            for algorithm in &args.compressors {
+            for algorithm in &args.replay.compressors {
                 let replay = TraceReplay {
                     allocator,
                     layout,
@@ -302,7 +223,7 @@ fn run_trace(
                     idle_epochs: args.idle_epochs,
                 };
                 let run = replay.run(&corpus, &trace)?;
-                if args.json {
+                if args.replay.json {
                     println!("{}", serde_json::to_string(&run)?);
                 } else {
                     print_trace_run(&run);
@@ -313,108 +234,11 @@ fn run_trace(
     }
     if let Some(svg) = &args.plot {
         crate::plot::render(&runs, svg)?;
-        if !args.json {
+        if !args.replay.json {
             println!("drawn: {}", svg.display());
         }
     }
     Ok(())
-}
-
-/// `--trace --front zswap`: each corpus's trace through zswap over a swap device.
-fn run_zswap_trace(
-    args: &BenchArgs,
-    paths: &[PathBuf],
-    layout: ztier_pool::ZsConfig,
-) -> anyhow::Result<()> {
-    if args.discard_odd
-        || args.stats
-        || args.recompress.is_some()
-        || args.writeback_file.is_some()
-        || args.writeback_nbd.is_some()
-    {
-        bail!(
-            "--discard-odd, --stats, --recompress and --writeback-* are zram's; zswap's \
-             trace replay writes back by its own pool limit (--ram, --max-pool-percent)"
-        );
-    }
-    for path in paths {
-        let corpus = load(args, path)?;
-        let trace_path = Trace::path_for(path);
-        let trace = Trace::read(&trace_path)
-            .with_context(|| format!("--trace: reading {}", trace_path.display()))?;
-        for &allocator in args.allocator.kinds() {
-            for algorithm in &args.compressors {
-                let replay = ZswapTraceReplay {
-                    allocator,
-                    layout,
-                    algorithm: algorithm.clone(),
-                    ram_bytes: args.ram.unwrap_or_else(ztier_pool::physical_memory_bytes),
-                    max_pool_percent: args.max_pool_percent,
-                };
-                let run = replay.run(&corpus, &trace)?;
-                if args.json {
-                    println!("{}", serde_json::to_string(&run)?);
-                } else {
-                    print_zswap_trace_run(&run);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn print_zswap_trace_run(r: &ZswapTraceRun) {
-    println!(
-        "{}: {} epochs through zswap, {} on {} (chain {}), pool limit {}% of {}",
-        r.corpus,
-        r.epochs.len(),
-        r.compressor,
-        r.allocator,
-        r.chain_size,
-        r.max_pool_percent,
-        mib(r.ram_bytes)
-    );
-    println!(
-        "  {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>14} {:>12} {:>10}",
-        "epoch",
-        "at s",
-        "present",
-        "appeared",
-        "changed",
-        "went",
-        "read back",
-        "stored",
-        "pool_total",
-        "written back",
-        "limit hit"
-    );
-    for e in &r.epochs {
-        let z = &e.zswap;
-        println!(
-            "  {:>5} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>14} {:>12} {:>10}",
-            e.epoch,
-            e.seconds,
-            e.present,
-            e.appeared,
-            e.changed,
-            e.went,
-            e.read_back,
-            z.stored_pages,
-            z.pool_total_size,
-            z.written_back_pages,
-            z.pool_limit_hit
-        );
-    }
-    println!(
-        "  {} pages swapped out, {} slots freed, {} swapped in from the device; peak pool {}; \
-         every present page verified ({:.2} s)",
-        r.pages_swapped_out,
-        r.slots_freed,
-        r.read_back_pages,
-        mib(r.peak_pool_total_size),
-        r.seconds
-    );
-    println!();
 }
 
 fn print_trace_run(r: &TraceRun) {
@@ -486,7 +310,7 @@ fn print_trace_run(r: &TraceRun) {
 }
 
 /// The store `--writeback-file` or `--writeback-nbd` names, for a corpus of `pages` pages.
-fn writeback_target(args: &BenchArgs, pages: u64) -> anyhow::Result<Option<WritebackTarget>> {
+fn writeback_target(args: &ZramArgs, pages: u64) -> anyhow::Result<Option<WritebackTarget>> {
     let store: std::sync::Arc<dyn ztier_blockdev::BlockDevice> =
         if let Some(path) = &args.writeback_file {
             let bytes = ztier_zram::Backing::size_for(pages * ztier_swap::SLOT_BYTES);
@@ -511,193 +335,6 @@ fn writeback_target(args: &BenchArgs, pages: u64) -> anyhow::Result<Option<Write
         format: args.writeback_format,
         name,
     }))
-}
-
-fn load(args: &BenchArgs, path: &Path) -> anyhow::Result<Corpus> {
-    let max = args
-        .max_corpus
-        .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4);
-    Corpus::load_at_most(path, max).with_context(|| format!("loading {}", path.display()))
-}
-
-/// `--front zswap`: every corpus × allocator × compressor × thread count through zswap.
-fn run_zswap(
-    args: &BenchArgs,
-    paths: &[PathBuf],
-    layout: ztier_pool::ZsConfig,
-) -> anyhow::Result<()> {
-    if args.discard_odd
-        || args.stats
-        || args.recompress.is_some()
-        || args.writeback_file.is_some()
-        || args.writeback_nbd.is_some()
-    {
-        bail!(
-            "--discard-odd, --stats, --recompress and --writeback-* are zram's; zswap's replay \
-             has none of them"
-        );
-    }
-    let mut different = Vec::new();
-    for path in paths {
-        let corpus = load(args, path)?;
-        for &allocator in args.allocator.kinds() {
-            for algorithm in &args.compressors {
-                let truth = corpus
-                    .zswap_truth(algorithm.kind.name())
-                    .context("reading zswap-truth.json")?;
-                let mut runs = Vec::new();
-                for &threads in &args.threads {
-                    let replay = ZswapReplay {
-                        allocator,
-                        layout,
-                        algorithm: algorithm.clone(),
-                        threads,
-                        progress: !args.json,
-                    };
-                    let run = replay.run(&corpus, truth.as_ref())?;
-                    if args.json {
-                        println!("{}", serde_json::to_string(&run)?);
-                    } else {
-                        print_zswap_run(&run);
-                    }
-                    if run.kernel.as_ref().is_some_and(|k| !k.equal) {
-                        different.push(format!(
-                            "{} {} {} threads",
-                            run.corpus, run.compressor, threads
-                        ));
-                    }
-                    runs.push(run);
-                }
-                if !args.json {
-                    print_zswap_scaling(&runs);
-                }
-            }
-        }
-    }
-    if !different.is_empty() {
-        bail!(
-            "different from the kernel zswap's figures: {}",
-            different.join("; ")
-        );
-    }
-    Ok(())
-}
-
-fn print_zswap_run(r: &ZswapRun) {
-    let z = &r.zswap;
-    println!(
-        "{}: {} pages of {} B ({}) swapped out through zswap, {} on {} (chain {}), {} thread{}",
-        r.corpus,
-        r.pages,
-        r.page_size,
-        mib(r.pages * r.page_size as u64),
-        r.compressor,
-        r.allocator,
-        r.chain_size,
-        r.threads,
-        if r.threads == 1 { "" } else { "s" }
-    );
-    for (name, value) in z.lines() {
-        println!("  {name:<28} {value:>14}");
-    }
-    println!(
-        "  ratio {:.2} (Zswapped / Zswap), metadata {:.1} bytes per stored page (index and LRU)",
-        z.zswapped_kb as f64 / z.zswap_kb.max(1) as f64,
-        r.metadata_bytes_per_page
-    );
-    println!(
-        "  store {:>8.1} MB/s  = {:.2}x raw compress ({:.1} MB/s)",
-        r.store_mb_s, r.store_vs_raw, r.raw_compress_mb_s
-    );
-    println!(
-        "  load  {:>8.1} MB/s  = {:.2}x raw decompress ({:.1} MB/s), every page verified",
-        r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s
-    );
-    println!(
-        "  zram on the same pages: read {:.1} MB/s, swap-in {:.1} MB/s (each page read, then its \
-         slot freed at once, as zram_slot_free_notify does); zswap's load = {:.2}x zram's swap-in",
-        r.zram_read_mb_s,
-        r.zram_swapin_mb_s,
-        r.load_mb_s / r.zram_swapin_mb_s
-    );
-    if let Some(k) = &r.kernel {
-        println!("  the kernel's zswap ({}) on the same pages:", k.release);
-        println!(
-            "    {:<30} {:>14} {:>14} {:>10}",
-            "field", "ztier", "kernel", "diff"
-        );
-        for f in &k.fields {
-            print_field(f.field, f);
-        }
-        print_verdict(&k.fields, &k.notes, k.equal);
-        if let (Some(out), Some(inn)) = (k.truth.pageout_mb_s, k.truth.faultin_mb_s) {
-            println!(
-                "    kernel swap-out through zswap {out:.0} MB/s, fault-in {inn:.0} MB/s (whole \
-                 process path); ztier store = {:.2}x, load = {:.2}x",
-                r.store_mb_s / out,
-                r.load_mb_s / inn
-            );
-        }
-    }
-    println!();
-}
-
-/// How each thread count's figures scale from the first's, for zswap's load and for zram's
-/// reads and swap-in on the same pages: a load that frees its object (zswap's, in batches;
-/// zram's swap-in, one at a time) meets the frees' cost and the lines they write, which
-/// zram's plain reads do not. Text only (`--json` has each run's figures).
-fn print_zswap_scaling(runs: &[ZswapRun]) {
-    let Some((first, rest)) = runs.split_first() else {
-        return;
-    };
-    for r in rest {
-        println!(
-            "{} {} on {}: {} threads / {}: zswap load {:.2}x, zram swap-in {:.2}x, zram read \
-             {:.2}x",
-            r.corpus,
-            r.compressor,
-            r.allocator,
-            r.threads,
-            first.threads,
-            r.load_mb_s / first.load_mb_s,
-            r.zram_swapin_mb_s / first.zram_swapin_mb_s,
-            r.zram_read_mb_s / first.zram_read_mb_s
-        );
-    }
-    if !rest.is_empty() {
-        println!();
-    }
-}
-
-/// One row of a comparison with the kernel: ztier's figure, the kernel's, the difference.
-fn print_field(name: &str, f: &FieldComparison) {
-    let diff = f.ztier as i128 - f.kernel as i128;
-    let mark = if f.compared { "" } else { "  (not compared)" };
-    println!(
-        "    {name:<30} {:>14} {:>14} {diff:>+10}{mark}",
-        f.ztier, f.kernel
-    );
-}
-
-/// The notes under a comparison, and its verdict.
-fn print_verdict(fields: &[FieldComparison], notes: &[String], equal: bool) {
-    for note in notes {
-        println!("    note: {note}");
-    }
-    println!(
-        "    {}",
-        if !equal {
-            "DIFFERENT from the kernel's figures"
-        } else if fields.iter().all(|f| f.compared) {
-            "every field equal to the kernel's"
-        } else {
-            "every compared field equal to the kernel's"
-        }
-    );
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
 fn print_run(r: &ZramRun) {
