@@ -131,10 +131,7 @@ fn evict_and_read(r: &ztier_uffd::Region, pages: std::ops::Range<u64>) {
 /// A 64-page region made as `config` says, every page written (version 1); `None` (the
 /// test skips, saying why) where userfaultfd or idle priority is not usable.
 fn written_region_for_idle_priority(config: &ztier_uffd::RegionConfig) -> Option<common::Guarded> {
-    let r = region_with(64 * PAGE, 64 * PAGE, config)?;
-    for page in 0..64 {
-        write_page(r.words(), page, 1);
-    }
+    let r = common::written_region_with(64, config)?;
     if !r.stats().idle_priority_usable {
         skip_without_idle_priority();
         return None;

@@ -10,17 +10,14 @@ mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::{check_page, region, write_page, PAGE, WORDS};
+use common::{check_page, region, write_page, written_region, PAGE, WORDS};
 
 #[test]
 fn the_programs_madv_dontneed_never_brings_back_a_stored_copy() {
-    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+    let Some(r) = written_region(64) else {
         return;
     };
     let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
     // Half out in the store, half resident; then the program drops pages 16..48 itself.
     for page in 0..32 {
         assert!(r.evict(page).unwrap());
@@ -49,13 +46,10 @@ fn the_programs_madv_dontneed_never_brings_back_a_stored_copy() {
 
 #[test]
 fn the_programs_munmap_drops_the_stored_copies() {
-    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+    let Some(r) = written_region(64) else {
         return;
     };
     let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
     for page in 0..64 {
         assert!(r.evict(page).unwrap());
     }
@@ -104,13 +98,10 @@ fn the_programs_munmap_drops_the_stored_copies() {
 
 #[test]
 fn the_programs_mremap_takes_its_pages_out_with_their_content() {
-    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+    let Some(r) = written_region(64) else {
         return;
     };
     let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
     for page in (0..64).step_by(2) {
         assert!(r.evict(page).unwrap());
     }
@@ -248,13 +239,10 @@ fn a_forked_child_does_not_have_the_region() {
 #[test]
 fn a_run_across_a_protection_change_goes_out_page_by_page() {
     const PAGES: u64 = 64;
-    let Some(r) = region(PAGES as usize * PAGE, PAGES as usize * PAGE) else {
+    let Some(r) = written_region(PAGES) else {
         return;
     };
     let words = r.words();
-    for page in 0..PAGES {
-        write_page(words, page, 1);
-    }
     // SAFETY: page 20 of the region, made read-only (its content kept); the test only reads
     // it until it is made writable again below.
     let rc = unsafe { libc::mprotect(r.as_ptr().add(20 * PAGE).cast(), PAGE, libc::PROT_READ) };

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::{check_page, region, region_with, write_page, PAGE, WORDS};
+use common::{check_page, region, region_with, write_page, written_region, PAGE, WORDS};
 
 #[test]
 fn a_never_written_page_reads_as_zeros_and_costs_no_store() {
@@ -42,13 +42,10 @@ fn a_never_written_page_reads_as_zeros_and_costs_no_store() {
 
 #[test]
 fn an_evicted_page_is_stored_and_comes_back() {
-    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+    let Some(r) = written_region(64) else {
         return;
     };
     let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
     for page in 0..64 {
         assert!(r.evict(page).unwrap());
     }
@@ -82,13 +79,10 @@ fn an_evicted_page_is_stored_and_comes_back() {
 /// it, and none soon after the calls stop.
 #[test]
 fn evicted_pages_go_back_to_the_os_sixteen_at_a_time() {
-    let Some(r) = region(64 * PAGE, 64 * PAGE) else {
+    let Some(r) = written_region(64) else {
         return;
     };
     let words = r.words();
-    for page in 0..64 {
-        write_page(words, page, 1);
-    }
     let pad_rss = || common::rss_of(r.pad_range()) / PAGE;
     assert_eq!(pad_rss(), 0);
     // Each call leaves its page in the pad until an emptying: the sixteenth call's, or the

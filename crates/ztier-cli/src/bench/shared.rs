@@ -1,14 +1,21 @@
-//! What every front of `ztier bench` shares: the flags of a replay ([`ReplayArgs`]: the
-//! corpora, the compressors, JSON or text, the bound on a corpus), the bundled sample, and
-//! the rows under a comparison with the kernel's figures.
+//! What the fronts of `ztier bench` share: the flags of every replay ([`ReplayArgs`]: the
+//! corpora, the compressors, JSON or text, the bound on a corpus) and of those through a
+//! pool ([`PoolArgs`]: zram's and zswap's), the bundled sample and a corpus's trace, a run
+//! printed or written as JSON, and the lines of a report more than one front prints.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
+use serde::Serialize;
 use ztier_compress::Algorithm;
+use ztier_corpus::trace::Trace;
 use ztier_corpus::Corpus;
+use ztier_pool::ZsConfig;
 use ztier_replay::zram::FieldComparison;
+
+use crate::classes::PoolLayoutArgs;
+use crate::pools::AllocatorChoice;
 
 /// The flags every front takes.
 #[derive(Args, Debug, Clone)]
@@ -47,6 +54,104 @@ impl ReplayArgs {
             .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4);
         Corpus::load_at_most(path, max).with_context(|| format!("loading {}", path.display()))
     }
+}
+
+/// The flags of a front whose pages go through a pool (zram, zswap).
+#[derive(Args, Debug, Clone)]
+pub struct PoolArgs {
+    /// Allocator under the device or the cache (or `all`).
+    #[arg(long, default_value = "zsmalloc")]
+    pub allocator: AllocatorChoice,
+    #[command(flatten)]
+    pub layout: PoolLayoutArgs,
+    /// Threads storing and loading at once; a list (`1,2`) runs each count in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Vec<u16>,
+}
+
+impl PoolArgs {
+    /// The pool layout the flags give, checked.
+    pub fn layout(&self) -> anyhow::Result<ZsConfig> {
+        let layout = self.layout.config();
+        layout.validate().map_err(anyhow::Error::msg)?;
+        Ok(layout)
+    }
+}
+
+/// The trace beside the corpus at `path` (`--trace`).
+pub fn read_trace(path: &Path) -> anyhow::Result<Trace> {
+    let trace_path = Trace::path_for(path);
+    Trace::read(&trace_path).with_context(|| {
+        format!(
+            "--trace: reading {} (made by ztier capture beside its corpus)",
+            trace_path.display()
+        )
+    })
+}
+
+/// A run: as one line of JSON, or as `print` reports it.
+pub fn emit<T: Serialize>(json: bool, run: &T, print: impl Fn(&T)) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(run)?);
+    } else {
+        print(run);
+    }
+    Ok(())
+}
+
+/// A store and a load's speeds, each beside the raw compressor's (or decompressor's) on the
+/// same pages and threads.
+pub fn print_speeds(store: (f64, f64, f64), load: (f64, f64, f64)) {
+    println!(
+        "  store {:>8.1} MB/s  = {:.2}x raw compress ({:.1} MB/s)",
+        store.0, store.1, store.2
+    );
+    println!(
+        "  load  {:>8.1} MB/s  = {:.2}x raw decompress ({:.1} MB/s), every page verified",
+        load.0, load.1, load.2
+    );
+}
+
+/// A trace replay's columns every front has: the epoch, when, and its pages present,
+/// appeared, changed, gone and read back; each with its width.
+const EPOCH_COLUMNS: [(&str, usize); 7] = [
+    ("epoch", 5),
+    ("at s", 7),
+    ("present", 8),
+    ("appeared", 8),
+    ("changed", 8),
+    ("went", 8),
+    ("read back", 9),
+];
+
+/// The head of a trace replay's table: [`EPOCH_COLUMNS`], then the front's own.
+pub fn print_epoch_head(front: &[(&str, usize)]) {
+    let heads: String = EPOCH_COLUMNS
+        .iter()
+        .chain(front)
+        .map(|(head, width)| format!(" {head:>width$}"))
+        .collect();
+    println!(" {heads}");
+}
+
+/// A row of that table: the epoch, its second, its five page counts (present, appeared,
+/// changed, went, read back), then the front's `figures` under its columns `front`.
+pub fn print_epoch_row(
+    (epoch, seconds): (usize, f64),
+    pages: [u64; 5],
+    front: &[(&str, usize)],
+    figures: &[u64],
+) {
+    let mut row = format!("  {epoch:>5} {seconds:>7.1}");
+    let widths = EPOCH_COLUMNS[2..]
+        .iter()
+        .chain(front)
+        .map(|&(_, width)| width);
+    for (value, width) in pages.iter().chain(figures).zip(widths) {
+        row += &format!(" {value:>width$}");
+    }
+    println!("{row}");
 }
 
 /// The bundled sample: next to the working directory, or in the source tree.

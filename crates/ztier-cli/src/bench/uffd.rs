@@ -6,7 +6,7 @@
 use clap::Args;
 use ztier_replay::uffd::{kernel_path, UffdReplay, UffdRun};
 
-use super::shared::ReplayArgs;
+use super::shared::{emit, ReplayArgs};
 
 /// The flags of a replay through a region: its device is zsmalloc with each compressor
 /// given, and one thread touches it (no allocator, layout or threads of the bench's).
@@ -58,12 +58,7 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
                     idle_priority: !args.normal_priority,
                     cpu_latency_qos: !args.no_cpu_latency_qos,
                 };
-                let run = replay.run(&corpus, &kernel)?;
-                if args.replay.json {
-                    println!("{}", serde_json::to_string(&run)?);
-                } else {
-                    print_run(&run);
-                }
+                emit(args.replay.json, &replay.run(&corpus, &kernel)?, print_run)?;
             }
         }
     }

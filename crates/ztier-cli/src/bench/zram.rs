@@ -9,29 +9,22 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use ztier_compress::Algorithm;
-use ztier_corpus::trace::Trace;
 use ztier_replay::trace::{TraceReplay, TraceRun};
 use ztier_replay::zram::{WritebackTarget, ZramReplay, ZramRun};
 use ztier_zram::MmStat;
 
-use super::shared::{mib, print_field, print_verdict, ReplayArgs};
-use crate::classes::PoolLayoutArgs;
-use crate::pools::AllocatorChoice;
+use super::shared::{
+    emit, mib, print_epoch_head, print_epoch_row, print_field, print_speeds, print_verdict,
+    read_trace, PoolArgs, ReplayArgs,
+};
 
 /// The flags of a replay through zram.
 #[derive(Args, Debug, Clone)]
 pub struct ZramArgs {
     #[command(flatten)]
     pub replay: ReplayArgs,
-    /// Allocator under the device (or `all`).
-    #[arg(long, default_value = "zsmalloc")]
-    pub allocator: AllocatorChoice,
     #[command(flatten)]
-    pub layout: PoolLayoutArgs,
-    /// Threads writing and reading at once; a list (`1,2`) runs each count in turn.
-    #[arg(long, value_delimiter = ',', default_value = "1",
-          value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub threads: Vec<u16>,
+    pub pool: PoolArgs,
     /// After the write, discard every odd page, then compact (as the kernel's figures in the
     /// truth files were taken).
     #[arg(long)]
@@ -83,8 +76,7 @@ pub struct ZramArgs {
 /// corpus's trace); fails (after printing every report) if any run's figures differ from
 /// the kernel's where they are compared.
 pub fn run(args: &ZramArgs) -> anyhow::Result<()> {
-    let layout = args.layout.config();
-    layout.validate().map_err(anyhow::Error::msg)?;
+    let layout = args.pool.layout()?;
     let paths = args.replay.paths()?;
     let made_file = args
         .writeback_file
@@ -113,7 +105,7 @@ fn run_zram(
         let corpus = args.replay.load(path)?;
         let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
         let writeback = writeback_target(args, corpus.pages() as u64)?;
-        for &allocator in args.allocator.kinds() {
+        for &allocator in args.pool.allocator.kinds() {
             for algorithm in &args.replay.compressors {
                 // Chain sizes are zsmalloc's: other allocators run the first layout only.
                 let layouts = if allocator == ztier_pool::AllocatorKind::Zsmalloc {
@@ -123,7 +115,7 @@ fn run_zram(
                 };
                 for (&layout, &threads) in layouts
                     .iter()
-                    .flat_map(|l| args.threads.iter().map(move |t| (l, t)))
+                    .flat_map(|l| args.pool.threads.iter().map(move |t| (l, t)))
                 {
                     let replay = ZramReplay {
                         allocator,
@@ -137,11 +129,7 @@ fn run_zram(
                         writeback: writeback.clone(),
                     };
                     let run = replay.run(&corpus, truth.as_ref())?;
-                    if args.replay.json {
-                        println!("{}", serde_json::to_string(&run)?);
-                    } else {
-                        print_run(&run);
-                    }
+                    emit(args.replay.json, &run, print_run)?;
                     runs.push(run);
                 }
             }
@@ -204,15 +192,9 @@ fn run_trace(
     let mut runs = Vec::new();
     for path in paths {
         let corpus = args.replay.load(path)?;
-        let trace_path = Trace::path_for(path);
-        let trace = Trace::read(&trace_path).with_context(|| {
-            format!(
-                "--trace: reading {} (made by ztier capture beside its corpus)",
-                trace_path.display()
-            )
-        })?;
+        let trace = read_trace(path)?;
         let writeback = writeback_target(args, corpus.pages() as u64)?;
-        for &allocator in args.allocator.kinds() {
+        for &allocator in args.pool.allocator.kinds() {
             for algorithm in &args.replay.compressors {
                 let replay = TraceReplay {
                     allocator,
@@ -223,11 +205,7 @@ fn run_trace(
                     idle_epochs: args.idle_epochs,
                 };
                 let run = replay.run(&corpus, &trace)?;
-                if args.replay.json {
-                    println!("{}", serde_json::to_string(&run)?);
-                } else {
-                    print_trace_run(&run);
-                }
+                emit(args.replay.json, &run, print_trace_run)?;
                 runs.push(serde_json::to_value(&run)?);
             }
         }
@@ -256,37 +234,24 @@ fn print_trace_run(r: &TraceRun) {
         r.recompressor.as_deref().unwrap_or("no"),
         r.writeback_store.as_deref().unwrap_or("nowhere")
     );
-    println!(
-        "  {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12} {:>8}",
-        "epoch",
-        "at s",
-        "present",
-        "appeared",
-        "changed",
-        "went",
-        "read back",
-        "recomp",
-        "wb",
-        "compr_data",
-        "mem_used",
-        "on store"
-    );
+    let front = [
+        ("recomp", 9),
+        ("wb", 8),
+        ("compr_data", 12),
+        ("mem_used", 12),
+        ("on store", 8),
+    ];
+    print_epoch_head(&front);
     for e in &r.epochs {
-        println!(
-            "  {:>5} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12} {:>8}",
-            e.epoch,
-            e.seconds,
-            e.present,
-            e.appeared,
-            e.changed,
-            e.went,
-            e.read_back,
+        let figures = [
             e.recompressed,
             e.written_back,
             e.mm_stat.compr_data_size,
             e.mm_stat.mem_used_total,
-            e.bd_stat.as_ref().map_or(0, |b| b.bd_count)
-        );
+            e.bd_stat.as_ref().map_or(0, |b| b.bd_count),
+        ];
+        let pages = [e.present, e.appeared, e.changed, e.went, e.read_back];
+        print_epoch_row((e.epoch, e.seconds), pages, &front, &figures);
     }
     println!("  final mm_stat {}", r.final_mm_stat);
     if let Some(bd) = &r.final_bd_stat {
@@ -367,13 +332,9 @@ fn print_run(r: &ZramRun) {
          same {} huge {}",
         ratio, overhead, mm.same_pages, mm.huge_pages
     );
-    println!(
-        "  store {:>8.1} MB/s  = {:.2}x raw compress ({:.1} MB/s)",
-        r.store_mb_s, r.store_vs_raw, r.raw_compress_mb_s
-    );
-    println!(
-        "  load  {:>8.1} MB/s  = {:.2}x raw decompress ({:.1} MB/s), every page verified",
-        r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s
+    print_speeds(
+        (r.store_mb_s, r.store_vs_raw, r.raw_compress_mb_s),
+        (r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s),
     );
     println!(
         "  device rss {} after compaction, mem_used_total {} (rss with the device less rss without it)",

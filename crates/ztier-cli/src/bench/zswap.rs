@@ -7,13 +7,13 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ztier_corpus::trace::Trace;
 use ztier_replay::trace::{ZswapTraceReplay, ZswapTraceRun};
 use ztier_replay::zswap::{ZswapReplay, ZswapRun};
 
-use super::shared::{mib, print_field, print_verdict, ReplayArgs};
-use crate::classes::PoolLayoutArgs;
-use crate::pools::AllocatorChoice;
+use super::shared::{
+    emit, mib, print_epoch_head, print_epoch_row, print_field, print_speeds, print_verdict,
+    read_trace, PoolArgs, ReplayArgs,
+};
 
 /// The flags of a replay through zswap: no discard, recompression, writeback to a store of
 /// the bench's, allocator table, sweep or picture (zram's), one `--chain-size` a run.
@@ -21,15 +21,8 @@ use crate::pools::AllocatorChoice;
 pub struct ZswapArgs {
     #[command(flatten)]
     pub replay: ReplayArgs,
-    /// Allocator under the cache (or `all`).
-    #[arg(long, default_value = "zsmalloc")]
-    pub allocator: AllocatorChoice,
     #[command(flatten)]
-    pub layout: PoolLayoutArgs,
-    /// Threads swapping out and in at once; a list (`1,2`) runs each count in turn.
-    #[arg(long, value_delimiter = ',', default_value = "1",
-          value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub threads: Vec<u16>,
+    pub pool: PoolArgs,
     /// Replay the capture over time beside each corpus (NAME.trace, from `ztier capture
     /// --every`) through zswap over a swap device, epoch by epoch, its own pool limit
     /// (--max-pool-percent of --ram) and shrinker deciding what goes to the device. One
@@ -50,8 +43,7 @@ pub struct ZswapArgs {
 /// every corpus's trace); fails (after printing every report) if any run's figures differ
 /// from the kernel zswap's where they are compared.
 pub fn run(args: &ZswapArgs) -> anyhow::Result<()> {
-    let layout = args.layout.config();
-    layout.validate().map_err(anyhow::Error::msg)?;
+    let layout = args.pool.layout()?;
     let paths = args.replay.paths()?;
     if args.trace {
         run_trace(args, &paths, layout)
@@ -68,10 +60,8 @@ fn run_trace(
 ) -> anyhow::Result<()> {
     for path in paths {
         let corpus = args.replay.load(path)?;
-        let trace_path = Trace::path_for(path);
-        let trace = Trace::read(&trace_path)
-            .with_context(|| format!("--trace: reading {}", trace_path.display()))?;
-        for &allocator in args.allocator.kinds() {
+        let trace = read_trace(path)?;
+        for &allocator in args.pool.allocator.kinds() {
             for algorithm in &args.replay.compressors {
                 let replay = ZswapTraceReplay {
                     allocator,
@@ -81,11 +71,7 @@ fn run_trace(
                     max_pool_percent: args.max_pool_percent,
                 };
                 let run = replay.run(&corpus, &trace)?;
-                if args.replay.json {
-                    println!("{}", serde_json::to_string(&run)?);
-                } else {
-                    print_zswap_trace_run(&run);
-                }
+                emit(args.replay.json, &run, print_zswap_trace_run)?;
             }
         }
     }
@@ -103,36 +89,23 @@ fn print_zswap_trace_run(r: &ZswapTraceRun) {
         r.max_pool_percent,
         mib(r.ram_bytes)
     );
-    println!(
-        "  {:>5} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>14} {:>12} {:>10}",
-        "epoch",
-        "at s",
-        "present",
-        "appeared",
-        "changed",
-        "went",
-        "read back",
-        "stored",
-        "pool_total",
-        "written back",
-        "limit hit"
-    );
+    let front = [
+        ("stored", 8),
+        ("pool_total", 14),
+        ("written back", 12),
+        ("limit hit", 10),
+    ];
+    print_epoch_head(&front);
     for e in &r.epochs {
         let z = &e.zswap;
-        println!(
-            "  {:>5} {:>7.1} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>14} {:>12} {:>10}",
-            e.epoch,
-            e.seconds,
-            e.present,
-            e.appeared,
-            e.changed,
-            e.went,
-            e.read_back,
+        let figures = [
             z.stored_pages,
             z.pool_total_size,
             z.written_back_pages,
-            z.pool_limit_hit
-        );
+            z.pool_limit_hit,
+        ];
+        let pages = [e.present, e.appeared, e.changed, e.went, e.read_back];
+        print_epoch_row((e.epoch, e.seconds), pages, &front, &figures);
     }
     println!(
         "  {} pages swapped out, {} slots freed, {} swapped in from the device; peak pool {}; \
@@ -154,13 +127,13 @@ fn run_zswap(
     let mut different = Vec::new();
     for path in paths {
         let corpus = args.replay.load(path)?;
-        for &allocator in args.allocator.kinds() {
+        for &allocator in args.pool.allocator.kinds() {
             for algorithm in &args.replay.compressors {
                 let truth = corpus
                     .zswap_truth(algorithm.kind.name())
                     .context("reading zswap-truth.json")?;
                 let mut runs = Vec::new();
-                for &threads in &args.threads {
+                for &threads in &args.pool.threads {
                     let replay = ZswapReplay {
                         allocator,
                         layout,
@@ -169,11 +142,7 @@ fn run_zswap(
                         progress: !args.replay.json,
                     };
                     let run = replay.run(&corpus, truth.as_ref())?;
-                    if args.replay.json {
-                        println!("{}", serde_json::to_string(&run)?);
-                    } else {
-                        print_zswap_run(&run);
-                    }
+                    emit(args.replay.json, &run, print_zswap_run)?;
                     if run.kernel.as_ref().is_some_and(|k| !k.equal) {
                         different.push(format!(
                             "{} {} {} threads",
@@ -219,13 +188,9 @@ fn print_zswap_run(r: &ZswapRun) {
         z.zswapped_kb as f64 / z.zswap_kb.max(1) as f64,
         r.metadata_bytes_per_page
     );
-    println!(
-        "  store {:>8.1} MB/s  = {:.2}x raw compress ({:.1} MB/s)",
-        r.store_mb_s, r.store_vs_raw, r.raw_compress_mb_s
-    );
-    println!(
-        "  load  {:>8.1} MB/s  = {:.2}x raw decompress ({:.1} MB/s), every page verified",
-        r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s
+    print_speeds(
+        (r.store_mb_s, r.store_vs_raw, r.raw_compress_mb_s),
+        (r.load_mb_s, r.load_vs_raw, r.raw_decompress_mb_s),
     );
     println!(
         "  zram on the same pages: read {:.1} MB/s, swap-in {:.1} MB/s (each page read, then its \
