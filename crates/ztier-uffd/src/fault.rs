@@ -44,7 +44,8 @@ struct Fault {
 
 /// The fault-around window: how many stored pages after a faulting one come in with it.
 /// It doubles while faults follow on from where the last one's pages ended (a sequential
-/// or clustered touch), up to the region's most (`RegionConfig::fault_around`), and halves when one does not.
+/// or clustered touch), up to the region's most (`RegionConfig::fault_around`), and halves
+/// when one does not.
 pub(crate) struct Around {
     window: usize,
     next: u64,

@@ -35,12 +35,29 @@
 //! handler: [`rig::floor`]), the kernel's own path for the same pages ([`rig::pageout`]), and
 //! the refaults of policies that see more than a region can ([`rig::oracle`]).
 //!
+//! # Reading order
+//!
+//! - `region.rs`: the public API ([`Region`], [`RegionConfig`], [`RegionStats`]); `error.rs`:
+//!   what it refuses ([`Error`]); `capi.rs`: the same for C (`include/ztier_uffd.h`).
+//! - `page_state.rs`: a page's state, the table below as a type; `page_table.rs`: every
+//!   page's state and lock, the gate, and the runs an evictor may move out.
+//! - `shared.rs`: what the threads share, grouped by who uses it, and how it is made.
+//! - `fault.rs`: the fault thread; `reclaim.rs`: the evictors; `bell.rs`: how others get the
+//!   fault thread out of its blocking read.
+//! - `placement.rs` and `cpu_latency_qos.rs`: where the fault thread runs, and the CPU
+//!   latency request it holds while faults come.
+//! - `mapping.rs` and `userfaultfd.rs`: the mappings and the system calls, the only
+//!   modules that touch memory by address (with `placement.rs`'s scheduler calls and
+//!   `capi.rs`'s C ABI, the only `unsafe` code).
+//! - [`rig`]: what a region is measured against (not a region's).
+//!
 //! # The eviction protocol
 //!
 //! A page is taken out with `UFFDIO_MOVE` into a page of a landing pad (`Pad`, a mapping
-//! registered with the same userfaultfd, each evictor moving into a part of its own): the move clears the region's page-table entry and
-//! flushes the TLBs before the page appears in the pad, so every write of the program lands
-//! either before the move (and is in the stored copy) or after it (and faults, and waits).
+//! registered with the same userfaultfd, each evictor moving into a part of its own): the
+//! move clears the region's page-table entry and flushes the TLBs before the page appears in
+//! the pad, so every write of the program lands either before the move (and is in the stored
+//! copy) or after it (and faults, and waits).
 //! The reclaim thread moves a run of neighbouring cold pages with one move (one TLB flush
 //! for the run), each page locked. The copy in the pad is stable (no one else maps it), so
 //! it is compressed from there with no write-protection pass, then the pad is emptied
@@ -153,8 +170,9 @@
 //! and `stats()`'s, each taken through `gate_read`, which rings a parked fault thread out
 //! first: the ring waits for the fault thread's next read, and its callers hold no lock the
 //! fault thread takes before that read) → the page locks (`PageTable`, `page % STRIPES`) →
-//! the zram device's own locks, and the held copies (a leaf). Page locks, several at once: the fault thread takes a
-//! faulting page's and then its fault-around neighbours' in page order, waiting for each;
+//! the zram device's own locks, and the held copies (a leaf). Page locks, several at once:
+//! the fault thread takes a faulting page's and then its fault-around neighbours' in page
+//! order, waiting for each;
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
 //! can form; everyone else holds one at a time. The reclaim signal's mutex and the
@@ -166,22 +184,6 @@
 //! while those pages are emptied, which waits for the fault thread to read the event (it
 //! never takes that lock). `serving` (the fault thread's, while it serves) is taken before
 //! the page locks; `stats()` takes it holding nothing. The last error's text is a leaf.
-//!
-//! # Reading order
-//!
-//! - `region.rs`: the public API ([`Region`], [`RegionConfig`], [`RegionStats`]); `error.rs`:
-//!   what it refuses ([`Error`]); `capi.rs`: the same for C (`include/ztier_uffd.h`).
-//! - `page_state.rs`: a page's state, the table above as a type; `page_table.rs`: every
-//!   page's state and lock, the gate, and the runs an evictor may move out.
-//! - `shared.rs`: what the threads share, grouped by who uses it, and how it is made.
-//! - `fault.rs`: the fault thread; `reclaim.rs`: the evictors; `bell.rs`: how others get the
-//!   fault thread out of its blocking read.
-//! - `placement.rs` and `cpu_latency_qos.rs`: where the fault thread runs, and the CPU
-//!   latency request it holds while faults come.
-//! - `mapping.rs` and `userfaultfd.rs`: the mappings and the system calls, the only
-//!   modules that touch memory by address (with `placement.rs`'s scheduler calls and
-//!   `capi.rs`'s C ABI, the only `unsafe` code).
-//! - [`rig`]: what a region is measured against (not a region's).
 
 mod bell;
 mod capi;
