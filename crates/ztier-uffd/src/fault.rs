@@ -495,10 +495,10 @@ impl Shared {
         } else {
             FaultIn::Zeros
         };
-        self.count_fault_in(source, false);
+        self.count_fault_in(source);
         self.drop_stored(page, state);
         let faulted_in = PageState::resident(true, false);
-        self.leave(page, state, faulted_in);
+        self.table.leave(page, state, faulted_in);
         let outcome: Outcome = match &held {
             Some(copy) => self.uffd.copy(addr, copy),
             // An unmapped page faults only if it is still mapped (MREMAP_DONTUNMAP): empty.
@@ -515,17 +515,17 @@ impl Shared {
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page; the copy is stale.
                 // Nothing came in: a spurious fault, not a refault.
-                self.count_fault_in(source, true);
+                self.take_back_fault_in(source);
                 self.count(Count::SpuriousFaults, 1);
                 self.uffd.wake(addr, self.page_size as u64);
                 Served::Done
             }
             Err(e) => {
-                self.count_fault_in(source, true);
+                self.take_back_fault_in(source);
                 if let Some(copy) = held {
                     self.table.hold(page, copy);
                 }
-                self.leave(page, faulted_in, state);
+                self.table.leave(page, faulted_in, state);
                 match e {
                     libc::EAGAIN => Served::Later,
                     // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
@@ -545,7 +545,7 @@ impl Shared {
         self.count(Count::FirstWrites, 1);
         if state.clean() {
             self.drop_stored(page, state);
-            self.leave(page, state, state.dirtied());
+            self.table.leave(page, state, state.dirtied());
         }
         match self.uffd.writeprotect(self.page_addr(page), ps, false) {
             Ok(()) => Served::Done,
@@ -598,8 +598,8 @@ impl Shared {
         );
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
-        self.count_fault_in(FaultIn::Store, false);
-        self.leave(page, PageState::STORED, faulted_in);
+        self.count_fault_in(FaultIn::Store);
+        self.table.leave(page, PageState::STORED, faulted_in);
         // Only where it tells the fault thread something, and costs little beside the
         // neighbours' decompression: a system call.
         let switches =
@@ -621,17 +621,17 @@ impl Shared {
                 // Present already: what the program sees is that page, which is not one of
                 // ours and not protected: not clean, and the stored copy is stale. Nothing
                 // came in: a spurious fault, not a refault.
-                self.count_fault_in(FaultIn::Store, true);
+                self.take_back_fault_in(FaultIn::Store);
                 self.count(Count::SpuriousFaults, 1);
                 self.drop_stored(page, PageState::STORED);
-                self.leave(page, faulted_in, faulted_in.dirtied());
+                self.table.leave(page, faulted_in, faulted_in.dirtied());
                 self.uffd.wake(self.page_addr(page), ps as u64);
                 around.served(page, 1);
                 return Served::Done;
             }
             Err(e) => {
-                self.count_fault_in(FaultIn::Store, true);
-                self.leave(page, faulted_in, PageState::STORED);
+                self.take_back_fault_in(FaultIn::Store);
+                self.table.leave(page, faulted_in, PageState::STORED);
                 around.served(page, 1);
                 return match e {
                     libc::EAGAIN => Served::Later,
@@ -656,7 +656,7 @@ impl Shared {
             read += 1;
         }
         for k in 0..read as u64 {
-            self.leave(first + k, PageState::STORED, around_in);
+            self.table.leave(first + k, PageState::STORED, around_in);
         }
         let mut installed = read;
         if read > 0 {
@@ -678,7 +678,7 @@ impl Shared {
                 let p = first + installed as u64;
                 if installed < read {
                     self.drop_stored(p, PageState::STORED);
-                    self.leave(p, around_in, around_in.dirtied());
+                    self.table.leave(p, around_in, around_in.dirtied());
                     self.uffd.wake(self.page_addr(p), ps as u64);
                     installed += 1;
                 }
@@ -686,7 +686,7 @@ impl Shared {
             // The pages the copy did not install: their copies are still in the store.
             for k in installed..read {
                 let p = first + k as u64;
-                self.leave(p, around_in, PageState::STORED);
+                self.table.leave(p, around_in, PageState::STORED);
             }
         }
         around.served(page, installed + 1);
@@ -735,7 +735,7 @@ impl Shared {
                 n += 1;
             }
             self.drop_stored(page, state);
-            self.leave(page, state, to);
+            self.table.leave(page, state, to);
         }
         n
     }
@@ -771,7 +771,7 @@ impl Shared {
             self.drop_stored(page, state);
             // With MREMAP_DONTUNMAP the old range stays, empty and registered: a fault
             // there finds it empty.
-            self.leave(page, state, PageState::UNMAPPED);
+            self.table.leave(page, state, PageState::UNMAPPED);
         }
         self.count(Count::Remapped, moved);
         // Region pages the move landed on are the program's own memory from now on.

@@ -401,7 +401,7 @@ impl Shared {
     fn settle(&self, page: u64, state: PageState, part: &PadPart, slot: usize) -> Result<()> {
         let Some(content) = self.pad.page(part, slot) else {
             self.drop_stored(page, state);
-            self.leave(page, state, PageState::ZEROED);
+            self.table.leave(page, state, PageState::ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         };
@@ -409,18 +409,18 @@ impl Shared {
             // Not written since it came in from the store (a write would have waited for the
             // fault thread, which needs this page's lock to mark it dirty): the store's copy
             // is its content. Nothing to compress or write; the pad's copy is dropped.
-            self.leave(page, state, PageState::STORED);
+            self.table.leave(page, state, PageState::STORED);
             self.count(Count::CleanEvictions, 1);
             return Ok(());
         }
         if ztier_compress::same_filled(content) == Some(0) {
-            self.leave(page, state, PageState::ZEROED);
+            self.table.leave(page, state, PageState::ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         }
         match self.device.write_page(page, content) {
             Ok(()) => {
-                self.leave(page, state, PageState::STORED);
+                self.table.leave(page, state, PageState::STORED);
                 self.count(Count::Evictions, 1);
                 Ok(())
             }
@@ -428,7 +428,7 @@ impl Shared {
                 // The page stays in memory, held whole until it is touched. Putting it back
                 // with a move would need `gate`, which comes before the page lock.
                 self.table.hold(page, content.into());
-                self.leave(page, state, PageState::HELD);
+                self.table.leave(page, state, PageState::HELD);
                 self.count(Count::EvictFailures, 1);
                 let e = Error::Store { page, cause };
                 self.note_error(e.to_string());

@@ -319,18 +319,20 @@ impl Shared {
         Ok((shared, EvictorParts { reclaim, helper }))
     }
 
+    #[inline]
     pub(crate) fn count(&self, k: Count, n: u64) {
         self.figures.counts.add(k, n);
     }
 
-    /// Counts a fault that brought its page in (or, `undo`, one whose copy failed).
-    pub(crate) fn count_fault_in(&self, from: FaultIn, undo: bool) {
-        let counter = &self.figures.fault_ins[from as usize];
-        if undo {
-            counter.fetch_sub(1, Relaxed);
-        } else {
-            counter.fetch_add(1, Relaxed);
-        }
+    /// Counts a fault that brings its page in, before its copy wakes the faulting thread.
+    #[inline]
+    pub(crate) fn count_fault_in(&self, from: FaultIn) {
+        self.figures.fault_ins[from as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Takes back the count of a fault whose copy failed.
+    pub(crate) fn take_back_fault_in(&self, from: FaultIn) {
+        self.figures.fault_ins[from as usize].fetch_sub(1, Relaxed);
     }
 
     pub(crate) fn fault_ins(&self, from: FaultIn) -> u64 {
@@ -381,11 +383,6 @@ impl Shared {
 
     pub(crate) fn page_addr(&self, page: u64) -> u64 {
         self.memory.addr() + page * self.page_size as u64
-    }
-
-    /// Leaves `page`'s state for `to` (its lock held): page_table.rs.
-    pub(crate) fn leave(&self, page: u64, from: PageState, to: PageState) {
-        self.table.leave(page, from, to);
     }
 
     /// Discards page `page`'s copy in the store, if it has one (its lock held).
