@@ -11,7 +11,6 @@ mod serve;
 mod size;
 mod swap_alloc;
 mod swap_bench;
-mod uffd_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -25,8 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay real memory through zram (or, with --front zswap, zswap); print the figures,
-    /// speed, and the kernel's figures beside them.
+    /// Replay real memory through zram (or `ztier bench zswap|uffd`: zswap, a userfaultfd
+    /// region); print the figures, speed, and the kernel's figures beside them.
     Bench(bench::BenchArgs),
     /// Capture running processes' memory (private, and shared memory once) as a corpus
     /// (once, or every --every for --for, with a trace of the pages that changed), for
@@ -55,7 +54,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(bench::front_alias(std::env::args_os()));
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Capture(args) => capture::run(&args),

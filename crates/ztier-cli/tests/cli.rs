@@ -362,10 +362,54 @@ fn bench_through_zswap_reports_the_kernels_counters() {
     );
     let o = ztier(&["bench", "--front", "zswap", "--discard-odd"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("zram's"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--discard-odd"), "{}", stderr(&o));
 }
 
-/// `bench --front uffd` as a user runs it: a pass with clean pages on and one with them off,
+/// Each front takes its own flags and the parser refuses the others, in either spelling
+/// (`ztier bench FRONT`, `ztier bench --front FRONT`), before any work is done.
+#[test]
+fn a_flag_a_front_does_not_take_is_refused_by_the_parser() {
+    for (front, flag, value) in [
+        ("uffd", "--allocator", Some("zblock")),
+        ("uffd", "--threads", Some("2")),
+        ("uffd", "--stats", None),
+        ("uffd", "--plot", Some("x.svg")),
+        ("uffd", "--chain-size", Some("4")),
+        ("zswap", "--recompress", Some("zstd")),
+        ("zswap", "--budget", Some("10%")),
+        ("zram", "--budget", Some("10%")),
+        ("zram", "--ram", Some("16M")),
+    ] {
+        let flag_and_value: Vec<&str> = [flag].into_iter().chain(value).collect();
+        for spelling in [vec!["bench", front], vec!["bench", "--front", front]] {
+            let o = ztier(&[&spelling[..], &flag_and_value[..]].concat());
+            assert!(!o.status.success(), "{spelling:?} {flag} was taken");
+            assert!(
+                stderr(&o).contains(&format!("unexpected argument '{flag}'")),
+                "{spelling:?} {flag}: {}",
+                stderr(&o)
+            );
+        }
+    }
+    // Flags of one mode of a front: refused outside it.
+    for args in [
+        &["bench", "--idle-epochs", "2"][..],
+        &["bench", "--trace", "--threads", "2"],
+        &["bench", "--writeback-format", "page"],
+        &["bench", "zswap", "--max-pool-percent", "5"],
+        &["bench", "zswap", "--trace", "--threads", "1,2"],
+    ] {
+        let o = ztier(args);
+        assert!(!o.status.success(), "{args:?} was taken");
+        assert!(
+            stderr(&o).starts_with("error: "),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+/// `bench uffd` as a user runs it: a pass with clean pages on and one with them off,
 /// every page verified, their figures in the JSON, and the kernel's own path either
 /// measured in the run or the reason it was not.
 #[test]
@@ -373,7 +417,6 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
     let path = corpus("uffd.pages", 256, 0);
     let o = ztier(&[
         "bench",
-        "--front",
         "uffd",
         "--corpus",
         path.to_str().unwrap(),
@@ -480,7 +523,7 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
             // corpus's pages pushed out one by one) must find single pages to time.
             (true, Some(why)) => assert_ne!(
                 why,
-                ztier_uffd::NoKernelPath::NoSinglePage.to_string(),
+                ztier_uffd::rig::pageout::NoKernelPath::NoSinglePage.to_string(),
                 "{r}"
             ),
             _ => panic!("the kernel's path neither measured nor refused: {r}"),

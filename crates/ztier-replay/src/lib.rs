@@ -9,6 +9,10 @@
 //!   memory, and the kernel's figures compared field by field where they apply.
 //! - [`zswap`]: the same replay through a zswap cache in front of a swap device, with the
 //!   kernel zswap's figures compared.
+//! - [`uffd`]: the same pages in a userfaultfd region under a RAM budget: eviction, fault-in
+//!   and single-page fault latency beside the machine's floor and the kernel zswap's own
+//!   path, random reads' refaults beside MIN, LRU and CLOCK, the region's memory beside
+//!   zram's.
 //! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
 //!   discards, the idle marks, writeback and recompression of idle pages), or through zswap
 //!   (swap-outs, swap-ins, frees, its pool limit and shrinker), memory after each.
@@ -23,6 +27,7 @@ pub mod driver;
 pub mod swap_alloc;
 pub mod swap_bench;
 pub mod trace;
+pub mod uffd;
 pub mod zram;
 pub mod zswap;
 
@@ -125,6 +130,31 @@ pub enum ReplayError {
     Zswap(Box<ztier_zswap::ZswapError>),
     #[error("page {page} of {corpus} read back different from what was written")]
     Mismatch { corpus: String, page: usize },
+    /// A region page read back different from the corpus's.
+    #[error("{corpus}: page {page} word {word} read back {got:#x} from the region, the corpus has {want:#x}")]
+    RegionMismatch {
+        corpus: String,
+        page: usize,
+        word: usize,
+        got: u64,
+        want: u64,
+    },
+    /// A region page written, pushed out and touched read back something else: a stale copy
+    /// served.
+    #[error("page {page}: {got:#x} read back after it was written and pushed out, not the {want:#x} written")]
+    StaleAfterEviction { page: usize, got: u64, want: u64 },
+    /// A region (or the rig beside it) refused what the replay asked: what it was, and why.
+    #[error("{what}: {source}")]
+    Region {
+        what: &'static str,
+        source: ztier_uffd::Error,
+    },
+    /// The kernel's own path for the pages met an error (its absence is no error).
+    #[error("{0}")]
+    KernelPath(ztier_uffd::rig::pageout::PageoutError),
+    /// A region's RSS could not be read.
+    #[error("/proc/self/smaps: {0}")]
+    Smaps(std::io::Error),
     #[error("{what} at page {page}: {source}")]
     AtPage {
         what: &'static str,

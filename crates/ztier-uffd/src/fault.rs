@@ -19,12 +19,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLockWriteGuard;
 
+use crate::page_state::{Kind, PageState};
 use crate::placement::{involuntary_switches, Follow};
+use crate::shared::{Count, FaultIn, Shared};
 use crate::userfaultfd::{self, Msg, Outcome};
-use crate::{
-    Count, Shared, CLEAN, EMPTY, GONE, HELD, REFERENCED, RESIDENT, STATE_MASK, STORED, UNMAPPED,
-    ZEROED,
-};
 
 /// How long after the last fault a wait of the fault thread may begin parked in its read
 /// (bell.rs): as long as it holds the CPU latency request for them. Parked, it holds `gate`
@@ -46,7 +44,8 @@ struct Fault {
 
 /// The fault-around window: how many stored pages after a faulting one come in with it.
 /// It doubles while faults follow on from where the last one's pages ended (a sequential
-/// or clustered touch), up to [`MAX_AROUND`], and halves when one does not.
+/// or clustered touch), up to the region's most (`RegionConfig::fault_around`), and halves
+/// when one does not.
 pub(crate) struct Around {
     window: usize,
     next: u64,
@@ -104,8 +103,8 @@ pub(crate) fn run(sh: &Shared) {
     read_unread_rings(sh);
     // However it ended, its thread id is not acted on again, and no CPU is kept polling
     // for it.
-    sh.placement.done();
-    sh.qos.withdraw();
+    sh.fault.placement.done();
+    sh.fault.qos.withdraw();
     if served.is_err() {
         eprintln!("ztier-uffd: the fault thread panicked; no page of the region can be served");
         std::process::abort();
@@ -117,10 +116,10 @@ fn serve_faults(sh: &Shared) {
         msgs: [Msg::default(); 64],
         faults: VecDeque::new(),
         remaps: Vec::new(),
-        follow: Follow::start(&sh.placement),
+        follow: Follow::start(&sh.fault.placement),
     };
-    let mut around = Around::new(sh.fault_around);
-    let mut buf = vec![0u8; (sh.fault_around + 1) * sh.page_size].into_boxed_slice();
+    let mut around = Around::new(sh.fault.max_around);
+    let mut buf = vec![0u8; (sh.fault.max_around + 1) * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
     // Whether the last turn served faults, and whether finding no message right after it
     // says the faulting thread runs on another CPU.
@@ -133,7 +132,7 @@ fn serve_faults(sh: &Shared) {
     let mut last_fault: Option<Instant> = None;
     let mut may_park = false;
     loop {
-        if sh.stop_faults.load(Relaxed) {
+        if sh.fault.stop.load(Relaxed) {
             return;
         }
         let waiting = !inbox.faults.is_empty() || !inbox.remaps.is_empty();
@@ -147,7 +146,7 @@ fn serve_faults(sh: &Shared) {
         // evictor holding it is no reason to wait here with nothing known to be in.
         let mut read = None;
         if std::mem::take(&mut after_serving) {
-            if let Some(_gate) = sh.gate.try_write() {
+            if let Some(_gate) = sh.table.gate.try_write() {
                 read = match inbox.read(sh) {
                     Some(n) => Some(n),
                     None => return,
@@ -175,13 +174,13 @@ fn serve_faults(sh: &Shared) {
             let park = may_park
                 && sh.uffd.can_block()
                 && !waiting
-                && !sh.reclaim_passing.load(Relaxed)
-                && (sh.qos.has_alarm() || !sh.qos.held())
+                && !sh.evictors.passing.load(Relaxed)
+                && (sh.fault.qos.has_alarm() || !sh.fault.qos.held())
                 && last_fault.is_some_and(|t| t.elapsed() < PARK_WHILE);
             if park != blocking {
                 match sh.uffd.set_blocking(park) {
                     Ok(()) => blocking = park,
-                    Err(e) => *sh.last_error.lock() = Some(format!("the userfaultfd: {e}")),
+                    Err(e) => sh.note_error(format!("the userfaultfd: {e}")),
                 }
             }
             if blocking {
@@ -201,7 +200,7 @@ fn serve_faults(sh: &Shared) {
         let mut served = 0;
 
         {
-            let _serving = sh.serving.lock();
+            let _serving = sh.fault.serving.lock();
             inbox.remaps.retain_mut(|r| !sh.continue_remap(r));
             let mut left = inbox.faults.len();
             while left > 0 {
@@ -212,7 +211,7 @@ fn serve_faults(sh: &Shared) {
                     // CPU at once from a fault thread at idle priority. Nothing waits after
                     // it (unless it is put back below, or new messages come, which the guard
                     // sees unread).
-                    sh.placement.holding(false);
+                    sh.fault.placement.holding(false);
                 }
                 match sh.serve(f, &mut buf, &zeros, &mut around) {
                     Served::Later => {
@@ -220,8 +219,8 @@ fn serve_faults(sh: &Shared) {
                         inbox.faults.push_back(f);
                     }
                     Served::Done => {
-                        sh.latency.record(f.read_at.elapsed());
-                        sh.placement.progress();
+                        sh.figures.latency.record(f.read_at.elapsed());
+                        sh.fault.placement.progress();
                         served += 1;
                     }
                 }
@@ -231,7 +230,7 @@ fn serve_faults(sh: &Shared) {
                 // faulting thread need wait for), and under `serving`, so that a faulting
                 // thread's reading of the figures includes it.
                 let now = Instant::now();
-                sh.qos.hold(now);
+                sh.fault.qos.hold(now);
                 last_fault = Some(now);
                 may_park = true;
             }
@@ -249,7 +248,8 @@ fn serve_faults(sh: &Shared) {
             }
             None => empty_means_apart = after_serving,
         }
-        sh.placement
+        sh.fault
+            .placement
             .holding(!inbox.faults.is_empty() || !inbox.remaps.is_empty());
         sh.wake_reclaim_if_over();
     }
@@ -270,31 +270,31 @@ enum Parked {
 /// wait until the messages read are handled (as `Inbox::read`'s caller holds it), unless
 /// someone wants this thread out of its read (bell.rs). The descriptor is blocking.
 fn park_and_read(sh: &Shared, inbox: &mut Inbox<'_>) -> Parked {
-    let gate = sh.gate.write();
-    if sh.stop_faults.load(Relaxed) {
+    let gate = sh.table.gate.write();
+    if sh.fault.stop.load(Relaxed) {
         return Parked::Gone;
     }
     loop {
         look_at_request_if_rung(sh);
-        if !sh.bell.park() {
+        if !sh.fault.bell.park() {
             RwLockWriteGuard::unlock_fair(gate);
             return Parked::Wanted;
         }
         // The alarm's watcher marks it rung before it looks whether to ring: a ringing
         // marked before the park is seen here, one after it rings this thread out.
-        if !sh.qos.ringing() {
+        if !sh.fault.qos.ringing() {
             break;
         }
-        sh.bell.unpark();
+        sh.fault.bell.unpark();
     }
     sh.count(Count::ParkedReads, 1);
     let got = sh.uffd.read_waiting(&mut inbox.msgs);
-    sh.bell.unpark();
-    sh.placement.progress();
+    sh.fault.bell.unpark();
+    sh.fault.placement.progress();
     let n = match got {
         Ok(n) => n,
         Err(e) => {
-            *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
+            sh.note_error(format!("reading the userfaultfd: {e}"));
             if e.raw_os_error() == Some(libc::EBADF) {
                 return Parked::Gone;
             }
@@ -325,28 +325,28 @@ fn poll_and_read(sh: &Shared, waiting: bool, inbox: &mut Inbox<'_>) -> bool {
     look_at_request_if_rung(sh);
     let timeout = match waiting {
         true => 1,
-        false => sh.qos.poll_timeout_ms(),
+        false => sh.fault.qos.poll_timeout_ms(),
     };
-    let ready = sh.uffd.poll(&sh.waker, timeout);
-    if sh.stop_faults.load(Relaxed) {
+    let ready = sh.uffd.poll(&sh.fault.waker, timeout);
+    if sh.fault.stop.load(Relaxed) {
         return false;
     }
     // Not with a message in hand: withdrawing wakes the idle CPUs, which may halt again
     // just before this thread's copy has to wake one.
-    if !ready.uffd && sh.qos.held() {
-        sh.qos.relax_if_quiet(Instant::now());
+    if !ready.uffd && sh.fault.qos.held() {
+        sh.fault.qos.relax_if_quiet(Instant::now());
     }
-    sh.placement.progress();
+    sh.fault.placement.progress();
     if ready.waker {
-        sh.waker.drain();
+        sh.fault.waker.drain();
     }
     // Nothing to read when only the waker woke it (or the poll timed out): queued faults
     // are served all the same.
     if ready.uffd {
         // In hand from here until served (the guard's view of what waits for this thread: a
         // message read is no longer unread).
-        sh.placement.holding(true);
-        let _gate = sh.gate.write();
+        sh.fault.placement.holding(true);
+        let _gate = sh.table.gate.write();
         if inbox.read(sh).is_none() {
             return false;
         }
@@ -359,8 +359,8 @@ fn poll_and_read(sh: &Shared, waiting: bool, inbox: &mut Inbox<'_>) -> bool {
 /// request's alarm rang, the request goes if no fault came for its quiet spell, else the
 /// alarm is set for the rest of it.
 fn look_at_request_if_rung(sh: &Shared) {
-    if sh.qos.take_ringing() && sh.qos.held() {
-        sh.qos.relax_if_quiet(Instant::now());
+    if sh.fault.qos.take_ringing() && sh.fault.qos.held() {
+        sh.fault.qos.relax_if_quiet(Instant::now());
     }
 }
 
@@ -368,17 +368,17 @@ fn look_at_request_if_rung(sh: &Shared) {
 /// waits until its ring is read (the region's drop among them). Other messages no longer
 /// matter.
 fn read_unread_rings(sh: &Shared) {
-    if sh.bell.rings_unread() == 0 || sh.uffd.set_blocking(true).is_err() {
+    if sh.fault.bell.rings_unread() == 0 || sh.uffd.set_blocking(true).is_err() {
         return;
     }
     let mut msgs = [Msg::default(); 16];
-    while sh.bell.rings_unread() > 0 {
+    while sh.fault.bell.rings_unread() > 0 {
         let Ok(n) = sh.uffd.read_waiting(&mut msgs) else {
             return;
         };
         for m in &msgs[..n] {
             if m.event == userfaultfd::EVENT_REMOVE {
-                sh.bell.is_ring(m.arg[0], m.arg[1]);
+                sh.fault.bell.is_ring(m.arg[0], m.arg[1]);
             }
         }
     }
@@ -403,7 +403,7 @@ impl Inbox<'_> {
             let n = match sh.uffd.read(&mut self.msgs) {
                 Ok(n) => n,
                 Err(e) => {
-                    *sh.last_error.lock() = Some(format!("reading the userfaultfd: {e}"));
+                    sh.note_error(format!("reading the userfaultfd: {e}"));
                     if e.raw_os_error() == Some(libc::EBADF) {
                         return None;
                     }
@@ -433,7 +433,7 @@ impl Inbox<'_> {
                         read_at: Instant::now(),
                     })
                 }
-                userfaultfd::EVENT_REMOVE if sh.bell.is_ring(m.arg[0], m.arg[1]) => {}
+                userfaultfd::EVENT_REMOVE if sh.fault.bell.is_ring(m.arg[0], m.arg[1]) => {}
                 userfaultfd::EVENT_REMOVE => sh.on_remove(m.arg[0], m.arg[1]),
                 userfaultfd::EVENT_UNMAP => sh.on_unmap(m.arg[0], m.arg[1]),
                 userfaultfd::EVENT_REMAP => {
@@ -465,13 +465,13 @@ impl Shared {
             // lock's and the state's.
             self.device.prefetch(page);
         }
-        let _lock = self.locks.lock(page);
-        let state = self.state(page);
-        let s = state & STATE_MASK;
-        if f.wp && (s == RESIDENT || s == GONE) {
+        let _lock = self.table.lock(page);
+        let state = self.table.state(page);
+        let present = matches!(state.kind(), Kind::Resident | Kind::Gone);
+        if f.wp && present {
             return self.serve_first_write(page, state);
         }
-        if s == RESIDENT || s == GONE {
+        if present {
             self.count(Count::SpuriousFaults, 1);
             self.uffd.wake(f.addr, self.page_size as u64);
             return Served::Done;
@@ -480,30 +480,34 @@ impl Shared {
             return Served::Later;
         }
         let addr = self.page_addr(page);
-        if s == STORED {
-            return self.serve_stored(page, buf, around, f.write || !self.clean_pages);
+        if state.is(Kind::Stored) {
+            return self.serve_stored(page, buf, around, f.write || !self.fault.clean_pages);
         }
-        let held = if s == HELD {
-            self.held.lock().remove(&page)
+        let held = if state.is(Kind::Held) {
+            self.table.take_held(page)
         } else {
             None
         };
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
-        let kind = if s == HELD { 2 } else { 1 };
-        let zero_refault = s == EMPTY && state & ZEROED != 0;
-        self.fault_ins[kind].fetch_add(1, Relaxed);
+        let source = if state.is(Kind::Held) {
+            FaultIn::Held
+        } else {
+            FaultIn::Zeros
+        };
+        self.count_fault_in(source);
         self.drop_stored(page, state);
-        self.leave(page, state, RESIDENT | REFERENCED);
-        let outcome: Outcome = match (s, &held) {
-            (HELD, Some(copy)) => self.uffd.copy(addr, copy),
+        let faulted_in = PageState::resident(true, false);
+        self.table.leave(page, state, faulted_in);
+        let outcome: Outcome = match &held {
+            Some(copy) => self.uffd.copy(addr, copy),
             // An unmapped page faults only if it is still mapped (MREMAP_DONTUNMAP): empty.
             _ if f.write => self.uffd.copy(addr, zeros),
             _ => self.uffd.zeropage(addr, self.page_size as u64),
         };
         match outcome {
             Ok(()) => {
-                if zero_refault {
+                if state.zeroed() {
                     self.count(Count::ZeroRefaults, 1);
                 }
                 Served::Done
@@ -511,17 +515,17 @@ impl Shared {
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page; the copy is stale.
                 // Nothing came in: a spurious fault, not a refault.
-                self.fault_ins[kind].fetch_sub(1, Relaxed);
+                self.take_back_fault_in(source);
                 self.count(Count::SpuriousFaults, 1);
                 self.uffd.wake(addr, self.page_size as u64);
                 Served::Done
             }
             Err(e) => {
-                self.fault_ins[kind].fetch_sub(1, Relaxed);
+                self.take_back_fault_in(source);
                 if let Some(copy) = held {
-                    self.held.lock().insert(page, copy);
+                    self.table.hold(page, copy);
                 }
-                self.leave(page, RESIDENT, state);
+                self.table.leave(page, faulted_in, state);
                 match e {
                     libc::EAGAIN => Served::Later,
                     // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
@@ -536,12 +540,12 @@ impl Shared {
     /// which it holds across both steps): its copy in the store is discarded, then its
     /// protection lifted, which wakes the writer. Until then the writer waits, so no
     /// evictor can have decided the page was clean after the write was made.
-    fn serve_first_write(&self, page: u64, state: u8) -> Served {
+    fn serve_first_write(&self, page: u64, state: PageState) -> Served {
         let ps = self.page_size as u64;
         self.count(Count::FirstWrites, 1);
-        if state & STATE_MASK == RESIDENT && state & CLEAN != 0 {
+        if state.clean() {
             self.drop_stored(page, state);
-            self.leave(page, state, state & !CLEAN);
+            self.table.leave(page, state, state.dirtied());
         }
         match self.uffd.writeprotect(self.page_addr(page), ps, false) {
             Ok(()) => Served::Done,
@@ -571,28 +575,35 @@ impl Shared {
         let mut n = 1;
         while n <= window && page + (n as u64) < self.pages {
             let next = page + n as u64;
-            let g = self.locks.lock(next);
-            if self.state(next) & STATE_MASK != STORED {
+            let g = self.table.lock(next);
+            if !self.table.state(next).is(Kind::Stored) {
                 break;
             }
             guards.push(g);
             n += 1;
         }
         if let Err(e) = self.device.read_page(page, &mut buf[..ps]) {
-            *self.last_error.lock() = Some(format!("page {page}: {e}"));
+            self.note_error(format!("page {page}: {e}"));
             if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
                 self.count(Count::Poisoned, 1);
             }
             return Served::Done;
         }
-        let clean = if dirty { 0 } else { CLEAN };
+        let clean = !dirty;
+        // The faulting page comes in referenced; its neighbours without a second chance:
+        // cold unless touched.
+        let (faulted_in, around_in) = (
+            PageState::resident(true, clean),
+            PageState::resident(false, clean),
+        );
         // In before the copy, which lets the faulting thread run on: what it reads of the
         // region's figures then includes its own fault. Taken back if the copy fails.
-        self.fault_ins[0].fetch_add(1, Relaxed);
-        self.leave(page, STORED, RESIDENT | REFERENCED | clean);
+        self.count_fault_in(FaultIn::Store);
+        self.table.leave(page, PageState::STORED, faulted_in);
         // Only where it tells the fault thread something, and costs little beside the
         // neighbours' decompression: a system call.
-        let switches = (n > 1 && self.placement.at_idle_priority()).then(involuntary_switches);
+        let switches =
+            (n > 1 && self.fault.placement.at_idle_priority()).then(involuntary_switches);
         let copied = self
             .uffd
             .copy_run(self.page_addr(page), &buf[..ps], !dirty)
@@ -603,24 +614,24 @@ impl Shared {
         match copied {
             Ok(()) => {
                 if dirty {
-                    self.drop_stored(page, STORED);
+                    self.drop_stored(page, PageState::STORED);
                 }
             }
             Err(libc::EEXIST) => {
                 // Present already: what the program sees is that page, which is not one of
                 // ours and not protected: not clean, and the stored copy is stale. Nothing
                 // came in: a spurious fault, not a refault.
-                self.fault_ins[0].fetch_sub(1, Relaxed);
+                self.take_back_fault_in(FaultIn::Store);
                 self.count(Count::SpuriousFaults, 1);
-                self.drop_stored(page, STORED);
-                self.leave(page, RESIDENT | REFERENCED | clean, RESIDENT | REFERENCED);
+                self.drop_stored(page, PageState::STORED);
+                self.table.leave(page, faulted_in, faulted_in.dirtied());
                 self.uffd.wake(self.page_addr(page), ps as u64);
                 around.served(page, 1);
                 return Served::Done;
             }
             Err(e) => {
-                self.fault_ins[0].fetch_sub(1, Relaxed);
-                self.leave(page, RESIDENT | REFERENCED | clean, STORED);
+                self.take_back_fault_in(FaultIn::Store);
+                self.table.leave(page, faulted_in, PageState::STORED);
                 around.served(page, 1);
                 return match e {
                     libc::EAGAIN => Served::Later,
@@ -639,14 +650,13 @@ impl Shared {
                 .device
                 .read_page(p, &mut buf[read * ps..(read + 1) * ps])
             {
-                *self.last_error.lock() = Some(format!("page {p}: {e}"));
+                self.note_error(format!("page {p}: {e}"));
                 break;
             }
             read += 1;
         }
         for k in 0..read as u64 {
-            // Neighbours come in without a second chance: cold unless touched.
-            self.leave(first + k, STORED, RESIDENT | clean);
+            self.table.leave(first + k, PageState::STORED, around_in);
         }
         let mut installed = read;
         if read > 0 {
@@ -660,15 +670,15 @@ impl Shared {
             self.count(Count::FaultAround, copied as u64);
             if dirty {
                 for k in 0..copied as u64 {
-                    self.drop_stored(first + k, STORED);
+                    self.drop_stored(first + k, PageState::STORED);
                 }
             }
             if let Err(libc::EEXIST) = outcome {
                 // As for the faulting page: present, not ours, not clean; the copy is stale.
                 let p = first + installed as u64;
                 if installed < read {
-                    self.drop_stored(p, STORED);
-                    self.leave(p, RESIDENT | clean, RESIDENT);
+                    self.drop_stored(p, PageState::STORED);
+                    self.table.leave(p, around_in, around_in.dirtied());
                     self.uffd.wake(self.page_addr(p), ps as u64);
                     installed += 1;
                 }
@@ -676,7 +686,7 @@ impl Shared {
             // The pages the copy did not install: their copies are still in the store.
             for k in installed..read {
                 let p = first + k as u64;
-                self.leave(p, RESIDENT | clean, STORED);
+                self.table.leave(p, around_in, PageState::STORED);
             }
         }
         around.served(page, installed + 1);
@@ -686,13 +696,13 @@ impl Shared {
 
     /// Whether faults that bring a page in wait for the reclaim thread.
     fn over_budget_hard(&self) -> bool {
-        self.resident.load(Relaxed) > self.fault_hold_above() && !self.reclaim_stuck.load(Relaxed)
+        self.table.resident() > self.fault_hold_above() && !self.evictors.stuck.load(Relaxed)
     }
 
     /// The region pages wholly or partly in `[start, end)`.
     fn pages_in(&self, start: u64, end: u64) -> std::ops::Range<u64> {
-        let base = self.map.addr();
-        let top = base + self.map.len() as u64;
+        let base = self.memory.addr();
+        let top = base + self.memory.len() as u64;
         let (s, e) = (start.max(base), end.min(top));
         if s >= e {
             return 0..0;
@@ -705,27 +715,27 @@ impl Shared {
     /// once this event is read): those pages read as zeros from now on.
     fn on_remove(&self, start: u64, end: u64) {
         // The pad's own drops (the evictors') carry nothing to forget.
-        let n = self.forget(self.pages_in(start, end), EMPTY);
+        let n = self.forget(self.pages_in(start, end), PageState::EMPTY);
         self.count(Count::Removed, n);
     }
 
     /// The program unmapped `[start, end)`.
     fn on_unmap(&self, start: u64, end: u64) {
-        let n = self.forget(self.pages_in(start, end), UNMAPPED);
+        let n = self.forget(self.pages_in(start, end), PageState::UNMAPPED);
         self.count(Count::Unmapped, n);
     }
 
     /// Sets `pages` to `to`, dropping their stored copies; how many held anything.
-    fn forget(&self, pages: std::ops::Range<u64>, to: u8) -> u64 {
+    fn forget(&self, pages: std::ops::Range<u64>, to: PageState) -> u64 {
         let mut n = 0;
         for page in pages {
-            let _lock = self.locks.lock(page);
-            let state = self.state(page);
-            if !matches!(state & STATE_MASK, EMPTY | UNMAPPED | GONE) {
+            let _lock = self.table.lock(page);
+            let state = self.table.state(page);
+            if !matches!(state.kind(), Kind::Empty | Kind::Unmapped | Kind::Gone) {
                 n += 1;
             }
             self.drop_stored(page, state);
-            self.leave(page, state, to);
+            self.table.leave(page, state, to);
         }
         n
     }
@@ -737,35 +747,35 @@ impl Shared {
         let mut copies = Vec::new();
         let mut moved = 0;
         for page in self.pages_in(from, from + len) {
-            let _lock = self.locks.lock(page);
-            let state = self.state(page);
+            let _lock = self.table.lock(page);
+            let state = self.table.state(page);
             let dst = to + (self.page_addr(page) - from);
-            match state & STATE_MASK {
-                STORED => {
+            match state.kind() {
+                Kind::Stored => {
                     let mut copy = vec![0u8; self.page_size].into_boxed_slice();
                     match self.device.read_page(page, &mut copy) {
                         Ok(()) => copies.push((dst, copy)),
-                        Err(e) => *self.last_error.lock() = Some(format!("page {page}: {e}")),
+                        Err(e) => self.note_error(format!("page {page}: {e}")),
                     }
                 }
-                HELD => {
-                    if let Some(copy) = self.held.lock().remove(&page) {
+                Kind::Held => {
+                    if let Some(copy) = self.table.take_held(page) {
                         copies.push((dst, copy));
                     }
                 }
                 _ => {}
             }
-            if state & STATE_MASK != EMPTY {
+            if !state.is(Kind::Empty) {
                 moved += 1;
             }
             self.drop_stored(page, state);
             // With MREMAP_DONTUNMAP the old range stays, empty and registered: a fault
             // there finds it empty.
-            self.leave(page, state, UNMAPPED);
+            self.table.leave(page, state, PageState::UNMAPPED);
         }
         self.count(Count::Remapped, moved);
         // Region pages the move landed on are the program's own memory from now on.
-        self.forget(self.pages_in(to, to + len), GONE);
+        self.forget(self.pages_in(to, to + len), PageState::GONE);
         let r = Remap { to, len, copies };
         Some(r)
     }

@@ -7,18 +7,18 @@
 //! and empties the pad a batch at a time.
 //!
 //! Invariants: a page is moved only under `gate` (read) and its lock, after its state said
-//! `RESIDENT`; its lock is held until its state says where its content is. A run's first
-//! lock is waited for, the others only tried. The pad's pages are read only here, after a
-//! move put a page there. Lock order: lib.rs.
+//! resident; its lock is held until its state says where its content is. A run's first
+//! lock is waited for, the others only tried (page_table.rs). An evictor's pad slots are
+//! its own part's (mapping.rs), read only after a move filled them. Lock order: lib.rs.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use crate::{mapping, placement};
-use crate::{
-    Count, Error, Result, Shared, UnmovableReason, CLEAN, EMPTY, HELD, REFERENCED, RESIDENT,
-    STATE_MASK, STORED, ZEROED,
-};
+use crate::error::{Error, Result, UnmovableReason};
+use crate::mapping::{self, PadPart};
+use crate::page_state::PageState;
+use crate::placement;
+use crate::shared::{Count, ManualPad, Shared, MANUAL_PAD};
 
 /// What became of a page an evictor chose.
 pub(crate) enum Evicted {
@@ -51,35 +51,36 @@ fn back_off<T>(
 }
 
 /// The reclaim thread: evicts once the resident pages exceed the budget, down to a little
-/// under it (`Shared::reclaim_target`), through pad pages `[0, BATCH)`.
-pub(crate) fn run(sh: &Shared) {
+/// under it (`Shared::reclaim_target`), through its part of the pad.
+pub(crate) fn run(sh: &Shared, mut part: PadPart) {
     let mut segment = (0, 0);
-    let mut keep_off = placement::KeepOff::start(&sh.placement);
+    let mut keep_off = placement::KeepOff::start(&sh.fault.placement);
     // In a pass the budget started: it goes on, batch after batch, down to the target, and
     // ends there; the next starts only when the budget is crossed again.
     let mut passing = false;
     let mut backoff = FIRST_BACKOFF;
     loop {
         let idle = {
-            let mut wanted = sh.reclaim_wanted.lock();
-            !sh.stop.load(Relaxed) && !passing && !sh.over_budget() && {
+            let mut wanted = sh.evictors.wanted.lock();
+            !sh.evictors.stop.load(Relaxed) && !passing && !sh.over_budget() && {
                 *wanted = false;
-                sh.reclaim_cv
+                sh.evictors
+                    .wanted_cv
                     .wait_for(&mut wanted, Duration::from_millis(100))
                     .timed_out()
             }
         };
-        if sh.stop.load(Relaxed) {
+        if sh.evictors.stop.load(Relaxed) {
             return;
         }
-        sh.counts.add(Count::ReclaimLooks, 1);
+        sh.count(Count::ReclaimLooks, 1);
         passing = passing || sh.over_budget();
-        sh.reclaim_passing.store(passing, Relaxed);
+        sh.evictors.passing.store(passing, Relaxed);
         if !passing {
             // Under the budget by whatever way (a pass, the program's own drops, a budget
             // raised): nothing to be stuck on.
-            sh.reclaim_stuck.store(false, Relaxed);
-            // Outside `reclaim_wanted`: emptying the pad waits for the fault thread, which
+            sh.evictors.stuck.store(false, Relaxed);
+            // Outside `Evictors::wanted`: emptying the pad waits for the fault thread, which
             // takes that lock to wake this thread.
             if idle {
                 sh.release_manual_pad();
@@ -88,26 +89,27 @@ pub(crate) fn run(sh: &Shared) {
         }
         if sh.far_over_budget() {
             // Under its mutex: the helper is either before its look at the budget or waiting.
-            let _idle = sh.helper_idle.lock();
-            sh.helper_cv.notify_one();
+            let _idle = sh.evictors.helper_idle.lock();
+            sh.evictors.helper_cv.notify_one();
         }
         keep_off.settle();
-        let Batch { out, reached, busy } = sh.evict_batch(&mut segment, 0);
+        let Batch { out, reached, busy } = sh.evict_batch(&mut segment, &mut part);
         // The pass ends where it reached the target, not where the thread looks next (the
         // pad's emptying waits for the fault thread, which serves the faults that came
         // meanwhile, and pages they bring in under the budget are not this pass's); or, when
         // nothing could go, it starts again from the budget.
         passing = out > 0 && !reached;
-        sh.reclaim_passing.store(passing, Relaxed);
+        sh.evictors.passing.store(passing, Relaxed);
         // Stuck only while over the budget: nothing evicted between the target and the
         // budget (another evictor got there first, or an event is waiting) holds no fault.
         // Nor is a batch stopped by an event stuck: the fault thread reads the event (its
         // own ring among them) while it holds faults back, and the next batch goes on;
         // counted stuck, it let faults take the resident pages past the hold unchecked.
-        sh.reclaim_stuck
+        sh.evictors
+            .stuck
             .store(out == 0 && !busy && sh.over_budget(), Relaxed);
         // Faults held back for the budget can go now (or, stuck, no longer wait for it).
-        sh.waker.wake();
+        sh.fault.waker.wake();
         if out == 0 && !reached {
             // Nothing could go: the address space changing (an event waits for the fault
             // thread: a moment), or every candidate refused (locked or protected by the
@@ -117,7 +119,7 @@ pub(crate) fn run(sh: &Shared) {
                 std::thread::sleep(FIRST_BACKOFF);
             } else {
                 sh.reclaim_blocked(true);
-                backoff = back_off(&sh.reclaim_wanted, &sh.reclaim_cv, backoff);
+                backoff = back_off(&sh.evictors.wanted, &sh.evictors.wanted_cv, backoff);
             }
         } else {
             sh.reclaim_blocked(false);
@@ -127,33 +129,33 @@ pub(crate) fn run(sh: &Shared) {
 }
 
 /// The second evictor: evicts beside the reclaim thread while the region is far over its
-/// budget ([`FAR`] pages), through pad pages `[BATCH, 2 * BATCH)`, taking its pages from
-/// the same clock, so that two CPUs compress. Near the budget the reclaim thread is alone
-/// (a batch of this one's that began far over may still run on down to the target).
-pub(crate) fn run_helper(sh: &Shared) {
+/// budget ([`FAR`] pages), through its own part of the pad, taking its pages from the same
+/// clock, so that two CPUs compress. Near the budget the reclaim thread is alone (a batch
+/// of this one's that began far over may still run on down to the target).
+pub(crate) fn run_helper(sh: &Shared, mut part: PadPart) {
     let mut segment = (0, 0);
-    let mut keep_off = placement::KeepOff::start(&sh.placement);
+    let mut keep_off = placement::KeepOff::start(&sh.fault.placement);
     let mut backoff = FIRST_BACKOFF;
     loop {
         {
             // No timeout: the reclaim thread wakes it (under this mutex, so no wake-up is
             // lost), and the region's drop does; idle, it never runs.
-            let mut idle = sh.helper_idle.lock();
-            while !sh.stop.load(Relaxed) && !sh.far_over_budget() {
-                sh.helper_cv.wait(&mut idle);
+            let mut idle = sh.evictors.helper_idle.lock();
+            while !sh.evictors.stop.load(Relaxed) && !sh.far_over_budget() {
+                sh.evictors.helper_cv.wait(&mut idle);
             }
         }
-        if sh.stop.load(Relaxed) {
+        if sh.evictors.stop.load(Relaxed) {
             return;
         }
         keep_off.settle();
-        let Batch { out, busy, .. } = sh.evict_batch(&mut segment, crate::BATCH);
-        sh.waker.wake();
+        let Batch { out, busy, .. } = sh.evict_batch(&mut segment, &mut part);
+        sh.fault.waker.wake();
         if out == 0 && busy {
             std::thread::sleep(FIRST_BACKOFF);
         } else if out == 0 {
             // As the reclaim thread: refused pages are waited out, longer each time.
-            backoff = back_off(&sh.helper_idle, &sh.helper_cv, backoff);
+            backoff = back_off(&sh.evictors.helper_idle, &sh.evictors.helper_cv, backoff);
         } else {
             backoff = FIRST_BACKOFF;
         }
@@ -184,7 +186,8 @@ pub(crate) struct Run {
     /// Pages from the first on that the run is done with (the clock's hand moves past them):
     /// at least one.
     pub(crate) taken: usize,
-    /// Pad pages from the run's first slot on that it may have filled.
+    /// Pad slots from the run's first on that it used (filled, or left empty for a page
+    /// that was not there).
     pub(crate) slots: usize,
     /// Pages that went out (stored, clean, or found all zeros).
     pub(crate) out: usize,
@@ -205,13 +208,14 @@ const REFUSED_PER_BATCH: u32 = 64;
 impl Shared {
     /// Whether the second evictor helps.
     fn far_over_budget(&self) -> bool {
-        self.resident.load(Relaxed) > self.budget_pages.load(Relaxed).saturating_add(FAR)
+        self.table.resident() > self.budget_pages.load(Relaxed).saturating_add(FAR)
     }
 
     /// The next pages of the clock for an evictor, `[start, end)`: the hand moves past them.
     fn claim(&self) -> (u64, u64) {
         let pages = self.pages;
         let start = self
+            .evictors
             .hand
             .fetch_update(Relaxed, Relaxed, |h| {
                 Some(if h + SEGMENT >= pages { 0 } else { h + SEGMENT })
@@ -221,29 +225,27 @@ impl Shared {
         (start, (start + SEGMENT).min(pages))
     }
 
-    /// Evicts up to a pad's worth of cold pages while over the reclaim target, through pad
-    /// pages from `pad` on, from the part of the clock `segment` (the evictor's own, taken
-    /// from the hand; a new one once it is done).
-    fn evict_batch(&self, segment: &mut (u64, u64), pad: usize) -> Batch {
+    /// Evicts up to a pad part's worth of cold pages while over the reclaim target, through
+    /// `part`, from the part of the clock `segment` (the evictor's own, taken from the hand;
+    /// a new one once it is done).
+    fn evict_batch(&self, segment: &mut (u64, u64), part: &mut PadPart) -> Batch {
         let mut slot = 0;
         let mut out = 0;
         let mut scanned = 0;
         let mut busy = false;
         let mut refused = 0;
-        while slot < crate::BATCH
+        while slot < part.len()
             && scanned < 2 * self.pages
-            && self.resident.load(Relaxed) > self.reclaim_target()
+            && self.table.resident() > self.reclaim_target()
         {
             if segment.0 >= segment.1 {
                 *segment = self.claim();
             }
             let page = segment.0;
-            let state = self.state(page);
-            if state & STATE_MASK != RESIDENT || state & REFERENCED != 0 {
-                if state & REFERENCED != 0 {
-                    // Clearing only the bit: a state set meanwhile under the lock keeps its
-                    // own.
-                    self.states[page as usize].fetch_and(!REFERENCED, Relaxed);
+            let state = self.table.state(page);
+            if !state.cold() {
+                if state.referenced() {
+                    self.table.clear_referenced(page);
                 }
                 segment.0 += 1;
                 scanned += 1;
@@ -251,20 +253,17 @@ impl Shared {
             }
             // A run of cold resident pages from here, no longer than the excess, the pad or
             // the segment.
-            let excess = self
-                .resident
-                .load(Relaxed)
-                .saturating_sub(self.reclaim_target());
-            let max = (crate::BATCH - slot)
+            let excess = self.table.resident().saturating_sub(self.reclaim_target());
+            let max = (part.len() - slot)
                 .min(excess.max(1) as usize)
                 .min((segment.1 - page) as usize);
-            let run = self.evict_run(page, max, pad + slot);
+            let run = self.evict_run(page, max, part, slot);
             segment.0 += run.taken as u64;
             scanned += run.taken as u64;
             slot += run.slots;
             out += run.out as u64;
             if let Some(e) = run.error {
-                *self.last_error.lock() = Some(e.to_string());
+                self.note_error(e.to_string());
             }
             if run.busy {
                 busy = true;
@@ -274,7 +273,7 @@ impl Shared {
                 // Why pages stay, said at the first a batch meets (reading the mapping's
                 // flags costs a read of the process's smaps).
                 if refused == 0 {
-                    *self.last_error.lock() = Some(self.unmovable(page, errno).to_string());
+                    self.note_error(self.unmovable(page, errno).to_string());
                 }
                 refused += 1;
                 if refused == REFUSED_PER_BATCH {
@@ -282,14 +281,14 @@ impl Shared {
                 }
             }
         }
-        let reached = self.resident.load(Relaxed) <= self.reclaim_target();
-        self.empty_pad(pad, slot);
+        let reached = self.table.resident() <= self.reclaim_target();
+        self.empty_pad(part, slot);
         Batch { out, reached, busy }
     }
 
-    /// Evicts `page` through pad page `slot` (the caller's alone until it empties it).
-    pub(crate) fn evict_one(&self, page: u64, slot: usize) -> Result<Evicted> {
-        let run = self.evict_run(page, 1, slot);
+    /// Evicts `page` through slot `slot` of `part`.
+    pub(crate) fn evict_one(&self, page: u64, part: &mut PadPart, slot: usize) -> Result<Evicted> {
+        let run = self.evict_run(page, 1, part, slot);
         match run {
             Run { error: Some(e), .. } => Err(e),
             Run {
@@ -302,9 +301,9 @@ impl Shared {
         }
     }
 
-    /// Evicts the resident pages from `first` on, at most `max` of them, through pad pages
-    /// from `slot` on (the caller's alone until it empties them): `first` if it is
-    /// resident, and after it those resident and not referenced whose locks are free. One
+    /// Evicts the resident pages from `first` on, at most `max` of them, through `part`'s
+    /// slots from `slot` on: `first` if it is resident, and after it those resident and not
+    /// referenced whose locks are free (`PageTable::lock_run`, under `gate`). One
     /// `UFFDIO_MOVE` takes the run out (one TLB flush for all of it, not one a page), then
     /// each page is stored from the pad and its lock released, in page order.
     ///
@@ -314,50 +313,31 @@ impl Shared {
     /// as for a single page: a fault on a page of the run waits until that page is
     /// settled; the program's write to it lands before its move (and is stored) or after
     /// (and faults, and waits).
-    pub(crate) fn evict_run(&self, first: u64, max: usize, slot: usize) -> Run {
+    pub(crate) fn evict_run(&self, first: u64, max: usize, part: &mut PadPart, slot: usize) -> Run {
         let ps = self.page_size;
         let mut run = Run {
             taken: 1,
             ..Run::default()
         };
         let gate = self.gate_read();
-        let lock = self.locks.lock(first);
-        let state = self.state(first);
-        if state & STATE_MASK != RESIDENT {
+        let Some(movable) = self.table.lock_run(&gate, first, max) else {
             return run;
-        }
-        // (state, lock, no page was there) for each page of the run.
-        let mut pages = Vec::with_capacity(max);
-        pages.push((state, lock, false));
-        while pages.len() < max {
-            let page = first + pages.len() as u64;
-            let cold = |s: u8| s & STATE_MASK == RESIDENT && s & REFERENCED == 0;
-            if !cold(self.state(page)) {
-                break;
-            }
-            let Some(lock) = self.locks.try_lock(page) else {
-                break;
-            };
-            let state = self.state(page);
-            if !cold(state) {
-                break;
-            }
-            pages.push((state, lock, false));
-        }
-        // The moves, all under `gate`: pages `[0, moved)` went into the pad (or were holes);
-        // those after stay as they are.
-        let n = pages.len();
+        };
+        // The moves, all under `gate`: pages `[0, moved)` went into the pad (or were not
+        // there: their slots stay empty); those after stay as they are.
+        let n = movable.len();
         let mut moved = 0;
         let mut one_by_one = n == 1;
         while moved < n {
             let len = if one_by_one { 1 } else { n - moved };
-            let dst = self.scratch.addr() + ((slot + moved) * ps) as u64;
-            let src = self.page_addr(first + moved as u64);
-            // SAFETY: the pages are the region's (their states, checked under `gate`, say
-            // resident, and no unmap can have gone unseen: see lib.rs) and their locks are
-            // held until their content is stored or held below.
-            #[allow(unsafe_code)]
-            let (done, outcome) = unsafe { self.uffd.move_pages(dst, src, (len * ps) as u64) };
+            let (done, outcome) = self.pad.move_in(
+                part,
+                slot + moved,
+                &self.uffd,
+                &self.memory,
+                &movable,
+                moved..moved + len,
+            );
             moved += done / ps;
             match outcome {
                 Ok(()) => {}
@@ -367,11 +347,8 @@ impl Shared {
                     run.busy = true;
                     break;
                 }
-                Err(libc::ENOENT) => {
-                    // No page there (dropped by the kernel): it reads as zeros.
-                    pages[moved].2 = true;
-                    moved += 1;
-                }
+                // No page there (dropped by the kernel): it reads as zeros.
+                Err(libc::ENOENT) => moved += 1,
                 // A run across two mappings (the program changed part of the range's
                 // protection, or remapped inside it) fails whole: page by page, the pages
                 // of each go.
@@ -381,23 +358,25 @@ impl Shared {
                     // range, or changed its protection): it stays, with a second chance
                     // before the next try.
                     let page = first + moved as u64;
-                    self.states[page as usize].fetch_or(REFERENCED, Relaxed);
+                    self.table.mark_referenced(page);
                     run.refused = Some((page, e));
                     run.taken = moved + 1;
                     break;
                 }
             }
         }
+        let mut pages = movable.into_pages();
         drop(gate);
+        // The pages that did not move stay resident, and unlocked.
+        pages.truncate(moved);
         run.taken = run.taken.max(moved);
         run.slots = moved;
-        for (k, (state, lock, hole)) in pages.into_iter().take(moved).enumerate() {
+        for (k, locked) in pages.into_iter().enumerate() {
             let page = first + k as u64;
-            match self.settle(page, state, slot + k, hole) {
+            match self.settle(page, locked.state, part, slot + k) {
                 Ok(()) => run.out += 1,
                 Err(e) => run.error = Some(e),
             }
-            drop(lock);
         }
         run
     }
@@ -416,47 +395,43 @@ impl Shared {
         Error::Unmovable { page, reason }
     }
 
-    /// Stores page `page` (locked by the caller), moved out into pad page `slot`, or gone
-    /// from the region if `hole`, and sets its state to say where its content is.
-    fn settle(&self, page: u64, state: u8, slot: usize, hole: bool) -> Result<()> {
-        let ps = self.page_size;
-        if hole {
+    /// Stores page `page` (locked by the caller), moved out into slot `slot` of `part`, or
+    /// gone from the region if the move found none there (the slot is empty), and sets its
+    /// state to say where its content is.
+    fn settle(&self, page: u64, state: PageState, part: &PadPart, slot: usize) -> Result<()> {
+        let Some(content) = self.pad.page(part, slot) else {
             self.drop_stored(page, state);
-            self.leave(page, state, EMPTY | ZEROED);
+            self.table.leave(page, state, PageState::ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
-        }
-        if state & CLEAN != 0 {
+        };
+        if state.clean() {
             // Not written since it came in from the store (a write would have waited for the
             // fault thread, which needs this page's lock to mark it dirty): the store's copy
             // is its content. Nothing to compress or write; the pad's copy is dropped.
-            self.leave(page, state, STORED);
+            self.table.leave(page, state, PageState::STORED);
             self.count(Count::CleanEvictions, 1);
             return Ok(());
         }
-        // SAFETY: the pad page holds the page just moved in; only this evictor, holding the
-        // pad slot, reads or changes it until it empties it.
-        #[allow(unsafe_code)]
-        let content = unsafe { self.scratch.slice(slot * ps, ps) };
         if ztier_compress::same_filled(content) == Some(0) {
-            self.leave(page, state, EMPTY | ZEROED);
+            self.table.leave(page, state, PageState::ZEROED);
             self.count(Count::ZeroEvictions, 1);
             return Ok(());
         }
         match self.device.write_page(page, content) {
             Ok(()) => {
-                self.leave(page, state, STORED);
+                self.table.leave(page, state, PageState::STORED);
                 self.count(Count::Evictions, 1);
                 Ok(())
             }
             Err(cause) => {
                 // The page stays in memory, held whole until it is touched. Putting it back
                 // with a move would need `gate`, which comes before the page lock.
-                self.held.lock().insert(page, content.into());
-                self.leave(page, state, HELD);
+                self.table.hold(page, content.into());
+                self.table.leave(page, state, PageState::HELD);
                 self.count(Count::EvictFailures, 1);
                 let e = Error::Store { page, cause };
-                *self.last_error.lock() = Some(e.to_string());
+                self.note_error(e.to_string());
                 Err(e)
             }
         }
@@ -465,37 +440,23 @@ impl Shared {
     /// Empties the pad pages [`Region::evict`](crate::Region::evict) has used, unless a call
     /// of it holds them now (the reclaim thread, idle, gives them back to the OS).
     pub(crate) fn release_manual_pad(&self) {
-        if let Some(mut used) = self.manual_pad_used.try_lock() {
+        if let Some(mut manual) = self.evictors.manual.try_lock() {
+            let ManualPad { part, used } = &mut *manual;
             if *used > 0 {
-                self.empty_pad(2 * crate::BATCH, *used);
+                self.empty_pad(part, *used);
                 *used = 0;
             }
         }
     }
 
-    /// Empties pad pages `[slot, slot + n)`, the last [`WARM_FRAMES`] of those present read
+    /// Empties `part`'s slots `[0, n)`, the last [`WARM_FRAMES`] of those present read
     /// first: the kernel's per-CPU free lists hand out the frames freed last first, so those
     /// are the new pages of this CPU's next allocations, such as a fault's copy (which writes
     /// all of its page). A page compressed on its way out was read whole already; a clean one
     /// was not, and a copy into its cold frame misses on every line (MEASUREMENTS.md,
     /// 2026-11-28). Only the last few: reading every clean page made random reads slower.
-    pub(crate) fn empty_pad(&self, slot: usize, n: usize) {
-        let ps = self.page_size;
-        if let Ok(present) = self.scratch.residency(slot * ps, n * ps) {
-            let last = present.iter().enumerate().rev().filter(|&(_, &p)| p);
-            for (k, _) in last.take(WARM_FRAMES) {
-                // SAFETY: present (just checked; only the kernel's own reclaim could take it
-                // away since, and then the read faults it back from swap, not to the fault
-                // thread), and the evictor's alone until it empties it below.
-                #[allow(unsafe_code)]
-                let page = unsafe { self.scratch.slice((slot + k) * ps, ps) };
-                std::hint::black_box(page.iter().step_by(64).fold(0u8, |a, &b| a ^ b));
-            }
-        }
-        // SAFETY: the pad's pages hold only copies already stored or held, and no
-        // reference to them is alive (`evict_one`'s slice is gone, the warm-up's too).
-        #[allow(unsafe_code)]
-        let _ = unsafe { self.scratch.dont_need(slot * ps, n * ps) };
+    pub(crate) fn empty_pad(&self, part: &mut PadPart, n: usize) {
+        self.pad.empty(part, n, WARM_FRAMES);
     }
 }
 
@@ -504,4 +465,4 @@ impl Shared {
 /// the frames go back to and often touches a page it pushed out soon after (as the bench's
 /// single-page pass does); the last sixteenth of a reclaim batch, whose frames help a fault
 /// only where the fault thread runs on the reclaim thread's CPU.
-const WARM_FRAMES: usize = crate::MANUAL_PAD;
+const WARM_FRAMES: usize = MANUAL_PAD;

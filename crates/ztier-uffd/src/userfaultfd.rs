@@ -670,16 +670,14 @@ mod tests {
             eprintln!("skipped: this kernel refuses RWF_NOWAIT on a userfaultfd");
             return;
         }
-        let map = crate::mapping::Mapping::new(4096).unwrap();
+        let map = crate::mapping::PlainPages::new(4096).unwrap();
         uffd.register(map.addr(), 4096, MODE_MISSING).unwrap();
         uffd.set_blocking(true).unwrap();
         assert!(!uffd.unread(), "nothing queued, blocking");
         assert_eq!(uffd.read(&mut [Msg::default()]).unwrap(), 0, "no wait");
-        let addr = map.ptr() as usize;
         std::thread::scope(|s| {
-            // SAFETY: a read of the live mapping's first byte, which faults until the copy
-            // below fills it; nothing else touches the mapping.
-            let toucher = s.spawn(move || unsafe { std::ptr::read_volatile(addr as *const u8) });
+            // The first byte, which faults until the copy below fills it.
+            let toucher = s.spawn(|| map.touch(0));
             let deadline = Instant::now() + Duration::from_secs(10);
             let mut seen = uffd.unread();
             while !seen && Instant::now() < deadline {

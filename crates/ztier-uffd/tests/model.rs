@@ -3,7 +3,7 @@
 //! exactly the evicted pages that are not zeros and the clean ones (read in from the store
 //! and not written since); an eviction is clean (nothing written to the store) exactly
 //! when the model says the page is clean. The budget holds every page, so only the
-//! sequence evicts (the reclaim thread under a budget is `region.rs`'s eight-thread test),
+//! sequence evicts (the reclaim thread under a budget is `budget.rs`'s eight-thread test),
 //! and fault-around is off (`region.rs` reads every page back with it on).
 
 mod common;

@@ -177,3 +177,18 @@ pub fn wait_until_pad_empty(r: &ztier_uffd::Region) {
 pub fn rss_of(range: std::ops::Range<usize>) -> usize {
     ztier_base::os::rss_within(&[range]).expect("/proc/self/smaps") as usize
 }
+
+/// A region of `pages` pages, all of them in budget, every page written (version 1); or
+/// `None` as [`region`] says.
+pub fn written_region(pages: u64) -> Option<Guarded> {
+    written_region_with(pages, &RegionConfig::default())
+}
+
+/// [`written_region`], made as `config` says.
+pub fn written_region_with(pages: u64, config: &RegionConfig) -> Option<Guarded> {
+    let r = region_with(pages as usize * PAGE, pages as usize * PAGE, config)?;
+    for page in 0..pages {
+        write_page(r.words(), page, 1);
+    }
+    Some(r)
+}

@@ -21,13 +21,12 @@
 //! toucher, the handler, the placed handler's guard) are this module's own, so pinning them
 //! or changing their priority changes no one else's placement. No locks but the guard's own
 //! sleep (placement.rs).
-#![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::cpu_latency_qos::{self, CpuLatencyQos};
-use crate::mapping::Mapping;
+use crate::mapping::PlainPages;
 use crate::placement::{self, Follow, Placement};
 use crate::userfaultfd::{self, Msg, Uffd, Waker};
 use crate::{Error, Result};
@@ -125,7 +124,7 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
     let uffd = Uffd::open().map_err(Error::NotPermitted)?;
     uffd.api(userfaultfd::FEATURE_THREAD_ID)
         .map_err(os("UFFDIO_API"))?;
-    let map = Mapping::new(PAGES * page_size).map_err(os("mmap"))?;
+    let mut map = PlainPages::new(PAGES * page_size).map_err(os("mmap"))?;
     uffd.register(map.addr(), map.len() as u64, userfaultfd::MODE_MISSING)
         .map_err(os("UFFDIO_REGISTER"))?;
     let waker = Waker::new().map_err(os("eventfd"))?;
@@ -209,13 +208,11 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
             let mut taken = Vec::with_capacity(samples);
             for i in 0..samples {
                 let offset = (i % PAGES) * page_size;
-                // SAFETY: the mapping is ours alone, no reference into it is alive, and its
-                // content is the handler's copy, which this drops on purpose.
-                unsafe { map.dont_need(offset, page_size) }.map_err(os("madvise"))?;
+                // The handler's copy goes, so that the touch faults again.
+                map.drop_pages(offset, page_size).map_err(os("madvise"))?;
                 let t = Instant::now();
-                // SAFETY: an address inside the live mapping; the read faults, the handler
-                // fills the page, and the read returns its first byte (nothing is kept).
-                let byte = unsafe { std::ptr::read_volatile(map.ptr().add(offset)) };
+                // The read faults, the handler fills the page, and the read returns.
+                let byte = map.touch(offset);
                 taken.push(t.elapsed());
                 std::hint::black_box(byte);
                 if failed.load(Relaxed) {

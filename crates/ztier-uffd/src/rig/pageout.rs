@@ -10,12 +10,10 @@
 //! Invariants: the mapping is this module's alone and only the calling thread touches it;
 //! every page that went out went through zswap (`/proc/vmstat`), and every page comes back
 //! equal to the one given (else an error). No locks.
-#![allow(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
-use crate::mapping::Mapping;
-use crate::{Error, Result};
+use crate::mapping::PlainPages;
 
 /// `MADV_PAGEOUT` calls over the whole mapping at most: a page still in a per-CPU LRU batch
 /// is passed over by one call (the kernel's own truth script repeats it the same way).
@@ -62,11 +60,26 @@ pub enum NoKernelPath {
     NoSinglePage,
 }
 
-impl From<NoKernelPath> for Error {
-    fn from(why: NoKernelPath) -> Error {
-        Error::NoKernelPath(why)
-    }
+/// What [`kernel_pageout`] refuses or meets.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PageoutError {
+    /// The kernel's own path is not there: what is missing.
+    #[error("the kernel's swap path: {0}")]
+    Missing(#[from] NoKernelPath),
+    /// A page came back from the kernel's swap path different from what went out.
+    #[error("page {page} came back from the kernel's swap path different from what went out")]
+    Corrupt { page: usize },
+    #[error("{len} bytes of pages: the length must be a positive whole number of {page_size}-byte pages")]
+    BadPages { len: usize, page_size: usize },
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
+
+type Result<T, E = PageoutError> = std::result::Result<T, E>;
 
 /// What the kernel made of the pages.
 #[derive(Debug, Clone)]
@@ -90,11 +103,11 @@ pub struct KernelPageout {
 /// The kernel's path for `data` (whole pages of the system's page size): pageout and
 /// fault-in times, and `samples` single-page fault latencies. Refuses, saying why
 /// ([`NoKernelPath`]), where the path is missing (no swap, no room on it, zswap off), or
-/// ([`Error::KernelPathCorrupt`]) where a page comes back different.
+/// ([`PageoutError::Corrupt`]) where a page comes back different.
 pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     let ps = ztier_base::os::page_size();
     if data.is_empty() || !data.len().is_multiple_of(ps) {
-        return Err(Error::BadPages {
+        return Err(PageoutError::BadPages {
             len: data.len(),
             page_size: ps,
         });
@@ -108,12 +121,10 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
         }
         .into());
     }
-    let os = |what| move |source| Error::Os { what, source };
+    let os = |what| move |source| PageoutError::Os { what, source };
     let pages = data.len() / ps;
-    let map = Mapping::new(data.len()).map_err(os("mmap"))?;
-    // SAFETY: the mapping is new, ours alone and as long as `data`; nothing else refers to
-    // it.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.ptr(), data.len()) };
+    let mut map = PlainPages::new(data.len()).map_err(os("mmap"))?;
+    map.fill(data);
 
     let before = zswap_outs();
     let t = Instant::now();
@@ -147,9 +158,8 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     let t = Instant::now();
     let mut sum = 0u8;
     for page in 0..pages {
-        // SAFETY: inside the live mapping; the read faults the page back in (or finds it
-        // resident) and returns its first byte, nothing kept.
-        sum ^= unsafe { std::ptr::read_volatile(map.ptr().add(page * ps)) };
+        // Faults the page back in (or finds it resident).
+        sum ^= map.touch(page * ps);
     }
     let faultin = t.elapsed();
     std::hint::black_box(sum);
@@ -175,8 +185,7 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
             continue;
         }
         let t = Instant::now();
-        // SAFETY: as above.
-        let byte = unsafe { std::ptr::read_volatile(map.ptr().add(offset)) };
+        let byte = map.touch(offset);
         latency.push(t.elapsed());
         std::hint::black_box(byte);
     }
@@ -195,19 +204,12 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     })
 }
 
-/// Every page of the mapping equal to `data`'s.
-fn check_equal(map: &Mapping, data: &[u8], ps: usize) -> Result<()> {
-    // SAFETY: the range is the whole mapping, which is ours alone (no userfaultfd: a page
-    // still out is faulted back by the kernel itself as it is read) and not changed while
-    // the slice lives (this thread only reads it here, and pushes nothing out meanwhile).
-    let back = unsafe { map.slice(0, data.len()) };
-    match back
-        .chunks(ps)
-        .zip(data.chunks(ps))
-        .position(|(a, b)| a != b)
-    {
+/// Every page of the mapping equal to `data`'s (a page still out is faulted back by the
+/// kernel itself as it is read: no userfaultfd here).
+fn check_equal(map: &PlainPages, data: &[u8], ps: usize) -> Result<()> {
+    match map.first_difference(data, ps) {
         None => Ok(()),
-        Some(page) => Err(Error::KernelPathCorrupt { page }),
+        Some(page) => Err(PageoutError::Corrupt { page }),
     }
 }
 

@@ -1,0 +1,230 @@
+//! `ztier bench uffd` (or `--front uffd`): every corpus through a userfaultfd region under
+//! a RAM budget (`ztier_replay::uffd`), twice, with the region's clean pages on and off,
+//! beside the kernel's own path on the same pages and the machine's floor under a fault.
+//! Flags in, reports out.
+
+use clap::Args;
+use ztier_replay::uffd::{kernel_path, UffdReplay, UffdRun};
+
+use super::shared::{emit, ReplayArgs};
+
+/// The flags of a replay through a region: its device is zsmalloc with each compressor
+/// given, and one thread touches it (no allocator, layout or threads of the bench's).
+#[derive(Args, Debug, Clone)]
+pub struct UffdArgs {
+    #[command(flatten)]
+    pub replay: ReplayArgs,
+    /// The region's RAM budget, a share of its size (25% or 0.25).
+    #[arg(long, default_value = "25%", value_parser = parse_budget)]
+    pub budget: f64,
+    /// Keep the region's fault thread at normal priority (by default it runs at idle
+    /// priority while one thread faults, where the process may leave it again).
+    #[arg(long)]
+    pub normal_priority: bool,
+    /// The region makes no CPU latency request while faults come (by default it holds one
+    /// where /dev/cpu_dma_latency can be opened, so that idle CPUs poll instead of halting;
+    /// see ztier_uffd::RegionConfig::cpu_latency_qos).
+    #[arg(long)]
+    pub no_cpu_latency_qos: bool,
+}
+
+/// `--budget`: a share of the region, `25%` or `0.25`.
+fn parse_budget(s: &str) -> Result<f64, String> {
+    let v: f64 = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|e| format!("{s:?}: {e}"))?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!(
+            "{s:?}: the budget is a share of the region, over 0 up to 100%"
+        ));
+    }
+    Ok(v)
+}
+
+/// Every corpus × compressor through a region, with clean pages on and off, beside the
+/// kernel's own path for the corpus (measured once, before the regions).
+pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
+    for path in args.replay.paths()? {
+        let corpus = args.replay.load(&path)?;
+        let kernel = kernel_path(&corpus)?;
+        for algorithm in &args.replay.compressors {
+            for clean_pages in [true, false] {
+                let replay = UffdReplay {
+                    algorithm: algorithm.clone(),
+                    budget_share: args.budget,
+                    clean_pages,
+                    idle_priority: !args.normal_priority,
+                    cpu_latency_qos: !args.no_cpu_latency_qos,
+                };
+                emit(args.replay.json, &replay.run(&corpus, &kernel)?, print_run)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_run(r: &UffdRun) {
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "{} / {} / clean pages {}: {} pages, budget {} pages",
+        r.corpus,
+        r.compressor,
+        if r.clean_pages { "on" } else { "off" },
+        r.pages,
+        r.budget_pages
+    );
+    let kernel = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    // The kernel's figures: measured in this run where the machine allows it, else the
+    // corpus's truth file's.
+    let (k_out, k_in, k_from) = match &r.kernel_in_run {
+        Some(k) => (
+            format!("{:.0}", k.pageout_mb_s),
+            format!("{:.0}", k.faultin_mb_s),
+            format!("this run, {}", k.compressor),
+        ),
+        None => (
+            kernel(r.kernel_pageout_mb_s),
+            kernel(r.kernel_faultin_mb_s),
+            "zswap-truth.json, lzo-rle".to_string(),
+        ),
+    };
+    println!(
+        "  evict       {:>8.0} MB/s   kernel zswap MADV_PAGEOUT {k_out} MB/s ({k_from})",
+        r.evict_mb_s
+    );
+    println!(
+        "  fault-in    {:>8.0} MB/s   kernel zswap fault-in {k_in} MB/s ({k_from})",
+        r.seq_faultin_mb_s
+    );
+    println!(
+        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {k_in} MB/s; fault thread at {} priority, moved {} times)",
+        r.seq_faultin_free_mb_s,
+        if r.free_idle_priority { "idle" } else { "normal" },
+        r.free_fault_thread_moves
+    );
+    let qos = match &r.cpu_latency_qos_unused {
+        None => format!(
+            "CPU latency request {} in this phase, taken {} times in the run",
+            if r.latency_cpu_latency_qos_held {
+                "held"
+            } else {
+                "not held"
+            },
+            r.cpu_latency_qos_holds
+        ),
+        Some(why) => format!("no CPU latency request: {why}"),
+    };
+    println!(
+        "  fault       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page, from the store, pushed out as it was{}; fault thread at {} priority, moved {} times and taken back {} in this phase, {} in the run; parked in its read {} times, rung out {}; {qos})",
+        r.fault_p50_us, r.fault_p99_us, r.fault_max_us, r.fault_samples,
+        if r.clean_pages { " (read since it came in: only dropped, its copy stored long before)" } else { " (compressed as it went)" },
+        if r.idle_priority { "idle" } else { "normal" },
+        r.latency_fault_thread_moves,
+        r.latency_idle_priority_demotions,
+        r.idle_priority_demotions,
+        r.latency_parked_reads,
+        r.latency_fault_thread_rung
+    );
+    println!(
+        "  written     p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page written, then pushed out: compressed as it went, as the kernel's MADV_PAGEOUT compresses each page of its figure)",
+        r.written_fault_p50_us, r.written_fault_p99_us, r.written_fault_max_us, r.written_fault_samples
+    );
+    match (&r.kernel_in_run, &r.kernel_in_run_missing) {
+        (Some(k), _) => println!(
+            "  kernel      p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs ({} faults of one page from zswap, {}, measured before the region; {} of {} pages left resident by MADV_PAGEOUT)",
+            k.fault_p50_us, k.fault_p99_us, k.fault_max_us, k.fault_samples, k.compressor,
+            k.left_resident, k.pages
+        ),
+        (None, Some(why)) => println!("  kernel      not measured in this run: {why}"),
+        (None, None) => {}
+    }
+    if r.fault_start_over_budget > 0 {
+        println!(
+            "              (the phase began {} pages over the budget: the reclaim thread had not caught up within 5 s)",
+            r.fault_start_over_budget
+        );
+    }
+    let mut two = match (r.floor_two_cpus_p50_us, r.floor_two_cpus_p99_us) {
+        (Some(p50), Some(p99)) => format!("; on two CPUs p50 {p50:.1} µs  p99 {p99:.1} µs"),
+        _ => String::new(),
+    };
+    if let Some(target) = r
+        .floor_latency_target_us
+        .filter(|&t| t < ztier_uffd::NO_CPU_LATENCY_TARGET_US)
+    {
+        two += &format!(" (while a CPU latency request of {target} µs was held elsewhere)");
+    }
+    if let (Some(p50), Some(p99)) = (r.floor_two_cpus_qos_p50_us, r.floor_two_cpus_qos_p99_us) {
+        two += &format!(", with a CPU latency request p50 {p50:.1} µs  p99 {p99:.1} µs");
+    }
+    if let (Some(p50), Some(p99)) = (r.floor_placed_p50_us, r.floor_placed_p99_us) {
+        two += &format!(
+            ", placed as the region's fault thread places itself p50 {p50:.1} µs  p99 {p99:.1} µs"
+        );
+    }
+    if let Some(driver) = &r.cpuidle_driver {
+        two += &format!("; cpuidle driver {driver}");
+    }
+    println!(
+        "  floor       p50 {:.1} µs  p99 {:.1} µs with the two threads on one CPU{two} (a bare handler copying one ready page)",
+        r.floor_one_cpu_p50_us, r.floor_one_cpu_p99_us
+    );
+    println!(
+        "  resident    {} pages right after the pass, {} at rest (budget {}; past it by at most its margin, a faulting page and its fault-around window while the reclaim thread catches up)",
+        r.resident_pages, r.resident_at_rest_pages, r.budget_pages
+    );
+    println!(
+        "  rss         {:.2} MB region + pad + state bytes right after the pass, {:.2} MB at rest; allowed {:.2} MB (budget + 64 B a stored page)",
+        mb(r.rss_bytes),
+        mb(r.rss_at_rest_bytes),
+        mb(r.rss_allowed_bytes)
+    );
+    println!(
+        "  all stored  {:.2} MB held for {} pages (+{:.2} MB state bytes); zram device, same pages: {:.2} MB for {} pages ({:.3}x)",
+        mb(r.all_mem_used_total),
+        r.all_stored_pages,
+        mb(r.pages),
+        mb(r.zram_mem_used_total),
+        r.zram_stored_pages,
+        (r.all_mem_used_total + r.pages) as f64 / r.zram_mem_used_total as f64
+    );
+    println!(
+        "  held        {:.1} MB memory for {} stored pages ({:.1} MB compressed){}",
+        mb(r.mem_used_total),
+        r.stored_pages,
+        mb(r.compr_data_size),
+        r.kernel_pool_total_size
+            .map(|p| format!("; kernel zswap pool {:.1} MB (lzo-rle, every page)", mb(p)))
+            .unwrap_or_default()
+    );
+    println!(
+        "  random      {:>8.0} MB/s   {} one-word reads (hot set half the budget), {} pages in, evictions {} clean / {} dirty",
+        r.random_read_mb_s,
+        r.random_reads,
+        r.random_pages_in,
+        r.random_evictions_clean,
+        r.random_evictions_dirty
+    );
+    let o = &r.random_oracle;
+    println!(
+        "  refaults    {} pages in ({} faults) over the last {} reads; at {} pages resident MIN brings in {}, LRU {}, CLOCK {}, a clock seeing faults only {} (region {:.2}x MIN in pages, {:.2}x in faults; {:.2}x LRU)",
+        r.random_refaults,
+        r.random_fault_trips,
+        o.accesses,
+        o.capacity,
+        o.min,
+        o.lru,
+        o.clock,
+        o.fault_clock,
+        r.random_refaults as f64 / o.min.max(1) as f64,
+        r.random_fault_trips as f64 / o.min.max(1) as f64,
+        r.random_refaults as f64 / o.lru.max(1) as f64
+    );
+    println!(
+        "  evictions   {} clean / {} dirty over the run",
+        r.evictions_clean, r.evictions_dirty
+    );
+    println!("  every page verified (after each read pass)");
+}

@@ -1,0 +1,220 @@
+//! The region's pages as the protocol sees them (lib.rs): each page's state
+//! ([`PageState`], a byte in the table) and lock, the gate under which the program's
+//! changes to its address space reach the table, how many pages are resident, stored and
+//! clean, and the whole copies of pages the store refused. The one way to a page an
+//! evictor may move out is a [`MovableRun`], made here under the gate and the pages' locks.
+//!
+//! Invariants: a page's state and the counts change together, in [`PageTable::leave`],
+//! under the page's lock (the clock's clearing of a referenced bit is the one change made
+//! without it, page_state.rs); a page leaves the region (unmapped, gone) only under `gate`
+//! (write): the fault thread handles the program's unmap or remap holding it, and until
+//! such an event is read the kernel refuses every move (`EAGAIN`), so a page read resident
+//! under `gate` (read) is the region's for as long as that is held.
+//!
+//! Lock order (lib.rs, DESIGN.md): `gate` → `locks[page % STRIPES]` → (the device's locks)
+//! and `held`, a leaf. Page locks, several at once: the fault thread takes a faulting page's
+//! and then its fault-around neighbours' in page order, waiting for each; an evictor waits
+//! only for the first page of its run and tries the others ([`PageTable::lock_run`]), so it
+//! never waits holding one; everyone else holds one at a time.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use ztier_base::shard::Stripes;
+
+use crate::page_state::{Kind, PageState, PageStates};
+
+/// Page lock stripes: page `p`'s is stripe `p % STRIPES`. A fault-around window (at most
+/// 1024 pages) is shorter, so the fault thread's several locks are distinct stripes.
+pub(crate) const STRIPES: usize = 1024;
+
+pub(crate) struct PageTable {
+    states: PageStates,
+    /// The page locks (`ztier_base::shard::Stripes`).
+    locks: Stripes,
+    /// Held (write) by the fault thread while it reads and handles the userfaultfd's
+    /// messages, and while it is parked in a blocking read between faults; (read) by an
+    /// evictor while it checks pages and moves them, and by the figures, each through
+    /// `Shared::gate_read`, which rings a parked fault thread out first (bell.rs).
+    pub(crate) gate: RwLock<()>,
+    resident: AtomicU64,
+    stored: AtomicU64,
+    /// Resident pages that are clean.
+    clean: AtomicU64,
+    /// Pages the store refused, whole, by page (a leaf lock).
+    held: Mutex<HashMap<u64, Box<[u8]>>>,
+}
+
+impl PageTable {
+    /// A table of `pages` empty pages (none resident), or `None` if its memory cannot be
+    /// had (it is taken only where pages are: page_state.rs).
+    pub(crate) fn new(pages: u64) -> Option<PageTable> {
+        Some(PageTable {
+            states: PageStates::new(pages)?,
+            locks: Stripes::new(STRIPES),
+            gate: RwLock::new(()),
+            resident: AtomicU64::new(0),
+            stored: AtomicU64::new(0),
+            clean: AtomicU64::new(0),
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    #[inline]
+    pub(crate) fn state(&self, page: u64) -> PageState {
+        self.states.get(page)
+    }
+
+    /// Page `page`'s lock, waited for.
+    #[inline]
+    pub(crate) fn lock(&self, page: u64) -> MutexGuard<'_, ()> {
+        self.locks.lock(page)
+    }
+
+    /// Leaves `page`'s state `from` for `to` (its lock held), keeping the counts and
+    /// dropping a held copy it leaves behind.
+    pub(crate) fn leave(&self, page: u64, from: PageState, to: PageState) {
+        match from.kind() {
+            Kind::Resident => {
+                self.resident.fetch_sub(1, Relaxed);
+                if from.clean() {
+                    self.clean.fetch_sub(1, Relaxed);
+                }
+            }
+            Kind::Stored => {
+                self.stored.fetch_sub(1, Relaxed);
+            }
+            Kind::Held => {
+                self.held.lock().remove(&page);
+            }
+            _ => {}
+        }
+        match to.kind() {
+            Kind::Resident => {
+                self.resident.fetch_add(1, Relaxed);
+                if to.clean() {
+                    self.clean.fetch_add(1, Relaxed);
+                }
+            }
+            Kind::Stored => {
+                self.stored.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+        self.states.set(page, to);
+    }
+
+    /// The clock passes a referenced page: it loses its second chance.
+    #[inline]
+    pub(crate) fn clear_referenced(&self, page: u64) {
+        self.states.clear_referenced(page);
+    }
+
+    /// A resident page the kernel would not move out (its lock held): a second chance
+    /// before the next try.
+    pub(crate) fn mark_referenced(&self, page: u64) {
+        self.states.mark_referenced(page);
+    }
+
+    pub(crate) fn resident(&self) -> u64 {
+        self.resident.load(Relaxed)
+    }
+
+    pub(crate) fn stored(&self) -> u64 {
+        self.stored.load(Relaxed)
+    }
+
+    pub(crate) fn clean(&self) -> u64 {
+        self.clean.load(Relaxed)
+    }
+
+    pub(crate) fn held_pages(&self) -> u64 {
+        self.held.lock().len() as u64
+    }
+
+    /// Keeps `copy` as page `page`'s content (its lock held; its state about to say held).
+    pub(crate) fn hold(&self, page: u64, copy: Box<[u8]>) {
+        self.held.lock().insert(page, copy);
+    }
+
+    /// Takes page `page`'s held copy (its lock held), to copy it in or out.
+    pub(crate) fn take_held(&self, page: u64) -> Option<Box<[u8]>> {
+        self.held.lock().remove(&page)
+    }
+
+    /// The run an evictor may move out from `first`, at most `max` pages (at least one),
+    /// under `gate` (read, of this table): `first` if it is resident (its lock waited for),
+    /// then the pages after it that are cold (resident, not referenced) and whose locks
+    /// are free. `None` if `first` is not resident.
+    pub(crate) fn lock_run<'t, 'g>(
+        &'t self,
+        gate: &'g RwLockReadGuard<'t, ()>,
+        first: u64,
+        max: usize,
+    ) -> Option<MovableRun<'t, 'g>> {
+        assert!(
+            std::ptr::eq(RwLockReadGuard::rwlock(gate), &self.gate),
+            "a run is locked under its own table's gate"
+        );
+        let lock = self.locks.lock(first);
+        let state = self.state(first);
+        if !state.is(Kind::Resident) {
+            return None;
+        }
+        let mut pages = Vec::with_capacity(max);
+        pages.push(LockedPage { state, _lock: lock });
+        while pages.len() < max {
+            let page = first + pages.len() as u64;
+            // Looked at before its lock is tried, and again under it.
+            if !self.state(page).cold() {
+                break;
+            }
+            let Some(lock) = self.locks.try_lock(page) else {
+                break;
+            };
+            let state = self.state(page);
+            if !state.cold() {
+                break;
+            }
+            pages.push(LockedPage { state, _lock: lock });
+        }
+        Some(MovableRun {
+            first,
+            pages,
+            _gate: gate,
+        })
+    }
+}
+
+/// A page whose lock is held, and its state when it was taken.
+pub(crate) struct LockedPage<'t> {
+    pub(crate) state: PageState,
+    _lock: MutexGuard<'t, ()>,
+}
+
+/// Region pages `[first, first + len)` read resident under `gate` (read) with their locks
+/// held ([`PageTable::lock_run`]): the region's own while it lives (the module's
+/// invariants), so a move may take them out into the pad (mapping.rs). Given up for its
+/// locks alone ([`MovableRun::into_pages`]) once the moves are done, so the gate can go
+/// while the pages are settled.
+pub(crate) struct MovableRun<'t, 'g> {
+    first: u64,
+    pages: Vec<LockedPage<'t>>,
+    _gate: &'g RwLockReadGuard<'t, ()>,
+}
+
+impl<'t> MovableRun<'t, '_> {
+    pub(crate) fn first(&self) -> u64 {
+        self.first
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// The run's pages, still locked, no longer movable.
+    pub(crate) fn into_pages(self) -> Vec<LockedPage<'t>> {
+        self.pages
+    }
+}

@@ -1,0 +1,782 @@
+//! The public API: a [`Region`] (made with a [`RegionConfig`], or over a device of the
+//! caller's), its figures ([`RegionStats`]), and zram's policy run on its device
+//! ([`RegionPolicy`]). Each method is a short way into the shared state (shared.rs) and the
+//! threads' work (fault.rs, reclaim.rs); making a region starts its threads, dropping it
+//! stops them in the order the protocol needs (lib.rs, "Dropping the region").
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use serde::Serialize;
+use ztier_compress::Algorithm;
+use ztier_pool::{AllocatorKind, ZsConfig};
+use ztier_zram::{Backing, BdStat, Device, MmStat, PageSelector, Policy, PolicyConfig};
+use ztier_zram::{PolicyStats, WbResult};
+
+use crate::error::{Error, Result};
+use crate::shared::{
+    Count, EvictorParts, FaultIn, ManualPad, Serving, Shared, LATENCY_BUCKETS, MANUAL_PAD,
+};
+use crate::{fault, reclaim};
+
+/// A region's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RegionStats {
+    pub pages: u64,
+    pub budget_pages: u64,
+    /// Where an eviction pass the budget starts stops: a sixteenth of the budget (at most
+    /// 128 pages) under it.
+    pub reclaim_target_pages: u64,
+    /// Pages present in the region (the zero page included).
+    pub resident_pages: u64,
+    /// Pages held compressed in the device.
+    pub stored_pages: u64,
+    /// Pages the store refused, held whole in the heap until touched.
+    pub held_pages: u64,
+    /// Faults served from the store.
+    pub faults: u64,
+    /// Faults served with zeros (a page never written, dropped, or stored as zeros).
+    pub zero_faults: u64,
+    /// Faults served from a held copy.
+    pub held_faults: u64,
+    /// Faults on a page already present: another thread's fault served it first, or a page
+    /// of the program's own was there when the copy came (nothing brought in).
+    pub spurious_faults: u64,
+    /// Write-protect faults served: the program's first writes to clean pages, each of
+    /// which discarded the page's copy in the store (and any that found it out or dirty
+    /// already).
+    pub first_write_faults: u64,
+    /// Resident pages the store still holds a copy of (faulted in by a read, not written
+    /// since): evicting one again is only dropping it.
+    pub clean_pages: u64,
+    /// Pages dropped with a copy in the store: `evictions_dirty + evictions_clean`.
+    pub evictions: u64,
+    /// Evictions that compressed the page and wrote it to the store.
+    pub evictions_dirty: u64,
+    /// Evictions of clean pages: the store's copy kept, nothing compressed or written.
+    pub evictions_clean: u64,
+    /// Pages found all zeros at eviction: dropped with nothing stored.
+    pub zero_evictions: u64,
+    /// Evictions the store refused (the page stayed resident or was held).
+    pub evict_failures: u64,
+    /// Pages the program dropped (`MADV_DONTNEED`, `MADV_FREE`).
+    pub removed_pages: u64,
+    /// Pages the program unmapped.
+    pub unmapped_pages: u64,
+    /// Pages the program moved out with `mremap`.
+    pub remapped_pages: u64,
+    /// Pages whose stored copy could not be read: a touch raises SIGBUS.
+    pub poisoned_pages: u64,
+    /// Pages installed by fault-around beside the faulting page.
+    pub fault_around_pages: u64,
+    /// Pages brought back in after the region evicted them: from the store (faults and
+    /// fault-around), from a held copy, or as zeros where the eviction found the page all
+    /// zeros. The kernel's `workingset_refault_anon` for a region: what its choice of cold
+    /// pages costs (a page never written or dropped by the program is not one).
+    pub refaults: u64,
+    /// Pages whose compressed copy the device has written back to its backing store
+    /// ([`Region::set_backing`], [`Region::writeback`]): `bd_stat`'s `bd_count`.
+    pub written_back_pages: u64,
+    /// Faults by how long the fault thread took from reading one to installing its page or
+    /// lifting its protection (see [`LATENCY_BUCKETS`]): every fault served, spurious ones
+    /// included.
+    pub fault_latency_us: [u64; LATENCY_BUCKETS],
+    /// Faults served late: the address space was changing (`EAGAIN`), or the region was
+    /// over its budget while the reclaim thread caught up.
+    pub deferred_faults: u64,
+    /// Whether the fault thread may run at idle priority ([`RegionConfig::idle_priority`],
+    /// and the process may leave idle priority again).
+    pub idle_priority_usable: bool,
+    /// Whether the fault thread runs at idle priority now, keeping a faulting thread on
+    /// its CPU.
+    pub idle_priority: bool,
+    /// How often the fault thread's idle priority was ended because faults waited for it
+    /// (another thread held its CPU).
+    pub idle_priority_demotions: u64,
+    /// How often the fault thread moved to the CPU of the thread whose faults it serves.
+    pub fault_thread_moves: u64,
+    /// Whether the region can ask the machine for CPU wake-ups without delay while faults
+    /// come ([`RegionConfig::cpu_latency_qos`]; [`Region::cpu_latency_qos_unused`] says
+    /// why not where it cannot).
+    pub cpu_latency_qos_usable: bool,
+    /// Whether that request is held now: from a fault until the fault thread, waking after
+    /// 10 ms with none, withdraws it.
+    pub cpu_latency_qos_held: bool,
+    /// Times the request was taken: once for each spell of faults.
+    pub cpu_latency_qos_holds: u64,
+    /// Waits of the fault thread for a message in a blocking read (while faults come, where
+    /// the kernel allows it), not in `poll`: one system call less on each fault's path.
+    pub parked_reads: u64,
+    /// Times a thread needing the fault thread out of such a read (an evictor's batch,
+    /// [`Region::stats`], the request's alarm) rang it out (module `bell`).
+    pub fault_thread_rung: u64,
+    /// Times the reclaim thread looked at the region: woken by a fault past the budget, or
+    /// at its 100 ms tick, or for the next batch of a pass.
+    pub reclaim_looks: u64,
+    /// Whether the region is over its budget with nothing it can evict: every candidate
+    /// refused (the program locked its pages, or made them read-only: `last_error` says
+    /// which), so reclaim backs off, trying again at most once a second.
+    pub reclaim_blocked: bool,
+    /// Reclaim batches that could evict nothing for that reason.
+    pub reclaim_blocked_passes: u64,
+    /// The device's `mm_stat`.
+    pub mm_stat: MmStat,
+    /// The device's `bd_stat`, where it has a backing store.
+    pub bd_stat: Option<BdStat>,
+}
+
+/// How a region makes its own device.
+#[derive(Debug, Clone)]
+pub struct RegionConfig {
+    pub algorithm: Algorithm,
+    pub allocator: AllocatorKind,
+    /// The device's memory limit in bytes (0: none): a store past it fails and the page
+    /// stays resident.
+    pub store_limit: u64,
+    /// The most stored pages a fault brings in after its own (0: none).
+    pub fault_around: usize,
+    /// Whether a page read in from the store keeps its copy there, so that evicting it
+    /// again unwritten costs no compression or store write (module's "Clean pages"). Off,
+    /// every page comes in dirty: for a program that writes nearly every page it reads,
+    /// where each first write would cost a write-protect fault.
+    pub clean_pages: bool,
+    /// Whether the fault thread may run at idle priority (`SCHED_IDLE`) while a single
+    /// thread faults, which keeps that thread on the fault thread's CPU: on a machine whose
+    /// idle CPUs halt (a VM), a fault's two wake-ups across CPUs cost ten times the rest of
+    /// it. Used only where the process may leave idle priority again (`CAP_SYS_NICE` or an
+    /// `RLIMIT_NICE` of 20); taken back whenever faults wait for it (module `placement`).
+    pub idle_priority: bool,
+    /// Whether the fault thread asks the machine, through the kernel's CPU latency QoS
+    /// (`/dev/cpu_dma_latency`, root's by default), to keep idle CPUs out of states slower
+    /// to leave than polling, from a fault until none has come for 10 ms. When the
+    /// scheduler puts the faulting thread and the fault thread on different CPUs, each of
+    /// a fault's two wake-ups goes to a CPU that went idle in between; on a VM whose idle
+    /// vCPUs halt at once that costs 50-80 µs a fault instead of 8-10. The price is power
+    /// (on a VM, the host's CPU time): while the request is held, every idle CPU of the
+    /// machine polls instead of halting, where its cpuidle driver's first state polls
+    /// (x86's `haltpoll`, `intel_idle`, `acpi_idle`; elsewhere the request changes nothing).
+    /// Where the device cannot be opened the region runs without it (module
+    /// `cpu_latency_qos`).
+    pub cpu_latency_qos: bool,
+}
+
+/// The default of [`RegionConfig::fault_around`]: a sequential touch reaches windows of 63
+/// pages (256 KiB) after six faults. Each window costs two faults (its first page, then the
+/// rest, which the faulting thread runs into while they are decompressed), so a larger one
+/// spreads them thinner: free sequential fault-in on postgres and python 1.15-1.19x what
+/// windows of 15 gave, cc1 (slower to decompress) the same; random reads and single-page
+/// latency unchanged (MEASUREMENTS.md, 2026-11-27).
+pub const MAX_AROUND: usize = 63;
+
+impl Default for RegionConfig {
+    fn default() -> Self {
+        RegionConfig {
+            algorithm: Algorithm::new(ztier_compress::Kind::Lz4),
+            allocator: AllocatorKind::Zsmalloc,
+            store_limit: 0,
+            fault_around: MAX_AROUND,
+            clean_pages: true,
+            idle_priority: true,
+            cpu_latency_qos: true,
+        }
+    }
+}
+
+/// zram's policy running on a region's device ([`Region::start_policy`]); it stops when
+/// dropped, which the region's borrow makes happen before the region goes.
+pub struct RegionPolicy<'a> {
+    policy: Policy,
+    _region: std::marker::PhantomData<&'a Region>,
+}
+
+impl RegionPolicy<'_> {
+    /// What the policy did so far.
+    pub fn stats(&self) -> PolicyStats {
+        self.policy.stats()
+    }
+}
+
+/// An anonymous mapping whose pages beyond a RAM budget are kept compressed; see the
+/// module's documentation.
+pub struct Region {
+    shared: Arc<Shared>,
+    fault_thread: Option<JoinHandle<()>>,
+    reclaim_thread: Option<JoinHandle<()>>,
+    helper_thread: Option<JoinHandle<()>>,
+    guard_thread: Option<JoinHandle<()>>,
+    watcher_thread: Option<JoinHandle<()>>,
+}
+
+impl Region {
+    /// A region of `len` bytes, at most `budget` of them resident, storing in a new zram
+    /// device (lz4 on zsmalloc).
+    pub fn new(len: usize, budget: usize) -> Result<Region> {
+        Region::with_config(len, budget, &RegionConfig::default())
+    }
+
+    /// A region storing in a new device made as `config` says.
+    pub fn with_config(len: usize, budget: usize, config: &RegionConfig) -> Result<Region> {
+        let page_size = ztier_base::os::page_size();
+        check_length(len, page_size)?;
+        let layout = ZsConfig {
+            page_size,
+            ..ZsConfig::default()
+        };
+        let pool = config.allocator.make_pool(&layout).map_err(Error::Pool)?;
+        let device =
+            Device::new(len as u64, config.algorithm.clone(), pool).map_err(Error::Device)?;
+        device.set_mem_limit(config.store_limit);
+        Region::make(len, budget, device, config)
+    }
+
+    /// A region storing in `device`, which must have a page for each of the region's, of
+    /// the OS page size, and be empty (its pages are the region's from now on).
+    pub fn with_device(len: usize, budget: usize, device: Device) -> Result<Region> {
+        Region::make(len, budget, device, &RegionConfig::default())
+    }
+
+    /// The region over `device` (the device's own settings in `config` are not used), its
+    /// threads started.
+    fn make(len: usize, budget: usize, device: Device, config: &RegionConfig) -> Result<Region> {
+        let page_size = ztier_base::os::page_size();
+        check_length(len, page_size)?;
+        let pages = (len / page_size) as u64;
+        if device.page_size() != page_size || device.pages() < pages {
+            return Err(Error::DeviceTooSmall {
+                device_pages: device.pages(),
+                device_page_size: device.page_size(),
+                pages,
+                page_size,
+            });
+        }
+        if budget < page_size {
+            return Err(Error::BadBudget { budget, page_size });
+        }
+        let serving = Serving {
+            fault_around: config.fault_around.min(1023),
+            clean_pages: config.clean_pages,
+            idle_priority: config.idle_priority,
+            cpu_latency_qos: config.cpu_latency_qos,
+        };
+        let (shared, parts) = Shared::new(len, budget, device, &serving)?;
+        let shared = Arc::new(shared);
+        let spawn = |name: &str, f: Box<dyn FnOnce(&Shared) + Send>| {
+            let sh = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(&sh))
+                .map_err(|source| Error::Os {
+                    what: "spawning a thread",
+                    source,
+                })
+        };
+        let mut region = Region {
+            shared: Arc::clone(&shared),
+            fault_thread: None,
+            reclaim_thread: None,
+            helper_thread: None,
+            guard_thread: None,
+            watcher_thread: None,
+        };
+        let EvictorParts { reclaim, helper } = parts;
+        region.fault_thread = Some(spawn("uffd-fault", Box::new(fault::run))?);
+        region.reclaim_thread = Some(spawn(
+            "uffd-reclaim",
+            Box::new(move |sh| reclaim::run(sh, reclaim)),
+        )?);
+        region.helper_thread = Some(spawn(
+            "uffd-reclaim2",
+            Box::new(move |sh| reclaim::run_helper(sh, helper)),
+        )?);
+        if shared.fault.placement.usable() {
+            region.guard_thread = Some(spawn(
+                "uffd-guard",
+                Box::new(|sh| sh.fault.placement.run_guard(|| sh.uffd.unread())),
+            )?);
+        }
+        if shared.fault.qos.has_alarm() {
+            region.watcher_thread = Some(spawn(
+                "uffd-alarm",
+                Box::new(|sh| {
+                    // At idle priority, its wake-ups never take a CPU from the program's
+                    // threads. It runs where a CPU is otherwise idle, which is where the
+                    // request costs; it holds no lock, and a want it holds only keeps the
+                    // fault thread from parking.
+                    ztier_base::os::lower_to_idle_priority();
+                    let f = &sh.fault;
+                    f.qos
+                        .watch_alarm(&f.alarm_watcher_stop, &f.alarm_watcher_waker, || {
+                            sh.wake_fault_thread()
+                        })
+                }),
+            )?);
+        }
+        Ok(region)
+    }
+
+    /// The region's first byte. Reading and writing through it is the caller's business
+    /// (the memory lives as long as the region); [`words`](Region::words) is the safe view.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.shared.memory.ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shared.memory.len()
+    }
+
+    /// The bytes the region's mapping and its pad have resident now (`Rss` in
+    /// `/proc/self/smaps`; a mapping of the program's own placed where it unmapped part of
+    /// the region counts too).
+    pub fn rss_bytes(&self) -> io::Result<u64> {
+        let map = self.shared.memory.addr() as usize;
+        ztier_base::os::rss_within(&[map..map + self.len(), self.pad_range()])
+    }
+
+    /// The addresses of the region's landing pad (the mapping its evictors move pages
+    /// into before they store them), for a process's own accounting of what the region
+    /// keeps resident (`/proc/self/smaps`): the region's mapping and this one.
+    pub fn pad_range(&self) -> std::ops::Range<usize> {
+        self.shared.pad.range()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.shared.page_size
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.shared.pages
+    }
+
+    /// Whether faults taken inside the kernel (a system call reading or writing the
+    /// region) fail with `EFAULT`: the process could only have a user-mode-only
+    /// userfaultfd.
+    pub fn user_mode_only(&self) -> bool {
+        self.shared.uffd.user_mode_only
+    }
+
+    /// The region as machine words any thread may read and write at once.
+    pub fn words(&self) -> &[AtomicU64] {
+        self.shared.memory.words()
+    }
+
+    /// Sets the budget in bytes (at least one page).
+    pub fn set_budget(&self, budget: usize) -> Result<()> {
+        let page_size = self.shared.page_size;
+        if budget < page_size {
+            return Err(Error::BadBudget { budget, page_size });
+        }
+        self.shared
+            .budget_pages
+            .store((budget / page_size) as u64, Relaxed);
+        self.shared.wake_reclaim_if_over();
+        Ok(())
+    }
+
+    /// Drops `[offset, offset + len)` as the program's own `MADV_DONTNEED` would (it is
+    /// one, as `MADV_DONTNEED_LOCKED`, which locked memory takes too): those pages read as
+    /// zeros afterwards, and their stored copies go.
+    pub fn discard(&self, offset: usize, len: usize) -> Result<()> {
+        let page = self.shared.page_size;
+        if !offset.is_multiple_of(page) || offset.checked_add(len).is_none_or(|e| e > self.len()) {
+            return Err(Error::BadPage((offset / page) as u64));
+        }
+        self.shared
+            .memory
+            .discard(offset, len)
+            .map_err(|source| Error::Os {
+                what: "madvise(MADV_DONTNEED_LOCKED)",
+                source,
+            })
+    }
+
+    /// Evicts page `page` now if it is resident: `Ok(true)` if it went out, `Ok(false)` if
+    /// it was not resident or the address space was changing, the store's error if it
+    /// refused (the page stays in memory). The page's memory goes back to the OS with those
+    /// of the calls after it, 16 calls at a time, or when the reclaim thread
+    /// next finds the region within its budget and idle (within about 0.1 s): until then it
+    /// is in the pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
+    pub fn evict(&self, page: u64) -> Result<bool> {
+        if page >= self.shared.pages {
+            return Err(Error::BadPage(page));
+        }
+        let mut manual = self.shared.evictors.manual.lock();
+        let ManualPad { part, used } = &mut *manual;
+        let r = self.shared.evict_one(page, part, *used);
+        *used += 1;
+        if *used == MANUAL_PAD {
+            self.shared.empty_pad(part, MANUAL_PAD);
+            *used = 0;
+        }
+        Ok(matches!(r?, reclaim::Evicted::Out))
+    }
+
+    /// The region's figures. They include every drop, unmap and move the program's calls
+    /// returned from: such a call returns once the fault thread read its event, which it
+    /// handles under `gate` (write) in the same hold, so waiting for `gate` waits for that.
+    pub fn stats(&self) -> RegionStats {
+        let sh = &self.shared;
+        drop(sh.gate_read());
+        drop(sh.fault.serving.lock());
+        let c = |k: Count| sh.figures.counts.sum(k);
+        let bd_stat = sh.device.bd_stat();
+        RegionStats {
+            pages: sh.pages,
+            budget_pages: sh.budget_pages.load(Relaxed),
+            reclaim_target_pages: sh.reclaim_target(),
+            resident_pages: sh.table.resident(),
+            stored_pages: sh.table.stored(),
+            clean_pages: sh.table.clean(),
+            held_pages: sh.table.held_pages(),
+            faults: sh.fault_ins(FaultIn::Store),
+            zero_faults: sh.fault_ins(FaultIn::Zeros),
+            held_faults: sh.fault_ins(FaultIn::Held),
+            spurious_faults: c(Count::SpuriousFaults),
+            first_write_faults: c(Count::FirstWrites),
+            evictions: c(Count::Evictions) + c(Count::CleanEvictions),
+            evictions_dirty: c(Count::Evictions),
+            evictions_clean: c(Count::CleanEvictions),
+            zero_evictions: c(Count::ZeroEvictions),
+            evict_failures: c(Count::EvictFailures),
+            removed_pages: c(Count::Removed),
+            unmapped_pages: c(Count::Unmapped),
+            remapped_pages: c(Count::Remapped),
+            poisoned_pages: c(Count::Poisoned),
+            deferred_faults: c(Count::Deferred),
+            fault_around_pages: c(Count::FaultAround),
+            refaults: sh.fault_ins(FaultIn::Store)
+                + sh.fault_ins(FaultIn::Held)
+                + c(Count::FaultAround)
+                + c(Count::ZeroRefaults),
+            written_back_pages: bd_stat.map_or(0, |b| b.bd_count),
+            fault_latency_us: std::array::from_fn(|i| sh.figures.latency.0[i].load(Relaxed)),
+            idle_priority_usable: sh.fault.placement.usable(),
+            idle_priority: sh.fault.placement.idle(),
+            idle_priority_demotions: sh.fault.placement.demotions(),
+            fault_thread_moves: sh.fault.placement.moves(),
+            cpu_latency_qos_usable: sh.fault.qos.usable(),
+            cpu_latency_qos_held: sh.fault.qos.held(),
+            cpu_latency_qos_holds: sh.fault.qos.holds(),
+            parked_reads: c(Count::ParkedReads),
+            fault_thread_rung: sh.fault.bell.times_rung(),
+            reclaim_looks: c(Count::ReclaimLooks),
+            reclaim_blocked: sh.evictors.blocked.load(Relaxed),
+            reclaim_blocked_passes: c(Count::BlockedPasses),
+            mm_stat: sh.device.mm_stat(),
+            bd_stat,
+        }
+    }
+
+    /// Why the region does not ask for CPU wake-ups without delay
+    /// ([`RegionConfig::cpu_latency_qos`]), where it does not.
+    pub fn cpu_latency_qos_unused(&self) -> Option<String> {
+        self.shared.fault.qos.unused_because()
+    }
+
+    /// The last error a store gave the reclaim thread, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared.figures.last_error.lock().clone()
+    }
+
+    /// Gives the region's device a backing store, or takes it away (`None`): zram's
+    /// `backing_dev`. [`writeback`](Self::writeback) and a policy
+    /// ([`start_policy`](Self::start_policy)) move compressed copies there, out of memory; a
+    /// fault on such a page reads it from the store (a read the store refuses, after its
+    /// own retries, poisons the page: a touch raises SIGBUS, as the kernel's swap-in
+    /// error does). Refused while pages are written back to the current store.
+    pub fn set_backing(&self, store: Option<Backing>) -> Result<()> {
+        let what = "setting the device's backing store";
+        self.shared
+            .device
+            .set_backing(store)
+            .map_err(|cause| Error::Zram { what, cause })
+    }
+
+    /// zram's `idle`: marks the stored copies not read or written for `older_than` (all
+    /// of them: `None`) idle, for [`writeback`](Self::writeback) of
+    /// [`PageSelector::Idle`] pages. A fault reading a page in from the store clears its
+    /// mark; a page resident and clean keeps a copy the program's reads do not touch
+    /// (userspace sees no accessed bits), so it may be marked and written back while in
+    /// use, and its next eviction is still only a drop. Returns the copies marked.
+    pub fn mark_idle(&self, older_than: Option<std::time::Duration>) -> u64 {
+        self.shared.device.mark_idle(older_than)
+    }
+
+    /// zram's `writeback`: writes the stored copies `mode` selects (at most `max_pages`)
+    /// to the backing store, freeing their memory. It runs beside faults and evictions
+    /// (the device locks a page at a time); what the program sees does not change.
+    pub fn writeback(&self, mode: PageSelector, max_pages: Option<u64>) -> Result<WbResult> {
+        self.shared
+            .device
+            .writeback(mode, None, max_pages)
+            .map_err(|cause| Error::Zram {
+                what: "the device's writeback",
+                cause,
+            })
+    }
+
+    /// Starts zram's policy on the region's device (recompression and writeback of pages
+    /// idle for a while, writeback down to a memory target), on a thread of its own at idle
+    /// priority, until the returned [`RegionPolicy`] is dropped (which waits for its pass),
+    /// at the latest with the region.
+    pub fn start_policy(&self, config: PolicyConfig) -> Result<RegionPolicy<'_>> {
+        let policy =
+            Policy::start(Arc::clone(&self.shared.device), config).map_err(|source| Error::Os {
+                what: "spawning the policy's thread",
+                source,
+            })?;
+        Ok(RegionPolicy {
+            policy,
+            _region: std::marker::PhantomData,
+        })
+    }
+}
+
+fn check_length(len: usize, page_size: usize) -> Result<()> {
+    if len == 0 || !len.is_multiple_of(page_size) {
+        return Err(Error::BadLength { len, page_size });
+    }
+    Ok(())
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        // The guard first: it acts on the fault thread's id only while that thread runs.
+        sh.fault.placement.stop();
+        if let Some(t) = self.guard_thread.take() {
+            let _ = t.join();
+        }
+        let evictors = &sh.evictors;
+        evictors.stop.store(true, Relaxed);
+        {
+            let mut wanted = evictors.wanted.lock();
+            *wanted = true;
+            evictors.wanted_cv.notify_all();
+        }
+        {
+            let _idle = evictors.helper_idle.lock();
+            evictors.helper_cv.notify_all();
+        }
+        // The evictors first: their drops of the pad wait for the fault thread to read the
+        // event.
+        for t in [self.reclaim_thread.take(), self.helper_thread.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = t.join();
+        }
+        // The alarm's watcher before the fault thread: a ring of its reads on.
+        sh.fault.alarm_watcher_stop.store(true, Relaxed);
+        sh.fault.alarm_watcher_waker.wake();
+        if let Some(t) = self.watcher_thread.take() {
+            let _ = t.join();
+        }
+        sh.fault.stop.store(true, Relaxed);
+        sh.fault.waker.wake();
+        // A want that stays: the fault thread parks no more, and if parked is rung out
+        // (this waits until it read the ring).
+        std::mem::forget(sh.want_fault_thread_out());
+        if let Some(t) = self.fault_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    const PS: usize = 4096;
+
+    /// A region, and a watchdog dropped after it (fields drop in order), so that a drop
+    /// that hangs is caught too.
+    struct Guarded {
+        region: Region,
+        _done: std::sync::mpsc::Sender<()>,
+    }
+
+    impl std::ops::Deref for Guarded {
+        type Target = Region;
+        fn deref(&self) -> &Region {
+            &self.region
+        }
+    }
+
+    /// A region of `pages` pages, all of them in budget, its fault thread at normal priority
+    /// (so that it reaches its wait at once after a fault, whatever else runs), or `None`
+    /// (having said why) where this process may not use userfaultfd; under `CI` that fails
+    /// instead. A thread aborts the process should the test (or the region's drop) hang
+    /// for a minute: a ring never read.
+    fn region(pages: usize, cpu_latency_qos: bool) -> Option<Guarded> {
+        let (done, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(Duration::from_secs(60))
+            {
+                eprintln!("a region test hung for 60 s: aborting");
+                std::process::abort();
+            }
+        });
+        let config = RegionConfig {
+            idle_priority: false,
+            cpu_latency_qos,
+            ..RegionConfig::default()
+        };
+        match Region::with_config(pages * PS, pages * PS, &config) {
+            Ok(region) => Some(Guarded {
+                region,
+                _done: done,
+            }),
+            Err(e @ (Error::NotPermitted(_) | Error::Unsupported(_))) => {
+                assert!(std::env::var_os("CI").is_none(), "CI must run this: {e}");
+                eprintln!("skipped: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Whether this kernel lets the fault thread park; where not, says so (and fails under
+    /// `CI`, whose kernel does).
+    fn may_park(r: &Region) -> bool {
+        if r.shared.uffd.can_block() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI's kernel must let the fault thread park (RWF_NOWAIT on a userfaultfd)"
+        );
+        eprintln!("skipped: this kernel refuses RWF_NOWAIT on a userfaultfd");
+        false
+    }
+
+    /// Whether the fault thread parks within a second (once it has served a fault and has
+    /// nothing else to do; a message in between, such as the reclaim thread's emptying of
+    /// the pad, may keep it out until the next fault).
+    fn parks(r: &Region) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            if r.shared.fault.bell.parked() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        false
+    }
+
+    /// A fault from the store on `page` (evicted first), read back.
+    fn fault_in(r: &Region, page: u64) {
+        let words = r.words();
+        let w = page as usize * (PS / 8);
+        words[w].store(page + 1, Relaxed);
+        // A ring just read may make the kernel refuse the move for a moment.
+        while !r.evict(page).unwrap() {
+            std::thread::yield_now();
+        }
+        assert_eq!(words[w].load(Relaxed), page + 1);
+    }
+
+    /// Faults until the fault thread parks, then `ring_out` (which must ring it out once):
+    /// whether it rang exactly once, over up to 20 tries (a try whose park something else
+    /// ended first is tried again). Two rings for one call fail at once.
+    fn rings_out_once(r: &Region, ring_out: impl Fn()) -> bool {
+        for attempt in 0..20u64 {
+            fault_in(r, attempt % 4);
+            if !parks(r) {
+                continue;
+            }
+            let rung = r.shared.fault.bell.times_rung();
+            ring_out();
+            match r.shared.fault.bell.times_rung() - rung {
+                1 => return true,
+                0 => continue,
+                n => panic!("rung {n} times for one call"),
+            }
+        }
+        false
+    }
+
+    /// A parked fault thread holds `gate`: an eviction (which needs it) and the figures
+    /// each ring it out once, the region's drop does too, and nothing hangs.
+    #[test]
+    fn a_parked_fault_thread_is_rung_out_by_an_eviction_the_figures_and_the_drop() {
+        let Some(r) = region(8, false) else {
+            return;
+        };
+        if !may_park(&r) {
+            return;
+        }
+        for (page, w) in r.words().iter().step_by(PS / 8).enumerate() {
+            w.store(page as u64 + 1, Relaxed);
+        }
+        assert!(
+            rings_out_once(&r, || while !r.evict(5).unwrap() {
+                fault_in(&r, 5)
+            }),
+            "an eviction never rang the parked fault thread out"
+        );
+        assert!(
+            rings_out_once(&r, || {
+                let s = r.stats();
+                assert!(s.parked_reads >= 2 && s.fault_thread_rung >= 1, "{s:?}");
+            }),
+            "the figures never rang the parked fault thread out"
+        );
+        for (page, w) in r.words().iter().step_by(PS / 8).enumerate() {
+            assert_eq!(w.load(Relaxed), page as u64 + 1, "page {page}");
+        }
+        fault_in(&r, 3);
+        parks(&r);
+        drop(r);
+    }
+
+    /// A fault thread parked when faults stop is rung out by the CPU latency request's
+    /// alarm (nothing else wakes it here), and withdraws the request.
+    #[test]
+    fn the_cpu_latency_requests_alarm_rings_a_parked_fault_thread_out() {
+        // The request's tests read the machine's target: this one's request is part of it.
+        let _turn = crate::cpu_latency_qos::tests::MACHINE_TARGET.lock();
+        let Some(r) = region(4, true) else {
+            return;
+        };
+        if !r.shared.fault.qos.usable() {
+            // The request's own tests say why (and fail under CI).
+            eprintln!("skipped: {:?}", r.cpu_latency_qos_unused());
+            return;
+        }
+        if !may_park(&r) {
+            return;
+        }
+        for (page, w) in r.words().iter().step_by(PS / 8).enumerate() {
+            w.store(page as u64 + 1, Relaxed);
+        }
+        let withdrawn_by_a_ring = (0..10u64).any(|attempt| {
+            fault_in(&r, attempt % 4);
+            if !parks(&r) {
+                return false;
+            }
+            let rung = r.shared.fault.bell.times_rung();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while r.shared.fault.qos.held() {
+                assert!(
+                    Instant::now() < deadline,
+                    "still held 5 s after the last fault"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Else a message ended the park first and the poll's wake-up withdrew it.
+            r.shared.fault.bell.times_rung() > rung
+        });
+        assert!(
+            withdrawn_by_a_ring,
+            "the alarm never rang a parked fault thread out"
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! The measuring rig: what a region is measured against, not part of a region. The bench
+//! (ztier-replay's uffd scenario) and the tests use it; a region never does.
+//!
+//! - [`floor`]: the floor under a fault's latency on this machine: the same round trip
+//!   served by a bare handler, its two threads held on one CPU and on two, and placed as a
+//!   region's fault thread places itself.
+//! - [`pageout`]: the kernel's own path for the same pages, where the machine has one
+//!   (`MADV_PAGEOUT` through zswap, the pages touched back).
+//! - [`oracle`]: the pages MIN, LRU, CLOCK and a model of a region's own clock bring in for
+//!   an access trace, holding as many pages as a region's budget.
+//!
+//! Each has its own mapping and threads; none touches a region's.
+
+pub mod floor;
+pub mod oracle;
+pub mod pageout;
