@@ -18,6 +18,14 @@
 #   ztier-restart   `ztier serve --state`, stopped and started again from its state in the
 #                   middle of the workload (once 64 MiB are swapped out); QEMU's NBD client
 #                   waits for it (reconnect-delay), the guest sees no I/O error
+#   ztier-vhost     `ztier serve --vhost-user-blk` (--compressor as for ztier): the guest's
+#                   virtqueues are run by ztier itself in the guest's shared memory (QEMU's
+#                   vhost-user-blk-pci; the guest's RAM a memfd shared with the server)
+#   ztier-vhost-restart  the same with --state, stopped (SIGTERM) and started again from
+#                   its state in the middle of the workload (once 64 MiB are swapped out);
+#                   QEMU dials the socket again (reconnect-ms), the guest sees no I/O error
+#   qsd-vhost       qemu-storage-daemon's own vhost-user-blk export of a raw sparse file on
+#                   tmpfs (/dev/shm unless TMPDIR is a tmpfs): the same path, no compression
 #   nbdkit-sparse   nbdkit memory allocator=sparse (no compression)
 #   nbdkit-zstd     nbdkit memory allocator=zstd
 #   file            a raw sparse file on the host's disk (cache=none)
@@ -33,17 +41,23 @@
 # Each run prints the guest's lines and one line "RESULT swap=KIND key=value ...": the
 # workload's times, its swap-in latency (p50/p99 of the first load of a page mincore() said
 # was not in memory), the guest's pswpin/pswpout, pages that came back wrong (mismatches),
-# the host memory the swapped pages held (host_mem_mib: the server's peak RSS; the guest's
-# zram mem_used_max, which comes out of the guest's own RAM; none for a file, whose blocks
-# on disk are file_blocks_mib; an NBD store's peak RSS apart), host CPU seconds (server and
-# QEMU), and for ztier what `ztier stat` said at the peak and after the workload exited (its
-# discards). A table of all runs closes. The exit status is 1 if any page came back wrong
-# or a guest failed (the guest's zram can run out of the guest's RAM: the OOM killer ends
-# the workload).
+# block and swap I/O errors in the guest's kernel log (guest_io_errors: the guest reads its
+# own log with dmesg, since loglevel=3 keeps them off the console), the host memory the
+# swapped pages held (host_mem_mib: the server's peak RSS less the guest memory it maps
+# shared, RssShmem, which is the guest's RAM and not held for the swap; for qemu-storage-
+# daemon that plus its tmpfs file's blocks, sampled together; the guest's zram
+# mem_used_max, which comes out of the guest's own RAM; none for a file, whose blocks on
+# disk are file_blocks_mib; an NBD store's peak RSS apart), host CPU seconds (server and
+# QEMU; a restarted server's two processes summed) and per swapped page (cpu_us_per_page:
+# (server + QEMU CPU) / (pswpin + pswpout); server_cpu_us_per_page: the server's alone),
+# and for ztier what `ztier stat` said at the peak and after the workload exited (its
+# discards). A table of all runs closes. The exit status is 1 if any page came back wrong,
+# the guest's kernel logged an I/O error, or a guest failed (the guest's zram can run out
+# of the guest's RAM: the OOM killer ends the workload).
 #
 # Needs: qemu-system-x86, linux-image-amd64 (the guest's kernel and modules),
-# busybox-static, gcc (static libc), cpio, zstd, nbdkit (scripts/setup.sh installs them);
-# python3 to ask QEMU's monitor after a time-out.
+# busybox-static, gcc (static libc), cpio, zstd, nbdkit, qemu-storage-daemon (qemu-utils)
+# (scripts/setup.sh installs them); python3 to ask QEMU's monitor after a time-out.
 # The ztier binary is $ZTIER, else built here (cargo build --release -p ztier-cli).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,7 +103,10 @@ kver=${kernel#/boot/vmlinuz-}
 [ -d "/lib/modules/$kver" ] || die "no /lib/modules/$kver"
 for kind in "${kinds[@]}"; do
   case $kind in
-    ztier | ztier-wb-file | ztier-restart | file | zram) ;;
+    ztier | ztier-wb-file | ztier-restart | ztier-vhost | ztier-vhost-restart | file | zram) ;;
+    qsd-vhost)
+      command -v qemu-storage-daemon >/dev/null ||
+        die "qemu-storage-daemon is not installed (qemu-utils; bash scripts/setup.sh)" ;;
     ztier-wb-nbd | nbdkit-sparse | nbdkit-zstd)
       command -v nbdkit >/dev/null || die "nbdkit is not installed (bash scripts/setup.sh)" ;;
     *) die "unknown swap kind $kind" ;;
@@ -102,6 +119,7 @@ fi
 ztier=$ZTIER
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vm-swap.XXXXXX")
+shm="" # qemu-storage-daemon's disk's directory, on tmpfs (made by the first qsd-vhost run)
 pids=()
 # shellcheck disable=SC2317 # (called by the trap)
 cleanup() {
@@ -112,7 +130,12 @@ cleanup() {
   for pid in "${pids[@]}"; do
     timeout 10 tail --pid="$pid" -f /dev/null 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
   done
-  if [ "$keep" = 1 ]; then echo "vm-swap: kept $work"; else rm -rf "$work"; fi
+  if [ "$keep" = 1 ]; then
+    echo "vm-swap: kept $work${shm:+ and $shm}"
+  else
+    rm -rf "$work"
+    [ -z "$shm" ] || rm -rf "$shm"
+  fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -158,7 +181,7 @@ for line in out.decode(errors="replace").splitlines():
 PY
   fi
   if [ -n "$served" ] && [ -S "$served.ctl" ]; then
-    timeout 10 "$ztier" stat --socket "$served" 2>&1 | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ' |
+    timeout 10 "$ztier" stat --socket "$served" 2>&1 | grep -E '^(mm_stat|io_stat|bd_stat|policy|server|vhost-user-blk) ' |
       sed 's/^/  server| /' >&2 || true
   fi
 }
@@ -191,9 +214,19 @@ wait_sockets() {
 }
 
 cpu_seconds() { # pid -> user+system CPU seconds so far
-  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
-rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+# A process's resident memory less what it maps shared (RssShmem): a vhost-user server maps
+# the guest's RAM (a memfd), which is the guest's and not held for its swap.
+rss_kib() {
+  awk '/^(RssAnon|RssFile):/ { k += $2 } END { print k + 0 }' "/proc/$1/status" 2>/dev/null || echo 0
+}
+shmem_kib() { awk '/^RssShmem:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+blocks_kib() { # a file's blocks in KiB (0 if it is gone)
+  local b
+  b=$(stat -c '%b %B' "$1" 2>/dev/null) || { echo 0; return; }
+  echo $((${b% *} * ${b#* } / 1024))
+}
 mib_of() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 
 # The guest: the workload built statically, busybox, the modules with their dependencies in
@@ -233,10 +266,22 @@ run() {
   local kind=$1 sock=$work/swap.sock server="" store="" drive="" swap=disk
   local log=$work/$kind.server.log console=$work/$kind.console
   rm -f "$sock" "$sock.ctl"
+  local vhost=0 qsd_file="" restartable=0
   case $kind in
-    ztier | ztier-wb-file | ztier-wb-nbd | ztier-restart)
-      local args=(serve --size "$swap_size" --socket "$sock" --compressor "$compressor" --quiet)
-      if [ "$kind" = ztier-restart ]; then
+    ztier-vhost* | qsd-vhost) vhost=1 ;;
+  esac
+  case $kind in
+    ztier-restart | ztier-vhost-restart) restartable=1 ;;
+  esac
+  case $kind in
+    ztier | ztier-wb-file | ztier-wb-nbd | ztier-restart | ztier-vhost | ztier-vhost-restart)
+      local args=(serve --size "$swap_size" --compressor "$compressor" --quiet)
+      if [ "$vhost" = 1 ]; then
+        args+=(--vhost-user-blk "$sock")
+      else
+        args+=(--socket "$sock")
+      fi
+      if [ "$restartable" = 1 ]; then
         rm -f "$work/state" "$work/state.loaded"
         args+=(--state "$work/state")
       fi
@@ -261,6 +306,30 @@ run() {
       pids+=("$server")
       wait_sockets "$log" "$sock"
       ;;
+    qsd-vhost)
+      # A raw sparse file on tmpfs: the disk is memory, as the RAM servers' disks are, and
+      # the guest's discards punch holes in it.
+      if [ -z "$shm" ]; then
+        if [ "$(stat -f -c %T "$work")" = tmpfs ]; then
+          shm=$work/shm
+          mkdir "$shm"
+        else
+          [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] ||
+            die "$work is not on a tmpfs, nor is /dev/shm: nowhere to put qemu-storage-daemon's disk"
+          shm=$(mktemp -d /dev/shm/vm-swap.XXXXXX)
+        fi
+      fi
+      qsd_file=$shm/swap.raw
+      rm -f "$qsd_file"
+      truncate -s "$swap_size" "$qsd_file"
+      qemu-storage-daemon \
+        --blockdev "driver=file,node-name=disk,filename=$qsd_file,discard=unmap" \
+        --export "type=vhost-user-blk,id=exp0,node-name=disk,addr.type=unix,addr.path=$sock,writable=on,num-queues=1,logical-block-size=4096" \
+        >"$log" 2>&1 &
+      server=$!
+      pids+=("$server")
+      wait_sockets "$log" "$sock"
+      ;;
     file)
       rm -f "$work/swap.raw"
       truncate -s "$swap_size" "$work/swap.raw"
@@ -268,17 +337,20 @@ run() {
       ;;
     zram) swap=zram ;;
   esac
-  [ -z "$server" ] || drive="file=nbd+unix:///?socket=$sock,format=raw,if=virtio,cache=none,discard=unmap"
+  [ -z "$server" ] || [ "$vhost" = 1 ] || drive="file=nbd+unix:///?socket=$sock,format=raw,if=virtio,cache=none,discard=unmap"
   if [ "$kind" = ztier-restart ]; then
     # QEMU's NBD client holds requests and dials again for up to a minute when the server
     # goes away.
     drive="file.driver=nbd,file.server.type=unix,file.server.path=$sock,file.reconnect-delay=60,format=raw,if=virtio,cache=none,discard=unmap"
   fi
-  local restarts=0
+  local restarts=0 server_cpu_before=0
 
-  local accel=(-accel tcg)
+  local accel=(-accel tcg) machine=pc
   [ "$kvm" = 0 ] || accel=(-accel kvm)
-  local qemu=(qemu-system-x86_64 -nodefaults -machine pc "${accel[@]}" -m "$ram" -smp 1
+  # vhost-user: the server reaches the guest's virtqueues and buffers itself, so the guest's
+  # RAM is a memfd QEMU shares with it.
+  [ "$vhost" = 0 ] || machine=pc,memory-backend=mem
+  local qemu=(qemu-system-x86_64 -nodefaults -machine "$machine" "${accel[@]}" -m "$ram" -smp 1
     -display none -monitor "unix:$work/$kind.monitor,server=on,wait=off"
     -serial "file:$console" -no-reboot -no-shutdown
     -kernel "$kernel" -initrd "$work/initrd.gz"
@@ -291,6 +363,13 @@ run() {
   elif [ -n "$drive" ]; then
     qemu+=(-drive "$drive")
   fi
+  if [ "$vhost" = 1 ]; then
+    # After the corpus disk, so the guest names it vdb. QEMU dials the socket again every
+    # second while the server is away (reconnect-ms), holding the guest's requests.
+    qemu+=(-object "memory-backend-memfd,id=mem,size=${ram}M,share=on"
+      -chardev "socket,id=vub0,path=$sock,reconnect-ms=1000"
+      -device "vhost-user-blk-pci,chardev=vub0,num-queues=1")
+  fi
   : >"$console"
   local t0=$SECONDS
   "${qemu[@]}" >"$work/$kind.qemu.log" 2>&1 &
@@ -298,7 +377,7 @@ run() {
   pids+=("$vm")
   # Wait for the guest's end line (QEMU stays up after the guest powers off), sampling the
   # server's RSS and, for ztier, its statistics at the peak.
-  local peak_rss=0 r peak_orig=0 st="" orig store_peak=0
+  local peak_rss=0 r peak_orig=0 st="" orig store_peak=0 peak_shmem=0 peak_file=0 f
   until grep -q '^VMSWAP-END' "$console"; do
     if ! kill -0 "$vm" 2>/dev/null; then
       echo "vm-swap: QEMU exited before the guest finished" >&2
@@ -322,16 +401,26 @@ run() {
     fi
     if [ -n "$server" ]; then
       r=$(rss_kib "$server")
+      if [ -n "$qsd_file" ]; then
+        # qemu-storage-daemon's disk is its tmpfs file: what it holds counts with its RSS.
+        f=$(blocks_kib "$qsd_file")
+        [ "$f" -le "$peak_file" ] || peak_file=$f
+        r=$((${r:-0} + f))
+      fi
       [ "${r:-0}" -le "$peak_rss" ] || peak_rss=$r
+      r=$(shmem_kib "$server")
+      [ "${r:-0}" -le "$peak_shmem" ] || peak_shmem=$r
       if [ "$kind" != "${kind#ztier}" ]; then
-        st=$("$ztier" stat --socket "$sock" 2>/dev/null | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ') || true
+        st=$("$ztier" stat --socket "$sock" 2>/dev/null | grep -E '^(mm_stat|io_stat|bd_stat|policy|server|vhost-user-blk) ') || true
         orig=$(awk '$1 == "mm_stat" { print $2 }' <<<"$st")
         [ "${orig:-0}" -le "$peak_orig" ] || peak_orig=$orig
       fi
       # Mid-workload, once: stopped (its state saved) and started again from the state.
-      if [ "$kind" = ztier-restart ] && [ "$restarts" = 0 ] && [ "${orig:-0}" -ge $((64 << 20)) ]; then
+      if [ "$restartable" = 1 ] && [ "$restarts" = 0 ] && [ "${orig:-0}" -ge $((64 << 20)) ]; then
         echo "vm-swap: restarting ztier serve with ${orig} bytes stored"
-        stop "$server" INT
+        server_cpu_before=$(cpu_seconds "$server") # (not what saving its state then takes)
+        # NBD's restart stops it with SIGINT, vhost-user's with SIGTERM (both save the state).
+        if [ "$vhost" = 1 ]; then stop "$server" TERM; else stop "$server" INT; fi
         "$ztier" "${args[@]}" >>"$log" 2>&1 &
         server=$!
         pids+=("$server")
@@ -350,19 +439,30 @@ run() {
     echo "vm-swap: $kind: the guest failed" >&2
     failed=1
   fi
+  # The guest's kernel log, as the guest read it (scripts/vm/init): block and swap I/O
+  # errors the console's loglevel hid.
+  local io_errors
+  io_errors=$(grep -a '^guest io errors: ' "$console" | tr -d '\r' | awk '{ print $4 }' | tail -n 1)
+  if [ "${io_errors:-missing}" != 0 ]; then
+    echo "vm-swap: $kind: the guest's kernel logged ${io_errors:-missing (no report)} block or swap I/O errors" >&2
+    failed=1
+  fi
   local host_mem extra=""
   if [ -n "$server" ]; then
     r=$(rss_kib "$server")
+    [ -z "$qsd_file" ] || r=$((${r:-0} + $(blocks_kib "$qsd_file")))
     [ "${r:-0}" -le "$peak_rss" ] || peak_rss=$r
-    server_cpu=$(cpu_seconds "$server")
+    server_cpu=$(awk -v a="$server_cpu_before" -v b="$(cpu_seconds "$server")" 'BEGIN { printf "%.2f", a + b }')
     host_mem=$(mib_of "$peak_rss")
-    extra="server_rss_end_mib=$(mib_of "$(rss_kib "$server")")"
+    extra="server_rss_end_mib=$(mib_of "$r")"
+    [ "$vhost" = 0 ] || extra+=" server_shmem_peak_mib=$(mib_of "$peak_shmem")"
   fi
   case $kind in
     ztier*)
       extra+=" compressor=$compressor restarts=$restarts"
+      [ "$restartable" = 0 ] || extra+=" states_loaded=$(grep -c 'state loaded' "$log" || true)"
       # After the workload exited and swapoff: what the discards left.
-      st=$("$ztier" stat --socket "$sock" | grep -E '^(mm_stat|io_stat|bd_stat|policy|server) ')
+      st=$("$ztier" stat --socket "$sock" | grep -E '^(mm_stat|io_stat|bd_stat|policy|server|vhost-user-blk) ')
       while read -r l; do echo "  ztier stat| $l"; done <<<"$st"
       extra+=" $(awk -v peak="$peak_orig" '
         $1 == "mm_stat" { printf "orig_peak_mib=%.1f orig_end_mib=%.1f mem_used_max_mib=%.1f mem_used_end_mib=%.1f ", peak / 1048576, $2 / 1048576, $6 / 1048576, $4 / 1048576 }
@@ -371,10 +471,20 @@ run() {
         $1 == "policy" { for (i = 2; i < NF; i++) if ($i == "written" && $(i + 1) ~ /^back/) wb = $(i - 1)
                          printf "policy_written_back=%d ", wb }
         $1 == "server" { for (i = 1; i <= NF; i++) { if ($i == "requests,") req = $(i - 1); if ($i == "written,") w = $(i - 2); if ($i ~ /^read,?$/) r = $(i - 1) }
-                         printf "nbd_requests=%d nbd_written_mib=%.1f nbd_read_mib=%.1f", req, w / 1048576, r / 1048576 }' <<<"$st")"
+                         printf "nbd_requests=%d nbd_written_mib=%.1f nbd_read_mib=%.1f ", req, w / 1048576, r / 1048576 }
+        $1 == "vhost-user-blk" { for (i = 2; i <= NF; i++) { v = $(i - 1); gsub(/[(),]/, "", v)
+                                   if ($i == "connections") c = v; if ($i == "ended") pe = v; if ($i == "requests,") req = v
+                                   if ($i == "device") de = v; if ($i == "refused,") rf = v; if ($i == "unsupported,") un = v
+                                   if ($i == "unanswerable,") ua = v; if ($i == "bad") bh = v }
+                                 printf "vhost_connections=%d vhost_protocol_errors=%d vhost_requests=%d vhost_device_errors=%d vhost_refused=%d vhost_unsupported=%d vhost_unanswerable=%d vhost_bad_heads=%d", c, pe, req, de, rf, un, ua, bh }' <<<"$st")"
       stop "$server" INT
       ;;
     nbdkit*) stop "$server" ;;
+    qsd-vhost)
+      extra+=" tmpfs_file_peak_mib=$(mib_of "$peak_file") tmpfs_file_end_mib=$(mib_of "$(blocks_kib "$qsd_file")")"
+      stop "$server"
+      rm -f "$qsd_file"
+      ;;
     file)
       host_mem=0
       extra="file_blocks_mib=$(mib_of "$(du -k "$work/swap.raw" | cut -f1)")"
@@ -389,8 +499,14 @@ run() {
     extra+=" store_peak_rss_mib=$(mib_of "$store_peak") store_rss_end_mib=$(mib_of "$(rss_kib "$store")")"
     stop "$store"
   }
+  # Host CPU per page the guest swapped (in or out), microseconds.
+  local per_page
+  per_page=$(awk -v s="$server_cpu" -v q="$qemu_cpu" -v line="$vmline" 'BEGIN {
+    n = split(line, f, " "); for (i = 1; i <= n; i++) { split(f[i], kv, "="); v[kv[1]] = kv[2] }
+    pages = v["pswpin"] + v["pswpout"]
+    if (pages > 0) printf "cpu_us_per_page=%.1f server_cpu_us_per_page=%.2f", (s + q) * 1e6 / pages, s * 1e6 / pages }')
   local line
-  line="RESULT swap=$kind wall_s=$wall ${vmline#VMSWAP } host_mem_mib=${host_mem:-0} server_cpu_s=$server_cpu qemu_cpu_s=$qemu_cpu $extra"
+  line="RESULT swap=$kind wall_s=$wall ${vmline#VMSWAP } guest_io_errors=${io_errors:-missing} host_mem_mib=${host_mem:-0} server_cpu_s=$server_cpu qemu_cpu_s=$qemu_cpu $per_page $extra"
   echo "$line"
   [ -z "$results" ] || echo "$line" >>"$results"
   table+=("$line")
@@ -403,14 +519,15 @@ done
 
 field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
 echo
-printf '%-14s %9s %9s %9s %10s %10s %9s %9s %10s %10s %5s\n' swap "total s" "touch s" "verify s" \
-  "swapin p50" "swapin p99" "pswpout" "pswpin" "host MiB" "server s" bad
+printf '%-19s %8s %8s %8s %10s %10s %8s %8s %9s %9s %8s %8s %4s %6s\n' swap "total s" "touch s" \
+  "verify s" "swapin p50" "swapin p99" pswpout pswpin "host MiB" "server s" "QEMU s" "us/page" bad ioerr
 for line in "${table[@]}"; do
-  printf '%-14s %9s %9s %9s %8sus %8sus %9s %9s %10s %10s %5s\n' "$(field "$line" swap)" \
+  printf '%-19s %8s %8s %8s %8sus %8sus %8s %8s %9s %9s %8s %8s %4s %6s\n' "$(field "$line" swap)" \
     "$(field "$line" total_s)" "$(field "$line" touch_s)" "$(field "$line" verify_s)" \
     "$(field "$line" swapin_p50_us)" "$(field "$line" swapin_p99_us)" "$(field "$line" pswpout)" \
     "$(field "$line" pswpin)" "$(field "$line" host_mem_mib)" "$(field "$line" server_cpu_s)" \
-    "$(field "$line" mismatches)"
+    "$(field "$line" qemu_cpu_s)" "$(field "$line" cpu_us_per_page)" "$(field "$line" mismatches)" \
+    "$(field "$line" guest_io_errors)"
   [ "$(field "$line" mismatches)" = 0 ] || failed=1
 done
 exit "$failed"
