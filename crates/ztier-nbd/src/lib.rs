@@ -13,5 +13,8 @@ pub mod tls;
 pub mod transport;
 
 pub use client::{BadUri, Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
-pub use server::{Listener, Peer, Server, ServerConfig, Stream};
+pub use server::{
+    Export, ExportCounts, ExportStats, ExportTable, Exports, Listener, Peer, Server, ServerConfig,
+    SingleExport, Stream,
+};
 pub use tls::{BadTlsMode, ServerTls, TlsError, TlsMode};

@@ -280,6 +280,57 @@ impl MetaContextRequest {
     }
 }
 
+/// One export in `NBD_OPT_LIST`'s answer (an `NBD_REP_SERVER` reply's data):
+///
+/// ```text
+/// 0        4               4+n
+/// +--------+----------------+-----------------------------+
+/// | n (BE) | name, n bytes  | description, to the end     |
+/// +--------+----------------+-----------------------------+
+/// ```
+///
+/// Both UTF-8, both at most [`MAX_STRING`] bytes (the spec's limit for names and
+/// descriptions); the description is what nbd-server, nbdkit and libnbd put after the name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub name: String,
+    pub description: String,
+}
+
+impl ListEntry {
+    pub fn decode(data: &[u8]) -> Result<ListEntry, Malformed> {
+        let mut c = Cursor::new(data, "NBD_REP_SERVER");
+        let name = c.string(MAX_STRING)?;
+        let rest = c.take(data.len() - 4 - name.len())?;
+        if rest.len() > MAX_STRING {
+            return Err(malformed(
+                "NBD_REP_SERVER",
+                format!("a description of {} bytes", rest.len()),
+            ));
+        }
+        let description = String::from_utf8(rest.to_vec())
+            .map_err(|_| malformed("NBD_REP_SERVER", "a description that is not UTF-8"))?;
+        c.finish()?;
+        Ok(ListEntry { name, description })
+    }
+
+    /// The reply's data; `None` for a name longer than the spec allows (no client could
+    /// ask for it). A description past the limit is cut at a character's edge.
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        if self.name.len() > MAX_STRING {
+            return None;
+        }
+        let mut cut = self.description.len().min(MAX_STRING);
+        while !self.description.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut v = Vec::with_capacity(4 + self.name.len() + cut);
+        put_string(&mut v, &self.name);
+        v.extend(&self.description.as_bytes()[..cut]);
+        Some(v)
+    }
+}
+
 fn put_string(v: &mut Vec<u8>, s: &str) {
     v.extend((s.len() as u32).to_be_bytes());
     v.extend(s.as_bytes());
@@ -500,5 +551,34 @@ mod tests {
         assert_eq!(MetaContextRequest::decode(&meta.encode()), Ok(meta));
         // A name claiming 4 GiB is refused without reading further.
         assert!(InfoRequest::decode(&[0xff, 0xff, 0xff, 0xff, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn list_entries_keep_to_the_specs_lengths() {
+        let e = ListEntry {
+            name: "vm1".into(),
+            description: "disk".into(),
+        };
+        let bytes = e.encode().unwrap();
+        assert_eq!(bytes, b"\0\0\0\x03vm1disk");
+        assert_eq!(ListEntry::decode(&bytes), Ok(e));
+        let long_name = ListEntry {
+            name: "n".repeat(MAX_STRING + 1),
+            description: String::new(),
+        };
+        assert!(long_name.encode().is_none());
+        // A description past the limit is cut at a character's edge, never inside one.
+        let long = ListEntry {
+            name: "x".into(),
+            description: "é".repeat(MAX_STRING),
+        };
+        let said = ListEntry::decode(&long.encode().unwrap())
+            .unwrap()
+            .description;
+        assert!(said.len() <= MAX_STRING && said.len() >= MAX_STRING - 1);
+        // A name longer than the reply, or bytes that are not UTF-8, are refused.
+        assert!(ListEntry::decode(&[0, 0, 0, 5, b'a']).is_err());
+        assert!(ListEntry::decode(&[0, 0, 0, 1, b'a', 0xff]).is_err());
+        assert!(ListEntry::decode(&[0, 0]).is_err());
     }
 }

@@ -1,4 +1,6 @@
-//! The NBD server: serves one [`BlockDevice`] as one export to any number of connections.
+//! The NBD server: serves [`BlockDevice`]s as exports by name ([`Exports`], asked at each
+//! negotiation: one fixed export for [`Server::new`], a changing set for
+//! [`Server::with_exports`]) to any number of connections.
 //!
 //! A connection is one thread through the handshake (fixed newstyle; options EXPORT_NAME,
 //! ABORT, LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT), then a few threads that
@@ -45,9 +47,20 @@
 //! connection, decrypting and encrypting under its lock and touching the socket outside it.
 //! A plain connection's halves are the socket's, as before.
 //!
+//! Exports change while the server runs: a connection keeps the export it opened; a name
+//! the [`Exports`] no longer opens is refused to new clients (`NBD_REP_ERR_UNKNOWN`, or a
+//! closed connection after `NBD_OPT_EXPORT_NAME`, as the spec has it), and
+//! [`Server::disconnect_export`] ends the connections that hold it as a stop does (their
+//! requests in flight answered, then closed). A handshake that opened an export before it
+//! was removed and is admitted after its disconnect is not let in: every disconnect is
+//! counted under `connections`, and an admission that sees a new one opens the name again.
+//! Each export keeps its own counters ([`ExportStats`], [`Server::stats_for`]) beside the
+//! server's totals.
+//!
 //! The server and its shared state are here; its two phases are child modules: `handshake`
 //! (options, STARTTLS, the deadline, the connection count) and `transmission` (the
-//! connection's threads, requests, replies, budgets). The sockets are `crate::transport`'s.
+//! connection's threads, requests, replies, budgets), and `exports` says what is served.
+//! The sockets are `crate::transport`'s.
 //!
 //! Locking, per connection: `Turn` (the socket's read half) is held for reading one whole
 //! request, waiting for credit included, never while the device runs or a reply is written;
@@ -56,7 +69,9 @@
 //! Under TLS, the connection's rustls state is a leaf taken inside `Turn` or `Writer` only
 //! to decrypt or encrypt at most 256 KiB, never across socket I/O, so a reply blocked on a
 //! full socket never stops the reader.
-//! The server's `connections` list is locked only to add, remove, or shut all.
+//! The server's `connections` list is locked only to add, remove, count, or shut some or
+//! all; an [`Exports`] is never called with it (or any server lock) held, and an
+//! [`ExportTable`]'s lock is a leaf.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -73,10 +88,12 @@ use crate::tls::{self, ServerTls, TlsMode, TlsReader, TlsWriter};
 use crate::transport::{accept_error_is_fatal, set_blocking, wait_for_client};
 pub use crate::transport::{Listener, Peer, Stream};
 
-/// How a server serves its export.
+/// How a server serves its exports.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The export's name; "" (the default export) is also accepted.
+    /// The export's name, for [`Server::new`]; "" (the default export) is also accepted.
+    /// [`Server::with_exports`] ignores it, as it does `description` and `read_only`: each
+    /// [`Export`] carries its own.
     pub export_name: String,
     pub description: Option<String>,
     pub read_only: bool,
@@ -169,19 +186,23 @@ pub struct ServerStats {
     pub bytes_written: AtomicU64,
 }
 
+mod exports;
 mod handshake;
 mod transmission;
 
+pub use exports::{Export, ExportCounts, ExportStats, ExportTable, Exports, SingleExport};
 use transmission::Credit;
 
-/// The server of one export.
+/// The server of a set of exports.
 pub struct Server {
-    dev: Arc<dyn BlockDevice>,
+    /// What is served, asked at each negotiation (never with a lock of ours held).
+    exports: Arc<dyn Exports>,
     config: ServerConfig,
     stats: ServerStats,
     stopping: AtomicBool,
-    /// A clone of every open connection's socket, to shut them at stop.
-    connections: Mutex<Vec<(u64, Stream)>>,
+    /// Every admitted connection (its socket, to shut it at stop or at its export's
+    /// disconnect, and its export's name), and the disconnects so far.
+    connections: Mutex<Admitted>,
     /// Handshakes under way.
     handshakes: AtomicUsize,
     /// Handshakes under way per peer (held only to count; a leaf).
@@ -201,8 +222,50 @@ pub struct Server {
     wake: Mutex<Option<Arc<OwnedFd>>>,
 }
 
+/// The connections admitted to the transmission phase (or about to be: a handshake takes
+/// its place just before its last reply).
+#[derive(Default)]
+struct Admitted {
+    list: Vec<Admission>,
+    /// Calls of [`Server::disconnect_export`] so far: a handshake that opened its export
+    /// before one and is admitted after it opens the name again, so a removed export's
+    /// disconnect cannot miss a client that was half way in.
+    disconnects: u64,
+}
+
+/// One admitted connection.
+struct Admission {
+    id: u64,
+    /// A clone of its socket.
+    stream: Stream,
+    /// Its export's canonical name.
+    export: String,
+    /// Its export's counters.
+    stats: Arc<ExportStats>,
+}
+
+/// Why a connection was not admitted to an export.
+enum Refused {
+    /// No export of that name (now).
+    Unknown,
+    /// `max_connections` are taken, or the server is stopping.
+    Full,
+}
+
 impl Server {
+    /// A server of one export, `dev`, under `config.export_name` and as the default export,
+    /// described and read-only as `config` says.
     pub fn new(dev: Arc<dyn BlockDevice>, config: ServerConfig) -> Arc<Server> {
+        let export = Export::new(config.export_name.clone(), dev)
+            .with_description(config.description.clone().unwrap_or_default())
+            .with_read_only(config.read_only);
+        Server::with_exports(Arc::new(SingleExport::new(export)), config)
+    }
+
+    /// A server of whatever `exports` opens, asked at each negotiation: the set may change
+    /// while it serves. `config`'s export name, description and read-only flag are not
+    /// used (each [`Export`] has its own); its bounds and budgets are the whole server's.
+    pub fn with_exports(exports: Arc<dyn Exports>, config: ServerConfig) -> Arc<Server> {
         let (in_flight, kept) = (
             config.max_in_flight_total / 4 * 3,
             config.max_in_flight_total / 4,
@@ -210,11 +273,11 @@ impl Server {
         let connections = config.max_connections.max(1);
         let reserve_share = in_flight / 2 / connections;
         Arc::new(Server {
-            dev,
+            exports,
             config,
             stats: ServerStats::default(),
             stopping: AtomicBool::new(false),
-            connections: Mutex::new(Vec::new()),
+            connections: Mutex::new(Admitted::default()),
             handshakes: AtomicUsize::new(0),
             handshakes_by_peer: Mutex::new(std::collections::HashMap::new()),
             handshaking: Mutex::new(Vec::new()),
@@ -229,26 +292,59 @@ impl Server {
         &self.stats
     }
 
-    pub fn device(&self) -> &Arc<dyn BlockDevice> {
-        &self.dev
+    /// The default export's device (a server made by [`new`](Self::new) has one), if any.
+    pub fn device(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.exports.open("").map(|e| e.device)
     }
 
-    /// The transmission flags this export is served with.
-    pub fn transmission_flags(&self, structured: bool) -> u16 {
-        let mut f = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_CACHE
-            | FLAG_CAN_MULTI_CONN;
-        if self.config.read_only {
-            f |= FLAG_READ_ONLY;
-        } else {
-            f |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
-        }
-        if structured {
-            f |= FLAG_SEND_DF;
-        }
-        f
+    /// What this server serves.
+    pub fn exports(&self) -> &Arc<dyn Exports> {
+        &self.exports
+    }
+
+    /// Connections that hold the export `name` (its canonical name) now: in their
+    /// transmission phase, or admitted at their handshake's last reply.
+    pub fn connections_to(&self, name: &str) -> usize {
+        let admitted = self.connections.lock().expect("connections");
+        admitted.list.iter().filter(|a| a.export == name).count()
+    }
+
+    /// Ends every connection that holds the export `name`, as [`stop`](Self::stop) ends
+    /// them all: each stops reading requests, answers those in flight (or fails to, if its
+    /// client reads none, at `reply_timeout`) and closes; returns how many were told. A
+    /// handshake that opened `name` before this call is not admitted after it unless
+    /// [`Exports::open`] still gives it. To take an export away: remove it from the
+    /// [`Exports`] first (new clients are refused), then call this, then wait for
+    /// [`connections_to`](Self::connections_to) to reach 0 (or
+    /// [`disconnect_export_now`](Self::disconnect_export_now)).
+    pub fn disconnect_export(&self, name: &str) -> usize {
+        self.shut_export(name, Shutdown::Read)
+    }
+
+    /// As [`disconnect_export`](Self::disconnect_export), but cuts the connections now:
+    /// replies in flight are lost (their clients see the connection close).
+    pub fn disconnect_export_now(&self, name: &str) -> usize {
+        self.shut_export(name, Shutdown::Both)
+    }
+
+    fn shut_export(&self, name: &str, how: Shutdown) -> usize {
+        let mut admitted = self.connections.lock().expect("connections");
+        admitted.disconnects += 1;
+        let held = admitted.list.iter().filter(|a| a.export == name);
+        held.clone().for_each(|a| a.stream.shutdown(how));
+        held.count()
+    }
+
+    /// The counters of the export `name`: those of a connection that holds it, else of
+    /// what [`Exports::open`] gives for it; `None` if neither knows the name.
+    pub fn stats_for(&self, name: &str) -> Option<ExportCounts> {
+        let held = {
+            let admitted = self.connections.lock().expect("connections");
+            let found = admitted.list.iter().find(|a| a.export == name);
+            found.map(|a| Arc::clone(&a.stats))
+        };
+        held.or_else(|| self.exports.open(name).map(|e| e.stats))
+            .map(|s| s.counts())
     }
 
     /// Stops accepting, and ends every connection once its requests in flight are answered.
@@ -257,8 +353,8 @@ impl Server {
         for (_, s) in self.handshaking.lock().expect("handshaking").iter() {
             s.shutdown(Shutdown::Both);
         }
-        for (_, s) in self.connections.lock().expect("connections").iter() {
-            s.shutdown(Shutdown::Read);
+        for a in self.connections.lock().expect("connections").list.iter() {
+            a.stream.shutdown(Shutdown::Read);
         }
         // The accept loop polls the eventfd beside its listener. (A loop that has not made
         // it yet finds `stopping` set: it publishes the eventfd first, then looks.)
@@ -272,8 +368,8 @@ impl Server {
     /// for its reply timeout).
     pub fn stop_now(&self) {
         self.stop();
-        for (_, s) in self.connections.lock().expect("connections").iter() {
-            s.shutdown(Shutdown::Both);
+        for a in self.connections.lock().expect("connections").list.iter() {
+            a.stream.shutdown(Shutdown::Both);
         }
     }
 

@@ -468,7 +468,11 @@ fn a_reply_blocked_on_a_full_socket_does_not_stop_the_tls_reader() {
     replies.sort();
     assert_eq!(replies, [1, 2]);
     let mut back = vec![0u8; 8 << 20];
-    s.server.device().read_at(32 << 20, &mut back).unwrap();
+    s.server
+        .device()
+        .expect("the default export")
+        .read_at(32 << 20, &mut back)
+        .unwrap();
     assert!(back == payload, "the write landed whole");
 }
 

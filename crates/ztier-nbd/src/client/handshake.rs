@@ -132,6 +132,40 @@ pub(super) fn handshake(
     Ok((s, info))
 }
 
+/// `NBD_OPT_LIST` (through STARTTLS first if `tls` is given): every export the server
+/// lists, then `NBD_OPT_ABORT`, the spec's polite goodbye.
+pub(super) fn list(mut raw: Stream, tls: Option<&ClientTls>) -> io::Result<Vec<ListEntry>> {
+    greet(&mut raw)?;
+    let mut s = match tls {
+        Some(tls) => ClientStream::Tls(Box::new(start_tls(raw, tls)?)),
+        None => ClientStream::Plain(raw),
+    };
+    send_option(&mut s, OPT_LIST, &[])?;
+    let mut exports = Vec::new();
+    loop {
+        let (reply, data) = read_option_reply(&mut s, OPT_LIST)?;
+        match reply {
+            REP_SERVER => {
+                exports.push(ListEntry::decode(&data).map_err(|e| io_err("NBD_OPT_LIST", e))?)
+            }
+            REP_ACK => break,
+            r => {
+                let msg = String::from_utf8_lossy(&data).into_owned();
+                let what = match r {
+                    REP_ERR_UNSUP => "the server does not list its exports".to_string(),
+                    REP_ERR_POLICY => "refused by the server's policy".into(),
+                    REP_ERR_TLS_REQD => "the server requires TLS".into(),
+                    r => format!("reply {r:#x}"),
+                };
+                return Err(io_err("NBD_OPT_LIST", format!("{what} {msg}").trim_end()));
+            }
+        }
+    }
+    // The goodbye's answer is not waited for: the list is had.
+    let _ = send_option(&mut s, OPT_ABORT, &[]);
+    Ok(exports)
+}
+
 /// `NBD_OPT_STARTTLS` and the TLS handshake. A server that does not offer TLS is left with
 /// `NBD_OPT_ABORT` (the spec's soft disconnect) and refused: a client that asked for TLS
 /// never goes on in the clear.

@@ -107,6 +107,14 @@ impl Client {
         Ok(Client::with_core(Core::new(uri, config, info, conn, tls)))
     }
 
+    /// The exports `uri`'s server lists (`NBD_OPT_LIST`: name and description each), over
+    /// TLS if the URI asks for it; `uri`'s export name is not used.
+    pub fn list_exports(uri: &Uri) -> Result<Vec<ListEntry>> {
+        let tls = Client::tls_for(uri)?;
+        let raw = handshake::open(&uri.target, IO_TIMEOUT).map_err(BlockError::Io)?;
+        handshake::list(raw, tls.as_ref()).map_err(BlockError::Io)
+    }
+
     fn with_core(core: Arc<Core>) -> Client {
         Client {
             core,

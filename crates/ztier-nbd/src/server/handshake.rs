@@ -56,7 +56,7 @@ impl Server {
             .retain(|(c, _)| *c != id);
         self.give_peer_handshake(who);
         self.handshakes.fetch_sub(1, Ordering::SeqCst);
-        let (session, tls) = match negotiated {
+        let (session, export, tls) = match negotiated {
             Ok(Some(negotiated)) => negotiated,
             Ok(None) => {
                 self.unreserve(id);
@@ -85,19 +85,33 @@ impl Server {
                 return;
             }
         };
-        self.admit(id, &peer, stream, session, tls);
+        self.admit(id, &peer, stream, session, export, tls);
     }
 
-    /// Takes connection `id`'s place among `max_connections`, before the handshake's last
-    /// reply, so a client that has seen it is counted; false if there is none (handshakes
-    /// that ended together may have filled them).
-    pub(super) fn reserve(&self, id: u64, s: &Stream) -> bool {
-        let mut conns = self.connections.lock().expect("connections");
-        if conns.len() >= self.config.max_connections || self.is_stopping() {
-            return false;
+    /// Opens the export `name` for connection `id` and takes its place among
+    /// `max_connections`, before the handshake's last reply, so a client that has seen it is
+    /// counted. Refused if there is no such export, or no place (handshakes that ended
+    /// together may have filled them). The export is opened again if an export was
+    /// disconnected meanwhile: the one this opened may be it.
+    pub(super) fn admit_to(&self, id: u64, s: &Stream, name: &str) -> Result<Export, Refused> {
+        loop {
+            let disconnects = self.connections.lock().expect("connections").disconnects;
+            let export = self.exports.open(name).ok_or(Refused::Unknown)?;
+            let mut admitted = self.connections.lock().expect("connections");
+            if admitted.disconnects != disconnects {
+                continue;
+            }
+            if admitted.list.len() >= self.config.max_connections || self.is_stopping() {
+                return Err(Refused::Full);
+            }
+            admitted.list.push(Admission {
+                id,
+                stream: s.share(),
+                export: export.name.clone(),
+                stats: Arc::clone(&export.stats),
+            });
+            return Ok(export);
         }
-        conns.push((id, s.share()));
-        true
     }
 
     /// Counts a handshake of `who`'s, if it has fewer than `max_handshakes_per_peer` under
@@ -123,14 +137,12 @@ impl Server {
     }
 
     pub(super) fn unreserve(&self, id: u64) {
-        self.connections
-            .lock()
-            .expect("connections")
-            .retain(|(c, _)| *c != id);
+        let mut admitted = self.connections.lock().expect("connections");
+        admitted.list.retain(|a| a.id != id);
     }
 
     pub(super) fn is_full(&self) -> bool {
-        self.connections.lock().expect("connections").len() >= self.config.max_connections
+        self.connections.lock().expect("connections").list.len() >= self.config.max_connections
     }
 
     /// Greets, so the client sees a server, then closes: the spec's way to turn one away.
@@ -171,11 +183,16 @@ impl Server {
         };
         let session = self.handshake(id, &mut s)?;
         s.raw.stream.set_timeouts(None)?;
-        Ok(session.map(|session| (session, s.tls)))
+        Ok(session.map(|(session, export)| (session, export, s.tls)))
     }
 
-    /// The handshake and option haggling; `None` when the client aborted or is done.
-    pub(super) fn handshake(&self, id: u64, s: &mut Nego<'_>) -> io::Result<Option<Session>> {
+    /// The handshake and option haggling: the session and the export it opened; `None`
+    /// when the client aborted or is done.
+    pub(super) fn handshake(
+        &self,
+        id: u64,
+        s: &mut Nego<'_>,
+    ) -> io::Result<Option<(Session, Export)>> {
         let full = || {
             io::Error::new(
                 io::ErrorKind::QuotaExceeded,
@@ -225,20 +242,23 @@ impl Server {
             }
             match option {
                 OPT_EXPORT_NAME => {
+                    // An unknown name cannot be answered with an error: the spec has the
+                    // session end.
                     let name = String::from_utf8_lossy(&data);
-                    if !self.is_export(&name) {
-                        return Err(invalid(format!("unknown export '{name}'")));
-                    }
-                    let mut v = self.dev.size().to_be_bytes().to_vec();
-                    v.extend(self.transmission_flags(session.structured).to_be_bytes());
+                    let export = match self.admit_to(id, s.raw.stream, &name) {
+                        Ok(export) => export,
+                        Err(Refused::Unknown) => {
+                            return Err(invalid(format!("unknown export '{name}'")))
+                        }
+                        Err(Refused::Full) => return Err(full()),
+                    };
+                    let mut v = export.device.size().to_be_bytes().to_vec();
+                    v.extend(export.transmission_flags(session.structured).to_be_bytes());
                     if !no_zeroes {
                         v.extend([0u8; 124]);
                     }
-                    if !self.reserve(id, s.raw.stream) {
-                        return Err(full());
-                    }
                     s.write_all(&v)?;
-                    return Ok(Some(session));
+                    return Ok(Some((session, export)));
                 }
                 OPT_ABORT => {
                     let _ = reply(s, option, REP_ACK, &[]);
@@ -249,11 +269,11 @@ impl Server {
                         reply(s, option, REP_ERR_INVALID, b"LIST takes no data")?;
                         continue;
                     }
-                    let mut v = (self.config.export_name.len() as u32)
-                        .to_be_bytes()
-                        .to_vec();
-                    v.extend(self.config.export_name.as_bytes());
-                    reply(s, option, REP_SERVER, &v)?;
+                    for (name, description) in self.exports.list() {
+                        if let Some(v) = (ListEntry { name, description }).encode() {
+                            reply(s, option, REP_SERVER, &v)?;
+                        }
+                    }
                     reply(s, option, REP_ACK, &[])?;
                 }
                 OPT_STARTTLS => match self.config.tls.config() {
@@ -278,40 +298,60 @@ impl Server {
                     }
                 },
                 OPT_INFO | OPT_GO => {
-                    let decoded = InfoRequest::decode(&data);
-                    let Some(req) = self.for_export(s, option, decoded, |r| &r.export)? else {
-                        continue;
+                    let req = match InfoRequest::decode(&data) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            reply(s, option, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                            continue;
+                        }
                     };
-                    let flags = self.transmission_flags(session.structured);
-                    reply(s, option, REP_INFO, &info_export(self.dev.size(), flags))?;
-                    if req.infos.contains(&INFO_NAME) {
+                    // GO takes the connection's place with the export (before any reply,
+                    // so a refusal comes alone); INFO only looks.
+                    let opened = if option == OPT_GO {
+                        self.admit_to(id, s.raw.stream, &req.export)
+                    } else {
+                        self.exports.open(&req.export).ok_or(Refused::Unknown)
+                    };
+                    let export = match opened {
+                        Ok(export) => export,
+                        Err(Refused::Unknown) => {
+                            let msg = format!("no export named '{}'", req.export);
+                            reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
+                            continue;
+                        }
+                        Err(Refused::Full) => {
+                            let e = full();
+                            let _ = reply(s, option, REP_ERR_POLICY, e.to_string().as_bytes());
+                            return Err(e);
+                        }
+                    };
+                    let flags = export.transmission_flags(session.structured);
+                    reply(
+                        s,
+                        option,
+                        REP_INFO,
+                        &info_export(export.device.size(), flags),
+                    )?;
+                    // The canonical name when asked for, or when the client asked by another
+                    // (the default export's "").
+                    if req.infos.contains(&INFO_NAME) || req.export != export.name {
                         let mut v = INFO_NAME.to_be_bytes().to_vec();
-                        v.extend(self.config.export_name.as_bytes());
+                        v.extend(export.name.as_bytes());
                         reply(s, option, REP_INFO, &v)?;
                     }
-                    if let Some(d) = self
-                        .config
-                        .description
-                        .as_ref()
-                        .filter(|_| req.infos.contains(&INFO_DESCRIPTION))
-                    {
+                    if req.infos.contains(&INFO_DESCRIPTION) && !export.description.is_empty() {
                         let mut v = INFO_DESCRIPTION.to_be_bytes().to_vec();
-                        v.extend(d.as_bytes());
+                        v.extend(export.description.as_bytes());
                         reply(s, option, REP_INFO, &v)?;
                     }
-                    let preferred = self.dev.block_size().max(self.config.min_block);
+                    let preferred = export.device.block_size().max(self.config.min_block);
                     let block =
                         info_block_size(self.config.min_block, preferred, self.config.max_payload);
                     reply(s, option, REP_INFO, &block)?;
-                    if option == OPT_GO && !self.reserve(id, s.raw.stream) {
-                        let e = full();
-                        let _ = reply(s, option, REP_ERR_POLICY, e.to_string().as_bytes());
-                        return Err(e);
-                    }
                     reply(s, option, REP_ACK, &[])?;
                     if option == OPT_GO {
                         session.block_sizes = req.infos.contains(&INFO_BLOCK_SIZE);
-                        return Ok(Some(session));
+                        return Ok(Some((session, export)));
                     }
                 }
                 OPT_STRUCTURED_REPLY => {
@@ -359,7 +399,7 @@ impl Server {
         }
     }
 
-    /// An option's decoded data if it parsed and names this export; else the error reply
+    /// An option's decoded data if it parsed and names an export; else the error reply
     /// (INVALID, UNKNOWN) is sent and `None` returned, and the haggling goes on.
     pub(super) fn for_export<T>(
         &self,
@@ -375,21 +415,18 @@ impl Server {
                 return Ok(None);
             }
         };
-        if !self.is_export(export(&req)) {
+        if self.exports.open(export(&req)).is_none() {
             let msg = format!("no export named '{}'", export(&req));
             reply(s, option, REP_ERR_UNKNOWN, msg.as_bytes())?;
             return Ok(None);
         }
         Ok(Some(req))
     }
-
-    pub(super) fn is_export(&self, name: &str) -> bool {
-        name.is_empty() || name == self.config.export_name
-    }
 }
 
-/// What a handshake settled, and the TLS connection if the client started one.
-pub(super) type Negotiated = (Session, Option<rustls::Connection>);
+/// What a handshake settled: the session, its export, and the TLS connection if the client
+/// started one.
+pub(super) type Negotiated = (Session, Export, Option<rustls::Connection>);
 
 pub(super) fn greeting() -> Vec<u8> {
     let mut v = NBDMAGIC.to_be_bytes().to_vec();

@@ -11,12 +11,22 @@ impl Server {
         peer: &str,
         stream: Stream,
         session: Session,
+        export: Export,
         tls: Option<rustls::Connection>,
     ) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        export.stats.connections.fetch_add(1, Ordering::Relaxed);
+        export
+            .stats
+            .live_connections
+            .fetch_add(1, Ordering::Relaxed);
+        let stats = Arc::clone(&export.stats);
         if self.config.log {
             let over = if tls.is_some() { " over TLS" } else { "" };
-            eprintln!("nbd: connection {id} from {peer}{over}");
+            eprintln!(
+                "nbd: connection {id} from {peer}{over} to export '{}'",
+                export.name
+            );
         }
         // A client that stops reading its replies is cut off after `reply_timeout` (the
         // socket's send timeout, shared by every handle on it), and what its requests held
@@ -36,12 +46,10 @@ impl Server {
                         (ReadHalf::Tls(r), WriteHalf::Tls(w))
                     }
                 };
-                self.transmission(reader, writer, session)
+                self.transmission(reader, writer, session, export)
             });
-        self.connections
-            .lock()
-            .expect("connections")
-            .retain(|(c, _)| *c != id);
+        self.unreserve(id);
+        stats.live_connections.fetch_sub(1, Ordering::Relaxed);
         if self.config.log {
             match result {
                 Ok(()) => eprintln!("nbd: connection {id} from {peer} ended"),
@@ -59,8 +67,10 @@ impl Server {
         reader: ReadHalf,
         writer: WriteHalf,
         session: Session,
+        export: Export,
     ) -> io::Result<()> {
         let conn = Arc::new(Conn {
+            export,
             writer: Mutex::new(writer),
             credit: Credit::new(self.config.max_in_flight_bytes),
             reserve: Credit::new(self.reserve_share),
@@ -121,9 +131,7 @@ impl Server {
             } = job;
             if !conn.dead.load(Ordering::Relaxed) {
                 match run(self, conn, req, &payload) {
-                    Ok(()) => {
-                        self.stats.replies.fetch_add(1, Ordering::Relaxed);
-                    }
+                    Ok(()) => tally(self, conn, Tally::Replies, 1),
                     Err(_) => {
                         conn.dead.store(true, Ordering::Relaxed);
                         conn.writer.lock().expect("writer").shutdown(Shutdown::Both);
@@ -155,7 +163,7 @@ impl Server {
             let mut header = [0u8; REQUEST_LEN];
             s.read_exact(&mut header)?;
             let req = Request::decode(&header).map_err(invalid)?;
-            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            tally(self, conn, Tally::Requests, 1);
             if req.kind == CMD_DISC {
                 return Ok(None);
             }
@@ -164,7 +172,8 @@ impl Server {
                 // Read past the payload so the stream stays in step, then refuse it.
                 discard(s, payload_len as u64)?;
                 conn.send_error(req, EINVAL, "payload longer than the maximum")?;
-                self.stats.replies.fetch_add(1, Ordering::Relaxed);
+                tally(self, conn, Tally::Errors, 1);
+                tally(self, conn, Tally::Replies, 1);
                 continue;
             }
             // What its buffers map (a write's payload, a read's reply), counted against the
@@ -298,6 +307,8 @@ pub(super) enum CreditFrom {
 }
 
 pub(super) struct Conn {
+    /// What the connection opened at its handshake: its device, flags and counters.
+    export: Export,
     writer: Mutex<WriteHalf>,
     /// The connection's budget (`max_in_flight_bytes`).
     credit: Credit,
@@ -413,10 +424,10 @@ impl Credit {
 /// Runs one request and sends its reply.
 pub(super) fn run(server: &Server, conn: &Conn, req: Request, payload: &[u8]) -> io::Result<()> {
     if let Err((error, msg)) = check(server, conn, &req) {
-        server.stats.errors.fetch_add(1, Ordering::Relaxed);
+        tally(server, conn, Tally::Errors, 1);
         return conn.send_error(req, error, &msg);
     }
-    let dev = &server.dev;
+    let dev = &conn.export.device;
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let result: Result<Option<Buffer>, BlockError> = match req.kind {
         CMD_READ => match conn.buffers.take(req.length as usize) {
@@ -445,10 +456,7 @@ pub(super) fn run(server: &Server, conn: &Conn, req: Request, payload: &[u8]) ->
     };
     match result {
         Ok(Some(data)) => {
-            server
-                .stats
-                .bytes_read
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            tally(server, conn, Tally::BytesRead, data.len() as u64);
             let sent = if conn.session.structured {
                 let header = chunk_header(
                     req.cookie,
@@ -465,18 +473,41 @@ pub(super) fn run(server: &Server, conn: &Conn, req: Request, payload: &[u8]) ->
         }
         Ok(None) => {
             if req.kind == CMD_WRITE {
-                server
-                    .stats
-                    .bytes_written
-                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                tally(server, conn, Tally::BytesWritten, payload.len() as u64);
             }
             conn.send_ok(req)
         }
         Err(e) => {
-            server.stats.errors.fetch_add(1, Ordering::Relaxed);
+            tally(server, conn, Tally::Errors, 1);
             conn.send_error(req, wire_errno(e.errno()), &e.to_string())
         }
     }
+}
+
+/// A counter kept both for the whole server and for the connection's export.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Tally {
+    Requests,
+    Replies,
+    Errors,
+    BytesRead,
+    BytesWritten,
+}
+
+/// Adds `n` to the server's counter `what` and to the connection's export's.
+pub(super) fn tally(server: &Server, conn: &Conn, what: Tally, n: u64) {
+    let (total, export) = match what {
+        Tally::Requests => (&server.stats.requests, &conn.export.stats.requests),
+        Tally::Replies => (&server.stats.replies, &conn.export.stats.replies),
+        Tally::Errors => (&server.stats.errors, &conn.export.stats.errors),
+        Tally::BytesRead => (&server.stats.bytes_read, &conn.export.stats.bytes_read),
+        Tally::BytesWritten => (
+            &server.stats.bytes_written,
+            &conn.export.stats.bytes_written,
+        ),
+    };
+    total.fetch_add(n, Ordering::Relaxed);
+    export.fetch_add(n, Ordering::Relaxed);
 }
 
 /// The checks every request passes before the device sees it: (error, message) if not.
@@ -495,7 +526,7 @@ pub(super) fn check(server: &Server, conn: &Conn, req: &Request) -> Result<(), (
         }
         k => return Err((EINVAL, format!("unknown command {k}"))),
     }
-    if writes && server.config.read_only {
+    if writes && conn.export.read_only {
         return Err((EPERM, "the export is read-only".into()));
     }
     if req.kind == CMD_FLUSH {
@@ -504,7 +535,7 @@ pub(super) fn check(server: &Server, conn: &Conn, req: &Request) -> Result<(), (
     if matches!(req.kind, CMD_READ | CMD_WRITE) && req.length > server.config.max_payload {
         return Err((EINVAL, "longer than the maximum payload".into()));
     }
-    let size = server.dev.size();
+    let size = conn.export.device.size();
     if req
         .offset
         .checked_add(req.length as u64)
@@ -541,9 +572,16 @@ pub(super) fn check(server: &Server, conn: &Conn, req: &Request) -> Result<(), (
 /// length, each no longer than a u32.
 pub(super) fn block_status(server: &Server, conn: &Conn, req: Request) -> io::Result<()> {
     const MAX_DESCRIPTORS: usize = 1 << 16;
-    let extents = match server.dev.block_status(req.offset, req.length as u64) {
+    let extents = match conn
+        .export
+        .device
+        .block_status(req.offset, req.length as u64)
+    {
         Ok(e) => e,
-        Err(e) => return conn.send_error(req, wire_errno(e.errno()), &e.to_string()),
+        Err(e) => {
+            tally(server, conn, Tally::Errors, 1);
+            return conn.send_error(req, wire_errno(e.errno()), &e.to_string());
+        }
     };
     let mut payload = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
     let mut left = req.length as u64;
@@ -564,6 +602,7 @@ pub(super) fn block_status(server: &Server, conn: &Conn, req: Request) -> io::Re
         }
     }
     if count == 0 {
+        tally(server, conn, Tally::Errors, 1);
         return conn.send_error(req, EINVAL, "no extent for that range");
     }
     conn.send_chunk(req, REPLY_TYPE_BLOCK_STATUS, &payload)
