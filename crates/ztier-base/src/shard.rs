@@ -85,6 +85,20 @@ impl Stripes {
         }
     }
 
+    /// Every stripe, in index order (never while holding one): nothing keyed by any of them
+    /// runs until the guards go.
+    pub fn lock_all(&self) -> Vec<MutexGuard<'_, ()>> {
+        self.locks.iter().map(|l| l.0.lock()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.locks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.locks.is_empty()
+    }
+
     /// The lock of `key`'s stripe, held until the guard goes.
     #[inline]
     pub fn lock(&self, key: u64) -> MutexGuard<'_, ()> {

@@ -46,8 +46,8 @@
 #![forbid(unsafe_code)]
 
 mod blockdev;
-mod group;
 mod error;
+mod group;
 pub mod policy;
 mod recompress;
 mod slot;
@@ -64,8 +64,8 @@ use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolStats, ZPool};
 
-pub use group::MemoryGroup;
 pub use error::{Busy, Result, ZramError};
+pub use group::MemoryGroup;
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
@@ -531,7 +531,32 @@ impl Device {
             shard.counters.add(Counter::NotifyFree, 1);
         }
         self.report_to_group();
+        self.give_back_table(first, end / ps);
         Ok(freed)
+    }
+
+    /// The slot table's pages around `[first, end)` that hold only empty slots go back to
+    /// the OS: metadata follows use (as the kernel's swap table frees a cluster's table
+    /// when the cluster empties), where the kernel's zram keeps its whole `vzalloc`ed
+    /// table. A look without locks first; the give-back holds every shard, so no read,
+    /// write or discard runs beside it (each holds its shard throughout), and nothing else
+    /// stores into an empty slot but a lock bit taken and released, which leaves it zero.
+    fn give_back_table(&self, first: u64, end: u64) {
+        // Pages emptied by earlier discards of neighbours are looked at too.
+        let per_page = (ztier_base::os::page_size() / SLOT_BYTES as usize) as u64;
+        let lo = first.saturating_sub(per_page) as usize;
+        let hi = end.saturating_add(per_page).min(self.slots.len() as u64) as usize;
+        if !ztier_base::zeroed::has_zero_page(&self.slots, lo..hi) {
+            return;
+        }
+        let _all = self.shards.lock_all();
+        ztier_base::zeroed::give_back_zero_pages(&self.slots, lo..hi);
+    }
+
+    /// Bytes of the slot table resident now (what grows with the disk's size, reported
+    /// beside `mem_used_total`, which stays the kernel's figure: the pool's pages).
+    pub fn metadata_bytes(&self) -> u64 {
+        ztier_base::zeroed::resident_bytes(&self.slots).unwrap_or(0)
     }
 
     /// Discards one page (`BLKDISCARD` of one page / swap slot free).
@@ -702,6 +727,8 @@ impl Device {
         for shard in shards.iter_mut() {
             shard.counters = Counters::default();
         }
+        // Every slot is empty: the table goes back to the OS.
+        ztier_base::zeroed::give_back_zero_pages(&self.slots, 0..self.slots.len());
         if let Some(store) = &store {
             store.reset_reads();
         }
