@@ -14,6 +14,8 @@
 #   - shellcheck: the lint CI runs on every shell script
 #   - libnbd-bin, python3-libnbd, qemu-utils, fio, fuse3: the NBD clients (nbdcopy,
 #     nbdinfo, nbdsh, nbdfuse, qemu-img, fio's nbd engine) the tests of `ztier serve` drive
+#   - python3-prometheus-client: Prometheus's own parser of the text exposition, which
+#     the test of `ztier serve --metrics` reads the endpoint with
 #   - nbdkit: the reference server scripts/nbd-bench.sh measures against, and the remote
 #     store zram's writeback tests write to
 #   - nbdkit-plugin-dev, liblz4-dev: the header and library scripts/nbd-bench.sh builds its
@@ -47,7 +49,7 @@
 #     the server package itself since PostgreSQL 10; in this one before)
 set -euo pipefail
 
-PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd qemu-utils fio fuse3 nbdkit nbdkit-plugin-dev liblz4-dev iproute2
+PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd python3-prometheus-client qemu-utils fio fuse3 nbdkit nbdkit-plugin-dev liblz4-dev iproute2
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd
   ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra librsvg2-bin
   postgresql postgresql-contrib)

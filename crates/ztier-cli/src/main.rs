@@ -23,18 +23,20 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// The two commands of many flags are boxed, so a command is no larger than its pointer.
 enum Command {
     /// Replay real memory through zram (or `ztier bench zswap|uffd`: zswap, a userfaultfd
     /// region); print the figures, speed, and the kernel's figures beside them.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Capture running processes' memory (private, and shared memory once) as a corpus
     /// (once, or every --every for --for, with a trace of the pages that changed), for
     /// `ztier bench --corpus`.
     Capture(capture::CaptureArgs),
     /// Print zsmalloc's size-class table for a pool layout.
     Classes(classes::ClassesArgs),
-    /// Serve a zram device over NBD (to qemu, nbdcopy, nbdfuse, fio, the kernel's nbd).
-    Serve(serve::ServeArgs),
+    /// Serve a zram device over NBD (to qemu, nbdcopy, nbdfuse, fio, the kernel's nbd) and
+    /// vhost-user-blk, or a host of devices (--device, --config).
+    Serve(Box<serve::ServeArgs>),
     /// Print a running `ztier serve`'s mm_stat, io_stat, server counts and allocator table.
     Stat(serve::StatArgs),
     /// Read or write a running `ztier serve`'s zram attributes by the kernel's sysfs names

@@ -19,6 +19,7 @@ use crate::classes::PoolLayoutArgs;
 
 mod control;
 mod frontends;
+mod host;
 mod service;
 
 use crate::size::parse_size;
@@ -29,11 +30,13 @@ use service::{
     bind_private, exit_code, listen, notify, start_command, status_line, RemovedAtEnd, SocketFiles,
 };
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Disk size (K, M, G, T suffixes), a whole number of pages.
-    #[arg(long, value_parser = parse_size)]
-    pub size: u64,
+    #[arg(long, value_parser = parse_size, required_unless_present_any = ["devices", "config", "state_dir"])]
+    pub size: Option<u64>,
+    #[command(flatten)]
+    pub host: host::HostArgs,
     /// Serve on this Unix socket (removed at shutdown) instead of TCP.
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
     pub socket: Option<PathBuf>,
@@ -392,13 +395,37 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
         client.set_log(|line| eprintln!("ztier serve: {line}"));
         return Ok(Some((backing, Some(client))));
     }
-    let bytes = args.backing_size.unwrap_or(Backing::size_for(args.size));
+    let bytes = args
+        .backing_size
+        .unwrap_or(Backing::size_for(args.size.unwrap_or(0)));
     let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
         .with_context(|| format!("opening the backing file {spec}"))?;
     warn_if_readable_by_others(spec);
     let backing = Backing::new(Arc::new(file), args.writeback_format)
         .with_context(|| format!("setting up the backing store {spec}"))?;
     Ok(Some((backing, None)))
+}
+
+/// NBD's settings, from the flags (`description`: what the export is, for the default
+/// export; a host's exports each say their own).
+fn nbd_config(args: &ServeArgs, description: String) -> anyhow::Result<ServerConfig> {
+    Ok(ServerConfig {
+        export_name: args.export_name.clone(),
+        description: Some(description),
+        read_only: args.read_only,
+        max_connections: args.max_connections.max(1),
+        min_block: 512,
+        log: !args.quiet,
+        handshake_limit: args.handshake_limit,
+        max_in_flight_total: usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
+        // A connection's own share: the whole budget's, up to the default 64 MiB.
+        max_in_flight_bytes: usize::try_from(args.max_in_flight)
+            .unwrap_or(usize::MAX)
+            .min(64 << 20),
+        reply_timeout: args.reply_timeout,
+        tls: server_tls(args)?,
+        ..ServerConfig::default()
+    })
 }
 
 /// `ztier serve`; its exit status (0, or with --run the command's).
@@ -413,6 +440,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
         .map(PathBuf::from)
         // Kept with a state, which names the pages on it.
         .filter(|p| !p.exists() && args.state.is_none());
+    if args.host.is_host() {
+        return host::serve_host(args, activated);
+    }
     let r = serve(args, activated);
     if let Some(p) = made_backing {
         let _ = std::fs::remove_file(p);
@@ -423,6 +453,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
 fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> {
     // The parent to outlive, read before anything can make it exit unseen.
     let parent = rustix::process::getppid();
+    let size = args
+        .size
+        .context("--size is needed (or --device for a host of devices)")?;
     let mut state_loaded = false;
     let (store, what) = match args.store {
         StoreKind::Zram => {
@@ -432,8 +465,8 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 .allocator
                 .make_pool(&layout)
                 .map_err(anyhow::Error::msg)?;
-            let device = Device::new(args.size, args.compressor.clone(), pool)
-                .with_context(|| format!("making a {}-byte device", args.size))?;
+            let device = Device::new(size, args.compressor.clone(), pool)
+                .with_context(|| format!("making a {size}-byte device"))?;
             device.set_log(|line| eprintln!("ztier serve: {line}"));
             device.set_mem_limit(args.mem_limit);
             device.set_writeback_limit(args.writeback_limit);
@@ -483,30 +516,14 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                      none of them"
                 );
             }
-            let device = MemoryDevice::new(args.size)
-                .with_context(|| format!("making a {}-byte RAM disk", args.size))?;
+            let device = MemoryDevice::new(size)
+                .with_context(|| format!("making a {size}-byte RAM disk"))?;
             let what = "a plain RAM disk (no compression)".to_string();
             (Store::Plain(Arc::new(device)), what)
         }
     };
     let store = Arc::new(store);
-    let config = ServerConfig {
-        export_name: args.export_name.clone(),
-        description: Some(format!("ztier {what}")),
-        read_only: args.read_only,
-        max_connections: args.max_connections.max(1),
-        min_block: 512,
-        log: !args.quiet,
-        handshake_limit: args.handshake_limit,
-        max_in_flight_total: usize::try_from(args.max_in_flight).unwrap_or(usize::MAX),
-        // A connection's own share: the whole budget's, up to the default 64 MiB.
-        max_in_flight_bytes: usize::try_from(args.max_in_flight)
-            .unwrap_or(usize::MAX)
-            .min(64 << 20),
-        reply_timeout: args.reply_timeout,
-        tls: server_tls(args)?,
-        ..ServerConfig::default()
-    };
+    let config = nbd_config(args, format!("ztier {what}"))?;
     // Before any socket exists: a signal sent as soon as one appears (a service manager's,
     // a test's) stops the server as one sent later does, where before the handlers it would
     // kill it with its socket files left behind.
@@ -520,7 +537,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
         Arc::clone(&stopping),
         files.clone(),
         Arc::clone(&fronts_slot),
-        args.state.clone(),
+        args.state.clone().map(Saves::One),
     )?;
     raise_descriptor_limit();
     let places = listen(args, activated, &files)?;
@@ -574,9 +591,12 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 Arc::clone(&fronts),
                 Arc::clone(&stop_control),
             );
+            let answer: Arc<control::Answerer> = Arc::new(move |request, may_change| {
+                control::answer_one_device(&store, &fronts, request, may_change)
+            });
             let any = args.control_any_user;
             Some(std::thread::spawn(move || {
-                serve_control(l, stop, store, fronts, any)
+                serve_control(l, stop, answer, any)
             }))
         }
         None => None,
@@ -596,7 +616,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             .with_context(|| format!("writing the pid file {}", path.display()))?;
     }
     let at = places.describe();
-    let status = status_line(&store, args.size, &at);
+    let status = status_line(&store, size, &at);
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&status),
@@ -613,7 +633,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             Arc::clone(&store),
             Arc::clone(&exit),
         );
-        let (size, at) = (args.size, at.clone());
+        let at = at.clone();
         let mut command = command;
         std::thread::spawn(move || {
             let mut ticks = 0u32;
@@ -644,7 +664,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
             }
         })
     };
-    eprintln!("ztier serve: {} bytes, {what}, at {at}", args.size);
+    eprintln!("ztier serve: {size} bytes, {what}, at {at}");
     let served = serve_all(&fronts, places);
     fronts.stop();
     stopping.set(Phase::Draining);
@@ -752,7 +772,7 @@ fn watch_signals(
     stopping: Arc<Stopping>,
     files: SocketFiles,
     fronts: Arc<std::sync::OnceLock<Arc<Frontends>>>,
-    state: Option<PathBuf>,
+    state: Option<Saves>,
 ) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
@@ -789,13 +809,13 @@ fn watch_signals(
                     }
                     _ => {
                         let lost = match (&state, phase) {
-                            (Some(path), Phase::Serving | Phase::Draining | Phase::Saving) => {
-                                zram_state_file(path).remove_unfinished_save();
+                            (Some(saves), Phase::Serving | Phase::Draining | Phase::Saving) => {
+                                saves.remove_unfinished();
                                 format!(
                                     "; the state was NOT saved to {} (what the server took \
                                      since it started is lost; the next start refuses the \
                                      consumed state and says so)",
-                                    path.display()
+                                    saves.shown().display()
                                 )
                             }
                             _ => String::new(),
@@ -811,8 +831,34 @@ fn watch_signals(
     Ok(())
 }
 
-fn zram_state_file(path: &std::path::Path) -> StateFile {
-    StateFile::new(path)
+/// Where a stop saves: one device's `--state`, or a host's `--state-dir` (a state per
+/// device).
+enum Saves {
+    One(PathBuf),
+    Dir(PathBuf),
+}
+
+impl Saves {
+    fn shown(&self) -> &std::path::Path {
+        match self {
+            Saves::One(p) | Saves::Dir(p) => p,
+        }
+    }
+
+    /// Removes the unfinished file of a save under way (each device's, of a host).
+    fn remove_unfinished(&self) {
+        match self {
+            Saves::One(path) => StateFile::new(path).remove_unfinished_save(),
+            Saves::Dir(dir) => {
+                for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                    let path = entry.path();
+                    if path.extension().is_some_and(|e| e == "state") {
+                        StateFile::new(&path).remove_unfinished_save();
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Raises the soft limit of open files to the hard one, as servers of many connections do:

@@ -79,6 +79,10 @@ pub enum HostError {
         name: String,
         source: std::io::Error,
     },
+    /// A device's saved spec (`NAME.spec` in the state directory) that cannot be written
+    /// or read back.
+    #[error("the saved spec {}: {why}", path.display())]
+    SavedSpec { path: PathBuf, why: String },
     #[error("the budget's thread: {0}")]
     Budget(std::io::Error),
     #[error("a target needs every device to have a store: give a store directory")]
@@ -252,8 +256,35 @@ impl Host {
         if devices.contains_key(&name) {
             return Err(HostError::Exists(name));
         }
+        if let Some(dir) = &self.config.state_dir {
+            write_spec(&dir.join(format!("{name}.spec")), &made.spec)?;
+        }
         devices.insert(name, Arc::clone(&made));
         Ok(made)
+    }
+
+    /// The specs of the devices a host with this state directory had when it stopped (each
+    /// `NAME.spec` there), by name: a host started again makes them, with their states.
+    pub fn saved_specs(state_dir: &Path) -> Result<Vec<DeviceSpec>, HostError> {
+        let mut specs = Vec::new();
+        let entries = match std::fs::read_dir(state_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(specs),
+            Err(e) => {
+                return Err(HostError::SavedSpec {
+                    path: state_dir.to_path_buf(),
+                    why: e.to_string(),
+                })
+            }
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "spec") {
+                specs.push(read_spec(&path)?);
+            }
+        }
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(specs)
     }
 
     fn make(&self, spec: DeviceSpec) -> Result<Arc<HostDevice>, HostError> {
@@ -359,6 +390,9 @@ impl Host {
             let _ = std::fs::remove_file(state.path());
             let _ = std::fs::remove_file(state.loaded_path());
         }
+        if let Some(dir) = &self.config.state_dir {
+            let _ = std::fs::remove_file(dir.join(format!("{name}.spec")));
+        }
         if let Some(path) = &gone.store_path {
             let _ = std::fs::remove_file(path);
         }
@@ -417,4 +451,50 @@ fn open_store(
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// Writes `spec` to `path` as `key=value` lines, private (0600), replacing what was there
+/// only once the new file is whole (written beside it, synced, renamed).
+fn write_spec(path: &Path, spec: &DeviceSpec) -> Result<(), HostError> {
+    use std::io::Write;
+    let failed = |why: String| HostError::SavedSpec {
+        path: path.to_path_buf(),
+        why,
+    };
+    let mut text = String::new();
+    for (key, value) in spec.to_pairs() {
+        text.push_str(&format!("{key}={value}\n"));
+    }
+    let temporary = path.with_extension("spec.new");
+    let _ = std::fs::remove_file(&temporary);
+    let mut file =
+        ztier_base::private_file::create(&temporary).map_err(|e| failed(e.to_string()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| failed(e.to_string()))?;
+    std::fs::rename(&temporary, path).map_err(|e| failed(e.to_string()))
+}
+
+/// A spec [`write_spec`] wrote (refused if another user could have written the file).
+fn read_spec(path: &Path) -> Result<DeviceSpec, HostError> {
+    use std::io::Read;
+    let failed = |why: String| HostError::SavedSpec {
+        path: path.to_path_buf(),
+        why,
+    };
+    let mut text = String::new();
+    ztier_base::private_file::open(path, false)
+        .map_err(|e| failed(e.to_string()))?
+        .take(64 << 10)
+        .read_to_string(&mut text)
+        .map_err(|e| failed(e.to_string()))?;
+    let pairs = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            l.split_once('=')
+                .ok_or_else(|| failed(format!("{l:?} is not key=value")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    DeviceSpec::from_pairs(None, pairs).map_err(|e| failed(e.to_string()))
 }

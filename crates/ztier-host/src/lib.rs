@@ -3,7 +3,8 @@
 //! ended while the others serve ([`Host`]); one memory budget shared by the rules memory
 //! cgroups use ([`budget`]): the host's limit (no write takes the pools' sum past it), the
 //! host's target (the coldest pages across devices written back to keep under it), each
-//! device's cap (`mem_limit`) and protection (`mem_low`).
+//! device's cap (`mem_limit`) and protection (`mem_low`); and their figures for Prometheus
+//! ([`metrics`]).
 //!
 //! It knows the engines (zram and what is under it) and nothing of the front ends that serve
 //! its devices (NBD, vhost-user): the CLI wires those to each device by its name.
@@ -13,6 +14,7 @@
 
 pub mod budget;
 mod host;
+pub mod metrics;
 pub mod spec;
 
 pub use budget::BudgetStats;

@@ -218,6 +218,57 @@ impl DeviceSpec {
         Ok(())
     }
 
+    /// The spec as `key=value` pairs, every key [`DeviceSpec::from_pairs`] reads (each
+    /// value whole: a compressor's parameters may hold commas), so a spec saved and read
+    /// back is the same spec.
+    pub fn to_pairs(&self) -> Vec<(&'static str, String)> {
+        let mut pairs = vec![
+            ("name", self.name.clone()),
+            ("size", self.size.to_string()),
+            ("compressor", self.compressor.to_string()),
+            ("allocator", self.allocator.to_string()),
+            ("chain_size", self.layout.chain_size.to_string()),
+            ("page_size", self.layout.page_size.to_string()),
+            (
+                "chain_rule",
+                match self.layout.chain_rule {
+                    ChainRule::LeastWaste => "least-waste",
+                    ChainRule::UsedPercent => "used-percent",
+                }
+                .to_string(),
+            ),
+            ("mem_limit", self.mem_limit.to_string()),
+            ("mem_low", self.mem_low.to_string()),
+            (
+                "writeback_format",
+                match self.writeback_format {
+                    WbFormat::Page => "page",
+                    WbFormat::Compressed => "compressed",
+                    WbFormat::Packed => "packed",
+                }
+                .to_string(),
+            ),
+            ("read_only", self.read_only.to_string()),
+        ];
+        let seconds = |d: Duration| format!("{}ms", d.as_millis());
+        if let Some(d) = self.writeback_idle {
+            pairs.push(("writeback_idle", seconds(d)));
+        }
+        if let Some(d) = self.recompress_idle {
+            pairs.push(("recompress_idle", seconds(d)));
+        }
+        if let Some(t) = self.mem_target {
+            pairs.push(("mem_target", t.to_string()));
+        }
+        for a in &self.recompress_algorithms {
+            pairs.push(("recompress_algorithm", a.to_string()));
+        }
+        if let Some(serial) = &self.serial {
+            pairs.push(("serial", serial.clone()));
+        }
+        pairs
+    }
+
     /// The serial a VM reads: the one given, else the name.
     pub fn serial(&self) -> &str {
         self.serial.as_deref().unwrap_or(&self.name)

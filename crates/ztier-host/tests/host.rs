@@ -269,3 +269,26 @@ fn states_keep_every_device_across_a_restart() {
     assert!(host.get("vm1").is_none());
     let _ = std::fs::remove_dir_all(&states);
 }
+
+/// A device's spec is kept beside its state: read back, it is the same spec, and a
+/// destroyed device's is gone.
+#[test]
+fn specs_are_kept_for_the_next_start() {
+    let dir = dir("specs");
+    let host = Host::new(HostConfig {
+        state_dir: Some(dir.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let a: DeviceSpec = "a,size=8M,compressor=zstd:level=3,mem_limit=4M,mem_low=1M,writeback_idle=90s,read_only=true,serial=disk-a"
+        .parse()
+        .unwrap();
+    let b: DeviceSpec = "b,size=16M,allocator=zblock".parse().unwrap();
+    host.create(a.clone()).unwrap();
+    host.create(b.clone()).unwrap();
+    host.create("c,size=4M".parse().unwrap()).unwrap();
+    host.destroy("c").unwrap();
+    let saved = Host::saved_specs(&dir).unwrap();
+    assert_eq!(saved, vec![a, b]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

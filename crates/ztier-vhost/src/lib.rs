@@ -125,6 +125,14 @@ impl Server {
         self.log.store(on, Ordering::Relaxed);
     }
 
+    /// Whether a VMM is connected now (a host asks before it ends the device).
+    pub fn is_attached(&self) -> bool {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }

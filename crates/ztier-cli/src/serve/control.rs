@@ -41,6 +41,10 @@ pub struct StatArgs {
     /// Print JSON instead of the kernel's sysfs format.
     #[arg(long)]
     pub json: bool,
+    /// Of a host of devices (`ztier serve --device`), this device's only (by default: the
+    /// host's line and every device's).
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
 }
 
 /// `ztier ctl`: reads or writes a running server's zram attributes, by the kernel's sysfs
@@ -53,8 +57,15 @@ pub struct CtlArgs {
     /// The server's control socket, when it was given one with --control.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Of a host of devices (`ztier serve --device`): the device whose attribute is read or
+    /// written.
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
     /// The attribute (mm_stat, bd_stat, idle, writeback, recompress, ...), then the value to
-    /// write, if any.
+    /// write, if any. Of a host: `devices` (list them), `create NAME size=64G
+    /// [compressor=lz4 mem_limit=2G mem_low=256M ...]` (a device made while the others
+    /// serve), `destroy NAME [force]` (refused while a client holds it, unless forced: its
+    /// clients are cut off).
     #[arg(required = true, num_args = 1.., value_name = "ATTR [VALUE...]")]
     pub words: Vec<String>,
 }
@@ -86,11 +97,19 @@ fn ask(
 }
 
 pub fn ctl(args: &CtlArgs) -> anyhow::Result<()> {
+    let host_request = ["devices", "create", "destroy"];
     let request = match args.words.as_slice() {
+        [verb, ..] if args.device.is_none() && host_request.contains(&verb.as_str()) => {
+            args.words.join(" ")
+        }
         [attr] if ACTIONS.contains(&attr.as_str()) => format!("set {attr}"),
         [attr] => format!("get {attr}"),
         [attr, value @ ..] => format!("set {attr} {}", value.join(" ")),
         [] => bail!("name an attribute"),
+    };
+    let request = match &args.device {
+        Some(name) => format!("device {name} {request}"),
+        None => request,
     };
     let answer = ask(args.control.as_ref(), args.socket.as_ref(), &request)?;
     if let Some(e) = answer.strip_prefix("error: ") {
@@ -109,7 +128,11 @@ pub(super) fn control_path(socket: &std::path::Path) -> PathBuf {
 /// Asks a running server for its statistics and prints them.
 pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
     let request = if args.json { "stat json" } else { "stat" };
-    let answer = ask(args.control.as_ref(), args.socket.as_ref(), request)?;
+    let request = match &args.device {
+        Some(name) => format!("device {name} {request}"),
+        None => request.to_string(),
+    };
+    let answer = ask(args.control.as_ref(), args.socket.as_ref(), &request)?;
     if let Some(e) = answer.strip_prefix("error: ") {
         bail!("{}", e.trim_end());
     }
@@ -119,7 +142,7 @@ pub fn stat(args: &StatArgs) -> anyhow::Result<()> {
 
 /// The server's counters, read once.
 #[derive(Debug, Clone, Copy, Serialize)]
-struct ServerCounts {
+pub(super) struct ServerCounts {
     connections: u64,
     refused_connections: u64,
     failed_handshakes: u64,
@@ -132,6 +155,21 @@ struct ServerCounts {
 }
 
 impl ServerCounts {
+    /// One export's counts (of a host's device): what the server counts per export.
+    pub(super) fn of_export(e: &ztier_nbd::ExportCounts) -> ServerCounts {
+        ServerCounts {
+            connections: e.connections,
+            refused_connections: 0,
+            failed_handshakes: 0,
+            requests: e.requests,
+            replies: e.replies,
+            errors: e.errors,
+            bytes_written: e.bytes_written,
+            bytes_read: e.bytes_read,
+            accept_errors: 0,
+        }
+    }
+
     fn of(server: &Server) -> ServerCounts {
         let s = server.stats();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -189,13 +227,16 @@ impl StoreLink {
 /// Everything `ztier stat` shows, read once: the JSON form serialises it, the text form
 /// prints it, so the two cannot disagree.
 #[derive(Debug, Serialize)]
-struct Snapshot {
+pub(super) struct Snapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     mm_stat: Option<ztier_zram::MmStat>,
     #[serde(skip_serializing_if = "Option::is_none")]
     io_stat: Option<ztier_zram::IoStat>,
     #[serde(skip_serializing_if = "Option::is_none")]
     bd_stat: Option<ztier_zram::BdStat>,
+    /// The slot table's resident bytes (what grows with use beside the pool).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<StoreLink>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -213,19 +254,19 @@ struct Snapshot {
 
 /// The vhost-user-blk server's counters, read once.
 #[derive(Debug, Clone, Copy, Serialize)]
-struct VhostCounts {
-    connections: u64,
-    requests: u64,
-    device_errors: u64,
-    refused: u64,
-    unsupported: u64,
-    unanswerable: u64,
-    bad_heads: u64,
-    protocol_errors: u64,
+pub(super) struct VhostCounts {
+    pub(super) connections: u64,
+    pub(super) requests: u64,
+    pub(super) device_errors: u64,
+    pub(super) refused: u64,
+    pub(super) unsupported: u64,
+    pub(super) unanswerable: u64,
+    pub(super) bad_heads: u64,
+    pub(super) protocol_errors: u64,
 }
 
 impl VhostCounts {
-    fn of(server: &ztier_vhost::Server) -> VhostCounts {
+    pub(super) fn of(server: &ztier_vhost::Server) -> VhostCounts {
         let s = server.stats();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         VhostCounts {
@@ -247,6 +288,33 @@ struct PlainCounts {
 }
 
 impl Snapshot {
+    /// A host's device: its figures, its policy's, and its front ends'.
+    pub(super) fn of_device(
+        device: &ztier_zram::Device,
+        policy: Option<ztier_zram::PolicyStats>,
+        server: Option<ServerCounts>,
+        vhost: Option<VhostCounts>,
+    ) -> Snapshot {
+        Snapshot {
+            mm_stat: Some(device.mm_stat()),
+            io_stat: Some(device.io_stat()),
+            bd_stat: device.bd_stat(),
+            metadata_bytes: Some(device.metadata_bytes()),
+            store: None,
+            policy,
+            allocator: Some(device.allocator_stats()),
+            plain: None,
+            server,
+            vhost,
+        }
+    }
+
+    /// Without the allocator's class table (a host's overview of many devices).
+    pub(super) fn brief(mut self) -> Snapshot {
+        self.allocator = None;
+        self
+    }
+
     fn of(store: &Store, fronts: &Frontends) -> Snapshot {
         let server = fronts.nbd.as_deref().map(ServerCounts::of);
         let vhost = fronts.vhost.as_deref().map(VhostCounts::of);
@@ -255,6 +323,7 @@ impl Snapshot {
                 mm_stat: Some(device.mm_stat()),
                 io_stat: Some(device.io_stat()),
                 bd_stat: device.bd_stat(),
+                metadata_bytes: Some(device.metadata_bytes()),
                 store: link.as_deref().map(StoreLink::of),
                 policy: policy.as_ref().map(|p| p.stats()),
                 allocator: Some(device.allocator_stats()),
@@ -266,6 +335,7 @@ impl Snapshot {
                 mm_stat: None,
                 io_stat: None,
                 bd_stat: None,
+                metadata_bytes: None,
                 store: None,
                 policy: None,
                 allocator: None,
@@ -304,6 +374,9 @@ impl std::fmt::Display for Snapshot {
                 b.failed_writebacks,
                 b.checksum_failures
             )?;
+        }
+        if let Some(m) = self.metadata_bytes {
+            writeln!(f, "metadata {m} bytes (the slot table's resident pages)")?;
         }
         if let Some(l) = &self.store {
             writeln!(f, "store {}: {}", l.uri, l.text)?;
@@ -450,8 +523,7 @@ impl ControlCounts {
 pub(super) fn serve_control(
     listener: UnixListener,
     stop: Arc<OwnedFd>,
-    store: Arc<Store>,
-    fronts: Arc<Frontends>,
+    answer: Arc<Answerer>,
     any_user: bool,
 ) {
     let busy = Arc::new(ControlCounts::default());
@@ -495,11 +567,11 @@ pub(super) fn serve_control(
             let _ = (&conn).write_all(b"error: too many control connections; try again\n");
             continue;
         }
-        let (store, fronts, count) = (Arc::clone(&store), Arc::clone(&fronts), Arc::clone(&busy));
+        let (answer, count) = (Arc::clone(&answer), Arc::clone(&busy));
         let spawned = std::thread::Builder::new()
             .name("ztier-ctl".into())
             .spawn(move || {
-                answer_control(&conn, &store, &fronts, any_user);
+                answer_control(&conn, &*answer, any_user);
                 count.give(who);
             });
         if spawned.is_err() {
@@ -509,28 +581,45 @@ pub(super) fn serve_control(
     }
 }
 
+/// What answers a control request: the request's line, and whether its peer may change
+/// the server (its own user or root, or any user if the server was told so).
+pub(super) type Answerer = dyn Fn(&str, bool) -> String + Send + Sync;
+
 /// One control request and its answer.
-fn answer_control(conn: &UnixStream, store: &Store, fronts: &Frontends, any_user: bool) {
+fn answer_control(conn: &UnixStream, answer: &Answerer, any_user: bool) {
     use std::io::{BufRead, BufReader};
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
     let mut reader = BufReader::new(conn);
-    if reader.by_ref().take(256).read_line(&mut line).is_err() {
+    if reader.by_ref().take(1024).read_line(&mut line).is_err() {
         return;
     }
-    let request = line.trim();
-    let answer = match request {
+    let may_change = any_user || may_change(conn);
+    let _ = (&*conn).write_all(answer(line.trim(), may_change).as_bytes());
+}
+
+/// The refusal of a change asked by a peer that may not make it.
+pub(super) const NOT_THE_OWNER: &str = "error: only the server's own user (or root) may change \
+                                        the device; start it with --control-any-user to let \
+                                        others\n";
+
+/// A request to the one device of a server without `--device`.
+pub(super) fn answer_one_device(
+    store: &Store,
+    fronts: &Frontends,
+    request: &str,
+    may_change: bool,
+) -> String {
+    match request {
         "stat" => stats_text(store, fronts, false),
         "stat json" => stats_text(store, fronts, true),
-        r if r.starts_with("set ") && !any_user && !may_change(conn) => {
-            "error: only the server's own user (or root) may change the device; \
-             start it with --control-any-user to let others\n"
-                .to_string()
+        r if r.starts_with("set ") && !may_change => NOT_THE_OWNER.to_string(),
+        r if r.starts_with("device ") || r.starts_with("create ") || r.starts_with("destroy ") => {
+            "error: this server serves one device (it was started without --device)\n".into()
         }
         other => control(store, other),
-    };
-    let _ = (&*conn).write_all(answer.as_bytes());
+    }
 }
 
 /// Whether the peer on `conn` runs as the server's user or as root.

@@ -1,0 +1,888 @@
+//! `ztier serve --device SPEC ... | --config FILE`: one server as the host of many devices.
+//! The devices, their states and the memory budget are `ztier_host`'s; this module wires
+//! each device to its front ends (an NBD export by its name, a vhost-user-blk socket
+//! `DIR/NAME.sock`), answers the control socket's host requests (`devices`, `create`,
+//! `destroy`, a device's `stat`, `get` and `set`), serves the metrics, and reads the config
+//! file.
+//!
+//! Invariants: a device is served by a front end only while it is in the host's table (a
+//! vhost-user socket is made after the device and removed before it is destroyed); a
+//! device a client holds is destroyed only when forced, its clients cut off first.
+//!
+//! Locks, outer first: `Hosted::changing` (one create or destroy at a time, so a name is
+//! never half made while it is ended), `Hosted::vhost` (the sockets' table, held to add,
+//! take out or read one, never across a server's stop or a device's work), then the host's
+//! own (`ztier_host`'s header). The metrics and `stat` read without `changing`.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Deserialize;
+use ztier_host::metrics::{FrontFigures, MetricsEndpoint};
+use ztier_host::{DeviceSpec, Host, HostConfig, HostDevice};
+
+use super::control::{self, Answerer, ServerCounts, Snapshot, VhostCounts, NOT_THE_OWNER};
+use super::frontends::Frontends;
+use super::service::{bind_private, listen, notify, RemovedAtEnd, SocketFiles};
+use super::{ServeArgs, Stopping};
+use crate::size::{parse_positive_duration, parse_size};
+
+/// The flags of a host of devices (any of `--device`, `--config` or `--state-dir` makes
+/// `ztier serve` one).
+#[derive(Args, Debug, Clone, Default)]
+pub struct HostArgs {
+    /// A device of the host: `NAME,size=64G[,compressor=lz4,allocator=zblock,mem_limit=2G,
+    /// mem_low=256M,writeback_idle=10m,read_only=true,serial=...]`; repeat for more. Each is
+    /// an NBD export by its name and, with --vhost-user-dir, a vhost-user-blk socket.
+    #[arg(long = "device", value_name = "SPEC", conflicts_with_all = HOST_ONLY)]
+    pub devices: Vec<DeviceSpec>,
+    /// The host's devices and settings in a TOML file: a `[host]` table (target, limit,
+    /// interval, state_dir, store_dir, vhost_user_dir, socket, listen, control, metrics)
+    /// and a `[[device]]` table per device (the keys of --device). Flags win over it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = HOST_ONLY)]
+    pub config: Option<PathBuf>,
+    /// Keep every device across restarts: each device's spec and state in DIR (NAME.spec,
+    /// NAME.state), saved at a stop and made again at the next start.
+    #[arg(long, value_name = "DIR", conflicts_with_all = HOST_ONLY)]
+    pub state_dir: Option<PathBuf>,
+    /// Each device's backing store for writeback: DIR/NAME.store (sparse, private, removed
+    /// with the device). Needed by --host-target and by a device's writeback.
+    #[arg(long, value_name = "DIR")]
+    pub store_dir: Option<PathBuf>,
+    /// Keep the devices' pools together under this (K, M, G): the coldest pages across all
+    /// devices are written back first, a device's mem_low protected while another is above
+    /// its own.
+    #[arg(long, value_parser = parse_size)]
+    pub host_target: Option<u64>,
+    /// No write takes the devices' pools together past this (ENOSPC on the write that
+    /// would). 0: none.
+    #[arg(long, value_parser = parse_size)]
+    pub host_limit: Option<u64>,
+    /// How often the host's budget looks at its target.
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub budget_interval: Option<Duration>,
+    /// Serve each device to a VMM as vhost-user-blk on DIR/NAME.sock.
+    #[arg(long, value_name = "DIR")]
+    pub vhost_user_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics on http://ADDR:PORT/metrics (PORT alone: 127.0.0.1).
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    pub metrics: Option<String>,
+}
+
+/// Flags of one device's server that a host's devices take from their specs instead.
+const HOST_ONLY: [&str; 8] = [
+    "size",
+    "state",
+    "backing_dev",
+    "vhost_user_blk",
+    "run",
+    "mem_target",
+    "writeback_idle",
+    "recompress_idle",
+];
+
+impl HostArgs {
+    pub(super) fn is_host(&self) -> bool {
+        !self.devices.is_empty() || self.config.is_some() || self.state_dir.is_some()
+    }
+}
+
+/// `--config`'s file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    host: HostTable,
+    #[serde(default)]
+    device: Vec<toml::Table>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostTable {
+    target: Option<toml::Value>,
+    limit: Option<toml::Value>,
+    interval: Option<String>,
+    state_dir: Option<PathBuf>,
+    store_dir: Option<PathBuf>,
+    vhost_user_dir: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    listen: Option<String>,
+    control: Option<PathBuf>,
+    metrics: Option<String>,
+}
+
+/// A TOML value as the word a flag would be (`"64G"`, `65536`, `true`).
+fn word(key: &str, v: &toml::Value) -> anyhow::Result<Vec<String>> {
+    Ok(match v {
+        toml::Value::String(s) => vec![s.clone()],
+        toml::Value::Integer(i) => vec![i.to_string()],
+        toml::Value::Boolean(b) => vec![b.to_string()],
+        toml::Value::Array(items) => {
+            let mut words = Vec::new();
+            for item in items {
+                words.extend(word(key, item)?);
+            }
+            words
+        }
+        other => bail!("{key}: {other} is not a string, a number or true/false"),
+    })
+}
+
+/// What the host runs with: the config file's settings under the flags'.
+struct Settings {
+    specs: Vec<DeviceSpec>,
+    host: HostConfig,
+    vhost_dir: Option<PathBuf>,
+    metrics: Option<String>,
+    /// The flags, with the config's socket, listen and control where no flag gave them.
+    args: ServeArgs,
+}
+
+fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
+    let h = &args.host;
+    let file: ConfigFile = match &h.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --config {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("--config {}", path.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    let size_of = |key: &str, v: &Option<toml::Value>| -> anyhow::Result<Option<u64>> {
+        match v {
+            None => Ok(None),
+            Some(v) => {
+                let w = word(key, v)?.join("");
+                Ok(Some(
+                    parse_size(&w).map_err(|e| anyhow::anyhow!("[host] {key}: {e}"))?,
+                ))
+            }
+        }
+    };
+    let mut specs = Vec::new();
+    for (i, table) in file.device.iter().enumerate() {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for (key, value) in table {
+            for w in word(key, value).with_context(|| format!("[[device]] {}", i + 1))? {
+                pairs.push((key.clone(), w));
+            }
+        }
+        let spec =
+            DeviceSpec::from_pairs(None, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .with_context(|| format!("--config's [[device]] number {}", i + 1))?;
+        specs.push(spec);
+    }
+    // A device given by a flag and in the file: the flag's.
+    for spec in &h.devices {
+        specs.retain(|s| s.name != spec.name);
+        specs.push(spec.clone());
+    }
+    let interval = match (&h.budget_interval, &file.host.interval) {
+        (Some(d), _) => Some(*d),
+        (None, Some(w)) => {
+            Some(parse_positive_duration(w).map_err(|e| anyhow::anyhow!("[host] interval: {e}"))?)
+        }
+        (None, None) => None,
+    };
+    let host = HostConfig {
+        target: h.host_target.or(size_of("target", &file.host.target)?),
+        limit: h
+            .host_limit
+            .or(size_of("limit", &file.host.limit)?)
+            .unwrap_or(0),
+        interval,
+        state_dir: h.state_dir.clone().or(file.host.state_dir),
+        store_dir: h.store_dir.clone().or(file.host.store_dir),
+    };
+    let mut merged = args.clone();
+    if merged.socket.is_none() && merged.listen.is_none() {
+        merged.socket = file.host.socket;
+        merged.listen = file.host.listen;
+    }
+    merged.control = merged.control.or(file.host.control);
+    Ok(Settings {
+        specs,
+        host,
+        vhost_dir: h.vhost_user_dir.clone().or(file.host.vhost_user_dir),
+        metrics: h.metrics.clone().or(file.host.metrics),
+        args: merged,
+    })
+}
+
+/// A directory made private (0700) if missing; one that exists is used as it is.
+fn private_dir(path: &Path, what: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if path.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .with_context(|| format!("making {what} {}", path.display()))
+}
+
+/// A device's vhost-user-blk server and the thread that runs it.
+struct VhostFront {
+    server: Arc<ztier_vhost::Server>,
+    path: PathBuf,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The host and its front ends.
+pub(super) struct Hosted {
+    host: Arc<Host>,
+    nbd: Option<Arc<ztier_nbd::Server>>,
+    exports: Arc<HostExports>,
+    vhost_dir: Option<PathBuf>,
+    vhost: Mutex<BTreeMap<String, VhostFront>>,
+    changing: Mutex<()>,
+    files: SocketFiles,
+    socket_mode: u32,
+    vhost_queues: u16,
+    quiet: bool,
+}
+
+impl Hosted {
+    /// Makes a device and its vhost-user socket (its NBD export is found by name).
+    fn create(&self, spec: DeviceSpec) -> anyhow::Result<Arc<HostDevice>> {
+        let _changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        let name = spec.name.clone();
+        let device = self
+            .host
+            .create(spec)
+            .with_context(|| format!("making device {name}"))?;
+        if let Err(e) = self.serve_vhost(&device) {
+            let _ = self.host.destroy(&name);
+            return Err(e);
+        }
+        Ok(device)
+    }
+
+    fn serve_vhost(&self, device: &HostDevice) -> anyhow::Result<()> {
+        let Some(dir) = &self.vhost_dir else {
+            return Ok(());
+        };
+        let path = dir.join(format!("{}.sock", device.name()));
+        let listener = bind_private(&path, self.socket_mode, &self.files)
+            .with_context(|| format!("device {}'s vhost-user-blk socket", device.name()))?;
+        let config = ztier_vhost::DeviceConfig {
+            num_queues: self.vhost_queues,
+            read_only: device.spec().read_only,
+            serial: device.spec().serial().to_string(),
+            ..ztier_vhost::DeviceConfig::default()
+        };
+        let server = ztier_vhost::Server::new(device.block_device(), config)
+            .context("making a vhost-user-blk server")?;
+        server.set_log(!self.quiet);
+        let running = Arc::clone(&server);
+        let name = device.name().to_string();
+        let thread = std::thread::Builder::new()
+            .name(format!("vhost-{name}"))
+            .spawn(move || {
+                if let Err(e) = running.serve(listener) {
+                    eprintln!("ztier serve: device {name}'s vhost-user-blk server ended: {e}");
+                }
+            })
+            .context("starting a vhost-user-blk thread")?;
+        self.vhost.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            device.name().to_string(),
+            VhostFront {
+                server,
+                path,
+                thread,
+            },
+        );
+        Ok(())
+    }
+
+    /// Who holds a device: NBD connections to its export, and whether a VMM is attached.
+    fn holders(&self, name: &str) -> (usize, bool) {
+        let nbd = self.nbd.as_ref().map_or(0, |s| s.connections_to(name));
+        let vmm = self
+            .vhost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .is_some_and(|v| v.server.is_attached());
+        (nbd, vmm)
+    }
+
+    /// Ends a device: refused while a client holds it, unless `force` (its clients are cut
+    /// off first). Its memory, state, spec and store go.
+    fn destroy(&self, name: &str, force: bool) -> anyhow::Result<String> {
+        let _changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        if self.host.get(name).is_none() {
+            bail!("no device named {name}");
+        }
+        let (nbd, vmm) = self.holders(name);
+        if (nbd > 0 || vmm) && !force {
+            let mut held = Vec::new();
+            if nbd > 0 {
+                held.push(format!(
+                    "{nbd} NBD connection{}",
+                    if nbd == 1 { "" } else { "s" }
+                ));
+            }
+            if vmm {
+                held.push("a VMM over vhost-user-blk".to_string());
+            }
+            bail!(
+                "device {name} is held by {}: disconnect first, or `destroy {name} force` to \
+                 cut them off",
+                held.join(" and ")
+            );
+        }
+        if let Some(s) = &self.nbd {
+            s.disconnect_export(name);
+        }
+        self.exports.forget(name);
+        let front = self
+            .vhost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        if let Some(v) = front {
+            v.server.stop();
+            let _ = v.thread.join();
+            let _ = std::fs::remove_file(&v.path);
+        }
+        let gone = self.host.destroy(name)?;
+        let freed = gone.device().mm_stat().mem_used_total;
+        Ok(format!(
+            "destroyed {name}: {freed} bytes of pool given back{}",
+            if nbd > 0 || vmm {
+                ", its clients cut off"
+            } else {
+                ""
+            }
+        ))
+    }
+
+    /// Stops every vhost-user server (each finishes the request in hand) and NBD.
+    fn stop_fronts(&self) {
+        if let Some(s) = &self.nbd {
+            s.stop();
+        }
+        let fronts: Vec<VhostFront> =
+            std::mem::take(&mut *self.vhost.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_values()
+                .collect();
+        for v in &fronts {
+            v.server.stop();
+        }
+        for v in fronts {
+            let _ = v.thread.join();
+        }
+    }
+
+    fn front_figures(&self) -> Vec<FrontFigures> {
+        let mut figures = Vec::new();
+        for d in self.host.devices() {
+            let name = d.name();
+            if let Some(e) = self.nbd.as_ref().and_then(|s| s.stats_for(name)) {
+                figures.push(FrontFigures {
+                    device: name.to_string(),
+                    front: "nbd",
+                    live_connections: e.live_connections,
+                    connections: e.connections,
+                    requests: e.requests,
+                    errors: e.errors,
+                    bytes_read: Some(e.bytes_read),
+                    bytes_written: Some(e.bytes_written),
+                });
+            }
+        }
+        for (name, v) in self.vhost.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let c = VhostCounts::of(&v.server);
+            figures.push(FrontFigures {
+                device: name.clone(),
+                front: "vhost_user_blk",
+                live_connections: u64::from(v.server.is_attached()),
+                connections: c.connections,
+                requests: c.requests,
+                errors: c.device_errors + c.refused,
+                bytes_read: None,
+                bytes_written: None,
+            });
+        }
+        figures
+    }
+
+    /// One device's `stat` snapshot.
+    fn snapshot(&self, device: &HostDevice) -> Snapshot {
+        let name = device.name();
+        let vhost = self
+            .vhost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .map(|v| VhostCounts::of(&v.server));
+        let server = self
+            .nbd
+            .as_ref()
+            .and_then(|s| s.stats_for(name))
+            .map(|e| ServerCounts::of_export(&e));
+        Snapshot::of_device(device.device(), device.policy_stats(), server, vhost)
+    }
+
+    /// The host's line: its devices, their pools' sum against the limit and target.
+    fn host_line(&self) -> String {
+        let group = self.host.group();
+        let config = self.host.config();
+        let budget = self.host.budget_stats();
+        let mut line = format!(
+            "host {} devices, {} bytes of pool (limit {}, target {})",
+            self.host.devices().len(),
+            group.used_bytes(),
+            group.limit_bytes(),
+            config.target.unwrap_or(0)
+        );
+        if let Some(b) = budget {
+            line += &format!(
+                ", budget: {} ticks, {} pages written back ({} under protection), {} errors",
+                b.ticks, b.written_back_pages, b.protected_pages_taken, b.errors
+            );
+        }
+        line.push('\n');
+        line
+    }
+
+    fn stat(&self, json: bool) -> String {
+        let devices = self.host.devices();
+        if json {
+            let by_name: BTreeMap<String, Snapshot> = devices
+                .iter()
+                .map(|d| (d.name().to_string(), self.snapshot(d)))
+                .collect();
+            let host = serde_json::json!({
+                "devices": devices.len(),
+                "mem_used_bytes": self.host.group().used_bytes(),
+                "mem_limit_bytes": self.host.group().limit_bytes(),
+                "mem_target_bytes": self.host.config().target.unwrap_or(0),
+                "budget": self.host.budget_stats(),
+            });
+            let all = serde_json::json!({ "host": host, "devices": by_name });
+            return format!("{all}\n");
+        }
+        let mut text = self.host_line();
+        for d in &devices {
+            text += &format!("device {}\n{}", d.name(), self.snapshot(d).brief());
+        }
+        text
+    }
+
+    fn list(&self) -> String {
+        let mut text = String::new();
+        for d in self.host.devices() {
+            let (nbd, vmm) = self.holders(d.name());
+            let m = d.device().mm_stat();
+            text += &format!(
+                "{} size={} compressor={} mem_used_total={} orig_data_size={} mem_limit={} \
+                 mem_low={} nbd_connections={nbd} vmm={}\n",
+                d.name(),
+                d.spec().size,
+                d.spec().compressor,
+                m.mem_used_total,
+                m.orig_data_size,
+                d.spec().mem_limit,
+                d.spec().mem_low,
+                if vmm { "attached" } else { "none" }
+            );
+        }
+        text
+    }
+
+    /// A control request to the host.
+    fn answer(&self, request: &str, may_change: bool) -> String {
+        let words: Vec<&str> = request.split_whitespace().collect();
+        let changes = matches!(words.first(), Some(&"create" | &"destroy"))
+            || (words.first() == Some(&"device") && words.get(2) == Some(&"set"));
+        if changes && !may_change {
+            return NOT_THE_OWNER.to_string();
+        }
+        let r: anyhow::Result<String> = match words.as_slice() {
+            ["stat"] => Ok(self.stat(false)),
+            ["stat", "json"] => Ok(self.stat(true)),
+            ["devices"] => Ok(self.list()),
+            ["create", name, pairs @ ..] => self.create_from_words(name, pairs),
+            ["destroy", name] => self.destroy(name, false),
+            ["destroy", name, "force"] => self.destroy(name, true),
+            ["device", name, rest @ ..] => self.device_request(name, rest),
+            _ => Err(anyhow::anyhow!(
+                "unknown request '{request}' (stat, stat json, devices, create NAME \
+                 size=SIZE ..., destroy NAME [force], device NAME stat|get ATTR|set ATTR \
+                 VALUE)"
+            )),
+        };
+        match r {
+            Ok(text) if text.ends_with('\n') || text.is_empty() => text,
+            Ok(text) => format!("{text}\n"),
+            Err(e) => format!("error: {e:#}\n"),
+        }
+    }
+
+    fn create_from_words(&self, name: &str, words: &[&str]) -> anyhow::Result<String> {
+        let mut pairs = Vec::new();
+        for w in words
+            .iter()
+            .flat_map(|w| w.split(','))
+            .filter(|w| !w.is_empty())
+        {
+            let pair = w
+                .split_once('=')
+                .with_context(|| format!("{w:?} is not key=value"))?;
+            pairs.push(pair);
+        }
+        let spec = DeviceSpec::from_pairs(Some(name), pairs)?;
+        let device = self.create(spec)?;
+        device.consume_state()?;
+        Ok(format!("created {}\n", self.where_served(&device)))
+    }
+
+    /// A device and where its clients find it.
+    fn where_served(&self, d: &HostDevice) -> String {
+        let mut at = vec![format!(
+            "{} ({} bytes, {} on {})",
+            d.name(),
+            d.spec().size,
+            d.spec().compressor,
+            d.spec().allocator
+        )];
+        if self.nbd.is_some() {
+            at.push(format!("NBD export {}", d.name()));
+        }
+        if let Some(v) = self
+            .vhost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(d.name())
+        {
+            at.push(format!("vhost-user-blk at {}", v.path.display()));
+        }
+        at.join(", ")
+    }
+
+    fn device_request(&self, name: &str, words: &[&str]) -> anyhow::Result<String> {
+        let d = self
+            .host
+            .get(name)
+            .with_context(|| format!("no device named {name}"))?;
+        let device = d.device();
+        match words {
+            ["stat"] => Ok(self.snapshot(&d).to_string()),
+            ["stat", "json"] => Ok(format!("{}\n", serde_json::to_string(&self.snapshot(&d))?)),
+            ["get", attr] => Ok(device.show_attr(attr)?),
+            ["set", "save"] => match d.save_state(false) {
+                None => bail!("the host keeps no states (start it with --state-dir DIR)"),
+                Some(r) => {
+                    let s = r?;
+                    Ok(format!(
+                        "state of {name} saved: {} pages ({} on the backing store), {} bytes",
+                        s.pages, s.from_backing_store, s.bytes
+                    ))
+                }
+            },
+            ["set", attr, value @ ..] => Ok(device.store_attr(attr, &value.join(" "))?),
+            _ => bail!("device {name}: stat, stat json, get ATTR or set ATTR VALUE"),
+        }
+    }
+}
+
+/// Where `--metrics` listens: `PORT` alone is loopback's.
+fn metrics_listener(spec: &str) -> anyhow::Result<TcpListener> {
+    let addr = if spec.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{spec}")
+    } else {
+        spec.to_string()
+    };
+    let l = TcpListener::bind(&addr).with_context(|| format!("--metrics: listening on {addr}"))?;
+    if !l.local_addr()?.ip().is_loopback() {
+        eprintln!(
+            "ztier serve: the metrics are served beyond this machine, at {}: anyone who \
+             reaches it reads every device's figures",
+            l.local_addr()?
+        );
+    }
+    Ok(l)
+}
+
+/// `ztier serve` as a host of devices; its exit status.
+pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> {
+    let settings = settings(args)?;
+    let args = &settings.args;
+    for (dir, what) in [
+        (&settings.host.state_dir, "--state-dir"),
+        (&settings.host.store_dir, "--store-dir"),
+        (&settings.vhost_dir, "--vhost-user-dir"),
+    ] {
+        if let Some(d) = dir {
+            private_dir(d, what)?;
+        }
+    }
+    // The devices the last run kept (their specs in the state directory), then the flags'
+    // and the config's: a name in both is the flags' (its state must still fit it).
+    let mut specs: BTreeMap<String, DeviceSpec> = BTreeMap::new();
+    if let Some(dir) = &settings.host.state_dir {
+        for s in Host::saved_specs(dir)? {
+            specs.insert(s.name.clone(), s);
+        }
+    }
+    for s in settings.specs {
+        specs.insert(s.name.clone(), s);
+    }
+    let host = Host::new(settings.host.clone()).context("starting the host")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::new(Stopping::default());
+    let files = SocketFiles::default();
+    let made_files = RemovedAtEnd(files.clone());
+    let fronts_slot: Arc<std::sync::OnceLock<Arc<Frontends>>> = Arc::default();
+    super::watch_signals(
+        Arc::clone(&stop),
+        Arc::clone(&stopping),
+        files.clone(),
+        Arc::clone(&fronts_slot),
+        settings.host.state_dir.clone().map(super::Saves::Dir),
+    )?;
+    super::raise_descriptor_limit();
+    let wants_nbd = args.socket.is_some()
+        || args.listen.is_some()
+        || activated.len() > 0
+        || settings.vhost_dir.is_none();
+    let places = if wants_nbd {
+        Some(listen(args, activated, &files)?)
+    } else {
+        None
+    };
+    let exports = Arc::new(HostExports::new(Arc::clone(&host)));
+    let nbd = places.as_ref().and_then(|p| p.nbd.as_ref()).map(|_| {
+        ztier_nbd::Server::with_exports(
+            Arc::clone(&exports) as Arc<dyn ztier_nbd::Exports>,
+            super::nbd_config(args, String::new()).expect("checked before"),
+        )
+    });
+    let hosted = Arc::new(Hosted {
+        host: Arc::clone(&host),
+        nbd: nbd.clone(),
+        exports,
+        vhost_dir: settings.vhost_dir.clone(),
+        vhost: Mutex::new(BTreeMap::new()),
+        changing: Mutex::new(()),
+        files: files.clone(),
+        socket_mode: args.socket_mode,
+        vhost_queues: args.vhost_queues,
+        quiet: args.quiet,
+    });
+    for (_, spec) in specs {
+        let d = hosted.create(spec)?;
+        eprintln!(
+            "ztier serve: device {}{}",
+            hosted.where_served(&d),
+            if d.state_loaded() {
+                ", its state loaded"
+            } else {
+                ""
+            }
+        );
+    }
+    let _ = fronts_slot.set(Arc::new(Frontends {
+        nbd: nbd.clone(),
+        vhost: None,
+    }));
+    // Before a client is served: each loaded state is consumed (a server that dies from
+    // now on leaves no state that would serve stale pages).
+    for d in host.devices() {
+        d.consume_state()?;
+    }
+    let control_path = args.control.clone().or_else(|| {
+        args.socket
+            .as_deref()
+            .map(super::control_path)
+            .or_else(|| settings.vhost_dir.as_ref().map(|d| d.join("ztier.ctl")))
+    });
+    let stop_control = Arc::new(
+        rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .context("making the control socket's stop eventfd")?,
+    );
+    let control_thread = match &control_path {
+        Some(path) => {
+            let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
+            l.set_nonblocking(true)?;
+            let on = Arc::clone(&hosted);
+            let answer: Arc<Answerer> = Arc::new(move |request, may| on.answer(request, may));
+            let stop = Arc::clone(&stop_control);
+            let any = args.control_any_user;
+            Some(std::thread::spawn(move || {
+                control::serve_control(l, stop, answer, any)
+            }))
+        }
+        None => None,
+    };
+    let mut metrics = match &settings.metrics {
+        Some(spec) => {
+            let on = Arc::clone(&hosted);
+            let figures =
+                Arc::new(move || ztier_host::metrics::exposition(&on.host, &on.front_figures()));
+            let endpoint = MetricsEndpoint::start(metrics_listener(spec)?, figures)
+                .context("starting the metrics endpoint")?;
+            eprintln!(
+                "ztier serve: metrics at http://{}/metrics",
+                endpoint.local_addr()
+            );
+            Some(endpoint)
+        }
+        None => None,
+    };
+    if let Some(path) = &args.pidfile {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("writing the pid file {}", path.display()))?;
+    }
+    let mut at = Vec::new();
+    if let Some(p) = places.as_ref().and_then(|p| p.nbd.as_ref()) {
+        at.push(format!("NBD at {}", p.uri));
+    }
+    if let Some(d) = &settings.vhost_dir {
+        at.push(format!("vhost-user-blk in {}", d.display()));
+    }
+    if let Some(c) = &control_path {
+        at.push(format!("control {}", c.display()));
+    }
+    let status = format!(
+        "a host of {} devices, {}",
+        host.devices().len(),
+        at.join(", ")
+    );
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    eprintln!("ztier serve: {status}");
+    let served = match (nbd.as_ref(), places.and_then(|p| p.nbd)) {
+        (Some(server), Some(place)) => {
+            let watch = {
+                let (stop, server) = (Arc::clone(&stop), Arc::clone(server));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) && !server.is_stopping() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    server.stop();
+                })
+            };
+            let r = server.serve(place.listener).context("serving NBD");
+            stop.store(true, Ordering::SeqCst);
+            let _ = watch.join();
+            r
+        }
+        _ => {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        }
+    };
+    notify(&[sd_notify::NotifyState::Stopping]);
+    stopping.set(super::Phase::Draining);
+    hosted.stop_fronts();
+    let _ = rustix::io::write(stop_control.as_ref(), &1u64.to_ne_bytes());
+    if let Some(t) = control_thread {
+        let _ = t.join();
+    }
+    if let Some(m) = metrics.as_mut() {
+        m.stop();
+    }
+    drop(made_files);
+    stopping.set(super::Phase::Saving);
+    let mut failed = 0;
+    for (name, saved) in host.stop_and_save() {
+        match saved {
+            Ok(s) => eprintln!(
+                "ztier serve: device {name}'s state saved: {} pages ({} on the backing \
+                 store), {} bytes",
+                s.pages, s.from_backing_store, s.bytes
+            ),
+            Err(e) => {
+                failed += 1;
+                eprintln!("ztier serve: device {name}'s state could not be saved: {e}");
+            }
+        }
+    }
+    stopping.set(super::Phase::Done);
+    served?;
+    eprintln!("ztier serve: stopped");
+    print!("{}", hosted.stat(false));
+    if failed > 0 {
+        bail!("{failed} device states could not be saved: their pages are lost");
+    }
+    Ok(0)
+}
+
+/// The host's devices as NBD exports, by name; each export's counters kept while its
+/// device lives (a connection's and the next one's count together).
+struct HostExports {
+    host: Arc<Host>,
+    counters: Mutex<BTreeMap<String, Arc<ztier_nbd::ExportStats>>>,
+}
+
+impl HostExports {
+    fn new(host: Arc<Host>) -> HostExports {
+        HostExports {
+            host,
+            counters: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// A destroyed device's counters go with it (a device made again under its name starts
+    /// at zero).
+    fn forget(&self, name: &str) {
+        self.counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+}
+
+impl ztier_nbd::Exports for HostExports {
+    fn open(&self, name: &str) -> Option<ztier_nbd::Export> {
+        let d = self.host.get(name)?;
+        let stats = Arc::clone(
+            self.counters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(name.to_string())
+                .or_default(),
+        );
+        let mut export = ztier_nbd::Export::new(name, d.block_device())
+            .with_description(format!(
+                "ztier zram, {} on {}",
+                d.spec().compressor,
+                d.spec().allocator
+            ))
+            .with_read_only(d.spec().read_only);
+        export.stats = stats;
+        Some(export)
+    }
+
+    fn list(&self) -> Vec<(String, String)> {
+        self.host
+            .devices()
+            .iter()
+            .map(|d| {
+                (
+                    d.name().to_string(),
+                    format!(
+                        "ztier zram, {} on {}",
+                        d.spec().compressor,
+                        d.spec().allocator
+                    ),
+                )
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,446 @@
+//! `ztier serve --device ...`: one server as the host of many devices. Each device is an NBD
+//! export by its name and a vhost-user-blk socket of its own; devices are made and ended
+//! through the control socket while others serve (refused while a client holds one);
+//! `--state-dir` keeps every device, those made at runtime too, across a restart; a config
+//! file says the same as the flags; the metrics endpoint is read by Prometheus's own parser
+//! and agrees with each device's `mm_stat`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{ctl, temp_dir, text, wait_for};
+use ztier_blockdev::testing::pattern;
+use ztier_blockdev::BlockDevice;
+use ztier_vhost::testing::{Guest, Options};
+
+const ZTIER: &str = env!("CARGO_BIN_EXE_ztier");
+
+/// A server the test started, killed if the test ends before it stops it.
+struct Started {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Started {
+    fn stop(mut self) -> String {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        assert!(status.success(), "ztier serve ended {status}: {log}");
+        let mut out = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            o.read_to_string(&mut out).unwrap();
+        }
+        out
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+fn serve(args: &[&str], wait: &Path, log: &Path) -> Started {
+    let s = Started {
+        child: Command::new(ZTIER)
+            .arg("serve")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+        log: log.to_path_buf(),
+    };
+    wait_for(wait, "ztier serve's control socket");
+    s
+}
+
+fn export(nbd: &Path, name: &str) -> ztier_blockdev::Result<ztier_nbd::Client> {
+    let uri: ztier_nbd::Uri = format!("nbd+unix:///{name}?socket={}", nbd.display())
+        .parse()
+        .unwrap();
+    ztier_nbd::Client::connect(&uri)
+}
+
+fn ok(o: std::process::Output) -> String {
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `ztier stat --socket S --device NAME`'s mm_stat fields.
+fn mm_stat(nbd: &Path, device: &str) -> Vec<u64> {
+    let o = Command::new(ZTIER)
+        .args([
+            "stat",
+            "--socket",
+            nbd.to_str().unwrap(),
+            "--device",
+            device,
+        ])
+        .output()
+        .unwrap();
+    ok(o)
+        .lines()
+        .find_map(|l| l.strip_prefix("mm_stat "))
+        .expect("an mm_stat line")
+        .split_whitespace()
+        .map(|w| w.parse().unwrap())
+        .collect()
+}
+
+/// Devices by name, over NBD and vhost-user-blk: what is written to one is in it and in no
+/// other; `stat` takes a device; an unknown export is refused; the host's `stat` lists each.
+#[test]
+fn each_device_is_served_by_its_name_over_nbd_and_vhost_user() {
+    let dir = temp_dir("host-names");
+    let nbd = dir.join("nbd.sock");
+    let vhost = dir.join("vhost");
+    let log = dir.join("log");
+    let server = serve(
+        &[
+            "--device",
+            "vm1,size=32M",
+            "--device",
+            "vm2,size=16M,compressor=lz4",
+            "--socket",
+            nbd.to_str().unwrap(),
+            "--vhost-user-dir",
+            vhost.to_str().unwrap(),
+        ],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    wait_for(&vhost.join("vm2.sock"), "vm2's vhost-user-blk socket");
+    let vm1 = export(&nbd, "vm1").unwrap();
+    assert_eq!(vm1.size(), 32 << 20);
+    vm1.write_at(0, &pattern(1, 8 * 4096), false).unwrap();
+    let guest = Guest::connect(&vhost.join("vm2.sock"), Options::default());
+    assert_eq!(guest.capacity(), 16 << 20);
+    assert_eq!(guest.request(0, 1, 0, &pattern(2, 4 * 4096), 0).0, 0);
+    assert_eq!(mm_stat(&nbd, "vm1")[0], 8 * 4096);
+    assert_eq!(mm_stat(&nbd, "vm2")[0], 4 * 4096);
+    // vm2 over NBD too: the guest's pages, not vm1's.
+    let vm2 = export(&nbd, "vm2").unwrap();
+    let mut back = vec![0u8; 4 * 4096];
+    vm2.read_at(0, &mut back).unwrap();
+    assert!(back == pattern(2, 4 * 4096));
+    let refused = export(&nbd, "nope").err().expect("no export named nope");
+    assert!(refused.to_string().contains("nope") || !refused.to_string().is_empty());
+    let all = ok(Command::new(ZTIER)
+        .args(["stat", "--socket", nbd.to_str().unwrap()])
+        .output()
+        .unwrap());
+    assert!(all.starts_with("host 2 devices"), "{all}");
+    assert!(
+        all.contains("device vm1\n") && all.contains("device vm2\n"),
+        "{all}"
+    );
+    let list = ok(ctl(&nbd, &["devices"]));
+    assert!(
+        list.contains("vm1 size=33554432") && list.contains("vmm=attached"),
+        "{list}"
+    );
+    if common::have("nbdinfo") {
+        let o = Command::new("nbdinfo")
+            .args(["--list", &format!("nbd+unix://?socket={}", nbd.display())])
+            .output()
+            .unwrap();
+        let listed = text(&o);
+        assert!(listed.contains("vm1") && listed.contains("vm2"), "{listed}");
+    }
+    drop((vm1, vm2, guest));
+    let out = server.stop();
+    assert!(out.contains("device vm1\nmm_stat"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `create` makes a device a client can use at once; `destroy` is refused while a client
+/// holds it and says who, ends it once let go (a new client is refused), and `force` cuts a
+/// holder off. Other devices serve throughout.
+#[test]
+fn devices_are_made_and_ended_at_runtime() {
+    let dir = temp_dir("host-runtime");
+    let nbd = dir.join("nbd.sock");
+    let log = dir.join("log");
+    let server = serve(
+        &[
+            "--device",
+            "base,size=8M",
+            "--socket",
+            nbd.to_str().unwrap(),
+        ],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let base = export(&nbd, "base").unwrap();
+    base.write_at(0, &pattern(9, 4096), false).unwrap();
+    let made = ok(ctl(&nbd, &["create", "vm3", "size=16M", "compressor=lz4"]));
+    assert!(made.contains("created vm3"), "{made}");
+    let again = ctl(&nbd, &["create", "vm3", "size=16M"]);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("exists"), "{}", text(&again));
+    let bad = ctl(&nbd, &["create", "vm4", "size=16M", "colour=blue"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).contains("colour"), "{}", text(&bad));
+    let vm3 = export(&nbd, "vm3").unwrap();
+    vm3.write_at(4096, &pattern(3, 4096), false).unwrap();
+    let held = ctl(&nbd, &["destroy", "vm3"]);
+    assert!(!held.status.success());
+    assert!(
+        text(&held).contains("held by 1 NBD connection"),
+        "{}",
+        text(&held)
+    );
+    drop(vm3);
+    // The connection's end reaches the server a moment after the client closes it.
+    let mut gone = String::new();
+    for _ in 0..100 {
+        let o = ctl(&nbd, &["destroy", "vm3"]);
+        if o.status.success() {
+            gone = text(&o);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(gone.contains("destroyed vm3"), "{gone}");
+    assert!(
+        export(&nbd, "vm3").is_err(),
+        "a destroyed device is no export"
+    );
+    // Forced: the holder is cut off.
+    ok(ctl(&nbd, &["create", "vm5", "size=8M"]));
+    let vm5 = export(&nbd, "vm5").unwrap();
+    let forced = ok(ctl(&nbd, &["destroy", "vm5", "force"]));
+    assert!(forced.contains("cut off"), "{forced}");
+    let mut page = vec![0u8; 4096];
+    let mut cut = false;
+    for _ in 0..100 {
+        if vm5.read_at(0, &mut page).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(cut, "a forced destroy ends its clients' connections");
+    // The first device served throughout.
+    base.read_at(0, &mut page).unwrap();
+    assert!(page == pattern(9, 4096));
+    drop((base, vm5));
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `--state-dir`, a restart brings back every device, one made at runtime included,
+/// with its pages; a destroyed one stays gone.
+#[test]
+fn a_state_directory_keeps_every_device_across_a_restart() {
+    let dir = temp_dir("host-state");
+    let nbd = dir.join("nbd.sock");
+    let states = dir.join("states");
+    let log = dir.join("log");
+    let args = [
+        "--state-dir",
+        states.to_str().unwrap(),
+        "--socket",
+        nbd.to_str().unwrap(),
+    ];
+    let mut first = vec!["--device", "vm1,size=8M"];
+    first.extend_from_slice(&args);
+    let server = serve(&first, &common::ctl_socket(&nbd), &log);
+    ok(ctl(&nbd, &["create", "vm2", "size=16M", "compressor=lz4"]));
+    ok(ctl(&nbd, &["create", "gone", "size=4M"]));
+    ok(ctl(&nbd, &["destroy", "gone"]));
+    for (name, seed) in [("vm1", 11), ("vm2", 12)] {
+        let c = export(&nbd, name).unwrap();
+        c.write_at(8192, &pattern(seed, 3 * 4096), false).unwrap();
+    }
+    server.stop();
+    let server = serve(&args, &common::ctl_socket(&nbd), &log);
+    for (name, seed) in [("vm1", 11), ("vm2", 12)] {
+        let c = export(&nbd, name).unwrap();
+        let mut back = vec![0u8; 3 * 4096];
+        c.read_at(8192, &mut back).unwrap();
+        assert!(back == pattern(seed, 3 * 4096), "{name}'s pages came back");
+    }
+    let list = ok(ctl(&nbd, &["devices"]));
+    assert!(list.contains("vm2 size=16777216 compressor=lz4"), "{list}");
+    assert!(!list.contains("gone"), "{list}");
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A config file says what the flags say; a key it does not know is refused by name.
+#[test]
+fn a_config_file_makes_the_host() {
+    let dir = temp_dir("host-config");
+    let nbd = dir.join("nbd.sock");
+    let config = dir.join("ztier.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\nlimit = \"1G\"\nsocket = \"{}\"\n\n[[device]]\nname = \"vm1\"\nsize = \
+             \"8M\"\nmem_limit = \"4M\"\n\n[[device]]\nname = \"vm2\"\nsize = 16777216\n\
+             compressor = \"lz4\"\nread_only = true\n",
+            nbd.display()
+        ),
+    )
+    .unwrap();
+    let log = dir.join("log");
+    let server = serve(
+        &["--config", config.to_str().unwrap()],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let list = ok(ctl(&nbd, &["devices"]));
+    assert!(list.contains("vm1 size=8388608"), "{list}");
+    assert!(list.contains("mem_limit=4194304"), "{list}");
+    assert!(list.contains("vm2 size=16777216 compressor=lz4"), "{list}");
+    let vm2 = export(&nbd, "vm2").unwrap();
+    assert!(
+        vm2.write_at(0, &pattern(1, 4096), false).is_err(),
+        "read_only = true"
+    );
+    drop(vm2);
+    let stat = ok(Command::new(ZTIER)
+        .args(["stat", "--socket", nbd.to_str().unwrap()])
+        .output()
+        .unwrap());
+    assert!(stat.contains("(limit 1073741824, target 0)"), "{stat}");
+    server.stop();
+    std::fs::write(&config, "[host]\ncolour = \"blue\"\n").unwrap();
+    let o = Command::new(ZTIER)
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("colour"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// GET http://ADDR/metrics: the body.
+fn scrape(addr: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: ztier\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    assert!(
+        reply.contains("Content-Type: application/openmetrics-text"),
+        "{reply}"
+    );
+    reply[reply.find("\r\n\r\n").unwrap() + 4..].to_string()
+}
+
+/// The metrics endpoint: parsed by Prometheus's own Python client (its OpenMetrics parser),
+/// and each device's figures equal to its `mm_stat`.
+#[test]
+fn the_metrics_are_prometheus_s_and_agree_with_stat() {
+    let python = "/usr/bin/python3";
+    let has_parser = Command::new(python)
+        .args(["-c", "import prometheus_client.openmetrics.parser"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_parser {
+        eprintln!(
+            "skipped: Prometheus's Python client is missing (Debian's python3-prometheus-client, \
+             which scripts/setup.sh installs)"
+        );
+        return;
+    }
+    let dir = temp_dir("host-metrics");
+    let nbd = dir.join("nbd.sock");
+    let log = dir.join("log");
+    let server = serve(
+        &[
+            "--device",
+            "vm1,size=16M",
+            "--device",
+            "vm2,size=16M,compressor=lz4,mem_limit=8M",
+            "--socket",
+            nbd.to_str().unwrap(),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let addr = server
+        .log()
+        .lines()
+        .find_map(|l| {
+            l.split("metrics at http://")
+                .nth(1)
+                .map(|a| a.replace("/metrics", ""))
+        })
+        .expect("the log says where the metrics are");
+    let vm1 = export(&nbd, "vm1").unwrap();
+    vm1.write_at(0, &pattern(5, 32 * 4096), false).unwrap();
+    let vm2 = export(&nbd, "vm2").unwrap();
+    vm2.write_at(0, &vec![0u8; 4096], false).unwrap();
+    let body = scrape(&addr);
+    let parser = "import sys\nfrom prometheus_client.openmetrics.parser import \
+                  text_string_to_metric_families as parse\nfor f in parse(sys.stdin.read()):\n    \
+                  for s in f.samples:\n        labels = ','.join(f'{k}={v}' for k, v in \
+                  sorted(s.labels.items()))\n        print(f'{s.name} {labels} {int(s.value)}')\n";
+    let mut py = Command::new(python)
+        .args(["-c", parser])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    py.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let parsed = py.wait_with_output().unwrap();
+    assert!(
+        parsed.status.success(),
+        "Prometheus's parser refused it: {}\n{body}",
+        text(&parsed)
+    );
+    let samples = String::from_utf8(parsed.stdout).unwrap();
+    let sample = |name: &str, labels: &str| -> u64 {
+        samples
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} {labels} ")))
+            .unwrap_or_else(|| panic!("no {name} {{{labels}}} in\n{samples}"))
+            .parse()
+            .unwrap()
+    };
+    for device in ["vm1", "vm2"] {
+        let m = mm_stat(&nbd, device);
+        let labels = format!("device={device}");
+        assert_eq!(sample("ztier_device_orig_data_bytes", &labels), m[0]);
+        assert_eq!(sample("ztier_device_compr_data_bytes", &labels), m[1]);
+        assert_eq!(sample("ztier_device_mem_used_bytes", &labels), m[2]);
+        assert_eq!(sample("ztier_device_mem_limit_bytes", &labels), m[3]);
+        assert_eq!(sample("ztier_device_same_pages", &labels), m[5]);
+    }
+    assert_eq!(sample("ztier_device_same_pages", "device=vm2"), 1);
+    assert_eq!(sample("ztier_host_devices", ""), 2);
+    assert_eq!(
+        sample("ztier_frontend_requests_total", "device=vm1,front=nbd"),
+        1
+    );
+    assert_eq!(
+        sample("ztier_frontend_live_connections", "device=vm1,front=nbd"),
+        1
+    );
+    drop((vm1, vm2));
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
