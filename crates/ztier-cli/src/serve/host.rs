@@ -135,6 +135,24 @@ fn word(key: &str, v: &toml::Value) -> anyhow::Result<Vec<String>> {
     })
 }
 
+/// The config file's `[[device]]` tables as specs.
+fn device_specs(file: &ConfigFile) -> anyhow::Result<Vec<DeviceSpec>> {
+    let mut specs = Vec::new();
+    for (i, table) in file.device.iter().enumerate() {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for (key, value) in table {
+            for w in word(key, value).with_context(|| format!("[[device]] {}", i + 1))? {
+                pairs.push((key.clone(), w));
+            }
+        }
+        let spec =
+            DeviceSpec::from_pairs(None, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .with_context(|| format!("--config's [[device]] number {}", i + 1))?;
+        specs.push(spec);
+    }
+    Ok(specs)
+}
+
 /// What the host runs with: the config file's settings under the flags'.
 struct Settings {
     specs: Vec<DeviceSpec>,
@@ -166,19 +184,7 @@ fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
             }
         }
     };
-    let mut specs = Vec::new();
-    for (i, table) in file.device.iter().enumerate() {
-        let mut pairs: Vec<(String, String)> = Vec::new();
-        for (key, value) in table {
-            for w in word(key, value).with_context(|| format!("[[device]] {}", i + 1))? {
-                pairs.push((key.clone(), w));
-            }
-        }
-        let spec =
-            DeviceSpec::from_pairs(None, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .with_context(|| format!("--config's [[device]] number {}", i + 1))?;
-        specs.push(spec);
-    }
+    let mut specs = device_specs(&file)?;
     // A device given by a flag and in the file: the flag's.
     for spec in &h.devices {
         specs.retain(|s| s.name != spec.name);
@@ -884,5 +890,28 @@ impl ztier_nbd::Exports for HostExports {
                 )
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config shipped beside the systemd unit reads as it says.
+    #[test]
+    fn the_shipped_config_reads() {
+        let text = include_str!("../../../../contrib/systemd/host.toml");
+        let file: ConfigFile = toml::from_str(text).unwrap();
+        let specs = device_specs(&file).unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].name, "vm1");
+        assert_eq!(specs[0].size, 64 << 30);
+        assert_eq!(specs[0].mem_low, 512 << 20);
+        assert_eq!(specs[1].compressor.to_string(), "zstd:level=3");
+        assert_eq!(
+            file.host.socket.as_deref(),
+            Some(Path::new("/run/ztier/nbd.sock"))
+        );
+        assert!(file.host.target.is_some() && file.host.limit.is_some());
     }
 }
