@@ -581,4 +581,20 @@ mod tests {
         assert!(ListEntry::decode(&[0, 0, 0, 1, b'a', 0xff]).is_err());
         assert!(ListEntry::decode(&[0, 0]).is_err());
     }
+
+    proptest::proptest! {
+        /// A list entry decodes whatever a server sends without panicking, and one encoded
+        /// decodes back to itself.
+        #[test]
+        fn list_entries_decode_any_bytes_and_round_trip(
+            name in "\\PC{0,40}",
+            description in "\\PC{0,40}",
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let entry = ListEntry { name, description };
+            let bytes = entry.encode().expect("a short name");
+            proptest::prop_assert_eq!(ListEntry::decode(&bytes), Ok(entry));
+            let _ = ListEntry::decode(&junk);
+        }
+    }
 }

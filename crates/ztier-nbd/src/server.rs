@@ -17,9 +17,12 @@
 //! - the buffer bytes of requests in flight are bounded per connection
 //!   (`max_in_flight_bytes`) and for the whole server (`max_in_flight_total`: three quarters
 //!   in flight, a quarter kept for reuse). Half of the in-flight part is reserved, an equal
-//!   share for each of `max_connections`, and a request takes its connection's share first:
-//!   clients that stop reading their replies can hold only the other half (until they are
-//!   cut off), so they delay no other connection's requests of up to its share. Bounded too
+//!   share for each of `max_connections` but never less than one small request's buffers
+//!   (64 KiB), and a request takes its connection's share first: clients that stop reading
+//!   their replies can hold only the other half (until they are cut off), so they delay no
+//!   other connection's requests of up to its share, whichever export either serves (a
+//!   server allowed more connections than its budget gives 64 KiB each holds up to
+//!   `max_connections` × 64 KiB in flight instead, and nothing shared). Bounded too
 //!   are the payload of one request
 //!   (`max_payload`), option data, and the connections (`max_connections`: one more is
 //!   greeted and closed); a client that reads none of its replies for `reply_timeout` is cut
@@ -120,7 +123,9 @@ pub struct ServerConfig {
     /// Bytes of request and reply buffers for the whole server, whatever the clients do:
     /// three quarters for requests in flight (a connection past its share waits for credit,
     /// as one past `max_in_flight_bytes` does), a quarter kept for reuse, so no mix of
-    /// clients holds more.
+    /// clients holds more; but each of `max_connections` is guaranteed one small request's
+    /// buffers (64 KiB), so a budget under `max_connections` × 171 KiB is exceeded up to
+    /// `max_connections` × 64 KiB in flight.
     pub max_in_flight_total: usize,
     /// How long a reply may wait for a client to read: a client that reads none of its
     /// replies for this long is cut off, and what its requests held goes back.
@@ -271,7 +276,13 @@ impl Server {
             config.max_in_flight_total / 4,
         );
         let connections = config.max_connections.max(1);
-        let reserve_share = in_flight / 2 / connections;
+        // A connection's reserve holds at least one small request's buffers (a 4 KiB read
+        // maps 64 KiB): an equal split of a server allowed many connections would give each
+        // less, and then clients that read no replies, holding the shared part, would stall
+        // every other client's (every other export's) smallest request until they are cut
+        // off. Past `max_in_flight_total / 4 * 3 / 2 / 64 KiB` connections the reserves
+        // cost more than half the in-flight part, and the shared part shrinks to make up.
+        let reserve_share = (in_flight / 2 / connections).max(mapped_len(1));
         Arc::new(Server {
             exports,
             config,
@@ -281,7 +292,7 @@ impl Server {
             handshakes: AtomicUsize::new(0),
             handshakes_by_peer: Mutex::new(std::collections::HashMap::new()),
             handshaking: Mutex::new(Vec::new()),
-            credit: Credit::new(in_flight - reserve_share * connections),
+            credit: Credit::new(in_flight.saturating_sub(reserve_share * connections)),
             reserve_share,
             kept: Arc::new(KeptBytes::new(kept)),
             wake: Mutex::new(None),

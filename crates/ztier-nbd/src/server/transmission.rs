@@ -187,8 +187,16 @@ impl Server {
             conn.credit.acquire(cost);
             // The connection's own reserve first, which no other connection can take (so
             // clients that stop reading their replies, holding the shared part until they
-            // are cut off, delay no one else's small requests); the shared part past it.
+            // are cut off, delay no one else's small requests); the shared part past it. A
+            // request that fits the reserve but finds it held by the connection's own
+            // requests (the one just answered, not yet released) waits for the reserve
+            // when the shared part is spent: only its own requests hold it, and they end.
             let from = if conn.reserve.try_acquire(cost) {
+                CreditFrom::Reserve
+            } else if self.credit.try_acquire(cost) {
+                CreditFrom::Shared
+            } else if cost <= self.reserve_share {
+                conn.reserve.acquire(cost);
                 CreditFrom::Reserve
             } else {
                 self.credit.acquire(cost);
