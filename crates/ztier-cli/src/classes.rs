@@ -26,6 +26,7 @@ impl PoolLayoutArgs {
             page_size: self.page_size,
             chain_size: self.chain_size as usize,
             chain_rule: self.chain_rule,
+            max_object: None,
         }
     }
 }

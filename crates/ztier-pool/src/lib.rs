@@ -182,6 +182,10 @@ pub enum ConfigError {
     PageSize { page_size: usize },
     #[error("chain size {chain_size} (1..=16)")]
     ChainSize { chain_size: usize },
+    #[error(
+        "largest object {max_object} (a power of two from the page size {page_size} to 64 KiB)"
+    )]
+    MaxObject { max_object: usize, page_size: usize },
 }
 
 /// A name [`AllocatorKind`] or [`ChainRule`] does not know, said with the names there are.

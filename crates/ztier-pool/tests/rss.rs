@@ -11,6 +11,7 @@ fn pool(page_size: usize, chain_size: usize, chain_rule: ztier_pool::ChainRule) 
         page_size,
         chain_size,
         chain_rule,
+        max_object: None,
     })
     .unwrap()
 }

@@ -20,6 +20,7 @@ fn pool(page_size: usize, chain_size: usize, chain_rule: ChainRule) -> ZsPool {
         page_size,
         chain_size,
         chain_rule,
+        max_object: None,
     })
     .unwrap()
 }
@@ -45,12 +46,30 @@ fn conformance_16k_pages() {
 }
 
 #[test]
+fn conformance_multi_page_objects() {
+    for max_object in [16384, 65536] {
+        let compacted = testing::run_all(|| {
+            ZsPool::new(ZsConfig::default().with_max_object(max_object)).unwrap()
+        });
+        assert!(compacted > 0, "compaction freed no page beside the workers");
+    }
+}
+
+#[test]
 fn bad_configurations_are_refused() {
+    for max_object in [8192 + 4096, 131072, 2048] {
+        let cfg = ZsConfig {
+            max_object: Some(max_object),
+            ..ZsConfig::default()
+        };
+        assert!(ZsPool::new(cfg).is_err(), "{max_object}");
+    }
     for (page_size, chain) in [(8192, 8), (4096, 0), (4096, 17)] {
         let cfg = ZsConfig {
             page_size,
             chain_size: chain,
             chain_rule: ChainRule::LeastWaste,
+            max_object: None,
         };
         assert!(ZsPool::new(cfg).is_err(), "{page_size}/{chain}");
     }

@@ -28,6 +28,7 @@ pub mod swap_alloc;
 pub mod swap_bench;
 pub mod trace;
 pub mod uffd;
+pub mod units;
 pub mod zram;
 pub mod zswap;
 

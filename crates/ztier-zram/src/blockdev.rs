@@ -147,7 +147,8 @@ impl BlockDevice for Device {
     /// 64 Ki pages so a huge request cannot hold the caller long.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {
         check_range(self.disksize(), offset, len)?;
-        let ps = self.page_size() as u64;
+        // By slot: a page, or the device's compression unit.
+        let ps = self.unit_size() as u64;
         let end = offset + len.min(ps * 65536);
         let mut extents: Vec<Extent> = Vec::new();
         let mut at = offset;

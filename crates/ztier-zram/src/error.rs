@@ -41,6 +41,28 @@ pub enum ZramError {
     Compress { index: u64, cause: CompressError },
     #[error("disk size {0} bytes is not a positive whole number of pages")]
     BadDiskSize(u64),
+    #[error("disk size {disksize} bytes is not a whole number of {unit_size}-byte units")]
+    DiskNotWholeUnits { disksize: u64, unit_size: usize },
+    #[error(
+        "unit size {unit_size}: a power of two from the page size {page_size} to {max_unit} \
+         bytes (the allocator's largest object)"
+    )]
+    BadUnitSize {
+        unit_size: usize,
+        page_size: usize,
+        max_unit: usize,
+    },
+    /// Writeback, recompression and a saved state work page by page: a device that stores
+    /// larger compression units refuses them.
+    #[error(
+        "{what} works on {page_size}-byte pages; this device stores {unit_size}-byte \
+         compression units"
+    )]
+    UnitUnsupported {
+        what: &'static str,
+        unit_size: usize,
+        page_size: usize,
+    },
     #[error(
         "disk size {disksize} bytes needs a slot table of {table_bytes} bytes, more than this \
          machine's {memory_bytes} bytes of memory"

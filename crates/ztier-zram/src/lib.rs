@@ -13,6 +13,17 @@
 //! The device is a [`ztier_blockdev::BlockDevice`] (see `blockdev.rs`), which is how front ends
 //! such as the NBD server use it without knowing it is zram.
 //!
+//! # Compression units
+//! A slot holds one compression unit: a page (the default, the kernel's zram, where every
+//! figure is the kernel's), or 16 or 64 KiB ([`Device::with_unit_size`], on a pool whose
+//! largest object is the unit: zsmalloc's multi-page classes). A unit is stored as one
+//! object; same-filled and incompressible (stored raw) are decided per unit, and the
+//! counters count the unit's pages (`orig_data_size`, `same_pages` and `huge_pages` stay in
+//! pages). A write or discard of part of a unit is a read-modify-write of the unit under
+//! its lock; reading a page decompresses its unit into the shard's unit buffer and copies
+//! the page out. Writeback, recompression and saved states work page by page: a device of
+//! larger units refuses them ([`ZramError::UnitUnsupported`]).
+//!
 //! Beyond the kernel's defaults, as its config options add them: idle tracking by access
 //! time (`mark_idle`), writeback to a backing store of any block device ([`writeback`]'s
 //! `Backing`, places from the swap-slot allocator, ztier's packed format beside the
@@ -28,7 +39,8 @@
 //!
 //! Every operation that changes a page (a whole-page write, a sub-page read-modify-write, a
 //! discard) holds that page's stripe of the page locks while it changes it, so a
-//! read-modify-write cannot lose a concurrent change to the same page. No lock is held
+//! read-modify-write cannot lose a concurrent change to the same page. (With larger units,
+//! "page" here is the slot's unit: the stripe is the unit's.) No lock is held
 //! across a backing store's I/O: a written-back page is read with its place pinned and
 //! nothing locked, and a read-modify-write of one reads it first, then patches it under the
 //! stripe only if the slot still names the place it read. [`Device::reset`] takes every
@@ -86,11 +98,16 @@ struct ShardState {
     /// Streams of the secondary (recompression) algorithms, by priority - 1.
     recomp: [Option<Stream>; MAX_SECONDARY],
     counters: Counters,
+    /// A unit decompressed for a read of part of it (empty while units are pages).
+    unit_buf: Vec<u8>,
 }
 
 /// Stripes of the locks serializing the changes to each page (a page's stripe is
 /// `index % PAGE_LOCK_STRIPES`).
 const PAGE_LOCK_STRIPES: usize = 256;
+
+/// The largest compression unit a device stores.
+pub const MAX_UNIT_SIZE: usize = 64 << 10;
 
 /// Bytes of slot table per disk page (`struct zram_table_entry`).
 const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
@@ -108,6 +125,8 @@ const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
 /// ```
 pub struct Device {
     page_size: usize,
+    /// Bytes of disk one slot holds: the page size, or a larger compression unit.
+    unit_size: usize,
     algorithm: Algorithm,
     pool: Box<dyn ZPool>,
     slots: Box<[Slot]>,
@@ -144,13 +163,39 @@ pub struct Device {
 type LogFn = Box<dyn Fn(&str) + Send + Sync>;
 
 impl Device {
-    /// A device of `disksize` bytes on `pool`, compressing with `algorithm`.
+    /// A device of `disksize` bytes on `pool`, compressing with `algorithm`, page by page.
     pub fn new(disksize: u64, algorithm: Algorithm, pool: Box<dyn ZPool>) -> Result<Device> {
+        let page_size = pool.page_size();
+        Device::with_unit_size(disksize, algorithm, pool, page_size)
+    }
+
+    /// A device storing compression units of `unit_size` bytes (a power of two from the
+    /// pool's page size up to its largest object); `disksize` is a whole number of units.
+    pub fn with_unit_size(
+        disksize: u64,
+        algorithm: Algorithm,
+        pool: Box<dyn ZPool>,
+        unit_size: usize,
+    ) -> Result<Device> {
         let page_size = pool.page_size();
         if disksize == 0 || !disksize.is_multiple_of(page_size as u64) {
             return Err(ZramError::BadDiskSize(disksize));
         }
-        let pages = disksize / page_size as u64;
+        let max_unit = pool.max_alloc_size().min(MAX_UNIT_SIZE);
+        if !unit_size.is_power_of_two() || unit_size < page_size || unit_size > max_unit {
+            return Err(ZramError::BadUnitSize {
+                unit_size,
+                page_size,
+                max_unit,
+            });
+        }
+        if !disksize.is_multiple_of(unit_size as u64) {
+            return Err(ZramError::DiskNotWholeUnits {
+                disksize,
+                unit_size,
+            });
+        }
+        let pages = disksize / unit_size as u64;
         // The kernel allocates the table with vzalloc when disksize is set, and fails with
         // ENOMEM when it cannot; a table larger than the machine's memory is refused up front
         // (allocating it would abort the process or swap it to death).
@@ -171,6 +216,7 @@ impl Device {
             .ok_or(ZramError::TableAlloc { table_bytes })?;
         Ok(Device {
             page_size,
+            unit_size,
             algorithm,
             pool,
             slots,
@@ -204,11 +250,37 @@ impl Device {
     pub fn page_size(&self) -> usize {
         self.page_size
     }
+    /// Bytes of disk one slot holds: the page size unless made
+    /// [`with_unit_size`](Device::with_unit_size).
+    pub fn unit_size(&self) -> usize {
+        self.unit_size
+    }
+    /// Pages of the page size in the disk.
     pub fn pages(&self) -> u64 {
+        self.units() * self.pages_per_unit()
+    }
+    /// Slots: compression units (pages, by default).
+    pub fn units(&self) -> u64 {
         self.slots.len() as u64
     }
+    fn pages_per_unit(&self) -> u64 {
+        (self.unit_size / self.page_size) as u64
+    }
     pub fn disksize(&self) -> u64 {
-        self.pages() * self.page_size as u64
+        self.units() * self.unit_size as u64
+    }
+
+    /// Refuses `what` (writeback, recompression, a saved state: page by page) on a device
+    /// of larger units.
+    pub(crate) fn check_page_units(&self, what: &'static str) -> Result<()> {
+        if self.unit_size == self.page_size {
+            return Ok(());
+        }
+        Err(ZramError::UnitUnsupported {
+            what,
+            unit_size: self.unit_size,
+            page_size: self.page_size,
+        })
     }
     pub fn algorithm(&self) -> &Algorithm {
         &self.algorithm
@@ -232,7 +304,7 @@ impl Device {
     }
 
     fn new_stream(&self) -> Stream {
-        Stream::new(&self.algorithm, self.page_size)
+        Stream::new(&self.algorithm, self.unit_size)
     }
 
     /// The stream of priority `prio` (0: the primary algorithm) in a held shard.
@@ -312,13 +384,40 @@ impl Device {
         }
     }
 
-    /// Writes one whole page.
+    /// Writes one whole page (with larger units, a read-modify-write of its unit).
     pub fn write_page(&self, index: u64, page: &[u8]) -> Result<()> {
+        if self.unit_size != self.page_size {
+            self.check_page_index(index, page.len())?;
+            return self.write_bytes(index * self.page_size as u64, page);
+        }
         let _page = self.page_lock(index);
         self.write_page_locked(index, page)
     }
 
-    /// `write_page` for a caller holding the page's lock.
+    /// Writes one whole unit (a page, unless the device has larger units): `unit` bytes.
+    pub fn write_unit(&self, index: u64, unit: &[u8]) -> Result<()> {
+        let _unit = self.page_lock(index);
+        self.write_page_locked(index, unit)
+    }
+
+    /// Refuses a page index beyond the disk, or a buffer not one page long.
+    fn check_page_index(&self, index: u64, len: usize) -> Result<()> {
+        if index >= self.pages() {
+            return Err(ZramError::BadIndex {
+                index,
+                pages: self.pages(),
+            });
+        }
+        if len != self.page_size {
+            return Err(ZramError::BadLength {
+                len,
+                page_size: self.page_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// `write_page` (of a whole unit) for a caller holding the unit's lock.
     fn write_page_locked(&self, index: u64, page: &[u8]) -> Result<()> {
         let mut shard = self.shard();
         let r = self.write_page_inner(&mut shard, index, page);
@@ -330,21 +429,23 @@ impl Device {
 
     fn write_page_inner(&self, shard: &mut ShardState, index: u64, page: &[u8]) -> Result<()> {
         let slot = self.slot(index)?;
-        if page.len() != self.page_size {
+        if page.len() != self.unit_size {
             return Err(ZramError::BadLength {
                 len: page.len(),
-                page_size: self.page_size,
+                page_size: self.unit_size,
             });
         }
         let counters = &mut shard.counters;
         let now = self.now();
+        // Counted in pages: a unit is its pages.
+        let pages = self.pages_per_unit() as i64;
         if let Some(word) = same_filled(page) {
             let mut g = slot.lock();
             self.free_slot(counters, &mut g.entry);
             g.entry.set_same(word);
             g.entry.set_ac_time(now);
-            counters.add(Counter::SamePages, 1);
-            counters.add(Counter::PagesStored, 1);
+            counters.add(Counter::SamePages, pages);
+            counters.add(Counter::PagesStored, pages);
             return Ok(());
         }
 
@@ -387,41 +488,58 @@ impl Device {
         self.free_slot(counters, &mut g.entry);
         g.entry.set_stored(handle, size);
         g.entry.set_ac_time(now);
-        if size == self.page_size {
+        if size == self.unit_size {
             g.entry.set(SlotFlag::Huge, true);
-            counters.add(Counter::HugePages, 1);
-            counters.add(Counter::HugePagesSince, 1);
+            counters.add(Counter::HugePages, pages);
+            counters.add(Counter::HugePagesSince, pages);
         }
         counters.add(Counter::ComprDataSize, size as i64);
-        counters.add(Counter::PagesStored, 1);
+        counters.add(Counter::PagesStored, pages);
         Ok(())
     }
 
     /// `zram_free_page()`: releases what a locked slot holds and clears it.
     fn free_slot(&self, counters: &mut Counters, e: &mut Entry) {
+        let pages = self.pages_per_unit() as i64;
         match e.content() {
             Content::Empty => {}
-            Content::Same(_) => counters.add(Counter::SamePages, -1),
+            Content::Same(_) => counters.add(Counter::SamePages, -pages),
             Content::WrittenBack(place) => self.release_written_back(counters, place, e.size()),
             Content::Stored(handle) => {
                 // The handle came from this pool and the slot lock makes it ours alone.
                 self.pool.free(handle).expect("slot handles are live");
                 counters.add(Counter::ComprDataSize, -(e.size() as i64));
                 if e.has(SlotFlag::Huge) {
-                    counters.add(Counter::HugePages, -1);
+                    counters.add(Counter::HugePages, -pages);
                 }
             }
         }
         if e.is_allocated() {
-            counters.add(Counter::PagesStored, -1);
+            counters.add(Counter::PagesStored, -pages);
         }
         *e = Entry::default();
     }
 
     /// Reads one whole page into `out`. A written-back page is read from the store with no
     /// lock held (see [`writeback`]); if the page changed while the store was read, it is
-    /// read again.
+    /// read again. With larger units, its unit is decompressed and the page copied out.
     pub fn read_page(&self, index: u64, out: &mut [u8]) -> Result<()> {
+        if self.unit_size != self.page_size {
+            let r = self.check_page_index(index, out.len()).and_then(|()| {
+                let ppu = self.pages_per_unit();
+                let in_unit = (index % ppu) as usize * self.page_size;
+                self.read_unit_part(index / ppu, in_unit, out)
+            });
+            if r.is_err() {
+                self.shard().counters.add(Counter::FailedReads, 1);
+            }
+            return r;
+        }
+        self.read_unit(index, out)
+    }
+
+    /// Reads one whole unit (a page, unless the device has larger units) into `out`.
+    pub fn read_unit(&self, index: u64, out: &mut [u8]) -> Result<()> {
         let r = self.read_page_pinned(index, out).map(drop);
         if r.is_err() {
             self.shard().counters.add(Counter::FailedReads, 1);
@@ -454,8 +572,30 @@ impl Device {
         }
     }
 
-    /// Reads a page held in memory; `Ok(Some(entry))` for a written-back one, which the
-    /// caller reads from the store.
+    /// Reads `out.len()` bytes at `in_unit` of unit `index`: the unit decompressed into the
+    /// shard's unit buffer (a device of larger units has no written-back slot: writeback is
+    /// refused), the part copied out.
+    fn read_unit_part(&self, index: u64, in_unit: usize, out: &mut [u8]) -> Result<()> {
+        let mut shard = self.shard();
+        let mut unit = std::mem::take(&mut shard.unit_buf);
+        unit.resize(self.unit_size, 0);
+        let r = self.read_page_inner(&mut shard, index, &mut unit);
+        if r.is_ok() {
+            out.copy_from_slice(&unit[in_unit..in_unit + out.len()]);
+        }
+        shard.unit_buf = unit;
+        match r? {
+            None => Ok(()),
+            Some(_) => Err(ZramError::UnitUnsupported {
+                what: "a written-back unit",
+                unit_size: self.unit_size,
+                page_size: self.page_size,
+            }),
+        }
+    }
+
+    /// Reads a unit (a page, by default) held in memory; `Ok(Some(entry))` for a
+    /// written-back one, which the caller reads from the store.
     fn read_page_inner(
         &self,
         shard: &mut ShardState,
@@ -463,10 +603,10 @@ impl Device {
         out: &mut [u8],
     ) -> Result<Option<Entry>> {
         let slot = self.slot(index)?;
-        if out.len() != self.page_size {
+        if out.len() != self.unit_size {
             return Err(ZramError::BadLength {
                 len: out.len(),
-                page_size: self.page_size,
+                page_size: self.unit_size,
             });
         }
         let now = self.now();
@@ -519,6 +659,13 @@ impl Device {
         };
         let ps = self.page_size as u64;
         let first = offset.div_ceil(ps);
+        if self.unit_size != self.page_size {
+            let freed = self.discard_in_units(first * ps, (end / ps).saturating_sub(first) * ps);
+            self.report_to_group();
+            let unit = self.unit_size as u64;
+            self.give_back_table((first * ps).div_ceil(unit), end / unit);
+            return freed;
+        }
         let mut freed = 0;
         for index in first..end / ps {
             let _page = self.page_lock(index);
@@ -559,8 +706,44 @@ impl Device {
         ztier_base::zeroed::resident_bytes(&self.slots).unwrap_or(0)
     }
 
-    /// Discards one page (`BLKDISCARD` of one page / swap slot free).
+    /// `discard` of whole pages on a device of larger units: units it covers whole are
+    /// freed; the pages it covers of the others are zeroed by a read-modify-write (one
+    /// never written stays empty). Returns the units freed.
+    fn discard_in_units(&self, offset: u64, len: u64) -> Result<u64> {
+        let mut freed = 0;
+        let mut scratch = Vec::new();
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        for s in pieces(offset, len, self.unit_size) {
+            let pages = (s.len / self.page_size) as u64;
+            if s.len == self.unit_size {
+                let _unit = self.page_lock(s.unit);
+                let mut shard = self.shard();
+                let mut g = self.slot(s.unit)?.lock();
+                if g.entry.is_allocated() {
+                    freed += 1;
+                }
+                self.free_slot(&mut shard.counters, &mut g.entry);
+                shard.counters.add(Counter::NotifyFree, pages as i64);
+                continue;
+            }
+            if self.slot(s.unit)?.lock().entry.is_allocated() {
+                scratch.resize(self.unit_size, 0);
+                let zeros = vec![0u8; s.len];
+                self.patch_page(s.unit, s.in_unit, &zeros, &mut scratch)?;
+            }
+            self.shard().counters.add(Counter::NotifyFree, pages as i64);
+        }
+        Ok(freed)
+    }
+
+    /// Discards one page (`BLKDISCARD` of one page / swap slot free); with larger units, the
+    /// page is zeroed in its unit, or the unit freed if it is the unit.
     pub fn discard_page(&self, index: u64) -> Result<()> {
+        if self.unit_size != self.page_size {
+            self.check_page_index(index, self.page_size)?;
+            let ps = self.page_size as u64;
+            return self.discard(index * ps, ps).map(drop);
+        }
         let slot = self.slot(index)?;
         let _page = self.page_lock(index);
         let mut shard = self.shard();
@@ -588,10 +771,10 @@ impl Device {
     /// the failing one, and left that one and the rest as they were.
     pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
-        let mut scratch = vec![0; self.page_size];
-        for s in pieces(offset, data.len(), self.page_size) {
+        let mut scratch = vec![0; self.unit_size];
+        for s in pieces(offset, data.len(), self.unit_size) {
             let part = &data[s.at..s.at + s.len];
-            let r = if s.len == self.page_size {
+            let r = if s.len == self.unit_size {
                 let _page = self.page_lock(s.unit);
                 self.write_page_locked(s.unit, part)
             } else {
@@ -656,15 +839,22 @@ impl Device {
     /// Reads bytes at any offset.
     pub fn read_bytes(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
-        let ps = self.page_size as u64;
-        self.prefetch_segments(offset / ps..(offset + out.len() as u64).div_ceil(ps));
-        let mut scratch = vec![0; self.page_size];
-        for s in pieces(offset, out.len(), self.page_size) {
+        let us = self.unit_size as u64;
+        self.prefetch_segments(offset / us..(offset + out.len() as u64).div_ceil(us));
+        let mut scratch = Vec::new();
+        for s in pieces(offset, out.len(), self.unit_size) {
             let part = &mut out[s.at..s.at + s.len];
-            if s.len == self.page_size {
-                self.read_page(s.unit, part)?;
+            if s.len == self.unit_size {
+                self.read_unit(s.unit, part)?;
+            } else if self.unit_size != self.page_size {
+                let r = self.read_unit_part(s.unit, s.in_unit, part);
+                if r.is_err() {
+                    self.shard().counters.add(Counter::FailedReads, 1);
+                }
+                r?;
             } else {
-                self.read_page(s.unit, &mut scratch)?;
+                scratch.resize(self.unit_size, 0);
+                self.read_unit(s.unit, &mut scratch)?;
                 part.copy_from_slice(&scratch[s.in_unit..s.in_unit + s.len]);
             }
         }

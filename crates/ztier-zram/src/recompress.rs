@@ -41,6 +41,9 @@ impl Device {
     /// Sets the secondary algorithms (`recomp_algorithm`), priority 1 first. Refused while
     /// pages are stored by the algorithms it would change.
     pub fn set_recomp_algorithms(&self, algorithms: Vec<Algorithm>) -> Result<()> {
+        if !algorithms.is_empty() {
+            self.check_page_units("recompression")?;
+        }
         if algorithms.len() > MAX_SECONDARY {
             return Err(ZramError::TooManyAlgorithms {
                 given: algorithms.len(),
@@ -80,6 +83,7 @@ impl Device {
         threshold: Option<usize>,
         max_priority: Option<u32>,
     ) -> Result<RecompResult> {
+        self.check_page_units("recompression")?;
         if mode == PageSelector::Incompressible {
             return Err(ZramError::BadValue {
                 attr: "recompress type".into(),

@@ -5,8 +5,8 @@
 //!
 //! ```text
 //!  handle: u64   pool handle of the object, or the fill word of a ZRAM_SAME page
-//!  flags:  u64   63     62 ...      31 30..25 24 23 22 ... 16 15            0
-//!               | LOCK | ac_time (32) | free | prio(2) | flags (7) |  object size (16) |
+//!  flags:  u64   63     62 ...      31 30..26    25     24 23 22 ... 16 15            0
+//!               | LOCK | ac_time (32) | free | size hi | prio(2) | flags (7) | size (16) |
 //! ```
 //!
 //! Slot states (the flags of a locked slot), decoded at this module's edge into one
@@ -33,14 +33,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ztier_base::bits::Field;
 use ztier_pool::Handle;
 
-/// The flags word's fields, low to high.
-const SIZE: Field = Field::at(0, 16);
+/// The flags word's fields, low to high. An object's size is SIZE, with SIZE_HIGH above it
+/// for a 64 KiB compression unit stored whole (a bit that was free: states saved before it
+/// read the same).
+const SIZE_BITS: u32 = 16;
+const SIZE: Field = Field::at(0, SIZE_BITS);
 const FLAGS: Field = Field::after(SIZE, 7);
 const PRIO: Field = Field::after(FLAGS, 2);
+const SIZE_HIGH: Field = Field::after(PRIO, 1);
 const AC_TIME: Field = Field::at(31, 32);
 const LOCK: u64 = 1 << 63;
 const _: () = assert!(SIZE.max() >= 16384, "a 16 KiB huge page's size must fit");
-const _: () = assert!(PRIO.end() <= AC_TIME.shift() && AC_TIME.end() == 63);
+const _: () = assert!(SIZE_HIGH.end() <= AC_TIME.shift() && AC_TIME.end() == 63);
+/// The largest size an entry keeps: a 64 KiB unit stored raw.
+const SIZE_MAX: u64 = (SIZE_HIGH.max() << SIZE_BITS) | SIZE.max();
+const _: () = assert!(SIZE_MAX >= 65536);
 
 /// Per-slot flags (`enum zram_pageflags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,7 +204,7 @@ pub struct Entry {
 impl Entry {
     /// Bytes the page takes where it is (0 for empty and same-filled pages).
     pub fn size(&self) -> usize {
-        SIZE.get(self.flags) as usize
+        (SIZE_HIGH.get(self.flags) << SIZE_BITS | SIZE.get(self.flags)) as usize
     }
     pub fn has(&self, f: SlotFlag) -> bool {
         self.flags & f as u64 != 0
@@ -243,7 +250,8 @@ impl Entry {
             | SlotFlag::Idle as u64
             | SlotFlag::Incompressible as u64
             | SlotFlag::PpSlot as u64;
-        self.flags & (SIZE.max() << SIZE.shift() | PRIO.max() << PRIO.shift() | kept)
+        let size = SIZE.max() << SIZE.shift() | SIZE_HIGH.max() << SIZE_HIGH.shift();
+        self.flags & (size | PRIO.max() << PRIO.shift() | kept)
     }
     /// An entry with a saved state's flags (unknown bits dropped), holding nothing yet.
     pub(crate) fn from_saved_flags(flags: u64) -> Entry {
@@ -276,7 +284,9 @@ impl Entry {
         }
     }
     pub(crate) fn set_size(&mut self, size: usize) {
-        self.flags = SIZE.set(self.flags, size as u64);
+        let size = (size as u64).min(SIZE_MAX);
+        self.flags = SIZE.set(self.flags, size & SIZE.max());
+        self.flags = SIZE_HIGH.set(self.flags, size >> SIZE_BITS);
     }
     pub(crate) fn set_priority(&mut self, prio: u32) {
         self.flags = PRIO.set(self.flags, u64::from(prio) & PRIO.max());
@@ -360,6 +370,20 @@ mod tests {
             (7, 3, true, u32::MAX)
         );
         assert_eq!(e.flags & LOCK, 0);
+    }
+
+    #[test]
+    fn a_64k_units_size_fits_beside_the_flags() {
+        let mut e = Entry::default();
+        e.set_priority(3);
+        e.set(SlotFlag::PpSlot, true);
+        e.set_size(65536);
+        assert_eq!(
+            (e.size(), e.priority(), e.has(SlotFlag::PpSlot)),
+            (65536, 3, true)
+        );
+        e.set_size(4096);
+        assert_eq!((e.size(), e.priority()), (4096, 3));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! and verified, `mm_stat` after each step beside the kernel zram's (`ztier_replay::zram`);
 //! a sweep of allocators, compressors, chain sizes and thread counts in one table and
 //! picture; or, with `--trace`, a capture over time replayed epoch by epoch with the idle
-//! policy (`ztier_replay::trace`). Flags in, reports out.
+//! policy (`ztier_replay::trace`); or, with `--unit-size`, each corpus stored in compression
+//! units of each size (`ztier_replay::units`). Flags in, reports out.
 
 use std::path::PathBuf;
 
@@ -70,6 +71,16 @@ pub struct ZramArgs {
     #[arg(long, default_value_t = 1, requires = "trace",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub idle_epochs: u32,
+    /// Compression unit sizes to compare (`4K,16K,64K`): each corpus × compressor stored in
+    /// units of each size on zsmalloc, one thread; memory, store time beside the raw
+    /// compressor's, sequential and random 4 KiB reads.
+    #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
+          value_parser = crate::size::parse_size,
+          conflicts_with_all = ["trace", "discard_odd", "recompress", "writeback", "chain_sizes"])]
+    pub unit_size: Vec<u64>,
+    /// With --unit-size: random page reads timed one by one.
+    #[arg(long, default_value_t = 20_000, requires = "unit_size")]
+    pub random_reads: usize,
 }
 
 /// Runs every corpus × allocator × compressor × layout × thread count (or, `--trace`, every
@@ -83,7 +94,9 @@ pub fn run(args: &ZramArgs) -> anyhow::Result<()> {
         .as_ref()
         .filter(|p| !p.exists())
         .cloned();
-    let result = if args.trace {
+    let result = if !args.unit_size.is_empty() {
+        run_units(args, &paths, layout)
+    } else if args.trace {
         run_trace(args, &paths, layout)
     } else {
         run_zram(args, &paths, layout)
@@ -160,6 +173,67 @@ fn run_zram(
         );
     }
     Ok(())
+}
+
+/// `--unit-size`: every corpus × compressor × unit size, one table.
+fn run_units(
+    args: &ZramArgs,
+    paths: &[PathBuf],
+    layout: ztier_pool::ZsConfig,
+) -> anyhow::Result<()> {
+    if !args.replay.json {
+        println!(
+            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8}",
+            "corpus",
+            "alg",
+            "unit",
+            "mem_used",
+            "raw_compr",
+            "mem/raw",
+            "store_s",
+            "raw_c_s",
+            "seq_MB/s",
+            "unit_MB/s",
+            "rand_MB/s",
+            "p50_us",
+            "p99_us"
+        );
+    }
+    for path in paths {
+        let corpus = args.replay.load(path)?;
+        for algorithm in &args.replay.compressors {
+            for &unit_size in &args.unit_size {
+                let replay = ztier_replay::units::UnitReplay {
+                    layout,
+                    algorithm: algorithm.clone(),
+                    unit_size: usize::try_from(unit_size)?,
+                    random_reads: args.random_reads,
+                };
+                let run = replay.run(&corpus)?;
+                emit(args.replay.json, &run, print_unit_run)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_unit_run(r: &ztier_replay::units::UnitRun) {
+    println!(
+        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1}",
+        r.corpus,
+        r.compressor,
+        r.unit_size >> 10,
+        r.mm_stat.mem_used_total,
+        r.raw_compressed_bytes,
+        r.stored_vs_raw,
+        r.store_seconds,
+        r.raw_compress_seconds,
+        r.sequential_read_mb_s,
+        r.sequential_unit_read_mb_s,
+        r.random_read_mb_s,
+        r.random_read_p50_us,
+        r.random_read_p99_us
+    );
 }
 
 /// The pool layouts of a sweep: `--chain-sizes`, else the one `--chain-size`.

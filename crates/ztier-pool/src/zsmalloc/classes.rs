@@ -7,6 +7,16 @@
 //! its sizes are served by the larger class. Classes holding one object in one page are
 //! "huge"; `huge_class_size` is the largest non-huge class size minus `ZS_HANDLE_SIZE - 1`,
 //! the compressed length from which zram stores a page raw.
+//!
+//! Multi-page classes (a pool whose largest object is a unit of several pages, for zram's
+//! large compression units; the idea of OPPO's 2024 multi-page zsmalloc RFC): above the page
+//! size come classes `page_size + k * large_delta` (large delta = largest object >>
+//! `CLASS_BITS`) up to the largest object. A large class's zspage is a chain of as many pages
+//! as one object needs, up to `chain_size` pages where that holds more than one object,
+//! chosen by the same rule; a class whose one object fills its chain exactly is huge (no
+//! header). `huge_class_size` is then the largest class below the largest object, less the
+//! header: a unit compressing to more is stored raw. A pool without them (the default) has
+//! exactly the kernel's table.
 
 use serde::Serialize;
 
@@ -20,6 +30,8 @@ pub const DEFAULT_CHAIN_SIZE: usize = 8;
 pub const CHAIN_SIZE_RANGE: std::ops::RangeInclusive<usize> = 1..=16;
 /// Class index bits: the class delta is `page_size >> CLASS_BITS`.
 const CLASS_BITS: u32 = 8;
+/// The largest object a multi-page pool takes (a 64 KiB compression unit).
+pub const MAX_OBJECT_SIZE: usize = 64 << 10;
 
 /// How a class's zspage chain length is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -42,15 +54,19 @@ impl ChainRule {
         }
     }
 
+    /// Pages per zspage for a class: from the fewest that hold one object (1 up to a page)
+    /// to `chain_size` (or that fewest, if more), the one the rule prefers.
     fn pages_per_zspage(self, class_size: usize, page_size: usize, chain_size: usize) -> usize {
+        let fewest = class_size.div_ceil(page_size);
+        let most = chain_size.max(fewest);
         match self {
             ChainRule::LeastWaste => {
                 if class_size.is_power_of_two() {
-                    return 1;
+                    return fewest;
                 }
-                let mut best = 1;
+                let mut best = fewest;
                 let mut min_waste = usize::MAX;
-                for i in 1..=chain_size {
+                for i in fewest..=most {
                     let waste = (i * page_size) % class_size;
                     if waste < min_waste {
                         min_waste = waste;
@@ -60,9 +76,9 @@ impl ChainRule {
                 best
             }
             ChainRule::UsedPercent => {
-                let mut best = 1;
+                let mut best = fewest;
                 let mut max_used_pc = 0;
-                for i in 1..=chain_size {
+                for i in fewest..=most {
                     let zspage_size = i * page_size;
                     let waste = zspage_size % class_size;
                     let used_pc = (zspage_size - waste) * 100 / zspage_size;
@@ -97,7 +113,8 @@ pub struct ClassSpec {
     pub size: usize,
     pub pages_per_zspage: usize,
     pub objs_per_zspage: usize,
-    /// One object per one-page zspage, stored without a header.
+    /// One object filling its zspage (one page, or a multi-page class's exact chain),
+    /// stored without a header.
     pub huge: bool,
 }
 
@@ -107,6 +124,10 @@ pub struct ClassTable {
     pub page_size: usize,
     pub chain_size: usize,
     pub rule: ChainRule,
+    /// The largest object: the page size, or a multi-page unit above it.
+    pub max_object: usize,
+    /// Kernel class indexes below the page size's (the kernel's table).
+    small_indexes: usize,
     /// Unique classes in ascending size order.
     pub classes: Vec<ClassSpec>,
     /// For each kernel class index, the position in `classes` serving it.
@@ -118,17 +139,40 @@ pub struct ClassTable {
 }
 
 impl ClassTable {
+    /// The kernel's table: objects up to one page.
     pub fn new(page_size: usize, chain_size: usize, rule: ChainRule) -> ClassTable {
+        ClassTable::with_max_object(page_size, chain_size, rule, page_size)
+    }
+
+    /// The kernel's table, then multi-page classes up to `max_object` (a power of two from
+    /// the page size to [`MAX_OBJECT_SIZE`]; the page size gives the kernel's table alone).
+    pub fn with_max_object(
+        page_size: usize,
+        chain_size: usize,
+        rule: ChainRule,
+        max_object: usize,
+    ) -> ClassTable {
         assert!(page_size.is_power_of_two() && page_size >= 4096);
         assert!(CHAIN_SIZE_RANGE.contains(&chain_size));
+        assert!(max_object.is_power_of_two() && max_object >= page_size);
         let delta = page_size >> CLASS_BITS;
-        let nr_classes = (page_size - ZS_MIN_ALLOC_SIZE).div_ceil(delta) + 1;
+        let small_indexes = (page_size - ZS_MIN_ALLOC_SIZE).div_ceil(delta) + 1;
+        let large_delta = max_object >> CLASS_BITS;
+        let large_indexes = (max_object - page_size) / large_delta;
+        let nr_classes = small_indexes + large_indexes;
+        let size_of = |i: usize| {
+            if i < small_indexes {
+                (ZS_MIN_ALLOC_SIZE + i * delta).min(page_size)
+            } else {
+                page_size + (i - small_indexes + 1) * large_delta
+            }
+        };
 
         let mut descending: Vec<ClassSpec> = Vec::new();
         let mut index_to_desc = vec![0usize; nr_classes];
         let mut huge_watermark = 0;
         for i in (0..nr_classes).rev() {
-            let size = (ZS_MIN_ALLOC_SIZE + i * delta).min(page_size);
+            let size = size_of(i);
             let pages = rule.pages_per_zspage(size, page_size, chain_size);
             let objs = pages * page_size / size;
             // The kernel's rule. With one-page zspages (chain size 1, below the kernel's
@@ -136,7 +180,7 @@ impl ClassTable {
             // huge; here the largest size that shares a page is the watermark instead.
             let kernel_rule = pages != 1 && objs != 1;
             let one_page_chains = chain_size == 1 && objs != 1;
-            if (kernel_rule || one_page_chains) && huge_watermark == 0 {
+            if i < small_indexes && (kernel_rule || one_page_chains) && huge_watermark == 0 {
                 huge_watermark = size;
             }
             if let Some(prev) = descending.last() {
@@ -150,9 +194,19 @@ impl ClassTable {
                 size,
                 pages_per_zspage: pages,
                 objs_per_zspage: objs,
-                huge: pages == 1 && objs == 1,
+                huge: objs == 1 && (pages == 1 || size == pages * page_size),
             });
             index_to_desc[i] = descending.len() - 1;
+        }
+        if large_indexes > 0 {
+            // Lengths whose class is the largest object's are stored raw: the unit costs
+            // the same, and reads need no decompression.
+            huge_watermark = descending
+                .iter()
+                .map(|c| c.size)
+                .filter(|&s| s < max_object)
+                .max()
+                .expect("classes below the largest object");
         }
         let n = descending.len();
         descending.reverse();
@@ -161,6 +215,8 @@ impl ClassTable {
             page_size,
             chain_size,
             rule,
+            max_object,
+            small_indexes,
             classes: descending,
             slot_of_index,
             huge_watermark,
@@ -177,6 +233,11 @@ impl ClassTable {
     /// (handle header included).
     pub fn size_class_index(&self, size: usize) -> usize {
         let delta = self.page_size >> CLASS_BITS;
+        if size > self.page_size && self.max_object > self.page_size {
+            let large_delta = self.max_object >> CLASS_BITS;
+            let idx = self.small_indexes + (size - self.page_size).div_ceil(large_delta) - 1;
+            return idx.min(self.nr_indexes() - 1);
+        }
         let idx = if size > ZS_MIN_ALLOC_SIZE {
             (size - ZS_MIN_ALLOC_SIZE).div_ceil(delta)
         } else {
@@ -252,5 +313,63 @@ mod tests {
             .classes
             .iter()
             .all(|c| c.size % 64 == 32 || c.size == 16384));
+    }
+
+    #[test]
+    fn a_page_as_the_largest_object_is_the_kernels_table() {
+        for chain in [1, 4, 8, 16] {
+            let kernel = ClassTable::new(4096, chain, ChainRule::LeastWaste);
+            let same = ClassTable::with_max_object(4096, chain, ChainRule::LeastWaste, 4096);
+            let sizes = |t: &ClassTable| -> Vec<_> {
+                t.classes
+                    .iter()
+                    .map(|c| (c.index, c.size, c.pages_per_zspage, c.huge))
+                    .collect()
+            };
+            assert_eq!(sizes(&kernel), sizes(&same));
+            assert_eq!(kernel.huge_class_size, same.huge_class_size);
+        }
+    }
+
+    #[test]
+    fn multi_page_classes_up_to_64k() {
+        let t = ClassTable::with_max_object(4096, 8, ChainRule::LeastWaste, 65536);
+        let kernel = ClassTable::new(4096, 8, ChainRule::LeastWaste);
+        // The page's classes are the kernel's, unchanged, below the multi-page ones.
+        assert_eq!(
+            t.classes[..kernel.classes.len()]
+                .iter()
+                .map(|c| c.size)
+                .collect::<Vec<_>>(),
+            kernel.classes.iter().map(|c| c.size).collect::<Vec<_>>()
+        );
+        let last = t.classes.last().unwrap();
+        assert_eq!(
+            (last.size, last.pages_per_zspage, last.huge),
+            (65536, 16, true)
+        );
+        // A whole unit lands in the unit's class; one byte less than the watermark does not.
+        assert_eq!(t.classes[t.slot_for_request(65536)].size, 65536);
+        assert_eq!(t.classes[t.slot_for_request(t.huge_class_size)].size, 65536);
+        assert!(t.classes[t.slot_for_request(t.huge_class_size - 1)].size < 65536);
+        assert_eq!(
+            t.huge_watermark, 61440,
+            "15 pages: the largest class below the unit"
+        );
+        // Every class holds its objects in its chain, and a request lands in a class that
+        // fits it with its header.
+        for c in &t.classes {
+            assert!(
+                c.objs_per_zspage >= 1 && c.size * c.objs_per_zspage <= c.pages_per_zspage * 4096
+            );
+        }
+        for len in [4089, 4100, 5000, 20000, 40000, 61000] {
+            let c = &t.classes[t.slot_for_request(len)];
+            assert!(
+                c.size >= len + ZS_HANDLE_SIZE || (c.huge && c.size >= len),
+                "{len}"
+            );
+        }
+        assert!(t.classes.len() < 512, "a handle names its class in 9 bits");
     }
 }

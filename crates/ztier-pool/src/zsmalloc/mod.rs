@@ -42,8 +42,8 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 use serde::Serialize;
 
 pub use classes::{
-    ChainRule, ClassSpec, ClassTable, CHAIN_SIZE_RANGE, DEFAULT_CHAIN_SIZE, ZS_HANDLE_SIZE,
-    ZS_MIN_ALLOC_SIZE,
+    ChainRule, ClassSpec, ClassTable, CHAIN_SIZE_RANGE, DEFAULT_CHAIN_SIZE, MAX_OBJECT_SIZE,
+    ZS_HANDLE_SIZE, ZS_MIN_ALLOC_SIZE,
 };
 
 use ztier_base::list::{Linked, Links, List};
@@ -91,7 +91,7 @@ const _: () = assert!(H_CLASS.max() >= 256, "a 16 KiB pool has 257 class indexes
 
 // Object header (u64, little-endian, first 8 bytes of every non-huge object):
 //
-//   allocated:  | length (16) << 33 | handle index (32) << 1 | 1 |
+//   allocated:  | length (17) << 33 | handle index (32) << 1 | 1 |
 //   free:       |                     next free object (32) << 1 | 0 |
 const OBJ_ALLOCATED_TAG: u64 = 1;
 const OBJ_LEN_SHIFT: u32 = 33;
@@ -106,8 +106,11 @@ fn header_next_free(header: u64) -> u32 {
     (header >> 1) as u32
 }
 fn header_len(header: u64) -> usize {
-    (header >> OBJ_LEN_SHIFT) as usize & 0xffff
+    (header >> OBJ_LEN_SHIFT) as usize & OBJ_LEN_MASK
 }
+
+/// An object's length in its header: up to a 64 KiB unit stored whole.
+const OBJ_LEN_MASK: usize = (MAX_OBJECT_SIZE << 1) - 1;
 fn header_handle_index(header: u64) -> u32 {
     (header >> 1) as u32
 }
@@ -120,6 +123,10 @@ pub struct ZsConfig {
     /// Max pages per zspage (`CONFIG_ZSMALLOC_CHAIN_SIZE`), 1..=16.
     pub chain_size: usize,
     pub chain_rule: ChainRule,
+    /// The largest object, if above a page: multi-page classes up to it (a power of two up
+    /// to [`MAX_OBJECT_SIZE`], for zram's large compression units). `None`: the kernel's
+    /// table, objects up to a page.
+    pub max_object: Option<usize>,
 }
 
 impl Default for ZsConfig {
@@ -128,6 +135,7 @@ impl Default for ZsConfig {
             page_size: 4096,
             chain_size: DEFAULT_CHAIN_SIZE,
             chain_rule: ChainRule::LeastWaste,
+            max_object: None,
         }
     }
 }
@@ -141,7 +149,31 @@ impl ZsConfig {
                 chain_size: self.chain_size,
             });
         }
+        let max_object = self.largest_object();
+        if !max_object.is_power_of_two()
+            || max_object < self.page_size
+            || max_object > MAX_OBJECT_SIZE.max(self.page_size)
+        {
+            return Err(ConfigError::MaxObject {
+                max_object,
+                page_size: self.page_size,
+            });
+        }
         Ok(())
+    }
+
+    /// The largest object a pool of this layout takes.
+    pub fn largest_object(&self) -> usize {
+        self.max_object.unwrap_or(self.page_size)
+    }
+
+    /// This layout with multi-page classes up to `max_object` bytes (none at a page or
+    /// below).
+    pub fn with_max_object(self, max_object: usize) -> ZsConfig {
+        ZsConfig {
+            max_object: (max_object > self.page_size).then_some(max_object),
+            ..self
+        }
     }
 }
 
@@ -304,12 +336,25 @@ impl ZsPool {
     pub fn new(config: ZsConfig) -> Result<ZsPool> {
         config.validate()?;
         let tag = PoolTag::new()?;
-        let table = ClassTable::new(config.page_size, config.chain_size, config.chain_rule);
+        let table = ClassTable::with_max_object(
+            config.page_size,
+            config.chain_size,
+            config.chain_rule,
+            config.largest_object(),
+        );
         // A handle-table entry keeps an object's index in 16 bits (`HandleSlot::place`).
         assert!(table
             .classes
             .iter()
             .all(|c| c.objs_per_zspage <= OBJS_PER_ZSPAGE_MAX));
+        // A handle names its class in H_CLASS's bits.
+        if table.classes.len() as u64 > H_CLASS.max() + 1 {
+            return Err(ConfigError::MaxObject {
+                max_object: config.largest_object(),
+                page_size: config.page_size,
+            }
+            .into());
+        }
         let classes = table
             .classes
             .iter()
@@ -722,7 +767,7 @@ impl ZPool for ZsPool {
     }
 
     fn max_alloc_size(&self) -> usize {
-        self.table.page_size
+        self.table.max_object
     }
 
     fn huge_class_size(&self) -> usize {

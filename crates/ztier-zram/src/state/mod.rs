@@ -214,6 +214,7 @@ impl Device {
     /// a backing store, its header is stamped first, and written-back pages are saved by
     /// their place there.
     pub fn save_state(&self, out: &mut dyn Write) -> Result<StateSummary> {
+        self.check_page_units("a saved state")?;
         let io = |e: std::io::Error| bad_state(StateError::Write(e));
         let mut w = Summed {
             inner: out,
@@ -379,6 +380,7 @@ impl Device {
         input: &mut dyn Read,
         store: Option<(Arc<dyn BlockDevice>, WbFormat)>,
     ) -> Result<StateSummary> {
+        self.check_page_units("a saved state")?;
         if self
             .slots
             .iter()

@@ -104,6 +104,9 @@ impl Device {
     /// Sets the backing store (`backing_dev`). Refused while pages are written back to the
     /// current one.
     pub fn set_backing(&self, store: Option<Backing>) -> Result<()> {
+        if store.is_some() {
+            self.check_page_units("writeback")?;
+        }
         // The current store's gate first (before `backing`, as a writeback takes it): a
         // writeback on it in flight has pages it has not yet counted in `bd_count`, and
         // would commit them to a store the device no longer has; one that starts after

@@ -1,0 +1,203 @@
+//! Large compression units measured (issue #60): a corpus written to a fresh zram device of
+//! one unit size (4, 16 or 64 KiB) on zsmalloc, one thread, whole units at a time; beside it,
+//! the raw compressor on the same units in the same run (bytes and time), so that
+//! `mem_used_total` over the raw compressed bytes is the allocator's overhead. Then reads:
+//! every page in order (sequential), and random single pages (each a 4 KiB read that
+//! decompresses its whole unit), with their latency quantiles. Every page is verified
+//! (untimed) after the timed phases.
+//!
+//! Same-filled units are skipped by the reference as zram skips them; a unit the compressor
+//! cannot shrink below zram's raw threshold counts its whole size in the reference, as zram
+//! stores it.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use ztier_compress::{same_filled, worst_case_len, Algorithm};
+use ztier_corpus::Corpus;
+use ztier_pool::{AllocatorKind, ZsConfig};
+use ztier_zram::{Device, MmStat};
+
+use crate::driver::{at, best_of_fresh_pairs, best_of_pairs, mb_s, passes_for, round1, round3};
+use crate::{ReplayError, Result};
+
+/// One unit size's run.
+#[derive(Debug, Clone)]
+pub struct UnitReplay {
+    pub layout: ZsConfig,
+    pub algorithm: Algorithm,
+    /// Bytes per unit: the layout's page size or a power of two up to 64 KiB.
+    pub unit_size: usize,
+    /// Random page reads timed one by one.
+    pub random_reads: usize,
+}
+
+/// What one unit size made of a corpus (what `--json` prints).
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitRun {
+    pub corpus: String,
+    pub compressor: String,
+    pub unit_size: usize,
+    /// Pages of the corpus (the device rounds up to whole units; the tail reads as zeros).
+    pub pages: u64,
+    pub mm_stat: MmStat,
+    /// The raw compressor's bytes on the same units (same-filled skipped, raw ones whole).
+    pub raw_compressed_bytes: u64,
+    /// `mem_used_total` / `raw_compressed_bytes`: what the allocator adds.
+    pub stored_vs_raw: f64,
+    /// Seconds to store every unit (one thread, best of up to three passes).
+    pub store_seconds: f64,
+    /// Seconds the raw compressor took on the same units (best of the passes).
+    pub raw_compress_seconds: f64,
+    /// Every page read in order, MB of pages per second (best of the passes).
+    pub sequential_read_mb_s: f64,
+    /// Every unit read whole in order (decompressed straight into the destination), MB per
+    /// second (best of the passes).
+    pub sequential_unit_read_mb_s: f64,
+    /// Random single-page reads, MB of pages per second.
+    pub random_read_mb_s: f64,
+    /// Their latency quantiles, in microseconds.
+    pub random_read_p50_us: f64,
+    pub random_read_p99_us: f64,
+    pub verified: bool,
+}
+
+impl UnitReplay {
+    pub fn run(&self, corpus: &Corpus) -> Result<UnitRun> {
+        let layout = self.layout.with_max_object(self.unit_size);
+        layout.validate().map_err(ztier_pool::PoolError::from)?;
+        let unit = self.unit_size;
+        let ps = layout.page_size;
+        if corpus.bytes().len() < ps {
+            return Err(ReplayError::CorpusTooSmall {
+                corpus: corpus.name.clone(),
+                page_size: ps,
+            });
+        }
+        // Whole pages, padded with zeros to whole units.
+        let page_bytes = corpus.bytes().len() / ps * ps;
+        let mut data = corpus.bytes()[..page_bytes].to_vec();
+        data.resize(page_bytes.div_ceil(unit) * unit, 0);
+        let units: Vec<&[u8]> = data.chunks_exact(unit).collect();
+        let pages = (page_bytes / ps) as u64;
+        let make_device = || -> Result<Device> {
+            let pool = AllocatorKind::Zsmalloc.make_pool(&layout)?;
+            Ok(Device::with_unit_size(
+                data.len() as u64,
+                self.algorithm.clone(),
+                pool,
+                unit,
+            )?)
+        };
+        let huge_from = make_device()?.huge_class_size();
+
+        // The reference: the raw compressor on every unit zram would compress.
+        let mut comp = self.algorithm.new_compressor();
+        let mut buf = vec![0u8; worst_case_len(unit)];
+        let mut raw_compressed_bytes = 0u64;
+        for (i, u) in units.iter().enumerate() {
+            if same_filled(u).is_none() {
+                let len = comp
+                    .compress(u, &mut buf)
+                    .map_err(|e| at("compressing", i, e))?;
+                raw_compressed_bytes += if len >= huge_from { unit } else { len } as u64;
+            }
+        }
+
+        let passes = passes_for(data.len()).min(3);
+        let (raw_compress_seconds, store_seconds, dev) = best_of_fresh_pairs(
+            passes,
+            &mut || make_device(),
+            &mut || {
+                let began = Instant::now();
+                for (i, u) in units.iter().enumerate() {
+                    if same_filled(u).is_none() {
+                        comp.compress(u, &mut buf)
+                            .map_err(|e| at("compressing", i, e))?;
+                    }
+                }
+                Ok(began.elapsed().as_secs_f64())
+            },
+            &mut |d: &Device| {
+                let began = Instant::now();
+                for (i, u) in units.iter().enumerate() {
+                    d.write_unit(i as u64, u).map_err(|e| at("writing", i, e))?;
+                }
+                Ok(began.elapsed().as_secs_f64())
+            },
+        )?;
+        let mm_stat = dev.mm_stat();
+
+        // Sequential: every page in order.
+        let mut page = vec![0u8; ps];
+        let (_, sequential_s) = best_of_pairs(passes, &mut || Ok(0.0), &mut || {
+            let began = Instant::now();
+            for p in 0..pages {
+                dev.read_page(p, &mut page)
+                    .map_err(|e| at("reading", p as usize, e))?;
+            }
+            Ok(began.elapsed().as_secs_f64())
+        })?;
+
+        // Sequential whole units: one decompression each.
+        let mut whole = vec![0u8; unit];
+        let (_, unit_read_s) = best_of_pairs(passes, &mut || Ok(0.0), &mut || {
+            let began = Instant::now();
+            for u in 0..units.len() {
+                dev.read_unit(u as u64, &mut whole)
+                    .map_err(|e| at("reading", u, e))?;
+            }
+            Ok(began.elapsed().as_secs_f64())
+        })?;
+
+        // Random single pages, each timed.
+        let mut rng = ztier_base::rng::Rng::from_state(0x9e37_79b9_7f4a_7c15);
+        let mut latencies = Vec::with_capacity(self.random_reads);
+        let began = Instant::now();
+        for _ in 0..self.random_reads {
+            let p = rng.next_u64() % pages;
+            let t = Instant::now();
+            dev.read_page(p, &mut page)
+                .map_err(|e| at("reading", p as usize, e))?;
+            latencies.push(t.elapsed().as_nanos() as u64);
+        }
+        let random_s = began.elapsed().as_secs_f64();
+        latencies.sort_unstable();
+        let quantile = |q: f64| {
+            let i = ((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1));
+            latencies.get(i).map_or(0.0, |&ns| ns as f64 / 1000.0)
+        };
+
+        for p in 0..pages {
+            dev.read_page(p, &mut page)
+                .map_err(|e| at("reading", p as usize, e))?;
+            let at_byte = p as usize * ps;
+            if page[..] != data[at_byte..at_byte + ps] {
+                return Err(ReplayError::Mismatch {
+                    corpus: corpus.name.clone(),
+                    page: p as usize,
+                });
+            }
+        }
+
+        Ok(UnitRun {
+            corpus: corpus.name.clone(),
+            compressor: self.algorithm.to_string(),
+            unit_size: unit,
+            pages,
+            mm_stat,
+            raw_compressed_bytes,
+            stored_vs_raw: round3(
+                mm_stat.mem_used_total as f64 / raw_compressed_bytes.max(1) as f64,
+            ),
+            store_seconds: round3(store_seconds),
+            raw_compress_seconds: round3(raw_compress_seconds),
+            sequential_read_mb_s: round1(mb_s(pages as usize * ps, sequential_s)),
+            sequential_unit_read_mb_s: round1(mb_s(data.len(), unit_read_s)),
+            random_read_mb_s: round1(mb_s(self.random_reads * ps, random_s)),
+            random_read_p50_us: round1(quantile(0.5)),
+            random_read_p99_us: round1(quantile(0.99)),
+            verified: true,
+        })
+    }
+}

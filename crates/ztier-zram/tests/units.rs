@@ -1,0 +1,330 @@
+//! Devices of large compression units (16 and 64 KiB, and the page for comparison): a
+//! property test of random writes, partial writes, discards and reads of random ranges
+//! against a plain byte model; the block-device conformance suite at each unit size; the
+//! per-unit counters (same-filled, stored raw); and the refusals of what works page by page.
+//!
+//! Model properties: every read returns the model's bytes (the last written at each offset,
+//! zeros where nothing was written or whole pages were discarded); `orig_data_size` is the
+//! allocated units × unit size; once everything is discarded the pool holds no page.
+
+use proptest::prelude::*;
+use ztier_base::rng::Rng;
+use ztier_compress::Algorithm;
+use ztier_pool::{ZPool, ZsConfig, ZsPool};
+use ztier_zram::{Device, ZramError};
+
+const PAGE: usize = 4096;
+
+fn pool(unit: usize) -> Box<dyn ZPool> {
+    Box::new(ZsPool::new(ZsConfig::default().with_max_object(unit)).unwrap())
+}
+
+fn device(units: u64, unit: usize, alg: &str) -> Device {
+    Device::with_unit_size(
+        units * unit as u64,
+        alg.parse::<Algorithm>().unwrap(),
+        pool(unit),
+        unit,
+    )
+    .unwrap()
+}
+
+/// Bytes of one of four kinds, by `kind`: text-like, one repeated word, zeros, or random
+/// (incompressible).
+fn bytes(len: usize, seed: u64, kind: u8) -> Vec<u8> {
+    let mut rng = Rng::from_state(seed | 1);
+    match kind % 4 {
+        0 => {
+            let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta "];
+            let mut out = Vec::with_capacity(len + 8);
+            while out.len() < len {
+                let x = rng.next_u64();
+                out.extend_from_slice(words[(x % 4) as usize]);
+                out.push((x >> 8) as u8);
+            }
+            out.truncate(len);
+            out
+        }
+        1 => (0..len).map(|i| (seed >> (8 * (i % 8))) as u8).collect(),
+        2 => vec![0; len],
+        _ => (0..len).map(|_| rng.next_u64() as u8).collect(),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        at: u64,
+        len: usize,
+        seed: u64,
+        kind: u8,
+    },
+    WriteUnit {
+        unit: u64,
+        seed: u64,
+        kind: u8,
+    },
+    WritePage {
+        page: u64,
+        seed: u64,
+        kind: u8,
+    },
+    Discard {
+        at: u64,
+        len: u64,
+    },
+    DiscardPage {
+        page: u64,
+    },
+    Read {
+        at: u64,
+        len: usize,
+    },
+    ReadPage {
+        page: u64,
+    },
+}
+
+fn op(disk: u64, units: u64, pages: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..disk, 1..20_000usize, any::<u64>(), any::<u8>()).prop_map(
+            move |(at, len, seed, kind)| Op::Write {
+                at,
+                len: len.min((disk - at) as usize),
+                seed,
+                kind
+            }
+        ),
+        (0..units, any::<u64>(), any::<u8>()).prop_map(|(unit, seed, kind)| Op::WriteUnit {
+            unit,
+            seed,
+            kind
+        }),
+        (0..pages, any::<u64>(), any::<u8>()).prop_map(|(page, seed, kind)| Op::WritePage {
+            page,
+            seed,
+            kind
+        }),
+        (0..disk, 0..150_000u64).prop_map(move |(at, len)| Op::Discard {
+            at,
+            len: len.min(disk - at)
+        }),
+        (0..pages).prop_map(|page| Op::DiscardPage { page }),
+        (0..disk, 1..70_000usize).prop_map(move |(at, len)| Op::Read {
+            at,
+            len: len.min((disk - at) as usize)
+        }),
+        (0..pages).prop_map(|page| Op::ReadPage { page }),
+    ]
+}
+
+/// Runs `ops` on a device of `units` units of `unit` bytes and on the model; checks every
+/// read, the whole disk at the end, the page counts, and that discarding all frees the pool.
+fn check_against_model(unit: usize, units: u64, alg: &str, ops: &[Op]) {
+    let dev = device(units, unit, alg);
+    let disk = units * unit as u64;
+    let mut model = vec![0u8; disk as usize];
+    let ps = PAGE as u64;
+    for op in ops {
+        match *op {
+            Op::Write {
+                at,
+                len,
+                seed,
+                kind,
+            } => {
+                let data = bytes(len, seed, kind);
+                dev.write_bytes(at, &data).unwrap();
+                model[at as usize..at as usize + len].copy_from_slice(&data);
+            }
+            Op::WriteUnit {
+                unit: u,
+                seed,
+                kind,
+            } => {
+                let data = bytes(unit, seed, kind);
+                dev.write_unit(u, &data).unwrap();
+                let at = u as usize * unit;
+                model[at..at + unit].copy_from_slice(&data);
+            }
+            Op::WritePage { page, seed, kind } => {
+                let data = bytes(PAGE, seed, kind);
+                dev.write_page(page, &data).unwrap();
+                let at = page as usize * PAGE;
+                model[at..at + PAGE].copy_from_slice(&data);
+            }
+            Op::Discard { at, len } => {
+                dev.discard(at, len).unwrap();
+                // Whole pages only: the partial pages at the ends are left as they are.
+                let (first, end) = (at.div_ceil(ps) * ps, (at + len) / ps * ps);
+                if first < end {
+                    model[first as usize..end as usize].fill(0);
+                }
+            }
+            Op::DiscardPage { page } => {
+                dev.discard_page(page).unwrap();
+                let at = page as usize * PAGE;
+                model[at..at + PAGE].fill(0);
+            }
+            Op::Read { at, len } => {
+                let mut out = vec![0xa5; len];
+                dev.read_bytes(at, &mut out).unwrap();
+                assert!(
+                    out[..] == model[at as usize..at as usize + len],
+                    "read {at}+{len}"
+                );
+            }
+            Op::ReadPage { page } => {
+                let mut out = vec![0xa5; PAGE];
+                dev.read_page(page, &mut out).unwrap();
+                let at = page as usize * PAGE;
+                assert!(out[..] == model[at..at + PAGE], "page {page}");
+            }
+        }
+    }
+    let mut whole = vec![0xa5; disk as usize];
+    dev.read_bytes(0, &mut whole).unwrap();
+    assert!(whole == model, "the whole disk");
+    let allocated = (0..units)
+        .filter(|&u| dev.entry(u).unwrap().is_allocated())
+        .count() as u64;
+    let mm = dev.mm_stat();
+    assert_eq!(mm.orig_data_size, allocated * unit as u64);
+    assert!(mm.same_pages * PAGE as u64 <= mm.orig_data_size);
+    dev.discard(0, disk).unwrap();
+    let mm = dev.mm_stat();
+    assert_eq!(
+        (mm.orig_data_size, mm.compr_data_size, mm.mem_used_total),
+        (0, 0, 0)
+    );
+    assert_eq!((mm.same_pages, mm.huge_pages), (0, 0));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn units_of_4k_follow_the_model(ops in prop::collection::vec(op(16 * 4096, 16, 16), 1..40)) {
+        check_against_model(4096, 16, "lz4", &ops);
+    }
+
+    #[test]
+    fn units_of_16k_follow_the_model(ops in prop::collection::vec(op(8 * 16384, 8, 32), 1..40)) {
+        check_against_model(16384, 8, "lz4", &ops);
+    }
+
+    #[test]
+    fn units_of_64k_follow_the_model(ops in prop::collection::vec(op(4 * 65536, 4, 64), 1..40)) {
+        check_against_model(65536, 4, "zstd", &ops);
+    }
+}
+
+#[test]
+fn block_device_conformance_at_each_unit_size() {
+    for unit in [16384, 65536] {
+        let dev = device(4 * 65536 / unit as u64, unit, "lz4");
+        ztier_blockdev::testing::run_all(&dev);
+    }
+}
+
+#[test]
+fn same_filled_and_incompressible_units_are_counted_in_pages() {
+    let dev = device(4, 65536, "lz4");
+    dev.write_unit(0, &bytes(65536, 7, 1)).unwrap();
+    dev.write_unit(1, &bytes(65536, 7, 3)).unwrap();
+    dev.write_unit(2, &bytes(65536, 7, 0)).unwrap();
+    let mm = dev.mm_stat();
+    assert_eq!(mm.same_pages, 16, "one same-filled unit is its 16 pages");
+    assert_eq!(mm.huge_pages, 16, "one unit stored raw");
+    assert_eq!(mm.orig_data_size, 3 * 65536);
+    let text = dev.entry(2).unwrap().size();
+    assert!(
+        text > 0 && text < 65536 / 2,
+        "text compresses as one object: {text}"
+    );
+    assert_eq!(mm.compr_data_size, 65536 + text as u64);
+    assert_eq!(dev.entry(1).unwrap().size(), 65536);
+    // A page written into the same-filled unit makes it one compressed object.
+    dev.write_page(3, &bytes(4096, 9, 0)).unwrap();
+    let mm = dev.mm_stat();
+    assert_eq!((mm.same_pages, mm.orig_data_size), (0, 3 * 65536));
+}
+
+#[test]
+fn a_4k_page_read_from_a_64k_unit_is_its_page() {
+    let dev = device(2, 65536, "zstd");
+    let unit = bytes(65536, 3, 0);
+    dev.write_unit(1, &unit).unwrap();
+    let mut page = vec![0; 4096];
+    for p in 16..32 {
+        dev.read_page(p, &mut page).unwrap();
+        assert!(
+            page[..] == unit[(p as usize - 16) * 4096..][..4096],
+            "page {p}"
+        );
+    }
+    assert!(matches!(
+        dev.read_page(32, &mut page),
+        Err(ZramError::BadIndex {
+            index: 32,
+            pages: 32
+        })
+    ));
+    assert_eq!(dev.io_stat().failed_reads, 1);
+}
+
+#[test]
+fn what_works_page_by_page_is_refused_for_large_units() {
+    let dev = device(2, 16384, "lz4");
+    let unsupported = |r: Result<(), ZramError>| {
+        matches!(
+            r,
+            Err(ZramError::UnitUnsupported {
+                unit_size: 16384,
+                page_size: 4096,
+                ..
+            })
+        )
+    };
+    assert!(unsupported(
+        dev.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
+    ));
+    assert!(unsupported(dev.save_state(&mut Vec::new()).map(drop)));
+    assert!(unsupported(dev.load_state(&mut &[][..]).map(drop)));
+    // The empty list is no recompression: nothing to refuse.
+    dev.set_recomp_algorithms(Vec::new()).unwrap();
+}
+
+#[test]
+fn bad_unit_sizes_and_disks_are_refused() {
+    let alg = || "lz4".parse::<Algorithm>().unwrap();
+    // The pool's largest object bounds the unit.
+    let small = Box::new(ZsPool::new(ZsConfig::default()).unwrap());
+    assert!(matches!(
+        Device::with_unit_size(1 << 20, alg(), small, 16384),
+        Err(ZramError::BadUnitSize {
+            unit_size: 16384,
+            max_unit: 4096,
+            ..
+        })
+    ));
+    for unit in [8192 + 4096, 2048, 131072] {
+        assert!(matches!(
+            Device::with_unit_size(1 << 20, alg(), pool(65536), unit),
+            Err(ZramError::BadUnitSize { .. })
+        ));
+    }
+    assert!(matches!(
+        Device::with_unit_size(65536 + 4096, alg(), pool(65536), 65536),
+        Err(ZramError::DiskNotWholeUnits {
+            unit_size: 65536,
+            ..
+        })
+    ));
+    // A page-sized unit is the default device.
+    let dev = Device::with_unit_size(1 << 20, alg(), pool(4096), 4096).unwrap();
+    assert_eq!(
+        (dev.unit_size(), dev.pages(), dev.units()),
+        (4096, 256, 256)
+    );
+}
