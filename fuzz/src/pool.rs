@@ -55,6 +55,7 @@ pub fn pool_model(data: &[u8]) {
             } else {
                 ChainRule::LeastWaste
             },
+            ..ZsConfig::default()
         })
         .expect("valid layout");
         run_model(&pool, &ops, |p| {

@@ -7,12 +7,12 @@
 //! 256 slots' worth.)
 //!
 //! Pages of a table that hold only zeros again can be given back to the OS
-//! ([`give_back_zero_pages`]: a discarded range of a disk), and [`resident_bytes`] says what
-//! a table costs now.
+//! ([`give_back_zero_pages`], each row of the page claimed by its lock first: a discarded
+//! range of a disk), and [`resident_bytes`] says what a table costs now.
 //!
 //! Invariant: every value handed out starts as all zero bytes, which is a valid value of
-//! the atomic types here (their zero), and a page given back reads as zeros again. No locks
-//! (the caller of a give-back keeps writers out).
+//! the atomic types here (their zero), and a page given back reads as zeros again: every
+//! row of it empty and unlocked. No locks of its own: a give-back holds the rows' own.
 #![allow(unsafe_code)]
 
 use std::alloc::{alloc_zeroed, Layout};
@@ -80,51 +80,113 @@ pub fn has_zero_page<const W: usize>(
     false
 }
 
-/// The OS pages wholly inside `rows[range]` whose every value is zero now are given back
-/// to the OS (`MADV_DONTNEED`: the memory is freed, and the page reads as zeros again, from
+/// How a table's rows are locked: the word of a row that holds its lock bit, and the bit.
+/// A give-back takes the lock of every row of a page (a compare-and-swap from zero), so no
+/// one holds or takes one while the page goes back.
+#[derive(Debug, Clone, Copy)]
+pub struct RowLock {
+    pub word: usize,
+    pub bit: u64,
+}
+
+/// The OS pages wholly inside `rows[range]` whose every value is zero are given back to
+/// the OS (`MADV_DONTNEED`: the memory is freed, and the page reads as zeros again, from
 /// the shared zero page, until it is written). Returns the bytes given back.
 ///
-/// Memory-safe whatever the caller does: a page given back reads as zero, a valid value of
-/// every atomic here. But a store into such a page between the look and the give-back is
-/// lost (the page goes back to zero), so the caller keeps writers of the range out while
-/// it runs; a writer that only ever stores zero there (a lock bit taken and released on an
-/// empty row) loses nothing.
+/// A page goes back only once every row of it is claimed: its lock word swapped from zero
+/// to `lock.bit` (a row locked by anyone, or not empty, keeps the whole page). Claimed,
+/// no locker can hold or take a row of the page, so nothing written to it is lost; the
+/// give-back releases every claim at once (the page reads as zeros, unlocked), and a page
+/// that cannot go back has its claims released by hand. A writer that stores into a row
+/// without its lock is the caller's to keep out.
 pub fn give_back_zero_pages<const W: usize>(
     rows: &[[AtomicU64; W]],
     range: std::ops::Range<usize>,
+    lock: RowLock,
 ) -> usize {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+    const { assert!(W > 0) };
     let page = crate::os::page_size();
+    let row_bytes = size_of::<[AtomicU64; W]>();
+    if lock.word >= W || lock.bit == 0 || !page.is_multiple_of(row_bytes) {
+        return 0;
+    }
     let Some(part) = rows.get(range) else {
         return 0;
     };
     let start = part.as_ptr() as usize;
     let end = start + std::mem::size_of_val(part);
-    let first = start.next_multiple_of(page);
     let mut given = 0;
-    let mut at = first;
+    let mut at = start.next_multiple_of(page);
     while at + page <= end {
-        let row_bytes = size_of::<[AtomicU64; W]>();
         let from = (at - start) / row_bytes;
-        let rows_in_page = page / row_bytes;
-        let all_zero = part[from..from + rows_in_page].iter().all(|r| {
-            r.iter()
-                .all(|w| w.load(std::sync::atomic::Ordering::Acquire) == 0)
-        });
-        if all_zero {
-            // SAFETY: `[at, at + page)` is a whole page inside `part` (aligned, and
-            // `at + page <= end`), memory this process allocated (the table's, from
-            // `alloc_zeroed`) and still owns while `rows` is borrowed. DONTNEED on private
-            // anonymous memory makes it read as zero bytes, which are valid values of every
-            // row here; the allocation itself stays mapped and owned. No Rust reference to
-            // a non-atomic value points into it (the rows are atomics).
-            let r = unsafe { libc::madvise(at as *mut libc::c_void, page, libc::MADV_DONTNEED) };
-            if r == 0 {
-                given += page;
-            }
-        }
+        let in_page = &part[from..from + page / row_bytes];
         at += page;
+        let mut claimed = 0;
+        for row in in_page {
+            if row[lock.word]
+                .compare_exchange(0, lock.bit, Acquire, Relaxed)
+                .is_err()
+            {
+                break;
+            }
+            claimed += 1;
+        }
+        let release = |n: usize| {
+            for row in &in_page[..n] {
+                row[lock.word].store(0, Release);
+            }
+        };
+        let empty = claimed == in_page.len()
+            && in_page.iter().all(|row| {
+                row.iter()
+                    .enumerate()
+                    .all(|(i, w)| i == lock.word || w.load(Relaxed) == 0)
+            });
+        if !empty {
+            release(claimed);
+            continue;
+        }
+        let page_start = at - page;
+        // SAFETY: `[page_start, page_start + page)` is a whole page inside `part` (aligned,
+        // and it ended at or before `end`), memory this process allocated (the table's,
+        // from `alloc_zeroed`) and still owns while `rows` is borrowed. DONTNEED on private
+        // anonymous memory makes it read as zero bytes, which are valid values of every row
+        // here; the allocation itself stays mapped and owned. No Rust reference to a
+        // non-atomic value points into it (the rows are atomics), and every row of it is
+        // claimed above, so no locker holds one.
+        let r =
+            unsafe { libc::madvise(page_start as *mut libc::c_void, page, libc::MADV_DONTNEED) };
+        if r == 0 {
+            given += page;
+        } else {
+            release(claimed);
+        }
     }
     given
+}
+
+/// Asks the OS not to back `rows` with transparent huge pages: a table written here and
+/// there would otherwise take 2 MiB at each first write, and a page given back would free
+/// nothing until its huge page is split. Best effort.
+pub fn no_huge_pages<const W: usize>(rows: &[[AtomicU64; W]]) {
+    let page = crate::os::page_size();
+    let start = rows.as_ptr() as usize;
+    let end = start + std::mem::size_of_val(rows);
+    let first = start.next_multiple_of(page);
+    let last = end - end % page;
+    if last <= first {
+        return;
+    }
+    // SAFETY: `[first, last)` is whole pages inside the table's allocation; MADV_NOHUGEPAGE
+    // changes only how the kernel may back them, not their contents or mapping.
+    unsafe {
+        libc::madvise(
+            first as *mut libc::c_void,
+            last - first,
+            libc::MADV_NOHUGEPAGE,
+        );
+    }
 }
 
 /// The bytes of `rows` held in memory now: pages written and not given back, read from
@@ -198,7 +260,13 @@ mod tests {
             r[0].store(0, Relaxed);
         }
         t[1000][1].store(5, Relaxed);
-        let given = give_back_zero_pages(&t, 0..t.len());
+        let lock = RowLock {
+            word: 1,
+            bit: 1 << 63,
+        };
+        // A row whose lock is held keeps its page.
+        t[50_000][1].store(1 << 63, Relaxed);
+        let given = give_back_zero_pages(&t, 0..t.len(), lock);
         let page = crate::os::page_size();
         assert!(given >= (16 << 20) - 2 * page, "{given}");
         let left = resident_bytes(&t).unwrap();
@@ -213,9 +281,9 @@ mod tests {
             .enumerate()
             .all(|(i, r)| r[0].load(Relaxed) == 0 && (i == 1000 || r[1].load(Relaxed) == 0)));
         // A range that holds no whole page gives nothing back.
-        assert_eq!(give_back_zero_pages(&t, 10..20), 0);
+        assert_eq!(give_back_zero_pages(&t, 10..20, lock), 0);
         assert_eq!(
-            give_back_zero_pages(&t, 0..usize::MAX),
+            give_back_zero_pages(&t, 0..usize::MAX, lock),
             0,
             "out of bounds: nothing"
         );

@@ -214,6 +214,7 @@ impl Device {
             .ok()
             .and_then(ztier_base::zeroed::words::<2>)
             .ok_or(ZramError::TableAlloc { table_bytes })?;
+        ztier_base::zeroed::no_huge_pages(&slots);
         Ok(Device {
             page_size,
             unit_size,
@@ -685,9 +686,9 @@ impl Device {
     /// The slot table's pages around `[first, end)` that hold only empty slots go back to
     /// the OS: metadata follows use (as the kernel's swap table frees a cluster's table
     /// when the cluster empties), where the kernel's zram keeps its whole `vzalloc`ed
-    /// table. A look without locks first; the give-back holds every shard, so no read,
-    /// write or discard runs beside it (each holds its shard throughout), and nothing else
-    /// stores into an empty slot but a lock bit taken and released, which leaves it zero.
+    /// table. A look without locks first; then every slot of a page is claimed by its own
+    /// lock (a page with a slot held or in use stays), so no one holds a slot of a page
+    /// while it goes back.
     fn give_back_table(&self, first: u64, end: u64) {
         // Pages emptied by earlier discards of neighbours are looked at too.
         let per_page = (ztier_base::os::page_size() / SLOT_BYTES as usize) as u64;
@@ -696,8 +697,7 @@ impl Device {
         if !ztier_base::zeroed::has_zero_page(&self.slots, lo..hi) {
             return;
         }
-        let _all = self.shards.lock_all();
-        ztier_base::zeroed::give_back_zero_pages(&self.slots, lo..hi);
+        ztier_base::zeroed::give_back_zero_pages(&self.slots, lo..hi, slot::ROW_LOCK);
     }
 
     /// Bytes of the slot table resident now (what grows with the disk's size, reported
@@ -917,8 +917,9 @@ impl Device {
         for shard in shards.iter_mut() {
             shard.counters = Counters::default();
         }
-        // Every slot is empty: the table goes back to the OS.
-        ztier_base::zeroed::give_back_zero_pages(&self.slots, 0..self.slots.len());
+        // Every slot is empty: the table goes back to the OS (a slot a scanner holds keeps
+        // its page).
+        ztier_base::zeroed::give_back_zero_pages(&self.slots, 0..self.slots.len(), slot::ROW_LOCK);
         if let Some(store) = &store {
             store.reset_reads();
         }

@@ -181,6 +181,12 @@ pub(crate) type Slot = [AtomicU64; 2];
 const HANDLE_WORD: usize = 0;
 const FLAGS_WORD: usize = 1;
 
+/// A slot's lock as the table's give-back takes it (`ztier_base::zeroed`).
+pub(crate) const ROW_LOCK: ztier_base::zeroed::RowLock = ztier_base::zeroed::RowLock {
+    word: FLAGS_WORD,
+    bit: LOCK,
+};
+
 /// What a slot does: its lock, and a look that takes none.
 pub(crate) trait SlotOps {
     /// Locks the slot; its entry is read under the lock, and written back when the guard
