@@ -8,7 +8,7 @@
 #
 # Usage: scripts/vm-swap.sh [--swap KIND]... [--corpus FILE.pages.zst]... [--ram MIB]
 #          [--mib MIB] [--touches N] [--compressor ALG] [--mem-target SIZE] [--kvm]
-#          [--iothread] [--timeout SECONDS] [--results FILE] [--keep]
+#          [--iothread] [--floor-memcg MIB] [--timeout SECONDS] [--results FILE] [--keep]
 #
 # KIND (default ztier; `all` = ztier nbdkit-sparse nbdkit-zstd file zram):
 #   ztier           `ztier serve` (--compressor, default lz4) over a Unix socket
@@ -30,6 +30,13 @@
 #   nbdkit-zstd     nbdkit memory allocator=zstd
 #   file            a raw sparse file on the host's disk (cache=none)
 #   zram            no swap disk: the guest's own zram (its kernel's module, lzo-rle)
+#   guest-ram       no swap disk: a RAM disk of the guest's own (brd), the floor of the
+#                   guest's swap path with no device outside it (no I/O round trip; brd is
+#                   synchronous, so the kernel reads one page a fault, without readahead).
+#                   The guest gets the RAM disk's memory on top of --ram, and the workload
+#                   runs in a memory cgroup of --floor-memcg MiB (default: --ram less 64,
+#                   which swaps as much as the others' guests do) so that it swaps as
+#                   they do
 #
 # --iothread serves the swap disk from a QEMU iothread instead of the main loop (on this
 # project's 2-core VM under TCG it changed nothing measurable).
@@ -65,6 +72,7 @@ cd "$(dirname "$0")/.."
 kinds=()
 corpora=()
 ram=160 mib=320 touches=0 compressor=lz4 mem_target=8M kvm=0 timeout=900 results="" keep=0 iothread=0
+floor_memcg=""
 while [ $# -gt 0 ]; do
   case $1 in
     --swap) kinds+=("$2"); shift ;;
@@ -76,6 +84,7 @@ while [ $# -gt 0 ]; do
     --mem-target) mem_target=$2; shift ;;
     --kvm) kvm=1 ;;
     --iothread) iothread=1 ;;
+    --floor-memcg) floor_memcg=$2; shift ;;
     --timeout) timeout=$2; shift ;;
     --results) results=$2; shift ;;
     --keep) keep=1 ;;
@@ -87,6 +96,7 @@ done
 [ ${#kinds[@]} -gt 0 ] || kinds=(ztier)
 if [ "${kinds[*]}" = all ]; then kinds=(ztier nbdkit-sparse nbdkit-zstd file zram); fi
 [ ${#corpora[@]} -gt 0 ] || corpora=(samples/sample.pages.zst)
+[ -n "$floor_memcg" ] || floor_memcg=$((ram - 64))
 
 die() { echo "vm-swap: $*" >&2; exit 2; }
 for tool in qemu-system-x86_64 gcc cpio zstd gzip; do
@@ -103,7 +113,7 @@ kver=${kernel#/boot/vmlinuz-}
 [ -d "/lib/modules/$kver" ] || die "no /lib/modules/$kver"
 for kind in "${kinds[@]}"; do
   case $kind in
-    ztier | ztier-wb-file | ztier-restart | ztier-vhost | ztier-vhost-restart | file | zram) ;;
+    ztier | ztier-wb-file | ztier-restart | ztier-vhost | ztier-vhost-restart | file | zram | guest-ram) ;;
     qsd-vhost)
       command -v qemu-storage-daemon >/dev/null ||
         die "qemu-storage-daemon is not installed (qemu-utils; bash scripts/setup.sh)" ;;
@@ -245,6 +255,9 @@ done | awk '!seen[$0]++' | while read -r ko; do
   cp "$ko" "$root/modules/"
   echo "/modules/$(basename "$ko")" >>"$root/modules.list"
 done
+# brd (guest-ram) apart: /init loads it with its size.
+modprobe --set-version "$kver" --show-depends brd | awk '$1 == "insmod" { print $2 }' | tail -n 1 |
+  while read -r ko; do cp "$ko" "$root/modules/brd.ko"; done
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$work/initrd.gz"
 
 # The corpus disk: the corpora's pages, up to the workload's size (an equal share of each).
@@ -336,6 +349,7 @@ run() {
       drive="file=$work/swap.raw,format=raw,if=virtio,cache=none,discard=unmap"
       ;;
     zram) swap=zram ;;
+    guest-ram) swap=brd ;;
   esac
   [ -z "$server" ] || [ "$vhost" = 1 ] || drive="file=nbd+unix:///?socket=$sock,format=raw,if=virtio,cache=none,discard=unmap"
   if [ "$kind" = ztier-restart ]; then
@@ -345,16 +359,22 @@ run() {
   fi
   local restarts=0 server_cpu_before=0
 
-  local accel=(-accel tcg) machine=pc
+  local accel=(-accel tcg) machine=pc guest_mib=$ram guest_args=""
+  if [ "$kind" = guest-ram ]; then
+    # The RAM disk's pages are the guest's: it gets them on top of its RAM, and the cgroup
+    # keeps the workload to what it would have without them.
+    guest_mib=$((ram + mib + 64))
+    guest_args="vmswap.brd_mib=$((mib + 64)) vmswap.memcg=$floor_memcg"
+  fi
   [ "$kvm" = 0 ] || accel=(-accel kvm)
   # vhost-user: the server reaches the guest's virtqueues and buffers itself, so the guest's
   # RAM is a memfd QEMU shares with it.
   [ "$vhost" = 0 ] || machine=pc,memory-backend=mem
-  local qemu=(qemu-system-x86_64 -nodefaults -machine "$machine" "${accel[@]}" -m "$ram" -smp 1
+  local qemu=(qemu-system-x86_64 -nodefaults -machine "$machine" "${accel[@]}" -m "$guest_mib" -smp 1
     -display none -monitor "unix:$work/$kind.monitor,server=on,wait=off"
     -serial "file:$console" -no-reboot -no-shutdown
     -kernel "$kernel" -initrd "$work/initrd.gz"
-    -append "console=ttyS0 panic=-1 quiet loglevel=3 transparent_hugepage=never vmswap.swap=$swap vmswap.mib=$mib vmswap.touches=$touches"
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 transparent_hugepage=never vmswap.swap=$swap vmswap.mib=$mib vmswap.touches=$touches${guest_args:+ $guest_args}"
     -drive "file=$work/corpus.raw,format=raw,if=none,id=corpus,readonly=on"
     -device "virtio-blk-pci,drive=corpus")
   if [ -n "$drive" ] && [ "$iothread" = 1 ]; then
@@ -488,6 +508,10 @@ run() {
     file)
       host_mem=0
       extra="file_blocks_mib=$(mib_of "$(du -k "$work/swap.raw" | cut -f1)")"
+      ;;
+    guest-ram)
+      host_mem=0
+      extra="guest_ram_mib=$guest_mib floor_memcg_mib=$floor_memcg"
       ;;
     zram)
       # mm_stat: orig compr mem_used_total mem_limit mem_used_max ...

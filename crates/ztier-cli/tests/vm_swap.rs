@@ -4,7 +4,8 @@
 //! and checks it. Then the same guest with ztier writing cold swap pages back to a file
 //! store under a memory target, and across a restart of ztier. Then the same guest with its
 //! swap disk served by ztier over vhost-user-blk (QEMU's vhost-user-blk-pci, the guest's
-//! RAM shared with ztier), alone and across a restart QEMU dials through. The guests' own
+//! RAM shared with ztier), alone and across a restart QEMU dials through; and the floor of
+//! them all, the guest swapping to a RAM disk of its own. The guests' own
 //! kernel logs are read for I/O errors. Where QEMU, the guest's kernel or busybox-static is
 //! missing (or the kernel is not readable) the test says so and skips, except under CI,
 //! which installs them (scripts/setup.sh).
@@ -285,5 +286,37 @@ fn a_guest_swaps_to_ztier_over_vhost_user_and_through_a_restart() {
     assert_eq!(num(restart, "vhost_device_errors"), 0.0, "{restart:?}");
     assert_eq!(num(restart, "failed_reads"), 0.0, "{restart:?}");
     assert_eq!(num(restart, "failed_writes"), 0.0, "{restart:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The floor the other swap disks are measured against: the guest swaps to a RAM disk of
+/// its own (brd), with no device outside it. The guest is given the disk's memory on top
+/// of its RAM, and the workload's memory cgroup keeps it to what the guest's own RAM would
+/// have left it: it still swaps (64 MiB or more out, pages read back), every page comes
+/// back intact, and the host holds nothing for it.
+#[test]
+fn a_guest_swaps_to_its_own_ram_disk_as_the_floor() {
+    if !guest_can_run() {
+        return;
+    }
+    let dir = temp_dir("vm-swap-floor");
+    let results = vm_swap(&dir, &["guest-ram"], 256);
+    let floor = &results["guest-ram"];
+    assert_eq!(num(floor, "mismatches"), 0.0, "{floor:?}");
+    assert_eq!(num(floor, "guest_io_errors"), 0.0, "{floor:?}");
+    assert!(
+        num(floor, "pswpout") * 4096.0 >= 64.0 * 1048576.0,
+        "the cgroup did not make the workload swap: {floor:?}"
+    );
+    assert!(num(floor, "pswpin") > 0.0, "{floor:?}");
+    assert!(num(floor, "swapins_timed") > 0.0, "{floor:?}");
+    assert_eq!(num(floor, "host_mem_mib"), 0.0, "{floor:?}");
+    // The guest had the RAM disk's memory on top of its 128 MiB, the workload 64 MiB.
+    assert_eq!(
+        num(floor, "guest_ram_mib"),
+        (128 + 256 + 64) as f64,
+        "{floor:?}"
+    );
+    assert_eq!(num(floor, "floor_memcg_mib"), 64.0, "{floor:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
