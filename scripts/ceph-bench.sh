@@ -9,7 +9,7 @@
 #   - writeback: bd_stat.bytes_stored / writeback time, against rados bench write;
 #   - read-back: bd_stat.bytes_stored / read-back time, against rados bench rand;
 #   - store bytes: writeback_bytes (what was written to the store) / bytes_stored.
-# The goals (issue 31): writeback >= 0.7x, read-back >= 0.5x, store bytes <= 1.02x.
+# The goals for a Ceph store: writeback >= 0.7x, read-back >= 0.5x, store bytes <= 1.02x.
 #
 # With --store nbdkit, the same ztier bench against nbdkit's memory plugin instead (no
 # cluster, no rados): the far tier's speed on a store with no network and no replication.

@@ -1,5 +1,7 @@
 //! How a capture names a page: [`PageKey`], the number a trace knows a page by from epoch to
-//! epoch, and [`PhysicalPage`], what makes two mapped pages one page, so each is taken once.
+//! epoch, and [`PhysicalPage`], what makes two mapped pages one page, so each is taken once
+//! (`Taken`: the physical pages one read of every process has taken, and the numbers of the
+//! shmem objects it has seen).
 //!
 //! A page key is one 64-bit word (a trace's page number, `ztier_corpus::trace`):
 //!
@@ -23,7 +25,7 @@
 //! CAP_SYS_ADMIN; without them a private page cannot be told from another and is taken at
 //! each address it is mapped at (a page shared copy-on-write after `fork` twice, say).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::maps::ShmemObject;
 use crate::{CaptureError, Result};
@@ -130,6 +132,58 @@ impl ObjectNumbers {
     pub(crate) fn number(&mut self, object: ShmemObject) -> u32 {
         let next = self.0.len() as u32;
         *self.0.entry(object).or_insert(next)
+    }
+}
+
+/// The physical pages a read has taken so far, across its processes, and the capture's
+/// numbers for shmem objects.
+pub(crate) struct Taken<'a> {
+    pages: HashSet<PhysicalPage>,
+    duplicates: u64,
+    objects: &'a mut ObjectNumbers,
+}
+
+impl<'a> Taken<'a> {
+    pub(crate) fn new(objects: &'a mut ObjectNumbers) -> Taken<'a> {
+        Taken {
+            pages: HashSet::new(),
+            duplicates: 0,
+            objects,
+        }
+    }
+
+    /// Whether `page` is new to this read (a page of unknown identity always is), taking it;
+    /// a page taken before is counted as a duplicate.
+    pub(crate) fn take(&mut self, page: Option<PhysicalPage>) -> bool {
+        let new = page.is_none_or(|p| self.pages.insert(p));
+        self.duplicates += u64::from(!new);
+        new
+    }
+
+    pub(crate) fn has(&self, page: &PhysicalPage) -> bool {
+        self.pages.contains(page)
+    }
+
+    /// The pages left out so far as taken before.
+    pub(crate) fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    /// Counts `pages` left out without a look at each (already taken).
+    pub(crate) fn count_duplicates(&mut self, pages: u64) {
+        self.duplicates += pages;
+    }
+
+    /// The capture's number for `object`; [`CaptureError::TooMany`] past what a key holds.
+    pub(crate) fn object_number(&mut self, object: ShmemObject) -> Result<u32> {
+        let number = self.objects.number(object);
+        if u64::from(number) >= PageKey::MAX_OBJECTS {
+            return Err(CaptureError::TooMany {
+                what: "shared memory objects",
+                limit: PageKey::MAX_OBJECTS,
+            });
+        }
+        Ok(number)
     }
 }
 

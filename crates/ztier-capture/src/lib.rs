@@ -9,8 +9,8 @@
 //!   request).
 //! - [`pagemap`]: `/proc/PID/pagemap` entries: which pages are in memory or in swap, and
 //!   (to root) their frames and swap slots.
-//! - [`key`]: how a page is named across processes and epochs, and what makes two mapped
-//!   pages one physical page.
+//! - [`key`]: how a page is named across processes and epochs, what makes two mapped
+//!   pages one physical page, and the physical pages a read has taken so far.
 //! - [`process`]: one process opened, whether it still runs, and one read of its captured
 //!   pages through `/proc/PID/mem`, `shmem` for a shared mapping's pages through its object.
 //! - [`snapshot`]: one read of every process, each physical page once, and the check that

@@ -30,11 +30,10 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::key::{PageKey, PhysicalPage};
+use crate::key::{PageKey, PhysicalPage, Taken};
 use crate::maps::{read_maps, Mapping};
 use crate::pagemap::{entries, PageEntry};
 use crate::shmem::{self, Opened};
-use crate::snapshot::Taken;
 use crate::{open_error, CaptureError, Result, PAGE};
 
 /// Pages read from the process at a time.

@@ -9,13 +9,11 @@
 //! every process is stopped before the first is read and continued after the last, so the
 //! copy is one instant's across them.
 
-use std::collections::HashSet;
 use std::time::Instant;
 
-use crate::key::{ObjectNumbers, PageKey, PhysicalPage};
-use crate::maps::ShmemObject;
+use crate::key::{ObjectNumbers, PageKey, Taken};
 use crate::process::{Liveness, Process, ProcessRead, Stopped};
-use crate::{CaptureError, Result};
+use crate::Result;
 
 /// What one read of the processes saw.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -33,53 +31,6 @@ pub struct Snapshot {
     pub seconds: f64,
     /// How long the processes were stopped (with `stop`).
     pub stopped_seconds: f64,
-}
-
-/// The physical pages a read has taken so far, across its processes, and the capture's
-/// numbers for shmem objects.
-pub(crate) struct Taken<'a> {
-    pages: HashSet<PhysicalPage>,
-    duplicates: u64,
-    objects: &'a mut ObjectNumbers,
-}
-
-impl<'a> Taken<'a> {
-    pub(crate) fn new(objects: &'a mut ObjectNumbers) -> Taken<'a> {
-        Taken {
-            pages: HashSet::new(),
-            duplicates: 0,
-            objects,
-        }
-    }
-
-    /// Whether `page` is new to this read (a page of unknown identity always is), taking it;
-    /// a page taken before is counted as a duplicate.
-    pub(crate) fn take(&mut self, page: Option<PhysicalPage>) -> bool {
-        let new = page.is_none_or(|p| self.pages.insert(p));
-        self.duplicates += u64::from(!new);
-        new
-    }
-
-    pub(crate) fn has(&self, page: &PhysicalPage) -> bool {
-        self.pages.contains(page)
-    }
-
-    /// Counts `pages` left out without a look at each (already taken).
-    pub(crate) fn count_duplicates(&mut self, pages: u64) {
-        self.duplicates += pages;
-    }
-
-    /// The capture's number for `object`; [`CaptureError::TooMany`] past what a key holds.
-    pub(crate) fn object_number(&mut self, object: ShmemObject) -> Result<u32> {
-        let number = self.objects.number(object);
-        if u64::from(number) >= PageKey::MAX_OBJECTS {
-            return Err(CaptureError::TooMany {
-                what: "shared memory objects",
-                limit: PageKey::MAX_OBJECTS,
-            });
-        }
-        Ok(number)
-    }
 }
 
 /// Reads `processes` (each with its number in the capture), calling `on_page` with each
@@ -136,7 +87,7 @@ pub(crate) fn read(
         pages_present: reads.iter().map(|r| r.pages_present).sum(),
         pages_swapped: reads.iter().map(|r| r.pages_swapped).sum(),
         pages_read,
-        duplicate_pages: taken.duplicates,
+        duplicate_pages: taken.duplicates(),
         processes: reads,
         seconds: started.elapsed().as_secs_f64(),
         stopped_seconds,

@@ -5,6 +5,8 @@
 //! capture the kernel's zram is run on beside `ztier bench`.
 
 mod common;
+#[path = "../../ztier-capture/tests/common/shared.rs"]
+mod shared;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -12,10 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ztier_capture::{CaptureError, CaptureOptions, Recorder};
+use shared::{big_holder, files_in, kill_and_wait_for_exit, state_and_flags, PAGE};
 use ztier_corpus::Corpus;
-
-const PAGE: usize = 4096;
 
 /// Pages written in each region of [`SHARED_HOLDER`].
 const SHARED_PAGES: u64 = 64;
@@ -252,99 +252,15 @@ fn shared_memory_of_every_kind_is_captured_page_exact_each_shared_page_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A process holding MiB (its argument) of private anonymous memory in 4 KiB pages (not 2 MiB
-/// ones: the kernel then takes tens of milliseconds to tear 512 MiB down, a page at a time),
-/// each page's first word its index; prints its first virtual page number and waits for stdin
-/// to close. Killed while it is read, and read slowly enough for epochs to outlast a period.
-const BIG_HOLDER: &str = r#"
-import ctypes, mmap, sys
-P, n = 4096, (int(sys.argv[1]) << 20) // 4096
-m = mmap.mmap(-1, n * P, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-m.madvise(mmap.MADV_NOHUGEPAGE)
-for i in range(n):
-    m[i * P:i * P + 8] = i.to_bytes(8, 'little')
-print('ready', ctypes.addressof(ctypes.c_char.from_buffer(m)) // P, flush=True)
-sys.stdin.read()
-"#;
-
-/// [`BIG_HOLDER`] holding `mib` MiB, and the first virtual page number of them.
-fn big_holder(mib: u64) -> (common::Proc, u64) {
-    let (child, line) = common::python_ready(BIG_HOLDER, &[&mib.to_string()]);
-    let first_vpn = line
-        .strip_prefix("ready ")
-        .unwrap_or_else(|| panic!("{line:?}"))
-        .trim()
-        .parse()
-        .unwrap();
-    (child, first_vpn)
-}
-
-/// `/proc/PID/stat`'s state letter and flags.
-fn state_and_flags(pid: u32) -> Option<(char, u64)> {
-    let state = common::stat_field(pid, 3)?.chars().next()?;
-    Some((state, common::stat_field(pid, 9)?.parse().ok()?))
-}
-
-/// Kills `pid` with SIGKILL (not reaped) and waits until the kernel has begun its exit
-/// (`PF_EXITING`); returns its state then: R or D while its memory is torn down, Z after.
-fn kill_and_wait_for_exit(pid: u32) -> char {
-    const PF_EXITING: u64 = 4;
-    let target = rustix::process::Pid::from_raw(pid as i32).unwrap();
-    rustix::process::kill_process(target, rustix::process::Signal::KILL).unwrap();
-    let start = Instant::now();
-    loop {
-        match state_and_flags(pid) {
-            Some((state, flags)) if flags & PF_EXITING != 0 || state == 'Z' => return state,
-            _ => assert!(start.elapsed() < common::DEADLINE, "{pid} never exited"),
-        }
-    }
-}
-
-/// The files in `dir`.
-fn files_in(dir: &Path) -> Vec<std::ffi::OsString> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect()
-}
-
 #[test]
-fn a_process_killed_while_it_is_read_is_an_error_and_leaves_no_file() {
+fn capture_of_a_process_killed_while_it_is_read_fails_in_one_line_and_leaves_no_file() {
     if !common::have("python3") {
         return;
     }
     let dir = common::temp_dir("capture-killed");
-    // Killed from inside the read (the observer runs between two chunks), and the read
-    // resumed as soon as the kernel has begun the exit: while it tears the 512 MiB down, the
-    // process reads as running (state R or D) and its memory reads as empty. Before, that was
-    // taken for memory unmapped meanwhile, and the capture succeeded with a truncated corpus;
-    // the state caught below proves the read resumed inside that window, so this cannot pass
-    // by the process being a plain zombie already.
-    let (holder, first_vpn) = big_holder(512);
-    let pid = holder.0.id();
-    let output = dir.join("killed.pages.zst");
-    let mut recorder = Recorder::start(pid, &output, CaptureOptions::default()).unwrap();
-    let mut caught = None;
-    let err = recorder
-        .epoch(&mut |key| {
-            if key == first_vpn + 1000 && caught.is_none() {
-                caught = Some(kill_and_wait_for_exit(pid));
-            }
-        })
-        .expect_err("a capture of a killed process fails");
-    let caught = caught.expect("the capture read the big mapping");
-    assert_ne!(
-        caught, 'Z',
-        "the read resumed while the kernel tore the memory down"
-    );
-    assert!(matches!(err, CaptureError::Exited { .. }), "{err:?}");
-    drop(recorder);
-    assert!(files_in(&dir).is_empty(), "{:?}", files_in(&dir));
-    drop(holder);
-
-    // Through the command line: killed once the corpus has its first bytes (the capture is
-    // reading), the capture exits non-zero with one line and leaves no file.
+    // Killed once the corpus has its first bytes (the capture is reading), the capture exits
+    // non-zero with one line and leaves no file. (The recorder's own handling of a process
+    // whose memory is torn down under it is tested in ztier-capture's tests/exits.rs.)
     let (holder, _) = big_holder(512);
     let pid = holder.0.id();
     let mut capture = common::ztier()
@@ -409,7 +325,7 @@ fn epochs_slower_than_the_period_start_on_its_multiples_and_the_missed_ones_are_
         .collect();
     assert!(starts.len() >= 2, "{starts:?}");
     assert_eq!(manifest["period_millis"], 300);
-    common::period_multiples(&starts, 300);
+    shared::period_multiples(&starts, 300);
     // Multiples 0 to 10: each began an epoch or was missed, and the summary says how many.
     let missed = manifest["missed_periods"].as_u64().expect("missed_periods");
     assert_eq!(missed + starts.len() as u64, 11, "{starts:?}");
@@ -499,7 +415,7 @@ fn postgres_user() -> Option<(u32, u32)> {
 fn children_of(parent: u32) -> Vec<u32> {
     common::pids()
         .into_iter()
-        .filter(|&pid| common::stat_field(pid, 4) == Some(parent.to_string()))
+        .filter(|&pid| shared::stat_field(pid, 4) == Some(parent.to_string()))
         .collect()
 }
 

@@ -1,5 +1,5 @@
 //! LZ4 as the kernel's `lib/lz4/lz4_compress.c` writes it, and a block decoder in liblz4's
-//! shape (0.87-0.96x liblz4's speed on the bundled sample and the corpora, MEASUREMENTS.md).
+//! shape (its speed beside liblz4's is in MEASUREMENTS.md).
 //!
 //! The kernel's LZ4 is the 1.8-era `LZ4_compress_generic()`. For inputs under 64 KiB it keeps
 //! 16-bit positions in an 8192-entry table (`byU16`, hash log 13), its match search skips

@@ -239,16 +239,9 @@ impl Trace {
         Ok(())
     }
 
-    /// [`check_invariants`](Self::check_invariants)'s refusal in words: kept only for
-    /// ztier-replay, whose `TraceInvalid` holds it as text; goes when that takes the typed
-    /// [`TraceError`].
-    pub fn check(&self) -> std::result::Result<(), String> {
-        self.check_invariants().map_err(|e| e.to_string())
-    }
-
     /// The trace in its file format: what [`TraceWriter`] writes for the same epochs. The
     /// caller keeps the module's invariants (a trace read back keeps them;
-    /// [`check`](Self::check) checks one built). Refused: a page size other than the
+    /// [`check_invariants`](Self::check_invariants) checks one built). Refused: a page size other than the
     /// corpus's (the format has room for no other), an epoch's list longer than a `u32` can
     /// count.
     pub fn to_bytes(&self) -> TraceResult<Vec<u8>> {

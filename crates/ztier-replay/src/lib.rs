@@ -74,11 +74,11 @@ pub enum ReplayError {
         corpus_pages: usize,
     },
     /// A trace built in memory that breaks the invariants `Trace::read` checks
-    /// (`Trace::check`'s reason).
+    /// (`Trace::check_invariants`'s refusal).
     #[error("the trace: {0}")]
-    TraceInvalid(String),
-    /// The replay's pages disagree with a trace that passed `Trace::check` (a replay bug,
-    /// an error rather than a panic).
+    TraceInvalid(ztier_corpus::trace::TraceError),
+    /// The replay's pages disagree with a trace that passed `Trace::check_invariants` (a
+    /// replay bug, an error rather than a panic).
     #[error("trace epoch {epoch}: page {vpn:#x} {what}")]
     TraceInconsistent {
         epoch: usize,
@@ -120,9 +120,9 @@ pub enum ReplayError {
     },
     #[error("{slots} slots still in use after every thread let go")]
     SlotsInUse { slots: u64 },
-    /// The swap device's own consistency check (`verify`) failed.
+    /// The swap device's own consistency check (`check_consistency`) failed.
     #[error("{0}")]
-    SwapInconsistent(String),
+    SwapInconsistent(ztier_swap::Inconsistency),
     #[error("{0}")]
     Pool(#[from] ztier_pool::PoolError),
     #[error("{0}")]

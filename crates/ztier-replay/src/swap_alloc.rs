@@ -239,7 +239,8 @@ impl SwapAllocBench {
                 slots: dev.in_use(),
             });
         }
-        dev.verify().map_err(ReplayError::SwapInconsistent)?;
+        dev.check_consistency()
+            .map_err(ReplayError::SwapInconsistent)?;
         let slots_allocated: u64 = during
             .per_order
             .iter()

@@ -195,7 +195,8 @@ impl SwapBench {
                 slots: swap.in_use(),
             });
         }
-        swap.verify().map_err(ReplayError::SwapInconsistent)?;
+        swap.check_consistency()
+            .map_err(ReplayError::SwapInconsistent)?;
         let slots_allocated: u64 = device
             .per_order
             .iter()

@@ -108,7 +108,9 @@ impl TraceReplay {
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<TraceRun> {
         // A trace read from a file was checked by `Trace::read`; one built in memory is
         // checked here, before its counts size anything.
-        trace.check().map_err(ReplayError::TraceInvalid)?;
+        trace
+            .check_invariants()
+            .map_err(ReplayError::TraceInvalid)?;
         self.layout
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
@@ -335,7 +337,9 @@ impl ZswapTraceReplay {
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<ZswapTraceRun> {
         // A trace read from a file was checked by `Trace::read`; one built in memory is
         // checked here, before its counts size anything.
-        trace.check().map_err(ReplayError::TraceInvalid)?;
+        trace
+            .check_invariants()
+            .map_err(ReplayError::TraceInvalid)?;
         self.layout
             .validate()
             .map_err(ztier_pool::PoolError::from)?;

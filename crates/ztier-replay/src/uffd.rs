@@ -185,7 +185,8 @@ pub struct UffdRun {
     pub resident_at_rest_pages: u64,
     /// The same bytes as `rss_bytes` then (the pad included, emptied or not).
     pub rss_at_rest_bytes: u64,
-    /// What #28 allows: the budget and 64 bytes a page stored at the end of the pass.
+    /// What the region's RSS goal allows: the budget and 64 bytes a page stored at the end of
+    /// the pass.
     pub rss_allowed_bytes: u64,
     /// With every page stored: the region's device's mm_stat, and a fresh zram device
     /// (same compressor and allocator) with every page of the corpus written to it.

@@ -207,7 +207,7 @@ pub(crate) struct Inner {
     pub(crate) lists: CountedMutex<Lists>,
     /// Which lists have clusters ([`Lists::nonempty_mask`]), published whenever the device
     /// lock is let go, so isolation passes an empty list by without taking the lock (the
-    /// kernel takes it to find the list empty: 18 times in one failed order-0 steal).
+    /// kernel takes it to find the list empty; what that cost is in MEASUREMENTS.md).
     nonempty: AtomicU64,
     pub(crate) percpu: Shards<PerCpu>,
     /// The rotational device's clusters (`si->global_cluster` under `global_cluster_lock`).
@@ -605,13 +605,6 @@ impl Device {
     /// the error.
     pub fn check_consistency(&self) -> Result<(), Inconsistency> {
         self.inner.check_consistency()
-    }
-
-    /// [`check_consistency`](Self::check_consistency)'s finding in words: kept only for
-    /// ztier-replay, whose `SwapInconsistent` holds it as text; goes when that takes the
-    /// typed [`Inconsistency`].
-    pub fn verify(&self) -> Result<(), String> {
-        self.check_consistency().map_err(|e| e.to_string())
     }
 }
 

@@ -26,16 +26,6 @@ pub fn have(tool: &str) -> bool {
     found
 }
 
-/// Field `field` of `/proc/PID/stat`, numbered as proc(5) numbers them (3 the state, 4 the
-/// parent's pid, 9 the flags), read past the name (which may hold spaces and parentheses).
-pub fn stat_field(pid: u32, field: usize) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..]
-        .split_whitespace()
-        .nth(field.checked_sub(3)?)
-        .map(str::to_owned)
-}
-
 /// The pids `/proc` lists.
 pub fn pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -245,23 +235,4 @@ pub fn assert_zram_equals_kernel(corpus: &Path) -> Vec<serde_json::Value> {
         }
     }
     runs
-}
-
-/// The multiples of `period_ms` a recording's epochs started on (`starts`, milliseconds since
-/// the first), checked: each epoch late by less than half a period (a loaded machine wakes a
-/// sleeper late, never early) and each on a later multiple than the one before (never two
-/// back to back within one period).
-pub fn period_multiples(starts: &[u64], period_ms: u64) -> Vec<u64> {
-    let multiples: Vec<u64> = starts.iter().map(|s| s / period_ms).collect();
-    for (start, multiple) in starts.iter().zip(&multiples) {
-        assert!(
-            start - multiple * period_ms < period_ms / 2,
-            "an epoch began at {start} ms, not on a multiple of {period_ms} ms: {starts:?}"
-        );
-    }
-    assert!(
-        multiples.windows(2).all(|w| w[0] < w[1]),
-        "two epochs in one period: {starts:?}"
-    );
-    multiples
 }

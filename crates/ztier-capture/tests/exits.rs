@@ -1,0 +1,155 @@
+//! A recording whose process ends under it: a child that exits during an epoch (an error,
+//! nothing written, or the epochs before kept whole), one that exits between epochs (the
+//! recording ends, not as an error), and a process of 512 MiB killed while it is read (an
+//! error, though while the kernel tears its memory down the process still looks alive).
+
+mod common;
+
+use std::io::Write;
+
+use common::shared::{
+    big_holder, files_in, kill_and_wait_for_exit, serve_memory_child, MemoryChild,
+};
+use ztier_capture::{CaptureError, CaptureOptions, Recorder};
+use ztier_corpus::trace::Trace;
+use ztier_corpus::Corpus;
+
+/// Not a test: the child the other tests capture (see `serve_memory_child`).
+#[test]
+#[ignore = "the child process the capture tests run, not a test"]
+fn not_a_test_memory_child() {
+    serve_memory_child();
+}
+
+#[test]
+fn a_process_that_exits_mid_capture_is_one_clear_error_and_leaves_no_files() {
+    let dir = common::temp_dir("capture-exit");
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("gone.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    let mut exited = false;
+    let err = recorder
+        .epoch(&mut |_| {
+            if !exited {
+                writeln!(child.stdin, "exit").unwrap();
+                child.child.wait().unwrap();
+                exited = true;
+            }
+        })
+        .expect_err("the capture fails");
+    assert!(matches!(err, CaptureError::Exited { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("exited during the capture"),
+        "{err}"
+    );
+    drop(recorder);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing written: {left:?}");
+
+    // Exiting during a later epoch: the epochs before are kept whole, nothing of the one
+    // cut short is in the corpus or the trace.
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("later.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    recorder.epoch(&mut |_| {}).unwrap();
+    child.command("change");
+    let mut exited = false;
+    let err = recorder
+        .epoch(&mut |_| {
+            if !exited {
+                writeln!(child.stdin, "exit").unwrap();
+                child.child.wait().unwrap();
+                exited = true;
+            }
+        })
+        .expect_err("the second epoch fails");
+    assert!(matches!(err, CaptureError::Exited { .. }), "{err:?}");
+    let manifest = recorder.finish().unwrap();
+    assert_eq!(manifest.epochs.len(), 1);
+    assert_eq!(manifest.pages, manifest.first_capture_pages);
+    let trace = Trace::read(&dir.join("later.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 1);
+    assert_eq!(
+        Corpus::load(&output).unwrap().pages() as u64,
+        trace.corpus_pages()
+    );
+    for f in ["later.pages.zst", "later.trace", "later.capture.json"] {
+        std::fs::remove_file(dir.join(f)).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_recording_whose_process_exits_between_epochs_keeps_the_epochs_before() {
+    let dir = common::temp_dir("capture-exit-between");
+    // The child exits, and is reaped, after the second epoch and before the third: the
+    // third finds no /proc/PID at all.
+    let mut child = MemoryChild::spawn();
+    let output = dir.join("between.pages.zst");
+    let mut recorder = Recorder::start(child.pid(), &output, CaptureOptions::default()).unwrap();
+    let mut seen = 0;
+    recorder
+        .record(
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_secs(600),
+            &mut |e| {
+                seen += 1;
+                if e.epoch == 1 {
+                    writeln!(child.stdin, "exit").unwrap();
+                    child.child.wait().unwrap();
+                }
+            },
+        )
+        .expect("the process's exit ends the recording, not as an error");
+    assert_eq!(seen, 2);
+    let manifest = recorder.finish().unwrap();
+    assert!(manifest.ended_by_exit);
+    assert_eq!(manifest.epochs.len(), 2);
+    let trace = Trace::read(&dir.join("between.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 2);
+    assert_eq!(
+        Corpus::load(&output).unwrap().pages() as u64,
+        trace.corpus_pages()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_process_killed_while_it_is_read_is_an_error_and_leaves_no_file() {
+    if !common::have("python3") {
+        return;
+    }
+    let dir = common::temp_dir("capture-killed");
+    // Killed from inside the read (the observer runs between two chunks), and the read
+    // resumed as soon as the kernel has begun the exit: while it tears the 512 MiB down, the
+    // process reads as running (state R or D) and its memory reads as empty. Before, that was
+    // taken for memory unmapped meanwhile, and the capture succeeded with a truncated corpus;
+    // the state caught below proves the read resumed inside that window, so this cannot pass
+    // by the process being a plain zombie already.
+    let (holder, first_vpn) = big_holder(512);
+    let pid = holder.0.id();
+    let output = dir.join("killed.pages.zst");
+    let mut recorder = Recorder::start(pid, &output, CaptureOptions::default()).unwrap();
+    let mut caught = None;
+    let err = recorder
+        .epoch(&mut |key| {
+            if key == first_vpn + 1000 && caught.is_none() {
+                caught = Some(kill_and_wait_for_exit(pid));
+            }
+        })
+        .expect_err("a capture of a killed process fails");
+    let caught = caught.expect("the capture read the big mapping");
+    assert_ne!(
+        caught, 'Z',
+        "the read resumed while the kernel tore the memory down"
+    );
+    assert!(matches!(err, CaptureError::Exited { .. }), "{err:?}");
+    drop(recorder);
+    assert!(files_in(&dir).is_empty(), "{:?}", files_in(&dir));
+    drop(holder);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
