@@ -201,6 +201,11 @@ fn serve_faults(sh: &Shared) {
 
         {
             let _serving = sh.fault.serving.lock();
+            // A spell of stall begins at the oldest fault waiting, unless one is under way
+            // (then the queue was never empty since it began).
+            if let Some(oldest) = inbox.faults.front() {
+                sh.stall.begin(oldest.read_at);
+            }
             inbox.remaps.retain_mut(|r| !sh.continue_remap(r));
             let mut left = inbox.faults.len();
             while left > 0 {
@@ -230,6 +235,9 @@ fn serve_faults(sh: &Shared) {
                 // faulting thread need wait for), and under `serving`, so that a faulting
                 // thread's reading of the figures includes it.
                 let now = Instant::now();
+                if inbox.faults.is_empty() {
+                    sh.stall.end(now);
+                }
                 sh.fault.qos.hold(now);
                 last_fault = Some(now);
                 may_park = true;

@@ -185,6 +185,7 @@
 //! never takes that lock). `serving` (the fault thread's, while it serves) is taken before
 //! the page locks; `stats()` takes it holding nothing. The last error's text is a leaf.
 
+mod autosize;
 mod bell;
 mod capi;
 mod cpu_latency_qos;
@@ -200,6 +201,10 @@ pub mod rig;
 mod shared;
 mod userfaultfd;
 
+pub use autosize::{
+    AutosizeConfig, AutosizeState, AutosizeStats, AutosizeStep, HISTORY as AUTOSIZE_HISTORY,
+    MIN_GROW_PAGES, PPM,
+};
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use error::{Error, Result, UnmovableReason};
 pub use region::{Region, RegionConfig, RegionPolicy, RegionStats, MAX_AROUND};

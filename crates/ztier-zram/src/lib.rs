@@ -46,8 +46,8 @@
 #![forbid(unsafe_code)]
 
 mod blockdev;
-mod group;
 mod error;
+mod group;
 pub mod policy;
 mod recompress;
 mod slot;
@@ -64,8 +64,8 @@ use parking_lot::{MutexGuard, RwLock};
 use ztier_compress::{fill_page, same_filled, Algorithm, CompressError, Stream};
 use ztier_pool::{PoolStats, ZPool};
 
-pub use group::MemoryGroup;
 pub use error::{Busy, Result, ZramError};
+pub use group::MemoryGroup;
 pub use policy::{Policy, PolicyConfig, PolicyStats};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
