@@ -13,6 +13,10 @@
 //!   and single-page fault latency beside the machine's floor and the kernel zswap's own
 //!   path, random reads' refaults beside MIN, LRU and CLOCK, the region's memory beside
 //!   zram's.
+//! - [`uffd_lookups`]: a lookup service over a region (a zipf law whose hot set drifts and
+//!   jumps between phases), run with the corpus resident, at a sweep of fixed budgets and
+//!   with a budget that sizes itself from a stall target, judged against the best fixed
+//!   budget chosen with hindsight (issue #61).
 //! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
 //!   discards, the idle marks, writeback and recompression of idle pages), or through zswap
 //!   (swap-outs, swap-ins, frees, its pool limit and shrinker), memory after each.
@@ -28,6 +32,7 @@ pub mod swap_alloc;
 pub mod swap_bench;
 pub mod trace;
 pub mod uffd;
+pub mod uffd_lookups;
 pub mod units;
 pub mod zram;
 pub mod zswap;

@@ -457,7 +457,7 @@ fn run_one(
         .collect();
     let half = trace.len() / 2;
     let before_rand = region.stats();
-    let mut mid_rand = before_rand;
+    let mut mid_rand = before_rand.clone();
     let t = Instant::now();
     let mut sum = 0u64;
     for (i, &page) in trace.iter().enumerate() {

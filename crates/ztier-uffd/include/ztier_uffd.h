@@ -94,7 +94,46 @@ typedef struct ztier_region_stats {
     uint64_t reclaim_blocked;  /* 1: over budget, nothing evictable (locked or read-only
                                 * pages: ztier_region_last_error says which); reclaim backs off */
     uint64_t reclaim_blocked_passes; /* reclaim batches that could evict nothing so */
+    uint64_t stall_us;         /* time some thread waited on a fault (the region's PSI "some") */
+    uint64_t stall_share_ppm;  /* its share of the last whole second, parts per million */
+    /* The self-sizing budget (ztier_region_set_autosize), all 0 while it is off: */
+    uint64_t autosize_state;   /* ZTIER_REGION_AUTOSIZE_HOLDING, _SHRINKING, _GROWING */
+    uint64_t autosize_target_ppm; /* the stall share it steers to */
+    uint64_t autosize_floor_pages;
+    uint64_t autosize_cap_pages;  /* the budget is never above it */
+    uint64_t autosize_steps;   /* the controller's steps, and of them: */
+    uint64_t autosize_shrinks; /* those that lowered the budget */
+    uint64_t autosize_grows;   /* those that raised it */
 } ztier_region_stats;
+
+/* autosize_state and ztier_region_autosize_step's state: what the last step decided. */
+#define ZTIER_REGION_AUTOSIZE_HOLDING 1u   /* the stall within the band: budget unchanged */
+#define ZTIER_REGION_AUTOSIZE_SHRINKING 2u /* under it: budget lowered, evicting down to it */
+#define ZTIER_REGION_AUTOSIZE_GROWING 3u   /* over it: budget raised */
+
+/* A budget that sizes itself from the region's stall share (AutosizeConfig in Rust). Each
+ * interval: a stall share under target_stall * (1 - band) lowers the budget by shrink_step of
+ * what is in use; over target_stall * (1 + band) raises it by grow_step of it for each target
+ * over (at most 8, at least 16 pages); within, it holds. The budget stays within
+ * [floor, cap] (bytes; at least one page). */
+typedef struct ztier_region_autosize {
+    double target_stall;  /* a share of wall time: 0.001 is 0.1 % */
+    double band;          /* 0 to 1 */
+    uint64_t cap;
+    uint64_t floor;
+    double shrink_step;   /* 0 to 1 */
+    double grow_step;     /* over 0, at most 8 */
+    uint64_t interval_ms; /* 10 ms to an hour */
+} ztier_region_autosize;
+
+/* One step of the controller. */
+typedef struct ztier_region_autosize_step {
+    uint64_t at_ms;          /* since the region was made */
+    uint64_t stall_ppm;      /* the stall share over the interval that ended here */
+    uint64_t resident_pages;
+    uint64_t budget_pages;   /* the budget the step set */
+    uint64_t state;          /* ZTIER_REGION_AUTOSIZE_* */
+} ztier_region_autosize_step;
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */
 #define ZTIER_REGION_NO_CPU_LATENCY_QOS 1u
@@ -121,6 +160,21 @@ int ztier_region_get_stats(const ztier_region *region, ztier_region_stats *out);
  * be evicted and why), as text: copied into buf (at most len - 1 bytes and a NUL, if len >
  * 0), its whole length returned as snprintf does; 0 if none. */
 size_t ztier_region_last_error(const ztier_region *region, char *buf, size_t len);
+
+/* The defaults under a cap of `cap` bytes: a 0.1 % stall target, a band of half of it,
+ * steps of 2 % down and 10 % up, each second, no floor but a page. */
+void ztier_region_autosize_defaults(ztier_region_autosize *out, uint64_t cap);
+
+/* Lets the budget size itself as `config` says, from where it is now (brought within the
+ * floor and cap), or stops that (NULL: the budget stays where it was left). 0, or -1 with
+ * errno EINVAL for a NULL region or a config outside its rule. */
+int ztier_region_set_autosize(ztier_region *region, const ztier_region_autosize *config);
+
+/* The controller's last steps (at most 256 are kept), oldest first: the newest `max` of them
+ * copied to out; returns how many are kept (0 while the budget does not size itself), as
+ * snprintf does. */
+size_t ztier_region_autosize_history(const ztier_region *region,
+                                     ztier_region_autosize_step *out, size_t max);
 
 /* Stops the region's threads and unmaps it. NULL is ignored. */
 void ztier_region_destroy(ztier_region *region);

@@ -1,12 +1,15 @@
 //! The C ABI (`include/ztier_uffd.h`): create (with the defaults, or flags), pointer,
-//! length, statistics (`ztier_region_get_stats`), destroy.
+//! length, statistics (`ztier_region_get_stats`), the self-sizing budget
+//! (`ztier_region_set_autosize`, `ztier_region_autosize_history`), destroy.
 //!
 //! Invariants: a `ztier_region *` is a `Box<Region>` made by `ztier_region_create` and
 //! freed only by `ztier_region_destroy`; errors are reported through `errno`, nothing
 //! panics across the boundary (every function here is infallible or returns the error).
 #![allow(unsafe_code)]
 
-use crate::{Error, Region, RegionConfig, LATENCY_BUCKETS};
+use std::time::Duration;
+
+use crate::{AutosizeConfig, AutosizeStats, Error, Region, RegionConfig, LATENCY_BUCKETS};
 
 /// `ztier_region_stats`, field for field: 8-byte fields only, so it has no padding and any
 /// prefix of it is a prefix of its fields (what a caller built against an older header
@@ -68,11 +71,46 @@ pub struct CStats {
     reclaim_looks: u64,
     reclaim_blocked: u64,
     reclaim_blocked_passes: u64,
+    stall_us: u64,
+    stall_share_ppm: u64,
+    autosize_state: u64,
+    autosize_target_ppm: u64,
+    autosize_floor_pages: u64,
+    autosize_cap_pages: u64,
+    autosize_steps: u64,
+    autosize_shrinks: u64,
+    autosize_grows: u64,
 }
+
+/// `ztier_region_autosize`: `AutosizeConfig` for C.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CAutosize {
+    target_stall: f64,
+    band: f64,
+    cap: u64,
+    floor: u64,
+    shrink_step: f64,
+    grow_step: f64,
+    interval_ms: u64,
+}
+
+/// `ztier_region_autosize_step`: `AutosizeStep` for C.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CAutosizeStep {
+    at_ms: u64,
+    stall_ppm: u64,
+    resident_pages: u64,
+    budget_pages: u64,
+    state: u64,
+}
+
+const _: () = assert!(size_of::<CAutosize>() == 7 * 8 && size_of::<CAutosizeStep>() == 5 * 8);
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 69 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 78 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -196,8 +234,94 @@ pub unsafe extern "C" fn ztier_region_last_error(
     text.len()
 }
 
+/// # Safety
+/// `out` points to a writable `ztier_region_autosize`.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_autosize_defaults(out: *mut CAutosize, cap: u64) {
+    let d = AutosizeConfig::with_cap(usize::try_from(cap).unwrap_or(usize::MAX));
+    let c = CAutosize {
+        target_stall: d.target_stall,
+        band: d.band,
+        cap,
+        floor: d.floor as u64,
+        shrink_step: d.shrink_step,
+        grow_step: d.grow_step,
+        interval_ms: d.interval.as_millis() as u64,
+    };
+    // SAFETY: the caller's contract; NULL is ignored.
+    if let Some(out) = unsafe { out.as_mut() } {
+        *out = c;
+    }
+}
+
+/// # Safety
+/// As `ztier_region_ptr`; `config` is NULL (stop sizing) or points to a readable
+/// `ztier_region_autosize`.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_set_autosize(
+    region: *const Region,
+    config: *const CAutosize,
+) -> i32 {
+    // SAFETY: the caller's contract.
+    let Some(r) = (unsafe { region.as_ref() }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: the caller's contract.
+    let config = unsafe { config.as_ref() }.map(|c| AutosizeConfig {
+        target_stall: c.target_stall,
+        band: c.band,
+        cap: usize::try_from(c.cap).unwrap_or(usize::MAX),
+        floor: usize::try_from(c.floor).unwrap_or(usize::MAX),
+        shrink_step: c.shrink_step,
+        grow_step: c.grow_step,
+        interval: Duration::from_millis(c.interval_ms),
+    });
+    match r.set_autosize(config) {
+        Ok(()) => 0,
+        Err(_) => {
+            set_errno(libc::EINVAL);
+            -1
+        }
+    }
+}
+
+/// # Safety
+/// As `ztier_region_ptr`; `out` is NULL (with `max` 0) or points to `max` writable
+/// `ztier_region_autosize_step`s.
+#[no_mangle]
+pub unsafe extern "C" fn ztier_region_autosize_history(
+    region: *const Region,
+    out: *mut CAutosizeStep,
+    max: usize,
+) -> usize {
+    // SAFETY: the caller's contract.
+    let Some(r) = (unsafe { region.as_ref() }) else {
+        return 0;
+    };
+    let Some(AutosizeStats { history, .. }) = r.stats().autosize else {
+        return 0;
+    };
+    if !out.is_null() {
+        let newest = &history[history.len().saturating_sub(max)..];
+        for (i, h) in newest.iter().enumerate() {
+            let step = CAutosizeStep {
+                at_ms: h.at_ms,
+                stall_ppm: h.stall_ppm,
+                resident_pages: h.resident_pages,
+                budget_pages: h.budget_pages,
+                state: h.state.code(),
+            };
+            // SAFETY: `i < newest.len() <= max`, which the caller says are writable.
+            unsafe { out.add(i).write_unaligned(step) };
+        }
+    }
+    history.len()
+}
+
 fn c_stats(s: &crate::RegionStats) -> CStats {
     let bd = s.bd_stat.unwrap_or_default();
+    let a = s.autosize.as_ref();
     CStats {
         size: size_of::<CStats>() as u64,
         pages: s.pages,
@@ -253,6 +377,15 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         reclaim_blocked: s.reclaim_blocked.into(),
         reclaim_blocked_passes: s.reclaim_blocked_passes,
         fault_thread_rung: s.fault_thread_rung,
+        stall_us: s.stall_us,
+        stall_share_ppm: s.stall_share_ppm,
+        autosize_state: a.map_or(0, |a| a.state.code()),
+        autosize_target_ppm: a.map_or(0, |a| a.target_ppm),
+        autosize_floor_pages: a.map_or(0, |a| a.floor_pages),
+        autosize_cap_pages: a.map_or(0, |a| a.cap_pages),
+        autosize_steps: a.map_or(0, |a| a.steps),
+        autosize_shrinks: a.map_or(0, |a| a.shrinks),
+        autosize_grows: a.map_or(0, |a| a.grows),
     }
 }
 

@@ -28,6 +28,9 @@ pub enum Error {
         pages: u64,
         page_size: usize,
     },
+    /// A self-sizing budget's config outside its rule (`AutosizeConfig`): why.
+    #[error("the budget's controller: {0}")]
+    BadAutosize(&'static str),
     #[error("page {0} is beyond the region")]
     BadPage(u64),
     #[error("{what}: {source}")]

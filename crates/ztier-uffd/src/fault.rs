@@ -55,6 +55,12 @@ pub(crate) struct Around {
     /// across it). Such a turn says nothing by its next read (module `placement`,
     /// "Following").
     preempted_by_copy: Option<bool>,
+    /// When the fault thread began the call that wakes the last fault's thread (its page's
+    /// copy, before the neighbours'; the wake of a spurious fault; the protection lifted):
+    /// where its wait ends, for the stall clock. Taken before the call, not after: at idle
+    /// priority the woken thread takes this CPU inside the call, and this thread sees the
+    /// clock again only once that thread blocks.
+    woke_at: Option<Instant>,
 }
 
 impl Around {
@@ -64,6 +70,7 @@ impl Around {
             next: u64::MAX,
             max,
             preempted_by_copy: None,
+            woke_at: None,
         }
     }
 
@@ -201,8 +208,15 @@ fn serve_faults(sh: &Shared) {
 
         {
             let _serving = sh.fault.serving.lock();
+            // A spell of stall begins at the oldest fault waiting, unless one is under way
+            // (then the queue was never empty since it began).
+            if let Some(oldest) = inbox.faults.front() {
+                sh.stall.begin(oldest.read_at);
+            }
             inbox.remaps.retain_mut(|r| !sh.continue_remap(r));
             let mut left = inbox.faults.len();
+            // When the last fault served woke its thread.
+            let mut last_woke = None;
             while left > 0 {
                 left -= 1;
                 let f = inbox.faults.pop_front().expect("counted");
@@ -219,7 +233,9 @@ fn serve_faults(sh: &Shared) {
                         inbox.faults.push_back(f);
                     }
                     Served::Done => {
-                        sh.figures.latency.record(f.read_at.elapsed());
+                        let now = Instant::now();
+                        last_woke = Some(around.woke_at.take().unwrap_or(now));
+                        sh.figures.latency.record(now - f.read_at);
                         sh.fault.placement.progress();
                         served += 1;
                     }
@@ -230,6 +246,9 @@ fn serve_faults(sh: &Shared) {
                 // faulting thread need wait for), and under `serving`, so that a faulting
                 // thread's reading of the figures includes it.
                 let now = Instant::now();
+                if inbox.faults.is_empty() {
+                    sh.stall.end(last_woke.unwrap_or(now));
+                }
                 sh.fault.qos.hold(now);
                 last_fault = Some(now);
                 may_park = true;
@@ -469,10 +488,11 @@ impl Shared {
         let state = self.table.state(page);
         let present = matches!(state.kind(), Kind::Resident | Kind::Gone);
         if f.wp && present {
-            return self.serve_first_write(page, state);
+            return self.serve_first_write(page, state, around);
         }
         if present {
             self.count(Count::SpuriousFaults, 1);
+            around.woke_at = Some(Instant::now());
             self.uffd.wake(f.addr, self.page_size as u64);
             return Served::Done;
         }
@@ -499,6 +519,7 @@ impl Shared {
         self.drop_stored(page, state);
         let faulted_in = PageState::resident(true, false);
         self.table.leave(page, state, faulted_in);
+        around.woke_at = Some(Instant::now());
         let outcome: Outcome = match &held {
             Some(copy) => self.uffd.copy(addr, copy),
             // An unmapped page faults only if it is still mapped (MREMAP_DONTUNMAP): empty.
@@ -540,13 +561,14 @@ impl Shared {
     /// which it holds across both steps): its copy in the store is discarded, then its
     /// protection lifted, which wakes the writer. Until then the writer waits, so no
     /// evictor can have decided the page was clean after the write was made.
-    fn serve_first_write(&self, page: u64, state: PageState) -> Served {
+    fn serve_first_write(&self, page: u64, state: PageState, around: &mut Around) -> Served {
         let ps = self.page_size as u64;
         self.count(Count::FirstWrites, 1);
         if state.clean() {
             self.drop_stored(page, state);
             self.table.leave(page, state, state.dirtied());
         }
+        around.woke_at = Some(Instant::now());
         match self.uffd.writeprotect(self.page_addr(page), ps, false) {
             Ok(()) => Served::Done,
             // The page stays dirty (no copy), still protected: lifted on the next try.
@@ -604,6 +626,7 @@ impl Shared {
         // neighbours' decompression: a system call.
         let switches =
             (n > 1 && self.fault.placement.at_idle_priority()).then(involuntary_switches);
+        around.woke_at = Some(Instant::now());
         let copied = self
             .uffd
             .copy_run(self.page_addr(page), &buf[..ps], !dirty)

@@ -44,6 +44,8 @@
 //! - `shared.rs`: what the threads share, grouped by who uses it, and how it is made.
 //! - `fault.rs`: the fault thread; `reclaim.rs`: the evictors; `bell.rs`: how others get the
 //!   fault thread out of its blocking read.
+//! - `autosize.rs`: the stall clock (the region's own PSI "some") and the controller of a
+//!   budget that sizes itself from it ([`AutosizeConfig`]).
 //! - `placement.rs` and `cpu_latency_qos.rs`: where the fault thread runs, and the CPU
 //!   latency request it holds while faults come.
 //! - `mapping.rs` and `userfaultfd.rs`: the mappings and the system calls, the only
@@ -183,8 +185,11 @@
 //! `Evictors::manual` (the pad part of [`Region::evict`]) is taken before `gate`, and held
 //! while those pages are emptied, which waits for the fault thread to read the event (it
 //! never takes that lock). `serving` (the fault thread's, while it serves) is taken before
-//! the page locks; `stats()` takes it holding nothing. The last error's text is a leaf.
+//! the page locks; `stats()` takes it holding nothing. The last error's text is a leaf, and
+//! so are the self-sizing budget's controller (`Shared::autosize`, taken alone by the
+//! reclaim thread, `stats()`, `set_autosize` and `set_budget`) and its stall clock's second.
 
+mod autosize;
 mod bell;
 mod capi;
 mod cpu_latency_qos;
@@ -200,6 +205,10 @@ pub mod rig;
 mod shared;
 mod userfaultfd;
 
+pub use autosize::{
+    AutosizeConfig, AutosizeState, AutosizeStats, AutosizeStep, HISTORY as AUTOSIZE_HISTORY,
+    MIN_GROW_PAGES, PPM,
+};
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use error::{Error, Result, UnmovableReason};
 pub use region::{Region, RegionConfig, RegionPolicy, RegionStats, MAX_AROUND};

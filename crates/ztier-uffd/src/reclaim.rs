@@ -60,6 +60,8 @@ pub(crate) fn run(sh: &Shared, mut part: PadPart) {
     let mut passing = false;
     let mut backoff = FIRST_BACKOFF;
     loop {
+        // Before the look at the budget: a step may have just lowered it.
+        sh.autosize_tick();
         let idle = {
             let mut wanted = sh.evictors.wanted.lock();
             !sh.evictors.stop.load(Relaxed) && !passing && !sh.over_budget() && {

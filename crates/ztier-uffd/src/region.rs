@@ -15,6 +15,7 @@ use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Backing, BdStat, Device, MmStat, PageSelector, Policy, PolicyConfig};
 use ztier_zram::{PolicyStats, WbResult};
 
+use crate::autosize::{Autosize, AutosizeConfig, AutosizeStats};
 use crate::error::{Error, Result};
 use crate::shared::{
     Count, EvictorParts, FaultIn, ManualPad, Serving, Shared, LATENCY_BUCKETS, MANUAL_PAD,
@@ -22,9 +23,11 @@ use crate::shared::{
 use crate::{fault, reclaim};
 
 /// A region's figures.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RegionStats {
     pub pages: u64,
+    /// The budget now: the one set, or where the controller put it
+    /// ([`RegionConfig::autosize`]).
     pub budget_pages: u64,
     /// Where an eviction pass the budget starts stops: a sixteenth of the budget (at most
     /// 128 pages) under it.
@@ -121,6 +124,15 @@ pub struct RegionStats {
     pub reclaim_blocked: bool,
     /// Reclaim batches that could evict nothing for that reason.
     pub reclaim_blocked_passes: u64,
+    /// Microseconds some thread of the program waited on the region since it was made:
+    /// from a fault's message read to its page in, while any fault waits (the region's own
+    /// PSI "some", autosize.rs's `StallClock`).
+    pub stall_us: u64,
+    /// That wait's share of the last whole second, parts per million.
+    pub stall_share_ppm: u64,
+    /// The self-sizing budget's controller, if the budget sizes itself: its state, limits
+    /// and last steps.
+    pub autosize: Option<AutosizeStats>,
     /// The device's `mm_stat`.
     pub mm_stat: MmStat,
     /// The device's `bd_stat`, where it has a backing store.
@@ -160,6 +172,10 @@ pub struct RegionConfig {
     /// Where the device cannot be opened the region runs without it (module
     /// `cpu_latency_qos`).
     pub cpu_latency_qos: bool,
+    /// A budget that sizes itself from the region's stall share, under a cap (module
+    /// `autosize`): the budget given at creation is where it starts (brought within the
+    /// config's floor and cap). `None`: the budget stays where it is set.
+    pub autosize: Option<AutosizeConfig>,
 }
 
 /// The default of [`RegionConfig::fault_around`]: a sequential touch reaches windows of 63
@@ -180,6 +196,7 @@ impl Default for RegionConfig {
             clean_pages: true,
             idle_priority: true,
             cpu_latency_qos: true,
+            autosize: None,
         }
     }
 }
@@ -261,6 +278,9 @@ impl Region {
             cpu_latency_qos: config.cpu_latency_qos,
         };
         let (shared, parts) = Shared::new(len, budget, device, &serving)?;
+        if let Some(autosize) = &config.autosize {
+            start_autosize(&shared, autosize)?;
+        }
         let shared = Arc::new(shared);
         let spawn = |name: &str, f: Box<dyn FnOnce(&Shared) + Send>| {
             let sh = Arc::clone(&shared);
@@ -365,16 +385,34 @@ impl Region {
         self.shared.memory.words()
     }
 
-    /// Sets the budget in bytes (at least one page).
+    /// Sets the budget in bytes (at least one page). While the budget sizes itself, the
+    /// controller moves on from there, brought within its floor and cap.
     pub fn set_budget(&self, budget: usize) -> Result<()> {
         let page_size = self.shared.page_size;
         if budget < page_size {
             return Err(Error::BadBudget { budget, page_size });
         }
-        self.shared
-            .budget_pages
-            .store((budget / page_size) as u64, Relaxed);
+        let pages = (budget / page_size) as u64;
+        {
+            let autosize = self.shared.autosize.lock();
+            let pages = autosize.as_ref().map_or(pages, |a| a.limits.clamp(pages));
+            self.shared.budget_pages.store(pages, Relaxed);
+        }
         self.shared.wake_reclaim_if_over();
+        self.shared.fault.waker.wake();
+        Ok(())
+    }
+
+    /// Lets the budget size itself from the region's stall share ([`AutosizeConfig`]),
+    /// from where it is now (brought within the config's floor and cap), with a new
+    /// history; or (`None`) stops that, the budget staying where the controller left it.
+    pub fn set_autosize(&self, config: Option<AutosizeConfig>) -> Result<()> {
+        match config {
+            Some(c) => start_autosize(&self.shared, &c)?,
+            None => *self.shared.autosize.lock() = None,
+        }
+        self.shared.wake_reclaim_if_over();
+        self.shared.fault.waker.wake();
         Ok(())
     }
 
@@ -467,6 +505,9 @@ impl Region {
             reclaim_looks: c(Count::ReclaimLooks),
             reclaim_blocked: sh.evictors.blocked.load(Relaxed),
             reclaim_blocked_passes: c(Count::BlockedPasses),
+            stall_us: sh.stall.stalled_ns(std::time::Instant::now()) / 1000,
+            stall_share_ppm: sh.stall.last_second_ppm(),
+            autosize: sh.autosize.lock().as_ref().map(Autosize::stats),
             mm_stat: sh.device.mm_stat(),
             bd_stat,
         }
@@ -535,6 +576,18 @@ impl Region {
             _region: std::marker::PhantomData,
         })
     }
+}
+
+/// Puts `config`'s controller on the region, the budget brought within its limits.
+fn start_autosize(sh: &Shared, config: &AutosizeConfig) -> Result<()> {
+    let limits = config.limits(sh.page_size)?;
+    let now = std::time::Instant::now();
+    let controller = Autosize::new(limits, config.interval, now, sh.stall.stalled_ns(now));
+    let mut autosize = sh.autosize.lock();
+    let budget = sh.budget_pages.load(Relaxed);
+    sh.budget_pages.store(limits.clamp(budget), Relaxed);
+    *autosize = Some(controller);
+    Ok(())
 }
 
 fn check_length(len: usize, page_size: usize) -> Result<()> {

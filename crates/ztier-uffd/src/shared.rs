@@ -19,6 +19,7 @@ use parking_lot::{Condvar, Mutex, RwLockReadGuard};
 use ztier_base::shard::Counters;
 use ztier_zram::Device;
 
+use crate::autosize::{Autosize, StallClock};
 use crate::bell::{Bell, Want};
 use crate::cpu_latency_qos::CpuLatencyQos;
 use crate::error::{Error, Result};
@@ -123,6 +124,12 @@ pub(crate) struct Shared {
     pub(crate) pages: u64,
     pub(crate) table: PageTable,
     pub(crate) budget_pages: AtomicU64,
+    /// The time faults waited (the region's own PSI "some"): written by the fault thread.
+    pub(crate) stall: StallClock,
+    /// The controller of a budget that sizes itself, if it does (autosize.rs): a leaf,
+    /// taken by the reclaim thread for a step, by `Region::stats`, `set_autosize` and
+    /// `set_budget`.
+    pub(crate) autosize: Mutex<Option<Autosize>>,
     pub(crate) fault: FaultThread,
     pub(crate) evictors: Evictors,
     pub(crate) figures: Figures,
@@ -282,6 +289,8 @@ impl Shared {
                 source: io::ErrorKind::OutOfMemory.into(),
             })?,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
+            stall: StallClock::new(),
+            autosize: Mutex::new(None),
             fault: FaultThread {
                 max_around: serving.fault_around,
                 clean_pages: serving.clean_pages,
@@ -403,6 +412,36 @@ impl Shared {
 
     pub(crate) fn over_budget(&self) -> bool {
         self.table.resident() > self.budget_pages.load(Relaxed)
+    }
+
+    /// The self-sizing budget's step, if one is due (the reclaim thread's, at each look),
+    /// and the stall clock's second. A budget raised lets the faults held back for it go.
+    pub(crate) fn autosize_tick(&self) {
+        let now = std::time::Instant::now();
+        self.stall.tick(now);
+        let raised = {
+            let mut autosize = self.autosize.lock();
+            let Some(controller) = autosize.as_mut() else {
+                return;
+            };
+            let budget = self.budget_pages.load(Relaxed);
+            let resident = self.table.resident();
+            // What the program uses: the resident pages and the margin a pass leaves
+            // under the budget, when fewer than the budget.
+            let in_use = resident.saturating_add(Shared::budget_margin(budget));
+            let stalled = self.stall.stalled_ns(now);
+            let at_ms = self.stall.ms(now);
+            match controller.step(now, at_ms, stalled, budget, resident, in_use) {
+                Some(to) => {
+                    self.budget_pages.store(to, Relaxed);
+                    to > budget
+                }
+                None => false,
+            }
+        };
+        if raised {
+            self.fault.waker.wake();
+        }
     }
 
     /// A sixteenth of `budget`, at most [`RECLAIM_MARGIN`] pages: small budgets get a margin

@@ -1,10 +1,12 @@
 //! `ztier bench uffd` (or `--front uffd`): every corpus through a userfaultfd region under
 //! a RAM budget (`ztier_replay::uffd`), twice, with the region's clean pages on and off,
-//! beside the kernel's own path on the same pages and the machine's floor under a fault.
-//! Flags in, reports out.
+//! beside the kernel's own path on the same pages and the machine's floor under a fault;
+//! or, with `--lookups SECONDS`, the lookup workload that judges a budget sizing itself
+//! (`ztier_replay::uffd_lookups`). Flags in, reports out.
 
 use clap::Args;
 use ztier_replay::uffd::{kernel_path, UffdReplay, UffdRun};
+use ztier_replay::uffd_lookups::{Budget, LookupJudgement, Lookups};
 
 use super::shared::{emit, ReplayArgs};
 
@@ -26,6 +28,16 @@ pub struct UffdArgs {
     /// see ztier_uffd::RegionConfig::cpu_latency_qos).
     #[arg(long)]
     pub no_cpu_latency_qos: bool,
+    /// Instead of the replay: the lookup workload (a zipf law whose hot set drifts and
+    /// jumps) for this many seconds a run, with every page resident, at fixed budgets of 97%
+    /// down to 10%, and with the budget sizing itself under each --stall-target; judged
+    /// against the best fixed budget within a 1% slowdown (issue #61). --budget is not used.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["budget", "normal_priority", "no_cpu_latency_qos"])]
+    pub lookups: Option<u64>,
+    /// With --lookups: the stall share a self-sized run steers to (1% or 0.01); repeatable,
+    /// a self-sized run each.
+    #[arg(long = "stall-target", value_name = "SHARE", requires = "lookups", value_parser = parse_budget)]
+    pub stall_targets: Vec<f64>,
 }
 
 /// `--budget`: a share of the region, `25%` or `0.25`.
@@ -46,6 +58,9 @@ fn parse_budget(s: &str) -> Result<f64, String> {
 /// Every corpus × compressor through a region, with clean pages on and off, beside the
 /// kernel's own path for the corpus (measured once, before the regions).
 pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
+    if let Some(seconds) = args.lookups {
+        return run_lookups(args, seconds);
+    }
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
         let kernel = kernel_path(&corpus)?;
@@ -227,4 +242,93 @@ fn print_run(r: &UffdRun) {
         r.evictions_clean, r.evictions_dirty
     );
     println!("  every page verified (after each read pass)");
+}
+
+/// `--lookups`: every corpus × compressor through the lookup workload, each second printed
+/// as it ends, then the runs and the judgement.
+fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
+    for path in args.replay.paths()? {
+        let corpus = args.replay.load(&path)?;
+        for algorithm in &args.replay.compressors {
+            let mut workload = Lookups::new(algorithm.clone(), seconds);
+            if !args.stall_targets.is_empty() {
+                workload.stall_targets.clone_from(&args.stall_targets);
+            }
+            let json = args.replay.json;
+            let mut each_second = |budget: Budget, s: &ztier_replay::uffd_lookups::Second| {
+                if !json {
+                    println!(
+                        "  {budget:?} {:>4} s: {:>9} lookups/s, resident {:>7} pages, budget {:>7}, store {:>6.1} MB, stall {:.3} %",
+                        s.at,
+                        s.lookups,
+                        s.resident_pages,
+                        s.budget_pages,
+                        s.store_bytes as f64 / 1e6,
+                        s.stall_ppm as f64 / 1e4
+                    );
+                }
+            };
+            let judged = workload.judge(&corpus, &mut each_second)?;
+            emit(json, &judged, print_judgement)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_judgement(j: &LookupJudgement) {
+    let mb = |b: f64| b / 1e6;
+    println!(
+        "{}: {} pages, slowdown target {:.1} %",
+        j.corpus,
+        j.pages,
+        j.slowdown * 100.0
+    );
+    println!("  budget           lookups/s   memory MB  resident pages  budget pages  stall %");
+    for (i, r) in j.runs.iter().enumerate() {
+        let name = match r.budget {
+            Budget::Unlimited => "every page".to_string(),
+            Budget::Fixed(share) => format!("fixed {:.0} %", share * 100.0),
+            Budget::Autosized(target) => format!("self {:.2} %", target * 100.0),
+        };
+        let mark = if Some(i) == j.oracle { " (oracle)" } else { "" };
+        println!(
+            "  {name:<14} {:>11.0} {:>11.1} {:>15.0} {:>13.0} {:>8.3}{mark}",
+            r.lookups_per_s,
+            mb(r.mean_memory_bytes),
+            r.mean_resident_pages,
+            r.mean_budget_pages,
+            r.stall_ppm as f64 / 1e4
+        );
+    }
+    for me in &j.self_sized {
+        let r = &j.runs[me.run];
+        let target = match r.budget {
+            Budget::Autosized(t) => t * 100.0,
+            _ => 0.0,
+        };
+        println!(
+            "  self-sized at {target:.2} % stall: slowdown {:.2} %, saved {:.1} MB; the oracle saved {:.1} MB ({})",
+            me.slowdown * 100.0,
+            mb(me.saved_bytes),
+            mb(j.oracle_saved_bytes),
+            match j.oracle {
+                Some(_) if j.oracle_saved_bytes > 0.0 => format!(
+                    "{:.0} % of it",
+                    me.saved_bytes / j.oracle_saved_bytes * 100.0
+                ),
+                Some(_) => "nothing to save".to_string(),
+                None => "no fixed budget was within the target".to_string(),
+            }
+        );
+        if let (Some(i), Some(ratio)) = (
+            me.best_fixed_within_memory,
+            me.throughput_vs_best_fixed_within_memory,
+        ) {
+            println!(
+                "    against the best fixed budget using no more memory ({:.1} MB): {:.1} % of its throughput",
+                mb(j.runs[i].mean_memory_bytes),
+                ratio * 100.0
+            );
+        }
+    }
 }

@@ -1,23 +1,89 @@
 /* The C ABI's test: a 16 MiB region under a 2 MiB budget, every page written and read
- * back, the figures read, the region destroyed; then one made with a flag. Exit 0: passed; 77: userfaultfd is not
+ * back, the figures read, its budget left to size itself and its steps read, the region
+ * destroyed; then one made with a flag. Exit 0: passed; 77: userfaultfd is not
  * allowed here (skipped); else failed, with the reason on stderr. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "ztier_uffd.h"
 
 #define PAGE 4096
 
-/* The layout this test was written against: 69 fields of 8 bytes, the histogram at field 31
+/* The layout this test was written against: 78 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 69 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 78 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
-_Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "the last field");
+_Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "a field");
+_Static_assert(offsetof(ztier_region_stats, stall_us) == 69 * 8, "a field");
+_Static_assert(offsetof(ztier_region_stats, autosize_grows) == 77 * 8, "the last field");
+_Static_assert(sizeof(ztier_region_autosize) == 7 * 8, "ztier_region_autosize's size");
+_Static_assert(sizeof(ztier_region_autosize_step) == 5 * 8, "a step's size");
+
+/* The budget left to size itself under a cap of 4 MiB with a floor of 1 MiB, steps every
+ * 10 ms: a bad config refused, then steps kept, each within the limits, then stopped. 0:
+ * passed. */
+static int autosize(ztier_region *r) {
+    ztier_region_autosize c;
+    ztier_region_autosize_defaults(&c, 4u << 20);
+    c.floor = 1u << 20;
+    c.interval_ms = 10;
+    ztier_region_autosize bad = c;
+    bad.target_stall = 0;
+    if (ztier_region_set_autosize(r, &bad) != -1 || errno != EINVAL) {
+        fprintf(stderr, "a zero stall target was not refused with EINVAL\n");
+        return 1;
+    }
+    if (ztier_region_set_autosize(r, &c) != 0) {
+        fprintf(stderr, "ztier_region_set_autosize: %s\n", strerror(errno));
+        return 1;
+    }
+    ztier_region_autosize_step steps[8];
+    size_t kept = 0;
+    for (int i = 0; i < 1000 && kept < 3; i++) {
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+        kept = ztier_region_autosize_history(r, steps, 8);
+    }
+    if (kept < 3) {
+        fprintf(stderr, "the controller kept %zu steps in 10 s\n", kept);
+        return 1;
+    }
+    size_t n = kept < 8 ? kept : 8;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].budget_pages < 256 || steps[i].budget_pages > 1024 ||
+            steps[i].state < ZTIER_REGION_AUTOSIZE_HOLDING ||
+            steps[i].state > ZTIER_REGION_AUTOSIZE_GROWING ||
+            (i > 0 && steps[i].at_ms < steps[i - 1].at_ms)) {
+            fprintf(stderr, "step %zu: budget %llu pages, state %llu\n", i,
+                    (unsigned long long)steps[i].budget_pages,
+                    (unsigned long long)steps[i].state);
+            return 1;
+        }
+    }
+    ztier_region_stats s = {.size = sizeof s};
+    if (ztier_region_get_stats(r, &s) != 0 || s.autosize_cap_pages != 1024 ||
+        s.autosize_floor_pages != 256 || s.autosize_steps < kept || s.budget_pages > 1024 ||
+        s.budget_pages < 256 || s.autosize_state == 0) {
+        fprintf(stderr, "autosize figures: cap %llu floor %llu steps %llu budget %llu\n",
+                (unsigned long long)s.autosize_cap_pages,
+                (unsigned long long)s.autosize_floor_pages,
+                (unsigned long long)s.autosize_steps, (unsigned long long)s.budget_pages);
+        return 1;
+    }
+    s.size = sizeof s;
+    if (ztier_region_set_autosize(r, NULL) != 0 || ztier_region_get_stats(r, &s) != 0 ||
+        s.autosize_state != 0 || ztier_region_autosize_history(r, steps, 8) != 0) {
+        fprintf(stderr, "the controller did not stop\n");
+        return 1;
+    }
+    return 0;
+}
 #define LEN (16u << 20)
 #define BUDGET (2u << 20)
 
@@ -130,6 +196,8 @@ int main(void) {
         fprintf(stderr, "faults came and the CPU latency request was never taken\n");
         return 1;
     }
+    if (autosize(r) != 0)
+        return 1;
     ztier_region_destroy(r);
     ztier_region_destroy(NULL);
 

@@ -1,0 +1,459 @@
+//! A lookup service over a region, to judge a budget that sizes itself (issue #61;
+//! `ztier bench uffd --lookups SECONDS`): a corpus's pages kept in a region, one thread
+//! serving lookups whose keys follow a zipf law over ranks, a rank's page given by a
+//! bijection of the pages shifted by the phase's offset, so that the hot set drifts (the
+//! offset moves a little each second) and jumps (each phase starts at a new offset, with
+//! its own skew: phases whose hot sets differ in size). A lookup folds `lookup_bytes` of its
+//! page `rounds` times (the work a service does with what it looked up: a few µs, so that
+//! a fault, 10-30 µs, costs a few lookups, not hundreds) and checks one word against the
+//! corpus.
+//!
+//! The same lookups (the same seed) run with the whole corpus resident (the baseline), at
+//! each fixed budget of a sweep, and with the budget sizing itself from a stall target
+//! under a cap of every page (`ztier_uffd::AutosizeConfig`); each run reports its lookups,
+//! resident pages, budget and stall share each second. The judgement (issue #61's
+//! "Done when"): the oracle is the fixed budget with the least memory whose throughput is
+//! within the slowdown target of the baseline's, chosen with hindsight; the self-sized run
+//! is set beside it: its slowdown, and the share of the oracle's savings it saves.
+//!
+//! Memory is the region's resident pages plus its store's (`mem_used_total`), averaged over
+//! the measured seconds (a warm-up before them is not counted: the fixed budgets' first
+//! eviction, the controller's first steps). Throughput is lookups a second over the same
+//! seconds; on a machine shared with other work the figures carry its noise.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use ztier_base::rng::Rng;
+use ztier_compress::Algorithm;
+use ztier_corpus::{Corpus, CORPUS_PAGE};
+use ztier_uffd::{AutosizeConfig, AutosizeStats, Region, RegionConfig};
+
+use crate::{ReplayError, Result};
+
+const PAGE: usize = CORPUS_PAGE;
+const WORDS: usize = PAGE / 8;
+
+/// Lookups between two looks at the clock.
+const LOOKUPS_A_LOOK: u64 = 64;
+
+/// The workload and the runs that judge the controller on it.
+#[derive(Debug, Clone)]
+pub struct Lookups {
+    pub algorithm: Algorithm,
+    /// Seconds measured a run, after the warm-up.
+    pub seconds: u64,
+    pub warmup_seconds: u64,
+    /// Seconds a phase lasts: each starts its hot set at a new place, with the next skew.
+    pub phase_seconds: u64,
+    /// The zipf exponent of each phase, in turn.
+    pub skews: Vec<f64>,
+    /// How far the hot set drifts a second, a share of the pages.
+    pub drift: f64,
+    /// Bytes of its page a lookup reads (a multiple of 8, at most a page).
+    pub lookup_bytes: usize,
+    /// Times a lookup folds those bytes.
+    pub rounds: usize,
+    pub seed: u64,
+    /// The fixed budgets tried, shares of the pages.
+    pub fixed_shares: Vec<f64>,
+    /// The self-sized runs' controller (its cap is set to every page, its stall target to
+    /// each of `stall_targets` in turn).
+    pub autosize: AutosizeConfig,
+    pub stall_targets: Vec<f64>,
+    /// The slowdown the oracle may have (0.01: 1 %).
+    pub slowdown: f64,
+}
+
+impl Lookups {
+    /// Issue #61's judging run: 1 % slowdown target; phases of 10 s with skews 1.2, 0.9,
+    /// 1.1, 0.8; the hot set drifting 0.2 % of the pages a second; a lookup folds its whole
+    /// page 8 times; fixed budgets from 97 % down to 10 %.
+    pub fn new(algorithm: Algorithm, seconds: u64) -> Lookups {
+        let mut autosize = AutosizeConfig::with_cap(0);
+        autosize.shrink_step = 0.05;
+        autosize.interval = Duration::from_millis(500);
+        Lookups {
+            algorithm,
+            seconds,
+            warmup_seconds: 5,
+            phase_seconds: 10,
+            skews: vec![1.2, 0.9, 1.1, 0.8],
+            drift: 0.002,
+            lookup_bytes: PAGE,
+            rounds: 8,
+            seed: 61,
+            fixed_shares: vec![0.97, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1],
+            autosize,
+            stall_targets: vec![0.01],
+            slowdown: 0.01,
+        }
+    }
+}
+
+/// How a run's budget was set.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Budget {
+    /// Every page: nothing evicted.
+    Unlimited,
+    /// This share of the pages.
+    Fixed(f64),
+    /// The controller's, under a cap of every page, steering to this stall share.
+    Autosized(f64),
+}
+
+/// One second of a run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Second {
+    /// Seconds since the measured part began (negative in the warm-up).
+    pub at: i64,
+    pub lookups: u64,
+    pub resident_pages: u64,
+    pub store_bytes: u64,
+    pub budget_pages: u64,
+    /// The share of the second some lookup waited on the region, parts per million.
+    pub stall_ppm: u64,
+}
+
+/// One run of the workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct LookupRun {
+    pub budget: Budget,
+    pub pages: u64,
+    /// Over the measured seconds: lookups a second, the region's memory (resident pages and
+    /// the store's bytes), the resident pages alone, the budget, the stall share.
+    pub lookups_per_s: f64,
+    pub mean_memory_bytes: f64,
+    pub mean_resident_pages: f64,
+    pub mean_budget_pages: f64,
+    pub stall_ppm: u64,
+    /// The most the budget was over the measured seconds.
+    pub max_budget_pages: u64,
+    pub faults: u64,
+    pub seconds: Vec<Second>,
+    /// The controller's figures at the end (a self-sized run's).
+    pub autosize: Option<AutosizeStats>,
+}
+
+/// The runs of one corpus and the judgement.
+#[derive(Debug, Clone, Serialize)]
+pub struct LookupJudgement {
+    pub corpus: String,
+    pub pages: u64,
+    pub runs: Vec<LookupRun>,
+    /// The slowdown target.
+    pub slowdown: f64,
+    /// The fixed run with the least memory within the slowdown of the baseline: its index
+    /// in `runs`; `None` if none was.
+    pub oracle: Option<usize>,
+    /// Memory the oracle saved against the baseline's, bytes.
+    pub oracle_saved_bytes: f64,
+    /// Each self-sized run set beside the oracle and the fixed runs.
+    pub self_sized: Vec<SelfSized>,
+}
+
+/// A self-sized run judged.
+#[derive(Debug, Clone, Serialize)]
+pub struct SelfSized {
+    /// Its index in `runs`.
+    pub run: usize,
+    /// Its slowdown against the baseline (1 - its throughput over the baseline's).
+    pub slowdown: f64,
+    /// Memory it saved against the baseline's, bytes.
+    pub saved_bytes: f64,
+    /// The best fixed run that uses no more memory than it: its index, and this run's
+    /// throughput over its.
+    pub best_fixed_within_memory: Option<usize>,
+    pub throughput_vs_best_fixed_within_memory: Option<f64>,
+}
+
+/// A rank's page: a bijection of the pages (a multiplier coprime to their number), so that
+/// neighbouring ranks land on pages far apart, as a hash table's keys do.
+struct Placement {
+    pages: u64,
+    multiplier: u64,
+}
+
+impl Placement {
+    fn new(pages: u64) -> Placement {
+        let mut multiplier = ((pages as f64 * 0.618_033_988_75) as u64).max(1);
+        while gcd(multiplier, pages) != 1 {
+            multiplier += 1;
+        }
+        Placement { pages, multiplier }
+    }
+
+    fn page(&self, rank: u64, offset: u64) -> u64 {
+        ((rank + offset) % self.pages * self.multiplier) % self.pages
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// A zipf law over `n` ranks: its cumulative weights, drawn from by bisection.
+struct Zipf {
+    cumulative: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: u64, skew: f64) -> Zipf {
+        let mut sum = 0.0;
+        let cumulative = (1..=n)
+            .map(|r| {
+                sum += (r as f64).powf(-skew);
+                sum
+            })
+            .collect();
+        Zipf { cumulative }
+    }
+
+    fn rank(&self, rng: &mut Rng) -> u64 {
+        let total = *self.cumulative.last().expect("at least one rank");
+        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
+        self.cumulative.partition_point(|&c| c < u) as u64
+    }
+}
+
+impl Lookups {
+    /// Every run on `corpus` (the baseline, the fixed budgets, the self-sized), each second
+    /// given to `report` as it ends, and the judgement.
+    pub fn judge(
+        &self,
+        corpus: &Corpus,
+        report: &mut dyn FnMut(Budget, &Second),
+    ) -> Result<LookupJudgement> {
+        let pages = corpus.pages() as u64;
+        if pages == 0 {
+            return Err(ReplayError::CorpusTooSmall {
+                corpus: corpus.name.clone(),
+                page_size: PAGE,
+            });
+        }
+        let zipfs: Vec<Zipf> = self.skews.iter().map(|&s| Zipf::new(pages, s)).collect();
+        let mut runs = vec![self.run(corpus, &zipfs, Budget::Unlimited, report)?];
+        for &share in &self.fixed_shares {
+            runs.push(self.run(corpus, &zipfs, Budget::Fixed(share), report)?);
+        }
+        for &target in &self.stall_targets {
+            runs.push(self.run(corpus, &zipfs, Budget::Autosized(target), report)?);
+        }
+        Ok(self.verdict(corpus.name.clone(), pages, runs))
+    }
+
+    fn verdict(&self, corpus: String, pages: u64, runs: Vec<LookupRun>) -> LookupJudgement {
+        let base = &runs[0];
+        let fixed = 1..1 + self.fixed_shares.len();
+        let within = |r: &LookupRun| r.lookups_per_s >= base.lookups_per_s * (1.0 - self.slowdown);
+        let least_memory = |a: &usize, b: &usize| {
+            runs[*a]
+                .mean_memory_bytes
+                .total_cmp(&runs[*b].mean_memory_bytes)
+        };
+        let oracle = fixed
+            .clone()
+            .filter(|&i| within(&runs[i]))
+            .min_by(least_memory);
+        let saved = |r: &LookupRun| base.mean_memory_bytes - r.mean_memory_bytes;
+        let self_sized = (fixed.end..runs.len())
+            .map(|run| {
+                let me = &runs[run];
+                let best_fixed_within_memory = fixed
+                    .clone()
+                    .filter(|&i| runs[i].mean_memory_bytes <= me.mean_memory_bytes)
+                    .max_by(|a, b| runs[*a].lookups_per_s.total_cmp(&runs[*b].lookups_per_s));
+                SelfSized {
+                    run,
+                    slowdown: 1.0 - me.lookups_per_s / base.lookups_per_s,
+                    saved_bytes: saved(me),
+                    best_fixed_within_memory,
+                    throughput_vs_best_fixed_within_memory: best_fixed_within_memory
+                        .map(|i| me.lookups_per_s / runs[i].lookups_per_s),
+                }
+            })
+            .collect();
+        LookupJudgement {
+            corpus,
+            pages,
+            slowdown: self.slowdown,
+            oracle,
+            oracle_saved_bytes: oracle.map_or(0.0, |i| saved(&runs[i])),
+            self_sized,
+            runs,
+        }
+    }
+
+    /// One run: a fresh region with the corpus in it, the budget set, the lookups served.
+    fn run(
+        &self,
+        corpus: &Corpus,
+        zipfs: &[Zipf],
+        budget: Budget,
+        report: &mut dyn FnMut(Budget, &Second),
+    ) -> Result<LookupRun> {
+        let region_err = |what| move |source| ReplayError::Region { what, source };
+        let pages = corpus.pages() as u64;
+        let len = pages as usize * PAGE;
+        let config = RegionConfig {
+            algorithm: self.algorithm.clone(),
+            ..RegionConfig::default()
+        };
+        let region =
+            Region::with_config(len, len, &config).map_err(region_err("making the region"))?;
+        if region.page_size() != PAGE {
+            return Err(ReplayError::Region {
+                what: "the region's pages",
+                source: ztier_uffd::Error::BadLength {
+                    len,
+                    page_size: region.page_size(),
+                },
+            });
+        }
+        let words = region.words();
+        for (w, bytes) in words.iter().zip(corpus.bytes().chunks_exact(8)) {
+            w.store(
+                u64::from_le_bytes(bytes.try_into().expect("8 bytes")),
+                Relaxed,
+            );
+        }
+        match budget {
+            Budget::Unlimited => {}
+            Budget::Fixed(share) => {
+                let pages = ((pages as f64 * share) as usize).max(1);
+                region
+                    .set_budget(pages * PAGE)
+                    .map_err(region_err("setting the budget"))?;
+            }
+            Budget::Autosized(target_stall) => {
+                let config = AutosizeConfig {
+                    cap: len,
+                    target_stall,
+                    ..self.autosize.clone()
+                };
+                region
+                    .set_autosize(Some(config))
+                    .map_err(region_err("sizing the budget"))?;
+            }
+        }
+        let placement = Placement::new(pages);
+        let mut rng = Rng::new(self.seed);
+        let mut phase_rng = Rng::new(self.seed ^ 0x61);
+        let fold_words = (self.lookup_bytes / 8).clamp(1, WORDS);
+        let started = Instant::now();
+        let measure_from = started + Duration::from_secs(self.warmup_seconds);
+        let end = measure_from + Duration::from_secs(self.seconds);
+        let mut phase = usize::MAX;
+        let mut phase_offset = 0u64;
+        let mut seconds = Vec::new();
+        let mut second_began = started;
+        let mut lookups_this_second = 0u64;
+        let mut stall_then = region.stats().stall_us;
+        let mut sink = 0u64;
+        let mut now = started;
+        while now < end {
+            let elapsed = now.duration_since(started).as_secs_f64();
+            let this_phase = (elapsed / self.phase_seconds as f64) as usize;
+            if this_phase != phase {
+                phase = this_phase;
+                phase_offset = phase_rng.below(pages);
+            }
+            let drift = (elapsed * self.drift * pages as f64) as u64;
+            let offset = phase_offset + drift;
+            let zipf = &zipfs[phase % zipfs.len()];
+            for _ in 0..LOOKUPS_A_LOOK {
+                let rank = zipf.rank(&mut rng);
+                let page = placement.page(rank, offset) as usize;
+                let first = (rank as usize * 7) % (WORDS - fold_words + 1);
+                let base = page * WORDS + first;
+                let mut acc = 0u64;
+                for _ in 0..self.rounds.max(1) {
+                    for w in &words[base..base + fold_words] {
+                        acc = acc.rotate_left(5) ^ w.load(Relaxed);
+                    }
+                }
+                let got = words[base].load(Relaxed);
+                let at = base * 8;
+                let want =
+                    u64::from_le_bytes(corpus.bytes()[at..at + 8].try_into().expect("8 bytes"));
+                if got != want {
+                    return Err(ReplayError::RegionMismatch {
+                        corpus: corpus.name.clone(),
+                        page,
+                        word: first,
+                        got,
+                        want,
+                    });
+                }
+                sink = sink.wrapping_add(acc);
+            }
+            lookups_this_second += LOOKUPS_A_LOOK;
+            now = Instant::now();
+            if now.duration_since(second_began) >= Duration::from_secs(1) {
+                let s = region.stats();
+                let wall = now.duration_since(second_began);
+                let stalled = s.stall_us.saturating_sub(stall_then);
+                let second = Second {
+                    at: (now.duration_since(started).as_secs() as i64) - self.warmup_seconds as i64,
+                    lookups: (lookups_this_second as f64 / wall.as_secs_f64()) as u64,
+                    resident_pages: s.resident_pages,
+                    store_bytes: s.mm_stat.mem_used_total,
+                    budget_pages: s.budget_pages,
+                    stall_ppm: (stalled as f64 / wall.as_secs_f64()) as u64,
+                };
+                report(budget, &second);
+                if now > measure_from {
+                    seconds.push(second);
+                }
+                stall_then = s.stall_us;
+                second_began = now;
+                lookups_this_second = 0;
+            }
+        }
+        std::hint::black_box(sink);
+        let s = region.stats();
+        let n = seconds.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&Second) -> f64| seconds.iter().map(f).sum::<f64>() / n;
+        Ok(LookupRun {
+            budget,
+            pages,
+            lookups_per_s: mean(&|s| s.lookups as f64),
+            mean_memory_bytes: mean(&|s| (s.resident_pages * PAGE as u64 + s.store_bytes) as f64),
+            mean_resident_pages: mean(&|s| s.resident_pages as f64),
+            mean_budget_pages: mean(&|s| s.budget_pages as f64),
+            stall_ppm: mean(&|s| s.stall_ppm as f64) as u64,
+            max_budget_pages: seconds.iter().map(|s| s.budget_pages).max().unwrap_or(0),
+            faults: s.faults,
+            seconds,
+            autosize: s.autosize,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_placement_is_a_bijection_and_the_zipf_law_favours_low_ranks() {
+        for pages in [1u64, 2, 10, 97, 1000, 4096] {
+            let p = Placement::new(pages);
+            let mut seen = vec![false; pages as usize];
+            for r in 0..pages {
+                seen[p.page(r, 5) as usize] = true;
+            }
+            assert!(seen.iter().all(|&s| s), "{pages} pages");
+        }
+        let z = Zipf::new(1000, 1.0);
+        let mut rng = Rng::new(1);
+        let draws: Vec<u64> = (0..10_000).map(|_| z.rank(&mut rng)).collect();
+        assert!(draws.iter().all(|&r| r < 1000));
+        let top10 = draws.iter().filter(|&&r| r < 10).count();
+        // H(10)/H(1000) = 2.93/7.49: 39 % of draws in the first 10 ranks.
+        assert!((3500..4300).contains(&top10), "{top10}");
+    }
+}
