@@ -279,10 +279,13 @@ mod tests {
             5,
             "the page holding a value stays"
         );
-        assert!(t
-            .iter()
-            .enumerate()
-            .all(|(i, r)| r[0].load(Relaxed) == 0 && (i == 1000 || r[1].load(Relaxed) == 0)));
+        assert_eq!(
+            t[50_000][1].load(Relaxed),
+            1 << 63,
+            "a held lock stays held"
+        );
+        assert!(t.iter().enumerate().all(|(i, r)| r[0].load(Relaxed) == 0
+            && (i == 1000 || i == 50_000 || r[1].load(Relaxed) == 0)));
         // A range that holds no whole page gives nothing back.
         assert_eq!(give_back_zero_pages(&t, 10..20, lock), 0);
         assert_eq!(
