@@ -849,11 +849,15 @@ impl Saves {
     fn remove_unfinished(&self) {
         match self {
             Saves::One(path) => StateFile::new(path).remove_unfinished_save(),
+            // Each device's save under way is NAME.state.tmp (its state may be consumed:
+            // NAME.state.loaded, no NAME.state).
             Saves::Dir(dir) => {
                 for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                     let path = entry.path();
-                    if path.extension().is_some_and(|e| e == "state") {
-                        StateFile::new(&path).remove_unfinished_save();
+                    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    if let Some(device) = name.strip_suffix(".state.tmp") {
+                        StateFile::new(dir.join(format!("{device}.state")))
+                            .remove_unfinished_save();
                     }
                 }
             }

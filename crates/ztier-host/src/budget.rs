@@ -103,7 +103,11 @@ impl Budget {
         self.shared.state.lock().stop = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The last handle of the host may go on the budget's own thread (its tick held
+            // one): that thread ends by itself once it sees the stop; it cannot join itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }

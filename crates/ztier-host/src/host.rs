@@ -57,24 +57,24 @@ pub enum HostError {
     Exists(String),
     #[error("no device named {0}")]
     NoSuchDevice(String),
-    #[error("device {name}: {source}")]
+    #[error("device {name}")]
     Device {
         name: String,
         source: Box<ZramError>,
     },
-    #[error("device {name}: its store {}: {source}", path.display())]
+    #[error("device {name}: its store {}", path.display())]
     Store {
         name: String,
         path: PathBuf,
         source: ztier_blockdev::BlockError,
     },
-    #[error("device {name}: its state {}: {source}", path.display())]
+    #[error("device {name}: its state {}", path.display())]
     State {
         name: String,
         path: PathBuf,
         source: Box<ZramError>,
     },
-    #[error("device {name}: starting its policy: {source}")]
+    #[error("device {name}: starting its policy")]
     Policy {
         name: String,
         source: std::io::Error,
@@ -374,6 +374,16 @@ impl Host {
             store_path,
             budget_pages: AtomicU64::new(0),
         }))
+    }
+
+    /// Takes a device out of the table without ending its files (its state, spec and store
+    /// stay as they are): a device that could not be served after it was made, so a start
+    /// that fails keeps what the last run saved. Its policy stops; its memory goes with the
+    /// last holder.
+    pub fn abandon(&self, name: &str) -> Option<Arc<HostDevice>> {
+        let gone = self.devices.write().remove(name)?;
+        gone.quiesce();
+        Some(gone)
     }
 
     /// Ends a device: out of the table (no new front end finds it), its policy stopped, its

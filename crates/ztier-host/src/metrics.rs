@@ -154,7 +154,7 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
         |m| m.huge_pages,
     );
     s.counter(
-        "device_huge_pages_since",
+        "device_huge_pages_stored",
         "Pages stored uncompressed since the start (mm_stat huge_pages_since).",
         mm.iter().map(|(n, m)| (device(n), m.huge_pages_since)),
     );
@@ -174,6 +174,11 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
         io.iter().map(|(n, i)| (device(n), i.failed_writes)),
     );
     s.counter(
+        "device_invalid_io",
+        "Requests refused as malformed (io_stat invalid_io).",
+        io.iter().map(|(n, i)| (device(n), i.invalid_io)),
+    );
+    s.counter(
         "device_notify_free",
         "Pages freed by a discard (io_stat notify_free).",
         io.iter().map(|(n, i)| (device(n), i.notify_free)),
@@ -184,12 +189,12 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
         bd.iter().map(|(n, b)| (device(n), b.bd_count)),
     );
     s.counter(
-        "device_backing_reads_pages",
+        "device_backing_read_pages",
         "Pages read from the backing store (bd_stat bd_reads).",
         bd.iter().map(|(n, b)| (device(n), b.bd_reads)),
     );
     s.counter(
-        "device_backing_writes_pages",
+        "device_backing_written_pages",
         "Pages written to the backing store (bd_stat bd_writes).",
         bd.iter().map(|(n, b)| (device(n), b.bd_writes)),
     );
@@ -297,6 +302,11 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
         [(host_labels(), budget.protected_pages_taken)],
     );
     s.counter(
+        "host_budget_ticks",
+        "Times the host's budget looked at its target.",
+        [(host_labels(), budget.ticks)],
+    );
+    s.counter(
         "host_budget_errors",
         "Errors of the host's budget.",
         [(host_labels(), budget.errors)],
@@ -375,7 +385,8 @@ const MAX_HEAD: usize = 8 << 10;
 
 /// One request and its answer; the connection then closes.
 fn answer(mut conn: TcpStream, figures: &dyn Fn() -> String) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    // One deadline for the whole request head, not for each read of it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
     let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
@@ -384,6 +395,10 @@ fn answer(mut conn: TcpStream, figures: &dyn Fn() -> String) {
             break true;
         }
         if head.len() >= MAX_HEAD {
+            break false;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
             break false;
         }
         match conn.read(&mut buf) {

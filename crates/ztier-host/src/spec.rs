@@ -21,6 +21,8 @@ pub const NAME_MAX: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
+    #[error("a device named {given} cannot also be name={named}")]
+    TwoNames { given: String, named: String },
     #[error("a device needs a name (the first word, or name=NAME)")]
     NoName,
     #[error(
@@ -95,6 +97,14 @@ impl DeviceSpec {
     ) -> Result<DeviceSpec, SpecError> {
         let pairs: Vec<(&str, &str)> = pairs.into_iter().collect();
         let named = pairs.iter().find(|(k, _)| *k == "name").map(|(_, v)| *v);
+        if let (Some(given), Some(named)) = (name, named) {
+            if given != named {
+                return Err(SpecError::TwoNames {
+                    given: given.to_string(),
+                    named: named.to_string(),
+                });
+            }
+        }
         let name = name.or(named).ok_or(SpecError::NoName)?;
         check_name(name)?;
         let size = pairs

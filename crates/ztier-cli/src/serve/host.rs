@@ -266,7 +266,9 @@ impl Hosted {
             .create(spec)
             .with_context(|| format!("making device {name}"))?;
         if let Err(e) = self.serve_vhost(&device) {
-            let _ = self.host.destroy(&name);
+            // Out of the table, its files kept: a start that fails here loses nothing the
+            // last run saved.
+            self.host.abandon(&name);
             return Err(e);
         }
         Ok(device)
@@ -346,10 +348,13 @@ impl Hosted {
                 held.join(" and ")
             );
         }
+        // Out of the table first: from now on no handshake finds it. Then its NBD clients
+        // are let go (a handshake half way in is turned away too), then its VMM.
+        let gone = self.host.destroy(name)?;
+        self.exports.forget(name);
         if let Some(s) = &self.nbd {
             s.disconnect_export(name);
         }
-        self.exports.forget(name);
         let front = self
             .vhost
             .lock()
@@ -360,7 +365,6 @@ impl Hosted {
             let _ = v.thread.join();
             let _ = std::fs::remove_file(&v.path);
         }
-        let gone = self.host.destroy(name)?;
         let freed = gone.device().mm_stat().mem_used_total;
         Ok(format!(
             "destroyed {name}: {freed} bytes of pool given back{}",
@@ -668,12 +672,13 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
         None
     };
     let exports = Arc::new(HostExports::new(Arc::clone(&host)));
-    let nbd = places.as_ref().and_then(|p| p.nbd.as_ref()).map(|_| {
-        ztier_nbd::Server::with_exports(
+    let nbd = match places.as_ref().and_then(|p| p.nbd.as_ref()) {
+        Some(_) => Some(ztier_nbd::Server::with_exports(
             Arc::clone(&exports) as Arc<dyn ztier_nbd::Exports>,
-            super::nbd_config(args, String::new()).expect("checked before"),
-        )
-    });
+            super::nbd_config(args, String::new())?,
+        )),
+        None => None,
+    };
     let hosted = Arc::new(Hosted {
         host: Arc::clone(&host),
         nbd: nbd.clone(),
@@ -702,11 +707,6 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
         nbd: nbd.clone(),
         vhost: None,
     }));
-    // Before a client is served: each loaded state is consumed (a server that dies from
-    // now on leaves no state that would serve stale pages).
-    for d in host.devices() {
-        d.consume_state()?;
-    }
     let control_path = args.control.clone().or_else(|| {
         args.socket
             .as_deref()
@@ -749,6 +749,12 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
     if let Some(path) = &args.pidfile {
         std::fs::write(path, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing the pid file {}", path.display()))?;
+    }
+    // Last before a client is served (every socket and file made, so a start that fails
+    // before here leaves the states as they were): each loaded state is consumed (a server that dies from
+    // now on leaves no state that would serve stale pages).
+    for d in host.devices() {
+        d.consume_state()?;
     }
     let mut at = Vec::new();
     if let Some(p) = places.as_ref().and_then(|p| p.nbd.as_ref()) {
