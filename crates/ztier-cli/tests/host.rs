@@ -486,7 +486,10 @@ fn a_failed_start_keeps_every_state() {
     let server = serve(&base, &common::ctl_socket(&nbd), &log);
     let mut back = vec![0u8; 4096];
     export(&nbd, "vm1").unwrap().read_at(0, &mut back).unwrap();
-    assert!(back == pattern(21, 4096), "the state survived the failed start");
+    assert!(
+        back == pattern(21, 4096),
+        "the state survived the failed start"
+    );
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -105,7 +105,13 @@ impl Device {
         for index in 0..self.pages() {
             // A look under the slot lock alone first: most slots are not candidates, and
             // the page lock would hold off a writer of the page for nothing.
-            let e = self.slot(index)?.lock().entry;
+            // An empty slot is passed over without its lock, which would write (bring in)
+            // its table page.
+            let slot = self.slot(index)?;
+            if slot.is_vacant() {
+                continue;
+            }
+            let e = slot.lock().entry;
             if !self.wants_recompress(e, mode, threshold, max_prio, now) {
                 continue;
             }

@@ -254,8 +254,10 @@ impl Device {
                 && mode.selects(e, now)
         };
         // A look under the slot lock alone first: most slots are not taken, and a shard
-        // is not worth locking for them.
-        if !takes(&slot.lock().entry) {
+        // is not worth locking for them. An empty slot is passed over without its lock,
+        // whose compare-and-swap would write (bring in) a table page no page was ever
+        // stored in.
+        if slot.is_vacant() || !takes(&slot.lock().entry) {
             return Ok(None);
         }
         let mut shard = self.shard();
