@@ -17,6 +17,7 @@ use ztier_zram::{Backing, Device, Policy, PolicyConfig, StateFile};
 
 use crate::classes::PoolLayoutArgs;
 
+mod config;
 mod control;
 mod frontends;
 mod host;

@@ -24,7 +24,7 @@
 //! Pages written back stay on the backing store: the state names their places, and the
 //! units (packed segments, or blocks) that hold them with the live bytes writeback counts
 //! in each. Loading one re-attaches the store as it is (never formatted): its swap header's
-//! id must be the state's (issue 24's store identity), and so must its stamp, which a save
+//! id must be the state's (the store's identity: its id and stamp, checked on load and on reconnect), and so must its stamp, which a save
 //! writes into the header and the first change to the store after it clears (until then
 //! no unit is given back to the allocator, so nothing the state names is discarded or
 //! overwritten): a state older than the store's contents is refused, never served. The
