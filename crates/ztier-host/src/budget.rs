@@ -26,7 +26,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use ztier_zram::PageSelector;
 
-use crate::host::{Host, HostDevice};
+use crate::device::HostDevice;
+
+/// What the budget reads of its host: the devices now, and their pools' sum (the host
+/// implements it; the budget's thread holds it weakly, so a host that goes ends it).
+pub(crate) trait Pools: Send + Sync {
+    fn devices(&self) -> Vec<Arc<HostDevice>>;
+    fn used_bytes(&self) -> u64;
+}
 
 /// What the budget did, since the host started.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -64,7 +71,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub(crate) fn start(
-        host: Weak<Host>,
+        host: Weak<dyn Pools>,
         target: u64,
         interval: Duration,
     ) -> std::io::Result<Budget> {
@@ -118,7 +125,7 @@ impl Drop for Budget {
     }
 }
 
-fn run(host: &Weak<Host>, target: u64, interval: Duration, shared: &Shared) {
+fn run(host: &Weak<dyn Pools>, target: u64, interval: Duration, shared: &Shared) {
     loop {
         {
             let mut st = shared.state.lock();
@@ -137,7 +144,7 @@ fn run(host: &Weak<Host>, target: u64, interval: Duration, shared: &Shared) {
             ticks: 1,
             ..BudgetStats::default()
         };
-        let used = keep_under(&host, target, &mut tick, &|| shared.state.lock().stop);
+        let used = keep_under(&*host, target, &mut tick, &|| shared.state.lock().stop);
         tick.busy_ms = began.elapsed().as_millis() as u64;
         let mut st = shared.state.lock();
         let s = &mut st.stats;
@@ -157,7 +164,7 @@ fn run(host: &Weak<Host>, target: u64, interval: Duration, shared: &Shared) {
 
 /// One tick: brings the pools' sum under `target` if it is over; returns the sum after.
 pub(crate) fn keep_under(
-    host: &Host,
+    host: &dyn Pools,
     target: u64,
     tick: &mut BudgetStats,
     stopping: &dyn Fn() -> bool,
@@ -166,7 +173,7 @@ pub(crate) fn keep_under(
     for d in &devices {
         d.device().report_to_group();
     }
-    let used = || host.group().used_bytes();
+    let used = || host.used_bytes();
     if used() <= target {
         return used();
     }

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,9 @@ use ztier_zram::{
     Backing, Device, MemoryGroup, Policy, PolicyConfig, StateFile, StateSummary, ZramError,
 };
 
-use crate::budget::{Budget, BudgetStats};
+use crate::budget::{Budget, BudgetStats, Pools};
+use crate::device::HostDevice;
+use crate::error::HostError;
 use crate::spec::DeviceSpec;
 
 /// How a host keeps its devices.
@@ -45,141 +47,6 @@ pub struct HostConfig {
     /// anywhere: each device's written-back pages in its own file, never read by another,
     /// removed with the device.
     pub store_dir: Option<PathBuf>,
-}
-
-/// Why the host refused.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HostError {
-    #[error(transparent)]
-    Spec(#[from] crate::spec::SpecError),
-    #[error("a device named {0} exists")]
-    Exists(String),
-    #[error("no device named {0}")]
-    NoSuchDevice(String),
-    #[error("device {name}")]
-    Device {
-        name: String,
-        source: Box<ZramError>,
-    },
-    #[error("device {name}: its store {}", path.display())]
-    Store {
-        name: String,
-        path: PathBuf,
-        source: ztier_blockdev::BlockError,
-    },
-    #[error("device {name}: its state {}", path.display())]
-    State {
-        name: String,
-        path: PathBuf,
-        source: Box<ZramError>,
-    },
-    #[error("device {name}: starting its policy")]
-    Policy {
-        name: String,
-        source: std::io::Error,
-    },
-    /// A device's saved spec (`NAME.spec` in the state directory) that cannot be written
-    /// or read back.
-    #[error("the saved spec {}: {why}", path.display())]
-    SavedSpec { path: PathBuf, why: String },
-    #[error("the budget's thread: {0}")]
-    Budget(std::io::Error),
-    #[error("a target needs every device to have a store: give a store directory")]
-    TargetWithoutStores,
-}
-
-/// One device of the host.
-pub struct HostDevice {
-    spec: DeviceSpec,
-    device: Arc<Device>,
-    /// The device's own policy, if its spec asks for one.
-    policy: Mutex<Option<Policy>>,
-    state: Option<StateFile>,
-    /// Whether a state was loaded at creation.
-    loaded: bool,
-    /// The state's guard is taken (the file renamed `.loaded`).
-    consumed: AtomicBool,
-    store_path: Option<PathBuf>,
-    /// Pages the host's budget wrote back from this device.
-    pub(crate) budget_pages: AtomicU64,
-}
-
-impl HostDevice {
-    pub fn spec(&self) -> &DeviceSpec {
-        &self.spec
-    }
-
-    pub fn name(&self) -> &str {
-        &self.spec.name
-    }
-
-    /// The zram device (its statistics, its sysfs attributes).
-    pub fn device(&self) -> &Arc<Device> {
-        &self.device
-    }
-
-    /// The device as front ends serve it.
-    pub fn block_device(&self) -> Arc<dyn BlockDevice> {
-        Arc::clone(&self.device) as Arc<dyn BlockDevice>
-    }
-
-    /// Whether a state was loaded when the device was made.
-    pub fn state_loaded(&self) -> bool {
-        self.loaded
-    }
-
-    /// Pages the host's budget wrote back from this device.
-    pub fn budget_written_back_pages(&self) -> u64 {
-        self.budget_pages.load(Ordering::Relaxed)
-    }
-
-    /// The device's own policy's counters, if it has one.
-    pub fn policy_stats(&self) -> Option<ztier_zram::PolicyStats> {
-        self.policy.lock().as_ref().map(Policy::stats)
-    }
-
-    /// Takes the state's guard (`StateFile::consume`): from now on a host that dies leaves
-    /// no state that would serve this device's pages as they were before. Called once the
-    /// device is served; again, it does nothing.
-    pub fn consume_state(&self) -> Result<(), HostError> {
-        let Some(state) = &self.state else {
-            return Ok(());
-        };
-        if self.consumed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        state
-            .consume(self.loaded)
-            .map_err(|source| HostError::State {
-                name: self.spec.name.clone(),
-                path: state.path().to_path_buf(),
-                source: Box::new(source),
-            })
-    }
-
-    /// Saves the device's state (at a stop: `stopped`), if it keeps one.
-    pub fn save_state(&self, stopped: bool) -> Option<Result<StateSummary, HostError>> {
-        let state = self.state.as_ref()?;
-        Some(
-            state
-                .save(&self.device, stopped)
-                .map_err(|source| HostError::State {
-                    name: self.spec.name.clone(),
-                    path: state.path().to_path_buf(),
-                    source: Box::new(source),
-                }),
-        )
-    }
-
-    /// Stops the device's own policy and closes writeback: nothing changes its store from
-    /// now on (before a save).
-    pub fn quiesce(&self) {
-        if let Some(p) = self.policy.lock().take() {
-            p.stop();
-        }
-        self.device.close_writeback();
-    }
 }
 
 /// The host of devices.
@@ -204,7 +71,8 @@ impl Host {
         });
         if let Some(target) = host.config.target {
             let interval = host.config.interval.unwrap_or(Duration::from_secs(10));
-            let budget = Budget::start(Arc::downgrade(&host), target, interval)
+            let pools: Arc<dyn Pools> = Arc::clone(&host) as Arc<dyn Pools>;
+            let budget = Budget::start(Arc::downgrade(&pools), target, interval)
                 .map_err(HostError::Budget)?;
             *host.budget.lock() = Some(budget);
         }
@@ -234,7 +102,7 @@ impl Host {
     pub fn keep_under_target(&self) -> Option<(u64, BudgetStats)> {
         let target = self.config.target?;
         let mut tick = BudgetStats::default();
-        let used = crate::budget::keep_under(self, target, &mut tick, &|| false);
+        let used = crate::budget::keep_under(self as &dyn Pools, target, &mut tick, &|| false);
         Some((used, tick))
     }
 
@@ -507,4 +375,14 @@ fn read_spec(path: &Path) -> Result<DeviceSpec, HostError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     DeviceSpec::from_pairs(None, pairs).map_err(|e| failed(e.to_string()))
+}
+
+impl Pools for Host {
+    fn devices(&self) -> Vec<Arc<HostDevice>> {
+        Host::devices(self)
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.group.used_bytes()
+    }
 }

@@ -13,10 +13,14 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+mod device;
+mod error;
 mod host;
 pub mod metrics;
 pub mod spec;
 
 pub use budget::BudgetStats;
-pub use host::{Host, HostConfig, HostDevice, HostError};
+pub use device::HostDevice;
+pub use error::HostError;
+pub use host::{Host, HostConfig};
 pub use spec::{DeviceSpec, SpecError};
