@@ -230,7 +230,14 @@ impl Server {
         let uri: Uri = format!("nbd+unix:///?socket={}", self.socket.display())
             .parse()
             .unwrap();
-        Client::connect(&uri).unwrap()
+        // The client waits longer than the server's --backing-timeout (60 s for A): a read
+        // the server holds while its store is away is answered, and the test's own link is
+        // never the one given up on.
+        let config = ztier_nbd::ClientConfig {
+            io_timeout: Duration::from_secs(150),
+            ..ztier_nbd::ClientConfig::default()
+        };
+        Client::connect_with(&uri, config).unwrap()
     }
 
     /// Page `i` of generation `generation`: text-like, different per server, page and
