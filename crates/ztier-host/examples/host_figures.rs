@@ -422,7 +422,7 @@ fn draw(path: &Path, out: &scenario::Outcome, s: &Scenario, corpus: &str) -> Res
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!(
-                "one host, one budget: 4 devices' mem_used_total, target {:.0} MiB, budget \
+                "one host, one budget: 4 devices' mem_used_total, target {:.1} MiB, budget \
                  every {} ms ({corpus} pages, lzo-rle on zsmalloc)",
                 mib(s.target),
                 s.interval.as_millis()

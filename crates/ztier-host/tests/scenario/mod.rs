@@ -9,7 +9,9 @@
 //! - `low`: small and under its protection (`mem_low`); its writer rewrites and reads its
 //!   working set, which never grows.
 //!
-//! The hot writers take one step per budget tick: each waits for the budget's tick counter to
+//! The cold device is written first; the others begin once it is and the budget has looked
+//! at it once (a host's guests getting busy after one of them has filled its disk). They
+//! take one step per budget tick: each waits for the budget's tick counter to
 //! move before its next step. So the pools gain at most one step each between two looks of
 //! the budget, whatever the machine's load. The budget runs at idle priority, and on a busy
 //! shared machine its thread can be held off for a while; that must not become more writes
@@ -283,7 +285,17 @@ pub fn run(s: &Scenario, source: PageSource) -> Outcome {
         for (n, d) in devices.iter().enumerate().skip(1) {
             let (host, stop, io) = (&host, &stop_writers, &io[n]);
             let is_low = d.name() == "low";
+            let cold_written = &cold_written;
             stepping.push(scope.spawn(move || {
+                // The guests get busy once the cold one is written and the budget has
+                // looked at it once.
+                while !cold_written.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let at_fill = host.budget_stats().map_or(0, |b| b.ticks);
+                if next_tick(host, at_fill, stop).is_none() {
+                    return None;
+                }
                 let mut w = Written {
                     id: n as u64,
                     versions: vec![0; d.device().pages() as usize],
@@ -317,7 +329,7 @@ pub fn run(s: &Scenario, source: PageSource) -> Outcome {
                         check_page(d, &w, rng.below(working), source, io);
                     }
                 }
-                w
+                Some(w)
             }));
         }
         // Settled: the cold device written, then two ticks over the target.
@@ -341,7 +353,7 @@ pub fn run(s: &Scenario, source: PageSource) -> Outcome {
         stop_writers.store(true, Ordering::SeqCst);
         let mut written = vec![cold_writer.join().expect("the cold writer")];
         for h in stepping {
-            written.push(h.join().expect("a writer"));
+            written.push(h.join().expect("a writer").expect("a writer that began"));
         }
         stop_sampler.store(true, Ordering::SeqCst);
         written
