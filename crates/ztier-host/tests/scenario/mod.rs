@@ -293,9 +293,7 @@ pub fn run(s: &Scenario, source: PageSource) -> Outcome {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 let at_fill = host.budget_stats().map_or(0, |b| b.ticks);
-                if next_tick(host, at_fill, stop).is_none() {
-                    return None;
-                }
+                next_tick(host, at_fill, stop)?;
                 let mut w = Written {
                     id: n as u64,
                     versions: vec![0; d.device().pages() as usize],
