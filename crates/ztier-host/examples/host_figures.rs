@@ -1,0 +1,493 @@
+//! The host's figures for issue 59's table and plot:
+//! - `rss`: for 1, 16 and 256 devices of 64 GiB, the process's RSS before any write, then
+//!   after N pages of real memory (a corpus) are stored across the devices: RSS per stored
+//!   page against `mem_used_total` per stored page and the slot tables' resident bytes
+//!   (`metadata_bytes`). Each case runs in a process of its own (this program again, as
+//!   `rss-one`), so no case's freed memory counts in the next. The pages go to each device
+//!   either packed (its first pages, as a swap device fills its first clusters) or spread
+//!   (evenly over all 64 GiB: the slot table's worst case). With stores, it also looks at
+//!   what one writeback pass that takes no page (what the budget or a device's policy does
+//!   when nothing is old enough) leaves resident, on one device.
+//! - `budget`: the budget's run of `tests/budget_run.rs` (`tests/scenario`), longer and with
+//!   corpus pages: each device's `mem_used_total` and the host's sum over time, kept as CSV
+//!   and drawn as SVG with the target.
+//!
+//! `cargo run --release -p ztier-host --example host_figures -- [rss|budget|all]
+//! [--pages N] [--corpus FILE] [--seconds S] [--out-dir DIR]` (default: all, the corpus's
+//! first 32768 pages of cc1, 45 s, docs/figures). Run it under the build lock: the budget's
+//! run is paced by its interval, and other work on the machine holds its thread off.
+
+#[path = "../tests/scenario/mod.rs"]
+mod scenario;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use plotters::prelude::*;
+use scenario::Scenario;
+use ztier_corpus::Corpus;
+use ztier_host::{DeviceSpec, Host, HostConfig};
+use ztier_zram::PageSelector;
+
+const PAGE: usize = 4096;
+const DEVICE_SIZE: u64 = 64 << 30;
+
+struct Args {
+    what: String,
+    pages: u64,
+    corpus: Option<PathBuf>,
+    seconds: u64,
+    out_dir: PathBuf,
+    // rss-one's own.
+    devices: u64,
+    spread: bool,
+    stores: bool,
+    scan: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        what: "all".into(),
+        pages: 32768,
+        corpus: None,
+        seconds: 45,
+        out_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/figures"),
+        devices: 1,
+        spread: false,
+        stores: false,
+        scan: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{v}: {e}"));
+        match a.as_str() {
+            "rss" | "budget" | "all" | "rss-one" => args.what = a,
+            "--pages" => args.pages = number(value("--pages")?)?,
+            "--corpus" => args.corpus = Some(value("--corpus")?.into()),
+            "--seconds" => args.seconds = number(value("--seconds")?)?,
+            "--out-dir" => args.out_dir = value("--out-dir")?.into(),
+            "--devices" => args.devices = number(value("--devices")?)?,
+            "--spread" => args.spread = true,
+            "--stores" => args.stores = true,
+            "--scan" => args.scan = true,
+            _ => return Err(format!("unknown argument {a:?}")),
+        }
+    }
+    Ok(args)
+}
+
+fn corpus_path(args: &Args) -> Result<PathBuf, String> {
+    match &args.corpus {
+        Some(p) => Ok(p.clone()),
+        None => ztier_corpus::shared_corpus_dir()
+            .map(|d| d.join("cc1.pages.zst"))
+            .ok_or_else(|| "no corpus: give --corpus FILE".to_string()),
+    }
+}
+
+fn rss() -> u64 {
+    ztier_base::os::process_rss_bytes().expect("/proc/self/statm")
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("host_figures: {e}");
+            std::process::exit(2);
+        }
+    };
+    let r = match args.what.as_str() {
+        "rss-one" => rss_one(&args),
+        "rss" => rss_table(&args),
+        "budget" => budget_run(&args),
+        _ => rss_table(&args).and_then(|()| budget_run(&args)),
+    };
+    if let Err(e) = r {
+        eprintln!("host_figures: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// One case of the table, in this process: prints one JSON line.
+fn rss_one(args: &Args) -> Result<(), String> {
+    let corpus = Corpus::load(&corpus_path(args)?).map_err(|e| e.to_string())?;
+    let pages = args.pages.min(corpus.pages() as u64);
+    let stores = std::env::temp_dir().join(format!("ztier-host-figures-{}", std::process::id()));
+    let host = Host::new(HostConfig {
+        store_dir: args.stores.then(|| stores.clone()),
+        ..HostConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    if args.stores {
+        std::fs::create_dir_all(&stores).map_err(|e| e.to_string())?;
+    }
+    let at_start = rss();
+    let devices: Vec<_> = (0..args.devices)
+        .map(|i| {
+            let spec: DeviceSpec = format!("vm{i},size={DEVICE_SIZE}").parse().expect("a spec");
+            host.create(spec).map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let before_use = rss();
+    let per_device = pages.div_ceil(args.devices);
+    let stride = if args.spread {
+        (DEVICE_SIZE / PAGE as u64) / per_device
+    } else {
+        1
+    };
+    for (j, page) in corpus.chunks(PAGE).take(pages as usize).enumerate() {
+        let j = j as u64;
+        let d = &devices[(j % args.devices) as usize];
+        let index = (j / args.devices) * stride;
+        d.block_device()
+            .write_at(index * PAGE as u64, page, false)
+            .map_err(|e| format!("{}: page {index}: {e}", d.name()))?;
+    }
+    let after_store = rss();
+    let sum = |f: &dyn Fn(&ztier_host::HostDevice) -> u64| devices.iter().map(|d| f(d)).sum();
+    let mem_used_total: u64 = sum(&|d| d.device().mm_stat().mem_used_total);
+    let metadata: u64 = sum(&|d| d.device().metadata_bytes());
+    let same_pages: u64 = sum(&|d| d.device().mm_stat().same_pages);
+    // A writeback pass that takes nothing (no page is an hour old): what the budget's tick
+    // does to a device when none of its pages are old enough.
+    let (after_scan, metadata_after_scan) = if args.stores && args.scan {
+        for d in &devices {
+            d.device()
+                .writeback(PageSelector::OlderThan(3600), None, None)
+                .map_err(|e| format!("{}: writeback: {e}", d.name()))?;
+        }
+        (Some(rss()), Some(sum(&|d| d.device().metadata_bytes())))
+    } else {
+        (None, None)
+    };
+    let line = serde_json::json!({
+        "devices": args.devices,
+        "layout": if args.spread { "spread" } else { "packed" },
+        "stores": args.stores,
+        "pages": pages,
+        "same_pages": same_pages,
+        "rss_at_start": at_start,
+        "rss_before_use": before_use.saturating_sub(at_start),
+        "rss_stored": after_store.saturating_sub(before_use),
+        "mem_used_total": mem_used_total,
+        "metadata_bytes": metadata,
+        "rss_after_scan": after_scan.map(|r| r.saturating_sub(before_use)),
+        "metadata_after_scan": metadata_after_scan,
+    });
+    println!("{line}");
+    drop(devices);
+    host.stop_and_save();
+    drop(host);
+    let _ = std::fs::remove_dir_all(&stores);
+    Ok(())
+}
+
+/// The table: each case in a process of its own.
+fn rss_table(args: &Args) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let corpus = corpus_path(args)?;
+    let mut rows = Vec::new();
+    // With stores, 1 and 16 devices: each store's slot map is made whole (about 23 MiB for
+    // a 64 GiB device), and a writeback pass makes a device's whole slot table resident
+    // (256 MiB for 64 GiB), so 256 devices would take 6 GiB, and their scan 64 GiB: more
+    // than a shared machine has. The pass is looked at on one device.
+    let cases = [1u64, 16, 256]
+        .into_iter()
+        .flat_map(|n| [(n, false, false), (n, true, false)])
+        .chain([(1, false, true), (16, false, true)]);
+    {
+        for (devices, spread, stores) in cases {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["rss-one", "--devices", &devices.to_string()])
+                .args(["--pages", &args.pages.to_string()])
+                .arg("--corpus")
+                .arg(&corpus);
+            if spread {
+                cmd.arg("--spread");
+            }
+            if stores {
+                cmd.arg("--stores");
+            }
+            if stores && devices == 1 {
+                cmd.arg("--scan");
+            }
+            let out = cmd.output().map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!(
+                    "rss-one {devices}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            let row: serde_json::Value =
+                serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            eprintln!("{row}");
+            rows.push(row);
+        }
+    }
+    let mib = |v: &serde_json::Value| v.as_f64().map_or(f64::NAN, |b| b / 1048576.0);
+    println!(
+        "\n| devices of 64 GiB | pages at | stores | RSS before use | RSS per stored page | \
+         mem_used_total per stored page | metadata_bytes (per stored page) | after a \
+         writeback pass: RSS growth, metadata_bytes |"
+    );
+    println!("|---:|---|---|---:|---:|---:|---:|---|");
+    for r in &rows {
+        let pages = r["pages"].as_f64().unwrap_or(1.0);
+        let per_page = |key: &str| r[key].as_f64().unwrap_or(f64::NAN) / pages;
+        let scan = if r["rss_after_scan"].is_u64() {
+            format!(
+                "{:.1} MiB, {:.1} MiB",
+                mib(&r["rss_after_scan"]),
+                mib(&r["metadata_after_scan"])
+            )
+        } else {
+            "-".into()
+        };
+        println!(
+            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} |",
+            r["devices"],
+            r["layout"].as_str().unwrap_or("?"),
+            if r["stores"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+            mib(&r["rss_before_use"]),
+            per_page("rss_stored"),
+            per_page("mem_used_total"),
+            mib(&r["metadata_bytes"]),
+            per_page("metadata_bytes"),
+            scan,
+        );
+    }
+    if let Some(first) = rows.first() {
+        println!(
+            "\n{} pages of {} ({} same-filled), a fresh process per row.",
+            first["pages"],
+            corpus.display(),
+            first["same_pages"]
+        );
+    }
+    Ok(())
+}
+
+/// The budget's run, long, with corpus pages; its CSV and SVG in the output directory.
+fn budget_run(args: &Args) -> Result<(), String> {
+    let corpus = Corpus::load(&corpus_path(args)?).map_err(|e| e.to_string())?;
+    let pages: Vec<&[u8]> = corpus.chunks(PAGE).collect();
+    let source = |seed: u64, out: &mut [u8]| {
+        out.copy_from_slice(pages[(seed % pages.len() as u64) as usize]);
+    };
+    let interval = Duration::from_millis(250);
+    let mut s = Scenario {
+        target: 0,
+        interval,
+        cold_size: 1 << 30,
+        cold_pages: 16384,
+        hot_size: 64 << 20,
+        hot_start_pages: 1024,
+        hot_most_pages: 4096,
+        hot_grow_pages: 24,
+        rewrite_pages: 1024,
+        read_pages: 32,
+        low_pages: 2048,
+        low_protection: 16 << 20,
+        run_ticks: args.seconds * 1000 / interval.as_millis() as u64,
+        sample_every: Duration::from_millis(100),
+    };
+    // The pools' sum once every working set is whole, measured on a host without a target;
+    // the run's target is 60 % of it, so the budget has to write back 40 %.
+    let whole = pools_for(&s, &source)?;
+    s.target = whole / 10 * 6;
+    eprintln!(
+        "the pools' sum with every working set whole: {:.1} MiB; target {:.1} MiB",
+        whole as f64 / 1048576.0,
+        s.target as f64 / 1048576.0
+    );
+    let out = scenario::run(&s, &source);
+    let settled = out.settled();
+    let ceiling = s.target + s.target / 50;
+    let within = settled.iter().filter(|x| x.sum <= ceiling).count();
+    let most = settled.iter().map(|x| x.sum).max().unwrap_or(0);
+    let least = settled.iter().map(|x| x.sum).min().unwrap_or(0);
+    let mean = settled.iter().map(|x| x.sum as f64).sum::<f64>() / settled.len().max(1) as f64;
+    println!(
+        "\nbudget run: target {:.2} MiB, interval {} ms, {} ticks ({} over the target); {} \
+         samples settled: {within} ({:.1} %) at most 2 % over; the sum from {:+.2} % to \
+         {:+.2} % of the target, mean {:+.2} %",
+        s.target as f64 / 1048576.0,
+        interval.as_millis(),
+        out.budget.ticks,
+        out.budget.over_target_ticks,
+        settled.len(),
+        within as f64 * 100.0 / settled.len().max(1) as f64,
+        (least as f64 / s.target as f64 - 1.0) * 100.0,
+        (most as f64 / s.target as f64 - 1.0) * 100.0,
+        (mean / s.target as f64 - 1.0) * 100.0,
+    );
+    println!(
+        "budget: {} pages written back ({:.1} MiB to the stores), {} taken under a \
+         protection, {} errors, busy {} ms",
+        out.budget.written_back_pages,
+        out.budget.bytes_written as f64 / 1048576.0,
+        out.budget.protected_pages_taken,
+        out.budget.errors,
+        out.budget.busy_ms
+    );
+    println!("\n| device | pages written | written back by the budget | store reads | mem_used_total at the end | mem_low | wrong pages |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for d in &out.devices {
+        println!(
+            "| {} | {} | {} | {} | {:.2} MiB | {:.0} MiB | {} |",
+            d.name,
+            d.pages_written,
+            d.budget_written_back_pages,
+            d.bd_reads,
+            d.mem_used_total as f64 / 1048576.0,
+            d.mem_low as f64 / 1048576.0,
+            d.wrong_pages
+        );
+    }
+    std::fs::create_dir_all(&args.out_dir).map_err(|e| e.to_string())?;
+    let csv = args.out_dir.join("host-budget.csv");
+    write_csv(&csv, &out, s.target).map_err(|e| format!("{}: {e}", csv.display()))?;
+    let svg = args.out_dir.join("host-budget.svg");
+    draw(&svg, &out, &s, &corpus.name).map_err(|e| format!("{}: {e}", svg.display()))?;
+    println!("\n{}\n{}", csv.display(), svg.display());
+    Ok(())
+}
+
+/// The pools' sum with the scenario's pages all written (every working set at its most),
+/// on a host of its own without a target.
+fn pools_for(s: &Scenario, source: scenario::PageSource) -> Result<u64, String> {
+    let host = Host::new(HostConfig::default()).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; PAGE];
+    let mut seed = 0u64;
+    for (name, size, pages) in [
+        ("cold", s.cold_size, s.cold_pages),
+        ("hot0", s.hot_size, s.hot_most_pages),
+        ("hot1", s.hot_size, s.hot_most_pages),
+        ("low", s.hot_size, s.low_pages),
+    ] {
+        let spec: DeviceSpec = format!("{name},size={size}").parse().expect("a spec");
+        let d = host.create(spec).map_err(|e| e.to_string())?;
+        for i in 0..pages {
+            seed = ztier_base::rng::Rng::new(seed).next_u64();
+            source(seed, &mut buf);
+            d.block_device()
+                .write_at(i * PAGE as u64, &buf, false)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(host.group().used_bytes())
+}
+
+fn write_csv(path: &Path, out: &scenario::Outcome, target: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    write!(f, "seconds,tick,target,sum")?;
+    for n in &out.names {
+        write!(f, ",{n}_mem_used_total")?;
+    }
+    for n in &out.names {
+        write!(f, ",{n}_written_back_pages")?;
+    }
+    writeln!(f, ",settled")?;
+    for (i, x) in out.samples.iter().enumerate() {
+        write!(f, "{:.3},{},{target},{}", x.seconds, x.tick, x.sum)?;
+        for v in x.devices.iter().chain(&x.written_back) {
+            write!(f, ",{v}")?;
+        }
+        writeln!(f, ",{}", u8::from(i >= out.settled_at))?;
+    }
+    f.flush()
+}
+
+/// Each device's memory and the host's sum over time, with the target.
+fn draw(path: &Path, out: &scenario::Outcome, s: &Scenario, corpus: &str) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Debug| format!("drawing: {e:?}");
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let end = out.samples.last().map_or(1.0, |x| x.seconds).max(1.0);
+    let top = out
+        .samples
+        .iter()
+        .map(|x| mib(x.sum))
+        .fold(mib(s.target), f64::max)
+        * 1.1;
+    let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "one host, one budget: 4 devices' mem_used_total, target {:.1} MiB, budget \
+                 every {} ms ({corpus} pages, lzo-rle on zsmalloc)",
+                mib(s.target),
+                s.interval.as_millis()
+            ),
+            ("sans-serif", 17),
+        )
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..end, 0f64..top)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("MiB")
+        .draw()
+        .map_err(|e| err(&e))?;
+    let colours = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+    ];
+    let label = |n: &str| match n {
+        "cold" => "cold (written once, idle)".to_string(),
+        "low" => format!("low (mem_low {} MiB)", s.low_protection >> 20),
+        n => format!("{n} (hot, growing)"),
+    };
+    for (k, name) in out.names.iter().enumerate() {
+        let c = colours[k % colours.len()];
+        chart
+            .draw_series(LineSeries::new(
+                out.samples.iter().map(|x| (x.seconds, mib(x.devices[k]))),
+                c.stroke_width(2),
+            ))
+            .map_err(|e| err(&e))?
+            .label(label(name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+    }
+    chart
+        .draw_series(LineSeries::new(
+            out.samples.iter().map(|x| (x.seconds, mib(x.sum))),
+            RED.stroke_width(2),
+        ))
+        .map_err(|e| err(&e))?
+        .label("the host's sum")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED.stroke_width(2)));
+    let t = mib(s.target);
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0.0, t), (end, t)],
+            6,
+            4,
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| err(&e))?
+        .label("target")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(1)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::MiddleRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
