@@ -207,39 +207,53 @@ pub(crate) fn keep_under(
                 .filter(|(room, _)| *room > 0)
                 .collect();
             order.sort_by_key(|b| std::cmp::Reverse(b.0));
-            for (room, d) in order {
-                let over = used().saturating_sub(target);
-                if over == 0 {
-                    break;
-                }
-                let mm = d.device().mm_stat();
-                let stored = stored_pages(d);
-                if stored == 0 {
-                    continue;
-                }
-                let per_page = (mm.mem_used_total / stored).max(1);
-                let want = over.min(room).div_ceil(per_page).max(1);
-                match d
-                    .device()
-                    .writeback(PageSelector::OlderThan(age), None, Some(want))
-                {
-                    Ok(r) => {
-                        tick.written_back_pages += r.pages;
-                        tick.bytes_written += r.bytes_written;
-                        if !protected {
-                            tick.protected_pages_taken += r.pages;
-                        }
-                        d.budget_pages.fetch_add(r.pages, Ordering::Relaxed);
-                        if r.pages > 0 {
-                            d.device().compact();
-                        }
+            for (_, d) in order {
+                // Asked again while it gives: what a writeback frees can fall short of the
+                // average page's share its `want` was counted by, and the shortfall is this
+                // device's to make up from its pages of this age before the next device's
+                // (younger, or more protected) pages are taken.
+                loop {
+                    let over = used().saturating_sub(target);
+                    if over == 0 || stopping() {
+                        break;
                     }
-                    Err(e) => {
-                        tick.errors += 1;
-                        tick.last_error = Some(format!("{}: {e}", d.name()));
+                    let mm = d.device().mm_stat();
+                    let floor = if protected { d.spec().mem_low } else { 0 };
+                    let room = mm.mem_used_total.saturating_sub(floor);
+                    let stored = stored_pages(d);
+                    if stored == 0 || room == 0 {
+                        break;
+                    }
+                    let per_page = (mm.mem_used_total / stored).max(1);
+                    let want = over.min(room).div_ceil(per_page).max(1);
+                    let gave =
+                        match d
+                            .device()
+                            .writeback(PageSelector::OlderThan(age), None, Some(want))
+                        {
+                            Ok(r) => {
+                                tick.written_back_pages += r.pages;
+                                tick.bytes_written += r.bytes_written;
+                                if !protected {
+                                    tick.protected_pages_taken += r.pages;
+                                }
+                                d.budget_pages.fetch_add(r.pages, Ordering::Relaxed);
+                                if r.pages > 0 {
+                                    d.device().compact();
+                                }
+                                r.pages
+                            }
+                            Err(e) => {
+                                tick.errors += 1;
+                                tick.last_error = Some(format!("{}: {e}", d.name()));
+                                0
+                            }
+                        };
+                    d.device().report_to_group();
+                    if gave == 0 {
+                        break;
                     }
                 }
-                d.device().report_to_group();
             }
             if age == 0 {
                 break;

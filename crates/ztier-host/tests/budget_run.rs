@@ -90,20 +90,16 @@ fn the_budget_holds_the_target_with_the_cold_device_s_pages() {
         "the sum was 1.5 times the target when the cold device was written: {cold:?}"
     );
     // The hot devices' pages are rewritten every few steps (well under a second), the cold
-    // device's are idle from the start: at every age the budget asks the cold device first.
-    // Yet it takes a page or two in a hundred of the hot ones' today, more when the sum
-    // jumps: when one writeback from the cold device frees less than the average page's
-    // share of its pool (what `want` rests on), the rest of the tick's shortfall goes to the
-    // next device at the same age instead of back to the cold one, which still has idle
-    // pages (this branch's report has the patch; with the cold device asked again until it
-    // gives none, the hot ones give none and this bound can be 0).
+    // device's are idle from the start: at every age the budget asks the cold device first,
+    // and again while it gives, so the hot ones give none.
     for hot in ["hot0", "hot1"] {
         let d = out.device(hot);
-        assert!(
-            d.budget_written_back_pages * 10 <= cold.budget_written_back_pages,
+        assert_eq!(
+            d.budget_written_back_pages, 0,
             "{hot}'s pages were rewritten within the last second, the cold device's not \
              since the start: {d:?}, {cold:?}"
         );
+        assert_eq!(d.bd_reads, 0, "none of {hot}'s reads from the store: {d:?}");
     }
     let low = out.device("low");
     assert!(
