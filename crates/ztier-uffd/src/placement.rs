@@ -729,8 +729,8 @@ mod tests {
         let Some(&cpu) = allowed_cpus().last() else {
             panic!("no CPU this thread may use");
         };
-        // A pass of 20 wake-ups; the best of five passes (other threads sharing the CPU have
-        // left a whole pass without one, now and then).
+        // A pass of 20 wake-ups (other threads sharing the CPU have left a whole pass
+        // without one, now and then).
         let pass = || {
             let (mut waker_end, mut woken_end) = UnixStream::pair().unwrap();
             let woken = std::thread::spawn(move || {
@@ -768,13 +768,22 @@ mod tests {
             woken.join().unwrap();
             counts
         };
-        let passes: Vec<(u32, u32)> = (0..5).map(|_| pass()).collect();
+        // Passes until one of each kind is seen, at most 200: the other tests of this binary
+        // run beside this one, and one that keeps the CPU busy (a property test) can take
+        // every wake-up of a few passes; they end within a second.
+        let mut passes: Vec<(u32, u32)> = Vec::new();
+        while passes.len() < 200
+            && !(passes.iter().any(|&(p, _)| p >= 15) && passes.iter().any(|&(_, a)| a >= 15))
+        {
+            passes.push(pass());
+        }
         // Each wake-up should; a tick's preemption of the woken thread before it blocks
         // again may leave it runnable at the next wake-up now and then.
         assert!(
             passes.iter().any(|&(p, _)| p >= 15) && passes.iter().any(|&(_, a)| a >= 15),
-            "wake-ups of 20 that preempted, and that were answered before the next read, five \
-             passes: {passes:?}"
+            "wake-ups of 20 that preempted, and that were answered before the next read, {} \
+             passes: {passes:?}",
+            passes.len()
         );
     }
 
