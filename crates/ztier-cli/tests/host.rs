@@ -8,67 +8,15 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{ctl, temp_dir, text, wait_for};
+use common::{ctl, serve, temp_dir, text, wait_for};
 use ztier_blockdev::testing::pattern;
 use ztier_blockdev::BlockDevice;
 use ztier_vhost::testing::{Guest, Options};
 
 const ZTIER: &str = env!("CARGO_BIN_EXE_ztier");
-
-/// A server the test started, killed if the test ends before it stops it.
-struct Started {
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Started {
-    fn stop(mut self) -> String {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let status = self.child.wait().unwrap();
-        let log = std::fs::read_to_string(&self.log).unwrap();
-        assert!(status.success(), "ztier serve ended {status}: {log}");
-        let mut out = String::new();
-        if let Some(mut o) = self.child.stdout.take() {
-            o.read_to_string(&mut out).unwrap();
-        }
-        out
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-}
-
-fn serve(args: &[&str], wait: &Path, log: &Path) -> Started {
-    let s = Started {
-        child: Command::new(ZTIER)
-            .arg("serve")
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-        log: log.to_path_buf(),
-    };
-    wait_for(wait, "ztier serve's control socket");
-    s
-}
 
 fn export(nbd: &Path, name: &str) -> ztier_blockdev::Result<ztier_nbd::Client> {
     let uri: ztier_nbd::Uri = format!("nbd+unix:///{name}?socket={}", nbd.display())

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{have, temp_dir, wait_for};
+use common::{have, serve, temp_dir, wait_for};
 use virtio_bindings_consts::*;
 use ztier_blockdev::testing::pattern;
 use ztier_blockdev::BlockDevice;
@@ -25,49 +25,6 @@ mod virtio_bindings_consts {
 }
 
 const ZTIER: &str = env!("CARGO_BIN_EXE_ztier");
-
-/// A server the test started, killed if the test ends before it stops it.
-struct Started(std::process::Child);
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl Started {
-    fn stop(mut self) -> String {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.0),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "ztier serve ended {status}");
-        let mut out = String::new();
-        if let Some(mut o) = self.0.stdout.take() {
-            std::io::Read::read_to_string(&mut o, &mut out).unwrap();
-        }
-        out
-    }
-}
-
-fn serve(args: &[&str], wait: &Path, log: &Path) -> Started {
-    let s = Started(
-        Command::new(ZTIER)
-            .arg("serve")
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(wait, "ztier serve's socket");
-    s
-}
 
 fn ctl_path(socket: &Path) -> PathBuf {
     let mut p = socket.as_os_str().to_owned();

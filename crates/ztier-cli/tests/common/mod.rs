@@ -4,7 +4,7 @@
 //! figures for a corpus beside `ztier bench`'s.
 #![allow(dead_code)] // each test file uses its own part
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -235,4 +235,56 @@ pub fn assert_zram_equals_kernel(corpus: &Path) -> Vec<serde_json::Value> {
         }
     }
     runs
+}
+
+/// A `ztier serve` a test started (its stderr in `log`), killed if the test ends before it stops it.
+pub struct Started {
+    pub child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Started {
+    pub fn stop(mut self) -> String {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        assert!(status.success(), "ztier serve ended {status}: {log}");
+        let mut out = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            o.read_to_string(&mut out).unwrap();
+        }
+        out
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+pub fn serve(args: &[&str], wait: &Path, log: &Path) -> Started {
+    let s = Started {
+        child: Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .arg("serve")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+        log: log.to_path_buf(),
+    };
+    wait_for(wait, "ztier serve's control socket");
+    s
 }
