@@ -21,8 +21,9 @@
 //!
 //! The parts, in the order a reader meets them: `store` (the store, its live counts,
 //! identity, stamp and pins), `pipeline` (a writeback: collect, write, commit), `reads` (a
-//! written-back page read back, pinned, with nothing locked across the I/O) and `cache` (the
-//! segment cache and readahead). Here: the store's place in the device (set, closed), the
+//! written-back page read back, pinned, with nothing locked across the I/O), `readahead` (a
+//! packed segment read, with the segments after it for a sequential reader) and `cache`
+//! (the segment cache those reads fill). Here: the store's place in the device (set, closed), the
 //! writeback limit, `bd_stat`.
 //!
 //! A saved state (`state.rs`) names written-back pages by place: the save stamps the store's
@@ -47,6 +48,7 @@ use crate::{Busy, Device, Result, ZramError};
 
 mod cache;
 mod pipeline;
+mod readahead;
 mod reads;
 mod store;
 
