@@ -16,7 +16,7 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{alloc_zeroed, Layout};
-use std::sync::atomic::{AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 
 /// `n` values of `T`, all zero bytes, from `alloc_zeroed`; `None` if the memory is not
 /// there.
@@ -50,6 +50,12 @@ pub fn words<const W: usize>(n: usize) -> Option<Box<[[AtomicU64; W]]>> {
 /// `n` atomic bytes, all zero; `None` if the memory is not there.
 pub fn bytes(n: usize) -> Option<Box<[AtomicU8]>> {
     // SAFETY: an AtomicU8 has the size and validity of a u8, for which zero is valid.
+    unsafe { zeroed_slice(n) }
+}
+
+/// `n` atomic counts, all zero; `None` if the memory is not there.
+pub fn counts(n: usize) -> Option<Box<[AtomicU32]>> {
+    // SAFETY: an AtomicU32 has the size and validity of a u32, for which zero is valid.
     unsafe { zeroed_slice(n) }
 }
 
@@ -169,7 +175,7 @@ pub fn give_back_zero_pages<const W: usize>(
 /// Asks the OS not to back `rows` with transparent huge pages: a table written here and
 /// there would otherwise take 2 MiB at each first write, and a page given back would free
 /// nothing until its huge page is split. Best effort.
-pub fn no_huge_pages<const W: usize>(rows: &[[AtomicU64; W]]) {
+pub fn no_huge_pages<T>(rows: &[T]) {
     let page = crate::os::page_size();
     let start = rows.as_ptr() as usize;
     let end = start + std::mem::size_of_val(rows);
@@ -192,7 +198,7 @@ pub fn no_huge_pages<const W: usize>(rows: &[[AtomicU64; W]]) {
 /// The bytes of `rows` held in memory now: pages written and not given back, read from
 /// `/proc/self/pagemap` (present and mapped by this process alone, which leaves out the
 /// shared zero page a read of an untouched page maps); `None` if the OS would not say.
-pub fn resident_bytes<const W: usize>(rows: &[[AtomicU64; W]]) -> Option<u64> {
+pub fn resident_bytes<T>(rows: &[T]) -> Option<u64> {
     use std::os::unix::fs::FileExt;
     if rows.is_empty() {
         return Some(0);

@@ -3,10 +3,14 @@
 //! Per-slot usage is a byte per slot, kept per cluster: the classic `swap_map` byte (a count
 //! of references, [`SWAP_MAP_MAX`] at most, [`SWAP_MAP_BAD`] for slots never handed out),
 //! stored in the cluster as today's per-cluster swap table stores its counts, so a slot is
-//! read and changed under its cluster's lock alone.
+//! read and changed under its cluster's lock alone. As the kernel's swap table (6.18), a
+//! cluster's map is made when the cluster first holds a slot and given back when it empties
+//! ([`ClusterMap`]): a store's metadata follows its use, not its size.
 //!
 //! Invariants, with the cluster's lock held:
 //! - `count` is the number of slots whose byte is not zero;
+//! - a cluster whose `count` is 0 reads as all zero bytes, and holds no map once it is on
+//!   the free or discard list;
 //! - `flag` names the list the cluster is on ([`Flag::None`]: on none, held by whoever
 //!   isolated it; [`Flag::Discard`] may also be off-list while its slots are discarded);
 //! - a cluster on a per-order list (nonfull, frag) has `count > 0`, and its `order` does not
@@ -74,7 +78,43 @@ pub(crate) struct Cluster {
     /// Free aligned runs of `order` slots (free slots for order 0); meaningful while
     /// `count > 0`, set afresh when an empty cluster takes an order.
     pub free_runs: u16,
-    pub map: [u8; SWAPFILE_CLUSTER as usize],
+    pub map: ClusterMap,
+}
+
+/// A cluster's slot bytes: made on the first write, given back ([`ClusterMap::release`])
+/// when the cluster empties. Unmade, it reads as all zero (every slot free).
+#[derive(Debug, Default)]
+pub(crate) struct ClusterMap(Option<Box<[u8; SWAPFILE_CLUSTER as usize]>>);
+
+/// What an unmade map reads as.
+static FREE_MAP: [u8; SWAPFILE_CLUSTER as usize] = [0; SWAPFILE_CLUSTER as usize];
+
+impl ClusterMap {
+    /// Gives the map back; the cluster must hold no slot (its bytes all zero).
+    pub(crate) fn release(&mut self) {
+        debug_assert!(self.iter().all(|&b| b == 0), "a map given back held slots");
+        self.0 = None;
+    }
+
+    /// Whether the map is made (memory held for it).
+    pub(crate) fn is_made(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl std::ops::Deref for ClusterMap {
+    type Target = [u8; SWAPFILE_CLUSTER as usize];
+
+    fn deref(&self) -> &Self::Target {
+        self.0.as_deref().unwrap_or(&FREE_MAP)
+    }
+}
+
+impl std::ops::DerefMut for ClusterMap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0
+            .get_or_insert_with(|| Box::new([0; SWAPFILE_CLUSTER as usize]))
+    }
 }
 
 impl Cluster {
@@ -84,7 +124,7 @@ impl Cluster {
             order: 0,
             flag: Flag::None,
             free_runs: SWAPFILE_CLUSTER as u16,
-            map: [0; SWAPFILE_CLUSTER as usize],
+            map: ClusterMap::default(),
         }
     }
 

@@ -149,6 +149,9 @@ pub enum Inconsistency {
     },
     #[error("cluster {cluster}: {flag:?} with {used} slots used")]
     FlagDoesNotFit { cluster: u32, flag: Flag, used: u16 },
+    /// An empty cluster on the free or discard list still holds its slot map.
+    #[error("cluster {cluster}: {flag:?} and empty, but its slot map is held")]
+    MapHeld { cluster: u32, flag: Flag },
     #[error("cluster {cluster}: {counted} free runs of order {order} counted, {there} there")]
     FreeRuns {
         cluster: u32,

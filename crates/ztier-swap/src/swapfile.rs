@@ -293,15 +293,18 @@ impl Device {
     }
 
     /// The memory a device over `backing_bytes` takes for its slot map (a byte a slot, in
-    /// its clusters: the kernel's `swap_map` and `cluster_info`) at its peak, while it is
-    /// made: the clusters are filled in plain, then moved under their locks (the two side by
-    /// side for a moment), beside each cluster's published count and list node. It keeps
-    /// about half of this. For a caller that keeps more beside it to weigh the two together.
+    /// its clusters: the kernel's `swap_map` and `cluster_info`) at its peak: every cluster
+    /// in use, so every cluster's map made (a map is made as its cluster first holds a slot
+    /// and given back when it empties, [`Device::slot_map_resident_bytes`]), beside each
+    /// cluster's state, lock, published count and list node (made whole at attach, the plain
+    /// and the locked copies side by side for a moment). For a caller that keeps more beside
+    /// it to weigh the two together.
     pub fn slot_map_bytes(backing_bytes: u64) -> u64 {
         let per_cluster = std::mem::size_of::<Cluster>()
             + std::mem::size_of::<CountedMutex<Cluster>>()
             + std::mem::size_of::<AtomicU64>()
-            + Lists::node_bytes();
+            + Lists::node_bytes()
+            + SWAPFILE_CLUSTER as usize;
         (backing_bytes / SLOT_BYTES)
             .div_ceil(u64::from(CLUSTER))
             .saturating_mul(per_cluster as u64)
@@ -333,10 +336,10 @@ impl Device {
     ) -> Result<Device, SwapError> {
         let slots = Device::slots_for(backing.size())?;
         let nclusters = slots.div_ceil(u64::from(CLUSTER)) as usize;
-        // The map (a byte a slot, in its clusters) is made whole here, as the kernel's
-        // swap_map is at swapon; one larger than the machine's memory is refused up front (a
-        // large sparse file, or a remote export that says it is huge, would otherwise have it
-        // written out until the process is killed).
+        // The clusters are made whole here, as the kernel's cluster_info is at swapon, their
+        // maps as slots are taken (the kernel's swap table); a map that would not fit the
+        // machine's memory once in use is refused up front (a large sparse file, or a remote
+        // export that says it is huge, would otherwise fill memory as it is used).
         let map_bytes = Device::slot_map_bytes(backing.size());
         let memory_bytes = ztier_base::os::physical_memory_bytes();
         if map_bytes > memory_bytes {
@@ -598,6 +601,22 @@ impl Device {
     /// The counters, list lengths, fragmentation and lock statistics.
     pub fn stats(&self) -> DeviceStats {
         self.inner.stats()
+    }
+
+    /// The memory the slot map holds now: every cluster's state, lock, published count and
+    /// list node, and the maps of the clusters holding slots (each cluster locked in turn).
+    pub fn slot_map_resident_bytes(&self) -> u64 {
+        let inner = &self.inner;
+        let fixed = inner.clusters.len() as u64
+            * (std::mem::size_of::<CountedMutex<Cluster>>()
+                + std::mem::size_of::<AtomicU64>()
+                + Lists::node_bytes()) as u64;
+        let made = inner
+            .clusters
+            .iter()
+            .filter(|c| c.lock(&inner.cluster_lock).map.is_made())
+            .count() as u64;
+        fixed + made * u64::from(SWAPFILE_CLUSTER)
     }
 
     /// Checks every invariant of the clusters and lists; exact when no other operation

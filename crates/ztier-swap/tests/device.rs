@@ -1,6 +1,6 @@
 //! The swap device: exhaustion and recovery, the lists clusters move between, aligned
 //! multi-order runs, rotational order, priorities and the off-list bit, discard, bad input,
-//! and threads, in both modes.
+//! threads, and slot maps that follow use, in both modes.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +64,49 @@ fn exhaustion_and_recovery() {
         let s = dev.stats();
         assert_eq!(s.lists.free, 3, "{s:?}");
         assert_eq!(dev.alloc(9).unwrap() % CL, 0, "a whole cluster again");
+    }
+}
+
+#[test]
+fn slot_maps_are_made_as_clusters_are_used_and_given_back_as_they_empty() {
+    for discard in [false, true] {
+        let config = Config {
+            discard,
+            ..Config::default()
+        };
+        // 64 clusters: unused, only their states are held (the header's cluster has a map).
+        let dev = device(64 * CL, config);
+        let unused = dev.slot_map_resident_bytes();
+        let per_map = CL;
+        let full = Device::slot_map_bytes(64 * CL * SLOT_BYTES);
+        assert!(
+            unused + 60 * per_map < full,
+            "unused {unused}, whole {full}"
+        );
+        // Ten whole clusters taken: ten maps more.
+        let mut runs: Vec<u64> = (0..10).map(|_| dev.alloc(9).unwrap()).collect();
+        assert_eq!(dev.slot_map_resident_bytes(), unused + 10 * per_map);
+        // Single slots, more than a cluster's worth: the clusters they go to have maps.
+        let mut one: Vec<u64> = (0..CL + 1).map(|_| dev.alloc(0).unwrap()).collect();
+        let held = dev.slot_map_resident_bytes();
+        assert!(held > unused + 10 * per_map, "{held}");
+        dev.check_consistency().unwrap();
+        // Everything freed (and discarded): back to the states alone.
+        let mut all: Vec<u64> = runs.drain(..).flat_map(|first| first..first + CL).collect();
+        all.append(&mut one);
+        dev.free_batch(&mut all).unwrap();
+        dev.drain_slot_caches();
+        dev.discard_now();
+        assert_eq!(dev.in_use(), 0);
+        dev.check_consistency().unwrap();
+        assert_eq!(dev.slot_map_resident_bytes(), unused, "discard {discard}");
+        // And made again when used again, with what a slot held gone.
+        let again = dev.alloc(9).unwrap();
+        assert!(dev.slot_map_resident_bytes() > unused);
+        dev.free_range(again, CL).unwrap();
+        dev.drain_slot_caches();
+        dev.discard_now();
+        assert_eq!(dev.slot_map_resident_bytes(), unused);
     }
 }
 

@@ -700,10 +700,12 @@ impl Device {
         ztier_base::zeroed::give_back_zero_pages(&self.slots, lo..hi, slot::ROW_LOCK);
     }
 
-    /// Bytes of the slot table resident now (what grows with the disk's size, reported
-    /// beside `mem_used_total`, which stays the kernel's figure: the pool's pages).
+    /// Bytes of the slot table and the backing store's tables resident now (what grows with
+    /// the disk's and the store's size, reported beside `mem_used_total`, which stays the
+    /// kernel's figure: the pool's pages).
     pub fn metadata_bytes(&self) -> u64 {
         ztier_base::zeroed::resident_bytes(&self.slots).unwrap_or(0)
+            + self.backing().map_or(0, |b| b.metadata_bytes())
     }
 
     /// `discard` of whole pages on a device of larger units: units it covers whole are

@@ -1,13 +1,15 @@
 //! Metadata that follows use: the slot table costs memory where pages are stored, and the
-//! table's pages a discard (or a reset) empties go back to the OS; the kernel's figures do
-//! not change.
+//! table's pages a discard (or a reset) empties go back to the OS; a backing store's tables
+//! (its live counts, the allocator's slot map) cost memory as it is used; the kernel's
+//! figures do not change.
 
 use std::sync::Arc;
 
+use ztier_blockdev::file::FileDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::testing::pattern;
 use ztier_pool::{AllocatorKind, ZsConfig};
-use ztier_zram::Device;
+use ztier_zram::{Backing, Device, WbFormat};
 
 fn device(size: u64) -> Arc<Device> {
     let pool = AllocatorKind::Zsmalloc
@@ -109,4 +111,62 @@ fn scans_of_an_empty_disk_bring_in_no_table() {
     d.store_attr("recompress", "type=idle").unwrap();
     let held = d.metadata_bytes();
     assert!(held <= 64 << 10, "{held} bytes of table after the scans");
+}
+
+/// A 64 GiB store costs its clusters' states, not its size, until pages are written back to
+/// it; the allocator's maps of the clusters used go back when their pages are discarded (or
+/// reset), and the whole store's tables when it is detached.
+#[test]
+fn a_stores_tables_follow_its_use() {
+    let dir = std::env::temp_dir().join(format!("ztier-metadata-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("store");
+    let d = device(64 << 30);
+    let before_store = d.metadata_bytes();
+    let size = Backing::size_for(64 << 30);
+    let store = Arc::new(FileDevice::open(&path, size).unwrap());
+    d.set_backing(Some(Backing::new(store, WbFormat::Page).unwrap()))
+        .unwrap();
+    let attached = d.metadata_bytes() - before_store;
+    // Whole, its 16 Mi slots' map alone is 16 MiB, their live counts 64 MiB.
+    let whole = ztier_swap::Device::slot_map_bytes(size);
+    assert!(
+        attached <= whole / 8,
+        "{attached} bytes for an unused 64 GiB store (whole: {whole})"
+    );
+    // 4,096 pages written back: 8 clusters' maps and 16 KiB of live counts at least.
+    for i in 0..4096u64 {
+        d.write_page(i * 64, &pattern(i, 4096)).unwrap();
+    }
+    d.store_attr("idle", "all").unwrap();
+    d.store_attr("writeback", "idle").unwrap();
+    assert_eq!(d.bd_stat().unwrap().bd_count, 4096);
+    let used = d.metadata_bytes() - before_store;
+    assert!(
+        used >= attached + 8 * 512 + (16 << 10),
+        "{used} bytes with 4,096 pages on the store (unused: {attached})"
+    );
+    let mut back = vec![0u8; 4096];
+    d.read_page(64 * 17, &mut back).unwrap();
+    assert!(back == pattern(17, 4096));
+    // Every page discarded: the clusters' maps go back (the counts' pages, 16 KiB, stay).
+    d.discard(0, 64 << 30).unwrap();
+    let discarded = d.metadata_bytes() - before_store.min(d.metadata_bytes());
+    assert!(
+        discarded <= attached + (16 << 10) + (8 << 10),
+        "{discarded} bytes after every page was discarded (unused: {attached})"
+    );
+    d.reset();
+    let reset = d.metadata_bytes();
+    assert!(
+        reset <= before_store + attached + (24 << 10),
+        "{reset} bytes after a reset (unused: {attached})"
+    );
+    d.set_backing(None).unwrap();
+    let detached = d.metadata_bytes();
+    assert!(
+        detached <= 64 << 10,
+        "{detached}: a store detached gives its tables back"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

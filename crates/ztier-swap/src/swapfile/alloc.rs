@@ -130,6 +130,8 @@ impl Inner {
 
     /// An empty cluster goes to be discarded, or to the free list.
     pub(super) fn free_cluster(&self, c: &mut Cluster, id: u32, held: &mut Held<'_>) {
+        // Its map goes back now (every byte zero): taken again, it is made afresh.
+        c.map.release();
         if self.config.discard {
             self.move_cluster(c, id, Flag::Discard, held);
             self.discard.kick();

@@ -168,6 +168,12 @@ impl Inner {
                 Flag::Nonfull | Flag::Frag => c.count > 0,
                 Flag::None => false,
             };
+            if matches!(c.flag, Flag::Free | Flag::Discard) && c.map.is_made() {
+                return Err(Inconsistency::MapHeld {
+                    cluster,
+                    flag: c.flag,
+                });
+            }
             if !fits {
                 return Err(Inconsistency::FlagDoesNotFit {
                     cluster,

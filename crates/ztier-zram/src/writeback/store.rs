@@ -125,7 +125,8 @@ fn places_config() -> ztier_swap::Config {
 }
 
 /// A store's live counts, one for each unit of `format` in `store_bytes` (in the page and
-/// compressed formats a unit is one 4 KiB slot: 4 bytes of counts a slot). Refused, with
+/// compressed formats a unit is one 4 KiB slot: 4 bytes of counts a slot), in memory the
+/// OS zeroes, so they cost memory as the store is used, not as it is large. Refused, with
 /// the reason, where they and the store's slot map together would not fit the machine's
 /// memory, or they cannot be allocated: a store that says it is huge (a sparse file, a
 /// remote export) must not abort the process.
@@ -144,8 +145,8 @@ fn live_counts_within(
     let slots = ztier_swap::Device::slots_for(store_bytes).map_err(ZramError::Backing)?;
     let units = slots.div_ceil(unit_slots_of(format));
     let bytes = units.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
-    // The allocator's map is made whole beside them when the store is attached: each alone
-    // may fit where the two do not.
+    // The allocator's map beside them, both at their fullest: each alone may fit where the
+    // two do not.
     let map_bytes = ztier_swap::Device::slot_map_bytes(store_bytes);
     if bytes.saturating_add(map_bytes) > memory_bytes {
         return Err(ZramError::StoreTooLarge {
@@ -156,18 +157,17 @@ fn live_counts_within(
             memory_bytes,
         });
     }
-    let mut live = Vec::new();
-    let n = usize::try_from(units)
+    // Zeroed by the OS: a unit's count takes memory once the unit is first used.
+    usize::try_from(units)
         .ok()
-        .filter(|&n| live.try_reserve_exact(n).is_ok())
+        .and_then(ztier_base::zeroed::counts)
+        .inspect(|live| ztier_base::zeroed::no_huge_pages(live))
         .ok_or(ZramError::LiveCountsAlloc {
             store_bytes,
             format,
             live_count_bytes: bytes,
             map_bytes,
-        })?;
-    live.resize_with(n, || AtomicU32::new(0));
-    Ok(live.into_boxed_slice())
+        })
 }
 
 /// The slots of a unit of `format`: a packed segment's, or one block.
@@ -348,6 +348,13 @@ impl Backing {
     /// another export), so the owner of a remote store pins them as its identity.
     pub fn identity(&self) -> (u64, usize) {
         (SWAP_UUID_AT, 16)
+    }
+
+    /// The memory the store's tables hold now (its live counts, the allocator's slot map):
+    /// what they take as the store is used, not as it is large.
+    pub fn metadata_bytes(&self) -> u64 {
+        ztier_base::zeroed::resident_bytes(&self.live).unwrap_or(0)
+            + self.places.slot_map_resident_bytes()
     }
 
     /// Pages the store has room for, at most.
