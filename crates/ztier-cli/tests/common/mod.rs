@@ -259,13 +259,15 @@ impl Started {
             rustix::process::Signal::TERM,
         )
         .unwrap();
-        let status = self.child.wait().unwrap();
-        let log = std::fs::read_to_string(&self.log).unwrap();
-        assert!(status.success(), "ztier serve ended {status}: {log}");
+        // Read before the wait: a host's figures on the way out can be more than the pipe
+        // holds, and a server blocked writing them never ends.
         let mut out = String::new();
         if let Some(mut o) = self.child.stdout.take() {
             o.read_to_string(&mut out).unwrap();
         }
+        let status = self.child.wait().unwrap();
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        assert!(status.success(), "ztier serve ended {status}: {log}");
         out
     }
 
