@@ -195,13 +195,12 @@ pub fn no_huge_pages<T>(rows: &[T]) {
     }
 }
 
-/// The bytes of `rows` held in memory now: pages written and not given back, read from
-/// `/proc/self/pagemap` (present and mapped by this process alone, which leaves out the
-/// shared zero page a read of an untouched page maps); `None` if the OS would not say.
-pub fn resident_bytes<T>(rows: &[T]) -> Option<u64> {
+/// Calls `each(page, entry)` with the `/proc/self/pagemap` entry of each OS page that
+/// `rows` touches (`page` counted from the first); `None` if the OS would not say.
+fn for_each_page<T>(rows: &[T], mut each: impl FnMut(usize, u64)) -> Option<()> {
     use std::os::unix::fs::FileExt;
-    if rows.is_empty() {
-        return Some(0);
+    if rows.is_empty() || size_of::<T>() == 0 {
+        return Some(());
     }
     let page = crate::os::page_size();
     let start = rows.as_ptr() as usize;
@@ -209,23 +208,65 @@ pub fn resident_bytes<T>(rows: &[T]) -> Option<u64> {
     let first = start / page;
     let pages = end.div_ceil(page) - first;
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
-    const PRESENT: u64 = 1 << 63;
-    const EXCLUSIVE: u64 = 1 << 56;
-    let mut held = 0u64;
     let mut entries = vec![0u8; 8 * pages.min(64 << 10)];
     let mut done = 0;
     while done < pages {
         let n = (pages - done).min(64 << 10);
         let buf = &mut entries[..8 * n];
         pagemap.read_exact_at(buf, 8 * (first + done) as u64).ok()?;
-        held += buf
-            .chunks_exact(8)
-            .map(|e| u64::from_ne_bytes(e.try_into().expect("8 bytes")))
-            .filter(|e| e & PRESENT != 0 && e & EXCLUSIVE != 0)
-            .count() as u64;
+        for (i, e) in buf.chunks_exact(8).enumerate() {
+            each(done + i, u64::from_ne_bytes(e.try_into().expect("8 bytes")));
+        }
         done += n;
     }
-    Some(held * page as u64)
+    Some(())
+}
+
+/// A pagemap entry's page is in memory (`PM_PRESENT`).
+const PRESENT: u64 = 1 << 63;
+/// A pagemap entry's page is in swap (`PM_SWAP`).
+const SWAPPED: u64 = 1 << 62;
+/// A pagemap entry's page is mapped by this process alone (`PM_MMAP_EXCLUSIVE`): not the
+/// shared zero page a read of an untouched page maps.
+const EXCLUSIVE: u64 = 1 << 56;
+
+/// The bytes of `rows` held in memory now: pages written and not given back, read from
+/// `/proc/self/pagemap` (present and mapped by this process alone, which leaves out the
+/// shared zero page a read of an untouched page maps); `None` if the OS would not say.
+pub fn resident_bytes<T>(rows: &[T]) -> Option<u64> {
+    let mut held = 0u64;
+    for_each_page(rows, |_, e| {
+        held += u64::from(e & PRESENT != 0 && e & EXCLUSIVE != 0);
+    })?;
+    Some(held * crate::os::page_size() as u64)
+}
+
+/// The ranges of `rows` on pages that were ever written and not given back since (in
+/// memory and this process's alone, or in swap), in order: every row outside them is all
+/// zero bytes, so a walk for non-zero rows (a reset's) need look only here, and never
+/// brings in a page of the table no row was written to. `None` if the OS would not say
+/// (walk them all).
+pub fn written_rows<T>(rows: &[T]) -> Option<Vec<std::ops::Range<usize>>> {
+    let page = crate::os::page_size();
+    let row_bytes = size_of::<T>();
+    let start = rows.as_ptr() as usize;
+    let page_of_start = start / page * page;
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    for_each_page(rows, |p, e| {
+        let written = (e & PRESENT != 0 && e & EXCLUSIVE != 0) || e & SWAPPED != 0;
+        if !written {
+            return;
+        }
+        // The rows that overlap the page's bytes.
+        let lo = (page_of_start + p * page).max(start) - start;
+        let hi = (page_of_start + (p + 1) * page - start).min(rows.len() * row_bytes);
+        let (from, to) = (lo / row_bytes, hi.div_ceil(row_bytes));
+        match ranges.last_mut() {
+            Some(last) if last.end >= from => last.end = last.end.max(to),
+            _ => ranges.push(from..to),
+        }
+    })?;
+    Some(ranges)
 }
 
 #[cfg(test)]
@@ -299,6 +340,41 @@ mod tests {
             0,
             "out of bounds: nothing"
         );
+    }
+
+    /// The rows on written pages are found, and only they: every row written is in a range,
+    /// the untouched rest (read or not) is not.
+    #[test]
+    fn written_rows_are_the_rows_of_written_pages() {
+        let t = words::<2>(1 << 20).unwrap(); // 16 MiB: 256 rows a page
+        assert!(
+            t.iter().all(|r| r[0].load(Relaxed) == 0),
+            "read: the zero page"
+        );
+        // At most the first page, which the allocator's own header shares.
+        let untouched: usize = written_rows(&t).unwrap().iter().map(|r| r.len()).sum();
+        assert!(untouched <= crate::os::page_size() / 16, "{untouched} rows");
+        for i in [5usize, 300, 301, 700_000, (1 << 20) - 1] {
+            t[i][1].store(9, Relaxed);
+        }
+        let ranges = written_rows(&t).unwrap();
+        for i in [5usize, 300, 301, 700_000, (1 << 20) - 1] {
+            assert!(ranges.iter().any(|r| r.contains(&i)), "row {i}: {ranges:?}");
+        }
+        let rows: usize = ranges.iter().map(|r| r.len()).sum();
+        let per_page = crate::os::page_size() / 16;
+        assert!(rows <= 6 * per_page, "{rows} rows in {ranges:?}");
+        assert!(
+            ranges.windows(2).all(|w| w[0].end < w[1].start),
+            "{ranges:?}"
+        );
+        // Given back, a page is not written any more.
+        t[700_000][1].store(0, Relaxed);
+        let lock = RowLock { word: 0, bit: 1 };
+        give_back_zero_pages(&t, 0..t.len(), lock);
+        let after = written_rows(&t).unwrap();
+        assert!(!after.iter().any(|r| r.contains(&700_000)), "{after:?}");
+        assert!(after.iter().any(|r| r.contains(&300)), "{after:?}");
     }
 
     /// A table far larger than what is written costs only the pages written.

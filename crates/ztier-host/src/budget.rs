@@ -184,7 +184,7 @@ pub(crate) fn keep_under(
         if !protected {
             let all_down = devices.iter().all(|d| {
                 let mm = d.device().mm_stat();
-                mm.mem_used_total <= d.spec().mem_low || stored_pages(d) == 0
+                mm.mem_used_total <= d.mem_low() || stored_pages(d) == 0
             });
             if !all_down {
                 break;
@@ -201,7 +201,7 @@ pub(crate) fn keep_under(
                 .filter(|d| d.device().backing().is_some())
                 .map(|d| {
                     let total = d.device().mm_stat().mem_used_total;
-                    let floor = if protected { d.spec().mem_low } else { 0 };
+                    let floor = if protected { d.mem_low() } else { 0 };
                     (total.saturating_sub(floor), d)
                 })
                 .filter(|(room, _)| *room > 0)
@@ -218,7 +218,7 @@ pub(crate) fn keep_under(
                         break;
                     }
                     let mm = d.device().mm_stat();
-                    let floor = if protected { d.spec().mem_low } else { 0 };
+                    let floor = if protected { d.mem_low() } else { 0 };
                     let room = mm.mem_used_total.saturating_sub(floor);
                     let stored = stored_pages(d);
                     if stored == 0 || room == 0 {

@@ -2,14 +2,15 @@
 //! store path, and what the host's budget took from it.
 //!
 //! Invariants: the state's guard is taken at most once (`consumed`); after `quiesce` no
-//! policy or writeback changes the device's store. Locks: `HostDevice::policy`, then
-//! zram's own.
+//! policy or writeback changes the device's store; the spec's limits (`mem_limit`,
+//! `mem_low`) are the device's now (a runtime change is made to both). Locks:
+//! `HostDevice::policy`, then zram's own; `HostDevice::spec` is a leaf.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use ztier_blockdev::BlockDevice;
 use ztier_zram::{Device, Policy, StateFile, StateSummary};
 
@@ -18,7 +19,9 @@ use crate::spec::DeviceSpec;
 
 /// One device of the host.
 pub struct HostDevice {
-    pub(crate) spec: DeviceSpec,
+    pub(crate) name: String,
+    /// As made, with the limits changed since (what a restart makes again).
+    pub(crate) spec: RwLock<DeviceSpec>,
     pub(crate) device: Arc<Device>,
     /// The device's own policy, if its spec asks for one.
     pub(crate) policy: Mutex<Option<Policy>>,
@@ -33,12 +36,19 @@ pub struct HostDevice {
 }
 
 impl HostDevice {
-    pub fn spec(&self) -> &DeviceSpec {
-        &self.spec
+    /// The device's spec: as it was made, with its limits as they are now.
+    pub fn spec(&self) -> DeviceSpec {
+        self.spec.read().clone()
+    }
+
+    /// The device's protection (`mem_low`): its pages under it are taken by the host's
+    /// budget only when every device is down to its own.
+    pub fn mem_low(&self) -> u64 {
+        self.spec.read().mem_low
     }
 
     pub fn name(&self) -> &str {
-        &self.spec.name
+        &self.name
     }
 
     /// The zram device (its statistics, its sysfs attributes).
@@ -79,7 +89,7 @@ impl HostDevice {
         state
             .consume(self.loaded)
             .map_err(|source| HostError::State {
-                name: self.spec.name.clone(),
+                name: self.name.clone(),
                 path: state.path().to_path_buf(),
                 source: Box::new(source),
             })
@@ -92,7 +102,7 @@ impl HostDevice {
             state
                 .save(&self.device, stopped)
                 .map_err(|source| HostError::State {
-                    name: self.spec.name.clone(),
+                    name: self.name.clone(),
                     path: state.path().to_path_buf(),
                     source: Box::new(source),
                 }),

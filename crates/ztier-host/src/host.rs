@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
+use ztier_base::units::parse_size;
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_zram::{
@@ -29,7 +30,7 @@ use ztier_zram::{
 use crate::budget::{Budget, BudgetStats, Pools};
 use crate::device::HostDevice;
 use crate::error::HostError;
-use crate::spec::DeviceSpec;
+use crate::spec::{DeviceSpec, SpecError};
 
 /// How a host keeps its devices.
 #[derive(Debug, Clone, Default)]
@@ -97,6 +98,42 @@ impl Host {
         self.devices.read().get(name).cloned()
     }
 
+    /// Writes attribute `attr` of device `name`: one of its zram's (by the kernel's sysfs
+    /// names), or the host's `mem_low`. A limit the spec holds (`mem_limit`, `mem_low`) is
+    /// changed in the spec too and, with a state directory, saved there, so a restart makes
+    /// the device with the limit it had. Returns what the attribute answers.
+    pub fn set(&self, name: &str, attr: &str, value: &str) -> Result<String, HostError> {
+        let d = self
+            .get(name)
+            .ok_or_else(|| HostError::NoSuchDevice(name.to_string()))?;
+        let answer = match attr {
+            "mem_low" => {
+                let bytes = parse_size(value).map_err(|e| SpecError::BadValue {
+                    name: name.to_string(),
+                    key: attr.to_string(),
+                    value: value.to_string(),
+                    why: e.to_string(),
+                })?;
+                d.spec.write().mem_low = bytes;
+                String::new()
+            }
+            _ => d
+                .device
+                .store_attr(attr, value)
+                .map_err(|source| HostError::Device {
+                    name: name.to_string(),
+                    source: Box::new(source),
+                })?,
+        };
+        if attr == "mem_limit" {
+            d.spec.write().mem_limit = d.device.mm_stat().mem_limit;
+        }
+        if let (Some(dir), "mem_limit" | "mem_low") = (&self.config.state_dir, attr) {
+            write_spec(&dir.join(format!("{name}.spec")), &d.spec())?;
+        }
+        Ok(answer)
+    }
+
     /// Runs one tick of the budget now, whatever its interval (a host without a target:
     /// nothing); returns the pools' sum after, and what the tick did.
     pub fn keep_under_target(&self) -> Option<(u64, BudgetStats)> {
@@ -125,7 +162,7 @@ impl Host {
             return Err(HostError::Exists(name));
         }
         if let Some(dir) = &self.config.state_dir {
-            write_spec(&dir.join(format!("{name}.spec")), &made.spec)?;
+            write_spec(&dir.join(format!("{name}.spec")), &made.spec())?;
         }
         devices.insert(name, Arc::clone(&made));
         Ok(made)
@@ -233,7 +270,8 @@ impl Host {
             None
         };
         Ok(Arc::new(HostDevice {
-            spec,
+            name: spec.name.clone(),
+            spec: RwLock::new(spec),
             device,
             policy: Mutex::new(policy),
             state,

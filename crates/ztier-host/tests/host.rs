@@ -292,3 +292,39 @@ fn specs_are_kept_for_the_next_start() {
     assert_eq!(saved, vec![a, b]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Limits changed at runtime are the device's at once and its spec's: kept in the state
+/// directory, so the next start makes the device with them; other attributes go to zram.
+#[test]
+fn limits_changed_at_runtime_are_kept_for_the_next_start() {
+    let dir = dir("limits");
+    let host = Host::new(HostConfig {
+        state_dir: Some(dir.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let d = host.create(spec("vm1,size=8M,mem_limit=4M")).unwrap();
+    host.set("vm1", "mem_limit", "1M").unwrap();
+    assert_eq!(d.device().mm_stat().mem_limit, 1 << 20);
+    host.set("vm1", "mem_low", "512K").unwrap();
+    assert_eq!(d.mem_low(), 512 << 10);
+    assert_eq!(d.spec().mem_limit, 1 << 20);
+    // The cap holds at once: incompressible pages past 1 MiB are refused.
+    let e = write_pages(&*d.block_device(), 0, 512, 1).unwrap_err();
+    assert!(
+        e.to_string().contains("space") || e.to_string().contains("ENOSPC"),
+        "{e}"
+    );
+    // A bad value changes nothing; an unknown device is named.
+    assert!(host.set("vm1", "mem_low", "lots").is_err());
+    assert_eq!(d.mem_low(), 512 << 10);
+    assert!(matches!(
+        host.set("vm9", "mem_limit", "1M"),
+        Err(HostError::NoSuchDevice(_))
+    ));
+    host.set("vm1", "idle", "all").unwrap();
+    let saved = Host::saved_specs(&dir).unwrap();
+    assert_eq!(saved.len(), 1);
+    assert_eq!((saved[0].mem_limit, saved[0].mem_low), (1 << 20, 512 << 10));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -461,6 +461,7 @@ impl Hosted {
         match words {
             ["stat"] => Ok(self.snapshot(&d).to_string()),
             ["stat", "json"] => Ok(format!("{}\n", serde_json::to_string(&self.snapshot(&d))?)),
+            ["get", "mem_low"] => Ok(format!("{}\n", d.mem_low())),
             ["get", attr] => Ok(device.show_attr(attr)?),
             ["set", "save"] => match d.save_state(false) {
                 None => bail!("the host keeps no states (start it with --state-dir DIR)"),
@@ -472,7 +473,7 @@ impl Hosted {
                     ))
                 }
             },
-            ["set", attr, value @ ..] => Ok(device.store_attr(attr, &value.join(" "))?),
+            ["set", attr, value @ ..] => Ok(self.host.set(name, attr, &value.join(" "))?),
             _ => bail!("device {name}: stat, stat json, get ATTR or set ATTR VALUE"),
         }
     }
