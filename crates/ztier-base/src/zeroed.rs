@@ -259,7 +259,7 @@ pub fn written_rows<T>(rows: &[T]) -> Option<Vec<std::ops::Range<usize>>> {
         }
         // The rows that overlap the page's bytes.
         let lo = (page_of_start + p * page).max(start) - start;
-        let hi = (page_of_start + (p + 1) * page - start).min(rows.len() * row_bytes);
+        let hi = (page_of_start + (p + 1) * page - start).min(std::mem::size_of_val(rows));
         let (from, to) = (lo / row_bytes, hi.div_ceil(row_bytes));
         match ranges.last_mut() {
             Some(last) if last.end >= from => last.end = last.end.max(to),
