@@ -915,7 +915,7 @@ impl Device {
         // Only the table's pages ever written hold slots: the rest is passed by untouched
         // (a claim's compare-and-swap would bring each in, 256 MiB of a 64 GiB disk's).
         let written = ztier_base::zeroed::written_rows(&self.slots)
-            .unwrap_or_else(|| vec![0..self.slots.len()]);
+            .unwrap_or_else(|| std::iter::once(0..self.slots.len()).collect());
         for range in &written {
             for slot in self.slots[range.clone()].iter().filter(|s| !s.is_vacant()) {
                 let mut g = slot.lock();
