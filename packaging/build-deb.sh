@@ -88,13 +88,13 @@ install -Dm644 -t "$stage/usr/share/ztier/samples" samples/sample.pages.zst samp
 install -Dm644 contrib/systemd/host.toml "$stage/usr/share/doc/ztier/examples/host.toml"
 install -Dm644 packaging/copyright "$stage/usr/share/doc/ztier/copyright"
 
-# The control files.
-installed_size=$(du -sk --apparent-size "$stage" | cut -f1)
+# The control files (DEBIAN/ first: it marks the package's root for dpkg-shlibdeps).
+install -d -m755 "$stage/DEBIAN"
+installed_size=$(du -sk --apparent-size --exclude=DEBIAN "$stage" | cut -f1)
 depends=$(cd "$work" && dpkg-shlibdeps -O -edebian/ztier/usr/bin/ztier \
   "-edebian/ztier/usr/lib/$multiarch/libztier_uffd.so.$version" |
   sed -n 's/^shlibs:Depends=//p')
 [ -n "$depends" ] || { echo "build-deb: dpkg-shlibdeps found no dependencies" >&2; exit 1; }
-install -d -m755 "$stage/DEBIAN"
 sed -e "s|@VERSION@|$version|" -e "s|@ARCH@|$arch|" -e "s|@INSTALLED_SIZE@|$installed_size|" \
   -e "s|@DEPENDS@|$depends|" packaging/control.in >"$stage/DEBIAN/control"
 install -m755 packaging/postinst packaging/postrm "$stage/DEBIAN/"
