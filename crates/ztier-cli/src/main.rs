@@ -5,6 +5,7 @@ mod bench;
 mod capture;
 mod classes;
 mod dict;
+mod generate;
 mod plot;
 mod pools;
 mod serve;
@@ -12,7 +13,7 @@ mod size;
 mod swap_alloc;
 mod swap_bench;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// The Linux compressed-memory stack (zsmalloc, zram, the kernel's compressors) in userspace.
 #[derive(Parser)]
@@ -53,10 +54,18 @@ enum Command {
     /// zswap over a swap file: threads swap real pages out and in with a working set
     /// larger than the pool, the shrinker writing back; counters, throughput, locks.
     SwapBench(swap_bench::SwapBenchArgs),
+    /// Print the shell completion script for bash, zsh, fish, elvish or PowerShell to stdout
+    /// (the Debian package installs bash's, zsh's and fish's).
+    Completions(generate::CompletionsArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse_from(bench::front_alias(std::env::args_os()));
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if generate::names_manpages(&args) {
+        let manpages = generate::ManpagesArgs::parse_from(&args[1..]);
+        return report(generate::manpages(&manpages, Cli::command()));
+    }
+    let cli = Cli::parse_from(bench::front_alias(args));
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Capture(args) => capture::run(&args),
@@ -71,7 +80,13 @@ fn main() -> std::process::ExitCode {
         Command::Plot(args) => plot::run(&args),
         Command::SwapAllocBench(args) => swap_alloc::run(&args),
         Command::SwapBench(args) => swap_bench::run(&args),
+        Command::Completions(args) => generate::completions(&args, Cli::command()),
     };
+    report(result)
+}
+
+/// The exit status of a command's result, its error printed.
+fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
