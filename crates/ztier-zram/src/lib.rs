@@ -29,7 +29,8 @@
 //! `Backing`, places from the swap-slot allocator, ztier's packed format beside the
 //! kernel's two), recompression with up to three secondary algorithms (`recompress.rs`), a
 //! policy that runs them by itself ([`policy`]), and the sysfs attributes by name
-//! (`sysfs.rs`).
+//! (`sysfs.rs`). Here: the device, its page and unit reads and writes, `reset` and the
+//! statistics; discards in `discard.rs`, reads and writes at any byte in `partial_io.rs`.
 //!
 //! Each thread works in a shard of per-thread state, zram's per-CPU state in userspace: a
 //! compression stream and a shard of the counters. An operation holds its shard for its
@@ -58,8 +59,10 @@
 #![forbid(unsafe_code)]
 
 mod blockdev;
+mod discard;
 mod error;
 mod group;
+mod partial_io;
 pub mod policy;
 mod recompress;
 mod slot;
@@ -87,7 +90,6 @@ pub use writeback::{Backing, BadWbFormat, BdStat, WbFormat, WbResult};
 
 use slot::{Content, Slot, SlotOps};
 use stats::Counters;
-use ztier_base::pieces::pieces;
 use ztier_base::shard::{Shards, Stripes};
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
@@ -645,222 +647,6 @@ impl Device {
         drop(g);
         self.check_decoded(index, decoded)?;
         Ok(None)
-    }
-
-    /// Discards whole pages in `[offset, offset + len)`; partial pages at the ends are left
-    /// alone, as the kernel does. Returns the slots freed.
-    pub fn discard(&self, offset: u64, len: u64) -> Result<u64> {
-        let end = offset.checked_add(len).filter(|&e| e <= self.disksize());
-        let Some(end) = end else {
-            return Err(ZramError::OutOfRange {
-                offset,
-                len: usize::try_from(len).unwrap_or(usize::MAX),
-                disksize: self.disksize(),
-            });
-        };
-        let ps = self.page_size as u64;
-        let first = offset.div_ceil(ps);
-        if self.unit_size != self.page_size {
-            let freed = self.discard_in_units(first * ps, (end / ps).saturating_sub(first) * ps);
-            self.report_to_group();
-            let unit = self.unit_size as u64;
-            self.give_back_table((first * ps).div_ceil(unit), end / unit);
-            return freed;
-        }
-        let mut freed = 0;
-        for index in first..end / ps {
-            let _page = self.page_lock(index);
-            let mut shard = self.shard();
-            let mut g = self.slot(index)?.lock();
-            if g.entry.is_allocated() {
-                freed += 1;
-            }
-            self.free_slot(&mut shard.counters, &mut g.entry);
-            shard.counters.add(Counter::NotifyFree, 1);
-        }
-        self.report_to_group();
-        self.give_back_table(first, end / ps);
-        Ok(freed)
-    }
-
-    /// The slot table's pages around `[first, end)` that hold only empty slots go back to
-    /// the OS: metadata follows use (as the kernel's swap table frees a cluster's table
-    /// when the cluster empties), where the kernel's zram keeps its whole `vzalloc`ed
-    /// table. A look without locks first; then every slot of a page is claimed by its own
-    /// lock (a page with a slot held or in use stays), so no one holds a slot of a page
-    /// while it goes back.
-    fn give_back_table(&self, first: u64, end: u64) {
-        // Pages emptied by earlier discards of neighbours are looked at too.
-        let per_page = (ztier_base::os::page_size() / SLOT_BYTES as usize) as u64;
-        let lo = first.saturating_sub(per_page) as usize;
-        let hi = end.saturating_add(per_page).min(self.slots.len() as u64) as usize;
-        if !ztier_base::zeroed::has_zero_page(&self.slots, lo..hi) {
-            return;
-        }
-        ztier_base::zeroed::give_back_zero_pages(&self.slots, lo..hi, slot::ROW_LOCK);
-    }
-
-    /// Bytes of the slot table and the backing store's tables resident now (what grows with
-    /// the disk's and the store's size, reported beside `mem_used_total`, which stays the
-    /// kernel's figure: the pool's pages).
-    pub fn metadata_bytes(&self) -> u64 {
-        ztier_base::zeroed::resident_bytes(&self.slots).unwrap_or(0)
-            + self.backing().map_or(0, |b| b.metadata_bytes())
-    }
-
-    /// `discard` of whole pages on a device of larger units: units it covers whole are
-    /// freed; the pages it covers of the others are zeroed by a read-modify-write (one
-    /// never written stays empty). Returns the units freed.
-    fn discard_in_units(&self, offset: u64, len: u64) -> Result<u64> {
-        let mut freed = 0;
-        let mut scratch = Vec::new();
-        let len = usize::try_from(len).unwrap_or(usize::MAX);
-        for s in pieces(offset, len, self.unit_size) {
-            let pages = (s.len / self.page_size) as u64;
-            if s.len == self.unit_size {
-                let _unit = self.page_lock(s.unit);
-                let mut shard = self.shard();
-                let mut g = self.slot(s.unit)?.lock();
-                if g.entry.is_allocated() {
-                    freed += 1;
-                }
-                self.free_slot(&mut shard.counters, &mut g.entry);
-                shard.counters.add(Counter::NotifyFree, pages as i64);
-                continue;
-            }
-            if self.slot(s.unit)?.lock().entry.is_allocated() {
-                scratch.resize(self.unit_size, 0);
-                let zeros = vec![0u8; s.len];
-                self.patch_page(s.unit, s.in_unit, &zeros, &mut scratch)?;
-            }
-            self.shard().counters.add(Counter::NotifyFree, pages as i64);
-        }
-        Ok(freed)
-    }
-
-    /// Discards one page (`BLKDISCARD` of one page / swap slot free); with larger units, the
-    /// page is zeroed in its unit, or the unit freed if it is the unit.
-    pub fn discard_page(&self, index: u64) -> Result<()> {
-        if self.unit_size != self.page_size {
-            self.check_page_index(index, self.page_size)?;
-            let ps = self.page_size as u64;
-            return self.discard(index * ps, ps).map(drop);
-        }
-        let slot = self.slot(index)?;
-        let _page = self.page_lock(index);
-        let mut shard = self.shard();
-        let mut g = slot.lock();
-        self.free_slot(&mut shard.counters, &mut g.entry);
-        shard.counters.add(Counter::NotifyFree, 1);
-        Ok(())
-    }
-
-    fn check_range(&self, offset: u64, len: usize) -> Result<()> {
-        let end = offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > self.disksize()) {
-            return Err(ZramError::OutOfRange {
-                offset,
-                len,
-                disksize: self.disksize(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Writes bytes at any offset; pages written in part are read, patched and rewritten
-    /// under the page's lock, so concurrent writes to other bytes of the page are kept. A
-    /// write that fails part way ([`ZramError::PartialWrite`]) has stored the pages before
-    /// the failing one, and left that one and the rest as they were.
-    pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_range(offset, data.len())?;
-        let mut scratch = vec![0; self.unit_size];
-        for s in pieces(offset, data.len(), self.unit_size) {
-            let part = &data[s.at..s.at + s.len];
-            let r = if s.len == self.unit_size {
-                let _page = self.page_lock(s.unit);
-                self.write_page_locked(s.unit, part)
-            } else {
-                self.patch_page(s.unit, s.in_unit, part, &mut scratch)
-            };
-            if let Err(e) = r {
-                return Err(if s.at == 0 {
-                    e
-                } else {
-                    ZramError::PartialWrite {
-                        offset,
-                        len: data.len(),
-                        stored: s.at,
-                        source: Box::new(e),
-                    }
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes `part` at byte `in_page` of page `index`: read, patched and written under the
-    /// page's lock, so a concurrent change to other bytes of the page is kept. A page on the
-    /// backing store is read before the lock is taken (a slow store then holds no stripe) and
-    /// patched only if the slot still names the place read, else read again.
-    fn patch_page(
-        &self,
-        index: u64,
-        in_page: usize,
-        part: &[u8],
-        scratch: &mut [u8],
-    ) -> Result<()> {
-        loop {
-            let written_back = self.slot(index)?.lock().entry.has(SlotFlag::Wb);
-            let pinned = if written_back {
-                self.read_page_pinned(index, scratch)?
-            } else {
-                None
-            };
-            let _page = self.page_lock(index);
-            match pinned {
-                Some((read, _pin)) => {
-                    if !self.slot(index)?.lock().entry.same_place(&read) {
-                        continue; // rewritten or discarded since it was read
-                    }
-                }
-                // In memory: read under the lock, as any other change would be.
-                None => {
-                    let mut shard = self.shard();
-                    if self.read_page_inner(&mut shard, index, scratch)?.is_some() {
-                        // Written back between the look and the lock (a writeback's commit
-                        // takes no page lock): read it from the store with the lock dropped.
-                        continue;
-                    }
-                }
-            }
-            scratch[in_page..in_page + part.len()].copy_from_slice(part);
-            return self.write_page_locked(index, scratch);
-        }
-    }
-
-    /// Reads bytes at any offset.
-    pub fn read_bytes(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.check_range(offset, out.len())?;
-        let us = self.unit_size as u64;
-        self.prefetch_segments(offset / us..(offset + out.len() as u64).div_ceil(us));
-        let mut scratch = Vec::new();
-        for s in pieces(offset, out.len(), self.unit_size) {
-            let part = &mut out[s.at..s.at + s.len];
-            if s.len == self.unit_size {
-                self.read_unit(s.unit, part)?;
-            } else if self.unit_size != self.page_size {
-                let r = self.read_unit_part(s.unit, s.in_unit, part);
-                if r.is_err() {
-                    self.shard().counters.add(Counter::FailedReads, 1);
-                }
-                r?;
-            } else {
-                scratch.resize(self.unit_size, 0);
-                self.read_unit(s.unit, &mut scratch)?;
-                part.copy_from_slice(&scratch[s.in_unit..s.in_unit + s.len]);
-            }
-        }
-        Ok(())
     }
 
     /// `echo all > idle` (`older_than` `None`) or `echo N > idle` (pages not accessed for
