@@ -346,6 +346,14 @@ fn the_metrics_are_prometheus_s_and_agree_with_stat() {
     let vm2 = export(&nbd, "vm2").unwrap();
     vm2.write_at(0, &vec![0u8; 4096], false).unwrap();
     let body = scrape(&addr);
+    let doubled: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("# HELP") && l.ends_with(".."))
+        .collect();
+    assert!(
+        doubled.is_empty(),
+        "help ending in two full stops: {doubled:?}"
+    );
     let parser = "import sys\nfrom prometheus_client.openmetrics.parser import \
                   text_string_to_metric_families as parse\nfor f in parse(sys.stdin.read()):\n    \
                   for s in f.samples:\n        labels = ','.join(f'{k}={v}' for k, v in \

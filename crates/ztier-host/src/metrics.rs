@@ -61,7 +61,9 @@ impl Scrape {
         for (labels, v) in values {
             family.get_or_create(&labels).set(v);
         }
-        self.registry.register(name, help, family);
+        // The encoder ends the help with its own full stop.
+        self.registry
+            .register(name, help.trim_end_matches('.'), family);
     }
 
     /// `name` without `_total`: the encoder appends it, as OpenMetrics names counters.
@@ -70,7 +72,9 @@ impl Scrape {
         for (labels, v) in values {
             family.get_or_create(&labels).inc_by(v);
         }
-        self.registry.register(name, help, family);
+        // The encoder ends the help with its own full stop.
+        self.registry
+            .register(name, help.trim_end_matches('.'), family);
     }
 }
 
@@ -124,7 +128,7 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
     );
     s.gauge(
         "device_metadata_bytes",
-        "The device's slot table resident in memory (beside the pool; given back as it empties).",
+        "The device's slot table and its store's tables resident in memory (beside the pool; given back as they empty).",
         devices
             .iter()
             .map(|d| (device(d.name()), d.device().metadata_bytes())),
