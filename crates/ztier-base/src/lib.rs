@@ -6,13 +6,16 @@
 //! formats are read field by field with [`bytes`]' reader; tests write
 //! [`pattern`]s and draw from the one seeded generator, [`rng`]; a read asks for a line it
 //! will need through a [`prefetch`] hint; what the process asks of the OS (page size,
-//! memory, RSS, idle priority) is in [`os`]; files that hold a disk's pages are made and
+//! memory, RSS) is in [`os`], of the scheduler (idle priority, CPUs) in [`sched`];
+//! anonymous memory is a [`mapping`]; files that hold a disk's pages are made and
 //! opened by [`private_file`]; per-page tables that cost memory only where written come
 //! from [`zeroed`]; sizes and durations as people write them are read by [`units`].
 //!
 //! Nothing here knows about pool pages, compression or devices. The only `unsafe` is in
-//! [`os`] (libc calls that touch no memory of the caller's), [`prefetch`] (a hint that
-//! reads nothing) and [`zeroed`] (tables of atomics made from zeroed memory).
+//! [`os`] and [`sched`] (libc calls that touch no memory of the caller's), [`mapping`]
+//! (`mmap`, `madvise`, `mincore`, `munmap`: the one owner of anonymous mappings),
+//! [`prefetch`] (a hint that reads nothing) and [`zeroed`] (tables of atomics made from
+//! zeroed memory).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -20,12 +23,14 @@ pub mod bits;
 pub mod bytes;
 pub mod counter;
 pub mod list;
+pub mod mapping;
 pub mod os;
 pub mod pattern;
 pub mod pieces;
 pub mod prefetch;
 pub mod private_file;
 pub mod rng;
+pub mod sched;
 pub mod shard;
 pub mod slab;
 pub mod units;

@@ -1,10 +1,10 @@
 //! What the process asks of the OS beyond std, for every layer: the page size, the
-//! machine's memory, this process's resident set (whole, or of some of its mappings), idle
-//! priority for background threads, and a coarse clock.
+//! machine's memory, this process's resident set (whole, or of some of its mappings), its
+//! user, and a coarse clock. (The scheduler's calls are [`crate::sched`]'s, anonymous
+//! mappings [`crate::mapping`]'s.)
 //!
 //! Invariant: nothing here touches memory the caller holds; each call only reads a file
-//! of `/proc` or asks the kernel about (or changes the policy of) the calling thread. No
-//! locks.
+//! of `/proc` or asks the kernel about the process. No locks.
 #![allow(unsafe_code)]
 
 /// Seconds on the system's monotonic clock, read at its coarse resolution
@@ -45,24 +45,9 @@ pub fn page_size() -> usize {
     }
 }
 
-/// Makes the calling thread run only when a CPU would otherwise be idle (`SCHED_IDLE`):
-/// for background work that must not take the foreground's cores (the page arena's helper,
-/// zram's policy), or a thread that should give its CPU to the one it wakes (the
-/// userfaultfd region's fault thread); whether it could.
-///
-/// Such work is worth doing ahead only on a core with nothing else to do. On a busy machine
-/// (as many working threads as cores) it would take the cores' time all the same and add a
-/// context switch and a cold cache to each step, so there it yields (MEASUREMENTS.md has the
-/// arena helper's figures). A thread put aside this way must hold no lock that a foreground
-/// thread waits for, or something must end its idle priority when one waits (the
-/// userfaultfd region's guard does that for its fault thread).
-pub fn lower_to_idle_priority() -> bool {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy; param
-    // is a valid sched_param for SCHED_IDLE. Failure leaves the thread at normal priority,
-    // which is correct, only slower on a busy machine.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
-}
+/// Idle priority for background threads, kept here for its callers; the scheduler's calls
+/// live in [`crate::sched`].
+pub use crate::sched::lower_to_idle_priority;
 
 /// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), `u64::MAX` if unreadable:
 /// the bound for tables and corpora that must fit in memory.
@@ -124,33 +109,20 @@ mod tests {
     fn rss_within_counts_a_mappings_resident_pages() {
         let ps = page_size();
         let len = 64 * ps;
-        // SAFETY: a new anonymous mapping at an address of the kernel's choosing; it touches
-        // no existing memory.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        // SAFETY: advice on our own new mapping. No huge pages, and flags no neighbour has,
-        // so it stays a mapping of its own in /proc/self/smaps.
-        assert_eq!(unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) }, 0);
-        let range = p as usize..p as usize + len;
+        let map = crate::mapping::Mapping::anonymous(len).unwrap();
+        // No huge pages, and flags no neighbour has, so it stays a mapping of its own in
+        // /proc/self/smaps.
+        map.advise(0, len, crate::mapping::Advice::NoHugePage)
+            .unwrap();
+        let range = map.addr()..map.addr() + len;
         assert_eq!(rss_within(std::slice::from_ref(&range)).unwrap(), 0);
         // SAFETY: the mapping is ours, `len` bytes long and writable; nothing else uses it.
-        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 1, len) };
+        unsafe { std::ptr::write_bytes(map.ptr().as_ptr(), 1, len) };
         assert_eq!(
             rss_within(std::slice::from_ref(&range)).unwrap(),
             len as u64
         );
         assert_eq!(rss_within(&[]).unwrap(), 0);
-        // SAFETY: our own mapping, unmapped once, no reference into it left.
-        unsafe { libc::munmap(p, len) };
     }
 
     /// The coarse clock counts the seconds the precise one does (within its tick).

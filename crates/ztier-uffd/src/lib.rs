@@ -48,9 +48,9 @@
 //!   budget that sizes itself from it ([`AutosizeConfig`]).
 //! - `placement.rs` and `cpu_latency_qos.rs`: where the fault thread runs, and the CPU
 //!   latency request it holds while faults come.
-//! - `mapping.rs` and `userfaultfd.rs`: the mappings and the system calls, the only
-//!   modules that touch memory by address (with `placement.rs`'s scheduler calls and
-//!   `capi.rs`'s C ABI, the only `unsafe` code).
+//! - `mapping.rs` and `userfaultfd.rs`: the mappings (on `ztier_base::mapping`) and the
+//!   system calls, the only modules that touch memory by address (with `capi.rs`'s C ABI,
+//!   the only `unsafe` code; the scheduler's calls are `ztier_base::sched`'s).
 //! - [`rig`]: what a region is measured against (not a region's).
 //!
 //! # The eviction protocol

@@ -1,9 +1,10 @@
-//! The crate's mappings (`mmap`), their `madvise`s and `munmap`s, and the one move that
-//! takes pages out of one into another: the region's memory ([`RegionMemory`], which Rust
-//! reaches only as atomics), the evictors' landing pad ([`Pad`]: each evictor's part a
-//! [`PadPart`] it alone holds, through which it moves pages in, reads them and empties
-//! them), and the measuring rig's plain pages ([`PlainPages`]). This is where the crate
-//! touches memory by address; every other module uses these types' safe methods.
+//! The crate's mappings (each a `ztier_base::mapping::Mapping`, which maps, advises and
+//! unmaps it), what each may do with its pages, and the one move that takes pages out of one
+//! into another: the region's memory ([`RegionMemory`], which Rust reaches only as atomics),
+//! the evictors' landing pad ([`Pad`]: each evictor's part a [`PadPart`] it alone holds,
+//! through which it moves pages in, reads them and empties them), and the measuring rig's
+//! plain pages ([`PlainPages`]). This is where the crate touches memory by address; every
+//! other module uses these types' safe methods.
 //!
 //! Invariants: a mapping lives exactly as long as its value; it is never inherited by a
 //! child (`MADV_DONTFORK`: a child would share the region's pages copy-on-write, which
@@ -18,150 +19,20 @@
 
 use std::io;
 use std::ops::Range;
-use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
+
+use ztier_base::mapping::{Advice, Discard, Mapping};
 
 use crate::page_table::MovableRun;
 use crate::userfaultfd::{Outcome, Uffd};
 
-/// An anonymous private mapping, unmapped at its drop: the owner of the address range the
-/// types below reach.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// Byte ranges to unmap at the drop, if not the whole (see [`RegionMemory::unmap_at_drop`]).
-    unmap_only: Option<Vec<Range<usize>>>,
-}
-
-// SAFETY: the mapping is plain memory owned by the value; which thread reads or changes what
-// is the protocol's (lib.rs), and every access through this module's types is by raw address
-// to the kernel, by atomics, or through a borrow that keeps every writer out.
-unsafe impl Send for Mapping {}
-// SAFETY: as Send.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// A new mapping of `len` bytes (a whole number of pages, more than zero), readable and
-    /// writable, with no swap reserved for it.
-    fn new(len: usize) -> io::Result<Mapping> {
-        // SAFETY: a new anonymous mapping at an address of the kernel's choosing: it touches
-        // no existing memory.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let map = Mapping {
-            ptr: NonNull::new(p.cast()).expect("mmap never maps address 0 for us"),
-            len,
-            unmap_only: None,
-        };
-        for advice in [libc::MADV_DONTFORK, libc::MADV_NOHUGEPAGE] {
-            // SAFETY: advice on our own new mapping; neither changes its content.
-            if unsafe { libc::madvise(p, len, advice) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(map)
-    }
-
-    fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-
-    /// `madvise(advice)` of `[offset, offset + len)`, clamped to the mapping.
-    ///
-    /// # Safety
-    /// What the advice does to those bytes must be what the caller means: `MADV_DONTNEED`
-    /// drops them, so no reference to them may be alive but atomic ones.
-    unsafe fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
-        let len = len.min(self.len.saturating_sub(offset));
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: the range is inside our mapping (clamped above); the advice's effect on it
-        // is the caller's contract.
-        let r = unsafe { libc::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// `MADV_DONTNEED` of `[offset, offset + len)` (clamped to the mapping): its pages go back
-    /// to the OS and read as empty (a userfaultfd fault, or zeros) afterwards. As
-    /// `MADV_DONTNEED_LOCKED` (Linux 5.18), so that it works in a process that locked its
-    /// memory (`mlockall`) too, where plain `MADV_DONTNEED` is refused (`EINVAL`).
-    ///
-    /// # Safety
-    /// No reference to those bytes may be alive but atomic ones, and their content must be
-    /// one the caller means to drop.
-    unsafe fn dont_need(&self, offset: usize, len: usize) -> io::Result<()> {
-        // SAFETY: dropping the content is the caller's contract.
-        unsafe { self.advise(offset, len, libc::MADV_DONTNEED_LOCKED) }
-    }
-
-    /// For each page of `[offset, offset + len)` (clamped to the mapping, `offset` a whole
-    /// number of pages), whether it is resident (`mincore`: present in the page table, or
-    /// in the swap cache).
-    fn residency(&self, offset: usize, len: usize) -> io::Result<Vec<bool>> {
-        let len = len.min(self.len.saturating_sub(offset));
-        let ps = ztier_base::os::page_size();
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        if !offset.is_multiple_of(ps) {
-            return Err(io::Error::from(io::ErrorKind::InvalidInput));
-        }
-        let mut vec = vec![0u8; len.div_ceil(ps)];
-        // SAFETY: the range is inside our mapping and page-aligned (checked above); `vec`
-        // has the one byte per page that mincore writes.
-        let r =
-            unsafe { libc::mincore(self.ptr.as_ptr().add(offset).cast(), len, vec.as_mut_ptr()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(vec.into_iter().map(|b| b & 1 != 0).collect())
-    }
-
-    /// The bytes `[offset, offset + len)`.
-    ///
-    /// # Safety
-    /// The range's pages must be present or swapped (not missing: a fault on a registered
-    /// page would wait for a handler that may be the caller), and nothing may change them
-    /// while the slice lives.
-    unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
-        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
-        // SAFETY: inside the mapping (checked); the rest is the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        match &self.unmap_only {
-            // SAFETY: our own mapping, unmapped once; nothing borrows it past the value's
-            // life.
-            None => unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), self.len);
-            },
-            Some(runs) => {
-                for run in runs {
-                    // SAFETY: inside our mapping (checked when given), and no longer used:
-                    // this is the value's drop.
-                    unsafe { libc::munmap(self.ptr.as_ptr().add(run.start).cast(), run.len()) };
-                }
-            }
-        }
-    }
+/// A new mapping of `len` bytes (a whole number of pages, more than zero), never inherited
+/// by a child and never backed by transparent huge pages (the module's invariants).
+fn new_mapping(len: usize) -> io::Result<Mapping> {
+    let map = Mapping::anonymous(len)?;
+    map.advise(0, len, Advice::DontFork)?;
+    map.advise(0, len, Advice::NoHugePage)?;
+    Ok(map)
 }
 
 /// The region's memory: reached by Rust only as atomics ([`words`](Self::words)), so the
@@ -170,24 +41,24 @@ pub(crate) struct RegionMemory(Mapping);
 
 impl RegionMemory {
     pub(crate) fn new(len: usize) -> io::Result<RegionMemory> {
-        Mapping::new(len).map(RegionMemory)
+        new_mapping(len).map(RegionMemory)
     }
 
     pub(crate) fn addr(&self) -> u64 {
-        self.0.addr()
+        self.0.addr() as u64
     }
 
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.0.ptr.as_ptr()
+        self.0.ptr().as_ptr()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.0.len
+        self.0.len()
     }
 
     /// The memory as machine words any thread may read and write at once.
     pub(crate) fn words(&self) -> &[AtomicU64] {
-        let n = self.0.len / size_of::<AtomicU64>();
+        let n = self.0.len() / size_of::<AtomicU64>();
         // SAFETY: the mapping is page-aligned, `len` bytes long and lives as long as
         // `self`; any bytes are a valid AtomicU64, and atomics make concurrent access by
         // any thread sound. The kernel changes the memory only as the protocol says (a page
@@ -198,21 +69,19 @@ impl RegionMemory {
 
     /// Drops `[offset, offset + len)` (clamped to the memory) as the program's own
     /// `MADV_DONTNEED` would: those pages read as zeros afterwards (the fault thread sees
-    /// the `REMOVE` event).
+    /// the `REMOVE` event). As `MADV_DONTNEED_LOCKED`, so that it works in a process that
+    /// locked its memory (`mlockall`) too.
     pub(crate) fn discard(&self, offset: usize, len: usize) -> io::Result<()> {
         // SAFETY: Rust reaches these bytes only as atomics (`words`), which read the zeros
         // the drop leaves; dropping them is what the region's owner asked.
-        unsafe { self.0.dont_need(offset, len) }
+        Ok(unsafe { self.0.discard(offset, len, Discard::DontNeedLocked) }?)
     }
 
     /// Unmaps only the byte ranges `runs` (each inside the memory) at the drop, not the
     /// whole: for a region part of which the program unmapped or moved itself, whose
     /// addresses may hold the program's own mappings since.
     pub(crate) fn unmap_at_drop(&mut self, runs: Vec<Range<usize>>) {
-        for run in &runs {
-            assert!(run.start <= run.end && run.end <= self.0.len);
-        }
-        self.0.unmap_only = Some(runs);
+        self.0.unmap_only_at_drop(runs);
     }
 }
 
@@ -248,13 +117,13 @@ impl Pad {
     /// A pad with a part of each of `parts` slots, and a bell page after them.
     pub(crate) fn new(page_size: usize, parts: &[usize]) -> io::Result<(Pad, Vec<PadPart>)> {
         let slots: usize = parts.iter().sum();
-        let map = Mapping::new((slots + 1) * page_size)?;
+        let map = new_mapping((slots + 1) * page_size)?;
         let mut first = 0;
         let parts = parts
             .iter()
             .map(|&len| {
                 let part = PadPart {
-                    pad: map.addr(),
+                    pad: map.addr() as u64,
                     first,
                     len,
                     filled: vec![false; len],
@@ -273,13 +142,13 @@ impl Pad {
 
     /// The pad's addresses, the bell page's included.
     pub(crate) fn range(&self) -> Range<usize> {
-        let start = self.map.addr() as usize;
-        start..start + self.map.len
+        let start = self.map.addr();
+        start..start + self.map.len()
     }
 
     /// The bell page's address.
     pub(crate) fn bell_addr(&self) -> u64 {
-        self.map.addr() + (self.slots * self.page_size) as u64
+        (self.map.addr() + self.slots * self.page_size) as u64
     }
 
     /// Rings the bell: a `MADV_DONTNEED` of the bell page, which the kernel turns into a
@@ -287,15 +156,19 @@ impl Pad {
     pub(crate) fn ring_bell(&self) -> io::Result<()> {
         // SAFETY: the bell page is in no part: no one reads, writes or moves a page into it,
         // so it holds nothing to drop and nothing refers to it.
-        unsafe {
-            self.map
-                .dont_need(self.slots * self.page_size, self.page_size)
-        }
+        let rung = unsafe {
+            self.map.discard(
+                self.slots * self.page_size,
+                self.page_size,
+                Discard::DontNeedLocked,
+            )
+        };
+        Ok(rung?)
     }
 
     fn check(&self, part: &PadPart, slot: usize, n: usize) {
         assert!(
-            part.pad == self.map.addr() && slot + n <= part.len,
+            part.pad == self.map.addr() as u64 && slot + n <= part.len,
             "pad slots {slot}..{} of a part of {} slots of this pad",
             slot + n,
             part.len
@@ -325,7 +198,7 @@ impl Pad {
         let ps = self.page_size;
         let src_offset = (run.first() as usize + run_pages.start) * ps;
         assert!(src_offset + n * ps <= region.len());
-        let dst = self.map.addr() + self.offset(part, slot) as u64;
+        let dst = (self.map.addr() + self.offset(part, slot)) as u64;
         let src = region.addr() + src_offset as u64;
         // SAFETY: the source pages are the region's own (a `MovableRun`'s: read resident
         // under `gate` with their locks held, and no unmap unseen while it lives:
@@ -372,7 +245,7 @@ impl Pad {
         }
         // SAFETY: the slots are this part's (`&mut`: no slice of them is alive), and hold
         // only copies already stored or held: dropping them is what the evictor means.
-        let _ = unsafe { self.map.dont_need(offset, n * ps) };
+        let _ = unsafe { self.map.discard(offset, n * ps, Discard::DontNeedLocked) };
         for filled in &mut part.filled[..n] {
             *filled = false;
         }
@@ -386,47 +259,46 @@ pub(crate) struct PlainPages(Mapping);
 
 impl PlainPages {
     pub(crate) fn new(len: usize) -> io::Result<PlainPages> {
-        Mapping::new(len).map(PlainPages)
+        new_mapping(len).map(PlainPages)
     }
 
     pub(crate) fn addr(&self) -> u64 {
-        self.0.addr()
+        self.0.addr() as u64
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.0.len
+        self.0.len()
     }
 
     /// Copies `data` in from the first byte (at most the mapping's length).
     pub(crate) fn fill(&mut self, data: &[u8]) {
-        let n = data.len().min(self.0.len);
+        let n = data.len().min(self.0.len());
         // SAFETY: `n` bytes inside the mapping, which `&mut` keeps from any other access;
         // `data` is another allocation.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.0.ptr.as_ptr(), n) };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.0.ptr().as_ptr(), n) };
     }
 
     /// Reads the byte at `offset` (faulting its page in, as the program's touch would).
     pub(crate) fn touch(&self, offset: usize) -> u8 {
-        assert!(offset < self.0.len);
+        assert!(offset < self.0.len());
         // SAFETY: inside the live mapping; a volatile read of one byte by value keeps no
         // reference, and any byte is a valid u8.
-        unsafe { std::ptr::read_volatile(self.0.ptr.as_ptr().add(offset)) }
+        unsafe { std::ptr::read_volatile(self.0.ptr().as_ptr().add(offset)) }
     }
 
-    /// `MADV_DONTNEED` of `[offset, offset + len)` (clamped): those pages read as empty
-    /// afterwards (zeros, or a userfaultfd fault where the range is registered).
+    /// `MADV_DONTNEED` (as `MADV_DONTNEED_LOCKED`) of `[offset, offset + len)` (clamped):
+    /// those pages read as empty afterwards (zeros, or a userfaultfd fault where the range
+    /// is registered).
     pub(crate) fn drop_pages(&mut self, offset: usize, len: usize) -> io::Result<()> {
         // SAFETY: no reference into the mapping outlives a call of this type's (`&mut` here);
         // dropping the bytes is what the caller asks.
-        unsafe { self.0.dont_need(offset, len) }
+        Ok(unsafe { self.0.discard(offset, len, Discard::DontNeedLocked) }?)
     }
 
     /// `MADV_PAGEOUT` of `[offset, offset + len)` (clamped): the kernel reclaims those pages
     /// now, as its own reclaim would (through zswap and swap), keeping their content.
     pub(crate) fn page_out(&self, offset: usize, len: usize) -> io::Result<()> {
-        // SAFETY: the advice changes no byte of the range (a page pushed out reads back the
-        // same).
-        unsafe { self.0.advise(offset, len, libc::MADV_PAGEOUT) }
+        Ok(self.0.advise(offset, len, Advice::PageOut)?)
     }
 
     /// How many pages of `[offset, offset + len)` (clamped, `offset` a whole number of
@@ -460,34 +332,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn residency_says_which_pages_are_in_memory() {
+    fn plain_pages_are_written_dropped_and_counted() {
         let ps = ztier_base::os::page_size();
         let mut m = PlainPages::new(4 * ps).unwrap();
-        assert_eq!(m.0.residency(0, 4 * ps).unwrap(), [false; 4]);
-        // SAFETY: inside our own mapping, which no userfaultfd watches and no reference
-        // reaches: each write faults in a page of zeros and sets its first byte.
-        unsafe {
-            m.0.ptr.as_ptr().add(ps).write(1);
-            m.0.ptr.as_ptr().add(3 * ps).write(1);
-        }
+        assert_eq!(m.resident_pages(0, 4 * ps).unwrap(), 0);
+        let mut data = vec![0u8; 4 * ps];
+        data[ps] = 1;
+        data[3 * ps] = 1;
+        m.fill(&data);
+        assert_eq!(m.first_difference(&data, ps), None);
+        m.drop_pages(ps, ps).unwrap();
+        assert_eq!(m.resident_pages(0, 4 * ps).unwrap(), 3);
+        // Clamped to the mapping; an offset inside a page refused.
+        assert_eq!(m.resident_pages(2 * ps, 8 * ps).unwrap(), 2);
+        // The dropped page reads as zeros (read, it is resident again: the zero page).
+        assert_eq!(m.first_difference(&data, ps), Some(1));
         assert_eq!(
-            m.0.residency(0, 4 * ps).unwrap(),
-            [false, true, false, true]
-        );
-        assert_eq!(m.resident_pages(0, 4 * ps).unwrap(), 2);
-        // Clamped to the mapping.
-        assert_eq!(m.0.residency(2 * ps, 8 * ps).unwrap(), [false, true]);
-        assert_eq!(m.0.residency(4 * ps, ps).unwrap(), []);
-        assert_eq!(
-            m.0.residency(1, ps).unwrap_err().kind(),
+            m.resident_pages(1, ps).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
-        m.drop_pages(ps, ps).unwrap();
-        assert_eq!(
-            m.0.residency(0, 4 * ps).unwrap(),
-            [false, false, false, true]
-        );
         assert_eq!(m.touch(3 * ps), 1);
+        assert_eq!(m.touch(ps), 0);
     }
 
     #[test]

@@ -48,7 +48,9 @@
 //! of policy and affinity back, so each change back is made once. `DONE` (the fault thread has
 //! ended) is never left: the guard never acts on a thread id that may be reused. No locks but
 //! the guard's own sleep (`nap`, a leaf).
-#![allow(unsafe_code)]
+//!
+//! The scheduler's calls themselves (policy, affinity, the current CPU, preemptions) are
+//! `ztier_base::sched`'s; this module decides when to make them.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -58,7 +60,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use ztier_base::os::lower_to_idle_priority;
+use ztier_base::sched::{self, lower_to_idle_priority, CpuSet, Policy, ThreadId};
 
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
 /// one `pread` of a stat file (about 1 µs here).
@@ -378,8 +380,7 @@ pub(crate) struct Follow<'a> {
 
 impl<'a> Follow<'a> {
     pub(crate) fn start(placement: &'a Placement) -> Follow<'a> {
-        // SAFETY: gettid takes nothing and returns the calling thread's id.
-        placement.tid.store(unsafe { libc::gettid() }, Relaxed);
+        placement.tid.store(ThreadId::current().as_raw(), Relaxed);
         let _ = placement.cpus.set(allowed_cpus());
         // A real-time (or batch) fault thread keeps its policy: idle priority would end at
         // normal priority, not at its own.
@@ -546,13 +547,7 @@ impl<'a> Follow<'a> {
 
 /// The calling thread's involuntary context switches so far (0 if unknown).
 pub(crate) fn involuntary_switches() -> u64 {
-    // SAFETY: rusage is plain integers; all zeros is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
-        return 0;
-    }
-    usage.ru_nivcsw as u64
+    sched::involuntary_switches().unwrap_or(0)
 }
 
 /// Field 39 (the CPU last run on) of a /proc/PID/stat line.
@@ -576,18 +571,15 @@ fn may_leave_idle_priority() -> bool {
 }
 
 /// Thread `tid` of this process (0: the calling one) to `SCHED_OTHER`; whether it could.
+/// `tid` is 0, or the fault thread's id while it runs (`mode` is `DONE`, and never left,
+/// once it has ended, so no one acts on an id that may be reused).
 fn set_normal_priority(tid: i32) -> bool {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler reads the struct we pass and changes only the policy of
-    // thread `tid`: 0, or the fault thread's id while it runs (`mode` is `DONE`, and never
-    // left, once it has ended, so no one acts on an id that may be reused).
-    unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0 }
+    sched::set_policy(ThreadId::from_raw(tid), Policy::Normal).is_ok()
 }
 
 /// Whether the calling thread runs under `SCHED_OTHER` (not real-time, batch or idle).
 fn normal_policy() -> bool {
-    // SAFETY: sched_getscheduler reads the calling thread's (0) policy, nothing else.
-    unsafe { libc::sched_getscheduler(0) == libc::SCHED_OTHER }
+    sched::policy().is_ok_and(|p| p == Policy::Normal)
 }
 
 /// Lets thread `tid` of this process (0: the calling one) run on `cpus`; whether it could
@@ -596,38 +588,19 @@ fn set_affinity(tid: i32, cpus: &[usize]) -> bool {
     if cpus.is_empty() {
         return false;
     }
-    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-        // SAFETY: `cpu` is below CPU_SETSIZE (filtered); the set is a live local.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: sched_setaffinity reads the set we pass and changes only where thread `tid`
-    // may run (the kernel keeps the CPUs of the set it may use, and fails, changing
-    // nothing, if none is left).
-    unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) == 0 }
+    CpuSet::of(cpus)
+        .and_then(|set| sched::set_affinity(ThreadId::from_raw(tid), &set))
+        .is_ok()
 }
 
 /// The CPU the calling thread runs on now.
 pub fn current_cpu() -> Option<usize> {
-    // SAFETY: sched_getcpu takes nothing and returns a CPU number or -1.
-    let cpu = unsafe { libc::sched_getcpu() };
-    usize::try_from(cpu).ok()
+    sched::current_cpu().ok()
 }
 
 /// The CPUs the calling thread may run on, in order (empty if that cannot be read).
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sched_getaffinity writes at most the size we pass into a live cpu_set_t; 0 is
-    // the calling thread.
-    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: every index is below CPU_SETSIZE; the set is a live, filled local.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
+    sched::affinity().map_or_else(|_| Vec::new(), |set| set.cpus())
 }
 
 /// Keeps the calling thread on `cpu` alone from now on; whether it could.
@@ -635,33 +608,10 @@ pub fn pin_to_cpu(cpu: usize) -> bool {
     set_affinity(0, &[cpu])
 }
 
-/// Moves the calling thread to `cpu` now, leaving it free to run anywhere it could before
-/// (its affinity is set to that CPU alone, which migrates it, then put back); whether it
-/// moved.
+/// Moves the calling thread to `cpu` now, leaving it free to run anywhere it could before;
+/// whether it moved.
 pub fn move_to_cpu(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
-    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
-    let mut was: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sched_getaffinity writes at most the size we pass into a live cpu_set_t; 0 is
-    // the calling thread.
-    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut was) } != 0 {
-        return false;
-    }
-    // Never, even for a moment, onto a CPU the thread may not run on (a program's own
-    // affinity, which the region's threads inherit).
-    // SAFETY: `cpu` is below CPU_SETSIZE, checked above; `was` is a live, filled set.
-    if !unsafe { libc::CPU_ISSET(cpu, &was) } {
-        return false;
-    }
-    if !pin_to_cpu(cpu) {
-        return false;
-    }
-    // SAFETY: sched_setaffinity reads the set we pass (a live local) and changes only
-    // where the calling thread may run: back to where it could before.
-    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &was) };
-    true
+    sched::move_to_cpu(cpu).is_ok()
 }
 
 #[cfg(test)]

@@ -17,12 +17,10 @@
 //! releasing, nor while it trims an arena (see the arena's lock order).
 #![allow(unsafe_code)]
 
-use std::ptr::NonNull;
+use ztier_base::mapping::{self, Discard, Mapping};
+use ztier_base::sched::lower_to_idle_priority;
 
-use ztier_base::os::lower_to_idle_priority;
-
-use super::mapping::{map_chunk, release, touch_pages, unmap_chunk};
-use super::{release_gathered_arenas, trim_idle_arenas, CHUNK_BYTES};
+use super::{map_chunk, release_gathered_arenas, trim_idle_arenas, CHUNK_BYTES};
 
 /// How long the helper's ready chunk may sit unused before its pages go back to the OS (the
 /// mapping stays, offered as not resident): a process that stops allocating keeps no
@@ -50,8 +48,8 @@ struct HelperShared {
 
 #[derive(Default)]
 struct HelperSlot {
-    /// A mapped chunk no arena has yet (address as usize), and whether it is faulted in.
-    ready: Option<(usize, bool)>,
+    /// A mapped chunk no arena has yet, and whether it is faulted in.
+    ready: Option<(Mapping, bool)>,
     /// The last arena is gone: unmap what is in the slot and end.
     stop: bool,
     /// The helper ended on its own (it could not map): start another next time.
@@ -102,7 +100,7 @@ pub(super) fn helper_leave() {
 
 /// The helper's ready chunk, mapped, with whether it is faulted in, if it has one now; never
 /// waits. A helper that ended (it could not map) is started again for the next time.
-pub(super) fn helper_take_ready() -> Option<(NonNull<u8>, bool)> {
+pub(super) fn helper_take_ready() -> Option<(Mapping, bool)> {
     let mut h = helper_state();
     let (taken, ended) = match &h.shared {
         Some(shared) => {
@@ -118,7 +116,7 @@ pub(super) fn helper_take_ready() -> Option<(NonNull<u8>, bool)> {
     if ended {
         h.shared = start_helper();
     }
-    taken.and_then(|(addr, resident)| NonNull::new(addr as *mut u8).map(|p| (p, resident)))
+    taken
 }
 
 /// Asks the helper to release the arenas' gathered pages; false if no helper runs (the
@@ -166,10 +164,10 @@ fn run_helper(shared: &HelperShared) {
         // A write to each page rather than one MADV_POPULATE_WRITE, which would hold the
         // process's mmap lock for the whole chunk, holding up other threads' mmap calls
         // (page faults take only the VMA's lock).
-        touch_pages(chunk, CHUNK_BYTES);
-        let addr = chunk.as_ptr() as usize;
+        // SAFETY: the chunk is new and the helper's alone; untouched, it reads as zeros.
+        unsafe { mapping::fault_in_by_writes(chunk.ptr(), CHUNK_BYTES) };
         let mut slot = lock_slot(shared);
-        slot.ready = Some((addr, true));
+        slot.ready = Some((chunk, true));
         let mut resident = true;
         loop {
             if slot.release && !slot.stop {
@@ -180,12 +178,9 @@ fn run_helper(shared: &HelperShared) {
                 continue;
             }
             if slot.stop {
-                if let Some((addr, _)) = slot.ready.take() {
-                    let base = NonNull::new(addr as *mut u8).expect("mapped");
-                    // SAFETY: the chunk was made by map_chunk and never taken by an arena,
-                    // and the last arena is gone: nothing refers to it.
-                    unsafe { unmap_chunk(base) };
-                }
+                // Never taken by an arena, and the last arena is gone: nothing refers to the
+                // chunk, unmapped as it drops.
+                slot.ready = None;
                 return;
             }
             if slot.ready.is_none() {
@@ -216,16 +211,18 @@ fn run_helper(shared: &HelperShared) {
                 .unwrap_or_else(|p| p.into_inner());
             slot = back;
             if waited.timed_out() && !slot.stop {
-                if let Some((addr, _)) = slot.ready.take() {
+                if let Some((chunk, _)) = slot.ready.take() {
                     // Out of the slot while its pages go, so no arena waits on the madvise.
                     drop(slot);
-                    let base = NonNull::new(addr as *mut u8).expect("mapped");
-                    release(base, CHUNK_BYTES);
+                    // SAFETY: out of the slot, the chunk is the helper's alone: no arena has
+                    // a page of it, and no reference into it is alive. A refusal leaves it
+                    // resident, costing memory only.
+                    let _ = unsafe { chunk.discard(0, CHUNK_BYTES, Discard::DontNeed) };
                     // The first look notes each arena's activity; the next, a tick on, trims
                     // the idle ones.
                     trim_pending = trim_idle_arenas();
                     slot = lock_slot(shared);
-                    slot.ready = Some((addr, false));
+                    slot.ready = Some((chunk, false));
                     resident = false;
                 }
             }
@@ -238,15 +235,6 @@ mod tests {
     use super::*;
     use ztier_base::os::page_size as os_page_size;
 
-    /// Resident OS pages in a chunk.
-    fn resident_pages(base: usize) -> usize {
-        let mut v = vec![0u8; CHUNK_BYTES / os_page_size()];
-        // SAFETY: base is a mapped CHUNK_BYTES chunk, page aligned; v has a byte per OS page.
-        let r = unsafe { libc::mincore(base as *mut libc::c_void, CHUNK_BYTES, v.as_mut_ptr()) };
-        assert_eq!(r, 0, "mincore");
-        v.iter().filter(|&&b| b & 1 == 1).count()
-    }
-
     /// A helper of its own (not the process's, which other tests use): its ready chunk comes
     /// faulted in, and after READY_IDLE untaken its pages are given back, the mapping kept
     /// and offered as not resident; told to stop, it unmaps it and ends.
@@ -258,22 +246,33 @@ mod tests {
         });
         let theirs = std::sync::Arc::clone(&shared);
         let helper = std::thread::spawn(move || run_helper(&theirs));
-        let ready = || lock_slot(&shared).ready;
+        // The ready chunk's address, whether it is offered as resident, and its resident
+        // OS pages.
+        let ready = || {
+            let slot = lock_slot(&shared);
+            let (chunk, resident) = slot.ready.as_ref()?;
+            let pages = chunk.residency(0, CHUNK_BYTES).expect("mincore");
+            assert_eq!(pages.len(), CHUNK_BYTES / os_page_size());
+            Some((
+                chunk.addr(),
+                *resident,
+                pages.into_iter().filter(|&r| r).count(),
+            ))
+        };
         let started = std::time::Instant::now();
         while ready().is_none() {
             assert!(started.elapsed().as_secs() < 10, "no chunk made ready");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let (base, resident) = ready().unwrap();
+        let (base, resident, pages) = ready().unwrap();
         assert!(resident);
-        assert_eq!(resident_pages(base), CHUNK_BYTES / os_page_size());
-        while ready().is_some_and(|(_, resident)| resident) {
+        assert_eq!(pages, CHUNK_BYTES / os_page_size());
+        // (Out of the slot, `None`, while its pages go.)
+        while !ready().is_some_and(|(_, resident, _)| !resident) {
             assert!(started.elapsed().as_secs() < 10, "never released");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let (again, resident) = ready().unwrap();
-        assert_eq!((again, resident), (base, false));
-        assert_eq!(resident_pages(base), 0);
+        assert_eq!(ready(), Some((base, false, 0)));
         lock_slot(&shared).stop = true;
         shared.changed.notify_all();
         helper.join().unwrap();

@@ -21,7 +21,8 @@
 //! costs no thread and no mapping of its own.
 //!
 //! The children: [`chain`] (the owned pages and every byte access to them), [`helper`] (the
-//! process-wide thread), [`mapping`] (the system calls over the arena's memory).
+//! process-wide thread). A chunk is a `ztier_base::mapping::Mapping`, and the arena's
+//! pages are faulted in and released with that module's calls.
 //!
 //! Invariants:
 //! - every page pointer lies inside exactly one chunk of this arena and is page aligned;
@@ -56,21 +57,20 @@
 
 mod chain;
 mod helper;
-mod mapping;
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use ztier_base::mapping::{self, Discard, Mapping};
 use ztier_base::os::page_size as os_page_size;
 
 use chain::Page;
 pub(crate) use chain::PageChain;
 use helper::{helper_ask_release, helper_join, helper_leave, helper_take_ready};
-use mapping::{map_chunk, populate, release, release_runs, unmap_chunk};
 
-use crate::Result;
+use crate::{PoolError, Result};
 
 /// Bytes taken from the OS by one `mmap`.
 pub const CHUNK_BYTES: usize = 2 << 20;
@@ -94,12 +94,30 @@ pub const RELEASE_BATCH_BYTES: usize = 4 << 20;
 /// of the hot list, and only until a core is idle.
 pub const GATHERED_MAX_BYTES: usize = 4 * RELEASE_BATCH_BYTES;
 
-struct Chunk {
-    base: NonNull<u8>,
+/// Maps a chunk; its pages fault in when first written.
+fn map_chunk() -> Result<Mapping> {
+    Mapping::anonymous(CHUNK_BYTES).map_err(|e| PoolError::OutOfMemory {
+        bytes: CHUNK_BYTES,
+        reason: e.to_string(),
+    })
+}
+
+/// Returns free pages' memory to the OS; their contents read as zero afterwards. A refusal
+/// leaves them resident, costing memory only.
+///
+/// # Safety
+/// `ptr..ptr + len` is consecutive free pages of one of the arenas' chunks that no one else
+/// can reach (given back by their chain and on no list yet; the helper's ready chunk while
+/// it is out of the slot; or, under the arena's lock, its hot pages or the rest of its
+/// fresh run), so discarding their contents can affect no live data.
+unsafe fn release(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: the caller's contract: pages of a live chunk no one else reaches.
+    let _ = unsafe { mapping::discard(ptr, len, Discard::DontNeed) };
 }
 
 struct ArenaState {
-    chunks: Vec<Chunk>,
+    /// The chunks, unmapped when the state goes (see its drop).
+    chunks: Vec<Mapping>,
     /// The chunks' base addresses, sorted: which chunk a page is in.
     chunk_bases: Vec<usize>,
     /// Free pages that are still resident.
@@ -280,10 +298,15 @@ impl Arena {
         let contiguous_base = (consecutive && one_chunk).then(|| pages[0].0);
         if let Some(base) = contiguous_base.filter(|_| contiguous && !pages[0].1) {
             // One chunk's pages, all untouched.
-            populate(base, n * self.page_size);
+            // SAFETY: n consecutive pages of one chunk (checked above), taken out of the
+            // arena for this chain and not handed out yet: no one else reaches them, and
+            // untouched, they read as zeros.
+            unsafe { mapping::populate(base, n * self.page_size) };
         } else {
             for &(ptr, _) in pages.iter().filter(|(_, resident)| !resident) {
-                populate(ptr, self.page_size);
+                // SAFETY: a page of a chunk, taken out of the arena for this chain and not
+                // handed out yet; not resident (untouched or released), so reading as zeros.
+                unsafe { mapping::populate(ptr, self.page_size) };
             }
         }
         let pages = pages
@@ -347,7 +370,9 @@ impl Arena {
             st.pages_out += released.len();
             released
         };
-        release_sorted(&mut released, self.page_size);
+        // SAFETY: taken off the gathered list and counted as out under the lock: no one
+        // else reaches them, and the chunks stay mapped.
+        unsafe { release_sorted(&mut released, self.page_size) };
         released.reverse();
         let mut st = self.state.lock();
         st.pages_out -= released.len();
@@ -374,11 +399,12 @@ impl Arena {
             // The helper's chunk if one is ready. Waiting for it under this lock would
             // stall every allocating thread; instead map one here, unpopulated, whose
             // pages alloc_chain faults in as it hands them out.
-            let (base, resident) = match helper_take_ready() {
+            let (chunk, resident) = match helper_take_ready() {
                 Some(ready) => ready,
                 None => (map_chunk()?, false),
             };
-            st.chunks.push(Chunk { base });
+            let base = chunk.ptr();
+            st.chunks.push(chunk);
             let at = st
                 .chunk_bases
                 .partition_point(|&b| b < base.as_ptr() as usize);
@@ -424,20 +450,21 @@ impl Drop for ArenaState {
         // The last holder is gone: the arena, or a helper step that was releasing some of
         // its pages (counted as out until it was done, and done now). Pages still out are
         // owned by a chain that outlived its allocator: leaking is the sound choice.
+        // Otherwise no page is out and no one else holds the state, so nothing refers to
+        // the chunks any more: they are unmapped as they drop.
         if self.pages_out != 0 {
-            return;
-        }
-        for c in self.chunks.drain(..) {
-            // SAFETY: base is the start of a chunk made by map_chunk, no page of it is out,
-            // and no one else holds the state, so nothing refers to it any more.
-            unsafe { unmap_chunk(c.base) };
+            self.chunks.drain(..).for_each(Mapping::leak);
         }
     }
 }
 
-/// Releases free pages no one else can reach (off every list): sorted into runs of
-/// consecutive pages, released together (`release_runs`).
-fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
+/// Releases free pages: sorted into runs of consecutive pages, released together
+/// (`discard_runs`).
+///
+/// # Safety
+/// The pages are free pages of the arenas' chunks, off every list and counted as out, so
+/// no one else can reach them and their chunks stay mapped.
+unsafe fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
     pages.sort_unstable();
     let addr = |i: usize| pages[i].as_ptr() as usize;
     let mut runs = Vec::new();
@@ -448,7 +475,9 @@ fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
             start = i;
         }
     }
-    release_runs(&runs);
+    // SAFETY: the caller's contract: pages of live chunks no one else can reach, so
+    // dropping their contents affects no live data.
+    unsafe { mapping::discard_runs(&runs) };
 }
 
 impl ArenaState {
@@ -478,11 +507,15 @@ impl ArenaState {
         let mut free = std::mem::take(&mut self.hot);
         free.append(&mut self.gathered);
         for p in free {
-            release(p, self.page_size);
+            // SAFETY: a free page of this arena, hot or gathered, reached by no one but
+            // through this state, whose lock the caller holds.
+            unsafe { release(p, self.page_size) };
             self.cold.push(p);
         }
         if let Some(run) = self.next_fresh.as_mut().filter(|run| run.resident) {
-            release(run.next, run.left * self.page_size);
+            // SAFETY: the untouched rest of the newest chunk, never handed out, reached by
+            // no one but through this state, whose lock the caller holds.
+            unsafe { release(run.next, run.left * self.page_size) };
             run.resident = false;
         }
         false
@@ -504,7 +537,9 @@ fn release_gathered_arenas() {
                 break;
             }
             // With the lock let go: the arena's threads wait for no madvise.
-            release_sorted(&mut step, page_size);
+            // SAFETY: taken off the gathered list and counted as out (`take_gathered`): no
+            // one else reaches them, and the chunks stay mapped.
+            unsafe { release_sorted(&mut step, page_size) };
             // Highest address first, so they are taken in address order.
             step.reverse();
             let mut st = arena.lock();
@@ -779,11 +814,9 @@ mod tests {
     }
 
     fn resident(page: &Page) -> bool {
-        let mut v = [0u8; 4];
-        // SAFETY: the page is mapped and page aligned; v has room for its 1..=4 OS pages.
-        let r = unsafe { libc::mincore(page.ptr.as_ptr().cast(), page.len, v.as_mut_ptr()) };
-        assert_eq!(r, 0, "mincore");
-        v[..page.len / os_page_size()].iter().all(|&b| b & 1 == 1)
+        let pages = mapping::residency_at(page.ptr, page.len).expect("mincore");
+        assert_eq!(pages.len(), page.len / os_page_size());
+        pages.into_iter().all(|r| r)
     }
 
     #[test]
