@@ -380,9 +380,10 @@ static VECTOR_DISCARD: AtomicBool = AtomicBool::new(true);
 
 /// Drops the bytes of many runs, each `(start, bytes)`, with `MADV_DONTNEED`, in as few
 /// system calls as the kernel allows: `process_madvise` on the process's own memory takes up
-/// to [`IOV_MAX`] runs a call and flushes the TLB once for all of them (one interrupt of
-/// each other core running the process, where a `madvise` a run sends one per run), else one
-/// `madvise` a run. A run the kernel refuses is left resident (only memory is lost).
+/// to `UIO_MAXIOV` (1024) runs a call and flushes the TLB once for all of them (one
+/// interrupt of each other core running the process, where a `madvise` a run sends one per
+/// run), else one `madvise` a run. A run the kernel refuses is left resident (only memory is
+/// lost).
 ///
 /// # Safety
 /// Each run obeys [`discard`]'s contract.
@@ -514,7 +515,7 @@ mod tests {
         let ps = page_size();
         let mut m = Mapping::anonymous(2 * ps).unwrap();
         let second = m.addr() + ps;
-        m.unmap_only_at_drop(vec![0..ps]);
+        m.unmap_only_at_drop(std::iter::once(0..ps).collect());
         drop(m);
         let second = NonNull::new(second as *mut u8).unwrap();
         assert!(

@@ -268,7 +268,7 @@ mod tests {
         assert!(resident);
         assert_eq!(pages, CHUNK_BYTES / os_page_size());
         // (Out of the slot, `None`, while its pages go.)
-        while !ready().is_some_and(|(_, resident, _)| !resident) {
+        while ready().is_none_or(|(_, resident, _)| resident) {
             assert!(started.elapsed().as_secs() < 10, "never released");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
