@@ -1,10 +1,12 @@
 //! Tables of atomics made zeroed by the OS: large per-page metadata (zram's slot table, a
-//! region's page states) whose memory is taken only where it is written. The allocation is
-//! `calloc`'s (`alloc_zeroed`): for a table of more than a few pages the C library maps fresh
-//! anonymous memory, which reads as zeros without being touched, so a 1 TiB disk's 4 GiB
-//! slot table costs nothing until pages arrive, and reading an untouched part maps the
-//! shared zero page, not new memory. (Writes bring in a 4 KiB page of the table at a time:
-//! 256 slots' worth.)
+//! store's live counts, a region's page states) whose memory is taken only where it is
+//! written. Each table is a mapping of its own ([`Table`], on [`Mapping`]): it reads as zeros
+//! without being touched, so a 1 TiB disk's 4 GiB slot table costs nothing until pages
+//! arrive, reading an untouched part maps the shared zero page, not new memory, and the
+//! whole goes back to the OS when the table is dropped. (Not `calloc`: the C library serves
+//! a large request from its heap once its mapping threshold has grown past it, and zeroes
+//! it there by writing, and keeps it after a free. Writes bring in a 4 KiB page of the
+//! table at a time: 256 slots' worth.)
 //!
 //! Pages of a table that hold only zeros again can be given back to the OS
 //! ([`give_back_zero_pages`], each row of the page claimed by its lock first: a discarded
@@ -15,48 +17,76 @@
 //! row of it empty and unlocked. No locks of its own: a give-back holds the rows' own.
 #![allow(unsafe_code)]
 
-use std::alloc::{alloc_zeroed, Layout};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 
-/// `n` values of `T`, all zero bytes, from `alloc_zeroed`; `None` if the memory is not
-/// there.
+use crate::mapping::Mapping;
+
+/// `len` values of `T` in a mapping of their own, all zero bytes until written.
+pub struct Table<T> {
+    /// `None` for an empty table (a mapping has at least a byte).
+    mapping: Option<Mapping>,
+    len: usize,
+    values: PhantomData<T>,
+}
+
+impl<T> std::ops::Deref for Table<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match &self.mapping {
+            None => &[],
+            // SAFETY: the mapping holds `len` values of `T` (made so in `zeroed_table`),
+            // page-aligned (more than any `T` here needs), initialised (zero bytes, valid
+            // for `T` by `zeroed_table`'s contract), and lives as long as `self`; the values
+            // are atomics, changed only through shared references.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.ptr().as_ptr().cast(), self.len) },
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Table<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("len", &self.len).finish()
+    }
+}
+
+/// `n` values of `T`, all zero bytes, in a mapping of their own; `None` if the memory is
+/// not there.
 ///
 /// # Safety
-/// All-zero bytes must be a valid `T`.
-unsafe fn zeroed_slice<T>(n: usize) -> Option<Box<[T]>> {
-    if n == 0 || size_of::<T>() == 0 {
-        return Some(Box::new([]));
-    }
-    let layout = Layout::array::<T>(n).ok()?;
-    // SAFETY: the layout has a non-zero size (n > 0, T not zero-sized).
-    let ptr = unsafe { alloc_zeroed(layout) }.cast::<T>();
-    if ptr.is_null() {
-        return None;
-    }
-    let slice = std::ptr::slice_from_raw_parts_mut(ptr, n);
-    // SAFETY: `ptr` was allocated by the global allocator with `Layout::array::<T>(n)`,
-    // which is what `Box<[T]>` deallocates with; its `n` values are initialised, as zero
-    // bytes are a valid `T` (the caller's contract).
-    Some(unsafe { Box::from_raw(slice) })
+/// All-zero bytes must be a valid `T`, and `T` must be an atomic type or arrays of them
+/// (so a shared table may be changed), aligned to at most a page.
+unsafe fn zeroed_table<T>(n: usize) -> Option<Table<T>> {
+    let bytes = n.checked_mul(size_of::<T>())?;
+    let mapping = match bytes {
+        0 => None,
+        _ => Some(Mapping::anonymous(bytes).ok()?),
+    };
+    Some(Table {
+        mapping,
+        len: n,
+        values: PhantomData,
+    })
 }
 
 /// `n` rows of `W` atomic words, all zero; `None` if the memory is not there.
-pub fn words<const W: usize>(n: usize) -> Option<Box<[[AtomicU64; W]]>> {
+pub fn words<const W: usize>(n: usize) -> Option<Table<[AtomicU64; W]>> {
     // SAFETY: an AtomicU64 has the size and validity of a u64, for which zero is valid; an
-    // array of them likewise.
-    unsafe { zeroed_slice(n) }
+    // array of them likewise; 8-byte aligned.
+    unsafe { zeroed_table(n) }
 }
 
 /// `n` atomic bytes, all zero; `None` if the memory is not there.
-pub fn bytes(n: usize) -> Option<Box<[AtomicU8]>> {
+pub fn bytes(n: usize) -> Option<Table<AtomicU8>> {
     // SAFETY: an AtomicU8 has the size and validity of a u8, for which zero is valid.
-    unsafe { zeroed_slice(n) }
+    unsafe { zeroed_table(n) }
 }
 
 /// `n` atomic counts, all zero; `None` if the memory is not there.
-pub fn counts(n: usize) -> Option<Box<[AtomicU32]>> {
+pub fn counts(n: usize) -> Option<Table<AtomicU32>> {
     // SAFETY: an AtomicU32 has the size and validity of a u32, for which zero is valid.
-    unsafe { zeroed_slice(n) }
+    unsafe { zeroed_table(n) }
 }
 
 /// Whether some OS page wholly inside `rows[range]` holds only zeros now (a look without
@@ -155,8 +185,8 @@ pub fn give_back_zero_pages<const W: usize>(
         }
         let page_start = at - page;
         // SAFETY: `[page_start, page_start + page)` is a whole page inside `part` (aligned,
-        // and it ended at or before `end`), memory this process allocated (the table's,
-        // from `alloc_zeroed`) and still owns while `rows` is borrowed. DONTNEED on private
+        // and it ended at or before `end`), private anonymous memory of this process (a
+        // [`Table`]'s mapping, or the heap's) that stays owned while `rows` is borrowed. DONTNEED on private
         // anonymous memory makes it read as zero bytes, which are valid values of every row
         // here; the allocation itself stays mapped and owned. No Rust reference to a
         // non-atomic value points into it (the rows are atomics), and every row of it is

@@ -434,6 +434,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
     // First, before any thread starts: listenfd takes LISTEN_PID and LISTEN_FDS out of the
     // environment, so a --run command does not see them.
     let activated = listenfd::ListenFd::from_env();
+    // A server's devices come and go: what one frees must leave the process with it.
+    ztier_base::os::return_large_frees_to_the_os();
     let made_backing = args
         .backing_dev
         .as_deref()

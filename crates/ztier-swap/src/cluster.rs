@@ -5,7 +5,7 @@
 //! stored in the cluster as today's per-cluster swap table stores its counts, so a slot is
 //! read and changed under its cluster's lock alone. As the kernel's swap table (6.18), a
 //! cluster's map is made when the cluster first holds a slot and given back when it empties
-//! ([`ClusterMap`]): a store's metadata follows its use, not its size.
+//! (`ClusterMap`): a store's metadata follows its use, not its size.
 //!
 //! Invariants, with the cluster's lock held:
 //! - `count` is the number of slots whose byte is not zero;

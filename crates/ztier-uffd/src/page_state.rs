@@ -161,7 +161,7 @@ impl std::fmt::Debug for PageState {
 
 /// The state table: a byte a page, atomic so that the clock may read states and clear the
 /// referenced bit with no lock (every other change is made under the page's lock).
-pub(crate) struct PageStates(Box<[AtomicU8]>);
+pub(crate) struct PageStates(ztier_base::zeroed::Table<AtomicU8>);
 
 impl PageStates {
     /// A table of `pages` states, every one [`PageState::EMPTY`]: zeroed by the OS and

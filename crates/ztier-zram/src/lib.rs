@@ -131,7 +131,7 @@ pub struct Device {
     unit_size: usize,
     algorithm: Algorithm,
     pool: Box<dyn ZPool>,
-    slots: Box<[Slot]>,
+    slots: ztier_base::zeroed::Table<Slot>,
     /// Per-thread state by shard; an operation holds its thread's shard throughout.
     shards: Shards<ShardState>,
     /// Held by every change to a page, for its whole length.

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use serde::Serialize;
+use ztier_base::zeroed::Table;
 use ztier_blockdev::BlockDevice;
 use ztier_swap::{SwapError, SLOT_BYTES};
 
@@ -80,7 +81,7 @@ pub struct Backing {
     /// Per unit, by first slot / `unit_slots`: the live bytes of the objects in it, plus one
     /// for each hold (a batch being committed, a read in flight). The unit goes back to the
     /// allocator when it reaches zero.
-    pub(super) live: Box<[AtomicU32]>,
+    pub(super) live: Table<AtomicU32>,
     /// Packed segments recently read whole (shared with the reads in flight that fill it).
     pub(super) cache: Arc<SegmentCache>,
     /// A sequential reader's readahead in the background.
@@ -130,7 +131,7 @@ fn places_config() -> ztier_swap::Config {
 /// the reason, where they and the store's slot map together would not fit the machine's
 /// memory, or they cannot be allocated: a store that says it is huge (a sparse file, a
 /// remote export) must not abort the process.
-fn live_counts(store_bytes: u64, format: WbFormat) -> Result<Box<[AtomicU32]>> {
+fn live_counts(store_bytes: u64, format: WbFormat) -> Result<Table<AtomicU32>> {
     live_counts_within(store_bytes, format, ztier_pool::physical_memory_bytes())
 }
 
@@ -139,7 +140,7 @@ fn live_counts_within(
     store_bytes: u64,
     format: WbFormat,
     memory_bytes: u64,
-) -> Result<Box<[AtomicU32]>> {
+) -> Result<Table<AtomicU32>> {
     // A store the allocator cannot take (too small, or more slots than it addresses) is
     // refused before anything is allocated for it.
     let slots = ztier_swap::Device::slots_for(store_bytes).map_err(ZramError::Backing)?;
@@ -224,7 +225,7 @@ impl Backing {
         store: Arc<dyn BlockDevice>,
         places: ztier_swap::Device,
         format: WbFormat,
-        live: Box<[AtomicU32]>,
+        live: Table<AtomicU32>,
         marked: bool,
     ) -> Backing {
         let unit_slots = unit_slots_of(format);
