@@ -228,6 +228,28 @@ fn a_state_directory_keeps_every_device_across_a_restart() {
     let list = ok(ctl(&nbd, &["devices"]));
     assert!(list.contains("vm2 size=16777216 compressor=lz4"), "{list}");
     assert!(!list.contains("gone"), "{list}");
+    // Limits set at runtime come back with the device; the flags' own replace them, said.
+    ok(ctl(&nbd, &["--device", "vm2", "mem_limit", "4M"]));
+    let low = ok(ctl(&nbd, &["--device", "vm2", "mem_low", "1M"]));
+    assert!(low.contains("mem_low set"), "{low}");
+    ok(ctl(&nbd, &["--device", "vm1", "mem_limit", "2M"]));
+    server.stop();
+    let mut again = vec!["--device", "vm1,size=8M"];
+    again.extend_from_slice(&args);
+    let server = serve(&again, &common::ctl_socket(&nbd), &log);
+    let list = ok(ctl(&nbd, &["devices"]));
+    assert!(
+        list.contains("vm2 size=16777216 compressor=lz4")
+            && list.contains("mem_limit=4194304 mem_low=1048576"),
+        "{list}"
+    );
+    let said = server.log();
+    assert!(
+        said.contains(
+            "device vm1: mem_limit=0 from the flags or config replaces mem_limit=2097152"
+        ),
+        "{said}"
+    );
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

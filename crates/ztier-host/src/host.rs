@@ -115,7 +115,7 @@ impl Host {
                     why: e.to_string(),
                 })?;
                 d.spec.write().mem_low = bytes;
-                String::new()
+                "mem_low set".to_string()
             }
             _ => d
                 .device

@@ -376,7 +376,10 @@ impl std::fmt::Display for Snapshot {
             )?;
         }
         if let Some(m) = self.metadata_bytes {
-            writeln!(f, "metadata {m} bytes (the slot table's resident pages)")?;
+            writeln!(
+                f,
+                "metadata {m} bytes (the resident pages of the slot table and the store's tables)"
+            )?;
         }
         if let Some(l) = &self.store {
             writeln!(f, "store {}: {}", l.uri, l.text)?;

@@ -14,7 +14,7 @@
 //! take out or read one, never across a server's stop or a device's work), then the host's
 //! own (`ztier_host`'s header). The metrics and `stat` read without `changing`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -202,8 +202,12 @@ impl Hosted {
         if self.host.get(name).is_none() {
             bail!("no device named {name}");
         }
+        // Closed to new handshakes first, so what is counted next is all that holds it.
+        let opened = self.exports.close(name);
         let (nbd, vmm) = self.holders(name);
+        let nbd = if opened { nbd.max(1) } else { nbd };
         if (nbd > 0 || vmm) && !force {
+            self.exports.reopen(name);
             let mut held = Vec::new();
             if nbd > 0 {
                 held.push(format!(
@@ -222,7 +226,13 @@ impl Hosted {
         }
         // Out of the table first: from now on no handshake finds it. Then its NBD clients
         // are let go (a handshake half way in is turned away too), then its VMM.
-        let gone = self.host.destroy(name)?;
+        let gone = match self.host.destroy(name) {
+            Ok(gone) => gone,
+            Err(e) => {
+                self.exports.reopen(name);
+                return Err(e.into());
+            }
+        };
         self.exports.forget(name);
         if let Some(s) = &self.nbd {
             s.disconnect_export(name);
@@ -519,6 +529,23 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
         }
     }
     for s in settings.specs {
+        // The flags and the config describe the device; limits set at runtime (saved in its
+        // spec) are runtime's, as sysctl's and a cgroup's are: said, then replaced.
+        if let Some(saved) = specs.get(&s.name) {
+            for (key, was, now) in [
+                ("mem_limit", saved.mem_limit, s.mem_limit),
+                ("mem_low", saved.mem_low, s.mem_low),
+            ] {
+                if was != now {
+                    eprintln!(
+                        "ztier serve: device {}: {key}={now} from the flags or config replaces \
+                         {key}={was} of its last run (set at runtime); `ztier ctl --device {} \
+                         {key} VALUE` changes it again",
+                        s.name, s.name
+                    );
+                }
+            }
+        }
         specs.insert(s.name.clone(), s);
     }
     let host = Host::new(settings.host.clone()).context("starting the host")?;
@@ -709,40 +736,68 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
 }
 
 /// The host's devices as NBD exports, by name; each export's counters kept while its
-/// device lives (a connection's and the next one's count together).
+/// device lives (a connection's and the next one's count together). A device being
+/// destroyed is closed first: no export of it is opened from then on.
 struct HostExports {
     host: Arc<Host>,
-    counters: Mutex<BTreeMap<String, Arc<ztier_nbd::ExportStats>>>,
+    state: Mutex<ExportState>,
+}
+
+#[derive(Default)]
+struct ExportState {
+    /// Each export's counters; every export opened (a connection, or a handshake about to
+    /// be one) holds a clone while it lives.
+    counters: BTreeMap<String, Arc<ztier_nbd::ExportStats>>,
+    /// Devices being destroyed: refused to new handshakes.
+    closing: BTreeSet<String>,
 }
 
 impl HostExports {
     fn new(host: Arc<Host>) -> HostExports {
         HostExports {
             host,
-            counters: Mutex::new(BTreeMap::new()),
+            state: Mutex::default(),
         }
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, ExportState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses `name` to every handshake from now on; true if an export of it opened before
+    /// still lives (held by a connection, or by a handshake that will be one). Under the
+    /// lock `open` takes, so no handshake slips between the look and the close.
+    fn close(&self, name: &str) -> bool {
+        let mut s = self.state();
+        s.closing.insert(name.to_string());
+        s.counters
+            .get(name)
+            .is_some_and(|c| Arc::strong_count(c) > 1)
+    }
+
+    /// Takes `name` back after a close (a destroy refused).
+    fn reopen(&self, name: &str) {
+        self.state().closing.remove(name);
+    }
+
     /// A destroyed device's counters go with it (a device made again under its name starts
-    /// at zero).
+    /// at zero), and its name is open again.
     fn forget(&self, name: &str) {
-        self.counters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
+        let mut s = self.state();
+        s.counters.remove(name);
+        s.closing.remove(name);
     }
 }
 
 impl ztier_nbd::Exports for HostExports {
     fn open(&self, name: &str) -> Option<ztier_nbd::Export> {
+        let mut s = self.state();
+        if s.closing.contains(name) {
+            return None;
+        }
         let d = self.host.get(name)?;
-        let stats = Arc::clone(
-            self.counters
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(name.to_string())
-                .or_default(),
-        );
+        let stats = Arc::clone(s.counters.entry(name.to_string()).or_default());
+        drop(s);
         let mut export = ztier_nbd::Export::new(name, d.block_device())
             .with_description(format!(
                 "ztier zram, {} on {}",
