@@ -101,7 +101,8 @@ impl Host {
     /// Writes attribute `attr` of device `name`: one of its zram's (by the kernel's sysfs
     /// names), or the host's `mem_low`. A limit the spec holds (`mem_limit`, `mem_low`) is
     /// changed in the spec too and, with a state directory, saved there, so a restart makes
-    /// the device with the limit it had. Returns what the attribute answers.
+    /// the device with the limit it had (unless whoever starts the host names the device
+    /// again with limits of its own). Returns what the attribute answers.
     pub fn set(&self, name: &str, attr: &str, value: &str) -> Result<String, HostError> {
         let d = self
             .get(name)

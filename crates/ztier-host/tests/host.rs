@@ -1,7 +1,8 @@
 //! The host of devices: devices by name made and ended while others are written; what a
 //! device costs before use; each device's cap and the host's limit; the budget that keeps
 //! the pools' sum under the target with the coldest pages across devices, sparing a
-//! device's protection; states kept across a host's restart.
+//! device's protection (the coldest and largest one too); limits changed at runtime; states
+//! kept across a host's restart.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -192,6 +193,45 @@ fn the_budget_takes_the_coldest_pages_and_spares_protection() {
         cold.block_device().read_at(i * 4096, &mut back).unwrap();
         assert!(back == pattern(1 ^ i, 4096), "cold page {i}");
     }
+    let _ = std::fs::remove_dir_all(&stores);
+}
+
+/// A device under its protection keeps its pages though they are the coldest and the most:
+/// the budget takes a warmer device's instead, and reads of the protected one touch no store.
+#[test]
+fn protection_holds_for_the_coldest_and_largest_device() {
+    let stores = dir("coldest-protected");
+    let host = Host::new(HostConfig {
+        target: Some(7 << 20),
+        interval: Some(std::time::Duration::from_secs(3600)),
+        store_dir: Some(stores.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let protected = host.create(spec("protected,size=32M,mem_low=8M")).unwrap();
+    write_pages(&*protected.block_device(), 0, 1536, 1).unwrap(); // 6 MiB, under its 8 MiB
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let warm = host.create(spec("warm,size=16M")).unwrap();
+    write_pages(&*warm.block_device(), 0, 768, 2).unwrap(); // 3 MiB, newer
+    let (used, tick) = host.keep_under_target().unwrap();
+    assert!(used <= 7 << 20, "under the target: {used}");
+    assert_eq!(tick.errors, 0, "{:?}", tick.last_error);
+    assert_eq!(tick.protected_pages_taken, 0);
+    assert!(
+        warm.budget_written_back_pages() > 0,
+        "the warmer device gave"
+    );
+    assert_eq!(protected.budget_written_back_pages(), 0);
+    assert_eq!(protected.device().bd_stat().unwrap().bd_writes, 0);
+    let mut back = vec![0u8; 4096];
+    for i in 0..1536u64 {
+        protected
+            .block_device()
+            .read_at(i * 4096, &mut back)
+            .unwrap();
+        assert!(back == pattern(1 ^ i, 4096), "protected page {i}");
+    }
+    assert_eq!(protected.device().bd_stat().unwrap().bd_reads, 0);
     let _ = std::fs::remove_dir_all(&stores);
 }
 
