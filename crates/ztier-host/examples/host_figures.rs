@@ -1,8 +1,10 @@
 //! The host's figures for issue 59's table and plot:
 //! - `rss`: for 1, 16 and 256 devices of 64 GiB, the process's RSS before any write, then
-//!   after N pages of real memory (a corpus) are stored across the devices: RSS per stored
+//!   after N pages of real memory (a corpus) are stored across the devices (in bursts of 32
+//!   pages a device, the devices in turn): RSS per stored
 //!   page against `mem_used_total` per stored page and the slot tables' resident bytes
-//!   (`metadata_bytes`). Each case runs in a process of its own (this program again, as
+//!   (`metadata_bytes`), and store and load speed against the raw compressor on the same
+//!   pages in the same process. Each case runs in a process of its own (this program again, as
 //!   `rss-one`), so no case's freed memory counts in the next. The pages go to each device
 //!   either packed (its first pages, as a swap device fills its first clusters) or spread
 //!   (evenly over all 64 GiB: the slot table's worst case). With stores, it also looks at
@@ -22,10 +24,11 @@ mod scenario;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
 use scenario::Scenario;
+use ztier_compress::Stream;
 use ztier_corpus::Corpus;
 use ztier_host::{DeviceSpec, Host, HostConfig};
 use ztier_zram::PageSelector;
@@ -132,21 +135,59 @@ fn rss_one(args: &Args) -> Result<(), String> {
         })
         .collect::<Result<_, _>>()?;
     let before_use = rss();
-    let per_device = pages.div_ceil(args.devices);
+    // In bursts of 32 pages a device (SWAP_CLUSTER_MAX: reclaim swaps out 32 pages at a
+    // time), the devices in turn.
+    const BURST: u64 = 32;
+    let per_device = pages.div_ceil(args.devices).next_multiple_of(BURST);
     let stride = if args.spread {
         (DEVICE_SIZE / PAGE as u64) / per_device
     } else {
         1
     };
+    let place = |j: u64| {
+        let burst = j / BURST;
+        let in_device = (burst / args.devices) * BURST + j % BURST;
+        (
+            &devices[(burst % args.devices) as usize],
+            in_device * stride,
+        )
+    };
+    let started = Instant::now();
     for (j, page) in corpus.chunks(PAGE).take(pages as usize).enumerate() {
-        let j = j as u64;
-        let d = &devices[(j % args.devices) as usize];
-        let index = (j / args.devices) * stride;
+        let (d, index) = place(j as u64);
         d.block_device()
             .write_at(index * PAGE as u64, page, false)
             .map_err(|e| format!("{}: page {index}: {e}", d.name()))?;
     }
+    let store_secs = started.elapsed().as_secs_f64();
     let after_store = rss();
+    let mut back = vec![0u8; PAGE];
+    let started = Instant::now();
+    for j in 0..pages {
+        let (d, index) = place(j);
+        d.block_device()
+            .read_at(index * PAGE as u64, &mut back)
+            .map_err(|e| format!("{}: page {index}: {e}", d.name()))?;
+    }
+    let load_secs = started.elapsed().as_secs_f64();
+    // The raw compressor on the same pages, in the same process: the reference.
+    let algorithm = devices[0].spec().compressor;
+    let mut stream = Stream::new(&algorithm, PAGE);
+    let mut compressed = Vec::with_capacity(pages as usize);
+    let started = Instant::now();
+    for page in corpus.chunks(PAGE).take(pages as usize) {
+        compressed.push(stream.compress(page).map_err(|e| e.to_string())?.to_vec());
+    }
+    let raw_compress_secs = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for c in &compressed {
+        stream
+            .comp
+            .decompress_page(c, &mut back)
+            .map_err(|e| e.to_string())?;
+    }
+    let raw_decompress_secs = started.elapsed().as_secs_f64();
+    let mbps = |secs: f64| (pages * PAGE as u64) as f64 / secs / 1e6;
     let sum = |f: &dyn Fn(&ztier_host::HostDevice) -> u64| devices.iter().map(|d| f(d)).sum();
     let mem_used_total: u64 = sum(&|d| d.device().mm_stat().mem_used_total);
     let metadata: u64 = sum(&|d| d.device().metadata_bytes());
@@ -176,6 +217,10 @@ fn rss_one(args: &Args) -> Result<(), String> {
         "metadata_bytes": metadata,
         "rss_after_scan": after_scan.map(|r| r.saturating_sub(before_use)),
         "metadata_after_scan": metadata_after_scan,
+        "store_mbps": mbps(store_secs),
+        "load_mbps": mbps(load_secs),
+        "raw_compress_mbps": mbps(raw_compress_secs),
+        "raw_decompress_mbps": mbps(raw_decompress_secs),
     });
     println!("{line}");
     drop(devices);
@@ -190,14 +235,13 @@ fn rss_table(args: &Args) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let corpus = corpus_path(args)?;
     let mut rows = Vec::new();
-    // With stores, 1 and 16 devices: each store's slot map is made whole (about 23 MiB for
-    // a 64 GiB device), and a writeback pass makes a device's whole slot table resident
-    // (256 MiB for 64 GiB), so 256 devices would take 6 GiB, and their scan 64 GiB: more
-    // than a shared machine has. The pass is looked at on one device.
+    // With stores too (each store's clusters, ~1.7 MiB for 64 GiB, as the kernel's
+    // cluster_info; their maps as they are used). The writeback pass is looked at on one
+    // device.
     let cases = [1u64, 16, 256]
         .into_iter()
         .flat_map(|n| [(n, false, false), (n, true, false)])
-        .chain([(1, false, true), (16, false, true)]);
+        .chain([(1, false, true), (16, false, true), (256, false, true)]);
     {
         for (devices, spread, stores) in cases {
             let mut cmd = Command::new(&exe);
@@ -231,9 +275,10 @@ fn rss_table(args: &Args) -> Result<(), String> {
     println!(
         "\n| devices of 64 GiB | pages at | stores | RSS before use | RSS per stored page | \
          mem_used_total per stored page | metadata_bytes (per stored page) | after a \
-         writeback pass: RSS growth, metadata_bytes |"
+         writeback pass: RSS growth, metadata_bytes | store MB/s (x raw compress) | load \
+         MB/s (x raw decompress) |"
     );
-    println!("|---:|---|---|---:|---:|---:|---:|---|");
+    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|");
     for r in &rows {
         let pages = r["pages"].as_f64().unwrap_or(1.0);
         let per_page = |key: &str| r[key].as_f64().unwrap_or(f64::NAN) / pages;
@@ -246,8 +291,15 @@ fn rss_table(args: &Args) -> Result<(), String> {
         } else {
             "-".into()
         };
+        let speed = |key: &str, raw: &str| {
+            let (v, r) = (
+                r[key].as_f64().unwrap_or(f64::NAN),
+                r[raw].as_f64().unwrap_or(f64::NAN),
+            );
+            format!("{v:.0} ({:.2}x)", v / r)
+        };
         println!(
-            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} |",
+            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} |",
             r["devices"],
             r["layout"].as_str().unwrap_or("?"),
             if r["stores"].as_bool() == Some(true) {
@@ -261,6 +313,8 @@ fn rss_table(args: &Args) -> Result<(), String> {
             mib(&r["metadata_bytes"]),
             per_page("metadata_bytes"),
             scan,
+            speed("store_mbps", "raw_compress_mbps"),
+            speed("load_mbps", "raw_decompress_mbps"),
         );
     }
     if let Some(first) = rows.first() {
