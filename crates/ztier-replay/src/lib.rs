@@ -16,7 +16,7 @@
 //! - [`uffd_lookups`]: a lookup service over a region (a zipf law whose hot set drifts and
 //!   jumps between phases), run with the corpus resident, at a sweep of fixed budgets and
 //!   with a budget that sizes itself from a stall target, judged against the best fixed
-//!   budget chosen with hindsight (issue #61).
+//!   budget chosen with hindsight.
 //! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
 //!   discards, the idle marks, writeback and recompression of idle pages), or through zswap
 //!   (swap-outs, swap-ins, frees, its pool limit and shrinker), memory after each.

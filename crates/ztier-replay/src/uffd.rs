@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use ztier_base::rng::Rng;
 use ztier_compress::Algorithm;
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_uffd::rig::floor;
@@ -269,14 +270,6 @@ fn p50_p99_max(sorted: &[f64]) -> (f64, f64, f64) {
     )
 }
 
-/// The next of a xorshift64 sequence (the bench's draws: fixed, the same every run).
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
 /// The `p` quantile of sorted values (0 for none).
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted
@@ -408,7 +401,8 @@ fn run_one(
     wait_for_reclaim_pass(&region, Some(Instant::now() + Duration::from_secs(5)));
     let rss_at_rest_bytes = rss_at_rest(&region)?;
     let before_latency = region.stats();
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    // The bench's draws: fixed, the same every run.
+    let mut x = Rng::from_state(0x2545_F491_4F6C_DD1D);
     let lat = single_faults(&region, corpus, &mut x, false)?;
     let after_latency = region.stats();
     let written = single_faults(&region, corpus, &mut x, true)?;
@@ -446,7 +440,7 @@ fn run_one(
     // beside theirs, each warmed by the first half.
     let trace: Vec<u32> = (0..reads)
         .map(|_| {
-            let x = xorshift(&mut x);
+            let x = x.next_u64();
             let page = if !x.is_multiple_of(10) {
                 ((x >> 8) as usize % hot) * stride % pages
             } else {
@@ -588,7 +582,7 @@ fn run_one(
 /// must read the new value back (a stale copy served is an error), and the page's own
 /// value is then written back. Each page timed is pushed out again after its touch, so
 /// every touch is a fault.
-fn single_faults(region: &Region, corpus: &Corpus, x: &mut u64, written: bool) -> Result<Vec<f64>> {
+fn single_faults(region: &Region, corpus: &Corpus, x: &mut Rng, written: bool) -> Result<Vec<f64>> {
     let ps = PAGE;
     let pages = corpus.pages();
     let words = region.words();
@@ -597,7 +591,7 @@ fn single_faults(region: &Region, corpus: &Corpus, x: &mut u64, written: bool) -
         if taken.len() == LATENCY_SAMPLES.min(pages) {
             break;
         }
-        let page = (xorshift(x) % pages as u64) as usize;
+        let page = x.below(pages as u64) as usize;
         let bytes = &corpus.bytes()[page * ps..(page + 1) * ps];
         if ztier_compress::same_filled(bytes) == Some(0) {
             continue;

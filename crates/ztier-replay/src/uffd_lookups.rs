@@ -1,4 +1,4 @@
-//! A lookup service over a region, to judge a budget that sizes itself (issue #61;
+//! A lookup service over a region, to judge a budget that sizes itself against the best fixed one (
 //! `ztier bench uffd --lookups SECONDS`): a corpus's pages kept in a region, one thread
 //! serving lookups whose keys follow a zipf law over ranks, a rank's page given by a
 //! bijection of the pages shifted by the phase's offset, so that the hot set drifts (the
@@ -11,8 +11,7 @@
 //! The same lookups (the same seed) run with the whole corpus resident (the baseline), at
 //! each fixed budget of a sweep, and with the budget sizing itself from a stall target
 //! under a cap of every page (`ztier_uffd::AutosizeConfig`); each run reports its lookups,
-//! resident pages, budget and stall share each second. The judgement (issue #61's
-//! "Done when"): the oracle is the fixed budget with the least memory whose throughput is
+//! resident pages, budget and stall share each second. The judgement: the oracle is the fixed budget with the least memory whose throughput is
 //! within the slowdown target of the baseline's, chosen with hindsight; the self-sized run
 //! is set beside it: its slowdown, and the share of the oracle's savings it saves.
 //!
@@ -67,7 +66,7 @@ pub struct Lookups {
 }
 
 impl Lookups {
-    /// Issue #61's judging run: 1 % slowdown target; phases of 10 s with skews 1.2, 0.9,
+    /// The judging run: 1 % slowdown target; phases of 10 s with skews 1.2, 0.9,
     /// 1.1, 0.8; the hot set drifting 0.2 % of the pages a second; a lookup folds its whole
     /// page 8 times; fixed budgets from 97 % down to 10 %.
     pub fn new(algorithm: Algorithm, seconds: u64) -> Lookups {

@@ -1,4 +1,4 @@
-//! Large compression units measured (issue #60): a corpus written to a fresh zram device of
+//! Large compression units measured (memory and CPU against the kernel's 4 KiB pages): a corpus written to a fresh zram device of
 //! one unit size (4, 16 or 64 KiB) on zsmalloc, one thread, whole units at a time; beside it,
 //! the raw compressor on the same units in the same run (bytes and time), so that
 //! `mem_used_total` over the raw compressed bytes is the allocator's overhead. Then reads:

@@ -137,8 +137,11 @@ fn made_and_dropped_a_thousand_times_a_region_leaves_memory_and_mappings_as_they
         "RSS grew by {:.1} MiB over {cycles} cycles",
         mib(rss1, rss0)
     );
+    // Room for two more threads' stacks the C library keeps (2 MiB and a guard page each,
+    // seen once on a busy machine); a cycle's smallest mapping, its 8 KiB page-state table,
+    // left behind each time would be 7.8 MiB.
     assert!(
-        size1 <= size0 + (4 << 20),
+        size1 <= size0 + (6 << 20),
         "the address space grew by {:.1} MiB over {cycles} cycles",
         mib(size1, size0)
     );

@@ -31,7 +31,8 @@ pub struct UffdArgs {
     /// Instead of the replay: the lookup workload (a zipf law whose hot set drifts and
     /// jumps) for this many seconds a run, with every page resident, at fixed budgets of 97%
     /// down to 10%, and with the budget sizing itself under each --stall-target; judged
-    /// against the best fixed budget within a 1% slowdown (issue #61). --budget is not used.
+    /// against the best fixed budget chosen with hindsight within a 1% slowdown. --budget is
+    /// not used.
     #[arg(long, value_name = "SECONDS", conflicts_with_all = ["budget", "normal_priority", "no_cpu_latency_qos"])]
     pub lookups: Option<u64>,
     /// With --lookups: the stall share a self-sized run steers to (1% or 0.01); repeatable,

@@ -166,15 +166,12 @@ pub fn kernel_pageout(data: &[u8], samples: usize) -> Result<KernelPageout> {
     check_equal(&map, data, ps)?;
 
     let mut latency = Vec::with_capacity(samples.min(pages));
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut draws = ztier_base::rng::Rng::from_state(0x9E37_79B9_7F4A_7C15);
     for _ in 0..samples.saturating_mul(TRIES_PER_SAMPLE) {
         if latency.len() == samples {
             break;
         }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let page = (x % pages as u64) as usize;
+        let page = draws.below(pages as u64) as usize;
         let offset = page * ps;
         if data[offset..offset + ps].iter().all(|&b| b == 0) {
             continue;

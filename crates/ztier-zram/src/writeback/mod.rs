@@ -26,7 +26,7 @@
 //! (the segment cache those reads fill). Here: the store's place in the device (set, closed), the
 //! writeback limit, `bd_stat`.
 //!
-//! A saved state (`state.rs`) names written-back pages by place: the save stamps the store's
+//! A saved state (`state/`) names written-back pages by place: the save stamps the store's
 //! header first (`Backing::mark`), and from then on no unit goes back to the allocator
 //! until the next change to the store clears the stamp (`Backing::unmark`, the first thing
 //! a writeback does); the units kept meanwhile are freed then. A state loads only if the
