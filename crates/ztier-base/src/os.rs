@@ -100,6 +100,31 @@ pub fn rss_within(ranges: &[std::ops::Range<usize>]) -> std::io::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// The size from which the C library maps each allocation on its own, returned to the OS at
+/// its free: its default (128 KiB), fixed.
+pub const MAP_OWN_FROM: usize = 128 << 10;
+
+/// Makes the C library (glibc) map every allocation of [`MAP_OWN_FROM`] or more on its own,
+/// so a large block freed goes back to the OS at once. By default glibc raises that
+/// threshold to the largest block freed so far (up to 32 MiB): after the first large free
+/// a server's large tables (a store's clusters, a device's tables) come from its heap, and
+/// stay in the process after they are freed, so RSS would follow the peak of what a
+/// long-running server made, not what it holds. Fixing the threshold turns that raise off.
+/// Called once at a server's start; true if the C library took it (elsewhere, false: its
+/// allocator decides).
+pub fn return_large_frees_to_the_os() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only sets a parameter of the allocator's, which it reads under its
+        // own lock; it touches no memory of ours.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MAP_OWN_FROM as libc::c_int) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,30 +175,5 @@ mod tests {
         let after = process_rss_bytes().unwrap();
         assert!(std::hint::black_box(&block)[12345] == 1);
         assert!(after >= before + (6 << 20), "rss {before} -> {after}");
-    }
-}
-
-/// The size from which the C library maps each allocation on its own, returned to the OS at
-/// its free: its default (128 KiB), fixed.
-pub const MAP_OWN_FROM: usize = 128 << 10;
-
-/// Makes the C library (glibc) map every allocation of [`MAP_OWN_FROM`] or more on its own,
-/// so a large block freed goes back to the OS at once. By default glibc raises that
-/// threshold to the largest block freed so far (up to 32 MiB): after the first large free
-/// a server's large tables (a store's clusters, a device's tables) come from its heap, and
-/// stay in the process after they are freed, so RSS would follow the peak of what a
-/// long-running server made, not what it holds. Fixing the threshold turns that raise off.
-/// Called once at a server's start; true if the C library took it (elsewhere, false: its
-/// allocator decides).
-pub fn return_large_frees_to_the_os() -> bool {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallopt only sets a parameter of the allocator's, which it reads under its
-        // own lock; it touches no memory of ours.
-        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MAP_OWN_FROM as libc::c_int) == 1 }
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        false
     }
 }
