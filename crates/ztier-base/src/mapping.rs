@@ -191,16 +191,8 @@ impl Mapping {
         if len == 0 {
             return Ok(());
         }
-        let (raw, name) = advice.raw();
         // SAFETY: the range is inside our mapping (clamped); the advice keeps its bytes.
-        if unsafe { libc::madvise(start.as_ptr().cast(), len, raw) } != 0 {
-            return Err(MappingError::Advise {
-                advice: name,
-                len,
-                source: io::Error::last_os_error(),
-            });
-        }
-        Ok(())
+        unsafe { madvise(start, len, advice.raw()) }
     }
 
     /// Drops the bytes of `[offset, offset + len)`, clamped to the mapping, as `how` says.
@@ -322,8 +314,21 @@ pub unsafe fn fault_in_by_writes(start: NonNull<u8>, len: usize) {
 /// `start..start + len` lies inside one live [`Mapping`]; no reference to those bytes may be
 /// alive but atomic ones, and their content must be one the caller means to drop.
 pub unsafe fn discard(start: NonNull<u8>, len: usize, how: Discard) -> Result<(), MappingError> {
-    let (raw, name) = how.raw();
     // SAFETY: the caller's contract: the range is a live mapping's, its bytes theirs to drop.
+    unsafe { madvise(start, len, how.raw()) }
+}
+
+/// `madvise(start, len, raw)`, its failure named by the advice's name.
+///
+/// # Safety
+/// `start..start + len` lies inside one live mapping, and the advice is one its owner allows
+/// there (one that drops bytes only where they are the caller's to drop).
+unsafe fn madvise(
+    start: NonNull<u8>,
+    len: usize,
+    (raw, name): (libc::c_int, &'static str),
+) -> Result<(), MappingError> {
+    // SAFETY: the caller's contract.
     if unsafe { libc::madvise(start.as_ptr().cast(), len, raw) } != 0 {
         return Err(MappingError::Advise {
             advice: name,

@@ -11,24 +11,12 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{ctl, serve, temp_dir, text, wait_for};
+use common::{ctl, export, ok, serve, temp_dir, text, wait_for};
 use ztier_blockdev::testing::pattern;
 use ztier_blockdev::BlockDevice;
 use ztier_vhost::testing::{Guest, Options};
 
 const ZTIER: &str = env!("CARGO_BIN_EXE_ztier");
-
-fn export(nbd: &Path, name: &str) -> ztier_blockdev::Result<ztier_nbd::Client> {
-    let uri: ztier_nbd::Uri = format!("nbd+unix:///{name}?socket={}", nbd.display())
-        .parse()
-        .unwrap();
-    ztier_nbd::Client::connect(&uri)
-}
-
-fn ok(o: std::process::Output) -> String {
-    assert!(o.status.success(), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// `ztier stat --socket S --device NAME`'s mm_stat fields.
 fn mm_stat(nbd: &Path, device: &str) -> Vec<u64> {

@@ -9,21 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use common::{ctl, serve, temp_dir, text};
+use common::{ctl, export, ok, serve, temp_dir, text};
 use ztier_blockdev::testing::pattern;
 use ztier_blockdev::BlockDevice;
-
-fn export(nbd: &Path, name: &str) -> ztier_nbd::Client {
-    let uri: ztier_nbd::Uri = format!("nbd+unix:///{name}?socket={}", nbd.display())
-        .parse()
-        .unwrap();
-    ztier_nbd::Client::connect(&uri).unwrap()
-}
-
-fn ok(o: std::process::Output) -> String {
-    assert!(o.status.success(), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// The process's resident memory (`VmRSS`), in bytes.
 fn rss(pid: u32) -> u64 {
@@ -82,19 +70,19 @@ fn two_hundred_and_fifty_six_devices_of_64_gib_cost_memory_as_they_are_used() {
     // Pages at the far ends of a few disks: each device has its own.
     let far = (64u64 << 30) - 4096;
     for i in [0u64, 17, 255] {
-        let c = export(&nbd, &format!("vm{i}"));
+        let c = export(&nbd, &format!("vm{i}")).unwrap();
         c.write_at(0, &pattern(i, 4096), false).unwrap();
         c.write_at(far, &pattern(i + 1000, 4096), false).unwrap();
     }
     let mut page = vec![0u8; 4096];
     for i in [0u64, 17, 255] {
-        let c = export(&nbd, &format!("vm{i}"));
+        let c = export(&nbd, &format!("vm{i}")).unwrap();
         c.read_at(0, &mut page).unwrap();
         assert!(page == pattern(i, 4096), "vm{i}'s first page");
         c.read_at(far, &mut page).unwrap();
         assert!(page == pattern(i + 1000, 4096), "vm{i}'s last page");
     }
-    let c = export(&nbd, "vm18");
+    let c = export(&nbd, "vm18").unwrap();
     c.read_at(far, &mut page).unwrap();
     assert!(
         page.iter().all(|&b| b == 0),
@@ -116,7 +104,7 @@ const CHECK_PAGES: u64 = 64;
 /// Writes and checks back its device's pages, round after round, until told to stop;
 /// returns the rounds and the wrong bytes it read.
 fn check_loop(nbd: PathBuf, name: String, seed: u64, stop: Arc<AtomicBool>) -> (u64, u64) {
-    let c = export(&nbd, &name);
+    let c = export(&nbd, &name).unwrap();
     let mut back = vec![0u8; 4096];
     let (mut rounds, mut wrong) = (0u64, 0u64);
     while !stop.load(Relaxed) || rounds < 4 {
@@ -170,7 +158,7 @@ fn devices_made_and_destroyed_under_load_lose_nothing_and_give_everything_back()
     for round in 0..64u64 {
         let name = format!("churn{round}");
         ok(ctl(&nbd, &["create", &name, "size=64M"]));
-        let c = export(&nbd, &name);
+        let c = export(&nbd, &name).unwrap();
         for p in 0..1024u64 {
             c.write_at(p * 4096, &pattern(round * 4096 + p, 4096), false)
                 .unwrap();

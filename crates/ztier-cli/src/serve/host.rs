@@ -153,10 +153,11 @@ impl Hosted {
         let path = dir.join(format!("{}.sock", device.name()));
         let listener = bind_private(&path, self.socket_mode, &self.files)
             .with_context(|| format!("device {}'s vhost-user-blk socket", device.name()))?;
+        let spec = device.spec();
         let config = ztier_vhost::DeviceConfig {
             num_queues: self.vhost_queues,
-            read_only: device.spec().read_only,
-            serial: device.spec().serial().to_string(),
+            read_only: spec.read_only,
+            serial: spec.serial().to_string(),
             ..ztier_vhost::DeviceConfig::default()
         };
         let server = ztier_vhost::Server::new(device.block_device(), config)
@@ -375,17 +376,17 @@ impl Hosted {
         let mut text = String::new();
         for d in self.host.devices() {
             let (nbd, vmm) = self.holders(d.name());
-            let m = d.device().mm_stat();
+            let (m, spec) = (d.device().mm_stat(), d.spec());
             text += &format!(
                 "{} size={} compressor={} mem_used_total={} orig_data_size={} mem_limit={} \
                  mem_low={} nbd_connections={nbd} vmm={}\n",
                 d.name(),
-                d.spec().size,
-                d.spec().compressor,
+                spec.size,
+                spec.compressor,
                 m.mem_used_total,
                 m.orig_data_size,
-                d.spec().mem_limit,
-                d.spec().mem_low,
+                spec.mem_limit,
+                spec.mem_low,
                 if vmm { "attached" } else { "none" }
             );
         }
@@ -441,12 +442,13 @@ impl Hosted {
 
     /// A device and where its clients find it.
     fn where_served(&self, d: &HostDevice) -> String {
+        let spec = d.spec();
         let mut at = vec![format!(
             "{} ({} bytes, {} on {})",
             d.name(),
-            d.spec().size,
-            d.spec().compressor,
-            d.spec().allocator
+            spec.size,
+            spec.compressor,
+            spec.allocator
         )];
         if self.nbd.is_some() {
             at.push(format!("NBD export {}", d.name()));
@@ -735,6 +737,11 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
     Ok(0)
 }
 
+/// An export's description, as `NBD_OPT_INFO` and `NBD_OPT_LIST` give it.
+fn description(spec: &DeviceSpec) -> String {
+    format!("ztier zram, {} on {}", spec.compressor, spec.allocator)
+}
+
 /// The host's devices as NBD exports, by name; each export's counters kept while its
 /// device lives (a connection's and the next one's count together). A device being
 /// destroyed is closed first: no export of it is opened from then on.
@@ -798,13 +805,10 @@ impl ztier_nbd::Exports for HostExports {
         let d = self.host.get(name)?;
         let stats = Arc::clone(s.counters.entry(name.to_string()).or_default());
         drop(s);
+        let spec = d.spec();
         let mut export = ztier_nbd::Export::new(name, d.block_device())
-            .with_description(format!(
-                "ztier zram, {} on {}",
-                d.spec().compressor,
-                d.spec().allocator
-            ))
-            .with_read_only(d.spec().read_only);
+            .with_description(description(&spec))
+            .with_read_only(spec.read_only);
         export.stats = stats;
         Some(export)
     }
@@ -813,16 +817,7 @@ impl ztier_nbd::Exports for HostExports {
         self.host
             .devices()
             .iter()
-            .map(|d| {
-                (
-                    d.name().to_string(),
-                    format!(
-                        "ztier zram, {} on {}",
-                        d.spec().compressor,
-                        d.spec().allocator
-                    ),
-                )
-            })
+            .map(|d| (d.name().to_string(), description(&d.spec())))
             .collect()
     }
 }

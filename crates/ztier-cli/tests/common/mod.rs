@@ -111,6 +111,20 @@ pub fn ctl(socket: &Path, words: &[&str]) -> Output {
         .unwrap()
 }
 
+/// A client of export `name` of the server whose data socket is `nbd`.
+pub fn export(nbd: &Path, name: &str) -> ztier_blockdev::Result<ztier_nbd::Client> {
+    let uri: ztier_nbd::Uri = format!("nbd+unix:///{name}?socket={}", nbd.display())
+        .parse()
+        .unwrap();
+    ztier_nbd::Client::connect(&uri)
+}
+
+/// A command's stdout, once it succeeded (else its output is the failure).
+pub fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// A command's stdout and stderr together, as text.
 pub fn text(o: &Output) -> String {
     format!(
