@@ -17,6 +17,9 @@
 //!   jumps between phases), run with the corpus resident, at a sweep of fixed budgets and
 //!   with a budget that sizes itself from a stall target, judged against the best fixed
 //!   budget chosen with hindsight.
+//! - [`sweep`]: the runs one `ztier bench` asks for over a corpus (allocators × compressors ×
+//!   layouts × thread counts, or a trace per allocator and compressor), made one by one as a
+//!   caller asks, and the verdict on them against the kernel's figures.
 //! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
 //!   discards, the idle marks, writeback and recompression of idle pages), or through zswap
 //!   (swap-outs, swap-ins, frees, its pool limit and shrinker), memory after each.
@@ -30,6 +33,7 @@
 pub mod driver;
 pub mod swap_alloc;
 pub mod swap_bench;
+pub mod sweep;
 pub mod trace;
 pub mod uffd;
 pub mod uffd_lookups;
@@ -130,6 +134,22 @@ pub enum ReplayError {
     SwapInconsistent(ztier_swap::Inconsistency),
     #[error("{0}")]
     Pool(#[from] ztier_pool::PoolError),
+    /// A sweep given none of something it runs over.
+    #[error("a sweep needs one of its {what} at least")]
+    EmptySweep { what: &'static str },
+    /// The file a sweep writes idle pages back to could not be opened or sized.
+    #[error("the writeback file {}: {source}", path.display())]
+    WritebackFile {
+        path: std::path::PathBuf,
+        source: ztier_blockdev::BlockError,
+    },
+    /// Runs whose figures differ from the kernel's where they are compared, named
+    /// (`CORPUS COMPRESSOR N threads`).
+    #[error("different from {reference}: {}", runs.join("; "))]
+    DifferentFromKernel {
+        reference: &'static str,
+        runs: Vec<String>,
+    },
     #[error("{0}")]
     Swap(#[from] ztier_swap::SwapError),
     #[error("{0}")]

@@ -1,18 +1,18 @@
 //! `ztier bench` (and `ztier bench zram`): every corpus written to a zram device, read back
 //! and verified, `mm_stat` after each step beside the kernel zram's (`ztier_replay::zram`);
-//! a sweep of allocators, compressors, chain sizes and thread counts in one table and
-//! picture; or, with `--trace`, a capture over time replayed epoch by epoch with the idle
+//! a sweep of allocators, compressors, chain sizes and thread counts (`ztier_replay::sweep`)
+//! in one table and picture; or, with `--trace`, a capture over time replayed epoch by epoch with the idle
 //! policy (`ztier_replay::trace`); or, with `--unit-size`, each corpus stored in compression
 //! units of each size (`ztier_replay::units`). Flags in, reports out.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Args;
 use ztier_compress::Algorithm;
-use ztier_replay::trace::{TraceReplay, TraceRun};
-use ztier_replay::zram::{WritebackTarget, ZramReplay, ZramRun};
-use ztier_zram::MmStat;
+use ztier_replay::sweep::{Sweep, WritebackPlan, WritebackStore, ZramSweep};
+use ztier_replay::trace::TraceRun;
+use ztier_replay::zram::ZramRun;
 
 use super::shared::{
     emit, mib, print_epoch_head, print_epoch_row, print_field, print_speeds, print_verdict,
@@ -112,40 +112,14 @@ fn run_zram(
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
+    let sweep = sweep(args, layout)?;
     let mut runs = Vec::new();
-    let layouts = layouts(args, layout)?;
     for path in paths {
         let corpus = args.replay.load(path)?;
-        let truth = corpus.truth::<MmStat>().context("reading the truth file")?;
-        let writeback = writeback_target(args, corpus.pages() as u64)?;
-        for &allocator in args.pool.allocator.kinds() {
-            for algorithm in &args.replay.compressors {
-                // Chain sizes are zsmalloc's: other allocators run the first layout only.
-                let layouts = if allocator == ztier_pool::AllocatorKind::Zsmalloc {
-                    &layouts[..]
-                } else {
-                    &layouts[..1]
-                };
-                for (&layout, &threads) in layouts
-                    .iter()
-                    .flat_map(|l| args.pool.threads.iter().map(move |t| (l, t)))
-                {
-                    let replay = ZramReplay {
-                        allocator,
-                        layout,
-                        algorithm: algorithm.clone(),
-                        threads,
-                        discard_odd: args.discard_odd,
-                        allocator_stats: args.stats || args.plot.is_some(),
-                        progress: !args.replay.json,
-                        recompress: args.recompress.clone(),
-                        writeback: writeback.clone(),
-                    };
-                    let run = replay.run(&corpus, truth.as_ref())?;
-                    emit(args.replay.json, &run, print_run)?;
-                    runs.push(run);
-                }
-            }
+        for run in sweep.runs(&corpus)? {
+            let run = run?;
+            emit(args.replay.json, &run, print_run)?;
+            runs.push(run);
         }
     }
     if !args.replay.json && runs.len() > 1 {
@@ -161,18 +135,24 @@ fn run_zram(
             println!("drawn: {}", svg.display());
         }
     }
-    let different: Vec<String> = runs
-        .iter()
-        .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
-        .map(|r| format!("{} {} {} threads", r.corpus, r.compressor, r.threads))
-        .collect();
-    if !different.is_empty() {
-        bail!(
-            "different from the kernel's figures: {}",
-            different.join("; ")
-        );
-    }
-    Ok(())
+    Ok(ztier_replay::sweep::zram_verdict(&runs)?)
+}
+
+/// The sweep the flags ask for.
+fn sweep(args: &ZramArgs, layout: ztier_pool::ZsConfig) -> anyhow::Result<ZramSweep> {
+    Ok(ZramSweep {
+        sweep: Sweep {
+            allocators: args.pool.allocator.kinds().to_vec(),
+            compressors: args.replay.compressors.clone(),
+            layouts: Sweep::layouts(layout, &args.chain_sizes)?,
+            threads: args.pool.threads.clone(),
+            progress: !args.replay.json,
+        },
+        discard_odd: args.discard_odd,
+        allocator_stats: args.stats || args.plot.is_some(),
+        recompress: args.recompress.clone(),
+        writeback: writeback_plan(args)?,
+    })
 }
 
 /// `--unit-size`: every corpus × compressor × unit size, one table.
@@ -236,52 +216,21 @@ fn print_unit_run(r: &ztier_replay::units::UnitRun) {
     );
 }
 
-/// The pool layouts of a sweep: `--chain-sizes`, else the one `--chain-size`.
-fn layouts(
-    args: &ZramArgs,
-    layout: ztier_pool::ZsConfig,
-) -> anyhow::Result<Vec<ztier_pool::ZsConfig>> {
-    if args.chain_sizes.is_empty() {
-        return Ok(vec![layout]);
-    }
-    args.chain_sizes
-        .iter()
-        .map(|&chain| {
-            let l = ztier_pool::ZsConfig {
-                chain_size: chain as usize,
-                ..layout
-            };
-            l.validate().map_err(anyhow::Error::msg)?;
-            Ok(l)
-        })
-        .collect()
-}
-
 /// `--trace`: each corpus's trace through zram, for every allocator and compressor.
 fn run_trace(
     args: &ZramArgs,
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
+    let sweep = sweep(args, layout)?;
     let mut runs = Vec::new();
     for path in paths {
         let corpus = args.replay.load(path)?;
         let trace = read_trace(path)?;
-        let writeback = writeback_target(args, corpus.pages() as u64)?;
-        for &allocator in args.pool.allocator.kinds() {
-            for algorithm in &args.replay.compressors {
-                let replay = TraceReplay {
-                    allocator,
-                    layout,
-                    algorithm: algorithm.clone(),
-                    recompress: args.recompress.clone(),
-                    writeback: writeback.clone(),
-                    idle_epochs: args.idle_epochs,
-                };
-                let run = replay.run(&corpus, &trace)?;
-                emit(args.replay.json, &run, print_trace_run)?;
-                runs.push(serde_json::to_value(&run)?);
-            }
+        for run in sweep.traces(&corpus, &trace, args.idle_epochs)? {
+            let run = run?;
+            emit(args.replay.json, &run, print_trace_run)?;
+            runs.push(serde_json::to_value(&run)?);
         }
     }
     if let Some(svg) = &args.plot {
@@ -348,31 +297,24 @@ fn print_trace_run(r: &TraceRun) {
     println!();
 }
 
-/// The store `--writeback-file` or `--writeback-nbd` names, for a corpus of `pages` pages.
-fn writeback_target(args: &ZramArgs, pages: u64) -> anyhow::Result<Option<WritebackTarget>> {
-    let store: std::sync::Arc<dyn ztier_blockdev::BlockDevice> =
-        if let Some(path) = &args.writeback_file {
-            let bytes = ztier_zram::Backing::size_for(pages * ztier_swap::SLOT_BYTES);
-            let dev = ztier_blockdev::file::FileDevice::open(path, bytes)
-                .with_context(|| format!("opening the writeback file {}", path.display()))?;
-            std::sync::Arc::new(dev)
-        } else if let Some(uri) = &args.writeback_nbd {
-            std::sync::Arc::new(
-                ztier_nbd::Client::connect(uri)
-                    .with_context(|| format!("connecting to the writeback export {uri}"))?,
-            )
-        } else {
-            return Ok(None);
-        };
-    let name = match (&args.writeback_file, &args.writeback_nbd) {
-        (Some(p), _) => format!("file:{}", p.display()),
-        (_, Some(u)) => u.to_string(),
-        _ => unreachable!("one of them is set"),
+/// The store `--writeback-file` or `--writeback-nbd` names (an export connected to here:
+/// the CLI wires front ends to engines).
+fn writeback_plan(args: &ZramArgs) -> anyhow::Result<Option<WritebackPlan>> {
+    let store = if let Some(path) = &args.writeback_file {
+        WritebackStore::File(path.clone())
+    } else if let Some(uri) = &args.writeback_nbd {
+        let client = ztier_nbd::Client::connect(uri)
+            .with_context(|| format!("connecting to the writeback export {uri}"))?;
+        WritebackStore::Device {
+            store: std::sync::Arc::new(client),
+            name: uri.to_string(),
+        }
+    } else {
+        return Ok(None);
     };
-    Ok(Some(WritebackTarget {
+    Ok(Some(WritebackPlan {
         store,
         format: args.writeback_format,
-        name,
     }))
 }
 

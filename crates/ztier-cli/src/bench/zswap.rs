@@ -5,10 +5,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
 use clap::Args;
-use ztier_replay::trace::{ZswapTraceReplay, ZswapTraceRun};
-use ztier_replay::zswap::{ZswapReplay, ZswapRun};
+use ztier_replay::sweep::{Sweep, ZswapSweep};
+use ztier_replay::trace::ZswapTraceRun;
+use ztier_replay::zswap::ZswapRun;
 
 use super::shared::{
     emit, mib, print_epoch_head, print_epoch_row, print_field, print_speeds, print_verdict,
@@ -58,24 +58,29 @@ fn run_trace(
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
+    let sweep = sweep(args, layout);
+    let ram_bytes = args.ram.unwrap_or_else(ztier_pool::physical_memory_bytes);
     for path in paths {
         let corpus = args.replay.load(path)?;
         let trace = read_trace(path)?;
-        for &allocator in args.pool.allocator.kinds() {
-            for algorithm in &args.replay.compressors {
-                let replay = ZswapTraceReplay {
-                    allocator,
-                    layout,
-                    algorithm: algorithm.clone(),
-                    ram_bytes: args.ram.unwrap_or_else(ztier_pool::physical_memory_bytes),
-                    max_pool_percent: args.max_pool_percent,
-                };
-                let run = replay.run(&corpus, &trace)?;
-                emit(args.replay.json, &run, print_zswap_trace_run)?;
-            }
+        for run in sweep.traces(&corpus, &trace, ram_bytes, args.max_pool_percent)? {
+            emit(args.replay.json, &run?, print_zswap_trace_run)?;
         }
     }
     Ok(())
+}
+
+/// The sweep the flags ask for.
+fn sweep(args: &ZswapArgs, layout: ztier_pool::ZsConfig) -> ZswapSweep {
+    ZswapSweep {
+        sweep: Sweep {
+            allocators: args.pool.allocator.kinds().to_vec(),
+            compressors: args.replay.compressors.clone(),
+            layouts: vec![layout],
+            threads: args.pool.threads.clone(),
+            progress: !args.replay.json,
+        },
+    }
 }
 
 fn print_zswap_trace_run(r: &ZswapTraceRun) {
@@ -124,46 +129,28 @@ fn run_zswap(
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
-    let mut different = Vec::new();
+    let sweep = sweep(args, layout);
+    let mut runs: Vec<ZswapRun> = Vec::new();
     for path in paths {
         let corpus = args.replay.load(path)?;
-        for &allocator in args.pool.allocator.kinds() {
-            for algorithm in &args.replay.compressors {
-                let truth = corpus
-                    .zswap_truth(algorithm.kind.name())
-                    .context("reading zswap-truth.json")?;
-                let mut runs = Vec::new();
-                for &threads in &args.pool.threads {
-                    let replay = ZswapReplay {
-                        allocator,
-                        layout,
-                        algorithm: algorithm.clone(),
-                        threads,
-                        progress: !args.replay.json,
-                    };
-                    let run = replay.run(&corpus, truth.as_ref())?;
-                    emit(args.replay.json, &run, print_zswap_run)?;
-                    if run.kernel.as_ref().is_some_and(|k| !k.equal) {
-                        different.push(format!(
-                            "{} {} {} threads",
-                            run.corpus, run.compressor, threads
-                        ));
-                    }
-                    runs.push(run);
-                }
-                if !args.replay.json {
-                    print_zswap_scaling(&runs);
-                }
+        // The runs of one allocator and compressor (its thread counts) come together: their
+        // scaling is printed once the next group starts, or the corpus ends.
+        let mut group = runs.len();
+        for run in sweep.runs(&corpus)? {
+            let run = run?;
+            let last = runs.last().filter(|_| group < runs.len());
+            if last
+                .is_some_and(|l| (l.allocator, &l.compressor) != (run.allocator, &run.compressor))
+            {
+                print_zswap_scaling(args.replay.json, &runs[group..]);
+                group = runs.len();
             }
+            emit(args.replay.json, &run, print_zswap_run)?;
+            runs.push(run);
         }
+        print_zswap_scaling(args.replay.json, &runs[group..]);
     }
-    if !different.is_empty() {
-        bail!(
-            "different from the kernel zswap's figures: {}",
-            different.join("; ")
-        );
-    }
-    Ok(())
+    Ok(ztier_replay::sweep::zswap_verdict(&runs)?)
 }
 
 fn print_zswap_run(r: &ZswapRun) {
@@ -225,8 +212,8 @@ fn print_zswap_run(r: &ZswapRun) {
 /// reads and swap-in on the same pages: a load that frees its object (zswap's, in batches;
 /// zram's swap-in, one at a time) meets the frees' cost and the lines they write, which
 /// zram's plain reads do not. Text only (`--json` has each run's figures).
-fn print_zswap_scaling(runs: &[ZswapRun]) {
-    let Some((first, rest)) = runs.split_first() else {
+fn print_zswap_scaling(json: bool, runs: &[ZswapRun]) {
+    let Some((first, rest)) = runs.split_first().filter(|_| !json) else {
         return;
     };
     for r in rest {

@@ -1,0 +1,378 @@
+//! Sweeps: the runs one `ztier bench` asks for over one corpus, in the order they are made,
+//! each handed to the caller as it finishes (so a report is printed while the next run
+//! goes), and the verdict on them all against the kernel's figures.
+//!
+//! A sweep is every allocator × compressor × pool layout × thread count. Chain sizes are
+//! zsmalloc's: another allocator runs the first layout only. A trace is replayed once per
+//! allocator × compressor, on the first layout, one thread. zswap runs one layout; its thread
+//! counts for one allocator and compressor come one after another, the first count first (a
+//! reader sets each count's figures against the first's).
+//!
+//! The runs are made lazily: an iterator's `next` is one whole replay. Nothing here prints.
+
+use std::sync::Arc;
+
+use ztier_blockdev::BlockDevice;
+use ztier_compress::Algorithm;
+use ztier_corpus::trace::Trace;
+use ztier_corpus::Corpus;
+use ztier_pool::{AllocatorKind, PoolError, ZsConfig};
+use ztier_zram::{Backing, MmStat, WbFormat};
+
+use crate::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
+use crate::zram::{WritebackTarget, ZramReplay, ZramRun};
+use crate::zswap::{ZswapReplay, ZswapRun};
+use crate::{ReplayError, Result};
+
+/// What a sweep spans.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub allocators: Vec<AllocatorKind>,
+    pub compressors: Vec<Algorithm>,
+    /// The pool layouts, the first the one every allocator runs (see [`Sweep::layouts`]).
+    pub layouts: Vec<ZsConfig>,
+    pub threads: Vec<u16>,
+    /// Draw progress bars on a terminal.
+    pub progress: bool,
+}
+
+/// One run of a sweep.
+#[derive(Debug, Clone)]
+struct Point {
+    allocator: AllocatorKind,
+    layout: ZsConfig,
+    algorithm: Algorithm,
+    threads: u16,
+}
+
+impl Sweep {
+    /// `layout`, or `layout` with each of `chain_sizes` in place of its own chain size; each
+    /// checked.
+    pub fn layouts(layout: ZsConfig, chain_sizes: &[u8]) -> Result<Vec<ZsConfig>> {
+        let layouts = if chain_sizes.is_empty() {
+            vec![layout]
+        } else {
+            chain_sizes
+                .iter()
+                .map(|&chain| ZsConfig {
+                    chain_size: usize::from(chain),
+                    ..layout
+                })
+                .collect()
+        };
+        for layout in &layouts {
+            layout.validate().map_err(PoolError::from)?;
+        }
+        Ok(layouts)
+    }
+
+    /// The first layout: the one every allocator runs.
+    fn first_layout(&self) -> Result<ZsConfig> {
+        let layout = *self.layouts.first().ok_or(ReplayError::EmptySweep {
+            what: "pool layouts",
+        })?;
+        layout.validate().map_err(PoolError::from)?;
+        Ok(layout)
+    }
+
+    /// Every run, in order: allocator, then compressor, then layout, then thread count.
+    fn points(&self) -> Result<Vec<Point>> {
+        self.first_layout()?;
+        let mut points = Vec::new();
+        for &allocator in &self.allocators {
+            let layouts = if allocator == AllocatorKind::Zsmalloc {
+                &self.layouts[..]
+            } else {
+                &self.layouts[..1]
+            };
+            for algorithm in &self.compressors {
+                for &layout in layouts {
+                    for &threads in &self.threads {
+                        points.push(Point {
+                            allocator,
+                            layout,
+                            algorithm: algorithm.clone(),
+                            threads,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(points)
+    }
+
+    /// Every allocator × compressor, once each (a trace's runs).
+    fn pairs(&self) -> impl Iterator<Item = (AllocatorKind, Algorithm)> + '_ {
+        self.allocators.iter().flat_map(move |&allocator| {
+            self.compressors
+                .iter()
+                .map(move |algorithm| (allocator, algorithm.clone()))
+        })
+    }
+}
+
+/// Where a sweep's zram runs write idle pages back to.
+#[derive(Clone)]
+pub enum WritebackStore {
+    /// A file, made (sparse) or grown to fit each corpus.
+    File(std::path::PathBuf),
+    /// A block device already open (an NBD export, say), and what to call it in a report.
+    Device {
+        store: Arc<dyn BlockDevice>,
+        name: String,
+    },
+}
+
+impl std::fmt::Debug for WritebackStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WritebackStore::File(path) => write!(f, "file:{}", path.display()),
+            WritebackStore::Device { name, .. } => f.write_str(name),
+        }
+    }
+}
+
+/// The store and the layout of written-back pages.
+#[derive(Debug, Clone)]
+pub struct WritebackPlan {
+    pub store: WritebackStore,
+    pub format: WbFormat,
+}
+
+impl WritebackPlan {
+    /// The store opened for a corpus of `pages` pages.
+    pub fn target_for(&self, pages: u64) -> Result<WritebackTarget> {
+        let (store, name): (Arc<dyn BlockDevice>, String) = match &self.store {
+            WritebackStore::File(path) => {
+                let bytes = Backing::size_for(pages * ztier_swap::SLOT_BYTES);
+                let file =
+                    ztier_blockdev::file::FileDevice::open(path, bytes).map_err(|source| {
+                        ReplayError::WritebackFile {
+                            path: path.clone(),
+                            source,
+                        }
+                    })?;
+                (Arc::new(file), format!("file:{}", path.display()))
+            }
+            WritebackStore::Device { store, name } => (store.clone(), name.clone()),
+        };
+        Ok(WritebackTarget {
+            store,
+            format: self.format,
+            name,
+        })
+    }
+}
+
+/// A sweep through zram.
+#[derive(Debug, Clone)]
+pub struct ZramSweep {
+    pub sweep: Sweep,
+    /// After the write, discard every odd page, then compact.
+    pub discard_odd: bool,
+    /// Keep the allocator's table after the write.
+    pub allocator_stats: bool,
+    /// Recompress with this secondary algorithm after the write (and, with a trace, the
+    /// idle pages at each turn of the policy).
+    pub recompress: Option<Algorithm>,
+    /// Write idle pages back here.
+    pub writeback: Option<WritebackPlan>,
+}
+
+impl ZramSweep {
+    /// Every run over `corpus`, each replayed when asked for. The kernel's figures (the
+    /// corpus's truth file) and the writeback store are read and opened first.
+    pub fn runs<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+    ) -> Result<impl Iterator<Item = Result<ZramRun>> + 'a> {
+        let truth = corpus.truth::<MmStat>()?;
+        let writeback = self.writeback_for(corpus)?;
+        let points = self.sweep.points()?;
+        Ok(points.into_iter().map(move |p| {
+            ZramReplay {
+                allocator: p.allocator,
+                layout: p.layout,
+                algorithm: p.algorithm,
+                threads: p.threads,
+                discard_odd: self.discard_odd,
+                allocator_stats: self.allocator_stats,
+                progress: self.sweep.progress,
+                recompress: self.recompress.clone(),
+                writeback: writeback.clone(),
+            }
+            .run(corpus, truth.as_ref())
+        }))
+    }
+
+    /// `trace` over `corpus` once for every allocator × compressor, the policy every
+    /// `idle_epochs` epochs.
+    pub fn traces<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+        trace: &'a Trace,
+        idle_epochs: u32,
+    ) -> Result<impl Iterator<Item = Result<TraceRun>> + 'a> {
+        let layout = self.sweep.first_layout()?;
+        let writeback = self.writeback_for(corpus)?;
+        Ok(self.sweep.pairs().map(move |(allocator, algorithm)| {
+            TraceReplay {
+                allocator,
+                layout,
+                algorithm,
+                recompress: self.recompress.clone(),
+                writeback: writeback.clone(),
+                idle_epochs,
+            }
+            .run(corpus, trace)
+        }))
+    }
+
+    fn writeback_for(&self, corpus: &Corpus) -> Result<Option<WritebackTarget>> {
+        self.writeback
+            .as_ref()
+            .map(|plan| plan.target_for(corpus.pages() as u64))
+            .transpose()
+    }
+}
+
+/// A sweep through zswap (one layout: the first).
+#[derive(Debug, Clone)]
+pub struct ZswapSweep {
+    pub sweep: Sweep,
+}
+
+impl ZswapSweep {
+    /// Every run over `corpus`, each replayed when asked for, with the kernel zswap's
+    /// figures for its compressor where the corpus has them.
+    pub fn runs<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+    ) -> Result<impl Iterator<Item = Result<ZswapRun>> + 'a> {
+        let layout = self.sweep.first_layout()?;
+        let points = self
+            .sweep
+            .points()?
+            .into_iter()
+            .filter(move |p| p.layout == layout);
+        Ok(points.map(move |p| {
+            let truth = corpus.zswap_truth(p.algorithm.kind.name())?;
+            ZswapReplay {
+                allocator: p.allocator,
+                layout: p.layout,
+                algorithm: p.algorithm,
+                threads: p.threads,
+                progress: self.sweep.progress,
+            }
+            .run(corpus, truth.as_ref())
+        }))
+    }
+
+    /// `trace` over `corpus` once for every allocator × compressor, zswap's pool limit
+    /// `max_pool_percent` of `ram_bytes`.
+    pub fn traces<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+        trace: &'a Trace,
+        ram_bytes: u64,
+        max_pool_percent: u32,
+    ) -> Result<impl Iterator<Item = Result<ZswapTraceRun>> + 'a> {
+        let layout = self.sweep.first_layout()?;
+        Ok(self.sweep.pairs().map(move |(allocator, algorithm)| {
+            ZswapTraceReplay {
+                allocator,
+                layout,
+                algorithm,
+                ram_bytes,
+                max_pool_percent,
+            }
+            .run(corpus, trace)
+        }))
+    }
+}
+
+/// Ok when every zram run compared with the kernel's figures equals them; else the runs that
+/// do not, named.
+pub fn zram_verdict(runs: &[ZramRun]) -> Result<()> {
+    verdict(
+        "the kernel's figures",
+        runs.iter()
+            .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
+            .map(|r| (&r.corpus, &r.compressor, r.threads)),
+    )
+}
+
+/// As [`zram_verdict`], for zswap runs against the kernel zswap's figures.
+pub fn zswap_verdict(runs: &[ZswapRun]) -> Result<()> {
+    verdict(
+        "the kernel zswap's figures",
+        runs.iter()
+            .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
+            .map(|r| (&r.corpus, &r.compressor, r.threads)),
+    )
+}
+
+fn verdict<'a>(
+    reference: &'static str,
+    differing: impl Iterator<Item = (&'a String, &'a String, u16)>,
+) -> Result<()> {
+    let runs: Vec<String> = differing
+        .map(|(corpus, compressor, threads)| format!("{corpus} {compressor} {threads} threads"))
+        .collect();
+    if runs.is_empty() {
+        Ok(())
+    } else {
+        Err(ReplayError::DifferentFromKernel { reference, runs })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sweep(chain_sizes: &[u8]) -> Sweep {
+        Sweep {
+            allocators: AllocatorKind::ALL.to_vec(),
+            compressors: vec!["lz4".parse().unwrap(), "zstd".parse().unwrap()],
+            layouts: Sweep::layouts(ZsConfig::default(), chain_sizes).unwrap(),
+            threads: vec![1, 2],
+            progress: false,
+        }
+    }
+
+    #[test]
+    fn chain_sizes_are_zsmallocs_alone() {
+        let s = sweep(&[4, 8, 16]);
+        let points = s.points().unwrap();
+        let zsmalloc = points
+            .iter()
+            .filter(|p| p.allocator == AllocatorKind::Zsmalloc)
+            .count();
+        assert_eq!(zsmalloc, 2 * 3 * 2, "compressors × chain sizes × threads");
+        for p in points
+            .iter()
+            .filter(|p| p.allocator != AllocatorKind::Zsmalloc)
+        {
+            assert_eq!(p.layout.chain_size, 4, "the first layout only");
+        }
+        let others = AllocatorKind::ALL.len() - 1;
+        assert_eq!(points.len(), 12 + others * 2 * 2);
+        // Thread counts of one allocator, compressor and layout come together, first first.
+        assert_eq!(points[0].threads, 1);
+        assert_eq!(points[1].threads, 2);
+        assert_eq!(points[0].layout, points[1].layout);
+    }
+
+    #[test]
+    fn a_chain_size_out_of_range_is_refused() {
+        let refused = Sweep::layouts(ZsConfig::default(), &[4, 17]);
+        assert!(matches!(refused, Err(ReplayError::Pool(_))), "{refused:?}");
+    }
+
+    #[test]
+    fn a_sweep_without_layouts_is_refused() {
+        let mut s = sweep(&[]);
+        s.layouts.clear();
+        assert!(matches!(s.points(), Err(ReplayError::EmptySweep { .. })));
+    }
+}
