@@ -6,7 +6,8 @@
 //! zsmalloc's: another allocator runs the first layout only. A trace is replayed once per
 //! allocator × compressor, on the first layout, one thread. zswap runs one layout; its thread
 //! counts for one allocator and compressor come one after another, the first count first (a
-//! reader sets each count's figures against the first's).
+//! reader sets each count's figures against the first's). Compression units: every
+//! compressor × unit size.
 //!
 //! The runs are made lazily: an iterator's `next` is one whole replay. Nothing here prints.
 
@@ -20,6 +21,7 @@ use ztier_pool::{AllocatorKind, PoolError, ZsConfig};
 use ztier_zram::{Backing, MmStat, WbFormat};
 
 use crate::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
+use crate::units::{UnitReplay, UnitRun};
 use crate::zram::{WritebackTarget, ZramReplay, ZramRun};
 use crate::zswap::{ZswapReplay, ZswapRun};
 use crate::{ReplayError, Result};
@@ -288,6 +290,34 @@ impl ZswapSweep {
             }
             .run(corpus, trace)
         }))
+    }
+}
+
+/// Every compressor × unit size over a corpus, on zsmalloc, one thread (see [`crate::units`]).
+#[derive(Debug, Clone)]
+pub struct UnitSweep {
+    pub layout: ZsConfig,
+    pub compressors: Vec<Algorithm>,
+    /// Bytes per unit, each run in turn.
+    pub unit_sizes: Vec<usize>,
+    /// Random page reads timed one by one in each run.
+    pub random_reads: usize,
+}
+
+impl UnitSweep {
+    /// Every run over `corpus`, each made when asked for.
+    pub fn runs<'a>(&'a self, corpus: &'a Corpus) -> impl Iterator<Item = Result<UnitRun>> + 'a {
+        self.compressors.iter().flat_map(move |algorithm| {
+            self.unit_sizes.iter().map(move |&unit_size| {
+                UnitReplay {
+                    layout: self.layout,
+                    algorithm: algorithm.clone(),
+                    unit_size,
+                    random_reads: self.random_reads,
+                }
+                .run(corpus)
+            })
+        })
     }
 }
 

@@ -179,19 +179,20 @@ fn run_units(
             "p99_us"
         );
     }
+    let sweep = ztier_replay::sweep::UnitSweep {
+        layout,
+        compressors: args.replay.compressors.clone(),
+        unit_sizes: args
+            .unit_size
+            .iter()
+            .map(|&size| usize::try_from(size))
+            .collect::<Result<_, _>>()?,
+        random_reads: args.random_reads,
+    };
     for path in paths {
         let corpus = args.replay.load(path)?;
-        for algorithm in &args.replay.compressors {
-            for &unit_size in &args.unit_size {
-                let replay = ztier_replay::units::UnitReplay {
-                    layout,
-                    algorithm: algorithm.clone(),
-                    unit_size: usize::try_from(unit_size)?,
-                    random_reads: args.random_reads,
-                };
-                let run = replay.run(&corpus)?;
-                emit(args.replay.json, &run, print_unit_run)?;
-            }
+        for run in sweep.runs(&corpus) {
+            emit(args.replay.json, &run?, print_unit_run)?;
         }
     }
     Ok(())
