@@ -18,6 +18,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use serde::Serialize;
+use ztier_base::rng::Rng;
 use ztier_blockdev::file::FileDevice;
 use ztier_swap::lockstat::LockReport;
 use ztier_swap::{Config, Device, DeviceStats, ListPolicy, Mode, SwapError, SLOT_BYTES};
@@ -150,21 +151,6 @@ impl Held {
     }
 }
 
-/// xorshift64*: small, fast, the same sequence for the same seed.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 impl SwapAllocBench {
     pub fn run(&self) -> Result<SwapAllocReport> {
         if self.threads == 0 || self.ops == 0 {
@@ -279,7 +265,7 @@ fn backing_path(dir: &Path, mode: Mode, threads: usize) -> PathBuf {
 
 /// One thread's operations; returns what it still holds.
 fn thread_ops(dev: &Device, workload: Workload, ops: u64, share: u64, seed: u64) -> Held {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut held = Held {
         slots: Vec::with_capacity(share as usize + 64),
         runs: Vec::new(),

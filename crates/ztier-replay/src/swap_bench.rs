@@ -22,9 +22,9 @@ use ztier_swap::lockstat::LockReport;
 use ztier_swap::{Config as SwapConfig, Device, Mode};
 use ztier_zswap::{Cache, Config, ZswapStats};
 
-use crate::swap_alloc::Rng;
 use crate::zswap::zswap_err;
 use crate::{ReplayError, Result};
+use ztier_base::rng::Rng;
 
 /// One run's settings.
 #[derive(Debug, Clone)]
@@ -255,7 +255,7 @@ fn thread_ops(
         mine,
     };
     let mut t = Tally::default();
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut buf = vec![0u8; ztier_swap::SLOT_BYTES as usize];
     for op in 0..ops {
         let swap_out = !p.resident.is_empty() && (p.out.is_empty() || rng.below(100) < 55);
