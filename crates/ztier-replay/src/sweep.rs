@@ -7,7 +7,8 @@
 //! allocator × compressor, on the first layout, one thread. zswap runs one layout; its thread
 //! counts for one allocator and compressor come one after another, the first count first (a
 //! reader sets each count's figures against the first's). Compression units: every
-//! compressor × unit size.
+//! compressor × unit size. A region: every compressor with clean pages kept and not, after
+//! the kernel's own path for the corpus, measured once.
 //!
 //! The runs are made lazily: an iterator's `next` is one whole replay. Nothing here prints.
 
@@ -21,6 +22,7 @@ use ztier_pool::{AllocatorKind, PoolError, ZsConfig};
 use ztier_zram::{Backing, MmStat, WbFormat};
 
 use crate::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
+use crate::uffd::{kernel_path, UffdReplay, UffdRun};
 use crate::units::{UnitReplay, UnitRun};
 use crate::zram::{WritebackTarget, ZramReplay, ZramRun};
 use crate::zswap::{ZswapReplay, ZswapRun};
@@ -318,6 +320,40 @@ impl UnitSweep {
                 .run(corpus)
             })
         })
+    }
+}
+
+/// Every compressor through a userfaultfd region, with clean pages kept and not, beside the
+/// kernel's own path for the corpus (see [`crate::uffd`]).
+#[derive(Debug, Clone)]
+pub struct UffdSweep {
+    pub compressors: Vec<Algorithm>,
+    /// The region's RAM budget, a share of its size (over 0, up to 1).
+    pub budget_share: f64,
+    /// The fault thread at idle priority.
+    pub idle_priority: bool,
+    /// The fault thread asks for a CPU latency bound while it serves.
+    pub cpu_latency_qos: bool,
+}
+
+impl UffdSweep {
+    /// Every run over `corpus`, each made when asked for; the kernel's path for the corpus
+    /// is measured first, once.
+    pub fn runs<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+    ) -> Result<impl Iterator<Item = Result<UffdRun>> + 'a> {
+        let kernel = kernel_path(corpus)?;
+        let runs = self.compressors.iter().flat_map(|algorithm| {
+            [true, false].map(|clean_pages| UffdReplay {
+                algorithm: algorithm.clone(),
+                budget_share: self.budget_share,
+                clean_pages,
+                idle_priority: self.idle_priority,
+                cpu_latency_qos: self.cpu_latency_qos,
+            })
+        });
+        Ok(runs.map(move |replay| replay.run(corpus, &kernel)))
     }
 }
 

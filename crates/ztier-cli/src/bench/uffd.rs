@@ -5,7 +5,8 @@
 //! (`ztier_replay::uffd_lookups`). Flags in, reports out.
 
 use clap::Args;
-use ztier_replay::uffd::{kernel_path, UffdReplay, UffdRun};
+use ztier_replay::sweep::UffdSweep;
+use ztier_replay::uffd::UffdRun;
 use ztier_replay::uffd_lookups::{Budget, LookupJudgement, Lookups};
 
 use super::shared::{emit, ReplayArgs};
@@ -62,20 +63,16 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
     if let Some(seconds) = args.lookups {
         return run_lookups(args, seconds);
     }
+    let sweep = UffdSweep {
+        compressors: args.replay.compressors.clone(),
+        budget_share: args.budget,
+        idle_priority: !args.normal_priority,
+        cpu_latency_qos: !args.no_cpu_latency_qos,
+    };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
-        let kernel = kernel_path(&corpus)?;
-        for algorithm in &args.replay.compressors {
-            for clean_pages in [true, false] {
-                let replay = UffdReplay {
-                    algorithm: algorithm.clone(),
-                    budget_share: args.budget,
-                    clean_pages,
-                    idle_priority: !args.normal_priority,
-                    cpu_latency_qos: !args.no_cpu_latency_qos,
-                };
-                emit(args.replay.json, &replay.run(&corpus, &kernel)?, print_run)?;
-            }
+        for run in sweep.runs(&corpus)? {
+            emit(args.replay.json, &run?, print_run)?;
         }
     }
     Ok(())
