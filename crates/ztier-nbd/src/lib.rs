@@ -1,7 +1,7 @@
 //! NBD, the network block device protocol: [`proto`] (messages, for server and client),
 //! [`server`], which serves any [`ztier_blockdev::BlockDevice`], [`client`], which makes a
-//! remote export one, [`transport`] (the sockets both run over) and [`tls`]. It knows
-//! nothing of zram.
+//! remote export one, [`transport`] (the sockets both run over, and their bytes in the clear
+//! or TLS) and [`tls`] (what TLS is offered, and the certificates). It knows nothing of zram.
 #![forbid(unsafe_code)]
 
 mod buffers;
