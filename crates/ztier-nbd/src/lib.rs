@@ -12,7 +12,9 @@ pub mod server;
 pub mod tls;
 pub mod transport;
 
-pub use client::{BadUri, Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
+pub use client::{
+    BadUri, Client, ClientConfig, ClientTlsError, LinkState, LinkStatus, Uri, UriTls,
+};
 pub use server::{
     Export, ExportCounts, ExportStats, ExportTable, Exports, Listener, Peer, Server, ServerConfig,
     SingleExport, Stream,
