@@ -1,16 +1,19 @@
 //! Anonymous memory taken from the OS by the process itself: [`Mapping`], a private
 //! anonymous `mmap` owned by its value and unmapped at its drop, with its `madvise`s and
 //! `mincore`; and the calls over pages of such a mapping that their owner reaches by address
-//! rather than through the value ([`populate`], [`discard`], [`discard_runs`]). The page
-//! arena's 2 MiB chunks (ztier-pool) and the userfaultfd region's memory, landing pad and
-//! plain pages (ztier-uffd) are all `Mapping`s; what each does with its pages (the arena's
-//! free lists, the region's moves) stays in its own crate, built on these.
+//! rather than through the value ([`populate`], [`discard`], [`discard_runs`]); and
+//! [`MappedBytes`], a mapping used as a plain byte buffer. The page arena's 2 MiB chunks
+//! (ztier-pool), the userfaultfd region's memory, landing pad and plain pages (ztier-uffd)
+//! and the NBD server's payload buffers (ztier-nbd, as `MappedBytes`) are all `Mapping`s;
+//! what each does with its pages (the arena's free lists, the region's moves) stays in its
+//! own crate, built on these.
 //!
 //! Invariants: a mapping is unmapped exactly once, at its value's drop (all of it, or only
 //! the ranges its owner still holds: [`Mapping::unmap_only_at_drop`]), or never
 //! ([`Mapping::leak`]); every range a method hands the kernel lies inside the mapping
 //! (clamped or checked first). Nothing here forms a reference to a mapping's bytes but
-//! [`Mapping::slice`], whose caller answers for them; advice that keeps the bytes is safe,
+//! [`Mapping::slice`], whose caller answers for them, and [`MappedBytes`], whose mapping
+//! nothing else reaches; advice that keeps the bytes is safe,
 //! advice that drops them ([`Discard`]) is `unsafe`, since a reference into them would see
 //! them change. No locks (one process-wide flag: whether `process_madvise` works here).
 #![allow(unsafe_code)]
@@ -277,6 +280,46 @@ impl Drop for Mapping {
     }
 }
 
+/// An anonymous mapping used as a plain byte buffer, safely: its [`Mapping`] is its own and
+/// its address is never given out, so nothing reaches the bytes but through it (no
+/// userfaultfd watches them, nothing else drops or moves their pages) and it derefs to a
+/// byte slice. For a buffer that goes back to the OS at its drop, whatever an allocator
+/// would have kept.
+pub struct MappedBytes(Mapping);
+
+impl MappedBytes {
+    /// `len` bytes (more than zero), reading as zeros until written.
+    pub fn new(len: usize) -> Result<MappedBytes, MappingError> {
+        Mapping::anonymous(len).map(MappedBytes)
+    }
+}
+
+impl std::fmt::Debug for MappedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("MappedBytes").field(&self.0).finish()
+    }
+}
+
+impl std::ops::Deref for MappedBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the whole mapping, which lives as long as `self`; its address is never
+        // given out, so no userfaultfd watches it (a read never waits on anyone) and its
+        // bytes change only through `&mut self`, which this borrow excludes.
+        unsafe { self.0.slice(0, self.0.len()) }
+    }
+}
+
+impl std::ops::DerefMut for MappedBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the whole mapping, readable and writable, live as long as `self`; the
+        // exclusive borrow of `self` makes this the only reference to its bytes (their
+        // address is never given out), and no page of it is ever missing (no userfaultfd).
+        unsafe { std::slice::from_raw_parts_mut(self.0.ptr().as_ptr(), self.0.len()) }
+    }
+}
+
 /// Faults in the pages of `len` bytes from `start`, which read as zeros (untouched or
 /// discarded): one `MADV_POPULATE_WRITE` (Linux 5.14), else [`fault_in_by_writes`].
 ///
@@ -512,6 +555,19 @@ mod tests {
         assert!(matches!(e, MappingError::Map { len: 0, .. }), "{e}");
         assert!(e.to_string().starts_with("mmap of 0 bytes: "), "{e}");
         assert_eq!(io::Error::from(e).raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn mapped_bytes_start_as_zeros_and_keep_what_is_written() {
+        let ps = page_size();
+        let mut b = MappedBytes::new(3 * ps + 5).unwrap();
+        assert_eq!(b.len(), 3 * ps + 5);
+        assert!(b.iter().all(|&x| x == 0));
+        b[ps] = 7;
+        let last = b.len() - 1;
+        b[last] = 9;
+        assert_eq!((b[ps], b[last], b[0]), (7, 9, 0));
+        assert!(MappedBytes::new(0).is_err());
     }
 
     /// A mapping that unmaps only some ranges at its drop leaves the others mapped.

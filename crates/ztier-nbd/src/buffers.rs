@@ -1,8 +1,9 @@
 //! Payload buffers for one connection: a write's data on its way to the device, a read's on
 //! its way to the client.
 //!
-//! Each buffer is an anonymous mapping, reused for later requests of the connection and
-//! unmapped when the connection ends. Two costs go away that a fresh `vec![0; len]` per
+//! Each buffer is an anonymous mapping of its own (`ztier_base::mapping::MappedBytes`, the
+//! project's one owner of mappings, seen safely as bytes), reused for later requests of the
+//! connection and unmapped when the connection ends. Two costs go away that a fresh `vec![0; len]` per
 //! request paid: zeroing the buffer before the socket or the device fills it, and faulting
 //! in fresh pages (MEASUREMENTS.md has their share of the server's CPU). And because they
 //! are mappings, not heap memory, a finished connection's buffers go back to the OS whatever
@@ -19,7 +20,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use memmap2::MmapMut;
+use ztier_base::mapping::MappedBytes;
 
 /// The smallest mapping made: small requests share the size, so any buffer serves any of
 /// them (4 KiB random I/O reuses the same few).
@@ -73,13 +74,13 @@ pub(crate) struct Buffers {
 /// The mappings kept for reuse, and their bytes.
 #[derive(Default)]
 struct Free {
-    maps: Vec<MmapMut>,
+    maps: Vec<MappedBytes>,
     bytes: usize,
 }
 
 /// `len` bytes of a mapping taken from [`Buffers`]; give it back with [`Buffers::give`].
 pub(crate) struct Buffer {
-    map: Option<MmapMut>,
+    map: Option<MappedBytes>,
     len: usize,
 }
 
@@ -116,7 +117,7 @@ impl Buffers {
         };
         let map = match reused {
             Some(map) => map,
-            None => MmapMut::map_anon(len.next_power_of_two().max(MIN_MAP))?,
+            None => MappedBytes::new(mapped_len(len))?,
         };
         Ok(Buffer {
             map: Some(map),

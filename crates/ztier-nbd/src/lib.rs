@@ -1,7 +1,7 @@
 //! NBD, the network block device protocol: [`proto`] (messages, for server and client),
 //! [`server`], which serves any [`ztier_blockdev::BlockDevice`], [`client`], which makes a
-//! remote export one, [`transport`] (the sockets both run over) and [`tls`]. It knows
-//! nothing of zram.
+//! remote export one, [`transport`] (the sockets both run over, and their bytes in the clear
+//! or TLS) and [`tls`] (what TLS is offered, and the certificates). It knows nothing of zram.
 #![forbid(unsafe_code)]
 
 mod buffers;
@@ -12,7 +12,9 @@ pub mod server;
 pub mod tls;
 pub mod transport;
 
-pub use client::{BadUri, Client, ClientConfig, LinkState, LinkStatus, Uri, UriTls};
+pub use client::{
+    BadUri, Client, ClientConfig, ClientTlsError, LinkState, LinkStatus, Uri, UriTls,
+};
 pub use server::{
     Export, ExportCounts, ExportStats, ExportTable, Exports, Listener, Peer, Server, ServerConfig,
     SingleExport, Stream,

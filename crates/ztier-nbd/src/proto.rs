@@ -336,6 +336,22 @@ fn put_string(v: &mut Vec<u8>, s: &str) {
     v.extend(s.as_bytes());
 }
 
+/// The client's flags, its answer to the greeting: `NBD_FLAG_C_FIXED_NEWSTYLE`, and
+/// `NBD_FLAG_C_NO_ZEROES` if it takes the short export reply. A client without fixed newstyle,
+/// or with a flag not known here, is refused (the spec has the server close the connection).
+pub fn decode_client_flags(bytes: &[u8; 4]) -> Result<u32, Malformed> {
+    let flags = Cursor::new(bytes, "client flags").u32()?;
+    if flags & FLAG_C_FIXED_NEWSTYLE == 0
+        || flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
+    {
+        return Err(malformed(
+            "client flags",
+            format!("{flags:#x}: fixed newstyle, and no flag but no-zeroes, is what is served"),
+        ));
+    }
+    Ok(flags)
+}
+
 /// An option's header, after its IHAVEOPT magic: (option, data length).
 pub fn decode_option_header(bytes: &[u8; 16]) -> Result<(u32, u32), Malformed> {
     let mut c = Cursor::new(bytes, "option header");
@@ -528,6 +544,19 @@ mod tests {
         let mut bad = r.encode();
         bad[0] ^= 1;
         assert!(Request::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn client_flags_need_fixed_newstyle_and_nothing_unknown() {
+        let flags = |f: u32| decode_client_flags(&f.to_be_bytes());
+        assert_eq!(flags(FLAG_C_FIXED_NEWSTYLE), Ok(FLAG_C_FIXED_NEWSTYLE));
+        let both = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+        assert_eq!(flags(both), Ok(both));
+        for bad in [0, FLAG_C_NO_ZEROES, both | 1 << 2, 1 << 31] {
+            let e = flags(bad).unwrap_err();
+            assert_eq!(e.what, "client flags");
+            assert!(e.why.starts_with(&format!("{bad:#x}")), "{e}");
+        }
     }
 
     #[test]

@@ -87,8 +87,10 @@ use ztier_blockdev::{BlockDevice, BlockError};
 
 use crate::buffers::{mapped_len, Buffer, Buffers, KeptBytes};
 use crate::proto::{self, *};
-use crate::tls::{self, ServerTls, TlsMode, TlsReader, TlsWriter};
-use crate::transport::{accept_error_is_fatal, set_blocking, wait_for_client};
+use crate::tls::{ServerTls, TlsMode};
+use crate::transport::{
+    accept_error_is_fatal, set_blocking, wait_for_client, ReadHalf, Transport, WriteHalf,
+};
 pub use crate::transport::{Listener, Peer, Stream};
 
 /// How a server serves its exports.

@@ -1,7 +1,8 @@
 //! NBD over TLS (`NBD_OPT_STARTTLS`) between ztier's own ends: client and server together
 //! (the block-device conformance suite, reconnects), what `--tls require` refuses (plain
 //! clients, the wrong CA, the wrong name, a client with no certificate when peers are
-//! verified), the handshake deadline over a stalled or garbled TLS handshake, a reply
+//! verified), a certificate directory that cannot be read (a typed error that names it), the
+//! handshake deadline over a stalled or garbled TLS handshake, a reply
 //! blocked on a full socket, and the keys and certificates GnuTLS peers take. The
 //! ecosystem's tools (libnbd, nbdkit) are in `tls_tools.rs`; the certificates and the
 //! server both use, in `tests/common`.
@@ -14,10 +15,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ztier_blockdev::BlockDevice;
+use ztier_blockdev::{BlockDevice, BlockError};
 use ztier_nbd::client::{Client, ClientConfig, LinkState, Uri};
 use ztier_nbd::proto::*;
-use ztier_nbd::{Listener, Server, ServerConfig, ServerTls, TlsMode};
+use ztier_nbd::{ClientTlsError, Listener, Server, ServerConfig, ServerTls, TlsError, TlsMode};
 
 use common::*;
 
@@ -221,6 +222,31 @@ fn a_client_trusting_another_ca_is_refused_and_verify_peer_wants_a_client_certif
     assert!(Client::connect(&v.tls_uri(&c.server)).is_err());
     let client = Client::connect(&v.tls_uri(&c.client)).unwrap();
     client.write_at(0, &[1u8; 512], false).unwrap();
+}
+
+/// A certificate directory that cannot be read fails the connect before any socket is
+/// opened, as an invalid request whose cause is the typed TLS error: which URI, which file.
+#[test]
+fn a_missing_certificate_directory_is_a_typed_error_that_names_the_uri_and_the_file() {
+    let uri: Uri =
+        "nbds+unix:///disk?socket=/nonexistent/ztier.sock&tls-certificates=/nonexistent/ztier-pki"
+            .parse()
+            .unwrap();
+    let e = Client::connect(&uri)
+        .err()
+        .expect("no certificates to read");
+    let BlockError::Invalid(cause) = &e else {
+        panic!("not an invalid request: {e:?}")
+    };
+    let tls = cause
+        .downcast_ref::<ClientTlsError>()
+        .expect("the cause is the client's TLS error");
+    assert_eq!(tls.uri, uri);
+    assert!(
+        matches!(&tls.source, TlsError::Read { path, .. } if path.ends_with("ca-cert.pem")),
+        "{tls}"
+    );
+    assert!(e.to_string().contains("TLS for nbds+unix:///disk"), "{e}");
 }
 
 #[test]

@@ -12,8 +12,8 @@ use ztier_blockdev::BlockError;
 
 use super::uri::Target;
 use crate::proto::{self, *};
-use crate::tls::{self, ClientTls, TlsStream};
-use crate::transport::Stream;
+use crate::tls::ClientTls;
+use crate::transport::{Stream, Transport};
 
 /// Largest request sent when the server names no maximum (the spec's default, 32 MiB, is
 /// what servers accept; smaller keeps memory per request low).
@@ -29,36 +29,6 @@ pub struct ExportInfo {
     pub min_block: u32,
     pub preferred_block: u32,
     pub max_payload: u32,
-}
-
-/// The connection's byte stream: the socket, or TLS over it.
-pub(super) enum ClientStream {
-    Plain(Stream),
-    Tls(Box<TlsStream>),
-}
-
-impl Read for ClientStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            ClientStream::Plain(s) => s.read(buf),
-            ClientStream::Tls(t) => t.read(buf),
-        }
-    }
-}
-
-impl Write for ClientStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            ClientStream::Plain(s) => s.write(buf),
-            ClientStream::Tls(t) => t.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            ClientStream::Plain(s) => s.flush(),
-            ClientStream::Tls(t) => t.flush(),
-        }
-    }
 }
 
 pub(super) fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
@@ -122,12 +92,12 @@ pub(super) fn handshake(
     mut raw: Stream,
     export: &str,
     tls: Option<&ClientTls>,
-) -> io::Result<(ClientStream, ExportInfo)> {
+) -> io::Result<(Transport<Stream>, ExportInfo)> {
     let no_zeroes = greet(&mut raw)?;
-    let mut s = match tls {
-        Some(tls) => ClientStream::Tls(Box::new(start_tls(raw, tls)?)),
-        None => ClientStream::Plain(raw),
-    };
+    let mut s = Transport::plain(raw);
+    if let Some(tls) = tls {
+        start_tls(&mut s, tls)?;
+    }
     let info = go(&mut s, export, no_zeroes)?;
     Ok((s, info))
 }
@@ -136,10 +106,10 @@ pub(super) fn handshake(
 /// lists, then `NBD_OPT_ABORT`, the spec's polite goodbye.
 pub(super) fn list(mut raw: Stream, tls: Option<&ClientTls>) -> io::Result<Vec<ListEntry>> {
     greet(&mut raw)?;
-    let mut s = match tls {
-        Some(tls) => ClientStream::Tls(Box::new(start_tls(raw, tls)?)),
-        None => ClientStream::Plain(raw),
-    };
+    let mut s = Transport::plain(raw);
+    if let Some(tls) = tls {
+        start_tls(&mut s, tls)?;
+    }
     send_option(&mut s, OPT_LIST, &[])?;
     let mut exports = Vec::new();
     loop {
@@ -169,11 +139,11 @@ pub(super) fn list(mut raw: Stream, tls: Option<&ClientTls>) -> io::Result<Vec<L
 /// `NBD_OPT_STARTTLS` and the TLS handshake. A server that does not offer TLS is left with
 /// `NBD_OPT_ABORT` (the spec's soft disconnect) and refused: a client that asked for TLS
 /// never goes on in the clear.
-fn start_tls(mut raw: Stream, tls: &ClientTls) -> io::Result<TlsStream> {
-    send_option(&mut raw, OPT_STARTTLS, &[])?;
-    let (reply, data) = read_option_reply(&mut raw, OPT_STARTTLS)?;
+fn start_tls(s: &mut Transport<Stream>, tls: &ClientTls) -> io::Result<()> {
+    send_option(s, OPT_STARTTLS, &[])?;
+    let (reply, data) = read_option_reply(s, OPT_STARTTLS)?;
     if reply != REP_ACK {
-        let _ = send_option(&mut raw, OPT_ABORT, &[]);
+        let _ = send_option(s, OPT_ABORT, &[]);
         let msg = String::from_utf8_lossy(&data).into_owned();
         let what = match reply {
             REP_ERR_UNSUP | REP_ERR_POLICY => "the server does not offer TLS".to_string(),
@@ -186,12 +156,7 @@ fn start_tls(mut raw: Stream, tls: &ClientTls) -> io::Result<TlsStream> {
     }
     let conn = rustls::ClientConnection::new(Arc::clone(&tls.config), tls.name.clone())
         .map_err(|e| io_err("TLS", e))?;
-    let mut t = TlsStream {
-        conn: rustls::Connection::Client(conn),
-        sock: raw,
-    };
-    tls::handshake(&mut t.conn, &mut t.sock)?;
-    Ok(t)
+    s.start_tls(rustls::Connection::Client(conn))
 }
 
 /// The greeting and the client's flags; whether the server takes `NBD_FLAG_C_NO_ZEROES`.
@@ -213,7 +178,7 @@ fn greet(s: &mut Stream) -> io::Result<bool> {
 }
 
 /// `NBD_OPT_GO` with the export's name, asking for block sizes.
-fn go(s: &mut ClientStream, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
+fn go(s: &mut Transport<Stream>, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
     let mut data = (export.len() as u32).to_be_bytes().to_vec();
     data.extend(export.as_bytes());
     data.extend(1u16.to_be_bytes());
@@ -290,7 +255,7 @@ fn go(s: &mut ClientStream, export: &str, no_zeroes: bool) -> io::Result<ExportI
 
 /// `NBD_OPT_EXPORT_NAME`, for a server without `NBD_OPT_GO`.
 fn export_name_fallback(
-    s: &mut ClientStream,
+    s: &mut Transport<Stream>,
     export: &str,
     no_zeroes: bool,
 ) -> io::Result<ExportInfo> {

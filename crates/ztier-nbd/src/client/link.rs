@@ -40,11 +40,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ztier_blockdev::{BlockError, Result};
 
-use super::handshake::{handshake, io_err, open, read_exact, wire_error, ClientStream, ExportInfo};
+use super::handshake::{handshake, io_err, open, read_exact, wire_error, ExportInfo};
 use super::uri::Uri;
 use super::ClientConfig;
 use crate::proto::*;
 use crate::tls::ClientTls;
+use crate::transport::{Stream, Transport};
 
 /// The first wait between reconnect tries; each failed try doubles it.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -104,7 +105,7 @@ impl std::fmt::Display for LinkStatus {
 
 /// One connection to the store.
 pub(super) struct Conn {
-    stream: ClientStream,
+    stream: Transport<Stream>,
     next_cookie: u64,
     /// The socket's read and write timeout now: `io_timeout`, or less for a request that
     /// waited for the link and has only the rest of its time.
@@ -132,7 +133,7 @@ impl Pipelined<'_> {
 }
 
 impl Conn {
-    fn new(stream: ClientStream, timeout: Duration) -> Conn {
+    fn new(stream: Transport<Stream>, timeout: Duration) -> Conn {
         Conn {
             stream,
             next_cookie: 1,
@@ -231,11 +232,7 @@ impl Conn {
     /// Sets the socket's timeouts to `t`, if they are not that already.
     fn set_timeout(&mut self, t: Duration) -> io::Result<()> {
         if self.timeout != t {
-            let sock = match &self.stream {
-                ClientStream::Plain(s) => s,
-                ClientStream::Tls(t) => &t.sock,
-            };
-            sock.set_timeouts(Some(t))?;
+            self.stream.socket().set_timeouts(Some(t))?;
             self.timeout = t;
         }
         Ok(())
@@ -252,9 +249,7 @@ impl Conn {
         }
         .encode();
         let _ = self.stream.write_all(&header);
-        if let ClientStream::Tls(t) = &mut self.stream {
-            t.close_notify();
-        }
+        self.stream.close_notify();
     }
 }
 
@@ -359,7 +354,7 @@ impl Core {
 
     /// The handshake over a connected stream.
     pub(super) fn negotiate(
-        stream: crate::transport::Stream,
+        stream: Stream,
         uri: &Uri,
         timeout: Duration,
         tls: Option<&ClientTls>,

@@ -46,7 +46,7 @@ pub use link::{LinkState, LinkStatus};
 pub use uri::{BadUri, Target, Uri, UriProblem, UriTls, NBD_PORT};
 
 use crate::proto::*;
-use crate::tls::{self, ClientTls};
+use crate::tls::{self, ClientTls, TlsError};
 use crate::transport::Stream;
 
 /// How long one request may wait on the network before the connection counts as dead, by
@@ -71,6 +71,16 @@ impl Default for ClientConfig {
             max_backoff: Duration::from_secs(1),
         }
     }
+}
+
+/// The TLS an `nbds` URI asks for could not be set up: the URI, and the certificate
+/// directory's own error, kept whole. A client refused so fails with
+/// [`BlockError::Invalid`], whose cause this is (for a caller that downcasts it).
+#[derive(Debug, thiserror::Error)]
+#[error("TLS for {uri}: {source}")]
+pub struct ClientTlsError {
+    pub uri: Uri,
+    pub source: TlsError,
 }
 
 /// Requests a pipelined read or write keeps in flight on the connection at once.
@@ -132,7 +142,12 @@ impl Client {
         };
         tls::client_tls(t.certificates.as_deref(), name)
             .map(Some)
-            .map_err(|e| BlockError::Invalid(format!("TLS for {uri}: {e}").into()))
+            .map_err(|source| {
+                BlockError::Invalid(Box::new(ClientTlsError {
+                    uri: uri.clone(),
+                    source,
+                }))
+            })
     }
 
     /// Pins the export's identity: the `len` bytes at `offset` are read now, and every

@@ -6,7 +6,7 @@ use super::*;
 impl Server {
     /// Serves one connection to its end: the handshake within its deadline, then, if there
     /// is room, the transmission phase.
-    pub fn handle(self: &Arc<Self>, id: u64, mut stream: Stream) {
+    pub fn handle(self: &Arc<Self>, id: u64, stream: Stream) {
         let peer = stream.peer();
         if self.is_full() {
             self.turn_away(id, &peer, stream);
@@ -48,7 +48,7 @@ impl Server {
         let negotiated = if self.is_stopping() {
             Ok(None)
         } else {
-            self.negotiate(id, &mut stream)
+            self.negotiate(id, &stream)
         };
         self.handshaking
             .lock()
@@ -56,7 +56,7 @@ impl Server {
             .retain(|(c, _)| *c != id);
         self.give_peer_handshake(who);
         self.handshakes.fetch_sub(1, Ordering::SeqCst);
-        let (session, export, tls) = match negotiated {
+        let (session, export, transport) = match negotiated {
             Ok(Some(negotiated)) => negotiated,
             Ok(None) => {
                 self.unreserve(id);
@@ -85,7 +85,9 @@ impl Server {
                 return;
             }
         };
-        self.admit(id, &peer, stream, session, export, tls);
+        // The connection's socket is the transport's from here: this handle goes.
+        drop(stream);
+        self.admit(id, &peer, transport, session, export);
     }
 
     /// Opens the export `name` for connection `id` and takes its place among
@@ -171,28 +173,22 @@ impl Server {
     }
 
     /// The handshake under its deadline (the TLS handshake included): each read and write
-    /// may wait only for what is left of it. With the session, the TLS connection if the
-    /// client started one.
-    pub(super) fn negotiate(&self, id: u64, stream: &mut Stream) -> io::Result<Option<Negotiated>> {
-        let mut s = Nego {
-            raw: Deadline {
-                stream,
-                until: Instant::now() + self.config.handshake_limit,
-            },
-            tls: None,
-        };
+    /// may wait only for what is left of it. With the session, the connection to go on with
+    /// (TLS, if the client started it), over a handle of `stream`.
+    pub(super) fn negotiate(&self, id: u64, stream: &Stream) -> io::Result<Option<Negotiated>> {
+        let mut s = Transport::plain(Deadline {
+            stream: stream.share(),
+            until: Instant::now() + self.config.handshake_limit,
+        });
         let session = self.handshake(id, &mut s)?;
-        s.raw.stream.set_timeouts(None)?;
-        Ok(session.map(|(session, export)| (session, export, s.tls)))
+        stream.set_timeouts(None)?;
+        let transport = s.map_socket(|deadline| deadline.stream);
+        Ok(session.map(|(session, export)| (session, export, transport)))
     }
 
     /// The handshake and option haggling: the session and the export it opened; `None`
     /// when the client aborted or is done.
-    pub(super) fn handshake(
-        &self,
-        id: u64,
-        s: &mut Nego<'_>,
-    ) -> io::Result<Option<(Session, Export)>> {
+    pub(super) fn handshake(&self, id: u64, s: &mut Nego) -> io::Result<Option<(Session, Export)>> {
         let full = || {
             io::Error::new(
                 io::ErrorKind::QuotaExceeded,
@@ -200,12 +196,9 @@ impl Server {
             )
         };
         s.write_all(&greeting())?;
-        let client_flags = read_u32(s)?;
-        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
-            || client_flags & FLAG_C_FIXED_NEWSTYLE == 0
-        {
-            return Err(invalid(format!("client flags {client_flags:#x}")));
-        }
+        let mut flags = [0u8; 4];
+        s.read_exact(&mut flags)?;
+        let client_flags = proto::decode_client_flags(&flags).map_err(invalid)?;
         let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
         let mut session = Session::default();
         loop {
@@ -224,7 +217,7 @@ impl Server {
             let mut data = vec![0u8; len as usize];
             s.read_exact(&mut data)?;
             // FORCEDTLS: nothing but STARTTLS and ABORT before TLS.
-            let tls_required = self.config.tls.mode() == TlsMode::Require && s.tls.is_none();
+            let tls_required = self.config.tls.mode() == TlsMode::Require && !s.is_tls();
             if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
                 if option == OPT_EXPORT_NAME {
                     // It cannot be answered with an error: the spec has the session end.
@@ -245,7 +238,7 @@ impl Server {
                     // An unknown name cannot be answered with an error: the spec has the
                     // session end.
                     let name = String::from_utf8_lossy(&data);
-                    let export = match self.admit_to(id, s.raw.stream, &name) {
+                    let export = match self.admit_to(id, &s.socket().stream, &name) {
                         Ok(export) => export,
                         Err(Refused::Unknown) => {
                             return Err(invalid(format!("unknown export '{name}'")))
@@ -278,7 +271,7 @@ impl Server {
                 }
                 OPT_STARTTLS => match self.config.tls.config() {
                     None => reply(s, option, REP_ERR_UNSUP, b"TLS is not offered")?,
-                    Some(_) if s.tls.is_some() => {
+                    Some(_) if s.is_tls() => {
                         reply(s, option, REP_ERR_INVALID, b"TLS is already on")?
                     }
                     Some(_) if !data.is_empty() => {
@@ -288,9 +281,7 @@ impl Server {
                         let conn = rustls::ServerConnection::new(Arc::clone(config))
                             .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
                         reply(s, option, REP_ACK, &[])?;
-                        let mut conn = rustls::Connection::Server(conn);
-                        tls::handshake(&mut conn, &mut s.raw)?;
-                        s.tls = Some(conn);
+                        s.start_tls(rustls::Connection::Server(conn))?;
                         self.stats.tls_sessions.fetch_add(1, Ordering::Relaxed);
                         // What was haggled in the clear is forgotten, so a man in the middle
                         // cannot have chosen it (as nbdkit does since CVE-2021-3716).
@@ -308,7 +299,7 @@ impl Server {
                     // GO takes the connection's place with the export (before any reply,
                     // so a refusal comes alone); INFO only looks.
                     let opened = if option == OPT_GO {
-                        self.admit_to(id, s.raw.stream, &req.export)
+                        self.admit_to(id, &s.socket().stream, &req.export)
                     } else {
                         self.exports.open(&req.export).ok_or(Refused::Unknown)
                     };
@@ -403,7 +394,7 @@ impl Server {
     /// (INVALID, UNKNOWN) is sent and `None` returned, and the haggling goes on.
     pub(super) fn for_export<T>(
         &self,
-        s: &mut Nego<'_>,
+        s: &mut Nego,
         option: u32,
         decoded: Result<T, Malformed>,
         export: impl Fn(&T) -> &str,
@@ -424,9 +415,9 @@ impl Server {
     }
 }
 
-/// What a handshake settled: the session, its export, and the TLS connection if the client
-/// started one.
-pub(super) type Negotiated = (Session, Export, Option<rustls::Connection>);
+/// What a handshake settled: the session, its export, and the connection to go on with (TLS
+/// if the client started it).
+pub(super) type Negotiated = (Session, Export, Transport<Stream>);
 
 pub(super) fn greeting() -> Vec<u8> {
     let mut v = NBDMAGIC.to_be_bytes().to_vec();
@@ -439,50 +430,18 @@ pub(super) fn reply(s: &mut impl Write, option: u32, kind: u32, data: &[u8]) -> 
     s.write_all(&encode_option_reply(option, kind, data))
 }
 
-pub(super) fn read_u32(s: &mut impl Read) -> io::Result<u32> {
-    let mut b = [0u8; 4];
-    s.read_exact(&mut b)?;
-    Ok(u32::from_be_bytes(b))
-}
-
 /// The handshake's stream: the socket under its deadline, and TLS over it once the client
 /// has started it.
-pub(super) struct Nego<'a> {
-    raw: Deadline<'a>,
-    tls: Option<rustls::Connection>,
-}
-
-impl Read for Nego<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &mut self.tls {
-            Some(conn) => tls::read(conn, &mut self.raw, buf),
-            None => self.raw.read(buf),
-        }
-    }
-}
-
-impl Write for Nego<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &mut self.tls {
-            Some(conn) => tls::write(conn, &mut self.raw, buf),
-            None => self.raw.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match &mut self.tls {
-            Some(conn) => tls::flush_tls(conn, &mut self.raw),
-            None => self.raw.flush(),
-        }
-    }
-}
+pub(super) type Nego = Transport<Deadline>;
 
 /// A stream whose reads and writes may wait only until `until` in all.
-pub(super) struct Deadline<'a> {
-    stream: &'a mut Stream,
+pub(super) struct Deadline {
+    /// A handle of the connection's socket.
+    stream: Stream,
     until: Instant,
 }
 
-impl Deadline<'_> {
+impl Deadline {
     pub(super) fn arm(&self) -> io::Result<()> {
         let left = self.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -509,14 +468,14 @@ impl Deadline<'_> {
     }
 }
 
-impl Read for Deadline<'_> {
+impl Read for Deadline {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.arm()?;
         self.stream.read(buf).map_err(Deadline::timed_out)
     }
 }
 
-impl Write for Deadline<'_> {
+impl Write for Deadline {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.arm()?;
         self.stream.write(buf).map_err(Deadline::timed_out)

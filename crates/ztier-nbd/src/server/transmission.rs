@@ -9,10 +9,9 @@ impl Server {
         self: &Arc<Self>,
         id: u64,
         peer: &str,
-        stream: Stream,
+        transport: Transport<Stream>,
         session: Session,
         export: Export,
-        tls: Option<rustls::Connection>,
     ) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         export.stats.connections.fetch_add(1, Ordering::Relaxed);
@@ -22,7 +21,7 @@ impl Server {
             .fetch_add(1, Ordering::Relaxed);
         let stats = Arc::clone(&export.stats);
         if self.config.log {
-            let over = if tls.is_some() { " over TLS" } else { "" };
+            let over = if transport.is_tls() { " over TLS" } else { "" };
             eprintln!(
                 "nbd: connection {id} from {peer}{over} to export '{}'",
                 export.name
@@ -31,21 +30,15 @@ impl Server {
         // A client that stops reading its replies is cut off after `reply_timeout` (the
         // socket's send timeout, shared by every handle on it), and what its requests held
         // goes back to the server's budget.
-        if let (Stream::Unix(s), n @ 1..) = (&stream, self.config.unix_send_buffer) {
+        if let (Stream::Unix(s), n @ 1..) = (transport.socket(), self.config.unix_send_buffer) {
             // Best effort: a refusal leaves the system's size, which serves, only slower.
             let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, n);
         }
-        let result = stream
+        let result = transport
+            .socket()
             .set_write_timeout(Some(self.config.reply_timeout))
-            .map(|()| stream.share())
-            .and_then(|reader| {
-                let (reader, writer) = match tls {
-                    None => (ReadHalf::Plain(reader), WriteHalf::Plain(stream)),
-                    Some(conn) => {
-                        let (r, w) = tls::split(conn, reader, stream);
-                        (ReadHalf::Tls(r), WriteHalf::Tls(w))
-                    }
-                };
+            .and_then(|()| {
+                let (reader, writer) = transport.split();
                 self.transmission(reader, writer, session, export)
             });
         self.unreserve(id);
@@ -93,7 +86,11 @@ impl Server {
         for f in followers {
             let _ = f.join();
         }
-        conn.writer.lock().expect("writer").close();
+        // TLS's goodbye is given a second at most.
+        conn.writer
+            .lock()
+            .expect("writer")
+            .close(Duration::from_secs(1));
         let ended = lock_turn(&turn).ended.take();
         match ended {
             Some(Err(e)) if e.kind() != io::ErrorKind::UnexpectedEof => Err(e),
@@ -227,60 +224,6 @@ impl Server {
     }
 }
 
-/// The transmission phase's reading side: the socket, or TLS over it.
-pub(super) enum ReadHalf {
-    Plain(Stream),
-    Tls(TlsReader),
-}
-
-impl Read for ReadHalf {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            ReadHalf::Plain(s) => s.read(buf),
-            ReadHalf::Tls(t) => t.read(buf),
-        }
-    }
-}
-
-/// The transmission phase's writing side: the socket, or TLS over it.
-pub(super) enum WriteHalf {
-    Plain(Stream),
-    Tls(TlsWriter),
-}
-
-impl WriteHalf {
-    pub(super) fn shutdown(&self, how: Shutdown) {
-        match self {
-            WriteHalf::Plain(s) => s.shutdown(how),
-            WriteHalf::Tls(t) => t.socket().shutdown(how),
-        }
-    }
-
-    /// The connection's end: TLS says goodbye first (close_notify, as the spec asks, given
-    /// a second at most), then the socket is shut.
-    pub(super) fn close(&mut self) {
-        if let WriteHalf::Tls(t) = self {
-            t.close_notify(Duration::from_secs(1));
-        }
-        self.shutdown(Shutdown::Both);
-    }
-}
-
-impl Write for WriteHalf {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            WriteHalf::Plain(s) => s.write(buf),
-            WriteHalf::Tls(t) => t.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            WriteHalf::Plain(s) => s.flush(),
-            WriteHalf::Tls(t) => t.flush(),
-        }
-    }
-}
-
 /// Whose turn it is to read a connection's next request, and how the connection ended.
 pub(super) struct Turn {
     stream: ReadHalf,
@@ -334,30 +277,12 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    /// Writes one whole reply (pieces in order) under the writer lock. On a plain socket
-    /// the pieces go out together in one writev(2) (more only when the socket takes part of
-    /// them), neither copied into one buffer first nor split into a write each. Over TLS a
-    /// small reply is gathered first, so that it makes one record, not one per piece.
+    /// Writes one whole reply (pieces in order, as [`WriteHalf::send_by`] sends them) under
+    /// the writer lock.
     pub(super) fn send(&self, pieces: &[&[u8]]) -> io::Result<()> {
         let mut w = self.writer.lock().expect("writer");
         // The whole reply within `reply_timeout`, however the client reads it.
-        let deadline = Instant::now() + self.reply_timeout;
-        match &mut *w {
-            WriteHalf::Plain(stream) => stream.send_by(pieces, deadline),
-            WriteHalf::Tls(tls) => {
-                tls.set_deadline(deadline);
-                let total: usize = pieces.iter().map(|p| p.len()).sum();
-                if total <= 64 << 10 {
-                    let mut buf = Vec::with_capacity(total);
-                    for p in pieces {
-                        buf.extend_from_slice(p);
-                    }
-                    tls.write_all(&buf)
-                } else {
-                    pieces.iter().try_for_each(|p| tls.write_all(p))
-                }
-            }
-        }
+        w.send_by(pieces, Instant::now() + self.reply_timeout)
     }
 
     pub(super) fn send_ok(&self, req: Request) -> io::Result<()> {
