@@ -194,13 +194,19 @@ fn rss_one(args: &Args) -> Result<(), String> {
     let same_pages: u64 = sum(&|d| d.device().mm_stat().same_pages);
     // A writeback pass that takes nothing (no page is an hour old): what the budget's tick
     // does to a device when none of its pages are old enough.
-    let (after_scan, metadata_after_scan) = if args.stores && args.scan {
+    // Its growth is from just before it: the reference compressor's copies above are
+    // this process's, not the pass's.
+    let (scan_growth, metadata_after_scan) = if args.stores && args.scan {
+        let before_scan = rss();
         for d in &devices {
             d.device()
                 .writeback(PageSelector::OlderThan(3600), None, None)
                 .map_err(|e| format!("{}: writeback: {e}", d.name()))?;
         }
-        (Some(rss()), Some(sum(&|d| d.device().metadata_bytes())))
+        (
+            Some(rss().saturating_sub(before_scan)),
+            Some(sum(&|d| d.device().metadata_bytes())),
+        )
     } else {
         (None, None)
     };
@@ -215,7 +221,7 @@ fn rss_one(args: &Args) -> Result<(), String> {
         "rss_stored": after_store.saturating_sub(before_use),
         "mem_used_total": mem_used_total,
         "metadata_bytes": metadata,
-        "rss_after_scan": after_scan.map(|r| r.saturating_sub(before_use)),
+        "rss_scan_growth": scan_growth,
         "metadata_after_scan": metadata_after_scan,
         "store_mbps": mbps(store_secs),
         "load_mbps": mbps(load_secs),
@@ -282,10 +288,10 @@ fn rss_table(args: &Args) -> Result<(), String> {
     for r in &rows {
         let pages = r["pages"].as_f64().unwrap_or(1.0);
         let per_page = |key: &str| r[key].as_f64().unwrap_or(f64::NAN) / pages;
-        let scan = if r["rss_after_scan"].is_u64() {
+        let scan = if r["rss_scan_growth"].is_u64() {
             format!(
                 "{:.1} MiB, {:.1} MiB",
-                mib(&r["rss_after_scan"]),
+                mib(&r["rss_scan_growth"]),
                 mib(&r["metadata_after_scan"])
             )
         } else {
