@@ -9,7 +9,9 @@
 //!   either packed (its first pages, as a swap device fills its first clusters) or spread
 //!   (evenly over all 64 GiB: the slot table's worst case). With stores, it also looks at
 //!   what one writeback pass that takes no page (what the budget or a device's policy does
-//!   when nothing is old enough) leaves resident, on one device.
+//!   when nothing is old enough) leaves resident, on one device; without stores, packed, the
+//!   kernel's zram stores the same pages in the same pattern in the same run (`--kernel`,
+//!   root: as many devices, hot-added, of 1 GiB), the reference for what many devices cost.
 //! - `budget`: the budget's run of `tests/budget_run.rs` (`tests/scenario`), longer and with
 //!   corpus pages: each device's `mem_used_total` and the host's sum over time, kept as CSV
 //!   and drawn as SVG with the target.
@@ -47,6 +49,7 @@ struct Args {
     spread: bool,
     stores: bool,
     scan: bool,
+    kernel: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -60,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         spread: false,
         stores: false,
         scan: false,
+        kernel: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -75,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
             "--spread" => args.spread = true,
             "--stores" => args.stores = true,
             "--scan" => args.scan = true,
+            "--kernel" => args.kernel = true,
             _ => return Err(format!("unknown argument {a:?}")),
         }
     }
@@ -210,7 +215,7 @@ fn rss_one(args: &Args) -> Result<(), String> {
     } else {
         (None, None)
     };
-    let line = serde_json::json!({
+    let mut line = serde_json::json!({
         "devices": args.devices,
         "layout": if args.spread { "spread" } else { "packed" },
         "stores": args.stores,
@@ -228,12 +233,85 @@ fn rss_one(args: &Args) -> Result<(), String> {
         "raw_compress_mbps": mbps(raw_compress_secs),
         "raw_decompress_mbps": mbps(raw_decompress_secs),
     });
-    println!("{line}");
     drop(devices);
     host.stop_and_save();
     drop(host);
     let _ = std::fs::remove_dir_all(&stores);
+    // The kernel's zram on the same pages in the same pattern, in the same run: the
+    // reference for what splitting pages over many devices costs.
+    let (kernel_store_mbps, kernel_missing) = if args.kernel {
+        match kernel_store_mbps(&corpus, pages, args.devices) {
+            Ok(mbps) => (Some(mbps), None),
+            Err(why) => (None, Some(why)),
+        }
+    } else {
+        (None, None)
+    };
+    line["kernel_store_mbps"] = serde_json::json!(kernel_store_mbps);
+    line["kernel_store_missing"] = serde_json::json!(kernel_missing);
+    println!("{line}");
     Ok(())
+}
+
+/// The kernel zram's store speed (MB/s of pages) over `devices` devices of 1 GiB (hot-added,
+/// then reset and removed), lzo-rle on zsmalloc: the first `pages` pages written with
+/// O_DIRECT in bursts of 32 a device, the devices in turn, as `rss_one` stores them. The
+/// devices are smaller than ztier's 64 GiB because the kernel's slot table is allocated
+/// whole (256 devices of 64 GiB would take 64 GiB of tables). Needs root and zram.
+fn kernel_store_mbps(corpus: &Corpus, pages: u64, devices: u64) -> Result<f64, String> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const BURST: usize = 32;
+    let control = Path::new("/sys/class/zram-control");
+    if !control.exists() {
+        return Err("no /sys/class/zram-control (zram not loaded)".into());
+    }
+    let sys = |path: String, value: &str| {
+        std::fs::write(&path, value).map_err(|e| format!("{path}: {e}"))
+    };
+    let mut ids = Vec::new();
+    let result = (|| {
+        for _ in 0..devices {
+            let id = std::fs::read_to_string(control.join("hot_add"))
+                .map_err(|e| format!("zram hot_add: {e}"))?;
+            let id: u32 = id
+                .trim()
+                .parse()
+                .map_err(|e| format!("hot_add said {id:?}: {e}"))?;
+            ids.push(id);
+            sys(format!("/sys/block/zram{id}/comp_algorithm"), "lzo-rle")?;
+            sys(format!("/sys/block/zram{id}/disksize"), "1G")?;
+        }
+        let files = ids
+            .iter()
+            .map(|id| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(format!("/dev/zram{id}"))
+                    .map_err(|e| format!("/dev/zram{id}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // O_DIRECT wants an aligned buffer.
+        let mut raw = vec![0u8; BURST * PAGE + PAGE];
+        let at = raw.as_ptr().align_offset(PAGE);
+        let buf = &mut raw[at..at + BURST * PAGE];
+        let bursts = corpus.chunks(BURST * PAGE).take(pages as usize / BURST);
+        let started = Instant::now();
+        for (b, chunk) in bursts.enumerate() {
+            let (device, round) = (b as u64 % devices, b as u64 / devices);
+            buf[..chunk.len()].copy_from_slice(chunk);
+            files[device as usize]
+                .write_all_at(&buf[..chunk.len()], round * (BURST * PAGE) as u64)
+                .map_err(|e| format!("zram{}: {e}", ids[device as usize]))?;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        Ok((pages as usize / BURST * BURST * PAGE) as f64 / secs / 1e6)
+    })();
+    for id in ids {
+        let _ = sys(format!("/sys/block/zram{id}/reset"), "1");
+        let _ = sys(format!("{}/hot_remove", control.display()), &id.to_string());
+    }
+    result
 }
 
 /// The table: each case in a process of its own.
@@ -264,6 +342,9 @@ fn rss_table(args: &Args) -> Result<(), String> {
             if stores && devices == 1 {
                 cmd.arg("--scan");
             }
+            if !stores && !spread {
+                cmd.arg("--kernel");
+            }
             let out = cmd.output().map_err(|e| e.to_string())?;
             if !out.status.success() {
                 return Err(format!(
@@ -282,9 +363,10 @@ fn rss_table(args: &Args) -> Result<(), String> {
         "\n| devices of 64 GiB | pages at | stores | RSS before use | RSS per stored page | \
          mem_used_total per stored page | metadata_bytes (per stored page) | after a \
          writeback pass: RSS growth, metadata_bytes | store MB/s (x raw compress) | load \
-         MB/s (x raw decompress) |"
+         MB/s (x raw decompress) | kernel zram store MB/s, same pages and pattern (ztier \
+         / kernel) |"
     );
-    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|");
     for r in &rows {
         let pages = r["pages"].as_f64().unwrap_or(1.0);
         let per_page = |key: &str| r[key].as_f64().unwrap_or(f64::NAN) / pages;
@@ -304,8 +386,15 @@ fn rss_table(args: &Args) -> Result<(), String> {
             );
             format!("{v:.0} ({:.2}x)", v / r)
         };
+        let kernel = match r["kernel_store_mbps"].as_f64() {
+            Some(k) => format!(
+                "{k:.0} ({:.2}x)",
+                r["store_mbps"].as_f64().unwrap_or(f64::NAN) / k
+            ),
+            None => "-".into(),
+        };
         println!(
-            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} | {} |",
             r["devices"],
             r["layout"].as_str().unwrap_or("?"),
             if r["stores"].as_bool() == Some(true) {
@@ -321,6 +410,7 @@ fn rss_table(args: &Args) -> Result<(), String> {
             scan,
             speed("store_mbps", "raw_compress_mbps"),
             speed("load_mbps", "raw_decompress_mbps"),
+            kernel,
         );
     }
     if let Some(first) = rows.first() {
