@@ -20,6 +20,12 @@ const ZTIER: &str = env!("CARGO_BIN_EXE_ztier");
 
 /// `ztier stat --socket S --device NAME`'s mm_stat fields.
 fn mm_stat(nbd: &Path, device: &str) -> Vec<u64> {
+    stat_line(nbd, device, "mm_stat")
+}
+
+/// The fields of a line of `ztier stat --socket S --device NAME` (`mm_stat`, `io_stat`,
+/// `bd_stat`): its leading numbers.
+fn stat_line(nbd: &Path, device: &str, line: &str) -> Vec<u64> {
     let o = Command::new(ZTIER)
         .args([
             "stat",
@@ -32,10 +38,10 @@ fn mm_stat(nbd: &Path, device: &str) -> Vec<u64> {
         .unwrap();
     ok(o)
         .lines()
-        .find_map(|l| l.strip_prefix("mm_stat "))
-        .expect("an mm_stat line")
+        .find_map(|l| l.strip_prefix(&format!("{line} ")))
+        .unwrap_or_else(|| panic!("no {line} line"))
         .split_whitespace()
-        .map(|w| w.parse().unwrap())
+        .map_while(|w| w.parse().ok())
         .collect()
 }
 
@@ -306,7 +312,8 @@ fn scrape(addr: &str) -> String {
 }
 
 /// The metrics endpoint: parsed by Prometheus's own Python client (its OpenMetrics parser),
-/// and each device's figures equal to its `mm_stat`.
+/// and each device's figures equal to its `mm_stat`, `io_stat` and `bd_stat` (a device with
+/// pages written back and one read from its store).
 #[test]
 fn the_metrics_are_prometheus_s_and_agree_with_stat() {
     let python = "/usr/bin/python3";
@@ -334,6 +341,8 @@ fn the_metrics_are_prometheus_s_and_agree_with_stat() {
             "vm1,size=16M",
             "--device",
             "vm2,size=16M,compressor=lz4,mem_limit=8M",
+            "--store-dir",
+            dir.join("stores").to_str().unwrap(),
             "--socket",
             nbd.to_str().unwrap(),
             "--metrics",
@@ -355,6 +364,13 @@ fn the_metrics_are_prometheus_s_and_agree_with_stat() {
     vm1.write_at(0, &pattern(5, 32 * 4096), false).unwrap();
     let vm2 = export(&nbd, "vm2").unwrap();
     vm2.write_at(0, &vec![0u8; 4096], false).unwrap();
+    // Some of vm1's pages on its store, one of them read back from it; a read past the end
+    // (refused: io_stat's invalid_io).
+    ok(ctl(&nbd, &["--device", "vm1", "idle", "all"]));
+    ok(ctl(&nbd, &["--device", "vm1", "writeback", "idle"]));
+    let mut page = vec![0u8; 4096];
+    vm1.read_at(4096, &mut page).unwrap();
+    assert_eq!(page, pattern(5, 32 * 4096)[4096..8192]);
     let body = scrape(&addr);
     let doubled: Vec<&str> = body
         .lines()
@@ -392,19 +408,59 @@ fn the_metrics_are_prometheus_s_and_agree_with_stat() {
             .unwrap()
     };
     for device in ["vm1", "vm2"] {
-        let m = mm_stat(&nbd, device);
         let labels = format!("device={device}");
-        assert_eq!(sample("ztier_device_orig_data_bytes", &labels), m[0]);
-        assert_eq!(sample("ztier_device_compr_data_bytes", &labels), m[1]);
-        assert_eq!(sample("ztier_device_mem_used_bytes", &labels), m[2]);
-        assert_eq!(sample("ztier_device_mem_limit_bytes", &labels), m[3]);
-        assert_eq!(sample("ztier_device_same_pages", &labels), m[5]);
+        let fields = [
+            (
+                "mm_stat",
+                &[
+                    "ztier_device_orig_data_bytes",
+                    "ztier_device_compr_data_bytes",
+                    "ztier_device_mem_used_bytes",
+                    "ztier_device_mem_limit_bytes",
+                    "ztier_device_mem_used_max_bytes",
+                    "ztier_device_same_pages",
+                    "ztier_device_pages_compacted_total",
+                    "ztier_device_huge_pages",
+                    "ztier_device_huge_pages_stored_total",
+                ][..],
+            ),
+            (
+                "io_stat",
+                &[
+                    "ztier_device_failed_reads_total",
+                    "ztier_device_failed_writes_total",
+                    "ztier_device_invalid_io_total",
+                    "ztier_device_notify_free_total",
+                ][..],
+            ),
+            (
+                "bd_stat",
+                &[
+                    "ztier_device_backing_pages",
+                    "ztier_device_backing_read_pages_total",
+                    "ztier_device_backing_written_pages_total",
+                ][..],
+            ),
+        ];
+        for (line, names) in fields {
+            let stat = stat_line(&nbd, device, line);
+            assert_eq!(stat.len(), names.len(), "{device} {line}: {stat:?}");
+            for (name, value) in names.iter().zip(stat) {
+                assert_eq!(sample(name, &labels), value, "{device} {name}");
+            }
+        }
     }
+    let bd = stat_line(&nbd, "vm1", "bd_stat");
+    assert!(
+        bd[0] > 0 && bd[1] == 1,
+        "vm1's pages on its store, one read: {bd:?}"
+    );
     assert_eq!(sample("ztier_device_same_pages", "device=vm2"), 1);
     assert_eq!(sample("ztier_host_devices", ""), 2);
     assert_eq!(
         sample("ztier_frontend_requests_total", "device=vm1,front=nbd"),
-        1
+        2,
+        "a write and a read"
     );
     assert_eq!(
         sample("ztier_frontend_live_connections", "device=vm1,front=nbd"),
