@@ -4,9 +4,9 @@
 //! A fault's round trip is two wake-ups. When the faulting thread and the fault thread run
 //! on different CPUs, each wake-up goes to a CPU that went idle in between, and what that
 //! costs is the idle state's exit: on a VM whose idle vCPUs halt at once (cpuidle's
-//! `haltpoll` with `guest_halt_poll_ns` 0, as here) it is an interrupt into a halted vCPU,
-//! and a bare handler's round trip takes 50-80 µs at p50 instead of 8-10
-//! (MEASUREMENTS.md, 2026-11-27). The scheduler separates the two threads now and then
+//! `haltpoll` with `guest_halt_poll_ns` 0) it is an interrupt into a halted vCPU, which
+//! makes a bare handler's round trip several times longer at p50 (MEASUREMENTS.md,
+//! 2026-11-27, has the figures). The scheduler separates the two threads now and then
 //! whatever the fault thread does (placement.rs), so the idle state decides the tail.
 //!
 //! A request of 0 µs keeps every idle CPU in its polling state (cpuidle's state 0) while it
