@@ -428,3 +428,74 @@ impl Pools for Host {
         self.group.used_bytes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::spec::ValueError;
+
+    /// A state directory of its own, with `files` (name, text) in it.
+    fn state_dir(files: &[(&str, &str)]) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "ztier-host-saved-{}-{}",
+            std::process::id(),
+            files[0].0
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, text) in files {
+            let path = d.join(name);
+            let mut f = ztier_base::private_file::create(&path).unwrap();
+            std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        }
+        d
+    }
+
+    /// A saved spec that cannot be read back says which file and why, the why kept whole
+    /// as the error's source.
+    #[test]
+    fn a_bad_saved_spec_keeps_its_cause() {
+        let d = state_dir(&[("a.spec", "name=a\nsize=1M\noops\n")]);
+        let e = Host::saved_specs(&d).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                HostError::SavedSpec {
+                    why: SavedSpecError::NotAPair { line },
+                    ..
+                } if line == "oops"
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("the saved spec {}", d.join("a.spec").display())
+        );
+        assert_eq!(e.source().unwrap().to_string(), "\"oops\" is not key=value");
+        let _ = std::fs::remove_dir_all(&d);
+
+        let d = state_dir(&[("b.spec", "name=b\nsize=1M\ncompressor=lz9\n")]);
+        let e = Host::saved_specs(&d).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                HostError::SavedSpec {
+                    why: SavedSpecError::Spec(SpecError::BadValue {
+                        why: ValueError::Compressor(_),
+                        ..
+                    }),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let cause = e.source().unwrap().to_string();
+        assert!(
+            cause.starts_with("device b: compressor=lz9: unknown compressor 'lz9'"),
+            "{cause}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

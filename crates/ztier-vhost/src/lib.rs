@@ -52,31 +52,34 @@ pub enum VhostError {
     #[error("the vhost-user socket: {0}")]
     Socket(io::Error),
     /// The daemon could not be made or started (its threads, its first accept).
-    #[error("the vhost-user daemon")]
-    Daemon(#[source] DaemonError),
+    #[error("the vhost-user daemon: {0}")]
+    Daemon(DaemonError),
 }
 
 /// Why vhost-user-backend's daemon could not be made or started: its error, variant by
-/// variant. Not that error itself, which is not `Sync` (a panicked thread's payload,
-/// `Box<dyn Any + Send>`, is one of its variants), so could not travel in an `anyhow`
-/// chain; every other variant's cause is kept whole.
+/// variant, in its own words. Not that error itself, which is not `Sync` (a panicked
+/// thread's payload, `Box<dyn Any + Send>`, is one of its variants), so could not travel in
+/// an `anyhow` chain; every other variant's cause is kept whole. As [`VhostError`]'s, each
+/// cause is said in the message, not also as a `source`: the CLI prints a server's end by
+/// its message, and a chain printed whole (`{:#}`) would say it twice.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DaemonError {
-    #[error("cannot create the vhost-user handler")]
-    Handler(#[source] vhost_user_backend::VhostUserHandlerError),
-    #[error("cannot accept the front end's connection")]
-    Accept(#[source] vhost::vhost_user::Error),
-    #[error("cannot create the backend's request handler")]
-    RequestHandler(#[source] vhost::vhost_user::Error),
-    #[error("cannot create the vhost-user listener")]
-    Listener(#[source] vhost::vhost_user::Error),
-    #[error("cannot handle a request")]
-    Request(#[source] vhost::vhost_user::Error),
-    #[error("cannot start the daemon's thread")]
-    Thread(#[source] io::Error),
+    #[error("cannot create vhost user handler: {0}")]
+    Handler(vhost_user_backend::VhostUserHandlerError),
+    /// The front end's connection could not be accepted.
+    #[error("cannot create backend listener: {0}")]
+    Accept(vhost::vhost_user::Error),
+    #[error("cannot create backend req handler: {0}")]
+    RequestHandler(vhost::vhost_user::Error),
+    #[error("cannot create vhost-user listener: {0}")]
+    Listener(vhost::vhost_user::Error),
+    #[error("failed to handle request: {0}")]
+    Request(vhost::vhost_user::Error),
+    #[error("failed to start daemon: {0}")]
+    Thread(io::Error),
     /// The daemon's thread panicked (what it panicked with is not kept: not `Sync`).
-    #[error("the daemon's thread panicked")]
+    #[error("failed to wait for daemon exit")]
     Panicked,
 }
 
