@@ -113,7 +113,7 @@ impl Host {
                     name: name.to_string(),
                     key: attr.to_string(),
                     value: value.to_string(),
-                    why: e.into(),
+                    why: Box::new(e.into()),
                 })?;
                 d.spec.write().mem_low = bytes;
                 "mem_low set".to_string()
@@ -482,12 +482,9 @@ mod tests {
             matches!(
                 &e,
                 HostError::SavedSpec {
-                    why: SavedSpecError::Spec(SpecError::BadValue {
-                        why: ValueError::Compressor(_),
-                        ..
-                    }),
+                    why: SavedSpecError::Spec(SpecError::BadValue { why, .. }),
                     ..
-                }
+                } if matches!(**why, ValueError::Compressor(_))
             ),
             "{e:?}"
         );
