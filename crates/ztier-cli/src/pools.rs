@@ -1,7 +1,7 @@
 //! `--allocator NAME|all`, and the side-by-side table of a sweep (allocators, compressors,
 //! chain sizes, thread counts).
 
-use ztier_pool::AllocatorKind;
+use ztier_pool::{AllocatorKind, UnknownName};
 use ztier_replay::zram::ZramRun;
 
 /// `--allocator NAME` or `--allocator all`.
@@ -14,15 +14,28 @@ impl AllocatorChoice {
     }
 }
 
+/// A word `--allocator` does not take: no allocator's name, nor `all`. The allocators'
+/// names are said in the message (clap prints a flag's error by its message alone).
+#[derive(Debug)]
+pub struct UnknownChoice(UnknownName);
+
+impl std::fmt::Display for UnknownChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} or all", self.0)
+    }
+}
+
+impl std::error::Error for UnknownChoice {}
+
 impl std::str::FromStr for AllocatorChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownChoice;
+    fn from_str(s: &str) -> Result<Self, UnknownChoice> {
         if s == "all" {
             return Ok(AllocatorChoice(AllocatorKind::ALL.to_vec()));
         }
         s.parse::<AllocatorKind>()
             .map(|k| AllocatorChoice(vec![k]))
-            .map_err(|e| format!("{e} or all"))
+            .map_err(UnknownChoice)
     }
 }
 

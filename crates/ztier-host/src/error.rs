@@ -39,8 +39,12 @@ pub enum HostError {
     },
     /// A device's saved spec (`NAME.spec` in the state directory) that cannot be written
     /// or read back.
-    #[error("the saved spec {}: {why}", path.display())]
-    SavedSpec { path: PathBuf, why: String },
+    #[error("the saved spec {}", path.display())]
+    SavedSpec {
+        path: PathBuf,
+        #[source]
+        why: crate::spec::SavedSpecError,
+    },
     #[error("the budget's thread: {0}")]
     Budget(std::io::Error),
     #[error("a target needs every device to have a store: give a store directory")]

@@ -30,7 +30,7 @@ use ztier_zram::{
 use crate::budget::{Budget, BudgetStats, Pools};
 use crate::device::HostDevice;
 use crate::error::HostError;
-use crate::spec::{DeviceSpec, SpecError};
+use crate::spec::{DeviceSpec, SavedSpecError, SpecError};
 
 /// How a host keeps its devices.
 #[derive(Debug, Clone, Default)]
@@ -113,7 +113,7 @@ impl Host {
                     name: name.to_string(),
                     key: attr.to_string(),
                     value: value.to_string(),
-                    why: e.to_string(),
+                    why: Box::new(e.into()),
                 })?;
                 d.spec.write().mem_low = bytes;
                 "mem_low set".to_string()
@@ -179,7 +179,7 @@ impl Host {
             Err(e) => {
                 return Err(HostError::SavedSpec {
                     path: state_dir.to_path_buf(),
-                    why: e.to_string(),
+                    why: e.into(),
                 })
             }
         };
@@ -374,7 +374,7 @@ fn open_store(
 /// only once the new file is whole (written beside it, synced, renamed).
 fn write_spec(path: &Path, spec: &DeviceSpec) -> Result<(), HostError> {
     use std::io::Write;
-    let failed = |why: String| HostError::SavedSpec {
+    let failed = |why: SavedSpecError| HostError::SavedSpec {
         path: path.to_path_buf(),
         why,
     };
@@ -384,36 +384,39 @@ fn write_spec(path: &Path, spec: &DeviceSpec) -> Result<(), HostError> {
     }
     let temporary = path.with_extension("spec.new");
     let _ = std::fs::remove_file(&temporary);
-    let mut file =
-        ztier_base::private_file::create(&temporary).map_err(|e| failed(e.to_string()))?;
+    let mut file = ztier_base::private_file::create(&temporary)
+        .map_err(|e| failed(SavedSpecError::File(e)))?;
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|e| failed(e.to_string()))?;
-    std::fs::rename(&temporary, path).map_err(|e| failed(e.to_string()))
+        .map_err(|e| failed(e.into()))?;
+    std::fs::rename(&temporary, path).map_err(|e| failed(e.into()))
 }
 
 /// A spec [`write_spec`] wrote (refused if another user could have written the file).
 fn read_spec(path: &Path) -> Result<DeviceSpec, HostError> {
     use std::io::Read;
-    let failed = |why: String| HostError::SavedSpec {
+    let failed = |why: SavedSpecError| HostError::SavedSpec {
         path: path.to_path_buf(),
         why,
     };
     let mut text = String::new();
     ztier_base::private_file::open(path, false)
-        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(SavedSpecError::File(e)))?
         .take(64 << 10)
         .read_to_string(&mut text)
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(e.into()))?;
     let pairs = text
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            l.split_once('=')
-                .ok_or_else(|| failed(format!("{l:?} is not key=value")))
+            l.split_once('=').ok_or_else(|| {
+                failed(SavedSpecError::NotAPair {
+                    line: l.to_string(),
+                })
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    DeviceSpec::from_pairs(None, pairs).map_err(|e| failed(e.to_string()))
+    DeviceSpec::from_pairs(None, pairs).map_err(|e| failed(e.into()))
 }
 
 impl Pools for Host {
@@ -423,5 +426,73 @@ impl Pools for Host {
 
     fn used_bytes(&self) -> u64 {
         self.group.used_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+    use crate::spec::ValueError;
+
+    /// A state directory of its own, with `files` (name, text) in it.
+    fn state_dir(files: &[(&str, &str)]) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "ztier-host-saved-{}-{}",
+            std::process::id(),
+            files[0].0
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, text) in files {
+            let path = d.join(name);
+            let mut f = ztier_base::private_file::create(&path).unwrap();
+            std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        }
+        d
+    }
+
+    /// A saved spec that cannot be read back says which file and why, the why kept whole
+    /// as the error's source.
+    #[test]
+    fn a_bad_saved_spec_keeps_its_cause() {
+        let d = state_dir(&[("a.spec", "name=a\nsize=1M\noops\n")]);
+        let e = Host::saved_specs(&d).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                HostError::SavedSpec {
+                    why: SavedSpecError::NotAPair { line },
+                    ..
+                } if line == "oops"
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("the saved spec {}", d.join("a.spec").display())
+        );
+        assert_eq!(e.source().unwrap().to_string(), "\"oops\" is not key=value");
+        let _ = std::fs::remove_dir_all(&d);
+
+        let d = state_dir(&[("b.spec", "name=b\nsize=1M\ncompressor=lz9\n")]);
+        let e = Host::saved_specs(&d).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                HostError::SavedSpec {
+                    why: SavedSpecError::Spec(SpecError::BadValue { why, .. }),
+                    ..
+                } if matches!(**why, ValueError::Compressor(_))
+            ),
+            "{e:?}"
+        );
+        let cause = e.source().unwrap().to_string();
+        assert!(
+            cause.starts_with("device b: compressor=lz9: unknown compressor 'lz9'"),
+            "{cause}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -9,16 +9,17 @@
 
 use std::time::Duration;
 
-use ztier_base::units::{parse_duration, parse_size};
-use ztier_compress::Algorithm;
-use ztier_pool::{AllocatorKind, ChainRule, ZsConfig};
-use ztier_zram::WbFormat;
+use ztier_base::private_file::PrivateFileError;
+use ztier_base::units::{parse_duration, parse_size, UnitError};
+use ztier_compress::{Algorithm, BadAlgorithm};
+use ztier_pool::{AllocatorKind, ChainRule, ConfigError, UnknownName, ZsConfig};
+use ztier_zram::{BadWbFormat, WbFormat};
 
 /// The longest device name (an NBD export name, a socket's and a state file's name).
 pub const NAME_MAX: usize = 64;
 
 /// Why a spec was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
     #[error("a device named {given} cannot also be name={named}")]
@@ -40,15 +41,61 @@ pub enum SpecError {
     },
     #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, writeback_format, writeback_idle, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
     UnknownKey { name: String, key: String },
+    /// The cause is in the message, not also a `source`: clap prints a `--device` flag's
+    /// error by its message alone, and a chain printed whole (`{:#}`) would say it twice.
+    /// Boxed: a compressor's error is large, and every `Result` of a spec or a host
+    /// carries this one's size.
     #[error("device {name}: {key}={value}: {why}")]
     BadValue {
         name: String,
         key: String,
         value: String,
-        why: String,
+        why: Box<ValueError>,
     },
     #[error("device {name}: {key} given twice")]
     Repeated { name: String, key: String },
+}
+
+/// Why a key's value was refused: the parser's own error where one read it, else what the
+/// key takes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValueError {
+    #[error(transparent)]
+    Unit(#[from] UnitError),
+    #[error(transparent)]
+    Compressor(#[from] BadAlgorithm),
+    #[error(transparent)]
+    Allocator(#[from] UnknownName),
+    #[error(transparent)]
+    WritebackFormat(#[from] BadWbFormat),
+    /// The pool layout the keys make together (said at `page_size`).
+    #[error(transparent)]
+    Layout(#[from] ConfigError),
+    /// A value outside what the key takes, which is said (`1 to 16 pages`).
+    #[error("{0}")]
+    Expected(&'static str),
+    /// A word of a flag's spec that is not `key=value`.
+    #[error("not key=value")]
+    NotAPair,
+}
+
+/// Why a device's saved spec (`NAME.spec` in a host's state directory) could not be written
+/// or read back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SavedSpecError {
+    /// The file may not hold a spec, or could not be made or opened. Its message names the
+    /// file and the system's error, so that error is not also a `source` (a chain printed
+    /// whole would say it twice).
+    #[error("{0}")]
+    File(PrivateFileError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("{line:?} is not key=value")]
+    NotAPair { line: String },
+    #[error(transparent)]
+    Spec(#[from] SpecError),
 }
 
 /// A device to make.
@@ -113,15 +160,14 @@ impl DeviceSpec {
             .ok_or_else(|| SpecError::NoSize {
                 name: name.to_string(),
             })?;
-        let bad = |key: &str, value: &str, why: String| SpecError::BadValue {
+        let bad = |key: &str, value: &str, why: ValueError| SpecError::BadValue {
             name: name.to_string(),
             key: key.to_string(),
             value: value.to_string(),
-            why,
+            why: Box::new(why),
         };
-        let size_of = |k: &str, v: &str| parse_size(v).map_err(|e| bad(k, v, e.to_string()));
-        let duration_of =
-            |k: &str, v: &str| parse_duration(v).map_err(|e| bad(k, v, e.to_string()));
+        let size_of = |k: &str, v: &str| parse_size(v).map_err(|e| bad(k, v, e.into()));
+        let duration_of = |k: &str, v: &str| parse_duration(v).map_err(|e| bad(k, v, e.into()));
         let mut spec = DeviceSpec::new_unchecked(name, size_of("size", size.1)?);
         let mut seen: Vec<&str> = Vec::new();
         for &(key, value) in &pairs {
@@ -135,49 +181,62 @@ impl DeviceSpec {
             match key {
                 "name" | "size" => {}
                 "compressor" => {
-                    spec.compressor = value.parse().map_err(|e| bad(key, value, format!("{e}")))?
+                    spec.compressor = value
+                        .parse()
+                        .map_err(|e| bad(key, value, ValueError::Compressor(e)))?
                 }
                 "allocator" => {
-                    spec.allocator = value.parse().map_err(|e| bad(key, value, format!("{e}")))?
+                    spec.allocator = value
+                        .parse()
+                        .map_err(|e| bad(key, value, ValueError::Allocator(e)))?
                 }
                 "chain_size" => {
                     spec.layout.chain_size = value
                         .parse()
                         .ok()
                         .filter(|n| (1..=16).contains(n))
-                        .ok_or_else(|| bad(key, value, "1 to 16 pages".into()))?
+                        .ok_or_else(|| bad(key, value, ValueError::Expected("1 to 16 pages")))?
                 }
                 "page_size" => {
                     spec.layout.page_size = size_of(key, value)
                         .ok()
                         .and_then(|n| usize::try_from(n).ok())
                         .filter(|n| ztier_pool::PAGE_SIZES.contains(n))
-                        .ok_or_else(|| bad(key, value, "4K or 16K".into()))?
+                        .ok_or_else(|| bad(key, value, ValueError::Expected("4K or 16K")))?
                 }
                 "chain_rule" => {
                     spec.layout.chain_rule = match value {
                         "least-waste" => ChainRule::LeastWaste,
                         "used-percent" => ChainRule::UsedPercent,
-                        _ => return Err(bad(key, value, "least-waste or used-percent".into())),
+                        _ => {
+                            return Err(bad(
+                                key,
+                                value,
+                                ValueError::Expected("least-waste or used-percent"),
+                            ))
+                        }
                     }
                 }
                 "mem_limit" => spec.mem_limit = size_of(key, value)?,
                 "mem_low" => spec.mem_low = size_of(key, value)?,
                 "mem_target" => spec.mem_target = Some(size_of(key, value)?),
                 "writeback_format" => {
-                    spec.writeback_format =
-                        value.parse().map_err(|e| bad(key, value, format!("{e}")))?
+                    spec.writeback_format = value
+                        .parse()
+                        .map_err(|e| bad(key, value, ValueError::WritebackFormat(e)))?
                 }
                 "writeback_idle" => spec.writeback_idle = Some(duration_of(key, value)?),
                 "recompress_idle" => spec.recompress_idle = Some(duration_of(key, value)?),
-                "recompress_algorithm" => spec
-                    .recompress_algorithms
-                    .push(value.parse().map_err(|e| bad(key, value, format!("{e}")))?),
+                "recompress_algorithm" => spec.recompress_algorithms.push(
+                    value
+                        .parse()
+                        .map_err(|e| bad(key, value, ValueError::Compressor(e)))?,
+                ),
                 "read_only" => {
                     spec.read_only = match value {
                         "true" | "yes" | "1" => true,
                         "false" | "no" | "0" => false,
-                        _ => return Err(bad(key, value, "true or false".into())),
+                        _ => return Err(bad(key, value, ValueError::Expected("true or false"))),
                     }
                 }
                 "serial" => spec.serial = Some(value.to_string()),
@@ -191,7 +250,7 @@ impl DeviceSpec {
         }
         if let Err(why) = spec.layout.validate() {
             let page_size = spec.layout.page_size.to_string();
-            return Err(bad("page_size", &page_size, why.to_string()));
+            return Err(bad("page_size", &page_size, why.into()));
         }
         spec.check_size()?;
         Ok(spec)
@@ -301,7 +360,7 @@ impl std::str::FromStr for DeviceSpec {
                 name: name.unwrap_or("?").to_string(),
                 key: w.to_string(),
                 value: String::new(),
-                why: "not key=value".into(),
+                why: Box::new(ValueError::NotAPair),
             })?;
             pairs.push(pair);
         }
@@ -351,7 +410,7 @@ mod tests {
     #[test]
     fn mistakes_are_said() {
         let err = |s: &str| s.parse::<DeviceSpec>().unwrap_err();
-        assert_eq!(err(""), SpecError::NoName);
+        assert!(matches!(err(""), SpecError::NoName));
         assert!(matches!(err("../x,size=1M"), SpecError::BadName(_)));
         assert!(matches!(err(".hidden,size=1M"), SpecError::BadName(_)));
         assert!(matches!(err("vm1"), SpecError::NoSize { .. }));
@@ -360,9 +419,22 @@ mod tests {
             err("vm1,size=1M,colour=red"),
             SpecError::UnknownKey { .. }
         ));
+        let e = err("vm1,size=1M,compressor=lz9");
         assert!(matches!(
-            err("vm1,size=1M,compressor=lz9"),
-            SpecError::BadValue { .. }
+            &e,
+            SpecError::BadValue { why, .. }
+                if matches!(**why, ValueError::Compressor(BadAlgorithm::Unknown { .. }))
+        ));
+        // The cause said once, in the message.
+        assert!(
+            e.to_string()
+                .starts_with("device vm1: compressor=lz9: unknown compressor 'lz9'"),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+        assert!(matches!(
+            err("vm1,size=1M,mem_limit=2X"),
+            SpecError::BadValue { why, .. } if matches!(*why, ValueError::Unit(UnitError::NotASize(_)))
         ));
         assert!(matches!(
             err("vm1,size=1M,size=2M"),

@@ -1,12 +1,13 @@
 //! The fault thread's doorbell. While faults come, the fault thread waits for the next
 //! message in a blocking `read` of the userfaultfd ("parked"), holding `gate` (write), not
 //! in a `poll` followed by a `read`: one system call on a fault's path instead of two, and
-//! no poll table to set up and take down: 0.6-0.9 µs off a bare handler's round trip here,
-//! 0-0.7 µs off a region's single-page fault at p50 (MEASUREMENTS.md, "A fault thread
-//! parked in its read"). Nothing but a message (or a signal) ends such a read. So a thread that needs the parked fault thread (an evictor or [`Region::stats`]
-//! waiting for `gate`, the CPU latency request's alarm, the region's drop) sends it one: a
-//! `MADV_DONTNEED` of the bell page, a page of the pad that nothing maps or moves into,
-//! makes the kernel queue a `REMOVE` event for it and return once the event is read.
+//! no poll table to set up and take down, which shows in a bare handler's round trip and
+//! in a region's single-page faults at p50 (MEASUREMENTS.md, "A fault thread parked in its
+//! read"). Nothing but a message (or a signal) ends such a read. So a thread that needs
+//! the parked fault thread (an evictor or [`Region::stats`] waiting for `gate`, the CPU
+//! latency request's alarm, the region's drop) sends it one: a `MADV_DONTNEED` of the bell
+//! page, a page of the pad that nothing maps or moves into, makes the kernel queue a
+//! `REMOVE` event for it and return once the event is read.
 //!
 //! Invariants: `word` holds [`PARKED`] (the fault thread is in its blocking read, or about to
 //! enter it, or just out of it, holding `gate`), a count of wants (one for each thread that

@@ -4,9 +4,9 @@
 //! A fault's round trip is two wake-ups. When the faulting thread and the fault thread run
 //! on different CPUs, each wake-up goes to a CPU that went idle in between, and what that
 //! costs is the idle state's exit: on a VM whose idle vCPUs halt at once (cpuidle's
-//! `haltpoll` with `guest_halt_poll_ns` 0, as here) it is an interrupt into a halted vCPU,
-//! and a bare handler's round trip takes 50-80 µs at p50 instead of 8-10
-//! (MEASUREMENTS.md, 2026-11-27). The scheduler separates the two threads now and then
+//! `haltpoll` with `guest_halt_poll_ns` 0) it is an interrupt into a halted vCPU, which
+//! makes a bare handler's round trip several times longer at p50 (MEASUREMENTS.md,
+//! 2026-11-27, has the figures). The scheduler separates the two threads now and then
 //! whatever the fault thread does (placement.rs), so the idle state decides the tail.
 //!
 //! A request of 0 µs keeps every idle CPU in its polling state (cpuidle's state 0) while it
@@ -44,7 +44,7 @@
 //! The one lock, the reason the request is not used, is a leaf.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
@@ -77,7 +77,7 @@ pub(crate) struct CpuLatencyQos {
     refused: AtomicBool,
     /// Why the request is not used, where it is not (a leaf lock, taken when a write is
     /// refused and by `Region::cpu_latency_qos_unused`).
-    unused: Mutex<Option<String>>,
+    unused: Mutex<Option<Unused>>,
     /// The clock the fault times below count from.
     epoch: Instant,
     /// When the last fault came (nanoseconds from `epoch`), while the request is held.
@@ -106,8 +106,7 @@ impl CpuLatencyQos {
                 Err(why) => (None, Some(why)),
             }
         } else {
-            let why = "turned off (RegionConfig::cpu_latency_qos)".to_string();
-            (None, Some(why))
+            (None, Some(Unused::TurnedOff))
         };
         let alarm = file.as_ref().and_then(|_| Alarm::new().ok());
         let qos = CpuLatencyQos {
@@ -124,7 +123,7 @@ impl CpuLatencyQos {
         };
         // Opening adds a request at the default value; saying so explicitly shows a
         // device that takes no writes now, not at the first fault.
-        let _ = qos.set(NO_CONSTRAINT);
+        qos.set(NO_CONSTRAINT);
         qos
     }
 
@@ -135,7 +134,7 @@ impl CpuLatencyQos {
 
     /// Why the request is not used, where it is not.
     pub(crate) fn unused_because(&self) -> Option<String> {
-        self.unused.lock().clone()
+        self.unused.lock().as_ref().map(Unused::to_string)
     }
 
     /// Whether the request is held now.
@@ -156,7 +155,7 @@ impl CpuLatencyQos {
         }
         let ns = self.ns(now);
         self.last_fault_ns.store(ns, Relaxed);
-        if !self.held() && self.set(0).is_ok() {
+        if !self.held() && self.set(0) {
             self.held.store(true, Relaxed);
             self.holds.fetch_add(1, Relaxed);
             self.arm(ns);
@@ -256,7 +255,7 @@ impl CpuLatencyQos {
 
     /// Withdraws the request, held or not (the fault thread's call as it ends).
     pub(crate) fn withdraw(&self) {
-        if self.set(NO_CONSTRAINT).is_ok() {
+        if self.set(NO_CONSTRAINT) {
             self.let_go();
         }
     }
@@ -273,18 +272,23 @@ impl CpuLatencyQos {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    /// Writes the request's value (a binary `s32`, as the device takes it). A refused
-    /// write leaves the request unused from then on, with the reason. (The kernel's device
-    /// takes every four-byte write; `open_device` made sure it is that device.)
-    fn set(&self, value: i32) -> std::io::Result<()> {
+    /// Writes the request's value (a binary `s32`, as the device takes it); false if the
+    /// device refused it, which leaves the request unused from then on, with the reason.
+    /// (The kernel's device takes every four-byte write; `open_device` made sure it is that
+    /// device.) With no request to write, nothing is refused.
+    fn set(&self, value: i32) -> bool {
         let Some(mut f) = self.file.as_ref().filter(|_| !self.refused.load(Relaxed)) else {
-            return Ok(());
+            return true;
         };
-        f.write_all(&value.to_ne_bytes()).inspect_err(|e| {
-            *self.unused.lock() = Some(format!("{DEVICE} refused a request: {e}"));
-            self.refused.store(true, Relaxed);
-            self.let_go();
-        })
+        match f.write_all(&value.to_ne_bytes()) {
+            Ok(()) => true,
+            Err(e) => {
+                *self.unused.lock() = Some(Unused::Refused(e));
+                self.refused.store(true, Relaxed);
+                self.let_go();
+                false
+            }
+        }
     }
 
     /// The request is no longer held: nothing is due, so the alarm is disarmed.
@@ -296,21 +300,38 @@ impl CpuLatencyQos {
     }
 }
 
+/// Why the request is not used. The OS's error is said in the message, not also as a
+/// `source`: the region hands the reason on as its message alone
+/// (`Region::cpu_latency_qos_unused`).
+#[derive(Debug, thiserror::Error)]
+enum Unused {
+    #[error("turned off (RegionConfig::cpu_latency_qos)")]
+    TurnedOff,
+    #[error("{DEVICE} cannot be opened: {0}")]
+    CannotOpen(io::Error),
+    #[error("{DEVICE} cannot be read: {0}")]
+    CannotRead(io::Error),
+    /// Not the kernel's device (`read` bytes where it reads four).
+    #[error("{DEVICE} read {read} bytes, not the 4 of a CPU latency target")]
+    NotTheDevice { read: usize },
+    /// A write of a request was refused.
+    #[error("{DEVICE} refused a request: {0}")]
+    Refused(io::Error),
+}
+
 /// The device, opened for a request; the reason where it cannot be. The kernel's device
 /// reads as the machine's target, four bytes: anything else at that path (a `/dev/null`
 /// bind-mounted over it) would take writes and do nothing.
-fn open_device() -> std::result::Result<File, String> {
+fn open_device() -> Result<File, Unused> {
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)
         .open(DEVICE)
-        .map_err(|e| format!("{DEVICE} cannot be opened: {e}"))?;
+        .map_err(Unused::CannotOpen)?;
     match f.read(&mut [0u8; 8]) {
         Ok(4) => Ok(f),
-        Ok(n) => Err(format!(
-            "{DEVICE} read {n} bytes, not the 4 of a CPU latency target"
-        )),
-        Err(e) => Err(format!("{DEVICE} cannot be read: {e}")),
+        Ok(read) => Err(Unused::NotTheDevice { read }),
+        Err(e) => Err(Unused::CannotRead(e)),
     }
 }
 

@@ -1,11 +1,11 @@
 //! Where the fault thread runs. A fault's round trip is two wake-ups: the faulting thread's
 //! of the fault thread, and the copy's of the faulting thread. On one CPU each is a context
-//! switch (the whole trip about 5 µs here); across two, on a machine whose idle CPUs halt
-//! (a VM's vCPUs), each is an interrupt into a halted CPU, and the trip takes 50-70 µs.
-//! The scheduler sends a woken thread to an idle CPU whenever its own is busy, and the
-//! faulting thread's CPU is busy at the moment the copy wakes it: the fault thread is on
-//! it, issuing the copy. So the two drift apart and stay apart; a sequential fault-in
-//! then runs at a third of its speed (MEASUREMENTS.md, 2026-11-26).
+//! switch; across two, on a machine whose idle CPUs halt (a VM's vCPUs), each is an
+//! interrupt into a halted CPU, which costs the trip many times over. The scheduler sends
+//! a woken thread to an idle CPU whenever its own is busy, and the faulting thread's CPU
+//! is busy at the moment the copy wakes it: the fault thread is on it, issuing the copy.
+//! So the two drift apart and stay apart; a sequential fault-in then runs far below its
+//! speed (MEASUREMENTS.md, 2026-11-26, has the figures).
 //!
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
@@ -63,13 +63,13 @@ use parking_lot::{Condvar, Mutex};
 use ztier_base::sched::{self, lower_to_idle_priority, CpuSet, Policy, ThreadId};
 
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
-/// one `pread` of a stat file (about 1 µs here).
+/// one `pread` of a stat file: cheap, but a system call, so not one on every fault.
 const LOOK_EVERY: Duration = Duration::from_micros(250);
 
 /// How long a look a fault found due may wait for a moment when the fault thread has
 /// nothing in hand ([`Follow::look_if_due`]) before the next fault makes it on its path: a
-/// look on the path of one fault in five or six (single-page faults 40-50 µs apart) put
-/// 0.1-0.2 µs on the p50 of cc1's (MEASUREMENTS.md, "A fault thread parked in its read").
+/// look made on faults' paths shows in the p50 of a workload's single-page faults
+/// (MEASUREMENTS.md, "A fault thread parked in its read").
 const LOOK_OVERDUE: Duration = Duration::from_millis(2);
 
 /// How long faults may wait with no progress of the fault thread, at idle priority, before
@@ -82,8 +82,8 @@ const STARVED_AFTER: Duration = Duration::from_millis(2);
 /// `GUARD_EVERY + STARVED_AFTER`, and a fault thread that gets the CPU now and then only
 /// when those 2 ms after a look hold no turn of it. Each look wakes a thread of normal
 /// priority, and the scheduler sends the faulting thread to the other CPU at some of those
-/// moments: with a guard looking every millisecond, 40-100 such separations a pass of 2000
-/// faults; every 20 ms, 4-11; every 50 ms, 3-6 (MEASUREMENTS.md, 2026-11-27).
+/// moments, so the rarer the looks, the fewer the separations (MEASUREMENTS.md,
+/// 2026-11-27, counts them for looks every 1, 20 and 50 ms).
 const GUARD_EVERY: Duration = Duration::from_millis(50);
 const GUARD_CONFIRM: Duration = Duration::from_millis(1);
 
@@ -407,9 +407,9 @@ impl<'a> Follow<'a> {
     /// running on meanwhile, wherever it runs), the copy of the faulting page did not take
     /// this thread's CPU. This thread looks where the faulting thread runs and follows it
     /// now, before its next fault, rather than within [`LOOK_EVERY`] (every fault while the
-    /// two are apart costs 50 µs or more). A look that finds the two together (the faulting
-    /// thread blocked on something else, or ran on beside this thread given a slice) is not
-    /// repeated within [`LOOK_EVERY`].
+    /// two are apart pays two wake-ups across CPUs, the module header's cost). A look that
+    /// finds the two together (the faulting thread blocked on something else, or ran on
+    /// beside this thread given a slice) is not repeated within [`LOOK_EVERY`].
     pub(crate) fn maybe_apart(&mut self) {
         if self.placement.mode.load(Relaxed) != IDLE {
             return;

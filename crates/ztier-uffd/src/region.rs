@@ -165,7 +165,8 @@ pub struct RegionConfig {
     /// to leave than polling, from a fault until none has come for 10 ms. When the
     /// scheduler puts the faulting thread and the fault thread on different CPUs, each of
     /// a fault's two wake-ups goes to a CPU that went idle in between; on a VM whose idle
-    /// vCPUs halt at once that costs 50-80 µs a fault instead of 8-10. The price is power
+    /// vCPUs halt at once each is an interrupt into a halted vCPU, which makes a fault
+    /// several times slower (MEASUREMENTS.md has the figures). The price is power
     /// (on a VM, the host's CPU time): while the request is held, every idle CPU of the
     /// machine polls instead of halting, where its cpuidle driver's first state polls
     /// (x86's `haltpoll`, `intel_idle`, `acpi_idle`; elsewhere the request changes nothing).

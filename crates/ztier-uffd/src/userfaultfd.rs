@@ -504,8 +504,8 @@ impl Waker {
 
 /// A one-shot timer on the monotonic clock (a timerfd) that a poll waits on beside the
 /// userfaultfd: a deadline that stays set across many polls. A poll's own timeout would arm
-/// and cancel a kernel timer on every wait, about 0.2 µs on each fault's path here
-/// (MEASUREMENTS.md, "A poll's timeout on a fault's path").
+/// and cancel a kernel timer on every wait, a cost on each fault's path (MEASUREMENTS.md,
+/// "A poll's timeout on a fault's path").
 pub struct Alarm {
     fd: OwnedFd,
 }

@@ -2,12 +2,11 @@
 //! and lets it go after, runs at idle priority while one thread faults (given back its
 //! priority when starved, kept at normal priority while two threads fault), and follows a
 //! faulting thread to its CPU.
-// Pinning the test's threads to CPUs (sched_setaffinity) is a raw call, with its reason.
-#![allow(unsafe_code)]
-
 mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
+
+use ztier_base::sched::{self, CpuSet, ThreadId};
 
 use common::{check_page, region, region_with, write_page, PAGE};
 
@@ -86,29 +85,16 @@ fn skip_without_idle_priority() {
     eprintln!("skipped: {why}");
 }
 
-/// The CPUs the calling thread may use, in order. The crate's own helper is private to it.
+/// The CPUs the calling thread may use, in order.
 fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain bits; all zeros is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sched_getaffinity writes at most the size we pass into a live local.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-    assert_eq!(rc, 0, "sched_getaffinity");
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: every index is below CPU_SETSIZE; the set is a live, filled local.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
+    sched::affinity().expect("sched_getaffinity").cpus()
 }
 
 /// Holds the calling thread on `cpu` alone.
 fn hold_on(cpu: usize) {
-    assert!(cpu < libc::CPU_SETSIZE as usize);
-    // SAFETY: as above, an empty set.
-    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE; the set is a live local.
-    unsafe { libc::CPU_SET(cpu, &mut one) };
-    // SAFETY: reads the set we pass; changes only where the calling thread (0) runs.
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) };
-    assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}");
+    let one = CpuSet::of(&[cpu]).expect("a CPU below CPU_SETSIZE");
+    sched::set_affinity(ThreadId::CALLING, &one)
+        .unwrap_or_else(|e| panic!("sched_setaffinity to CPU {cpu}: {e}"));
 }
 
 /// Holds the calling thread on the first CPU it may use (the same one for every caller

@@ -7,6 +7,7 @@ mod common;
 use std::sync::atomic::Ordering::Relaxed;
 
 use common::{check_page, region, region_with, write_page, written_region, PAGE, WORDS};
+use ztier_base::rng::Rng;
 
 #[test]
 fn a_never_written_page_reads_as_zeros_and_costs_no_store() {
@@ -210,26 +211,23 @@ fn pad_with_holes() {
     }
 }
 
+/// The words of page `page`'s noise at `version`, in order.
+fn noise(page: u64, version: u64) -> Rng {
+    Rng::from_state((page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version)
+}
+
 /// Pages that do not compress (each is stored raw: the device's `huge_pages_since` counts
 /// every write of one), page `page`'s at `version`.
 fn write_noise(words: &[std::sync::atomic::AtomicU64], page: u64, version: u64) {
-    let mut x = (page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
+    let mut rng = noise(page, version);
     for w in 0..WORDS {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        words[page as usize * WORDS + w].store(x, Relaxed);
+        words[page as usize * WORDS + w].store(rng.next_u64(), Relaxed);
     }
 }
 
 fn noise_is(words: &[std::sync::atomic::AtomicU64], page: u64, version: u64) -> bool {
-    let mut x = (page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
-    (0..WORDS).all(|w| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        words[page as usize * WORDS + w].load(Relaxed) == x
-    })
+    let mut rng = noise(page, version);
+    (0..WORDS).all(|w| words[page as usize * WORDS + w].load(Relaxed) == rng.next_u64())
 }
 
 /// A page read back in from the store and not written since keeps its copy there:
@@ -362,11 +360,9 @@ fn a_page_written_after_it_came_in_is_stored_anew() {
         let base = page as usize * WORDS;
         assert_eq!(words[base + WORDS - 1].load(Relaxed), 0xDEAD_BEEF ^ page);
         // The rest of the page as it was.
-        let mut x = (page + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 1;
+        let mut rng = noise(page, 1);
         for w in 0..WORDS - 1 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             assert_eq!(words[base + w].load(Relaxed), x, "page {page} word {w}");
         }
     }
@@ -385,14 +381,8 @@ fn a_refused_store_keeps_the_page() {
     };
     let words = r.words();
     // Pages that do not compress: each takes a whole page of the store.
-    let mut x = 0x9E37_79B9_7F4A_7C15_u64;
-    let mut noise = vec![0u64; 64 * WORDS];
-    for w in noise.iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *w = x;
-    }
+    let mut rng = Rng::from_state(0x9E37_79B9_7F4A_7C15);
+    let noise: Vec<u64> = (0..64 * WORDS).map(|_| rng.next_u64()).collect();
     for (w, v) in words.iter().zip(&noise) {
         w.store(*v, Relaxed);
     }

@@ -51,10 +51,51 @@ use backend::Blk;
 pub enum VhostError {
     #[error("the vhost-user socket: {0}")]
     Socket(io::Error),
-    /// The daemon could not be made or started (its threads, its first accept); said in
-    /// words, since vhost-user-backend's error is not `Sync`.
+    /// The daemon could not be made or started (its threads, its first accept).
     #[error("the vhost-user daemon: {0}")]
-    Daemon(String),
+    Daemon(DaemonError),
+}
+
+/// Why vhost-user-backend's daemon could not be made or started: its error, variant by
+/// variant, in its own words. Not that error itself, which is not `Sync` (a panicked
+/// thread's payload, `Box<dyn Any + Send>`, is one of its variants), so could not travel in
+/// an `anyhow` chain; every other variant's cause is kept whole. As [`VhostError`]'s, each
+/// cause is said in the message, not also as a `source`: the CLI prints a server's end by
+/// its message, and a chain printed whole (`{:#}`) would say it twice.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    #[error("cannot create vhost user handler: {0}")]
+    Handler(vhost_user_backend::VhostUserHandlerError),
+    /// The front end's connection could not be accepted.
+    #[error("cannot create backend listener: {0}")]
+    Accept(vhost::vhost_user::Error),
+    #[error("cannot create backend req handler: {0}")]
+    RequestHandler(vhost::vhost_user::Error),
+    #[error("cannot create vhost-user listener: {0}")]
+    Listener(vhost::vhost_user::Error),
+    #[error("failed to handle request: {0}")]
+    Request(vhost::vhost_user::Error),
+    #[error("failed to start daemon: {0}")]
+    Thread(io::Error),
+    /// The daemon's thread panicked (what it panicked with is not kept: not `Sync`).
+    #[error("failed to wait for daemon exit")]
+    Panicked,
+}
+
+impl From<vhost_user_backend::Error> for DaemonError {
+    fn from(e: vhost_user_backend::Error) -> DaemonError {
+        use vhost_user_backend::Error as E;
+        match e {
+            E::NewVhostUserHandler(e) => DaemonError::Handler(e),
+            E::CreateBackendListener(e) => DaemonError::Accept(e),
+            E::CreateBackendReqHandler(e) => DaemonError::RequestHandler(e),
+            E::CreateVhostUserListener(e) => DaemonError::Listener(e),
+            E::HandleRequest(e) => DaemonError::Request(e),
+            E::StartDaemon(e) => DaemonError::Thread(e),
+            E::WaitDaemon(_) => DaemonError::Panicked,
+        }
+    }
 }
 
 /// Counts kept while serving, over every connection.
@@ -195,10 +236,10 @@ impl Server {
             Arc::clone(&self.stopping),
         ));
         let mut daemon = VhostUserDaemon::new("ztier-vhost".into(), Arc::clone(&blk), mem)
-            .map_err(|e| VhostError::Daemon(e.to_string()))?;
+            .map_err(|e| VhostError::Daemon(e.into()))?;
         daemon
             .start(listener)
-            .map_err(|e| VhostError::Daemon(e.to_string()))?;
+            .map_err(|e| VhostError::Daemon(e.into()))?;
         let id = self.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
         if self.log.load(Ordering::Relaxed) {
             eprintln!("vhost-user: connection {id}");

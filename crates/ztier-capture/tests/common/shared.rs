@@ -2,8 +2,9 @@
 //! (the CLI's include this file by its path): the processes they capture, a child whose memory
 //! the test knows (this test binary run again, see [`serve_memory_child`]) and a Python process
 //! holding hundreds of MiB, to kill while it is read; reading `/proc/PID/stat`; and the check
-//! that a recording's epochs began on multiples of its period. Only std and rustix, so it
-//! reads the same in either crate.
+//! that a recording's epochs began on multiples of its period. Only std, rustix and
+//! ztier-base (its one seeded generator), which both crates' tests have, so it reads the same
+//! in either crate.
 #![allow(dead_code)] // each test file uses its own part
 
 use std::collections::BTreeMap;
@@ -32,14 +33,11 @@ pub fn expected(region: &str, page: usize, generation: u64) -> Vec<u8> {
         }
         "zeros" => vec![if generation == 0 { 0 } else { 0xff }; PAGE],
         "random" => {
-            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((page as u64 + 1) * 0x1000_0001) ^ generation;
+            let mut rng = ztier_base::rng::Rng::from_state(
+                0x9e37_79b9_7f4a_7c15u64 ^ ((page as u64 + 1) * 0x1000_0001) ^ generation,
+            );
             (0..PAGE / 8)
-                .flat_map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x.to_le_bytes()
-                })
+                .flat_map(|_| rng.next_u64().to_le_bytes())
                 .collect()
         }
         _ => unreachable!(),

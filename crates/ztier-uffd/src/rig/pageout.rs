@@ -11,6 +11,7 @@
 //! every page that went out went through zswap (`/proc/vmstat`), and every page comes back
 //! equal to the one given (else an error). No locks.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::mapping::PlainPages;
@@ -24,13 +25,18 @@ const PAGEOUT_TRIES: usize = 4;
 const TRIES_PER_SAMPLE: usize = 20;
 
 /// Why the kernel's own path is not there for the pages (each says what is missing; the
-/// kinds are what tests and callers match on, the text what a user reads).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// kinds are what tests and callers match on, the text what a user reads). An OS error is
+/// kept whole (shared, so the reason can be cloned into a run's report) and said in the
+/// message, not also as a `source`: callers print this by its message.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum NoKernelPath {
     /// zswap's parameter at `path` cannot be read: no zswap in this kernel.
     #[error("{path}: {error} (no zswap here)")]
-    NoZswap { path: String, error: String },
+    NoZswap {
+        path: String,
+        error: Arc<std::io::Error>,
+    },
     /// zswap is not enabled (`path` reads `enabled`, not `Y`).
     #[error(
         "zswap is off ({path} is {enabled}): MADV_PAGEOUT would write the pages to the swap \
@@ -39,7 +45,7 @@ pub enum NoKernelPath {
     ZswapOff { path: String, enabled: String },
     /// `/proc/swaps` cannot be read (the OS's reason).
     #[error("/proc/swaps: {0}")]
-    SwapsUnreadable(String),
+    SwapsUnreadable(Arc<std::io::Error>),
     /// No swap device is on.
     #[error("no swap is on (/proc/swaps): zswap needs a swap device behind it")]
     NoSwap,
@@ -230,7 +236,7 @@ fn zswap_compressor() -> Result<String> {
             .map(|s| s.trim().to_string())
             .map_err(|e| NoKernelPath::NoZswap {
                 path: format!("{params}/{name}"),
-                error: e.to_string(),
+                error: Arc::new(e),
             })
     };
     let enabled = read("enabled")?;
@@ -247,7 +253,7 @@ fn zswap_compressor() -> Result<String> {
 /// Bytes free on the swap devices that are on (`/proc/swaps`: size and used in KiB).
 fn swap_free_bytes() -> Result<u64> {
     let swaps = std::fs::read_to_string("/proc/swaps")
-        .map_err(|e| NoKernelPath::SwapsUnreadable(e.to_string()))?;
+        .map_err(|e| NoKernelPath::SwapsUnreadable(Arc::new(e)))?;
     let devices: Vec<(u64, u64)> = swaps
         .lines()
         .skip(1)

@@ -128,7 +128,7 @@ pub fn check_page(words: &[AtomicU64], page: u64, version: u64) -> Result<(), St
 }
 
 /// Thread `t` of `threads` owning every `threads`-th page of the first `pages`: `rounds`
-/// times it picks one of its pages at random (xorshift from `seed ^ t`) and writes a new
+/// times it picks one of its pages at random (`Rng` from the state `seed ^ t`) and writes a new
 /// version of it (`writes_in_16` times in 16) or checks it holds its last; then checks them
 /// all. Panics at the first page that reads back wrong.
 pub fn own_pages_at_random(
@@ -141,11 +141,9 @@ pub fn own_pages_at_random(
 ) {
     let mine: Vec<u64> = (t..pages).step_by(threads as usize).collect();
     let mut version = vec![0u64; mine.len()];
-    let mut x = seed ^ t;
+    let mut rng = ztier_base::rng::Rng::from_state(seed ^ t);
     for _ in 0..rounds {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let i = (x % mine.len() as u64) as usize;
         if x >> 60 < writes_in_16 {
             version[i] += 1;
