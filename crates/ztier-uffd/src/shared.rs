@@ -32,8 +32,8 @@ use crate::userfaultfd::{self, Uffd, Waker};
 /// Pages an evictor moves out before it empties its part of the pad. Each emptying is a
 /// `MADV_DONTNEED` of the pad, which waits for the fault thread to read its `REMOVE` event
 /// (a wake-up of another CPU), and each batch ends with a wake-up of the fault thread: 256
-/// rather than 64 made eviction 1.2-1.5x faster (MEASUREMENTS.md), for at most 2 MiB of pad
-/// resident while the evictors work.
+/// rather than 64 pays for those wake-ups over four times the pages (MEASUREMENTS.md has the
+/// figures), for at most 2 MiB of pad resident while the evictors work.
 pub(crate) const BATCH: usize = 256;
 
 /// Pad pages of `Region::evict`, emptied together once all are used: each emptying is a

@@ -31,6 +31,7 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_queue::{DescriptorChain, Reader, Writer};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
+use ztier_base::bytes::ByteReader;
 use ztier_blockdev::BlockDevice;
 
 use crate::config::{DeviceConfig, MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR};
@@ -197,10 +198,12 @@ fn run_parsed<B: vm_memory::bitmap::BitmapSlice>(
     if reader.read_exact(&mut header).is_err() {
         return Outcome::Malformed;
     }
-    let kind = Kind::of(u32::from_le_bytes(
-        header[0..4].try_into().expect("4 bytes"),
-    ));
-    let sector = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+    let mut fields = ByteReader::new(&header);
+    let (Ok(kind), Ok(_reserved), Ok(sector)) = (fields.u32_le(), fields.u32_le(), fields.u64_le())
+    else {
+        return Outcome::Malformed;
+    };
+    let kind = Kind::of(kind);
     let writes = matches!(kind, Kind::Out | Kind::Discard | Kind::WriteZeroes);
     if writes && config.read_only {
         return Outcome::Refused(kind);
@@ -313,9 +316,12 @@ fn ranges<B: vm_memory::bitmap::BitmapSlice>(
         if reader.read_exact(&mut s).is_err() {
             return Outcome::Refused(kind);
         }
-        let sector = u64::from_le_bytes(s[0..8].try_into().expect("8 bytes"));
-        let sectors = u32::from_le_bytes(s[8..12].try_into().expect("4 bytes"));
-        let flags = u32::from_le_bytes(s[12..16].try_into().expect("4 bytes"));
+        let mut fields = ByteReader::new(&s);
+        let (Ok(sector), Ok(sectors), Ok(flags)) =
+            (fields.u64_le(), fields.u32_le(), fields.u32_le())
+        else {
+            return Outcome::Refused(kind);
+        };
         let unmap = flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0;
         let unknown = flags & !VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0;
         if unknown || (kind == Kind::Discard && flags != 0) {
