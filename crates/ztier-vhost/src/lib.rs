@@ -18,9 +18,15 @@
 //! through the regions the frontend gave; nothing a guest writes into its ring makes this
 //! process panic, spin, or touch memory outside them (`request`'s header).
 //!
-//! Locks: `Server::active` (the connection being served, to end it at a stop: taken to set,
-//! take or end it, never across a connection's requests), then a connection's
-//! (`backend`'s header). No lock of the server's is held while the device runs.
+//! A host that ends the device first closes the server ([`Server::close`]): from then on no
+//! VMM is served (one that connects waits in the socket's backlog, and one accepted at that
+//! moment is let go before its first message), so what `close` says is attached is all that
+//! can hold the disk; [`Server::reopen`] serves them again if the host changes its mind.
+//!
+//! Locks: `Server::active` (the connection being served and whether the server is closed:
+//! taken to set, take or end the connection or to close, never across a connection's
+//! requests), then a connection's (`backend`'s header). No lock of the server's is held
+//! while the device runs.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -124,6 +130,9 @@ pub struct Stats {
     /// Connections that ended on a protocol error (a message the backend refused, a
     /// frontend that broke the protocol) rather than a hang-up.
     pub protocol_errors: AtomicU64,
+    /// Connections let go before their first message: accepted as the server was closed
+    /// ([`Server::close`]).
+    pub turned_away: AtomicU64,
 }
 
 /// A vhost-user-blk server of one device.
@@ -137,9 +146,18 @@ pub struct Server {
     log: AtomicBool,
     /// An eventfd the accept loop polls beside its listener; `stop` writes to it.
     wake: OwnedFd,
+    /// The connection being served, and whether new ones are turned away.
+    active: Mutex<Active>,
+}
+
+/// What `Server::active` guards.
+#[derive(Default)]
+struct Active {
     /// The connection being served: its daemon's shutdown handle and its device (to end its
     /// workers).
-    active: Mutex<Option<(ShutdownHandle, Arc<Blk>)>>,
+    connection: Option<(ShutdownHandle, Arc<Blk>)>,
+    /// Closed by a host about to end the device: no connection is served.
+    closed: bool,
 }
 
 impl Server {
@@ -152,7 +170,7 @@ impl Server {
             stopping: Arc::new(AtomicBool::new(false)),
             log: AtomicBool::new(false),
             wake: rustix::event::eventfd(0, flags)?,
-            active: Mutex::new(None),
+            active: Mutex::new(Active::default()),
         }))
     }
 
@@ -166,12 +184,33 @@ impl Server {
         self.log.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a VMM is connected now (a host asks before it ends the device).
+    /// Whether a VMM is connected now.
     pub fn is_attached(&self) -> bool {
-        self.active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        self.active().connection.is_some()
+    }
+
+    /// Turns every VMM that connects from now on away (see the module's header) and says
+    /// whether one is attached: what a host asks before it ends the device, with no window
+    /// in which a VMM attaches unseen and is then cut off.
+    pub fn close(&self) -> bool {
+        let mut active = self.active();
+        active.closed = true;
+        active.connection.is_some()
+    }
+
+    /// Serves VMMs again after a [`close`](Server::close) (the device stays): one waiting in
+    /// the backlog is taken now.
+    pub fn reopen(&self) {
+        self.active().closed = false;
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    fn is_closed(&self) -> bool {
+        self.active().closed
+    }
+
+    fn active(&self) -> std::sync::MutexGuard<'_, Active> {
+        self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -185,12 +224,7 @@ impl Server {
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-        if let Some((handle, _)) = self
-            .active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+        if let Some((handle, _)) = self.active().connection.as_ref() {
             handle.shutdown();
         }
     }
@@ -209,7 +243,10 @@ impl Server {
                 PollFd::new(&self.wake, PollFlags::IN),
                 PollFd::new(&listener, PollFlags::IN),
             ];
-            match rustix::event::poll(&mut fds, None) {
+            // Closed: a VMM that connects waits in the backlog; only a wake (a stop or a
+            // reopen) is looked for.
+            let watched = if self.is_closed() { 1 } else { 2 };
+            match rustix::event::poll(&mut fds[..watched], None) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(VhostError::Socket(e.into())),
@@ -217,7 +254,11 @@ impl Server {
             if self.is_stopping() {
                 break;
             }
-            if !fds[1].revents().contains(PollFlags::IN) {
+            if fds[0].revents().contains(PollFlags::IN) {
+                // A reopen's wake, read so that the next poll waits again.
+                let _ = rustix::io::read(&self.wake, &mut [0u8; 8]);
+            }
+            if watched < 2 || !fds[1].revents().contains(PollFlags::IN) {
                 continue;
             }
             self.serve_one(&mut vhost_listener)?;
@@ -244,18 +285,26 @@ impl Server {
         if self.log.load(Ordering::Relaxed) {
             eprintln!("vhost-user: connection {id}");
         }
-        {
-            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-            *active = daemon.shutdown_handle().map(|h| (h, Arc::clone(&blk)));
-            // A stop that came before the connection was set as active ends it now.
-            if self.is_stopping() {
-                if let Some((h, _)) = active.as_ref() {
+        let turned_away = {
+            let mut active = self.active();
+            active.connection = daemon.shutdown_handle().map(|h| (h, Arc::clone(&blk)));
+            // A stop that came before the connection was set as active ends it now, and
+            // a close lets it go before its first message: the host that closed counted
+            // no VMM.
+            let turned_away = active.closed && !self.is_stopping();
+            if self.is_stopping() || active.closed {
+                if let Some((h, _)) = active.connection.as_ref() {
                     h.shutdown();
                 }
             }
+            turned_away
+        };
+        if turned_away {
+            self.stats.turned_away.fetch_add(1, Ordering::Relaxed);
+            eprintln!("vhost-user: connection {id} turned away: the disk is being ended");
         }
         let ended = daemon.wait();
-        *self.active.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.active().connection = None;
         // The workers end (each finishes the request in hand first); the daemon's drop
         // joins them.
         blk.stop_workers();

@@ -101,3 +101,43 @@ fn a_vmm_that_reconnects_is_served_again() {
     }
     assert_eq!(served.server.stats().connections.load(Ordering::Relaxed), 4);
 }
+
+/// A closed server (a host about to end the disk) serves no VMM: one that connects waits,
+/// unserved, and `close` said who was attached; reopened, the waiting VMM is served.
+#[test]
+fn a_closed_server_serves_no_one_until_it_is_reopened() {
+    let dev = Arc::new(MemoryDevice::new(1 << 20).unwrap());
+    let served = Served::start(dev.clone(), config());
+    assert!(!served.server.close(), "nothing attached yet");
+    let path = served.path.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let connecting = std::thread::spawn(move || {
+        let guest = Guest::connect(&path, Options::default());
+        tx.send(()).unwrap();
+        guest
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "a VMM was served by a closed server"
+    );
+    assert_eq!(served.server.stats().connections.load(Ordering::Relaxed), 0);
+    assert!(!served.server.is_attached());
+
+    served.server.reopen();
+    rx.recv_timeout(guest::ANSWER_WAIT)
+        .expect("the waiting VMM is served once the server reopens");
+    let guest = connecting.join().unwrap();
+    let (st, _) = guest.request(0, VIRTIO_BLK_T_OUT, 0, &pattern(3, 4096), 0);
+    assert_eq!(st, OK);
+    assert!(
+        served.server.close(),
+        "attached: a host would refuse to end the disk"
+    );
+    // Closing does not touch the connection being served.
+    let (st, data) = guest.request(0, VIRTIO_BLK_T_IN, 0, &[], 4096);
+    assert_eq!(st, OK);
+    assert!(data == pattern(3, 4096));
+    assert_eq!(served.server.stats().turned_away.load(Ordering::Relaxed), 0);
+    served.stop().unwrap();
+}

@@ -196,6 +196,33 @@ impl Hosted {
         (nbd, vmm)
     }
 
+    /// Closes a device to new clients (NBD handshakes and VMMs are turned away) and says who
+    /// holds it now: nobody can take it after this count and be cut off unseen.
+    fn close(&self, name: &str) -> (usize, bool) {
+        let opened = self.exports.close(name);
+        let vmm = self
+            .vhost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .is_some_and(|v| v.server.close());
+        let (nbd, _) = self.holders(name);
+        (if opened { nbd.max(1) } else { nbd }, vmm)
+    }
+
+    /// Serves a device closed by [`close`](Self::close) again.
+    fn reopen(&self, name: &str) {
+        self.exports.reopen(name);
+        if let Some(v) = self
+            .vhost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+        {
+            v.server.reopen();
+        }
+    }
+
     /// Ends a device: refused while a client holds it, unless `force` (its clients are cut
     /// off first). Its memory, state, spec and store go.
     fn destroy(&self, name: &str, force: bool) -> anyhow::Result<String> {
@@ -203,12 +230,10 @@ impl Hosted {
         if self.host.get(name).is_none() {
             bail!("no device named {name}");
         }
-        // Closed to new handshakes first, so what is counted next is all that holds it.
-        let opened = self.exports.close(name);
-        let (nbd, vmm) = self.holders(name);
-        let nbd = if opened { nbd.max(1) } else { nbd };
+        // Closed to new clients first, so what is counted is all that holds it.
+        let (nbd, vmm) = self.close(name);
         if (nbd > 0 || vmm) && !force {
-            self.exports.reopen(name);
+            self.reopen(name);
             let mut held = Vec::new();
             if nbd > 0 {
                 held.push(format!(
@@ -230,7 +255,7 @@ impl Hosted {
         let gone = match self.host.destroy(name) {
             Ok(gone) => gone,
             Err(e) => {
-                self.exports.reopen(name);
+                self.reopen(name);
                 return Err(e.into());
             }
         };
