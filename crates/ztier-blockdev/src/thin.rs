@@ -69,6 +69,8 @@ pub enum ThinError {
     Magic { found: [u8; 8] },
     #[error("volume map version {found}, this build reads {VERSION}")]
     Version { found: u32 },
+    #[error("volume map's extent size {extent_size} is not a power of two")]
+    MapExtentSize { extent_size: u64 },
     #[error("volume map reserved field is {found:#x}, not 0")]
     Reserved { found: u32 },
     #[error("volume map checksum {stored:#010x}, its bytes sum to {computed:#010x}")]
@@ -930,10 +932,7 @@ impl VolumeMap {
             return Err(ThinError::Reserved { found: reserved });
         }
         if !extent_size.is_power_of_two() {
-            return Err(ThinError::ExtentSize {
-                extent_size,
-                block_size: 0,
-            });
+            return Err(ThinError::MapExtentSize { extent_size });
         }
         let mut entries = Vec::with_capacity(count as usize);
         for _ in 0..count {
@@ -1034,7 +1033,7 @@ mod tests {
         bytes[16..24].copy_from_slice(&3u64.to_le_bytes());
         assert!(matches!(
             VolumeMap::from_bytes(&resum(bytes)),
-            Err(ThinError::ExtentSize { extent_size: 3, .. })
+            Err(ThinError::MapExtentSize { extent_size: 3 })
         ));
         let mut bytes = map.to_bytes();
         // The second entry's volume extent made the first's.
