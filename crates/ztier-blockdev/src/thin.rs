@@ -589,6 +589,8 @@ impl Volume {
                     pins: 0,
                 }) => {
                     slots.map.remove(&volume_extent);
+                    // A write or a partial discard may wait on the drain.
+                    self.wake(&slots);
                     // The map gives memory back as it empties: all of it when empty, half
                     // when a quarter full (so a volume that breathes does not reallocate at
                     // every extent).
@@ -655,7 +657,9 @@ impl Volume {
 
     /// Which store extent backs which volume extent, to save for [`ThinStore::restore`].
     /// Extents being filled or given back as it is taken are left out: take it with the
-    /// volume quiet (no writes or discards in flight) for a map that is the volume's.
+    /// volume quiet (no writes or discards in flight) for a map that is the volume's, and
+    /// flush the store before saving it (an extent's zeroing as it was taken is durable only
+    /// once the store is flushed).
     pub fn map(&self) -> VolumeMap {
         let mut entries: Vec<(u64, u64)> = self
             .slots()
@@ -701,13 +705,12 @@ impl Volume {
         let mut store_extents: Vec<u64> = slots
             .map
             .values()
-            .map(|slot| match *slot {
+            .filter_map(|slot| match *slot {
                 Slot::Mapped { store_extent, .. } | Slot::Draining { store_extent, .. } => {
                     Some(store_extent)
                 }
                 Slot::Filling => None,
             })
-            .flatten()
             .collect();
         store_extents.sort_unstable();
         let failed_discards = self.store.discard_extents(&store_extents);
