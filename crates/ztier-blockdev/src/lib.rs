@@ -2,7 +2,8 @@
 //! and to the engines that write to one (zram writeback, zswap's swap device). zram's device
 //! implements [`BlockDevice`], a file does ([`file::FileDevice`]), so does a plain RAM disk
 //! ([`memory::MemoryDevice`], the uncompressed reference), and a remote NBD export will; a
-//! server written against the trait never learns which it serves.
+//! server written against the trait never learns which it serves. A thin volume of one store
+//! shared by many devices does too ([`thin::Volume`], each device's extents its own).
 //!
 //! Contract:
 //! - every method may be called from any number of threads at once, on any byte range
@@ -23,6 +24,7 @@ pub mod file;
 pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod thin;
 
 /// What a device says of a refusal of one of the kinds below: its own error, kept whole (a
 /// `ZramError` stays one, for a caller that downcasts it), or words (a `String` converts
