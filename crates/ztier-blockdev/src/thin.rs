@@ -176,6 +176,16 @@ pub struct ThinStore {
 /// The default extent: 1 MiB, so a 1 TiB store is 1 Mi extents (a 128 KiB free set).
 pub const DEFAULT_EXTENT_SIZE: u64 = 1 << 20;
 
+impl std::fmt::Debug for ThinStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThinStore")
+            .field("extent_size", &self.extent_size())
+            .field("extents", &self.extents)
+            .field("free_extents", &self.free_extents())
+            .finish_non_exhaustive()
+    }
+}
+
 impl ThinStore {
     /// A pool of `extent_size`-byte extents over `device`, every one free (whatever the
     /// device holds: an extent is zeroed as it is taken). `extent_size` is a power of two, at
@@ -692,8 +702,10 @@ impl Volume {
     /// [`ThinStore::restore`] by the next process over the same store. Its extents are
     /// neither discarded nor freed: this store keeps them held, so nothing made after can
     /// take them. (The next process's store starts with every extent free: it restores every
-    /// saved volume before it makes a new one.)
-    pub fn close(self) -> VolumeMap {
+    /// saved volume before it makes a new one.) Through a shared handle too (a zram store's
+    /// volume is held by its device): after it the volume holds nothing, so it is called
+    /// last, once nothing uses the volume.
+    pub fn close(&self) -> VolumeMap {
         let map = self.map();
         self.slots().map.clear();
         map

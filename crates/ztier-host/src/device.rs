@@ -1,5 +1,6 @@
 //! One device of the host: its spec, its zram device, its own policy, its state file and
-//! store path, and what the host's budget took from it.
+//! store (a path of its own, or its volume of the host's shared store), and what the host's
+//! budget took from it.
 //!
 //! Invariants: the state's guard is taken at most once (`consumed`); after `quiesce` no
 //! policy or writeback changes the device's store; the spec's limits (`mem_limit`,
@@ -11,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use ztier_blockdev::thin::Volume;
 use ztier_blockdev::BlockDevice;
 use ztier_zram::{Device, Policy, StateFile, StateSummary};
 
@@ -31,6 +33,8 @@ pub struct HostDevice {
     /// The state's guard is taken (the file renamed `.loaded`).
     pub(crate) consumed: AtomicBool,
     pub(crate) store_path: Option<PathBuf>,
+    /// Its part of the host's shared store, if the host has one (its store is this volume).
+    pub(crate) volume: Option<Arc<Volume>>,
     /// Pages the host's budget wrote back from this device.
     pub(crate) budget_pages: AtomicU64,
 }

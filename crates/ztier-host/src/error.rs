@@ -47,6 +47,33 @@ pub enum HostError {
     },
     #[error("the budget's thread: {0}")]
     Budget(std::io::Error),
-    #[error("a target needs every device to have a store: give a store directory")]
+    #[error(
+        "a target needs every device to have a store: give a store directory or a shared store"
+    )]
     TargetWithoutStores,
+    #[error("a host's devices write back to a store directory or to one shared store, not both")]
+    TwoKindsOfStore,
+    /// A device's part of the shared store (its saved map, `NAME.volume` in the state
+    /// directory) that cannot be saved or taken back.
+    #[error("device {name}: its part of the shared store ({})", path.display())]
+    Volume {
+        name: String,
+        path: PathBuf,
+        #[source]
+        why: VolumeError,
+    },
+}
+
+/// Why a device's part of the shared store could not be saved or taken back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    File(#[from] ztier_base::private_file::PrivateFileError),
+    #[error("{0}")]
+    Thin(#[from] ztier_blockdev::thin::ThinError),
+    #[error("{0}")]
+    Store(#[from] ztier_blockdev::BlockError),
 }

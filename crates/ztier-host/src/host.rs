@@ -22,6 +22,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use ztier_base::units::parse_size;
 use ztier_blockdev::file::FileDevice;
+use ztier_blockdev::thin::{ThinStore, Volume, VolumeMap};
 use ztier_blockdev::BlockDevice;
 use ztier_zram::{
     Backing, Device, MemoryGroup, Policy, PolicyConfig, StateFile, StateSummary, ZramError,
@@ -29,7 +30,7 @@ use ztier_zram::{
 
 use crate::budget::{Budget, BudgetStats, Pools};
 use crate::device::HostDevice;
-use crate::error::HostError;
+use crate::error::{HostError, VolumeError};
 use crate::spec::{DeviceSpec, SavedSpecError, SpecError};
 
 /// How a host keeps its devices.
@@ -48,6 +49,11 @@ pub struct HostConfig {
     /// anywhere: each device's written-back pages in its own file, never read by another,
     /// removed with the device.
     pub store_dir: Option<PathBuf>,
+    /// Or one store for every device (a file, a disk, an NBD export): each device's
+    /// written-back pages in extents of its own (`ztier_blockdev::thin`: never read by
+    /// another device, given back when it is destroyed). With a state directory, each
+    /// device's map of its extents is kept there (`NAME.volume`) with its state.
+    pub shared_store: Option<Arc<ThinStore>>,
 }
 
 /// The host of devices.
@@ -56,19 +62,31 @@ pub struct Host {
     group: Arc<MemoryGroup>,
     devices: RwLock<BTreeMap<String, Arc<HostDevice>>>,
     budget: Mutex<Option<Budget>>,
+    /// Volumes of the shared store taken back at start (the devices a clean stop saved),
+    /// by device name, each waiting for its device to be made again. They hold their
+    /// extents meanwhile, so no device made first takes them.
+    restored: Mutex<BTreeMap<String, Arc<Volume>>>,
 }
 
 impl Host {
     /// A host with no devices; its budget's thread starts if it has a target.
     pub fn new(config: HostConfig) -> Result<Arc<Host>, HostError> {
-        if config.target.is_some() && config.store_dir.is_none() {
+        if config.target.is_some() && config.store_dir.is_none() && config.shared_store.is_none() {
             return Err(HostError::TargetWithoutStores);
         }
+        if config.store_dir.is_some() && config.shared_store.is_some() {
+            return Err(HostError::TwoKindsOfStore);
+        }
+        let restored = match (&config.shared_store, &config.state_dir) {
+            (Some(store), Some(dir)) => restore_volumes(store, dir)?,
+            _ => BTreeMap::new(),
+        };
         let host = Arc::new(Host {
             group: Arc::new(MemoryGroup::new(config.limit)),
             config,
             devices: RwLock::new(BTreeMap::new()),
             budget: Mutex::new(None),
+            restored: Mutex::new(restored),
         });
         if let Some(target) = host.config.target {
             let interval = host.config.interval.unwrap_or(Duration::from_secs(10));
@@ -221,6 +239,13 @@ impl Host {
             .store_dir
             .as_ref()
             .map(|dir| dir.join(format!("{name}.store")));
+        // Its volume of the shared store: the one a clean stop saved, or a new one.
+        let volume = self.config.shared_store.as_ref().map(|store| {
+            self.restored
+                .lock()
+                .remove(&name)
+                .unwrap_or_else(|| Arc::new(store.volume(Backing::size_for(spec.size))))
+        });
         let mut loaded = false;
         if let Some(state) = &state {
             let state_error = |source| HostError::State {
@@ -230,9 +255,15 @@ impl Host {
             };
             if let Some(file) = state.open().map_err(state_error)? {
                 let mut input = std::io::BufReader::with_capacity(1 << 20, file);
-                match store_path.as_deref().filter(|p| p.exists()) {
-                    Some(path) => {
-                        let store = open_store(&name, path, None)?;
+                let kept_store = match (&volume, store_path.as_deref()) {
+                    (Some(v), _) if v.mapped_bytes() > 0 => {
+                        Some(Arc::clone(v) as Arc<dyn BlockDevice>)
+                    }
+                    (_, Some(path)) if path.exists() => Some(open_store(&name, path, None)?),
+                    _ => None,
+                };
+                match kept_store {
+                    Some(store) => {
                         device
                             .load_state_with_store(&mut input, store, spec.writeback_format)
                             .map_err(state_error)?;
@@ -245,8 +276,14 @@ impl Host {
             }
         }
         if device.backing().is_none() {
-            if let Some(path) = &store_path {
-                let store = open_store(&name, path, Some(Backing::size_for(spec.size)))?;
+            let store = match (&volume, &store_path) {
+                (Some(v), _) => Some(Arc::clone(v) as Arc<dyn BlockDevice>),
+                (None, Some(path)) => {
+                    Some(open_store(&name, path, Some(Backing::size_for(spec.size)))?)
+                }
+                (None, None) => None,
+            };
+            if let Some(store) = store {
                 let backing = Backing::new(store, spec.writeback_format).map_err(device_error)?;
                 device.set_backing(Some(backing)).map_err(device_error)?;
             }
@@ -279,6 +316,7 @@ impl Host {
             loaded,
             consumed: AtomicBool::new(false),
             store_path,
+            volume,
             budget_pages: AtomicU64::new(0),
         }))
     }
@@ -313,6 +351,10 @@ impl Host {
         if let Some(path) = &gone.store_path {
             let _ = std::fs::remove_file(path);
         }
+        if let Some(dir) = &self.config.state_dir {
+            let _ = std::fs::remove_file(dir.join(format!("{name}.volume")));
+        }
+        // Its volume's extents go back to the shared store with the device's last holder.
         Ok(gone)
     }
 
@@ -327,6 +369,14 @@ impl Host {
         for d in &devices {
             d.quiesce();
             if let Some(r) = d.save_state(true) {
+                // A saved state's pages on the shared store are kept there for the next
+                // start: the volume's map beside the state, its extents not given back.
+                let r = match (r, &d.volume, &self.config.state_dir) {
+                    (Ok(summary), Some(volume), Some(dir)) => {
+                        save_volume(d.name(), volume, dir).map(|()| summary)
+                    }
+                    (r, _, _) => r,
+                };
                 saved.push((d.name().to_string(), r));
             }
         }
@@ -348,6 +398,80 @@ impl Drop for Host {
             b.stop();
         }
     }
+}
+
+/// The volumes a clean stop kept on the shared store (each `NAME.volume` beside its
+/// `NAME.state` in `dir`), taken back, so that no device made before its own takes their
+/// extents. A map without its state (a host that died after the device was served: its
+/// state was consumed) is stale: removed, and its extents are free.
+fn restore_volumes(
+    store: &Arc<ThinStore>,
+    dir: &Path,
+) -> Result<BTreeMap<String, Arc<Volume>>, HostError> {
+    use std::io::Read;
+    let mut restored = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(restored);
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        let Some(name) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".volume"))
+        else {
+            continue;
+        };
+        if !dir.join(format!("{name}.state")).exists() {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        let failed = |why: VolumeError| HostError::Volume {
+            name: name.to_string(),
+            path: path.clone(),
+            why,
+        };
+        let spec = read_spec(&dir.join(format!("{name}.spec")))?;
+        let mut bytes = Vec::new();
+        ztier_base::private_file::open(&path, false)
+            .map_err(|e| failed(e.into()))?
+            .take(64 << 20)
+            .read_to_end(&mut bytes)
+            .map_err(|e| failed(e.into()))?;
+        let map = VolumeMap::from_bytes(&bytes).map_err(|e| failed(e.into()))?;
+        let volume = store
+            .restore(Backing::size_for(spec.size), &map)
+            .map_err(|e| failed(e.into()))?;
+        restored.insert(name.to_string(), Arc::new(volume));
+    }
+    Ok(restored)
+}
+
+/// Keeps a stopped device's volume on the shared store for the next start: the store
+/// flushed (an extent's zeroing as it was taken is durable), the map written beside the
+/// state (private, whole or not at all), and the volume closed (its extents not given back
+/// when it goes).
+fn save_volume(name: &str, volume: &Volume, dir: &Path) -> Result<(), HostError> {
+    use std::io::Write;
+    let path = dir.join(format!("{name}.volume"));
+    let failed = |why: VolumeError| HostError::Volume {
+        name: name.to_string(),
+        path: path.clone(),
+        why,
+    };
+    volume
+        .store()
+        .device()
+        .flush()
+        .map_err(|e| failed(e.into()))?;
+    let temporary = path.with_extension("volume.new");
+    let _ = std::fs::remove_file(&temporary);
+    let mut file = ztier_base::private_file::create(&temporary).map_err(|e| failed(e.into()))?;
+    file.write_all(&volume.map().to_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| failed(e.into()))?;
+    std::fs::rename(&temporary, &path).map_err(|e| failed(e.into()))?;
+    volume.close();
+    Ok(())
 }
 
 /// A device's store file: opened at its own size (`size` None: it must exist), or made

@@ -1,0 +1,140 @@
+//! One store for every device of a host: each device's written-back pages in extents of
+//! its own, read back right; a destroyed device's extents given back and the others'
+//! untouched; across a restart, every saved device finds its pages on the store, even with
+//! a new device made first; a map whose state a crash consumed is let go.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ztier_blockdev::file::FileDevice;
+use ztier_blockdev::thin::{ThinStore, DEFAULT_EXTENT_SIZE};
+use ztier_blockdev::BlockDevice;
+use ztier_host::{DeviceSpec, Host, HostConfig, HostError};
+use ztier_pool::testing::pattern;
+
+fn dir(name: &str) -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "ztier-host-shared-{}-{name}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const PAGES: u64 = 600;
+
+fn store_over(path: &std::path::Path) -> Arc<ThinStore> {
+    let file = FileDevice::open(path, 256 << 20).unwrap();
+    ThinStore::new(Arc::new(file), DEFAULT_EXTENT_SIZE).unwrap()
+}
+
+fn spec(name: &str) -> DeviceSpec {
+    format!("{name},size=16M,compressor=lz4").parse().unwrap()
+}
+
+/// Writes `PAGES` pages of device `seed`'s own, then writes every one back to the store.
+fn fill_and_write_back(host: &Host, name: &str, seed: u64) {
+    let d = host.get(name).unwrap();
+    for i in 0..PAGES {
+        d.block_device()
+            .write_at(i * 4096, &pattern(seed << 32 | i, 4096), false)
+            .unwrap();
+    }
+    host.set(name, "idle", "all").unwrap();
+    host.set(name, "writeback", "idle").unwrap();
+    assert_eq!(
+        d.device().bd_stat().unwrap().bd_count,
+        PAGES,
+        "{name}: every page written back"
+    );
+}
+
+fn check(host: &Host, name: &str, seed: u64) {
+    let d = host.get(name).unwrap();
+    let mut back = vec![0u8; 4096];
+    for i in 0..PAGES {
+        d.block_device().read_at(i * 4096, &mut back).unwrap();
+        assert!(back == pattern(seed << 32 | i, 4096), "{name} page {i}");
+    }
+}
+
+#[test]
+fn devices_share_one_store_each_in_extents_of_its_own_across_a_restart() {
+    let dir = dir("restart");
+    let (states, store_path) = (dir.join("states"), dir.join("store"));
+    std::fs::create_dir_all(&states).unwrap();
+    let config = |store| HostConfig {
+        state_dir: Some(states.clone()),
+        shared_store: Some(store),
+        ..HostConfig::default()
+    };
+    let store = store_over(&store_path);
+    let host = Host::new(config(Arc::clone(&store))).unwrap();
+    for (seed, name) in ["a", "b", "c"].iter().enumerate() {
+        host.create(spec(name)).unwrap();
+        fill_and_write_back(&host, name, seed as u64);
+    }
+    let used = store.used_extents();
+    assert!(used >= 3, "each device took extents: {used}");
+    for (seed, name) in ["a", "b", "c"].iter().enumerate() {
+        check(&host, name, seed as u64);
+    }
+
+    // A destroyed device's extents go back once its last holder lets go; the others read
+    // what they wrote.
+    let b = host.destroy("b").unwrap();
+    drop(b);
+    assert!(store.used_extents() < used, "b's extents given back");
+    check(&host, "a", 0);
+    check(&host, "c", 2);
+
+    host.stop_and_save();
+    drop(host);
+    assert!(states.join("a.volume").exists() && !states.join("b.volume").exists());
+    drop(store);
+
+    // The next start: a new device is made before the saved ones, and takes none of their
+    // extents; every saved page is read back from the store.
+    let store = store_over(&store_path);
+    let host = Host::new(config(Arc::clone(&store))).unwrap();
+    host.create(spec("d")).unwrap();
+    fill_and_write_back(&host, "d", 3);
+    for saved in Host::saved_specs(&states).unwrap() {
+        if saved.name == "d" {
+            continue;
+        }
+        let d = host.create(saved).unwrap();
+        assert!(d.state_loaded());
+        d.consume_state().unwrap();
+        assert_eq!(d.device().bd_stat().unwrap().bd_count, PAGES);
+    }
+    check(&host, "a", 0);
+    check(&host, "c", 2);
+    check(&host, "d", 3);
+
+    // A crash after the devices were served: no state is left, so the maps are stale, and
+    // the next start lets their extents go.
+    drop(host);
+    drop(store);
+    let store = store_over(&store_path);
+    let host = Host::new(config(Arc::clone(&store))).unwrap();
+    assert_eq!(store.used_extents(), 0, "no saved state: no extent held");
+    assert!(!states.join("a.volume").exists());
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_host_takes_one_kind_of_store() {
+    let dir = dir("kinds");
+    let store = store_over(&dir.join("store"));
+    let both = Host::new(HostConfig {
+        store_dir: Some(dir.clone()),
+        shared_store: Some(store),
+        ..HostConfig::default()
+    });
+    assert!(matches!(both, Err(HostError::TwoKindsOfStore)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
