@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::thin::{ThinStore, DEFAULT_EXTENT_SIZE};
-use ztier_blockdev::BlockDevice;
 use ztier_host::{DeviceSpec, Host, HostConfig, HostError};
 use ztier_pool::testing::pattern;
 
