@@ -28,7 +28,7 @@
 //! `Volume::slots` (the volume's map and the pins of its I/O in flight; with a condvar on
 //! which an I/O waits for an extent being taken or given back by another thread of the same
 //! volume) and `ThinStore::free` (the free set: one search or one change of bits). A write
-//! to an unmapped extent marks it [`Slot::Filling`] under `slots`, takes a free extent,
+//! to an unmapped extent marks it `Slot::Filling` under `slots`, takes a free extent,
 //! zeroes it and writes with no lock held, then marks it mapped; another write to the same
 //! extent meanwhile waits on the condvar (a read returns zeros: the first write has not
 //! completed).
