@@ -407,6 +407,35 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
     Ok(Some((backing, None)))
 }
 
+/// The host's one store (`--shared-store`): an NBD export, or a file (made at `size` if
+/// missing), cut into extents each device takes its own of.
+pub(super) fn open_shared_store(
+    args: &ServeArgs,
+    spec: &str,
+    size: Option<u64>,
+) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
+    let device: Arc<dyn BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
+        let client = connect_export(args, spec)?;
+        client.set_log(|line| eprintln!("ztier serve: {line}"));
+        client
+    } else {
+        let path = std::path::Path::new(spec);
+        let bytes = match (size, std::fs::metadata(path)) {
+            (Some(size), _) => size,
+            (None, Ok(meta)) => meta.len(),
+            (None, Err(_)) => {
+                bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
+            }
+        };
+        let file = ztier_blockdev::file::FileDevice::open(path, bytes)
+            .with_context(|| format!("opening the shared store {spec}"))?;
+        warn_if_readable_by_others(spec);
+        Arc::new(file)
+    };
+    ztier_blockdev::thin::ThinStore::new(device, ztier_blockdev::thin::DEFAULT_EXTENT_SIZE)
+        .with_context(|| format!("the shared store {spec}"))
+}
+
 /// NBD's settings, from the flags (`description`: what the export is, for the default
 /// export; a host's exports each say their own).
 fn nbd_config(args: &ServeArgs, description: String) -> anyhow::Result<ServerConfig> {

@@ -248,6 +248,56 @@ fn a_state_directory_keeps_every_device_across_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One store for every device (`--shared-store`): each device's pages written back to it
+/// and read back, across a restart too; a destroyed device's extents given back.
+#[test]
+fn devices_write_back_to_one_shared_store_across_a_restart() {
+    let dir = temp_dir("host-shared-store");
+    let nbd = dir.join("nbd.sock");
+    let store = dir.join("store");
+    let log = dir.join("log");
+    let states = dir.join("states");
+    let args = [
+        "--state-dir",
+        states.to_str().unwrap(),
+        "--shared-store",
+        store.to_str().unwrap(),
+        "--shared-store-size",
+        "64M",
+        "--socket",
+        nbd.to_str().unwrap(),
+    ];
+    let mut first = vec!["--device", "vm1,size=8M", "--device", "vm2,size=8M"];
+    first.extend_from_slice(&args);
+    let server = serve(&first, &common::ctl_socket(&nbd), &log);
+    ok(ctl(&nbd, &["create", "gone", "size=8M"]));
+    for (name, seed) in [("vm1", 21), ("vm2", 22), ("gone", 23)] {
+        let c = export(&nbd, name).unwrap();
+        c.write_at(0, &pattern(seed, 64 * 4096), false).unwrap();
+        drop(c);
+        ok(ctl(&nbd, &["--device", name, "idle", "all"]));
+        let wrote = ok(ctl(&nbd, &["--device", name, "writeback", "idle"]));
+        assert!(
+            wrote.starts_with("64 pages written back"),
+            "{name}: {wrote}"
+        );
+    }
+    let on_store = |name: &str| stat_line(&nbd, name, "bd_stat")[0];
+    assert_eq!((on_store("vm1"), on_store("vm2")), (64, 64));
+    ok(ctl(&nbd, &["destroy", "gone"]));
+    server.stop();
+    let server = serve(&args, &common::ctl_socket(&nbd), &log);
+    for (name, seed) in [("vm1", 21), ("vm2", 22)] {
+        assert_eq!(on_store(name), 64, "{name}'s pages are on the store");
+        let c = export(&nbd, name).unwrap();
+        let mut back = vec![0u8; 64 * 4096];
+        c.read_at(0, &mut back).unwrap();
+        assert!(back == pattern(seed, 64 * 4096), "{name}'s pages came back");
+    }
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A config file says what the flags say; a key it does not know is refused by name.
 #[test]
 fn a_config_file_makes_the_host() {

@@ -29,6 +29,8 @@ struct HostTable {
     interval: Option<String>,
     state_dir: Option<PathBuf>,
     store_dir: Option<PathBuf>,
+    shared_store: Option<String>,
+    shared_store_size: Option<toml::Value>,
     vhost_user_dir: Option<PathBuf>,
     socket: Option<PathBuf>,
     listen: Option<String>,
@@ -77,6 +79,8 @@ pub(super) struct Settings {
     pub(super) host: HostConfig,
     pub(super) vhost_dir: Option<PathBuf>,
     pub(super) metrics: Option<String>,
+    /// The one store every device writes back to, and the size to make its file at.
+    pub(super) shared_store: Option<(String, Option<u64>)>,
     /// The flags, with the config's socket, listen and control where no flag gave them.
     pub(super) args: ServeArgs,
 }
@@ -124,6 +128,15 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         interval,
         state_dir: h.state_dir.clone().or(file.host.state_dir),
         store_dir: h.store_dir.clone().or(file.host.store_dir),
+        shared_store: None,
+    };
+    let shared_store = match h.shared_store.clone().or(file.host.shared_store) {
+        Some(store) => Some((
+            store,
+            h.shared_store_size
+                .or(size_of("shared_store_size", &file.host.shared_store_size)?),
+        )),
+        None => None,
     };
     let mut merged = args.clone();
     if merged.socket.is_none() && merged.listen.is_none() {
@@ -136,6 +149,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         host,
         vhost_dir: h.vhost_user_dir.clone().or(file.host.vhost_user_dir),
         metrics: h.metrics.clone().or(file.host.metrics),
+        shared_store,
         args: merged,
     })
 }

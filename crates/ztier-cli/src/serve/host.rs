@@ -44,7 +44,8 @@ pub struct HostArgs {
     #[arg(long = "device", value_name = "SPEC", conflicts_with_all = HOST_ONLY)]
     pub devices: Vec<DeviceSpec>,
     /// The host's devices and settings in a TOML file: a `[host]` table (target, limit,
-    /// interval, state_dir, store_dir, vhost_user_dir, socket, listen, control, metrics)
+    /// interval, state_dir, store_dir, shared_store, shared_store_size, vhost_user_dir, socket,
+    /// listen, control, metrics)
     /// and a `[[device]]` table per device (the keys of --device). Flags win over it.
     #[arg(long, value_name = "FILE", conflicts_with_all = HOST_ONLY)]
     pub config: Option<PathBuf>,
@@ -56,6 +57,16 @@ pub struct HostArgs {
     /// with the device). Needed by --host-target and by a device's writeback.
     #[arg(long, value_name = "DIR")]
     pub store_dir: Option<PathBuf>,
+    /// Or one backing store for every device: a file (made sparse and private at
+    /// --shared-store-size if missing) or an NBD export (nbd://HOST:PORT/NAME,
+    /// nbd+unix:///NAME?socket=PATH). Each device's written-back pages go to 1 MiB extents
+    /// of its own, never read by another device and given back when it is destroyed; with
+    /// --state-dir they are kept across restarts.
+    #[arg(long, value_name = "PATH|URI", conflicts_with = "store_dir")]
+    pub shared_store: Option<String>,
+    /// The --shared-store file's size when ztier makes it (K, M, G suffixes).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub shared_store_size: Option<u64>,
     /// Keep the devices' pools together under this (K, M, G): the coldest pages across all
     /// devices are written back first, a device's mem_low protected while another is above
     /// its own.
@@ -575,7 +586,11 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
         }
         specs.insert(s.name.clone(), s);
     }
-    let host = Host::new(settings.host.clone()).context("starting the host")?;
+    let mut host_config = settings.host.clone();
+    if let Some((store, size)) = &settings.shared_store {
+        host_config.shared_store = Some(super::open_shared_store(&settings.args, store, *size)?);
+    }
+    let host = Host::new(host_config).context("starting the host")?;
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = Arc::new(Stopping::default());
     let files = SocketFiles::default();
