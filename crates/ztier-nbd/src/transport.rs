@@ -438,8 +438,19 @@ impl WriteHalf {
 }
 
 fn tls_error(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+    io::Error::new(io::ErrorKind::InvalidData, TlsFailure(e))
 }
+
+/// rustls's own error, kept whole as an I/O error's inner error (its words in the message:
+/// not also a `source`, so a chain printed whole says it once).
+#[derive(Debug, thiserror::Error)]
+#[error("TLS: {0}")]
+pub struct TlsFailure(pub rustls::Error);
+
+/// A TLS handshake's I/O failure (a rustls error or the socket's), kept whole.
+#[derive(Debug, thiserror::Error)]
+#[error("the TLS handshake: {0}")]
+pub struct TlsHandshakeFailure(pub io::Error);
 
 /// Sends whatever TLS records the connection holds.
 fn flush_tls(conn: &mut rustls::Connection, sock: &mut impl Write) -> io::Result<()> {
@@ -456,7 +467,7 @@ fn tls_handshake(conn: &mut rustls::Connection, sock: &mut (impl Read + Write)) 
     while conn.is_handshaking() {
         let (read, written) = conn
             .complete_io(sock)
-            .map_err(|e| io::Error::new(e.kind(), format!("the TLS handshake: {e}")))?;
+            .map_err(|e| io::Error::new(e.kind(), TlsHandshakeFailure(e)))?;
         if read == 0 && written == 0 && conn.is_handshaking() {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -636,7 +647,10 @@ impl TlsWriter {
         conn.send_close_notify();
         let taken = self.take_records(&mut conn);
         drop(conn);
-        if taken.is_ok() && self.sock.set_timeouts(Some(limit)).is_ok() {
+        if taken.is_ok() {
+            // By `limit` from now, not by a reply's deadline set earlier (and without
+            // touching the socket's timeouts, which the reading half shares).
+            self.deadline = Some(Instant::now() + limit);
             let _ = self.send_out();
         }
     }

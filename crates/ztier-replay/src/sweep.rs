@@ -10,7 +10,8 @@
 //! compressor × unit size. A region: every compressor with clean pages kept and not, after
 //! the kernel's own path for the corpus, measured once.
 //!
-//! The runs are made lazily: an iterator's `next` is one whole replay. Nothing here prints.
+//! The runs are made lazily: an iterator's `next` is one whole replay. Nothing here prints
+//! a report (a replay draws its progress bar on a terminal when the sweep says so).
 
 use std::sync::Arc;
 
@@ -146,7 +147,7 @@ pub struct WritebackPlan {
 impl WritebackPlan {
     /// The store opened for a corpus of `pages` pages.
     pub fn target_for(&self, pages: u64) -> Result<WritebackTarget> {
-        let (store, name): (Arc<dyn BlockDevice>, String) = match &self.store {
+        let store: Arc<dyn BlockDevice> = match &self.store {
             WritebackStore::File(path) => {
                 let bytes = Backing::size_for(pages * ztier_swap::SLOT_BYTES);
                 let file =
@@ -156,14 +157,15 @@ impl WritebackPlan {
                             source,
                         }
                     })?;
-                (Arc::new(file), format!("file:{}", path.display()))
+                Arc::new(file)
             }
-            WritebackStore::Device { store, name } => (store.clone(), name.clone()),
+            WritebackStore::Device { store, .. } => store.clone(),
         };
         Ok(WritebackTarget {
             store,
             format: self.format,
-            name,
+            // `file:PATH` or the device's name, as the plan shows it.
+            name: format!("{:?}", self.store),
         })
     }
 }
@@ -364,7 +366,13 @@ pub fn zram_verdict(runs: &[ZramRun]) -> Result<()> {
         "the kernel's figures",
         runs.iter()
             .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
-            .map(|r| (&r.corpus, &r.compressor, r.threads)),
+            .map(|r| RunName {
+                corpus: &r.corpus,
+                compressor: &r.compressor,
+                allocator: r.allocator,
+                chain_size: r.chain_size,
+                threads: r.threads,
+            }),
     )
 }
 
@@ -374,17 +382,41 @@ pub fn zswap_verdict(runs: &[ZswapRun]) -> Result<()> {
         "the kernel zswap's figures",
         runs.iter()
             .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
-            .map(|r| (&r.corpus, &r.compressor, r.threads)),
+            .map(|r| RunName {
+                corpus: &r.corpus,
+                compressor: &r.compressor,
+                allocator: r.allocator,
+                chain_size: r.chain_size,
+                threads: r.threads,
+            }),
     )
+}
+
+/// What tells one run of a sweep from another, as a verdict names it.
+struct RunName<'a> {
+    corpus: &'a str,
+    compressor: &'a str,
+    allocator: &'static str,
+    chain_size: usize,
+    threads: u16,
+}
+
+impl std::fmt::Display for RunName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plural = if self.threads == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} {} on {} (chain {}), {} thread{plural}",
+            self.corpus, self.compressor, self.allocator, self.chain_size, self.threads
+        )
+    }
 }
 
 fn verdict<'a>(
     reference: &'static str,
-    differing: impl Iterator<Item = (&'a String, &'a String, u16)>,
+    differing: impl Iterator<Item = RunName<'a>>,
 ) -> Result<()> {
-    let runs: Vec<String> = differing
-        .map(|(corpus, compressor, threads)| format!("{corpus} {compressor} {threads} threads"))
-        .collect();
+    let runs: Vec<String> = differing.map(|run| run.to_string()).collect();
     if runs.is_empty() {
         Ok(())
     } else {

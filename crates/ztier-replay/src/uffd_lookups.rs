@@ -4,9 +4,9 @@
 //! bijection of the pages shifted by the phase's offset, so that the hot set drifts (the
 //! offset moves a little each second) and jumps (each phase starts at a new offset, with
 //! its own skew: phases whose hot sets differ in size). A lookup folds `lookup_bytes` of its
-//! page `rounds` times (the work a service does with what it looked up: a few µs, so that
-//! a fault, 10-30 µs, costs a few lookups, not hundreds) and checks one word against the
-//! corpus.
+//! page `rounds` times (the work a service does with what it looked up, sized so that a
+//! fault, whose cost MEASUREMENTS.md's region entries give, costs a few lookups, not
+//! hundreds) and checks one word against the corpus.
 //!
 //! The same lookups (the same seed) run with the whole corpus resident (the baseline), at
 //! each fixed budget of a sweep, and with the budget sizing itself from a stall target

@@ -31,8 +31,24 @@ pub struct ExportInfo {
     pub max_payload: u32,
 }
 
-pub(super) fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(format!("{what}: {e}"))
+pub(super) fn io_err(
+    what: impl Into<std::borrow::Cow<'static, str>>,
+    why: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> io::Error {
+    io::Error::other(BadReply {
+        what: what.into(),
+        why: why.into(),
+    })
+}
+
+/// What the server said that the client cannot take: what was being read, and why (a
+/// decoder's or TLS's own error kept whole, or the client's words). The cause is in the
+/// message, not also a `source`: an error chain printed whole would say it twice.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {why}")]
+pub struct BadReply {
+    pub what: std::borrow::Cow<'static, str>,
+    pub why: Box<dyn std::error::Error + Send + Sync>,
 }
 
 /// Reads `buf` whole; an error says what was being read, and keeps its kind (a timeout

@@ -348,7 +348,7 @@ impl Core {
         tls: Option<&ClientTls>,
     ) -> Result<(Conn, ExportInfo)> {
         let stream = open(&uri.target, timeout)
-            .map_err(|e| BlockError::Io(io_err(&format!("connecting to {uri}"), e)))?;
+            .map_err(|e| BlockError::Io(io_err(format!("connecting to {uri}"), e)))?;
         Core::negotiate(stream, uri, timeout, tls)
     }
 
@@ -361,7 +361,7 @@ impl Core {
     ) -> Result<(Conn, ExportInfo)> {
         let (stream, info) = handshake(stream, &uri.export, tls).map_err(|e| {
             BlockError::Io(io_err(
-                &format!("negotiating with {uri}"),
+                format!("negotiating with {uri}"),
                 in_words(e, timeout),
             ))
         })?;
@@ -495,7 +495,7 @@ impl Core {
                     self.lose(&mut link, &e);
                     if !self.has_identity() || Instant::now() >= deadline {
                         drop(link);
-                        return Err(BlockError::Io(io_err(&self.uri.to_string(), e)));
+                        return Err(BlockError::Io(io_err(self.uri.to_string(), e)));
                     }
                 }
             }
@@ -519,7 +519,7 @@ impl Core {
             "reconnect to go on; what the export held may be gone".into()
         };
         BlockError::Io(io_err(
-            &self.uri.to_string(),
+            self.uri.to_string(),
             format!("the store was lost {since:.1} s ago ({why}); {how}"),
         ))
     }
@@ -622,7 +622,7 @@ impl Core {
         match link.wire {
             Wire::Up(_) => Ok(()),
             Wire::Dialing => Err(BlockError::Io(io_err(
-                &self.uri.to_string(),
+                self.uri.to_string(),
                 "a reconnect is already under way",
             ))),
             Wire::Down { .. } => self.redial(link).1,
@@ -683,7 +683,7 @@ impl Core {
                             ));
                         }
                         let err = BlockError::Io(io_err(
-                            &format!("reconnecting to {}", self.uri),
+                            format!("reconnecting to {}", self.uri),
                             format!("refused: {reason}"),
                         ));
                         (LinkState::Refused { reason, attempts }, err)
@@ -728,7 +728,7 @@ impl Core {
                     }
                     Err(e) => {
                         return Err(DialError::Unreachable(BlockError::Io(io_err(
-                            &self.uri.to_string(),
+                            self.uri.to_string(),
                             in_words(e, self.config.io_timeout),
                         ))))
                     }

@@ -279,7 +279,7 @@ impl Server {
                     }
                     Some(config) => {
                         let conn = rustls::ServerConnection::new(Arc::clone(config))
-                            .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+                            .map_err(|e| io::Error::other(crate::transport::TlsFailure(e)))?;
                         reply(s, option, REP_ACK, &[])?;
                         s.start_tls(rustls::Connection::Server(conn))?;
                         self.stats.tls_sessions.fetch_add(1, Ordering::Relaxed);
