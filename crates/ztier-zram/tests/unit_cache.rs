@@ -39,7 +39,7 @@ fn page_bytes(page: u64, seq: u64) -> Vec<u8> {
     out.extend_from_slice(&page.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     let mut rng = Rng::from_state(seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    if (seq >> 8) % 4 == 0 {
+    if (seq >> 8).is_multiple_of(4) {
         out.resize_with(PAGE, || rng.next_u64() as u8);
     } else {
         let words: [&[u8]; 4] = [b"alpha ", b"beta ", b"gamma ", b"delta "];
@@ -205,7 +205,7 @@ fn work(dev: &Device, model: &Model, seq: &AtomicU64, t: u64, threads: u64, seed
             3 => {
                 // Discard some pages, or the whole unit.
                 let seq = next_seq();
-                let (first, n) = if rng.next_u64() % 2 == 0 {
+                let (first, n) = if rng.next_u64().is_multiple_of(2) {
                     (mine * ppu, ppu)
                 } else {
                     let first = mine * ppu + rng.next_u64() % ppu;
