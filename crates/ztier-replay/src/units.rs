@@ -2,9 +2,13 @@
 //! one unit size (4, 16 or 64 KiB) on zsmalloc, one thread, whole units at a time; beside it,
 //! the raw compressor on the same units in the same run (bytes and time), so that
 //! `mem_used_total` over the raw compressed bytes is the allocator's overhead. Then reads:
-//! every page in order (sequential), and random single pages (each a 4 KiB read that
-//! decompresses its whole unit), with their latency quantiles. Every page is verified
-//! (untimed) after the timed phases.
+//! every page in order (sequential), random single pages (uniform: each a 4 KiB read of a
+//! unit not read just before, the worst case for larger units, which decompress the whole
+//! unit), and readahead windows (the kernel's swap readahead at its default `page-cluster`
+//! of 3: the 8 aligned pages around a random page, read in order, each timed: the
+//! neighbours that follow a read, which a device of larger units serves from its cache of
+//! decompressed units), with their latency quantiles. Every page is verified (untimed)
+//! after the timed phases; the cache's memory is reported beside the pool's.
 //!
 //! Same-filled units are skipped by the reference as zram skips them; a unit the compressor
 //! cannot shrink below zram's raw threshold counts its whole size in the reference, as zram
@@ -59,6 +63,15 @@ pub struct UnitRun {
     /// Their latency quantiles, in microseconds.
     pub random_read_p50_us: f64,
     pub random_read_p99_us: f64,
+    /// Readahead windows (8 aligned pages around a random page, in order), MB of pages per
+    /// second, as many pages as the random reads.
+    pub readahead_read_mb_s: f64,
+    /// Their latency quantiles (every page's read timed), in microseconds.
+    pub readahead_read_p50_us: f64,
+    pub readahead_read_p99_us: f64,
+    /// Bytes the device's cache of decompressed units held after the reads (0 at the
+    /// page's size, which has none); not in `mm_stat`.
+    pub unit_cache_bytes: u64,
     pub verified: bool,
 }
 
@@ -163,10 +176,29 @@ impl UnitReplay {
         }
         let random_s = began.elapsed().as_secs_f64();
         latencies.sort_unstable();
-        let quantile = |q: f64| {
+
+        // Readahead windows: the kernel's swap readahead (page-cluster 3) brings the 8
+        // aligned pages around the page asked for.
+        const WINDOW: u64 = 8;
+        let mut window_latencies = Vec::with_capacity(self.random_reads);
+        let began = Instant::now();
+        while window_latencies.len() < self.random_reads {
+            let first = rng.next_u64() % pages / WINDOW * WINDOW;
+            for p in first..(first + WINDOW).min(pages) {
+                let t = Instant::now();
+                dev.read_page(p, &mut page)
+                    .map_err(|e| at("reading", p as usize, e))?;
+                window_latencies.push(t.elapsed().as_nanos() as u64);
+            }
+        }
+        let window_s = began.elapsed().as_secs_f64();
+        window_latencies.sort_unstable();
+        let unit_cache_bytes = dev.unit_cache_bytes();
+        let quantile_of = |latencies: &[u64], q: f64| {
             let i = ((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1));
             latencies.get(i).map_or(0.0, |&ns| ns as f64 / 1000.0)
         };
+        let quantile = |q: f64| quantile_of(&latencies, q);
 
         for p in 0..pages {
             dev.read_page(p, &mut page)
@@ -197,6 +229,10 @@ impl UnitReplay {
             random_read_mb_s: round1(mb_s(self.random_reads * ps, random_s)),
             random_read_p50_us: round1(quantile(0.5)),
             random_read_p99_us: round1(quantile(0.99)),
+            readahead_read_mb_s: round1(mb_s(window_latencies.len() * ps, window_s)),
+            readahead_read_p50_us: round1(quantile_of(&window_latencies, 0.5)),
+            readahead_read_p99_us: round1(quantile_of(&window_latencies, 0.99)),
+            unit_cache_bytes,
             verified: true,
         })
     }

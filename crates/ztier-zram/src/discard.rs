@@ -40,7 +40,7 @@ impl Device {
             if g.entry.is_allocated() {
                 freed += 1;
             }
-            self.free_slot(&mut shard.counters, &mut g.entry);
+            self.free_slot(&mut shard.counters, index, &mut g.entry);
             shard.counters.add(Counter::NotifyFree, 1);
         }
         self.report_to_group();
@@ -89,7 +89,7 @@ impl Device {
                 if g.entry.is_allocated() {
                     freed += 1;
                 }
-                self.free_slot(&mut shard.counters, &mut g.entry);
+                self.free_slot(&mut shard.counters, s.unit, &mut g.entry);
                 shard.counters.add(Counter::NotifyFree, pages as i64);
                 continue;
             }
@@ -115,7 +115,7 @@ impl Device {
         let _page = self.page_lock(index);
         let mut shard = self.shard();
         let mut g = slot.lock();
-        self.free_slot(&mut shard.counters, &mut g.entry);
+        self.free_slot(&mut shard.counters, index, &mut g.entry);
         shard.counters.add(Counter::NotifyFree, 1);
         Ok(())
     }

@@ -20,9 +20,13 @@
 //! object; same-filled and incompressible (stored raw) are decided per unit, and the
 //! counters count the unit's pages (`orig_data_size`, `same_pages` and `huge_pages` stay in
 //! pages). A write or discard of part of a unit is a read-modify-write of the unit under
-//! its lock; reading a page decompresses its unit into the shard's unit buffer and copies
-//! the page out. Writeback, recompression and saved states work page by page: a device of
-//! larger units refuses them ([`ZramError::UnitUnsupported`]).
+//! its lock; reading a page decompresses its unit into the shard's small cache of
+//! decompressed units (`unit_cache.rs`: bounded, validated by the unit's change count under
+//! its slot lock, given back on `compact`, `mark_idle` and `reset`) and copies the page out,
+//! so the neighbours that follow it copy instead of decompressing again; a whole unit read
+//! is decompressed straight into the destination. Writeback, recompression and saved
+//! states work page by page: a device of larger units refuses them
+//! ([`ZramError::UnitUnsupported`]).
 //!
 //! Beyond the kernel's defaults, as its config options add them: idle tracking by access
 //! time (`mark_idle`), writeback to a backing store of any block device ([`writeback`]'s
@@ -49,7 +53,10 @@
 //!
 //! # Lock ordering
 //! `Device::page_locks[stripe]` (one at a time) → `Device::shards[i]` (the calling thread's;
-//! `reset` and `set_recomp_algorithms` take all of them, in index order) → `Slot` lock →
+//! `reset` and `set_recomp_algorithms` take all of them, in index order; its cache of
+//! decompressed units is part of it, emptied by `compact` and `mark_idle` one shard at a
+//! time, holding nothing else) → `Slot` lock (the unit generation counters are atomics,
+//! bumped and compared under it) →
 //! `Device::recomp` (read, to make a secondary stream; written only with every shard held)
 //! and `Device::backing` (read, to give back a written-back page's place) → the swap-slot
 //! allocator's locks on the backing store, and the pool's own locks (`SizeClass::state` →
@@ -69,6 +76,7 @@ mod slot;
 mod state;
 mod stats;
 mod sysfs;
+mod unit_cache;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -90,6 +98,7 @@ pub use writeback::{Backing, BadWbFormat, BdStat, WbFormat, WbResult};
 
 use slot::{Content, Slot, SlotOps};
 use stats::Counters;
+use unit_cache::{Generations, UnitCache};
 use ztier_base::shard::{Shards, Stripes};
 
 /// One shard of per-thread state (the kernel's per-CPU `zcomp_strm` and stats).
@@ -100,7 +109,9 @@ struct ShardState {
     /// Streams of the secondary (recompression) algorithms, by priority - 1.
     recomp: [Option<Stream>; MAX_SECONDARY],
     counters: Counters,
-    /// A unit decompressed for a read of part of it (empty while units are pages).
+    /// Units decompressed for reads of part of them (empty while units are pages).
+    unit_cache: UnitCache,
+    /// A unit decompressed for a read of part of it when the cache's memory cannot be had.
     unit_buf: Vec<u8>,
 }
 
@@ -136,6 +147,9 @@ pub struct Device {
     shards: Shards<ShardState>,
     /// Held by every change to a page, for its whole length.
     page_locks: Stripes,
+    /// Changes of each unit, striped, bumped under its slot lock: what validates the
+    /// shards' decompressed units (`unit_cache.rs`); empty while units are pages.
+    generations: Generations,
     /// Pool pages allowed, 0 = unlimited (`limit_pages`).
     limit_pages: AtomicU64,
     /// Highest pool pages seen after a write (`max_used_pages`).
@@ -225,6 +239,7 @@ impl Device {
             slots,
             shards: Shards::default(),
             page_locks: Stripes::new(PAGE_LOCK_STRIPES),
+            generations: Generations::new(unit_size, page_size),
             limit_pages: AtomicU64::new(0),
             max_used_pages: AtomicU64::new(0),
             created_secs: ztier_base::os::coarse_monotonic_secs(),
@@ -444,7 +459,7 @@ impl Device {
         let pages = self.pages_per_unit() as i64;
         if let Some(word) = same_filled(page) {
             let mut g = slot.lock();
-            self.free_slot(counters, &mut g.entry);
+            self.free_slot(counters, index, &mut g.entry);
             g.entry.set_same(word);
             g.entry.set_ac_time(now);
             counters.add(Counter::SamePages, pages);
@@ -488,7 +503,7 @@ impl Device {
         }
 
         let mut g = slot.lock();
-        self.free_slot(counters, &mut g.entry);
+        self.free_slot(counters, index, &mut g.entry);
         g.entry.set_stored(handle, size);
         g.entry.set_ac_time(now);
         if size == self.unit_size {
@@ -501,8 +516,11 @@ impl Device {
         Ok(())
     }
 
-    /// `zram_free_page()`: releases what a locked slot holds and clears it.
-    fn free_slot(&self, counters: &mut Counters, e: &mut Entry) {
+    /// `zram_free_page()`: releases what slot `index`, locked, holds and clears it. Every
+    /// change of a slot's content passes here first, so here the unit's generation moves on
+    /// (which makes any decompressed copy of it in a shard's cache unusable).
+    fn free_slot(&self, counters: &mut Counters, index: u64, e: &mut Entry) {
+        self.generations.bump(index);
         let pages = self.pages_per_unit() as i64;
         match e.content() {
             Content::Empty => {}
@@ -575,18 +593,45 @@ impl Device {
         }
     }
 
-    /// Reads `out.len()` bytes at `in_unit` of unit `index`: the unit decompressed into the
-    /// shard's unit buffer (a device of larger units has no written-back slot: writeback is
-    /// refused), the part copied out.
+    /// Reads `out.len()` bytes at `in_unit` of unit `index`: copied from the shard's cache of
+    /// decompressed units if it holds the unit as it is now (`unit_cache.rs`), else the unit
+    /// decompressed into the cache (a device of larger units has no written-back slot:
+    /// writeback is refused) and the part copied out.
     fn read_unit_part(&self, index: u64, in_unit: usize, out: &mut [u8]) -> Result<()> {
-        let mut shard = self.shard();
-        let mut unit = std::mem::take(&mut shard.unit_buf);
-        unit.resize(self.unit_size, 0);
-        let r = self.read_page_inner(&mut shard, index, &mut unit);
-        if r.is_ok() {
-            out.copy_from_slice(&unit[in_unit..in_unit + out.len()]);
+        let mut guard = self.shard();
+        let shard = &mut *guard;
+        let part = in_unit..in_unit + out.len();
+        if let Some((way, generation)) = shard.unit_cache.find(index) {
+            if self.cached_unit_current(index, generation)? {
+                out.copy_from_slice(&shard.unit_cache.unit(way, self.unit_size)[part]);
+                return Ok(());
+            }
+            shard.unit_cache.forget(way);
         }
-        shard.unit_buf = unit;
+        // Loaded before the fill's slot lock: at most the count the filled bytes are of.
+        let generation = self.generations.get(index);
+        let mut cache = std::mem::take(&mut shard.unit_cache);
+        let r = match cache.fill(self.unit_size) {
+            Some((way, unit)) => {
+                let r = self.read_page_inner(shard, index, unit);
+                if let Ok(None) = r {
+                    out.copy_from_slice(&unit[part]);
+                    cache.filled(way, index, generation);
+                }
+                r
+            }
+            None => {
+                let mut unit = std::mem::take(&mut shard.unit_buf);
+                unit.resize(self.unit_size, 0);
+                let r = self.read_page_inner(shard, index, &mut unit);
+                if r.is_ok() {
+                    out.copy_from_slice(&unit[part]);
+                }
+                shard.unit_buf = unit;
+                r
+            }
+        };
+        shard.unit_cache = cache;
         match r? {
             None => Ok(()),
             Some(_) => Err(ZramError::UnitUnsupported {
@@ -595,6 +640,23 @@ impl Device {
                 page_size: self.page_size,
             }),
         }
+    }
+
+    /// Whether a shard's copy of unit `index`, filled at `generation`, is the unit as it is
+    /// now: the unit's generation, loaded under its slot lock, has not moved since. If so
+    /// the read counts as one (the slot's idle mark cleared, its access time set), as
+    /// [`read_page_inner`](Device::read_page_inner) does.
+    fn cached_unit_current(&self, index: u64, generation: u64) -> Result<bool> {
+        let now = self.now();
+        let mut g = self.slot(index)?.lock();
+        if self.generations.get(index) != generation {
+            return Ok(false);
+        }
+        g.entry.set(SlotFlag::Idle, false);
+        if g.entry.is_allocated() {
+            g.entry.set_ac_time(now);
+        }
+        Ok(true)
     }
 
     /// Reads a unit (a page, by default) held in memory; `Ok(Some(entry))` for a
@@ -668,6 +730,8 @@ impl Device {
             e.set(SlotFlag::Idle, true);
             marked += 1;
         }
+        // An aging device gives its decompressed units back: a read that follows refills.
+        self.drop_unit_caches();
         marked
     }
 
@@ -676,11 +740,35 @@ impl Device {
         Ok(self.slot(index)?.lock().entry)
     }
 
-    /// Runs the allocator's compaction; returns pages freed.
+    /// Runs the allocator's compaction (the memory-pressure hook); returns pages freed. The
+    /// shards' decompressed units go back to the OS too.
     pub fn compact(&self) -> u64 {
         let freed = self.pool.compact();
         self.report_to_group();
+        self.drop_unit_caches();
         freed
+    }
+
+    /// Empties every shard's cache of decompressed units and gives its memory back, taking
+    /// the shards one at a time (nothing to do on a device of page-sized units).
+    fn drop_unit_caches(&self) {
+        if self.unit_size != self.page_size {
+            self.shards.for_each(|shard| shard.unit_cache.clear());
+        }
+    }
+
+    /// Bytes of memory the caches of decompressed units hold: the shards' buffers (at most
+    /// `SHARDS` × 128 KiB, given back on `compact`, `mark_idle` and `reset`) and the 8 KiB
+    /// of generation counters that validate them; 0 on a device of page-sized units, which
+    /// has none. Not part of `mem_used_total`, which stays the pool's pages.
+    pub fn unit_cache_bytes(&self) -> u64 {
+        if self.unit_size == self.page_size {
+            return 0;
+        }
+        let mut bytes = self.generations.bytes();
+        self.shards
+            .for_each(|shard| bytes += shard.unit_cache.bytes());
+        bytes
     }
 
     /// The pool's bytes (`mem_used_total`).
@@ -703,13 +791,17 @@ impl Device {
         let written = ztier_base::zeroed::written_rows(&self.slots)
             .unwrap_or_else(|| std::iter::once(0..self.slots.len()).collect());
         for range in &written {
-            for slot in self.slots[range.clone()].iter().filter(|s| !s.is_vacant()) {
+            for (index, slot) in (range.start as u64..).zip(&self.slots[range.clone()]) {
+                if slot.is_vacant() {
+                    continue;
+                }
                 let mut g = slot.lock();
-                self.free_slot(&mut shards[0].counters, &mut g.entry);
+                self.free_slot(&mut shards[0].counters, index, &mut g.entry);
             }
         }
         for shard in shards.iter_mut() {
             shard.counters = Counters::default();
+            shard.unit_cache.clear();
         }
         // Every slot is empty: the table goes back to the OS (a slot a scanner holds keeps
         // its page).

@@ -225,7 +225,7 @@ impl Device {
             return Ok(());
         }
         let (ac_time, idle) = (g.entry.ac_time(), g.entry.has(SlotFlag::Idle));
-        self.free_slot(&mut shard.counters, &mut g.entry);
+        self.free_slot(&mut shard.counters, index, &mut g.entry);
         g.entry.set_stored(new_handle, new_len);
         g.entry.set_priority(prio);
         g.entry.set_ac_time(ac_time);

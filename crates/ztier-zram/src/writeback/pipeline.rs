@@ -410,7 +410,7 @@ impl Device {
             } else {
                 p.size
             };
-            self.free_slot(&mut shard.counters, &mut g.entry);
+            self.free_slot(&mut shard.counters, p.index, &mut g.entry);
             let mut e = Entry::default();
             e.set_written_back(Place::new(first, p.at), stored);
             e.set(SlotFlag::Huge, stored == self.page_size);

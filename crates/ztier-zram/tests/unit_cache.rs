@@ -1,0 +1,354 @@
+//! The cache of decompressed units on devices of 16 and 64 KiB units: threads writing,
+//! rewriting in part, discarding and reading pages (alone and in runs of neighbours, which
+//! hit the cache) of units that other threads write, beside compactions and between resets,
+//! checked against a model; and the cache's memory bounded, given back on `compact`,
+//! `mark_idle` and `reset`, absent at 4 KiB units, and outside every `mm_stat` figure.
+//!
+//! Model: each unit is written by one thread (unit % threads), which stamps every page it
+//! writes with the page's index and a sequence number, and publishes the page's stamp (the
+//! sequence, and whether the change was a discard) as started before the device call and as
+//! done after it returns. A reader loads the done stamp before its read and the started one
+//! after: the page read must carry a sequence between the two (zeros only if a discard or a
+//! change lies in that span). A cached copy served after a change it missed carries an
+//! older sequence and fails.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ztier_base::rng::Rng;
+use ztier_compress::Algorithm;
+use ztier_pool::{ZsConfig, ZsPool};
+use ztier_zram::Device;
+
+const PAGE: usize = 4096;
+
+fn device(units: u64, unit: usize, alg: &str) -> Device {
+    let pool = Box::new(ZsPool::new(ZsConfig::default().with_max_object(unit)).unwrap());
+    Device::with_unit_size(
+        units * unit as u64,
+        alg.parse::<Algorithm>().unwrap(),
+        pool,
+        unit,
+    )
+    .unwrap()
+}
+
+/// Page `page`'s bytes at sequence `seq`: the page and the sequence, then text-like bytes
+/// (compressible) or, for one sequence in four (by its count, above the writer's byte), noise (stored raw if the whole unit is).
+fn page_bytes(page: u64, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PAGE);
+    out.extend_from_slice(&page.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    let mut rng = Rng::from_state(seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    if (seq >> 8).is_multiple_of(4) {
+        out.resize_with(PAGE, || rng.next_u64() as u8);
+    } else {
+        let words: [&[u8]; 4] = [b"alpha ", b"beta ", b"gamma ", b"delta "];
+        while out.len() < PAGE {
+            out.extend_from_slice(words[(rng.next_u64() % 4) as usize]);
+        }
+        out.truncate(PAGE);
+    }
+    out
+}
+
+/// A page's published stamp: its last change's sequence, shifted, and 1 for a discard.
+fn stamp(seq: u64, discard: bool) -> u64 {
+    seq << 1 | u64::from(discard)
+}
+
+/// Checks a page read after stamp `before` was done and before any change after `after`
+/// started.
+fn check_page(page: u64, got: &[u8], before: u64, after: u64) {
+    if got.iter().all(|&b| b == 0) {
+        assert!(
+            before & 1 == 1 || before == 0 || after != before,
+            "page {page}: zeros, but its last change (stamp {before}) wrote it"
+        );
+        return;
+    }
+    let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
+    assert_eq!(
+        u64::from_le_bytes(got[..8].try_into().unwrap()),
+        page,
+        "page {page}: another page's bytes"
+    );
+    assert!(
+        (before >> 1) <= seq && seq <= (after >> 1),
+        "page {page}: sequence {seq} read, stamps {before}..{after} (a stale copy?)"
+    );
+    assert_eq!(got, &page_bytes(page, seq)[..], "page {page}: torn bytes");
+}
+
+/// `threads` threads for `rounds` rounds of `ops` operations each on a device of `units`
+/// units; one compacting thread beside them; a reset between rounds (each round's threads
+/// are new, and joined, so that a failed check ends the test).
+fn run(unit: usize, alg: &str, units: u64, threads: u64, rounds: u64, ops: usize) {
+    let dev = device(units, unit, alg);
+    let ppu = (unit / PAGE) as u64;
+    let pages = units * ppu;
+    let stamps: Vec<AtomicU64> = (0..pages).map(|_| AtomicU64::new(0)).collect();
+    let started: Vec<AtomicU64> = (0..pages).map(|_| AtomicU64::new(0)).collect();
+    let seqs: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(1)).collect();
+    for round in 0..rounds {
+        let done = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while done.load(Ordering::Acquire) < threads {
+                    dev.compact();
+                    std::thread::yield_now();
+                }
+            });
+            for t in 0..threads {
+                let model = Model {
+                    done: &stamps,
+                    started: &started,
+                };
+                let (dev, seqs, done) = (&dev, &seqs, &done);
+                s.spawn(move || {
+                    // Counts the thread out even if a check fails, so the compactor stops.
+                    struct Out<'a>(&'a AtomicU64);
+                    impl Drop for Out<'_> {
+                        fn drop(&mut self) {
+                            self.0.fetch_add(1, Ordering::Release);
+                        }
+                    }
+                    let _out = Out(done);
+                    let seed = (round * threads + t + 1).wrapping_mul(0x1234_5678_9abc_def1);
+                    work(dev, &model, &seqs[t as usize], t, threads, seed, ops);
+                });
+            }
+        });
+        dev.reset();
+        // A reset is a discard of every page, newer than any change before it.
+        let seq = seqs
+            .iter()
+            .map(|s| s.fetch_add(1, Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        for s in stamps.iter().chain(&started) {
+            s.store(stamp(seq << 8 | 0xff, true), Ordering::Release);
+        }
+        // And every writer's next change newer than the reset.
+        for s in &seqs {
+            s.store(seq + 1, Ordering::Relaxed);
+        }
+    }
+    // Everything read back as the model says.
+    let mut page_buf = vec![0u8; PAGE];
+    for p in 0..pages {
+        dev.read_page(p, &mut page_buf).unwrap();
+        let st = stamps[p as usize].load(Ordering::Acquire);
+        check_page(p, &page_buf, st, st);
+    }
+}
+
+/// The pages' stamps: of the last change done, and of the last one started.
+struct Model<'a> {
+    done: &'a [AtomicU64],
+    started: &'a [AtomicU64],
+}
+
+impl Model<'_> {
+    /// Pages `pages` are being changed, at `stamp`: runs `change`, then marks them done.
+    fn change(&self, pages: std::ops::Range<u64>, stamp: u64, change: impl FnOnce()) {
+        for p in pages.clone() {
+            self.started[p as usize].store(stamp, Ordering::Release);
+        }
+        change();
+        for p in pages {
+            self.done[p as usize].store(stamp, Ordering::Release);
+        }
+    }
+    fn before(&self, page: u64) -> u64 {
+        self.done[page as usize].load(Ordering::Acquire)
+    }
+    fn after(&self, page: u64) -> u64 {
+        self.started[page as usize].load(Ordering::Acquire)
+    }
+}
+
+/// One thread's operations: changes to its own units (unit % threads == t), reads of any.
+fn work(dev: &Device, model: &Model, seq: &AtomicU64, t: u64, threads: u64, seed: u64, ops: usize) {
+    let unit = dev.unit_size();
+    let ppu = (unit / PAGE) as u64;
+    let units = dev.units();
+    let pages = units * ppu;
+    let mut rng = Rng::from_state(seed | 1);
+    let mut page_buf = vec![0u8; PAGE];
+    let next_seq = || seq.fetch_add(1, Ordering::Relaxed) << 8 | t;
+    for _ in 0..ops {
+        let mine = (rng.next_u64() % (units / threads)) * threads + t;
+        match rng.next_u64() % 8 {
+            0 => {
+                let seq = next_seq();
+                let mut data = Vec::with_capacity(unit);
+                for p in mine * ppu..(mine + 1) * ppu {
+                    data.extend_from_slice(&page_bytes(p, seq));
+                }
+                model.change(mine * ppu..(mine + 1) * ppu, stamp(seq, false), || {
+                    dev.write_unit(mine, &data).unwrap();
+                });
+            }
+            1 | 2 => {
+                // Some pages of the unit: a read-modify-write.
+                let seq = next_seq();
+                let first = mine * ppu + rng.next_u64() % ppu;
+                let n = 1 + rng.next_u64() % ((mine + 1) * ppu - first);
+                let mut data = Vec::new();
+                for p in first..first + n {
+                    data.extend_from_slice(&page_bytes(p, seq));
+                }
+                model.change(first..first + n, stamp(seq, false), || {
+                    dev.write_bytes(first * PAGE as u64, &data).unwrap();
+                });
+            }
+            3 => {
+                // Discard some pages, or the whole unit.
+                let seq = next_seq();
+                let (first, n) = if rng.next_u64().is_multiple_of(2) {
+                    (mine * ppu, ppu)
+                } else {
+                    let first = mine * ppu + rng.next_u64() % ppu;
+                    (first, 1 + rng.next_u64() % ((mine + 1) * ppu - first))
+                };
+                model.change(first..first + n, stamp(seq, true), || {
+                    dev.discard(first * PAGE as u64, n * PAGE as u64).unwrap();
+                });
+            }
+            4 => {
+                // A read of several pages at once.
+                let first = rng.next_u64() % pages;
+                let n = 1 + rng.next_u64() % (pages - first).min(2 * ppu);
+                let before: Vec<u64> = (first..first + n).map(|p| model.before(p)).collect();
+                let mut out = vec![0u8; n as usize * PAGE];
+                dev.read_bytes(first * PAGE as u64, &mut out).unwrap();
+                for (i, got) in out.chunks_exact(PAGE).enumerate() {
+                    let p = first + i as u64;
+                    check_page(p, got, before[i], model.after(p));
+                }
+            }
+            _ => {
+                // A page, then a run of its neighbours (cache hits).
+                let first = rng.next_u64() % pages;
+                let run = 1 + rng.next_u64() % ppu;
+                for p in first..(first + run).min(pages) {
+                    let before = model.before(p);
+                    dev.read_page(p, &mut page_buf).unwrap();
+                    check_page(p, &page_buf, before, model.after(p));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn threads_never_read_a_stale_unit_64k_lz4() {
+    run(64 << 10, "lz4", 16, 4, 3, 1500);
+}
+
+#[test]
+fn threads_never_read_a_stale_unit_16k_zstd() {
+    run(16 << 10, "zstd", 32, 4, 3, 1500);
+}
+
+#[test]
+fn threads_never_read_a_stale_unit_64k_lzo_rle_few_units() {
+    // Few units: every thread reads what the others change all the time.
+    run(64 << 10, "lzo-rle", 4, 4, 3, 1500);
+}
+
+/// Reads a page of each of `units` units from `threads` threads.
+fn read_from_threads(dev: &Device, units: u64, threads: usize) {
+    let ppu = (dev.unit_size() / PAGE) as u64;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                let mut page = vec![0u8; PAGE];
+                for u in 0..units {
+                    dev.read_page(u * ppu + t as u64 % ppu, &mut page).unwrap();
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn the_cache_is_bounded_and_given_back() {
+    let unit = 64 << 10;
+    let units = 64;
+    let dev = device(units, unit, "lz4");
+    let fresh = dev.unit_cache_bytes();
+    for u in 0..units {
+        dev.write_unit(u, &page_bytes(u, u + 1).repeat(unit / PAGE))
+            .unwrap();
+    }
+    let mm = dev.mm_stat();
+    // More threads than shards, more units than any shard holds.
+    let bound = fresh + (ztier_base::shard::SHARDS * (128 << 10)) as u64;
+    read_from_threads(&dev, units, ztier_base::shard::SHARDS + 4);
+    let filled = dev.unit_cache_bytes();
+    assert!(
+        fresh < filled && filled <= bound,
+        "cache {filled} bytes: not within {fresh}..={bound}"
+    );
+    // The cache is not the pool: no mm_stat figure moved for the reads.
+    assert_eq!(dev.mm_stat(), mm);
+    dev.compact();
+    assert_eq!(
+        dev.unit_cache_bytes(),
+        fresh,
+        "compact gives the cache back"
+    );
+    read_from_threads(&dev, units, 2);
+    assert!(dev.unit_cache_bytes() > fresh);
+    dev.mark_idle(None);
+    assert_eq!(
+        dev.unit_cache_bytes(),
+        fresh,
+        "an aging device gives it back"
+    );
+    read_from_threads(&dev, units, 2);
+    assert!(dev.unit_cache_bytes() > fresh);
+    dev.reset();
+    assert_eq!(dev.unit_cache_bytes(), fresh, "reset gives it back");
+    // What validates it: 8 KiB of counters, nothing more.
+    assert!(fresh <= 8 << 10);
+}
+
+#[test]
+fn page_sized_units_have_no_cache() {
+    let dev = device(64, PAGE, "lz4");
+    for p in 0..64 {
+        dev.write_page(p, &page_bytes(p, 1)).unwrap();
+    }
+    read_from_threads(&dev, 64, 3);
+    assert_eq!(dev.unit_cache_bytes(), 0);
+}
+
+#[test]
+fn a_cached_unit_follows_writes_and_discards_in_one_thread() {
+    let unit = 64 << 10;
+    let dev = device(2, unit, "lz4");
+    let ppu = (unit / PAGE) as u64;
+    let mut page = vec![0u8; PAGE];
+    let data: Vec<u8> = (0..ppu).flat_map(|p| page_bytes(p, 1)).collect();
+    dev.write_unit(0, &data).unwrap();
+    dev.read_page(0, &mut page).unwrap(); // fills the cache
+    dev.write_bytes(3 * PAGE as u64, &page_bytes(3, 2)).unwrap();
+    dev.read_page(3, &mut page).unwrap();
+    assert_eq!(page, page_bytes(3, 2), "a partial write after the fill");
+    dev.read_page(4, &mut page).unwrap();
+    assert_eq!(page, page_bytes(4, 1));
+    dev.discard_page(4).unwrap();
+    dev.read_page(4, &mut page).unwrap();
+    assert!(page.iter().all(|&b| b == 0), "a discard after the fill");
+    dev.write_unit(0, &data).unwrap();
+    dev.read_page(4, &mut page).unwrap();
+    assert_eq!(page, page_bytes(4, 1), "a whole-unit write after the fill");
+    dev.discard(0, unit as u64).unwrap();
+    dev.read_page(5, &mut page).unwrap();
+    assert!(
+        page.iter().all(|&b| b == 0),
+        "a discard of the unit after the fill"
+    );
+}
