@@ -33,27 +33,21 @@
 //! extent meanwhile waits on the condvar (a read returns zeros: the first write has not
 //! completed).
 //!
-//! The saved map ([`VolumeMap::to_bytes`]), little-endian:
-//!
-//! ```text
-//!  0        8         12        16             24        32
-//!  +--------+---------+---------+--------------+---------+----------------------+-------+
-//!  | magic  | version | 0 (u32) | extent bytes | entries | entries × (volume    | CRC32 |
-//!  | ZTTHIN | u32 = 1 |         | u64          | u64     | extent u64, store    | u32   |
-//!  | MAP\0\0|         |         |              |         | extent u64), by      |       |
-//!  |        |         |         |              |         | volume extent, up    |       |
-//!  +--------+---------+---------+--------------+---------+----------------------+-------+
-//! ```
-//!
-//! The CRC (CRC-32, crc32fast) covers every byte before it.
+//! The pieces: the free set (`free_set.rs`) and the saved map and its format (`map.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use ztier_base::bytes::{ByteReader, PastEnd};
+use ztier_base::bytes::PastEnd;
 use ztier_base::pieces::pieces;
 
 use crate::{check_range, BlockDevice, BlockError, Extent, Result};
+
+mod free_set;
+mod map;
+
+use free_set::FreeSet;
+pub use map::VolumeMap;
 
 /// Why a store could not be made, a map not read, or a volume not restored.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +61,7 @@ pub enum ThinError {
     Truncated(PastEnd),
     #[error("not a volume map (magic {found:02x?})")]
     Magic { found: [u8; 8] },
-    #[error("volume map version {found}, this build reads {VERSION}")]
+    #[error("volume map version {found}, this build reads {}", map::VERSION)]
     Version { found: u32 },
     #[error("volume map's extent size {extent_size} is not a power of two")]
     MapExtentSize { extent_size: u64 },
@@ -89,78 +83,6 @@ pub enum ThinError {
     StoreExtentTwice { extent: u64 },
     #[error("store extent {extent} is held by another volume")]
     StoreExtentHeld { extent: u64 },
-}
-
-const MAGIC: [u8; 8] = *b"ZTTHINMP";
-const VERSION: u32 = 1;
-/// Magic, version, reserved, extent size, entry count.
-const HEADER_BYTES: usize = 8 + 4 + 4 + 8 + 8;
-const ENTRY_BYTES: usize = 16;
-const CRC_BYTES: usize = 4;
-
-/// The extents of one store, free or held, as one bit an extent.
-struct FreeSet {
-    /// Bit set: held. Bits past the last extent (in the last word) are set for good, so a
-    /// search never offers them.
-    held: Vec<u64>,
-    /// Extents held (not counting those past the end).
-    held_count: u64,
-    /// The word after the last extent taken: where the next search begins, so a search does
-    /// not rescan the full words at the front every time.
-    cursor: usize,
-}
-
-impl FreeSet {
-    fn new(extents: u64) -> std::result::Result<FreeSet, ThinError> {
-        let words =
-            usize::try_from(extents.div_ceil(64)).map_err(|_| ThinError::NoMemory { extents })?;
-        let mut held = Vec::new();
-        held.try_reserve_exact(words)
-            .map_err(|_| ThinError::NoMemory { extents })?;
-        held.resize(words, 0);
-        let tail = extents % 64;
-        if tail != 0 {
-            held[words - 1] = !0u64 << tail;
-        }
-        Ok(FreeSet {
-            held,
-            held_count: 0,
-            cursor: 0,
-        })
-    }
-
-    fn is_held(&self, extent: u64) -> bool {
-        self.held[(extent / 64) as usize] & (1 << (extent % 64)) != 0
-    }
-
-    fn set(&mut self, extent: u64, held: bool) {
-        let word = &mut self.held[(extent / 64) as usize];
-        let bit = 1u64 << (extent % 64);
-        debug_assert_eq!(*word & bit != 0, !held, "extent {extent} already so");
-        if held {
-            *word |= bit;
-            self.held_count += 1;
-        } else {
-            *word &= !bit;
-            self.held_count -= 1;
-        }
-    }
-
-    /// Takes a free extent, searching from the cursor round to it.
-    fn take(&mut self) -> Option<u64> {
-        let words = self.held.len();
-        for i in 0..words {
-            let w = (self.cursor + i) % words;
-            let free = !self.held[w];
-            if free != 0 {
-                let extent = w as u64 * 64 + free.trailing_zeros() as u64;
-                self.set(extent, true);
-                self.cursor = w;
-                return Some(extent);
-            }
-        }
-        None
-    }
 }
 
 /// A pool of extents on one store, which thin [`Volume`]s take and give back.
@@ -863,207 +785,5 @@ impl BlockDevice for Volume {
             Ok(())
         })?;
         Ok(extents)
-    }
-}
-
-/// Which store extent backs which volume extent: a volume's part of the store, saved across
-/// a restart. Entries by volume extent, each volume extent once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeMap {
-    extent_size: u64,
-    entries: Vec<(u64, u64)>,
-}
-
-impl VolumeMap {
-    /// The extent size of the store it was taken on.
-    pub fn extent_size(&self) -> u64 {
-        self.extent_size
-    }
-
-    /// `(volume extent, store extent)` pairs by volume extent.
-    pub fn entries(&self) -> &[(u64, u64)] {
-        &self.entries
-    }
-
-    /// The map in its saved form (the module header draws it).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(HEADER_BYTES + self.entries.len() * ENTRY_BYTES + CRC_BYTES);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&self.extent_size.to_le_bytes());
-        out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        for &(volume_extent, store_extent) in &self.entries {
-            out.extend_from_slice(&volume_extent.to_le_bytes());
-            out.extend_from_slice(&store_extent.to_le_bytes());
-        }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
-    }
-
-    /// Reads a saved map, refusing (typed) anything [`to_bytes`](Self::to_bytes) would not
-    /// have written. Whether its extents fit a store and a volume is
-    /// [`ThinStore::restore`]'s to check.
-    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<VolumeMap, ThinError> {
-        let mut r = ByteReader::new(bytes);
-        let magic: [u8; 8] = r.array().map_err(ThinError::Truncated)?;
-        if magic != MAGIC {
-            return Err(ThinError::Magic { found: magic });
-        }
-        let version = r.u32_le().map_err(ThinError::Truncated)?;
-        if version != VERSION {
-            return Err(ThinError::Version { found: version });
-        }
-        let reserved = r.u32_le().map_err(ThinError::Truncated)?;
-        let extent_size = r.u64_le().map_err(ThinError::Truncated)?;
-        let count = r.u64_le().map_err(ThinError::Truncated)?;
-        let body = usize::try_from(count)
-            .ok()
-            .and_then(|c| c.checked_mul(ENTRY_BYTES))
-            .and_then(|b| b.checked_add(CRC_BYTES));
-        if body != Some(r.left()) {
-            // Cut short, or bytes after the checksum.
-            return Err(match body {
-                Some(wanted) if wanted > r.left() => ThinError::Truncated(PastEnd {
-                    at: r.position(),
-                    wanted,
-                    left: r.left(),
-                }),
-                _ => ThinError::Length {
-                    entries: count,
-                    len: bytes.len(),
-                },
-            });
-        }
-        let summed = bytes.len() - CRC_BYTES;
-        let stored = u32::from_le_bytes(bytes[summed..].try_into().expect("4 bytes left"));
-        let computed = crc32fast::hash(&bytes[..summed]);
-        if stored != computed {
-            return Err(ThinError::Checksum { stored, computed });
-        }
-        if reserved != 0 {
-            return Err(ThinError::Reserved { found: reserved });
-        }
-        if !extent_size.is_power_of_two() {
-            return Err(ThinError::MapExtentSize { extent_size });
-        }
-        let mut entries = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let volume_extent = r.u64_le().map_err(ThinError::Truncated)?;
-            let store_extent = r.u64_le().map_err(ThinError::Truncated)?;
-            if entries
-                .last()
-                .is_some_and(|&(last, _)| last >= volume_extent)
-            {
-                return Err(ThinError::VolumeExtentOrder {
-                    extent: volume_extent,
-                });
-            }
-            entries.push((volume_extent, store_extent));
-        }
-        Ok(VolumeMap {
-            extent_size,
-            entries,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_free_set_never_offers_the_tail_and_wraps_round() {
-        let mut free = FreeSet::new(70).unwrap();
-        let taken: Vec<u64> = std::iter::from_fn(|| free.take()).collect();
-        assert_eq!(taken, (0..70).collect::<Vec<_>>());
-        assert_eq!(free.held_count, 70);
-        free.set(3, false);
-        free.set(69, false);
-        // The cursor is in the last word: 69 first, then round to 3.
-        assert_eq!(free.take(), Some(69));
-        assert_eq!(free.take(), Some(3));
-        assert_eq!(free.take(), None);
-        assert!(FreeSet::new(0).unwrap().take().is_none());
-    }
-
-    #[test]
-    fn a_map_round_trips_and_each_corruption_is_named() {
-        let map = VolumeMap {
-            extent_size: 1 << 20,
-            entries: vec![(0, 7), (3, 1), (1 << 40, 2)],
-        };
-        let bytes = map.to_bytes();
-        assert_eq!(bytes.len(), HEADER_BYTES + 3 * ENTRY_BYTES + CRC_BYTES);
-        assert_eq!(VolumeMap::from_bytes(&bytes).unwrap(), map);
-
-        for cut in 0..bytes.len() {
-            let e = VolumeMap::from_bytes(&bytes[..cut]).unwrap_err();
-            assert!(matches!(e, ThinError::Truncated(_)), "cut at {cut}: {e}");
-        }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(matches!(
-            VolumeMap::from_bytes(&longer),
-            Err(ThinError::Length { .. })
-        ));
-        for at in 0..bytes.len() {
-            let mut bad = bytes.clone();
-            bad[at] ^= 0x10;
-            let e = VolumeMap::from_bytes(&bad).unwrap_err();
-            let expected = match at {
-                0..8 => matches!(e, ThinError::Magic { .. }),
-                8..12 => matches!(e, ThinError::Version { .. }),
-                // The count: the length no longer fits it.
-                24..32 => matches!(e, ThinError::Length { .. } | ThinError::Truncated(_)),
-                _ => matches!(e, ThinError::Checksum { .. }),
-            };
-            assert!(expected, "byte {at} flipped: {e}");
-        }
-    }
-
-    /// A map whose checksum is right but whose fields are not (what only a crafted file
-    /// holds) is still refused.
-    #[test]
-    fn well_summed_nonsense_is_refused() {
-        let resum = |mut bytes: Vec<u8>| {
-            let n = bytes.len() - CRC_BYTES;
-            let crc = crc32fast::hash(&bytes[..n]);
-            bytes[n..].copy_from_slice(&crc.to_le_bytes());
-            bytes
-        };
-        let map = VolumeMap {
-            extent_size: 1 << 20,
-            entries: vec![(1, 1), (2, 2)],
-        };
-        let mut bytes = map.to_bytes();
-        bytes[12] = 1;
-        assert!(matches!(
-            VolumeMap::from_bytes(&resum(bytes)),
-            Err(ThinError::Reserved { found: 1 })
-        ));
-        let mut bytes = map.to_bytes();
-        bytes[16..24].copy_from_slice(&3u64.to_le_bytes());
-        assert!(matches!(
-            VolumeMap::from_bytes(&resum(bytes)),
-            Err(ThinError::MapExtentSize { extent_size: 3 })
-        ));
-        let mut bytes = map.to_bytes();
-        // The second entry's volume extent made the first's.
-        bytes[HEADER_BYTES + ENTRY_BYTES..HEADER_BYTES + ENTRY_BYTES + 8]
-            .copy_from_slice(&1u64.to_le_bytes());
-        assert!(matches!(
-            VolumeMap::from_bytes(&resum(bytes)),
-            Err(ThinError::VolumeExtentOrder { extent: 1 })
-        ));
-        // A count that would overflow the length sum.
-        let mut bytes = map.to_bytes();
-        bytes[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(
-            VolumeMap::from_bytes(&bytes),
-            Err(ThinError::Length { .. })
-        ));
     }
 }
