@@ -335,7 +335,7 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
 /// Says so when an existing backing file (one ztier makes is 0600) may be read by other
 /// users: every page written back is in it. Its mode is the owner's choice; it is used as
 /// it is.
-fn warn_if_readable_by_others(path: &str) {
+pub(super) fn warn_if_readable_by_others(path: &str) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(meta) = std::fs::metadata(path) {
         let mode = meta.permissions().mode() & 0o777;
@@ -349,7 +349,7 @@ fn warn_if_readable_by_others(path: &str) {
 }
 
 /// The NBD export `--backing-dev` names, connected with `--backing-timeout`.
-fn connect_export(args: &ServeArgs, spec: &str) -> anyhow::Result<Arc<Client>> {
+pub(super) fn connect_export(args: &ServeArgs, spec: &str) -> anyhow::Result<Arc<Client>> {
     let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
     let config = ClientConfig {
         io_timeout: args.backing_timeout,
@@ -405,35 +405,6 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
     let backing = Backing::new(Arc::new(file), args.writeback_format)
         .with_context(|| format!("setting up the backing store {spec}"))?;
     Ok(Some((backing, None)))
-}
-
-/// The host's one store (`--shared-store`): an NBD export, or a file (made at `size` if
-/// missing), cut into extents each device takes its own of.
-pub(super) fn open_shared_store(
-    args: &ServeArgs,
-    spec: &str,
-    size: Option<u64>,
-) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
-    let device: Arc<dyn BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = connect_export(args, spec)?;
-        client.set_log(|line| eprintln!("ztier serve: {line}"));
-        client
-    } else {
-        let path = std::path::Path::new(spec);
-        let bytes = match (size, std::fs::metadata(path)) {
-            (Some(size), _) => size,
-            (None, Ok(meta)) => meta.len(),
-            (None, Err(_)) => {
-                bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
-            }
-        };
-        let file = ztier_blockdev::file::FileDevice::open(path, bytes)
-            .with_context(|| format!("opening the shared store {spec}"))?;
-        warn_if_readable_by_others(spec);
-        Arc::new(file)
-    };
-    ztier_blockdev::thin::ThinStore::new(device, ztier_blockdev::thin::DEFAULT_EXTENT_SIZE)
-        .with_context(|| format!("the shared store {spec}"))
 }
 
 /// NBD's settings, from the flags (`description`: what the export is, for the default
