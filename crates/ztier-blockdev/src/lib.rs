@@ -101,6 +101,17 @@ pub struct Extent {
     pub zero: bool,
 }
 
+impl Extent {
+    /// Adds `next` to the end of `extents`, into the last one if it is of the same kind
+    /// (a block status answer lists each run of one kind once).
+    pub fn push_merged(extents: &mut Vec<Extent>, next: Extent) {
+        match extents.last_mut() {
+            Some(last) if last.hole == next.hole && last.zero == next.zero => last.len += next.len,
+            _ => extents.push(next),
+        }
+    }
+}
+
 /// A disk: a range of bytes read and written in place.
 pub trait BlockDevice: Send + Sync {
     /// Bytes on the device.

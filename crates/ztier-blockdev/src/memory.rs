@@ -171,14 +171,15 @@ impl BlockDevice for MemoryDevice {
             let hole = read(&self.pages[index]).is_none();
             // An allocated page is reported as data even if it holds zeros: finding out
             // would mean scanning it, and "data" is always a truthful answer.
-            match extents.last_mut() {
-                Some(last) if last.hole == hole => last.len += piece.len() as u64,
-                _ => extents.push(Extent {
-                    len: piece.len() as u64,
+            let len = piece.len() as u64;
+            Extent::push_merged(
+                &mut extents,
+                Extent {
+                    len,
                     hole,
                     zero: hole,
-                }),
-            }
+                },
+            );
             Ok(())
         })?;
         Ok(extents)

@@ -362,33 +362,35 @@ impl UffdSweep {
 /// Ok when every zram run compared with the kernel's figures equals them; else the runs that
 /// do not, named.
 pub fn zram_verdict(runs: &[ZramRun]) -> Result<()> {
+    let differs = |r: &ZramRun| r.kernel.as_ref().is_some_and(|k| !k.equal);
     verdict(
         "the kernel's figures",
-        runs.iter()
-            .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
-            .map(|r| RunName {
-                corpus: &r.corpus,
-                compressor: &r.compressor,
-                allocator: r.allocator,
-                chain_size: r.chain_size,
-                threads: r.threads,
-            }),
+        runs.iter().filter(|r| differs(r)).map(|r| {
+            RunName::of(
+                &r.corpus,
+                &r.compressor,
+                r.allocator,
+                r.chain_size,
+                r.threads,
+            )
+        }),
     )
 }
 
 /// As [`zram_verdict`], for zswap runs against the kernel zswap's figures.
 pub fn zswap_verdict(runs: &[ZswapRun]) -> Result<()> {
+    let differs = |r: &ZswapRun| r.kernel.as_ref().is_some_and(|k| !k.equal);
     verdict(
         "the kernel zswap's figures",
-        runs.iter()
-            .filter(|r| r.kernel.as_ref().is_some_and(|k| !k.equal))
-            .map(|r| RunName {
-                corpus: &r.corpus,
-                compressor: &r.compressor,
-                allocator: r.allocator,
-                chain_size: r.chain_size,
-                threads: r.threads,
-            }),
+        runs.iter().filter(|r| differs(r)).map(|r| {
+            RunName::of(
+                &r.corpus,
+                &r.compressor,
+                r.allocator,
+                r.chain_size,
+                r.threads,
+            )
+        }),
     )
 }
 
@@ -399,6 +401,24 @@ struct RunName<'a> {
     allocator: &'static str,
     chain_size: usize,
     threads: u16,
+}
+
+impl<'a> RunName<'a> {
+    fn of(
+        corpus: &'a str,
+        compressor: &'a str,
+        allocator: &'static str,
+        chain_size: usize,
+        threads: u16,
+    ) -> RunName<'a> {
+        RunName {
+            corpus,
+            compressor,
+            allocator,
+            chain_size,
+            threads,
+        }
+    }
 }
 
 impl std::fmt::Display for RunName<'_> {

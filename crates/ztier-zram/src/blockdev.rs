@@ -161,14 +161,8 @@ impl BlockDevice for Device {
                 Content::Same(word) => (false, word == 0),
                 Content::Stored(_) | Content::WrittenBack(_) => (false, false),
             };
-            match extents.last_mut() {
-                Some(last) if last.hole == hole && last.zero == zero => last.len += upto - at,
-                _ => extents.push(Extent {
-                    len: upto - at,
-                    hole,
-                    zero,
-                }),
-            }
+            let len = upto - at;
+            Extent::push_merged(&mut extents, Extent { len, hole, zero });
             at = upto;
         }
         Ok(extents)

@@ -774,14 +774,15 @@ impl BlockDevice for Volume {
         let slots = self.slots();
         self.for_extents(offset, len, |volume_extent, _, piece| {
             let hole = !matches!(slots.map.get(&volume_extent), Some(Slot::Mapped { .. }));
-            match extents.last_mut() {
-                Some(last) if last.hole == hole => last.len += piece.len() as u64,
-                _ => extents.push(Extent {
-                    len: piece.len() as u64,
+            let len = piece.len() as u64;
+            Extent::push_merged(
+                &mut extents,
+                Extent {
+                    len,
                     hole,
                     zero: hole,
-                }),
-            }
+                },
+            );
             Ok(())
         })?;
         Ok(extents)
