@@ -258,13 +258,24 @@ pub fn move_to_cpu(cpu: usize) -> Result<(), SchedError> {
 /// The calling thread's involuntary context switches so far (`getrusage`'s `ru_nivcsw`):
 /// how often another thread took its CPU from it.
 pub fn involuntary_switches() -> Result<u64, SchedError> {
+    Ok(thread_usage()?.ru_nivcsw as u64)
+}
+
+/// The calling thread's minor page faults so far (`getrusage`'s `ru_minflt`): pages it
+/// brought in without I/O, the zero page a read of untouched memory maps among them.
+pub fn minor_faults() -> Result<u64, SchedError> {
+    Ok(thread_usage()?.ru_minflt as u64)
+}
+
+/// `getrusage(RUSAGE_THREAD)`: the calling thread's own figures.
+fn thread_usage() -> Result<libc::rusage, SchedError> {
     // SAFETY: rusage is plain integers; all zeros is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
     if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
         return Err(SchedError::Usage(io::Error::last_os_error()));
     }
-    Ok(usage.ru_nivcsw as u64)
+    Ok(usage)
 }
 
 #[cfg(test)]
