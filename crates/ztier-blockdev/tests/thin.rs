@@ -328,6 +328,51 @@ fn a_full_store_refuses_new_extents_and_keeps_every_volume() {
     assert_eq!(read(&b, 3 * EXTENT, 10), [9; 10]);
 }
 
+/// A volume's limit refuses its own first writes past it, and no other volume's: one tenant
+/// cannot fill the store its neighbours write back to.
+#[test]
+fn a_volume_past_its_limit_is_refused_alone() {
+    let (_, store) = store_of(8);
+    let greedy = store.volume(8 * EXTENT);
+    let quiet = store.volume(8 * EXTENT);
+    assert_eq!(greedy.limit(), None);
+    // Rounded down to whole extents.
+    greedy.set_limit(Some(2 * EXTENT + 100));
+    assert_eq!(greedy.limit(), Some(2 * EXTENT));
+    greedy.write_at(0, &pattern(1, 10), false).unwrap();
+    greedy.write_at(5 * EXTENT, &pattern(2, 10), false).unwrap();
+    let err = greedy.write_at(3 * EXTENT, &[9; 10], false).unwrap_err();
+    assert!(matches!(err, BlockError::NoSpace(_)), "{err}");
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(err.to_string().contains("its limit"), "{err}");
+    assert_eq!(read(&greedy, 3 * EXTENT, 10), [0; 10], "nothing landed");
+    // Inside what it holds, it writes on; the store's room is the others'.
+    greedy.write_at(5 * EXTENT + 20, b"more", false).unwrap();
+    for e in 0..6 {
+        quiet
+            .write_at(e * EXTENT, &pattern(10 + e, 10), false)
+            .unwrap();
+    }
+    assert_eq!(store.free_extents(), 0);
+    // A limit lowered under what it holds takes nothing away and lets nothing more in.
+    greedy.set_limit(Some(EXTENT));
+    assert_eq!(greedy.mapped_bytes(), 2 * EXTENT);
+    assert_eq!(read(&greedy, 0, 10), pattern(1, 10));
+    // A discard gives an extent back to the store; the volume, still at its limit, may
+    // not take it back; the neighbour may.
+    greedy.discard(0, EXTENT).unwrap();
+    let err = greedy.write_at(0, &[1; 10], false).unwrap_err();
+    assert!(matches!(err, BlockError::NoSpace(_)), "{err}");
+    quiet.write_at(7 * EXTENT, &[3; 10], false).unwrap();
+    // No limit: the store's room is the only one.
+    greedy.set_limit(None);
+    let err = greedy.write_at(0, &[1; 10], false).unwrap_err();
+    assert!(err.to_string().contains("shared store"), "{err}");
+    for e in 0..6 {
+        assert_eq!(read(&quiet, e * EXTENT, 10), pattern(10 + e, 10));
+    }
+}
+
 #[test]
 fn an_extent_is_given_back_only_after_its_io_in_flight() {
     let faulty = Arc::new(Faulty::new(MemoryDevice::new(EXTENT).unwrap()));

@@ -15,7 +15,11 @@
 //!   pins its extent in the volume's map; a discard waits for the pins to go), so a write
 //!   never lands in an extent after another volume took it;
 //! - a volume's map holds only the extents it holds (nothing for the virtual size before it
-//!   is written) and shrinks as they are given back.
+//!   is written) and shrinks as they are given back;
+//! - a volume with a limit never takes an extent past it: a first write beyond it is
+//!   refused with `NoSpace`, as a full store refuses one, and only that volume's (the
+//!   store's other tenants keep their room). A limit lowered below what the volume holds
+//!   takes nothing away; the volume takes no more until it is back under.
 //!
 //! Zeroing: an extent is zeroed when it is taken (`write_zeroes` with unmap, which a file
 //! makes a punched hole and an NBD export one request), not tracked block by block. Knowing
@@ -36,6 +40,7 @@
 //! The pieces: the free set (`free_set.rs`) and the saved map and its format (`map.rs`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use ztier_base::bytes::PastEnd;
@@ -144,6 +149,7 @@ impl ThinStore {
             size,
             slots: Mutex::new(Slots::default()),
             changed: Condvar::new(),
+            limit_extents: AtomicU64::new(NO_LIMIT),
         }
     }
 
@@ -333,7 +339,12 @@ pub struct Volume {
     slots: Mutex<Slots>,
     /// Signalled when a slot leaves `Filling` or a `Draining` slot's last pin goes.
     changed: Condvar,
+    /// The most extents the volume may hold ([`NO_LIMIT`]: the store's room is its limit).
+    limit_extents: AtomicU64,
 }
+
+/// A volume's limit when it has none.
+const NO_LIMIT: u64 = u64::MAX;
 
 /// What one extent's access found: the store extent to use (pinned), or zeros.
 enum Found {
@@ -452,6 +463,18 @@ impl Volume {
                 }
                 Some(_) => slots = self.wait(slots),
                 None => {
+                    // Extents being filled or given back count: each holds a store extent
+                    // or is about to.
+                    let limit = self.limit_extents.load(Relaxed);
+                    if slots.map.len() as u64 >= limit {
+                        return Err(BlockError::NoSpace(
+                            format!(
+                                "the volume holds {} bytes of the shared store, its limit",
+                                limit << self.store.extent_shift
+                            )
+                            .into(),
+                        ));
+                    }
                     slots.map.insert(volume_extent, Slot::Filling);
                     drop(slots);
                     return self.fill(volume_extent, in_extent, data, fua);
@@ -573,6 +596,22 @@ impl Volume {
             self.unpin(volume_extent);
             done
         })
+    }
+
+    /// Sets the most bytes of the store the volume may hold (rounded down to whole extents;
+    /// `None`: no limit but the store's room). Takes effect for the next extent it would
+    /// take; what it holds stays.
+    pub fn set_limit(&self, bytes: Option<u64>) {
+        let extents = bytes.map_or(NO_LIMIT, |b| b >> self.store.extent_shift);
+        self.limit_extents.store(extents, Relaxed);
+    }
+
+    /// The most bytes of the store the volume may hold, if it has a limit.
+    pub fn limit(&self) -> Option<u64> {
+        match self.limit_extents.load(Relaxed) {
+            NO_LIMIT => None,
+            extents => Some(extents << self.store.extent_shift),
+        }
     }
 
     /// Bytes of store extents this volume holds.

@@ -39,7 +39,7 @@ use super::{ServeArgs, Stopping};
 #[derive(Args, Debug, Clone, Default)]
 pub struct HostArgs {
     /// A device of the host: `NAME,size=64G[,compressor=lz4,allocator=zblock,mem_limit=2G,
-    /// mem_low=256M,writeback_idle=10m,read_only=true,serial=...]`; repeat for more. Each is
+    /// mem_low=256M,store_limit=8G,writeback_idle=10m,read_only=true,serial=...]`; repeat for more. Each is
     /// an NBD export by its name and, with --vhost-user-dir, a vhost-user-blk socket.
     #[arg(long = "device", value_name = "SPEC", conflicts_with_all = HOST_ONLY)]
     pub devices: Vec<DeviceSpec>,
@@ -415,7 +415,7 @@ impl Hosted {
             let (m, spec) = (d.device().mm_stat(), d.spec());
             text += &format!(
                 "{} size={} compressor={} mem_used_total={} orig_data_size={} mem_limit={} \
-                 mem_low={} nbd_connections={nbd} vmm={}\n",
+                 mem_low={} store_limit={} nbd_connections={nbd} vmm={}\n",
                 d.name(),
                 spec.size,
                 spec.compressor,
@@ -423,6 +423,7 @@ impl Hosted {
                 m.orig_data_size,
                 spec.mem_limit,
                 spec.mem_low,
+                spec.store_limit,
                 if vmm { "attached" } else { "none" }
             );
         }
@@ -510,6 +511,7 @@ impl Hosted {
             ["stat"] => Ok(self.snapshot(&d).to_string()),
             ["stat", "json"] => Ok(format!("{}\n", serde_json::to_string(&self.snapshot(&d))?)),
             ["get", "mem_low"] => Ok(format!("{}\n", d.mem_low())),
+            ["get", "store_limit"] => Ok(format!("{}\n", d.spec().store_limit)),
             ["get", attr] => Ok(device.show_attr(attr)?),
             ["set", "save"] => match d.save_state(false) {
                 None => bail!("the host keeps no states (start it with --state-dir DIR)"),
@@ -573,6 +575,7 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
             for (key, was, now) in [
                 ("mem_limit", saved.mem_limit, s.mem_limit),
                 ("mem_low", saved.mem_low, s.mem_low),
+                ("store_limit", saved.store_limit, s.store_limit),
             ] {
                 if was != now {
                     eprintln!(
