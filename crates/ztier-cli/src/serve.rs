@@ -426,12 +426,13 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
         .backing_size
         .unwrap_or(Backing::size_for(args.size.unwrap_or(0)));
     refuse_foreign_uri("--backing-dev", spec)?;
-    let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
-        .map_err(|cause| CliError::StoreFile {
+    let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes).map_err(
+        |cause| CliError::StoreFile {
             flag: "--backing-dev",
             path: spec.into(),
             cause,
-        })?;
+        },
+    )?;
     warn_if_readable_by_others(spec);
     let backing = Backing::new(Arc::new(file), args.writeback_format)
         .with_context(|| format!("setting up the backing store {spec}"))?;

@@ -14,8 +14,8 @@ use ztier_corpus::Corpus;
 use ztier_pool::ZsConfig;
 use ztier_replay::zram::FieldComparison;
 
-use crate::error::CliError;
 use crate::classes::PoolLayoutArgs;
+use crate::error::CliError;
 use crate::pools::AllocatorChoice;
 
 /// The flags every front takes.

@@ -9,8 +9,8 @@ use ztier_replay::sweep::UffdSweep;
 use ztier_replay::uffd::UffdRun;
 use ztier_replay::uffd_lookups::{Budget, LookupJudgement, Lookups};
 
-use crate::error::CliError;
 use super::shared::{emit, ReplayArgs};
+use crate::error::CliError;
 
 /// The flags of a replay through a region: its device is zsmalloc with each compressor
 /// given, and one thread touches it (no allocator, layout or threads of the bench's).

@@ -13,11 +13,11 @@ use ztier_replay::sweep::{Sweep, WritebackPlan, WritebackStore, ZramSweep};
 use ztier_replay::trace::TraceRun;
 use ztier_replay::zram::ZramRun;
 
-use crate::error::CliError;
 use super::shared::{
     emit, mib, print_epoch_head, print_epoch_row, print_field, print_speeds, print_verdict,
     read_trace, PoolArgs, ReplayArgs,
 };
+use crate::error::CliError;
 
 /// The flags of a replay through zram.
 #[derive(Args, Debug, Clone)]

@@ -885,12 +885,13 @@ fn open_shared_store(
                 bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
             }
         };
-        let file = ztier_blockdev::file::FileDevice::open(path, bytes)
-            .map_err(|cause| CliError::StoreFile {
+        let file = ztier_blockdev::file::FileDevice::open(path, bytes).map_err(|cause| {
+            CliError::StoreFile {
                 flag: "--shared-store",
                 path: spec.into(),
                 cause,
-            })?;
+            }
+        })?;
         super::warn_if_readable_by_others(spec);
         Arc::new(file)
     };

@@ -239,9 +239,8 @@ fn bind_vhost(args: &ServeArgs, files: &SocketFiles) -> anyhow::Result<Option<Vh
     let Some(path) = &args.vhost_user_blk else {
         return Ok(None);
     };
-    let listener =
-        bind_private(path, "--vhost-user-blk", args.socket_mode, files)
-            .context("the vhost-user-blk socket")?;
+    let listener = bind_private(path, "--vhost-user-blk", args.socket_mode, files)
+        .context("the vhost-user-blk socket")?;
     Ok(Some(VhostPlace {
         listener,
         path: path.clone(),
