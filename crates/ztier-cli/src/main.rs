@@ -5,6 +5,7 @@ mod bench;
 mod capture;
 mod classes;
 mod dict;
+mod error;
 mod generate;
 mod plot;
 mod pools;
@@ -90,8 +91,9 @@ fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // The cause chain on one line, no backtrace: this is for a user, not a debugger.
-            eprintln!("ztier: {e:#}");
+            // The cause chain on one line, each cause once, no backtrace: this is for a user,
+            // not a debugger.
+            eprintln!("ztier: {}", error::one_line(&e));
             std::process::ExitCode::FAILURE
         }
     }

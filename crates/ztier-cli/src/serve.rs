@@ -16,6 +16,7 @@ use ztier_pool::AllocatorKind;
 use ztier_zram::{Backing, Device, Policy, PolicyConfig, StateFile};
 
 use crate::classes::PoolLayoutArgs;
+use crate::error::CliError;
 
 mod config;
 mod control;
@@ -316,18 +317,24 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
         return Ok(None);
     };
     if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = connect_export(args, spec)?;
+        let client = connect_export(args, "--backing-dev", spec)?;
         return Ok(Some((
             Arc::clone(&client) as Arc<dyn BlockDevice>,
             Some(client),
         )));
     }
+    refuse_foreign_uri("--backing-dev", spec)?;
     let path = std::path::Path::new(spec);
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(None);
     };
-    let file = ztier_blockdev::file::FileDevice::open(path, meta.len())
-        .with_context(|| format!("opening the backing file {spec}"))?;
+    let file = ztier_blockdev::file::FileDevice::open(path, meta.len()).map_err(|cause| {
+        CliError::StoreFile {
+            flag: "--backing-dev",
+            path: spec.into(),
+            cause,
+        }
+    })?;
     warn_if_readable_by_others(spec);
     Ok(Some((Arc::new(file), None)))
 }
@@ -348,16 +355,35 @@ pub(super) fn warn_if_readable_by_others(path: &str) {
     }
 }
 
-/// The NBD export `--backing-dev` names, connected with `--backing-timeout`.
-pub(super) fn connect_export(args: &ServeArgs, spec: &str) -> anyhow::Result<Arc<Client>> {
-    let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
+/// The NBD export `flag` (`--backing-dev`, `--shared-store`) names, connected with
+/// `--backing-timeout`.
+pub(super) fn connect_export(
+    args: &ServeArgs,
+    flag: &'static str,
+    spec: &str,
+) -> anyhow::Result<Arc<Client>> {
+    let uri: ztier_nbd::Uri = spec
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{flag} {spec}: {e}"))?;
     let config = ClientConfig {
         io_timeout: args.backing_timeout,
         ..ClientConfig::default()
     };
-    Ok(Arc::new(Client::connect_with(&uri, config).with_context(
-        || format!("connecting to the backing export {uri}"),
-    )?))
+    let client =
+        Client::connect_with(&uri, config).map_err(|e| CliError::store_export(flag, spec, &e))?;
+    Ok(Arc::new(client))
+}
+
+/// A store named by a URI of a scheme ztier does not speak (`rbd://`, `ceph://`, `http://`):
+/// refused rather than taken for a file of that name.
+pub(super) fn refuse_foreign_uri(flag: &'static str, spec: &str) -> Result<(), CliError> {
+    if spec.contains("://") && !ztier_nbd::Uri::is_nbd_uri(spec) {
+        return Err(CliError::StoreScheme {
+            flag,
+            uri: spec.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// The TLS `--tls` and `--tls-certificates` ask for.
@@ -382,7 +408,7 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
         return Ok(None);
     };
     if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = connect_export(args, spec)?;
+        let client = connect_export(args, "--backing-dev", spec)?;
         let backing = Backing::new(
             Arc::clone(&client) as Arc<dyn BlockDevice>,
             args.writeback_format,
@@ -399,8 +425,14 @@ fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc
     let bytes = args
         .backing_size
         .unwrap_or(Backing::size_for(args.size.unwrap_or(0)));
-    let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
-        .with_context(|| format!("opening the backing file {spec}"))?;
+    refuse_foreign_uri("--backing-dev", spec)?;
+    let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes).map_err(
+        |cause| CliError::StoreFile {
+            flag: "--backing-dev",
+            path: spec.into(),
+            cause,
+        },
+    )?;
     warn_if_readable_by_others(spec);
     let backing = Backing::new(Arc::new(file), args.writeback_format)
         .with_context(|| format!("setting up the backing store {spec}"))?;
@@ -459,6 +491,16 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     let size = args
         .size
         .context("--size is needed (or --device for a host of devices)")?;
+    // Said before anything is bound or made, with the flag that set it.
+    let page_size = args.layout.config().page_size;
+    if size == 0 || !size.is_multiple_of(page_size as u64) {
+        return Err(CliError::NotWholePages {
+            flag: "--size",
+            bytes: size,
+            page_size,
+        }
+        .into());
+    }
     let mut state_loaded = false;
     let (store, what) = match args.store {
         StoreKind::Zram => {
@@ -587,7 +629,8 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     );
     let control_thread = match &control {
         Some(path) => {
-            let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
+            let l = bind_private(path, "--control", args.socket_mode, &files)
+                .context("the control socket")?;
             l.set_nonblocking(true)?;
             let (store, fronts, stop) = (
                 Arc::clone(&store),

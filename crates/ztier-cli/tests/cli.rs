@@ -424,7 +424,7 @@ fn bench_through_a_uffd_region_reports_and_verifies() {
         "lz4",
         "--json",
     ]);
-    if !o.status.success() && stderr(&o).contains("userfaultfd is not allowed") {
+    if !o.status.success() && stderr(&o).contains("userfaultfd is not permitted") {
         eprintln!("skipped: {}", stderr(&o));
         return;
     }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use ztier_host::{DeviceSpec, HostConfig};
 
 use super::ServeArgs;
+use crate::error::CliError;
 use crate::size::{parse_positive_duration, parse_size};
 
 /// `--config`'s file.
@@ -91,7 +92,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading --config {}", path.display()))?;
-            toml::from_str(&text).with_context(|| format!("--config {}", path.display()))?
+            toml::from_str(&text).map_err(|e| CliError::config(path, &text, &e))?
         }
         None => ConfigFile::default(),
     };

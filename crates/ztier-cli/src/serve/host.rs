@@ -33,6 +33,7 @@ use super::control::{self, Answerer, ServerCounts, Snapshot, VhostCounts, NOT_TH
 use super::frontends::Frontends;
 use super::service::{bind_private, listen, notify, RemovedAtEnd, SocketFiles};
 use super::{ServeArgs, Stopping};
+use crate::error::CliError;
 
 /// The flags of a host of devices (any of `--device`, `--config` or `--state-dir` makes
 /// `ztier serve` one).
@@ -162,7 +163,7 @@ impl Hosted {
             return Ok(());
         };
         let path = dir.join(format!("{}.sock", device.name()));
-        let listener = bind_private(&path, self.socket_mode, &self.files)
+        let listener = bind_private(&path, "--vhost-user-dir", self.socket_mode, &self.files)
             .with_context(|| format!("device {}'s vhost-user-blk socket", device.name()))?;
         let spec = device.spec();
         let config = ztier_vhost::DeviceConfig {
@@ -536,7 +537,7 @@ fn metrics_listener(spec: &str) -> anyhow::Result<TcpListener> {
     } else {
         spec.to_string()
     };
-    let l = TcpListener::bind(&addr).with_context(|| format!("--metrics: listening on {addr}"))?;
+    let l = TcpListener::bind(&addr).map_err(|e| CliError::bind(&addr, "--metrics", e))?;
     if !l.local_addr()?.ip().is_loopback() {
         eprintln!(
             "ztier serve: the metrics are served beyond this machine, at {}: anyone who \
@@ -664,7 +665,8 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
     );
     let control_thread = match &control_path {
         Some(path) => {
-            let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
+            let l = bind_private(path, "--control", args.socket_mode, &files)
+                .context("the control socket")?;
             l.set_nonblocking(true)?;
             let on = Arc::clone(&hosted);
             let answer: Arc<Answerer> = Arc::new(move |request, may| on.answer(request, may));
@@ -872,8 +874,9 @@ fn open_shared_store(
     spec: &str,
     size: Option<u64>,
 ) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
+    super::refuse_foreign_uri("--shared-store", spec)?;
     let device: Arc<dyn ztier_blockdev::BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = super::connect_export(args, spec)?;
+        let client = super::connect_export(args, "--shared-store", spec)?;
         client.set_log(|line| eprintln!("ztier serve: {line}"));
         client
     } else {
@@ -885,8 +888,13 @@ fn open_shared_store(
                 bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
             }
         };
-        let file = ztier_blockdev::file::FileDevice::open(path, bytes)
-            .with_context(|| format!("opening the shared store {spec}"))?;
+        let file = ztier_blockdev::file::FileDevice::open(path, bytes).map_err(|cause| {
+            CliError::StoreFile {
+                flag: "--shared-store",
+                path: spec.into(),
+                cause,
+            }
+        })?;
         super::warn_if_readable_by_others(spec);
         Arc::new(file)
     };
