@@ -76,6 +76,13 @@ pub enum CliError {
         bytes: u64,
         page_size: usize,
     },
+    /// A flag of a host of devices given to a server of one device, which would not use it.
+    #[error(
+        "{flag} is a flag of a host of devices, and this serve has one device: give the \
+         devices with --device NAME,size=SIZE (or --config FILE, --state-dir DIR), or leave \
+         {flag} out"
+    )]
+    HostFlagWithoutHost { flag: &'static str },
     /// A `--config` file that does not parse as a host's settings.
     #[error(
         "--config {path}{at}: {message}: fix the file (its keys: `ztier serve --help`, \
@@ -203,4 +210,30 @@ pub fn one_line(e: &anyhow::Error) -> String {
         let _ = write!(line, "{words}");
     }
     line
+}
+
+/// A command line clap refused, on one line as every other error: clap's own words (the
+/// error and any tip), without its usage block, and where to look next. Help and version
+/// requests are not errors and are not passed here.
+pub fn usage_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let words: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more"))
+        .map(|l| {
+            l.strip_prefix("error: ")
+                .or_else(|| l.strip_prefix("tip: "))
+                .unwrap_or(l)
+        })
+        .collect();
+    let mut line = String::new();
+    for w in words {
+        if !line.is_empty() {
+            // A line that ends in a colon introduces the next (a list of missing flags).
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(w);
+    }
+    format!("{line}: try --help")
 }

@@ -66,7 +66,21 @@ fn main() -> std::process::ExitCode {
         let manpages = generate::ManpagesArgs::parse_from(&args[1..]);
         return report(generate::manpages(&manpages, Cli::command()));
     }
-    let cli = Cli::parse_from(bench::front_alias(args));
+    let cli = match Cli::try_parse_from(bench::front_alias(args)) {
+        Ok(cli) => cli,
+        // --help and --version print what was asked for, and a bare `ztier` its help, as
+        // clap does.
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("ztier: {}", error::usage_line(&e));
+            return std::process::ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Capture(args) => capture::run(&args),

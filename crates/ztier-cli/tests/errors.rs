@@ -37,6 +37,48 @@ fn refused(command: &mut Command, words: &[&str]) -> String {
     stderr
 }
 
+/// A command line clap refuses: exit status 2 (clap's, as every clap program's), one line on
+/// stderr starting `ztier: ` that holds every one of `words` and points at --help.
+fn misused(args: &[&str], words: &[&str]) {
+    let out = run(args).stdin(Stdio::null()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{args:?}: not one line: {stderr}"
+    );
+    assert!(stderr.starts_with("ztier: "), "{stderr}");
+    for word in words.iter().chain(&["try --help"]) {
+        assert!(stderr.contains(word), "{args:?}: no {word:?} in: {stderr}");
+    }
+}
+
+#[test]
+fn command_lines_clap_refuses() {
+    misused(
+        &["serve", "--page-size", "1000"],
+        &["'1000'", "--page-size", "4096 or 16384"],
+    );
+    misused(
+        &["serve", "--device", "vm1,size=1000"],
+        &["vm1,size=1000", "4096-byte pages"],
+    );
+    misused(
+        &["bench", "--compressor", "nope"],
+        &["'nope'", "known: lzo-rle"],
+    );
+    misused(&["serve"], &["not provided", "--size"]);
+    misused(
+        &["sevre"],
+        &["'sevre'", "similar subcommand exists: 'serve'"],
+    );
+    // Help is not an error: it goes to stdout, with status 0.
+    let out = run(&["serve", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--size"));
+}
+
 /// `ztier ARGS`.
 fn run(args: &[&str]) -> Command {
     let mut c = ztier();
@@ -118,6 +160,39 @@ fn sockets_and_addresses_in_use() {
             "pass --listen another address",
         ],
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A host's flag given to a server of one device, which would pass it by: refused, before
+/// anything is bound.
+#[test]
+fn a_host_flag_on_a_server_of_one_device() {
+    let dir = temp_dir("errors-host-flag");
+    let socket = dir.join("nbd.sock");
+    for (flag, value) in [
+        ("--metrics", "9999"),
+        ("--shared-store", "/tmp/x"),
+        ("--host-target", "1G"),
+    ] {
+        refused(
+            &mut run(&[
+                "serve",
+                "--size",
+                "16M",
+                "--socket",
+                s(&socket),
+                flag,
+                value,
+            ]),
+            &[
+                flag,
+                "a host of devices",
+                "--device NAME,size=SIZE",
+                "leave",
+            ],
+        );
+        assert!(!socket.exists());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -647,7 +647,7 @@ fn control(store: &Store, request: &str) -> String {
         (Some("set"), Some("save"), _) => {
             return match state {
                 None => "error: the server was started without --state PATH\n".into(),
-                Some(path) => match super::save_state(device, path, false) {
+                Some(path) => match super::store::save_state(device, path, false) {
                     Ok(line) => format!("{line}\n"),
                     Err(e) => format!("error: {e:#}\n"),
                 },

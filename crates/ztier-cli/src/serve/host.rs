@@ -874,9 +874,9 @@ fn open_shared_store(
     spec: &str,
     size: Option<u64>,
 ) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
-    super::refuse_foreign_uri("--shared-store", spec)?;
+    super::store::refuse_foreign_uri("--shared-store", spec)?;
     let device: Arc<dyn ztier_blockdev::BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = super::connect_export(args, "--shared-store", spec)?;
+        let client = super::store::connect_export(args, "--shared-store", spec)?;
         client.set_log(|line| eprintln!("ztier serve: {line}"));
         client
     } else {
@@ -895,7 +895,7 @@ fn open_shared_store(
                 cause,
             }
         })?;
-        super::warn_if_readable_by_others(spec);
+        super::store::warn_if_readable_by_others(spec);
         Arc::new(file)
     };
     ztier_blockdev::thin::ThinStore::new(device, ztier_blockdev::thin::DEFAULT_EXTENT_SIZE)
