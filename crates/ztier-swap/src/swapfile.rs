@@ -72,9 +72,10 @@ mod swap_slots;
 use alloc::run_is_free;
 use alloc::runs_worth_a_trip;
 pub use alloc::Published;
-use header::{random_uuid, swap_header};
+use header::swap_header;
 pub use stats::{DeviceStats, OrderStats};
 pub use swap_slots::SWAP_SLOTS_CACHE_SIZE;
+use ztier_base::os::random_uuid;
 
 /// Bytes in a slot: a page.
 pub const SLOT_BYTES: u64 = 4096;

@@ -49,9 +49,11 @@ use ztier_base::pieces::pieces;
 use crate::{check_range, BlockDevice, BlockError, Extent, Result};
 
 mod free_set;
+mod label;
 mod map;
 
 use free_set::FreeSet;
+pub use label::{Label, LABEL_LEN};
 pub use map::VolumeMap;
 
 /// Why a store could not be made, a map not read, or a volume not restored.
@@ -88,6 +90,25 @@ pub enum ThinError {
     StoreExtentTwice { extent: u64 },
     #[error("store extent {extent} is held by another volume")]
     StoreExtentHeld { extent: u64 },
+    #[error("volume map lists store extent 0, the store's label (a map saved before stores had labels?)")]
+    LabelExtent,
+    #[error("not a ztier shared store: its first bytes hold other data (magic {found:02x?}); give an empty file or export")]
+    NotAStore { found: [u8; 8] },
+    #[error(
+        "shared store label version {found}, this build reads {}",
+        label::VERSION
+    )]
+    LabelVersion { found: u32 },
+    #[error("shared store label checksum {stored:#010x}, its bytes sum to {computed:#010x}")]
+    LabelChecksum { stored: u32, computed: u32 },
+    #[error("the shared store was made with {label}-byte extents, and is opened with {asked}")]
+    LabelExtentSize { label: u64, asked: u64 },
+    #[error("the shared store's label says {label} extents, and it now holds {now}: it shrank")]
+    StoreShrank { label: u64, now: u64 },
+    #[error("the shared store holds no extent after its label's")]
+    NoRoom,
+    #[error("the shared store's label could not be read or written")]
+    LabelIo(#[source] BlockError),
 }
 
 /// A pool of extents on one store, which thin [`Volume`]s take and give back.
@@ -98,6 +119,9 @@ pub struct ThinStore {
     /// The free set: which extents are held. Taken for one search or one change of bits;
     /// never with a volume's `slots`, never across I/O.
     free: Mutex<FreeSet>,
+    /// The label in the first extent (held, never a volume's), if the store was opened
+    /// through one.
+    label: Option<Label>,
 }
 
 /// The default extent: 1 MiB, so a 1 TiB store is 1 Mi extents (a 128 KiB free set).
@@ -138,7 +162,86 @@ impl ThinStore {
             device,
             extent_shift,
             extents,
+            label: None,
         }))
+    }
+
+    /// A pool over a store with a label (see [`label`](self::label)): the label read and
+    /// checked, or, on a store of zeros (never used), written with a new random id and
+    /// flushed. The first extent holds the label and is never a volume's. Refused if the
+    /// store holds something else, a label of another extent size, or fewer extents than
+    /// its label says.
+    pub fn labelled(
+        device: Arc<dyn BlockDevice>,
+        extent_size: u64,
+    ) -> std::result::Result<Arc<ThinStore>, ThinError> {
+        let unlabelled = ThinStore::new(device, extent_size)?;
+        let extents = unlabelled.extents;
+        if extents < 2 {
+            return Err(ThinError::NoRoom);
+        }
+        let mut first = [0u8; LABEL_LEN];
+        unlabelled
+            .device
+            .read_at(0, &mut first)
+            .map_err(ThinError::LabelIo)?;
+        let label = match Label::read(&first)? {
+            label::Found::Label(label) => {
+                if label.extent_size != extent_size {
+                    return Err(ThinError::LabelExtentSize {
+                        label: label.extent_size,
+                        asked: extent_size,
+                    });
+                }
+                if label.extents > extents {
+                    return Err(ThinError::StoreShrank {
+                        label: label.extents,
+                        now: extents,
+                    });
+                }
+                label
+            }
+            label::Found::Empty => {
+                let label = Label {
+                    extent_size,
+                    extents,
+                    uuid: ztier_base::os::random_uuid(),
+                };
+                let device = &unlabelled.device;
+                device
+                    .write_at(0, &label.to_bytes(), false)
+                    .and_then(|()| device.flush())
+                    .map_err(ThinError::LabelIo)?;
+                label
+            }
+        };
+        let ThinStore {
+            device,
+            extent_shift,
+            extents,
+            free,
+            ..
+        } = Arc::into_inner(unlabelled).expect("made here, held nowhere else");
+        let mut free = free.into_inner().unwrap_or_else(|e| e.into_inner());
+        free.set(0, true);
+        Ok(Arc::new(ThinStore {
+            device,
+            extent_shift,
+            extents,
+            free: Mutex::new(free),
+            label: Some(label),
+        }))
+    }
+
+    /// The store's label, if it was opened through one.
+    pub fn label(&self) -> Option<Label> {
+        self.label
+    }
+
+    /// The bytes that tell this store from any other (its label: offset and length), for
+    /// the owner of a remote store to pin as the export's identity; `None` without a label.
+    pub fn identity(&self) -> Option<(u64, usize)> {
+        self.label.map(|_| (0, LABEL_LEN))
     }
 
     /// A new volume of `size` bytes, holding nothing: every byte reads as zero, and no
@@ -190,6 +293,9 @@ impl ThinStore {
             return Err(ThinError::StoreExtentTwice { extent: twice[0] });
         }
         {
+            if self.label.is_some() && store_extents.first() == Some(&0) {
+                return Err(ThinError::LabelExtent);
+            }
             let mut free = self.free();
             if let Some(&held) = store_extents.iter().find(|&&e| free.is_held(e)) {
                 return Err(ThinError::StoreExtentHeld { extent: held });
@@ -233,7 +339,7 @@ impl ThinStore {
         self.extents - self.free().held_count
     }
 
-    /// Extents held by volumes.
+    /// Extents held by volumes (and the label's, on a store with one).
     pub fn used_extents(&self) -> u64 {
         self.free().held_count
     }

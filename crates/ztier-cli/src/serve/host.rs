@@ -592,7 +592,11 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
     }
     let mut host_config = settings.host.clone();
     if let Some((store, size)) = &settings.shared_store {
-        host_config.shared_store = Some(open_shared_store(&settings.args, store, *size)?);
+        host_config.shared_store = Some(super::store::open_shared_store(
+            &settings.args,
+            store,
+            *size,
+        )?);
     }
     let host = Host::new(host_config).context("starting the host")?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -865,39 +869,4 @@ impl ztier_nbd::Exports for HostExports {
             .map(|d| (d.name().to_string(), description(&d.spec())))
             .collect()
     }
-}
-
-/// The host's one store (`--shared-store`): an NBD export, or a file (made at `size` if
-/// missing), cut into extents each device takes its own of.
-fn open_shared_store(
-    args: &super::ServeArgs,
-    spec: &str,
-    size: Option<u64>,
-) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
-    super::store::refuse_foreign_uri("--shared-store", spec)?;
-    let device: Arc<dyn ztier_blockdev::BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = super::store::connect_export(args, "--shared-store", spec)?;
-        client.set_log(|line| eprintln!("ztier serve: {line}"));
-        client
-    } else {
-        let path = std::path::Path::new(spec);
-        let bytes = match (size, std::fs::metadata(path)) {
-            (Some(size), _) => size,
-            (None, Ok(meta)) => meta.len(),
-            (None, Err(_)) => {
-                bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
-            }
-        };
-        let file = ztier_blockdev::file::FileDevice::open(path, bytes).map_err(|cause| {
-            CliError::StoreFile {
-                flag: "--shared-store",
-                path: spec.into(),
-                cause,
-            }
-        })?;
-        super::store::warn_if_readable_by_others(spec);
-        Arc::new(file)
-    };
-    ztier_blockdev::thin::ThinStore::new(device, ztier_blockdev::thin::DEFAULT_EXTENT_SIZE)
-        .with_context(|| format!("the shared store {spec}"))
 }

@@ -1,12 +1,12 @@
-//! A one-device server's backing store (`--backing-dev`: a file, or an NBD export whose
-//! identity is pinned once written) and its state file (`--state`): opened, loaded and saved
-//! for `serve`. The host of devices opens its stores through `ztier_host` instead, and uses
-//! the checks here (`refuse_foreign_uri`, `warn_if_readable_by_others`, `connect_export`)
-//! for its shared store. No locks.
+//! A server's backing stores: a one-device server's (`--backing-dev`: a file, or an NBD
+//! export whose identity is pinned once written) and its state file (`--state`), opened,
+//! loaded and saved; a host's shared store (`--shared-store`: a file or an NBD export, its
+//! label pinned as the export's identity). A host's own store directory is `ztier_host`'s.
+//! No locks.
 
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use ztier_blockdev::BlockDevice;
 use ztier_nbd::{Client, ClientConfig};
 use ztier_zram::{Backing, Device, StateFile};
@@ -220,4 +220,52 @@ pub(super) fn backing_store(
     let backing = Backing::new(Arc::new(file), args.writeback_format)
         .with_context(|| format!("setting up the backing store {spec}"))?;
     Ok(Some((backing, None)))
+}
+
+/// The host's one store (`--shared-store`): an NBD export, or a file (made at `size` if
+/// missing), cut into extents each device takes its own of.
+pub(super) fn open_shared_store(
+    args: &ServeArgs,
+    spec: &str,
+    size: Option<u64>,
+) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
+    refuse_foreign_uri("--shared-store", spec)?;
+    let mut remote = None;
+    let device: Arc<dyn ztier_blockdev::BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
+        let client = connect_export(args, "--shared-store", spec)?;
+        client.set_log(|line| eprintln!("ztier serve: {line}"));
+        remote = Some(Arc::clone(&client));
+        client
+    } else {
+        let path = std::path::Path::new(spec);
+        let bytes = match (size, std::fs::metadata(path)) {
+            (Some(size), _) => size,
+            (None, Ok(meta)) => meta.len(),
+            (None, Err(_)) => {
+                bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
+            }
+        };
+        let file = ztier_blockdev::file::FileDevice::open(path, bytes).map_err(|cause| {
+            CliError::StoreFile {
+                flag: "--shared-store",
+                path: spec.into(),
+                cause,
+            }
+        })?;
+        warn_if_readable_by_others(spec);
+        Arc::new(file)
+    };
+    let store = ztier_blockdev::thin::ThinStore::labelled(
+        device,
+        ztier_blockdev::thin::DEFAULT_EXTENT_SIZE,
+    )
+    .with_context(|| format!("the shared store {spec}"))?;
+    // Its label is the export's identity: the client waits for a lost store, reconnects,
+    // and refuses one that came back empty or is another.
+    if let (Some(client), Some((offset, len))) = (remote, store.identity()) {
+        client
+            .pin_identity(offset, len)
+            .with_context(|| format!("reading back the label of the shared store {spec}"))?;
+    }
+    Ok(store)
 }
