@@ -283,7 +283,9 @@ def main():
          region_rows(ztier, smallest)),
         ("The swap-slot allocator: the cluster mode against the legacy one", swap_alloc_rows(ztier)),
     ]
-    nbd, why = nbd_rows(ztier, smallest, args.rounds)
+    # nbd-bench.sh's default corpus where the shared corpus is here, else the smallest.
+    nbd_corpus = next((p for p in paths if os.path.basename(p).startswith("postgres.")), smallest)
+    nbd, why = nbd_rows(ztier, nbd_corpus, args.rounds)
     if why:
         notes.append(why)
     sections.append(("The NBD server against nbdkit, the same client", nbd))
@@ -315,6 +317,21 @@ def main():
         lines += ["", f"## {title}", "", "| path | figure | reference | command |", "|---|---|---|---|"]
         for path, figure, reference, command in rows:
             lines.append(f"| {path} | {figure} | {reference} | `{command}` |")
+    lines += [
+        "",
+        "## Not regenerated here",
+        "",
+        "These take minutes, a guest VM or a Ceph cluster; their scripts print their own tables,",
+        "and the guides hold the last figures with the day they were taken:",
+        "",
+        "| path | command | guide |",
+        "|---|---|---|",
+        "| a VM's swap on ztier against nbdkit, a host file and the guest's zram | `bash scripts/vm-swap.sh --swap all` | [vm-swap.md](vm-swap.md) |",
+        "| the NBD server against nbdkit (sparse, zstd, lz4) with nbdcopy and fio, medians of rounds | `bash scripts/nbd-bench.sh` | [vm-swap.md](vm-swap.md#how-fast-against-nbdkit) |",
+        "| the far tier on Ceph against `rados bench` | `bash scripts/ceph-bench.sh` | [far-tier.md](far-tier.md#cold-pages-on-a-ceph-cluster) |",
+        "| a host of 1 to 256 devices: RSS, metadata, speed | `cargo run --release -p ztier-host --example host_figures -- rss` | [host.md](host.md) |",
+        "| the compressors against liblz4 and liblzo2 (criterion) | `cargo bench -p ztier-pool -p ztier-compress && python3 scripts/bench-summary.py` | [measure.md](measure.md#benchmarks) |",
+    ]
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {os.path.relpath(args.out, ROOT)} in {elapsed:.0f} s", file=sys.stderr)

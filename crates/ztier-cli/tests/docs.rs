@@ -114,7 +114,14 @@ fn run_block(file: &str, block: &Block) {
     // when the bound passes; output goes to files, so a process the block left running
     // cannot hold a pipe open.
     let mut child = Command::new("timeout")
-        .args(["-k", "10", &BLOCK_SECONDS.to_string(), "bash", "-euo", "pipefail"])
+        .args([
+            "-k",
+            "10",
+            &BLOCK_SECONDS.to_string(),
+            "bash",
+            "-euo",
+            "pipefail",
+        ])
         .arg(&script)
         .current_dir(&dir)
         .env("PATH", path)
