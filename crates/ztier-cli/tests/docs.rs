@@ -283,7 +283,7 @@ fn readme_install_commands_are_what_ci_runs() {
     ] {
         let command = ci_command_after(&ci, heading);
         assert!(
-            block_lines.iter().any(|l| *l == command),
+            block_lines.contains(&command),
             "README.md shows no line `{command}` (what .ci/run runs after {heading:?})"
         );
     }
