@@ -10,7 +10,7 @@
 /// Seconds on the system's monotonic clock, read at its coarse resolution
 /// (`CLOCK_MONOTONIC_COARSE`: the last timer tick, a few milliseconds old), for times kept in
 /// whole seconds on every access (zram's `ac_time`): a fraction of the cost of a precise
-/// read (`Instant::now`), whose share of a zram read is in MEASUREMENTS.md. Falls back to the
+/// read (`Instant::now`), whose share of a zram read is in docs/diary.md. Falls back to the
 /// precise clock where the coarse one is refused.
 pub fn coarse_monotonic_secs() -> u64 {
     let mut ts = libc::timespec {

@@ -145,7 +145,7 @@ pub fn policy() -> Result<Policy, SchedError> {
 ///
 /// Such work is worth doing ahead only on a core with nothing else to do. On a busy machine
 /// (as many working threads as cores) it would take the cores' time all the same and add a
-/// context switch and a cold cache to each step, so there it yields (MEASUREMENTS.md has the
+/// context switch and a cold cache to each step, so there it yields (docs/diary.md has the
 /// arena helper's figures). A thread put aside this way must hold no lock that a foreground
 /// thread waits for, or something must end its idle priority when one waits (the
 /// userfaultfd region's guard does that for its fault thread). Failure leaves the thread at

@@ -208,7 +208,7 @@ pub(crate) struct Inner {
     pub(crate) lists: CountedMutex<Lists>,
     /// Which lists have clusters ([`Lists::nonempty_mask`]), published whenever the device
     /// lock is let go, so isolation passes an empty list by without taking the lock (the
-    /// kernel takes it to find the list empty; what that cost is in MEASUREMENTS.md).
+    /// kernel takes it to find the list empty; what that cost is in docs/diary.md).
     nonempty: AtomicU64,
     pub(crate) percpu: Shards<PerCpu>,
     /// The rotational device's clusters (`si->global_cluster` under `global_cluster_lock`).

@@ -26,7 +26,7 @@ use crate::{Busy, Device, Result, ZramError};
 
 /// Units (packed segments, or single blocks) a writeback writes to the store together, in
 /// flight at once: enough to keep a replicated store's disks busy while each write waits for
-/// every replica (what 8 and 32 gave on Ceph: MEASUREMENTS.md, "Cold pages on a Ceph
+/// every replica (what 8 and 32 gave on Ceph: docs/diary.md, "Cold pages on a Ceph
 /// cluster").
 const WB_IN_FLIGHT: usize = 32;
 
