@@ -151,6 +151,16 @@ pub fn random_uuid() -> [u8; 16] {
     id
 }
 
+/// Lets a closed pipe end the process quietly (`SIGPIPE`'s default, which Rust's runtime
+/// turns off): a report written into `| head` stops there, as a C tool's does, instead of
+/// failing the write. Only for a process that writes to no socket: a peer that goes would
+/// end it too, without a word.
+pub fn end_quietly_on_broken_pipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler of ours; it only restores the
+    // kernel's default action for SIGPIPE, which touches no memory of this process.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

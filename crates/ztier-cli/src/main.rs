@@ -81,6 +81,16 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // A report piped into `head` ends the command quietly, as any Unix tool's does, where
+    // one that talks to no socket prints it (a socket's lost peer must stay an error).
+    let prints_only = match &cli.command {
+        Command::Bench(args) => !bench::uses_a_socket(args),
+        Command::Serve(_) | Command::Stat(_) | Command::Ctl(_) => false,
+        _ => true,
+    };
+    if prints_only {
+        ztier_base::os::end_quietly_on_broken_pipe();
+    }
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Capture(args) => capture::run(&args),

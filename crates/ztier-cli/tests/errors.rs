@@ -431,3 +431,28 @@ mod seccomp {
         }
     }
 }
+
+/// A report written into a pipe nobody reads (`ztier classes | head` once head is gone)
+/// ends the command quietly, as a Unix tool's does: no panic, nothing on stderr.
+#[test]
+fn a_report_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [&["classes"][..], &["completions", "bash"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = run(args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}

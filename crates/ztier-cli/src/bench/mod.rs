@@ -42,6 +42,15 @@ enum Front {
     Uffd(uffd::UffdArgs),
 }
 
+/// Whether the bench talks to a store over a socket (zram's `--writeback-nbd`).
+pub fn uses_a_socket(args: &BenchArgs) -> bool {
+    match &args.front {
+        None => args.zram.writeback_nbd.is_some(),
+        Some(Front::Zram(zram)) => zram.writeback_nbd.is_some(),
+        Some(Front::Zswap(_) | Front::Uffd(_)) => false,
+    }
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match &args.front {
         None => zram::run(&args.zram),
