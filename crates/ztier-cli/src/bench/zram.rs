@@ -73,7 +73,8 @@ pub struct ZramArgs {
     pub idle_epochs: u32,
     /// Compression unit sizes to compare (`4K,16K,64K`): each corpus × compressor stored in
     /// units of each size on zsmalloc, one thread; memory, store time beside the raw
-    /// compressor's, sequential and random 4 KiB reads.
+    /// compressor's, sequential and random 4 KiB reads, readahead windows of 8 pages
+    /// (ra_*), and what the device's cache of decompressed units held (cache_KiB).
     #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
           value_parser = crate::size::parse_size,
           conflicts_with_all = ["trace", "discard_odd", "recompress", "writeback", "chain_sizes"])]
@@ -163,7 +164,7 @@ fn run_units(
 ) -> anyhow::Result<()> {
     if !args.replay.json {
         println!(
-            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8}",
+            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
             "corpus",
             "alg",
             "unit",
@@ -176,7 +177,11 @@ fn run_units(
             "unit_MB/s",
             "rand_MB/s",
             "p50_us",
-            "p99_us"
+            "p99_us",
+            "ra_MB/s",
+            "ra_p50",
+            "ra_p99",
+            "cache_KiB"
         );
     }
     let sweep = ztier_replay::sweep::UnitSweep {
@@ -200,7 +205,7 @@ fn run_units(
 
 fn print_unit_run(r: &ztier_replay::units::UnitRun) {
     println!(
-        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1}",
+        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
         r.corpus,
         r.compressor,
         r.unit_size >> 10,
@@ -213,7 +218,11 @@ fn print_unit_run(r: &ztier_replay::units::UnitRun) {
         r.sequential_unit_read_mb_s,
         r.random_read_mb_s,
         r.random_read_p50_us,
-        r.random_read_p99_us
+        r.random_read_p99_us,
+        r.readahead_read_mb_s,
+        r.readahead_read_p50_us,
+        r.readahead_read_p99_us,
+        r.unit_cache_bytes >> 10
     );
 }
 
