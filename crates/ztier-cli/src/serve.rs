@@ -490,6 +490,7 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 writeback_idle: args.writeback_idle,
                 mem_target: args.mem_target,
                 interval: args.policy_interval,
+                promotion_target: None,
             };
             if policy.recompress_idle.is_some() && args.recompress_algorithms.is_empty() {
                 bail!("--recompress-idle needs a --recompress-algorithm");

@@ -294,6 +294,7 @@ impl Host {
             writeback_idle: spec.writeback_idle,
             mem_target: spec.mem_target,
             interval: self.config.interval.unwrap_or(Duration::from_secs(10)),
+            promotion_target: None,
         };
         let policy = if policy_config.is_active() {
             Some(
