@@ -143,12 +143,15 @@ impl Policy {
             .validate()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let shared = Arc::new(Shared::default());
+        let runner = PolicyRunner::new(config);
+        // The controller's starting age is reported before the first pass.
+        shared.state.lock().stats.promotion = runner.promotion_stats();
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("zram-policy".into())
             .spawn(move || {
                 ztier_pool::lower_to_idle_priority();
-                run(&device, config, &s)
+                run(&device, runner, &s)
             })?;
         Ok(Policy {
             shared,
@@ -183,13 +186,13 @@ fn secs(d: Duration) -> u32 {
     d.as_secs().min(u64::from(u32::MAX)) as u32
 }
 
-fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
-    let mut runner = PolicyRunner::new(config);
+fn run(device: &Device, mut runner: PolicyRunner, shared: &Shared) {
+    let interval = runner.config.interval;
     loop {
         {
             let mut st = shared.state.lock();
             if !st.stop {
-                shared.wake.wait_for(&mut st, config.interval);
+                shared.wake.wait_for(&mut st, interval);
             }
             if st.stop {
                 return;

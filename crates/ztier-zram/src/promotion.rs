@@ -98,6 +98,29 @@ impl PromotionTarget {
     }
 }
 
+/// A target as a person writes it, `0.2%/min` or `0.2%` (per minute either way): the
+/// percent of the stored pages read back per minute, above 0 and at most 100. The share a
+/// [`PromotionTarget`] takes is this over 100 (kept as the percent where it is written back
+/// out, so it reads back the same).
+pub fn parse_percent_per_minute(text: &str) -> Result<f64, BadPromotionTarget> {
+    let not_one = || BadPromotionTarget::NotAPercent {
+        given: text.to_string(),
+    };
+    let number = text
+        .trim()
+        .strip_suffix("/min")
+        .unwrap_or(text.trim())
+        .strip_suffix('%')
+        .ok_or_else(not_one)?;
+    let percent: f64 = number.trim().parse().map_err(|_| not_one())?;
+    if !(percent > 0.0 && percent <= 100.0) {
+        return Err(BadPromotionTarget::Share {
+            share: percent / 100.0,
+        });
+    }
+    Ok(percent)
+}
+
 /// A promotion target that cannot be followed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -110,6 +133,10 @@ pub enum BadPromotionTarget {
     StartOutside { start: u64, min: u64, max: u64 },
     #[error("a promotion window of {millis} ms: it must be at least a second")]
     Window { millis: u64 },
+    #[error(
+        "a promotion target of {given:?}: a percent of the stored pages per minute, as 0.2%/min"
+    )]
+    NotAPercent { given: String },
 }
 
 /// What a window showed.
@@ -470,6 +497,31 @@ mod tests {
             bad(|b| b.window = Duration::from_millis(500)),
             BadPromotionTarget::Window { .. }
         ));
+    }
+
+    #[test]
+    fn targets_are_read_as_percents_per_minute() {
+        assert_eq!(parse_percent_per_minute("0.2%/min"), Ok(0.2));
+        assert_eq!(parse_percent_per_minute(" 1.5% "), Ok(1.5));
+        assert_eq!(parse_percent_per_minute("100%/min"), Ok(100.0));
+        for bad in ["0.2", "0.2/min", "%/min", "abc%", "0.2%/hour", ""] {
+            assert!(
+                matches!(
+                    parse_percent_per_minute(bad),
+                    Err(BadPromotionTarget::NotAPercent { .. })
+                ),
+                "{bad}"
+            );
+        }
+        for bad in ["0%", "-1%/min", "101%", "NaN%"] {
+            assert!(
+                matches!(
+                    parse_percent_per_minute(bad),
+                    Err(BadPromotionTarget::Share { .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 
     proptest! {
