@@ -325,8 +325,9 @@ impl PromotionController {
         let floor = self.floor.map_or(0, |(age, _)| age);
         let decision = decide(&self.target, &seen, self.age, floor);
         self.floor = if decision.share_per_minute > self.target.share_per_minute {
-            let over = decision.age_before_secs + 1;
-            Some((over.max(floor), REMEMBER_WINDOWS))
+            let max = self.target.max_age.as_secs().max(1);
+            let over = (decision.age_before_secs + 1).min(max);
+            Some((over.max(floor).min(max), REMEMBER_WINDOWS))
         } else {
             self.floor
                 .and_then(|(age, left)| (left > 1).then(|| (age, left - 1)))
