@@ -325,7 +325,7 @@ mod tests {
         let c = &v.controller;
         let stats = c.controller.as_ref().unwrap();
         assert!(stats.younger > 0 && c.ages_secs[0] == 120, "{c:#?}");
-        assert!(c.ages_secs.iter().all(|&a| a >= 10 && a <= 120), "{c:#?}");
+        assert!(c.ages_secs.iter().all(|a| (10..=120).contains(a)), "{c:#?}");
         assert!(
             c.ages_secs.iter().rev().take(30).all(|&a| a > 20 && a < 80),
             "{c:#?}"

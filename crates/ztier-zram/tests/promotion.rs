@@ -71,6 +71,11 @@ fn a_working_set_read_back_makes_the_age_grow_until_promotions_fall_under_the_ta
         "{reads_by_step:?}"
     );
     assert!(stats.older > 0, "{stats:?}");
+    assert_eq!(
+        stats.history[0].step,
+        Step::Older,
+        "the first window is over"
+    );
     assert!(stats
         .history
         .iter()
