@@ -50,12 +50,14 @@
 #   - patchelf: gives libztier_uffd its SONAME in the Debian package (packaging/build-deb.sh;
 #     dpkg-deb and dpkg-shlibdeps come with build-essential's dpkg-dev)
 #   - man-db: `man -w`, with which scripts/package-check.sh finds the installed pages
+#   - curl: what docs/host.md's commands read the Prometheus endpoint with (the docs test
+#     runs every guide's commands)
 set -euo pipefail
 
 PACKAGES=(build-essential pkg-config zstd liblzo2-dev shellcheck libnbd-bin python3-libnbd python3-prometheus-client qemu-utils fio fuse3 nbdkit nbdkit-plugin-dev liblz4-dev iproute2
   qemu-system-x86 linux-image-amd64 busybox-static cpio kmod openssl systemd
   ceph-mon ceph-mgr ceph-osd ceph-common qemu-system-common qemu-block-extra librsvg2-bin
-  postgresql postgresql-contrib patchelf man-db)
+  postgresql postgresql-contrib patchelf man-db curl)
 
 # The packages that must be the same QEMU build as qemu-utils.
 QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-block-extra)

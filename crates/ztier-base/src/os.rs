@@ -10,7 +10,7 @@
 /// Seconds on the system's monotonic clock, read at its coarse resolution
 /// (`CLOCK_MONOTONIC_COARSE`: the last timer tick, a few milliseconds old), for times kept in
 /// whole seconds on every access (zram's `ac_time`): a fraction of the cost of a precise
-/// read (`Instant::now`), whose share of a zram read is in MEASUREMENTS.md. Falls back to the
+/// read (`Instant::now`), whose share of a zram read is in docs/diary.md. Falls back to the
 /// precise clock where the coarse one is refused.
 pub fn coarse_monotonic_secs() -> u64 {
     let mut ts = libc::timespec {
@@ -123,6 +123,32 @@ pub fn return_large_frees_to_the_os() -> bool {
     {
         false
     }
+}
+
+/// A random (version 4) UUID, as `mkswap` gives each swap area (and a shared store its label): from the kernel's random pool,
+/// or, if `/dev/urandom` cannot be read, from the clock, the process and a hasher's random
+/// keys, which still differ between any two areas made here.
+pub fn random_uuid() -> [u8; 16] {
+    use std::io::Read;
+    let mut id = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
+    if read.is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        for (i, half) in id.chunks_mut(8).enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(now);
+            h.write_u32(std::process::id());
+            h.write_usize(i);
+            half.copy_from_slice(&h.finish().to_ne_bytes());
+        }
+    }
+    id[6] = (id[6] & 0x0f) | 0x40;
+    id[8] = (id[8] & 0x3f) | 0x80;
+    id
 }
 
 #[cfg(test)]

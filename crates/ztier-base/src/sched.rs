@@ -145,7 +145,7 @@ pub fn policy() -> Result<Policy, SchedError> {
 ///
 /// Such work is worth doing ahead only on a core with nothing else to do. On a busy machine
 /// (as many working threads as cores) it would take the cores' time all the same and add a
-/// context switch and a cold cache to each step, so there it yields (MEASUREMENTS.md has the
+/// context switch and a cold cache to each step, so there it yields (docs/diary.md has the
 /// arena helper's figures). A thread put aside this way must hold no lock that a foreground
 /// thread waits for, or something must end its idle priority when one waits (the
 /// userfaultfd region's guard does that for its fault thread). Failure leaves the thread at
@@ -258,13 +258,24 @@ pub fn move_to_cpu(cpu: usize) -> Result<(), SchedError> {
 /// The calling thread's involuntary context switches so far (`getrusage`'s `ru_nivcsw`):
 /// how often another thread took its CPU from it.
 pub fn involuntary_switches() -> Result<u64, SchedError> {
+    Ok(thread_usage()?.ru_nivcsw as u64)
+}
+
+/// The calling thread's minor page faults so far (`getrusage`'s `ru_minflt`): pages it
+/// brought in without I/O, the zero page a read of untouched memory maps among them.
+pub fn minor_faults() -> Result<u64, SchedError> {
+    Ok(thread_usage()?.ru_minflt as u64)
+}
+
+/// `getrusage(RUSAGE_THREAD)`: the calling thread's own figures.
+fn thread_usage() -> Result<libc::rusage, SchedError> {
     // SAFETY: rusage is plain integers; all zeros is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes the calling thread's figures into the live struct we pass.
     if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
         return Err(SchedError::Usage(io::Error::last_os_error()));
     }
-    Ok(usage.ru_nivcsw as u64)
+    Ok(usage)
 }
 
 #[cfg(test)]

@@ -328,6 +328,51 @@ fn a_full_store_refuses_new_extents_and_keeps_every_volume() {
     assert_eq!(read(&b, 3 * EXTENT, 10), [9; 10]);
 }
 
+/// A volume's limit refuses its own first writes past it, and no other volume's: one tenant
+/// cannot fill the store its neighbours write back to.
+#[test]
+fn a_volume_past_its_limit_is_refused_alone() {
+    let (_, store) = store_of(8);
+    let greedy = store.volume(8 * EXTENT);
+    let quiet = store.volume(8 * EXTENT);
+    assert_eq!(greedy.limit(), None);
+    // Rounded down to whole extents.
+    greedy.set_limit(Some(2 * EXTENT + 100));
+    assert_eq!(greedy.limit(), Some(2 * EXTENT));
+    greedy.write_at(0, &pattern(1, 10), false).unwrap();
+    greedy.write_at(5 * EXTENT, &pattern(2, 10), false).unwrap();
+    let err = greedy.write_at(3 * EXTENT, &[9; 10], false).unwrap_err();
+    assert!(matches!(err, BlockError::NoSpace(_)), "{err}");
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(err.to_string().contains("its limit"), "{err}");
+    assert_eq!(read(&greedy, 3 * EXTENT, 10), [0; 10], "nothing landed");
+    // Inside what it holds, it writes on; the store's room is the others'.
+    greedy.write_at(5 * EXTENT + 20, b"more", false).unwrap();
+    for e in 0..6 {
+        quiet
+            .write_at(e * EXTENT, &pattern(10 + e, 10), false)
+            .unwrap();
+    }
+    assert_eq!(store.free_extents(), 0);
+    // A limit lowered under what it holds takes nothing away and lets nothing more in.
+    greedy.set_limit(Some(EXTENT));
+    assert_eq!(greedy.mapped_bytes(), 2 * EXTENT);
+    assert_eq!(read(&greedy, 0, 10), pattern(1, 10));
+    // A discard gives an extent back to the store; the volume, still at its limit, may
+    // not take it back; the neighbour may.
+    greedy.discard(0, EXTENT).unwrap();
+    let err = greedy.write_at(0, &[1; 10], false).unwrap_err();
+    assert!(matches!(err, BlockError::NoSpace(_)), "{err}");
+    quiet.write_at(7 * EXTENT, &[3; 10], false).unwrap();
+    // No limit: the store's room is the only one.
+    greedy.set_limit(None);
+    let err = greedy.write_at(0, &[1; 10], false).unwrap_err();
+    assert!(err.to_string().contains("shared store"), "{err}");
+    for e in 0..6 {
+        assert_eq!(read(&quiet, e * EXTENT, 10), pattern(10 + e, 10));
+    }
+}
+
 #[test]
 fn an_extent_is_given_back_only_after_its_io_in_flight() {
     let faulty = Arc::new(Faulty::new(MemoryDevice::new(EXTENT).unwrap()));
@@ -646,4 +691,70 @@ fn volumes_sharing_recycled_extents_never_see_each_other() {
     let held: u64 = volumes.iter().map(|v| v.mapped_bytes() / EXTENT).sum();
     assert_eq!(store.used_extents(), held);
     assert_eq!(store.free_extents() + held, 4);
+}
+
+/// A store opened through its label: written on a store of zeros, found again with the same
+/// id, its extent never a volume's; a store of another extent size, or of other data, refused.
+#[test]
+fn a_labelled_store_keeps_its_label_and_refuses_what_is_not_one() {
+    use ztier_blockdev::thin::{Label, LABEL_LEN};
+    let device: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(6 * EXTENT).unwrap());
+    let store = ThinStore::labelled(Arc::clone(&device), EXTENT).unwrap();
+    let label: Label = store.label().unwrap();
+    assert_eq!((label.extent_size, label.extents), (EXTENT, 6));
+    assert_eq!(store.identity(), Some((0, LABEL_LEN)));
+    assert_eq!(store.free_extents(), 5, "the label's extent is no volume's");
+    assert_eq!(&read(&*device, 0, 8)[..], b"ZTIERTHN");
+    // Every extent a volume can take, written whole with a pattern: the label stays.
+    let v = store.volume(8 * EXTENT);
+    for e in 0..5 {
+        v.write_at(e * EXTENT, &pattern(e, EXTENT as usize), false)
+            .unwrap();
+    }
+    let err = v.write_at(5 * EXTENT, &[1], false).unwrap_err();
+    assert!(matches!(err, BlockError::NoSpace(_)), "{err}");
+    let map = v.map();
+    assert!(
+        map.entries().iter().all(|&(_, s)| s != 0),
+        "{:?}",
+        map.entries()
+    );
+    v.close();
+    drop(v);
+    drop(store);
+    // Opened again: the same label, and the saved volume comes back whole.
+    let again = ThinStore::labelled(Arc::clone(&device), EXTENT).unwrap();
+    assert_eq!(again.label(), Some(label));
+    let back = again.restore(8 * EXTENT, &map).unwrap();
+    for e in 0..5 {
+        assert_eq!(read(&back, e * EXTENT, EXTENT), pattern(e, EXTENT as usize));
+    }
+    drop(back);
+    drop(again);
+    // A map that names the label's extent (saved before stores had labels) is refused.
+    let bytes = crafted(EXTENT, &[(0, 0)]);
+    let old = VolumeMap::from_bytes(&bytes).unwrap();
+    let fresh = ThinStore::labelled(Arc::clone(&device), EXTENT).unwrap();
+    assert!(matches!(
+        fresh.restore(8 * EXTENT, &old),
+        Err(ThinError::LabelExtent)
+    ));
+    drop(fresh);
+    // Another extent size, another kind of data, a store too small: refused, nothing written.
+    assert!(matches!(
+        ThinStore::labelled(Arc::clone(&device), EXTENT * 2),
+        Err(ThinError::LabelExtentSize { .. })
+    ));
+    let other: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(6 * EXTENT).unwrap());
+    other.write_at(0, b"\x7fELF", false).unwrap();
+    assert!(matches!(
+        ThinStore::labelled(Arc::clone(&other), EXTENT),
+        Err(ThinError::NotAStore { .. })
+    ));
+    assert_eq!(read(&*other, 0, 4), b"\x7fELF");
+    let tiny: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(EXTENT).unwrap());
+    assert!(matches!(
+        ThinStore::labelled(tiny, EXTENT),
+        Err(ThinError::NoRoom)
+    ));
 }

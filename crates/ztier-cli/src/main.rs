@@ -5,6 +5,7 @@ mod bench;
 mod capture;
 mod classes;
 mod dict;
+mod error;
 mod generate;
 mod plot;
 mod pools;
@@ -65,7 +66,21 @@ fn main() -> std::process::ExitCode {
         let manpages = generate::ManpagesArgs::parse_from(&args[1..]);
         return report(generate::manpages(&manpages, Cli::command()));
     }
-    let cli = Cli::parse_from(bench::front_alias(args));
+    let cli = match Cli::try_parse_from(bench::front_alias(args)) {
+        Ok(cli) => cli,
+        // --help and --version print what was asked for, and a bare `ztier` its help, as
+        // clap does.
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("ztier: {}", error::usage_line(&e));
+            return std::process::ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Capture(args) => capture::run(&args),
@@ -90,8 +105,9 @@ fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // The cause chain on one line, no backtrace: this is for a user, not a debugger.
-            eprintln!("ztier: {e:#}");
+            // The cause chain on one line, each cause once, no backtrace: this is for a user,
+            // not a debugger.
+            eprintln!("ztier: {}", error::one_line(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -11,11 +11,12 @@ use clap::{Args, ValueEnum};
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
-use ztier_nbd::{Client, ClientConfig, Server, ServerConfig};
+use ztier_nbd::{Client, Server, ServerConfig};
 use ztier_pool::AllocatorKind;
-use ztier_zram::{Backing, Device, Policy, PolicyConfig, StateFile};
+use ztier_zram::{Device, Policy, PolicyConfig, StateFile};
 
 use crate::classes::PoolLayoutArgs;
+use crate::error::CliError;
 
 mod config;
 mod control;
@@ -23,6 +24,7 @@ mod frontends;
 mod host;
 mod promotion;
 mod service;
+mod store;
 
 use crate::size::parse_size;
 use control::{control_path, serve_control, stats_text};
@@ -31,6 +33,7 @@ use frontends::Frontends;
 use service::{
     bind_private, exit_code, listen, notify, start_command, status_line, RemovedAtEnd, SocketFiles,
 };
+use store::{backing_store, load_state, save_state};
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -223,146 +226,6 @@ impl Store {
     }
 }
 
-/// Saves the device's state at `path` ([`StateFile::save`]: a temporary file beside it,
-/// synced, then renamed into place, so a crash mid-save leaves the files as they were). At
-/// a clean stop (`stopped`) it becomes `path`; while the server goes on serving, the
-/// consumed `path.loaded`. A line says what.
-fn save_state(device: &Device, path: &std::path::Path, stopped: bool) -> anyhow::Result<String> {
-    let start = std::time::Instant::now();
-    let file = StateFile::new(path);
-    let summary = file.save(device, stopped)?;
-    let to = if stopped {
-        path.to_path_buf()
-    } else {
-        file.loaded_path()
-    };
-    Ok(format!(
-        "state saved to {}: {} pages ({} of them on the backing store), {} bytes, \
-         mem_used_total {}, in {:.2} s",
-        to.display(),
-        summary.pages,
-        summary.from_backing_store,
-        summary.bytes,
-        device.mm_stat().mem_used_total,
-        start.elapsed().as_secs_f64()
-    ))
-}
-
-/// Loads the state at `path` into the new device, if there is one, with the backing store
-/// the flags name (not formatted: the state decides whether its pages are there). Returns
-/// whether a state was loaded, and the NBD client of a remote store it opened.
-fn load_state(
-    device: &Device,
-    path: &std::path::Path,
-    args: &ServeArgs,
-) -> anyhow::Result<(bool, Option<Arc<Client>>)> {
-    let start = std::time::Instant::now();
-    // Refused here if the directory cannot take a state, or the state was consumed by a
-    // server that did not stop cleanly.
-    let Some(file) = StateFile::new(path)
-        .open()
-        .with_context(|| format!("--state {}", path.display()))?
-    else {
-        return Ok((false, None));
-    };
-    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
-    let context = || {
-        format!(
-            "loading the state {} (move it away to start empty)",
-            path.display()
-        )
-    };
-    let (summary, link) = match open_store(args)? {
-        Some((store, link)) => {
-            let summary = device
-                .load_state_with_store(&mut input, store, args.writeback_format)
-                .with_context(context)?;
-            if let (Some(client), Some(backing)) = (&link, device.backing()) {
-                let (offset, len) = backing.identity();
-                client
-                    .pin_identity(offset, len)
-                    .context("reading back the backing store's identity")?;
-                client.set_log(|line| eprintln!("ztier serve: {line}"));
-            }
-            (summary, link)
-        }
-        None => {
-            let summary =
-                device
-                    .load_state(&mut input)
-                    .with_context(|| match &args.backing_dev {
-                        Some(b) => format!("{} (the backing store {b} is missing)", context()),
-                        None => context(),
-                    })?;
-            (summary, None)
-        }
-    };
-    eprintln!(
-        "ztier serve: state loaded from {}: {} pages ({} of them on the backing store), \
-         mem_used_total {}, in {:.2} s",
-        path.display(),
-        summary.pages,
-        summary.from_backing_store,
-        device.mm_stat().mem_used_total,
-        start.elapsed().as_secs_f64()
-    );
-    Ok((true, link))
-}
-
-/// A backing store's block device, and the NBD client under it if it is remote.
-type OpenedStore = (Arc<dyn BlockDevice>, Option<Arc<Client>>);
-
-/// The backing store `--backing-dev` names, opened as it is (a file only if it exists, at
-/// its own size), for a state to re-attach.
-fn open_store(args: &ServeArgs) -> anyhow::Result<Option<OpenedStore>> {
-    let Some(spec) = &args.backing_dev else {
-        return Ok(None);
-    };
-    if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = connect_export(args, spec)?;
-        return Ok(Some((
-            Arc::clone(&client) as Arc<dyn BlockDevice>,
-            Some(client),
-        )));
-    }
-    let path = std::path::Path::new(spec);
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(None);
-    };
-    let file = ztier_blockdev::file::FileDevice::open(path, meta.len())
-        .with_context(|| format!("opening the backing file {spec}"))?;
-    warn_if_readable_by_others(spec);
-    Ok(Some((Arc::new(file), None)))
-}
-
-/// Says so when an existing backing file (one ztier makes is 0600) may be read by other
-/// users: every page written back is in it. Its mode is the owner's choice; it is used as
-/// it is.
-pub(super) fn warn_if_readable_by_others(path: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o044 != 0 {
-            eprintln!(
-                "ztier serve: WARNING: the backing file {path} may be read by other users \
-                 (mode {mode:04o}), and it holds every page written back: chmod go-r it"
-            );
-        }
-    }
-}
-
-/// The NBD export `--backing-dev` names, connected with `--backing-timeout`.
-pub(super) fn connect_export(args: &ServeArgs, spec: &str) -> anyhow::Result<Arc<Client>> {
-    let uri: ztier_nbd::Uri = spec.parse().map_err(anyhow::Error::msg)?;
-    let config = ClientConfig {
-        io_timeout: args.backing_timeout,
-        ..ClientConfig::default()
-    };
-    Ok(Arc::new(Client::connect_with(&uri, config).with_context(
-        || format!("connecting to the backing export {uri}"),
-    )?))
-}
-
 /// The TLS `--tls` and `--tls-certificates` ask for.
 fn server_tls(args: &ServeArgs) -> anyhow::Result<ztier_nbd::ServerTls> {
     if args.tls == ztier_nbd::TlsMode::Off {
@@ -377,37 +240,6 @@ fn server_tls(args: &ServeArgs) -> anyhow::Result<ztier_nbd::ServerTls> {
     };
     ztier_nbd::ServerTls::from_dir(args.tls, &dir, args.tls_verify_peer)
         .with_context(|| format!("loading TLS certificates from {}", dir.display()))
-}
-
-/// The backing store `--backing-dev` names, and the NBD client under it if it is remote.
-fn backing_store(args: &ServeArgs) -> anyhow::Result<Option<(Backing, Option<Arc<Client>>)>> {
-    let Some(spec) = &args.backing_dev else {
-        return Ok(None);
-    };
-    if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = connect_export(args, spec)?;
-        let backing = Backing::new(
-            Arc::clone(&client) as Arc<dyn BlockDevice>,
-            args.writeback_format,
-        )
-        .with_context(|| format!("setting up the backing store {spec}"))?;
-        // Written by Backing::new: from now on only this store is ever read back.
-        let (offset, len) = backing.identity();
-        client.pin_identity(offset, len).with_context(|| {
-            format!("reading back the identity just written to {}", client.uri())
-        })?;
-        client.set_log(|line| eprintln!("ztier serve: {line}"));
-        return Ok(Some((backing, Some(client))));
-    }
-    let bytes = args
-        .backing_size
-        .unwrap_or(Backing::size_for(args.size.unwrap_or(0)));
-    let file = ztier_blockdev::file::FileDevice::open(std::path::Path::new(spec), bytes)
-        .with_context(|| format!("opening the backing file {spec}"))?;
-    warn_if_readable_by_others(spec);
-    let backing = Backing::new(Arc::new(file), args.writeback_format)
-        .with_context(|| format!("setting up the backing store {spec}"))?;
-    Ok(Some((backing, None)))
 }
 
 /// NBD's settings, from the flags (`description`: what the export is, for the default
@@ -459,9 +291,22 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<u8> {
 fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> {
     // The parent to outlive, read before anything can make it exit unseen.
     let parent = rustix::process::getppid();
+    if let Some(flag) = args.host.host_flag_given() {
+        return Err(CliError::HostFlagWithoutHost { flag }.into());
+    }
     let size = args
         .size
         .context("--size is needed (or --device for a host of devices)")?;
+    // Said before anything is bound or made, with the flag that set it.
+    let page_size = args.layout.config().page_size;
+    if size == 0 || !size.is_multiple_of(page_size as u64) {
+        return Err(CliError::NotWholePages {
+            flag: "--size",
+            bytes: size,
+            page_size,
+        }
+        .into());
+    }
     let mut state_loaded = false;
     let (store, what) = match args.store {
         StoreKind::Zram => {
@@ -593,7 +438,8 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     );
     let control_thread = match &control {
         Some(path) => {
-            let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
+            let l = bind_private(path, "--control", args.socket_mode, &files)
+                .context("the control socket")?;
             l.set_nonblocking(true)?;
             let (store, fronts, stop) = (
                 Arc::clone(&store),

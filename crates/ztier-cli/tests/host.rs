@@ -298,6 +298,103 @@ fn devices_write_back_to_one_shared_store_across_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// nbdkit's `file` plugin serving `file` on `socket`, killed when dropped.
+struct NbdkitFile(std::process::Child);
+
+impl NbdkitFile {
+    fn serve(socket: &Path, file: &Path) -> NbdkitFile {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new("nbdkit")
+            .args(["--foreground", "--exit-with-parent", "--unix"])
+            .arg(socket)
+            .arg("file")
+            .arg(file)
+            .spawn()
+            .expect("start nbdkit");
+        wait_for(socket, "nbdkit's socket");
+        NbdkitFile(child)
+    }
+}
+
+impl Drop for NbdkitFile {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A shared store on an NBD export is known by its label: when the export goes and comes
+/// back with its data, the host reconnects by itself and reads its pages again; when it
+/// comes back empty (another disk), the host refuses it and reads no zeros for pages.
+#[test]
+fn a_shared_nbd_store_that_goes_away_is_found_again_by_its_label() {
+    if !common::have("nbdkit") {
+        return;
+    }
+    let dir = temp_dir("host-shared-nbd");
+    let (nbd, log) = (dir.join("nbd.sock"), dir.join("log"));
+    let (store_socket, disk) = (dir.join("store.sock"), dir.join("disk"));
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let nbdkit = NbdkitFile::serve(&store_socket, &disk);
+    let store = format!("nbd+unix:///?socket={}", store_socket.display());
+    let server = serve(
+        &[
+            "--device",
+            // Whole pages on the store: a read goes to it, with no segment cache between.
+            "vm1,size=8M,writeback_format=page",
+            "--shared-store",
+            &store,
+            // A read waits this long for a lost store before it fails.
+            "--backing-timeout",
+            "3s",
+            "--socket",
+            nbd.to_str().unwrap(),
+        ],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let c = export(&nbd, "vm1").unwrap();
+    c.write_at(0, &pattern(31, 256 * 4096), false).unwrap();
+    ok(ctl(&nbd, &["--device", "vm1", "idle", "all"]));
+    let wrote = ok(ctl(&nbd, &["--device", "vm1", "writeback", "idle"]));
+    assert!(wrote.starts_with("256 pages written back"), "{wrote}");
+    // The disk holds the label, as the host wrote it.
+    assert_eq!(&std::fs::read(&disk).unwrap()[..8], b"ZTIERTHN");
+
+    // The store goes away and comes back with its data: the pages read back.
+    drop(nbdkit);
+    let nbdkit = NbdkitFile::serve(&store_socket, &disk);
+    let mut back = vec![0u8; 64 * 4096];
+    c.read_at(0, &mut back).unwrap();
+    assert!(
+        back == pattern(31, 64 * 4096),
+        "pages read after the store came back"
+    );
+
+    // It comes back empty: refused, and no read returns zeros for a page on it.
+    drop(nbdkit);
+    let empty = dir.join("empty");
+    std::fs::File::create(&empty)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let _nbdkit = NbdkitFile::serve(&store_socket, &empty);
+    let mut page = vec![0u8; 4096];
+    let err = c.read_at(200 * 4096, &mut page).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    drop(c);
+    server.stop();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("is back after") && said.contains("REFUSED the store"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A config file says what the flags say; a key it does not know is refused by name.
 #[test]
 fn a_config_file_makes_the_host() {

@@ -206,7 +206,7 @@ fn the_bench_recompresses_and_writes_back_to_a_file_and_to_nbdkit() {
     let o = ztier(&["bench", "--writeback-nbd", "nbd://127.0.0.1:1/none"]);
     assert!(!o.status.success());
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("connecting"),
+        String::from_utf8_lossy(&o.stderr).contains("start the NBD server that exports it"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );

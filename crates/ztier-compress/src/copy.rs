@@ -154,7 +154,7 @@ const PATTERN_INDEX: [[u8; WILD]; MAX_PATTERN + 1] = {
 ///
 /// For the compressors' match finders, which read at every input position and whose
 /// positions are in bounds by the shape of their loops; a bounds check on each read costs
-/// them a measurable share of their speed against liblz4 and liblzo2 (MEASUREMENTS.md).
+/// them a measurable share of their speed against liblz4 and liblzo2 (docs/diary.md).
 ///
 /// # Safety
 /// `at + 4 <= buf.len()`. Checked in debug builds, which the fuzz targets use.

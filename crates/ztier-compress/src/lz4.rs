@@ -1,5 +1,5 @@
 //! LZ4 as the kernel's `lib/lz4/lz4_compress.c` writes it, and a block decoder in liblz4's
-//! shape (its speed beside liblz4's is in MEASUREMENTS.md).
+//! shape (its speed beside liblz4's is in docs/diary.md).
 //!
 //! The kernel's LZ4 is the 1.8-era `LZ4_compress_generic()`. For inputs under 64 KiB it keeps
 //! 16-bit positions in an 8192-entry table (`byU16`, hash log 13), its match search skips
@@ -286,7 +286,7 @@ const FAST_ROOM: usize = 64;
 ///
 /// The copies use raw pointers. Each sequence is checked, before any byte is copied, to
 /// read only `src[ip..]` and write only `dst[..]` with the wild-copy overshoot included; a
-/// bounds check per copy costs as much again as the copies themselves (MEASUREMENTS.md).
+/// bounds check per copy costs as much again as the copies themselves (docs/diary.md).
 #[allow(unsafe_code)]
 fn decompress_fast(src: &[u8], dst: &mut [u8]) -> (usize, usize) {
     let src_len = src.len();

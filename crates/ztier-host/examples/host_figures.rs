@@ -192,9 +192,26 @@ fn rss_one(args: &Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     let raw_decompress_secs = started.elapsed().as_secs_f64();
+    // The OS's share of the store: faulting in as many fresh pages as the pools hold, a
+    // zspage's worth (up to 4 pages) at a call, as the arena does when its helper thread
+    // had no chunk ready. The kernel's zsmalloc takes its pages from the page allocator
+    // unzeroed; a process's fresh pages come zeroed, one fault or populate call at a time.
+    let mem_used_total: u64 = devices
+        .iter()
+        .map(|d| d.device().mm_stat().mem_used_total)
+        .sum();
+    let fresh = ztier_base::mapping::Mapping::anonymous(mem_used_total.max(1) as usize)
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    for at in (0..fresh.len()).step_by(4 * PAGE) {
+        fresh
+            .advise(at, 4 * PAGE, ztier_base::mapping::Advice::PopulateWrite)
+            .map_err(|e| e.to_string())?;
+    }
+    let fault_in_secs = started.elapsed().as_secs_f64();
+    drop(fresh);
     let mbps = |secs: f64| (pages * PAGE as u64) as f64 / secs / 1e6;
     let sum = |f: &dyn Fn(&ztier_host::HostDevice) -> u64| devices.iter().map(|d| f(d)).sum();
-    let mem_used_total: u64 = sum(&|d| d.device().mm_stat().mem_used_total);
     let metadata: u64 = sum(&|d| d.device().metadata_bytes());
     let same_pages: u64 = sum(&|d| d.device().mm_stat().same_pages);
     // A writeback pass that takes nothing (no page is an hour old): what the budget's tick
@@ -232,6 +249,8 @@ fn rss_one(args: &Args) -> Result<(), String> {
         "load_mbps": mbps(load_secs),
         "raw_compress_mbps": mbps(raw_compress_secs),
         "raw_decompress_mbps": mbps(raw_decompress_secs),
+        "store_secs": store_secs,
+        "fault_in_secs": fault_in_secs,
     });
     drop(devices);
     host.stop_and_save();
@@ -364,9 +383,9 @@ fn rss_table(args: &Args) -> Result<(), String> {
          mem_used_total per stored page | metadata_bytes (per stored page) | after a \
          writeback pass: RSS growth, metadata_bytes | store MB/s (x raw compress) | load \
          MB/s (x raw decompress) | kernel zram store MB/s, same pages and pattern (ztier \
-         / kernel) |"
+         / kernel) | faulting in mem_used_total's pages fresh, against the store's time |"
     );
-    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|");
+    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|");
     for r in &rows {
         let pages = r["pages"].as_f64().unwrap_or(1.0);
         let per_page = |key: &str| r[key].as_f64().unwrap_or(f64::NAN) / pages;
@@ -393,8 +412,13 @@ fn rss_table(args: &Args) -> Result<(), String> {
             ),
             None => "-".into(),
         };
+        let fault_in = format!(
+            "{:.0} ms of {:.0} ms",
+            r["fault_in_secs"].as_f64().unwrap_or(f64::NAN) * 1e3,
+            r["store_secs"].as_f64().unwrap_or(f64::NAN) * 1e3
+        );
         println!(
-            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} | {} | {} |",
             r["devices"],
             r["layout"].as_str().unwrap_or("?"),
             if r["stores"].as_bool() == Some(true) {
@@ -411,6 +435,7 @@ fn rss_table(args: &Args) -> Result<(), String> {
             speed("store_mbps", "raw_compress_mbps"),
             speed("load_mbps", "raw_decompress_mbps"),
             kernel,
+            fault_in,
         );
     }
     if let Some(first) = rows.first() {

@@ -70,6 +70,12 @@ impl HostDevice {
         self.loaded
     }
 
+    /// Bytes of the host's shared store the device's volume holds, and its limit there
+    /// (`None`: none but the store's room); `None` on a host without a shared store.
+    pub fn shared_store_use(&self) -> Option<(u64, Option<u64>)> {
+        self.volume.as_ref().map(|v| (v.mapped_bytes(), v.limit()))
+    }
+
     /// Pages the host's budget wrote back from this device.
     pub fn budget_written_back_pages(&self) -> u64 {
         self.budget_pages.load(Ordering::Relaxed)

@@ -53,6 +53,11 @@ pub enum HostError {
     TargetWithoutStores,
     #[error("a host's devices write back to a store directory or to one shared store, not both")]
     TwoKindsOfStore,
+    #[error(
+        "device {name}: store_limit limits a device's part of the host's shared store, and \
+         this host has none (give it --shared-store)"
+    )]
+    StoreLimitWithoutSharedStore { name: String },
     /// A device's part of the shared store (its saved map, `NAME.volume` in the state
     /// directory) that cannot be saved or taken back.
     #[error("device {name}: its part of the shared store ({})", path.display())]

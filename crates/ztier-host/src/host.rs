@@ -115,8 +115,9 @@ impl Host {
     }
 
     /// Writes attribute `attr` of device `name`: one of its zram's (by the kernel's sysfs
-    /// names), or the host's `mem_low`. A limit the spec holds (`mem_limit`, `mem_low`) is
-    /// changed in the spec too and, with a state directory, saved there, so a restart makes
+    /// names), or the host's `mem_low` or `store_limit`. A limit the spec holds (`mem_limit`,
+    /// `mem_low`, `store_limit`) is changed in the spec too and, with a state directory,
+    /// saved there, so a restart makes
     /// the device with the limit it had (unless whoever starts the host names the device
     /// again with limits of its own). Returns what the attribute answers.
     pub fn set(&self, name: &str, attr: &str, value: &str) -> Result<String, HostError> {
@@ -134,6 +135,23 @@ impl Host {
                 d.spec.write().mem_low = bytes;
                 "mem_low set".to_string()
             }
+            "store_limit" => {
+                let bytes = parse_size(value).map_err(|e| SpecError::BadValue {
+                    name: name.to_string(),
+                    key: attr.to_string(),
+                    value: value.to_string(),
+                    why: Box::new(e.into()),
+                })?;
+                let volume =
+                    d.volume
+                        .as_ref()
+                        .ok_or_else(|| HostError::StoreLimitWithoutSharedStore {
+                            name: name.to_string(),
+                        })?;
+                volume.set_limit((bytes > 0).then_some(bytes));
+                d.spec.write().store_limit = bytes;
+                "store_limit set".to_string()
+            }
             _ => d
                 .device
                 .store_attr(attr, value)
@@ -145,7 +163,8 @@ impl Host {
         if attr == "mem_limit" {
             d.spec.write().mem_limit = d.device.mm_stat().mem_limit;
         }
-        if let (Some(dir), "mem_limit" | "mem_low") = (&self.config.state_dir, attr) {
+        if let (Some(dir), "mem_limit" | "mem_low" | "store_limit") = (&self.config.state_dir, attr)
+        {
             write_spec(&dir.join(format!("{name}.spec")), &d.spec())?;
         }
         Ok(answer)
@@ -211,6 +230,9 @@ impl Host {
 
     fn make(&self, spec: DeviceSpec) -> Result<Arc<HostDevice>, HostError> {
         let name = spec.name.clone();
+        if spec.store_limit > 0 && self.config.shared_store.is_none() {
+            return Err(HostError::StoreLimitWithoutSharedStore { name });
+        }
         let device_error = |source| HostError::Device {
             name: name.clone(),
             source: Box::new(source),
@@ -244,6 +266,9 @@ impl Host {
                 .remove(&name)
                 .unwrap_or_else(|| Arc::new(store.volume(Backing::size_for(spec.size))))
         });
+        if let Some(v) = &volume {
+            v.set_limit((spec.store_limit > 0).then_some(spec.store_limit));
+        }
         let mut loaded = false;
         if let Some(state) = &state {
             let state_error = |source| HostError::State {

@@ -148,6 +148,20 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
             .iter()
             .map(|d| (device(d.name()), d.device().metadata_bytes())),
     );
+    s.gauge(
+        "device_shared_store_bytes",
+        "Bytes of the host's shared store the device's volume holds (devices on a shared store only).",
+        devices
+            .iter()
+            .filter_map(|d| Some((device(d.name()), d.shared_store_use()?.0))),
+    );
+    s.gauge(
+        "device_shared_store_limit_bytes",
+        "The most of the shared store the device's volume may hold (store_limit; devices with one only).",
+        devices
+            .iter()
+            .filter_map(|d| Some((device(d.name()), d.shared_store_use()?.1?))),
+    );
     mm_gauge(
         &mut s,
         "device_mem_limit_bytes",

@@ -39,7 +39,7 @@ pub enum SpecError {
         size: u64,
         page_size: usize,
     },
-    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, writeback_format, writeback_idle, promotion_target, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
+    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, store_limit, writeback_format, writeback_idle, promotion_target, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
     UnknownKey { name: String, key: String },
     /// The cause is in the message, not also a `source`: clap prints a `--device` flag's
     /// error by its message alone, and a chain printed whole (`{:#}`) would say it twice.
@@ -117,6 +117,9 @@ pub struct DeviceSpec {
     /// The pool below which the host's budget takes none of its pages while another device
     /// is above its own (memory cgroups' `memory.low`); 0 = none.
     pub mem_low: u64,
+    /// The most bytes of the host's shared store the device's volume may hold (whole
+    /// extents); 0 = none but the store's room.
+    pub store_limit: u64,
     pub writeback_format: WbFormat,
     /// The device's own policy: write back pages idle this long.
     pub writeback_idle: Option<Duration>,
@@ -229,6 +232,7 @@ impl DeviceSpec {
                 }
                 "mem_limit" => spec.mem_limit = size_of(key, value)?,
                 "mem_low" => spec.mem_low = size_of(key, value)?,
+                "store_limit" => spec.store_limit = size_of(key, value)?,
                 "mem_target" => spec.mem_target = Some(size_of(key, value)?),
                 "writeback_format" => {
                     spec.writeback_format = value
@@ -288,6 +292,7 @@ impl DeviceSpec {
             layout: ZsConfig::default(),
             mem_limit: 0,
             mem_low: 0,
+            store_limit: 0,
             writeback_format: WbFormat::Packed,
             writeback_idle: None,
             promotion_target_percent: None,
@@ -332,6 +337,7 @@ impl DeviceSpec {
             ),
             ("mem_limit", self.mem_limit.to_string()),
             ("mem_low", self.mem_low.to_string()),
+            ("store_limit", self.store_limit.to_string()),
             (
                 "writeback_format",
                 match self.writeback_format {

@@ -137,3 +137,70 @@ fn a_host_takes_one_kind_of_store() {
     assert!(matches!(both, Err(HostError::TwoKindsOfStore)));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A device's `store_limit` caps its own part of the shared store: its writeback past the
+/// limit leaves pages in memory (none lost), a neighbour writes back all of its own, and a
+/// raised limit (at runtime, saved with the spec) lets the rest go.
+#[test]
+fn a_devices_store_limit_is_its_own() {
+    let dir = dir("limit");
+    let store = store_over(&dir.join("store"));
+    let state_dir = dir.join("state");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let host = Host::new(HostConfig {
+        shared_store: Some(Arc::clone(&store)),
+        state_dir: Some(state_dir),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let capped: DeviceSpec = "capped,size=16M,compressor=lz4,store_limit=1M"
+        .parse()
+        .unwrap();
+    host.create(capped).unwrap();
+    host.create(spec("free")).unwrap();
+    let d = host.get("capped").unwrap();
+    for i in 0..PAGES {
+        d.block_device()
+            .write_at(i * 4096, &pattern(1 << 32 | i, 4096), false)
+            .unwrap();
+    }
+    host.set("capped", "idle", "all").unwrap();
+    // Past its limit the store refuses it: an error or pages left behind, never a loss.
+    let refused = host.set("capped", "writeback", "idle");
+    let (held, limit) = d.shared_store_use().unwrap();
+    assert_eq!(limit, Some(1 << 20));
+    assert!(held <= 1 << 20, "{held} bytes held past a 1 MiB limit");
+    let on_store = d.device().bd_stat().unwrap().bd_count;
+    assert!(
+        on_store < PAGES,
+        "{on_store} pages written back into 1 MiB ({refused:?})"
+    );
+    fill_and_write_back(&host, "free", 2);
+    check(&host, "capped", 1);
+    check(&host, "free", 2);
+    // Raised at runtime: the rest goes, and the spec keeps it.
+    host.set("capped", "store_limit", "8M").unwrap();
+    assert_eq!(host.get("capped").unwrap().spec().store_limit, 8 << 20);
+    host.set("capped", "idle", "all").unwrap();
+    host.set("capped", "writeback", "idle").unwrap();
+    assert_eq!(d.device().bd_stat().unwrap().bd_count, PAGES);
+    check(&host, "capped", 1);
+    assert!(matches!(
+        host.set("capped", "store_limit", "lots"),
+        Err(HostError::Spec(_))
+    ));
+    // A host without a shared store has no part of one to limit.
+    let plain = Host::new(HostConfig::default()).unwrap();
+    let refused = plain.create(
+        "lonely,size=16M,store_limit=1M"
+            .parse::<DeviceSpec>()
+            .unwrap(),
+    );
+    assert!(
+        matches!(&refused, Err(HostError::StoreLimitWithoutSharedStore { name }) if name == "lonely"),
+        "{:?}",
+        refused.err()
+    );
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}

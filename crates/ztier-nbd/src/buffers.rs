@@ -5,7 +5,7 @@
 //! project's one owner of mappings, seen safely as bytes), reused for later requests of the
 //! connection and unmapped when the connection ends. Two costs go away that a fresh `vec![0; len]` per
 //! request paid: zeroing the buffer before the socket or the device fills it, and faulting
-//! in fresh pages (MEASUREMENTS.md has their share of the server's CPU). And because they
+//! in fresh pages (docs/diary.md has their share of the server's CPU). And because they
 //! are mappings, not heap memory, a finished connection's buffers go back to the OS whatever
 //! the allocator would have kept in its per-thread arenas.
 //!

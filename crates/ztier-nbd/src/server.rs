@@ -8,7 +8,7 @@
 //! whole, hands the turn on, runs the request on the device and writes its reply. Replies go
 //! in whatever order requests finish (clients match them by cookie). A payload is read and
 //! stored by one thread, on one core's cache, and no request waits in a queue (faster for
-//! nbdcopy's writes than a reader handing requests to workers through a queue: MEASUREMENTS.md,
+//! nbdcopy's writes than a reader handing requests to workers through a queue: docs/diary.md,
 //! "The NBD server: accept, turns, idle trim, dictionary level").
 //!
 //! Invariants and bounds:
@@ -140,7 +140,7 @@ pub struct ServerConfig {
     /// system's. The kernel doubles it and caps it at `net.core.wmem_max`. A Unix socket's
     /// default (about 208 KiB) is smaller than one of nbdcopy's 256 KiB read replies, so its
     /// sender would block partway through each while the connection's other threads wait
-    /// for the writer, and the cores idle between the wake-ups (MEASUREMENTS.md). TCP
+    /// for the writer, and the cores idle between the wake-ups (docs/diary.md). TCP
     /// connections keep the kernel's autotuning.
     pub unix_send_buffer: usize,
 }

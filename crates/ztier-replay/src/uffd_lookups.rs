@@ -5,7 +5,7 @@
 //! offset moves a little each second) and jumps (each phase starts at a new offset, with
 //! its own skew: phases whose hot sets differ in size). A lookup folds `lookup_bytes` of its
 //! page `rounds` times (the work a service does with what it looked up, sized so that a
-//! fault, whose cost MEASUREMENTS.md's region entries give, costs a few lookups, not
+//! fault, whose cost docs/diary.md's region entries give, costs a few lookups, not
 //! hundreds) and checks one word against the corpus.
 //!
 //! The same lookups (the same seed) run with the whole corpus resident (the baseline), at

@@ -72,9 +72,10 @@ mod swap_slots;
 use alloc::run_is_free;
 use alloc::runs_worth_a_trip;
 pub use alloc::Published;
-use header::{random_uuid, swap_header};
+use header::swap_header;
 pub use stats::{DeviceStats, OrderStats};
 pub use swap_slots::SWAP_SLOTS_CACHE_SIZE;
+use ztier_base::os::random_uuid;
 
 /// Bytes in a slot: a page.
 pub const SLOT_BYTES: u64 = 4096;
@@ -207,7 +208,7 @@ pub(crate) struct Inner {
     pub(crate) lists: CountedMutex<Lists>,
     /// Which lists have clusters ([`Lists::nonempty_mask`]), published whenever the device
     /// lock is let go, so isolation passes an empty list by without taking the lock (the
-    /// kernel takes it to find the list empty; what that cost is in MEASUREMENTS.md).
+    /// kernel takes it to find the list empty; what that cost is in docs/diary.md).
     nonempty: AtomicU64,
     pub(crate) percpu: Shards<PerCpu>,
     /// The rotational device's clusters (`si->global_cluster` under `global_cluster_lock`).

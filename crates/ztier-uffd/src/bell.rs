@@ -2,7 +2,7 @@
 //! message in a blocking `read` of the userfaultfd ("parked"), holding `gate` (write), not
 //! in a `poll` followed by a `read`: one system call on a fault's path instead of two, and
 //! no poll table to set up and take down, which shows in a bare handler's round trip and
-//! in a region's single-page faults at p50 (MEASUREMENTS.md, "A fault thread parked in its
+//! in a region's single-page faults at p50 (docs/diary.md, "A fault thread parked in its
 //! read"). Nothing but a message (or a signal) ends such a read. So a thread that needs
 //! the parked fault thread (an evictor or [`Region::stats`] waiting for `gate`, the CPU
 //! latency request's alarm, the region's drop) sends it one: a `MADV_DONTNEED` of the bell

@@ -5,7 +5,7 @@
 //! on different CPUs, each wake-up goes to a CPU that went idle in between, and what that
 //! costs is the idle state's exit: on a VM whose idle vCPUs halt at once (cpuidle's
 //! `haltpoll` with `guest_halt_poll_ns` 0) it is an interrupt into a halted vCPU, which
-//! makes a bare handler's round trip several times longer at p50 (MEASUREMENTS.md,
+//! makes a bare handler's round trip several times longer at p50 (docs/diary.md,
 //! 2026-11-27, has the figures). The scheduler separates the two threads now and then
 //! whatever the fault thread does (placement.rs), so the idle state decides the tail.
 //!

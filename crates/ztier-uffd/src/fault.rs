@@ -173,7 +173,7 @@ fn serve_faults(sh: &Shared) {
         // No spinning for the next message: on a machine whose idle CPUs halt (a VM's
         // vCPUs), a handler awake on one CPU wakes the faulting thread on another, which
         // costs more than the handler's own wake-up, which the scheduler puts on the
-        // faulting thread's CPU (MEASUREMENTS.md, 2026-11-25).
+        // faulting thread's CPU (docs/diary.md, 2026-11-25).
         if read.unwrap_or(0) == 0 {
             // Parked in the read while faults come, none waits to be served again, and no
             // eviction pass runs (its batches would each ring this thread out); never with

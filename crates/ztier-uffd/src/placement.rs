@@ -5,7 +5,7 @@
 //! a woken thread to an idle CPU whenever its own is busy, and the faulting thread's CPU
 //! is busy at the moment the copy wakes it: the fault thread is on it, issuing the copy.
 //! So the two drift apart and stay apart; a sequential fault-in then runs far below its
-//! speed (MEASUREMENTS.md, 2026-11-26, has the figures).
+//! speed (docs/diary.md, 2026-11-26, has the figures).
 //!
 //! Two things keep them together:
 //! - **Following**: at most every [`LOOK_EVERY`], the fault thread reads which CPU the
@@ -69,7 +69,7 @@ const LOOK_EVERY: Duration = Duration::from_micros(250);
 /// How long a look a fault found due may wait for a moment when the fault thread has
 /// nothing in hand ([`Follow::look_if_due`]) before the next fault makes it on its path: a
 /// look made on faults' paths shows in the p50 of a workload's single-page faults
-/// (MEASUREMENTS.md, "A fault thread parked in its read").
+/// (docs/diary.md, "A fault thread parked in its read").
 const LOOK_OVERDUE: Duration = Duration::from_millis(2);
 
 /// How long faults may wait with no progress of the fault thread, at idle priority, before
@@ -82,7 +82,7 @@ const STARVED_AFTER: Duration = Duration::from_millis(2);
 /// `GUARD_EVERY + STARVED_AFTER`, and a fault thread that gets the CPU now and then only
 /// when those 2 ms after a look hold no turn of it. Each look wakes a thread of normal
 /// priority, and the scheduler sends the faulting thread to the other CPU at some of those
-/// moments, so the rarer the looks, the fewer the separations (MEASUREMENTS.md,
+/// moments, so the rarer the looks, the fewer the separations (docs/diary.md,
 /// 2026-11-27, counts them for looks every 1, 20 and 50 ms).
 const GUARD_EVERY: Duration = Duration::from_millis(50);
 const GUARD_CONFIRM: Duration = Duration::from_millis(1);

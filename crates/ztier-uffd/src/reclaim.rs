@@ -455,7 +455,7 @@ impl Shared {
     /// first: the kernel's per-CPU free lists hand out the frames freed last first, so those
     /// are the new pages of this CPU's next allocations, such as a fault's copy (which writes
     /// all of its page). A page compressed on its way out was read whole already; a clean one
-    /// was not, and a copy into its cold frame misses on every line (MEASUREMENTS.md,
+    /// was not, and a copy into its cold frame misses on every line (docs/diary.md,
     /// 2026-11-28). Only the last few: reading every clean page made random reads slower.
     pub(crate) fn empty_pad(&self, part: &mut PadPart, n: usize) {
         self.pad.empty(part, n, WARM_FRAMES);

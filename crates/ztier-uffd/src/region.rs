@@ -166,7 +166,7 @@ pub struct RegionConfig {
     /// scheduler puts the faulting thread and the fault thread on different CPUs, each of
     /// a fault's two wake-ups goes to a CPU that went idle in between; on a VM whose idle
     /// vCPUs halt at once each is an interrupt into a halted vCPU, which makes a fault
-    /// several times slower (MEASUREMENTS.md has the figures). The price is power
+    /// several times slower (docs/diary.md has the figures). The price is power
     /// (on a VM, the host's CPU time): while the request is held, every idle CPU of the
     /// machine polls instead of halting, where its cpuidle driver's first state polls
     /// (x86's `haltpoll`, `intel_idle`, `acpi_idle`; elsewhere the request changes nothing).
@@ -184,7 +184,7 @@ pub struct RegionConfig {
 /// rest, which the faulting thread runs into while they are decompressed), so a larger one
 /// spreads them thinner: free sequential fault-in on postgres and python 1.15-1.19x what
 /// windows of 15 gave, cc1 (slower to decompress) the same; random reads and single-page
-/// latency unchanged (MEASUREMENTS.md, 2026-11-27).
+/// latency unchanged (docs/diary.md, 2026-11-27).
 pub const MAX_AROUND: usize = 63;
 
 impl Default for RegionConfig {

@@ -32,7 +32,7 @@ use crate::userfaultfd::{self, Uffd, Waker};
 /// Pages an evictor moves out before it empties its part of the pad. Each emptying is a
 /// `MADV_DONTNEED` of the pad, which waits for the fault thread to read its `REMOVE` event
 /// (a wake-up of another CPU), and each batch ends with a wake-up of the fault thread: 256
-/// rather than 64 pays for those wake-ups over four times the pages (MEASUREMENTS.md has the
+/// rather than 64 pays for those wake-ups over four times the pages (docs/diary.md has the
 /// figures), for at most 2 MiB of pad resident while the evictors work.
 pub(crate) const BATCH: usize = 256;
 

@@ -504,7 +504,7 @@ impl Waker {
 
 /// A one-shot timer on the monotonic clock (a timerfd) that a poll waits on beside the
 /// userfaultfd: a deadline that stays set across many polls. A poll's own timeout would arm
-/// and cancel a kernel timer on every wait, a cost on each fault's path (MEASUREMENTS.md,
+/// and cancel a kernel timer on every wait, a cost on each fault's path (docs/diary.md,
 /// "A poll's timeout on a fault's path").
 pub struct Alarm {
     fd: OwnedFd,

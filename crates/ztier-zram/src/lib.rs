@@ -402,6 +402,18 @@ impl Device {
         self.max_used_pages.store(self.pool.total_pages(), Relaxed);
     }
 
+    /// The slots of `range` a pass over the table looks at (see [`slot::WrittenSlots`]).
+    fn written_slots(&self, range: std::ops::Range<u64>) -> slot::WrittenSlots<'_> {
+        slot::WrittenSlots::new(&self.slots, range)
+    }
+
+    /// Every slot that holds a page now (each seen as by a look without its lock).
+    fn occupied_slots(&self) -> impl Iterator<Item = &Slot> {
+        self.written_slots(0..self.pages())
+            .map(|index| &self.slots[index as usize])
+            .filter(|s| !s.is_vacant())
+    }
+
     fn slot(&self, index: u64) -> Result<&Slot> {
         usize::try_from(index)
             .ok()
@@ -737,7 +749,7 @@ impl Device {
         let now = self.now();
         let age = older_than.map(|d| d.as_secs().min(u64::from(u32::MAX)) as u32);
         let mut marked = 0;
-        for slot in self.slots.iter().filter(|s| !s.is_vacant()) {
+        for slot in self.occupied_slots() {
             let mut g = slot.lock();
             let e = &mut g.entry;
             if !e.is_allocated() || e.has(SlotFlag::Wb) || e.has(SlotFlag::Same) {

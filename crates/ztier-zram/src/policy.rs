@@ -13,7 +13,7 @@
 //! thread runs at idle priority (`SCHED_IDLE`): it takes only CPU time the foreground leaves,
 //! and a foreground thread that waits for a lock it holds leaves a core idle, which lets it
 //! run and let go (what that keeps of the foreground's IOPS, against normal priority:
-//! MEASUREMENTS.md, "zram writeback, recompression and the policy").
+//! docs/diary.md, "zram writeback, recompression and the policy").
 //! Every action is counted ([`PolicyStats`]); an error (a full or vanished store, the
 //! writeback limit) is counted and kept as `last_error`, and the next tick tries again.
 //!

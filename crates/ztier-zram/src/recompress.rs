@@ -53,10 +53,7 @@ impl Device {
         // Every shard first, as `reset` takes them: no I/O runs while the algorithms change
         // (the lock order is shard, slot, then the algorithms' lock).
         let mut shards = self.shards.lock_all();
-        let in_use = self
-            .slots
-            .iter()
-            .any(|s| !s.is_vacant() && s.lock().entry.priority() > 0);
+        let in_use = self.occupied_slots().any(|s| s.lock().entry.priority() > 0);
         let mut current = self.recomp.write();
         if in_use && current[..] != algorithms[..] {
             return Err(ZramError::Busy(Busy::PagesOnSecondary));
@@ -102,7 +99,7 @@ impl Device {
         let mut object = vec![0u8; self.page_size];
         let mut page = vec![0u8; self.page_size];
         let now = self.now();
-        for index in 0..self.pages() {
+        for index in self.written_slots(0..self.pages()) {
             // A look under the slot lock alone first: most slots are not candidates, and
             // the page lock would hold off a writer of the page for nothing.
             // An empty slot is passed over without its lock, which would write (bring in)

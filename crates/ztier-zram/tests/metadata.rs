@@ -9,7 +9,7 @@ use ztier_blockdev::file::FileDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::testing::pattern;
 use ztier_pool::{AllocatorKind, ZsConfig};
-use ztier_zram::{Backing, Device, WbFormat};
+use ztier_zram::{Backing, Device, PageSelector, WbFormat};
 
 fn device(size: u64) -> Arc<Device> {
     let pool = AllocatorKind::Zsmalloc
@@ -111,6 +111,54 @@ fn scans_of_an_empty_disk_bring_in_no_table() {
     d.store_attr("recompress", "type=idle").unwrap();
     let held = d.metadata_bytes();
     assert!(held <= 64 << 10, "{held} bytes of table after the scans");
+}
+
+/// The passes over the whole disk (choosing secondary algorithms, marking idle,
+/// recompression, writeback, a save) look only at the table's pages ever written: not even
+/// a read of the rest, which would map the zero page 65,536 times on a 64 GiB disk, on
+/// every pass a host's policy makes over every device.
+#[test]
+fn passes_over_the_disk_look_only_where_pages_were_written() {
+    let dir = std::env::temp_dir().join(format!("ztier-passes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = device(64 << 30);
+    let store =
+        Arc::new(FileDevice::open(&dir.join("store"), Backing::size_for(64 << 30)).unwrap());
+    d.set_backing(Some(Backing::new(store, WbFormat::Page).unwrap()))
+        .unwrap();
+    let spread = [3u64, 5 << 20, (16 << 20) - 1];
+    for (i, &index) in spread.iter().enumerate() {
+        d.write_page(index, &pattern(i as u64, 4096)).unwrap();
+    }
+    let faults = |what: &str, pass: &dyn Fn()| {
+        let before = ztier_base::sched::minor_faults().unwrap();
+        pass();
+        let taken = ztier_base::sched::minor_faults().unwrap() - before;
+        // A walk of every slot: 65,536 table pages.
+        assert!(taken < 4096, "{what}: {taken} minor faults");
+    };
+    faults("secondary algorithms", &|| {
+        d.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
+            .unwrap()
+    });
+    faults("idle marking", &|| assert_eq!(d.mark_idle(None), 3));
+    faults("recompression", &|| {
+        d.store_attr("recompress", "type=idle").unwrap();
+    });
+    faults("a save", &|| {
+        let mut saved = Vec::new();
+        assert_eq!(d.save_state(&mut saved).unwrap().pages, 3);
+    });
+    faults("writeback", &|| {
+        let done = d.writeback(PageSelector::Idle, None, None).unwrap();
+        assert_eq!(done.pages, 3);
+    });
+    let mut back = vec![0u8; 4096];
+    for (i, &index) in spread.iter().enumerate() {
+        d.read_page(index, &mut back).unwrap();
+        assert!(back == pattern(i as u64, 4096), "page {index}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A 64 GiB store costs its clusters' states, not its size, until pages are written back to

@@ -15,7 +15,11 @@
 //!   pins its extent in the volume's map; a discard waits for the pins to go), so a write
 //!   never lands in an extent after another volume took it;
 //! - a volume's map holds only the extents it holds (nothing for the virtual size before it
-//!   is written) and shrinks as they are given back.
+//!   is written) and shrinks as they are given back;
+//! - a volume with a limit never takes an extent past it: a first write beyond it is
+//!   refused with `NoSpace`, as a full store refuses one, and only that volume's (the
+//!   store's other tenants keep their room). A limit lowered below what the volume holds
+//!   takes nothing away; the volume takes no more until it is back under.
 //!
 //! Zeroing: an extent is zeroed when it is taken (`write_zeroes` with unmap, which a file
 //! makes a punched hole and an NBD export one request), not tracked block by block. Knowing
@@ -36,6 +40,7 @@
 //! The pieces: the free set (`free_set.rs`) and the saved map and its format (`map.rs`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use ztier_base::bytes::PastEnd;
@@ -44,9 +49,11 @@ use ztier_base::pieces::pieces;
 use crate::{check_range, BlockDevice, BlockError, Extent, Result};
 
 mod free_set;
+mod label;
 mod map;
 
 use free_set::FreeSet;
+pub use label::{Label, LABEL_LEN};
 pub use map::VolumeMap;
 
 /// Why a store could not be made, a map not read, or a volume not restored.
@@ -83,6 +90,25 @@ pub enum ThinError {
     StoreExtentTwice { extent: u64 },
     #[error("store extent {extent} is held by another volume")]
     StoreExtentHeld { extent: u64 },
+    #[error("volume map lists store extent 0, the store's label (a map saved before stores had labels?)")]
+    LabelExtent,
+    #[error("not a ztier shared store: its first bytes hold other data (magic {found:02x?}); give an empty file or export")]
+    NotAStore { found: [u8; 8] },
+    #[error(
+        "shared store label version {found}, this build reads {}",
+        label::VERSION
+    )]
+    LabelVersion { found: u32 },
+    #[error("shared store label checksum {stored:#010x}, its bytes sum to {computed:#010x}")]
+    LabelChecksum { stored: u32, computed: u32 },
+    #[error("the shared store was made with {label}-byte extents, and is opened with {asked}")]
+    LabelExtentSize { label: u64, asked: u64 },
+    #[error("the shared store's label says {label} extents, and it now holds {now}: it shrank")]
+    StoreShrank { label: u64, now: u64 },
+    #[error("the shared store holds no extent after its label's")]
+    NoRoom,
+    #[error("the shared store's label could not be read or written")]
+    LabelIo(#[source] BlockError),
 }
 
 /// A pool of extents on one store, which thin [`Volume`]s take and give back.
@@ -93,6 +119,9 @@ pub struct ThinStore {
     /// The free set: which extents are held. Taken for one search or one change of bits;
     /// never with a volume's `slots`, never across I/O.
     free: Mutex<FreeSet>,
+    /// The label in the first extent (held, never a volume's), if the store was opened
+    /// through one.
+    label: Option<Label>,
 }
 
 /// The default extent: 1 MiB, so a 1 TiB store is 1 Mi extents (a 128 KiB free set).
@@ -133,7 +162,86 @@ impl ThinStore {
             device,
             extent_shift,
             extents,
+            label: None,
         }))
+    }
+
+    /// A pool over a store with a label (see [`label`](self::label)): the label read and
+    /// checked, or, on a store of zeros (never used), written with a new random id and
+    /// flushed. The first extent holds the label and is never a volume's. Refused if the
+    /// store holds something else, a label of another extent size, or fewer extents than
+    /// its label says.
+    pub fn labelled(
+        device: Arc<dyn BlockDevice>,
+        extent_size: u64,
+    ) -> std::result::Result<Arc<ThinStore>, ThinError> {
+        let unlabelled = ThinStore::new(device, extent_size)?;
+        let extents = unlabelled.extents;
+        if extents < 2 {
+            return Err(ThinError::NoRoom);
+        }
+        let mut first = [0u8; LABEL_LEN];
+        unlabelled
+            .device
+            .read_at(0, &mut first)
+            .map_err(ThinError::LabelIo)?;
+        let label = match Label::read(&first)? {
+            label::Found::Label(label) => {
+                if label.extent_size != extent_size {
+                    return Err(ThinError::LabelExtentSize {
+                        label: label.extent_size,
+                        asked: extent_size,
+                    });
+                }
+                if label.extents > extents {
+                    return Err(ThinError::StoreShrank {
+                        label: label.extents,
+                        now: extents,
+                    });
+                }
+                label
+            }
+            label::Found::Empty => {
+                let label = Label {
+                    extent_size,
+                    extents,
+                    uuid: ztier_base::os::random_uuid(),
+                };
+                let device = &unlabelled.device;
+                device
+                    .write_at(0, &label.to_bytes(), false)
+                    .and_then(|()| device.flush())
+                    .map_err(ThinError::LabelIo)?;
+                label
+            }
+        };
+        let ThinStore {
+            device,
+            extent_shift,
+            extents,
+            free,
+            ..
+        } = Arc::into_inner(unlabelled).expect("made here, held nowhere else");
+        let mut free = free.into_inner().unwrap_or_else(|e| e.into_inner());
+        free.set(0, true);
+        Ok(Arc::new(ThinStore {
+            device,
+            extent_shift,
+            extents,
+            free: Mutex::new(free),
+            label: Some(label),
+        }))
+    }
+
+    /// The store's label, if it was opened through one.
+    pub fn label(&self) -> Option<Label> {
+        self.label
+    }
+
+    /// The bytes that tell this store from any other (its label: offset and length), for
+    /// the owner of a remote store to pin as the export's identity; `None` without a label.
+    pub fn identity(&self) -> Option<(u64, usize)> {
+        self.label.map(|_| (0, LABEL_LEN))
     }
 
     /// A new volume of `size` bytes, holding nothing: every byte reads as zero, and no
@@ -144,6 +252,7 @@ impl ThinStore {
             size,
             slots: Mutex::new(Slots::default()),
             changed: Condvar::new(),
+            limit_extents: AtomicU64::new(NO_LIMIT),
         }
     }
 
@@ -184,6 +293,9 @@ impl ThinStore {
             return Err(ThinError::StoreExtentTwice { extent: twice[0] });
         }
         {
+            if self.label.is_some() && store_extents.first() == Some(&0) {
+                return Err(ThinError::LabelExtent);
+            }
             let mut free = self.free();
             if let Some(&held) = store_extents.iter().find(|&&e| free.is_held(e)) {
                 return Err(ThinError::StoreExtentHeld { extent: held });
@@ -227,7 +339,7 @@ impl ThinStore {
         self.extents - self.free().held_count
     }
 
-    /// Extents held by volumes.
+    /// Extents held by volumes (and the label's, on a store with one).
     pub fn used_extents(&self) -> u64 {
         self.free().held_count
     }
@@ -333,7 +445,12 @@ pub struct Volume {
     slots: Mutex<Slots>,
     /// Signalled when a slot leaves `Filling` or a `Draining` slot's last pin goes.
     changed: Condvar,
+    /// The most extents the volume may hold ([`NO_LIMIT`]: the store's room is its limit).
+    limit_extents: AtomicU64,
 }
+
+/// A volume's limit when it has none.
+const NO_LIMIT: u64 = u64::MAX;
 
 /// What one extent's access found: the store extent to use (pinned), or zeros.
 enum Found {
@@ -452,6 +569,18 @@ impl Volume {
                 }
                 Some(_) => slots = self.wait(slots),
                 None => {
+                    // Extents being filled or given back count: each holds a store extent
+                    // or is about to.
+                    let limit = self.limit_extents.load(Relaxed);
+                    if slots.map.len() as u64 >= limit {
+                        return Err(BlockError::NoSpace(
+                            format!(
+                                "the volume holds {} bytes of the shared store, its limit",
+                                limit << self.store.extent_shift
+                            )
+                            .into(),
+                        ));
+                    }
                     slots.map.insert(volume_extent, Slot::Filling);
                     drop(slots);
                     return self.fill(volume_extent, in_extent, data, fua);
@@ -573,6 +702,22 @@ impl Volume {
             self.unpin(volume_extent);
             done
         })
+    }
+
+    /// Sets the most bytes of the store the volume may hold (rounded down to whole extents;
+    /// `None`: no limit but the store's room). Takes effect for the next extent it would
+    /// take; what it holds stays.
+    pub fn set_limit(&self, bytes: Option<u64>) {
+        let extents = bytes.map_or(NO_LIMIT, |b| b >> self.store.extent_shift);
+        self.limit_extents.store(extents, Relaxed);
+    }
+
+    /// The most bytes of the store the volume may hold, if it has a limit.
+    pub fn limit(&self) -> Option<u64> {
+        match self.limit_extents.load(Relaxed) {
+            NO_LIMIT => None,
+            extents => Some(extents << self.store.extent_shift),
+        }
     }
 
     /// Bytes of store extents this volume holds.

@@ -15,6 +15,7 @@ use ztier_pool::ZsConfig;
 use ztier_replay::zram::FieldComparison;
 
 use crate::classes::PoolLayoutArgs;
+use crate::error::CliError;
 use crate::pools::AllocatorChoice;
 
 /// The flags every front takes.
@@ -52,7 +53,7 @@ impl ReplayArgs {
         let max = self
             .max_corpus
             .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4);
-        Corpus::load_at_most(path, max).with_context(|| format!("loading {}", path.display()))
+        Corpus::load_at_most(path, max).map_err(|cause| CliError::Corpus { cause }.into())
     }
 }
 

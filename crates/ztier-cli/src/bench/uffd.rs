@@ -10,6 +10,7 @@ use ztier_replay::uffd::UffdRun;
 use ztier_replay::uffd_lookups::{Budget, LookupJudgement, Lookups};
 
 use super::shared::{emit, ReplayArgs};
+use crate::error::CliError;
 
 /// The flags of a replay through a region: its device is zsmalloc with each compressor
 /// given, and one thread touches it (no allocator, layout or threads of the bench's).
@@ -71,8 +72,12 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
     };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
-        for run in sweep.runs(&corpus)? {
-            emit(args.replay.json, &run?, print_run)?;
+        for run in sweep.runs(&corpus).map_err(CliError::from_replay)? {
+            emit(
+                args.replay.json,
+                &run.map_err(CliError::from_replay)?,
+                print_run,
+            )?;
         }
     }
     Ok(())
@@ -266,7 +271,9 @@ fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
                     );
                 }
             };
-            let judged = workload.judge(&corpus, &mut each_second)?;
+            let judged = workload
+                .judge(&corpus, &mut each_second)
+                .map_err(CliError::from_replay)?;
             emit(json, &judged, print_judgement)?;
         }
     }

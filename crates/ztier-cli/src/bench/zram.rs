@@ -7,7 +7,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use ztier_compress::Algorithm;
 use ztier_replay::sweep::{Sweep, WritebackPlan, WritebackStore, ZramSweep};
@@ -18,6 +17,7 @@ use super::shared::{
     emit, mib, print_epoch_head, print_epoch_row, print_field, print_speeds, print_verdict,
     read_trace, PoolArgs, ReplayArgs,
 };
+use crate::error::CliError;
 
 /// The flags of a replay through zram.
 #[derive(Args, Debug, Clone)]
@@ -120,8 +120,8 @@ fn run_zram(
     let mut runs = Vec::new();
     for path in paths {
         let corpus = args.replay.load(path)?;
-        for run in sweep.runs(&corpus)? {
-            let run = run?;
+        for run in sweep.runs(&corpus).map_err(CliError::from_replay)? {
+            let run = run.map_err(CliError::from_replay)?;
             emit(args.replay.json, &run, print_run)?;
             runs.push(run);
         }
@@ -232,8 +232,11 @@ fn run_trace(
     for path in paths {
         let corpus = args.replay.load(path)?;
         let trace = read_trace(path)?;
-        for run in sweep.traces(&corpus, &trace, args.idle_epochs)? {
-            let run = run?;
+        for run in sweep
+            .traces(&corpus, &trace, args.idle_epochs)
+            .map_err(CliError::from_replay)?
+        {
+            let run = run.map_err(CliError::from_replay)?;
             emit(args.replay.json, &run, print_trace_run)?;
             runs.push(serde_json::to_value(&run)?);
         }
@@ -309,7 +312,7 @@ fn writeback_plan(args: &ZramArgs) -> anyhow::Result<Option<WritebackPlan>> {
         WritebackStore::File(path.clone())
     } else if let Some(uri) = &args.writeback_nbd {
         let client = ztier_nbd::Client::connect(uri)
-            .with_context(|| format!("connecting to the writeback export {uri}"))?;
+            .map_err(|e| CliError::store_export("--writeback-nbd", &uri.to_string(), &e))?;
         WritebackStore::Device {
             store: std::sync::Arc::new(client),
             name: uri.to_string(),

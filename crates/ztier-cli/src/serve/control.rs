@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use rustix::event::{PollFd, PollFlags};
 use serde::Serialize;
@@ -24,6 +24,7 @@ use ztier_nbd::{Client, LinkState, Server};
 use super::frontends::Frontends;
 
 use super::Store;
+use crate::error::CliError;
 
 /// Attributes `ztier ctl` runs with no value (the kernel's write-only files, whose value is
 /// ignored, and ztier's own actions).
@@ -83,7 +84,7 @@ fn ask(
         (None, None) => bail!("give --socket or --control"),
     };
     let mut conn = std::os::unix::net::UnixStream::connect(&path)
-        .with_context(|| format!("connecting to {} (is ztier serve running?)", path.display()))?;
+        .map_err(|cause| CliError::NotServing { path, cause })?;
     // A server that turns the connection away answers before it reads (and closes): its
     // answer is read even when the request could not be written.
     let wrote = conn.write_all(format!("{request}\n").as_bytes());
@@ -634,7 +635,7 @@ pub(super) fn answer_one_device(
         "stat json" => stats_text(store, fronts, true),
         r if r.starts_with("set ") && !may_change => NOT_THE_OWNER.to_string(),
         r if r.starts_with("device ") || r.starts_with("create ") || r.starts_with("destroy ") => {
-            "error: this server serves one device (it was started without --device)\n".into()
+            "error: this server serves one device (it was started without --device): leave out --device\n".into()
         }
         other => control(store, other),
     }
@@ -661,7 +662,7 @@ fn control(store: &Store, request: &str) -> String {
         (Some("set"), Some("save"), _) => {
             return match state {
                 None => "error: the server was started without --state PATH\n".into(),
-                Some(path) => match super::save_state(device, path, false) {
+                Some(path) => match super::store::save_state(device, path, false) {
                     Ok(line) => format!("{line}\n"),
                     Err(e) => format!("error: {e:#}\n"),
                 },

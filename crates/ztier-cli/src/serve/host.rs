@@ -33,13 +33,14 @@ use super::control::{self, Answerer, ServerCounts, Snapshot, VhostCounts, NOT_TH
 use super::frontends::Frontends;
 use super::service::{bind_private, listen, notify, RemovedAtEnd, SocketFiles};
 use super::{ServeArgs, Stopping};
+use crate::error::CliError;
 
 /// The flags of a host of devices (any of `--device`, `--config` or `--state-dir` makes
 /// `ztier serve` one).
 #[derive(Args, Debug, Clone, Default)]
 pub struct HostArgs {
     /// A device of the host: `NAME,size=64G[,compressor=lz4,allocator=zblock,mem_limit=2G,
-    /// mem_low=256M,writeback_idle=10m,read_only=true,serial=...]`; repeat for more. Each is
+    /// mem_low=256M,store_limit=8G,writeback_idle=10m,read_only=true,serial=...]`; repeat for more. Each is
     /// an NBD export by its name and, with --vhost-user-dir, a vhost-user-blk socket.
     #[arg(long = "device", value_name = "SPEC", conflicts_with_all = HOST_ONLY)]
     pub devices: Vec<DeviceSpec>,
@@ -163,7 +164,7 @@ impl Hosted {
             return Ok(());
         };
         let path = dir.join(format!("{}.sock", device.name()));
-        let listener = bind_private(&path, self.socket_mode, &self.files)
+        let listener = bind_private(&path, "--vhost-user-dir", self.socket_mode, &self.files)
             .with_context(|| format!("device {}'s vhost-user-blk socket", device.name()))?;
         let spec = device.spec();
         let config = ztier_vhost::DeviceConfig {
@@ -416,7 +417,7 @@ impl Hosted {
             let (m, spec) = (d.device().mm_stat(), d.spec());
             text += &format!(
                 "{} size={} compressor={} mem_used_total={} orig_data_size={} mem_limit={} \
-                 mem_low={} nbd_connections={nbd} vmm={}\n",
+                 mem_low={} store_limit={} nbd_connections={nbd} vmm={}\n",
                 d.name(),
                 spec.size,
                 spec.compressor,
@@ -424,6 +425,7 @@ impl Hosted {
                 m.orig_data_size,
                 spec.mem_limit,
                 spec.mem_low,
+                spec.store_limit,
                 if vmm { "attached" } else { "none" }
             );
         }
@@ -511,6 +513,7 @@ impl Hosted {
             ["stat"] => Ok(self.snapshot(&d).to_string()),
             ["stat", "json"] => Ok(format!("{}\n", serde_json::to_string(&self.snapshot(&d))?)),
             ["get", "mem_low"] => Ok(format!("{}\n", d.mem_low())),
+            ["get", "store_limit"] => Ok(format!("{}\n", d.spec().store_limit)),
             ["get", attr] => Ok(device.show_attr(attr)?),
             ["set", "save"] => match d.save_state(false) {
                 None => bail!("the host keeps no states (start it with --state-dir DIR)"),
@@ -535,7 +538,7 @@ fn metrics_listener(spec: &str) -> anyhow::Result<TcpListener> {
     } else {
         spec.to_string()
     };
-    let l = TcpListener::bind(&addr).with_context(|| format!("--metrics: listening on {addr}"))?;
+    let l = TcpListener::bind(&addr).map_err(|e| CliError::bind(&addr, "--metrics", e))?;
     if !l.local_addr()?.ip().is_loopback() {
         eprintln!(
             "ztier serve: the metrics are served beyond this machine, at {}: anyone who \
@@ -574,6 +577,7 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
             for (key, was, now) in [
                 ("mem_limit", saved.mem_limit, s.mem_limit),
                 ("mem_low", saved.mem_low, s.mem_low),
+                ("store_limit", saved.store_limit, s.store_limit),
             ] {
                 if was != now {
                     eprintln!(
@@ -589,7 +593,11 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
     }
     let mut host_config = settings.host.clone();
     if let Some((store, size)) = &settings.shared_store {
-        host_config.shared_store = Some(open_shared_store(&settings.args, store, *size)?);
+        host_config.shared_store = Some(super::store::open_shared_store(
+            &settings.args,
+            store,
+            *size,
+        )?);
     }
     let host = Host::new(host_config).context("starting the host")?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -662,7 +670,8 @@ pub(super) fn serve_host(args: &ServeArgs, activated: listenfd::ListenFd) -> any
     );
     let control_thread = match &control_path {
         Some(path) => {
-            let l = bind_private(path, args.socket_mode, &files).context("the control socket")?;
+            let l = bind_private(path, "--control", args.socket_mode, &files)
+                .context("the control socket")?;
             l.set_nonblocking(true)?;
             let on = Arc::clone(&hosted);
             let answer: Arc<Answerer> = Arc::new(move |request, may| on.answer(request, may));
@@ -861,33 +870,4 @@ impl ztier_nbd::Exports for HostExports {
             .map(|d| (d.name().to_string(), description(&d.spec())))
             .collect()
     }
-}
-
-/// The host's one store (`--shared-store`): an NBD export, or a file (made at `size` if
-/// missing), cut into extents each device takes its own of.
-fn open_shared_store(
-    args: &super::ServeArgs,
-    spec: &str,
-    size: Option<u64>,
-) -> anyhow::Result<Arc<ztier_blockdev::thin::ThinStore>> {
-    let device: Arc<dyn ztier_blockdev::BlockDevice> = if ztier_nbd::Uri::is_nbd_uri(spec) {
-        let client = super::connect_export(args, spec)?;
-        client.set_log(|line| eprintln!("ztier serve: {line}"));
-        client
-    } else {
-        let path = std::path::Path::new(spec);
-        let bytes = match (size, std::fs::metadata(path)) {
-            (Some(size), _) => size,
-            (None, Ok(meta)) => meta.len(),
-            (None, Err(_)) => {
-                bail!("the shared store {spec} does not exist: give --shared-store-size to make it")
-            }
-        };
-        let file = ztier_blockdev::file::FileDevice::open(path, bytes)
-            .with_context(|| format!("opening the shared store {spec}"))?;
-        super::warn_if_readable_by_others(spec);
-        Arc::new(file)
-    };
-    ztier_blockdev::thin::ThinStore::new(device, ztier_blockdev::thin::DEFAULT_EXTENT_SIZE)
-        .with_context(|| format!("the shared store {spec}"))
 }

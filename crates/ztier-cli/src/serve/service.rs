@@ -13,6 +13,7 @@ use anyhow::{bail, Context};
 use ztier_nbd::Listener;
 
 use super::{ServeArgs, Store};
+use crate::error::CliError;
 
 /// Socket files `ztier serve` made, and private directories it made for them, removed
 /// when it ends however it ends: at the end of `serve` (the first handle's drop) or by the
@@ -68,7 +69,7 @@ impl Drop for RemovedAtEnd {
 /// Removes a socket file left behind by a server that is gone (a `kill -9`, a crash): one
 /// nobody answers on, as nbdkit and qemu-nbd do. One a server answers on is in use, and
 /// anything else at the path is left alone: both are errors that say so.
-fn clear_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
+fn clear_stale_socket(path: &std::path::Path, flag: &'static str) -> anyhow::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(());
@@ -91,13 +92,18 @@ fn clear_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
     let addr = rustix::net::SocketAddrUnix::new(path)
         .with_context(|| format!("{} as a socket address", path.display()))?;
     match rustix::net::connect(&probe, &addr).map_err(std::io::Error::from) {
-        Ok(()) => bail!("{} is in use: a server answers on it", path.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-            bail!(
-                "{} is in use: a server is there, too busy to answer",
-                path.display()
-            )
+        Ok(()) => Err(CliError::SocketInUse {
+            path: path.to_owned(),
+            how: "answers on it",
+            flag,
         }
+        .into()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(CliError::SocketInUse {
+            path: path.to_owned(),
+            how: "is there, too busy to answer",
+            flag,
+        }
+        .into()),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             std::fs::remove_file(path)
                 .with_context(|| format!("removing the stale socket {}", path.display()))?;
@@ -113,13 +119,15 @@ fn clear_stale_socket(path: &std::path::Path) -> anyhow::Result<()> {
 
 /// Binds a Unix socket at `path` with permissions `mode` from the start: made under a umask
 /// that lets no one else in, so no other user can connect between the bind and the chmod.
+/// `flag` is the flag that names the path, for an error's remedy.
 pub(super) fn bind_private(
     path: &std::path::Path,
+    flag: &'static str,
     mode: u32,
     files: &SocketFiles,
 ) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    clear_stale_socket(path)?;
+    clear_stale_socket(path, flag)?;
     let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
     let bound = UnixListener::bind(path);
     rustix::process::umask(old);
@@ -231,8 +239,8 @@ fn bind_vhost(args: &ServeArgs, files: &SocketFiles) -> anyhow::Result<Option<Vh
     let Some(path) = &args.vhost_user_blk else {
         return Ok(None);
     };
-    let listener =
-        bind_private(path, args.socket_mode, files).context("the vhost-user-blk socket")?;
+    let listener = bind_private(path, "--vhost-user-blk", args.socket_mode, files)
+        .context("the vhost-user-blk socket")?;
     Ok(Some(VhostPlace {
         listener,
         path: path.clone(),
@@ -297,18 +305,18 @@ fn handed_nbd(args: &ServeArgs, activated: &mut listenfd::ListenFd) -> anyhow::R
 /// NBD's own listener: `--socket`, a private socket for `--run`, or `--listen`.
 fn nbd_place(args: &ServeArgs, files: &SocketFiles) -> anyhow::Result<Place> {
     if let Some(path) = &args.socket {
-        let l = bind_private(path, args.socket_mode, files)?;
+        let l = bind_private(path, "--socket", args.socket_mode, files)?;
         return Ok(nbd_unix(args, path, l));
     }
     if args.run.is_some() && args.listen.is_none() {
         let dir = private_dir()?;
         files.add_dir(dir.clone());
         let path = dir.join("nbd.sock");
-        let l = bind_private(&path, args.socket_mode, files)?;
+        let l = bind_private(&path, "--socket", args.socket_mode, files)?;
         return Ok(nbd_unix(args, &path, l));
     }
     let addr = args.listen.as_deref().unwrap_or("127.0.0.1:10809");
-    let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    let l = TcpListener::bind(addr).map_err(|e| CliError::bind(addr, "--listen", e))?;
     nbd_tcp(args, l)
 }
 

@@ -40,7 +40,7 @@ use std::time::Duration;
 use ztier_blockdev::{BlockDevice, BlockError, Result};
 
 use handshake::wire_error;
-pub use handshake::ExportInfo;
+pub use handshake::{BadReply, ExportInfo};
 use link::{Core, Pipelined, PipelinedData, RequestHeader};
 pub use link::{LinkState, LinkStatus};
 pub use uri::{BadUri, Target, Uri, UriProblem, UriTls, NBD_PORT};

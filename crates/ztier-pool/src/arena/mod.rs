@@ -81,7 +81,7 @@ pub const HOT_PAGES_MAX: usize = 64;
 /// Bytes of free pages past the hot list gathered before they are released to the OS: a
 /// zswap load pass empties the pool zspage by zspage, and one `madvise` (with its TLB
 /// flush, an IPI to every other core running the process) per zspage was a large part of
-/// a load pass (MEASUREMENTS.md). Once a batch is gathered the helper thread is asked to
+/// a load pass (docs/diary.md). Once a batch is gathered the helper thread is asked to
 /// release it, off the freeing thread's path: all that is gathered is taken off the list,
 /// sorted and released with no lock held, one call per run of consecutive pages (few calls:
 /// each call's TLB flush interrupts every core running the process). Gathered pages stay

@@ -287,7 +287,7 @@ struct HandleSlot {
     /// The address of the object's first byte (its header; a huge object's data) as a
     /// number, split in two for room (user addresses take 48 bits): a prefetch hint only, set with `zspage` and `obj`. A read asks
     /// for the object's line as soon as it has this entry, so the fetch is under way while
-    /// the zspage's descriptor is read, not only after (MEASUREMENTS.md, "A cold read's misses").
+    /// the zspage's descriptor is read, not only after (docs/diary.md, "A cold read's misses").
     /// Never used to reach memory: a wrong value costs a wasted fetch, not a wrong read.
     header_at_low: u32,
     header_at_high: u16,

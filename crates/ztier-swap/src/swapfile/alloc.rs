@@ -282,7 +282,7 @@ impl Inner {
     /// once, after the free list) and take a fresh one. With 64 threads churning small
     /// shares, that used up the free clusters long before the device was full (half-empty
     /// order-0 clusters stranded on the frag list), and order-4 allocations failed
-    /// (MEASUREMENTS.md, "The swap-slot allocator's locks at 64 threads").
+    /// (docs/diary.md, "The swap-slot allocator's locks at 64 threads").
     pub(super) fn worth_another_pass(&self, c: &Cluster) -> bool {
         self.config.policy == ListPolicy::Ztier
             && matches!(c.flag, Flag::Frag | Flag::Nonfull)

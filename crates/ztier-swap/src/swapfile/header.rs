@@ -37,29 +37,3 @@ pub(super) fn parse_header(page: &[u8]) -> Option<([u8; 16], [u8; 16], u32)> {
     let stamp = page[STAMP].try_into().expect("16 bytes");
     Some((uuid, stamp, word(1028)))
 }
-
-/// A random (version 4) UUID, as `mkswap` gives each area: from the kernel's random pool,
-/// or, if `/dev/urandom` cannot be read, from the clock, the process and a hasher's random
-/// keys, which still differ between any two areas made here.
-pub(super) fn random_uuid() -> [u8; 16] {
-    use std::io::Read;
-    let mut id = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
-    if read.is_err() {
-        use std::hash::{BuildHasher, Hasher};
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        for (i, half) in id.chunks_mut(8).enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(now);
-            h.write_u32(std::process::id());
-            h.write_usize(i);
-            half.copy_from_slice(&h.finish().to_ne_bytes());
-        }
-    }
-    id[6] = (id[6] & 0x0f) | 0x40;
-    id[8] = (id[8] & 0x3f) | 0x80;
-    id
-}

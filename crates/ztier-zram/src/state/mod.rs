@@ -240,9 +240,7 @@ impl Device {
         };
         let now = self.now();
         let oldest = self
-            .slots
-            .iter()
-            .filter(|s| !s.is_vacant())
+            .occupied_slots()
             .map(|s| s.lock().entry)
             .filter(Entry::is_allocated)
             .map(|e| now.saturating_sub(e.ac_time()))
@@ -274,7 +272,7 @@ impl Device {
         // Per unit on the store: its live bytes as the pages saved count them, and a hold
         // that keeps it from being handed out again until the save ends.
         let mut units = BTreeMap::new();
-        for index in 0..self.pages() {
+        for index in self.written_slots(0..self.pages()) {
             if self.slot(index)?.is_vacant() {
                 continue;
             }

@@ -20,7 +20,7 @@ pub(super) const SEGMENT_CACHE: usize = 64;
 
 /// Segments a sequential read fetches at once (the one asked for and those after it), in
 /// flight together: 16 kept a Ceph cluster's reads 0.54-0.65x `rados bench -t 16` where 8
-/// kept them at 0.31-0.48x (MEASUREMENTS.md). A quarter of the cache: the window being
+/// kept them at 0.31-0.48x (docs/diary.md). A quarter of the cache: the window being
 /// read, the one read ahead and the one the reader is in fit with room to spare, so
 /// readahead never pushes out what the reader has yet to read.
 pub(super) const READAHEAD: usize = SEGMENT_CACHE / 4;

@@ -26,7 +26,7 @@ use crate::{Busy, Device, Result, ZramError};
 
 /// Units (packed segments, or single blocks) a writeback writes to the store together, in
 /// flight at once: enough to keep a replicated store's disks busy while each write waits for
-/// every replica (what 8 and 32 gave on Ceph: MEASUREMENTS.md, "Cold pages on a Ceph
+/// every replica (what 8 and 32 gave on Ceph: docs/diary.md, "Cold pages on a Ceph
 /// cluster").
 const WB_IN_FLIGHT: usize = 32;
 
@@ -138,6 +138,8 @@ impl Device {
         let mut batch = new_batch();
         let mut page = vec![0u8; self.page_size];
         let mut index = range.start;
+        // Only the slots on table pages ever written can hold a page to take.
+        let mut written = self.written_slots(range.clone());
         // A group's write failed: the last error, and how many in a row.
         let (mut write_error, mut failed_in_a_row) = (None, 0);
         let mut send = |group: &mut Vec<Batch>, done: &mut WbResult| -> Result<()> {
@@ -158,6 +160,7 @@ impl Device {
             }
         };
         let r = loop {
+            index = written.seek(index).unwrap_or(range.end);
             let queued = group.iter().map(|b| b.pages.len() as u64).sum::<u64>();
             let taken = done.pages + done.failed_pages + queued + batch.pages.len() as u64;
             let full = index >= range.end || max_pages.is_some_and(|m| taken >= m);
