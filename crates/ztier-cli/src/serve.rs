@@ -22,6 +22,7 @@ mod config;
 mod control;
 mod frontends;
 mod host;
+mod promotion;
 mod service;
 mod store;
 
@@ -131,6 +132,8 @@ pub struct ServeArgs {
     /// Policy: write back pages not accessed for this long (needs --backing-dev).
     #[arg(long, value_parser = crate::size::parse_duration)]
     pub writeback_idle: Option<Duration>,
+    #[command(flatten)]
+    pub promotion: promotion::PromotionArgs,
     /// Policy: keep the pool (mem_used_total) under this, writing back the oldest pages.
     #[arg(long, value_parser = parse_size)]
     pub mem_target: Option<u64>,
@@ -335,14 +338,17 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
                 writeback_idle: args.writeback_idle,
                 mem_target: args.mem_target,
                 interval: args.policy_interval,
+                promotion_target: args.promotion.target(),
             };
             if policy.recompress_idle.is_some() && args.recompress_algorithms.is_empty() {
                 bail!("--recompress-idle needs a --recompress-algorithm");
             }
-            if (policy.writeback_idle.is_some() || policy.mem_target.is_some())
+            if (policy.writeback_idle.is_some()
+                || policy.mem_target.is_some()
+                || policy.promotion_target.is_some())
                 && args.backing_dev.is_none()
             {
-                bail!("--writeback-idle and --mem-target need a --backing-dev");
+                bail!("--writeback-idle, --promotion-target and --mem-target need a --backing-dev");
             }
             let mut what = format!("zram, {} on {}", args.compressor, args.allocator);
             if let Some(b) = &args.backing_dev {

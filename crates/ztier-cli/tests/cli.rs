@@ -609,3 +609,59 @@ fn serve_refuses_zero_time_limits() {
         );
     }
 }
+
+/// `--promotion-target`: read as a percent per minute, refused without a store, beside
+/// `--writeback-idle` or out of range; a server given one reports its controller in
+/// `ztier stat --json` (the starting age, the target as a share).
+#[test]
+fn serve_takes_a_promotion_target_and_reports_its_controller() {
+    let dir = std::env::temp_dir().join(format!("ztier-cli-promotion-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("s");
+    let stat = format!(
+        "{} stat --json --socket {}",
+        env!("CARGO_BIN_EXE_ztier"),
+        socket.display()
+    );
+    let o = ztier(&[
+        "serve",
+        "--size",
+        "1M",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--backing-dev",
+        dir.join("store").to_str().unwrap(),
+        "--promotion-target",
+        "0.5%/min",
+        "--run",
+        &stat,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &v["policy"]["promotion"];
+    assert_eq!(p["age_secs"], 120, "{v}");
+    assert_eq!(p["target_share_per_minute"], 0.005, "{v}");
+    for (flags, said) in [
+        (
+            &["--promotion-target", "0.2%/min"][..],
+            "need a --backing-dev",
+        ),
+        (
+            &["--promotion-target", "0.2%", "--writeback-idle", "1m"],
+            "cannot be used with",
+        ),
+        (
+            &["--promotion-target", "0.2"],
+            "a percent of the stored pages",
+        ),
+        (&["--promotion-target", "200%"], "at most 1 (100 %/min)"),
+    ] {
+        let mut args = vec!["serve", "--size", "1M", "--run", "true"];
+        args.extend_from_slice(flags);
+        let o = ztier(&args);
+        assert!(!o.status.success(), "{flags:?} was taken");
+        assert!(stderr(&o).contains(said), "{flags:?}: {}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

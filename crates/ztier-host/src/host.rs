@@ -24,9 +24,7 @@ use ztier_base::units::parse_size;
 use ztier_blockdev::file::FileDevice;
 use ztier_blockdev::thin::{ThinStore, Volume, VolumeMap};
 use ztier_blockdev::BlockDevice;
-use ztier_zram::{
-    Backing, Device, MemoryGroup, Policy, PolicyConfig, StateFile, StateSummary, ZramError,
-};
+use ztier_zram::{Backing, Device, MemoryGroup, Policy, StateFile, StateSummary, ZramError};
 
 use crate::budget::{Budget, BudgetStats, Pools};
 use crate::device::HostDevice;
@@ -314,12 +312,8 @@ impl Host {
             }
         }
         let device = Arc::new(device);
-        let policy_config = PolicyConfig {
-            recompress_idle: spec.recompress_idle,
-            writeback_idle: spec.writeback_idle,
-            mem_target: spec.mem_target,
-            interval: self.config.interval.unwrap_or(Duration::from_secs(10)),
-        };
+        let policy_config =
+            spec.policy_config(self.config.interval.unwrap_or(Duration::from_secs(10)));
         let policy = if policy_config.is_active() {
             Some(
                 Policy::start(Arc::clone(&device), policy_config).map_err(|source| {

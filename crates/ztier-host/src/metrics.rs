@@ -66,6 +66,21 @@ impl Scrape {
             .register(name, help.trim_end_matches('.'), family);
     }
 
+    /// A gauge of a fraction (a `_ratio`).
+    fn gauge_f64(
+        &mut self,
+        name: &str,
+        help: &str,
+        values: impl IntoIterator<Item = (Labels, f64)>,
+    ) {
+        let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for (labels, v) in values {
+            family.get_or_create(&labels).set(v);
+        }
+        self.registry
+            .register(name, help.trim_end_matches('.'), family);
+    }
+
     /// `name` without `_total`: the encoder appends it, as OpenMetrics names counters.
     fn counter(&mut self, name: &str, help: &str, values: impl IntoIterator<Item = (Labels, u64)>) {
         let family = Family::<Labels, Counter<u64, AtomicU64>>::default();
@@ -243,6 +258,47 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
         "device_policy_errors",
         "Errors of the device's own policy.",
         policies.iter().map(|(n, p)| (device(n), p.errors)),
+    );
+    let promotions: Vec<(&String, &ztier_zram::PromotionStats)> = policies
+        .iter()
+        .filter_map(|(n, p)| Some((n, p.promotion.as_ref()?)))
+        .collect();
+    s.gauge(
+        "device_promotion_age_seconds",
+        "The idle age the device's policy writes pages back at, chosen for its promotion target.",
+        promotions.iter().map(|(n, p)| (device(n), p.age_secs)),
+    );
+    // SDFM states the target per minute, so the ratios are too (a share of the stored pages).
+    s.gauge_f64(
+        "device_promotion_minute_ratio",
+        "Reads from the store per minute over the pages on it, in the last window decided.",
+        promotions
+            .iter()
+            .map(|(n, p)| (device(n), p.share_per_minute)),
+    );
+    s.gauge_f64(
+        "device_promotion_target_minute_ratio",
+        "The device's promotion target: reads from the store per minute over the pages on it.",
+        promotions
+            .iter()
+            .map(|(n, p)| (device(n), p.target_share_per_minute)),
+    );
+    s.counter(
+        "device_promotion_decisions",
+        "The promotion controller's decisions, by the way they moved the age.",
+        promotions.iter().flat_map(|(n, p)| {
+            [
+                ("holding", p.holding),
+                ("younger", p.younger),
+                ("older", p.older),
+            ]
+            .map(|(step, v)| {
+                (
+                    vec![("device", n.to_string()), ("step", step.to_string())],
+                    v,
+                )
+            })
+        }),
     );
     s.counter(
         "device_budget_written_back_pages",

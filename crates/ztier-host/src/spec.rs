@@ -13,7 +13,7 @@ use ztier_base::private_file::PrivateFileError;
 use ztier_base::units::{parse_duration, parse_size, UnitError};
 use ztier_compress::{Algorithm, BadAlgorithm};
 use ztier_pool::{AllocatorKind, ChainRule, ConfigError, UnknownName, ZsConfig};
-use ztier_zram::{BadWbFormat, WbFormat};
+use ztier_zram::{BadPolicyConfig, BadPromotionTarget, BadWbFormat, WbFormat};
 
 /// The longest device name (an NBD export name, a socket's and a state file's name).
 pub const NAME_MAX: usize = 64;
@@ -39,7 +39,7 @@ pub enum SpecError {
         size: u64,
         page_size: usize,
     },
-    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, store_limit, writeback_format, writeback_idle, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
+    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, store_limit, writeback_format, writeback_idle, promotion_target, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
     UnknownKey { name: String, key: String },
     /// The cause is in the message, not also a `source`: clap prints a `--device` flag's
     /// error by its message alone, and a chain printed whole (`{:#}`) would say it twice.
@@ -69,6 +69,11 @@ pub enum ValueError {
     Allocator(#[from] UnknownName),
     #[error(transparent)]
     WritebackFormat(#[from] BadWbFormat),
+    #[error(transparent)]
+    PromotionTarget(#[from] BadPromotionTarget),
+    /// Keys the device's policy cannot follow together.
+    #[error(transparent)]
+    Policy(#[from] BadPolicyConfig),
     /// The pool layout the keys make together (said at `page_size`).
     #[error(transparent)]
     Layout(#[from] ConfigError),
@@ -118,6 +123,11 @@ pub struct DeviceSpec {
     pub writeback_format: WbFormat,
     /// The device's own policy: write back pages idle this long.
     pub writeback_idle: Option<Duration>,
+    /// The device's own policy, instead of `writeback_idle`: write back at the idle age
+    /// that keeps reads from the store under this percent of the stored pages per minute
+    /// (`promotion_target=0.2%/min`, SDFM's; kept as the percent given, so a saved spec
+    /// reads back the same).
+    pub promotion_target_percent: Option<f64>,
     /// Secondary algorithms, priority 1 first.
     pub recompress_algorithms: Vec<Algorithm>,
     /// The device's own policy: recompress pages idle this long.
@@ -230,6 +240,12 @@ impl DeviceSpec {
                         .map_err(|e| bad(key, value, ValueError::WritebackFormat(e)))?
                 }
                 "writeback_idle" => spec.writeback_idle = Some(duration_of(key, value)?),
+                "promotion_target" => {
+                    spec.promotion_target_percent = Some(
+                        ztier_zram::promotion::parse_percent_per_minute(value)
+                            .map_err(|e| bad(key, value, e.into()))?,
+                    )
+                }
                 "recompress_idle" => spec.recompress_idle = Some(duration_of(key, value)?),
                 "recompress_algorithm" => spec.recompress_algorithms.push(
                     value
@@ -252,6 +268,13 @@ impl DeviceSpec {
                 }
             }
         }
+        if let Err(why) = spec.policy_config(Duration::from_secs(10)).validate() {
+            let value = pairs
+                .iter()
+                .find(|(k, _)| *k == "promotion_target")
+                .map_or("", |(_, v)| *v);
+            return Err(bad("promotion_target", value, why.into()));
+        }
         if let Err(why) = spec.layout.validate() {
             let page_size = spec.layout.page_size.to_string();
             return Err(bad("page_size", &page_size, why.into()));
@@ -272,6 +295,7 @@ impl DeviceSpec {
             store_limit: 0,
             writeback_format: WbFormat::Packed,
             writeback_idle: None,
+            promotion_target_percent: None,
             recompress_algorithms: Vec::new(),
             recompress_idle: None,
             mem_target: None,
@@ -329,6 +353,9 @@ impl DeviceSpec {
         if let Some(d) = self.writeback_idle {
             pairs.push(("writeback_idle", seconds(d)));
         }
+        if let Some(p) = self.promotion_target_percent {
+            pairs.push(("promotion_target", format!("{p}%/min")));
+        }
         if let Some(d) = self.recompress_idle {
             pairs.push(("recompress_idle", seconds(d)));
         }
@@ -342,6 +369,19 @@ impl DeviceSpec {
             pairs.push(("serial", serial.clone()));
         }
         pairs
+    }
+
+    /// The device's own policy, passing every `interval`.
+    pub fn policy_config(&self, interval: Duration) -> ztier_zram::PolicyConfig {
+        ztier_zram::PolicyConfig {
+            recompress_idle: self.recompress_idle,
+            writeback_idle: self.writeback_idle,
+            mem_target: self.mem_target,
+            interval,
+            promotion_target: self
+                .promotion_target_percent
+                .map(|p| ztier_zram::PromotionTarget::new(p / 100.0)),
+        }
     }
 
     /// The serial a VM reads: the one given, else the name.
@@ -411,6 +451,18 @@ mod tests {
                 .unwrap();
         assert_eq!(s.name, "a.b_c-1");
         assert_eq!(s.recompress_algorithms.len(), 2);
+        // A promotion target: the percent kept as given, written back out the same, and the
+        // policy's share of it.
+        let s: DeviceSpec = "vm2,size=4M,promotion_target=0.2%/min".parse().unwrap();
+        assert_eq!(s.promotion_target_percent, Some(0.2));
+        let pairs = s.to_pairs();
+        assert!(pairs.contains(&("promotion_target", "0.2%/min".to_string())));
+        let again =
+            DeviceSpec::from_pairs(None, pairs.iter().map(|(k, v)| (*k, v.as_str()))).unwrap();
+        assert_eq!(again, s);
+        let policy = s.policy_config(Duration::from_secs(10));
+        assert_eq!(policy.promotion_target.unwrap().share_per_minute, 0.002);
+        assert!(policy.is_active() && policy.writeback_idle.is_none());
     }
 
     #[test]
@@ -453,6 +505,23 @@ mod tests {
         assert!(matches!(
             err("vm1,size=1M,oops"),
             SpecError::BadValue { .. }
+        ));
+        let e = err("vm1,size=1M,promotion_target=0.2");
+        assert!(matches!(
+            &e,
+            SpecError::BadValue { why, .. }
+                if matches!(**why, ValueError::PromotionTarget(BadPromotionTarget::NotAPercent { .. }))
+        ));
+        assert!(
+            e.to_string().starts_with(
+                "device vm1: promotion_target=0.2: a promotion target of \"0.2\": a percent"
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            err("vm1,size=1M,promotion_target=0.2%/min,writeback_idle=10m"),
+            SpecError::BadValue { why, .. }
+                if matches!(*why, ValueError::Policy(BadPolicyConfig::TwoWritebackAges { .. }))
         ));
         let long = format!("{},size=1M", "x".repeat(65));
         assert!(matches!(err(&long), SpecError::BadName(_)));

@@ -368,3 +368,34 @@ fn limits_changed_at_runtime_are_kept_for_the_next_start() {
     assert_eq!((saved[0].mem_limit, saved[0].mem_low), (1 << 20, 512 << 10));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_promotion_target_runs_the_device_s_policy_and_is_reported() {
+    let host = Host::new(HostConfig::default()).unwrap();
+    let d = host
+        .create(spec("p,size=4M,promotion_target=0.2%/min"))
+        .unwrap();
+    let promotion = d.policy_stats().unwrap().promotion.unwrap();
+    // The controller's defaults: it starts at 2 minutes, aiming at 0.2 % a minute.
+    assert_eq!(promotion.age_secs, 120);
+    assert_eq!(promotion.target_share_per_minute, 0.002);
+    let text = ztier_host::metrics::exposition(&host, &[]);
+    for line in [
+        "ztier_device_promotion_age_seconds{device=\"p\"} 120",
+        "ztier_device_promotion_target_minute_ratio{device=\"p\"} 0.002",
+        "ztier_device_promotion_decisions_total{device=\"p\",step=\"older\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+    // A device without one has no promotion figures.
+    host.create(spec("q,size=4M,writeback_idle=1m")).unwrap();
+    assert!(host
+        .get("q")
+        .unwrap()
+        .policy_stats()
+        .unwrap()
+        .promotion
+        .is_none());
+    assert!(!ztier_host::metrics::exposition(&host, &[])
+        .contains("ztier_device_promotion_age_seconds{device=\"q\"}"));
+}

@@ -23,6 +23,9 @@
 //! - [`trace`]: a capture over time replayed through zram epoch by epoch (overwrites,
 //!   discards, the idle marks, writeback and recompression of idle pages), or through zswap
 //!   (swap-outs, swap-ins, frees, its pool limit and shrinker), memory after each.
+//! - [`far_tier`]: a capture over time replayed at its recorded pace through zram with a
+//!   store, its policy writing back at a range of fixed idle ages and at the age a
+//!   promotion-rate controller chooses, judged against the best fixed age in hindsight.
 //! - [`swap_bench`]: threads swapping real pages out and in through zswap over a swap
 //!   file, with a working set larger than the pool, the shrinker writing back meanwhile.
 //! - [`swap_alloc`]: the swap-slot allocator's lock study: threads allocating and freeing
@@ -31,6 +34,7 @@
 #![forbid(unsafe_code)]
 
 pub mod driver;
+pub mod far_tier;
 pub mod swap_alloc;
 pub mod swap_bench;
 pub mod sweep;
@@ -101,6 +105,9 @@ pub enum ReplayError {
     /// The memory behind a swap device the replay made could not be had.
     #[error("the swap device's backing: {0}")]
     SwapBacking(ztier_blockdev::BlockError),
+    /// A pass of the device's policy failed (its error as the policy counted it).
+    #[error("the device's policy: {0}")]
+    Policy(String),
     /// The file behind a swap device the replay made could not be created.
     #[error("{}: {source}", path.display())]
     SwapFile {

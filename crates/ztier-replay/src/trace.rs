@@ -29,7 +29,7 @@ use std::time::Instant;
 use serde::Serialize;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_compress::Algorithm;
-use ztier_corpus::trace::Trace;
+use ztier_corpus::trace::{Epoch, Trace};
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Backing, BdStat, Device, MmStat, PageSelector, SlotFlag};
@@ -106,110 +106,23 @@ pub struct TraceRun {
 impl TraceReplay {
     /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<TraceRun> {
-        // A trace read from a file was checked by `Trace::read`; one built in memory is
-        // checked here, before its counts size anything.
-        trace
-            .check_invariants()
-            .map_err(ReplayError::TraceInvalid)?;
-        self.layout
-            .validate()
-            .map_err(ztier_pool::PoolError::from)?;
-        if self.layout.page_size != CORPUS_PAGE {
-            return Err(ReplayError::TracePageSize {
-                page_size: self.layout.page_size,
-            });
-        }
-        if trace.corpus_pages() > corpus.pages() as u64 {
-            return Err(ReplayError::NotTheCorpus {
-                trace_pages: trace.corpus_pages(),
-                corpus: corpus.name.clone(),
-                corpus_pages: corpus.pages(),
-            });
-        }
         let idle_epochs = self.idle_epochs.max(1) as usize;
-        let device_pages = trace
-            .epochs
-            .iter()
-            .map(|e| e.present())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let pool = self.allocator.make_pool(&self.layout)?;
-        let dev = Device::new(
-            device_pages * CORPUS_PAGE as u64,
-            self.algorithm.clone(),
-            pool,
-        )?;
+        let (dev, device_pages) =
+            trace_device(trace, corpus, self.allocator, &self.layout, &self.algorithm)?;
         if let Some(alg) = &self.recompress {
             dev.set_recomp_algorithms(vec![alg.clone()])?;
         }
         if let Some(target) = &self.writeback {
             dev.set_backing(Some(Backing::new(target.store.clone(), target.format)?))?;
         }
-        let page = |index: u32| {
-            let at = index as usize * CORPUS_PAGE;
-            corpus
-                .bytes()
-                .get(at..at + CORPUS_PAGE)
-                .ok_or_else(|| ReplayError::CorpusPageOutside {
-                    index,
-                    corpus: corpus.name.clone(),
-                    corpus_pages: corpus.pages(),
-                })
-        };
-        let inconsistent = |epoch: usize, vpn: u64, what: &'static str| {
-            ReplayError::TraceInconsistent { epoch, vpn, what }
-        };
         let began = Instant::now();
-        let mut slots: HashMap<u64, u64> = HashMap::new();
-        let mut latest: HashMap<u64, u32> = HashMap::new();
-        let mut free: BTreeSet<u64> = BTreeSet::new();
-        let mut next_slot = 0u64;
-        let mut scratch = vec![0u8; CORPUS_PAGE];
+        let mut swapped = SwappedPages::new(&dev, corpus, device_pages);
         let mut rows = Vec::with_capacity(trace.epochs.len());
         let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64); // written, discarded, recomp, wb, rb
         let mut peak = 0u64;
         for (n, epoch) in trace.epochs.iter().enumerate() {
-            // Went first: their slots are free for the pages that appear.
-            for vpn in &epoch.went {
-                let slot = slots
-                    .remove(vpn)
-                    .ok_or_else(|| inconsistent(n, *vpn, "goes while not present"))?;
-                latest.remove(vpn);
-                dev.discard_page(slot)
-                    .map_err(|e| at("discarding", slot as usize, e))?;
-                free.insert(slot);
-                totals.1 += 1;
-            }
-            let mut read_back = 0;
-            for w in &epoch.changed {
-                let slot = *slots
-                    .get(&w.vpn)
-                    .ok_or_else(|| inconsistent(n, w.vpn, "changes while not present"))?;
-                // Swapped in before it is changed: from the store if it was written back.
-                read_back += u64::from(dev.entry(slot)?.has(SlotFlag::Wb));
-                dev.read_page(slot, &mut scratch)
-                    .map_err(|e| at("reading", slot as usize, e))?;
-                dev.write_page(slot, page(w.corpus_page)?)
-                    .map_err(|e| at("writing", slot as usize, e))?;
-                latest.insert(w.vpn, w.corpus_page);
-            }
-            for w in &epoch.appeared {
-                if slots.contains_key(&w.vpn) {
-                    return Err(inconsistent(n, w.vpn, "appears while present"));
-                }
-                let slot = free.pop_first().unwrap_or_else(|| {
-                    next_slot += 1;
-                    next_slot - 1
-                });
-                if slot >= device_pages {
-                    return Err(inconsistent(n, w.vpn, "appears beyond the pages present"));
-                }
-                slots.insert(w.vpn, slot);
-                latest.insert(w.vpn, w.corpus_page);
-                dev.write_page(slot, page(w.corpus_page)?)
-                    .map_err(|e| at("writing", slot as usize, e))?;
-            }
+            let read_back = swapped.apply(n, epoch)?;
+            totals.1 += epoch.went.len() as u64;
             totals.0 += (epoch.appeared.len() + epoch.changed.len()) as u64;
             totals.4 += read_back;
             let (mut recompressed, mut written_back) = (0, 0);
@@ -245,18 +158,7 @@ impl TraceReplay {
                 bd_stat: dev.bd_stat(),
             });
         }
-        // Every present page reads back as its last content.
-        for (vpn, &slot) in &slots {
-            let content = latest[vpn]; // set with every slot
-            dev.read_page(slot, &mut scratch)
-                .map_err(|e| at("reading", slot as usize, e))?;
-            if scratch[..] != *page(content)? {
-                return Err(ReplayError::Mismatch {
-                    corpus: corpus.name.clone(),
-                    page: content as usize,
-                });
-            }
-        }
+        swapped.verify()?;
         Ok(TraceRun {
             corpus: corpus.name.clone(),
             allocator: self.allocator.name(),
@@ -278,6 +180,157 @@ impl TraceReplay {
             seconds: round3(began.elapsed().as_secs_f64()),
             verified: true,
         })
+    }
+}
+
+/// A zram device for replaying `trace` over the pages of `corpus` (the corpus it was
+/// captured with), as large as the most pages present at once, once the trace is checked
+/// against the corpus (its invariants, its page size, its corpus pages all inside it).
+/// Returns it and its size in pages.
+pub(crate) fn trace_device(
+    trace: &Trace,
+    corpus: &Corpus,
+    allocator: AllocatorKind,
+    layout: &ZsConfig,
+    algorithm: &Algorithm,
+) -> Result<(Device, u64)> {
+    // A trace read from a file was checked by `Trace::read`; one built in memory is
+    // checked here, before its counts size anything.
+    trace
+        .check_invariants()
+        .map_err(ReplayError::TraceInvalid)?;
+    layout.validate().map_err(ztier_pool::PoolError::from)?;
+    if layout.page_size != CORPUS_PAGE {
+        return Err(ReplayError::TracePageSize {
+            page_size: layout.page_size,
+        });
+    }
+    if trace.corpus_pages() > corpus.pages() as u64 {
+        return Err(ReplayError::NotTheCorpus {
+            trace_pages: trace.corpus_pages(),
+            corpus: corpus.name.clone(),
+            corpus_pages: corpus.pages(),
+        });
+    }
+    let device_pages = trace
+        .epochs
+        .iter()
+        .map(|e| e.present())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let pool = allocator.make_pool(layout)?;
+    let dev = Device::new(device_pages * CORPUS_PAGE as u64, algorithm.clone(), pool)?;
+    Ok((dev, device_pages))
+}
+
+/// The pages of a trace as a swapping process keeps them on a zram device: a slot per
+/// present page (the lowest free one for a page that appears), its last content's corpus
+/// page, and the epoch's changes applied as swap-outs, swap-ins and frees.
+pub(crate) struct SwappedPages<'a> {
+    dev: &'a Device,
+    corpus: &'a Corpus,
+    device_pages: u64,
+    slots: HashMap<u64, u64>,
+    latest: HashMap<u64, u32>,
+    free: BTreeSet<u64>,
+    next_slot: u64,
+    scratch: Vec<u8>,
+}
+
+impl<'a> SwappedPages<'a> {
+    pub(crate) fn new(dev: &'a Device, corpus: &'a Corpus, device_pages: u64) -> Self {
+        SwappedPages {
+            dev,
+            corpus,
+            device_pages,
+            slots: HashMap::new(),
+            latest: HashMap::new(),
+            free: BTreeSet::new(),
+            next_slot: 0,
+            scratch: vec![0u8; CORPUS_PAGE],
+        }
+    }
+
+    fn page(&self, index: u32) -> Result<&'a [u8]> {
+        let corpus = self.corpus;
+        let at = index as usize * CORPUS_PAGE;
+        corpus
+            .bytes()
+            .get(at..at + CORPUS_PAGE)
+            .ok_or_else(|| ReplayError::CorpusPageOutside {
+                index,
+                corpus: corpus.name.clone(),
+                corpus_pages: corpus.pages(),
+            })
+    }
+
+    /// Epoch `n`: the pages that went are discarded (their slots free for those that
+    /// appear), those that changed read (swapped in) and written again, those that appeared
+    /// written. Returns how many of the changed pages were read from the backing store.
+    pub(crate) fn apply(&mut self, n: usize, epoch: &Epoch) -> Result<u64> {
+        let inconsistent = |epoch: usize, vpn: u64, what: &'static str| {
+            ReplayError::TraceInconsistent { epoch, vpn, what }
+        };
+        let dev = self.dev;
+        for vpn in &epoch.went {
+            let slot = self
+                .slots
+                .remove(vpn)
+                .ok_or_else(|| inconsistent(n, *vpn, "goes while not present"))?;
+            self.latest.remove(vpn);
+            dev.discard_page(slot)
+                .map_err(|e| at("discarding", slot as usize, e))?;
+            self.free.insert(slot);
+        }
+        let mut read_back = 0;
+        for w in &epoch.changed {
+            let slot = *self
+                .slots
+                .get(&w.vpn)
+                .ok_or_else(|| inconsistent(n, w.vpn, "changes while not present"))?;
+            // Swapped in before it is changed: from the store if it was written back.
+            read_back += u64::from(dev.entry(slot)?.has(SlotFlag::Wb));
+            dev.read_page(slot, &mut self.scratch)
+                .map_err(|e| at("reading", slot as usize, e))?;
+            dev.write_page(slot, self.page(w.corpus_page)?)
+                .map_err(|e| at("writing", slot as usize, e))?;
+            self.latest.insert(w.vpn, w.corpus_page);
+        }
+        for w in &epoch.appeared {
+            if self.slots.contains_key(&w.vpn) {
+                return Err(inconsistent(n, w.vpn, "appears while present"));
+            }
+            let slot = self.free.pop_first().unwrap_or_else(|| {
+                self.next_slot += 1;
+                self.next_slot - 1
+            });
+            if slot >= self.device_pages {
+                return Err(inconsistent(n, w.vpn, "appears beyond the pages present"));
+            }
+            self.slots.insert(w.vpn, slot);
+            self.latest.insert(w.vpn, w.corpus_page);
+            dev.write_page(slot, self.page(w.corpus_page)?)
+                .map_err(|e| at("writing", slot as usize, e))?;
+        }
+        Ok(read_back)
+    }
+
+    /// Every present page reads back as its last content.
+    pub(crate) fn verify(&mut self) -> Result<()> {
+        for (vpn, &slot) in &self.slots {
+            let content = self.latest[vpn]; // set with every slot
+            self.dev
+                .read_page(slot, &mut self.scratch)
+                .map_err(|e| at("reading", slot as usize, e))?;
+            if self.scratch[..] != *self.page(content)? {
+                return Err(ReplayError::Mismatch {
+                    corpus: self.corpus.name.clone(),
+                    page: content as usize,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -158,6 +158,7 @@ fn writeback_beside_threads_faulting_keeps_every_page() {
             writeback_idle: None,
             mem_target: Some(64 * PAGE as u64),
             interval: std::time::Duration::from_millis(5),
+            promotion_target: None,
         })
         .unwrap();
     let region: &Region = &r;

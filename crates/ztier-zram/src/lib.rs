@@ -71,6 +71,7 @@ mod error;
 mod group;
 mod partial_io;
 pub mod policy;
+pub mod promotion;
 mod recompress;
 mod slot;
 mod state;
@@ -89,7 +90,8 @@ use ztier_pool::{PoolStats, ZPool};
 
 pub use error::{Busy, Result, ZramError};
 pub use group::MemoryGroup;
-pub use policy::{Policy, PolicyConfig, PolicyStats};
+pub use policy::{BadPolicyConfig, Policy, PolicyConfig, PolicyRunner, PolicyStats};
+pub use promotion::{BadPromotionTarget, PromotionStats, PromotionTarget};
 pub use recompress::{RecompResult, MAX_SECONDARY};
 pub use slot::{BadSelector, Entry, PageSelector, SlotFlag};
 pub use state::{StateError, StateFile, StateSummary};
@@ -353,6 +355,23 @@ impl Device {
     fn now(&self) -> u32 {
         let shift = u64::from(self.age_shift.load(Relaxed));
         (self.lived_secs() + shift).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// The device's age: the clock its pages' access times are read on (whole seconds).
+    pub fn clock(&self) -> Duration {
+        Duration::from_secs(u64::from(self.now()))
+    }
+
+    /// Makes the device `age` old (if it has not lived that long already), so the access
+    /// times of its pages keep their meaning: a loaded state's oldest page's age, or a
+    /// replay's recorded time (its pages then age at the recording's pace as long as the
+    /// replay keeps ahead of it).
+    pub fn set_age(&self, age: Duration) {
+        let shift = age
+            .as_secs()
+            .saturating_sub(self.lived_secs())
+            .min(u64::from(u32::MAX)) as u32;
+        self.age_shift.store(shift, Relaxed);
     }
 
     /// Whole seconds since the device was made.

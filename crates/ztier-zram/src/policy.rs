@@ -1,7 +1,9 @@
 //! The policy that runs by itself (the kernel has none; Android's `mmd` runs writeback and
 //! recompression from a periodic job): a background thread that, every `interval`,
 //! - recompresses pages not accessed for `recompress_idle` with the secondary algorithms;
-//! - writes back pages not accessed for `writeback_idle`;
+//! - writes back pages not accessed for `writeback_idle`, or, given a promotion target
+//!   instead, for the age its controller chooses so that reads from the store stay under
+//!   the target (`promotion.rs`);
 //! - if the pool is above `mem_target`, writes back the oldest pages (by `ac_time`, ages
 //!   halving down to zero) and compacts, until it is under the target or nothing is left.
 //!
@@ -15,8 +17,13 @@
 //! Every action is counted ([`PolicyStats`]); an error (a full or vanished store, the
 //! writeback limit) is counted and kept as `last_error`, and the next tick tries again.
 //!
+//! A pass is a [`PolicyRunner::tick`]: the thread runs one every `interval`, a test or a
+//! replay runs them by hand. Time is the device's clock ([`Device::clock`]), the one its
+//! access times are in, so a device made older by hand ([`Device::set_age`]) ages its
+//! pages and the controller's windows alike.
+//!
 //! Locking: `Shared::state` (the stop flag and the statistics), taken alone, never across
-//! device work.
+//! device work. The runner (the promotion controller's state) belongs to the thread.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -25,27 +32,57 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
+use crate::promotion::{BadPromotionTarget, PromotionController, PromotionStats, PromotionTarget};
 use crate::{Device, PageSelector, ZramError};
 
 /// What the policy does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolicyConfig {
     pub recompress_idle: Option<Duration>,
     pub writeback_idle: Option<Duration>,
     /// Bytes of pool (`mem_used_total`) to stay under, by writeback.
     pub mem_target: Option<u64>,
     pub interval: Duration,
+    /// Instead of `writeback_idle`: write back at the idle age that keeps reads from the
+    /// store under this target (`promotion.rs`).
+    pub promotion_target: Option<PromotionTarget>,
 }
 
 impl PolicyConfig {
     /// Whether there is anything to do.
     pub fn is_active(&self) -> bool {
-        self.recompress_idle.is_some() || self.writeback_idle.is_some() || self.mem_target.is_some()
+        self.recompress_idle.is_some()
+            || self.writeback_idle.is_some()
+            || self.mem_target.is_some()
+            || self.promotion_target.is_some()
+    }
+
+    /// Checks the configuration can be followed.
+    pub fn validate(&self) -> Result<(), BadPolicyConfig> {
+        if let Some(target) = &self.promotion_target {
+            if let Some(idle) = self.writeback_idle {
+                return Err(BadPolicyConfig::TwoWritebackAges {
+                    idle_secs: idle.as_secs(),
+                });
+            }
+            target.validate()?;
+        }
+        Ok(())
     }
 }
 
+/// A policy configuration that cannot be followed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadPolicyConfig {
+    #[error("a writeback idle age ({idle_secs} s) and a promotion target: the target chooses the age, give one of them")]
+    TwoWritebackAges { idle_secs: u64 },
+    #[error(transparent)]
+    Promotion(#[from] BadPromotionTarget),
+}
+
 /// The policy's actions so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PolicyStats {
     pub ticks: u64,
     pub recompressed_pages: u64,
@@ -58,6 +95,26 @@ pub struct PolicyStats {
     pub last_error: Option<String>,
     /// Time spent working, in milliseconds.
     pub busy_ms: u64,
+    /// The promotion controller's age, rate and decisions, given a target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<PromotionStats>,
+}
+
+impl PolicyStats {
+    /// Adds a tick's counts (the promotion controller's state is set apart).
+    fn add(&mut self, tick: PolicyStats) {
+        self.ticks += tick.ticks;
+        self.recompressed_pages += tick.recompressed_pages;
+        self.written_back_pages += tick.written_back_pages;
+        self.target_written_back_pages += tick.target_written_back_pages;
+        self.bytes_written += tick.bytes_written;
+        self.compactions += tick.compactions;
+        self.errors += tick.errors;
+        self.busy_ms += tick.busy_ms;
+        if tick.last_error.is_some() {
+            self.last_error = tick.last_error;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -79,15 +136,22 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Starts the policy's thread on `device`.
+    /// Starts the policy's thread on `device`; a configuration that does not
+    /// [validate](PolicyConfig::validate) is an `InvalidInput` error carrying why.
     pub fn start(device: Arc<Device>, config: PolicyConfig) -> std::io::Result<Policy> {
+        config
+            .validate()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let shared = Arc::new(Shared::default());
+        let runner = PolicyRunner::new(config);
+        // The controller's starting age is reported before the first pass.
+        shared.state.lock().stats.promotion = runner.promotion_stats();
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("zram-policy".into())
             .spawn(move || {
                 ztier_pool::lower_to_idle_priority();
-                run(&device, config, &s)
+                run(&device, runner, &s)
             })?;
         Ok(Policy {
             shared,
@@ -122,17 +186,60 @@ fn secs(d: Duration) -> u32 {
     d.as_secs().min(u64::from(u32::MAX)) as u32
 }
 
-fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
+fn run(device: &Device, mut runner: PolicyRunner, shared: &Shared) {
+    let interval = runner.config.interval;
     loop {
         {
             let mut st = shared.state.lock();
             if !st.stop {
-                shared.wake.wait_for(&mut st, config.interval);
+                shared.wake.wait_for(&mut st, interval);
             }
             if st.stop {
                 return;
             }
         }
+        let tick = runner.tick(device);
+        let mut st = shared.state.lock();
+        st.stats.add(tick);
+        st.stats.promotion = runner.promotion_stats();
+    }
+}
+
+/// The policy's passes over a device and what it keeps between them (the promotion
+/// controller): what [`Policy`]'s thread runs every `interval`, and what a test or a replay
+/// runs by hand.
+#[derive(Debug, Clone)]
+pub struct PolicyRunner {
+    config: PolicyConfig,
+    promotion: Option<PromotionController>,
+}
+
+impl PolicyRunner {
+    /// A runner of `config` (a promotion target's numbers are brought within bounds here;
+    /// [`PolicyConfig::validate`] says whether they were).
+    pub fn new(config: PolicyConfig) -> PolicyRunner {
+        PolicyRunner {
+            config,
+            promotion: config.promotion_target.map(PromotionController::new),
+        }
+    }
+
+    /// The age pages are written back at now: the controller's, or the fixed one.
+    pub fn writeback_age(&self) -> Option<Duration> {
+        match &self.promotion {
+            Some(c) => Some(c.age()),
+            None => self.config.writeback_idle,
+        }
+    }
+
+    pub fn promotion_stats(&self) -> Option<PromotionStats> {
+        self.promotion.as_ref().map(PromotionController::stats)
+    }
+
+    /// One pass: the controller takes the store's counters (and may move its age), then
+    /// recompression, writeback and the memory target as configured. Returns what the pass
+    /// did; an error is counted in it, and the next pass tries again.
+    pub fn tick(&mut self, device: &Device) -> PolicyStats {
         let began = Instant::now();
         let mut tick = PolicyStats {
             ticks: 1,
@@ -142,6 +249,7 @@ fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
             tick.errors += 1;
             tick.last_error = Some(e.to_string());
         };
+        let config = &self.config;
         if let Some(age) = config.recompress_idle {
             if !device.recomp_algorithms().is_empty() {
                 match device.recompress(PageSelector::OlderThan(secs(age)), None, None) {
@@ -150,8 +258,12 @@ fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
                 }
             }
         }
+        if let (Some(controller), Some(bd)) = (&mut self.promotion, device.bd_stat()) {
+            controller.observe(device.clock(), bd.bd_reads, bd.bd_count);
+        }
         if device.backing().is_some() {
-            if let Some(age) = config.writeback_idle {
+            let age = self.writeback_age();
+            if let Some(age) = age {
                 match device.writeback(PageSelector::OlderThan(secs(age)), None, None) {
                     Ok(r) => {
                         tick.written_back_pages += r.pages;
@@ -161,23 +273,11 @@ fn run(device: &Device, config: PolicyConfig, shared: &Shared) {
                 }
             }
             if let Some(target) = config.mem_target {
-                meet_target(device, target, config.writeback_idle, &mut tick, &mut note);
+                meet_target(device, target, age, &mut tick, &mut note);
             }
         }
         tick.busy_ms = began.elapsed().as_millis() as u64;
-        let mut st = shared.state.lock();
-        let s = &mut st.stats;
-        s.ticks += tick.ticks;
-        s.recompressed_pages += tick.recompressed_pages;
-        s.written_back_pages += tick.written_back_pages;
-        s.target_written_back_pages += tick.target_written_back_pages;
-        s.bytes_written += tick.bytes_written;
-        s.compactions += tick.compactions;
-        s.errors += tick.errors;
-        s.busy_ms += tick.busy_ms;
-        if tick.last_error.is_some() {
-            s.last_error = tick.last_error;
-        }
+        tick
     }
 }
 

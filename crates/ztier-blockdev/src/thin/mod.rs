@@ -166,7 +166,7 @@ impl ThinStore {
         }))
     }
 
-    /// A pool over a store with a label (see [`label`](self::label)): the label read and
+    /// A pool over a store with a label (see `thin/label.rs`): the label read and
     /// checked, or, on a store of zeros (never used), written with a new random id and
     /// flushed. The first extent holds the label and is never a volume's. Refused if the
     /// store holds something else, a label of another extent size, or fewer extents than

@@ -4,6 +4,7 @@
 //! `ztier bench zram`), `ztier bench zswap`, `ztier bench uffd`. `--front NAME` names the
 //! front as well ([`front_alias`]). The replays are `ztier_replay`'s.
 
+mod far_tier;
 mod shared;
 mod uffd;
 mod zram;

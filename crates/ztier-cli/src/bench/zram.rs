@@ -82,6 +82,8 @@ pub struct ZramArgs {
     /// With --unit-size: random page reads timed one by one.
     #[arg(long, default_value_t = 20_000, requires = "unit_size")]
     pub random_reads: usize,
+    #[command(flatten)]
+    pub far_tier: super::far_tier::FarTierArgs,
 }
 
 /// Runs every corpus × allocator × compressor × layout × thread count (or, `--trace`, every
@@ -97,6 +99,8 @@ pub fn run(args: &ZramArgs) -> anyhow::Result<()> {
         .cloned();
     let result = if !args.unit_size.is_empty() {
         run_units(args, &paths, layout)
+    } else if let Some(percent) = args.far_tier.promotion_target {
+        super::far_tier::run(args, percent, &paths, layout)
     } else if args.trace {
         run_trace(args, &paths, layout)
     } else {

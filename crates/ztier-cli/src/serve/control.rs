@@ -402,6 +402,21 @@ impl std::fmt::Display for Snapshot {
                     .map_or(String::new(), |e| format!(" (last: {e})")),
                 s.busy_ms
             )?;
+            if let Some(p) = &s.promotion {
+                writeln!(
+                    f,
+                    "promotion age {} s (floor {} s), {:.3} %/min of the stored pages read \
+                     back in the last window, target {} %/min; {} decisions older, {} younger, \
+                     {} holding",
+                    p.age_secs,
+                    p.floor_secs,
+                    p.share_per_minute * 100.0,
+                    p.target_share_per_minute * 100.0,
+                    p.older,
+                    p.younger,
+                    p.holding
+                )?;
+            }
         }
         if let Some(c) = &self.server {
             writeln!(

@@ -89,7 +89,7 @@ pub struct HostArgs {
 }
 
 /// Flags of one device's server that a host's devices take from their specs instead.
-const HOST_ONLY: [&str; 8] = [
+const HOST_ONLY: [&str; 9] = [
     "size",
     "state",
     "backing_dev",
@@ -97,6 +97,7 @@ const HOST_ONLY: [&str; 8] = [
     "run",
     "mem_target",
     "writeback_idle",
+    "promotion_target",
     "recompress_idle",
 ];
 

@@ -673,16 +673,6 @@ impl Device {
         counters.add(Counter::PagesStored, 1);
         g.entry = e;
     }
-
-    /// Makes the device `age` old, so saved ages of pages keep their meaning.
-    fn set_age(&self, age: Duration) {
-        let shift = age
-            .as_secs()
-            .saturating_sub(self.lived_secs())
-            .min(u64::from(u32::MAX)) as u32;
-        self.age_shift
-            .store(shift, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 mod error;
