@@ -758,3 +758,144 @@ fn a_labelled_store_keeps_its_label_and_refuses_what_is_not_one() {
         Err(ThinError::NoRoom)
     ));
 }
+
+/// A store that counts the batches it is sent.
+struct Batches {
+    inner: MemoryDevice,
+    reads: std::sync::atomic::AtomicU64,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl BlockDevice for Batches {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_at(offset, data, fua)
+    }
+    fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> ztier_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, may_unmap)
+    }
+    fn flush(&self) -> ztier_blockdev::Result<()> {
+        Ok(())
+    }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> ztier_blockdev::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (offset, buf) in reads.iter_mut() {
+            self.inner.read_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> ztier_blockdev::Result<()> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (offset, data) in writes {
+            self.inner.write_at(*offset, data, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// Batches through a volume reach the store as batches (what an NBD store sends in flight
+/// together), read and write what single requests would, extents taken on the way, pieces
+/// crossing extents, zeros where nothing was written; threads batching beside discards of
+/// the same extents never wait on each other for good.
+#[test]
+fn batches_through_a_volume_reach_the_store_as_batches() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store_device = Arc::new(Batches {
+        inner: MemoryDevice::new(64 * EXTENT).unwrap(),
+        reads: Default::default(),
+        writes: Default::default(),
+    });
+    let store = ThinStore::new(store_device.clone(), EXTENT).unwrap();
+    let v = store.volume(32 * EXTENT);
+    let mut model = vec![0u8; 32 * EXTENT as usize];
+    // Mapped first, by single writes, then a batch over them and over extents not mapped.
+    v.write_at(0, &pattern(1, 3 * EXTENT as usize), false)
+        .unwrap();
+    model[..3 * EXTENT as usize].copy_from_slice(&pattern(1, 3 * EXTENT as usize));
+    let (a, b, c) = (
+        pattern(2, BLOCK as usize),
+        pattern(3, 2 * EXTENT as usize),
+        pattern(4, 100),
+    );
+    let writes: Vec<(u64, &[u8])> = vec![
+        (BLOCK, &a[..]),
+        (EXTENT - 7, &b[..]),
+        (10 * EXTENT + 5, &c[..]),
+    ];
+    let before = store_device.writes.load(Relaxed);
+    v.write_many(&writes).unwrap();
+    for (offset, data) in &writes {
+        model[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
+    }
+    assert!(
+        store_device.writes.load(Relaxed) > before,
+        "no batch reached the store"
+    );
+    assert_eq!(read(&v, 0, 32 * EXTENT), model);
+    let (mut x, mut y, mut z) = (
+        vec![0xEE; 300],
+        vec![0xEE; 2 * EXTENT as usize],
+        vec![0xEE; 50],
+    );
+    let reads_before = store_device.reads.load(Relaxed);
+    {
+        let mut reads: Vec<(u64, &mut [u8])> = vec![
+            (EXTENT - 100, &mut x[..]),
+            (2 * EXTENT + 3, &mut y[..]),
+            (20 * EXTENT, &mut z[..]),
+        ];
+        v.read_many(&mut reads).unwrap();
+    }
+    assert_eq!(
+        store_device.reads.load(Relaxed),
+        reads_before + 1,
+        "one batch"
+    );
+    assert_eq!(x, model[EXTENT as usize - 100..EXTENT as usize + 200]);
+    assert_eq!(y, model[2 * EXTENT as usize + 3..4 * EXTENT as usize + 3]);
+    assert_eq!(z, vec![0; 50], "never written: zeros");
+    // Out of range: refused.
+    let mut past = vec![0u8; 10];
+    let mut reads: Vec<(u64, &mut [u8])> = vec![(32 * EXTENT - 5, &mut past[..])];
+    assert!(v.read_many(&mut reads).is_err());
+    assert!(v.write_many(&[(32 * EXTENT, &[1u8][..])]).is_err());
+
+    // Threads batching over extents a third one discards and writes again.
+    let v = Arc::new(v);
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let v = Arc::clone(&v);
+            s.spawn(move || {
+                for r in 0..200u64 {
+                    let data = pattern(t * 1000 + r, 300);
+                    let at = (r % 8) * EXTENT + t * 512;
+                    v.write_many(&[(at, &data[..]), (at + EXTENT * 8, &data[..])])
+                        .unwrap();
+                    let mut back = vec![0u8; 300];
+                    let mut reads: Vec<(u64, &mut [u8])> = vec![(at + EXTENT * 8, &mut back[..])];
+                    v.read_many(&mut reads).unwrap();
+                    assert_eq!(back, data, "thread {t} round {r}");
+                }
+            });
+        }
+        let v = Arc::clone(&v);
+        s.spawn(move || {
+            for r in 0..200u64 {
+                v.discard((r % 8) * EXTENT, EXTENT).unwrap();
+            }
+        });
+    });
+}
