@@ -868,7 +868,7 @@ fn batches_through_a_volume_reach_the_store_as_batches() {
     assert_eq!(y, model[2 * EXTENT as usize + 3..4 * EXTENT as usize + 3]);
     assert_eq!(z, vec![0; 50], "never written: zeros");
     // Out of range: refused.
-    let mut past = vec![0u8; 10];
+    let mut past = [0u8; 10];
     let mut reads: Vec<(u64, &mut [u8])> = vec![(32 * EXTENT - 5, &mut past[..])];
     assert!(v.read_many(&mut reads).is_err());
     assert!(v.write_many(&[(32 * EXTENT, &[1u8][..])]).is_err());
