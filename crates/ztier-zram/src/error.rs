@@ -52,17 +52,6 @@ pub enum ZramError {
         page_size: usize,
         max_unit: usize,
     },
-    /// Writeback, recompression and a saved state work page by page: a device that stores
-    /// larger compression units refuses them.
-    #[error(
-        "{what} works on {page_size}-byte pages; this device stores {unit_size}-byte \
-         compression units"
-    )]
-    UnitUnsupported {
-        what: &'static str,
-        unit_size: usize,
-        page_size: usize,
-    },
     #[error(
         "disk size {disksize} bytes needs a slot table of {table_bytes} bytes, more than this \
          machine's {memory_bytes} bytes of memory"

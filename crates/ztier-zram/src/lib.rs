@@ -24,9 +24,11 @@
 //! decompressed units (`unit_cache.rs`: bounded, validated by the unit's change count under
 //! its slot lock, given back on `compact`, `mark_idle` and `reset`) and copies the page out,
 //! so the neighbours that follow it copy instead of decompressing again; a whole unit read
-//! is decompressed straight into the destination. Writeback, recompression and saved
-//! states work page by page: a device of larger units refuses them
-//! ([`ZramError::UnitUnsupported`]).
+//! is decompressed straight into the destination. Writeback moves whole units (a unit's
+//! object, or in the page format all of it, to an aligned run of `unit / 4 KiB` blocks;
+//! a written-back unit read in part is read back whole and cached as one from memory),
+//! recompression recompresses whole units, and a saved state names its unit size
+//! (`state/`); `bd_stat` and every result count 4 KiB pages, as the kernel's.
 //!
 //! Beyond the kernel's defaults, as its config options add them: idle tracking by access
 //! time (`mark_idle`), writeback to a backing store of any block device ([`writeback`]'s
@@ -290,18 +292,6 @@ impl Device {
         self.units() * self.unit_size as u64
     }
 
-    /// Refuses `what` (writeback, recompression, a saved state: page by page) on a device
-    /// of larger units.
-    pub(crate) fn check_page_units(&self, what: &'static str) -> Result<()> {
-        if self.unit_size == self.page_size {
-            return Ok(());
-        }
-        Err(ZramError::UnitUnsupported {
-            what,
-            unit_size: self.unit_size,
-            page_size: self.page_size,
-        })
-    }
     pub fn algorithm(&self) -> &Algorithm {
         &self.algorithm
     }
@@ -339,7 +329,7 @@ impl Device {
             // never removed while pages use them.
             Stream::new(
                 &alg.expect("a stored priority has its algorithm"),
-                self.page_size,
+                self.unit_size,
             )
         })
     }
@@ -503,7 +493,9 @@ impl Device {
             .comp
             .compress(page, &mut s.buf)
             .map_err(|cause| ZramError::Compress { index, cause })?;
-        let huge = len >= self.pool.huge_class_size();
+        // Stored raw from the pool's threshold on, and never larger than the unit (a pool
+        // of larger objects than the device's unit has a threshold above it).
+        let huge = len >= self.pool.huge_class_size().min(self.unit_size);
         let object = if huge { page } else { &s.buf[..len] };
         let handle = self.pool.store(object)?;
         let size = object.len();
@@ -626,8 +618,9 @@ impl Device {
 
     /// Reads `out.len()` bytes at `in_unit` of unit `index`: copied from the shard's cache of
     /// decompressed units if it holds the unit as it is now (`unit_cache.rs`), else the unit
-    /// decompressed into the cache (a device of larger units has no written-back slot:
-    /// writeback is refused) and the part copied out.
+    /// decompressed into the cache and the part copied out. A written-back unit is read
+    /// from the store with nothing held ([`read_page_pinned`](Device::read_page_pinned))
+    /// and goes into the cache the same way.
     fn read_unit_part(&self, index: u64, in_unit: usize, out: &mut [u8]) -> Result<()> {
         let mut guard = self.shard();
         let shard = &mut *guard;
@@ -663,14 +656,29 @@ impl Device {
             }
         };
         shard.unit_cache = cache;
-        match r? {
-            None => Ok(()),
-            Some(_) => Err(ZramError::UnitUnsupported {
-                what: "a written-back unit",
-                unit_size: self.unit_size,
-                page_size: self.page_size,
-            }),
+        if r?.is_none() {
+            return Ok(());
         }
+        // Written back: read from the store with no shard held (it takes its own), into
+        // the shard's spare buffer, then cached as a unit decompressed from memory is.
+        let mut unit = std::mem::take(&mut shard.unit_buf);
+        drop(guard);
+        unit.resize(self.unit_size, 0);
+        let r = self.read_page_pinned(index, &mut unit).map(drop);
+        let mut guard = self.shard();
+        let shard = &mut *guard;
+        if r.is_ok() {
+            out.copy_from_slice(&unit[in_unit..in_unit + out.len()]);
+            // The bytes are the unit's content named under its slot lock after `generation`
+            // was loaded (its place pinned, so not written anew in between): as sound a
+            // fill as one from memory.
+            if let Some((way, cached)) = shard.unit_cache.fill(self.unit_size) {
+                cached.copy_from_slice(&unit);
+                shard.unit_cache.filled(way, index, generation);
+            }
+        }
+        shard.unit_buf = unit;
+        r
     }
 
     /// Whether a shard's copy of unit `index`, filled at `generation`, is the unit as it is

@@ -9,6 +9,10 @@
 //! - a page keeps the priority of the algorithm that stored it, and is decompressed with
 //!   it.
 //!
+//! On a device of larger units a unit is recompressed whole (its object, at least
+//! `threshold` bytes, decompressed and compressed again as one); the counters and the
+//! result count its pages, as every counter of the device does.
+//!
 //! Each page is recompressed under its stripe lock (no write or discard runs beside it); its
 //! object is copied out under the slot lock and the slot is locked again only to swap the
 //! handles.
@@ -41,9 +45,6 @@ impl Device {
     /// Sets the secondary algorithms (`recomp_algorithm`), priority 1 first. Refused while
     /// pages are stored by the algorithms it would change.
     pub fn set_recomp_algorithms(&self, algorithms: Vec<Algorithm>) -> Result<()> {
-        if !algorithms.is_empty() {
-            self.check_page_units("recompression")?;
-        }
         if algorithms.len() > MAX_SECONDARY {
             return Err(ZramError::TooManyAlgorithms {
                 given: algorithms.len(),
@@ -80,7 +81,6 @@ impl Device {
         threshold: Option<usize>,
         max_priority: Option<u32>,
     ) -> Result<RecompResult> {
-        self.check_page_units("recompression")?;
         if mode == PageSelector::Incompressible {
             return Err(ZramError::BadValue {
                 attr: "recompress type".into(),
@@ -96,8 +96,8 @@ impl Device {
         }
         let max_prio = max_priority.unwrap_or(n).min(n);
         let mut result = RecompResult::default();
-        let mut object = vec![0u8; self.page_size];
-        let mut page = vec![0u8; self.page_size];
+        let mut object = vec![0u8; self.unit_size];
+        let mut page = vec![0u8; self.unit_size];
         let now = self.now();
         for index in self.written_slots(0..self.pages()) {
             // A look under the slot lock alone first: most slots are not candidates, and
@@ -170,10 +170,12 @@ impl Device {
             self.pool.read(handle, &mut object[..e.size()])?;
             e
         };
-        result.scanned += 1;
+        // Counted in pages: a unit is its pages.
+        let pages = self.pages_per_unit();
+        result.scanned += pages;
         let old_size = e.size();
         if e.has(SlotFlag::Huge) {
-            page.copy_from_slice(&object[..self.page_size]);
+            page.copy_from_slice(&object[..self.unit_size]);
         } else {
             let s = self.stream_for(&mut shard, e.priority());
             self.check_decoded(index, s.comp.decompress_page(&object[..old_size], page))?;
@@ -201,8 +203,10 @@ impl Device {
                 let mut g = slot.lock();
                 if g.entry.holds_same(&e) {
                     g.entry.set(SlotFlag::Incompressible, true);
-                    shard.counters.add(Counter::RecompIncompressible, 1);
-                    result.incompressible += 1;
+                    shard
+                        .counters
+                        .add(Counter::RecompIncompressible, pages as i64);
+                    result.incompressible += pages;
                 }
             }
             return Ok(());
@@ -228,9 +232,9 @@ impl Device {
         g.entry.set_ac_time(ac_time);
         g.entry.set(SlotFlag::Idle, idle);
         shard.counters.add(Counter::ComprDataSize, new_len as i64);
-        shard.counters.add(Counter::PagesStored, 1);
-        shard.counters.add(Counter::Recompressed, 1);
-        result.recompressed += 1;
+        shard.counters.add(Counter::PagesStored, pages as i64);
+        shard.counters.add(Counter::Recompressed, pages as i64);
+        result.recompressed += pages;
         result.bytes_before += old_size as u64;
         result.bytes_after += new_len as u64;
         Ok(())

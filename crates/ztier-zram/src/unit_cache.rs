@@ -14,8 +14,8 @@
 //!
 //! # What makes an entry valid
 //! Every change to a unit's content (a write, a partial write's read-modify-write, a
-//! discard, a reset, and the page-by-page recompression and writeback, refused on larger
-//! units but passing the same way) frees the slot's old content through `free_slot`, under
+//! discard, a reset, a recompression, and a writeback's commit, which changes where the
+//! unit is, not its bytes) frees the slot's old content through `free_slot`, under
 //! the slot's lock; `free_slot` adds one to the unit's stripe of the device's generation
 //! counters ([`Generations`], `unit % GENERATION_STRIPES`) there. An entry records the
 //! stripe's value loaded *before* its fill took the slot lock, and is served only if the

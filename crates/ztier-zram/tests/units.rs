@@ -1,19 +1,25 @@
 //! Devices of large compression units (16 and 64 KiB, and the page for comparison): a
 //! property test of random writes, partial writes, discards and reads of random ranges
 //! against a plain byte model; the block-device conformance suite at each unit size; the
-//! per-unit counters (same-filled, stored raw); and the refusals of what works page by page.
+//! per-unit counters (same-filled, stored raw); bad unit sizes refused. The model test
+//! runs also with writebacks of every unit (or those stored raw) among the operations, in
+//! each format of the store. (Writeback,
+//! recompression and saved states of units: `units_store.rs`.)
 //!
 //! Model properties: every read returns the model's bytes (the last written at each offset,
 //! zeros where nothing was written or whole pages were discarded); `orig_data_size` is the
 //! allocated units × unit size; once everything is discarded the pool holds no page.
 
 use proptest::prelude::*;
+use std::sync::Arc;
 use ztier_base::rng::Rng;
+use ztier_blockdev::memory::MemoryDevice;
 use ztier_compress::Algorithm;
 use ztier_pool::{ZPool, ZsConfig, ZsPool};
-use ztier_zram::{Device, ZramError};
+use ztier_zram::{Backing, Device, PageSelector, SlotFlag, WbFormat, ZramError};
 
 const PAGE: usize = 4096;
+const FORMATS: [WbFormat; 3] = [WbFormat::Page, WbFormat::Compressed, WbFormat::Packed];
 
 fn pool(unit: usize) -> Box<dyn ZPool> {
     Box::new(ZsPool::new(ZsConfig::default().with_max_object(unit)).unwrap())
@@ -83,6 +89,10 @@ enum Op {
     ReadPage {
         page: u64,
     },
+    /// Every unit in the pool (`huge`: those stored raw) to the backing store.
+    Writeback {
+        huge: bool,
+    },
 }
 
 fn op(disk: u64, units: u64, pages: u64) -> impl Strategy<Value = Op> {
@@ -118,10 +128,36 @@ fn op(disk: u64, units: u64, pages: u64) -> impl Strategy<Value = Op> {
     ]
 }
 
+/// [`op`], or now and then a writeback.
+fn op_or_writeback(disk: u64, units: u64, pages: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => op(disk, units, pages),
+        1 => any::<bool>().prop_map(|huge| Op::Writeback { huge }),
+    ]
+}
+
 /// Runs `ops` on a device of `units` units of `unit` bytes and on the model; checks every
 /// read, the whole disk at the end, the page counts, and that discarding all frees the pool.
 fn check_against_model(unit: usize, units: u64, alg: &str, ops: &[Op]) {
+    check_against_model_on(unit, units, alg, None, ops);
+}
+
+/// [`check_against_model`] on a device with a backing store in `format`, if given (for
+/// [`Op::Writeback`]); at the end `bd_count` is the written-back units' pages, and
+/// discarding all empties the store too.
+fn check_against_model_on(
+    unit: usize,
+    units: u64,
+    alg: &str,
+    format: Option<WbFormat>,
+    ops: &[Op],
+) {
     let dev = device(units, unit, alg);
+    if let Some(format) = format {
+        let store = MemoryDevice::new(Backing::size_for(units * unit as u64)).unwrap();
+        dev.set_backing(Some(Backing::new(Arc::new(store), format).unwrap()))
+            .unwrap();
+    }
     let disk = units * unit as u64;
     let mut model = vec![0u8; disk as usize];
     let ps = PAGE as u64;
@@ -180,6 +216,14 @@ fn check_against_model(unit: usize, units: u64, alg: &str, ops: &[Op]) {
                 let at = page as usize * PAGE;
                 assert!(out[..] == model[at..at + PAGE], "page {page}");
             }
+            Op::Writeback { huge } => {
+                let mode = if huge {
+                    PageSelector::Huge
+                } else {
+                    PageSelector::All
+                };
+                dev.writeback(mode, None, None).unwrap();
+            }
         }
     }
     let mut whole = vec![0xa5; disk as usize];
@@ -191,7 +235,16 @@ fn check_against_model(unit: usize, units: u64, alg: &str, ops: &[Op]) {
     let mm = dev.mm_stat();
     assert_eq!(mm.orig_data_size, allocated * unit as u64);
     assert!(mm.same_pages * PAGE as u64 <= mm.orig_data_size);
+    if let Some(bd) = dev.bd_stat() {
+        let written_back = (0..units)
+            .filter(|&u| dev.entry(u).unwrap().has(SlotFlag::Wb))
+            .count() as u64;
+        assert_eq!(bd.bd_count, written_back * (unit / PAGE) as u64);
+    }
     dev.discard(0, disk).unwrap();
+    if let Some(bd) = dev.bd_stat() {
+        assert_eq!((bd.bd_count, bd.bytes_stored, bd.bytes_held), (0, 0, 0));
+    }
     let mm = dev.mm_stat();
     assert_eq!(
         (mm.orig_data_size, mm.compr_data_size, mm.mem_used_total),
@@ -216,6 +269,22 @@ proptest! {
     #[test]
     fn units_of_64k_follow_the_model(ops in prop::collection::vec(op(4 * 65536, 4, 64), 1..40)) {
         check_against_model(65536, 4, "zstd", &ops);
+    }
+
+    #[test]
+    fn units_of_16k_written_back_follow_the_model(
+        ops in prop::collection::vec(op_or_writeback(8 * 16384, 8, 32), 1..40),
+        format in 0..3usize,
+    ) {
+        check_against_model_on(16384, 8, "lz4", Some(FORMATS[format]), &ops);
+    }
+
+    #[test]
+    fn units_of_64k_written_back_follow_the_model(
+        ops in prop::collection::vec(op_or_writeback(4 * 65536, 4, 64), 1..40),
+        format in 0..3usize,
+    ) {
+        check_against_model_on(65536, 4, "zstd", Some(FORMATS[format]), &ops);
     }
 }
 
@@ -271,28 +340,6 @@ fn a_4k_page_read_from_a_64k_unit_is_its_page() {
         })
     ));
     assert_eq!(dev.io_stat().failed_reads, 1);
-}
-
-#[test]
-fn what_works_page_by_page_is_refused_for_large_units() {
-    let dev = device(2, 16384, "lz4");
-    let unsupported = |r: Result<(), ZramError>| {
-        matches!(
-            r,
-            Err(ZramError::UnitUnsupported {
-                unit_size: 16384,
-                page_size: 4096,
-                ..
-            })
-        )
-    };
-    assert!(unsupported(
-        dev.set_recomp_algorithms(vec!["zstd".parse().unwrap()])
-    ));
-    assert!(unsupported(dev.save_state(&mut Vec::new()).map(drop)));
-    assert!(unsupported(dev.load_state(&mut &[][..]).map(drop)));
-    // The empty list is no recompression: nothing to refuse.
-    dev.set_recomp_algorithms(Vec::new()).unwrap();
 }
 
 #[test]

@@ -49,7 +49,7 @@ pub enum StateError {
     #[error("it is not a ztier state")]
     NotAState,
     #[error(
-        "it is version {version}; this ztier reads versions 1 and {}",
+        "it is version {version}; this ztier reads versions 1 to {}",
         super::VERSION
     )]
     Version { version: u32 },
@@ -71,6 +71,8 @@ pub enum StateError {
         device_pages: u64,
         device_page_size: usize,
     },
+    #[error("it holds compression units of {state} bytes; the device stores units of {device}")]
+    UnitSize { state: usize, device: usize },
     #[error("its pages are compressed with {state}; the device uses {device}")]
     Algorithm { state: String, device: String },
     #[error(

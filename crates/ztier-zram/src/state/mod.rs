@@ -7,19 +7,25 @@
 //! Format (little-endian), checksummed whole:
 //!
 //! ```text
-//!  header   "ZTIERST1" | version u32 (2; 1 is read too) | page size u32 | pages u64
-//!           | oldest age u32 | compressor: length u16, name (as --compressor spells it)
+//!  header   "ZTIERST1" | version u32 (2, or 3 for a device of larger units; 1 is read
+//!           too) | page size u32 | pages u64 | (version 3) unit size u32 | oldest age u32
+//!           | compressor: length u16, name (as --compressor spells it)
 //!           | secondary algorithms: count u8, then each as the compressor
 //!  store    (version 2) u8: 0 none, or 1 and: format u8 (0 page, 1 compressed, 2 packed)
 //!           | slots u64 | id [16] (the swap header's sws_uuid) | stamp [16]
-//!  records  index u64 | flags u64 (the slot's, lock and ac_time cleared) | age u32 (seconds
-//!           since last access) | kind u8: 1 same-filled (word u64), 2 stored (size u16,
-//!           then the object's bytes as the pool holds them), 3 on the store (its place:
-//!           first slot u48 and byte u16 in one u64, then size u16)
+//!  records  index u64 (of the slot: the unit) | flags u64 (the slot's, lock and ac_time
+//!           cleared) | age u32 (seconds since last access) | kind u8: 1 same-filled (word
+//!           u64), 2 stored (size, then the object's bytes as the pool holds them), 3 on
+//!           the store (its place: first slot u48 and byte u16 in one u64, then size);
+//!           a size is u16 (u32 in version 3: a 64 KiB unit stored raw is 65536 bytes)
 //!  end      index u64::MAX
 //!  units    (version 2, with a store) count u64, then each first slot u64 | live bytes u32
 //!  crc      CRC-32 (IEEE) of every byte before it, u32
 //! ```
+//!
+//! A device of page-sized units (the kernel's) writes version 2, byte for byte as before
+//! units; one of larger units writes version 3, which names its unit size: a state loads
+//! only into a device of the same unit size (versions 1 and 2 are of page-sized units).
 //!
 //! Pages written back stay on the backing store: the state names their places, and the
 //! units (packed segments, or blocks) that hold them with the live bytes writeback counts
@@ -84,12 +90,15 @@ use ztier_blockdev::BlockDevice;
 use crate::slot::Place;
 use crate::slot::{Content, Entry, SlotFlag, SlotOps};
 use crate::stats::Counter;
-use crate::writeback::{Backing, WbFormat};
+use crate::writeback::{whole_segment, Backing, WbFormat};
 use crate::{Busy, Device, Result, ZramError};
 pub use error::StateError;
 
 const MAGIC: &[u8; 8] = b"ZTIERST1";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// The version a device of page-sized units writes: the one before unit sizes, so its
+/// states stay what they were (and older builds read them).
+const PAGE_UNITS_VERSION: u32 = 2;
 const END: u64 = u64::MAX;
 const KIND_SAME: u8 = 1;
 const KIND_STORED: u8 = 2;
@@ -214,7 +223,6 @@ impl Device {
     /// a backing store, its header is stamped first, and written-back pages are saved by
     /// their place there.
     pub fn save_state(&self, out: &mut dyn Write) -> Result<StateSummary> {
-        self.check_page_units("a saved state")?;
         let io = |e: std::io::Error| bad_state(StateError::Write(e));
         let mut w = Summed {
             inner: out,
@@ -246,11 +254,17 @@ impl Device {
             .map(|e| now.saturating_sub(e.ac_time()))
             .max()
             .unwrap_or(0);
+        let units = self.unit_size != self.page_size;
+        let version = if units { VERSION } else { PAGE_UNITS_VERSION };
         w.write_all(MAGIC).map_err(io)?;
-        w.write_all(&VERSION.to_le_bytes()).map_err(io)?;
+        w.write_all(&version.to_le_bytes()).map_err(io)?;
         w.write_all(&(self.page_size as u32).to_le_bytes())
             .map_err(io)?;
         w.write_all(&self.pages().to_le_bytes()).map_err(io)?;
+        if units {
+            w.write_all(&(self.unit_size as u32).to_le_bytes())
+                .map_err(io)?;
+        }
         w.write_all(&oldest.to_le_bytes()).map_err(io)?;
         put_string(&mut w, &self.algorithm().to_string()).map_err(io)?;
         let secondary = self.recomp_algorithms();
@@ -267,8 +281,16 @@ impl Device {
             }
             _ => w.write_all(&[0]).map_err(io)?,
         }
+        // A size: u16 in the versions of page-sized units, u32 in version 3.
+        let put_size = |w: &mut Summed<&mut dyn Write>, size: usize| -> Result<()> {
+            if units {
+                w.write_all(&(size as u32).to_le_bytes()).map_err(io)
+            } else {
+                w.write_all(&(size as u16).to_le_bytes()).map_err(io)
+            }
+        };
         let mut summary = StateSummary::default();
-        let mut object = vec![0u8; self.page_size];
+        let mut object = vec![0u8; self.unit_size];
         // Per unit on the store: its live bytes as the pages saved count them, and a hold
         // that keeps it from being handed out again until the save ends.
         let mut units = BTreeMap::new();
@@ -308,7 +330,7 @@ impl Device {
                     self.pool.read(handle, &mut object[..e.size()])?;
                     drop(g);
                     record(&mut w, KIND_STORED)?;
-                    w.write_all(&(e.size() as u16).to_le_bytes()).map_err(io)?;
+                    put_size(&mut w, e.size())?;
                     w.write_all(&object[..e.size()]).map_err(io)?;
                 }
                 Content::WrittenBack(place) => {
@@ -322,11 +344,11 @@ impl Device {
                     drop(g);
                     record(&mut w, KIND_ON_STORE)?;
                     w.write_all(&place.raw().to_le_bytes()).map_err(io)?;
-                    w.write_all(&(e.size() as u16).to_le_bytes()).map_err(io)?;
-                    summary.from_backing_store += 1;
+                    put_size(&mut w, e.size())?;
+                    summary.from_backing_store += self.pages_per_unit();
                 }
             }
-            summary.pages += 1;
+            summary.pages += self.pages_per_unit();
         }
         w.write_all(&END.to_le_bytes()).map_err(io)?;
         if store.is_some() {
@@ -378,7 +400,6 @@ impl Device {
         input: &mut dyn Read,
         store: Option<(Arc<dyn BlockDevice>, WbFormat)>,
     ) -> Result<StateSummary> {
-        self.check_page_units("a saved state")?;
         if self
             .slots
             .iter()
@@ -408,7 +429,7 @@ impl Device {
             return Err(bad_state(StateError::NotAState));
         }
         let version = r.u32()?;
-        if version != 1 && version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(bad_state(StateError::Version { version }));
         }
         let (page_size, pages) = (r.u32()? as usize, r.u64()?);
@@ -420,6 +441,23 @@ impl Device {
                 device_page_size: self.page_size,
             }));
         }
+        // Versions before 3 are of page-sized units.
+        let unit_size = match version {
+            3.. => r.u32()? as usize,
+            _ => page_size,
+        };
+        if unit_size != self.unit_size {
+            return Err(bad_state(StateError::UnitSize {
+                state: unit_size,
+                device: self.unit_size,
+            }));
+        }
+        let size_of = |r: &mut Checked<&mut dyn Read>| -> Result<usize> {
+            Ok(match version {
+                3.. => r.u32()? as usize,
+                _ => r.u16()? as usize,
+            })
+        };
         let oldest = r.u32()?;
         let algorithm = r.string()?;
         if algorithm != self.algorithm().to_string() {
@@ -469,7 +507,7 @@ impl Device {
         self.set_age(Duration::from_secs(u64::from(oldest)));
         let now = self.now();
         let mut summary = StateSummary::default();
-        let mut object = vec![0u8; self.page_size];
+        let mut object = vec![0u8; self.unit_size];
         let mut last = None;
         // Pages on the store, installed once the store is checked.
         let mut on_store: Vec<(u64, Entry, Place)> = Vec::new();
@@ -478,7 +516,7 @@ impl Device {
             if index == END {
                 break;
             }
-            if index >= self.pages() || last.is_some_and(|l| index <= l) {
+            if index >= self.units() || last.is_some_and(|l| index <= l) {
                 return Err(bad_state(StateError::PageOutOfOrder { index }));
             }
             last = Some(index);
@@ -497,7 +535,7 @@ impl Device {
                     named: secondary.len(),
                 }));
             }
-            if e.has(SlotFlag::Huge) && e.size() != self.page_size {
+            if e.has(SlotFlag::Huge) && e.size() != self.unit_size {
                 return Err(bad_state(StateError::HugeNotWhole {
                     index,
                     size: e.size(),
@@ -512,8 +550,8 @@ impl Device {
                 }
                 KIND_SAME => e.set_same(r.u64()?),
                 KIND_STORED => {
-                    let size = r.u16()? as usize;
-                    if size == 0 || size > self.page_size || size != e.size() {
+                    let size = size_of(&mut r)?;
+                    if size == 0 || size > self.unit_size || size != e.size() {
                         return Err(bad_state(StateError::Size { index, size }));
                     }
                     r.bytes(&mut object[..size])?;
@@ -522,20 +560,20 @@ impl Device {
                 }
                 KIND_ON_STORE if saved_store.is_some() => {
                     let place = Place::from_raw(r.u64()?);
-                    let size = r.u16()? as usize;
-                    if size == 0 || size > self.page_size || size != e.size() {
+                    let size = size_of(&mut r)?;
+                    if size == 0 || size > self.unit_size || size != e.size() {
                         return Err(bad_state(StateError::Size { index, size }));
                     }
                     e.set_written_back(place, size);
                     on_store.push((index, e, place));
-                    summary.pages += 1;
-                    summary.from_backing_store += 1;
+                    summary.pages += self.pages_per_unit();
+                    summary.from_backing_store += self.pages_per_unit();
                     continue;
                 }
                 kind => return Err(bad_state(StateError::UnknownKind { index, kind })),
             }
             self.install(index, e);
-            summary.pages += 1;
+            summary.pages += self.pages_per_unit();
         }
         let mut units = Vec::new();
         if saved_store.is_some() {
@@ -571,7 +609,7 @@ impl Device {
             }
             // Nothing on a store: a store given is set up new.
             (_, Some((dev, format))) => {
-                let backing = Backing::new(dev, format)?;
+                let backing = Backing::new(dev, format)?.for_unit_size(self.unit_size);
                 *self.backing.write() = Some(Arc::new(backing));
             }
             _ => {}
@@ -607,7 +645,7 @@ impl Device {
                 given: slots,
             }));
         }
-        let backing = Backing::reopen(dev, format, units)?;
+        let backing = Backing::reopen(dev, format, self.unit_size, units)?;
         if backing.uuid() != saved.uuid {
             return Err(bad_state(StateError::StoreId {
                 store: backing.uuid(),
@@ -625,8 +663,15 @@ impl Device {
             live.insert(first, 0);
         }
         for (index, e, place) in pages {
-            let fits = place.at() + e.size() <= backing.unit_bytes()
-                && (format != WbFormat::Page || e.size() == self.page_size);
+            // A unit filling its packed segment keeps a check where the byte would be: it
+            // starts at 0.
+            let at = if whole_segment(format, e.size()) {
+                0
+            } else {
+                place.at()
+            };
+            let fits = at + e.size() <= backing.unit_bytes()
+                && (format != WbFormat::Page || e.size() == self.unit_size);
             match live.get_mut(&place.first()) {
                 Some(bytes) if fits => *bytes += e.size() as u64,
                 _ => {
@@ -658,19 +703,21 @@ impl Device {
         let counters = &mut shard.counters;
         let Ok(slot) = self.slot(index) else { return };
         let mut g = slot.lock();
+        // Counted in pages, as a write counts them: a unit is its pages.
+        let pages = self.pages_per_unit() as i64;
         match e.content() {
-            Content::Same(_) => counters.add(Counter::SamePages, 1),
+            Content::Same(_) => counters.add(Counter::SamePages, pages),
             Content::Stored(_) => {
                 counters.add(Counter::ComprDataSize, e.size() as i64);
                 if e.has(SlotFlag::Huge) {
-                    counters.add(Counter::HugePages, 1);
-                    counters.add(Counter::HugePagesSince, 1);
+                    counters.add(Counter::HugePages, pages);
+                    counters.add(Counter::HugePagesSince, pages);
                 }
             }
-            Content::WrittenBack(_) => counters.add(Counter::BdCount, 1),
+            Content::WrittenBack(_) => counters.add(Counter::BdCount, pages),
             Content::Empty => return,
         }
-        counters.add(Counter::PagesStored, 1);
+        counters.add(Counter::PagesStored, pages);
         g.entry = e;
     }
 }

@@ -73,6 +73,21 @@ pub(super) const SEGMENT_MAGIC: [u8; 8] = *b"ztierPK1";
 /// An object's checksum, after it.
 pub(super) const OBJECT_CRC: usize = 4;
 
+/// Whether an object of `size` bytes, in `format`, fills a packed segment by itself: a
+/// 64 KiB unit stored raw, which leaves no room for the segment's magic or a checksum
+/// after it. Such a segment holds the unit alone from byte 0, and the place's byte (0 for
+/// every such unit) holds its check instead ([`whole_check`]), so its reads are checked
+/// as every packed object's are (on 16 bits, not 32).
+pub(crate) fn whole_segment(format: WbFormat, size: usize) -> bool {
+    format == WbFormat::Packed && SEGMENT_MAGIC.len() + size + OBJECT_CRC > SEG_BYTES
+}
+
+/// The check a unit filling its segment keeps in its place: the low 16 bits of its
+/// CRC-32.
+pub(super) fn whole_check(object: &[u8]) -> usize {
+    (crc32fast::hash(object) & 0xffff) as usize
+}
+
 /// A place's byte must fit the handle word's field for it.
 const _: () = assert!(SEG_BYTES as u64 - 1 <= crate::slot::PLACE_AT_MAX);
 
@@ -106,9 +121,6 @@ impl Device {
     /// Sets the backing store (`backing_dev`). Refused while pages are written back to the
     /// current one.
     pub fn set_backing(&self, store: Option<Backing>) -> Result<()> {
-        if store.is_some() {
-            self.check_page_units("writeback")?;
-        }
         // The current store's gate first (before `backing`, as a writeback takes it): a
         // writeback on it in flight has pages it has not yet counted in `bd_count`, and
         // would commit them to a store the device no longer has; one that starts after
@@ -130,7 +142,8 @@ impl Device {
         if let Some(old) = b.as_ref() {
             old.quiesce();
         }
-        *b = store.map(Arc::new);
+        // Laid out for this device's units (a new store: nothing is on it yet).
+        *b = store.map(|s| Arc::new(s.for_unit_size(self.unit_size)));
         Ok(())
     }
 

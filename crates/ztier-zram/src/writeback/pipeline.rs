@@ -19,7 +19,10 @@ use serde::Serialize;
 use ztier_swap::SLOT_BYTES;
 
 use super::store::Backing;
-use super::{same_store, WbFormat, OBJECT_CRC, SEGMENT_MAGIC, SEG_BYTES, SEG_ORDER};
+use super::{
+    same_store, whole_check, whole_segment, WbFormat, OBJECT_CRC, SEGMENT_MAGIC, SEG_BYTES,
+    SEG_SLOTS,
+};
 use crate::slot::{Content, Entry, PageSelector, Place, SlotFlag, SlotOps};
 use crate::stats::Counter;
 use crate::{Busy, Device, Result, ZramError};
@@ -62,11 +65,12 @@ struct Batch {
 }
 
 impl Batch {
-    /// An empty batch for a unit of `format`: a packed segment starts with its magic.
-    fn new(format: WbFormat, page_size: usize) -> Batch {
+    /// An empty batch for a unit of `format` on the store, for the device's units of
+    /// `unit_size`: a packed segment starts with its magic.
+    fn new(format: WbFormat, unit_size: usize) -> Batch {
         let bytes = match format {
             WbFormat::Packed => SEG_BYTES,
-            _ => page_size,
+            _ => unit_size,
         };
         let mut b = Batch {
             pages: Vec::new(),
@@ -88,13 +92,24 @@ impl Batch {
         }
     }
 
+    /// A packed segment holding one unit stored raw that fills it (a 64 KiB unit): no
+    /// magic, no checksum after it (see [`whole_segment`]).
+    fn whole_segment(pending: Pending, object: &[u8]) -> Batch {
+        Batch {
+            pages: vec![pending],
+            buf: object.to_vec(),
+            used: object.len(),
+        }
+    }
+
     /// The store's blocks its bytes take.
     fn blocks(&self) -> u64 {
         self.used.div_ceil(SLOT_BYTES as usize) as u64
     }
 }
 
-/// A page copied out for a writeback, not yet committed.
+/// A page (a unit, on a device of larger units) copied out for a writeback, not yet
+/// committed.
 struct Pending {
     index: u64,
     /// The slot as collected: committed only if it still holds the same object.
@@ -106,7 +121,10 @@ struct Pending {
 
 impl Device {
     /// `echo MODE > writeback`: writes matching pages of `range` (default all) to the backing
-    /// store, at most `max_pages` of them.
+    /// store, at most `max_pages` of them. On a device of larger units a unit goes whole
+    /// (its compressed object, or in the page format all of it): the units `range` touches
+    /// are taken, and one is taken while fewer than `max_pages` pages are; the result
+    /// counts pages (a unit's pages each).
     pub fn writeback(
         &self,
         mode: PageSelector,
@@ -131,12 +149,15 @@ impl Device {
                 pages: self.pages(),
             });
         }
+        // Slots from here on: the units the pages of `range` are in.
+        let ppu = self.pages_per_unit();
+        let range = range.start / ppu..range.end.div_ceil(ppu);
         let mut done = WbResult::default();
         // Full batches waiting to go out together, and the one being filled.
         let mut group: Vec<Batch> = Vec::new();
-        let new_batch = || Batch::new(store.format, self.page_size);
+        let new_batch = || Batch::new(store.format, self.unit_size);
         let mut batch = new_batch();
-        let mut page = vec![0u8; self.page_size];
+        let mut page = vec![0u8; self.unit_size];
         let mut index = range.start;
         // Only the slots on table pages ever written can hold a page to take.
         let mut written = self.written_slots(range.clone());
@@ -162,7 +183,7 @@ impl Device {
         let r = loop {
             index = written.seek(index).unwrap_or(range.end);
             let queued = group.iter().map(|b| b.pages.len() as u64).sum::<u64>();
-            let taken = done.pages + done.failed_pages + queued + batch.pages.len() as u64;
+            let taken = done.pages + done.failed_pages + (queued + batch.pages.len() as u64) * ppu;
             let full = index >= range.end || max_pages.is_some_and(|m| taken >= m);
             if full {
                 group.push(std::mem::replace(&mut batch, new_batch()));
@@ -183,13 +204,30 @@ impl Device {
                 }
             };
             let queued_blocks = group.iter().map(Batch::blocks).sum::<u64>();
+            let whole = whole_segment(store.format, p.size);
             let adds = Batch::room_for(store.format, p.size);
-            let blocks = queued_blocks + (batch.used + adds).div_ceil(SLOT_BYTES as usize) as u64;
+            let blocks = if whole {
+                queued_blocks + batch.blocks() + SEG_SLOTS
+            } else {
+                queued_blocks + (batch.used + adds).div_ceil(SLOT_BYTES as usize) as u64
+            };
             if self.writeback_limit().is_some_and(|left| blocks > left) {
                 // The limit has no room for this page: write what fits, then stop.
                 self.uncollect(&p);
                 group.push(std::mem::replace(&mut batch, new_batch()));
                 break send(&mut group, &mut done).and(Err(ZramError::WritebackLimit));
+            }
+            if whole {
+                // A segment of its own, after the one being filled.
+                group.push(std::mem::replace(&mut batch, new_batch()));
+                group.push(Batch::whole_segment(p, &page[..SEG_BYTES]));
+                index += 1;
+                if group.len() >= WB_IN_FLIGHT {
+                    if let Err(e) = send(&mut group, &mut done) {
+                        break Err(e);
+                    }
+                }
+                continue;
             }
             let room = match store.format {
                 WbFormat::Packed => batch.used + adds <= SEG_BYTES,
@@ -200,7 +238,7 @@ impl Device {
                 // and write the group once it is full.
                 self.uncollect(&p);
                 group.push(std::mem::replace(&mut batch, new_batch()));
-                if group.len() == WB_IN_FLIGHT {
+                if group.len() >= WB_IN_FLIGHT {
                     if let Err(e) = send(&mut group, &mut done) {
                         break Err(e);
                     }
@@ -241,7 +279,8 @@ impl Device {
     }
 
     /// Marks slot `index` `UNDER_WB` and copies its bytes into `page` (the object, or the
-    /// whole page decompressed for [`WbFormat::Page`]), if writeback of `mode` takes it.
+    /// whole page or unit decompressed for [`WbFormat::Page`]), if writeback of `mode`
+    /// takes it.
     fn collect(
         &self,
         index: u64,
@@ -317,11 +356,8 @@ impl Device {
         if group.is_empty() {
             return Ok(());
         }
-        let order = if store.format == WbFormat::Packed {
-            SEG_ORDER
-        } else {
-            0
-        };
+        // A packed segment, a block, or a unit's run of blocks.
+        let order = store.unit_order();
         // The store changes now: a state saved before no longer describes it.
         let mut refused = store.unmark().err();
         let mut placed: Vec<(u64, Batch)> = Vec::new();
@@ -346,8 +382,9 @@ impl Device {
             // Refused by the store (full, or its header not written), not by the limit:
             // these pages failed to go out.
             if !matches!(refused, Some(ZramError::WritebackLimit)) {
-                store.failed.fetch_add(b.pages.len() as u64, Relaxed);
-                done.failed_pages += b.pages.len() as u64;
+                let pages = b.pages.len() as u64 * self.pages_per_unit();
+                store.failed.fetch_add(pages, Relaxed);
+                done.failed_pages += pages;
             }
             for p in b.pages.drain(..) {
                 self.uncollect(&p);
@@ -355,7 +392,8 @@ impl Device {
         }
         let writes: Vec<(u64, &[u8])> = placed.iter().map(|(f, b)| (*f, &b.buf[..])).collect();
         if let Err(e) = store.places.write_runs(&writes) {
-            let pages: u64 = placed.iter().map(|(_, b)| b.pages.len() as u64).sum();
+            let units: u64 = placed.iter().map(|(_, b)| b.pages.len() as u64).sum();
+            let pages = units * self.pages_per_unit();
             store.failed.fetch_add(pages, Relaxed);
             done.failed_pages += pages;
             // The limit blocks these batches took go back: nothing of them was written.
@@ -396,6 +434,8 @@ impl Device {
         store.hold_bytes(first, 1);
         let mut shard = self.shard();
         shard.counters.add(Counter::BdWrites, blocks as i64);
+        // Counted in pages (`bd_count` is the kernel's): a unit is its pages.
+        let pages = self.pages_per_unit();
         let mut committed = 0;
         for p in batch.pages.drain(..) {
             let slot = self.slot(p.index)?;
@@ -409,23 +449,29 @@ impl Device {
                 g.entry.has(SlotFlag::Idle),
             );
             let stored = if store.format == WbFormat::Page {
-                self.page_size
+                self.unit_size
             } else {
                 p.size
             };
+            // A segment's byte; for a unit filling its segment, its check instead.
+            let at = if whole_segment(store.format, stored) {
+                whole_check(&batch.buf[..stored])
+            } else {
+                p.at
+            };
             self.free_slot(&mut shard.counters, p.index, &mut g.entry);
             let mut e = Entry::default();
-            e.set_written_back(Place::new(first, p.at), stored);
-            e.set(SlotFlag::Huge, stored == self.page_size);
+            e.set_written_back(Place::new(first, at), stored);
+            e.set(SlotFlag::Huge, stored == self.unit_size);
             e.set(SlotFlag::Idle, idle);
-            e.set_priority(if stored == self.page_size { 0 } else { prio });
+            e.set_priority(if stored == self.unit_size { 0 } else { prio });
             e.set_ac_time(ac_time);
             g.entry = e;
-            shard.counters.add(Counter::PagesStored, 1);
-            shard.counters.add(Counter::BdCount, 1);
+            shard.counters.add(Counter::PagesStored, pages as i64);
+            shard.counters.add(Counter::BdCount, pages as i64);
             store.bytes_stored.fetch_add(stored as u64, Relaxed);
             store.hold_bytes(first, stored);
-            committed += 1;
+            committed += pages;
         }
         drop(shard);
         // The commit's hold: with no page committed, the place goes back now.

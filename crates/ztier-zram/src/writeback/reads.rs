@@ -10,8 +10,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::cache::{Claim, Taken, READAHEAD};
+use super::store::Backing;
 use super::store::Pin;
-use super::{WbFormat, OBJECT_CRC, SEGMENT_MAGIC};
+use super::{whole_check, whole_segment, WbFormat, OBJECT_CRC, SEGMENT_MAGIC};
 use crate::slot::{Content, Entry, Place, SlotOps};
 use crate::stats::{Counter, Counters};
 use crate::{Device, Result, ZramError};
@@ -45,29 +46,36 @@ impl Device {
         // Packed segments count their own reads (`Backing::segment_reads`).
         let (object, store_reads): (&[u8], u64) = if store.format == WbFormat::Packed {
             segment = store.segment(place.first()).map_err(ZramError::Backing)?;
-            let object = segment
-                .get(place.at()..place.at() + size)
-                .ok_or(ZramError::BadPlace {
+            if whole_segment(store.format, size) {
+                // A unit filling its segment: checked against its place's check.
+                let object = segment.get(..size).ok_or(ZramError::BadPlace {
                     index,
                     first: place.first(),
-                    at: place.at(),
+                    at: 0,
                     size,
                 })?;
-            if segment.starts_with(&SEGMENT_MAGIC) {
-                let stored = segment.get(place.at() + size..place.at() + size + OBJECT_CRC);
-                if stored != Some(&crc32fast::hash(object).to_le_bytes()[..]) {
-                    store.corrupt.fetch_add(1, Relaxed);
-                    let e = ZramError::Corrupt {
-                        index,
-                        first: place.first(),
-                        at: place.at(),
-                        size,
-                    };
-                    self.log(&format!("{e}; the read fails with EIO"));
-                    return Err(e);
+                if whole_check(object) != place.at() {
+                    return Err(self.corrupt_copy(&store, index, place, size));
                 }
+                (object, 0)
+            } else {
+                let object =
+                    segment
+                        .get(place.at()..place.at() + size)
+                        .ok_or(ZramError::BadPlace {
+                            index,
+                            first: place.first(),
+                            at: place.at(),
+                            size,
+                        })?;
+                if segment.starts_with(&SEGMENT_MAGIC) {
+                    let stored = segment.get(place.at() + size..place.at() + size + OBJECT_CRC);
+                    if stored != Some(&crc32fast::hash(object).to_le_bytes()[..]) {
+                        return Err(self.corrupt_copy(&store, index, place, size));
+                    }
+                }
+                (object, 0)
             }
-            (object, 0)
         } else {
             let mut bytes = vec![0u8; size];
             store.read(place, &mut bytes).map_err(ZramError::Backing)?;
@@ -76,7 +84,7 @@ impl Device {
         };
         let mut shard = self.shard();
         shard.counters.add(Counter::BdReads, store_reads as i64);
-        if size == self.page_size {
+        if size == self.unit_size {
             out.copy_from_slice(object);
         } else {
             let decoded = self
@@ -130,11 +138,24 @@ impl Device {
         drop(pins);
     }
 
+    /// A written-back copy that failed its check: counted, logged, and the read's error.
+    fn corrupt_copy(&self, store: &Backing, index: u64, place: Place, size: usize) -> ZramError {
+        store.corrupt.fetch_add(1, Relaxed);
+        let e = ZramError::Corrupt {
+            index,
+            first: place.first(),
+            at: place.at(),
+            size,
+        };
+        self.log(&format!("{e}; the read fails with EIO"));
+        e
+    }
+
     /// Gives back the place of a written-back slot being freed (under its lock).
     pub(crate) fn release_written_back(&self, counters: &mut Counters, place: Place, size: usize) {
         if let Some(store) = self.backing.read().as_ref() {
             store.release(place, size);
         }
-        counters.add(Counter::BdCount, -1);
+        counters.add(Counter::BdCount, -(self.pages_per_unit() as i64));
     }
 }

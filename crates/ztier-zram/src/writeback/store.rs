@@ -22,7 +22,7 @@ use ztier_blockdev::BlockDevice;
 use ztier_swap::{SwapError, SLOT_BYTES};
 
 use super::cache::{Ahead, AheadThreads, SegmentCache};
-use super::{WbFormat, SEG_ORDER, SEG_SLOTS, SWAP_UUID_AT};
+use super::{WbFormat, SEG_SLOTS, SWAP_UUID_AT};
 use crate::slot::Place;
 use crate::stats::{Counter, Counters};
 use crate::{Result, StateError, ZramError};
@@ -76,7 +76,9 @@ pub struct Backing {
     pub(super) store: Arc<dyn BlockDevice>,
     pub(super) places: ztier_swap::Device,
     pub(super) format: WbFormat,
-    /// Slots per unit of `live`: a segment's (packed) or one block's (the kernel's formats).
+    /// Slots per unit of `live`: a segment's (packed), or, in the kernel's formats, one
+    /// block's, or a device unit's blocks on a device of larger units (each unit written
+    /// back to an aligned run of them: [`Backing::for_unit_size`]).
     pub(super) unit_slots: u64,
     /// Per unit, by first slot / `unit_slots`: the live bytes of the objects in it, plus one
     /// for each hold (a batch being committed, a read in flight). The unit goes back to the
@@ -179,6 +181,17 @@ fn unit_slots_of(format: WbFormat) -> u64 {
     }
 }
 
+/// The slots of a unit of `format` on the store of a device of `unit_size` units: a packed
+/// segment's, or in the kernel's formats the device unit's blocks (one, for pages).
+fn unit_slots_for(format: WbFormat, unit_size: usize) -> u64 {
+    match format {
+        WbFormat::Packed => SEG_SLOTS,
+        WbFormat::Page | WbFormat::Compressed => {
+            (unit_size as u64 / SLOT_BYTES).max(unit_slots_of(format))
+        }
+    }
+}
+
 impl Backing {
     /// A store on `dev` (its first 4 KiB hold the allocator's header), formatted: whatever
     /// it held is forgotten.
@@ -197,13 +210,10 @@ impl Backing {
     pub(crate) fn reopen(
         dev: Arc<dyn BlockDevice>,
         format: WbFormat,
+        unit_size: usize,
         units: &[(u64, u32)],
     ) -> Result<Backing> {
-        let order = if format == WbFormat::Packed {
-            SEG_ORDER
-        } else {
-            0
-        };
+        let order = unit_slots_for(format, unit_size).trailing_zeros();
         let runs: Vec<(u64, u32)> = units.iter().map(|&(first, _)| (first, order)).collect();
         // Weighed before the allocator's map is made, as for a new store.
         let live = live_counts(dev.size(), format)?;
@@ -214,7 +224,7 @@ impl Backing {
                     e => StateError::StoreReopen(e),
                 }
             })?;
-        let store = Backing::over(dev, places, format, live, true);
+        let store = Backing::over(dev, places, format, live, true).for_unit_size(unit_size);
         for &(first, live) in units {
             store.live_of(first).store(live, Relaxed);
         }
@@ -251,6 +261,23 @@ impl Backing {
             failed: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
         }
+    }
+
+    /// The store as a device of `unit_size` units writes back to it: in the kernel's
+    /// formats each unit goes to an aligned run of `unit_size / 4 KiB` blocks (an order-n
+    /// allocation, as the swap allocator hands out a large folio's slots), so a unit's
+    /// live count and its return to the allocator are the run's; a packed segment (64 KiB)
+    /// holds units as it holds pages. For a store no unit was written back to yet (a new
+    /// one, or one being reopened): its live counts, made for single blocks, index runs as
+    /// well (more counts than runs, and the OS gives memory only to those used).
+    pub(crate) fn for_unit_size(mut self, unit_size: usize) -> Backing {
+        self.unit_slots = unit_slots_for(self.format, unit_size);
+        self
+    }
+
+    /// The allocation order of a unit of `live` (a run of `unit_slots` slots).
+    pub(super) fn unit_order(&self) -> u32 {
+        self.unit_slots.trailing_zeros()
     }
 
     /// Counts `bytes` of live objects a reloaded state put back on the store.
