@@ -19,6 +19,25 @@ pub enum CliError {
     /// A corpus that cannot be read, or is not one.
     #[error("the corpus {cause}: {}", corpus_remedy(cause))]
     Corpus { cause: CorpusError },
+    /// A Unix socket whose directory is not there.
+    #[error(
+        "{flag} {}: the directory {} does not exist: make it (mkdir -p {}), or pass {flag} a \
+         path in one that does",
+        path.display(), dir.display(), dir.display()
+    )]
+    SocketDirMissing {
+        path: PathBuf,
+        dir: PathBuf,
+        flag: &'static str,
+    },
+    /// A `--config` file that is not there.
+    #[error(
+        "--config {}: no such file: write one (the package's example: \
+         /usr/share/doc/ztier/examples/host.toml; in the source tree, \
+         contrib/systemd/host.toml), or pass --config another path",
+        path.display()
+    )]
+    ConfigMissing { path: PathBuf },
     /// A Unix socket a live server answers on.
     #[error("{} is in use: a server {how}: stop it, or pass {flag} another path", path.display())]
     SocketInUse {

@@ -196,6 +196,24 @@ fn a_host_flag_on_a_server_of_one_device() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A socket in a directory that is not there (`/run/ztier` before the unit made it), and a
+/// config file that is not there: each says what is missing and how to make it.
+#[test]
+fn a_socket_directory_or_a_config_that_is_missing() {
+    let dir = temp_dir("errors-missing-dir");
+    let socket = dir.join("no-such-dir").join("vm1.nbd");
+    refused(
+        &mut run(&["serve", "--size", "16M", "--socket", s(&socket)]),
+        &["--socket", "does not exist", "mkdir -p", "no-such-dir"],
+    );
+    let config = dir.join("host.toml");
+    refused(
+        &mut run(&["serve", "--config", s(&config)]),
+        &["--config", "no such file", "examples/host.toml"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_size_not_a_whole_number_of_pages() {
     let dir = temp_dir("errors-size");

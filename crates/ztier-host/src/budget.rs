@@ -178,13 +178,19 @@ pub(crate) fn keep_under(
         return used();
     }
     tick.over_target_ticks += 1;
+    // Devices whose store took nothing this tick and failed (full, or at the device's
+    // `store_limit`): asked no more until the next tick, and counted as having nothing to
+    // give, so the protected pages of the others are taken rather than none.
+    let mut refused: Vec<&str> = Vec::new();
     // Protected first; then, if every device is at or under its protection and the sum is
     // still over, unprotected.
     for protected in [true, false] {
         if !protected {
             let all_down = devices.iter().all(|d| {
                 let mm = d.device().mm_stat();
-                mm.mem_used_total <= d.mem_low() || stored_pages(d) == 0
+                mm.mem_used_total <= d.mem_low()
+                    || stored_pages(d) == 0
+                    || refused.contains(&d.name())
             });
             if !all_down {
                 break;
@@ -198,7 +204,7 @@ pub(crate) fn keep_under(
             // The device with the most above its protection first.
             let mut order: Vec<(u64, &Arc<HostDevice>)> = devices
                 .iter()
-                .filter(|d| d.device().backing().is_some())
+                .filter(|d| d.device().backing().is_some() && !refused.contains(&d.name()))
                 .map(|d| {
                     let total = d.device().mm_stat().mem_used_total;
                     let floor = if protected { d.mem_low() } else { 0 };
@@ -231,6 +237,16 @@ pub(crate) fn keep_under(
                             .device()
                             .writeback(PageSelector::OlderThan(age), None, Some(want))
                         {
+                            Ok(r) if r.pages == 0 && r.failed_pages > 0 => {
+                                tick.errors += 1;
+                                tick.last_error = Some(format!(
+                                    "{}: its store took none of {} pages",
+                                    d.name(),
+                                    r.failed_pages
+                                ));
+                                refused.push(d.name());
+                                0
+                            }
                             Ok(r) => {
                                 tick.written_back_pages += r.pages;
                                 tick.bytes_written += r.bytes_written;
@@ -246,6 +262,7 @@ pub(crate) fn keep_under(
                             Err(e) => {
                                 tick.errors += 1;
                                 tick.last_error = Some(format!("{}: {e}", d.name()));
+                                refused.push(d.name());
                                 0
                             }
                         };

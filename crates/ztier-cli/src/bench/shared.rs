@@ -155,16 +155,26 @@ pub fn print_epoch_row(
     println!("{row}");
 }
 
-/// The bundled sample: next to the working directory, or in the source tree.
+/// Where the Debian package installs the bundled sample.
+const INSTALLED_SAMPLE: &str = "/usr/share/ztier/samples/sample.pages.zst";
+
+/// The bundled sample: next to the working directory, where the package installs it, or in
+/// the source tree this binary was built from.
 pub fn default_corpus() -> anyhow::Result<PathBuf> {
     let candidates = [
         PathBuf::from("samples/sample.pages.zst"),
+        PathBuf::from(INSTALLED_SAMPLE),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/sample.pages.zst"),
     ];
     candidates
         .into_iter()
         .find(|p| p.is_file())
-        .context("no --corpus given and the bundled samples/sample.pages.zst is not here")
+        .with_context(|| {
+            format!(
+                "no --corpus given and the bundled sample is not here (samples/sample.pages.zst, \
+             {INSTALLED_SAMPLE}): pass --corpus a corpus `ztier capture` wrote"
+            )
+        })
 }
 
 /// One row of a comparison with the kernel: ztier's figure, the kernel's, the difference.

@@ -90,8 +90,12 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
     let h = &args.host;
     let file: ConfigFile = match &h.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading --config {}", path.display()))?;
+            let text = match std::fs::read_to_string(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(CliError::ConfigMissing { path: path.clone() }.into())
+                }
+                read => read.with_context(|| format!("reading --config {}", path.display()))?,
+            };
             toml::from_str(&text).map_err(|e| CliError::config(path, &text, &e))?
         }
         None => ConfigFile::default(),

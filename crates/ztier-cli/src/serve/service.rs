@@ -131,7 +131,18 @@ pub(super) fn bind_private(
     let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
     let bound = UnixListener::bind(path);
     rustix::process::umask(old);
-    let l = bound.with_context(|| format!("binding {}", path.display()))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let l = match (bound, dir) {
+        (Err(e), Some(dir)) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => {
+            return Err(CliError::SocketDirMissing {
+                path: path.to_owned(),
+                dir: dir.to_owned(),
+                flag,
+            }
+            .into())
+        }
+        (bound, _) => bound.with_context(|| format!("binding {}", path.display()))?,
+    };
     files.add_socket(path.to_owned());
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting {}'s mode to {mode:o}", path.display()))?;
