@@ -204,3 +204,56 @@ fn a_devices_store_limit_is_its_own() {
     drop(host);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A device at its `store_limit` has nothing more the budget can take: the budget asks it
+/// once a tick and counts it as down, so a protected neighbour gives way instead of none
+/// (the capped device alone may keep the host over its target: its limit says so).
+#[test]
+fn a_device_at_its_store_limit_lets_the_budget_take_from_the_others() {
+    let dir = dir("limit-budget");
+    let store = store_over(&dir.join("store"));
+    let host = Host::new(HostConfig {
+        target: Some(1 << 20),
+        interval: Some(std::time::Duration::from_secs(3600)),
+        shared_store: Some(store),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let capped: DeviceSpec = "capped,size=16M,compressor=lz4,store_limit=1M"
+        .parse()
+        .unwrap();
+    let capped = host.create(capped).unwrap();
+    let guarded: DeviceSpec = "guarded,size=16M,compressor=lz4,mem_low=4M"
+        .parse()
+        .unwrap();
+    let guarded = host.create(guarded).unwrap();
+    for i in 0..PAGES {
+        for (d, seed) in [(&capped, 5u64), (&guarded, 6)] {
+            d.block_device()
+                .write_at(i * 4096, &pattern(seed << 32 | i, 4096), false)
+                .unwrap();
+        }
+    }
+    let (_, first) = host.keep_under_target().unwrap();
+    let (used, tick) = host.keep_under_target().unwrap();
+    let (held, _) = capped.shared_store_use().unwrap();
+    assert!(held <= 1 << 20, "{held} bytes past the limit");
+    assert!(
+        first.protected_pages_taken + tick.protected_pages_taken > 0,
+        "the protected device gave way: {first:?} {tick:?}"
+    );
+    // The capped device alone holds more than the target: the guarded one gave all it had.
+    let guarded_left = guarded.device().mm_stat().mem_used_total;
+    assert!(
+        guarded_left <= 256 << 10,
+        "{guarded_left} bytes left on the guarded device"
+    );
+    assert!(guarded.budget_written_back_pages() >= PAGES - 64);
+    assert!(used <= capped.device().mm_stat().mem_used_total + guarded_left);
+    let why = first.last_error.or(tick.last_error).unwrap_or_default();
+    assert!(why.starts_with("capped"), "{why}");
+    check(&host, "capped", 5);
+    check(&host, "guarded", 6);
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}
