@@ -103,9 +103,10 @@ pub struct ServeArgs {
     /// 20 bytes; /sys/block/vdX/serial in a Linux guest).
     #[arg(long, default_value = "ztier")]
     pub serial: String,
-    /// Connections served at once; one more is turned away.
-    #[arg(long, default_value_t = 16)]
-    pub max_connections: usize,
+    /// Connections served at once; one more is turned away. Default: 16 for one device,
+    /// 1024 for a host of devices (its guests together; `max_connections` in --config).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// No log line per connection.
     #[arg(long)]
     pub quiet: bool,
@@ -242,6 +243,9 @@ fn server_tls(args: &ServeArgs) -> anyhow::Result<ztier_nbd::ServerTls> {
         .with_context(|| format!("loading TLS certificates from {}", dir.display()))
 }
 
+/// Connections a server of one device serves at once unless told.
+const ONE_DEVICE_CONNECTIONS: usize = 16;
+
 /// NBD's settings, from the flags (`description`: what the export is, for the default
 /// export; a host's exports each say their own).
 fn nbd_config(args: &ServeArgs, description: String) -> anyhow::Result<ServerConfig> {
@@ -249,7 +253,10 @@ fn nbd_config(args: &ServeArgs, description: String) -> anyhow::Result<ServerCon
         export_name: args.export_name.clone(),
         description: Some(description),
         read_only: args.read_only,
-        max_connections: args.max_connections.max(1),
+        max_connections: args
+            .max_connections
+            .unwrap_or(ONE_DEVICE_CONNECTIONS)
+            .max(1),
         min_block: 512,
         log: !args.quiet,
         handshake_limit: args.handshake_limit,

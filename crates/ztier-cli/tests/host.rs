@@ -395,6 +395,47 @@ fn a_shared_nbd_store_that_goes_away_is_found_again_by_its_label() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A host serves its guests together: more than a one-device server's 16 connections at
+/// once by default, and as many as `max_connections` in its config says.
+#[test]
+fn a_host_serves_more_guests_than_one_device_does() {
+    let dir = temp_dir("host-connections");
+    let nbd = dir.join("nbd.sock");
+    let log = dir.join("log");
+    let server = serve(
+        &["--device", "vm1,size=8M", "--socket", nbd.to_str().unwrap()],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let held: Vec<_> = (0..24)
+        .map(|i| export(&nbd, "vm1").unwrap_or_else(|e| panic!("connection {i}: {e}")))
+        .collect();
+    drop(held);
+    server.stop();
+    let config = dir.join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\nsocket = \"{}\"\nmax_connections = 2\n\n[[device]]\nname = \"vm1\"\nsize = \"8M\"\n",
+            nbd.display()
+        ),
+    )
+    .unwrap();
+    let server = serve(
+        &["--config", config.to_str().unwrap()],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let two = [export(&nbd, "vm1").unwrap(), export(&nbd, "vm1").unwrap()];
+    assert!(
+        export(&nbd, "vm1").is_err(),
+        "a third connection past max_connections = 2"
+    );
+    drop(two);
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A config file says what the flags say; a key it does not know is refused by name.
 #[test]
 fn a_config_file_makes_the_host() {

@@ -37,7 +37,12 @@ struct HostTable {
     listen: Option<String>,
     control: Option<PathBuf>,
     metrics: Option<String>,
+    max_connections: Option<usize>,
 }
+
+/// Connections a host of devices serves at once unless told: its guests together, each
+/// usually one NBD connection (a VMM's swap disk), some a few.
+const HOST_CONNECTIONS: usize = 1024;
 
 /// A TOML value as the word a flag would be (`"64G"`, `65536`, `true`).
 fn word(key: &str, v: &toml::Value) -> anyhow::Result<Vec<String>> {
@@ -149,6 +154,12 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         merged.listen = file.host.listen;
     }
     merged.control = merged.control.or(file.host.control);
+    merged.max_connections = Some(
+        merged
+            .max_connections
+            .or(file.host.max_connections)
+            .unwrap_or(HOST_CONNECTIONS),
+    );
     Ok(Settings {
         specs,
         host,

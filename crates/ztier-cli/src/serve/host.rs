@@ -46,7 +46,7 @@ pub struct HostArgs {
     pub devices: Vec<DeviceSpec>,
     /// The host's devices and settings in a TOML file: a `[host]` table (target, limit,
     /// interval, state_dir, store_dir, shared_store, shared_store_size, vhost_user_dir, socket,
-    /// listen, control, metrics)
+    /// listen, control, metrics, max_connections)
     /// and a `[[device]]` table per device (the keys of --device). Flags win over it.
     #[arg(long, value_name = "FILE", conflicts_with_all = HOST_ONLY)]
     pub config: Option<PathBuf>,
