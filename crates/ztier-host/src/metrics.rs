@@ -66,6 +66,22 @@ impl Scrape {
             .register(name, help.trim_end_matches('.'), family);
     }
 
+    /// A gauge of the host's, with no labels (no `{}` after its name).
+    fn host_gauge(&mut self, name: &str, help: &str, value: u64) {
+        let gauge = Gauge::<u64, AtomicU64>::default();
+        gauge.set(value);
+        self.registry
+            .register(name, help.trim_end_matches('.'), gauge);
+    }
+
+    /// A counter of the host's, with no labels.
+    fn host_counter(&mut self, name: &str, help: &str, value: u64) {
+        let counter = Counter::<u64, AtomicU64>::default();
+        counter.inc_by(value);
+        self.registry
+            .register(name, help.trim_end_matches('.'), counter);
+    }
+
     /// A gauge of a fraction (a `_ratio`).
     fn gauge_f64(
         &mut self,
@@ -147,6 +163,11 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
         devices
             .iter()
             .map(|d| (device(d.name()), d.device().metadata_bytes())),
+    );
+    s.gauge(
+        "device_mem_low_bytes",
+        "The device's protection: the budget takes none of its pool below this while another device is above its own; 0: none.",
+        devices.iter().map(|d| (device(d.name()), d.mem_low())),
     );
     s.gauge(
         "device_shared_store_bytes",
@@ -343,48 +364,75 @@ pub fn exposition(host: &Host, fronts: &[FrontFigures]) -> String {
             .iter()
             .filter_map(|f| Some((front(f), f.bytes_written?))),
     );
-    let host_labels = || Vec::<(&'static str, String)>::new();
-    s.gauge(
+    s.host_gauge(
         "host_devices",
         "Devices the host serves.",
-        [(host_labels(), devices.len() as u64)],
+        devices.len() as u64,
     );
-    s.gauge(
+    s.host_gauge(
         "host_mem_used_bytes",
         "Memory every device's pool holds, summed (the host's limit and target count this).",
-        [(host_labels(), host.group().used_bytes())],
+        host.group().used_bytes(),
     );
-    s.gauge(
+    s.host_gauge(
         "host_mem_limit_bytes",
         "The host's limit: no write takes the sum past it; 0: none.",
-        [(host_labels(), host.group().limit_bytes())],
+        host.group().limit_bytes(),
     );
-    s.gauge(
+    s.host_gauge(
         "host_mem_target_bytes",
         "The host's target the budget keeps the sum under; 0: none.",
-        [(host_labels(), host.config().target.unwrap_or(0))],
+        host.config().target.unwrap_or(0),
     );
     let budget = host.budget_stats().unwrap_or_default();
-    s.counter(
+    s.host_counter(
         "host_budget_written_back_pages",
         "Pages the host's budget wrote back, over every device.",
-        [(host_labels(), budget.written_back_pages)],
+        budget.written_back_pages,
     );
-    s.counter(
+    s.host_counter(
         "host_budget_protected_pages_taken",
         "Pages the budget took from under a device's protection (every device was down to its own).",
-        [(host_labels(), budget.protected_pages_taken)],
+        budget.protected_pages_taken,
     );
-    s.counter(
+    s.host_counter(
         "host_budget_ticks",
         "Times the host's budget looked at its target.",
-        [(host_labels(), budget.ticks)],
+        budget.ticks,
     );
-    s.counter(
+    s.host_counter(
         "host_budget_errors",
         "Errors of the host's budget.",
-        [(host_labels(), budget.errors)],
+        budget.errors,
     );
+    s.host_counter(
+        "host_budget_over_target_ticks",
+        "Times the budget found the pools together over the target.",
+        budget.over_target_ticks,
+    );
+    s.host_counter(
+        "host_budget_written_bytes",
+        "Bytes the host's budget wrote to the stores.",
+        budget.bytes_written,
+    );
+    s.host_counter(
+        "host_budget_busy_seconds",
+        "Time the host's budget spent working.",
+        budget.busy_ms / 1000,
+    );
+    if let Some(store) = &host.config().shared_store {
+        let extent = store.extent_size();
+        s.host_gauge(
+            "host_shared_store_bytes",
+            "The shared store's extents, every volume's and free (the label's included).",
+            store.extents() * extent,
+        );
+        s.host_gauge(
+            "host_shared_store_free_bytes",
+            "The shared store's extents no device holds.",
+            store.free_extents() * extent,
+        );
+    }
     let mut text = String::new();
     // Writing to a String cannot fail; the encoder's own errors are for labels it cannot
     // write, and these are plain strings.

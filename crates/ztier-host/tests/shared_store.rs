@@ -178,6 +178,19 @@ fn a_devices_store_limit_is_its_own() {
     fill_and_write_back(&host, "free", 2);
     check(&host, "capped", 1);
     check(&host, "free", 2);
+    let metrics = ztier_host::metrics::exposition(&host, &[]);
+    for line in [
+        "ztier_device_shared_store_limit_bytes{device=\"capped\"} 1048576",
+        "ztier_device_mem_low_bytes{device=\"free\"} 0",
+        "ztier_host_shared_store_bytes 268435456",
+        "ztier_host_devices 2",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in:\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("ztier_host_shared_store_free_bytes "));
     // Raised at runtime: the rest goes, and the spec keeps it.
     host.set("capped", "store_limit", "8M").unwrap();
     assert_eq!(host.get("capped").unwrap().spec().store_limit, 8 << 20);
