@@ -19,16 +19,23 @@ pub enum CliError {
     /// A corpus that cannot be read, or is not one.
     #[error("the corpus {cause}: {}", corpus_remedy(cause))]
     Corpus { cause: CorpusError },
-    /// A Unix socket whose directory is not there.
+    /// A file to make (a socket, a saved state) whose directory is not there.
     #[error(
         "{flag} {}: the directory {} does not exist: make it (mkdir -p {}), or pass {flag} a \
          path in one that does",
         path.display(), dir.display(), dir.display()
     )]
-    SocketDirMissing {
+    DirMissing {
         path: PathBuf,
         dir: PathBuf,
         flag: &'static str,
+    },
+    /// An address a listener cannot take as it is written.
+    #[error("{flag} {addr}: {why}: give HOST:PORT, with a port from 1 to 65535")]
+    BadAddress {
+        addr: String,
+        flag: &'static str,
+        why: String,
     },
     /// A `--config` file that is not there.
     #[error(
@@ -204,6 +211,13 @@ impl CliError {
             CliError::AddressInUse {
                 addr: addr.to_owned(),
                 flag,
+            }
+            .into()
+        } else if e.kind() == std::io::ErrorKind::InvalidInput {
+            CliError::BadAddress {
+                addr: addr.to_owned(),
+                flag,
+                why: e.to_string(),
             }
             .into()
         } else {

@@ -148,8 +148,12 @@ impl AllocatorTable {
 }
 
 pub fn run(args: &PlotArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.result)
-        .with_context(|| format!("reading {}", args.result.display()))?;
+    let text = std::fs::read_to_string(&args.result).with_context(|| {
+        format!(
+            "reading {} (give the file `ztier bench --json > FILE` wrote)",
+            args.result.display()
+        )
+    })?;
     let mut values = Vec::new();
     for (n, line) in text
         .lines()

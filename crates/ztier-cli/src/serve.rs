@@ -301,6 +301,16 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     if let Some(flag) = args.host.host_flag_given() {
         return Err(CliError::HostFlagWithoutHost { flag }.into());
     }
+    if let Some(dir) = args.state.as_deref().and_then(std::path::Path::parent) {
+        if !dir.as_os_str().is_empty() && !dir.is_dir() {
+            return Err(CliError::DirMissing {
+                path: args.state.clone().unwrap_or_default(),
+                dir: dir.to_owned(),
+                flag: "--state",
+            }
+            .into());
+        }
+    }
     let size = args
         .size
         .context("--size is needed (or --device for a host of devices)")?;

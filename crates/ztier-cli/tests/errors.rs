@@ -206,6 +206,32 @@ fn a_socket_directory_or_a_config_that_is_missing() {
         &mut run(&["serve", "--size", "16M", "--socket", s(&socket)]),
         &["--socket", "does not exist", "mkdir -p", "no-such-dir"],
     );
+    let state = dir.join("no-such-dir").join("vm1.state");
+    refused(
+        &mut run(&[
+            "serve",
+            "--size",
+            "16M",
+            "--socket",
+            s(&dir.join("s.sock")),
+            "--state",
+            s(&state),
+        ]),
+        &["--state", "does not exist", "mkdir -p"],
+    );
+    refused(
+        &mut run(&["serve", "--size", "16M", "--listen", "127.0.0.1:99999"]),
+        &["--listen 127.0.0.1:99999", "port from 1 to 65535"],
+    );
+    refused(
+        &mut run(&[
+            "plot",
+            s(&dir.join("none.json")),
+            "--output",
+            s(&dir.join("x.svg")),
+        ]),
+        &["none.json", "ztier bench --json"],
+    );
     let config = dir.join("host.toml");
     refused(
         &mut run(&["serve", "--config", s(&config)]),

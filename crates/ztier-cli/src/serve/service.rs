@@ -134,7 +134,7 @@ pub(super) fn bind_private(
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     let l = match (bound, dir) {
         (Err(e), Some(dir)) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => {
-            return Err(CliError::SocketDirMissing {
+            return Err(CliError::DirMissing {
                 path: path.to_owned(),
                 dir: dir.to_owned(),
                 flag,
