@@ -302,3 +302,60 @@ fn fenced_blocks_are_found() {
     assert_eq!(blocks[1].text, "$ two\n");
     assert_eq!(blocks[2].lang, "");
 }
+
+/// Every `ztier ...` command written inline in the README's tables (`ztier serve --size 4G
+/// ...`, with placeholders for a user's own names): its subcommand exists and every flag it
+/// names is one that subcommand's `--help` lists, so the table cannot name a flag that was
+/// renamed or never was.
+#[test]
+fn readme_inline_commands_name_real_flags() {
+    let readme = read("README.md");
+    let mut checked = 0;
+    for cell in readme.split('`').skip(1).step_by(2) {
+        let Some(rest) = cell.strip_prefix("ztier ") else {
+            continue;
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        // The subcommand words: up to the first flag or argument that is not a plain word
+        // of the command tree (`bench zswap`, `swap-alloc-bench`).
+        let mut command: Vec<&str> = Vec::new();
+        for w in &words {
+            if w.starts_with('-') || command.len() == 2 {
+                break;
+            }
+            let mut probe = command.clone();
+            probe.push(w);
+            let ok = Command::new(env!("CARGO_BIN_EXE_ztier"))
+                .args(&probe)
+                .arg("--help")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                break;
+            }
+            command.push(w);
+        }
+        let help = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(&command)
+            .arg("--help")
+            .output()
+            .expect("ztier --help");
+        assert!(help.status.success(), "`ztier {rest}`: no such command");
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in words.iter().filter(|w| w.starts_with("--")) {
+            let flag = flag.split('=').next().unwrap_or(flag);
+            assert!(
+                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                "README's `ztier {rest}`: `ztier {}` has no {flag}",
+                command.join(" ")
+            );
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} inline commands found in README.md"
+    );
+}
