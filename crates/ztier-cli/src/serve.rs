@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// Compressor, with optional parameters (lzo-rle, lz4, zstd:level=3, ...).
     #[arg(long, default_value = "lzo-rle")]
     pub compressor: Algorithm,
+    /// The compression unit: 4K (the kernel's: a page an object, every figure the
+    /// kernel's), or a power of two up to 64K such as 16K or 64K (a unit compressed as one
+    /// object: denser, a read decompresses its unit; --size a whole number of units).
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub unit: u64,
     /// Allocator under the device.
     #[arg(long, default_value = "zsmalloc")]
     pub allocator: AllocatorKind,
@@ -327,14 +332,21 @@ fn serve(args: &ServeArgs, activated: listenfd::ListenFd) -> anyhow::Result<u8> 
     let mut state_loaded = false;
     let (store, what) = match args.store {
         StoreKind::Zram => {
+            let unit = usize::try_from(args.unit).unwrap_or(usize::MAX);
             let layout = args.layout.config();
+            // Units above a page need the allocator's classes up to the unit's size.
+            let layout = if unit > layout.page_size {
+                layout.with_max_object(unit)
+            } else {
+                layout
+            };
             layout.validate().map_err(anyhow::Error::msg)?;
             let pool = args
                 .allocator
                 .make_pool(&layout)
                 .map_err(anyhow::Error::msg)?;
-            let device = Device::new(size, args.compressor.clone(), pool)
-                .with_context(|| format!("making a {size}-byte device"))?;
+            let device = Device::with_unit_size(size, args.compressor.clone(), pool, unit)
+                .with_context(|| format!("--unit {}: making a {size}-byte device", args.unit))?;
             device.set_log(|line| eprintln!("ztier serve: {line}"));
             device.set_mem_limit(args.mem_limit);
             device.set_writeback_limit(args.writeback_limit);

@@ -237,11 +237,19 @@ impl Host {
             name: name.clone(),
             source: Box::new(source),
         };
+        // Units above a page need the allocator's classes up to the unit's size.
+        let layout = if spec.unit_size > spec.layout.page_size {
+            spec.layout.with_max_object(spec.unit_size)
+        } else {
+            spec.layout
+        };
         let pool = spec
             .allocator
-            .make_pool(&spec.layout)
+            .make_pool(&layout)
             .map_err(|e| device_error(ZramError::Pool(e)))?;
-        let device = Device::new(spec.size, spec.compressor.clone(), pool).map_err(device_error)?;
+        let device =
+            Device::with_unit_size(spec.size, spec.compressor.clone(), pool, spec.unit_size)
+                .map_err(device_error)?;
         device.set_mem_limit(spec.mem_limit);
         device
             .set_recomp_algorithms(spec.recompress_algorithms.clone())

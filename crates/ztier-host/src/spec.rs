@@ -39,7 +39,7 @@ pub enum SpecError {
         size: u64,
         page_size: usize,
     },
-    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, mem_limit, mem_low, store_limit, writeback_format, writeback_idle, promotion_target, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
+    #[error("device {name}: unknown key {key:?} (size, compressor, allocator, chain_size, page_size, unit_size, mem_limit, mem_low, store_limit, writeback_format, writeback_idle, promotion_target, recompress_algorithm, recompress_idle, mem_target, read_only, serial)")]
     UnknownKey { name: String, key: String },
     /// The cause is in the message, not also a `source`: clap prints a `--device` flag's
     /// error by its message alone, and a chain printed whole (`{:#}`) would say it twice.
@@ -112,6 +112,8 @@ pub struct DeviceSpec {
     pub compressor: Algorithm,
     pub allocator: AllocatorKind,
     pub layout: ZsConfig,
+    /// Bytes a compression unit holds (the page's: the kernel's; 16 or 64 KiB: denser).
+    pub unit_size: usize,
     /// The device's own cap on its pool (`mem_limit`); 0 = none.
     pub mem_limit: u64,
     /// The pool below which the host's budget takes none of its pages while another device
@@ -230,6 +232,13 @@ impl DeviceSpec {
                         }
                     }
                 }
+                "unit_size" => {
+                    spec.unit_size = size_of(key, value)
+                        .ok()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|n| [4096, 16384, 65536].contains(n))
+                        .ok_or_else(|| bad(key, value, ValueError::Expected("4K, 16K or 64K")))?
+                }
                 "mem_limit" => spec.mem_limit = size_of(key, value)?,
                 "mem_low" => spec.mem_low = size_of(key, value)?,
                 "store_limit" => spec.store_limit = size_of(key, value)?,
@@ -275,6 +284,10 @@ impl DeviceSpec {
                 .map_or("", |(_, v)| *v);
             return Err(bad("promotion_target", value, why.into()));
         }
+        // A unit not named is the pool's page, as the kernel's zram stores one.
+        if !seen.contains(&"unit_size") {
+            spec.unit_size = spec.layout.page_size;
+        }
         if let Err(why) = spec.layout.validate() {
             let page_size = spec.layout.page_size.to_string();
             return Err(bad("page_size", &page_size, why.into()));
@@ -290,6 +303,7 @@ impl DeviceSpec {
             compressor: "lzo-rle".parse().expect("a built-in algorithm"),
             allocator: AllocatorKind::Zsmalloc,
             layout: ZsConfig::default(),
+            unit_size: 4096,
             mem_limit: 0,
             mem_low: 0,
             store_limit: 0,
@@ -349,6 +363,9 @@ impl DeviceSpec {
             ),
             ("read_only", self.read_only.to_string()),
         ];
+        if self.unit_size != self.layout.page_size {
+            pairs.push(("unit_size", self.unit_size.to_string()));
+        }
         let seconds = |d: Duration| format!("{}ms", d.as_millis());
         if let Some(d) = self.writeback_idle {
             pairs.push(("writeback_idle", seconds(d)));
