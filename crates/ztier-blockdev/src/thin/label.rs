@@ -19,7 +19,10 @@
 
 use ztier_base::bytes::ByteReader;
 
-use super::ThinError;
+use std::sync::{Arc, Mutex};
+
+use super::{ThinError, ThinStore};
+use crate::BlockDevice;
 
 /// What a label starts with.
 pub(super) const MAGIC: [u8; 8] = *b"ZTIERTHN";
@@ -91,6 +94,86 @@ impl Label {
             extents,
             uuid,
         }))
+    }
+}
+
+impl super::ThinStore {
+    /// A pool over a store with a label (see `thin/label.rs`): the label read and
+    /// checked, or, on a store of zeros (never used), written with a new random id and
+    /// flushed. The first extent holds the label and is never a volume's. Refused if the
+    /// store holds something else, a label of another extent size, or fewer extents than
+    /// its label says.
+    pub fn labelled(
+        device: Arc<dyn BlockDevice>,
+        extent_size: u64,
+    ) -> std::result::Result<Arc<ThinStore>, ThinError> {
+        let unlabelled = ThinStore::new(device, extent_size)?;
+        let extents = unlabelled.extents;
+        if extents < 2 {
+            return Err(ThinError::NoRoom);
+        }
+        let mut first = [0u8; LABEL_LEN];
+        unlabelled
+            .device
+            .read_at(0, &mut first)
+            .map_err(ThinError::LabelIo)?;
+        let label = match Label::read(&first)? {
+            Found::Label(label) => {
+                if label.extent_size != extent_size {
+                    return Err(ThinError::LabelExtentSize {
+                        label: label.extent_size,
+                        asked: extent_size,
+                    });
+                }
+                if label.extents > extents {
+                    return Err(ThinError::StoreShrank {
+                        label: label.extents,
+                        now: extents,
+                    });
+                }
+                label
+            }
+            Found::Empty => {
+                let label = Label {
+                    extent_size,
+                    extents,
+                    uuid: ztier_base::os::random_uuid(),
+                };
+                let device = &unlabelled.device;
+                device
+                    .write_at(0, &label.to_bytes(), false)
+                    .and_then(|()| device.flush())
+                    .map_err(ThinError::LabelIo)?;
+                label
+            }
+        };
+        let ThinStore {
+            device,
+            extent_shift,
+            extents,
+            free,
+            ..
+        } = Arc::into_inner(unlabelled).expect("made here, held nowhere else");
+        let mut free = free.into_inner().unwrap_or_else(|e| e.into_inner());
+        free.set(0, true);
+        Ok(Arc::new(ThinStore {
+            device,
+            extent_shift,
+            extents,
+            free: Mutex::new(free),
+            label: Some(label),
+        }))
+    }
+
+    /// The store's label, if it was opened through one.
+    pub fn label(&self) -> Option<Label> {
+        self.label
+    }
+
+    /// The bytes that tell this store from any other (its label: offset and length), for
+    /// the owner of a remote store to pin as the export's identity; `None` without a label.
+    pub fn identity(&self) -> Option<(u64, usize)> {
+        self.label.map(|_| (0, LABEL_LEN))
     }
 }
 

@@ -37,7 +37,8 @@
 //! extent meanwhile waits on the condvar (a read returns zeros: the first write has not
 //! completed).
 //!
-//! The pieces: the free set (`free_set.rs`) and the saved map and its format (`map.rs`).
+//! The pieces: the block device a volume is (`block_device.rs`), the free set
+//! (`free_set.rs`), the store's label (`label.rs`) and the saved map and its format (`map.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -46,8 +47,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use ztier_base::bytes::PastEnd;
 use ztier_base::pieces::pieces;
 
-use crate::{check_range, BlockDevice, BlockError, Extent, Result};
+use crate::{check_range, BlockDevice, BlockError, Result};
 
+mod block_device;
 mod free_set;
 mod label;
 mod map;
@@ -164,84 +166,6 @@ impl ThinStore {
             extents,
             label: None,
         }))
-    }
-
-    /// A pool over a store with a label (see `thin/label.rs`): the label read and
-    /// checked, or, on a store of zeros (never used), written with a new random id and
-    /// flushed. The first extent holds the label and is never a volume's. Refused if the
-    /// store holds something else, a label of another extent size, or fewer extents than
-    /// its label says.
-    pub fn labelled(
-        device: Arc<dyn BlockDevice>,
-        extent_size: u64,
-    ) -> std::result::Result<Arc<ThinStore>, ThinError> {
-        let unlabelled = ThinStore::new(device, extent_size)?;
-        let extents = unlabelled.extents;
-        if extents < 2 {
-            return Err(ThinError::NoRoom);
-        }
-        let mut first = [0u8; LABEL_LEN];
-        unlabelled
-            .device
-            .read_at(0, &mut first)
-            .map_err(ThinError::LabelIo)?;
-        let label = match Label::read(&first)? {
-            label::Found::Label(label) => {
-                if label.extent_size != extent_size {
-                    return Err(ThinError::LabelExtentSize {
-                        label: label.extent_size,
-                        asked: extent_size,
-                    });
-                }
-                if label.extents > extents {
-                    return Err(ThinError::StoreShrank {
-                        label: label.extents,
-                        now: extents,
-                    });
-                }
-                label
-            }
-            label::Found::Empty => {
-                let label = Label {
-                    extent_size,
-                    extents,
-                    uuid: ztier_base::os::random_uuid(),
-                };
-                let device = &unlabelled.device;
-                device
-                    .write_at(0, &label.to_bytes(), false)
-                    .and_then(|()| device.flush())
-                    .map_err(ThinError::LabelIo)?;
-                label
-            }
-        };
-        let ThinStore {
-            device,
-            extent_shift,
-            extents,
-            free,
-            ..
-        } = Arc::into_inner(unlabelled).expect("made here, held nowhere else");
-        let mut free = free.into_inner().unwrap_or_else(|e| e.into_inner());
-        free.set(0, true);
-        Ok(Arc::new(ThinStore {
-            device,
-            extent_shift,
-            extents,
-            free: Mutex::new(free),
-            label: Some(label),
-        }))
-    }
-
-    /// The store's label, if it was opened through one.
-    pub fn label(&self) -> Option<Label> {
-        self.label
-    }
-
-    /// The bytes that tell this store from any other (its label: offset and length), for
-    /// the owner of a remote store to pin as the export's identity; `None` without a label.
-    pub fn identity(&self) -> Option<(u64, usize)> {
-        self.label.map(|_| (0, LABEL_LEN))
     }
 
     /// A new volume of `size` bytes, holding nothing: every byte reads as zero, and no
@@ -834,172 +758,5 @@ fn partial(done: u64, e: BlockError) -> BlockError {
             done,
             source: Box::new(e),
         }
-    }
-}
-
-impl BlockDevice for Volume {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn block_size(&self) -> u32 {
-        self.store.device.block_size()
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.for_extents(
-            offset,
-            buf.len() as u64,
-            |volume_extent, in_extent, piece| {
-                let out = &mut buf[piece];
-                match self.pin(volume_extent, false) {
-                    Some(Found::Pinned(store_extent)) => {
-                        let read = self
-                            .store
-                            .device
-                            .read_at(self.at(store_extent, in_extent), out);
-                        self.unpin(volume_extent);
-                        read
-                    }
-                    _ => {
-                        out.fill(0);
-                        Ok(())
-                    }
-                }
-            },
-        )
-    }
-
-    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.for_extents(
-            offset,
-            data.len() as u64,
-            |volume_extent, in_extent, piece| {
-                self.write_extent(volume_extent, in_extent, &data[piece], fua)
-            },
-        )
-    }
-
-    /// The pieces on mapped extents go to the store in one `read_many` (in flight together
-    /// on an NBD store), each extent pinned until it returns; pieces on unmapped extents
-    /// read zeros.
-    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
-        let mut pinned: Vec<u64> = Vec::new();
-        let mut batch: Vec<(u64, &mut [u8])> = Vec::new();
-        let mut checked = Ok(());
-        for (offset, buf) in reads.iter_mut() {
-            if let Err(e) = check_range(self.size, *offset, buf.len() as u64) {
-                checked = Err(e);
-                break;
-            }
-            let mut rest: &mut [u8] = buf;
-            for p in pieces(*offset, rest.len(), self.store.extent_size() as usize) {
-                let (out, tail) = std::mem::take(&mut rest).split_at_mut(p.len);
-                rest = tail;
-                match self.pin(p.unit, false) {
-                    Some(Found::Pinned(store_extent)) => {
-                        pinned.push(p.unit);
-                        batch.push((self.at(store_extent, p.in_unit), out));
-                    }
-                    _ => out.fill(0),
-                }
-            }
-        }
-        let read = checked.and_then(|()| self.store.device.read_many(&mut batch));
-        for volume_extent in pinned {
-            self.unpin(volume_extent);
-        }
-        read
-    }
-
-    /// The pieces on mapped extents go to the store in one `write_many`, each extent pinned
-    /// until it returns. A piece on an extent not mapped (or being taken or given back)
-    /// sends what is gathered first and lets its pins go, then takes its extent on its own:
-    /// a writer never waits on another while it holds pins (a discard may be waiting for
-    /// them).
-    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
-        let mut pinned: Vec<u64> = Vec::new();
-        let mut batch: Vec<(u64, &[u8])> = Vec::new();
-        let send = |pinned: &mut Vec<u64>, batch: &mut Vec<(u64, &[u8])>| {
-            let written = self.store.device.write_many(batch);
-            for volume_extent in pinned.drain(..) {
-                self.unpin(volume_extent);
-            }
-            batch.clear();
-            written
-        };
-        for &(offset, data) in writes {
-            if let Err(e) = check_range(self.size, offset, data.len() as u64) {
-                send(&mut pinned, &mut batch)?;
-                return Err(e);
-            }
-            for p in pieces(offset, data.len(), self.store.extent_size() as usize) {
-                let piece = &data[p.at..p.at + p.len];
-                match self.pin(p.unit, false) {
-                    Some(Found::Pinned(store_extent)) => {
-                        pinned.push(p.unit);
-                        batch.push((self.at(store_extent, p.in_unit), piece));
-                    }
-                    _ => {
-                        send(&mut pinned, &mut batch)?;
-                        self.write_extent(p.unit, p.in_unit, piece, false)?;
-                    }
-                }
-            }
-        }
-        send(&mut pinned, &mut batch)
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.zero(offset, len, Zeroing::Discard)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<()> {
-        self.zero(
-            offset,
-            len,
-            if may_unmap {
-                Zeroing::Unmap
-            } else {
-                Zeroing::Keep
-            },
-        )
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.store.device.flush()
-    }
-
-    fn is_volatile(&self) -> bool {
-        self.store.device.is_volatile()
-    }
-
-    fn fast_zeroes(&self) -> bool {
-        self.store.device.fast_zeroes()
-    }
-
-    fn epoch(&self) -> u64 {
-        self.store.device.epoch()
-    }
-
-    /// Unmapped extents are holes; mapped ones data (the store is not asked which of their
-    /// blocks hold zeros).
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let mut extents: Vec<Extent> = Vec::new();
-        let slots = self.slots();
-        self.for_extents(offset, len, |volume_extent, _, piece| {
-            let hole = !matches!(slots.map.get(&volume_extent), Some(Slot::Mapped { .. }));
-            let len = piece.len() as u64;
-            Extent::push_merged(
-                &mut extents,
-                Extent {
-                    len,
-                    hole,
-                    zero: hole,
-                },
-            );
-            Ok(())
-        })?;
-        Ok(extents)
     }
 }
