@@ -14,8 +14,8 @@ use ztier_replay::far_tier::{
 };
 use ztier_zram::promotion::{parse_percent_per_minute, PromotionTarget};
 
+use super::shared::ReplayArgs;
 use super::shared::{emit, read_trace};
-use super::zram::ZramArgs;
 
 /// The far tier's flags (with `--trace`).
 #[derive(Args, Debug, Clone)]
@@ -40,26 +40,30 @@ pub struct FarTierArgs {
 }
 
 /// Every corpus's trace judged; each verdict printed (or a JSON line each).
+/// `allocator`, `layout` and `compressor` are the bench's first of each; `replay` its
+/// corpus and output flags.
 pub fn run(
-    args: &ZramArgs,
+    far: &FarTierArgs,
+    replay_args: &ReplayArgs,
+    allocator: ztier_pool::AllocatorKind,
     percent: f64,
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
 ) -> anyhow::Result<()> {
     let replay = FarTierReplay {
-        allocator: args.pool.allocator.kinds()[0],
+        allocator,
         layout,
-        algorithm: args.replay.compressors[0].clone(),
+        algorithm: replay_args.compressors[0].clone(),
         format: ztier_zram::WbFormat::Page,
-        interval: args.far_tier.policy_interval,
-        fixed_ages: args.far_tier.fixed_ages.clone(),
+        interval: far.policy_interval,
+        fixed_ages: far.fixed_ages.clone(),
         target: PromotionTarget::new(percent / 100.0),
     };
     for path in paths {
-        let corpus = args.replay.load(path)?;
+        let corpus = replay_args.load(path)?;
         let trace = read_trace(path)?;
         let verdict = replay.judge(&corpus, &trace)?;
-        emit(args.replay.json, &verdict, print_verdict)?;
+        emit(replay_args.json, &verdict, print_verdict)?;
     }
     Ok(())
 }

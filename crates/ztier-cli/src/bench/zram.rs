@@ -100,7 +100,14 @@ pub fn run(args: &ZramArgs) -> anyhow::Result<()> {
     let result = if !args.unit_size.is_empty() {
         run_units(args, &paths, layout)
     } else if let Some(percent) = args.far_tier.promotion_target {
-        super::far_tier::run(args, percent, &paths, layout)
+        super::far_tier::run(
+            &args.far_tier,
+            &args.replay,
+            args.pool.allocator.kinds()[0],
+            percent,
+            &paths,
+            layout,
+        )
     } else if args.trace {
         run_trace(args, &paths, layout)
     } else {

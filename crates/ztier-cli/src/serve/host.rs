@@ -102,6 +102,23 @@ const HOST_ONLY: [&str; 9] = [
 ];
 
 impl HostArgs {
+    /// The first flag given that only a host of devices uses (`--shared-store`,
+    /// `--metrics`, ...), for a server of one device to refuse rather than pass by.
+    pub(super) fn host_flag_given(&self) -> Option<&'static str> {
+        [
+            ("--store-dir", self.store_dir.is_some()),
+            ("--shared-store", self.shared_store.is_some()),
+            ("--shared-store-size", self.shared_store_size.is_some()),
+            ("--host-target", self.host_target.is_some()),
+            ("--host-limit", self.host_limit.is_some()),
+            ("--budget-interval", self.budget_interval.is_some()),
+            ("--vhost-user-dir", self.vhost_user_dir.is_some()),
+            ("--metrics", self.metrics.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
+
     pub(super) fn is_host(&self) -> bool {
         !self.devices.is_empty() || self.config.is_some() || self.state_dir.is_some()
     }
