@@ -1,4 +1,4 @@
-//! The host's figures, for the README's cost table and the budget's plot:
+//! The host's figures, for docs/host.md's cost table and the budget's plot:
 //! - `rss`: for 1, 16 and 256 devices of 64 GiB, the process's RSS before any write, then
 //!   after N pages of real memory (a corpus) are stored across the devices (in bursts of 32
 //!   pages a device, the devices in turn): RSS per stored

@@ -1,5 +1,5 @@
 //! A region over its budget whose pages cannot go out (the program locked them with `mlock`,
-//! or made them read-only, as the README allows) does not spin: its reclaim backs off, costs
+//! or made them read-only, as docs/region.md allows) does not spin: its reclaim backs off, costs
 //! next to no CPU, and says why it cannot evict. Alone in its test binary, because it reads
 //! the CPU time of the region's threads, which other tests' regions would share names with.
 
