@@ -165,10 +165,18 @@ fn run_block(file: &str, block: &Block) {
 
 /// Runs every ```sh block of one file; returns how many there were.
 fn run_file(file: &str) -> usize {
-    let blocks: Vec<Block> = fenced_blocks(&read(file))
-        .into_iter()
-        .filter(|b| b.lang == "sh")
-        .collect();
+    let all = fenced_blocks(&read(file));
+    // A shell block under another name would be passed over: each is `sh` (run) or
+    // `console` (shown, with the script or test CI runs for it named beside it).
+    for b in &all {
+        assert!(
+            !["bash", "shell", "zsh", "shell-session"].contains(&b.lang.as_str()),
+            "{file}:{}: a ```{} block: tag it sh, to be run, or console, to be shown",
+            b.line,
+            b.lang
+        );
+    }
+    let blocks: Vec<Block> = all.into_iter().filter(|b| b.lang == "sh").collect();
     for block in &blocks {
         run_block(file, block);
     }
