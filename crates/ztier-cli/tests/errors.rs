@@ -16,17 +16,12 @@ use std::process::{Command, Stdio};
 
 use common::{serve, temp_dir, ztier, Proc};
 
-/// Runs `command`; it must fail with status 1 and one line on stderr that starts `ztier: `
-/// and holds every one of `words`. Returns that line.
-fn refused(command: &mut Command, words: &[&str]) -> String {
-    let out = command.stdin(Stdio::null()).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
-    assert_eq!(
-        stderr.lines().count(),
-        1,
-        "{command:?}: not one line: {stderr}"
-    );
+/// Runs `command`; it must fail with `status` and one line on stderr
+/// (`common::one_line_failure_status`) that starts `ztier: ` and holds every one of `words`.
+/// Returns that line.
+fn fails_with(status: i32, command: &mut Command, words: &[&str]) -> String {
+    let (ended, stderr) = common::one_line_failure_status(command.stdin(Stdio::null()));
+    assert_eq!(ended.code(), Some(status), "{command:?}: {stderr}");
     assert!(stderr.starts_with("ztier: "), "{stderr}");
     for word in words {
         assert!(
@@ -37,21 +32,16 @@ fn refused(command: &mut Command, words: &[&str]) -> String {
     stderr
 }
 
+/// A mistake the command finds: status 1, one line with `words`.
+fn refused(command: &mut Command, words: &[&str]) -> String {
+    fails_with(1, command, words)
+}
+
 /// A command line clap refuses: exit status 2 (clap's, as every clap program's), one line on
 /// stderr starting `ztier: ` that holds every one of `words` and points at --help.
 fn misused(args: &[&str], words: &[&str]) {
-    let out = run(args).stdin(Stdio::null()).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert_eq!(
-        stderr.lines().count(),
-        1,
-        "{args:?}: not one line: {stderr}"
-    );
-    assert!(stderr.starts_with("ztier: "), "{stderr}");
-    for word in words.iter().chain(&["try --help"]) {
-        assert!(stderr.contains(word), "{args:?}: no {word:?} in: {stderr}");
-    }
+    let words: Vec<&str> = words.iter().copied().chain(["try --help"]).collect();
+    fails_with(2, &mut run(args), &words);
 }
 
 #[test]

@@ -223,21 +223,12 @@ impl FarTierReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ztier_corpus::trace::{Epoch, PageWrite, TraceWriter};
-    use ztier_corpus::writer::CorpusWriter;
+    use ztier_corpus::trace::{Epoch, PageWrite};
 
     const COLD: u64 = 1000;
     const HOT: u64 = 60;
     /// Every hot page changes once every this many epochs of 2 s (30 s).
     const HOT_PERIOD: u64 = 15;
-
-    fn content(n: u32) -> Vec<u8> {
-        let mut p = vec![0u8; CORPUS_PAGE];
-        for (i, w) in p.chunks_exact_mut(8).enumerate().take(CORPUS_PAGE / 16) {
-            w.copy_from_slice(&(u64::from(n) << 32 | i as u64).to_le_bytes());
-        }
-        p
-    }
 
     /// 20 minutes in epochs of 2 s: COLD pages written once, HOT pages changed every 30 s
     /// each (a fifteenth of them each epoch). Every write a corpus page of its own.
@@ -266,21 +257,7 @@ mod tests {
                 ..Epoch::default()
             });
         }
-        let corpus_path = dir.join("far.pages");
-        let mut cw = CorpusWriter::create(&corpus_path).unwrap();
-        for n in 0..next {
-            cw.push(&content(n)).unwrap();
-        }
-        cw.finish().unwrap();
-        let mut tw = TraceWriter::create(&Trace::path_for(&corpus_path)).unwrap();
-        for e in &epochs {
-            tw.write_epoch(e).unwrap();
-        }
-        tw.finish().unwrap();
-        (
-            Corpus::load(&corpus_path).unwrap(),
-            Trace::read(&Trace::path_for(&corpus_path)).unwrap(),
-        )
+        crate::test_traces::written(&dir.join("far.pages"), next, &epochs)
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub mod far_tier;
 pub mod swap_alloc;
 pub mod swap_bench;
 pub mod sweep;
+#[cfg(test)]
+mod test_traces;
 pub mod trace;
 pub mod uffd;
 pub mod uffd_lookups;

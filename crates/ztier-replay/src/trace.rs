@@ -522,19 +522,10 @@ impl ZswapTraceReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_traces::content;
     use std::sync::Arc;
-    use ztier_corpus::trace::{Epoch, PageWrite, TraceWriter};
+    use ztier_corpus::trace::{Epoch, PageWrite};
     use ztier_corpus::writer::CorpusWriter;
-
-    /// A page that compresses (half a fixed byte, half a counter pattern) and tells its
-    /// content number by its words.
-    fn content(n: u32) -> Vec<u8> {
-        let mut p = vec![0u8; CORPUS_PAGE];
-        for (i, w) in p.chunks_exact_mut(8).enumerate().take(CORPUS_PAGE / 16) {
-            w.copy_from_slice(&(u64::from(n) << 32 | i as u64).to_le_bytes());
-        }
-        p
-    }
 
     /// Epoch 0: 100 pages appear. Epoch 1: 10 change, 20 go, 5 appear. Epoch 2: the same
     /// 10 change again; epoch 3 too, and page 50. Written to `dir` and read back.
@@ -571,21 +562,7 @@ mod tests {
             changed: (0..10).chain([50]).map(&mut write).collect(),
             ..Epoch::default()
         });
-        let corpus_path = dir.join("t.pages");
-        let mut cw = CorpusWriter::create(&corpus_path).unwrap();
-        for n in 0..next {
-            cw.push(&content(n)).unwrap();
-        }
-        cw.finish().unwrap();
-        let mut tw = TraceWriter::create(&Trace::path_for(&corpus_path)).unwrap();
-        for e in &epochs {
-            tw.write_epoch(e).unwrap();
-        }
-        tw.finish().unwrap();
-        let corpus = Corpus::load(&corpus_path).unwrap();
-        let trace = Trace::read(&Trace::path_for(&corpus_path)).unwrap();
-
-        (corpus, trace)
+        crate::test_traces::written(&dir.join("t.pages"), next, &epochs)
     }
 
     #[test]

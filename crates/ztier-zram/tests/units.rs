@@ -10,30 +10,19 @@
 //! zeros where nothing was written or whole pages were discarded); `orig_data_size` is the
 //! allocated units × unit size; once everything is discarded the pool holds no page.
 
+mod common;
+
+use common::units::{device, pool};
 use proptest::prelude::*;
 use std::sync::Arc;
 use ztier_base::rng::Rng;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_compress::Algorithm;
-use ztier_pool::{ZPool, ZsConfig, ZsPool};
+use ztier_pool::{ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, PageSelector, SlotFlag, WbFormat, ZramError};
 
 const PAGE: usize = 4096;
 const FORMATS: [WbFormat; 3] = [WbFormat::Page, WbFormat::Compressed, WbFormat::Packed];
-
-fn pool(unit: usize) -> Box<dyn ZPool> {
-    Box::new(ZsPool::new(ZsConfig::default().with_max_object(unit)).unwrap())
-}
-
-fn device(units: u64, unit: usize, alg: &str) -> Device {
-    Device::with_unit_size(
-        units * unit as u64,
-        alg.parse::<Algorithm>().unwrap(),
-        pool(unit),
-        unit,
-    )
-    .unwrap()
-}
 
 /// Bytes of one of four kinds, by `kind`: text-like, one repeated word, zeros, or random
 /// (incompressible).

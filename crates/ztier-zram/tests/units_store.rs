@@ -10,32 +10,19 @@
 //! each) and goes to 0 as the units leave the store, which then holds no block; a state of
 //! one unit size is refused by a device of another, typed.
 
+mod common;
+
+use common::units::{device, pool};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use ztier_base::rng::Rng;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_blockdev::BlockDevice;
-use ztier_compress::Algorithm;
-use ztier_pool::{ZPool, ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, PageSelector, SlotFlag, StateError, WbFormat, ZramError};
 
 const PAGE: usize = 4096;
 const FORMATS: [WbFormat; 3] = [WbFormat::Page, WbFormat::Compressed, WbFormat::Packed];
-
-fn pool(unit: usize) -> Box<dyn ZPool> {
-    Box::new(ZsPool::new(ZsConfig::default().with_max_object(unit)).unwrap())
-}
-
-fn device(units: u64, unit: usize, alg: &str) -> Device {
-    Device::with_unit_size(
-        units * unit as u64,
-        alg.parse::<Algorithm>().unwrap(),
-        pool(unit),
-        unit,
-    )
-    .unwrap()
-}
 
 fn store_for(dev: &Device) -> Arc<dyn BlockDevice> {
     Arc::new(MemoryDevice::new(Backing::size_for(dev.disksize())).unwrap())

@@ -136,11 +136,20 @@ pub fn text(o: &Output) -> String {
 
 /// Runs `command`, which must fail saying why in one line on stderr: that line.
 pub fn one_line_failure(command: &mut Command) -> String {
+    one_line_failure_status(command).1
+}
+
+/// As [`one_line_failure`], with the status it ended with.
+pub fn one_line_failure_status(command: &mut Command) -> (std::process::ExitStatus, String) {
     let out = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{}", text(&out));
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    stderr
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{command:?}: not one line: {stderr}"
+    );
+    (out.status, stderr)
 }
 
 /// Runs `ztier ARGS` as the user `nobody`.

@@ -4,13 +4,14 @@
 //! meant to queue on before it starts the next one. parking_lot wakes the threads parked on
 //! a lock in the order they parked, so queueing them one after another orders them.
 //! [`StoppedSave`]: a save held where a test wants it. [`writeback`]: what the writeback
-//! tests share.
+//! tests share; [`units`]: what the tests of compression units share.
 #![allow(dead_code)] // each test file uses its own part
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod units;
 pub mod writeback;
 
 /// Far past any scheduling delay; only a thread that never blocks reaches it.
