@@ -335,6 +335,19 @@ pub unsafe fn populate(start: NonNull<u8>, len: usize) {
     }
 }
 
+/// Faults in the pages of `len` bytes from `start` with one `MADV_POPULATE_WRITE` and no
+/// fallback, leaving every byte as it is: pages that others may be writing meanwhile can be
+/// populated this way (a fallback's writes could not). Returns whether the OS did it (it
+/// needs Linux 5.14); a refusal changes nothing.
+///
+/// # Safety
+/// `start..start + len` lies inside one live [`Mapping`], which stays mapped for the call.
+pub unsafe fn populate_in_place(start: NonNull<u8>, len: usize) -> bool {
+    // SAFETY: inside a live mapping (the caller's contract); populating maps pages and
+    // reads or writes no byte of them.
+    unsafe { libc::madvise(start.as_ptr().cast(), len, MADV_POPULATE_WRITE) == 0 }
+}
+
 /// Faults in the pages of `len` bytes from `start`, which read as zeros, by writing a zero to
 /// each OS page, which leaves its bytes as they were. Unlike one `MADV_POPULATE_WRITE`, this
 /// never holds the process's mmap lock for the whole range (a page fault takes only the

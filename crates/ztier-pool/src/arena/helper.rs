@@ -1,7 +1,9 @@
 //! The process's one arena helper thread: it maps a chunk ahead and faults it in, keeping
 //! one ready for whichever arena needs a chunk next, so the kernel's zeroing of fresh pages
-//! runs beside the store path instead of on it; it releases the arenas' gathered pages when
-//! one asks, and trims idle arenas once allocation stops. Started with the process's first
+//! runs beside the store path instead of on it; when arenas take chunks faster than that
+//! (many pools making their first zspages), it faults in a window ahead of each such
+//! arena's use as the arena asks; it releases the arenas' gathered pages when one asks, and
+//! trims idle arenas once allocation stops. Started with the process's first
 //! arena and ended with its last; it runs at idle priority, on a core that would otherwise
 //! be idle, and no arena ever waits for it.
 //!
@@ -20,7 +22,13 @@
 use ztier_base::mapping::{self, Discard, Mapping};
 use ztier_base::sched::lower_to_idle_priority;
 
-use super::{map_chunk, release_gathered_arenas, trim_idle_arenas, CHUNK_BYTES};
+use std::sync::Weak;
+
+use parking_lot::Mutex;
+
+use super::{
+    fault_in_window, map_chunk, release_gathered_arenas, trim_idle_arenas, ArenaState, CHUNK_BYTES,
+};
 
 /// How long the helper's ready chunk may sit unused before its pages go back to the OS (the
 /// mapping stays, offered as not resident): a process that stops allocating keeps no
@@ -56,6 +64,9 @@ struct HelperSlot {
     ended: bool,
     /// An arena asked for its gathered pages to be released.
     release: bool,
+    /// Arenas that asked for their window to be faulted in, in the order they asked (each
+    /// at most once until the helper looks: the arena's `window_asked`).
+    windows: Vec<Weak<Mutex<ArenaState>>>,
 }
 
 static HELPER: std::sync::Mutex<Helper> = std::sync::Mutex::new(Helper {
@@ -135,6 +146,22 @@ pub(super) fn helper_ask_release() -> bool {
     true
 }
 
+/// Asks the helper to fault in `arena`'s window; false if no helper runs (the arena's pages
+/// then fault in as it takes them).
+pub(super) fn helper_ask_window(arena: Weak<Mutex<ArenaState>>) -> bool {
+    let h = helper_state();
+    let Some(shared) = &h.shared else {
+        return false;
+    };
+    let mut slot = lock_slot(shared);
+    if slot.ended || slot.stop {
+        return false;
+    }
+    slot.windows.push(arena);
+    shared.changed.notify_all();
+    true
+}
+
 /// Starts the thread that maps chunks ahead; `None` if no thread can be started (the arenas
 /// then map every chunk themselves).
 fn start_helper() -> Option<std::sync::Arc<HelperShared>> {
@@ -170,6 +197,13 @@ fn run_helper(shared: &HelperShared) {
         slot.ready = Some((chunk, true));
         let mut resident = true;
         loop {
+            if !slot.windows.is_empty() && !slot.stop {
+                let windows = std::mem::take(&mut slot.windows);
+                drop(slot);
+                windows.iter().for_each(fault_in_window);
+                slot = lock_slot(shared);
+                continue;
+            }
             if slot.release && !slot.stop {
                 slot.release = false;
                 drop(slot);

@@ -6,7 +6,8 @@
 //! two of its pages is one slice and is read in place; the kernel, whose pages are
 //! physically scattered, must copy such objects out. Chunks are mapped ahead and faulted in
 //! by the process's one [`helper`] thread when a core is idle; when none is ready the
-//! allocating thread maps one itself, never waiting for the helper.
+//! allocating thread maps one itself, never waiting for the helper, and asks the helper to
+//! fault in a window ([`PREFAULT_WINDOW_BYTES`]) ahead of its use of that chunk.
 //! Chains are handed out resident: pages not yet faulted in (from such a chunk, or
 //! released) are faulted in by [`Arena::alloc_chain`] outside the arena lock, a fresh run
 //! in one call. A page given back is kept resident on a small "hot" list for quick reuse;
@@ -68,7 +69,7 @@ use ztier_base::os::page_size as os_page_size;
 
 use chain::Page;
 pub(crate) use chain::PageChain;
-use helper::{helper_ask_release, helper_join, helper_leave, helper_take_ready};
+use helper::{helper_ask_release, helper_ask_window, helper_join, helper_leave, helper_take_ready};
 
 use crate::{PoolError, Result};
 
@@ -93,6 +94,14 @@ pub const RELEASE_BATCH_BYTES: usize = 4 << 20;
 /// this many bytes the freeing thread releases a batch itself. RSS runs at most this ahead
 /// of the hot list, and only until a core is idle.
 pub const GATHERED_MAX_BYTES: usize = 4 * RELEASE_BATCH_BYTES;
+
+/// How far ahead of an arena's use the helper faults in its newest chunk, when the chunk
+/// was not faulted in whole (the arena mapped it itself: many arenas took chunks faster
+/// than the one ready chunk could be refilled, as a host's devices each make their first
+/// zspages). Asked for when less than half of it is left, so the pages the next allocations
+/// take were zeroed by the OS on the helper's core, not on the storing thread's. Small,
+/// since it is RSS ahead of use in each such arena, and trimmed with the chunk's rest.
+pub const PREFAULT_WINDOW_BYTES: usize = 128 << 10;
 
 /// Maps a chunk; its pages fault in when first written.
 fn map_chunk() -> Result<Mapping> {
@@ -135,6 +144,8 @@ struct ArenaState {
     activity_seen: Option<u64>,
     /// The helper was asked to release `gathered` and has not drained it yet.
     release_asked: bool,
+    /// The helper was asked to fault in the fresh run's window and has not looked yet.
+    window_asked: bool,
     /// Bytes in a page (for the helper, which trims through the registry).
     page_size: usize,
 }
@@ -144,8 +155,40 @@ struct ArenaState {
 struct FreshRun {
     next: NonNull<u8>,
     left: usize,
-    /// The helper faulted the chunk in; else its pages are not resident yet.
-    resident: bool,
+    /// How many pages from `next` on are faulted in (the helper's, ahead of use: its chunk
+    /// or its window); the rest are not resident yet. At most `left`.
+    resident: usize,
+}
+
+impl FreshRun {
+    /// The run's pages not yet faulted in that the helper's window should fault in now:
+    /// `(first, pages)`, `None` if the window is still more than half full.
+    fn window_to_fault(&self, page_size: usize) -> Option<(NonNull<u8>, usize)> {
+        let window = (PREFAULT_WINDOW_BYTES / page_size).max(1).min(self.left);
+        if self.resident * 2 >= window {
+            return None;
+        }
+        // SAFETY: resident < window <= left, so the page is one of the run's, inside its
+        // chunk.
+        let first =
+            unsafe { NonNull::new_unchecked(self.next.as_ptr().add(self.resident * page_size)) };
+        Some((first, window - self.resident))
+    }
+
+    /// Notes that the helper faulted in `pages` pages from `first`, if they are still this
+    /// run's pages and adjoin its resident ones (the run may have moved on, or to another
+    /// chunk, since the helper looked).
+    fn faulted_in(&mut self, first: NonNull<u8>, pages: usize, page_size: usize) {
+        let next = self.next.as_ptr() as usize;
+        let (start, end) = (
+            first.as_ptr() as usize,
+            first.as_ptr() as usize + pages * page_size,
+        );
+        let run_end = next + self.left * page_size;
+        if next <= end && end <= run_end && start <= next + self.resident * page_size {
+            self.resident = self.resident.max((end - next) / page_size);
+        }
+    }
 }
 
 // SAFETY: the raw pointers in ArenaState name memory the arena owns; the state is only
@@ -190,6 +233,7 @@ impl Arena {
             activity: 0,
             activity_seen: None,
             release_asked: false,
+            window_asked: false,
             page_size,
         }));
         arenas().push(Arc::downgrade(&state));
@@ -222,7 +266,10 @@ impl Arena {
     /// trimmed).
     #[cfg(test)]
     pub fn fresh_resident(&self) -> bool {
-        self.state.lock().next_fresh.is_some_and(|run| run.resident)
+        self.state
+            .lock()
+            .next_fresh
+            .is_some_and(|run| run.resident > 0)
     }
 
     /// Takes a chain of `n` pages, resident; on failure nothing is taken. Free pages are
@@ -253,8 +300,13 @@ impl Arena {
                 left,
                 resident,
             } = st.next_fresh.take().expect("checked");
-            for _ in 0..left {
-                if resident { &mut st.hot } else { &mut st.cold }.push(p);
+            for i in 0..left {
+                if i < resident {
+                    &mut st.hot
+                } else {
+                    &mut st.cold
+                }
+                .push(p);
                 // SAFETY: the `left` pages from p on lie in one chunk; the last step lands
                 // at most one past its end, which `add` allows.
                 p = unsafe { NonNull::new_unchecked(p.as_ptr().add(self.page_size)) };
@@ -294,7 +346,19 @@ impl Arena {
             let at = st.chunk_bases.partition_point(|&b| b <= first);
             at > 0 && end <= st.chunk_bases[at - 1] + CHUNK_BYTES
         };
+        // Pages taken from a chunk the arena mapped itself: the helper is asked to fault in
+        // the next ones before they are wanted.
+        let ask_window = contiguous
+            && !st.window_asked
+            && st
+                .next_fresh
+                .is_some_and(|run| run.window_to_fault(self.page_size).is_some());
+        st.window_asked |= ask_window;
         drop(st);
+        if ask_window && !helper_ask_window(Arc::downgrade(&self.state)) {
+            // No helper runs: the pages fault in as they are taken, as before.
+            self.state.lock().window_asked = false;
+        }
         let contiguous_base = (consecutive && one_chunk).then(|| pages[0].0);
         if let Some(base) = contiguous_base.filter(|_| contiguous && !pages[0].1) {
             // One chunk's pages, all untouched.
@@ -412,7 +476,11 @@ impl Arena {
             st.next_fresh = Some(FreshRun {
                 next: base,
                 left: CHUNK_BYTES / self.page_size,
-                resident,
+                resident: if resident {
+                    CHUNK_BYTES / self.page_size
+                } else {
+                    0
+                },
             });
         }
         let run = st.next_fresh.take().expect("set above");
@@ -423,11 +491,11 @@ impl Arena {
             st.next_fresh = Some(FreshRun {
                 next,
                 left: run.left - 1,
-                ..run
+                resident: run.resident.saturating_sub(1),
             });
         }
         st.pages_out += 1;
-        Ok((run.next, run.resident))
+        Ok((run.next, run.resident > 0))
     }
 }
 
@@ -502,7 +570,7 @@ impl ArenaState {
             self.activity_seen = Some(self.activity);
             return !self.hot.is_empty()
                 || !self.gathered.is_empty()
-                || self.next_fresh.is_some_and(|run| run.resident);
+                || self.next_fresh.is_some_and(|run| run.resident > 0);
         }
         let mut free = std::mem::take(&mut self.hot);
         free.append(&mut self.gathered);
@@ -512,13 +580,42 @@ impl ArenaState {
             unsafe { release(p, self.page_size) };
             self.cold.push(p);
         }
-        if let Some(run) = self.next_fresh.as_mut().filter(|run| run.resident) {
+        if let Some(run) = self.next_fresh.as_mut().filter(|run| run.resident > 0) {
             // SAFETY: the untouched rest of the newest chunk, never handed out, reached by
             // no one but through this state, whose lock the caller holds.
             unsafe { release(run.next, run.left * self.page_size) };
-            run.resident = false;
+            run.resident = 0;
         }
         false
+    }
+}
+
+/// The helper's step for an arena that asked for its window (`PREFAULT_WINDOW_BYTES`): the
+/// next pages of its fresh run faulted in, with its lock let go meanwhile, so the arena's
+/// threads go on taking pages, which populating does not disturb.
+fn fault_in_window(arena: &Weak<Mutex<ArenaState>>) {
+    let Some(arena) = arena.upgrade() else {
+        return;
+    };
+    let (window, page_size) = {
+        let mut st = arena.lock();
+        st.window_asked = false;
+        let page_size = st.page_size;
+        (
+            st.next_fresh.and_then(|run| run.window_to_fault(page_size)),
+            page_size,
+        )
+    };
+    let Some((first, pages)) = window else {
+        return;
+    };
+    // SAFETY: pages of one of this arena's chunks (the fresh run's, inside its chunk), and
+    // the chunks stay mapped while the state lives, which `arena` holds. Populating in place
+    // reads and writes no byte, so pages the arena hands out meanwhile are not disturbed.
+    if unsafe { mapping::populate_in_place(first, pages * page_size) } {
+        if let Some(run) = arena.lock().next_fresh.as_mut() {
+            run.faulted_in(first, pages, page_size);
+        }
     }
 }
 
@@ -600,6 +697,65 @@ mod tests {
             arena.free_chain(chain);
         }
         assert_eq!(arena.pages_out(), 0);
+    }
+
+    /// A chunk the arena mapped itself (its rest not resident, as here after a trim) gets
+    /// its window faulted in ahead of use: by the helper step directly, exactly the window's
+    /// pages, bytes of pages out untouched; and by the process's helper when an allocation
+    /// asks for it.
+    #[test]
+    fn a_chunk_not_faulted_in_gets_a_window_ahead_of_use() {
+        let page = 4096;
+        let window = PREFAULT_WINDOW_BYTES / page;
+        let arena = Arena::new(page);
+        let mut first = arena.alloc_chain(1).unwrap();
+        first.write(0, &[0x5A; 4096]);
+        // As if the arena had mapped the chunk itself: its rest not resident.
+        let rest = |arena: &Arena| {
+            let mut st = arena.state.lock();
+            let run = st.next_fresh.as_mut().expect("a fresh run");
+            // SAFETY: the untouched rest of the chunk, reached by no one else, under its lock.
+            unsafe { release(run.next, run.left * page) };
+            run.resident = 0;
+            *run
+        };
+        let run = rest(&arena);
+        assert!(run.left > window);
+        fault_in_window(&Arc::downgrade(&arena.state));
+        let resident = mapping::residency_at(run.next, (window + 8) * page).unwrap();
+        assert!(
+            resident[..window].iter().all(|&r| r),
+            "the window is faulted in"
+        );
+        assert!(
+            !resident[window..].iter().any(|&r| r),
+            "nothing past the window"
+        );
+        assert_eq!(arena.state.lock().next_fresh.unwrap().resident, window);
+        // Still more than half full: a second look faults nothing more.
+        fault_in_window(&Arc::downgrade(&arena.state));
+        assert_eq!(arena.state.lock().next_fresh.unwrap().resident, window);
+        // Taken pages come out resident, with their count.
+        let taken = arena.alloc_chain(window / 2 + 1).unwrap();
+        assert!(taken
+            .pages
+            .iter()
+            .all(|p| mapping::residency_at(p.ptr, page).unwrap()[0]));
+        // The process's helper, asked by that allocation (the window was under half).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while arena.state.lock().next_fresh.unwrap().resident < window / 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the helper never faulted the window"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut back = vec![0; 4096];
+        first.read(0, &mut back);
+        assert!(back.iter().all(|&b| b == 0x5A), "a page out was disturbed");
+        arena.free_chain(first);
+        arena.free_chain(taken);
+        let _ = rest(&arena);
     }
 
     /// Once allocation stops, the helper releases an idle arena's hot pages and the
