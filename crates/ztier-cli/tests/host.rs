@@ -224,8 +224,11 @@ fn a_state_directory_keeps_every_device_across_a_restart() {
     assert!(!list.contains("gone"), "{list}");
     // Limits set at runtime come back with the device; the flags' own replace them, said.
     ok(ctl(&nbd, &["--device", "vm2", "mem_limit", "4M"]));
-    let low = ok(ctl(&nbd, &["--device", "vm2", "mem_low", "1M"]));
+    // The device named in words, as the server's own hint writes it, is the same request.
+    let low = ok(ctl(&nbd, &["device", "vm2", "mem_low", "1M"]));
     assert!(low.contains("mem_low set"), "{low}");
+    let stat = ok(ctl(&nbd, &["device", "vm2", "mm_stat"]));
+    assert_eq!(stat.split_whitespace().count(), 9, "{stat}");
     ok(ctl(&nbd, &["--device", "vm1", "mem_limit", "2M"]));
     server.stop();
     let mut again = vec!["--device", "vm1,size=8M"];

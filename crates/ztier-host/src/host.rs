@@ -54,11 +54,20 @@ pub struct HostConfig {
     pub shared_store: Option<Arc<ThinStore>>,
 }
 
+/// The devices by name, and the names of those being made: a name is in at most one of the
+/// two, so two callers making one name at once never both make it (the second is refused
+/// before it touches the first one's store or state files).
+#[derive(Default)]
+struct DeviceTable {
+    made: BTreeMap<String, Arc<HostDevice>>,
+    making: std::collections::BTreeSet<String>,
+}
+
 /// The host of devices.
 pub struct Host {
     config: HostConfig,
     group: Arc<MemoryGroup>,
-    devices: RwLock<BTreeMap<String, Arc<HostDevice>>>,
+    devices: RwLock<DeviceTable>,
     budget: Mutex<Option<Budget>>,
     /// Volumes of the shared store taken back at start (the devices a clean stop saved),
     /// by device name, each waiting for its device to be made again. They hold their
@@ -82,7 +91,7 @@ impl Host {
         let host = Arc::new(Host {
             group: Arc::new(MemoryGroup::new(config.limit)),
             config,
-            devices: RwLock::new(BTreeMap::new()),
+            devices: RwLock::new(DeviceTable::default()),
             budget: Mutex::new(None),
             restored: Mutex::new(restored),
         });
@@ -111,7 +120,7 @@ impl Host {
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<HostDevice>> {
-        self.devices.read().get(name).cloned()
+        self.devices.read().made.get(name).cloned()
     }
 
     /// Writes attribute `attr` of device `name`: one of its zram's (by the kernel's sysfs
@@ -181,7 +190,7 @@ impl Host {
 
     /// Every device, by name.
     pub fn devices(&self) -> Vec<Arc<HostDevice>> {
-        self.devices.read().values().cloned().collect()
+        self.devices.read().made.values().cloned().collect()
     }
 
     /// Makes a device: its pool, limits and policy, in the host's group; its store (in the
@@ -189,18 +198,28 @@ impl Host {
     /// its guard taken by [`HostDevice::consume_state`] once it is served).
     pub fn create(&self, spec: DeviceSpec) -> Result<Arc<HostDevice>, HostError> {
         let name = spec.name.clone();
-        if self.devices.read().contains_key(&name) {
-            return Err(HostError::Exists(name));
+        {
+            let mut devices = self.devices.write();
+            if devices.made.contains_key(&name) || !devices.making.insert(name.clone()) {
+                return Err(HostError::Exists(name));
+            }
         }
+        // The name is this call's until it ends, however it ends.
+        struct Making<'a>(&'a RwLock<DeviceTable>, &'a str);
+        impl Drop for Making<'_> {
+            fn drop(&mut self) {
+                self.0.write().making.remove(self.1);
+            }
+        }
+        let _making = Making(&self.devices, &name);
         let made = self.make(spec)?;
-        let mut devices = self.devices.write();
-        if devices.contains_key(&name) {
-            return Err(HostError::Exists(name));
-        }
         if let Some(dir) = &self.config.state_dir {
             write_spec(&dir.join(format!("{name}.spec")), &made.spec())?;
         }
-        devices.insert(name, Arc::clone(&made));
+        self.devices
+            .write()
+            .made
+            .insert(name.clone(), Arc::clone(&made));
         Ok(made)
     }
 
@@ -353,7 +372,7 @@ impl Host {
     /// that fails keeps what the last run saved. Its policy stops; its memory goes with the
     /// last holder.
     pub fn abandon(&self, name: &str) -> Option<Arc<HostDevice>> {
-        let gone = self.devices.write().remove(name)?;
+        let gone = self.devices.write().made.remove(name)?;
         gone.quiesce();
         Some(gone)
     }
@@ -365,6 +384,7 @@ impl Host {
         let gone = self
             .devices
             .write()
+            .made
             .remove(name)
             .ok_or_else(|| HostError::NoSuchDevice(name.to_string()))?;
         gone.quiesce();

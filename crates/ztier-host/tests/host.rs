@@ -2,7 +2,7 @@
 //! device costs before use; each device's cap and the host's limit; the budget that keeps
 //! the pools' sum under the target with the coldest pages across devices, sparing a
 //! device's protection (the coldest and largest one too); limits changed at runtime; states
-//! kept across a host's restart.
+//! kept across a host's restart; one name made by two callers at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -63,6 +63,52 @@ fn devices_by_name_are_made_and_ended() {
 
 /// Devices made and ended while four threads write and verify others: no wrong byte, and
 /// every ended device's memory and store given back.
+/// Two callers making one name at once: one device is made, the other caller is refused
+/// before it touches the first one's store, whose pages read back whole.
+#[test]
+fn one_name_made_twice_at_once_is_made_once() {
+    let stores = dir("race");
+    let host = Host::new(HostConfig {
+        store_dir: Some(stores.clone()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    for round in 0..32 {
+        let name = format!("r{round}");
+        let barrier = std::sync::Barrier::new(2);
+        let made: Vec<_> = std::thread::scope(|s| {
+            let tries: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        let d = host.create(spec(&format!("{name},size=4M")))?;
+                        // The store's file is in use: written back and read again.
+                        write_pages(&*d.block_device(), 0, 4, round).unwrap();
+                        d.device()
+                            .writeback(ztier_zram::PageSelector::All, None, None)
+                            .unwrap();
+                        Ok::<_, HostError>(d)
+                    })
+                })
+                .collect();
+            tries.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let ok: Vec<_> = made.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(ok.len(), 1, "round {round}: made {} times", ok.len());
+        assert!(made
+            .iter()
+            .any(|r| matches!(r, Err(HostError::Exists(n)) if *n == name)));
+        let d = ok[0];
+        assert_eq!(d.device().bd_stat().unwrap().bd_count, 4);
+        let mut back = vec![0; 4096];
+        for i in 0..4 {
+            d.block_device().read_at(i * 4096, &mut back).unwrap();
+            assert_eq!(back, pattern(round ^ i, 4096), "round {round}: page {i}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&stores);
+}
+
 #[test]
 fn devices_come_and_go_while_others_are_written() {
     let stores = dir("churn");

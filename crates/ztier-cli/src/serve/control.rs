@@ -66,7 +66,8 @@ pub struct CtlArgs {
     /// write, if any. Of a host: `devices` (list them), `create NAME size=64G
     /// [compressor=lz4 mem_limit=2G mem_low=256M ...]` (a device made while the others
     /// serve), `destroy NAME [force]` (refused while a client holds it, unless forced: its
-    /// clients are cut off).
+    /// clients are cut off); `device NAME ATTR [VALUE...]` is `--device NAME ATTR
+    /// [VALUE...]`.
     #[arg(required = true, num_args = 1.., value_name = "ATTR [VALUE...]")]
     pub words: Vec<String>,
 }
@@ -99,16 +100,27 @@ fn ask(
 
 pub fn ctl(args: &CtlArgs) -> anyhow::Result<()> {
     let host_request = ["devices", "create", "destroy"];
-    let request = match args.words.as_slice() {
-        [verb, ..] if args.device.is_none() && host_request.contains(&verb.as_str()) => {
-            args.words.join(" ")
+    // `device NAME ATTR [VALUE...]` in words is `--device NAME ATTR [VALUE...]`.
+    let (device, words) = match args.words.as_slice() {
+        [verb, name, rest @ ..] if verb == "device" && !rest.is_empty() => {
+            if args.device.as_ref().is_some_and(|d| d != name) {
+                bail!(
+                    "--device {} and `device {name}`: name one device",
+                    args.device.as_deref().unwrap_or_default()
+                );
+            }
+            (Some(name), rest)
         }
+        words => (args.device.as_ref(), words),
+    };
+    let request = match words {
+        [verb, ..] if device.is_none() && host_request.contains(&verb.as_str()) => words.join(" "),
         [attr] if ACTIONS.contains(&attr.as_str()) => format!("set {attr}"),
         [attr] => format!("get {attr}"),
         [attr, value @ ..] => format!("set {attr} {}", value.join(" ")),
         [] => bail!("name an attribute"),
     };
-    let request = match &args.device {
+    let request = match device {
         Some(name) => format!("device {name} {request}"),
         None => request,
     };
