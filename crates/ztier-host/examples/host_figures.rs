@@ -4,7 +4,8 @@
 //!   pages a device, the devices in turn): RSS per stored
 //!   page against `mem_used_total` per stored page and the slot tables' resident bytes
 //!   (`metadata_bytes`), and store and load speed against the raw compressor on the same
-//!   pages in the same process. Each case runs in a process of its own (this program again, as
+//!   pages in the same process, and the store again once the pools are warm (each page
+//!   rewritten with another of the set). Each case runs in a process of its own (this program again, as
 //!   `rss-one`), so no case's freed memory counts in the next. The pages go to each device
 //!   either packed (its first pages, as a swap device fills its first clusters) or spread
 //!   (evenly over all 64 GiB: the slot table's worst case). With stores, it also looks at
@@ -175,6 +176,26 @@ fn rss_one(args: &Args) -> Result<(), String> {
             .map_err(|e| format!("{}: page {index}: {e}", d.name()))?;
     }
     let load_secs = started.elapsed().as_secs_f64();
+    let mem_used_total: u64 = devices
+        .iter()
+        .map(|d| d.device().mm_stat().mem_used_total)
+        .sum();
+    // Warm: every page written again with another page of the same set (the second half's
+    // in the first half's places and back), so the pools reuse what the first fill made:
+    // the store of a host that has been running, without the first touch of fresh memory.
+    let started = Instant::now();
+    for j in 0..pages {
+        let (d, index) = place(j);
+        let other = ((j + pages / 2) % pages) as usize * PAGE;
+        d.block_device()
+            .write_at(
+                index * PAGE as u64,
+                &corpus.bytes()[other..other + PAGE],
+                false,
+            )
+            .map_err(|e| format!("{}: page {index}: {e}", d.name()))?;
+    }
+    let rewrite_secs = started.elapsed().as_secs_f64();
     // The raw compressor on the same pages, in the same process: the reference.
     let algorithm = devices[0].spec().compressor;
     let mut stream = Stream::new(&algorithm, PAGE);
@@ -196,10 +217,6 @@ fn rss_one(args: &Args) -> Result<(), String> {
     // zspage's worth (up to 4 pages) at a call, as the arena does when its helper thread
     // had no chunk ready. The kernel's zsmalloc takes its pages from the page allocator
     // unzeroed; a process's fresh pages come zeroed, one fault or populate call at a time.
-    let mem_used_total: u64 = devices
-        .iter()
-        .map(|d| d.device().mm_stat().mem_used_total)
-        .sum();
     let fresh = ztier_base::mapping::Mapping::anonymous(mem_used_total.max(1) as usize)
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
@@ -246,6 +263,7 @@ fn rss_one(args: &Args) -> Result<(), String> {
         "rss_scan_growth": scan_growth,
         "metadata_after_scan": metadata_after_scan,
         "store_mbps": mbps(store_secs),
+        "rewrite_mbps": mbps(rewrite_secs),
         "load_mbps": mbps(load_secs),
         "raw_compress_mbps": mbps(raw_compress_secs),
         "raw_decompress_mbps": mbps(raw_decompress_secs),
@@ -381,11 +399,12 @@ fn rss_table(args: &Args) -> Result<(), String> {
     println!(
         "\n| devices of 64 GiB | pages at | stores | RSS before use | RSS per stored page | \
          mem_used_total per stored page | metadata_bytes (per stored page) | after a \
-         writeback pass: RSS growth, metadata_bytes | store MB/s (x raw compress) | load \
+         writeback pass: RSS growth, metadata_bytes | store MB/s (x raw compress) | store \
+         once the pools are warm (x raw) | load \
          MB/s (x raw decompress) | kernel zram store MB/s, same pages and pattern (ztier \
          / kernel) | faulting in mem_used_total's pages fresh, against the store's time |"
     );
-    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
     for r in &rows {
         let pages = r["pages"].as_f64().unwrap_or(1.0);
         let per_page = |key: &str| r[key].as_f64().unwrap_or(f64::NAN) / pages;
@@ -418,7 +437,7 @@ fn rss_table(args: &Args) -> Result<(), String> {
             r["store_secs"].as_f64().unwrap_or(f64::NAN) * 1e3
         );
         println!(
-            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} MiB | {:.0} B | {:.0} B | {:.2} MiB ({:.0} B) | {} | {} | {} | {} | {} | {} |",
             r["devices"],
             r["layout"].as_str().unwrap_or("?"),
             if r["stores"].as_bool() == Some(true) {
@@ -433,6 +452,7 @@ fn rss_table(args: &Args) -> Result<(), String> {
             per_page("metadata_bytes"),
             scan,
             speed("store_mbps", "raw_compress_mbps"),
+            speed("rewrite_mbps", "raw_compress_mbps"),
             speed("load_mbps", "raw_decompress_mbps"),
             kernel,
             fault_in,
