@@ -3,7 +3,8 @@
 //! through the control socket while others serve (refused while a client holds one);
 //! `--state-dir` keeps every device, those made at runtime too, across a restart; a config
 //! file says the same as the flags; the metrics endpoint is read by Prometheus's own parser
-//! and agrees with each device's `mm_stat`.
+//! and agrees with each device's `mm_stat`; a host's `ztier stat --json` over time is drawn
+//! by `ztier plot`.
 
 mod common;
 
@@ -705,4 +706,65 @@ fn a_failed_start_keeps_every_state() {
     );
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A host's `ztier stat --json` lines taken over time are drawn by `ztier plot`: a line per
+/// device, the host's sum and its target.
+#[test]
+fn a_hosts_samples_over_time_are_drawn_by_plot() {
+    let dir = temp_dir("host-plot");
+    let nbd = dir.join("nbd.sock");
+    let log = dir.join("log");
+    let server = serve(
+        &[
+            "--device",
+            "guest-a,size=16M",
+            "--device",
+            "guest-b,size=16M",
+            "--store-dir",
+            dir.join("stores").to_str().unwrap(),
+            "--host-target",
+            "64M",
+            "--socket",
+            nbd.to_str().unwrap(),
+        ],
+        &common::ctl_socket(&nbd),
+        &log,
+    );
+    let a = export(&nbd, "guest-a").unwrap();
+    let mut samples = String::new();
+    for i in 0..4u64 {
+        a.write_at(i * 64 * 4096, &pattern(i, 64 * 4096), false)
+            .unwrap();
+        samples += &ok(common::ztier()
+            .args(["stat", "--json", "--socket", nbd.to_str().unwrap()])
+            .output()
+            .unwrap());
+    }
+    let times: Vec<f64> = samples
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["host"]["unix_time"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let jsonl = dir.join("host.jsonl");
+    std::fs::write(&jsonl, &samples).unwrap();
+    let svg = dir.join("host.svg");
+    ok(common::ztier()
+        .args(["plot", jsonl.to_str().unwrap(), "-o", svg.to_str().unwrap()])
+        .output()
+        .unwrap());
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    for label in [
+        "guest-a",
+        "guest-b",
+        "the host&apos;s sum",
+        "target 64.0 MiB",
+    ] {
+        assert!(drawn.contains(label), "no {label:?} in the picture");
+    }
+    drop(server);
 }

@@ -14,8 +14,8 @@
 //!   kernel's zram stores the same pages in the same pattern in the same run (`--kernel`,
 //!   root: as many devices, hot-added, of 1 GiB), the reference for what many devices cost.
 //! - `budget`: the budget's run of `tests/budget_run.rs` (`tests/scenario`), longer and with
-//!   corpus pages: each device's `mem_used_total` and the host's sum over time, kept as CSV
-//!   and drawn as SVG with the target.
+//!   corpus pages: each device's `mem_used_total` and the host's sum over time, kept as a
+//!   host's `ztier stat --json` lines, which `ztier plot` draws with the target.
 //!
 //! `cargo run --release -p ztier-host --example host_figures -- [rss|budget|all]
 //! [--pages N] [--corpus FILE] [--seconds S] [--out-dir DIR]` (default: all, the corpus's
@@ -29,7 +29,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plotters::prelude::*;
 use scenario::Scenario;
 use ztier_compress::Stream;
 use ztier_corpus::Corpus;
@@ -469,7 +468,7 @@ fn rss_table(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The budget's run, long, with corpus pages; its CSV and SVG in the output directory.
+/// The budget's run, long, with corpus pages; its samples (JSON lines) in the output directory.
 fn budget_run(args: &Args) -> Result<(), String> {
     let corpus = Corpus::load(&corpus_path(args)?).map_err(|e| e.to_string())?;
     let pages: Vec<&[u8]> = corpus.chunks(PAGE).collect();
@@ -547,11 +546,14 @@ fn budget_run(args: &Args) -> Result<(), String> {
         );
     }
     std::fs::create_dir_all(&args.out_dir).map_err(|e| e.to_string())?;
-    let csv = args.out_dir.join("host-budget.csv");
-    write_csv(&csv, &out, s.target).map_err(|e| format!("{}: {e}", csv.display()))?;
-    let svg = args.out_dir.join("host-budget.svg");
-    draw(&svg, &out, &s, &corpus.name).map_err(|e| format!("{}: {e}", svg.display()))?;
-    println!("\n{}\n{}", csv.display(), svg.display());
+    let samples = args.out_dir.join("host-budget.jsonl");
+    write_samples(&samples, &out, s.target).map_err(|e| format!("{}: {e}", samples.display()))?;
+    println!(
+        "\n{}: draw it with `ztier plot {} -o {}`",
+        samples.display(),
+        samples.display(),
+        samples.with_extension("svg").display()
+    );
     Ok(())
 }
 
@@ -580,109 +582,38 @@ fn pools_for(s: &Scenario, source: scenario::PageSource) -> Result<u64, String> 
     Ok(host.group().used_bytes())
 }
 
-fn write_csv(path: &Path, out: &scenario::Outcome, target: u64) -> std::io::Result<()> {
+/// The run's samples as a host's `ztier stat --json` lines (the fields `ztier plot` draws):
+/// each device's `mem_used_total`, the pools' sum and the target, over time.
+fn write_samples(path: &Path, out: &scenario::Outcome, target: u64) -> std::io::Result<()> {
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    write!(f, "seconds,tick,target,sum")?;
-    for n in &out.names {
-        write!(f, ",{n}_mem_used_total")?;
-    }
-    for n in &out.names {
-        write!(f, ",{n}_written_back_pages")?;
-    }
-    writeln!(f, ",settled")?;
-    for (i, x) in out.samples.iter().enumerate() {
-        write!(f, "{:.3},{},{target},{}", x.seconds, x.tick, x.sum)?;
-        for v in x.devices.iter().chain(&x.written_back) {
-            write!(f, ",{v}")?;
-        }
-        writeln!(f, ",{}", u8::from(i >= out.settled_at))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let began = now - out.samples.last().map_or(0.0, |x| x.seconds);
+    for x in &out.samples {
+        let devices: serde_json::Map<String, serde_json::Value> = out
+            .names
+            .iter()
+            .zip(x.devices.iter().zip(&x.written_back))
+            .map(|(name, (&mem, &written_back))| {
+                let sample = serde_json::json!({
+                    "mm_stat": { "mem_used_total": mem },
+                    "budget_written_back_pages": written_back,
+                });
+                (name.clone(), sample)
+            })
+            .collect();
+        let line = serde_json::json!({
+            "host": {
+                "unix_time": began + x.seconds,
+                "budget_ticks": x.tick,
+                "mem_used_bytes": x.sum,
+                "mem_target_bytes": target,
+            },
+            "devices": devices,
+        });
+        writeln!(f, "{line}")?;
     }
     f.flush()
-}
-
-/// Each device's memory and the host's sum over time, with the target.
-fn draw(path: &Path, out: &scenario::Outcome, s: &Scenario, corpus: &str) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Debug| format!("drawing: {e:?}");
-    let mib = |b: u64| b as f64 / 1048576.0;
-    let end = out.samples.last().map_or(1.0, |x| x.seconds).max(1.0);
-    let top = out
-        .samples
-        .iter()
-        .map(|x| mib(x.sum))
-        .fold(mib(s.target), f64::max)
-        * 1.1;
-    let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "one host, one budget: 4 devices' mem_used_total, target {:.1} MiB, budget \
-                 every {} ms ({corpus} pages, lzo-rle on zsmalloc)",
-                mib(s.target),
-                s.interval.as_millis()
-            ),
-            ("sans-serif", 17),
-        )
-        .margin(14)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..end, 0f64..top)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("MiB")
-        .draw()
-        .map_err(|e| err(&e))?;
-    let colours = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(148, 103, 189),
-    ];
-    let label = |n: &str| match n {
-        "cold" => "cold (written once, idle)".to_string(),
-        "low" => format!("low (mem_low {} MiB)", s.low_protection >> 20),
-        n => format!("{n} (hot, growing)"),
-    };
-    for (k, name) in out.names.iter().enumerate() {
-        let c = colours[k % colours.len()];
-        chart
-            .draw_series(LineSeries::new(
-                out.samples.iter().map(|x| (x.seconds, mib(x.devices[k]))),
-                c.stroke_width(2),
-            ))
-            .map_err(|e| err(&e))?
-            .label(label(name))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
-    }
-    chart
-        .draw_series(LineSeries::new(
-            out.samples.iter().map(|x| (x.seconds, mib(x.sum))),
-            RED.stroke_width(2),
-        ))
-        .map_err(|e| err(&e))?
-        .label("the host's sum")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED.stroke_width(2)));
-    let t = mib(s.target);
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(0.0, t), (end, t)],
-            6,
-            4,
-            BLACK.stroke_width(1),
-        ))
-        .map_err(|e| err(&e))?
-        .label("target")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
 }

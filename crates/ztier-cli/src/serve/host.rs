@@ -410,7 +410,11 @@ impl Hosted {
                 .iter()
                 .map(|d| (d.name().to_string(), self.snapshot(d)))
                 .collect();
+            let unix_time = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
             let host = serde_json::json!({
+                "unix_time": unix_time,
                 "devices": devices.len(),
                 "mem_used_bytes": self.host.group().used_bytes(),
                 "mem_limit_bytes": self.host.group().limit_bytes(),
