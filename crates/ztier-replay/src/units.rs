@@ -8,7 +8,10 @@
 //! of 3: the 8 aligned pages around a random page, read in order, each timed: the
 //! neighbours that follow a read, which a device of larger units serves from its cache of
 //! decompressed units), with their latency quantiles. Every page is verified (untimed)
-//! after the timed phases; the cache's memory is reported beside the pool's.
+//! after the timed phases; the cache's memory is reported beside the pool's. The random
+//! reads' reference is the raw decompressor on the same units in the same order, each timed
+//! (a page out of a larger unit cannot come back in less than its unit's decompression:
+//! the cap the machine sets on a random read's latency at that unit size).
 //!
 //! Same-filled units are skipped by the reference as zram skips them; a unit the compressor
 //! cannot shrink below zram's raw threshold counts its whole size in the reference, as zram
@@ -63,6 +66,11 @@ pub struct UnitRun {
     /// Their latency quantiles, in microseconds.
     pub random_read_p50_us: f64,
     pub random_read_p99_us: f64,
+    /// The raw decompressor on the units of the same random pages, in the same order, each
+    /// timed (a same-filled unit filled, one stored whole copied): latency quantiles in
+    /// microseconds. The floor of a random read at this unit size.
+    pub raw_unit_decompress_p50_us: f64,
+    pub raw_unit_decompress_p99_us: f64,
     /// Readahead windows (8 aligned pages around a random page, in order), MB of pages per
     /// second, as many pages as the random reads.
     pub readahead_read_mb_s: f64,
@@ -108,12 +116,21 @@ impl UnitReplay {
         let mut comp = self.algorithm.new_compressor();
         let mut buf = vec![0u8; worst_case_len(unit)];
         let mut raw_compressed_bytes = 0u64;
+        // Each unit as the reference's reads find it.
+        let mut compressed: Vec<RawUnit> = Vec::with_capacity(units.len());
         for (i, u) in units.iter().enumerate() {
-            if same_filled(u).is_none() {
+            if let Some(fill) = same_filled(u) {
+                compressed.push(RawUnit::Filled(fill));
+            } else {
                 let len = comp
                     .compress(u, &mut buf)
                     .map_err(|e| at("compressing", i, e))?;
                 raw_compressed_bytes += if len >= huge_from { unit } else { len } as u64;
+                compressed.push(if len >= huge_from {
+                    RawUnit::Whole
+                } else {
+                    RawUnit::Compressed(buf[..len].to_vec())
+                });
             }
         }
 
@@ -163,8 +180,31 @@ impl UnitReplay {
             Ok(began.elapsed().as_secs_f64())
         })?;
 
+        // The floor: the raw decompressor on the units of the random pages below (the same
+        // draws), each timed.
+        let seed = 0x9e37_79b9_7f4a_7c15;
+        let mut rng = ztier_base::rng::Rng::from_state(seed);
+        let mut whole_unit = vec![0u8; unit];
+        let mut raw_latencies = Vec::with_capacity(self.random_reads);
+        for _ in 0..self.random_reads {
+            let u = (rng.next_u64() % pages) as usize * ps / unit;
+            let t = Instant::now();
+            match &compressed[u] {
+                RawUnit::Filled(fill) => ztier_compress::fill_page(&mut whole_unit, *fill),
+                RawUnit::Whole => whole_unit.copy_from_slice(units[u]),
+                RawUnit::Compressed(bytes) => {
+                    comp.decompress(bytes, &mut whole_unit)
+                        .map_err(|e| at("decompressing", u, e))?;
+                }
+            }
+            raw_latencies.push(t.elapsed().as_nanos() as u64);
+            std::hint::black_box(&whole_unit);
+        }
+        raw_latencies.sort_unstable();
+        drop(compressed);
+
         // Random single pages, each timed.
-        let mut rng = ztier_base::rng::Rng::from_state(0x9e37_79b9_7f4a_7c15);
+        let mut rng = ztier_base::rng::Rng::from_state(seed);
         let mut latencies = Vec::with_capacity(self.random_reads);
         let began = Instant::now();
         for _ in 0..self.random_reads {
@@ -229,6 +269,8 @@ impl UnitReplay {
             random_read_mb_s: round1(mb_s(self.random_reads * ps, random_s)),
             random_read_p50_us: round1(quantile(0.5)),
             random_read_p99_us: round1(quantile(0.99)),
+            raw_unit_decompress_p50_us: round1(quantile_of(&raw_latencies, 0.5)),
+            raw_unit_decompress_p99_us: round1(quantile_of(&raw_latencies, 0.99)),
             readahead_read_mb_s: round1(mb_s(window_latencies.len() * ps, window_s)),
             readahead_read_p50_us: round1(quantile_of(&window_latencies, 0.5)),
             readahead_read_p99_us: round1(quantile_of(&window_latencies, 0.99)),
@@ -236,4 +278,13 @@ impl UnitReplay {
             verified: true,
         })
     }
+}
+
+/// A unit as the raw reference holds it.
+enum RawUnit {
+    /// Same-filled: its word, as zram keeps it.
+    Filled(u64),
+    /// Stored whole (the compressor could not shrink it below zram's threshold).
+    Whole,
+    Compressed(Vec<u8>),
 }

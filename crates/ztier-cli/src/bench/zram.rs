@@ -175,7 +175,7 @@ fn run_units(
 ) -> anyhow::Result<()> {
     if !args.replay.json {
         println!(
-            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
+            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
             "corpus",
             "alg",
             "unit",
@@ -189,6 +189,7 @@ fn run_units(
             "rand_MB/s",
             "p50_us",
             "p99_us",
+            "raw_p99",
             "ra_MB/s",
             "ra_p50",
             "ra_p99",
@@ -216,7 +217,7 @@ fn run_units(
 
 fn print_unit_run(r: &ztier_replay::units::UnitRun) {
     println!(
-        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
+        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
         r.corpus,
         r.compressor,
         r.unit_size >> 10,
@@ -230,6 +231,7 @@ fn print_unit_run(r: &ztier_replay::units::UnitRun) {
         r.random_read_mb_s,
         r.random_read_p50_us,
         r.random_read_p99_us,
+        r.raw_unit_decompress_p99_us,
         r.readahead_read_mb_s,
         r.readahead_read_p50_us,
         r.readahead_read_p99_us,
