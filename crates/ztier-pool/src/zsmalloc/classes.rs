@@ -12,8 +12,8 @@
 //! large compression units; the idea of OPPO's 2024 multi-page zsmalloc RFC): above the page
 //! size come classes `page_size + k * large_delta` (large delta = largest object >>
 //! `CLASS_BITS`) up to the largest object. A large class's zspage is a chain of as many pages
-//! as one object needs, up to `chain_size` pages where that holds more than one object,
-//! chosen by the same rule; a class whose one object fills its chain exactly is huge (no
+//! as one object needs, up to `chain_size` pages or [`LARGE_CHAIN_FACTOR`] times that fewest
+//! (whichever is more) where that holds more than one object, chosen by the same rule; a class whose one object fills its chain exactly is huge (no
 //! header). `huge_class_size` is then the largest class below the largest object, less the
 //! header: a unit compressing to more is stored raw. A pool without them (the default) has
 //! exactly the kernel's table.
@@ -28,6 +28,10 @@ pub const ZS_MIN_ALLOC_SIZE: usize = 32;
 pub const DEFAULT_CHAIN_SIZE: usize = 8;
 /// Valid chain sizes (the kernel's Kconfig allows 4..16; 1..3 are accepted for study).
 pub const CHAIN_SIZE_RANGE: std::ops::RangeInclusive<usize> = 1..=16;
+
+/// A class above the page size (a large unit's objects) may chain up to this many times
+/// its fewest pages, whatever the chain size.
+pub const LARGE_CHAIN_FACTOR: usize = 4;
 /// Class index bits: the class delta is `page_size >> CLASS_BITS`.
 const CLASS_BITS: u32 = 8;
 /// The largest object a multi-page pool takes (a 64 KiB compression unit).
@@ -173,7 +177,16 @@ impl ClassTable {
         let mut huge_watermark = 0;
         for i in (0..nr_classes).rev() {
             let size = size_of(i);
-            let pages = rule.pages_per_zspage(size, page_size, chain_size);
+            // An object larger than a page (a large unit's) may take a chain of up to four
+            // times its fewest pages: its zspage's tail then wastes ~2 % of it, where the
+            // chain size's 8 pages waste ~6 % for 8-20 KiB objects. A page-sized table has
+            // no such class, so the kernel's layout is untouched.
+            let most = if i < small_indexes {
+                chain_size
+            } else {
+                chain_size.max(LARGE_CHAIN_FACTOR * size.div_ceil(page_size))
+            };
+            let pages = rule.pages_per_zspage(size, page_size, most);
             let objs = pages * page_size / size;
             // The kernel's rule. With one-page zspages (chain size 1, below the kernel's
             // Kconfig range of 4..16) it never fires and the kernel would call every size
@@ -199,12 +212,12 @@ impl ClassTable {
             index_to_desc[i] = descending.len() - 1;
         }
         if large_indexes > 0 {
-            // Lengths whose class is the largest object's are stored raw: the unit costs
-            // the same, and reads need no decompression.
+            // Lengths whose class costs as much per object as the largest object's are
+            // stored raw: the unit costs the same, and reads need no decompression.
             huge_watermark = descending
                 .iter()
+                .filter(|c| c.pages_per_zspage * page_size / c.objs_per_zspage < max_object)
                 .map(|c| c.size)
-                .filter(|&s| s < max_object)
                 .max()
                 .expect("classes below the largest object");
         }
@@ -353,9 +366,24 @@ mod tests {
         assert_eq!(t.classes[t.slot_for_request(t.huge_class_size)].size, 65536);
         assert!(t.classes[t.slot_for_request(t.huge_class_size - 1)].size < 65536);
         assert_eq!(
-            t.huge_watermark, 61440,
-            "15 pages: the largest class below the unit"
+            t.huge_watermark, 64512,
+            "the largest class costing less than the unit per object: 4 objects in 63 pages"
         );
+        let watermark = &t.classes[t.slot_for_request(t.huge_class_size - 1)];
+        assert_eq!(
+            (watermark.pages_per_zspage, watermark.objs_per_zspage),
+            (63, 4)
+        );
+        // Large classes chain up to four times their fewest pages: tails waste little.
+        for c in t.classes.iter().filter(|c| c.size > 4096 && !c.huge) {
+            let tail = c.pages_per_zspage * 4096 - c.objs_per_zspage * c.size;
+            assert!(
+                tail * 100 <= c.pages_per_zspage * 4096 * 10,
+                "class {}: {tail} bytes of {} pages wasted",
+                c.size,
+                c.pages_per_zspage
+            );
+        }
         // Every class holds its objects in its chain, and a request lands in a class that
         // fits it with its header.
         for c in &t.classes {
