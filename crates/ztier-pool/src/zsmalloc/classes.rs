@@ -179,14 +179,23 @@ impl ClassTable {
             let size = size_of(i);
             // An object larger than a page (a large unit's) may take a chain of up to four
             // times its fewest pages: its zspage's tail then wastes ~2 % of it, where the
-            // chain size's 8 pages waste ~6 % for 8-20 KiB objects. A page-sized table has
-            // no such class, so the kernel's layout is untouched.
-            let most = if i < small_indexes {
-                chain_size
+            // chain size's 8 pages waste ~6 % for 8-20 KiB objects. The shortest chain
+            // wasting at most 3 % is taken, so a class's one partly filled zspage (what a
+            // small device pays per class in use) stays as small as it can. A page-sized
+            // table has no such class, so the kernel's layout is untouched.
+            // Above a unit less a page, one object a zspage of its fewest pages (as the
+            // unit's own class): such a class would save under a page per object, so its
+            // lengths are stored raw (merged into the unit's class below), and no zspage of
+            // several near-unit objects waits to be filled.
+            let pages = if i < small_indexes || size > max_object - page_size {
+                rule.pages_per_zspage(size, page_size, chain_size)
             } else {
-                chain_size.max(LARGE_CHAIN_FACTOR * size.div_ceil(page_size))
+                let fewest = size.div_ceil(page_size);
+                let most = chain_size.max(LARGE_CHAIN_FACTOR * fewest);
+                (fewest..=most)
+                    .find(|&n| (n * page_size) % size * 100 <= n * page_size * 3)
+                    .unwrap_or_else(|| rule.pages_per_zspage(size, page_size, most))
             };
-            let pages = rule.pages_per_zspage(size, page_size, most);
             let objs = pages * page_size / size;
             // The kernel's rule. With one-page zspages (chain size 1, below the kernel's
             // Kconfig range of 4..16) it never fires and the kernel would call every size
@@ -212,11 +221,11 @@ impl ClassTable {
             index_to_desc[i] = descending.len() - 1;
         }
         if large_indexes > 0 {
-            // Lengths whose class costs as much per object as the largest object's are
-            // stored raw: the unit costs the same, and reads need no decompression.
+            // Lengths whose class is the largest object's are stored raw: the unit costs
+            // the same, and reads need no decompression.
             huge_watermark = descending
                 .iter()
-                .filter(|c| c.pages_per_zspage * page_size / c.objs_per_zspage < max_object)
+                .filter(|c| c.size < max_object)
                 .map(|c| c.size)
                 .max()
                 .expect("classes below the largest object");
@@ -366,13 +375,8 @@ mod tests {
         assert_eq!(t.classes[t.slot_for_request(t.huge_class_size)].size, 65536);
         assert!(t.classes[t.slot_for_request(t.huge_class_size - 1)].size < 65536);
         assert_eq!(
-            t.huge_watermark, 64512,
-            "the largest class costing less than the unit per object: 4 objects in 63 pages"
-        );
-        let watermark = &t.classes[t.slot_for_request(t.huge_class_size - 1)];
-        assert_eq!(
-            (watermark.pages_per_zspage, watermark.objs_per_zspage),
-            (63, 4)
+            t.huge_watermark, 61440,
+            "15 pages: the largest class saving a page per object against the unit"
         );
         // Large classes chain up to four times their fewest pages: tails waste little.
         for c in t.classes.iter().filter(|c| c.size > 4096 && !c.huge) {
