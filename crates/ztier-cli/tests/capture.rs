@@ -539,7 +539,7 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a zram run or a trace"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a zram run, a trace replay"));
 
     // A trace: a child captured over epochs while it changes pages, replayed with the idle
     // policy writing back, its memory over time drawn.
@@ -575,6 +575,45 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
     assert!(svg.contains("memory over time"));
     // The store's line is its bytes stored, said so.
     assert!(svg.contains("on the backing store (bytes stored)"));
+    // The far tier judged on it, drawn: each fixed age and the controller against the
+    // target; and the capture at three unit sizes, memory against a random read's p99.
+    for (args, said) in [
+        (
+            &[
+                "--trace",
+                "--promotion-target",
+                "5%/min",
+                "--fixed-ages",
+                "1s,2s",
+            ][..],
+            &["the far tier", "controller", "1s", "2s"][..],
+        ),
+        (
+            &["--unit-size", "4K,16K,64K", "--random-reads", "200"][..],
+            &["random 4 KiB read", "4K", "16K", "64K"][..],
+        ),
+    ] {
+        let drawn = dir.join("drawn.svg");
+        let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .arg("bench")
+            .args(args)
+            .arg("--corpus")
+            .arg(&corpus)
+            .arg("--plot")
+            .arg(&drawn)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let svg = std::fs::read_to_string(&drawn).unwrap();
+        for s in said {
+            assert!(svg.contains(s), "{args:?}: no {s:?} in the picture");
+        }
+        std::fs::remove_file(&drawn).unwrap();
+    }
     // The same trace through zswap with a pool limit of 1 % of 16 MiB: verified, some pages
     // sent to the device.
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))

@@ -49,6 +49,7 @@ pub fn run(
     percent: f64,
     paths: &[PathBuf],
     layout: ztier_pool::ZsConfig,
+    plot: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let replay = FarTierReplay {
         allocator,
@@ -59,11 +60,16 @@ pub fn run(
         fixed_ages: far.fixed_ages.clone(),
         target: PromotionTarget::new(percent / 100.0),
     };
+    let mut verdicts = Vec::new();
     for path in paths {
         let corpus = replay_args.load(path)?;
         let trace = read_trace(path)?;
         let verdict = replay.judge(&corpus, &trace)?;
         emit(replay_args.json, &verdict, print_verdict)?;
+        verdicts.push(serde_json::to_value(&verdict)?);
+    }
+    if let Some(svg) = plot {
+        crate::plot::render(&verdicts, svg)?;
     }
     Ok(())
 }

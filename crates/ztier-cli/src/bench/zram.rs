@@ -57,7 +57,8 @@ pub struct ZramArgs {
           value_parser = clap::value_parser!(u8).range(1..=16))]
     pub chain_sizes: Vec<u8>,
     /// Also draw the runs into this SVG (as `ztier plot` does; keeps the allocator's table,
-    /// as --stats).
+    /// as --stats). With --unit-size: memory against a random read's p99, each unit size;
+    /// with --promotion-target: pages held on the store against promotions, each age.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// Replay the capture over time beside each corpus (NAME.trace, from `ztier capture
@@ -107,6 +108,7 @@ pub fn run(args: &ZramArgs) -> anyhow::Result<()> {
             percent,
             &paths,
             layout,
+            args.plot.as_deref(),
         )
     } else if args.trace {
         run_trace(args, &paths, layout)
@@ -206,11 +208,17 @@ fn run_units(
             .collect::<Result<_, _>>()?,
         random_reads: args.random_reads,
     };
+    let mut runs = Vec::new();
     for path in paths {
         let corpus = args.replay.load(path)?;
         for run in sweep.runs(&corpus) {
-            emit(args.replay.json, &run?, print_unit_run)?;
+            let run = run?;
+            emit(args.replay.json, &run, print_unit_run)?;
+            runs.push(serde_json::to_value(&run)?);
         }
+    }
+    if let Some(svg) = &args.plot {
+        crate::plot::render(&runs, svg)?;
     }
     Ok(())
 }

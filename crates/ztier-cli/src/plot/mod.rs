@@ -12,9 +12,18 @@
 //! - for a trace, memory over time: pages held, compressed bytes, the pool, and the bytes the
 //!   backing store holds after each epoch.
 //!
+//! From `ztier bench --unit-size ... --json`, a panel per corpus of memory against a random
+//! read's p99 for each unit size and compressor (`units`); from `ztier bench --trace
+//! --promotion-target ... --json`, a panel per trace of the pages held on the store against
+//! the promotion rate, each fixed idle age and the controller (`far_tier`).
+//!
 //! And from a host's samples, the lines of `ztier stat --json` taken over time (a host of
 //! devices: `while sleep 1; do ztier stat --json --socket S; done >> host.jsonl`), a panel of
 //! each device's `mem_used_total`, the host's sum and its target over time.
+
+mod far_tier;
+mod host;
+mod units;
 
 use std::path::{Path, PathBuf};
 
@@ -104,34 +113,9 @@ struct StoreCount {
 enum BenchResult {
     Trace(TraceResult),
     Zram(ZramResult),
-    Host(HostSample),
-}
-
-/// One `ztier stat --json` of a host of devices.
-#[derive(Deserialize)]
-struct HostSample {
-    host: HostTotals,
-    devices: std::collections::BTreeMap<String, HostDeviceSample>,
-}
-
-#[derive(Deserialize)]
-struct HostTotals {
-    /// When it was taken (older servers' samples lack it: then they are drawn a second
-    /// apart).
-    unix_time: Option<f64>,
-    mem_used_bytes: u64,
-    mem_target_bytes: u64,
-}
-
-#[derive(Deserialize)]
-struct HostDeviceSample {
-    mm_stat: Option<PoolBytes>,
-}
-
-/// Of a device's `mm_stat`, what the host's panel draws.
-#[derive(Deserialize)]
-struct PoolBytes {
-    mem_used_total: u64,
+    Host(host::HostSample),
+    Units(units::UnitResult),
+    FarTier(far_tier::FarTierResult),
 }
 
 /// One size class's bytes: (class size, objects, bytes the objects take, bytes of pages).
@@ -207,14 +191,19 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
     let mut zram = Vec::new();
     let mut traces = Vec::new();
     let mut host = Vec::new();
+    let mut units = Vec::new();
+    let mut far = Vec::new();
     for (n, value) in results.iter().enumerate() {
         match serde_json::from_value::<BenchResult>(value.clone()) {
             Ok(BenchResult::Zram(r)) => zram.push(r),
             Ok(BenchResult::Trace(t)) => traces.push(t),
             Ok(BenchResult::Host(h)) => host.push(h),
+            Ok(BenchResult::Units(u)) => units.push(u),
+            Ok(BenchResult::FarTier(f)) => far.push(f),
             Err(_) => bail!(
-                "result {}: not a zram run or a trace replay of `ztier bench --json`, nor a \
-                 host's `ztier stat --json` (zswap runs have no pictures yet)",
+                "result {}: not a zram run, a trace replay, a unit-size run or a far tier \
+                 verdict of `ztier bench --json`, nor a host's `ztier stat --json` (zswap runs \
+                 have no pictures yet)",
                 n + 1
             ),
         }
@@ -241,11 +230,14 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
         + usize::from(!tables.is_empty())
         + usize::from(zram.len() > 1)
         + traces.len()
-        + usize::from(!host.is_empty());
+        + usize::from(!host.is_empty())
+        + units::corpora(&units).len()
+        + far.len();
     if panels == 0 {
         bail!(
             "nothing to draw: no allocator table (run the bench with --stats or --plot), no \
-             sweep of several runs, no trace, no host's samples"
+             sweep of several runs, no trace, no host's samples, no unit sizes, no far tier \
+             verdict"
         );
     }
     let root = SVGBackend::new(output, (1100, 380 * panels as u32)).into_drawing_area();
@@ -265,7 +257,13 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
         trace_panel(areas.next().expect("counted"), t)?;
     }
     if !host.is_empty() {
-        host_panel(areas.next().expect("counted"), &host)?;
+        host::host_panel(areas.next().expect("counted"), &host)?;
+    }
+    for corpus in units::corpora(&units) {
+        units::units_panel(areas.next().expect("counted"), &units, corpus)?;
+    }
+    for v in &far {
+        far_tier::far_tier_panel(areas.next().expect("counted"), v)?;
     }
     root.present().map_err(draw_err)?;
     Ok(())
@@ -610,117 +608,6 @@ fn trace_panel(area: &Area, t: &TraceResult) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(draw_err)?;
-    Ok(())
-}
-
-/// A host's memory over time, from its `ztier stat --json` samples: each device's
-/// `mem_used_total`, the host's sum and its target (if it has one).
-fn host_panel(area: &Area, samples: &[HostSample]) -> anyhow::Result<()> {
-    fn mib(bytes: u64) -> f64 {
-        bytes as f64 / 1048576.0
-    }
-    let first = samples[0].host.unix_time;
-    let seconds: Vec<f64> = samples
-        .iter()
-        .enumerate()
-        .map(|(i, s)| match (first, s.host.unix_time) {
-            (Some(t0), Some(t)) => t - t0,
-            _ => i as f64,
-        })
-        .collect();
-    if seconds.iter().any(|s| !s.is_finite()) {
-        bail!("a host's sample has a time that is not a number");
-    }
-    let names: std::collections::BTreeSet<&String> =
-        samples.iter().flat_map(|s| s.devices.keys()).collect();
-    let device_mem = |s: &HostSample, name: &str| {
-        s.devices
-            .get(name)
-            .and_then(|d| d.mm_stat.as_ref())
-            .map(|m| mib(m.mem_used_total))
-    };
-    let target = samples
-        .iter()
-        .map(|s| s.host.mem_target_bytes)
-        .find(|&t| t > 0);
-    let top = samples
-        .iter()
-        .map(|s| mib(s.host.mem_used_bytes))
-        .fold(target.map_or(1.0, mib), f64::max)
-        * 1.1;
-    let start = seconds.iter().copied().fold(f64::INFINITY, f64::min);
-    let end = seconds.iter().copied().fold(start + 1.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "a host's memory over time: {} devices' mem_used_total{}",
-                names.len(),
-                target.map_or(String::new(), |t| format!(", target {:.1} MiB", mib(t)))
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(start..end, 0f64..top)
-        .map_err(draw_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("MiB")
-        .draw()
-        .map_err(draw_err)?;
-    // Red and black are the sum's and the target's.
-    let palette: Vec<RGBColor> = DISTINCT
-        .iter()
-        .copied()
-        .filter(|&c| c != RGBColor(214, 39, 40) && c != RGBColor(0, 0, 0))
-        .collect();
-    for (k, name) in names.iter().enumerate() {
-        let color = palette[k % palette.len()];
-        let points: Vec<(f64, f64)> = samples
-            .iter()
-            .zip(&seconds)
-            .filter_map(|(s, &t)| device_mem(s, name).map(|m| (t, m)))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(draw_err)?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .draw_series(LineSeries::new(
-            samples
-                .iter()
-                .zip(&seconds)
-                .map(|(s, &t)| (t, mib(s.host.mem_used_bytes))),
-            RED.stroke_width(3),
-        ))
-        .map_err(draw_err)?
-        .label("the host's sum")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED.stroke_width(3)));
-    if let Some(t) = target {
-        chart
-            .draw_series(DashedLineSeries::new(
-                [(start, mib(t)), (end, mib(t))],
-                6,
-                4,
-                BLACK.stroke_width(1),
-            ))
-            .map_err(draw_err)?
-            .label("target")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(1)));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
