@@ -76,7 +76,11 @@ fn verify(region: &Region, corpus: &Corpus) {
     for (i, page) in corpus.chunks(PAGE).enumerate() {
         for (w, bytes) in page.chunks_exact(8).enumerate() {
             let v = u64::from_ne_bytes(bytes.try_into().expect("8 bytes"));
-            assert_eq!(words[i * (PAGE / 8) + w].load(Relaxed), v, "page {i} word {w}");
+            assert_eq!(
+                words[i * (PAGE / 8) + w].load(Relaxed),
+                v,
+                "page {i} word {w}"
+            );
         }
     }
 }
