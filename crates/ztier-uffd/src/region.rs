@@ -219,7 +219,7 @@ impl RegionConfig {
     /// to [`ztier_zram::MAX_UNIT_SIZE`].
     pub fn device_unit(&self, page_size: usize) -> Result<usize> {
         let unit_size = self.unit_size;
-        if !unit_size.is_power_of_two() || unit_size < 4096 || unit_size > ztier_zram::MAX_UNIT_SIZE
+        if !unit_size.is_power_of_two() || !(4096..=ztier_zram::MAX_UNIT_SIZE).contains(&unit_size)
         {
             return Err(Error::BadUnitSize {
                 unit_size,
