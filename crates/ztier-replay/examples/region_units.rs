@@ -6,8 +6,8 @@
 //! free memory (nothing evicted meanwhile); every page is verified. Median MB/s of pages
 //! brought in, and the device reads (decompressions) the faults made.
 //!
-//! `cargo run --release -p ztier-replay --example region_units -- CORPUS [ROUNDS [ALGORITHM]]`
-//! (lz4, the region's default, unless named).
+//! `cargo run --release -p ztier-replay --example region_units -- CORPUS [ROUNDS [ALGORITHM [FAULT_AROUND]]]`
+//! (lz4 and a window of `MAX_AROUND` pages, the region's defaults, unless named).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -85,12 +85,13 @@ fn verify(region: &Region, corpus: &Corpus) {
     }
 }
 
-fn round(corpus: &Corpus, unit_size: usize, algorithm: &Algorithm) -> Round {
+fn round(corpus: &Corpus, unit_size: usize, algorithm: &Algorithm, fault_around: usize) -> Round {
     let pages = corpus.pages();
     let len = pages * PAGE;
     let config = RegionConfig {
         unit_size,
         algorithm: algorithm.clone(),
+        fault_around,
         ..RegionConfig::default()
     };
     let region = Region::with_config(len, len, &config).expect("making the region");
@@ -132,9 +133,12 @@ fn main() {
         .next()
         .map_or(Ok(RegionConfig::default().algorithm), |a| a.parse())
         .expect("an algorithm");
+    let fault_around: usize = args.next().map_or(ztier_uffd::MAX_AROUND, |a| {
+        a.parse().expect("a window in pages")
+    });
     let corpus = Corpus::load(std::path::Path::new(&path)).expect("loading the corpus");
     println!(
-        "{}: {} pages, {algorithm}, {rounds} rounds",
+        "{}: {} pages, {algorithm}, windows up to {fault_around} pages, {rounds} rounds",
         corpus.name,
         corpus.pages()
     );
@@ -143,7 +147,7 @@ fn main() {
         // Alternated, and the order turned each round.
         for k in 0..UNITS.len() {
             let u = (k + r) % UNITS.len();
-            let x = round(&corpus, UNITS[u], &algorithm);
+            let x = round(&corpus, UNITS[u], &algorithm, fault_around);
             println!(
                 "round {r} unit {:>2}K: budget {:7.1} MB/s, free {:7.1} MB/s, mem_used_total {:>10}, \
                  free pass {} reads for {} pages",
