@@ -147,6 +147,12 @@ ztier_region *ztier_region_create(size_t length, size_t budget);
  * it does not know. */
 ztier_region *ztier_region_create_flags(size_t length, size_t budget, uint32_t flags);
 
+/* As ztier_region_create_flags, its pages stored in compression units of `unit_size` bytes:
+ * 4096 (what the others make), 16384 or 65536, each unit compressed as one object (denser)
+ * and decompressed once for the pages a fault brings in with it. EINVAL for another size. */
+ztier_region *ztier_region_create_unit(size_t length, size_t budget, uint32_t flags,
+                                       size_t unit_size);
+
 /* The region's first byte; the memory lives until ztier_region_destroy. */
 void *ztier_region_ptr(const ztier_region *region);
 

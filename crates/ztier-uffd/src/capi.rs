@@ -1,4 +1,5 @@
-//! The C ABI (`include/ztier_uffd.h`): create (with the defaults, or flags), pointer,
+//! The C ABI (`include/ztier_uffd.h`): create (with the defaults, or flags, or flags and a
+//! compression unit), pointer,
 //! length, statistics (`ztier_region_get_stats`), the self-sizing budget
 //! (`ztier_region_set_autosize`, `ztier_region_autosize_history`), destroy.
 //!
@@ -134,19 +135,32 @@ pub extern "C" fn ztier_region_create_flags(
     budget: usize,
     flags: u32,
 ) -> *mut Region {
+    ztier_region_create_unit(length, budget, flags, RegionConfig::default().unit_size)
+}
+
+#[no_mangle]
+pub extern "C" fn ztier_region_create_unit(
+    length: usize,
+    budget: usize,
+    flags: u32,
+    unit_size: usize,
+) -> *mut Region {
     if flags & !NO_CPU_LATENCY_QOS != 0 {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
     let config = RegionConfig {
         cpu_latency_qos: flags & NO_CPU_LATENCY_QOS == 0,
+        unit_size,
         ..RegionConfig::default()
     };
     match Region::with_config(length, budget, &config) {
         Ok(r) => Box::into_raw(Box::new(r)),
         Err(e) => {
             set_errno(match e {
-                Error::BadLength { .. } | Error::BadBudget { .. } => libc::EINVAL,
+                Error::BadLength { .. } | Error::BadBudget { .. } | Error::BadUnitSize { .. } => {
+                    libc::EINVAL
+                }
                 Error::NotPermitted(_) => libc::EPERM,
                 Error::Unsupported(_) => libc::ENOSYS,
                 _ => libc::ENOMEM,

@@ -28,6 +28,16 @@ pub enum Error {
         pages: u64,
         page_size: usize,
     },
+    /// A compression unit the region cannot have ([`RegionConfig::unit_size`](crate::RegionConfig::unit_size)).
+    #[error(
+        "a compression unit of {unit_size} bytes: it must be a power of two from 4096 (a \
+         page of {page_size} bytes at least) up to {max_unit} bytes"
+    )]
+    BadUnitSize {
+        unit_size: usize,
+        page_size: usize,
+        max_unit: usize,
+    },
     /// A self-sizing budget's config outside its rule (`AutosizeConfig`): why.
     #[error("the budget's controller: {0}")]
     BadAutosize(&'static str),

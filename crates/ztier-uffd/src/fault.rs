@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLockWriteGuard;
 
 use crate::page_state::{Kind, PageState};
+use crate::page_table::STRIPES;
 use crate::placement::{involuntary_switches, Follow};
 use crate::shared::{Count, FaultIn, Shared};
 use crate::userfaultfd::{self, Msg, Outcome};
@@ -126,7 +127,10 @@ fn serve_faults(sh: &Shared) {
         follow: Follow::start(&sh.fault.placement),
     };
     let mut around = Around::new(sh.fault.max_around);
-    let mut buf = vec![0u8; (sh.fault.max_around + 1) * sh.page_size].into_boxed_slice();
+    // A window, and the units it begins and ends in (`Shared::serve_stored`).
+    let unit_pages = sh.unit_pages as usize;
+    let buf_pages = (sh.fault.max_around + 1).next_multiple_of(unit_pages) + 2 * unit_pages;
+    let mut buf = vec![0u8; buf_pages * sh.page_size].into_boxed_slice();
     let zeros = vec![0u8; sh.page_size].into_boxed_slice();
     // Whether the last turn served faults, and whether finding no message right after it
     // says the faulting thread runs on another CPU.
@@ -581,21 +585,33 @@ impl Shared {
     }
 
     /// Serves a fault on a stored page (locked by the caller), then as many of the stored
-    /// pages after it as the fault-around window takes. The faulting page goes in alone
-    /// first, after one decompression, which wakes its thread; the neighbours follow in one
-    /// copy. A read brings them in clean: write-protected, their copies kept in the store;
-    /// `dirty` (a write, or clean pages off) brings them in unprotected, their copies
-    /// discarded once the copy is done (until then, under their locks, the store's copy is
-    /// what goes back if the copy fails: nothing to compress again).
+    /// pages after it as the fault-around window takes: with larger units, at least to the
+    /// end of its unit, and always to the end of a unit (each unit read is decompressed once,
+    /// straight into `buf`, and serves all of its pages the fault brings in). The faulting
+    /// page goes in alone first, after its unit's decompression, which wakes its thread; the
+    /// neighbours follow in one copy. A read brings them in clean: write-protected, their
+    /// copies kept in the store; `dirty` (a write, or clean pages off) brings them in
+    /// unprotected, their copies discarded once the copy is done (until then, under their
+    /// locks, the store's copy is what goes back if the copy fails: nothing to compress
+    /// again; with larger units, only units the fault brought in whole are discarded, the
+    /// rest keep stale bytes: `Shared::drop_stored`).
     fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
+        let upp = self.unit_pages;
         let window = around.window(page);
-        // The neighbours' stripes: the fault thread may hold several, taken in page order (a
-        // window is shorter than the stripe count, so they are distinct); an evictor holding
-        // several waits for none after its first (lib.rs's lock order).
+        // Where the window ends: a unit's end (a page's, at page-sized units), within the
+        // region, and fewer than `STRIPES` pages from the first page of the faulting one's
+        // unit, so the stripes it locks are distinct (`STRIPES` is a whole number of units).
+        let base = page - page % upp;
+        let end = (page + 1 + window as u64)
+            .next_multiple_of(upp)
+            .min(base + STRIPES as u64)
+            .min(self.pages);
+        // The neighbours' stripes: the fault thread may hold several, taken in page order; an
+        // evictor holding several waits for none after its first (lib.rs's lock order).
         let mut guards = Vec::new();
         let mut n = 1;
-        while n <= window && page + (n as u64) < self.pages {
+        while page + (n as u64) < end {
             let next = page + n as u64;
             let g = self.table.lock(next);
             if !self.table.state(next).is(Kind::Stored) {
@@ -604,7 +620,11 @@ impl Shared {
             guards.push(g);
             n += 1;
         }
-        if let Err(e) = self.device.read_page(page, &mut buf[..ps]) {
+        // Page `q` of the units read is at `at(q)` in `buf`, from the faulting page's unit on.
+        let at = |q: u64| (q - base) as usize * ps;
+        let unit_bytes = upp as usize * ps;
+        self.count(Count::StoreReads, 1);
+        if let Err(e) = self.device.read_unit(base / upp, &mut buf[..unit_bytes]) {
             self.note_error(format!("page {page}: {e}"));
             if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
                 self.count(Count::Poisoned, 1);
@@ -629,7 +649,7 @@ impl Shared {
         around.woke_at = Some(Instant::now());
         let copied = self
             .uffd
-            .copy_run(self.page_addr(page), &buf[..ps], !dirty)
+            .copy_run(self.page_addr(page), &buf[at(page)..at(page) + ps], !dirty)
             .1;
         if let Some(before) = switches {
             around.preempted_by_copy = Some(involuntary_switches() != before);
@@ -664,28 +684,31 @@ impl Shared {
                 };
             }
         }
-        // The neighbours, read while the faulting thread runs on.
+        // The neighbours' units after the faulting page's, read while the faulting thread
+        // runs on: pages before `ready` are in `buf`.
         let first = page + 1;
-        let mut read = 0;
-        while read < n - 1 {
-            let p = first + read as u64;
-            if let Err(e) = self
-                .device
-                .read_page(p, &mut buf[read * ps..(read + 1) * ps])
-            {
-                self.note_error(format!("page {p}: {e}"));
+        let last = page + n as u64;
+        let mut ready = (base + upp).min(last);
+        while ready < last {
+            self.count(Count::StoreReads, 1);
+            let unit = &mut buf[at(ready)..at(ready) + unit_bytes];
+            if let Err(e) = self.device.read_unit(ready / upp, unit) {
+                self.note_error(format!("page {ready}: {e}"));
                 break;
             }
-            read += 1;
+            ready = (ready + upp).min(last);
         }
+        let read = (ready - first) as usize;
         for k in 0..read as u64 {
             self.table.leave(first + k, PageState::STORED, around_in);
         }
         let mut installed = read;
         if read > 0 {
-            let (done, outcome) =
-                self.uffd
-                    .copy_run(self.page_addr(first), &buf[..read * ps], !dirty);
+            let (done, outcome) = self.uffd.copy_run(
+                self.page_addr(first),
+                &buf[at(first)..at(first) + read * ps],
+                !dirty,
+            );
             if outcome.is_err() {
                 installed = done / ps;
             }
@@ -711,6 +734,10 @@ impl Shared {
                 let p = first + k as u64;
                 self.table.leave(p, around_in, PageState::STORED);
             }
+        }
+        if dirty {
+            // The units brought in whole, all locked here and none with a copy any more.
+            self.discard_unused_units(page..first + installed as u64, true);
         }
         around.served(page, installed + 1);
         drop(guards);
@@ -748,10 +775,11 @@ impl Shared {
         self.count(Count::Unmapped, n);
     }
 
-    /// Sets `pages` to `to`, dropping their stored copies; how many held anything.
+    /// Sets `pages` to `to`, dropping their stored copies (with larger units, the units no
+    /// page needs any more); how many held anything.
     fn forget(&self, pages: std::ops::Range<u64>, to: PageState) -> u64 {
         let mut n = 0;
-        for page in pages {
+        for page in pages.clone() {
             let _lock = self.table.lock(page);
             let state = self.table.state(page);
             if !matches!(state.kind(), Kind::Empty | Kind::Unmapped | Kind::Gone) {
@@ -760,6 +788,7 @@ impl Shared {
             self.drop_stored(page, state);
             self.table.leave(page, state, to);
         }
+        self.discard_unused_units(pages, false);
         n
     }
 
@@ -796,6 +825,7 @@ impl Shared {
             // there finds it empty.
             self.table.leave(page, state, PageState::UNMAPPED);
         }
+        self.discard_unused_units(self.pages_in(from, from + len), false);
         self.count(Count::Remapped, moved);
         // Region pages the move landed on are the program's own memory from now on.
         self.forget(self.pages_in(to, to + len), PageState::GONE);

@@ -166,6 +166,31 @@
 //! (`EEXIST`) makes it dirty. A user-mode-only userfaultfd cannot serve a write the kernel
 //! makes (a `read(2)` into a clean page fails with `EFAULT`), as for missing pages.
 //!
+//! # Compression units
+//!
+//! A region's device stores pages one by one by default (the kernel's zram); with
+//! [`RegionConfig::unit_size`] of 16 or 64 KiB it stores units of 4 or 16 pages, each
+//! compressed as one object (denser, and faster to compress). Region page `i` is still
+//! zram page `i`, and a page's state still says where its content is; what changes:
+//! - **A fault** from the store reads its unit whole, decompressed straight into the fault
+//!   thread's buffer, and brings in the stored pages after the faulting one at least to
+//!   its unit's end; a fault-around window always ends at a unit's end, so a sequential
+//!   touch decompresses each unit once (`store_reads` counts the device reads).
+//! - **Reclaim** takes runs up to a unit's end where the excess allows, and stores a run's
+//!   written pages of one unit with one write: the whole unit where the run holds all of
+//!   it, else one read-modify-write of the unit from its first written page to its last,
+//!   which keeps the other pages' bytes (the stored and clean ones' copies, which change
+//!   only under their own locks). Clean pages, and pages found empty or all zeros, write
+//!   nothing of their own, as at page-sized units.
+//! - **A dropped copy** (a page faulted in dirty, a clean page's first write) is not
+//!   discarded on its own: that would be a read-modify-write of its unit. Its bytes stay in
+//!   the unit, stale and never read (the page's state says its content is elsewhere), until
+//!   the unit is written again; a unit none of whose pages needs its copy any more is
+//!   discarded whole, by a dirty fault that brought it all in, and after the program's
+//!   drops, unmaps and moves (checked under all the unit's page locks, so no evictor stores
+//!   a page of it in between). A unit whose pages all came back dirty some other way keeps
+//!   its stale object until then: memory, never content.
+//!
 //! # Lock order
 //! `gate` (the fault thread's write while it reads and handles messages, and while it is
 //! parked in its blocking read; an evictor's read while it checks pages and moves them,
@@ -174,7 +199,8 @@
 //! fault thread takes before that read) → the page locks (`PageTable`, `page % STRIPES`) →
 //! the zram device's own locks, and the held copies (a leaf). Page locks, several at once:
 //! the fault thread takes a faulting page's and then its fault-around neighbours' in page
-//! order, waiting for each;
+//! order, waiting for each (and, holding none, all of a unit's in page order to discard
+//! it: `Shared::discard_unused_units`);
 //! an evictor waits only for the first page of its run and takes the others with `try_lock`
 //! (a run ends at the first it cannot have), so it never waits holding one, and no cycle
 //! can form; everyone else holds one at a time. The reclaim signal's mutex and the

@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::error::{Error, Result, UnmovableReason};
 use crate::mapping::{self, PadPart};
 use crate::page_state::PageState;
+use crate::page_table::LockedPage;
 use crate::placement;
 use crate::shared::{Count, ManualPad, Shared, MANUAL_PAD};
 
@@ -255,9 +256,13 @@ impl Shared {
             }
             // A run of cold resident pages from here, no longer than the excess, the pad or
             // the segment.
+            // With larger units, the excess is rounded up to the end of a unit, so that a
+            // run takes whole units where it can: each unit it takes part of is one
+            // read-modify-write of it in the store.
             let excess = self.table.resident().saturating_sub(self.reclaim_target());
+            let wanted = (page + excess.max(1)).next_multiple_of(self.unit_pages) - page;
             let max = (part.len() - slot)
-                .min(excess.max(1) as usize)
+                .min(wanted as usize)
                 .min((segment.1 - page) as usize);
             let run = self.evict_run(page, max, part, slot);
             segment.0 += run.taken as u64;
@@ -373,6 +378,10 @@ impl Shared {
         pages.truncate(moved);
         run.taken = run.taken.max(moved);
         run.slots = moved;
+        if self.unit_pages > 1 {
+            self.settle_units(first, pages, part, slot, &mut run);
+            return run;
+        }
         for (k, locked) in pages.into_iter().enumerate() {
             let page = first + k as u64;
             match self.settle(page, locked.state, part, slot + k) {
@@ -381,6 +390,104 @@ impl Shared {
             }
         }
         run
+    }
+
+    /// `settle` for a region of larger units: the run's pages (from `first`, locked, moved
+    /// out into `part`'s slots from `slot` on) a unit at a time. Clean pages and pages
+    /// found empty or all zeros leave as `settle` has them; the written ones of a unit are
+    /// stored together, in one write of the unit's part from the first written page to the
+    /// last (the whole unit where the run took it all, with nothing to read back; else one
+    /// read-modify-write of the unit, which keeps the bytes of its other pages: the stored
+    /// and clean ones' copies, under their own locks), never a write of each page. A clean
+    /// page or one found all zeros inside that part is written with it, as it is (the
+    /// same bytes as its copy, or zeros no one reads). Each unit's locks go once it is
+    /// settled, in page order.
+    fn settle_units(
+        &self,
+        first: u64,
+        pages: Vec<LockedPage<'_>>,
+        part: &PadPart,
+        slot: usize,
+        run: &mut Run,
+    ) {
+        let ps = self.page_size;
+        let mut scratch = Vec::new();
+        let mut pages = pages.into_iter();
+        let mut at = first;
+        let end = first + pages.len() as u64;
+        while at < end {
+            let unit = self.unit_of(at);
+            let upto = unit.end.min(end);
+            let locked: Vec<LockedPage<'_>> = pages.by_ref().take((upto - at) as usize).collect();
+            let slot_of = |page: u64| slot + (page - first) as usize;
+            // The unit's written pages, in page order.
+            let mut dirty_pages = Vec::new();
+            for (k, l) in locked.iter().enumerate() {
+                let page = at + k as u64;
+                match self.pad.page(part, slot_of(page)) {
+                    None => {
+                        self.table.leave(page, l.state, PageState::ZEROED);
+                        self.count(Count::ZeroEvictions, 1);
+                        run.out += 1;
+                    }
+                    Some(_) if l.state.clean() => {
+                        self.table.leave(page, l.state, PageState::STORED);
+                        self.count(Count::CleanEvictions, 1);
+                        run.out += 1;
+                    }
+                    Some(content) if ztier_compress::same_filled(content) == Some(0) => {
+                        self.table.leave(page, l.state, PageState::ZEROED);
+                        self.count(Count::ZeroEvictions, 1);
+                        run.out += 1;
+                    }
+                    Some(_) => dirty_pages.push(page),
+                }
+            }
+            let (Some(&first_dirty), Some(&last_dirty)) = (dirty_pages.first(), dirty_pages.last())
+            else {
+                at = upto;
+                continue;
+            };
+            let (mut from, mut to) = (first_dirty, last_dirty + 1);
+            // The whole unit where the run took it all: no read-modify-write.
+            if at == unit.start && upto == unit.end {
+                (from, to) = (unit.start, unit.end);
+            }
+            scratch.clear();
+            for page in from..to {
+                match self.pad.page(part, slot_of(page)) {
+                    Some(content) => scratch.extend_from_slice(content),
+                    None => scratch.resize(scratch.len() + ps, 0),
+                }
+            }
+            match self.device.write_bytes(from * ps as u64, &scratch) {
+                Ok(()) => {
+                    for &page in &dirty_pages {
+                        let state = locked[(page - at) as usize].state;
+                        self.table.leave(page, state, PageState::STORED);
+                    }
+                    self.count(Count::Evictions, dirty_pages.len() as u64);
+                    run.out += dirty_pages.len();
+                }
+                Err(cause) => {
+                    // As `settle`: the written pages stay in memory, held whole until
+                    // touched; the unit is as it was (a failed write of one unit changes
+                    // nothing), so the clean pages' copies stand.
+                    for &page in &dirty_pages {
+                        let state = locked[(page - at) as usize].state;
+                        let content = self.pad.page(part, slot_of(page)).expect("written");
+                        self.table.hold(page, content.into());
+                        self.table.leave(page, state, PageState::HELD);
+                    }
+                    self.count(Count::EvictFailures, dirty_pages.len() as u64);
+                    let e = Error::Store { page: from, cause };
+                    self.note_error(e.to_string());
+                    run.error = Some(e);
+                }
+            }
+            drop(locked);
+            at = upto;
+        }
     }
 
     /// Why page `page` could not be moved out (`UFFDIO_MOVE` said `errno`), in the words a

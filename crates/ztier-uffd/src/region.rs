@@ -74,6 +74,10 @@ pub struct RegionStats {
     pub poisoned_pages: u64,
     /// Pages installed by fault-around beside the faulting page.
     pub fault_around_pages: u64,
+    /// Reads of the device by faults: each a decompression of one compression unit
+    /// ([`RegionConfig::unit_size`]; a page at page-sized units), which serves every stored
+    /// page of that unit the fault brings in.
+    pub store_reads: u64,
     /// Pages brought back in after the region evicted them: from the store (faults and
     /// fault-around), from a held copy, or as zeros where the eviction found the page all
     /// zeros. The kernel's `workingset_refault_anon` for a region: what its choice of cold
@@ -177,6 +181,12 @@ pub struct RegionConfig {
     /// `autosize`): the budget given at creation is where it starts (brought within the
     /// config's floor and cap). `None`: the budget stays where it is set.
     pub autosize: Option<AutosizeConfig>,
+    /// Bytes of the device's compression unit: 4096 (the default; a page at larger OS
+    /// pages), the kernel's zram, page by page, or 16 or 64 KiB (a power of two up to
+    /// [`ztier_zram::MAX_UNIT_SIZE`]), which compress better and faster, and whose stored
+    /// pages a fault brings in a unit at a time, each unit decompressed once (lib.rs,
+    /// "Compression units"). Anything else is refused ([`Error::BadUnitSize`]).
+    pub unit_size: usize,
 }
 
 /// The default of [`RegionConfig::fault_around`]: a sequential touch reaches windows of 63
@@ -198,7 +208,26 @@ impl Default for RegionConfig {
             idle_priority: true,
             cpu_latency_qos: true,
             autosize: None,
+            unit_size: 4096,
         }
+    }
+}
+
+impl RegionConfig {
+    /// The device's unit for pages of `page_size` bytes: [`unit_size`](Self::unit_size),
+    /// or the page where that is smaller; refused if it is not a power of two from 4096 up
+    /// to [`ztier_zram::MAX_UNIT_SIZE`].
+    pub fn device_unit(&self, page_size: usize) -> Result<usize> {
+        let unit_size = self.unit_size;
+        if !unit_size.is_power_of_two() || !(4096..=ztier_zram::MAX_UNIT_SIZE).contains(&unit_size)
+        {
+            return Err(Error::BadUnitSize {
+                unit_size,
+                page_size,
+                max_unit: ztier_zram::MAX_UNIT_SIZE,
+            });
+        }
+        Ok(unit_size.max(page_size))
     }
 }
 
@@ -238,19 +267,26 @@ impl Region {
     pub fn with_config(len: usize, budget: usize, config: &RegionConfig) -> Result<Region> {
         let page_size = ztier_base::os::page_size();
         check_length(len, page_size)?;
+        let unit = config.device_unit(page_size)?;
+        // Units above a page need the allocator's classes up to the unit's size (as
+        // `ztier serve --unit` and a host's devices make theirs).
         let layout = ZsConfig {
             page_size,
             ..ZsConfig::default()
-        };
+        }
+        .with_max_object(unit);
         let pool = config.allocator.make_pool(&layout).map_err(Error::Pool)?;
-        let device =
-            Device::new(len as u64, config.algorithm.clone(), pool).map_err(Error::Device)?;
+        // A whole number of units: the last one's pages past the region are never used.
+        let disksize = (len as u64).next_multiple_of(unit as u64);
+        let device = Device::with_unit_size(disksize, config.algorithm.clone(), pool, unit)
+            .map_err(Error::Device)?;
         device.set_mem_limit(config.store_limit);
         Region::make(len, budget, device, config)
     }
 
     /// A region storing in `device`, which must have a page for each of the region's, of
-    /// the OS page size, and be empty (its pages are the region's from now on).
+    /// the OS page size, and be empty (its pages are the region's from now on). Its unit
+    /// is the device's ([`Device::unit_size`]).
     pub fn with_device(len: usize, budget: usize, device: Device) -> Result<Region> {
         Region::make(len, budget, device, &RegionConfig::default())
     }
@@ -488,6 +524,7 @@ impl Region {
             poisoned_pages: c(Count::Poisoned),
             deferred_faults: c(Count::Deferred),
             fault_around_pages: c(Count::FaultAround),
+            store_reads: c(Count::StoreReads),
             refaults: sh.fault_ins(FaultIn::Store)
                 + sh.fault_ins(FaultIn::Held)
                 + c(Count::FaultAround)

@@ -65,6 +65,7 @@ ztier_base::counters! {
         Poisoned,
         Deferred,
         FaultAround,
+        StoreReads,
         FirstWrites,
         ZeroRefaults,
         ParkedReads,
@@ -122,6 +123,9 @@ pub(crate) struct Shared {
     pub(crate) device: Arc<Device>,
     pub(crate) page_size: usize,
     pub(crate) pages: u64,
+    /// Pages of the device's compression unit: 1 (the default), or 4 and 16 for 16 and
+    /// 64 KiB units (lib.rs, "Compression units").
+    pub(crate) unit_pages: u64,
     pub(crate) table: PageTable,
     pub(crate) budget_pages: AtomicU64,
     /// The time faults waited (the region's own PSI "some"): written by the fault thread.
@@ -277,10 +281,12 @@ impl Shared {
             userfaultfd::MODE_MISSING,
         )
         .map_err(os("UFFDIO_REGISTER"))?;
+        let unit_pages = (device.unit_size() / page_size) as u64;
         let shared = Shared {
             uffd,
             memory,
             pad,
+            unit_pages,
             device: Arc::new(device),
             page_size,
             pages,
@@ -394,11 +400,55 @@ impl Shared {
         self.memory.addr() + page * self.page_size as u64
     }
 
-    /// Discards page `page`'s copy in the store, if it has one (its lock held).
+    /// Discards page `page`'s copy in the store, if it has one (its lock held). With larger
+    /// units the copy stays in its unit, stale and never read (a discard of part of a unit
+    /// is a read-modify-write of it): the unit's next write replaces it, and the caller
+    /// discards the units no page needs any more where it can
+    /// ([`discard_unused_units`](Self::discard_unused_units), lib.rs's "Compression units").
     pub(crate) fn drop_stored(&self, page: u64, state: PageState) {
-        if state.has_copy() {
+        if state.has_copy() && self.unit_pages == 1 {
             // A discard of an index in range only fails for a bad index.
             let _ = self.device.discard_page(page);
+        }
+    }
+
+    /// The unit page `page` is in: its first page and the page after its last (the region's
+    /// last unit may reach past the region).
+    pub(crate) fn unit_of(&self, page: u64) -> std::ops::Range<u64> {
+        let first = page - page % self.unit_pages;
+        first..first + self.unit_pages
+    }
+
+    /// Discards the units of `pages` of which no page needs its copy any more (none stored
+    /// nor clean), so that no evictor stores a page of one in between the look and the
+    /// discard: if `locked`, the caller holds the locks of all of `pages`, and only the
+    /// units wholly inside them are looked at; else every unit `pages` touches is, with all
+    /// its pages' locks taken in page order (the fault thread's, holding no page lock: it
+    /// alone waits for a page lock while holding others, lib.rs's lock order). Nothing to
+    /// do at page-sized units, where `drop_stored` discarded each copy.
+    pub(crate) fn discard_unused_units(&self, pages: std::ops::Range<u64>, locked: bool) {
+        if self.unit_pages == 1 || pages.is_empty() {
+            return;
+        }
+        let ps = self.page_size as u64;
+        let mut unit = self.unit_of(pages.start);
+        while unit.start < pages.end {
+            let in_region = unit.start..unit.end.min(self.pages);
+            let inside = pages.start <= in_region.start && in_region.end <= pages.end;
+            if locked && !inside {
+                unit = unit.end..unit.end + self.unit_pages;
+                continue;
+            }
+            let locks: Vec<_> = match locked {
+                true => Vec::new(),
+                false => in_region.clone().map(|p| self.table.lock(p)).collect(),
+            };
+            if !in_region.clone().any(|p| self.table.state(p).has_copy()) {
+                // A whole unit of the device: only fails for a bad range.
+                let _ = self.device.discard(unit.start * ps, self.unit_pages * ps);
+            }
+            drop(locks);
+            unit = unit.end..unit.end + self.unit_pages;
         }
     }
 

@@ -4,7 +4,9 @@
 //! and not written since); an eviction is clean (nothing written to the store) exactly
 //! when the model says the page is clean. The budget holds every page, so only the
 //! sequence evicts (the reclaim thread under a budget is `budget.rs`'s eight-thread test),
-//! and fault-around is off (`region.rs` reads every page back with it on).
+//! and fault-around is off (`region.rs` reads every page back with it on). The same runs at
+//! 16 and 64 KiB units, where a fault from the store brings in the stored pages after its
+//! own up to its unit's end (the model does too), and the store holds whole units.
 
 mod common;
 
@@ -46,88 +48,139 @@ proptest! {
 
     #[test]
     fn the_region_reads_back_as_its_model(ops in proptest::collection::vec(op(), 1..120)) {
-        // Without fault-around, so the model knows which pages a read brings in.
-        let config = ztier_uffd::RegionConfig { fault_around: 0, ..Default::default() };
-        let Some(r) = region_with(PAGES as usize * PAGE, PAGES as usize * PAGE, &config) else {
-            return Ok(());
-        };
-        let words = r.words();
-        let mut model = [0u64; PAGES as usize];
-        let mut out = [true; PAGES as usize];
-        // Resident, came in from the store by a read, not written since.
-        let mut clean = [false; PAGES as usize];
-        let (mut evictions_clean, mut evictions_dirty) = (0u64, 0u64);
-        for op in &ops {
-            match *op {
-                Op::Write(p, v) => {
-                    write_page(words, p, v);
-                    model[p as usize] = v;
-                    out[p as usize] = false;
-                    clean[p as usize] = false;
-                }
-                Op::Read(p) => {
-                    prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
-                    if out[p as usize] {
-                        // From the store if it holds the page; zeros are not clean.
-                        clean[p as usize] = model[p as usize] != 0;
+        run_model(&ops, PAGE)?;
+    }
+
+    #[test]
+    fn a_region_of_larger_units_reads_back_as_its_model(
+        ops in proptest::collection::vec(op(), 1..120),
+        unit in prop::sample::select(vec![16usize << 10, 64 << 10]),
+    ) {
+        run_model(&ops, unit)?;
+    }
+}
+
+/// Runs `ops` on a region of `unit`-byte compression units against the model.
+fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
+    // Without fault-around, so the model knows which pages a read brings in.
+    let unit_pages = (unit / PAGE) as u64;
+    let config = ztier_uffd::RegionConfig {
+        fault_around: 0,
+        unit_size: unit,
+        ..Default::default()
+    };
+    let Some(r) = region_with(PAGES as usize * PAGE, PAGES as usize * PAGE, &config) else {
+        return Ok(());
+    };
+    let words = r.words();
+    let mut model = [0u64; PAGES as usize];
+    let mut out = [true; PAGES as usize];
+    // Resident, came in from the store by a read, not written since.
+    let mut clean = [false; PAGES as usize];
+    let (mut evictions_clean, mut evictions_dirty) = (0u64, 0u64);
+    for op in ops {
+        match *op {
+            Op::Write(p, v) => {
+                fault_in(p, true, unit_pages, &model, &mut out, &mut clean);
+                write_page(words, p, v);
+                model[p as usize] = v;
+                out[p as usize] = false;
+                clean[p as usize] = false;
+            }
+            Op::Read(p) => {
+                prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
+                fault_in(p, false, unit_pages, &model, &mut out, &mut clean);
+            }
+            Op::Evict(p) => {
+                prop_assert_eq!(r.evict(p).unwrap(), !out[p as usize]);
+                if !out[p as usize] {
+                    if clean[p as usize] {
+                        evictions_clean += 1;
+                    } else if model[p as usize] != 0 {
+                        evictions_dirty += 1;
                     }
-                    out[p as usize] = false;
                 }
-                Op::Evict(p) => {
-                    prop_assert_eq!(r.evict(p).unwrap(), !out[p as usize]);
-                    if !out[p as usize] {
-                        if clean[p as usize] {
-                            evictions_clean += 1;
-                        } else if model[p as usize] != 0 {
-                            evictions_dirty += 1;
-                        }
-                    }
-                    out[p as usize] = true;
-                    clean[p as usize] = false;
-                }
-                Op::Discard(p, n) => {
-                    r.discard(p as usize * PAGE, n as usize * PAGE).unwrap();
-                    for i in p..p + n {
-                        model[i as usize] = 0;
-                        out[i as usize] = true;
-                        clean[i as usize] = false;
-                    }
+                out[p as usize] = true;
+                clean[p as usize] = false;
+            }
+            Op::Discard(p, n) => {
+                r.discard(p as usize * PAGE, n as usize * PAGE).unwrap();
+                for i in p..p + n {
+                    model[i as usize] = 0;
+                    out[i as usize] = true;
+                    clean[i as usize] = false;
                 }
             }
-            // The store holds exactly the pages out that are not zeros and the clean ones,
-            // and nothing else is resident.
-            let s = r.stats();
-            let stored = (0..PAGES as usize).filter(|&i| out[i] && model[i] != 0).count() as u64;
-            let resident = out.iter().filter(|&&o| !o).count() as u64;
-            let cleans = clean.iter().filter(|&&c| c).count() as u64;
-            prop_assert_eq!(
-                (s.stored_pages, s.resident_pages, s.clean_pages),
-                (stored, resident, cleans),
-                "{:?}",
-                s
-            );
-            prop_assert_eq!(s.mm_stat.orig_data_size, (stored + cleans) * PAGE as u64);
-            prop_assert_eq!(
-                (s.evictions_clean, s.evictions_dirty),
-                (evictions_clean, evictions_dirty),
-                "{:?}",
-                s
-            );
         }
-        for p in 0..PAGES {
-            prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
-            if out[p as usize] {
-                clean[p as usize] = model[p as usize] != 0;
-            }
-        }
+        // The store holds exactly the pages out that are not zeros and the clean ones,
+        // and nothing else is resident.
         let s = r.stats();
+        let stored = (0..PAGES as usize)
+            .filter(|&i| out[i] && model[i] != 0)
+            .count() as u64;
+        let resident = out.iter().filter(|&&o| !o).count() as u64;
         let cleans = clean.iter().filter(|&&c| c).count() as u64;
         prop_assert_eq!(
             (s.stored_pages, s.resident_pages, s.clean_pages),
-            (0, PAGES, cleans),
+            (stored, resident, cleans),
             "{:?}",
             s
         );
+        if unit == PAGE {
+            prop_assert_eq!(s.mm_stat.orig_data_size, (stored + cleans) * PAGE as u64);
+        }
+        prop_assert_eq!(
+            (s.evictions_clean, s.evictions_dirty),
+            (evictions_clean, evictions_dirty),
+            "{:?}",
+            s
+        );
+    }
+    for p in 0..PAGES {
+        prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
+        fault_in(p, false, unit_pages, &model, &mut out, &mut clean);
+    }
+    let s = r.stats();
+    let cleans = clean.iter().filter(|&&c| c).count() as u64;
+    prop_assert_eq!(
+        (s.stored_pages, s.resident_pages, s.clean_pages),
+        (0, PAGES, cleans),
+        "{:?}",
+        s
+    );
+    if unit == PAGE {
         prop_assert_eq!(s.mm_stat.orig_data_size, cleans * PAGE as u64);
+    }
+    Ok(())
+}
+
+/// What a touch of page `p` (a write's, or a read's) brings in, in the model: nothing if it
+/// is resident; else the page (from the store if it holds it: clean if read; zeros are not
+/// clean) and, on a region of larger units, the stored pages after it up to its unit's end
+/// (up to the first that is not stored), which come in as it does.
+fn fault_in(
+    p: u64,
+    write: bool,
+    unit_pages: u64,
+    model: &[u64],
+    out: &mut [bool],
+    clean: &mut [bool],
+) {
+    let stored = |q: u64, out: &[bool]| out[q as usize] && model[q as usize] != 0;
+    if !out[p as usize] {
+        return;
+    }
+    let from_store = stored(p, out);
+    out[p as usize] = false;
+    clean[p as usize] = from_store && !write;
+    if !from_store {
+        return;
+    }
+    for q in p + 1..(p / unit_pages + 1) * unit_pages {
+        if !stored(q, out) {
+            break;
+        }
+        out[q as usize] = false;
+        clean[q as usize] = !write;
     }
 }

@@ -1,6 +1,7 @@
 /* The C ABI's test: a 16 MiB region under a 2 MiB budget, every page written and read
  * back, the figures read, its budget left to size itself and its steps read, the region
- * destroyed; then one made with a flag. Exit 0: passed; 77: userfaultfd is not
+ * destroyed; then one made with a flag, and one of 64 KiB compression units written and
+ * read back under its budget. Exit 0: passed; 77: userfaultfd is not
  * allowed here (skipped); else failed, with the reason on stderr. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <errno.h>
@@ -216,6 +217,33 @@ int main(void) {
     s.size = sizeof s;
     if (ztier_region_get_stats(r, &s) != 0 || s.cpu_latency_qos_usable || s.cpu_latency_qos_holds) {
         fprintf(stderr, "a region told to make no CPU latency request made one\n");
+        return 1;
+    }
+    ztier_region_destroy(r);
+
+    /* A unit the device cannot have is refused; 64 KiB units read back what was written. */
+    if (ztier_region_create_unit(LEN, BUDGET, 0, 12288) != NULL || errno != EINVAL) {
+        fprintf(stderr, "a 12 KiB unit was not refused with EINVAL\n");
+        return 1;
+    }
+    r = ztier_region_create_unit(LEN, BUDGET, 0, 65536);
+    if (r == NULL) {
+        fprintf(stderr, "ztier_region_create_unit: %s\n", strerror(errno));
+        return 1;
+    }
+    m = ztier_region_ptr(r);
+    for (size_t p = 0; p < LEN / PAGE; p++)
+        for (size_t w = 0; w < words; w++)
+            m[p * words + w] = word(p, w);
+    for (size_t p = 0; p < LEN / PAGE; p++)
+        for (size_t w = 0; w < words; w++)
+            if (m[p * words + w] != word(p, w)) {
+                fprintf(stderr, "64 KiB units: page %zu word %zu differs\n", p, w);
+                return 1;
+            }
+    s.size = sizeof s;
+    if (ztier_region_get_stats(r, &s) != 0 || s.evictions == 0 || s.faults == 0) {
+        fprintf(stderr, "64 KiB units: nothing was evicted and read back\n");
         return 1;
     }
     ztier_region_destroy(r);
