@@ -76,7 +76,6 @@ pub(crate) fn run(sh: &Shared, mut part: PadPart) {
         if sh.evictors.stop.load(Relaxed) {
             return;
         }
-        sh.count(Count::ReclaimLooks, 1);
         passing = passing || sh.over_budget();
         sh.evictors.passing.store(passing, Relaxed);
         if !passing {
@@ -88,8 +87,12 @@ pub(crate) fn run(sh: &Shared, mut part: PadPart) {
             if idle {
                 sh.release_manual_pad();
             }
+            // Counted once the look's work is done, so a count that has not moved says no
+            // look emptied the pad meanwhile.
+            sh.count(Count::ReclaimLooks, 1);
             continue;
         }
+        sh.count(Count::ReclaimLooks, 1);
         if sh.far_over_budget() {
             // Under its mutex: the helper is either before its look at the budget or waiting.
             let _idle = sh.evictors.helper_idle.lock();
