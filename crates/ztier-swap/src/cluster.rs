@@ -10,10 +10,10 @@
 //! So do the clusters' own states. The kernel's `cluster_info` is made whole at swapon (a
 //! state, a lock and a list node per cluster, every free one linked): for a 64 GiB store
 //! that is 32,768 clusters, ~1.5 MiB touched before a slot is taken, ~400 MB for 256 such
-//! stores. Here a cluster's state, lock, published word ([`ClusterTable`]) and list node
-//! ([`ClusterNodes`]) are made a chunk of [`CHUNK_CLUSTERS`] at a time when a cluster of
+//! stores. Here a cluster's state, lock, published word (`ClusterTable`) and list node
+//! (`ClusterNodes`) are made a chunk of `CHUNK_CLUSTERS` at a time when a cluster of
 //! the chunk is first used, and the free list links no cluster that was never used: those
-//! are its frontier, `[next, end)`, taken in ascending order ([`FreeList`]). The order is
+//! are its frontier, `[next, end)`, taken in ascending order (`FreeList`). The order is
 //! the kernel's exactly: its free list is filled in ascending order at swapon and freed
 //! clusters go to its tail, so the never-used clusters are always a run in ascending order
 //! between the clusters linked before it (a reopened area's free clusters among used ones;
