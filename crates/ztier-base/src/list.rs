@@ -1,5 +1,6 @@
 //! Index-linked doubly linked lists: nodes live in a slice (an [`IdSlab`](crate::slab::IdSlab)'s
-//! items) and link to each other by index, so a node moves between lists in O(1) without
+//! items), or in a table of their owner's that holds only the nodes in use ([`Nodes`]), and
+//! link to each other by index, so a node moves between lists in O(1) without
 //! allocating, and one slice can hold the nodes of many lists (zsmalloc's twelve fullness
 //! lists of a class, the swap allocator's cluster lists).
 //!
@@ -53,7 +54,38 @@ impl Linked for Links {
     }
 }
 
-/// One list: its ends and length. The nodes are in a slice given to each call.
+/// Where a list's nodes are, reached by id: a slice of [`Linked`] values (most lists), or a
+/// table of its owner's that holds only the nodes in use (the swap allocator's clusters,
+/// made as they are first used). A list's calls take it as `&mut impl Nodes`.
+pub trait Nodes {
+    /// The links of node `id`, which the table holds.
+    fn links_of(&self, id: u32) -> &Links;
+    fn links_of_mut(&mut self, id: u32) -> &mut Links;
+}
+
+impl<T: Linked> Nodes for [T] {
+    #[inline]
+    fn links_of(&self, id: u32) -> &Links {
+        self[id as usize].links()
+    }
+    #[inline]
+    fn links_of_mut(&mut self, id: u32) -> &mut Links {
+        self[id as usize].links_mut()
+    }
+}
+
+impl<T: Linked> Nodes for Vec<T> {
+    #[inline]
+    fn links_of(&self, id: u32) -> &Links {
+        self[id as usize].links()
+    }
+    #[inline]
+    fn links_of_mut(&mut self, id: u32) -> &mut Links {
+        self[id as usize].links_mut()
+    }
+}
+
+/// One list: its ends and length. The nodes are in a table given to each call ([`Nodes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct List {
     head: u32,
@@ -93,40 +125,40 @@ impl List {
     }
 
     /// Puts node `id`, on no list, at the head.
-    pub fn push_front<T: Linked>(&mut self, nodes: &mut [T], id: u32) {
+    pub fn push_front<N: Nodes + ?Sized>(&mut self, nodes: &mut N, id: u32) {
         let old = self.head;
-        let l = nodes[id as usize].links_mut();
+        let l = nodes.links_of_mut(id);
         assert!(!l.linked, "node {id} is on a list already");
         l.linked = true;
         l.next = old;
         if old == NONE {
             self.tail = id;
         } else {
-            nodes[old as usize].links_mut().prev = id;
+            nodes.links_of_mut(old).prev = id;
         }
         self.head = id;
         self.len += 1;
     }
 
     /// Puts node `id`, on no list, at the tail.
-    pub fn push_back<T: Linked>(&mut self, nodes: &mut [T], id: u32) {
+    pub fn push_back<N: Nodes + ?Sized>(&mut self, nodes: &mut N, id: u32) {
         let old = self.tail;
-        let l = nodes[id as usize].links_mut();
+        let l = nodes.links_of_mut(id);
         assert!(!l.linked, "node {id} is on a list already");
         l.linked = true;
         l.prev = old;
         if old == NONE {
             self.head = id;
         } else {
-            nodes[old as usize].links_mut().next = id;
+            nodes.links_of_mut(old).next = id;
         }
         self.tail = id;
         self.len += 1;
     }
 
     /// Takes node `id`, which is on this list, off it.
-    pub fn remove<T: Linked>(&mut self, nodes: &mut [T], id: u32) {
-        let Links { prev, next, linked } = *nodes[id as usize].links();
+    pub fn remove<N: Nodes + ?Sized>(&mut self, nodes: &mut N, id: u32) {
+        let Links { prev, next, linked } = *nodes.links_of(id);
         assert!(
             linked && (prev == NONE) == (self.head == id) && (next == NONE) == (self.tail == id),
             "node {id} is not on this list"
@@ -134,45 +166,45 @@ impl List {
         if prev == NONE {
             self.head = next;
         } else {
-            nodes[prev as usize].links_mut().next = next;
+            nodes.links_of_mut(prev).next = next;
         }
         if next == NONE {
             self.tail = prev;
         } else {
-            nodes[next as usize].links_mut().prev = prev;
+            nodes.links_of_mut(next).prev = prev;
         }
-        *nodes[id as usize].links_mut() = Links::default();
+        *nodes.links_of_mut(id) = Links::default();
         self.len -= 1;
     }
 
     /// Takes the head off the list and returns it.
-    pub fn pop_front<T: Linked>(&mut self, nodes: &mut [T]) -> Option<u32> {
+    pub fn pop_front<N: Nodes + ?Sized>(&mut self, nodes: &mut N) -> Option<u32> {
         let id = self.first()?;
         self.remove(nodes, id);
         Some(id)
     }
 
     /// Takes the tail off the list and returns it.
-    pub fn pop_back<T: Linked>(&mut self, nodes: &mut [T]) -> Option<u32> {
+    pub fn pop_back<N: Nodes + ?Sized>(&mut self, nodes: &mut N) -> Option<u32> {
         let id = self.last()?;
         self.remove(nodes, id);
         Some(id)
     }
 
     /// The node after `id` on its list.
-    pub fn next<T: Linked>(nodes: &[T], id: u32) -> Option<u32> {
-        let next = nodes[id as usize].links().next;
+    pub fn next<N: Nodes + ?Sized>(nodes: &N, id: u32) -> Option<u32> {
+        let next = nodes.links_of(id).next;
         (next != NONE).then_some(next)
     }
 
     /// The node before `id` on its list.
-    pub fn prev<T: Linked>(nodes: &[T], id: u32) -> Option<u32> {
-        let prev = nodes[id as usize].links().prev;
+    pub fn prev<N: Nodes + ?Sized>(nodes: &N, id: u32) -> Option<u32> {
+        let prev = nodes.links_of(id).prev;
         (prev != NONE).then_some(prev)
     }
 
     /// The ids from head to tail.
-    pub fn iter<'a, T: Linked>(&self, nodes: &'a [T]) -> impl Iterator<Item = u32> + 'a {
+    pub fn iter<'a, N: Nodes + ?Sized>(&self, nodes: &'a N) -> impl Iterator<Item = u32> + 'a {
         let mut at = self.first();
         std::iter::from_fn(move || {
             let id = at?;

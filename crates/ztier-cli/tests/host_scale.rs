@@ -216,9 +216,11 @@ fn devices_made_and_destroyed_under_load_lose_nothing_and_give_everything_back()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// 64 devices of 64 GiB with stores made and destroyed: what they held leaves the process
-/// (their stores' clusters alone are 1.4 MiB each; a C library that kept large blocks
-/// after their free would hold ~90 MB).
+/// 64 devices of 64 GiB with stores made, used and destroyed: what they held leaves the
+/// process. Unused, they hold little (their tables follow use); 256 pages written to each,
+/// one every 256 MiB, and written back, bring in a page of slot table apiece (1 MiB a
+/// device), their pools' chunks and their stores' clusters (a C library that kept large
+/// blocks after their free would hold them all).
 #[test]
 fn destroyed_devices_give_their_memory_back_to_the_os() {
     let dir = temp_dir("host-give-back");
@@ -242,17 +244,39 @@ fn destroyed_devices_give_their_memory_back_to_the_os() {
     for i in 0..64 {
         ok(ctl(&nbd, &["create", &format!("vm{i}"), "size=64G"]));
     }
+    let unused = rss(server.child.id());
+    // The budget, 64 MB for 256 devices of 64 GiB, at this scale.
+    assert!(
+        unused <= start + 16_000_000,
+        "{unused} bytes with 64 unused devices and stores (start: {start})"
+    );
+    const SPREAD: u64 = 256;
+    for i in 0..64u64 {
+        let name = format!("vm{i}");
+        let c = export(&nbd, &name).unwrap();
+        for p in 0..SPREAD {
+            let at = p * ((64 << 30) / SPREAD);
+            c.write_at(at, &pattern(i * SPREAD + p, 4096), false)
+                .unwrap();
+        }
+        drop(c);
+        ok(ctl(&nbd, &["--device", &name, "idle", "all"]));
+        ok(ctl(&nbd, &["--device", &name, "writeback", "idle"]));
+    }
     let made = rss(server.child.id());
     assert!(
-        made >= start + 64 * 1_000_000,
-        "{made} bytes with 64 stores made (start: {start}): their clusters are held"
+        made >= unused + 64 * 1_000_000,
+        "{made} bytes with 64 devices used (unused: {unused}): their tables are held"
     );
     for i in 0..64 {
         destroy(&nbd, &format!("vm{i}"));
     }
     let after = rss(server.child.id());
+    // What stays is the C library's: small blocks the devices freed, kept in its arenas
+    // for the next (11 to 14 MB, measured on this test before and after the allocator's
+    // tables followed use); not the ~170 MB they held.
     assert!(
-        after <= start + 16_000_000,
+        after <= start + 24_000_000,
         "{after} bytes after 64 devices were destroyed (start: {start}, with them: {made})"
     );
     server.stop();

@@ -355,9 +355,10 @@ fn rss_table(args: &Args) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let corpus = corpus_path(args)?;
     let mut rows = Vec::new();
-    // With stores too (each store's clusters, ~1.7 MiB for 64 GiB, as the kernel's
-    // cluster_info; their maps as they are used). The writeback pass is looked at on one
-    // device.
+    // With stores too (each store's allocator tables, made a chunk of clusters at a time
+    // as they are used: ~20 KiB for an unused 64 GiB store, where the kernel's
+    // cluster_info is ~1.6 MiB; their maps as they are used). The writeback pass is looked
+    // at on one device.
     let cases = [1u64, 16, 256]
         .into_iter()
         .flat_map(|n| [(n, false, false), (n, true, false)])

@@ -44,6 +44,7 @@
 //! [`Device::set_stamp`] across the header's write and flush (a round trip to a remote
 //! store), so stamps land in order; [`Device::stamp`] waits for a write in progress.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -54,8 +55,8 @@ use ztier_blockdev::{BlockDevice, BlockError};
 
 use crate::avail::{Avail, Usage};
 use crate::cluster::{
-    Cluster, Flag, ListCounts, Lists, NR_ORDERS, PMD_ORDER, SWAPFILE_CLUSTER, SWAP_MAP_BAD,
-    SWAP_MAP_FREEING, SWAP_MAP_MAX,
+    Cluster, ClusterTable, Flag, ListCounts, Lists, CHUNK_CLUSTERS, NR_ORDERS, PMD_ORDER,
+    SWAPFILE_CLUSTER, SWAP_MAP_BAD, SWAP_MAP_FREEING, SWAP_MAP_MAX,
 };
 use crate::lockstat::{CountedMutex, LockReport, LockStats};
 use crate::sync::{AtomicU64, MutexGuard, Ordering};
@@ -203,7 +204,11 @@ pub(crate) struct Inner {
     stamp: std::sync::Mutex<[u8; 16]>,
     /// Slots on the backing device, header and all.
     pub(crate) slots: u64,
-    pub(crate) clusters: Box<[CountedMutex<Cluster>]>,
+    /// Each cluster's state under its lock, and what it offers, kept under its lock and read
+    /// without it ([`Published`]): order 0's last resort walks the holes of full clusters to
+    /// fill them in place, without a list move; a larger allocation looks at the frag list
+    /// only if it has free runs. Made a chunk at a time as the clusters are first used.
+    pub(crate) clusters: ClusterTable,
     /// The device lock (`si->lock`) and what it guards: the cluster lists.
     pub(crate) lists: CountedMutex<Lists>,
     /// Which lists have clusters ([`Lists::nonempty_mask`]), published whenever the device
@@ -214,10 +219,6 @@ pub(crate) struct Inner {
     /// The rotational device's clusters (`si->global_cluster` under `global_cluster_lock`).
     pub(crate) global: CountedMutex<PerCpu>,
     pub(crate) usage: Usage,
-    /// Per cluster, what it offers, kept under its lock and read without it ([`Published`]):
-    /// order 0's last resort walks the holes of full clusters to fill them in place, without
-    /// a list move; a larger allocation looks at the frag list only if it has free runs.
-    published: Box<[AtomicU64]>,
     /// Free aligned runs of each order in the clusters on that order's frag list.
     frag_runs: [AtomicU64; NR_ORDERS],
     /// Where the next walk for holes starts, so successive walks spread over the device.
@@ -297,18 +298,17 @@ impl Device {
     /// its clusters: the kernel's `swap_map` and `cluster_info`) at its peak: every cluster
     /// in use, so every cluster's map made (a map is made as its cluster first holds a slot
     /// and given back when it empties, [`Device::slot_map_resident_bytes`]), beside each
-    /// cluster's state, lock, published count and list node (made whole at attach, the plain
-    /// and the locked copies side by side for a moment). For a caller that keeps more beside
-    /// it to weigh the two together.
+    /// cluster's state, lock, published count and list node (made a chunk at a time as the
+    /// clusters are first used, kept until the device is dropped) and the chunks'
+    /// directory. For a caller that keeps more beside it to weigh the two together.
     pub fn slot_map_bytes(backing_bytes: u64) -> u64 {
-        let per_cluster = std::mem::size_of::<Cluster>()
-            + std::mem::size_of::<CountedMutex<Cluster>>()
-            + std::mem::size_of::<AtomicU64>()
-            + Lists::node_bytes()
-            + SWAPFILE_CLUSTER as usize;
-        (backing_bytes / SLOT_BYTES)
-            .div_ceil(u64::from(CLUSTER))
-            .saturating_mul(per_cluster as u64)
+        let clusters = (backing_bytes / SLOT_BYTES).div_ceil(u64::from(CLUSTER));
+        let per_cluster = ClusterTable::bytes_per_cluster() + SWAPFILE_CLUSTER as usize;
+        clusters.saturating_mul(per_cluster as u64).saturating_add(
+            clusters
+                .div_ceil(u64::from(CHUNK_CLUSTERS))
+                .saturating_mul(ClusterTable::directory_bytes_per_chunk() as u64),
+        )
     }
 
     /// A swap device over a file of `size` bytes at `path` (created, or truncated to size).
@@ -336,11 +336,10 @@ impl Device {
         used: Option<&[(u64, u32)]>,
     ) -> Result<Device, SwapError> {
         let slots = Device::slots_for(backing.size())?;
-        let nclusters = slots.div_ceil(u64::from(CLUSTER)) as usize;
-        // The clusters are made whole here, as the kernel's cluster_info is at swapon, their
-        // maps as slots are taken (the kernel's swap table); a map that would not fit the
-        // machine's memory once in use is refused up front (a large sparse file, or a remote
-        // export that says it is huge, would otherwise fill memory as it is used).
+        let nclusters = slots.div_ceil(u64::from(CLUSTER)) as u32;
+        // A map that would not fit the machine's memory once in use is refused up front (a
+        // large sparse file, or a remote export that says it is huge, would otherwise fill
+        // memory as it is used).
         let map_bytes = Device::slot_map_bytes(backing.size());
         let memory_bytes = ztier_base::os::physical_memory_bytes();
         if map_bytes > memory_bytes {
@@ -350,23 +349,25 @@ impl Device {
                 memory_bytes,
             });
         }
-        let mut clusters: Vec<Cluster> = Vec::new();
-        clusters
-            .try_reserve_exact(nclusters)
-            .map_err(|_| SwapError::ClustersAlloc {
-                clusters: nclusters,
-            })?;
-        clusters.resize_with(nclusters, Cluster::new);
-        // The header slot and the slots past the end are never handed out.
-        let mark_bad = |c: &mut Cluster, i: usize| {
-            c.map[i] = SWAP_MAP_BAD;
+        let no_room = || SwapError::ClustersAlloc {
+            clusters: nclusters as usize,
+        };
+        let table = ClusterTable::new(nclusters).ok_or_else(no_room)?;
+        let mut lists = Lists::new(nclusters).ok_or_else(no_room)?;
+        // The clusters that hold something now: the header's, the one past the device's end
+        // (slots never handed out), and a reopened area's runs'. The rest are free.
+        let mut held: BTreeMap<u32, Cluster> = BTreeMap::new();
+        let mut mark_bad = |slot: u64| {
+            let c = held
+                .entry((slot / u64::from(CLUSTER)) as u32)
+                .or_insert_with(Cluster::new);
+            c.map[(slot % u64::from(CLUSTER)) as usize] = SWAP_MAP_BAD;
             c.count += 1;
             c.free_runs -= 1;
         };
-        mark_bad(&mut clusters[0], 0);
-        for slot in slots..nclusters as u64 * u64::from(CLUSTER) {
-            let c = &mut clusters[(slot / u64::from(CLUSTER)) as usize];
-            mark_bad(c, (slot % u64::from(CLUSTER)) as usize);
+        mark_bad(0);
+        for slot in slots..u64::from(nclusters) * u64::from(CLUSTER) {
+            mark_bad(slot);
         }
         let (uuid, stamp, in_use) = match used {
             None => {
@@ -378,12 +379,11 @@ impl Device {
                 let mut page = vec![0u8; SLOT_BYTES as usize];
                 backing.read_at(0, &mut page)?;
                 let (uuid, stamp) = read_header(&page, slots).map_err(SwapError::NotTheArea)?;
-                let in_use = mark_runs(&mut clusters, slots, runs)?;
+                let in_use = mark_runs(&mut held, slots, runs)?;
                 (uuid, stamp, in_use)
             }
         };
-        let mut lists = Lists::new(nclusters);
-        for (id, c) in clusters.iter_mut().enumerate() {
+        for c in held.values_mut() {
             c.flag = match u32::from(c.count) {
                 0 => Flag::Free,
                 CLUSTER => Flag::Full,
@@ -391,7 +391,34 @@ impl Device {
                 _ if c.map.iter().any(|&b| b != 0 && b != SWAP_MAP_BAD) => Flag::Frag,
                 _ => Flag::Nonfull,
             };
-            lists.move_to(id as u32, Flag::None, c.flag, c.order);
+        }
+        // The free list as the kernel fills it at swapon, every free cluster in ascending
+        // order, with the never-used ones from past the last held cluster (but the one past
+        // the device's end) left unlinked: its frontier.
+        let end = match slots % u64::from(CLUSTER) {
+            0 => nclusters,
+            _ => nclusters - 1,
+        };
+        let frontier = held
+            .keys()
+            .filter(|&&id| id < end)
+            .max()
+            .map_or(1, |&id| id + 1)
+            .max(1);
+        lists.set_frontier(frontier, end.max(frontier));
+        let linked: Vec<(u32, Flag, u8)> = (0..frontier)
+            .chain(held.keys().copied().filter(|&id| id >= frontier))
+            .map(|id| {
+                held.get(&id)
+                    .map_or((id, Flag::Free, 0), |c| (id, c.flag, c.order))
+            })
+            .collect();
+        for &(id, flag, order) in &linked {
+            lists.make_with(&table, id, |i| held.remove(&i).unwrap_or_else(Cluster::new));
+            match flag {
+                Flag::Free => lists.push_before_frontier(id),
+                _ => lists.push_back(flag, order, id),
+            }
         }
         let inner = Arc::new(Inner {
             id,
@@ -399,13 +426,12 @@ impl Device {
             uuid,
             stamp: std::sync::Mutex::new(stamp),
             slots,
-            clusters: clusters.into_iter().map(CountedMutex::new).collect(),
+            clusters: table,
             nonempty: AtomicU64::new(lists.nonempty_mask()),
             lists: CountedMutex::new(lists),
             percpu: Shards::default(),
             global: CountedMutex::new(PerCpu::default()),
             usage: Usage::new(slots - 1, id, config.priority, avail),
-            published: (0..nclusters).map(|_| AtomicU64::new(0)).collect(),
             frag_runs: std::array::from_fn(|_| AtomicU64::new(0)),
             hole_cursor: AtomicU64::new(0),
             caches: Shards::default(),
@@ -418,8 +444,8 @@ impl Device {
         });
         inner.usage.add(in_use);
         inner.usage.swapon();
-        for (id, c) in inner.clusters.iter().enumerate() {
-            inner.publish(id as u32, &c.lock(&inner.cluster_lock));
+        for (id, c, _) in inner.clusters.made() {
+            inner.publish(id, &c.lock(&inner.cluster_lock));
         }
         let discard_worker = if config.discard {
             let worker = Arc::clone(&inner);
@@ -604,20 +630,18 @@ impl Device {
         self.inner.stats()
     }
 
-    /// The memory the slot map holds now: every cluster's state, lock, published count and
-    /// list node, and the maps of the clusters holding slots (each cluster locked in turn).
+    /// The memory the slot map holds now: the chunks' directory, the state, lock, published
+    /// count and list node of every cluster of a chunk made (the clusters used since the
+    /// device was made, and their chunks' neighbours), and the maps of the clusters holding
+    /// slots (each made cluster locked in turn).
     pub fn slot_map_resident_bytes(&self) -> u64 {
         let inner = &self.inner;
-        let fixed = inner.clusters.len() as u64
-            * (std::mem::size_of::<CountedMutex<Cluster>>()
-                + std::mem::size_of::<AtomicU64>()
-                + Lists::node_bytes()) as u64;
-        let made = inner
+        let maps = inner
             .clusters
-            .iter()
-            .filter(|c| c.lock(&inner.cluster_lock).map.is_made())
+            .made()
+            .filter(|(_, c, _)| c.lock(&inner.cluster_lock).map.is_made())
             .count() as u64;
-        fixed + made * u64::from(SWAPFILE_CLUSTER)
+        inner.clusters.resident_bytes() + maps * u64::from(SWAPFILE_CLUSTER)
     }
 
     /// Checks every invariant of the clusters and lists; exact when no other operation
@@ -650,13 +674,18 @@ fn read_header(page: &[u8], slots: u64) -> Result<([u8; 16], [u8; 16]), NotTheAr
     Ok((uuid, stamp))
 }
 
-/// Marks each run of `used` allocated (a count of one) in a new device's clusters; the
-/// slots in use. Every run is checked before any slot is marked as a whole: in range,
-/// aligned to its size, overlapping nothing marked.
-fn mark_runs(clusters: &mut [Cluster], slots: u64, used: &[(u64, u32)]) -> Result<u64, SwapError> {
+/// Marks each run of `used` allocated (a count of one) in a new device's clusters that hold
+/// something (`held`, made as runs land in them); the slots in use. Every run is checked
+/// before any slot is marked as a whole: in range, aligned to its size, overlapping nothing
+/// marked.
+fn mark_runs(
+    held: &mut BTreeMap<u32, Cluster>,
+    slots: u64,
+    used: &[(u64, u32)],
+) -> Result<u64, SwapError> {
     let per = u64::from(CLUSTER);
     // A cluster's order: that of its runs, if one; 0 if several or if it holds bad slots.
-    let mut order: Vec<Option<Option<u8>>> = vec![None; clusters.len()];
+    let mut order: BTreeMap<u32, Option<u8>> = BTreeMap::new();
     let mut in_use = 0;
     for &(first, o) in used {
         if o as usize >= NR_ORDERS {
@@ -666,8 +695,8 @@ fn mark_runs(clusters: &mut [Cluster], slots: u64, used: &[(u64, u32)]) -> Resul
         if first == 0 || !first.is_multiple_of(nr) || first.saturating_add(nr) > slots {
             return Err(SwapError::RunOutside { first, nr, slots });
         }
-        let id = (first / per) as usize;
-        let c = &mut clusters[id];
+        let id = (first / per) as u32;
+        let c = held.entry(id).or_insert_with(Cluster::new);
         let at = (first % per) as usize;
         if !c.range_is_free(at, nr as usize) {
             return Err(SwapError::RunOverlaps { first, nr });
@@ -675,18 +704,20 @@ fn mark_runs(clusters: &mut [Cluster], slots: u64, used: &[(u64, u32)]) -> Resul
         c.map[at..at + nr as usize].fill(1);
         c.count += nr as u16;
         in_use += nr;
-        order[id] = Some(match order[id] {
-            None => Some(o as u8),
-            Some(Some(k)) if k == o as u8 => Some(k),
-            Some(_) => None,
-        });
+        order
+            .entry(id)
+            .and_modify(|k| {
+                if *k != Some(o as u8) {
+                    *k = None;
+                }
+            })
+            .or_insert(Some(o as u8));
     }
-    for (c, o) in clusters.iter_mut().zip(order) {
-        if let Some(o) = o {
-            let pure = !c.map.contains(&SWAP_MAP_BAD);
-            c.order = if pure { o.unwrap_or(0) } else { 0 };
-            c.free_runs = c.count_free_runs();
-        }
+    for (id, o) in order {
+        let c = held.get_mut(&id).expect("a run's cluster is held");
+        let pure = !c.map.contains(&SWAP_MAP_BAD);
+        c.order = if pure { o.unwrap_or(0) } else { 0 };
+        c.free_runs = c.count_free_runs();
     }
     Ok(in_use)
 }
@@ -704,7 +735,11 @@ impl Device {
     /// them one by one.
     pub(crate) fn preallocate(&self, id: u32, slots: std::ops::Range<usize>) {
         let inner = &self.inner;
-        let mut c = inner.clusters[id as usize].lock(&inner.cluster_lock);
+        inner
+            .lists
+            .lock(&inner.device_lock)
+            .make(&inner.clusters, id);
+        let mut c = inner.clusters.at(id).lock(&inner.cluster_lock);
         let n = slots.len();
         for i in slots {
             assert_eq!(c.map[i], 0);
@@ -723,7 +758,7 @@ impl Device {
             inner
                 .lists
                 .lock(&inner.device_lock)
-                .move_to(id, from, to, order);
+                .move_to(&inner.clusters, id, from, to, order);
             c.flag = to;
         }
     }

@@ -683,3 +683,59 @@ fn current_clusters_are_bounded_by_the_shards_whatever_the_threads() {
     assert!(clusters.len() <= SHARDS, "{} clusters", clusters.len());
     dev.check_consistency().unwrap();
 }
+
+/// The free list keeps the kernel's order across the table's chunks, whose clusters are
+/// made only as they are first used: fresh clusters in ascending order, then those freed,
+/// in the order they were freed; in both modes, discarding or not.
+#[test]
+fn fresh_clusters_go_in_ascending_order_and_freed_ones_after_them() {
+    let clusters = 300; // over three chunks of the allocator's table
+    for mode in modes() {
+        for discard in [false, true] {
+            let config = Config { discard, ..mode };
+            let dev = device(clusters * CL, config);
+            let cluster = |dev: &Device| dev.alloc_on(0, 9).unwrap() / CL;
+            let first: Vec<u64> = (0..130).map(|_| cluster(&dev)).collect();
+            assert_eq!(first, (1..=130).collect::<Vec<_>>(), "{config:?}");
+            for c in [5u64, 129, 7] {
+                dev.free_range(c * CL, CL).unwrap();
+            }
+            dev.discard_now();
+            dev.check_consistency().unwrap();
+            let rest: Vec<u64> = (0..clusters - 131 + 3).map(|_| cluster(&dev)).collect();
+            let expected: Vec<u64> = (131..clusters).chain([5, 129, 7]).collect();
+            assert_eq!(rest, expected, "{config:?}");
+            assert!(matches!(dev.alloc_on(0, 9), Err(SwapError::Full { .. })));
+            dev.check_consistency().unwrap();
+        }
+    }
+}
+
+/// A device over a size that ends inside a cluster keeps that cluster (its slots past the
+/// end never handed out) on the nonfull list from the start, as the kernel does: order 0
+/// takes it right after the header's, however far it lies.
+#[test]
+fn the_cluster_past_the_end_is_on_the_nonfull_list_from_the_start() {
+    let slots = 300 * CL + 10;
+    let dev = device(slots, Config::default());
+    dev.check_consistency().unwrap();
+    assert_eq!(dev.stats().lists.nonfull[0], 2, "{:?}", dev.stats().lists);
+    // The header's cluster's 511 slots, then the last cluster's 10.
+    let taken: Vec<u64> = (0..CL - 1 + 10)
+        .map(|_| dev.alloc_on(0, 0).unwrap())
+        .collect();
+    assert!(taken[..CL as usize - 1].iter().all(|&s| s < CL));
+    assert!(
+        taken[CL as usize - 1..]
+            .iter()
+            .all(|&s| (300 * CL..slots).contains(&s)),
+        "{:?}",
+        &taken[CL as usize - 1..]
+    );
+    assert_eq!(
+        dev.alloc_on(0, 0).unwrap() / CL,
+        1,
+        "then the free list's head"
+    );
+    dev.check_consistency().unwrap();
+}

@@ -226,3 +226,24 @@ fn reopened_runs_freed_are_handed_out_again() {
         );
     }
 }
+
+/// Reopened with runs far apart (over several chunks of the allocator's table), the free
+/// clusters are taken in ascending order, those between the runs first, as the kernel
+/// fills its free list at swapon.
+#[test]
+fn free_clusters_between_reopened_runs_go_in_ascending_order() {
+    let clusters = 400;
+    let backing = memory(clusters * CL);
+    drop(Device::new(Arc::clone(&backing), config(false)).unwrap());
+    let used = [(2 * CL, 9), (200 * CL + 3, 0), (300 * CL, 9)];
+    let dev = Device::reopen(backing, config(false), &used).unwrap();
+    dev.check_consistency().unwrap();
+    let taken: Vec<u64> = (0..clusters - 4)
+        .map(|_| dev.alloc_on(0, 9).unwrap() / CL)
+        .collect();
+    let expected: Vec<u64> = (1..clusters)
+        .filter(|c| ![2, 200, 300].contains(c))
+        .collect();
+    assert_eq!(taken, expected);
+    dev.check_consistency().unwrap();
+}

@@ -76,7 +76,7 @@ impl Inner {
     /// `move_cluster()`: puts a cluster whose lock the caller holds on the tail of list `to`.
     pub(super) fn move_cluster(&self, c: &mut Cluster, id: u32, to: Flag, held: &mut Held<'_>) {
         let (from, order) = (c.flag, c.order);
-        self.with_lists(held, |l| l.move_to(id, from, to, order));
+        self.with_lists(held, |l| l.move_to(&self.clusters, id, from, to, order));
         c.flag = to;
         self.publish(id, c);
     }
@@ -103,7 +103,9 @@ impl Inner {
     /// nothing.
     pub(super) fn publish(&self, id: u32, c: &Cluster) {
         let new = self.offer(c);
-        let word = &self.published[id as usize];
+        let Some(word) = self.clusters.published(id) else {
+            unreachable!("cluster {id} is locked, so made")
+        };
         let old = Published::unpack(word.load(Ordering::Relaxed));
         if old == new {
             return;
@@ -187,22 +189,23 @@ impl Inner {
             return None;
         }
         self.with_lists(held, |l| {
-            let (list, nodes) = l.list(flag, order);
-            let mut at = list.first();
+            let mut at = l.first(flag, order);
             while let Some(id) = at {
+                at = l.next(flag, id);
                 // A larger allocation passes by fragmented clusters with no run for it.
                 let hopeless = flag == Flag::Frag
                     && alloc_order > 0
                     && self.config.policy == ListPolicy::Ztier
-                    && Published::unpack(self.published[id as usize].load(Ordering::Relaxed))
-                        .frag_runs
-                        == 0;
+                    && self.clusters.published(id).map_or(0, |w| {
+                        Published::unpack(w.load(Ordering::Relaxed)).frag_runs
+                    }) == 0;
                 if hopeless {
-                    at = ztier_base::list::List::next(nodes, id);
                     continue;
                 }
-                if let Some(mut c) = self.clusters[id as usize].try_lock(&self.cluster_lock) {
-                    list.remove(nodes, id);
+                // A never-used cluster at the free list's frontier: its chunk made now.
+                l.make(&self.clusters, id);
+                if let Some(mut c) = self.clusters.at(id).try_lock(&self.cluster_lock) {
+                    l.remove(&self.clusters, flag, order, id);
                     c.flag = Flag::None;
                     if self.config.policy == ListPolicy::Ztier {
                         if c.count == 0 {
@@ -213,7 +216,6 @@ impl Inner {
                     self.publish(id, &c);
                     return Some((id, c));
                 }
-                at = ztier_base::list::List::next(nodes, id);
             }
             None
         })
@@ -305,7 +307,7 @@ impl Inner {
             return None;
         }
         let id = at / CLUSTER;
-        let c = self.clusters[id as usize].lock(&self.cluster_lock);
+        let c = self.clusters.at(id).lock(&self.cluster_lock);
         if !self.usable(&c, order) {
             return None;
         }
@@ -402,10 +404,14 @@ impl Inner {
         let n = self.clusters.len();
         let start = self.hole_cursor.load(Ordering::Relaxed) as usize % n;
         for id in (start..n).chain(0..start) {
-            if Published::unpack(self.published[id].load(Ordering::Relaxed)).holes == 0 {
+            // A cluster never used publishes nothing (and has no holes).
+            let Some(word) = self.clusters.published(id as u32) else {
+                continue;
+            };
+            if Published::unpack(word.load(Ordering::Relaxed)).holes == 0 {
                 continue;
             }
-            let Some(c) = self.clusters[id].try_lock(&self.cluster_lock) else {
+            let Some(c) = self.clusters.at(id as u32).try_lock(&self.cluster_lock) else {
                 continue;
             };
             if !(c.flag == Flag::Full && self.usable(&c, 0)) {

@@ -73,11 +73,11 @@ impl Inner {
             if self.config.mode == Mode::Legacy && held.is_none() {
                 // The legacy order: device lock, then the cluster's.
                 let mut dev = Some(self.lists.lock(&self.device_lock));
-                let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
+                let mut c = self.clusters.at(id).lock(&self.cluster_lock);
                 c.flag = Flag::None;
                 self.free_cluster_now(&mut c, id, &mut dev);
             } else {
-                let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
+                let mut c = self.clusters.at(id).lock(&self.cluster_lock);
                 c.flag = Flag::None;
                 self.free_cluster_now(&mut c, id, held);
             }

@@ -106,8 +106,14 @@ impl Inner {
         idx: &[usize],
         held: &mut Held<'_>,
     ) -> Result<(), SwapError> {
-        let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
         let offset = |i: usize| u64::from(id) * u64::from(CLUSTER) + i as u64;
+        // A cluster never used holds no slot.
+        let Some(lock) = self.clusters.get(id) else {
+            return idx.first().map_or(Ok(()), |&i| {
+                Err(SwapError::NotAllocated { offset: offset(i) })
+            });
+        };
+        let mut c = lock.lock(&self.cluster_lock);
         debug_assert!(idx.is_sorted(), "slots in ascending order");
         for run in idx.chunk_by(|a, b| a == b) {
             let b = c.map[run[0]];
@@ -188,7 +194,10 @@ impl Inner {
 
     pub(super) fn dup(&self, offset: u64) -> Result<(), SwapError> {
         let (id, i) = self.locate(offset)?;
-        let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
+        let Some(lock) = self.clusters.get(id) else {
+            return Err(SwapError::NotAllocated { offset });
+        };
+        let mut c = lock.lock(&self.cluster_lock);
         match c.map[i] {
             0 | SWAP_MAP_BAD | SWAP_MAP_FREEING => Err(SwapError::NotAllocated { offset }),
             SWAP_MAP_MAX => Err(SwapError::CountOverflow { offset }),
@@ -201,7 +210,10 @@ impl Inner {
 
     pub(super) fn usage_of(&self, offset: u64) -> Result<u8, SwapError> {
         let (id, i) = self.locate(offset)?;
-        let c = self.clusters[id as usize].lock(&self.cluster_lock);
+        let Some(lock) = self.clusters.get(id) else {
+            return Ok(0);
+        };
+        let c = lock.lock(&self.cluster_lock);
         Ok(match c.map[i] {
             SWAP_MAP_BAD | SWAP_MAP_FREEING => 0,
             n => n,

@@ -58,7 +58,7 @@ impl Inner {
         };
         ids.iter()
             .map(|&id| {
-                let c = self.clusters[id as usize].lock(&self.cluster_lock);
+                let c = self.clusters.at(id).lock(&self.cluster_lock);
                 if c.flag == Flag::Frag {
                     u64::from(CLUSTER - u32::from(c.count))
                 } else {
@@ -129,8 +129,22 @@ impl Inner {
         }
         let mut in_use = 0u64;
         let mut frag_runs = [0u64; NR_ORDERS];
-        for (id, lock) in self.clusters.iter().enumerate() {
+        for (id, &on) in on_list.iter().enumerate() {
             let cluster = id as u32;
+            let (Some(lock), Some(word)) =
+                (self.clusters.get(cluster), self.clusters.published(cluster))
+            else {
+                // Never used: free, in the free list's never-used part, publishing nothing.
+                if on != Some((Flag::Free, 0)) {
+                    return Err(Inconsistency::WrongList {
+                        cluster,
+                        flag: Flag::Free,
+                        order: 0,
+                        on,
+                    });
+                }
+                continue;
+            };
             let c = lock.lock(&self.cluster_lock);
             let used = c.map.iter().filter(|&&b| b != 0).count();
             if used != usize::from(c.count) {
@@ -150,12 +164,12 @@ impl Inner {
                 Flag::Free | Flag::Full | Flag::Discard => Some((c.flag, 0)),
                 Flag::Nonfull | Flag::Frag => Some((c.flag, c.order)),
             };
-            if on_list[id] != expected && !(c.flag == Flag::Discard && on_list[id].is_none()) {
+            if on != expected && !(c.flag == Flag::Discard && on.is_none()) {
                 return Err(Inconsistency::WrongList {
                     cluster,
                     flag: c.flag,
                     order: c.order,
-                    on: on_list[id],
+                    on,
                 });
             }
             let fits = match c.flag {
@@ -189,7 +203,7 @@ impl Inner {
                     there: c.count_free_runs(),
                 });
             }
-            let published = Published::unpack(self.published[id].load(Ordering::Relaxed));
+            let published = Published::unpack(word.load(Ordering::Relaxed));
             let offers = self.offer(&c);
             if published != offers {
                 return Err(Inconsistency::Published {

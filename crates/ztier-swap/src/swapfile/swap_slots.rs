@@ -73,7 +73,11 @@ impl Inner {
     pub(crate) fn legacy_put(&self, cpu: usize, offset: u64) -> Result<(), SwapError> {
         let (id, i) = self.locate(offset)?;
         {
-            let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
+            // A cluster never used holds no slot.
+            let Some(lock) = self.clusters.get(id) else {
+                return Err(SwapError::NotAllocated { offset });
+            };
+            let mut c = lock.lock(&self.cluster_lock);
             match c.map[i] {
                 0 | SWAP_MAP_BAD | SWAP_MAP_FREEING => {
                     return Err(SwapError::NotAllocated { offset });
@@ -103,7 +107,7 @@ impl Inner {
         let mut held = Some(self.lists.lock(&self.device_lock));
         for group in ret.chunk_by(|a, b| a / SWAPFILE_CLUSTER == b / SWAPFILE_CLUSTER) {
             let id = group[0] / SWAPFILE_CLUSTER;
-            let mut c = self.clusters[id as usize].lock(&self.cluster_lock);
+            let mut c = self.clusters.at(id).lock(&self.cluster_lock);
             let (mut freed, mut runs) = (0u16, 0u16);
             for &slot in group {
                 let i = (slot % SWAPFILE_CLUSTER) as usize;
