@@ -32,7 +32,9 @@ enum AgeChoice {
 }
 
 pub(super) fn far_tier_panel(area: &Area, v: &FarTierResult) -> anyhow::Result<()> {
-    let pct = |share: f64| share * 100.0;
+    // On a log axis (the ages' rates span orders of magnitude), a rate of 0 drawn at its floor.
+    let floor = 0.001;
+    let pct = |share: f64| (share * 100.0).max(floor);
     let mib = |pages: f64| pages * 4096.0 / 1048576.0;
     let runs = || v.fixed.iter().chain([&v.controller]);
     let right = runs()
@@ -40,7 +42,7 @@ pub(super) fn far_tier_panel(area: &Area, v: &FarTierResult) -> anyhow::Result<(
         .chain([pct(v.target_share_per_minute)])
         .filter(|x| x.is_finite())
         .fold(0.01, f64::max)
-        * 1.15;
+        * 1.5;
     let top = runs()
         .map(|r| mib(r.mean_stored_pages))
         .filter(|x| x.is_finite())
@@ -58,11 +60,11 @@ pub(super) fn far_tier_panel(area: &Area, v: &FarTierResult) -> anyhow::Result<(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..right, 0f64..top)
+        .build_cartesian_2d((floor..right).log_scale(), 0f64..top)
         .map_err(draw_err)?;
     chart
         .configure_mesh()
-        .x_desc("promotions, % of the stored pages per minute")
+        .x_desc("promotions, % of the stored pages per minute (log scale; none drawn at 0.001)")
         .y_desc("held on the store, mean (MiB of pages)")
         .draw()
         .map_err(draw_err)?;
@@ -109,7 +111,7 @@ pub(super) fn far_tier_panel(area: &Area, v: &FarTierResult) -> anyhow::Result<(
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(1)));
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
