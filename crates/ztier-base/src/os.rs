@@ -125,6 +125,22 @@ pub fn return_large_frees_to_the_os() -> bool {
     }
 }
 
+/// Gives the C library's freed heap back to the OS now (glibc's `malloc_trim`): what a
+/// destroyed device's tables and buffers held below the mmap threshold, which the
+/// allocator would otherwise keep for reuse. True if some memory went back.
+pub fn give_freed_heap_back() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only returns the allocator's free memory to the OS, under its
+        // own locks; it touches no memory in use.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 /// A random (version 4) UUID, as `mkswap` gives each swap area (and a shared store its label): from the kernel's random pool,
 /// or, if `/dev/urandom` cannot be read, from the clock, the process and a hasher's random
 /// keys, which still differ between any two areas made here.

@@ -230,6 +230,20 @@ fn a_state_directory_keeps_every_device_across_a_restart() {
     assert!(low.contains("mem_low set"), "{low}");
     let stat = ok(ctl(&nbd, &["device", "vm2", "mm_stat"]));
     assert_eq!(stat.split_whitespace().count(), 9, "{stat}");
+    // And the hint's own forms: the device's statistics, an explicit get.
+    let all = ok(ctl(&nbd, &["device", "vm2", "stat"]));
+    let line = all
+        .lines()
+        .find_map(|l| l.strip_prefix("mm_stat "))
+        .unwrap_or_else(|| panic!("no mm_stat in {all}"));
+    assert!(
+        line.split_whitespace().eq(stat.split_whitespace()),
+        "{line} against {stat}"
+    );
+    assert_eq!(
+        ok(ctl(&nbd, &["device", "vm2", "get", "mem_low"])).trim(),
+        "1048576"
+    );
     ok(ctl(&nbd, &["--device", "vm1", "mem_limit", "2M"]));
     server.stop();
     let mut again = vec!["--device", "vm1,size=8M"];

@@ -115,6 +115,11 @@ pub fn ctl(args: &CtlArgs) -> anyhow::Result<()> {
     };
     let request = match words {
         [verb, ..] if device.is_none() && host_request.contains(&verb.as_str()) => words.join(" "),
+        // A device's own requests, as the server's hint writes them: its statistics, or an
+        // explicit get or set.
+        [verb, ..] if device.is_some() && (verb == "stat" || verb == "get" || verb == "set") => {
+            words.join(" ")
+        }
         [attr] if ACTIONS.contains(&attr.as_str()) => format!("set {attr}"),
         [attr] => format!("get {attr}"),
         [attr, value @ ..] => format!("set {attr} {}", value.join(" ")),

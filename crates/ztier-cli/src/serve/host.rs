@@ -304,6 +304,10 @@ impl Hosted {
             let _ = std::fs::remove_file(&v.path);
         }
         let freed = gone.device().mm_stat().mem_used_total;
+        // Its last holder, unless a connection is still finishing: the heap its tables and
+        // buffers held goes back to the OS, not only to the allocator.
+        drop(gone);
+        ztier_base::os::give_freed_heap_back();
         Ok(format!(
             "destroyed {name}: {freed} bytes of pool given back{}",
             if nbd > 0 || vmm {

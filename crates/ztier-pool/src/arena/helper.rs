@@ -190,7 +190,8 @@ fn run_helper(shared: &HelperShared) {
         };
         // A write to each page rather than one MADV_POPULATE_WRITE, which would hold the
         // process's mmap lock for the whole chunk, holding up other threads' mmap calls
-        // (page faults take only the VMA's lock).
+        // (page faults take only the VMA's lock). An arena's window, 128 KiB, does use it:
+        // writes there could land on pages the arena has handed out meanwhile.
         // SAFETY: the chunk is new and the helper's alone; untouched, it reads as zeros.
         unsafe { mapping::fault_in_by_writes(chunk.ptr(), CHUNK_BYTES) };
         let mut slot = lock_slot(shared);

@@ -50,7 +50,10 @@
 //! taken to collect the ready chunk, and inside that the helper's slot lock, which takes no
 //! other (the helper never holds it across mapping, faulting or releasing a chunk). The
 //! `ARENAS` registry lock is a leaf: the helper copies the registry out under it, lets it
-//! go, and only then takes each arena's lock to trim it, holding nothing else.
+//! go, and only then takes each arena's lock to trim it, holding nothing else. An arena asks
+//! for its window (`HELPER`, then the slot) after letting go of its own lock; the helper
+//! reads the window under the arena's lock, lets it go to fault the pages in, and takes it
+//! again to note them.
 //!
 //! This module and its children are the only `unsafe` of the allocators.
 #![allow(unsafe_code)]
@@ -102,6 +105,9 @@ pub const GATHERED_MAX_BYTES: usize = 4 * RELEASE_BATCH_BYTES;
 /// take were zeroed by the OS on the helper's core, not on the storing thread's. Small,
 /// since it is RSS ahead of use in each such arena, and trimmed with the chunk's rest.
 pub const PREFAULT_WINDOW_BYTES: usize = 128 << 10;
+
+/// The OS refused a window's `MADV_POPULATE_WRITE`: arenas stop asking for windows.
+static WINDOWS_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Maps a chunk; its pages fault in when first written.
 fn map_chunk() -> Result<Mapping> {
@@ -350,6 +356,7 @@ impl Arena {
         // the next ones before they are wanted.
         let ask_window = contiguous
             && !st.window_asked
+            && !WINDOWS_REFUSED.load(Ordering::Relaxed)
             && st
                 .next_fresh
                 .is_some_and(|run| run.window_to_fault(self.page_size).is_some());
@@ -616,6 +623,9 @@ fn fault_in_window(arena: &Weak<Mutex<ArenaState>>) {
         if let Some(run) = arena.lock().next_fresh.as_mut() {
             run.faulted_in(first, pages, page_size);
         }
+    } else {
+        // An OS without MADV_POPULATE_WRITE (before Linux 5.14): no arena asks again.
+        WINDOWS_REFUSED.store(true, Ordering::Relaxed);
     }
 }
 
