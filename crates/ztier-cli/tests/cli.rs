@@ -410,6 +410,41 @@ fn a_flag_a_front_does_not_take_is_refused_by_the_parser() {
     }
 }
 
+/// `bench uffd --unit-size`: a region of each compression unit, each verified, its unit in
+/// the JSON.
+#[test]
+fn bench_uffd_runs_a_region_of_each_unit_size() {
+    let path = corpus("uffd-units.pages", 256, 0);
+    let o = ztier(&[
+        "bench",
+        "uffd",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lz4",
+        "--unit-size",
+        "4K,64K",
+        "--json",
+    ]);
+    if !o.status.success() && stderr(&o).contains("userfaultfd is not permitted") {
+        eprintln!("skipped: {}", stderr(&o));
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs = json_lines(&o);
+    let units: Vec<u64> = runs
+        .iter()
+        .map(|r| r["unit_size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(units, [4096, 4096, 65536, 65536]);
+    for r in &runs {
+        assert!(
+            r["seq_faultin_mb_s"].as_f64().is_some_and(|v| v > 0.0),
+            "{r}"
+        );
+    }
+}
+
 /// `bench uffd` as a user runs it: a pass with clean pages on and one with them off,
 /// every page verified, their figures in the JSON, and the kernel's own path either
 /// measured in the run or the reason it was not.

@@ -336,6 +336,8 @@ pub struct UffdSweep {
     pub idle_priority: bool,
     /// The fault thread asks for a CPU latency bound while it serves.
     pub cpu_latency_qos: bool,
+    /// The region's compression units, a run each (empty: the page, 4096).
+    pub unit_sizes: Vec<usize>,
 }
 
 impl UffdSweep {
@@ -346,13 +348,22 @@ impl UffdSweep {
         corpus: &'a Corpus,
     ) -> Result<impl Iterator<Item = Result<UffdRun>> + 'a> {
         let kernel = kernel_path(corpus)?;
-        let runs = self.compressors.iter().flat_map(|algorithm| {
-            [true, false].map(|clean_pages| UffdReplay {
-                algorithm: algorithm.clone(),
-                budget_share: self.budget_share,
-                clean_pages,
-                idle_priority: self.idle_priority,
-                cpu_latency_qos: self.cpu_latency_qos,
+        let units = if self.unit_sizes.is_empty() {
+            vec![4096]
+        } else {
+            self.unit_sizes.clone()
+        };
+        let runs = self.compressors.iter().flat_map(move |algorithm| {
+            let units = units.clone();
+            units.into_iter().flat_map(move |unit_size| {
+                [true, false].map(|clean_pages| UffdReplay {
+                    algorithm: algorithm.clone(),
+                    budget_share: self.budget_share,
+                    clean_pages,
+                    idle_priority: self.idle_priority,
+                    cpu_latency_qos: self.cpu_latency_qos,
+                    unit_size,
+                })
             })
         });
         Ok(runs.map(move |replay| replay.run(corpus, &kernel)))

@@ -44,6 +44,8 @@ pub struct UffdReplay {
     pub idle_priority: bool,
     /// `RegionConfig::cpu_latency_qos`.
     pub cpu_latency_qos: bool,
+    /// `RegionConfig::unit_size`: the device's compression unit (4096, the page, by default).
+    pub unit_size: usize,
 }
 
 /// The kernel's own path for a corpus's pages: measured, or why this machine has none.
@@ -78,6 +80,8 @@ pub struct UffdRun {
     pub compressor: String,
     /// `RegionConfig::clean_pages`: a page read in keeps its copy in the store.
     pub clean_pages: bool,
+    /// `RegionConfig::unit_size`.
+    pub unit_size: usize,
     pub pages: u64,
     pub budget_pages: u64,
     /// MB/s the reclaim thread evicted at, the budget cut from every page to the share.
@@ -324,27 +328,20 @@ fn rss_at_rest(region: &Region) -> Result<u64> {
 impl UffdReplay {
     /// The run, beside `kernel` (from [`kernel_path`], measured once for a corpus).
     pub fn run(&self, corpus: &Corpus, kernel: &KernelPath) -> Result<UffdRun> {
-        run_one(
-            corpus,
-            &self.algorithm,
-            self.budget_share,
-            self.clean_pages,
-            self.idle_priority,
-            self.cpu_latency_qos,
-            kernel,
-        )
+        run_one(corpus, self, kernel)
     }
 }
 
-fn run_one(
-    corpus: &Corpus,
-    algorithm: &Algorithm,
-    share: f64,
-    clean_pages: bool,
-    idle_priority: bool,
-    cpu_latency_qos: bool,
-    kernel: &KernelPath,
-) -> Result<UffdRun> {
+fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<UffdRun> {
+    let UffdReplay {
+        algorithm,
+        budget_share: share,
+        clean_pages,
+        idle_priority,
+        cpu_latency_qos,
+        unit_size,
+    } = replay.clone();
+    let algorithm = &algorithm;
     let ps = PAGE;
     let pages = corpus.pages();
     let len = pages * ps;
@@ -354,6 +351,7 @@ fn run_one(
         clean_pages,
         idle_priority,
         cpu_latency_qos,
+        unit_size,
         ..RegionConfig::default()
     };
     // Written with the whole region in budget, so the write evicts nothing.
@@ -493,6 +491,7 @@ fn run_one(
         corpus: corpus.name.clone(),
         compressor: algorithm.to_string(),
         clean_pages,
+        unit_size,
         random_reads: reads,
         random_read_mb_s: reads as f64 * ps as f64 / rand_time.as_secs_f64() / 1e6,
         random_pages_in: (rand.faults + rand.fault_around_pages)

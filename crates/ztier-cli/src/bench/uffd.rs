@@ -41,6 +41,11 @@ pub struct UffdArgs {
     /// a self-sized run each.
     #[arg(long = "stall-target", value_name = "SHARE", requires = "lookups", value_parser = parse_budget)]
     pub stall_targets: Vec<f64>,
+    /// The region's compression units (4K, 16K or 64K; RegionConfig::unit_size), a run
+    /// each: a fault decompresses its page's unit once and brings the rest of it in.
+    #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
+          value_parser = crate::size::parse_size, conflicts_with = "lookups")]
+    pub unit_size: Vec<u64>,
 }
 
 /// `--budget`: a share of the region, `25%` or `0.25`.
@@ -69,6 +74,11 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
         budget_share: args.budget,
         idle_priority: !args.normal_priority,
         cpu_latency_qos: !args.no_cpu_latency_qos,
+        unit_sizes: args
+            .unit_size
+            .iter()
+            .map(|&size| usize::try_from(size))
+            .collect::<Result<_, _>>()?,
     };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
@@ -86,9 +96,10 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
 fn print_run(r: &UffdRun) {
     let mb = |b: u64| b as f64 / 1e6;
     println!(
-        "{} / {} / clean pages {}: {} pages, budget {} pages",
+        "{} / {} / {} KiB units / clean pages {}: {} pages, budget {} pages",
         r.corpus,
         r.compressor,
+        r.unit_size >> 10,
         if r.clean_pages { "on" } else { "off" },
         r.pages,
         r.budget_pages
