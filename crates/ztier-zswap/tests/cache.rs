@@ -400,6 +400,11 @@ fn threads_with_writeback(threads: u64) {
                     let mut seed = t * 1_000_000;
                     for round in 0..3000u64 {
                         seed += 1;
+                        if round % 256 == 255 {
+                            // Writeback from the workers too: on a busy machine the
+                            // shrinking thread may get no core while the pool is full.
+                            cache.shrink(16);
+                        }
                         if out_pages.len() < 200 || round % 3 != 0 {
                             let slot = swap.alloc(0).unwrap();
                             let p = if seed % 7 == 0 {
