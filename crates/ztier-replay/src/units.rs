@@ -20,7 +20,7 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use ztier_compress::{same_filled, worst_case_len, Algorithm};
+use ztier_compress::{same_filled, worst_case_len, Algorithm, Compressor};
 use ztier_corpus::Corpus;
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Device, MmStat};
@@ -58,6 +58,11 @@ pub struct UnitRun {
     pub raw_compress_seconds: f64,
     /// Every page read in order, MB of pages per second (best of the passes).
     pub sequential_read_mb_s: f64,
+    /// The raw decompressor on every unit in order, each unit's pages copied out: the least
+    /// a sequential 4 KiB reader pays at this unit size (MB of pages per second, best of the
+    /// passes taken in turns with the device's). Its ratio between two unit sizes is the cap
+    /// on theirs.
+    pub raw_sequential_read_mb_s: f64,
     /// Every unit read whole in order (decompressed straight into the destination), MB per
     /// second (best of the passes).
     pub sequential_unit_read_mb_s: f64,
@@ -114,25 +119,9 @@ impl UnitReplay {
 
         // The reference: the raw compressor on every unit zram would compress.
         let mut comp = self.algorithm.new_compressor();
+        let compressed = RawUnits::compress(&mut *comp, &data, unit, huge_from)?;
+        let raw_compressed_bytes = compressed.stored_bytes;
         let mut buf = vec![0u8; worst_case_len(unit)];
-        let mut raw_compressed_bytes = 0u64;
-        // Each unit as the reference's reads find it.
-        let mut compressed: Vec<RawUnit> = Vec::with_capacity(units.len());
-        for (i, u) in units.iter().enumerate() {
-            if let Some(fill) = same_filled(u) {
-                compressed.push(RawUnit::Filled(fill));
-            } else {
-                let len = comp
-                    .compress(u, &mut buf)
-                    .map_err(|e| at("compressing", i, e))?;
-                raw_compressed_bytes += if len >= huge_from { unit } else { len } as u64;
-                compressed.push(if len >= huge_from {
-                    RawUnit::Whole
-                } else {
-                    RawUnit::Compressed(buf[..len].to_vec())
-                });
-            }
-        }
 
         let passes = passes_for(data.len()).min(3);
         let (raw_compress_seconds, store_seconds, dev) = best_of_fresh_pairs(
@@ -158,16 +147,23 @@ impl UnitReplay {
         )?;
         let mm_stat = dev.mm_stat();
 
-        // Sequential: every page in order.
+        // Sequential: every page in order, against the raw decompressor doing the least such
+        // a reader needs at this unit size (each unit decompressed once, its pages copied
+        // out), in turns.
         let mut page = vec![0u8; ps];
-        let (_, sequential_s) = best_of_pairs(passes, &mut || Ok(0.0), &mut || {
-            let began = Instant::now();
-            for p in 0..pages {
-                dev.read_page(p, &mut page)
-                    .map_err(|e| at("reading", p as usize, e))?;
-            }
-            Ok(began.elapsed().as_secs_f64())
-        })?;
+        let mut whole_unit = vec![0u8; unit];
+        let (raw_sequential_s, sequential_s) = best_of_pairs(
+            passes,
+            &mut || compressed.sequential_read(&mut *comp, &data, ps),
+            &mut || {
+                let began = Instant::now();
+                for p in 0..pages {
+                    dev.read_page(p, &mut page)
+                        .map_err(|e| at("reading", p as usize, e))?;
+                }
+                Ok(began.elapsed().as_secs_f64())
+            },
+        )?;
 
         // Sequential whole units: one decompression each.
         let mut whole = vec![0u8; unit];
@@ -184,19 +180,11 @@ impl UnitReplay {
         // draws), each timed.
         let seed = 0x9e37_79b9_7f4a_7c15;
         let mut rng = ztier_base::rng::Rng::from_state(seed);
-        let mut whole_unit = vec![0u8; unit];
         let mut raw_latencies = Vec::with_capacity(self.random_reads);
         for _ in 0..self.random_reads {
             let u = (rng.next_u64() % pages) as usize * ps / unit;
             let t = Instant::now();
-            match &compressed[u] {
-                RawUnit::Filled(fill) => ztier_compress::fill_page(&mut whole_unit, *fill),
-                RawUnit::Whole => whole_unit.copy_from_slice(units[u]),
-                RawUnit::Compressed(bytes) => {
-                    comp.decompress(bytes, &mut whole_unit)
-                        .map_err(|e| at("decompressing", u, e))?;
-                }
-            }
+            compressed.decompress(&mut *comp, u, &data, &mut whole_unit)?;
             raw_latencies.push(t.elapsed().as_nanos() as u64);
             std::hint::black_box(&whole_unit);
         }
@@ -265,6 +253,7 @@ impl UnitReplay {
             store_seconds: round3(store_seconds),
             raw_compress_seconds: round3(raw_compress_seconds),
             sequential_read_mb_s: round1(mb_s(pages as usize * ps, sequential_s)),
+            raw_sequential_read_mb_s: round1(mb_s(data.len(), raw_sequential_s)),
             sequential_unit_read_mb_s: round1(mb_s(data.len(), unit_read_s)),
             random_read_mb_s: round1(mb_s(self.random_reads * ps, random_s)),
             random_read_p50_us: round1(quantile(0.5)),
@@ -280,11 +269,98 @@ impl UnitReplay {
     }
 }
 
+/// A corpus's units as the raw compressor makes them, for the references timed beside a
+/// device: what zram would store with no allocator (same-filled units skipped as zram skips
+/// them, a unit it cannot shrink below zram's raw threshold kept whole).
+pub struct RawUnits {
+    unit: usize,
+    units: Vec<RawUnit>,
+    /// Each compressed unit's length, each unit kept whole's size.
+    pub stored_bytes: u64,
+}
+
 /// A unit as the raw reference holds it.
 enum RawUnit {
     /// Same-filled: its word, as zram keeps it.
     Filled(u64),
-    /// Stored whole (the compressor could not shrink it below zram's threshold).
+    /// Kept whole (the compressor could not shrink it below zram's threshold).
     Whole,
     Compressed(Vec<u8>),
+}
+
+impl RawUnits {
+    /// `data` (whole units of `unit` bytes) compressed unit by unit; a unit compressing to
+    /// `huge_from` bytes or more is kept whole, as zram keeps it.
+    pub fn compress(
+        comp: &mut dyn Compressor,
+        data: &[u8],
+        unit: usize,
+        huge_from: usize,
+    ) -> Result<RawUnits> {
+        let mut buf = vec![0u8; worst_case_len(unit)];
+        let mut stored_bytes = 0u64;
+        let mut units = Vec::with_capacity(data.len() / unit);
+        for (i, u) in data.chunks_exact(unit).enumerate() {
+            if let Some(fill) = same_filled(u) {
+                units.push(RawUnit::Filled(fill));
+                continue;
+            }
+            let len = comp
+                .compress(u, &mut buf)
+                .map_err(|e| at("compressing", i, e))?;
+            if len >= huge_from {
+                stored_bytes += unit as u64;
+                units.push(RawUnit::Whole);
+            } else {
+                stored_bytes += len as u64;
+                units.push(RawUnit::Compressed(buf[..len].to_vec()));
+            }
+        }
+        Ok(RawUnits {
+            unit,
+            units,
+            stored_bytes,
+        })
+    }
+
+    /// Brings unit `u` of `data` back into `into` as zram would: filled, copied (a unit
+    /// kept whole), or decompressed.
+    pub fn decompress(
+        &self,
+        comp: &mut dyn Compressor,
+        u: usize,
+        data: &[u8],
+        into: &mut [u8],
+    ) -> Result<()> {
+        match &self.units[u] {
+            RawUnit::Filled(fill) => ztier_compress::fill_page(into, *fill),
+            RawUnit::Whole => into.copy_from_slice(&data[u * self.unit..(u + 1) * self.unit]),
+            RawUnit::Compressed(bytes) => {
+                comp.decompress(bytes, into)
+                    .map_err(|e| at("decompressing", u, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Seconds for the least a reader of every page in order pays at this unit size: each
+    /// unit decompressed once, its pages of `page_size` bytes copied out one by one.
+    pub fn sequential_read(
+        &self,
+        comp: &mut dyn Compressor,
+        data: &[u8],
+        page_size: usize,
+    ) -> Result<f64> {
+        let mut whole = vec![0u8; self.unit];
+        let mut page = vec![0u8; page_size];
+        let began = Instant::now();
+        for u in 0..self.units.len() {
+            self.decompress(comp, u, data, &mut whole)?;
+            for from in whole.chunks_exact(page_size) {
+                page.copy_from_slice(from);
+                std::hint::black_box(&page);
+            }
+        }
+        Ok(began.elapsed().as_secs_f64())
+    }
 }

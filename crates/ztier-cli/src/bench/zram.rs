@@ -74,8 +74,10 @@ pub struct ZramArgs {
     pub idle_epochs: u32,
     /// Compression unit sizes to compare (`4K,16K,64K`): each corpus × compressor stored in
     /// units of each size on zsmalloc, one thread; memory, store time beside the raw
-    /// compressor's, sequential and random 4 KiB reads, readahead windows of 8 pages
-    /// (ra_*), and what the device's cache of decompressed units held (cache_KiB).
+    /// compressor's, sequential 4 KiB reads beside the raw decompressor's least for them
+    /// (raw_seq), random 4 KiB reads beside the raw decompression of their units (raw_p99),
+    /// readahead windows of 8 pages (ra_*), and what the device's cache of decompressed
+    /// units held (cache_KiB).
     #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
           value_parser = crate::size::parse_size,
           conflicts_with_all = ["trace", "discard_odd", "recompress", "writeback", "chain_sizes"])]
@@ -177,7 +179,7 @@ fn run_units(
 ) -> anyhow::Result<()> {
     if !args.replay.json {
         println!(
-            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
+            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
             "corpus",
             "alg",
             "unit",
@@ -187,6 +189,7 @@ fn run_units(
             "store_s",
             "raw_c_s",
             "seq_MB/s",
+            "raw_seq",
             "unit_MB/s",
             "rand_MB/s",
             "p50_us",
@@ -225,7 +228,7 @@ fn run_units(
 
 fn print_unit_run(r: &ztier_replay::units::UnitRun) {
     println!(
-        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
+        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
         r.corpus,
         r.compressor,
         r.unit_size >> 10,
@@ -235,6 +238,7 @@ fn print_unit_run(r: &ztier_replay::units::UnitRun) {
         r.store_seconds,
         r.raw_compress_seconds,
         r.sequential_read_mb_s,
+        r.raw_sequential_read_mb_s,
         r.sequential_unit_read_mb_s,
         r.random_read_mb_s,
         r.random_read_p50_us,
