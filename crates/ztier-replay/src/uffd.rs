@@ -30,6 +30,8 @@ use ztier_uffd::rig::oracle::{self, Refaults};
 use ztier_uffd::rig::pageout::{self, NoKernelPath, PageoutError};
 use ztier_uffd::{Region, RegionConfig, RegionStats};
 
+use crate::driver::best_of_pairs;
+use crate::units::RawUnits;
 use crate::{ReplayError, Result};
 
 /// What to replay: one corpus through a region, with clean pages on or off.
@@ -174,6 +176,13 @@ pub struct UffdRun {
     /// whole region and every page read in order: the pages come into free memory with
     /// nothing evicted meanwhile, as in the kernel's fault-in figure.
     pub seq_faultin_free_mb_s: f64,
+    /// The raw decompressor on the same pages in the same order, right after that pass (best
+    /// of three, the two in turns): each unit decompressed once and its pages copied out, at
+    /// the region's unit size and at the page's, MB of pages per second. All a larger unit
+    /// can take off a fault-in is the decompression it saves, so the fault-in at 4 KiB
+    /// units less that difference is the fastest a larger unit's fault-in can be.
+    pub raw_sequential_unit_mb_s: f64,
+    pub raw_sequential_page_mb_s: f64,
     /// The fault thread's moves to follow the reading thread in that pass, and whether it
     /// ran at idle priority at its end.
     pub free_fault_thread_moves: u64,
@@ -485,6 +494,8 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
     let brought_free =
         (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
     verify(&region, corpus)?;
+    let (raw_sequential_unit_s, raw_sequential_page_s) =
+        raw_sequential_reads(corpus, algorithm, unit_size)?;
     let zram = zram_of(corpus, algorithm)?;
     let truth = corpus.zswap_truth("lzo-rle").ok().flatten();
     Ok(UffdRun {
@@ -540,6 +551,8 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
         floor_latency_target_us: floor.latency_target_us,
         cpuidle_driver: floor.cpuidle_driver.clone(),
         seq_faultin_free_mb_s: brought_free as f64 * ps as f64 / free_time.as_secs_f64() / 1e6,
+        raw_sequential_unit_mb_s: len as f64 / raw_sequential_unit_s / 1e6,
+        raw_sequential_page_mb_s: len as f64 / raw_sequential_page_s / 1e6,
         free_fault_thread_moves: free.fault_thread_moves - all.fault_thread_moves,
         free_idle_priority: free.idle_priority,
         resident_pages: seq.resident_pages,
@@ -646,6 +659,36 @@ fn zram_of(corpus: &Corpus, algorithm: &Algorithm) -> Result<ztier_zram::MmStat>
         device.write_page(i as u64, page)?;
     }
     Ok(device.mm_stat())
+}
+
+/// Seconds the raw decompressor takes to bring back every page of `corpus` in order, at
+/// `unit_size` and at the page (best of three, the two in turns).
+fn raw_sequential_reads(
+    corpus: &Corpus,
+    algorithm: &Algorithm,
+    unit_size: usize,
+) -> Result<(f64, f64)> {
+    let mut data = corpus.bytes()[..corpus.pages() * PAGE].to_vec();
+    data.resize(data.len().div_ceil(unit_size) * unit_size, 0);
+    let mut comp = algorithm.new_compressor();
+    let huge_from = |unit: usize| -> Result<usize> {
+        let layout = ztier_pool::ZsConfig {
+            page_size: PAGE,
+            ..ztier_pool::ZsConfig::default()
+        }
+        .with_max_object(unit);
+        Ok(ztier_pool::AllocatorKind::Zsmalloc
+            .make_pool(&layout)?
+            .huge_class_size())
+    };
+    let units = RawUnits::compress(&mut *comp, &data, unit_size, huge_from(unit_size)?)?;
+    let pages = RawUnits::compress(&mut *comp, &data, PAGE, huge_from(PAGE)?)?;
+    let mut comp_pages = algorithm.new_compressor();
+    best_of_pairs(
+        3,
+        &mut || units.sequential_read(&mut *comp, &data, PAGE),
+        &mut || pages.sequential_read(&mut *comp_pages, &data, PAGE),
+    )
 }
 
 /// Every word of every page as the corpus has it.

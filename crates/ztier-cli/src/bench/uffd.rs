@@ -82,15 +82,50 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
     };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
+        let mut runs = Vec::new();
         for run in sweep.runs(&corpus).map_err(CliError::from_replay)? {
-            emit(
-                args.replay.json,
-                &run.map_err(CliError::from_replay)?,
-                print_run,
-            )?;
+            let run = run.map_err(CliError::from_replay)?;
+            emit(args.replay.json, &run, print_run)?;
+            runs.push(run);
+        }
+        if !args.replay.json {
+            print_units_against_pages(&runs);
         }
     }
     Ok(())
+}
+
+/// Each larger unit's sequential fault-in against the page's (same compressor and clean
+/// pages), beside what the decompression it saves accounts for: the page's fault-in less the
+/// raw decompressor's difference between the two unit sizes, measured in the larger unit's
+/// run. The rest of a fault (the trap, the copy into place, the wake-up) is the same at
+/// every unit size, so a gain well past that figure is not to be had from units.
+fn print_units_against_pages(runs: &[UffdRun]) {
+    let page = ztier_corpus::CORPUS_PAGE;
+    for r in runs.iter().filter(|r| r.unit_size > page) {
+        let Some(base) = runs.iter().find(|b| {
+            b.unit_size == page && b.compressor == r.compressor && b.clean_pages == r.clean_pages
+        }) else {
+            continue;
+        };
+        // Seconds per MB: the page's fault-in, and the decompression the unit saves on it.
+        let saved = 1.0 / r.raw_sequential_page_mb_s - 1.0 / r.raw_sequential_unit_mb_s;
+        let cap = |page_mb_s: f64| {
+            let page_s = 1.0 / page_mb_s;
+            page_s / (page_s - saved).max(f64::EPSILON)
+        };
+        println!(
+            "{} / {} / clean pages {}: {} KiB units' sequential fault-in {:.2}x the 4 KiB units' into free memory, {:.2}x under the budget; the decompression they save accounts for {:.2}x and {:.2}x",
+            r.corpus,
+            r.compressor,
+            if r.clean_pages { "on" } else { "off" },
+            r.unit_size >> 10,
+            r.seq_faultin_free_mb_s / base.seq_faultin_free_mb_s,
+            r.seq_faultin_mb_s / base.seq_faultin_mb_s,
+            cap(base.seq_faultin_free_mb_s),
+            cap(base.seq_faultin_mb_s),
+        );
+    }
 }
 
 fn print_run(r: &UffdRun) {
@@ -132,6 +167,10 @@ fn print_run(r: &UffdRun) {
         r.seq_faultin_free_mb_s,
         if r.free_idle_priority { "idle" } else { "normal" },
         r.free_fault_thread_moves
+    );
+    println!(
+        "  decompress  {:>8.0} MB/s   the raw decompressor on the same pages in order, each unit once, its pages copied out ({:.0} MB/s at 4 KiB units)",
+        r.raw_sequential_unit_mb_s, r.raw_sequential_page_mb_s
     );
     let qos = match &r.cpu_latency_qos_unused {
         None => format!(
