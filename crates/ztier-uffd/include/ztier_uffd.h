@@ -104,6 +104,12 @@ typedef struct ztier_region_stats {
     uint64_t autosize_steps;   /* the controller's steps, and of them: */
     uint64_t autosize_shrinks; /* those that lowered the budget */
     uint64_t autosize_grows;   /* those that raised it */
+    uint64_t store_reads;      /* device reads by faults: one decompression of a whole
+                                  compression unit each, serving every stored page of it
+                                  the fault brings in */
+    uint64_t autosize_fault_overhead_ns; /* what the stall clock adds a fault served while
+                                            the budget sizes itself (measured on this
+                                            machine: the bare round trip's median) */
 } ztier_region_stats;
 
 /* autosize_state and ztier_region_autosize_step's state: what the last step decided. */

@@ -62,7 +62,17 @@ pub struct AutosizeConfig {
     pub grow_step: f64,
     /// How often the controller looks (the stall share is over this interval).
     pub interval: Duration,
+    /// What a fault costs its thread beyond the fault thread's own work: the trap, the
+    /// wake-up of the fault thread and the faulting thread's own (the clock sees from a
+    /// fault's read to its wake only). The stall clock adds it for each fault served while
+    /// the budget sizes itself. `None`: measured on this machine, once a process, when a
+    /// region first sizes itself (the median bare round trip, [`rig::floor::round_trip_median`](crate::rig::floor::round_trip_median),
+    /// a few milliseconds); `Some(ZERO)`: the fault thread's time only.
+    pub fault_overhead: Option<Duration>,
 }
+
+/// Round trips timed to measure [`AutosizeConfig::fault_overhead`]: about 10 ms.
+const OVERHEAD_SAMPLES: usize = 1000;
 
 /// The least a grow adds, so that a budget cut to a few pages comes back in steps that
 /// count.
@@ -81,7 +91,23 @@ impl AutosizeConfig {
             shrink_step: 0.02,
             grow_step: 0.10,
             interval: Duration::from_secs(1),
+            fault_overhead: None,
         }
+    }
+
+    /// [`AutosizeConfig::fault_overhead`], measured if not given (a region's CPU latency
+    /// request made as `latency_qos` says).
+    pub(crate) fn fault_overhead(&self, latency_qos: bool) -> Duration {
+        if let Some(given) = self.fault_overhead {
+            return given;
+        }
+        static MEASURED: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+        // A machine where the bare round trip cannot be measured (it needs what the region
+        // already has) counts the fault thread's time only.
+        *MEASURED.get_or_init(|| {
+            crate::rig::floor::round_trip_median(OVERHEAD_SAMPLES, latency_qos)
+                .unwrap_or(Duration::ZERO)
+        })
     }
 
     /// The limits in pages of `page_size` bytes, or why the config is refused.
@@ -99,6 +125,9 @@ impl AutosizeConfig {
         }
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
             return bad("the interval must be 10 ms to an hour");
+        }
+        if self.fault_overhead > Some(Duration::from_millis(10)) {
+            return bad("the fault overhead must be at most 10 ms");
         }
         let floor_pages = ((self.floor / page_size) as u64).max(1);
         let cap_pages = (self.cap / page_size) as u64;
@@ -178,6 +207,9 @@ pub struct AutosizeStats {
     pub target_ppm: u64,
     pub floor_pages: u64,
     pub cap_pages: u64,
+    /// What the stall clock adds for each fault served ([`AutosizeConfig::fault_overhead`],
+    /// given or measured), nanoseconds.
+    pub fault_overhead_ns: u64,
     /// Steps taken, and of them those that shrank and grew the budget.
     pub steps: u64,
     pub shrinks: u64,
@@ -225,7 +257,9 @@ pub(crate) fn decide(
 }
 
 /// The region's stall clock: the time at least one fault waited on the fault thread, from
-/// its message's read to its page's install (or its protection lifted). The fault thread
+/// its message's read to its page's install (or its protection lifted), and, while the
+/// budget sizes itself, a fault's overhead for each fault served (what its thread waited
+/// that the fault thread cannot see: [`AutosizeConfig::fault_overhead`]). The fault thread
 /// alone writes it: a spell begins when a fault joins an empty queue of faults to serve
 /// (at that fault's read) and ends when the queue is empty again; faults held back for the
 /// budget or an `EAGAIN` keep it going. Others read it as atomics: a reading during a
@@ -233,8 +267,10 @@ pub(crate) fn decide(
 /// twice).
 pub(crate) struct StallClock {
     epoch: Instant,
-    /// Nanoseconds of spells that ended.
+    /// Nanoseconds of spells that ended, and of the overheads of the faults served.
     total_ns: AtomicU64,
+    /// The overhead added a fault served, nanoseconds (0 unless the budget sizes itself).
+    per_fault_ns: AtomicU64,
     /// The spell under way: its start, nanoseconds since `epoch`; [`NO_SPELL`] if none.
     since_ns: AtomicU64,
     /// The share of the last whole second, parts per million (written by the reclaim
@@ -251,6 +287,7 @@ impl StallClock {
         StallClock {
             epoch,
             total_ns: AtomicU64::new(0),
+            per_fault_ns: AtomicU64::new(0),
             since_ns: AtomicU64::new(NO_SPELL),
             last_second_ppm: AtomicU64::new(0),
             second: parking_lot::Mutex::new((epoch, 0)),
@@ -282,6 +319,19 @@ impl StallClock {
                 .fetch_add(self.ns(now).saturating_sub(since), Relaxed);
             self.since_ns.store(NO_SPELL, Relaxed);
         }
+    }
+
+    /// `faults` were served (the fault thread's): their overhead counts.
+    pub(crate) fn served(&self, faults: u64) {
+        let per_fault = self.per_fault_ns.load(Relaxed);
+        if per_fault > 0 {
+            self.total_ns.fetch_add(faults * per_fault, Relaxed);
+        }
+    }
+
+    /// Each fault served from now counts `overhead` more.
+    pub(crate) fn set_fault_overhead(&self, overhead: Duration) {
+        self.per_fault_ns.store(overhead.as_nanos() as u64, Relaxed);
     }
 
     /// Nanoseconds stalled up to `now`, the spell under way included.
@@ -327,6 +377,7 @@ pub(crate) fn share_ppm(stalled_ns: u64, wall: Duration) -> u64 {
 pub(crate) struct Autosize {
     pub(crate) limits: Limits,
     interval: Duration,
+    fault_overhead: Duration,
     state: AutosizeState,
     /// The last step's time and the stall clock's reading then.
     last_at: Instant,
@@ -338,10 +389,17 @@ pub(crate) struct Autosize {
 }
 
 impl Autosize {
-    pub(crate) fn new(limits: Limits, interval: Duration, now: Instant, stalled: u64) -> Self {
+    pub(crate) fn new(
+        limits: Limits,
+        interval: Duration,
+        fault_overhead: Duration,
+        now: Instant,
+        stalled: u64,
+    ) -> Self {
         Autosize {
             limits,
             interval,
+            fault_overhead,
             state: AutosizeState::Holding,
             last_at: now,
             stalled_then: stalled,
@@ -398,6 +456,7 @@ impl Autosize {
             target_ppm: self.limits.target_ppm,
             floor_pages: self.limits.floor_pages,
             cap_pages: self.limits.cap_pages,
+            fault_overhead_ns: self.fault_overhead.as_nanos() as u64,
             steps: self.steps,
             shrinks: self.shrinks,
             grows: self.grows,
@@ -469,7 +528,7 @@ mod tests {
     fn the_controller_steps_once_an_interval_and_keeps_a_bounded_history() {
         let lim = limits(1, 1 << 20);
         let t0 = Instant::now();
-        let mut a = Autosize::new(lim, Duration::from_secs(1), t0, 0);
+        let mut a = Autosize::new(lim, Duration::from_secs(1), Duration::ZERO, t0, 0);
         assert_eq!(
             a.step(t0 + Duration::from_millis(999), 0, 0, 1000, 1000, 1000),
             None
@@ -528,6 +587,10 @@ mod tests {
                 ..ok.clone()
             },
             AutosizeConfig {
+                fault_overhead: Some(Duration::from_secs(1)),
+                ..ok.clone()
+            },
+            AutosizeConfig {
                 cap: PS - 1,
                 ..ok.clone()
             },
@@ -558,6 +621,32 @@ mod tests {
         assert_eq!(c.stalled_ns(t + ms(51)), 11_000_000);
         c.tick(t + ms(1000));
         assert_eq!(c.last_second_ppm(), share_ppm(960_000_000, ms(1000)));
+    }
+
+    #[test]
+    fn the_stall_clock_adds_a_fault_overhead_only_while_it_has_one() {
+        let c = StallClock::new();
+        let t = c.epoch;
+        let us = Duration::from_micros;
+        c.begin(t + us(100));
+        c.served(3); // no overhead set: the fault thread's time only
+        c.end(t + us(110));
+        assert_eq!(c.stalled_ns(t + us(200)), 10_000);
+        c.set_fault_overhead(us(7));
+        c.begin(t + us(300));
+        c.served(2);
+        c.end(t + us(305));
+        assert_eq!(c.stalled_ns(t + us(400)), 10_000 + 5_000 + 2 * 7_000);
+        c.set_fault_overhead(Duration::ZERO);
+        c.served(5);
+        assert_eq!(c.stalled_ns(t + us(400)), 29_000);
+    }
+
+    #[test]
+    fn a_given_fault_overhead_is_used_as_given() {
+        let mut c = AutosizeConfig::with_cap(64 * PS);
+        c.fault_overhead = Some(Duration::from_micros(9));
+        assert_eq!(c.fault_overhead(false), Duration::from_micros(9));
     }
 
     proptest! {

@@ -81,6 +81,8 @@ pub struct CStats {
     autosize_steps: u64,
     autosize_shrinks: u64,
     autosize_grows: u64,
+    store_reads: u64,
+    autosize_fault_overhead_ns: u64,
 }
 
 /// `ztier_region_autosize`: `AutosizeConfig` for C.
@@ -111,7 +113,7 @@ const _: () = assert!(size_of::<CAutosize>() == 7 * 8 && size_of::<CAutosizeStep
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 78 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 80 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -290,6 +292,7 @@ pub unsafe extern "C" fn ztier_region_set_autosize(
         shrink_step: c.shrink_step,
         grow_step: c.grow_step,
         interval: Duration::from_millis(c.interval_ms),
+        fault_overhead: None,
     });
     match r.set_autosize(config) {
         Ok(()) => 0,
@@ -400,6 +403,8 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         autosize_steps: a.map_or(0, |a| a.steps),
         autosize_shrinks: a.map_or(0, |a| a.shrinks),
         autosize_grows: a.map_or(0, |a| a.grows),
+        store_reads: s.store_reads,
+        autosize_fault_overhead_ns: a.map_or(0, |a| a.fault_overhead_ns),
     }
 }
 

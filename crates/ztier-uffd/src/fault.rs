@@ -250,6 +250,7 @@ fn serve_faults(sh: &Shared) {
                 // faulting thread need wait for), and under `serving`, so that a faulting
                 // thread's reading of the figures includes it.
                 let now = Instant::now();
+                sh.stall.served(served);
                 if inbox.faults.is_empty() {
                     sh.stall.end(last_woke.unwrap_or(now));
                 }

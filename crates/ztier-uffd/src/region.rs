@@ -446,7 +446,12 @@ impl Region {
     pub fn set_autosize(&self, config: Option<AutosizeConfig>) -> Result<()> {
         match config {
             Some(c) => start_autosize(&self.shared, &c)?,
-            None => *self.shared.autosize.lock() = None,
+            None => {
+                *self.shared.autosize.lock() = None;
+                self.shared
+                    .stall
+                    .set_fault_overhead(std::time::Duration::ZERO);
+            }
         }
         self.shared.wake_reclaim_if_over();
         self.shared.fault.waker.wake();
@@ -619,8 +624,16 @@ impl Region {
 /// Puts `config`'s controller on the region, the budget brought within its limits.
 fn start_autosize(sh: &Shared, config: &AutosizeConfig) -> Result<()> {
     let limits = config.limits(sh.page_size)?;
+    let overhead = config.fault_overhead(sh.fault.qos.usable());
+    sh.stall.set_fault_overhead(overhead);
     let now = std::time::Instant::now();
-    let controller = Autosize::new(limits, config.interval, now, sh.stall.stalled_ns(now));
+    let controller = Autosize::new(
+        limits,
+        config.interval,
+        overhead,
+        now,
+        sh.stall.stalled_ns(now),
+    );
     let mut autosize = sh.autosize.lock();
     let budget = sh.budget_pages.load(Relaxed);
     sh.budget_pages.store(limits.clamp(budget), Relaxed);

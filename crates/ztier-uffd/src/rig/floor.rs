@@ -106,6 +106,27 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
     })
 }
 
+/// The median of `samples` bare round trips placed as a region's fault thread places itself
+/// by default, the CPU latency request held if `latency_qos` and the process may make it
+/// (where the process has one CPU or may not leave idle priority again: both threads on
+/// that CPU). Nearly all of it is what a fault costs its thread beyond the fault thread's
+/// own work (the trap, the two wake-ups): what a self-sizing region's stall clock adds a
+/// fault (autosize.rs).
+pub fn round_trip_median(samples: usize, latency_qos: bool) -> Result<Duration> {
+    let cpus = placement::allowed_cpus();
+    let qos = CpuLatencyQos::open(latency_qos);
+    qos.hold(Instant::now());
+    let placement = Placement::new(true);
+    let mut taken = if cpus.len() > 1 && placement.usable() {
+        measure(samples.max(1), Placing::AsRegion(&placement))?
+    } else {
+        let cpu = cpus.first().copied().unwrap_or(0);
+        measure(samples.max(1), Placing::Pinned(cpu, cpu))?
+    };
+    taken.sort_unstable();
+    Ok(taken[taken.len() / 2])
+}
+
 /// Where the two threads of a measurement run.
 enum Placing<'a> {
     /// The toucher held on the first CPU, the handler on the second.

@@ -17,13 +17,13 @@
 
 /* The layout this test was written against: 78 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 78 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 80 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, stall_us) == 69 * 8, "a field");
-_Static_assert(offsetof(ztier_region_stats, autosize_grows) == 77 * 8, "the last field");
+_Static_assert(offsetof(ztier_region_stats, autosize_fault_overhead_ns) == 79 * 8, "the last field");
 _Static_assert(sizeof(ztier_region_autosize) == 7 * 8, "ztier_region_autosize's size");
 _Static_assert(sizeof(ztier_region_autosize_step) == 5 * 8, "a step's size");
 
@@ -70,11 +70,14 @@ static int autosize(ztier_region *r) {
     ztier_region_stats s = {.size = sizeof s};
     if (ztier_region_get_stats(r, &s) != 0 || s.autosize_cap_pages != 1024 ||
         s.autosize_floor_pages != 256 || s.autosize_steps < kept || s.budget_pages > 1024 ||
-        s.budget_pages < 256 || s.autosize_state == 0) {
-        fprintf(stderr, "autosize figures: cap %llu floor %llu steps %llu budget %llu\n",
+        s.budget_pages < 256 || s.autosize_state == 0 || s.autosize_fault_overhead_ns == 0 ||
+        s.autosize_fault_overhead_ns > 10 * 1000 * 1000) {
+        fprintf(stderr,
+                "autosize figures: cap %llu floor %llu steps %llu budget %llu overhead %llu ns\n",
                 (unsigned long long)s.autosize_cap_pages,
                 (unsigned long long)s.autosize_floor_pages,
-                (unsigned long long)s.autosize_steps, (unsigned long long)s.budget_pages);
+                (unsigned long long)s.autosize_steps, (unsigned long long)s.budget_pages,
+                (unsigned long long)s.autosize_fault_overhead_ns);
         return 1;
     }
     s.size = sizeof s;
@@ -244,6 +247,14 @@ int main(void) {
     s.size = sizeof s;
     if (ztier_region_get_stats(r, &s) != 0 || s.evictions == 0 || s.faults == 0) {
         fprintf(stderr, "64 KiB units: nothing was evicted and read back\n");
+        return 1;
+    }
+    /* A fault reads its whole unit once: at most one device read a unit's 16 pages brought
+       back, and fewer than one a page. */
+    uint64_t brought = s.faults + s.fault_around_pages;
+    if (s.store_reads == 0 || s.store_reads >= brought) {
+        fprintf(stderr, "64 KiB units: %llu device reads for %llu pages brought in\n",
+                (unsigned long long)s.store_reads, (unsigned long long)brought);
         return 1;
     }
     ztier_region_destroy(r);
