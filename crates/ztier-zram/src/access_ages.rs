@@ -4,7 +4,7 @@
 //!
 //! - Every read of a page held in the pool or on the store records the page's age at that
 //!   moment (now less its `ac_time`, before the read sets it) in the reading thread's
-//!   shard ([`ReadAges::touch`]): for any idle age T, the reads of pages at least T old are
+//!   shard (`ReadAges::touch`): for any idle age T, the reads of pages at least T old are
 //!   the promotions T would have caused, since a page that old would have been on the store.
 //! - [`Device::idle_ages`] counts the pages by their age now, in one pass over the slots: at
 //!   least T old are the pages T would hold on the store.

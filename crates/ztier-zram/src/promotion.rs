@@ -528,7 +528,7 @@ mod tests {
         // 10 000 cold pages; 100 reads a minute of pages 30 s old: every age up to 28 s
         // would promote them (1 %/min), 32 s and over none.
         let hot = window(&t, 10_000.0, 100, 30);
-        let c = choose(&t, &[hot.clone()]);
+        let c = choose(&t, std::slice::from_ref(&hot));
         assert_eq!((c.age_secs, c.predicted_share_per_minute), (32, Some(0.0)));
         // 20 reads a minute are 0.2 %/min: at the target is safe, one more is not.
         let c = choose(&t, &[window(&t, 10_000.0, 20, 30)]);
@@ -540,7 +540,7 @@ mod tests {
         // Too few pages to tell: 100 pages a minute expect 0.2 promotions at the target.
         // Five such windows expect one: enough.
         let few = window(&t, 100.0, 0, 0);
-        assert_eq!(choose(&t, &[few.clone()]), none);
+        assert_eq!(choose(&t, std::slice::from_ref(&few)), none);
         assert_eq!(choose(&t, &vec![few.clone(); 4]), none);
         assert_eq!(choose(&t, &vec![few; 5]).age_secs, 10);
         // The 98th percentile: of 50 windows, one over the target may be; two may not.
