@@ -647,7 +647,7 @@ fn serve_refuses_zero_time_limits() {
 
 /// `--promotion-target`: read as a percent per minute, refused without a store, beside
 /// `--writeback-idle` or out of range; a server given one reports its controller in
-/// `ztier stat --json` (the starting age, the target as a share).
+/// `ztier stat --json` (the starting age, the oldest, and the target as a share).
 #[test]
 fn serve_takes_a_promotion_target_and_reports_its_controller() {
     let dir = std::env::temp_dir().join(format!("ztier-cli-promotion-{}", std::process::id()));
@@ -675,7 +675,7 @@ fn serve_takes_a_promotion_target_and_reports_its_controller() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let p = &v["policy"]["promotion"];
-    assert_eq!(p["age_secs"], 120, "{v}");
+    assert_eq!(p["age_secs"], 3600, "{v}");
     assert_eq!(p["target_share_per_minute"], 0.005, "{v}");
     for (flags, said) in [
         (

@@ -422,12 +422,13 @@ fn a_promotion_target_runs_the_device_s_policy_and_is_reported() {
         .create(spec("p,size=4M,promotion_target=0.2%/min"))
         .unwrap();
     let promotion = d.policy_stats().unwrap().promotion.unwrap();
-    // The controller's defaults: it starts at 2 minutes, aiming at 0.2 % a minute.
-    assert_eq!(promotion.age_secs, 120);
+    // The controller's defaults: it starts at the oldest age, an hour (no younger one is
+    // known to be safe yet), aiming at 0.2 % a minute.
+    assert_eq!(promotion.age_secs, 3600);
     assert_eq!(promotion.target_share_per_minute, 0.002);
     let text = ztier_host::metrics::exposition(&host, &[]);
     for line in [
-        "ztier_device_promotion_age_seconds{device=\"p\"} 120",
+        "ztier_device_promotion_age_seconds{device=\"p\"} 3600",
         "ztier_device_promotion_target_minute_ratio{device=\"p\"} 0.002",
         "ztier_device_promotion_decisions_total{device=\"p\",step=\"older\"} 0",
     ] {

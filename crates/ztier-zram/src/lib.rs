@@ -67,6 +67,7 @@
 //! time, holding nothing else.
 #![forbid(unsafe_code)]
 
+pub mod access_ages;
 mod blockdev;
 mod discard;
 mod error;
@@ -117,6 +118,8 @@ struct ShardState {
     unit_cache: UnitCache,
     /// A unit decompressed for a read of part of it when the cache's memory cannot be had.
     unit_buf: Vec<u8>,
+    /// Reads by the age of the page read (`access_ages.rs`).
+    read_ages: access_ages::ReadAges,
 }
 
 /// Stripes of the locks serializing the changes to each page (a page's stripe is
@@ -626,7 +629,7 @@ impl Device {
         let shard = &mut *guard;
         let part = in_unit..in_unit + out.len();
         if let Some((way, generation)) = shard.unit_cache.find(index) {
-            if self.cached_unit_current(index, generation)? {
+            if self.cached_unit_current(shard, index, generation)? {
                 out.copy_from_slice(&shard.unit_cache.unit(way, self.unit_size)[part]);
                 return Ok(());
             }
@@ -681,20 +684,18 @@ impl Device {
         r
     }
 
-    /// Whether a shard's copy of unit `index`, filled at `generation`, is the unit as it is
-    /// now: the unit's generation, loaded under its slot lock, has not moved since. If so
-    /// the read counts as one (the slot's idle mark cleared, its access time set), as
-    /// [`read_page_inner`](Device::read_page_inner) does.
-    fn cached_unit_current(&self, index: u64, generation: u64) -> Result<bool> {
+    /// Whether a shard's copy of unit `index`, filled at generation `filled`, is the unit
+    /// as it is now: the unit's generation, loaded under its slot lock, has not moved since.
+    /// If so the read counts as one (the slot's idle mark cleared, its access time set, its
+    /// age recorded), as [`read_page_inner`](Device::read_page_inner) does.
+    fn cached_unit_current(&self, shard: &mut ShardState, index: u64, filled: u64) -> Result<bool> {
         let now = self.now();
         let mut g = self.slot(index)?.lock();
-        if self.generations.get(index) != generation {
+        if self.generations.get(index) != filled {
             return Ok(false);
         }
         g.entry.set(SlotFlag::Idle, false);
-        if g.entry.is_allocated() {
-            g.entry.set_ac_time(now);
-        }
+        shard.read_ages.touch(&mut g.entry, now);
         Ok(true)
     }
 
@@ -716,9 +717,7 @@ impl Device {
         let now = self.now();
         let mut g = slot.lock();
         g.entry.set(SlotFlag::Idle, false);
-        if g.entry.is_allocated() {
-            g.entry.set_ac_time(now);
-        }
+        shard.read_ages.touch(&mut g.entry, now);
         let handle = match g.entry.content() {
             Content::WrittenBack(_) => return Ok(Some(g.entry)),
             Content::Empty | Content::Same(_) => {

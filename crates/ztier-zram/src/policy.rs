@@ -3,7 +3,8 @@
 //! - recompresses pages not accessed for `recompress_idle` with the secondary algorithms;
 //! - writes back pages not accessed for `writeback_idle`, or, given a promotion target
 //!   instead, for the age its controller chooses so that reads from the store stay under
-//!   the target (`promotion.rs`);
+//!   the target (`promotion.rs`, from the device's reads and pages by age each pass,
+//!   `access_ages.rs`);
 //! - if the pool is above `mem_target`, writes back the oldest pages (by `ac_time`, ages
 //!   halving down to zero) and compacts, until it is under the target or nothing is left.
 //!
@@ -32,7 +33,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
-use crate::promotion::{BadPromotionTarget, PromotionController, PromotionStats, PromotionTarget};
+use crate::promotion::{
+    BadPromotionTarget, PromotionController, PromotionStats, PromotionTarget, Sample,
+};
 use crate::{Device, PageSelector, ZramError};
 
 /// What the policy does.
@@ -236,9 +239,10 @@ impl PolicyRunner {
         self.promotion.as_ref().map(PromotionController::stats)
     }
 
-    /// One pass: the controller takes the store's counters (and may move its age), then
-    /// recompression, writeback and the memory target as configured. Returns what the pass
-    /// did; an error is counted in it, and the next pass tries again.
+    /// One pass: the controller takes the store's counters and the device's reads and pages
+    /// by age (and may move its age), then recompression, writeback and the memory target
+    /// as configured. Returns what the pass did; an error is counted in it, and the next
+    /// pass tries again.
     pub fn tick(&mut self, device: &Device) -> PolicyStats {
         let began = Instant::now();
         let mut tick = PolicyStats {
@@ -259,7 +263,13 @@ impl PolicyRunner {
             }
         }
         if let (Some(controller), Some(bd)) = (&mut self.promotion, device.bd_stat()) {
-            controller.observe(device.clock(), bd.bd_reads, bd.bd_count);
+            controller.observe(&Sample {
+                now: device.clock(),
+                bd_reads: bd.bd_reads,
+                bd_count: bd.bd_count,
+                read_ages: device.read_ages(),
+                idle_ages: device.idle_ages(),
+            });
         }
         if device.backing().is_some() {
             let age = self.writeback_age();

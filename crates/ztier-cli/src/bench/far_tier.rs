@@ -89,11 +89,15 @@ fn print_verdict(v: &FarTierVerdict) {
     }
     if let Some(c) = &v.controller.controller {
         let ages = &v.controller.ages_secs;
+        let predicted = c
+            .predicted_share_per_minute
+            .map_or("none known safe".to_string(), |p| {
+                format!("{:.4} %/min", p * 100.0)
+            });
         println!(
-            "  controller: age {} s at the end (floor {} s), from {} s to {} s over the run; \
-             decisions {} older, {} younger, {} holding",
+            "  controller: age {} s at the end (predicted there: {predicted}), from {} s to {} s \
+             over the run; decisions {} older, {} younger, {} holding",
             c.age_secs,
-            c.floor_secs,
             ages.iter().min().unwrap_or(&0),
             ages.iter().max().unwrap_or(&0),
             c.older,

@@ -422,11 +422,14 @@ impl std::fmt::Display for Snapshot {
             if let Some(p) = &s.promotion {
                 writeln!(
                     f,
-                    "promotion age {} s (floor {} s), {:.3} %/min of the stored pages read \
+                    "promotion age {} s (predicted {}), {:.3} %/min of the stored pages read \
                      back in the last window, target {} %/min; {} decisions older, {} younger, \
                      {} holding",
                     p.age_secs,
-                    p.floor_secs,
+                    p.predicted_share_per_minute.map_or(
+                        "none known safe".to_string(),
+                        |r| format!("{:.3} %/min", r * 100.0)
+                    ),
                     p.share_per_minute * 100.0,
                     p.target_share_per_minute * 100.0,
                     p.older,
