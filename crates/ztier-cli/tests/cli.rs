@@ -438,10 +438,68 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
         .collect();
     assert_eq!(units, [4096, 4096, 65536, 65536]);
     for r in &runs {
-        assert!(
-            r["seq_faultin_mb_s"].as_f64().is_some_and(|v| v > 0.0),
-            "{r}"
-        );
+        for figure in [
+            "seq_faultin_mb_s",
+            "raw_sequential_unit_mb_s",
+            "raw_sequential_page_mb_s",
+        ] {
+            assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {r}");
+        }
+    }
+    // The report sets each larger unit's fault-in against the page's, with clean pages on
+    // and off.
+    let o = ztier(&[
+        "bench",
+        "uffd",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lz4",
+        "--unit-size",
+        "4K,64K",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let against: Vec<_> = stdout(&o)
+        .lines()
+        .filter(|l| l.contains("64 KiB units' sequential fault-in"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(against.len(), 2, "{}", stdout(&o));
+    assert!(
+        against[0].contains("clean pages on") && against[1].contains("clean pages off"),
+        "{against:?}"
+    );
+}
+
+/// `bench --unit-size`: each unit size's reads beside the raw decompressor's floors, and
+/// every page verified.
+#[test]
+fn bench_unit_sizes_report_the_raw_decompressors_floors() {
+    let path = corpus("units.pages", 256, 0);
+    let o = ztier(&[
+        "bench",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lz4",
+        "--unit-size",
+        "4K,64K",
+        "--random-reads",
+        "200",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs = json_lines(&o);
+    assert_eq!(runs.len(), 2, "{}", stdout(&o));
+    for r in &runs {
+        assert_eq!(r["verified"], true, "{r}");
+        for figure in [
+            "sequential_read_mb_s",
+            "raw_sequential_read_mb_s",
+            "raw_unit_decompress_p99_us",
+        ] {
+            assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {r}");
+        }
     }
 }
 

@@ -166,9 +166,11 @@ pub enum ReplayError {
     #[error("page {page} of {corpus} read back different from what was written")]
     Mismatch { corpus: String, page: usize },
     /// A region page read back different from the corpus's.
-    #[error("{corpus}: page {page} word {word} read back {got:#x} from the region, the corpus has {want:#x}")]
+    #[error("{corpus}: page {page} word {word} read back {got:#x} from the region {pass}, the corpus has {want:#x}")]
     RegionMismatch {
         corpus: String,
+        /// When it was read: which pass of the replay.
+        pass: &'static str,
         page: usize,
         word: usize,
         got: u64,

@@ -399,7 +399,11 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
     let rss_bytes = region_rss(&region)?;
     let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
     let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
-    verify(&region, corpus)?;
+    verify(
+        &region,
+        corpus,
+        "after the sequential pass under the budget",
+    )?;
 
     // Single-page fault latency: pages evicted one by one, touched in a scattered order
     // (so fault-around stays closed), until LATENCY_SAMPLES faults are timed. First the
@@ -471,7 +475,7 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
     std::hint::black_box(sum);
     let rand = region.stats();
     let oracle = oracle::replay(&trace, budget_pages, half);
-    verify(&region, corpus)?;
+    verify(&region, corpus, "after the random reads")?;
     let end = region.stats();
 
     // Every page stored, then read in order into free memory (nothing evicted meanwhile).
@@ -493,7 +497,11 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
     let free = region.stats();
     let brought_free =
         (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
-    verify(&region, corpus)?;
+    verify(
+        &region,
+        corpus,
+        "after every page was stored and read back into free memory",
+    )?;
     let (raw_sequential_unit_s, raw_sequential_page_s) =
         raw_sequential_reads(corpus, algorithm, unit_size)?;
     let zram = zram_of(corpus, algorithm)?;
@@ -692,7 +700,7 @@ fn raw_sequential_reads(
 }
 
 /// Every word of every page as the corpus has it.
-fn verify(region: &Region, corpus: &Corpus) -> Result<()> {
+fn verify(region: &Region, corpus: &Corpus, pass: &'static str) -> Result<()> {
     let words = region.words();
     for (page, bytes) in corpus.chunks(PAGE).enumerate() {
         for (word, bytes) in bytes.chunks_exact(8).enumerate() {
@@ -701,6 +709,7 @@ fn verify(region: &Region, corpus: &Corpus) -> Result<()> {
             if got != want {
                 return Err(ReplayError::RegionMismatch {
                     corpus: corpus.name.clone(),
+                    pass,
                     page,
                     word,
                     got,

@@ -143,6 +143,10 @@ pub struct LookupJudgement {
     pub runs: Vec<LookupRun>,
     /// The slowdown target.
     pub slowdown: f64,
+    /// Seconds a phase lasts (the hot set jumps at each change), and the warm-up's before
+    /// the measured seconds (phases count from the run's start, the warm-up included).
+    pub phase_seconds: u64,
+    pub warmup_seconds: u64,
     /// The fixed run with the least memory within the slowdown of the baseline: its index
     /// in `runs`; `None` if none was.
     pub oracle: Option<usize>,
@@ -165,6 +169,14 @@ pub struct SelfSized {
     /// throughput over its.
     pub best_fixed_within_memory: Option<usize>,
     pub throughput_vs_best_fixed_within_memory: Option<f64>,
+    /// Its saving over the oracle's, where the oracle saved something.
+    pub share_of_oracle_saving: Option<f64>,
+    /// For each phase change in the measured seconds: the seconds until a second's lookups
+    /// were back within the slowdown of the baseline's (0: the first second after it
+    /// already was); `None` if not before the next change or the run's end.
+    pub recovery_seconds: Vec<Option<u64>>,
+    /// Whether the budget stayed within the controller's cap every second.
+    pub within_cap: bool,
 }
 
 /// A rank's page: a bijection of the pages (a multiplier coprime to their number), so that
@@ -266,6 +278,7 @@ impl Lookups {
                     .clone()
                     .filter(|&i| runs[i].mean_memory_bytes <= me.mean_memory_bytes)
                     .max_by(|a, b| runs[*a].lookups_per_s.total_cmp(&runs[*b].lookups_per_s));
+                let oracle_saved = oracle.map_or(0.0, |i| saved(&runs[i]));
                 SelfSized {
                     run,
                     slowdown: 1.0 - me.lookups_per_s / base.lookups_per_s,
@@ -273,6 +286,13 @@ impl Lookups {
                     best_fixed_within_memory,
                     throughput_vs_best_fixed_within_memory: best_fixed_within_memory
                         .map(|i| me.lookups_per_s / runs[i].lookups_per_s),
+                    share_of_oracle_saving: (oracle_saved > 0.0).then(|| saved(me) / oracle_saved),
+                    recovery_seconds: self
+                        .recoveries(me, base.lookups_per_s * (1.0 - self.slowdown)),
+                    within_cap: me
+                        .autosize
+                        .as_ref()
+                        .is_none_or(|a| me.max_budget_pages <= a.cap_pages),
                 }
             })
             .collect();
@@ -280,11 +300,38 @@ impl Lookups {
             corpus,
             pages,
             slowdown: self.slowdown,
+            phase_seconds: self.phase_seconds,
+            warmup_seconds: self.warmup_seconds,
             oracle,
             oracle_saved_bytes: oracle.map_or(0.0, |i| saved(&runs[i])),
             self_sized,
             runs,
         }
+    }
+
+    /// For each phase change within `run`'s measured seconds, the seconds until one of them
+    /// served at least `good` lookups (see [`SelfSized::recovery_seconds`]).
+    fn recoveries(&self, run: &LookupRun, good: f64) -> Vec<Option<u64>> {
+        let phase = self.phase_seconds.max(1) as i64;
+        let (first, last) = match (run.seconds.first(), run.seconds.last()) {
+            (Some(f), Some(l)) => (f.at, l.at),
+            _ => return Vec::new(),
+        };
+        // Phases begin every `phase` seconds from the run's start, warm-up included; a
+        // second's `at` is its end, counted from the measured part's start.
+        let warmup = self.warmup_seconds as i64;
+        (1..)
+            .map(|k| k * phase - warmup)
+            .skip_while(|&change| change < first - 1)
+            .take_while(|&change| change < last)
+            .map(|change| {
+                run.seconds
+                    .iter()
+                    .filter(|s| s.at > change && s.at <= change + phase)
+                    .find(|s| s.lookups as f64 >= good)
+                    .map(|s| (s.at - change - 1) as u64)
+            })
+            .collect()
     }
 
     /// One run: a fresh region with the corpus in it, the budget set, the lookups served.
@@ -382,6 +429,7 @@ impl Lookups {
                 if got != want {
                     return Err(ReplayError::RegionMismatch {
                         corpus: corpus.name.clone(),
+                        pass: "in a lookup",
                         page,
                         word: first,
                         got,
@@ -436,6 +484,89 @@ impl Lookups {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A short judgement on the bundled sample: every lookup checked against the corpus
+    /// (a wrong word fails the run), nothing evicted with every page in budget, a fixed
+    /// budget held, and the self-sized budget moved by its controller and never over its cap,
+    /// with a recovery figure for each phase change.
+    #[test]
+    fn a_short_judgement_holds_its_budgets() {
+        let sample = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../samples/sample.pages.zst"
+        );
+        let corpus = Corpus::load(std::path::Path::new(sample)).expect("the bundled sample");
+        let mut w = Lookups::new(RegionConfig::default().algorithm, 4);
+        w.warmup_seconds = 1;
+        w.phase_seconds = 2;
+        w.fixed_shares = vec![0.5];
+        w.stall_targets = vec![0.01];
+        let judged = match w.judge(&corpus, &mut |_, _| {}) {
+            Err(ReplayError::Region {
+                source: ztier_uffd::Error::NotPermitted(e),
+                ..
+            }) => {
+                eprintln!("skipped: userfaultfd is not permitted here: {e}");
+                return;
+            }
+            judged => judged.expect("the judgement"),
+        };
+        let pages = corpus.pages() as u64;
+        assert_eq!(judged.runs.len(), 3);
+        let (every, fixed, sized) = (&judged.runs[0], &judged.runs[1], &judged.runs[2]);
+        assert_eq!(every.faults, 0, "every page in budget: nothing evicted");
+        assert!(
+            fixed.max_budget_pages <= pages / 2,
+            "{}",
+            fixed.max_budget_pages
+        );
+        assert!(fixed.faults > 0, "half the pages in budget: lookups fault");
+        let controller = sized.autosize.as_ref().expect("the controller's figures");
+        assert!(controller.steps > 0, "{controller:?}");
+        assert_eq!(controller.cap_pages, pages);
+        assert!(controller.fault_overhead_ns > 0, "{controller:?}");
+        let me = &judged.self_sized[0];
+        assert_eq!(me.run, 2);
+        assert!(me.within_cap && sized.max_budget_pages <= pages);
+        // Changes at measured seconds 1 and 3 (2 s phases after a 1 s warm-up); the last
+        // second may end before the second change.
+        assert!(
+            (1..=2).contains(&me.recovery_seconds.len()),
+            "{:?}",
+            me.recovery_seconds
+        );
+    }
+
+    #[test]
+    fn recovery_is_counted_from_each_phase_change_within_its_phase() {
+        // Phases of 10 s after a 5 s warm-up: changes at measured seconds 5, 15 and 25.
+        let w = Lookups::new(RegionConfig::default().algorithm, 30);
+        let slow = |at: i64| (6..=7).contains(&at) || (16..=25).contains(&at);
+        let run = LookupRun {
+            budget: Budget::Autosized(0.01),
+            pages: 1,
+            lookups_per_s: 0.0,
+            mean_memory_bytes: 0.0,
+            mean_resident_pages: 0.0,
+            mean_budget_pages: 0.0,
+            stall_ppm: 0,
+            max_budget_pages: 1,
+            faults: 0,
+            seconds: (1..=30)
+                .map(|at| Second {
+                    at,
+                    lookups: if slow(at) { 50 } else { 100 },
+                    resident_pages: 1,
+                    store_bytes: 0,
+                    budget_pages: 1,
+                    stall_ppm: 0,
+                })
+                .collect(),
+            autosize: None,
+        };
+        assert_eq!(w.recoveries(&run, 99.0), [Some(2), None, Some(0)]);
+        assert_eq!(w.recoveries(&run, 40.0), [Some(0), Some(0), Some(0)]);
+    }
 
     #[test]
     fn the_placement_is_a_bijection_and_the_zipf_law_favours_low_ranks() {

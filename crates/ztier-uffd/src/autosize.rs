@@ -97,7 +97,7 @@ impl AutosizeConfig {
 
     /// [`AutosizeConfig::fault_overhead`], measured if not given (a region's CPU latency
     /// request made as `latency_qos` says).
-    pub(crate) fn fault_overhead(&self, latency_qos: bool) -> Duration {
+    pub(crate) fn overhead_for(&self, latency_qos: bool) -> Duration {
         if let Some(given) = self.fault_overhead {
             return given;
         }
@@ -646,7 +646,7 @@ mod tests {
     fn a_given_fault_overhead_is_used_as_given() {
         let mut c = AutosizeConfig::with_cap(64 * PS);
         c.fault_overhead = Some(Duration::from_micros(9));
-        assert_eq!(c.fault_overhead(false), Duration::from_micros(9));
+        assert_eq!(c.overhead_for(false), Duration::from_micros(9));
     }
 
     proptest! {

@@ -624,7 +624,7 @@ impl Region {
 /// Puts `config`'s controller on the region, the budget brought within its limits.
 fn start_autosize(sh: &Shared, config: &AutosizeConfig) -> Result<()> {
     let limits = config.limits(sh.page_size)?;
-    let overhead = config.fault_overhead(sh.fault.qos.usable());
+    let overhead = config.overhead_for(sh.fault.qos.usable());
     sh.stall.set_fault_overhead(overhead);
     let now = std::time::Instant::now();
     let controller = Autosize::new(

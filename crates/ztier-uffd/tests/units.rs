@@ -212,3 +212,43 @@ fn a_unit_that_is_not_a_power_of_two_up_to_64_kib_is_refused() {
         }
     }
 }
+
+/// The region bench's sequential pass at 64 KiB units with clean pages off: every page
+/// written, the budget cut to a quarter, then every page read in order (one word each, the
+/// reclaim thread evicting behind, each fault bringing units in written and discarding
+/// them), then every page checked whole; several rounds on fresh regions.
+#[test]
+fn a_sequential_pass_under_a_quarter_budget_reads_back_exact() {
+    const PAGES: u64 = 16384;
+    for round in 0..20 {
+        let len = PAGES as usize * PAGE;
+        let config = RegionConfig {
+            clean_pages: false,
+            ..config(64 << 10)
+        };
+        let Some(r) = region_with(len, len, &config) else {
+            return;
+        };
+        let words = r.words();
+        // Some pages all zeros, and some whole units, as real memory has them.
+        let zeros = |page: u64| page % 7 == 3 || (page / 16) % 11 == 5;
+        for page in (0..PAGES).filter(|&p| !zeros(p)) {
+            write_page(words, page, 1);
+        }
+        r.set_budget(len / 4).unwrap();
+        while r.stats().resident_pages > PAGES / 4 + 64 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let mut sum = 0u64;
+        for page in 0..PAGES {
+            sum = sum.wrapping_add(words[page as usize * (PAGE / 8)].load(Relaxed));
+        }
+        std::hint::black_box(sum);
+        for page in 0..PAGES {
+            let version = if zeros(page) { 0 } else { 1 };
+            if let Err(e) = check_page(words, page, version) {
+                panic!("round {round}: {e}; {:?}", r.stats());
+            }
+        }
+    }
+}

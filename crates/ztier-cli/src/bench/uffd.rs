@@ -366,13 +366,28 @@ fn print_judgement(j: &LookupJudgement) {
             me.slowdown * 100.0,
             mb(me.saved_bytes),
             mb(j.oracle_saved_bytes),
-            match j.oracle {
-                Some(_) if j.oracle_saved_bytes > 0.0 => format!(
-                    "{:.0} % of it",
-                    me.saved_bytes / j.oracle_saved_bytes * 100.0
-                ),
-                Some(_) => "nothing to save".to_string(),
-                None => "no fixed budget was within the target".to_string(),
+            match (j.oracle, me.share_of_oracle_saving) {
+                (Some(_), Some(share)) => format!("{:.0} % of it", share * 100.0),
+                (Some(_), None) => "nothing to save".to_string(),
+                (None, _) => "no fixed budget was within the target".to_string(),
+            }
+        );
+        let recoveries: Vec<String> = me
+            .recovery_seconds
+            .iter()
+            .map(|r| r.map_or("not within the phase".to_string(), |s| format!("{s} s")))
+            .collect();
+        println!(
+            "    back within the slowdown after each phase change: {}; the budget {} its cap",
+            if recoveries.is_empty() {
+                "no change measured".to_string()
+            } else {
+                recoveries.join(", ")
+            },
+            if me.within_cap {
+                "never over"
+            } else {
+                "went over"
             }
         );
         if let (Some(i), Some(ratio)) = (
