@@ -568,7 +568,8 @@ fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(1)));
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        // Top left: little slowdown and much saved, where no budget is seen to land.
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 12))
