@@ -373,7 +373,6 @@ fn a_flag_a_front_does_not_take_is_refused_by_the_parser() {
         ("uffd", "--allocator", Some("zblock")),
         ("uffd", "--threads", Some("2")),
         ("uffd", "--stats", None),
-        ("uffd", "--plot", Some("x.svg")),
         ("uffd", "--chain-size", Some("4")),
         ("zswap", "--recompress", Some("zstd")),
         ("zswap", "--budget", Some("10%")),

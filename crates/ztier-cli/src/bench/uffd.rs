@@ -41,6 +41,11 @@ pub struct UffdArgs {
     /// a self-sized run each.
     #[arg(long = "stall-target", value_name = "SHARE", requires = "lookups", value_parser = parse_budget)]
     pub stall_targets: Vec<f64>,
+    /// With --lookups: also draw each judgement into this SVG (as `ztier plot` does): each
+    /// self-sized run's budget, resident pages, throughput and stall share over time, and
+    /// the savings/slowdown curve of the fixed budgets with the self-sized runs on it.
+    #[arg(long, value_name = "FILE.svg", requires = "lookups")]
+    pub plot: Option<std::path::PathBuf>,
     /// The region's compression units (4K, 16K or 64K; RegionConfig::unit_size), a run
     /// each: a fault decompresses its page's unit once and brings the rest of it in.
     #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
@@ -298,8 +303,9 @@ fn print_run(r: &UffdRun) {
 }
 
 /// `--lookups`: every corpus × compressor through the lookup workload, each second printed
-/// as it ends, then the runs and the judgement.
+/// as it ends, then the runs and the judgement; with `--plot`, the judgements drawn.
 fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
+    let mut judgements = Vec::new();
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
         for algorithm in &args.replay.compressors {
@@ -325,7 +331,13 @@ fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
                 .judge(&corpus, &mut each_second)
                 .map_err(CliError::from_replay)?;
             emit(json, &judged, print_judgement)?;
+            if args.plot.is_some() {
+                judgements.push(serde_json::to_value(&judged)?);
+            }
         }
+    }
+    if let Some(svg) = &args.plot {
+        crate::plot::render(&judgements, svg)?;
     }
     Ok(())
 }

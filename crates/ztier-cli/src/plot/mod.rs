@@ -15,7 +15,10 @@
 //! From `ztier bench --unit-size ... --json`, a panel per corpus of memory against a random
 //! read's p99 for each unit size and compressor (`units`); from `ztier bench --trace
 //! --promotion-target ... --json`, a panel per trace of the pages held on the store against
-//! the promotion rate, each fixed idle age and the controller (`far_tier`).
+//! the promotion rate, each fixed idle age and the controller (`far_tier`). From `ztier
+//! bench uffd --lookups SECONDS --json`, for each self-sized run its budget, resident pages,
+//! throughput and stall share over time, and the savings/slowdown curve of the fixed budgets
+//! with the self-sized runs and the oracle on it (`lookups`).
 //!
 //! And from a host's samples, the lines of `ztier stat --json` taken over time (a host of
 //! devices: `while sleep 1; do ztier stat --json --socket S; done >> host.jsonl`), a panel of
@@ -23,6 +26,7 @@
 
 mod far_tier;
 mod host;
+mod lookups;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -116,6 +120,7 @@ enum BenchResult {
     Host(host::HostSample),
     Units(units::UnitResult),
     FarTier(far_tier::FarTierResult),
+    Lookups(lookups::LookupJudgement),
 }
 
 /// One size class's bytes: (class size, objects, bytes the objects take, bytes of pages).
@@ -193,6 +198,7 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
     let mut host = Vec::new();
     let mut units = Vec::new();
     let mut far = Vec::new();
+    let mut lookups = Vec::new();
     for (n, value) in results.iter().enumerate() {
         match serde_json::from_value::<BenchResult>(value.clone()) {
             Ok(BenchResult::Zram(r)) => zram.push(r),
@@ -200,10 +206,25 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
             Ok(BenchResult::Host(h)) => host.push(h),
             Ok(BenchResult::Units(u)) => units.push(u),
             Ok(BenchResult::FarTier(f)) => far.push(f),
+            Ok(BenchResult::Lookups(l)) => {
+                l.check()?;
+                lookups.push(l);
+            }
+            // A lookups judgement that does not parse: serde's reason, which names the field.
+            Err(_) if value.get("self_sized").is_some() => {
+                let why = serde_json::from_value::<lookups::LookupJudgement>(value.clone())
+                    .err()
+                    .map_or_else(|| "no variant matched".to_string(), |e| e.to_string());
+                bail!(
+                    "result {}: a lookups judgement of `ztier bench uffd --lookups --json` that \
+                     cannot be read: {why}",
+                    n + 1
+                )
+            }
             Err(_) => bail!(
-                "result {}: not a zram run, a trace replay, a unit-size run or a far tier \
-                 verdict of `ztier bench --json`, nor a host's `ztier stat --json` (zswap runs \
-                 have no pictures yet)",
+                "result {}: not a zram run, a trace replay, a unit-size run, a far tier \
+                 verdict or a lookups judgement of `ztier bench --json`, nor a host's `ztier \
+                 stat --json` (zswap runs have no pictures yet)",
                 n + 1
             ),
         }
@@ -232,12 +253,13 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
         + traces.len()
         + usize::from(!host.is_empty())
         + units::corpora(&units).len()
-        + far.len();
+        + far.len()
+        + lookups.iter().map(|l| l.panels()).sum::<usize>();
     if panels == 0 {
         bail!(
             "nothing to draw: no allocator table (run the bench with --stats or --plot), no \
              sweep of several runs, no trace, no host's samples, no unit sizes, no far tier \
-             verdict"
+             verdict, no lookups judgement"
         );
     }
     let root = SVGBackend::new(output, (1100, 380 * panels as u32)).into_drawing_area();
@@ -264,6 +286,9 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
     }
     for v in &far {
         far_tier::far_tier_panel(areas.next().expect("counted"), v)?;
+    }
+    for l in &lookups {
+        lookups::draw(&mut areas, l)?;
     }
     root.present().map_err(draw_err)?;
     Ok(())
