@@ -414,17 +414,22 @@ fn a_flag_a_front_does_not_take_is_refused_by_the_parser() {
 #[test]
 fn bench_uffd_runs_a_region_of_each_unit_size() {
     let path = corpus("uffd-units.pages", 256, 0);
-    let o = ztier(&[
-        "bench",
-        "uffd",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lz4",
-        "--unit-size",
-        "4K,64K",
-        "--json",
-    ]);
+    // The same sweep as JSON and as the report.
+    let units_bench = |more: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "uffd",
+            "--corpus",
+            path.to_str().unwrap(),
+            "--compressor",
+            "lz4",
+            "--unit-size",
+            "4K,64K",
+        ];
+        args.extend_from_slice(more);
+        ztier(&args)
+    };
+    let o = units_bench(&["--json"]);
     if !o.status.success() && stderr(&o).contains("userfaultfd is not permitted") {
         eprintln!("skipped: {}", stderr(&o));
         return;
@@ -447,16 +452,7 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
     }
     // The report sets each larger unit's fault-in against the page's, with clean pages on
     // and off.
-    let o = ztier(&[
-        "bench",
-        "uffd",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lz4",
-        "--unit-size",
-        "4K,64K",
-    ]);
+    let o = units_bench(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let against: Vec<_> = stdout(&o)
         .lines()
