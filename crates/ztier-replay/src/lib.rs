@@ -166,7 +166,7 @@ pub enum ReplayError {
     #[error("page {page} of {corpus} read back different from what was written")]
     Mismatch { corpus: String, page: usize },
     /// A region page read back different from the corpus's.
-    #[error("{corpus}: page {page} word {word} read back {got:#x} from the region {pass}, the corpus has {want:#x}")]
+    #[error("{corpus}: page {page} word {word} read back {got:#x} from the region {pass}, the corpus has {want:#x}{region_says}")]
     RegionMismatch {
         corpus: String,
         /// When it was read: which pass of the replay.
@@ -175,6 +175,8 @@ pub enum ReplayError {
         word: usize,
         got: u64,
         want: u64,
+        /// What the region said of pages it lost, if it lost any: `uffd::region_says`.
+        region_says: String,
     },
     /// A region page written, pushed out and touched read back something else: a stale copy
     /// served.

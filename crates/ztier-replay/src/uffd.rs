@@ -714,9 +714,22 @@ fn verify(region: &Region, corpus: &Corpus, pass: &'static str) -> Result<()> {
                     word,
                     got,
                     want,
+                    region_says: region_says(region),
                 });
             }
         }
     }
     Ok(())
+}
+
+/// For a mismatch's message: the pages the region lost (`RegionStats::lost_pages`) and its
+/// last error, if it lost any; else nothing.
+pub(crate) fn region_says(region: &Region) -> String {
+    match region.stats().lost_pages {
+        0 => String::new(),
+        lost => format!(
+            " (the region lost {lost} pages; its last error: {})",
+            region.last_error().unwrap_or_default()
+        ),
+    }
 }

@@ -434,6 +434,7 @@ impl Lookups {
                         word: first,
                         got,
                         want,
+                        region_says: crate::uffd::region_says(&region),
                     });
                 }
                 sink = sink.wrapping_add(acc);

@@ -110,6 +110,9 @@ typedef struct ztier_region_stats {
     uint64_t autosize_fault_overhead_ns; /* what the stall clock adds a fault served while
                                             the budget sizes itself (measured on this
                                             machine: the bare round trip's median) */
+    uint64_t lost_pages;       /* resident pages an eviction's UFFDIO_MOVE found gone
+                                  (ENOENT): they read back as zeros; seen only while the
+                                  kernel's reclaim pushed region pages to swap */
 } ztier_region_stats;
 
 /* autosize_state and ztier_region_autosize_step's state: what the last step decided. */

@@ -357,8 +357,19 @@ impl Shared {
                     run.busy = true;
                     break;
                 }
-                // No page there (dropped by the kernel): it reads as zeros.
-                Err(libc::ENOENT) => moved += 1,
+                // No page there, though the page was resident (its lock held, and the
+                // program's own drops and unmaps are seen before the kernel zaps): it
+                // reads as zeros from now on, its content lost. Said, and counted, so the
+                // loss is never silent (docs/region.md, "Known defect").
+                Err(libc::ENOENT) => {
+                    let page = first + moved as u64;
+                    self.count(Count::LostPages, 1);
+                    self.note_error(format!(
+                        "page {page}: resident, but the kernel had no page there when it was \
+                         evicted (UFFDIO_MOVE: ENOENT); it reads as zeros"
+                    ));
+                    moved += 1;
+                }
                 // A run across two mappings (the program changed part of the range's
                 // protection, or remapped inside it) fails whole: page by page, the pages
                 // of each go.

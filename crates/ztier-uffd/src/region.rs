@@ -78,6 +78,12 @@ pub struct RegionStats {
     /// ([`RegionConfig::unit_size`]; a page at page-sized units), which serves every stored
     /// page of that unit the fault brings in.
     pub store_reads: u64,
+    /// Pages the region held resident that an eviction's `UFFDIO_MOVE` found gone from
+    /// the program's memory (`ENOENT`), which read back as zeros from then on: content
+    /// lost. Seen only while the kernel's own reclaim pushed the region's pages to swap
+    /// during evictions (a memory cgroup at its limit, `MADV_PAGEOUT`; docs/region.md,
+    /// "Known defect"); 0 everywhere else.
+    pub lost_pages: u64,
     /// Pages brought back in after the region evicted them: from the store (faults and
     /// fault-around), from a held copy, or as zeros where the eviction found the page all
     /// zeros. The kernel's `workingset_refault_anon` for a region: what its choice of cold
@@ -187,10 +193,9 @@ pub struct RegionConfig {
     /// pages a fault brings in a unit at a time, each unit decompressed once (lib.rs,
     /// "Compression units"). Anything else is refused ([`Error::BadUnitSize`]).
     ///
-    /// **Known defect, not yet fixed:** at 64 KiB units, `ztier bench uffd --unit-size 64K`
-    /// on the postgres corpus read a page back as zeros in about one run in three while the
-    /// machine was loaded by other work (never at 4 KiB units; docs/region.md). Keep the
-    /// default for memory whose loss matters.
+    /// A region of any unit size can lose pages while the kernel's own reclaim pushes its
+    /// pages to swap (docs/region.md, "Known defect"; counted in
+    /// [`RegionStats::lost_pages`]).
     pub unit_size: usize,
 }
 
@@ -535,6 +540,7 @@ impl Region {
             deferred_faults: c(Count::Deferred),
             fault_around_pages: c(Count::FaultAround),
             store_reads: c(Count::StoreReads),
+            lost_pages: c(Count::LostPages),
             refaults: sh.fault_ins(FaultIn::Store)
                 + sh.fault_ins(FaultIn::Held)
                 + c(Count::FaultAround)

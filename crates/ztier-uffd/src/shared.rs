@@ -66,6 +66,7 @@ ztier_base::counters! {
         Deferred,
         FaultAround,
         StoreReads,
+        LostPages,
         FirstWrites,
         ZeroRefaults,
         ParkedReads,

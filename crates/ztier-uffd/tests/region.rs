@@ -478,7 +478,7 @@ fn a_run_moved_while_threads_write_into_it_reads_back_exact() {
         "pages were evicted as they were written: {s:?}"
     );
     assert_eq!(
-        s.evict_failures + s.poisoned_pages + s.held_pages,
+        s.evict_failures + s.poisoned_pages + s.held_pages + s.lost_pages,
         0,
         "{s:?}"
     );

@@ -47,7 +47,7 @@ fn unit_regions_read_back_exact_under_eight_threads_and_a_tenth_budget() {
         );
         assert!(s.faults > 1000, "{unit}: pages came back: {s:?}");
         assert_eq!(
-            s.evict_failures + s.poisoned_pages + s.held_pages,
+            s.evict_failures + s.poisoned_pages + s.held_pages + s.lost_pages,
             0,
             "{unit}: {s:?}"
         );
@@ -108,7 +108,7 @@ fn units_written_while_they_are_evicted_read_back_exact() {
             "{unit}: pages were evicted as they were written: {s:?}"
         );
         assert_eq!(
-            s.evict_failures + s.poisoned_pages + s.held_pages,
+            s.evict_failures + s.poisoned_pages + s.held_pages + s.lost_pages,
             0,
             "{unit}: {s:?}"
         );
