@@ -1,6 +1,6 @@
 //! What the process asks of the OS beyond std, for every layer: the page size, the
 //! machine's memory, this process's resident set (whole, or of some of its mappings), its
-//! user, a coarse clock, and how the C library's allocator gives large blocks back. (The
+//! page table's entries (`/proc/self/pagemap`), its user, a coarse clock, and how the C library's allocator gives large blocks back. (The
 //! scheduler's calls are [`crate::sched`]'s, anonymous mappings [`crate::mapping`]'s.)
 //!
 //! Invariant: nothing here touches memory the caller holds; each call only reads a file
@@ -99,6 +99,45 @@ pub fn rss_within(ranges: &[std::ops::Range<usize>]) -> std::io::Result<u64> {
     }
     Ok(kib * 1024)
 }
+
+/// The `/proc/self/pagemap` entry of each of the `pages` OS pages from address
+/// `first_page * page_size()`, handed to `each(page, entry)` (`page` counted from the
+/// first), read in batches; `None` if the OS would not say. The bits are
+/// [`PAGEMAP_PRESENT`], [`PAGEMAP_SWAPPED`] and [`PAGEMAP_EXCLUSIVE`]; the frame numbers in
+/// the low bits read as 0 without `CAP_SYS_ADMIN`, and nothing here uses them.
+pub fn pagemap_entries(
+    first_page: usize,
+    pages: usize,
+    mut each: impl FnMut(usize, u64),
+) -> Option<()> {
+    use std::os::unix::fs::FileExt;
+    if pages == 0 {
+        return Some(());
+    }
+    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let mut entries = vec![0u8; 8 * pages.min(64 << 10)];
+    let mut done = 0;
+    while done < pages {
+        let n = (pages - done).min(64 << 10);
+        let buf = &mut entries[..8 * n];
+        pagemap
+            .read_exact_at(buf, 8 * (first_page + done) as u64)
+            .ok()?;
+        for (i, e) in buf.chunks_exact(8).enumerate() {
+            each(done + i, u64::from_ne_bytes(e.try_into().expect("8 bytes")));
+        }
+        done += n;
+    }
+    Some(())
+}
+
+/// A pagemap entry's page is in memory (`PM_PRESENT`).
+pub const PAGEMAP_PRESENT: u64 = 1 << 63;
+/// A pagemap entry's page is in swap (`PM_SWAP`).
+pub const PAGEMAP_SWAPPED: u64 = 1 << 62;
+/// A pagemap entry's page is mapped by this process alone (`PM_MMAP_EXCLUSIVE`): not the
+/// shared zero page a read of an untouched page maps.
+pub const PAGEMAP_EXCLUSIVE: u64 = 1 << 56;
 
 /// The size from which the C library maps each allocation on its own, returned to the OS at
 /// its free: its default (128 KiB), fixed.

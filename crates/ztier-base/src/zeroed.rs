@@ -227,8 +227,7 @@ pub fn no_huge_pages<T>(rows: &[T]) {
 
 /// Calls `each(page, entry)` with the `/proc/self/pagemap` entry of each OS page that
 /// `rows` touches (`page` counted from the first); `None` if the OS would not say.
-fn for_each_page<T>(rows: &[T], mut each: impl FnMut(usize, u64)) -> Option<()> {
-    use std::os::unix::fs::FileExt;
+fn for_each_page<T>(rows: &[T], each: impl FnMut(usize, u64)) -> Option<()> {
     if rows.is_empty() || size_of::<T>() == 0 {
         return Some(());
     }
@@ -236,29 +235,12 @@ fn for_each_page<T>(rows: &[T], mut each: impl FnMut(usize, u64)) -> Option<()> 
     let start = rows.as_ptr() as usize;
     let end = start + std::mem::size_of_val(rows);
     let first = start / page;
-    let pages = end.div_ceil(page) - first;
-    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
-    let mut entries = vec![0u8; 8 * pages.min(64 << 10)];
-    let mut done = 0;
-    while done < pages {
-        let n = (pages - done).min(64 << 10);
-        let buf = &mut entries[..8 * n];
-        pagemap.read_exact_at(buf, 8 * (first + done) as u64).ok()?;
-        for (i, e) in buf.chunks_exact(8).enumerate() {
-            each(done + i, u64::from_ne_bytes(e.try_into().expect("8 bytes")));
-        }
-        done += n;
-    }
-    Some(())
+    crate::os::pagemap_entries(first, end.div_ceil(page) - first, each)
 }
 
-/// A pagemap entry's page is in memory (`PM_PRESENT`).
-const PRESENT: u64 = 1 << 63;
-/// A pagemap entry's page is in swap (`PM_SWAP`).
-const SWAPPED: u64 = 1 << 62;
-/// A pagemap entry's page is mapped by this process alone (`PM_MMAP_EXCLUSIVE`): not the
-/// shared zero page a read of an untouched page maps.
-const EXCLUSIVE: u64 = 1 << 56;
+use crate::os::{
+    PAGEMAP_EXCLUSIVE as EXCLUSIVE, PAGEMAP_PRESENT as PRESENT, PAGEMAP_SWAPPED as SWAPPED,
+};
 
 /// The bytes of `rows` held in memory now: pages written and not given back, read from
 /// `/proc/self/pagemap` (present and mapped by this process alone, which leaves out the

@@ -113,6 +113,9 @@ typedef struct ztier_region_stats {
     uint64_t lost_pages;       /* resident pages an eviction's UFFDIO_MOVE found gone
                                   (ENOENT): they read back as zeros; seen only while the
                                   kernel's reclaim pushed region pages to swap */
+    uint64_t unreported_moves; /* pages UFFDIO_MOVE moved into the pad and said it had
+                                  not (Linux 6.18, after a retried step), found there
+                                  and stored */
 } ztier_region_stats;
 
 /* autosize_state and ztier_region_autosize_step's state: what the last step decided. */

@@ -212,6 +212,38 @@ impl Pad {
         (done, outcome)
     }
 
+    /// After a move that stopped at `part`'s slot `slot` with `EEXIST` or `ENOENT`: how many
+    /// slots from `slot` on (at most `max`) hold a page all the same, now marked filled.
+    /// Linux 6.18's `UFFDIO_MOVE` keeps the `EAGAIN` of a step it retries (a page the
+    /// kernel's reclaim is pushing to swap) through the retry that succeeds, so it does the
+    /// step again without counting it: the pages it moved are in the pad, uncounted, and the
+    /// repeat finds them there (`EEXIST`) or gone from the source (`ENOENT`). Measured: a
+    /// single thread moving pages beside `MADV_PAGEOUT` got `EEXIST` for about one move in
+    /// 400, each time with the page moved. The slots were empty before the move (this
+    /// type's contract), so a slot with an entry in the page table (in memory, or in swap)
+    /// holds the page moved there. 0 where the kernel's error was true, or where the page
+    /// table could not be read.
+    pub(crate) fn claim_unreported(&self, part: &mut PadPart, slot: usize, max: usize) -> usize {
+        self.check(part, slot, max);
+        let os_page = ztier_base::os::page_size();
+        let per = (self.page_size / os_page).max(1);
+        let first = (self.map.addr() + self.offset(part, slot)) / os_page;
+        let mut entries = Vec::with_capacity(max * per);
+        if ztier_base::os::pagemap_entries(first, max * per, |_, e| entries.push(e)).is_none() {
+            return 0;
+        }
+        let held =
+            |e: &u64| e & (ztier_base::os::PAGEMAP_PRESENT | ztier_base::os::PAGEMAP_SWAPPED) != 0;
+        let claimed = entries
+            .chunks(per)
+            .take_while(|page| page.iter().all(held))
+            .count();
+        for filled in &mut part.filled[slot..slot + claimed] {
+            *filled = true;
+        }
+        claimed
+    }
+
     /// The page a move put in `part`'s slot `slot`, if one did since the slot was emptied.
     pub(crate) fn page<'a>(&'a self, part: &'a PadPart, slot: usize) -> Option<&'a [u8]> {
         self.check(part, slot, 1);

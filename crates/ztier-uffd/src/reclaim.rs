@@ -349,6 +349,16 @@ impl Shared {
                 moved..moved + len,
             );
             moved += done / ps;
+            // A move the kernel made and did not count (`Pad::claim_unreported`): its
+            // pages are in the pad; the rest of the run is moved on from after them.
+            if let Err(libc::EEXIST | libc::ENOENT) = outcome {
+                let found = self.pad.claim_unreported(part, slot + moved, n - moved);
+                if found > 0 {
+                    self.count(Count::UnreportedMoves, found as u64);
+                    moved += found;
+                    continue;
+                }
+            }
             match outcome {
                 Ok(()) => {}
                 // A part moved: a move of the rest says what stopped it.
@@ -358,9 +368,9 @@ impl Shared {
                     break;
                 }
                 // No page there, though the page was resident (its lock held, and the
-                // program's own drops and unmaps are seen before the kernel zaps): it
-                // reads as zeros from now on, its content lost. Said, and counted, so the
-                // loss is never silent (docs/region.md, "Known defect").
+                // program's own drops and unmaps are seen before the kernel zaps), and not
+                // in the pad (looked for above): it reads as zeros from now on, its content
+                // lost. Said, and counted, so a loss is never silent.
                 Err(libc::ENOENT) => {
                     let page = first + moved as u64;
                     self.count(Count::LostPages, 1);

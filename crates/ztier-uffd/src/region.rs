@@ -79,11 +79,17 @@ pub struct RegionStats {
     /// page of that unit the fault brings in.
     pub store_reads: u64,
     /// Pages the region held resident that an eviction's `UFFDIO_MOVE` found gone from
-    /// the program's memory (`ENOENT`), which read back as zeros from then on: content
-    /// lost. Seen only while the kernel's own reclaim pushed the region's pages to swap
-    /// during evictions (a memory cgroup at its limit, `MADV_PAGEOUT`; docs/region.md,
-    /// "Known defect"); 0 everywhere else.
+    /// the program's memory (`ENOENT`) and not in the pad either, which read back as zeros
+    /// from then on: content lost, and named in [`Region::last_error`]. 0 unless the
+    /// kernel dropped a page behind the region's back (docs/region.md, "When the kernel
+    /// swaps the region"): none in any test or bench run since the pad is looked in
+    /// ([`unreported_moves`](Self::unreported_moves)).
     pub lost_pages: u64,
+    /// Pages an eviction's `UFFDIO_MOVE` moved into the pad and said it had not (`EEXIST`
+    /// or `ENOENT` after a step it retried: Linux 6.18, while the kernel's reclaim pushes
+    /// the region's pages to swap), found there and stored as any page moved out; left as
+    /// the kernel said, each would have been lost.
+    pub unreported_moves: u64,
     /// Pages brought back in after the region evicted them: from the store (faults and
     /// fault-around), from a held copy, or as zeros where the eviction found the page all
     /// zeros. The kernel's `workingset_refault_anon` for a region: what its choice of cold
@@ -193,9 +199,6 @@ pub struct RegionConfig {
     /// pages a fault brings in a unit at a time, each unit decompressed once (lib.rs,
     /// "Compression units"). Anything else is refused ([`Error::BadUnitSize`]).
     ///
-    /// A region of any unit size can lose pages while the kernel's own reclaim pushes its
-    /// pages to swap (docs/region.md, "Known defect"; counted in
-    /// [`RegionStats::lost_pages`]).
     pub unit_size: usize,
 }
 
@@ -541,6 +544,7 @@ impl Region {
             fault_around_pages: c(Count::FaultAround),
             store_reads: c(Count::StoreReads),
             lost_pages: c(Count::LostPages),
+            unreported_moves: c(Count::UnreportedMoves),
             refaults: sh.fault_ins(FaultIn::Store)
                 + sh.fault_ins(FaultIn::Held)
                 + c(Count::FaultAround)

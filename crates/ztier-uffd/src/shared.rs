@@ -67,6 +67,7 @@ ztier_base::counters! {
         FaultAround,
         StoreReads,
         LostPages,
+        UnreportedMoves,
         FirstWrites,
         ZeroRefaults,
         ParkedReads,

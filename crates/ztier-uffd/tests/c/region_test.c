@@ -17,7 +17,7 @@
 
 /* The layout this test was written against: 78 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 81 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 82 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
