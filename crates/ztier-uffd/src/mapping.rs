@@ -221,22 +221,36 @@ impl Pad {
     /// single thread moving pages beside `MADV_PAGEOUT` got `EEXIST` for about one move in
     /// 400, each time with the page moved. The slots were empty before the move (this
     /// type's contract), so a slot with an entry in the page table (in memory, or in swap)
-    /// holds the page moved there. 0 where the kernel's error was true, or where the page
-    /// table could not be read.
-    pub(crate) fn claim_unreported(&self, part: &mut PadPart, slot: usize, max: usize) -> usize {
+    /// whose source page (`src`, the region's address of the page meant for `slot`, the
+    /// next page for each next slot) has none holds the page moved there. 0 where the
+    /// kernel's error was true, or where the page table could not be read.
+    pub(crate) fn claim_unreported(
+        &self,
+        part: &mut PadPart,
+        slot: usize,
+        max: usize,
+        src: u64,
+    ) -> usize {
         self.check(part, slot, max);
         let os_page = ztier_base::os::page_size();
         let per = (self.page_size / os_page).max(1);
-        let first = (self.map.addr() + self.offset(part, slot)) / os_page;
-        let mut entries = Vec::with_capacity(max * per);
-        if ztier_base::os::pagemap_entries(first, max * per, |_, e| entries.push(e)).is_none() {
+        let entries = |addr: usize| {
+            let mut entries = Vec::with_capacity(max * per);
+            ztier_base::os::pagemap_entries(addr / os_page, max * per, |_, e| entries.push(e))
+                .map(|()| entries)
+        };
+        let (Some(dst), Some(src)) = (
+            entries(self.map.addr() + self.offset(part, slot)),
+            entries(src as usize),
+        ) else {
             return 0;
-        }
+        };
         let held =
             |e: &u64| e & (ztier_base::os::PAGEMAP_PRESENT | ztier_base::os::PAGEMAP_SWAPPED) != 0;
-        let claimed = entries
+        let claimed = dst
             .chunks(per)
-            .take_while(|page| page.iter().all(held))
+            .zip(src.chunks(per))
+            .take_while(|(to, from)| to.iter().all(held) && !from.iter().any(held))
             .count();
         for filled in &mut part.filled[slot..slot + claimed] {
             *filled = true;

@@ -352,7 +352,10 @@ impl Shared {
             // A move the kernel made and did not count (`Pad::claim_unreported`): its
             // pages are in the pad; the rest of the run is moved on from after them.
             if let Err(libc::EEXIST | libc::ENOENT) = outcome {
-                let found = self.pad.claim_unreported(part, slot + moved, n - moved);
+                let src = self.page_addr(first + moved as u64);
+                let found = self
+                    .pad
+                    .claim_unreported(part, slot + moved, n - moved, src);
                 if found > 0 {
                     self.count(Count::UnreportedMoves, found as u64);
                     moved += found;
