@@ -217,9 +217,9 @@ impl Pad {
     /// Linux 6.18's `UFFDIO_MOVE` keeps the `EAGAIN` of a step it retries (a page the
     /// kernel's reclaim is pushing to swap) through the retry that succeeds, so it does the
     /// step again without counting it: the pages it moved are in the pad, uncounted, and the
-    /// repeat finds them there (`EEXIST`) or gone from the source (`ENOENT`). Measured: a
-    /// single thread moving pages beside `MADV_PAGEOUT` got `EEXIST` for about one move in
-    /// 400, each time with the page moved. The slots were empty before the move (this
+    /// repeat finds them there (`EEXIST`; `ENOENT`, the source empty, is looked at the same
+    /// way, in case). Measured: a single thread moving pages beside `MADV_PAGEOUT` got
+    /// `EEXIST` for about one move in 335, each time with the page moved. The slots were empty before the move (this
     /// type's contract), so a slot with an entry in the page table (in memory, or in swap)
     /// whose source page (`src`, the region's address of the page meant for `slot`, the
     /// next page for each next slot) has none holds the page moved there. 0 where the

@@ -82,13 +82,13 @@ pub struct RegionStats {
     /// the program's memory (`ENOENT`) and not in the pad either, which read back as zeros
     /// from then on: content lost, and named in [`Region::last_error`]. 0 unless the
     /// kernel dropped a page behind the region's back (docs/region.md, "When the kernel
-    /// swaps the region"): none in any test or bench run since the pad is looked in
+    /// swaps the region"): none in any test run since the pad is looked in
     /// ([`unreported_moves`](Self::unreported_moves)).
     pub lost_pages: u64,
     /// Pages an eviction's `UFFDIO_MOVE` moved into the pad and said it had not (`EEXIST`
-    /// or `ENOENT` after a step it retried: Linux 6.18, while the kernel's reclaim pushes
-    /// the region's pages to swap), found there and stored as any page moved out; left as
-    /// the kernel said, each would have been lost.
+    /// after a retried step: Linux 6.18, while the kernel's reclaim swaps region pages out),
+    /// found there with their sources empty and stored as any page moved out; left as the
+    /// kernel said, each would have been lost.
     pub unreported_moves: u64,
     /// Pages brought back in after the region evicted them: from the store (faults and
     /// fault-around), from a held copy, or as zeros where the eviction found the page all
@@ -198,7 +198,6 @@ pub struct RegionConfig {
     /// [`ztier_zram::MAX_UNIT_SIZE`]), which compress better and faster, and whose stored
     /// pages a fault brings in a unit at a time, each unit decompressed once (lib.rs,
     /// "Compression units"). Anything else is refused ([`Error::BadUnitSize`]).
-    ///
     pub unit_size: usize,
 }
 
