@@ -1,7 +1,8 @@
 //! What the process asks of the OS beyond std, for every layer: the page size, the
 //! machine's memory, this process's resident set (whole, or of some of its mappings), its
 //! page table's entries (`/proc/self/pagemap`), its user, a coarse clock, and how the C
-//! library's allocator gives large blocks back. (The scheduler's calls are [`crate::sched`]'s, anonymous mappings [`crate::mapping`]'s.)
+//! library's allocator gives large blocks back. (The scheduler's calls are
+//! [`crate::sched`]'s, anonymous mappings [`crate::mapping`]'s.)
 //!
 //! Invariant: nothing here touches memory the caller holds; each call only reads a file
 //! of `/proc`, asks the kernel about the process, or sets an allocator parameter. No locks.

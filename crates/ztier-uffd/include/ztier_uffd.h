@@ -111,8 +111,8 @@ typedef struct ztier_region_stats {
                                             the budget sizes itself (measured on this
                                             machine: the bare round trip's median) */
     uint64_t lost_pages;       /* resident pages an eviction's UFFDIO_MOVE found gone
-                                  (ENOENT): they read back as zeros; seen only while the
-                                  kernel's reclaim pushed region pages to swap */
+                                  (ENOENT) and not in the pad: they read back as zeros;
+                                  0 unless the kernel dropped a page behind the region */
     uint64_t unreported_moves; /* pages UFFDIO_MOVE moved into the pad and said it had
                                   not (Linux 6.18, after a retried step), found there
                                   and stored */

@@ -95,6 +95,16 @@ pub(crate) struct Pad {
     slots: usize,
 }
 
+/// What [`Pad::move_in`] did.
+pub(crate) struct Moved {
+    /// Bytes moved into the pad, from the first page: the kernel's count, plus the pages it
+    /// moved without counting them.
+    pub(crate) bytes: usize,
+    /// Of those, the pages the kernel did not count (found in the pad).
+    pub(crate) uncounted: usize,
+    pub(crate) outcome: Outcome,
+}
+
 /// Pad slots `[first, first + len)`, held by one owner (an evictor, or whoever holds
 /// `Region::evict`'s lock): the only way to move pages into them, read them and empty them.
 /// Not `Clone`; made only by [`Pad::new`].
@@ -182,7 +192,9 @@ impl Pad {
     /// Moves the pages `run_pages` of `run` (indexes into it; each the region's:
     /// page_table.rs) out of `region` into `part`'s slots from `slot` on, with one
     /// `UFFDIO_MOVE` (one TLB flush for them all): the bytes moved (a whole number of pages
-    /// from the first) and the outcome (userfaultfd.rs). The slots must be empty.
+    /// from the first: the kernel's count, corrected by `claim_unreported`) and the outcome
+    /// (userfaultfd.rs; `EAGAIN` where the correction leaves the rest to move). The slots
+    /// must be empty.
     pub(crate) fn move_in(
         &self,
         part: &mut PadPart,
@@ -191,7 +203,7 @@ impl Pad {
         region: &RegionMemory,
         run: &MovableRun<'_, '_>,
         run_pages: Range<usize>,
-    ) -> (usize, Outcome) {
+    ) -> Moved {
         let n = run_pages.len();
         self.check(part, slot, n);
         assert!(run_pages.end <= run.len());
@@ -205,11 +217,28 @@ impl Pad {
         // page_table.rs), whose content the protocol keeps for the program (stored from the
         // pad, or put back); the slots are this part's (`&mut`: no slice of them is alive)
         // and empty, which the kernel checks too.
-        let (done, outcome) = unsafe { uffd.move_pages(dst, src, (n * ps) as u64) };
+        let (mut done, mut outcome) = unsafe { uffd.move_pages(dst, src, (n * ps) as u64) };
         for filled in &mut part.filled[slot..slot + done / ps] {
             *filled = true;
         }
-        (done, outcome)
+        let mut uncounted = 0;
+        if let Err(libc::EEXIST | libc::ENOENT) = outcome {
+            let at = done / ps;
+            uncounted = self.claim_unreported(part, slot + at, n - at, src + done as u64);
+            if uncounted > 0 {
+                done += uncounted * ps;
+                outcome = if done == n * ps {
+                    Ok(())
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+        }
+        Moved {
+            bytes: done,
+            uncounted,
+            outcome,
+        }
     }
 
     /// After a move that stopped at `part`'s slot `slot` with `EEXIST` or `ENOENT`: how many
@@ -219,18 +248,13 @@ impl Pad {
     /// step again without counting it: the pages it moved are in the pad, uncounted, and the
     /// repeat finds them there (`EEXIST`; `ENOENT`, the source empty, is looked at the same
     /// way, in case). Measured: a single thread moving pages beside `MADV_PAGEOUT` got
-    /// `EEXIST` for about one move in 335, each time with the page moved. The slots were empty before the move (this
-    /// type's contract), so a slot with an entry in the page table (in memory, or in swap)
-    /// whose source page (`src`, the region's address of the page meant for `slot`, the
-    /// next page for each next slot) has none holds the page moved there. 0 where the
-    /// kernel's error was true, or where the page table could not be read.
-    pub(crate) fn claim_unreported(
-        &self,
-        part: &mut PadPart,
-        slot: usize,
-        max: usize,
-        src: u64,
-    ) -> usize {
+    /// `EEXIST` for about one move in 335, each time with the page moved. The slots were
+    /// empty before the move (`move_in`'s contract), so a slot with an entry in the page
+    /// table (in memory, or in swap) whose source page (`src`, the region's address of the
+    /// page meant for `slot`, the next page for each next slot) has none holds the page
+    /// moved there. 0 where the kernel's error was true, or where the page table could not
+    /// be read.
+    fn claim_unreported(&self, part: &mut PadPart, slot: usize, max: usize, src: u64) -> usize {
         self.check(part, slot, max);
         let os_page = ztier_base::os::page_size();
         let per = (self.page_size / os_page).max(1);

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use crate::error::{Error, Result, UnmovableReason};
-use crate::mapping::{self, PadPart};
+use crate::mapping::{self, Moved, PadPart};
 use crate::page_state::PageState;
 use crate::page_table::LockedPage;
 use crate::placement;
@@ -340,7 +340,11 @@ impl Shared {
         let mut one_by_one = n == 1;
         while moved < n {
             let len = if one_by_one { 1 } else { n - moved };
-            let (done, outcome) = self.pad.move_in(
+            let Moved {
+                bytes: done,
+                uncounted,
+                outcome,
+            } = self.pad.move_in(
                 part,
                 slot + moved,
                 &self.uffd,
@@ -349,18 +353,8 @@ impl Shared {
                 moved..moved + len,
             );
             moved += done / ps;
-            // A move the kernel made and did not count (`Pad::claim_unreported`): its
-            // pages are in the pad; the rest of the run is moved on from after them.
-            if let Err(libc::EEXIST | libc::ENOENT) = outcome {
-                let src = self.page_addr(first + moved as u64);
-                let found = self
-                    .pad
-                    .claim_unreported(part, slot + moved, n - moved, src);
-                if found > 0 {
-                    self.count(Count::UnreportedMoves, found as u64);
-                    moved += found;
-                    continue;
-                }
+            if uncounted > 0 {
+                self.count(Count::UnreportedMoves, uncounted as u64);
             }
             match outcome {
                 Ok(()) => {}
@@ -372,7 +366,7 @@ impl Shared {
                 }
                 // No page there, though the page was resident (its lock held, and the
                 // program's own drops and unmaps are seen before the kernel zaps), and not
-                // in the pad (looked for above): it reads as zeros from now on, its content
+                // in the pad (`Pad::move_in` looked): it reads as zeros from now on, its content
                 // lost. Said, and counted, so a loss is never silent.
                 Err(libc::ENOENT) => {
                     let page = first + moved as u64;
