@@ -585,17 +585,18 @@ impl Shared {
         }
     }
 
-    /// Serves a fault on a stored page (locked by the caller), then as many of the stored
-    /// pages after it as the fault-around window takes: with larger units, at least to the
-    /// end of its unit, and always to the end of a unit (each unit read is decompressed once,
-    /// straight into `buf`, and serves all of its pages the fault brings in). The faulting
-    /// page goes in alone first, after its unit's decompression, which wakes its thread; the
-    /// neighbours follow in one copy. A read brings them in clean: write-protected, their
-    /// copies kept in the store; `dirty` (a write, or clean pages off) brings them in
-    /// unprotected, their copies discarded once the copy is done (until then, under their
-    /// locks, the store's copy is what goes back if the copy fails: nothing to compress
-    /// again; with larger units, only units the fault brought in whole are discarded, the
-    /// rest keep stale bytes: `Shared::drop_stored`).
+    /// Serves a fault on a stored page (locked by the caller), then as many of the stored pages
+    /// after it as the fault-around window takes (and the empty pages between them, as the zero
+    /// page): with larger units, at least to the end of its unit, and always to the end of a
+    /// unit (each unit read is decompressed once, straight into `buf`, and serves all of its
+    /// pages the fault brings in). The faulting page goes in alone first, after its unit's
+    /// decompression, which wakes its thread; the neighbours follow, a copy for each run of
+    /// stored ones. A read brings them in clean: write-protected, their copies kept in the
+    /// store; `dirty` (a write, or clean pages off) brings them in unprotected, their copies
+    /// discarded once the copy is done (until then, under their locks, the store's copy is what
+    /// goes back if the copy fails: nothing to compress again; with larger units, only units
+    /// the fault brought in whole are discarded, the rest keep stale bytes:
+    /// `Shared::drop_stored`).
     fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
         let upp = self.unit_pages;
@@ -609,18 +610,29 @@ impl Shared {
             .min(base + STRIPES as u64)
             .min(self.pages);
         // The neighbours' stripes: the fault thread may hold several, taken in page order; an
-        // evictor holding several waits for none after its first (lib.rs's lock order).
+        // evictor holding several waits for none after its first (lib.rs's lock order). The
+        // neighbours are stored pages and the empty ones between them (each maps the zero
+        // page in this fault): a run stopped at a zero page would leave the rest of its unit
+        // to a fault that decompresses the unit again. The run ends at its last stored page.
         let mut guards = Vec::new();
-        let mut n = 1;
-        while page + (n as u64) < end {
-            let next = page + n as u64;
+        let mut states = Vec::new();
+        let mut through = 0;
+        while page + 1 + (states.len() as u64) < end {
+            let next = page + 1 + states.len() as u64;
             let g = self.table.lock(next);
-            if !self.table.state(next).is(Kind::Stored) {
+            let state = self.table.state(next);
+            if !(state.is(Kind::Stored) || state.is(Kind::Empty)) {
                 break;
             }
             guards.push(g);
-            n += 1;
+            states.push(state);
+            if state.is(Kind::Stored) {
+                through = states.len();
+            }
         }
+        guards.truncate(through);
+        states.truncate(through);
+        let n = 1 + through;
         // Page `q` of the units read is at `at(q)` in `buf`, from the faulting page's unit on.
         let at = |q: u64| (q - base) as usize * ps;
         let unit_bytes = upp as usize * ps;
@@ -686,55 +698,86 @@ impl Shared {
             }
         }
         // The neighbours' units after the faulting page's, read while the faulting thread
-        // runs on: pages before `ready` are in `buf`.
+        // runs on (a unit none of whose stored pages are in the run is not read): pages
+        // before `ready` are in `buf`.
         let first = page + 1;
         let last = page + n as u64;
+        let state_of = |q: u64| states[(q - first) as usize];
         let mut ready = (base + upp).min(last);
         while ready < last {
-            self.count(Count::StoreReads, 1);
-            let unit = &mut buf[at(ready)..at(ready) + unit_bytes];
-            if let Err(e) = self.device.read_unit(ready / upp, unit) {
-                self.note_error(format!("page {ready}: {e}"));
-                break;
-            }
-            ready = (ready + upp).min(last);
-        }
-        let read = (ready - first) as usize;
-        for k in 0..read as u64 {
-            self.table.leave(first + k, PageState::STORED, around_in);
-        }
-        let mut installed = read;
-        if read > 0 {
-            let (done, outcome) = self.uffd.copy_run(
-                self.page_addr(first),
-                &buf[at(first)..at(first) + read * ps],
-                !dirty,
-            );
-            if outcome.is_err() {
-                installed = done / ps;
-            }
-            let copied = installed;
-            self.count(Count::FaultAround, copied as u64);
-            if dirty {
-                for k in 0..copied as u64 {
-                    self.drop_stored(first + k, PageState::STORED);
+            let unit_end = (ready + upp).min(last);
+            if (ready..unit_end).any(|q| state_of(q).is(Kind::Stored)) {
+                self.count(Count::StoreReads, 1);
+                let unit = &mut buf[at(ready)..at(ready) + unit_bytes];
+                if let Err(e) = self.device.read_unit(ready / upp, unit) {
+                    self.note_error(format!("page {ready}: {e}"));
+                    break;
                 }
             }
-            if let Err(libc::EEXIST) = outcome {
-                // As for the faulting page: present, not ours, not clean; the copy is stale.
-                let p = first + installed as u64;
-                if installed < read {
-                    self.drop_stored(p, PageState::STORED);
-                    self.table.leave(p, around_in, around_in.dirtied());
+            ready = unit_end;
+        }
+        // A stored neighbour comes in clean or not, as the faulting page; an empty one as the
+        // zero page, with no copy anywhere.
+        let zero_in = PageState::resident(false, false);
+        let brought_as = |state: PageState| match state.is(Kind::Stored) {
+            true => around_in,
+            false => zero_in,
+        };
+        let read = (ready - first) as usize;
+        for k in 0..read as u64 {
+            let state = state_of(first + k);
+            self.table.leave(first + k, state, brought_as(state));
+        }
+        // In runs of stored pages (one copy each) and of empty ones (the zero page, a page
+        // at a time: such runs are short), until one fails.
+        let mut installed = 0;
+        while installed < read {
+            let start = first + installed as u64;
+            let stored = state_of(start).is(Kind::Stored);
+            let run = (start..first + read as u64)
+                .take_while(|&q| state_of(q).is(Kind::Stored) == stored)
+                .count();
+            let (done, outcome) = if stored {
+                let (done, outcome) = self.uffd.copy_run(
+                    self.page_addr(start),
+                    &buf[at(start)..at(start) + run * ps],
+                    !dirty,
+                );
+                (done / ps, outcome)
+            } else {
+                let outcome = self.uffd.zeropage(self.page_addr(start), ps as u64);
+                (usize::from(outcome.is_ok()), outcome)
+            };
+            for q in start..start + done as u64 {
+                if stored && dirty {
+                    self.drop_stored(q, PageState::STORED);
+                }
+                if state_of(q).zeroed() {
+                    self.count(Count::ZeroRefaults, 1);
+                }
+            }
+            self.count(Count::FaultAround, done as u64);
+            installed += done;
+            if let Err(e) = outcome {
+                if e == libc::EEXIST && installed < read {
+                    // As for the faulting page: present, not ours, not clean; a stored
+                    // copy is stale.
+                    let p = first + installed as u64;
+                    let state = state_of(p);
+                    self.drop_stored(p, state);
+                    self.table
+                        .leave(p, brought_as(state), brought_as(state).dirtied());
                     self.uffd.wake(self.page_addr(p), ps as u64);
                     installed += 1;
                 }
+                break;
             }
-            // The pages the copy did not install: their copies are still in the store.
-            for k in installed..read {
-                let p = first + k as u64;
-                self.table.leave(p, around_in, PageState::STORED);
-            }
+        }
+        // The pages not installed: as they were (a stored one's copy is still in the store).
+        for k in installed..read {
+            let p = first + k as u64;
+            let state = state_of(p);
+            self.table.leave(p, brought_as(state), state);
         }
         if dirty {
             // The units brought in whole, all locked here and none with a copy any more.

@@ -174,8 +174,9 @@
 //! zram page `i`, and a page's state still says where its content is; what changes:
 //! - **A fault** from the store reads its unit whole, decompressed straight into the fault
 //!   thread's buffer, and brings in the stored pages after the faulting one at least to
-//!   its unit's end; a fault-around window always ends at a unit's end, so a sequential
-//!   touch decompresses each unit once (`store_reads` counts the device reads).
+//!   its unit's end (the empty pages between them as the zero page); a fault-around
+//!   window always ends at a unit's end, so a sequential touch decompresses each unit once
+//!   (`store_reads` counts the device reads).
 //! - **Reclaim** takes runs up to a unit's end where the excess allows, and stores a run's
 //!   written pages of one unit with one write: the whole unit where the run holds all of
 //!   it, else one read-modify-write of the unit from its first written page to its last,
@@ -237,6 +238,7 @@ pub use autosize::{
 };
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use error::{Error, Result, UnmovableReason};
+pub use placement::MAX_BACKOFF as IDLE_PRIORITY_MAX_BACKOFF;
 pub use region::{Region, RegionConfig, RegionPolicy, RegionStats, MAX_AROUND};
 pub use shared::LATENCY_BUCKETS;
 pub use ztier_zram::{Backing, PageSelector, PolicyConfig, PolicyStats, WbFormat, WbResult};

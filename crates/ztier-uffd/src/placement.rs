@@ -97,7 +97,9 @@ const FAULTS_RECENT: Duration = Duration::from_millis(10);
 const MIXED_BACKOFF: Duration = Duration::from_millis(100);
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest the fault thread waits, after idle priority was ended, before trying it
+/// again at a fault.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A minute without a demotion starts the back-off afresh.
 const BACKOFF_FORGOTTEN: Duration = Duration::from_secs(60);
 

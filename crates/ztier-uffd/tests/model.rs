@@ -6,7 +6,8 @@
 //! sequence evicts (the reclaim thread under a budget is `budget.rs`'s eight-thread test),
 //! and fault-around is off (`region.rs` reads every page back with it on). The same runs at
 //! 16 and 64 KiB units, where a fault from the store brings in the stored pages after its
-//! own up to its unit's end (the model does too), and the store holds whole units.
+//! own up to its unit's end, and the zero pages between them (the model does too), and the
+//! store holds whole units.
 
 mod common;
 
@@ -157,7 +158,8 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
 /// What a touch of page `p` (a write's, or a read's) brings in, in the model: nothing if it
 /// is resident; else the page (from the store if it holds it: clean if read; zeros are not
 /// clean) and, on a region of larger units, the stored pages after it up to its unit's end
-/// (up to the first that is not stored), which come in as it does.
+/// (up to the first that is neither stored nor out as zeros), which come in as it does,
+/// with the pages out as zeros between them (not clean; none after the last stored one).
 fn fault_in(
     p: u64,
     write: bool,
@@ -176,11 +178,14 @@ fn fault_in(
     if !from_store {
         return;
     }
-    for q in p + 1..(p / unit_pages + 1) * unit_pages {
-        if !stored(q, out) {
-            break;
-        }
+    let unit_end = (p / unit_pages + 1) * unit_pages;
+    let run_end = (p + 1..unit_end)
+        .take_while(|&q| out[q as usize])
+        .filter(|&q| stored(q, out))
+        .last()
+        .map_or(p + 1, |q| q + 1);
+    for q in p + 1..run_end {
+        clean[q as usize] = stored(q, out) && !write;
         out[q as usize] = false;
-        clean[q as usize] = !write;
     }
 }
