@@ -435,12 +435,28 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
         return;
     }
     assert!(o.status.success(), "{}", stderr(&o));
-    let runs = json_lines(&o);
+    let lines = json_lines(&o);
+    // The runs, then the larger unit's fault-in against the page's, paired round by round.
+    let (pairs, runs): (Vec<_>, Vec<_>) = lines.iter().partition(|r| r.get("rounds").is_some());
     let units: Vec<u64> = runs
         .iter()
         .map(|r| r["unit_size"].as_u64().unwrap())
         .collect();
     assert_eq!(units, [4096, 4096, 65536, 65536]);
+    assert_eq!(pairs.len(), 2, "{lines:?}");
+    for p in &pairs {
+        assert_eq!(p["unit_size"].as_u64(), Some(65536), "{p}");
+        let rounds = p["rounds"].as_array().unwrap();
+        assert_eq!(rounds.len(), 5, "{p}");
+        for figure in ["ratio", "cap", "ratio_to_cap"] {
+            assert!(p[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
+        }
+        for r in rounds {
+            for figure in ["page_fault_in_mb_s", "unit_fault_in_mb_s", "raw_unit_mb_s"] {
+                assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
+            }
+        }
+    }
     for r in &runs {
         for figure in [
             "seq_faultin_mb_s",
@@ -450,8 +466,8 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
             assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {r}");
         }
     }
-    // The report sets each larger unit's fault-in against the page's, with clean pages on
-    // and off.
+    // The report sets each larger unit's fault-in against the page's and its cap, with
+    // clean pages on and off.
     let o = units_bench(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let against: Vec<_> = stdout(&o)
@@ -462,6 +478,12 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
     assert_eq!(against.len(), 2, "{}", stdout(&o));
     assert!(
         against[0].contains("clean pages on") && against[1].contains("clean pages off"),
+        "{against:?}"
+    );
+    assert!(
+        against
+            .iter()
+            .all(|l| l.contains("median of 5 paired rounds") && l.contains("allows")),
         "{against:?}"
     );
 }

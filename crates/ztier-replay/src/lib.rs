@@ -43,6 +43,7 @@ mod test_traces;
 pub mod trace;
 pub mod uffd;
 pub mod uffd_lookups;
+pub mod uffd_units;
 pub mod units;
 pub mod zram;
 pub mod zswap;

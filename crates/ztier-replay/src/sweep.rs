@@ -18,12 +18,13 @@ use std::sync::Arc;
 use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_corpus::trace::Trace;
-use ztier_corpus::Corpus;
+use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, PoolError, ZsConfig};
 use ztier_zram::{Backing, MmStat, WbFormat};
 
 use crate::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
 use crate::uffd::{kernel_path, UffdReplay, UffdRun};
+use crate::uffd_units::UnitFaultIn;
 use crate::units::{UnitReplay, UnitRun};
 use crate::zram::{WritebackTarget, ZramReplay, ZramRun};
 use crate::zswap::{ZswapReplay, ZswapRun};
@@ -367,6 +368,37 @@ impl UffdSweep {
             })
         });
         Ok(runs.map(move |replay| replay.run(corpus, &kernel)))
+    }
+
+    /// Each unit size larger than the page against the page, paired in one run
+    /// ([`UffdReplay::fault_in_against_pages`]): every compressor × larger unit × clean
+    /// pages on and off, each made when asked for.
+    pub fn unit_pairs<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+    ) -> impl Iterator<Item = Result<UnitFaultIn>> + 'a {
+        let larger: Vec<usize> = self
+            .unit_sizes
+            .iter()
+            .copied()
+            .filter(|&u| u > CORPUS_PAGE)
+            .collect();
+        self.compressors
+            .iter()
+            .flat_map(move |algorithm| {
+                let larger = larger.clone();
+                larger.into_iter().flat_map(move |unit_size| {
+                    [true, false].map(|clean_pages| UffdReplay {
+                        algorithm: algorithm.clone(),
+                        budget_share: self.budget_share,
+                        clean_pages,
+                        idle_priority: self.idle_priority,
+                        cpu_latency_qos: self.cpu_latency_qos,
+                        unit_size,
+                    })
+                })
+            })
+            .map(move |replay| replay.fault_in_against_pages(corpus))
     }
 }
 

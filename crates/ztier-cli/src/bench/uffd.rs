@@ -8,6 +8,7 @@ use clap::Args;
 use ztier_replay::sweep::UffdSweep;
 use ztier_replay::uffd::UffdRun;
 use ztier_replay::uffd_lookups::{Budget, LookupJudgement, Lookups};
+use ztier_replay::uffd_units::UnitFaultIn;
 
 use super::shared::{emit, ReplayArgs};
 use crate::error::CliError;
@@ -47,7 +48,10 @@ pub struct UffdArgs {
     #[arg(long, value_name = "FILE.svg", requires = "lookups")]
     pub plot: Option<std::path::PathBuf>,
     /// The region's compression units (4K, 16K or 64K; RegionConfig::unit_size), a run
-    /// each: a fault decompresses its page's unit once and brings the rest of it in.
+    /// each: a fault decompresses its page's unit once and brings the rest of it in. Then
+    /// each unit larger than the page against the page: two regions, their sequential
+    /// fault-ins into free memory in turns over 5 rounds, beside the most the decompression
+    /// the unit saves allows.
     #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
           value_parser = crate::size::parse_size, conflicts_with = "lookups")]
     pub unit_size: Vec<u64>,
@@ -87,50 +91,51 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
     };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
-        let mut runs = Vec::new();
         for run in sweep.runs(&corpus).map_err(CliError::from_replay)? {
             let run = run.map_err(CliError::from_replay)?;
             emit(args.replay.json, &run, print_run)?;
-            runs.push(run);
         }
-        if !args.replay.json {
-            print_units_against_pages(&runs);
+        for pair in sweep.unit_pairs(&corpus) {
+            let pair = pair.map_err(CliError::from_replay)?;
+            emit(args.replay.json, &pair, print_unit_pair)?;
         }
     }
     Ok(())
 }
 
-/// Each larger unit's sequential fault-in against the page's (same compressor and clean
-/// pages), beside what the decompression it saves accounts for: the page's fault-in less the
-/// raw decompressor's difference between the two unit sizes, measured in the larger unit's
-/// run. The rest of a fault (the trap, the copy into place, the wake-up) is the same at
-/// every unit size, so a gain well past that figure is not to be had from units.
-fn print_units_against_pages(runs: &[UffdRun]) {
-    let page = ztier_corpus::CORPUS_PAGE;
-    for r in runs.iter().filter(|r| r.unit_size > page) {
-        let Some(base) = runs.iter().find(|b| {
-            b.unit_size == page && b.compressor == r.compressor && b.clean_pages == r.clean_pages
-        }) else {
-            continue;
-        };
-        // Seconds per MB: the page's fault-in, and the decompression the unit saves on it.
-        let saved = 1.0 / r.raw_sequential_page_mb_s - 1.0 / r.raw_sequential_unit_mb_s;
-        let cap = |page_mb_s: f64| {
-            let page_s = 1.0 / page_mb_s;
-            page_s / (page_s - saved).max(f64::EPSILON)
-        };
-        println!(
-            "{} / {} / clean pages {}: {} KiB units' sequential fault-in {:.2}x the 4 KiB units' into free memory, {:.2}x under the budget; the decompression they save accounts for {:.2}x and {:.2}x",
-            r.corpus,
-            r.compressor,
-            if r.clean_pages { "on" } else { "off" },
-            r.unit_size >> 10,
-            r.seq_faultin_free_mb_s / base.seq_faultin_free_mb_s,
-            r.seq_faultin_mb_s / base.seq_faultin_mb_s,
-            cap(base.seq_faultin_free_mb_s),
-            cap(base.seq_faultin_mb_s),
-        );
-    }
+/// A larger unit's sequential fault-in against the page's, paired round by round, beside
+/// the most the decompression it saves can give (`ztier_replay::uffd_units`).
+fn print_unit_pair(p: &UnitFaultIn) {
+    let rounds: Vec<String> = p
+        .rounds
+        .iter()
+        .map(|r| {
+            let normal = match (r.page_idle_priority, r.unit_idle_priority) {
+                (true, true) => "",
+                (false, true) => " (4 KiB's fault thread at normal priority)",
+                (true, false) => " (the unit's fault thread at normal priority)",
+                (false, false) => " (both fault threads at normal priority)",
+            };
+            format!(
+                "{:.0} against {:.0} MB/s, cap {:.2}x{normal}",
+                r.unit_fault_in_mb_s,
+                r.page_fault_in_mb_s,
+                r.cap()
+            )
+        })
+        .collect();
+    println!(
+        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it ({})",
+        p.corpus,
+        p.compressor,
+        if p.clean_pages { "on" } else { "off" },
+        p.unit_size >> 10,
+        p.ratio,
+        p.rounds.len(),
+        p.cap,
+        p.ratio_to_cap,
+        rounds.join("; "),
+    );
 }
 
 fn print_run(r: &UffdRun) {

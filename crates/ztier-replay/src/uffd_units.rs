@@ -1,0 +1,231 @@
+//! A userfaultfd region's sequential fault-in at a larger compression unit against the
+//! page's, paired in one run (`ztier bench uffd --unit-size 4K,64K`): two regions hold the
+//! same corpus, one at each unit size, and in each of [`ROUNDS`] rounds each in turn has
+//! every page stored and then read back in order into free memory, the raw decompressor
+//! timed beside them at both sizes. A round's figures share the machine's moment, so their
+//! ratio holds where the speeds themselves swing by half from one pass to the next (a
+//! fault thread's wake-ups and moves, the neighbours' work on a shared host); the median of
+//! the rounds' ratios is the run's.
+//!
+//! The cap on the ratio is the machine's: a larger unit takes off a fault-in only the
+//! decompression it saves (the trap, the copy into place and the wake-ups cost the same at
+//! every unit size), so the page's fault-in less the raw decompressor's difference between
+//! the two sizes is the most a larger unit can give. Each round measures that cap too.
+//!
+//! Only the public APIs of ztier-uffd (its region) and the raw compressor are used.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use serde::Serialize;
+use ztier_compress::Algorithm;
+use ztier_corpus::{Corpus, CORPUS_PAGE};
+use ztier_uffd::{Region, RegionConfig};
+
+use crate::uffd::{region_err, verify, wait_for_reclaim_pass, UffdReplay};
+use crate::units::RawUnits;
+use crate::Result;
+
+/// Rounds of paired passes; the median of their ratios is the run's.
+pub const ROUNDS: usize = 5;
+
+/// One round: each region's pass, then the raw decompressor's at both sizes; MB of pages
+/// a second.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Round {
+    pub page_fault_in_mb_s: f64,
+    pub unit_fault_in_mb_s: f64,
+    pub raw_page_mb_s: f64,
+    pub raw_unit_mb_s: f64,
+    /// Whether each region's fault thread ended its pass at idle priority, where the region
+    /// can use it (a pass at normal priority follows the faulting thread from CPU to CPU).
+    pub page_idle_priority: bool,
+    pub unit_idle_priority: bool,
+}
+
+impl Round {
+    /// The larger unit's fault-in over the page's.
+    pub fn ratio(&self) -> f64 {
+        self.unit_fault_in_mb_s / self.page_fault_in_mb_s
+    }
+
+    /// The most the larger unit could give: the page's fault-in with the decompression the
+    /// unit saves taken off it.
+    pub fn cap(&self) -> f64 {
+        let page_s = 1.0 / self.page_fault_in_mb_s;
+        let saved = 1.0 / self.raw_page_mb_s - 1.0 / self.raw_unit_mb_s;
+        page_s / (page_s - saved).max(f64::EPSILON)
+    }
+}
+
+/// The paired rounds of one corpus, compressor and clean-pages setting.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitFaultIn {
+    pub corpus: String,
+    pub compressor: String,
+    pub clean_pages: bool,
+    pub unit_size: usize,
+    pub rounds: Vec<Round>,
+    /// Medians over the rounds: the ratio, its cap, and the ratio over the cap.
+    pub ratio: f64,
+    pub cap: f64,
+    pub ratio_to_cap: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// A region holding every page of `corpus`, all resident.
+fn filled_region(corpus: &Corpus, config: &RegionConfig) -> Result<Region> {
+    let len = corpus.pages() * CORPUS_PAGE;
+    let region = Region::with_config(len, len, config).map_err(region_err("making the region"))?;
+    let words = region.words();
+    for (i, page) in corpus.chunks(CORPUS_PAGE).enumerate() {
+        for (w, bytes) in page.chunks_exact(8).enumerate() {
+            let v = u64::from_ne_bytes(bytes.try_into().expect("8 bytes"));
+            words[i * (CORPUS_PAGE / 8) + w].store(v, Relaxed);
+        }
+    }
+    Ok(region)
+}
+
+/// Every page stored, then read in order into free memory: MB of pages a second, and
+/// whether the fault thread ended the pass at idle priority (true where it cannot use it).
+fn free_pass(region: &Region, corpus: &Corpus) -> Result<(f64, bool)> {
+    let ps = CORPUS_PAGE;
+    let pages = corpus.pages();
+    region
+        .set_budget(ps)
+        .map_err(region_err("setting the budget"))?;
+    wait_for_reclaim_pass(region, None);
+    let before = region.stats();
+    region
+        .set_budget(pages * ps)
+        .map_err(region_err("setting the budget"))?;
+    let words = region.words();
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for i in 0..pages {
+        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
+    }
+    let took = t.elapsed();
+    std::hint::black_box(sum);
+    let after = region.stats();
+    let brought =
+        (after.faults + after.fault_around_pages) - (before.faults + before.fault_around_pages);
+    verify(
+        region,
+        corpus,
+        "after every page was read back into free memory",
+    )?;
+    let idle = after.idle_priority || !after.idle_priority_usable;
+    Ok((brought as f64 * ps as f64 / took.as_secs_f64() / 1e6, idle))
+}
+
+impl UffdReplay {
+    /// This replay's unit (larger than the page) against the page's, paired: [`ROUNDS`]
+    /// rounds of a pass of each region, then of the raw decompressor at both sizes.
+    pub fn fault_in_against_pages(&self, corpus: &Corpus) -> Result<UnitFaultIn> {
+        let ps = CORPUS_PAGE;
+        let config = |unit_size| RegionConfig {
+            algorithm: self.algorithm.clone(),
+            clean_pages: self.clean_pages,
+            idle_priority: self.idle_priority,
+            cpu_latency_qos: self.cpu_latency_qos,
+            unit_size,
+            ..RegionConfig::default()
+        };
+        let page_region = filled_region(corpus, &config(ps))?;
+        let unit_region = filled_region(corpus, &config(self.unit_size))?;
+        let raw = RawSequential::new(corpus, &self.algorithm, self.unit_size)?;
+        let mut rounds = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let (page_fault_in_mb_s, page_idle_priority) = free_pass(&page_region, corpus)?;
+            let (unit_fault_in_mb_s, unit_idle_priority) = free_pass(&unit_region, corpus)?;
+            let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s()?;
+            rounds.push(Round {
+                page_fault_in_mb_s,
+                unit_fault_in_mb_s,
+                raw_page_mb_s,
+                raw_unit_mb_s,
+                page_idle_priority,
+                unit_idle_priority,
+            });
+        }
+        let ratio = median(rounds.iter().map(Round::ratio).collect());
+        let cap = median(rounds.iter().map(Round::cap).collect());
+        let ratio_to_cap = median(rounds.iter().map(|r| r.ratio() / r.cap()).collect());
+        Ok(UnitFaultIn {
+            corpus: corpus.name.clone(),
+            compressor: self.algorithm.to_string(),
+            clean_pages: self.clean_pages,
+            unit_size: self.unit_size,
+            rounds,
+            ratio,
+            cap,
+            ratio_to_cap,
+        })
+    }
+}
+
+/// The raw decompressor bringing back every page of a corpus in order, at a unit size and
+/// at the page: each unit decompressed once, its pages copied out.
+pub(crate) struct RawSequential {
+    /// The corpus's pages, padded with zeros to whole units.
+    data: Vec<u8>,
+    page_bytes: usize,
+    units: RawUnits,
+    pages: RawUnits,
+    algorithm: Algorithm,
+}
+
+impl RawSequential {
+    /// The corpus compressed at both sizes, a unit compressing to its pool's huge size or
+    /// more kept whole, as the region's device keeps it.
+    pub(crate) fn new(corpus: &Corpus, algorithm: &Algorithm, unit_size: usize) -> Result<Self> {
+        let ps = CORPUS_PAGE;
+        let page_bytes = corpus.pages() * ps;
+        let mut data = corpus.bytes()[..page_bytes].to_vec();
+        data.resize(data.len().div_ceil(unit_size) * unit_size, 0);
+        let huge_from = |unit: usize| -> Result<usize> {
+            let layout = ztier_pool::ZsConfig {
+                page_size: ps,
+                ..ztier_pool::ZsConfig::default()
+            }
+            .with_max_object(unit);
+            Ok(ztier_pool::AllocatorKind::Zsmalloc
+                .make_pool(&layout)?
+                .huge_class_size())
+        };
+        let mut comp = algorithm.new_compressor();
+        let units = RawUnits::compress(&mut *comp, &data, unit_size, huge_from(unit_size)?)?;
+        let pages = RawUnits::compress(&mut *comp, &data, ps, huge_from(ps)?)?;
+        Ok(RawSequential {
+            data,
+            page_bytes,
+            units,
+            pages,
+            algorithm: algorithm.clone(),
+        })
+    }
+
+    /// One timing of each, the unit's first: MB of pages a second at the unit and at the
+    /// page.
+    pub(crate) fn mb_s(&self) -> Result<(f64, f64)> {
+        let mut comp = self.algorithm.new_compressor();
+        let len = self.page_bytes as f64;
+        let unit_s = self
+            .units
+            .sequential_read(&mut *comp, &self.data, CORPUS_PAGE)?;
+        let page_s = self
+            .pages
+            .sequential_read(&mut *comp, &self.data, CORPUS_PAGE)?;
+        Ok((len / unit_s / 1e6, len / page_s / 1e6))
+    }
+}
