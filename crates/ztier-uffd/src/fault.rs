@@ -586,8 +586,8 @@ impl Shared {
     }
 
     /// Serves a fault on a stored page (locked by the caller), then as many of the stored pages
-    /// after it as the fault-around window takes (and the empty pages between them, as the zero
-    /// page): with larger units, at least to the end of its unit, and always to the end of a
+    /// after it as the fault-around window takes (and the pages between them an evictor found
+    /// all zeros, as the zero page): with larger units, at least to the end of its unit, and always to the end of a
     /// unit (each unit read is decompressed once, straight into `buf`, and serves all of its
     /// pages the fault brings in). The faulting page goes in alone first, after its unit's
     /// decompression, which wakes its thread; the neighbours follow, a copy for each run of
@@ -611,9 +611,13 @@ impl Shared {
             .min(self.pages);
         // The neighbours' stripes: the fault thread may hold several, taken in page order; an
         // evictor holding several waits for none after its first (lib.rs's lock order). The
-        // neighbours are stored pages and the empty ones between them (each maps the zero
-        // page in this fault): a run stopped at a zero page would leave the rest of its unit
-        // to a fault that decompresses the unit again. The run ends at its last stored page.
+        // neighbours are stored pages and the pages between them an evictor found all zeros
+        // (each maps the zero page in this fault): a run stopped at a zero page would leave
+        // the rest of its unit to a fault that decompresses the unit again. The run ends at
+        // its last stored page. A page empty for any other reason stops it: one the program
+        // dropped may still be mapped until the kernel zaps it, after the fault thread read
+        // the drop's event (lib.rs, "The eviction protocol"), and nothing may be mapped there
+        // meanwhile; an evictor unmapped a zeroed page itself, under the page's lock.
         let mut guards = Vec::new();
         let mut states = Vec::new();
         let mut through = 0;
@@ -621,7 +625,7 @@ impl Shared {
             let next = page + 1 + states.len() as u64;
             let g = self.table.lock(next);
             let state = self.table.state(next);
-            if !(state.is(Kind::Stored) || state.is(Kind::Empty)) {
+            if !(state.is(Kind::Stored) || state.is(Kind::Empty) && state.zeroed()) {
                 break;
             }
             guards.push(g);
@@ -716,7 +720,7 @@ impl Shared {
             }
             ready = unit_end;
         }
-        // A stored neighbour comes in clean or not, as the faulting page; an empty one as the
+        // A stored neighbour comes in clean or not, as the faulting page; a zeroed one as the
         // zero page, with no copy anywhere.
         let zero_in = PageState::resident(false, false);
         let brought_as = |state: PageState| match state.is(Kind::Stored) {
@@ -728,7 +732,7 @@ impl Shared {
             let state = state_of(first + k);
             self.table.leave(first + k, state, brought_as(state));
         }
-        // In runs of stored pages (one copy each) and of empty ones (the zero page, a page
+        // In runs of stored pages (one copy each) and of zeroed ones (the zero page, a page
         // at a time: such runs are short), until one fails.
         let mut installed = 0;
         while installed < read {
@@ -748,14 +752,12 @@ impl Shared {
                 let outcome = self.uffd.zeropage(self.page_addr(start), ps as u64);
                 (usize::from(outcome.is_ok()), outcome)
             };
-            for q in start..start + done as u64 {
-                if stored && dirty {
+            if stored && dirty {
+                for q in start..start + done as u64 {
                     self.drop_stored(q, PageState::STORED);
                 }
-                if state_of(q).zeroed() {
-                    self.count(Count::ZeroRefaults, 1);
-                }
             }
+            // Refaults all (`RegionStats::refaults` counts fault-around pages as such).
             self.count(Count::FaultAround, done as u64);
             installed += done;
             if let Err(e) = outcome {

@@ -72,8 +72,8 @@ pub struct RegionStats {
     pub remapped_pages: u64,
     /// Pages whose stored copy could not be read: a touch raises SIGBUS.
     pub poisoned_pages: u64,
-    /// Pages installed by fault-around beside the faulting page (stored pages, and empty
-    /// ones between them as the zero page).
+    /// Pages installed by fault-around beside the faulting page (stored pages, and the ones
+    /// between them an evictor found all zeros, as the zero page).
     pub fault_around_pages: u64,
     /// Reads of the device by faults: each a decompression of one compression unit
     /// ([`RegionConfig::unit_size`]; a page at page-sized units), which serves every stored
@@ -164,8 +164,8 @@ pub struct RegionConfig {
     /// The device's memory limit in bytes (0: none): a store past it fails and the page
     /// stays resident.
     pub store_limit: u64,
-    /// The most stored pages a fault brings in after its own (0: none), with the empty
-    /// pages between them (as the zero page).
+    /// The most stored pages a fault brings in after its own (0: none), with the pages
+    /// between them an evictor found all zeros (as the zero page).
     pub fault_around: usize,
     /// Whether a page read in from the store keeps its copy there, so that evicting it
     /// again unwritten costs no compression or store write (module's "Clean pages"). Off,

@@ -6,8 +6,9 @@
 //! sequence evicts (the reclaim thread under a budget is `budget.rs`'s eight-thread test),
 //! and fault-around is off (`region.rs` reads every page back with it on). The same runs at
 //! 16 and 64 KiB units, where a fault from the store brings in the stored pages after its
-//! own up to its unit's end, and the zero pages between them (the model does too), and the
-//! store holds whole units.
+//! own up to its unit's end, and the pages found all zeros between them (the model does
+//! too), and the store holds whole units. The region's refaults (pages brought back that
+//! had been evicted) are the model's.
 
 mod common;
 
@@ -18,7 +19,7 @@ const PAGES: u64 = 16;
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Writes version `v` (1..) of a page.
+    /// Writes version `v` of a page (0: all zeros).
     Write(u64, u64),
     Read(u64),
     Evict(u64),
@@ -29,6 +30,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..PAGES, 1..1000u64).prop_map(|(p, v)| Op::Write(p, v)),
+        // All zeros: evicted, the page is found all zeros and stored as nothing (zeroed).
+        1 => (0..PAGES).prop_map(|p| Op::Write(p, 0)),
         4 => (0..PAGES).prop_map(Op::Read),
         3 => (0..PAGES).prop_map(Op::Evict),
         1 => (0..PAGES, 1..4u64).prop_map(|(p, n)| Op::Discard(p, n.min(PAGES - p))),
@@ -61,6 +64,26 @@ proptest! {
     }
 }
 
+/// A page found all zeros between two stored ones of a unit comes in with the fault on the
+/// first (as the zero page), and the second with it: the unit is read once.
+#[test]
+fn zeroed_pages_between_stored_ones_come_in_with_them() {
+    use Op::*;
+    let ops = [
+        Write(4, 1),
+        Write(5, 0),
+        Write(6, 2),
+        Evict(4),
+        Evict(5),
+        Evict(6),
+        Read(4),
+        Write(6, 3),
+    ];
+    for unit in [16 << 10, 64 << 10] {
+        run_model(&ops, unit).unwrap();
+    }
+}
+
 /// Runs `ops` on a region of `unit`-byte compression units against the model.
 fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
     // Without fault-around, so the model knows which pages a read brings in.
@@ -75,41 +98,45 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
     };
     let words = r.words();
     let mut model = [0u64; PAGES as usize];
-    let mut out = [true; PAGES as usize];
-    // Resident, came in from the store by a read, not written since.
-    let mut clean = [false; PAGES as usize];
+    let mut at = Places::default();
+    // Pages brought back that had been evicted: from the store, or zeroed.
+    let mut refaults = 0u64;
     let (mut evictions_clean, mut evictions_dirty) = (0u64, 0u64);
     for op in ops {
         match *op {
             Op::Write(p, v) => {
-                fault_in(p, true, unit_pages, &model, &mut out, &mut clean);
+                refaults += at.fault_in(p, true, unit_pages, &model);
                 write_page(words, p, v);
                 model[p as usize] = v;
-                out[p as usize] = false;
-                clean[p as usize] = false;
+                at.out[p as usize] = false;
+                at.clean[p as usize] = false;
             }
             Op::Read(p) => {
                 prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
-                fault_in(p, false, unit_pages, &model, &mut out, &mut clean);
+                refaults += at.fault_in(p, false, unit_pages, &model);
             }
             Op::Evict(p) => {
-                prop_assert_eq!(r.evict(p).unwrap(), !out[p as usize]);
-                if !out[p as usize] {
-                    if clean[p as usize] {
+                prop_assert_eq!(r.evict(p).unwrap(), !at.out[p as usize]);
+                if !at.out[p as usize] {
+                    if at.clean[p as usize] {
                         evictions_clean += 1;
                     } else if model[p as usize] != 0 {
                         evictions_dirty += 1;
                     }
                 }
-                out[p as usize] = true;
-                clean[p as usize] = false;
+                if !at.out[p as usize] && model[p as usize] == 0 {
+                    at.zeroed[p as usize] = true;
+                }
+                at.out[p as usize] = true;
+                at.clean[p as usize] = false;
             }
             Op::Discard(p, n) => {
                 r.discard(p as usize * PAGE, n as usize * PAGE).unwrap();
                 for i in p..p + n {
                     model[i as usize] = 0;
-                    out[i as usize] = true;
-                    clean[i as usize] = false;
+                    at.out[i as usize] = true;
+                    at.clean[i as usize] = false;
+                    at.zeroed[i as usize] = false;
                 }
             }
         }
@@ -117,13 +144,13 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
         // and nothing else is resident.
         let s = r.stats();
         let stored = (0..PAGES as usize)
-            .filter(|&i| out[i] && model[i] != 0)
+            .filter(|&i| at.out[i] && model[i] != 0)
             .count() as u64;
-        let resident = out.iter().filter(|&&o| !o).count() as u64;
-        let cleans = clean.iter().filter(|&&c| c).count() as u64;
+        let resident = at.out.iter().filter(|&&o| !o).count() as u64;
+        let cleans = at.clean.iter().filter(|&&c| c).count() as u64;
         prop_assert_eq!(
-            (s.stored_pages, s.resident_pages, s.clean_pages),
-            (stored, resident, cleans),
+            (s.stored_pages, s.resident_pages, s.clean_pages, s.refaults),
+            (stored, resident, cleans, refaults),
             "{:?}",
             s
         );
@@ -139,13 +166,13 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
     }
     for p in 0..PAGES {
         prop_assert_eq!(check_page(words, p, model[p as usize]), Ok(()));
-        fault_in(p, false, unit_pages, &model, &mut out, &mut clean);
+        refaults += at.fault_in(p, false, unit_pages, &model);
     }
     let s = r.stats();
-    let cleans = clean.iter().filter(|&&c| c).count() as u64;
+    let cleans = at.clean.iter().filter(|&&c| c).count() as u64;
     prop_assert_eq!(
-        (s.stored_pages, s.resident_pages, s.clean_pages),
-        (0, PAGES, cleans),
+        (s.stored_pages, s.resident_pages, s.clean_pages, s.refaults),
+        (0, PAGES, cleans, refaults),
         "{:?}",
         s
     );
@@ -155,37 +182,57 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// What a touch of page `p` (a write's, or a read's) brings in, in the model: nothing if it
-/// is resident; else the page (from the store if it holds it: clean if read; zeros are not
-/// clean) and, on a region of larger units, the stored pages after it up to its unit's end
-/// (up to the first that is neither stored nor out as zeros), which come in as it does,
-/// with the pages out as zeros between them (not clean; none after the last stored one).
-fn fault_in(
-    p: u64,
-    write: bool,
-    unit_pages: u64,
-    model: &[u64],
-    out: &mut [bool],
-    clean: &mut [bool],
-) {
-    let stored = |q: u64, out: &[bool]| out[q as usize] && model[q as usize] != 0;
-    if !out[p as usize] {
-        return;
+/// Where each page of the model is.
+struct Places {
+    out: [bool; PAGES as usize],
+    /// Resident, came in from the store by a read, not written since.
+    clean: [bool; PAGES as usize],
+    /// Out because an evictor found it all zeros (not never written, not dropped).
+    zeroed: [bool; PAGES as usize],
+}
+
+impl Default for Places {
+    fn default() -> Places {
+        Places {
+            out: [true; PAGES as usize],
+            clean: [false; PAGES as usize],
+            zeroed: [false; PAGES as usize],
+        }
     }
-    let from_store = stored(p, out);
-    out[p as usize] = false;
-    clean[p as usize] = from_store && !write;
-    if !from_store {
-        return;
-    }
-    let unit_end = (p / unit_pages + 1) * unit_pages;
-    let run_end = (p + 1..unit_end)
-        .take_while(|&q| out[q as usize])
-        .filter(|&q| stored(q, out))
-        .last()
-        .map_or(p + 1, |q| q + 1);
-    for q in p + 1..run_end {
-        clean[q as usize] = stored(q, out) && !write;
-        out[q as usize] = false;
+}
+
+impl Places {
+    /// What a touch of page `p` (a write's, or a read's) brings in, in the model, and how many
+    /// of the pages it brings had been evicted (refaults): nothing if it is resident; else the
+    /// page (from the store if it holds it: clean if read; zeros are not clean) and, on a region
+    /// of larger units, the stored pages after it up to its unit's end (up to the first that is
+    /// neither stored nor zeroed), which come in as it does, with the zeroed pages between
+    /// them (not clean; none after the last stored one).
+    fn fault_in(&mut self, p: u64, write: bool, unit_pages: u64, model: &[u64]) -> u64 {
+        let Places { out, clean, zeroed } = self;
+        let stored = |q: u64, out: &[bool]| out[q as usize] && model[q as usize] != 0;
+        if !out[p as usize] {
+            return 0;
+        }
+        let from_store = stored(p, out);
+        let refault = u64::from(from_store || zeroed[p as usize]);
+        out[p as usize] = false;
+        zeroed[p as usize] = false;
+        clean[p as usize] = from_store && !write;
+        if !from_store {
+            return refault;
+        }
+        let unit_end = (p / unit_pages + 1) * unit_pages;
+        let run_end = (p + 1..unit_end)
+            .take_while(|&q| stored(q, out) || zeroed[q as usize])
+            .filter(|&q| stored(q, out))
+            .last()
+            .map_or(p + 1, |q| q + 1);
+        for q in p + 1..run_end {
+            clean[q as usize] = stored(q, out) && !write;
+            out[q as usize] = false;
+            zeroed[q as usize] = false;
+        }
+        refault + (run_end - p - 1)
     }
 }
