@@ -448,7 +448,7 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
         assert_eq!(p["unit_size"].as_u64(), Some(65536), "{p}");
         let rounds = p["rounds"].as_array().unwrap();
         assert_eq!(rounds.len(), 5, "{p}");
-        for figure in ["ratio", "cap", "ratio_to_cap"] {
+        for figure in ["ratio", "allowed", "ratio_to_allowed"] {
             assert!(p[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
         }
         for r in rounds {

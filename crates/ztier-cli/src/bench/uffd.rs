@@ -104,7 +104,7 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
 }
 
 /// A larger unit's sequential fault-in against the page's, paired round by round, beside
-/// the most the decompression it saves can give (`ztier_replay::uffd_units`).
+/// what the decompression it saves allows (`ztier_replay::uffd_units`).
 fn print_unit_pair(p: &UnitFaultIn) {
     let rounds: Vec<String> = p
         .rounds
@@ -117,10 +117,10 @@ fn print_unit_pair(p: &UnitFaultIn) {
                 (false, false) => " (both fault threads at normal priority)",
             };
             format!(
-                "{:.0} against {:.0} MB/s, cap {:.2}x{normal}",
+                "{:.0} against {:.0} MB/s, allowed {:.2}x{normal}",
                 r.unit_fault_in_mb_s,
                 r.page_fault_in_mb_s,
-                r.cap()
+                r.allowed()
             )
         })
         .collect();
@@ -132,8 +132,8 @@ fn print_unit_pair(p: &UnitFaultIn) {
         p.unit_size >> 10,
         p.ratio,
         p.rounds.len(),
-        p.cap,
-        p.ratio_to_cap,
+        p.allowed,
+        p.ratio_to_allowed,
         rounds.join("; "),
     );
 }
