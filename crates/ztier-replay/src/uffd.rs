@@ -29,7 +29,7 @@ use ztier_uffd::rig::oracle::{self, Refaults};
 use ztier_uffd::rig::pageout::{self, NoKernelPath, PageoutError};
 use ztier_uffd::{Region, RegionConfig, RegionStats};
 
-use crate::uffd_units::RawSequential;
+use crate::units::RawSequential;
 use crate::{ReplayError, Result};
 
 /// What to replay: one corpus through a region, with clean pages on or off.

@@ -20,12 +20,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use serde::Serialize;
-use ztier_compress::Algorithm;
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_uffd::{Region, RegionConfig};
 
 use crate::uffd::{region_err, verify, wait_for_reclaim_pass, UffdReplay};
-use crate::units::RawUnits;
+use crate::units::RawSequential;
 use crate::Result;
 
 /// Rounds of paired passes; the median of their ratios is the run's.
@@ -184,63 +183,5 @@ impl UffdReplay {
             allowed,
             ratio_to_allowed,
         })
-    }
-}
-
-/// The raw decompressor bringing back every page of a corpus in order, at a unit size and
-/// at the page: each unit decompressed once, its pages copied out.
-pub(crate) struct RawSequential {
-    /// The corpus's pages, padded with zeros to whole units.
-    data: Vec<u8>,
-    page_bytes: usize,
-    units: RawUnits,
-    pages: RawUnits,
-    algorithm: Algorithm,
-}
-
-impl RawSequential {
-    /// The corpus compressed at both sizes, a unit compressing to its pool's huge size or
-    /// more kept whole, as the region's device keeps it.
-    pub(crate) fn new(corpus: &Corpus, algorithm: &Algorithm, unit_size: usize) -> Result<Self> {
-        let ps = CORPUS_PAGE;
-        let page_bytes = corpus.pages() * ps;
-        let mut data = corpus.bytes()[..page_bytes].to_vec();
-        data.resize(data.len().div_ceil(unit_size) * unit_size, 0);
-        let huge_from = |unit: usize| -> Result<usize> {
-            let layout = ztier_pool::ZsConfig {
-                page_size: ps,
-                ..ztier_pool::ZsConfig::default()
-            }
-            .with_max_object(unit);
-            Ok(ztier_pool::AllocatorKind::Zsmalloc
-                .make_pool(&layout)?
-                .huge_class_size())
-        };
-        let mut comp = algorithm.new_compressor();
-        let units = RawUnits::compress(&mut *comp, &data, unit_size, huge_from(unit_size)?)?;
-        let pages = RawUnits::compress(&mut *comp, &data, ps, huge_from(ps)?)?;
-        Ok(RawSequential {
-            data,
-            page_bytes,
-            units,
-            pages,
-            algorithm: algorithm.clone(),
-        })
-    }
-
-    /// One timing of each, the unit's first if `unit_first`: MB of pages a second at the
-    /// unit and at the page.
-    pub(crate) fn mb_s(&self, unit_first: bool) -> Result<(f64, f64)> {
-        let mut comp = self.algorithm.new_compressor();
-        let len = self.page_bytes as f64;
-        let mut time = |raw: &RawUnits| raw.sequential_read(&mut *comp, &self.data, CORPUS_PAGE);
-        let (unit_s, page_s) = if unit_first {
-            let unit_s = time(&self.units)?;
-            (unit_s, time(&self.pages)?)
-        } else {
-            let page_s = time(&self.pages)?;
-            (time(&self.units)?, page_s)
-        };
-        Ok((len / unit_s / 1e6, len / page_s / 1e6))
     }
 }

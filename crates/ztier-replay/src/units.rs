@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use ztier_compress::{same_filled, worst_case_len, Algorithm, Compressor};
-use ztier_corpus::Corpus;
+use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::{Device, MmStat};
 
@@ -362,5 +362,63 @@ impl RawUnits {
             }
         }
         Ok(began.elapsed().as_secs_f64())
+    }
+}
+
+/// The raw decompressor bringing back every page of a corpus in order, at a unit size and
+/// at the page: each unit decompressed once, its pages copied out.
+pub(crate) struct RawSequential {
+    /// The corpus's pages, padded with zeros to whole units.
+    data: Vec<u8>,
+    page_bytes: usize,
+    units: RawUnits,
+    pages: RawUnits,
+    algorithm: Algorithm,
+}
+
+impl RawSequential {
+    /// The corpus compressed at both sizes, a unit compressing to its pool's huge size or
+    /// more kept whole, as the region's device keeps it.
+    pub(crate) fn new(corpus: &Corpus, algorithm: &Algorithm, unit_size: usize) -> Result<Self> {
+        let ps = CORPUS_PAGE;
+        let page_bytes = corpus.pages() * ps;
+        let mut data = corpus.bytes()[..page_bytes].to_vec();
+        data.resize(data.len().div_ceil(unit_size) * unit_size, 0);
+        let huge_from = |unit: usize| -> Result<usize> {
+            let layout = ZsConfig {
+                page_size: ps,
+                ..ZsConfig::default()
+            }
+            .with_max_object(unit);
+            Ok(AllocatorKind::Zsmalloc
+                .make_pool(&layout)?
+                .huge_class_size())
+        };
+        let mut comp = algorithm.new_compressor();
+        let units = RawUnits::compress(&mut *comp, &data, unit_size, huge_from(unit_size)?)?;
+        let pages = RawUnits::compress(&mut *comp, &data, ps, huge_from(ps)?)?;
+        Ok(RawSequential {
+            data,
+            page_bytes,
+            units,
+            pages,
+            algorithm: algorithm.clone(),
+        })
+    }
+
+    /// One timing of each, the unit's first if `unit_first`: MB of pages a second at the
+    /// unit and at the page.
+    pub(crate) fn mb_s(&self, unit_first: bool) -> Result<(f64, f64)> {
+        let mut comp = self.algorithm.new_compressor();
+        let len = self.page_bytes as f64;
+        let mut time = |raw: &RawUnits| raw.sequential_read(&mut *comp, &self.data, CORPUS_PAGE);
+        let (unit_s, page_s) = if unit_first {
+            let unit_s = time(&self.units)?;
+            (unit_s, time(&self.pages)?)
+        } else {
+            let page_s = time(&self.pages)?;
+            (time(&self.units)?, page_s)
+        };
+        Ok((len / unit_s / 1e6, len / page_s / 1e6))
     }
 }
