@@ -173,8 +173,9 @@ fn print_run(r: &UffdRun) {
         r.seq_faultin_mb_s
     );
     println!(
-        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding (kernel's fault-in {k_in} MB/s; fault thread at {} priority, moved {} times)",
+        "  fault-in    {:>8.0} MB/s   every page stored, the budget not binding, the best of {} passes (kernel's fault-in {k_in} MB/s, one pass; fault thread at {} priority, moved {} times)",
         r.seq_faultin_free_mb_s,
+        ztier_replay::uffd::FREE_PASSES,
         if r.free_idle_priority { "idle" } else { "normal" },
         r.free_fault_thread_moves
     );
