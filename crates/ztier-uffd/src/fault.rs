@@ -587,15 +587,15 @@ impl Shared {
 
     /// Serves a fault on a stored page (locked by the caller), then as many of the stored pages
     /// after it as the fault-around window takes (and the pages between them an evictor found
-    /// all zeros, as the zero page): with larger units, at least to the end of its unit, and always to the end of a
-    /// unit (each unit read is decompressed once, straight into `buf`, and serves all of its
-    /// pages the fault brings in). The faulting page goes in alone first, after its unit's
-    /// decompression, which wakes its thread; the neighbours follow, a copy for each run of
-    /// stored ones. A read brings them in clean: write-protected, their copies kept in the
-    /// store; `dirty` (a write, or clean pages off) brings them in unprotected, their copies
-    /// discarded once the copy is done (until then, under their locks, the store's copy is what
-    /// goes back if the copy fails: nothing to compress again; with larger units, only units
-    /// the fault brought in whole are discarded, the rest keep stale bytes:
+    /// all zeros, as the zero page): with larger units, at least to the end of its unit, and
+    /// always to the end of a unit (each unit read is decompressed once, straight into `buf`,
+    /// and serves all of its pages the fault brings in). The faulting page goes in alone first,
+    /// after its unit's decompression, which wakes its thread; the neighbours follow, a copy
+    /// for each run of stored ones. A read brings them in clean: write-protected, their copies
+    /// kept in the store; `dirty` (a write, or clean pages off) brings them in unprotected,
+    /// their copies discarded once the copy is done (until then, under their locks, the store's
+    /// copy is what goes back if the copy fails: nothing to compress again; with larger units,
+    /// only units the fault brought in whole are discarded, the rest keep stale bytes:
     /// `Shared::drop_stored`).
     fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
         let ps = self.page_size;
@@ -616,8 +616,9 @@ impl Shared {
         // the rest of its unit to a fault that decompresses the unit again. The run ends at
         // its last stored page. A page empty for any other reason stops it: one the program
         // dropped may still be mapped until the kernel zaps it, after the fault thread read
-        // the drop's event (lib.rs, "The eviction protocol"), and nothing may be mapped there
-        // meanwhile; an evictor unmapped a zeroed page itself, under the page's lock.
+        // the drop's event (lib.rs, "The eviction protocol"), and a zero page mapped there
+        // meanwhile would be zapped with it, leaving the page resident in the table with
+        // nothing mapped; an evictor unmapped a zeroed page itself, under the page's lock.
         let mut guards = Vec::new();
         let mut states = Vec::new();
         let mut through = 0;
@@ -757,7 +758,7 @@ impl Shared {
                     self.drop_stored(q, PageState::STORED);
                 }
             }
-            // Refaults all (`RegionStats::refaults` counts fault-around pages as such).
+            // All of them refaults (`RegionStats::refaults` counts fault-around pages).
             self.count(Count::FaultAround, done as u64);
             installed += done;
             if let Err(e) = outcome {
