@@ -354,7 +354,14 @@ impl UffdSweep {
         } else {
             self.unit_sizes.clone()
         };
-        let runs = self.compressors.iter().flat_map(move |algorithm| {
+        Ok(self
+            .replays(units)
+            .map(move |replay| replay.run(corpus, &kernel)))
+    }
+
+    /// Every compressor × unit size of `units` × clean pages on and off, in that order.
+    fn replays(&self, units: Vec<usize>) -> impl Iterator<Item = UffdReplay> + '_ {
+        self.compressors.iter().flat_map(move |algorithm| {
             let units = units.clone();
             units.into_iter().flat_map(move |unit_size| {
                 [true, false].map(|clean_pages| UffdReplay {
@@ -366,8 +373,7 @@ impl UffdSweep {
                     unit_size,
                 })
             })
-        });
-        Ok(runs.map(move |replay| replay.run(corpus, &kernel)))
+        })
     }
 
     /// Each unit size larger than the page against the page, paired in one run
@@ -383,21 +389,7 @@ impl UffdSweep {
             .copied()
             .filter(|&u| u > CORPUS_PAGE)
             .collect();
-        self.compressors
-            .iter()
-            .flat_map(move |algorithm| {
-                let larger = larger.clone();
-                larger.into_iter().flat_map(move |unit_size| {
-                    [true, false].map(|clean_pages| UffdReplay {
-                        algorithm: algorithm.clone(),
-                        budget_share: self.budget_share,
-                        clean_pages,
-                        idle_priority: self.idle_priority,
-                        cpu_latency_qos: self.cpu_latency_qos,
-                        unit_size,
-                    })
-                })
-            })
+        self.replays(larger)
             .map(move |replay| replay.fault_in_against_pages(corpus))
     }
 }
