@@ -315,6 +315,54 @@ pub(crate) fn wait_for_reclaim_pass(region: &Region, deadline: Option<Instant>) 
     }
 }
 
+/// One pass of every page stored, then read in order into free memory (nothing evicted
+/// meanwhile), verified after.
+pub(crate) struct FreePass {
+    /// MB of pages brought in a second.
+    pub mb_s: f64,
+    pub took: Duration,
+    pub brought: u64,
+    /// The region's figures as the read began (every page stored) and as it ended.
+    pub before: RegionStats,
+    pub after: RegionStats,
+}
+
+pub(crate) fn free_pass(region: &Region, corpus: &Corpus) -> Result<FreePass> {
+    let ps = PAGE;
+    let pages = corpus.pages();
+    region
+        .set_budget(ps)
+        .map_err(region_err("setting the budget"))?;
+    wait_for_reclaim_pass(region, None);
+    let before = region.stats();
+    region
+        .set_budget(pages * ps)
+        .map_err(region_err("setting the budget"))?;
+    let words = region.words();
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for i in 0..pages {
+        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
+    }
+    let took = t.elapsed();
+    std::hint::black_box(sum);
+    let after = region.stats();
+    let brought =
+        (after.faults + after.fault_around_pages) - (before.faults + before.fault_around_pages);
+    verify(
+        region,
+        corpus,
+        "after every page was stored and read back into free memory",
+    )?;
+    Ok(FreePass {
+        mb_s: brought as f64 * ps as f64 / took.as_secs_f64() / 1e6,
+        took,
+        brought,
+        before,
+        after,
+    })
+}
+
 /// The bytes a region keeps resident: its mapping's and its pad's `Rss` in
 /// /proc/self/smaps, and its state byte a page.
 fn region_rss(region: &Region) -> Result<u64> {
@@ -487,41 +535,24 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
     // priority) ran as the phases before it left the region, not as a program reading into
     // free memory finds it: idle priority, ended beside their busy evictors, is tried again
     // only after a back-off of up to IDLE_PRIORITY_MAX_BACKOFF, which the next pass waits.
-    let mut best: Option<(f64, Duration, u64, RegionStats, RegionStats)> = None;
+    let mut best: Option<FreePass> = None;
     for pass in 0..FREE_PASSES {
-        region
-            .set_budget(ps)
-            .map_err(region_err("setting the budget"))?;
-        wait_for_reclaim_pass(&region, None);
-        let all = region.stats();
-        region
-            .set_budget(len)
-            .map_err(region_err("setting the budget"))?;
-        let t = Instant::now();
-        let mut sum = 0u64;
-        for i in 0..pages {
-            sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
-        }
-        let took = t.elapsed();
-        std::hint::black_box(sum);
-        let free = region.stats();
-        let brought =
-            (free.faults + free.fault_around_pages) - (all.faults + all.fault_around_pages);
-        let mb_s = brought as f64 * ps as f64 / took.as_secs_f64() / 1e6;
-        verify(
-            &region,
-            corpus,
-            "after every page was stored and read back into free memory",
-        )?;
-        let backed_off = free.idle_priority_usable && !free.idle_priority;
-        if best.as_ref().is_none_or(|b| mb_s > b.0) {
-            best = Some((mb_s, took, brought, all, free));
+        let this = free_pass(&region, corpus)?;
+        let backed_off = this.after.idle_priority_usable && !this.after.idle_priority;
+        if best.as_ref().is_none_or(|b| this.mb_s > b.mb_s) {
+            best = Some(this);
         }
         if backed_off && pass + 1 < FREE_PASSES {
             std::thread::sleep(ztier_uffd::IDLE_PRIORITY_MAX_BACKOFF);
         }
     }
-    let (_, free_time, brought_free, all, free) = best.expect("FREE_PASSES > 0");
+    let FreePass {
+        took: free_time,
+        brought: brought_free,
+        before: all,
+        after: free,
+        ..
+    } = best.expect("FREE_PASSES > 0");
     let (raw_sequential_unit_mb_s, raw_sequential_page_mb_s) =
         raw_sequential_reads(corpus, algorithm, unit_size)?;
     let zram = zram_of(corpus, algorithm)?;

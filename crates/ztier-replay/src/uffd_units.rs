@@ -17,13 +17,12 @@
 //! Only the public APIs of ztier-uffd (its region) and the raw compressor are used.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
 
 use serde::Serialize;
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_uffd::{Region, RegionConfig};
 
-use crate::uffd::{region_err, verify, wait_for_reclaim_pass, UffdReplay};
+use crate::uffd::{free_pass, region_err, UffdReplay};
 use crate::units::RawSequential;
 use crate::Result;
 
@@ -96,37 +95,12 @@ fn filled_region(corpus: &Corpus, config: &RegionConfig) -> Result<Region> {
     Ok(region)
 }
 
-/// Every page stored, then read in order into free memory: MB of pages a second, and
-/// whether the fault thread ended the pass at idle priority (true where it cannot use it).
-fn free_pass(region: &Region, corpus: &Corpus) -> Result<(f64, bool)> {
-    let ps = CORPUS_PAGE;
-    let pages = corpus.pages();
-    region
-        .set_budget(ps)
-        .map_err(region_err("setting the budget"))?;
-    wait_for_reclaim_pass(region, None);
-    let before = region.stats();
-    region
-        .set_budget(pages * ps)
-        .map_err(region_err("setting the budget"))?;
-    let words = region.words();
-    let t = Instant::now();
-    let mut sum = 0u64;
-    for i in 0..pages {
-        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
-    }
-    let took = t.elapsed();
-    std::hint::black_box(sum);
-    let after = region.stats();
-    let brought =
-        (after.faults + after.fault_around_pages) - (before.faults + before.fault_around_pages);
-    verify(
-        region,
-        corpus,
-        "after every page was read back into free memory",
-    )?;
-    let idle = after.idle_priority || !after.idle_priority_usable;
-    Ok((brought as f64 * ps as f64 / took.as_secs_f64() / 1e6, idle))
+/// [`free_pass`]'s speed, and whether the fault thread ended the pass at idle priority (true
+/// where it cannot use it).
+fn free_pass_mb_s(region: &Region, corpus: &Corpus) -> Result<(f64, bool)> {
+    let pass = free_pass(region, corpus)?;
+    let idle = pass.after.idle_priority || !pass.after.idle_priority_usable;
+    Ok((pass.mb_s, idle))
 }
 
 impl UffdReplay {
@@ -150,11 +124,11 @@ impl UffdReplay {
             // Each goes first in every other round, as in the raw decompressor's turns.
             let unit_first = round % 2 == 1;
             let (page, unit) = if unit_first {
-                let unit = free_pass(&unit_region, corpus)?;
-                (free_pass(&page_region, corpus)?, unit)
+                let unit = free_pass_mb_s(&unit_region, corpus)?;
+                (free_pass_mb_s(&page_region, corpus)?, unit)
             } else {
-                let page = free_pass(&page_region, corpus)?;
-                (page, free_pass(&unit_region, corpus)?)
+                let page = free_pass_mb_s(&page_region, corpus)?;
+                (page, free_pass_mb_s(&unit_region, corpus)?)
             };
             let (
                 (page_fault_in_mb_s, page_idle_priority),
