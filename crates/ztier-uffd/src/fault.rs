@@ -495,6 +495,9 @@ impl Shared {
         if f.wp && present {
             return self.serve_first_write(page, state, around);
         }
+        if !f.wp && state.is(Kind::Resident) {
+            return self.serve_missing_resident(page, state, f.write, zeros, around);
+        }
         if present {
             self.count(Count::SpuriousFaults, 1);
             around.woke_at = Some(Instant::now());
@@ -558,6 +561,52 @@ impl Shared {
                     // process is exiting.
                     _ => Served::Done,
                 }
+            }
+        }
+    }
+
+    /// A missing page's fault on a page the table holds resident (locked by the caller). Most
+    /// often spurious: the page came in after the fault was raised, and the zeros mapped here
+    /// find it (`EEXIST`): the thread is woken. But the program may have dropped the page
+    /// while another of its threads touched it: a fault served after the drop's event was
+    /// read and before the kernel's zap maps zeros that the zap removes (lib.rs, "The
+    /// program's `MADV_DONTNEED`"). Zeros are what the program reads there now, so they are
+    /// mapped again; the page is then unprotected (dirty), its stored copy, if any, stale.
+    fn serve_missing_resident(
+        &self,
+        page: u64,
+        state: PageState,
+        write: bool,
+        zeros: &[u8],
+        around: &mut Around,
+    ) -> Served {
+        let (addr, ps) = (self.page_addr(page), self.page_size as u64);
+        // In before the map, as every fault-in is; taken back unless it maps.
+        self.count_fault_in(FaultIn::Zeros);
+        around.woke_at = Some(Instant::now());
+        let outcome = if write {
+            self.uffd.copy(addr, zeros)
+        } else {
+            self.uffd.zeropage(addr, ps)
+        };
+        if outcome.is_err() {
+            self.take_back_fault_in(FaultIn::Zeros);
+        }
+        match outcome {
+            Ok(()) => {
+                self.drop_stored(page, state);
+                self.table
+                    .leave(page, state, PageState::resident(true, false));
+                Served::Done
+            }
+            Err(libc::EAGAIN) => Served::Later,
+            Err(e) => {
+                if e == libc::EEXIST {
+                    self.count(Count::SpuriousFaults, 1);
+                }
+                // ENOENT, ESRCH: as for any fault (`serve`).
+                self.uffd.wake(addr, ps);
+                Served::Done
             }
         }
     }

@@ -95,11 +95,12 @@
 //! - **The program's `MADV_DONTNEED`**: the kernel queues `REMOVE`, waits until it is read,
 //!   then zaps. The fault thread reads and handles events under `gate` (write), before it
 //!   serves any fault read after them: the stored copy is discarded and the page is `EMPTY`
-//!   before anything can fault on it again, so nothing stale comes back. A gap remains: a
-//!   fault on that page from another thread, served after the event is read and before the
-//!   kernel zaps, maps zeros that the zap then removes, and the table says resident with
-//!   nothing mapped (its next faults are taken as spurious). Not yet closed (docs/diary.md,
-//!   2026-11-30): such a fault should map zeros where a missing page is found resident.
+//!   before anything can fault on it again, so nothing stale comes back. A fault on that
+//!   page from another thread, served after the event is read and before the kernel zaps,
+//!   maps zeros that the zap then removes: the table says resident with nothing mapped. So
+//!   a missing page's fault on a page the table holds resident maps zeros (which is what
+//!   the program reads there) rather than only waking the thread, which would fault again
+//!   for ever; where the page is there after all (`EEXIST`), the fault was spurious.
 //! - **`munmap` / `mremap` and a move from a stale address**: from before the kernel
 //!   changes the address space until its event has been read, every `UFFDIO_*` of this
 //!   descriptor fails with `EAGAIN` (the context's `mmap_changing`). An evictor checks the

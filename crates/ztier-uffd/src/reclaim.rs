@@ -366,8 +366,10 @@ impl Shared {
                 }
                 // No page there, though the page was resident (its lock held, and the
                 // program's own drops and unmaps are seen before the kernel zaps), and not
-                // in the pad (`Pad::move_in` looked): it reads as zeros from now on, its content
-                // lost. Said, and counted, so a loss is never silent.
+                // in the pad (`Pad::move_in` looked): it reads as zeros from now on. Zeros
+                // are right for a page the program dropped while another of its threads
+                // touched it (lib.rs, "The program's `MADV_DONTNEED`"), which cannot be told
+                // apart here from a lost page: said, and counted, so a loss is never silent.
                 Err(libc::ENOENT) => {
                     let page = first + moved as u64;
                     self.count(Count::LostPages, 1);

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use common::{check_page, region, write_page, written_region, PAGE, WORDS};
 
@@ -279,5 +279,59 @@ fn a_run_across_a_protection_change_goes_out_page_by_page() {
     }
     for page in 0..PAGES {
         check_page(words, page, 2).unwrap();
+    }
+}
+
+#[test]
+fn a_page_touched_while_the_program_drops_it_comes_in_as_zeros() {
+    // The kernel zaps a dropped range only after the fault thread has read the drop's event:
+    // a fault on a stored page of it served in between maps zeros that the zap removes. The
+    // region must take the page's next fault as a fault (zeros again), not as a spurious one
+    // to wake: woken, it faults again, for ever (the watchdog's abort).
+    const PAGES: u64 = 64;
+    let Some(r) = written_region(PAGES) else {
+        return;
+    };
+    let words = r.words();
+    let p = r.as_ptr() as usize;
+    for round in 0..50u64 {
+        for page in 0..PAGES {
+            write_page(words, page, round + 1);
+            assert!(r.evict(page).unwrap());
+        }
+        // Another thread of the program touches the page being dropped, while it goes: the
+        // drop waits until that thread is about to touch the page, still stored, so that its
+        // fault is being served (or is about to be) when the drop's event comes.
+        let (dropping, touching) = (AtomicU64::new(0), AtomicU64::new(PAGES));
+        std::thread::scope(|s| {
+            s.spawn(|| loop {
+                let page = dropping.load(Relaxed);
+                if page == PAGES {
+                    break;
+                }
+                touching.store(page, Relaxed);
+                std::hint::black_box(words[page as usize * WORDS].load(Relaxed));
+            });
+            for page in 0..PAGES {
+                dropping.store(page, Relaxed);
+                while touching.load(Relaxed) != page {
+                    std::hint::spin_loop();
+                }
+                // SAFETY: one page inside the region; dropping it is what the test means.
+                let rc = unsafe {
+                    libc::madvise(
+                        (p + page as usize * PAGE) as *mut _,
+                        PAGE,
+                        libc::MADV_DONTNEED,
+                    )
+                };
+                assert_eq!(rc, 0);
+            }
+            dropping.store(PAGES, Relaxed);
+        });
+        // Every page dropped: zeros, each reached (no fault taken as spurious for ever).
+        for page in 0..PAGES {
+            check_page(words, page, 0).unwrap();
+        }
     }
 }
