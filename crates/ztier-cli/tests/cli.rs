@@ -448,11 +448,23 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
         assert_eq!(p["unit_size"].as_u64(), Some(65536), "{p}");
         let rounds = p["rounds"].as_array().unwrap();
         assert_eq!(rounds.len(), 5, "{p}");
-        for figure in ["ratio", "allowed", "ratio_to_allowed"] {
+        for figure in [
+            "ratio",
+            "allowed",
+            "ratio_to_allowed",
+            "cap",
+            "ratio_to_cap",
+        ] {
             assert!(p[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
         }
         for r in rounds {
-            for figure in ["page_fault_in_mb_s", "unit_fault_in_mb_s", "raw_unit_mb_s"] {
+            for figure in [
+                "page_fault_in_mb_s",
+                "unit_fault_in_mb_s",
+                "raw_unit_mb_s",
+                "copy_in_mb_s",
+                "round_trip_us",
+            ] {
                 assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
             }
         }

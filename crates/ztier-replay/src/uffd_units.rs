@@ -14,12 +14,23 @@
 //! little more. An estimate from the machine's decompressor, not a bound. Each round
 //! measures it too.
 //!
-//! Only the public APIs of ztier-uffd (its region) and the raw compressor are used.
+//! And the floor under the larger unit's fault-in, a bound rather than an estimate: what no
+//! handler can go below on this machine for the same pages and faults, measured each round.
+//! It is the raw decompressor at the unit, the kernel's copy-in of ready pages a unit at a
+//! time ([`ztier_uffd::rig::copy_in`]), and a bare handler's round trip, placed as a
+//! region's fault thread places itself, for each fault the region took
+//! ([`ztier_uffd::rig::floor::round_trip_median`]). The 4 KiB units' fault-in over that
+//! floor is the most the larger unit's ratio can be here; the larger unit's fault-in over
+//! its floor says how near the region comes to it.
+//!
+//! Only the public APIs of ztier-uffd (its region and its rig) and the raw compressor are
+//! used.
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde::Serialize;
 use ztier_corpus::{Corpus, CORPUS_PAGE};
+use ztier_uffd::rig::{copy_in, floor::round_trip_median};
 use ztier_uffd::{Region, RegionConfig};
 
 use crate::uffd::{free_pass, region_err, UffdReplay};
@@ -28,6 +39,9 @@ use crate::Result;
 
 /// Rounds of paired passes; the median of their ratios is the run's.
 pub const ROUNDS: usize = 5;
+
+/// Bare round trips a round times for the floor (their median is taken).
+const ROUND_TRIPS: usize = 500;
 
 /// One round: each region's pass, then the raw decompressor's at both sizes; MB of pages
 /// a second.
@@ -41,6 +55,13 @@ pub struct Round {
     /// can use it (a pass at normal priority follows the faulting thread from CPU to CPU).
     pub page_idle_priority: bool,
     pub unit_idle_priority: bool,
+    /// The floor's parts: the kernel's copy-in of ready pages a unit at a time (MB/s), a
+    /// bare round trip's median (µs), and the faults of the larger unit's pass, which brought
+    /// `unit_pages_in` pages.
+    pub copy_in_mb_s: f64,
+    pub round_trip_us: f64,
+    pub unit_faults: u64,
+    pub unit_pages_in: u64,
 }
 
 impl Round {
@@ -54,6 +75,21 @@ impl Round {
         let page_s = 1.0 / self.page_fault_in_mb_s;
         let saved = 1.0 / self.raw_page_mb_s - 1.0 / self.raw_unit_mb_s;
         page_s / (page_s - saved).max(f64::EPSILON)
+    }
+
+    /// The floor under the larger unit's fault-in, MB of pages a second: the raw
+    /// decompressor's time, the copy-in's and the pass's faults' bare round trips, together.
+    pub fn floor_mb_s(&self) -> f64 {
+        let mb = self.unit_pages_in as f64 * CORPUS_PAGE as f64 / 1e6;
+        let s = mb / self.raw_unit_mb_s
+            + mb / self.copy_in_mb_s
+            + self.unit_faults as f64 * self.round_trip_us / 1e6;
+        mb / s.max(f64::EPSILON)
+    }
+
+    /// The most the ratio can be on this machine: the page's fault-in against the floor.
+    pub fn cap(&self) -> f64 {
+        self.floor_mb_s() / self.page_fault_in_mb_s
     }
 }
 
@@ -70,6 +106,10 @@ pub struct UnitFaultIn {
     pub ratio: f64,
     pub allowed: f64,
     pub ratio_to_allowed: f64,
+    /// Medians over the rounds: the most the ratio can be on this machine ([`Round::cap`]),
+    /// and the ratio over it (the larger unit's fault-in over its floor).
+    pub cap: f64,
+    pub ratio_to_cap: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -95,12 +135,28 @@ fn filled_region(corpus: &Corpus, config: &RegionConfig) -> Result<Region> {
     Ok(region)
 }
 
-/// [`free_pass`]'s speed, and whether the fault thread ended the pass at idle priority (true
-/// where it cannot use it).
-fn free_pass_mb_s(region: &Region, corpus: &Corpus) -> Result<(f64, bool)> {
+/// One [`free_pass`], as a round uses it.
+struct Pass {
+    mb_s: f64,
+    /// Whether the fault thread ended the pass at idle priority (true where it cannot use
+    /// it).
+    idle_priority: bool,
+    /// The faults the fault thread served (from the store, zeros, spurious), and the pages
+    /// they brought in.
+    faults: u64,
+    pages_in: u64,
+}
+
+fn timed_pass(region: &Region, corpus: &Corpus) -> Result<Pass> {
     let pass = free_pass(region, corpus)?;
-    let idle = pass.after.idle_priority || !pass.after.idle_priority_usable;
-    Ok((pass.mb_s, idle))
+    let (a, b) = (&pass.after, &pass.before);
+    let served = |s: &ztier_uffd::RegionStats| s.faults + s.zero_faults + s.spurious_faults;
+    Ok(Pass {
+        mb_s: pass.mb_s,
+        idle_priority: a.idle_priority || !a.idle_priority_usable,
+        faults: served(a) - served(b),
+        pages_in: pass.brought,
+    })
 }
 
 impl UffdReplay {
@@ -124,29 +180,36 @@ impl UffdReplay {
             // Each goes first in every other round, as in the raw decompressor's turns.
             let unit_first = round % 2 == 1;
             let (page, unit) = if unit_first {
-                let unit = free_pass_mb_s(&unit_region, corpus)?;
-                (free_pass_mb_s(&page_region, corpus)?, unit)
+                let unit = timed_pass(&unit_region, corpus)?;
+                (timed_pass(&page_region, corpus)?, unit)
             } else {
-                let page = free_pass_mb_s(&page_region, corpus)?;
-                (page, free_pass_mb_s(&unit_region, corpus)?)
+                let page = timed_pass(&page_region, corpus)?;
+                (page, timed_pass(&unit_region, corpus)?)
             };
-            let (
-                (page_fault_in_mb_s, page_idle_priority),
-                (unit_fault_in_mb_s, unit_idle_priority),
-            ) = (page, unit);
             let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s(unit_first)?;
+            let copy_in_mb_s =
+                copy_in::copy_in_mb_s(corpus.pages(), self.unit_size / ps, self.clean_pages)
+                    .map_err(region_err("timing the kernel's copy-in"))?;
+            let round_trip = round_trip_median(ROUND_TRIPS, self.cpu_latency_qos)
+                .map_err(region_err("timing a bare round trip"))?;
             rounds.push(Round {
-                page_fault_in_mb_s,
-                unit_fault_in_mb_s,
+                page_fault_in_mb_s: page.mb_s,
+                unit_fault_in_mb_s: unit.mb_s,
                 raw_page_mb_s,
                 raw_unit_mb_s,
-                page_idle_priority,
-                unit_idle_priority,
+                page_idle_priority: page.idle_priority,
+                unit_idle_priority: unit.idle_priority,
+                copy_in_mb_s,
+                round_trip_us: round_trip.as_secs_f64() * 1e6,
+                unit_faults: unit.faults,
+                unit_pages_in: unit.pages_in,
             });
         }
         let ratio = median(rounds.iter().map(Round::ratio).collect());
         let allowed = median(rounds.iter().map(Round::allowed).collect());
         let ratio_to_allowed = median(rounds.iter().map(|r| r.ratio() / r.allowed()).collect());
+        let cap = median(rounds.iter().map(Round::cap).collect());
+        let ratio_to_cap = median(rounds.iter().map(|r| r.ratio() / r.cap()).collect());
         Ok(UnitFaultIn {
             corpus: corpus.name.clone(),
             compressor: self.algorithm.to_string(),
@@ -156,6 +219,8 @@ impl UffdReplay {
             ratio,
             allowed,
             ratio_to_allowed,
+            cap,
+            ratio_to_cap,
         })
     }
 }

@@ -104,7 +104,8 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
 }
 
 /// A larger unit's sequential fault-in against the page's, paired round by round, beside
-/// what the decompression it saves allows (`ztier_replay::uffd_units`).
+/// what the decompression it saves allows and the most the machine's floor for the unit
+/// leaves (`ztier_replay::uffd_units`).
 fn print_unit_pair(p: &UnitFaultIn) {
     let rounds: Vec<String> = p
         .rounds
@@ -117,15 +118,18 @@ fn print_unit_pair(p: &UnitFaultIn) {
                 (false, false) => " (both fault threads at normal priority)",
             };
             format!(
-                "{:.0} against {:.0} MB/s, allowed {:.2}x{normal}",
+                "{:.0} against {:.0} MB/s, allowed {:.2}x, floor {:.0} MB/s ({} faults), cap {:.2}x{normal}",
                 r.unit_fault_in_mb_s,
                 r.page_fault_in_mb_s,
-                r.allowed()
+                r.allowed(),
+                r.floor_mb_s(),
+                r.unit_faults,
+                r.cap()
             )
         })
         .collect();
     println!(
-        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it ({})",
+        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; the machine's floor for the unit (the raw decompressor, the kernel's copy-in of ready pages, a bare round trip a fault) caps it at {:.2}x: {:.2} of that ({})",
         p.corpus,
         p.compressor,
         if p.clean_pages { "on" } else { "off" },
@@ -134,6 +138,8 @@ fn print_unit_pair(p: &UnitFaultIn) {
         p.rounds.len(),
         p.allowed,
         p.ratio_to_allowed,
+        p.cap,
+        p.ratio_to_cap,
         rounds.join("; "),
     );
 }
