@@ -116,6 +116,9 @@ typedef struct ztier_region_stats {
     uint64_t unreported_moves; /* pages UFFDIO_MOVE moved into the pad and said it had
                                   not (Linux 6.18, after a retried step), found there
                                   and stored */
+    uint64_t vanished_pages;   /* faults on pages the region held resident with nothing
+                                  mapped there: mapped with zeros (a page the program
+                                  dropped while another of its threads touched it) */
 } ztier_region_stats;
 
 /* autosize_state and ztier_region_autosize_step's state: what the last step decided. */

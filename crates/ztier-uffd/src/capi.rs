@@ -85,6 +85,7 @@ pub struct CStats {
     autosize_fault_overhead_ns: u64,
     lost_pages: u64,
     unreported_moves: u64,
+    vanished_pages: u64,
 }
 
 /// `ztier_region_autosize`: `AutosizeConfig` for C.
@@ -115,7 +116,7 @@ const _: () = assert!(size_of::<CAutosize>() == 7 * 8 && size_of::<CAutosizeStep
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 82 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 83 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -409,6 +410,7 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         autosize_fault_overhead_ns: a.map_or(0, |a| a.fault_overhead_ns),
         lost_pages: s.lost_pages,
         unreported_moves: s.unreported_moves,
+        vanished_pages: s.vanished_pages,
     }
 }
 

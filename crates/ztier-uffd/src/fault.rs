@@ -496,7 +496,7 @@ impl Shared {
             return self.serve_first_write(page, state, around);
         }
         if !f.wp && state.is(Kind::Resident) {
-            return self.serve_missing_resident(page, state, f.write, zeros, around);
+            return self.serve_missing_resident(page, state, around);
         }
         if present {
             self.count(Count::SpuriousFaults, 1);
@@ -566,34 +566,27 @@ impl Shared {
     }
 
     /// A missing page's fault on a page the table holds resident (locked by the caller). Most
-    /// often spurious: the page came in after the fault was raised, and the zeros mapped here
-    /// find it (`EEXIST`): the thread is woken. But the program may have dropped the page
-    /// while another of its threads touched it: a fault served after the drop's event was
-    /// read and before the kernel's zap maps zeros that the zap removes (lib.rs, "The
-    /// program's `MADV_DONTNEED`"). Zeros are what the program reads there now, so they are
-    /// mapped again; the page is then unprotected (dirty), its stored copy, if any, stale.
-    fn serve_missing_resident(
-        &self,
-        page: u64,
-        state: PageState,
-        write: bool,
-        zeros: &[u8],
-        around: &mut Around,
-    ) -> Served {
+    /// often spurious: the page came in after the fault was raised, and the zero page mapped
+    /// here finds it (`EEXIST`): the thread is woken. But the program may have dropped the
+    /// page while another of its threads touched it: a fault served after the drop's event
+    /// was read and before the kernel's zap maps zeros that the zap removes (lib.rs, "The
+    /// program's `MADV_DONTNEED`"). Zeros are what the program reads there now, so the zero
+    /// page is mapped again (a write then copies it in the kernel, as any write to the zero
+    /// page does: a spurious write fault is not made to allocate a page first); the page is
+    /// unprotected (dirty), its stored copy, if any, stale. Counted (`vanished_pages`), as a
+    /// page an eviction finds gone is.
+    fn serve_missing_resident(&self, page: u64, state: PageState, around: &mut Around) -> Served {
         let (addr, ps) = (self.page_addr(page), self.page_size as u64);
         // In before the map, as every fault-in is; taken back unless it maps.
         self.count_fault_in(FaultIn::Zeros);
         around.woke_at = Some(Instant::now());
-        let outcome = if write {
-            self.uffd.copy(addr, zeros)
-        } else {
-            self.uffd.zeropage(addr, ps)
-        };
+        let outcome = self.uffd.zeropage(addr, ps);
         if outcome.is_err() {
             self.take_back_fault_in(FaultIn::Zeros);
         }
         match outcome {
             Ok(()) => {
+                self.count(Count::Vanished, 1);
                 self.drop_stored(page, state);
                 self.table
                     .leave(page, state, PageState::resident(true, false));
@@ -604,7 +597,9 @@ impl Shared {
                 if e == libc::EEXIST {
                     self.count(Count::SpuriousFaults, 1);
                 }
-                // ENOENT, ESRCH: as for any fault (`serve`).
+                // EEXIST: the page is there, and the ioctl woke no one. ENOENT (the mapping
+                // went, its unmap event on its way), ESRCH (the process is exiting): waking
+                // lets the thread retry meanwhile, as for a page moved out (`serve`).
                 self.uffd.wake(addr, ps);
                 Served::Done
             }

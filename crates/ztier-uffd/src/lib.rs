@@ -75,7 +75,7 @@
 //! |---|---|---|---|
 //! | empty | empty, or about to be (a drop whose event was read) | nothing | zeros |
 //! | empty, zeroed | empty: an evictor found the page all zeros | nothing | zeros, a refault |
-//! | resident | present (maybe the zero page) | nothing | spurious: wake |
+//! | resident | present (maybe the zero page) | nothing | spurious: wake (nothing there: zeros) |
 //! | resident, clean | present, write-protected | zram page `i`, the same bytes | a write: the copy goes, then the protection |
 //! | stored | empty | zram page `i` | decompress, copy |
 //! | held | empty | a heap copy (the store refused it) | copy |

@@ -91,6 +91,12 @@ pub struct RegionStats {
     /// found there with their sources empty and stored as any page moved out; left as the
     /// kernel said, each would have been lost.
     pub unreported_moves: u64,
+    /// Missing-page faults on pages the region held resident with nothing mapped there,
+    /// served with zeros: a page the program dropped (`MADV_DONTNEED`, `MADV_FREE`) while
+    /// another of its threads touched it, whose fault was served after the drop's event and
+    /// before the kernel's zap (lib.rs, "The program's `MADV_DONTNEED`"). Zeros are what
+    /// the program reads there; any other cause would be a loss, which is why it is counted.
+    pub vanished_pages: u64,
     /// Pages brought back in after the region evicted them: from the store (faults and
     /// fault-around), from a held copy, or as zeros where the eviction found the page all
     /// zeros. The kernel's `workingset_refault_anon` for a region: what its choice of cold
@@ -546,6 +552,7 @@ impl Region {
             store_reads: c(Count::StoreReads),
             lost_pages: c(Count::LostPages),
             unreported_moves: c(Count::UnreportedMoves),
+            vanished_pages: c(Count::Vanished),
             refaults: sh.fault_ins(FaultIn::Store)
                 + sh.fault_ins(FaultIn::Held)
                 + c(Count::FaultAround)

@@ -68,6 +68,7 @@ ztier_base::counters! {
         StoreReads,
         LostPages,
         UnreportedMoves,
+        Vanished,
         FirstWrites,
         ZeroRefaults,
         ParkedReads,
