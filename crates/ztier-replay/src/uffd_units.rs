@@ -14,14 +14,19 @@
 //! little more. An estimate from the machine's decompressor, not a bound. Each round
 //! measures it too.
 //!
-//! And the floor under the larger unit's fault-in, a bound rather than an estimate: what no
-//! handler can go below on this machine for the same pages and faults, measured each round.
-//! It is the raw decompressor at the unit, the kernel's copy-in of ready pages a unit at a
-//! time ([`ztier_uffd::rig::copy_in`]), and a bare handler's round trip, placed as a
-//! region's fault thread places itself, for each fault the region took
-//! ([`ztier_uffd::rig::floor::round_trip_median`]). The 4 KiB units' fault-in over that
-//! floor is the most the larger unit's ratio can be here; the larger unit's fault-in over
-//! its floor says how near the region comes to it.
+//! And the floor under the larger unit's fault-in, measured each round: the sum of the
+//! parts a handler that works in turn with its faulting thread (as a region's fault thread
+//! does) cannot leave out, for the same pages and the faults the region took. Those are the
+//! unit's decompression alone, each unit once and units of zeros not at all
+//! ([`RawUnits::decompress_all`](crate::units::RawUnits::decompress_all)); the kernel's
+//! copy-in of ready pages a unit at a time ([`ztier_uffd::rig::copy_in`]) for every page
+//! but the zero pages and each fault's own; and a bare handler's round trip, placed as a
+//! region's fault thread places itself, for each fault, spurious ones included
+//! ([`ztier_uffd::rig::floor::round_trip_median`], its one copy a fault's page). A handler
+//! that decompressed ahead on another CPU while the program ran could go below it; a region
+//! does not. The floor's speed over the 4 KiB units' fault-in is the most the ratio can be
+//! here (the cap); the larger unit's fault-in over its floor says how near the region comes
+//! to it.
 //!
 //! Only the public APIs of ztier-uffd (its region and its rig) and the raw compressor are
 //! used.
@@ -55,13 +60,16 @@ pub struct Round {
     /// can use it (a pass at normal priority follows the faulting thread from CPU to CPU).
     pub page_idle_priority: bool,
     pub unit_idle_priority: bool,
-    /// The floor's parts: the kernel's copy-in of ready pages a unit at a time (MB/s), a
-    /// bare round trip's median (µs), and the faults of the larger unit's pass, which brought
-    /// `unit_pages_in` pages.
+    /// The floor's parts: the unit's decompression alone and the kernel's copy-in of ready
+    /// pages a unit at a time (MB of pages a second), a bare round trip's median (µs), the
+    /// faults of the larger unit's pass, which brought `unit_pages_in` pages, and the
+    /// corpus's zero pages.
+    pub decompress_unit_mb_s: f64,
     pub copy_in_mb_s: f64,
     pub round_trip_us: f64,
     pub unit_faults: u64,
     pub unit_pages_in: u64,
+    pub zero_pages: u64,
 }
 
 impl Round {
@@ -77,17 +85,22 @@ impl Round {
         page_s / (page_s - saved).max(f64::EPSILON)
     }
 
-    /// The floor under the larger unit's fault-in, MB of pages a second: the raw
-    /// decompressor's time, the copy-in's and the pass's faults' bare round trips, together.
+    /// The floor under the larger unit's fault-in (see the module's comment), MB of pages a
+    /// second: the unit's decompression, the copy-in of the pages no fault copied and none
+    /// mapped as the zero page, and the faults' bare round trips, one after another.
     pub fn floor_mb_s(&self) -> f64 {
-        let mb = self.unit_pages_in as f64 * CORPUS_PAGE as f64 / 1e6;
-        let s = mb / self.raw_unit_mb_s
-            + mb / self.copy_in_mb_s
+        let mb = |pages: u64| pages as f64 * CORPUS_PAGE as f64 / 1e6;
+        let copied = self
+            .unit_pages_in
+            .saturating_sub(self.zero_pages + self.unit_faults);
+        let s = mb(self.unit_pages_in) / self.decompress_unit_mb_s
+            + mb(copied) / self.copy_in_mb_s
             + self.unit_faults as f64 * self.round_trip_us / 1e6;
-        mb / s.max(f64::EPSILON)
+        mb(self.unit_pages_in) / s.max(f64::EPSILON)
     }
 
-    /// The most the ratio can be on this machine: the page's fault-in against the floor.
+    /// The most the ratio can be on this machine: the floor's speed over the page's
+    /// fault-in.
     pub fn cap(&self) -> f64 {
         self.floor_mb_s() / self.page_fault_in_mb_s
     }
@@ -175,6 +188,7 @@ impl UffdReplay {
         let page_region = filled_region(corpus, &config(ps))?;
         let unit_region = filled_region(corpus, &config(self.unit_size))?;
         let raw = RawSequential::new(corpus, &self.algorithm, self.unit_size)?;
+        let zero_pages = raw.zero_pages();
         let mut rounds = Vec::with_capacity(ROUNDS);
         for round in 0..ROUNDS {
             // Each goes first in every other round, as in the raw decompressor's turns.
@@ -187,6 +201,7 @@ impl UffdReplay {
                 (page, timed_pass(&unit_region, corpus)?)
             };
             let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s(unit_first)?;
+            let decompress_unit_mb_s = raw.unit_decompress_mb_s()?;
             let copy_in_mb_s =
                 copy_in::copy_in_mb_s(corpus.pages(), self.unit_size / ps, self.clean_pages)
                     .map_err(region_err("timing the kernel's copy-in"))?;
@@ -199,10 +214,12 @@ impl UffdReplay {
                 raw_unit_mb_s,
                 page_idle_priority: page.idle_priority,
                 unit_idle_priority: unit.idle_priority,
+                decompress_unit_mb_s,
                 copy_in_mb_s,
                 round_trip_us: round_trip.as_secs_f64() * 1e6,
                 unit_faults: unit.faults,
                 unit_pages_in: unit.pages_in,
+                zero_pages,
             });
         }
         let ratio = median(rounds.iter().map(Round::ratio).collect());

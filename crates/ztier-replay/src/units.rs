@@ -343,6 +343,21 @@ impl RawUnits {
         Ok(())
     }
 
+    /// Seconds for decompressing every unit once, in order, into one buffer: the
+    /// decompressor's part alone of a sequential read. A unit of zeros is not read at all
+    /// (a region maps the zero page for its pages); another same-filled one is filled.
+    pub fn decompress_all(&self, comp: &mut dyn Compressor, data: &[u8]) -> Result<f64> {
+        let mut whole = vec![0u8; self.unit];
+        let began = Instant::now();
+        for u in 0..self.units.len() {
+            if !matches!(self.units[u], RawUnit::Filled(0)) {
+                self.decompress(comp, u, data, &mut whole)?;
+                std::hint::black_box(&whole);
+            }
+        }
+        Ok(began.elapsed().as_secs_f64())
+    }
+
     /// Seconds for the least a reader of every page in order pays at this unit size: each
     /// unit decompressed once, its pages of `page_size` bytes copied out one by one.
     pub fn sequential_read(
@@ -404,6 +419,21 @@ impl RawSequential {
             pages,
             algorithm: algorithm.clone(),
         })
+    }
+
+    /// The corpus's pages that are all zeros (a region maps the zero page for them).
+    pub(crate) fn zero_pages(&self) -> u64 {
+        self.data[..self.page_bytes]
+            .chunks_exact(CORPUS_PAGE)
+            .filter(|p| p.iter().all(|&b| b == 0))
+            .count() as u64
+    }
+
+    /// The unit's decompression alone ([`RawUnits::decompress_all`]): MB of pages a second.
+    pub(crate) fn unit_decompress_mb_s(&self) -> Result<f64> {
+        let mut comp = self.algorithm.new_compressor();
+        let s = self.units.decompress_all(&mut *comp, &self.data)?;
+        Ok(self.page_bytes as f64 / s.max(f64::EPSILON) / 1e6)
     }
 
     /// One timing of each, the unit's first if `unit_first`: MB of pages a second at the

@@ -129,7 +129,7 @@ fn print_unit_pair(p: &UnitFaultIn) {
         })
         .collect();
     println!(
-        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; the machine's floor for the unit (the raw decompressor, the kernel's copy-in of ready pages, a bare round trip a fault) caps it at {:.2}x: {:.2} of that ({})",
+        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; the floor under the unit's fault-in (its decompression alone, the kernel's copy-in of its ready pages and a bare round trip a fault, one after another) caps it at {:.2}x: {:.2} of that ({})",
         p.corpus,
         p.compressor,
         if p.clean_pages { "on" } else { "off" },

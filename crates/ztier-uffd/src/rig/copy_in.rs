@@ -3,9 +3,11 @@
 //! pages are copied into an empty mapping registered with a userfaultfd of the rig's own
 //! (`UFFDIO_COPY`) a unit at a time, as a region's fault thread installs a unit it has
 //! decompressed: the unit's first page alone, then the rest (write-protected where the
-//! region keeps clean pages). What that costs is the frames' allocation, the copy and the
-//! page-table entries: the kernel's part of every page a region brings in, whatever it does
-//! before. The mapping is emptied between passes, outside the timing.
+//! region keeps clean pages; registered as a region is, for missing pages and write
+//! protection). What that costs is the frames' allocation, the copy and the page-table
+//! entries: the kernel's part of every page a region copies in (not of the zero pages it
+//! maps), whatever it does before. The mapping is emptied between passes, outside the
+//! timing.
 //!
 //! Invariants: the mapping is this module's alone and nothing reads it; only the kernel's
 //! copies write it. No threads, no locks.
@@ -30,11 +32,7 @@ pub fn copy_in_mb_s(pages: usize, unit_pages: usize, write_protect: bool) -> Res
     let uffd = Uffd::open().map_err(Error::NotPermitted)?;
     uffd.api(0).map_err(os("UFFDIO_API"))?;
     let mut map = PlainPages::new(pages * page_size).map_err(os("mmap"))?;
-    let mode = if write_protect {
-        userfaultfd::MODE_MISSING | userfaultfd::MODE_WP
-    } else {
-        userfaultfd::MODE_MISSING
-    };
+    let mode = userfaultfd::MODE_MISSING | userfaultfd::MODE_WP;
     uffd.register(map.addr(), map.len() as u64, mode)
         .map_err(os("UFFDIO_REGISTER"))?;
     // The unit as a fault thread has it after decompressing it: warm, not zeros.
