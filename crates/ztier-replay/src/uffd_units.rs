@@ -15,18 +15,20 @@
 //! measures it too.
 //!
 //! And the floor under the larger unit's fault-in, measured each round: the sum of the
-//! parts a handler that works in turn with its faulting thread (as a region's fault thread
-//! does) cannot leave out, for the same pages and the faults the region took. Those are the
-//! unit's decompression alone, each unit once and units of zeros not at all
+//! parts that a handler cannot leave out for the same pages and the faults the region
+//! took, each timed alone. Those are the unit's decompression alone, each unit once and
+//! units of zeros not at all
 //! ([`RawUnits::decompress_all`](crate::units::RawUnits::decompress_all)); the kernel's
 //! copy-in of ready pages a unit at a time ([`ztier_uffd::rig::copy_in`]) for every page
 //! but the zero pages and each fault's own; and a bare handler's round trip, placed as a
 //! region's fault thread places itself, for each fault, spurious ones included
-//! ([`ztier_uffd::rig::floor::round_trip_median`], its one copy a fault's page). A handler
-//! that decompressed ahead on another CPU while the program ran could go below it; a region
-//! does not. The floor's speed over the 4 KiB units' fault-in is the most the ratio can be
-//! here (the cap); the larger unit's fault-in over its floor says how near the region comes
-//! to it.
+//! ([`ztier_uffd::rig::floor::round_trip_median`], its one copy a fault's page). It is a
+//! reference, not a bound: the parts can overlap (the fault thread wakes the faulting
+//! thread before it decompresses and copies the neighbours, which the program then runs
+//! beside), so a round's fault-in can pass it, and a handler decompressing ahead on another
+//! CPU could go further. The floor's speed over the 4 KiB units' fault-in is what the ratio
+//! would be were the larger unit's fault-in its floor (the cap); the larger unit's fault-in
+//! over its floor says how near the region comes to it.
 //!
 //! Only the public APIs of ztier-uffd (its region and its rig) and the raw compressor are
 //! used.
@@ -60,16 +62,20 @@ pub struct Round {
     /// can use it (a pass at normal priority follows the faulting thread from CPU to CPU).
     pub page_idle_priority: bool,
     pub unit_idle_priority: bool,
-    /// The floor's parts: the unit's decompression alone and the kernel's copy-in of ready
-    /// pages a unit at a time (MB of pages a second), a bare round trip's median (µs), the
-    /// faults of the larger unit's pass, which brought `unit_pages_in` pages, and the
-    /// corpus's zero pages.
+    /// The floor's parts: the unit's decompression alone, every unit of the corpus's
+    /// `corpus_pages` once, and the kernel's copy-in of ready pages a unit at a time (MB of
+    /// pages a second); a bare round trip's median (µs); the larger unit's pass's faults
+    /// (from the store, of zeros, spurious: each a round trip), the pages it brought in as
+    /// its fault-in counts them (each store fault's page and every page fault-around
+    /// brought), and of those the pages copied in besides each fault's own (not the zero
+    /// pages fault-around mapped).
     pub decompress_unit_mb_s: f64,
     pub copy_in_mb_s: f64,
     pub round_trip_us: f64,
+    pub corpus_pages: u64,
     pub unit_faults: u64,
     pub unit_pages_in: u64,
-    pub zero_pages: u64,
+    pub unit_pages_copied: u64,
 }
 
 impl Round {
@@ -86,21 +92,19 @@ impl Round {
     }
 
     /// The floor under the larger unit's fault-in (see the module's comment), MB of pages a
-    /// second: the unit's decompression, the copy-in of the pages no fault copied and none
-    /// mapped as the zero page, and the faults' bare round trips, one after another.
+    /// second as the fault-in counts them: the corpus's decompression, the copy-in of the
+    /// pages copied besides each fault's own, and the faults' bare round trips, one after
+    /// another.
     pub fn floor_mb_s(&self) -> f64 {
         let mb = |pages: u64| pages as f64 * CORPUS_PAGE as f64 / 1e6;
-        let copied = self
-            .unit_pages_in
-            .saturating_sub(self.zero_pages + self.unit_faults);
-        let s = mb(self.unit_pages_in) / self.decompress_unit_mb_s
-            + mb(copied) / self.copy_in_mb_s
+        let s = mb(self.corpus_pages) / self.decompress_unit_mb_s
+            + mb(self.unit_pages_copied) / self.copy_in_mb_s
             + self.unit_faults as f64 * self.round_trip_us / 1e6;
         mb(self.unit_pages_in) / s.max(f64::EPSILON)
     }
 
-    /// The most the ratio can be on this machine: the floor's speed over the page's
-    /// fault-in.
+    /// What the ratio would be were the larger unit's fault-in its floor: the floor's speed
+    /// over the page's fault-in.
     pub fn cap(&self) -> f64 {
         self.floor_mb_s() / self.page_fault_in_mb_s
     }
@@ -119,7 +123,7 @@ pub struct UnitFaultIn {
     pub ratio: f64,
     pub allowed: f64,
     pub ratio_to_allowed: f64,
-    /// Medians over the rounds: the most the ratio can be on this machine ([`Round::cap`]),
+    /// Medians over the rounds: what the ratio would be at the floor ([`Round::cap`]),
     /// and the ratio over it (the larger unit's fault-in over its floor).
     pub cap: f64,
     pub ratio_to_cap: f64,
@@ -154,21 +158,27 @@ struct Pass {
     /// Whether the fault thread ended the pass at idle priority (true where it cannot use
     /// it).
     idle_priority: bool,
-    /// The faults the fault thread served (from the store, zeros, spurious), and the pages
-    /// they brought in.
+    /// The faults the fault thread served (from the store, of zeros, spurious), the pages
+    /// the pass brought in (each store fault's and fault-around's), and of those the ones
+    /// copied in besides each store fault's own: all but the zero pages fault-around mapped
+    /// (the corpus's `zero_pages` less those faulted on themselves).
     faults: u64,
     pages_in: u64,
+    pages_copied: u64,
 }
 
-fn timed_pass(region: &Region, corpus: &Corpus) -> Result<Pass> {
+fn timed_pass(region: &Region, corpus: &Corpus, zero_pages: u64) -> Result<Pass> {
     let pass = free_pass(region, corpus)?;
     let (a, b) = (&pass.after, &pass.before);
-    let served = |s: &ztier_uffd::RegionStats| s.faults + s.zero_faults + s.spurious_faults;
+    let store_faults = a.faults - b.faults;
+    let zero_faults = a.zero_faults - b.zero_faults;
+    let zeros_around = zero_pages.saturating_sub(zero_faults);
     Ok(Pass {
         mb_s: pass.mb_s,
         idle_priority: a.idle_priority || !a.idle_priority_usable,
-        faults: served(a) - served(b),
+        faults: store_faults + zero_faults + (a.spurious_faults - b.spurious_faults),
         pages_in: pass.brought,
+        pages_copied: pass.brought.saturating_sub(store_faults + zeros_around),
     })
 }
 
@@ -194,11 +204,11 @@ impl UffdReplay {
             // Each goes first in every other round, as in the raw decompressor's turns.
             let unit_first = round % 2 == 1;
             let (page, unit) = if unit_first {
-                let unit = timed_pass(&unit_region, corpus)?;
-                (timed_pass(&page_region, corpus)?, unit)
+                let unit = timed_pass(&unit_region, corpus, zero_pages)?;
+                (timed_pass(&page_region, corpus, zero_pages)?, unit)
             } else {
-                let page = timed_pass(&page_region, corpus)?;
-                (page, timed_pass(&unit_region, corpus)?)
+                let page = timed_pass(&page_region, corpus, zero_pages)?;
+                (page, timed_pass(&unit_region, corpus, zero_pages)?)
             };
             let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s(unit_first)?;
             let decompress_unit_mb_s = raw.unit_decompress_mb_s()?;
@@ -218,8 +228,9 @@ impl UffdReplay {
                 copy_in_mb_s,
                 round_trip_us: round_trip.as_secs_f64() * 1e6,
                 unit_faults: unit.faults,
+                corpus_pages: corpus.pages() as u64,
                 unit_pages_in: unit.pages_in,
-                zero_pages,
+                unit_pages_copied: unit.pages_copied,
             });
         }
         let ratio = median(rounds.iter().map(Round::ratio).collect());

@@ -92,10 +92,12 @@ pub struct RegionStats {
     /// kernel said, each would have been lost.
     pub unreported_moves: u64,
     /// Missing-page faults on pages the region held resident with nothing mapped there,
-    /// served with zeros: a page the program dropped (`MADV_DONTNEED`, `MADV_FREE`) while
-    /// another of its threads touched it, whose fault was served after the drop's event and
-    /// before the kernel's zap (lib.rs, "The program's `MADV_DONTNEED`"). Zeros are what
-    /// the program reads there; any other cause would be a loss, which is why it is counted.
+    /// served with zeros (counted in [`zero_faults`](Self::zero_faults) too): a page the
+    /// program dropped (`MADV_DONTNEED`) while another of its threads touched it, whose
+    /// fault was served after the drop's event and before the kernel's zap (lib.rs, "The
+    /// program's `MADV_DONTNEED`"), or one it freed (`MADV_FREE`) that the kernel reclaimed
+    /// later. Zeros are what the program reads there; any other cause would be a loss,
+    /// which is why it is counted.
     pub vanished_pages: u64,
     /// Pages brought back in after the region evicted them: from the store (faults and
     /// fault-around), from a held copy, or as zeros where the eviction found the page all

@@ -295,10 +295,13 @@ fn a_page_touched_while_the_program_drops_it_comes_in_as_zeros() {
     let words = r.words();
     let p = r.as_ptr() as usize;
     // Until the gap has been met a few times (15-21 drops of 3200 meet it here), at most
-    // `ROUNDS`: a test that never met it would pass without the region's answer to it.
+    // `ROUNDS` and 30 s (half the watchdog's time, for a busy machine whose hand-offs each
+    // cost a tick): a test that never met it would pass without the region's answer to it.
     const ROUNDS: u64 = 1000;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     for round in 0..ROUNDS {
-        if round >= 50 && r.stats().vanished_pages >= 3 {
+        let met = r.stats().vanished_pages;
+        if round >= 50 && met >= 3 || std::time::Instant::now() >= deadline {
             break;
         }
         for page in 0..PAGES {
@@ -307,7 +310,9 @@ fn a_page_touched_while_the_program_drops_it_comes_in_as_zeros() {
         }
         // Another thread of the program touches the page being dropped, while it goes: the
         // drop waits until that thread is about to touch the page, still stored, so that its
-        // fault is being served (or is about to be) when the drop's event comes.
+        // fault is being served (or is about to be) when the drop's event comes. It reads in
+        // even rounds and writes a zero word in odd ones (a write fault: the page stays all
+        // zeros whichever comes first, the write or the drop).
         let (dropping, touching) = (AtomicU64::new(0), AtomicU64::new(PAGES));
         std::thread::scope(|s| {
             s.spawn(|| loop {
@@ -316,7 +321,12 @@ fn a_page_touched_while_the_program_drops_it_comes_in_as_zeros() {
                     break;
                 }
                 touching.store(page, Relaxed);
-                std::hint::black_box(words[page as usize * WORDS].load(Relaxed));
+                let word = &words[page as usize * WORDS];
+                if round % 2 == 1 {
+                    word.store(0, Relaxed);
+                } else {
+                    std::hint::black_box(word.load(Relaxed));
+                }
             });
             for page in 0..PAGES {
                 dropping.store(page, Relaxed);

@@ -104,8 +104,8 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
 }
 
 /// A larger unit's sequential fault-in against the page's, paired round by round, beside
-/// what the decompression it saves allows and the most the machine's floor for the unit
-/// leaves (`ztier_replay::uffd_units`).
+/// what the decompression it saves allows and what the sum of its parts, each timed
+/// alone, would give (`ztier_replay::uffd_units`).
 fn print_unit_pair(p: &UnitFaultIn) {
     let rounds: Vec<String> = p
         .rounds
@@ -129,7 +129,7 @@ fn print_unit_pair(p: &UnitFaultIn) {
         })
         .collect();
     println!(
-        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; the floor under the unit's fault-in (its decompression alone, the kernel's copy-in of its ready pages and a bare round trip a fault, one after another) caps it at {:.2}x: {:.2} of that ({})",
+        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; at the floor under the unit's fault-in (the sum of its decompression alone, the kernel's copy-in of its ready pages and a bare round trip a fault, each timed alone) it would be {:.2}x: {:.2} of that ({})",
         p.corpus,
         p.compressor,
         if p.clean_pages { "on" } else { "off" },
