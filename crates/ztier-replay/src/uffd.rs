@@ -327,6 +327,25 @@ pub(crate) struct FreePass {
     pub after: RegionStats,
 }
 
+/// Reads one word of each of the region's first `pages` pages, in order: how long it took.
+fn touch_in_order(region: &Region, pages: usize) -> Duration {
+    let words = region.words();
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for i in 0..pages {
+        sum = sum.wrapping_add(words[i * (PAGE / 8)].load(Relaxed));
+    }
+    let took = t.elapsed();
+    std::hint::black_box(sum);
+    took
+}
+
+/// The pages faults brought in between two readings of a region's figures: each store
+/// fault's page and every page fault-around brought.
+fn pages_brought(before: &RegionStats, after: &RegionStats) -> u64 {
+    (after.faults + after.fault_around_pages) - (before.faults + before.fault_around_pages)
+}
+
 pub(crate) fn free_pass(region: &Region, corpus: &Corpus) -> Result<FreePass> {
     let ps = PAGE;
     let pages = corpus.pages();
@@ -338,17 +357,9 @@ pub(crate) fn free_pass(region: &Region, corpus: &Corpus) -> Result<FreePass> {
     region
         .set_budget(pages * ps)
         .map_err(region_err("setting the budget"))?;
-    let words = region.words();
-    let t = Instant::now();
-    let mut sum = 0u64;
-    for i in 0..pages {
-        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
-    }
-    let took = t.elapsed();
-    std::hint::black_box(sum);
+    let took = touch_in_order(region, pages);
     let after = region.stats();
-    let brought =
-        (after.faults + after.fault_around_pages) - (before.faults + before.fault_around_pages);
+    let brought = pages_brought(&before, &after);
     verify(
         region,
         corpus,
@@ -438,16 +449,10 @@ fn run_one(corpus: &Corpus, replay: &UffdReplay, kernel: &KernelPath) -> Result<
     let held = after.mm_stat;
 
     // Sequential fault-in: one word of every page, in order; then every page verified.
-    let t = Instant::now();
-    let mut sum = 0u64;
-    for i in 0..pages {
-        sum = sum.wrapping_add(words[i * (ps / 8)].load(Relaxed));
-    }
-    let seq_time = t.elapsed();
-    std::hint::black_box(sum);
+    let seq_time = touch_in_order(&region, pages);
     let seq = region.stats();
     let rss_bytes = region_rss(&region)?;
-    let brought = (seq.faults + seq.fault_around_pages) - (after.faults + after.fault_around_pages);
+    let brought = pages_brought(&after, &seq);
     let seq_faultin_mb_s = brought as f64 * ps as f64 / seq_time.as_secs_f64() / 1e6;
     verify(
         &region,

@@ -425,7 +425,7 @@ impl RawSequential {
     pub(crate) fn zero_pages(&self) -> u64 {
         self.data[..self.page_bytes]
             .chunks_exact(CORPUS_PAGE)
-            .filter(|p| p.iter().all(|&b| b == 0))
+            .filter(|p| same_filled(p) == Some(0))
             .count() as u64
     }
 
