@@ -1,5 +1,6 @@
-//! The floor under a region's fault-in of whole units on this machine: the kernel's own
-//! copy-in of pages that are ready, with none of ztier's work and no fault in it. Ready
+//! A part of the floor under a region's fault-in of whole units on this machine (a
+//! reference, ztier-replay's `uffd_units`): the kernel's own copy-in of pages that are
+//! ready, with none of ztier's work and no fault in it. Ready
 //! pages are copied into an empty mapping registered with a userfaultfd of the rig's own
 //! (`UFFDIO_COPY`) a unit at a time, as a region's fault thread installs a unit it has
 //! decompressed: the unit's first page alone, then the rest (write-protected where the

@@ -4,8 +4,8 @@
 //! - [`floor`]: the floor under a fault's latency on this machine: the same round trip
 //!   served by a bare handler, its two threads held on one CPU and on two, and placed as a
 //!   region's fault thread places itself.
-//! - [`copy_in`]: the floor under a region's fault-in of whole units: the kernel's copy-in
-//!   of ready pages, a unit at a time, with no fault.
+//! - [`copy_in`]: a part of the floor under a region's fault-in of whole units: the
+//!   kernel's copy-in of ready pages, a unit at a time, with no fault.
 //! - [`pageout`]: the kernel's own path for the same pages, where the machine has one
 //!   (`MADV_PAGEOUT` through zswap, the pages touched back).
 //! - [`oracle`]: the pages MIN, LRU, CLOCK and a model of a region's own clock bring in for
