@@ -63,6 +63,9 @@ pub struct Lookups {
     pub stall_targets: Vec<f64>,
     /// The slowdown the oracle may have (0.01: 1 %).
     pub slowdown: f64,
+    /// `RegionConfig::free_copies_when_full` for every run: a page read back keeps its copy
+    /// only while the store has room, so that no budget costs more memory than every page.
+    pub free_copies_when_full: bool,
 }
 
 impl Lookups {
@@ -87,6 +90,7 @@ impl Lookups {
             autosize,
             stall_targets: vec![0.01],
             slowdown: 0.01,
+            free_copies_when_full: true,
         }
     }
 }
@@ -147,6 +151,8 @@ pub struct LookupJudgement {
     /// the measured seconds (phases count from the run's start, the warm-up included).
     pub phase_seconds: u64,
     pub warmup_seconds: u64,
+    /// Whether the runs' stores freed copies once full (`Lookups::free_copies_when_full`).
+    pub free_copies_when_full: bool,
     /// The fixed run with the least memory within the slowdown of the baseline: its index
     /// in `runs`; `None` if none was.
     pub oracle: Option<usize>,
@@ -302,6 +308,7 @@ impl Lookups {
             slowdown: self.slowdown,
             phase_seconds: self.phase_seconds,
             warmup_seconds: self.warmup_seconds,
+            free_copies_when_full: self.free_copies_when_full,
             oracle,
             oracle_saved_bytes: oracle.map_or(0.0, |i| saved(&runs[i])),
             self_sized,
@@ -347,6 +354,7 @@ impl Lookups {
         let len = pages as usize * PAGE;
         let config = RegionConfig {
             algorithm: self.algorithm.clone(),
+            free_copies_when_full: self.free_copies_when_full,
             ..RegionConfig::default()
         };
         let region =

@@ -119,6 +119,8 @@ typedef struct ztier_region_stats {
     uint64_t vanished_pages;   /* faults on pages the region held resident with nothing
                                   mapped there: mapped with zeros (a page the program
                                   dropped while another of its threads touched it) */
+    uint64_t copies_freed;     /* copies of pages read in that a full store freed
+                                  (ZTIER_REGION_FREE_COPIES_WHEN_FULL) */
 } ztier_region_stats;
 
 /* autosize_state and ztier_region_autosize_step's state: what the last step decided. */
@@ -152,13 +154,17 @@ typedef struct ztier_region_autosize_step {
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */
 #define ZTIER_REGION_NO_CPU_LATENCY_QOS 1u
+/* ztier_region_create_flags: once the store is full (copies of half the pages the budget
+ * leaves out), pages read in come in without keeping their copies, and the clock frees the
+ * copies of clean pages it passes (RegionConfig::free_copies_when_full; copies_freed). */
+#define ZTIER_REGION_FREE_COPIES_WHEN_FULL 2u
 
 /* A region of `length` bytes (a whole number of pages) of which at most `budget` bytes
  * (at least one page) are resident. NULL on failure, with errno: EINVAL (length or budget),
  * EPERM (userfaultfd not allowed), ENOSYS (the kernel lacks UFFDIO_MOVE), ENOMEM. */
 ztier_region *ztier_region_create(size_t length, size_t budget);
 
-/* As ztier_region_create, with flags (ZTIER_REGION_NO_CPU_LATENCY_QOS); EINVAL for a flag
+/* As ztier_region_create, with flags (ZTIER_REGION_*, or'ed); EINVAL for a flag
  * it does not know. */
 ztier_region *ztier_region_create_flags(size_t length, size_t budget, uint32_t flags);
 

@@ -86,6 +86,7 @@ pub struct CStats {
     lost_pages: u64,
     unreported_moves: u64,
     vanished_pages: u64,
+    copies_freed: u64,
 }
 
 /// `ztier_region_autosize`: `AutosizeConfig` for C.
@@ -116,13 +117,15 @@ const _: () = assert!(size_of::<CAutosize>() == 7 * 8 && size_of::<CAutosizeStep
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 83 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 84 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
 
 /// `ZTIER_REGION_NO_CPU_LATENCY_QOS`: `RegionConfig::cpu_latency_qos` off.
 const NO_CPU_LATENCY_QOS: u32 = 1;
+/// `ZTIER_REGION_FREE_COPIES_WHEN_FULL`: `RegionConfig::free_copies_when_full` on.
+const FREE_COPIES_WHEN_FULL: u32 = 2;
 
 fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno, always valid to write.
@@ -150,12 +153,13 @@ pub extern "C" fn ztier_region_create_unit(
     flags: u32,
     unit_size: usize,
 ) -> *mut Region {
-    if flags & !NO_CPU_LATENCY_QOS != 0 {
+    if flags & !(NO_CPU_LATENCY_QOS | FREE_COPIES_WHEN_FULL) != 0 {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
     let config = RegionConfig {
         cpu_latency_qos: flags & NO_CPU_LATENCY_QOS == 0,
+        free_copies_when_full: flags & FREE_COPIES_WHEN_FULL != 0,
         unit_size,
         ..RegionConfig::default()
     };
@@ -411,6 +415,7 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         lost_pages: s.lost_pages,
         unreported_moves: s.unreported_moves,
         vanished_pages: s.vanished_pages,
+        copies_freed: s.copies_freed,
     }
 }
 

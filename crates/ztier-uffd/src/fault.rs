@@ -97,6 +97,18 @@ struct Remap {
     copies: Vec<(u64, Box<[u8]>)>,
 }
 
+/// How a fault brings stored pages in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BringIn {
+    /// Write-protected, their copies kept in the store: a read, with clean pages on.
+    Clean,
+    /// Unprotected, their copies freed: a write, or clean pages off.
+    Dirty,
+    /// As `Dirty`, for a read: the store is full and frees copies (`Shared::frees_copies`),
+    /// counted in `RegionStats::copies_freed`.
+    DirtyStoreFull,
+}
+
 enum Served {
     Done,
     /// Not now: the address space is changing, or the budget is full.
@@ -509,7 +521,14 @@ impl Shared {
         }
         let addr = self.page_addr(page);
         if state.is(Kind::Stored) {
-            return self.serve_stored(page, buf, around, f.write || !self.fault.clean_pages);
+            let how = if f.write || !self.fault.clean_pages {
+                BringIn::Dirty
+            } else if self.keeps_clean_copies() {
+                BringIn::Clean
+            } else {
+                BringIn::DirtyStoreFull
+            };
+            return self.serve_stored(page, buf, around, how);
         }
         let held = if state.is(Kind::Held) {
             self.table.take_held(page)
@@ -635,13 +654,20 @@ impl Shared {
     /// always to the end of a unit (each unit read is decompressed once, straight into `buf`,
     /// and serves all of its pages the fault brings in). The faulting page goes in alone first,
     /// after its unit's decompression, which wakes its thread; the neighbours follow, a copy
-    /// for each run of stored ones. A read brings them in clean: write-protected, their copies
-    /// kept in the store; `dirty` (a write, or clean pages off) brings them in unprotected,
-    /// their copies discarded once the copy is done (until then, under their locks, the store's
+    /// for each run of stored ones. `how` says whether they come in clean (write-protected,
+    /// their copies kept in the store) or dirty: unprotected, their copies discarded once
+    /// the copy is done (until then, under their locks, the store's
     /// copy is what goes back if the copy fails: nothing to compress again; with larger units,
     /// only units the fault brought in whole are discarded, the rest keep stale bytes:
     /// `Shared::drop_stored`).
-    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, dirty: bool) -> Served {
+    fn serve_stored(&self, page: u64, buf: &mut [u8], around: &mut Around, how: BringIn) -> Served {
+        let dirty = how != BringIn::Clean;
+        // The copies a full store frees, counted as they are.
+        let freed = |n: u64| {
+            if how == BringIn::DirtyStoreFull {
+                self.count(Count::CopiesFreed, n);
+            }
+        };
         let ps = self.page_size;
         let upp = self.unit_pages;
         let window = around.window(page);
@@ -720,6 +746,7 @@ impl Shared {
             Ok(()) => {
                 if dirty {
                     self.drop_stored(page, PageState::STORED);
+                    freed(1);
                 }
             }
             Err(libc::EEXIST) => {
@@ -801,6 +828,7 @@ impl Shared {
                 for q in start..start + done as u64 {
                     self.drop_stored(q, PageState::STORED);
                 }
+                freed(done as u64);
             }
             // All of them refaults (`RegionStats::refaults` counts fault-around pages).
             self.count(Count::FaultAround, done as u64);

@@ -251,6 +251,9 @@ impl Shared {
             let state = self.table.state(page);
             if !state.cold() {
                 if state.referenced() {
+                    if state.clean() && self.unit_pages == 1 && self.frees_copies() {
+                        self.free_clean_copy(page);
+                    }
                     self.table.clear_referenced(page);
                 }
                 segment.0 += 1;
@@ -294,6 +297,22 @@ impl Shared {
         let reached = self.table.resident() <= self.reclaim_target();
         self.empty_pad(part, slot);
         Batch { out, reached, busy }
+    }
+
+    /// Frees the copy of clean page `page`, which the clock gives a second chance while the
+    /// store is full (`Shared::frees_copies`): vmscan's `folio_free_swap()` for a page it
+    /// keeps when swap is full. The page stays write-protected, dirty now: its first write
+    /// is a fault that only lifts the protection. Only at page-sized units, where the copy's
+    /// memory goes back at once (a larger unit's would stay, stale, until the unit is
+    /// written again).
+    fn free_clean_copy(&self, page: u64) {
+        let _lock = self.table.lock(page);
+        let state = self.table.state(page);
+        if state.clean() {
+            self.drop_stored(page, state);
+            self.table.leave(page, state, state.dirtied());
+            self.count(Count::CopiesFreed, 1);
+        }
     }
 
     /// Evicts `page` through slot `slot` of `part`.

@@ -54,6 +54,10 @@ pub struct RegionStats {
     /// Resident pages the store still holds a copy of (faulted in by a read, not written
     /// since): evicting one again is only dropping it.
     pub clean_pages: u64,
+    /// Copies of pages read in that the store freed because it was full
+    /// ([`RegionConfig::free_copies_when_full`]): pages a read fault brought in dirty, and
+    /// clean pages whose copy the clock freed as it gave them a second chance.
+    pub copies_freed: u64,
     /// Pages dropped with a copy in the store: `evictions_dirty + evictions_clean`.
     pub evictions: u64,
     /// Evictions that compressed the page and wrote it to the store.
@@ -180,6 +184,17 @@ pub struct RegionConfig {
     /// every page comes in dirty: for a program that writes nearly every page it reads,
     /// where each first write would cost a write-protect fault.
     pub clean_pages: bool,
+    /// Whether clean pages' copies give way once the store is full, as the kernel frees a
+    /// swap slot once swap is half full (`vm_swap_full()`): the region's store is taken to
+    /// be as large as the pages its budget leaves out, and full once it holds copies of
+    /// half that many, stored or clean. From there a read fault brings its pages in dirty,
+    /// their copies freed (zswap's exclusive load), and the clock frees the copy of each
+    /// clean page it gives a second chance (vmscan's `folio_free_swap()` on activation):
+    /// under a budget, a page's two copies would cost memory the budget was set to save.
+    /// With no budget under the region's pages, no copy is kept at all. Off (the default),
+    /// a page read in keeps its copy until it is written or dropped (module's "Clean
+    /// pages").
+    pub free_copies_when_full: bool,
     /// Whether the fault thread may run at idle priority (`SCHED_IDLE`) while a single
     /// thread faults, which keeps that thread on the fault thread's CPU: on a machine whose
     /// idle CPUs halt (a VM), a fault's two wake-ups across CPUs cost ten times the rest of
@@ -227,6 +242,7 @@ impl Default for RegionConfig {
             store_limit: 0,
             fault_around: MAX_AROUND,
             clean_pages: true,
+            free_copies_when_full: false,
             idle_priority: true,
             cpu_latency_qos: true,
             autosize: None,
@@ -333,6 +349,7 @@ impl Region {
         let serving = Serving {
             fault_around: config.fault_around.min(1023),
             clean_pages: config.clean_pages,
+            free_copies_when_full: config.free_copies_when_full,
             idle_priority: config.idle_priority,
             cpu_latency_qos: config.cpu_latency_qos,
         };
@@ -534,6 +551,7 @@ impl Region {
             resident_pages: sh.table.resident(),
             stored_pages: sh.table.stored(),
             clean_pages: sh.table.clean(),
+            copies_freed: c(Count::CopiesFreed),
             held_pages: sh.table.held_pages(),
             faults: sh.fault_ins(FaultIn::Store),
             zero_faults: sh.fault_ins(FaultIn::Zeros),

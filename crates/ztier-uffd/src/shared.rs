@@ -69,6 +69,7 @@ ztier_base::counters! {
         LostPages,
         UnreportedMoves,
         Vanished,
+        CopiesFreed,
         FirstWrites,
         ZeroRefaults,
         ParkedReads,
@@ -107,6 +108,8 @@ pub(crate) struct Serving {
     pub(crate) fault_around: usize,
     /// Whether a page read in keeps its copy in the store (`RegionConfig::clean_pages`).
     pub(crate) clean_pages: bool,
+    /// `RegionConfig::free_copies_when_full`.
+    pub(crate) free_copies_when_full: bool,
     /// `RegionConfig::idle_priority`.
     pub(crate) idle_priority: bool,
     /// `RegionConfig::cpu_latency_qos`.
@@ -148,6 +151,8 @@ pub(crate) struct FaultThread {
     pub(crate) max_around: usize,
     /// `RegionConfig::clean_pages`.
     pub(crate) clean_pages: bool,
+    /// `RegionConfig::free_copies_when_full`.
+    pub(crate) free_copies_when_full: bool,
     /// Held by the fault thread while it serves the faults it read, up to its recording of
     /// their latency; `Region::stats` waits for it, so a thread's figures include the
     /// recording of the fault that woke it.
@@ -303,6 +308,7 @@ impl Shared {
             fault: FaultThread {
                 max_around: serving.fault_around,
                 clean_pages: serving.clean_pages,
+                free_copies_when_full: serving.free_copies_when_full,
                 serving: Mutex::new(()),
                 placement: Placement::new(serving.idle_priority),
                 qos: CpuLatencyQos::open(serving.cpu_latency_qos),
@@ -461,6 +467,22 @@ impl Shared {
         if blocked {
             self.count(Count::BlockedPasses, 1);
         }
+    }
+
+    /// Whether a page read in now keeps its copy in the store: clean pages on, and the
+    /// store not full where full stores free copies (`RegionConfig::free_copies_when_full`).
+    pub(crate) fn keeps_clean_copies(&self) -> bool {
+        self.fault.clean_pages && !self.frees_copies()
+    }
+
+    /// Whether copies of pages read in are freed now: the region frees them when its store
+    /// is full, and it is. The kernel's `vm_swap_full()` (swap at least half used), with
+    /// the store as large as the pages the budget leaves out: copies of at least half that
+    /// many pages, stored or clean (no room at all with no budget under the region's pages).
+    pub(crate) fn frees_copies(&self) -> bool {
+        let room = self.pages.saturating_sub(self.budget_pages.load(Relaxed));
+        self.fault.free_copies_when_full
+            && (self.table.stored() + self.table.clean()).saturating_mul(2) >= room
     }
 
     pub(crate) fn over_budget(&self) -> bool {

@@ -181,3 +181,160 @@ fn every_page_reads_back_under_a_tenth_budget_with_eight_threads() {
         "{s:?}"
     );
 }
+
+/// Waits (at most 20 s) until the eviction pass `r`'s budget started is over: resident pages
+/// at or under the budget, the store's count of its pages agreeing with the table's copies,
+/// stored and clean (a page's state changes before its store's figures are read), and no
+/// eviction in 20 ms.
+fn after_the_pass(r: &ztier_uffd::Region) -> ztier_uffd::RegionStats {
+    use std::time::{Duration, Instant};
+    let settled = |s: &ztier_uffd::RegionStats| {
+        s.resident_pages <= s.budget_pages
+            && s.mm_stat.orig_data_size == (s.stored_pages + s.clean_pages) * PAGE as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = r.stats();
+        if settled(&s) {
+            std::thread::sleep(Duration::from_millis(20));
+            let again = r.stats();
+            if settled(&again) && again.evictions == s.evictions {
+                return again;
+            }
+        }
+        assert!(Instant::now() < deadline, "the pass never ended: {s:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// With `free_copies_when_full`, a store that holds copies of at least half the pages the
+/// budget leaves out is full (the kernel's `vm_swap_full()`): every page read back then
+/// comes in without keeping its copy, so the store holds the pages that are out and nothing
+/// more, and no eviction is a clean one.
+#[test]
+fn a_full_store_keeps_no_second_copy_of_a_page_read_back() {
+    const PAGES: u64 = 1024;
+    const BUDGET: u64 = 256;
+    let config = ztier_uffd::RegionConfig {
+        free_copies_when_full: true,
+        ..Default::default()
+    };
+    let Some(r) = region_with(PAGES as usize * PAGE, BUDGET as usize * PAGE, &config) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..PAGES {
+        write_page(words, page, 1);
+    }
+    after_the_pass(&r);
+    // Three quarters of the pages are out, always more than half of the store's room.
+    for _ in 0..2 {
+        for page in 0..PAGES {
+            check_page(words, page, 1).unwrap();
+        }
+    }
+    let s = after_the_pass(&r);
+    assert_eq!(
+        (s.clean_pages, s.evictions_clean),
+        (0, 0),
+        "no page came in clean: {s:?}"
+    );
+    assert!(
+        s.copies_freed >= 2 * (PAGES - BUDGET),
+        "each page brought back freed its copy: {s:?}"
+    );
+    assert!(s.stored_pages >= PAGES - BUDGET, "{s:?}");
+}
+
+/// ... and a store with room keeps them: a region whose budget left few of its pages out
+/// brings them back clean, as with clean pages alone.
+#[test]
+fn a_store_with_room_keeps_the_copies_of_pages_read_back() {
+    const PAGES: u64 = 1024;
+    const BUDGET: u64 = 512;
+    // Past the budget by a sixth of the store's room: the pass leaves about 120 pages out,
+    // under the 256 that fill half of it.
+    const WRITTEN: u64 = 600;
+    let config = ztier_uffd::RegionConfig {
+        free_copies_when_full: true,
+        ..Default::default()
+    };
+    let Some(r) = region_with(PAGES as usize * PAGE, BUDGET as usize * PAGE, &config) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..WRITTEN {
+        write_page(words, page, 1);
+    }
+    let before = after_the_pass(&r);
+    assert!(
+        (before.stored_pages + before.clean_pages) * 2 < PAGES - BUDGET,
+        "{before:?}"
+    );
+    // The clock took its pages from the first on: those are the ones read back.
+    for page in 0..32 {
+        check_page(words, page, 1).unwrap();
+    }
+    let s = r.stats();
+    assert!(s.faults > before.faults, "pages came back: {s:?}");
+    assert!(
+        s.clean_pages > 0 && s.copies_freed == 0,
+        "they came back clean, no copy freed: {s:?}"
+    );
+}
+
+/// ... and once the store is full, the clock frees the copy of each clean page it gives a
+/// second chance: such a page stays write-protected, and its next write (a fault that only
+/// lifts the protection) is what the store gets when it goes out again.
+#[test]
+fn the_clock_frees_the_copies_of_clean_pages_once_the_store_is_full() {
+    const PAGES: u64 = 1024;
+    let config = ztier_uffd::RegionConfig {
+        free_copies_when_full: true,
+        ..Default::default()
+    };
+    let Some(r) = region_with(PAGES as usize * PAGE, 8 * PAGE, &config) else {
+        return;
+    };
+    let words = r.words();
+    // Nearly all of 300 pages out, then read back under a budget that holds them all and
+    // leaves room for 624 pages: copies of under 300 are under half of it, so they come
+    // back clean, each faulted in since the clock last passed it.
+    for page in 0..300 {
+        write_page(words, page, 1);
+    }
+    after_the_pass(&r);
+    r.set_budget(400 * PAGE).unwrap();
+    for page in 0..300 {
+        check_page(words, page, 1).unwrap();
+    }
+    let clean = r.stats();
+    assert!(
+        clean.clean_pages > 250 && clean.copies_freed == 0,
+        "{clean:?}"
+    );
+    // The rest of the pages written under no budget, then one that leaves room for 324
+    // pages, half of which the clean pages' copies fill. Hardly any page is cold (none
+    // faulted in since the clock's last pass), so the clock laps the region to evict down
+    // to it, passing the clean pages while the store is full.
+    r.set_budget(PAGES as usize * PAGE).unwrap();
+    for page in 300..PAGES {
+        write_page(words, page, 1);
+    }
+    r.set_budget(700 * PAGE).unwrap();
+    let s = after_the_pass(&r);
+    assert!(
+        s.copies_freed > 0 && s.clean_pages < clean.clean_pages,
+        "the clock freed copies: {s:?}"
+    );
+    // Every page written again (the freed ones through their protection), all but a few
+    // pushed out, and read back as last written.
+    for page in 0..PAGES {
+        write_page(words, page, 2);
+    }
+    r.set_budget(64 * PAGE).unwrap();
+    after_the_pass(&r);
+    for page in 0..PAGES {
+        check_page(words, page, 2).unwrap();
+    }
+}

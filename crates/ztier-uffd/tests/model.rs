@@ -8,7 +8,9 @@
 //! 16 and 64 KiB units, where a fault from the store brings in the stored pages after its
 //! own up to its unit's end, and the pages found all zeros between them (the model does
 //! too), and the store holds whole units. The region's refaults (pages brought back that
-//! had been evicted) are the model's.
+//! had been evicted) are the model's. Once more at each unit size with the store freeing
+//! copies once full (`free_copies_when_full`), which under a budget of every page is
+//! always: no page comes in clean, and each a read brings from the store frees its copy.
 
 mod common;
 
@@ -61,6 +63,16 @@ proptest! {
         unit in prop::sample::select(vec![16usize << 10, 64 << 10]),
     ) {
         run_model(&ops, unit)?;
+    }
+
+    /// With `free_copies_when_full` and a budget of every page, the store has no room: it
+    /// is always full, and every read brings its pages in dirty, their copies freed.
+    #[test]
+    fn a_region_whose_store_frees_copies_reads_back_as_its_model(
+        ops in proptest::collection::vec(op(), 1..120),
+        unit in prop::sample::select(vec![PAGE, 16 << 10, 64 << 10]),
+    ) {
+        run_model_with(&ops, unit, true)?;
     }
 }
 
@@ -451,11 +463,17 @@ fn the_cases_found_before_still_pass() {
 
 /// Runs `ops` on a region of `unit`-byte compression units against the model.
 fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
+    run_model_with(ops, unit, false)
+}
+
+/// [`run_model`], the region's store freeing copies once full if `frees_copies`.
+fn run_model_with(ops: &[Op], unit: usize, frees_copies: bool) -> Result<(), TestCaseError> {
     // Without fault-around, so the model knows which pages a read brings in.
     let unit_pages = (unit / PAGE) as u64;
     let config = ztier_uffd::RegionConfig {
         fault_around: 0,
         unit_size: unit,
+        free_copies_when_full: frees_copies,
         ..Default::default()
     };
     let Some(r) = region_with(PAGES as usize * PAGE, PAGES as usize * PAGE, &config) else {
@@ -463,7 +481,7 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
     };
     let words = r.words();
     let mut model = [0u64; PAGES as usize];
-    let mut at = Places::default();
+    let mut at = Places::new(frees_copies);
     // Pages brought back that had been evicted: from the store, or zeroed.
     let mut refaults = 0u64;
     let (mut evictions_clean, mut evictions_dirty) = (0u64, 0u64);
@@ -523,8 +541,8 @@ fn run_model(ops: &[Op], unit: usize) -> Result<(), TestCaseError> {
             prop_assert_eq!(s.mm_stat.orig_data_size, (stored + cleans) * PAGE as u64);
         }
         prop_assert_eq!(
-            (s.evictions_clean, s.evictions_dirty),
-            (evictions_clean, evictions_dirty),
+            (s.evictions_clean, s.evictions_dirty, s.copies_freed),
+            (evictions_clean, evictions_dirty, at.copies_freed),
             "{:?}",
             s
         );
@@ -554,19 +572,23 @@ struct Places {
     clean: [bool; PAGES as usize],
     /// Out because an evictor found it all zeros (not never written, not dropped).
     zeroed: [bool; PAGES as usize],
+    /// The store frees copies (always full: the budget holds every page), so no page comes
+    /// in clean; the copies it freed so, those of the pages reads brought in from it.
+    frees_copies: bool,
+    copies_freed: u64,
 }
 
-impl Default for Places {
-    fn default() -> Places {
+impl Places {
+    fn new(frees_copies: bool) -> Places {
         Places {
             out: [true; PAGES as usize],
             clean: [false; PAGES as usize],
             zeroed: [false; PAGES as usize],
+            frees_copies,
+            copies_freed: 0,
         }
     }
-}
 
-impl Places {
     /// What a touch of page `p` (a write's, or a read's) brings in, in the model, and how many
     /// of the pages it brings had been evicted (refaults): nothing if it is resident; else the
     /// page (from the store if it holds it: clean if read; zeros are not clean) and, on a region
@@ -574,8 +596,16 @@ impl Places {
     /// neither stored nor zeroed), which come in as it does, with the zeroed pages between
     /// them (not clean; none after the last stored one).
     fn fault_in(&mut self, p: u64, write: bool, unit_pages: u64, model: &[u64]) -> u64 {
-        let Places { out, clean, zeroed } = self;
+        let Places {
+            out,
+            clean,
+            zeroed,
+            frees_copies,
+            copies_freed,
+        } = self;
         let stored = |q: u64, out: &[bool]| out[q as usize] && model[q as usize] != 0;
+        let keeps_copy = !write && !*frees_copies;
+        let frees_copy = !write && *frees_copies;
         if !out[p as usize] {
             return 0;
         }
@@ -583,10 +613,11 @@ impl Places {
         let refault = u64::from(from_store || zeroed[p as usize]);
         out[p as usize] = false;
         zeroed[p as usize] = false;
-        clean[p as usize] = from_store && !write;
+        clean[p as usize] = from_store && keeps_copy;
         if !from_store {
             return refault;
         }
+        *copies_freed += u64::from(frees_copy);
         let unit_end = (p / unit_pages + 1) * unit_pages;
         let run_end = (p + 1..unit_end)
             .take_while(|&q| stored(q, out) || zeroed[q as usize])
@@ -594,7 +625,8 @@ impl Places {
             .last()
             .map_or(p + 1, |q| q + 1);
         for q in p + 1..run_end {
-            clean[q as usize] = stored(q, out) && !write;
+            *copies_freed += u64::from(stored(q, out) && frees_copy);
+            clean[q as usize] = stored(q, out) && keeps_copy;
             out[q as usize] = false;
             zeroed[q as usize] = false;
         }

@@ -47,6 +47,11 @@ pub struct UffdArgs {
     /// the savings/slowdown curve of the fixed budgets with the self-sized runs on it.
     #[arg(long, value_name = "FILE.svg", requires = "lookups")]
     pub plot: Option<std::path::PathBuf>,
+    /// With --lookups: every page read back keeps its copy in the store, however full the
+    /// store (by default the workload's regions free copies once the store holds copies of
+    /// half the pages the budget leaves out: ztier_uffd::RegionConfig::free_copies_when_full).
+    #[arg(long, requires = "lookups")]
+    pub keep_clean_copies: bool,
     /// The region's compression units (4K, 16K or 64K; RegionConfig::unit_size), a run
     /// each: a fault decompresses its page's unit once and brings the rest of it in. Then
     /// each unit larger than the page against the page: two regions, their sequential
@@ -325,6 +330,7 @@ fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
             if !args.stall_targets.is_empty() {
                 workload.stall_targets.clone_from(&args.stall_targets);
             }
+            workload.free_copies_when_full = !args.keep_clean_copies;
             let json = args.replay.json;
             let mut each_second = |budget: Budget, s: &ztier_replay::uffd_lookups::Second| {
                 if !json {
@@ -357,10 +363,14 @@ fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
 fn print_judgement(j: &LookupJudgement) {
     let mb = |b: f64| b / 1e6;
     println!(
-        "{}: {} pages, slowdown target {:.1} %",
+        "{}: {} pages, slowdown target {:.1} %, {}",
         j.corpus,
         j.pages,
-        j.slowdown * 100.0
+        j.slowdown * 100.0,
+        match j.free_copies_when_full {
+            true => "copies freed once the store is full",
+            false => "clean pages' copies kept",
+        }
     );
     println!("  budget           lookups/s   memory MB  resident pages  budget pages  stall %");
     for (i, r) in j.runs.iter().enumerate() {

@@ -15,16 +15,16 @@
 
 #define PAGE 4096
 
-/* The layout this test was written against: 83 fields of 8 bytes, the histogram at field 31
+/* The layout this test was written against: 84 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 83 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 84 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, stall_us) == 69 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, autosize_fault_overhead_ns) == 79 * 8, "a field");
-_Static_assert(offsetof(ztier_region_stats, vanished_pages) == 82 * 8, "the last field");
+_Static_assert(offsetof(ztier_region_stats, copies_freed) == 83 * 8, "the last field");
 _Static_assert(sizeof(ztier_region_autosize) == 7 * 8, "ztier_region_autosize's size");
 _Static_assert(sizeof(ztier_region_autosize_step) == 5 * 8, "a step's size");
 
@@ -206,21 +206,39 @@ int main(void) {
     ztier_region_destroy(r);
     ztier_region_destroy(NULL);
 
-    /* Told not to, a region makes none; a flag it does not know is refused. */
-    if (ztier_region_create_flags(LEN, BUDGET, 2) != NULL || errno != EINVAL) {
+    /* Told not to, a region makes none; a flag it does not know is refused. Told to, a
+     * region whose store is full (more than the budget went out) keeps no copy of a page
+     * read back. */
+    if (ztier_region_create_flags(LEN, BUDGET, 4) != NULL || errno != EINVAL) {
         fprintf(stderr, "an unknown flag was not refused with EINVAL\n");
         return 1;
     }
-    r = ztier_region_create_flags(LEN, BUDGET, ZTIER_REGION_NO_CPU_LATENCY_QOS);
+    r = ztier_region_create_flags(LEN, BUDGET,
+                                  ZTIER_REGION_NO_CPU_LATENCY_QOS |
+                                      ZTIER_REGION_FREE_COPIES_WHEN_FULL);
     if (r == NULL) {
         fprintf(stderr, "ztier_region_create_flags: %s\n", strerror(errno));
         return 1;
     }
     m = ztier_region_ptr(r);
-    m[0] = 1;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t p = 0; p < LEN / PAGE; p++)
+            for (size_t w = 0; w < words; w++) {
+                if (pass == 0)
+                    m[p * words + w] = word(p, w);
+                else if (m[p * words + w] != word(p, w)) {
+                    fprintf(stderr, "page %zu word %zu differs, copies freed\n", p, w);
+                    return 1;
+                }
+            }
     s.size = sizeof s;
     if (ztier_region_get_stats(r, &s) != 0 || s.cpu_latency_qos_usable || s.cpu_latency_qos_holds) {
         fprintf(stderr, "a region told to make no CPU latency request made one\n");
+        return 1;
+    }
+    if (s.copies_freed == 0 || s.faults == 0) {
+        fprintf(stderr, "a full store freed no copy: %llu faults, %llu clean pages\n",
+                (unsigned long long)s.faults, (unsigned long long)s.clean_pages);
         return 1;
     }
     ztier_region_destroy(r);
