@@ -154,9 +154,10 @@ typedef struct ztier_region_autosize_step {
 
 /* ztier_region_create_flags: make no CPU latency request while faults come. */
 #define ZTIER_REGION_NO_CPU_LATENCY_QOS 1u
-/* ztier_region_create_flags: once the store is full (copies of half the pages the budget
- * leaves out), pages read in come in without keeping their copies, and the clock frees the
- * copies of clean pages it passes (RegionConfig::free_copies_when_full; copies_freed). */
+/* ztier_region_create_flags: once the store is full (copies of more than half the pages the
+ * budget leaves out), pages read in come in without keeping their copies, and the clock
+ * frees the copies of the clean pages it gives a second chance; 4 KiB units only
+ * (RegionConfig::free_copies_when_full; copies_freed). */
 #define ZTIER_REGION_FREE_COPIES_WHEN_FULL 2u
 
 /* A region of `length` bytes (a whole number of pages) of which at most `budget` bytes

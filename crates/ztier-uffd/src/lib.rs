@@ -173,20 +173,21 @@
 //!
 //! **When the store is full** ([`RegionConfig::free_copies_when_full`]): a clean page's
 //! copy is memory beside the page itself, which a budget set to save memory does not want.
-//! The kernel keeps a page's swap slot after swap-in only while swap is less than half full
-//! (`vm_swap_full()`), and zswap, whose store is memory, never keeps it (exclusive loads).
-//! Told to, a region takes its store to be as large as the pages its budget leaves out and
-//! full once it holds copies of half that many, stored or clean (`Shared::frees_copies`);
-//! then a read fault brings its pages in dirty (their copies freed at once, counted in
-//! `copies_freed`), and the clock frees the copy of a clean page it gives a second chance,
-//! under the page's lock (vmscan's `folio_free_swap()` on activation; at page-sized units
-//! only, where the memory goes back at once). Such a page keeps its write protection: its
-//! first write is a fault that only lifts it. No compaction follows: the evictions that
-//! go on under a full store take the freed slots again (the pool held 1.05x its objects'
-//! bytes after a million copies freed at random: docs/diary.md, 2026-11-30). Under a
-//! budget that binds, the store is always full (the pages out alone are more than half
-//! its room), so a region evicting steadily keeps no second copies, and one that only
-//! rereads what went out once keeps them until it has read back half its room.
+//! The kernel keeps a page's swap slot after swap-in only while no more than half of swap
+//! is used (`vm_swap_full()`), and zswap, whose store is memory, never keeps it (exclusive
+//! loads). Told to, a region takes its store to be as large as the pages its budget leaves
+//! out and full once it holds copies of more than half that many, stored or clean
+//! (`Shared::frees_copies`; at page-sized units only, where a freed copy's memory goes
+//! back at once). Then a read fault brings its pages in dirty (their copies freed, counted
+//! in `copies_freed`), and the clock frees the copy of a clean page it gives a second
+//! chance and lifts its protection, under the page's lock (vmscan's `folio_free_swap()` on
+//! activation). A clean page the clock finds cold is evicted as before, its copy kept (it
+//! is the page's content). The copies grow only by dirty evictions: a region all of whose
+//! pages were written and whose budget binds has at least the room's worth out, so its
+//! store is full and no page it reads back keeps a copy. No compaction follows: the
+//! evictions that go on under a full store take the freed slots again (the pool held
+//! 1.05x its objects' bytes after a million copies freed at random: docs/diary.md,
+//! 2026-11-30).
 //!
 //! # Compression units
 //!

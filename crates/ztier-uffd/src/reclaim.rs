@@ -251,7 +251,7 @@ impl Shared {
             let state = self.table.state(page);
             if !state.cold() {
                 if state.referenced() {
-                    if state.clean() && self.unit_pages == 1 && self.frees_copies() {
+                    if state.clean() && self.frees_copies() {
                         self.free_clean_copy(page);
                     }
                     self.table.clear_referenced(page);
@@ -301,10 +301,9 @@ impl Shared {
 
     /// Frees the copy of clean page `page`, which the clock gives a second chance while the
     /// store is full (`Shared::frees_copies`): vmscan's `folio_free_swap()` for a page it
-    /// keeps when swap is full. The page stays write-protected, dirty now: its first write
-    /// is a fault that only lifts the protection. Only at page-sized units, where the copy's
-    /// memory goes back at once (a larger unit's would stay, stale, until the unit is
-    /// written again).
+    /// keeps when swap is full. The page is dirty from then on, and its write protection is
+    /// lifted under its lock, as a first write's fault would (`EAGAIN`, the address space
+    /// changing, leaves it protected: its first write is then a fault that only lifts it).
     fn free_clean_copy(&self, page: u64) {
         let _lock = self.table.lock(page);
         let state = self.table.state(page);
@@ -312,6 +311,9 @@ impl Shared {
             self.drop_stored(page, state);
             self.table.leave(page, state, state.dirtied());
             self.count(Count::CopiesFreed, 1);
+            let _ = self
+                .uffd
+                .writeprotect(self.page_addr(page), self.page_size as u64, false);
         }
     }
 

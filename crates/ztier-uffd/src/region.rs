@@ -185,13 +185,14 @@ pub struct RegionConfig {
     /// where each first write would cost a write-protect fault.
     pub clean_pages: bool,
     /// Whether clean pages' copies give way once the store is full, as the kernel frees a
-    /// swap slot once swap is half full (`vm_swap_full()`): the region's store is taken to
-    /// be as large as the pages its budget leaves out, and full once it holds copies of
-    /// half that many, stored or clean. From there a read fault brings its pages in dirty,
-    /// their copies freed (zswap's exclusive load), and the clock frees the copy of each
-    /// clean page it gives a second chance (vmscan's `folio_free_swap()` on activation):
-    /// under a budget, a page's two copies would cost memory the budget was set to save.
-    /// With no budget under the region's pages, no copy is kept at all. Off (the default),
+    /// swap slot once more than half of swap is used (`vm_swap_full()`): the region's store
+    /// is taken to be as large as the pages its budget leaves out, and full once it holds
+    /// copies of more than half that many, stored or clean. From there a read fault brings
+    /// its pages in dirty, their copies freed (zswap's exclusive load), and the clock frees
+    /// the copy of each clean page it gives a second chance (vmscan's `folio_free_swap()`
+    /// on activation): under a budget, a page's two copies cost memory the budget was set
+    /// to save. With no budget under the region's pages, no copy is kept at all. At
+    /// page-sized units only (a larger unit's object would stay whole). Off (the default),
     /// a page read in keeps its copy until it is written or dropped (module's "Clean
     /// pages").
     pub free_copies_when_full: bool,

@@ -476,13 +476,18 @@ impl Shared {
     }
 
     /// Whether copies of pages read in are freed now: the region frees them when its store
-    /// is full, and it is. The kernel's `vm_swap_full()` (swap at least half used), with
-    /// the store as large as the pages the budget leaves out: copies of at least half that
-    /// many pages, stored or clean (no room at all with no budget under the region's pages).
+    /// is full, and it is. The kernel's `vm_swap_full()` (more than half of swap used), with
+    /// the store as large as the pages the budget leaves out: copies of more than half that
+    /// many pages, stored or clean; with no budget under the region's pages, no room at all.
+    /// Only at page-sized units, where a freed copy's memory goes back at once: at larger
+    /// ones it is part of its unit's object, which a fault from the middle of the unit
+    /// would leave whole, and a freed page's next eviction would rewrite.
     pub(crate) fn frees_copies(&self) -> bool {
         let room = self.pages.saturating_sub(self.budget_pages.load(Relaxed));
+        let copies = self.table.stored() + self.table.clean();
         self.fault.free_copies_when_full
-            && (self.table.stored() + self.table.clean()).saturating_mul(2) >= room
+            && self.unit_pages == 1
+            && (room == 0 || copies.saturating_mul(2) > room)
     }
 
     pub(crate) fn over_budget(&self) -> bool {

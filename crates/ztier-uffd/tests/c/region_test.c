@@ -207,8 +207,8 @@ int main(void) {
     ztier_region_destroy(NULL);
 
     /* Told not to, a region makes none; a flag it does not know is refused. Told to, a
-     * region whose store is full (more than the budget went out) keeps no copy of a page
-     * read back. */
+     * region whose store is full (copies of more than half the pages the budget leaves out:
+     * here all of them are out) keeps no copy of a page read back. */
     if (ztier_region_create_flags(LEN, BUDGET, 4) != NULL || errno != EINVAL) {
         fprintf(stderr, "an unknown flag was not refused with EINVAL\n");
         return 1;
@@ -237,8 +237,8 @@ int main(void) {
         return 1;
     }
     if (s.copies_freed == 0 || s.faults == 0) {
-        fprintf(stderr, "a full store freed no copy: %llu faults, %llu clean pages\n",
-                (unsigned long long)s.faults, (unsigned long long)s.clean_pages);
+        fprintf(stderr, "a full store freed no copy: %llu faults, %llu copies freed\n",
+                (unsigned long long)s.faults, (unsigned long long)s.copies_freed);
         return 1;
     }
     ztier_region_destroy(r);
