@@ -4,7 +4,8 @@
 //! the figures everyone counts ([`Figures`]); how it is made (the userfaultfd opened and the
 //! ranges registered) and dropped (only what is still the region's unmapped); and the
 //! helpers the fault thread and the evictors both use: the gate taken for reading, the
-//! bell, the budget's marks. The fault thread's work is fault.rs, the evictors' reclaim.rs.
+//! bell, the budget's marks. The fault thread's work is fault.rs and fault_around.rs, the
+//! evictors' reclaim.rs.
 //!
 //! Lock order: lib.rs (and page_table.rs for `gate` and the page locks). `Evictors::manual`
 //! (the pad part of `Region::evict`) comes before `gate`; `FaultThread::serving` before the
@@ -100,6 +101,13 @@ pub(crate) enum FaultIn {
     Store = 0,
     Zeros = 1,
     Held = 2,
+}
+
+/// What became of a fault the fault thread took up.
+pub(crate) enum Served {
+    Done,
+    /// Not now: the address space is changing, or the budget is full.
+    Later,
 }
 
 /// How the fault thread serves (a region's `RegionConfig`, as far as the threads see it).

@@ -1,0 +1,299 @@
+//! Fault-around (the kernel's `do_fault_around()`, for a region's stored pages): a fault on
+//! a stored page brings in the stored pages after it too, up to a window that grows while
+//! faults follow on from where the last one's pages ended and shrinks when one does not;
+//! with larger units, at least to the end of the faulting page's unit, each unit read once.
+//!
+//! Invariants: the faulting page's lock is the caller's; the neighbours' locks are taken
+//! here, in page order, fewer than `STRIPES` pages from the faulting unit's first page (so
+//! their stripes are distinct), and held until each page's state says where its content
+//! is. A neighbour is brought in only if it is stored or an evictor found it all zeros; one
+//! empty for any other reason ends the run (lib.rs, "The eviction protocol"). The faulting
+//! page goes in first, which wakes its thread. Lock order: lib.rs.
+
+use std::time::Instant;
+
+use crate::page_state::{Kind, PageState};
+use crate::page_table::STRIPES;
+use crate::placement::involuntary_switches;
+use crate::shared::{Count, FaultIn, Served, Shared};
+
+/// The fault-around window: how many stored pages after a faulting one come in with it.
+/// It doubles while faults follow on from where the last one's pages ended (a sequential
+/// or clustered touch), up to the region's most (`RegionConfig::fault_around`), and halves
+/// when one does not.
+pub(crate) struct Around {
+    window: usize,
+    next: u64,
+    max: usize,
+    /// For a turn in which a fault brought neighbours in (at idle priority): whether its
+    /// copy of the faulting page took this thread's CPU (`getrusage`'s involuntary switches
+    /// across it). Such a turn says nothing by its next read (module `placement`,
+    /// "Following").
+    pub(crate) preempted_by_copy: Option<bool>,
+    /// When the fault thread began the call that wakes the last fault's thread (its page's
+    /// copy, before the neighbours'; the wake of a spurious fault; the protection lifted):
+    /// where its wait ends, for the stall clock. Taken before the call, not after: at idle
+    /// priority the woken thread takes this CPU inside the call, and this thread sees the
+    /// clock again only once that thread blocks.
+    pub(crate) woke_at: Option<Instant>,
+}
+
+impl Around {
+    pub(crate) fn new(max: usize) -> Around {
+        Around {
+            window: 0,
+            next: u64::MAX,
+            max,
+            preempted_by_copy: None,
+            woke_at: None,
+        }
+    }
+
+    pub(crate) fn window(&mut self, page: u64) -> usize {
+        self.window = if page == self.next {
+            (self.window * 2).max(1).min(self.max)
+        } else {
+            self.window / 2
+        };
+        self.window
+    }
+
+    pub(crate) fn served(&mut self, page: u64, pages: usize) {
+        self.next = page + pages as u64;
+    }
+}
+
+/// How a fault brings stored pages in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BringIn {
+    /// Write-protected, their copies kept in the store: a read, with clean pages on.
+    Clean,
+    /// Unprotected, their copies freed: a write, or clean pages off.
+    Dirty,
+    /// As `Dirty`, for a read: the store is full and frees copies (`Shared::frees_copies`),
+    /// counted in `RegionStats::copies_freed`.
+    DirtyStoreFull,
+}
+
+impl Shared {
+    /// Serves a fault on a stored page (locked by the caller), then as many of the stored pages
+    /// after it as the fault-around window takes (and the pages between them an evictor found
+    /// all zeros, as the zero page): with larger units, at least to the end of its unit, and
+    /// always to the end of a unit (each unit read is decompressed once, straight into `buf`,
+    /// and serves all of its pages the fault brings in). The faulting page goes in alone first,
+    /// after its unit's decompression, which wakes its thread; the neighbours follow, a copy
+    /// for each run of stored ones. `how` says whether they come in clean (write-protected,
+    /// their copies kept in the store) or dirty: unprotected, their copies discarded once
+    /// the copy is done (until then, under their locks, the store's
+    /// copy is what goes back if the copy fails: nothing to compress again; with larger units,
+    /// only units the fault brought in whole are discarded, the rest keep stale bytes:
+    /// `Shared::drop_stored`).
+    pub(crate) fn serve_stored(
+        &self,
+        page: u64,
+        buf: &mut [u8],
+        around: &mut Around,
+        how: BringIn,
+    ) -> Served {
+        let dirty = how != BringIn::Clean;
+        // The copies a full store frees, counted as they are.
+        let freed = |n: u64| {
+            if how == BringIn::DirtyStoreFull {
+                self.count(Count::CopiesFreed, n);
+            }
+        };
+        let ps = self.page_size;
+        let upp = self.unit_pages;
+        let window = around.window(page);
+        // Where the window ends: a unit's end (a page's, at page-sized units), within the
+        // region, and fewer than `STRIPES` pages from the first page of the faulting one's
+        // unit, so the stripes it locks are distinct (`STRIPES` is a whole number of units).
+        let base = page - page % upp;
+        let end = (page + 1 + window as u64)
+            .next_multiple_of(upp)
+            .min(base + STRIPES as u64)
+            .min(self.pages);
+        // The neighbours' stripes: the fault thread may hold several, taken in page order; an
+        // evictor holding several waits for none after its first (lib.rs's lock order). The
+        // neighbours are stored pages and the pages between them an evictor found all zeros
+        // (each maps the zero page in this fault): a run stopped at a zero page would leave
+        // the rest of its unit to a fault that decompresses the unit again. The run ends at
+        // its last stored page. A page empty for any other reason stops it: one the program
+        // dropped may still be mapped until the kernel zaps it, after the fault thread read
+        // the drop's event (lib.rs, "The eviction protocol"), and a zero page mapped there
+        // meanwhile would be zapped with it, leaving the page resident in the table with
+        // nothing mapped; an evictor unmapped a zeroed page itself, under the page's lock.
+        let mut guards = Vec::new();
+        let mut states = Vec::new();
+        let mut through = 0;
+        while page + 1 + (states.len() as u64) < end {
+            let next = page + 1 + states.len() as u64;
+            let g = self.table.lock(next);
+            let state = self.table.state(next);
+            if !(state.is(Kind::Stored) || state.is(Kind::Empty) && state.zeroed()) {
+                break;
+            }
+            guards.push(g);
+            states.push(state);
+            if state.is(Kind::Stored) {
+                through = states.len();
+            }
+        }
+        guards.truncate(through);
+        states.truncate(through);
+        let n = 1 + through;
+        // Page `q` of the units read is at `at(q)` in `buf`, from the faulting page's unit on.
+        let at = |q: u64| (q - base) as usize * ps;
+        let unit_bytes = upp as usize * ps;
+        self.count(Count::StoreReads, 1);
+        if let Err(e) = self.device.read_unit(base / upp, &mut buf[..unit_bytes]) {
+            self.note_error(format!("page {page}: {e}"));
+            if self.uffd.poison(self.page_addr(page), ps as u64).is_ok() {
+                self.count(Count::Poisoned, 1);
+            }
+            return Served::Done;
+        }
+        let clean = !dirty;
+        // The faulting page comes in referenced; its neighbours without a second chance:
+        // cold unless touched.
+        let (faulted_in, around_in) = (
+            PageState::resident(true, clean),
+            PageState::resident(false, clean),
+        );
+        // In before the copy, which lets the faulting thread run on: what it reads of the
+        // region's figures then includes its own fault. Taken back if the copy fails.
+        self.count_fault_in(FaultIn::Store);
+        self.table.leave(page, PageState::STORED, faulted_in);
+        // Only where it tells the fault thread something, and costs little beside the
+        // neighbours' decompression: a system call.
+        let switches =
+            (n > 1 && self.fault.placement.at_idle_priority()).then(involuntary_switches);
+        around.woke_at = Some(Instant::now());
+        let copied = self
+            .uffd
+            .copy_run(self.page_addr(page), &buf[at(page)..at(page) + ps], !dirty)
+            .1;
+        if let Some(before) = switches {
+            around.preempted_by_copy = Some(involuntary_switches() != before);
+        }
+        match copied {
+            Ok(()) => {
+                if dirty {
+                    self.drop_stored(page, PageState::STORED);
+                    freed(1);
+                }
+            }
+            Err(libc::EEXIST) => {
+                // Present already: what the program sees is that page, which is not one of
+                // ours and not protected: not clean, and the stored copy is stale. Nothing
+                // came in: a spurious fault, not a refault.
+                self.take_back_fault_in(FaultIn::Store);
+                self.count(Count::SpuriousFaults, 1);
+                self.drop_stored(page, PageState::STORED);
+                self.table.leave(page, faulted_in, faulted_in.dirtied());
+                self.uffd.wake(self.page_addr(page), ps as u64);
+                around.served(page, 1);
+                return Served::Done;
+            }
+            Err(e) => {
+                self.take_back_fault_in(FaultIn::Store);
+                self.table.leave(page, faulted_in, PageState::STORED);
+                around.served(page, 1);
+                return match e {
+                    libc::EAGAIN => Served::Later,
+                    // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
+                    // process is exiting.
+                    _ => Served::Done,
+                };
+            }
+        }
+        // The neighbours' units after the faulting page's, read while the faulting thread
+        // runs on (a unit none of whose stored pages are in the run is not read): pages
+        // before `ready` are in `buf`.
+        let first = page + 1;
+        let last = page + n as u64;
+        let state_of = |q: u64| states[(q - first) as usize];
+        let mut ready = (base + upp).min(last);
+        while ready < last {
+            let unit_end = (ready + upp).min(last);
+            if (ready..unit_end).any(|q| state_of(q).is(Kind::Stored)) {
+                self.count(Count::StoreReads, 1);
+                let unit = &mut buf[at(ready)..at(ready) + unit_bytes];
+                if let Err(e) = self.device.read_unit(ready / upp, unit) {
+                    self.note_error(format!("page {ready}: {e}"));
+                    break;
+                }
+            }
+            ready = unit_end;
+        }
+        // A stored neighbour comes in clean or not, as the faulting page; a zeroed one as the
+        // zero page, with no copy anywhere.
+        let zero_in = PageState::resident(false, false);
+        let brought_as = |state: PageState| match state.is(Kind::Stored) {
+            true => around_in,
+            false => zero_in,
+        };
+        let read = (ready - first) as usize;
+        for k in 0..read as u64 {
+            let state = state_of(first + k);
+            self.table.leave(first + k, state, brought_as(state));
+        }
+        // In runs of stored pages (one copy each) and of zeroed ones (the zero page, a page
+        // at a time: such runs are short), until one fails.
+        let mut installed = 0;
+        while installed < read {
+            let start = first + installed as u64;
+            let stored = state_of(start).is(Kind::Stored);
+            let run = (start..first + read as u64)
+                .take_while(|&q| state_of(q).is(Kind::Stored) == stored)
+                .count();
+            let (done, outcome) = if stored {
+                let (done, outcome) = self.uffd.copy_run(
+                    self.page_addr(start),
+                    &buf[at(start)..at(start) + run * ps],
+                    !dirty,
+                );
+                (done / ps, outcome)
+            } else {
+                let outcome = self.uffd.zeropage(self.page_addr(start), ps as u64);
+                (usize::from(outcome.is_ok()), outcome)
+            };
+            if stored && dirty {
+                for q in start..start + done as u64 {
+                    self.drop_stored(q, PageState::STORED);
+                }
+                freed(done as u64);
+            }
+            // All of them refaults (`RegionStats::refaults` counts fault-around pages).
+            self.count(Count::FaultAround, done as u64);
+            installed += done;
+            if let Err(e) = outcome {
+                if e == libc::EEXIST && installed < read {
+                    // As for the faulting page: present, not ours, not clean; a stored
+                    // copy is stale.
+                    let p = first + installed as u64;
+                    let state = state_of(p);
+                    self.drop_stored(p, state);
+                    self.table
+                        .leave(p, brought_as(state), brought_as(state).dirtied());
+                    self.uffd.wake(self.page_addr(p), ps as u64);
+                    installed += 1;
+                }
+                break;
+            }
+        }
+        // The pages not installed: as they were (a stored one's copy is still in the store).
+        for k in installed..read {
+            let p = first + k as u64;
+            let state = state_of(p);
+            self.table.leave(p, brought_as(state), state);
+        }
+        if dirty {
+            // The units brought in whole, all locked here and none with a copy any more.
+            self.discard_unused_units(page..first + installed as u64, true);
+        }
+        around.served(page, installed + 1);
+        drop(guards);
+        Served::Done
+    }
+}
