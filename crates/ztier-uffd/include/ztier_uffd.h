@@ -156,7 +156,7 @@ typedef struct ztier_region_autosize_step {
 #define ZTIER_REGION_NO_CPU_LATENCY_QOS 1u
 /* ztier_region_create_flags: once the store is full (copies of more than half the pages the
  * budget leaves out), pages read in come in without keeping their copies, and the clock
- * frees the copies of the clean pages it gives a second chance; 4 KiB units only
+ * frees the copies of the clean pages it gives a second chance; page-sized units only
  * (RegionConfig::free_copies_when_full; copies_freed). */
 #define ZTIER_REGION_FREE_COPIES_WHEN_FULL 2u
 

@@ -6,8 +6,9 @@
 //! Invariants: the faulting page's lock is the caller's; the neighbours' locks are taken
 //! here, in page order, fewer than `STRIPES` pages from the faulting unit's first page (so
 //! their stripes are distinct), and held until each page's state says where its content
-//! is. A neighbour is brought in only if it is stored or an evictor found it all zeros; one
-//! empty for any other reason ends the run (lib.rs, "The eviction protocol"). The faulting
+//! is. A neighbour is brought in only if it is stored or an evictor found it all zeros; any
+//! other page ends the run (lib.rs, "The eviction protocol"), which ends at its last stored
+//! page. The faulting
 //! page goes in first, which wakes its thread. Lock order: lib.rs.
 
 use std::time::Instant;
@@ -49,7 +50,7 @@ impl Around {
         }
     }
 
-    pub(crate) fn window(&mut self, page: u64) -> usize {
+    fn window(&mut self, page: u64) -> usize {
         self.window = if page == self.next {
             (self.window * 2).max(1).min(self.max)
         } else {
@@ -58,7 +59,7 @@ impl Around {
         self.window
     }
 
-    pub(crate) fn served(&mut self, page: u64, pages: usize) {
+    fn served(&mut self, page: u64, pages: usize) {
         self.next = page + pages as u64;
     }
 }

@@ -183,9 +183,14 @@
 //! in `copies_freed`), and the clock frees the copy of a clean page it gives a second
 //! chance and lifts its protection, under the page's lock (vmscan's `folio_free_swap()` on
 //! activation). A clean page the clock finds cold is evicted as before, its copy kept (it
-//! is the page's content). The copies grow only by dirty evictions: a region all of whose
-//! pages were written and whose budget binds has at least the room's worth out, so its
-//! store is full and no page it reads back keeps a copy. No compaction follows: the
+//! is the page's content). A write already waiting on a page whose copy the clock frees is
+//! woken by the lift; its fault, served later, finds the page present and dirty (the
+//! protection only lifted again) or out, and brings it in dirty from what its eviction
+//! took: no write is lost, and no freed copy is read. The copies grow only by dirty evictions: on a region all of whose
+//! pages were written, the pages out are the room's worth less what runs past the budget
+//! before the reclaim thread catches up (its margin and a fault-around window, at most
+//! 191 pages) and the zero pages, so a budget more than a few hundred pages under every
+//! page keeps its store full, and the pages it reads back no second copies. No compaction follows: the
 //! evictions that go on under a full store take the freed slots again (the pool held
 //! 1.05x its objects' bytes after a million copies freed at random: docs/diary.md,
 //! 2026-11-30).

@@ -304,7 +304,11 @@ impl Shared {
     /// keeps when swap is full. The page is dirty from then on, and its write protection is
     /// lifted under its lock, as a first write's fault would (`EAGAIN`, the address space
     /// changing, leaves it protected: its first write is then a fault that only lifts it).
+    /// Under `gate`, as every call on an address of the region outside the fault thread:
+    /// between the fault thread's read of an unmap or a move and its handling, the address
+    /// may already be another mapping's (lib.rs, "The eviction protocol").
     fn free_clean_copy(&self, page: u64) {
+        let _gate = self.gate_read();
         let _lock = self.table.lock(page);
         let state = self.table.state(page);
         if state.clean() {

@@ -192,8 +192,8 @@ pub struct RegionConfig {
     /// its pages in dirty, their copies freed (zswap's exclusive load), and the clock frees
     /// the copy of each clean page it gives a second chance (vmscan's `folio_free_swap()`
     /// on activation): under a budget, a page's two copies cost memory the budget was set
-    /// to save. With no budget under the region's pages, no copy is kept at all. At
-    /// page-sized units only (a larger unit's object would stay whole). Off (the default),
+    /// to save. With no budget under the region's pages, no page read back keeps its copy.
+    /// At page-sized units only (a larger unit's object would stay whole). Off (the default),
     /// a page read in keeps its copy until it is written or dropped (module's "Clean
     /// pages").
     pub free_copies_when_full: bool,

@@ -207,7 +207,7 @@ fn after_the_pass(r: &ztier_uffd::Region) -> ztier_uffd::RegionStats {
     }
 }
 
-/// With `free_copies_when_full`, a store that holds copies of at least half the pages the
+/// With `free_copies_when_full`, a store that holds copies of more than half the pages the
 /// budget leaves out is full (the kernel's `vm_swap_full()`): every page read back then
 /// comes in without keeping its copy, so the store holds the pages that are out and nothing
 /// more, and no eviction is a clean one.
@@ -285,8 +285,8 @@ fn a_store_with_room_keeps_the_copies_of_pages_read_back() {
 }
 
 /// ... and once the store is full, the clock frees the copy of each clean page it gives a
-/// second chance: such a page stays write-protected, and its next write (a fault that only
-/// lifts the protection) is what the store gets when it goes out again.
+/// second chance and lifts its protection: such a page is dirty, and what it holds when it
+/// goes out again is compressed anew.
 #[test]
 fn the_clock_frees_the_copies_of_clean_pages_once_the_store_is_full() {
     const PAGES: u64 = 1024;
