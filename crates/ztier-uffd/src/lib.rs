@@ -223,10 +223,11 @@
 //!
 //! # Lock order
 //! `gate` (the fault thread's write while it reads and handles messages, and while it is
-//! parked in its blocking read; an evictor's read while it checks pages and moves them,
-//! and `stats()`'s, each taken through `gate_read`, which rings a parked fault thread out
-//! first: the ring waits for the fault thread's next read, and its callers hold no lock the
-//! fault thread takes before that read) → the page locks (`PageTable`, `page % STRIPES`) →
+//! parked in its blocking read; an evictor's read while it checks pages and moves them or
+//! frees a clean page's copy and lifts its protection, and `stats()`'s, each taken through
+//! `gate_read`, which rings a parked fault thread out first: the ring waits for the fault
+//! thread's next read, and its callers hold no lock the fault thread takes before that
+//! read) → the page locks (`PageTable`, `page % STRIPES`) →
 //! the zram device's own locks, and the held copies (a leaf). Page locks, several at once:
 //! the fault thread takes a faulting page's and then its fault-around neighbours' in page
 //! order, waiting for each (and, holding none, all of a unit's in page order to discard
