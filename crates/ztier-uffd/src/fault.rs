@@ -460,10 +460,10 @@ impl Shared {
         if state.is(Kind::Stored) {
             let how = if f.write || !self.fault.clean_pages {
                 BringIn::Dirty
-            } else if self.keeps_clean_copies() {
-                BringIn::Clean
-            } else {
+            } else if self.frees_copies() {
                 BringIn::DirtyStoreFull
+            } else {
+                BringIn::Clean
             };
             return self.serve_stored(page, buf, around, how);
         }

@@ -477,12 +477,6 @@ impl Shared {
         }
     }
 
-    /// Whether a page read in now keeps its copy in the store: clean pages on, and the
-    /// store not full where full stores free copies (`RegionConfig::free_copies_when_full`).
-    pub(crate) fn keeps_clean_copies(&self) -> bool {
-        self.fault.clean_pages && !self.frees_copies()
-    }
-
     /// Whether copies of pages read in are freed now: the region frees them when its store
     /// is full, and it is. The kernel's `vm_swap_full()` (more than half of swap used), with
     /// the store as large as the pages the budget leaves out: copies of more than half that

@@ -207,6 +207,26 @@ fn after_the_pass(r: &ztier_uffd::Region) -> ztier_uffd::RegionStats {
     }
 }
 
+/// A region of `pages` whose store frees copies once full, under a budget of `budget`
+/// pages, with its first `written` pages written (version 1) and the pass that started
+/// over: the region and its figures then. `None` where the region may not be made.
+fn freeing_region(
+    pages: u64,
+    budget: u64,
+    written: u64,
+) -> Option<(common::Guarded, ztier_uffd::RegionStats)> {
+    let config = ztier_uffd::RegionConfig {
+        free_copies_when_full: true,
+        ..Default::default()
+    };
+    let r = region_with(pages as usize * PAGE, budget as usize * PAGE, &config)?;
+    for page in 0..written {
+        write_page(r.words(), page, 1);
+    }
+    let s = after_the_pass(&r);
+    Some((r, s))
+}
+
 /// With `free_copies_when_full`, a store that holds copies of more than half the pages the
 /// budget leaves out is full (the kernel's `vm_swap_full()`): every page read back then
 /// comes in without keeping its copy, so the store holds the pages that are out and nothing
@@ -215,18 +235,10 @@ fn after_the_pass(r: &ztier_uffd::Region) -> ztier_uffd::RegionStats {
 fn a_full_store_keeps_no_second_copy_of_a_page_read_back() {
     const PAGES: u64 = 1024;
     const BUDGET: u64 = 256;
-    let config = ztier_uffd::RegionConfig {
-        free_copies_when_full: true,
-        ..Default::default()
-    };
-    let Some(r) = region_with(PAGES as usize * PAGE, BUDGET as usize * PAGE, &config) else {
+    let Some((r, _)) = freeing_region(PAGES, BUDGET, PAGES) else {
         return;
     };
     let words = r.words();
-    for page in 0..PAGES {
-        write_page(words, page, 1);
-    }
-    after_the_pass(&r);
     // Three quarters of the pages are out, always more than half of the store's room.
     for _ in 0..2 {
         for page in 0..PAGES {
@@ -256,18 +268,10 @@ fn a_store_with_room_keeps_the_copies_of_pages_read_back() {
     // out, and the copies grow only by evictions of pages not read back: well under the 256
     // that fill half of it.
     const WRITTEN: u64 = 560;
-    let config = ztier_uffd::RegionConfig {
-        free_copies_when_full: true,
-        ..Default::default()
-    };
-    let Some(r) = region_with(PAGES as usize * PAGE, BUDGET as usize * PAGE, &config) else {
+    let Some((r, before)) = freeing_region(PAGES, BUDGET, WRITTEN) else {
         return;
     };
     let words = r.words();
-    for page in 0..WRITTEN {
-        write_page(words, page, 1);
-    }
-    let before = after_the_pass(&r);
     assert!(
         (before.stored_pages + before.clean_pages) * 2 < PAGES - BUDGET,
         "{before:?}"
@@ -290,21 +294,13 @@ fn a_store_with_room_keeps_the_copies_of_pages_read_back() {
 #[test]
 fn the_clock_frees_the_copies_of_clean_pages_once_the_store_is_full() {
     const PAGES: u64 = 1024;
-    let config = ztier_uffd::RegionConfig {
-        free_copies_when_full: true,
-        ..Default::default()
-    };
-    let Some(r) = region_with(PAGES as usize * PAGE, 8 * PAGE, &config) else {
-        return;
-    };
-    let words = r.words();
     // Nearly all of 300 pages out, then read back under a budget that holds them all and
     // leaves room for 624 pages: copies of under 300 are under half of it, so they come
     // back clean, each faulted in since the clock last passed it.
-    for page in 0..300 {
-        write_page(words, page, 1);
-    }
-    after_the_pass(&r);
+    let Some((r, _)) = freeing_region(PAGES, 8, 300) else {
+        return;
+    };
+    let words = r.words();
     r.set_budget(400 * PAGE).unwrap();
     for page in 0..300 {
         check_page(words, page, 1).unwrap();
