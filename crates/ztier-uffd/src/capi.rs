@@ -87,6 +87,7 @@ pub struct CStats {
     unreported_moves: u64,
     vanished_pages: u64,
     copies_freed: u64,
+    fault_hold_pages: u64,
 }
 
 /// `ztier_region_autosize`: `AutosizeConfig` for C.
@@ -117,7 +118,7 @@ const _: () = assert!(size_of::<CAutosize>() == 7 * 8 && size_of::<CAutosizeStep
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 84 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 85 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -416,6 +417,7 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         unreported_moves: s.unreported_moves,
         vanished_pages: s.vanished_pages,
         copies_freed: s.copies_freed,
+        fault_hold_pages: s.fault_hold_pages,
     }
 }
 

@@ -59,6 +59,12 @@ pub struct RegionStats {
     /// ([`RegionConfig::free_copies_when_full`]): pages a read fault brought in dirty, and
     /// clean pages whose copy the clock freed as it gave them a second chance.
     pub copies_freed: u64,
+    /// Where faults that bring pages in wait for the reclaim thread (counted in
+    /// [`deferred_faults`](Self::deferred_faults)): resident pages past the budget by its
+    /// margin, or, while the budget sizes itself, past its cap by the cap's margin (below
+    /// its cap a self-sized budget is what the reclaim thread evicts to, not a limit a
+    /// fault waits on).
+    pub fault_hold_pages: u64,
     /// Pages dropped with a copy in the store: `evictions_dirty + evictions_clean`.
     pub evictions: u64,
     /// Evictions that compressed the page and wrote it to the store.
@@ -489,6 +495,8 @@ impl Region {
             Some(c) => start_autosize(&self.shared, &c)?,
             None => {
                 *self.shared.autosize.lock() = None;
+                self.shared.hold_at_least_pages.store(0, Relaxed);
+                self.shared.fault.waker.wake();
                 self.shared
                     .stall
                     .set_fault_overhead(std::time::Duration::ZERO);
@@ -554,6 +562,7 @@ impl Region {
             stored_pages: sh.table.stored(),
             clean_pages: sh.table.clean(),
             copies_freed: c(Count::CopiesFreed),
+            fault_hold_pages: sh.fault_hold_above(),
             held_pages: sh.table.held_pages(),
             faults: sh.fault_ins(FaultIn::Store),
             zero_faults: sh.fault_ins(FaultIn::Zeros),
@@ -682,7 +691,9 @@ fn start_autosize(sh: &Shared, config: &AutosizeConfig) -> Result<()> {
     let mut autosize = sh.autosize.lock();
     let budget = sh.budget_pages.load(Relaxed);
     sh.budget_pages.store(limits.clamp(budget), Relaxed);
+    sh.hold_at_least_pages.store(limits.cap_pages, Relaxed);
     *autosize = Some(controller);
+    sh.fault.waker.wake();
     Ok(())
 }
 

@@ -142,6 +142,11 @@ pub(crate) struct Shared {
     pub(crate) unit_pages: u64,
     pub(crate) table: PageTable,
     pub(crate) budget_pages: AtomicU64,
+    /// While the budget sizes itself, its cap (pages): faults are held back only past the
+    /// cap, so that a budget the controller lowered is a reclaim target (TMO's
+    /// `memory.reclaim`), not a limit a new phase's hot set waits on (`memory.high`); 0
+    /// otherwise (faults held at the budget).
+    pub(crate) hold_at_least_pages: AtomicU64,
     /// The time faults waited (the region's own PSI "some"): written by the fault thread.
     pub(crate) stall: StallClock,
     /// The controller of a budget that sizes itself, if it does (autosize.rs): a leaf,
@@ -311,6 +316,7 @@ impl Shared {
                 source: io::ErrorKind::OutOfMemory.into(),
             })?,
             budget_pages: AtomicU64::new((budget / page_size) as u64),
+            hold_at_least_pages: AtomicU64::new(0),
             stall: StallClock::new(),
             autosize: Mutex::new(None),
             fault: FaultThread {
@@ -543,12 +549,16 @@ impl Shared {
     }
 
     /// Where the fault thread holds faults that bring pages in, while the reclaim thread is
-    /// making progress: resident pages past the budget by its margin. A fault served under
-    /// it may still bring in its page and a fault-around window (`RegionConfig::fault_around`
-    /// pages more, `MAX_AROUND` by default).
+    /// making progress: resident pages past the budget (or, while the budget sizes itself,
+    /// its cap) by its margin. A fault served under it may still bring in its page and a
+    /// fault-around window (`RegionConfig::fault_around` pages more, `MAX_AROUND` by
+    /// default).
     pub(crate) fn fault_hold_above(&self) -> u64 {
-        let budget = self.budget_pages.load(Relaxed);
-        budget.saturating_add(Shared::budget_margin(budget))
+        let limit = self
+            .budget_pages
+            .load(Relaxed)
+            .max(self.hold_at_least_pages.load(Relaxed));
+        limit.saturating_add(Shared::budget_margin(limit))
     }
 
     pub(crate) fn wake_reclaim_if_over(&self) {

@@ -15,22 +15,24 @@
 
 #define PAGE 4096
 
-/* The layout this test was written against: 84 fields of 8 bytes, the histogram at field 31
+/* The layout this test was written against: 85 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 84 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 85 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, stall_us) == 69 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, autosize_fault_overhead_ns) == 79 * 8, "a field");
-_Static_assert(offsetof(ztier_region_stats, copies_freed) == 83 * 8, "the last field");
+_Static_assert(offsetof(ztier_region_stats, copies_freed) == 83 * 8, "a field");
+_Static_assert(offsetof(ztier_region_stats, fault_hold_pages) == 84 * 8, "the last field");
 _Static_assert(sizeof(ztier_region_autosize) == 7 * 8, "ztier_region_autosize's size");
 _Static_assert(sizeof(ztier_region_autosize_step) == 5 * 8, "a step's size");
 
 /* The budget left to size itself under a cap of 4 MiB with a floor of 1 MiB, steps every
- * 10 ms: a bad config refused, then steps kept, each within the limits, then stopped. 0:
- * passed. */
+ * 10 ms: a bad config refused, then steps kept, each within the limits, faults held only
+ * past the cap (and its margin of a sixteenth), then stopped, faults held past the budget
+ * again. 0: passed. */
 static int autosize(ztier_region *r) {
     ztier_region_autosize c;
     ztier_region_autosize_defaults(&c, 4u << 20);
@@ -72,19 +74,23 @@ static int autosize(ztier_region *r) {
     if (ztier_region_get_stats(r, &s) != 0 || s.autosize_cap_pages != 1024 ||
         s.autosize_floor_pages != 256 || s.autosize_steps < kept || s.budget_pages > 1024 ||
         s.budget_pages < 256 || s.autosize_state == 0 || s.autosize_fault_overhead_ns == 0 ||
-        s.autosize_fault_overhead_ns > 10 * 1000 * 1000) {
+        s.autosize_fault_overhead_ns > 10 * 1000 * 1000 || s.fault_hold_pages != 1024 + 64) {
         fprintf(stderr,
-                "autosize figures: cap %llu floor %llu steps %llu budget %llu overhead %llu ns\n",
+                "autosize figures: cap %llu floor %llu steps %llu budget %llu overhead %llu ns, "
+                "faults held past %llu\n",
                 (unsigned long long)s.autosize_cap_pages,
                 (unsigned long long)s.autosize_floor_pages,
                 (unsigned long long)s.autosize_steps, (unsigned long long)s.budget_pages,
-                (unsigned long long)s.autosize_fault_overhead_ns);
+                (unsigned long long)s.autosize_fault_overhead_ns,
+                (unsigned long long)s.fault_hold_pages);
         return 1;
     }
     s.size = sizeof s;
     if (ztier_region_set_autosize(r, NULL) != 0 || ztier_region_get_stats(r, &s) != 0 ||
-        s.autosize_state != 0 || ztier_region_autosize_history(r, steps, 8) != 0) {
-        fprintf(stderr, "the controller did not stop\n");
+        s.autosize_state != 0 || ztier_region_autosize_history(r, steps, 8) != 0 ||
+        s.fault_hold_pages != s.budget_pages + s.budget_pages / 16) {
+        fprintf(stderr, "the controller did not stop (faults held past %llu, budget %llu)\n",
+                (unsigned long long)s.fault_hold_pages, (unsigned long long)s.budget_pages);
         return 1;
     }
     return 0;
