@@ -103,6 +103,9 @@ pub enum ReplayError {
     },
     #[error("threads and ops must be above zero")]
     NoThreadsOrOps,
+    /// A lookup workload (uffd_lookups.rs) whose phases cannot be drawn from.
+    #[error("the lookup workload: {0}")]
+    BadWorkload(&'static str),
     #[error("{threads} threads for {pages} pages: each thread needs a page at least")]
     FewerPagesThanThreads { threads: usize, pages: usize },
     /// The memory behind a swap device the replay made could not be had.

@@ -1,12 +1,14 @@
 //! A lookup service over a region, to judge a budget that sizes itself against the best fixed one (
 //! `ztier bench uffd --lookups SECONDS`): a corpus's pages kept in a region, one thread
-//! serving lookups whose keys follow a zipf law over ranks, a rank's page given by a
-//! bijection of the pages shifted by the phase's offset, so that the hot set drifts (the
-//! offset moves a little each second) and jumps (each phase starts at a new offset, with
-//! its own skew: phases whose hot sets differ in size). A lookup folds `lookup_bytes` of its
-//! page `rounds` times (the work a service does with what it looked up, sized so that a
-//! fault, whose cost docs/diary.md's region entries give, costs a few lookups, not
-//! hundreds) and checks one word against the corpus.
+//! serving lookups. Each phase has a hot set of its own size (a share of the pages) and
+//! skew: a lookup's key follows a zipf law over the hot set's ranks, a rank's page given by
+//! a bijection of the pages shifted by the phase's offset, so that the hot set drifts (the
+//! offset moves a little each second) and jumps (each phase starts at a new offset). A few
+//! lookups (`cold_share` of them) go to any page, uniformly: the rest of the memory is cold,
+//! not dead, as a service's memory is (its captures' idle pages are read again, rarely). A
+//! lookup folds `lookup_bytes` of its page `rounds` times (the work a service does with what
+//! it looked up, sized so that a fault, whose cost docs/diary.md's region entries give,
+//! costs a few lookups, not hundreds) and checks one word against the corpus.
 //!
 //! The same lookups (the same seed) run with the whole corpus resident (the baseline), at
 //! each fixed budget of a sweep, and with the budget sizing itself from a stall target
@@ -44,10 +46,16 @@ pub struct Lookups {
     /// Seconds measured a run, after the warm-up.
     pub seconds: u64,
     pub warmup_seconds: u64,
-    /// Seconds a phase lasts: each starts its hot set at a new place, with the next skew.
+    /// Seconds a phase lasts: each starts its hot set at a new place, with the next skew
+    /// and hot set.
     pub phase_seconds: u64,
     /// The zipf exponent of each phase, in turn.
     pub skews: Vec<f64>,
+    /// The size of each phase's hot set, a share of the pages (over 0, at most 1), in turn
+    /// (phase `k` takes `skews[k % skews.len()]` and `hot_shares[k % hot_shares.len()]`).
+    pub hot_shares: Vec<f64>,
+    /// The share of lookups that go to any page, uniformly, rather than to the hot set.
+    pub cold_share: f64,
     /// How far the hot set drifts a second, a share of the pages.
     pub drift: f64,
     /// Bytes of its page a lookup reads (a multiple of 8, at most a page).
@@ -69,9 +77,10 @@ pub struct Lookups {
 }
 
 impl Lookups {
-    /// The judging run: 1 % slowdown target; phases of 10 s with skews 1.2, 0.9,
-    /// 1.1, 0.8; the hot set drifting 0.2 % of the pages a second; a lookup folds its whole
-    /// page 8 times; fixed budgets from 97 % down to 10 %.
+    /// The judging run: 1 % slowdown target; phases of 10 s with skews 1.2, 0.9, 1.1, 0.8
+    /// over hot sets of 50 %, 30 %, 60 % and 40 % of the pages; one lookup in 10 000 to any
+    /// page; the hot set drifting 0.2 % of the pages a second; a lookup folds its whole page
+    /// 8 times; fixed budgets from 97 % down to 10 %.
     pub fn new(algorithm: Algorithm, seconds: u64) -> Lookups {
         let mut autosize = AutosizeConfig::with_cap(0);
         autosize.shrink_step = 0.05;
@@ -82,6 +91,8 @@ impl Lookups {
             warmup_seconds: 5,
             phase_seconds: 10,
             skews: vec![1.2, 0.9, 1.1, 0.8],
+            hot_shares: vec![0.5, 0.3, 0.6, 0.4],
+            cold_share: 0.0001,
             drift: 0.002,
             lookup_bytes: PAGE,
             rounds: 8,
@@ -153,7 +164,16 @@ pub struct LookupJudgement {
     pub warmup_seconds: u64,
     /// Whether the runs' stores freed copies once full (`Lookups::free_copies_when_full`).
     pub free_copies_when_full: bool,
-    /// The fixed run with the least memory within the slowdown of the baseline: its index
+    /// What every slowdown is against: the mean throughput of the every-page run, made
+    /// first (`runs[0]`) and again after every other run.
+    pub baseline_lookups_per_s: f64,
+    /// Those two runs' lookups a second, the first and the last.
+    pub every_page_runs_lookups_per_s: [f64; 2],
+    /// How far they differ, a share of their mean: the noise this machine put between two
+    /// runs of the same budget, to read each slowdown beside.
+    pub baseline_spread: f64,
+    /// The fixed run with the least memory within the slowdown of the baseline (the
+    /// every-page runs' mean): its index
     /// in `runs`; `None` if none was.
     pub oracle: Option<usize>,
     /// Memory the oracle saved against the baseline's, bytes.
@@ -167,7 +187,8 @@ pub struct LookupJudgement {
 pub struct SelfSized {
     /// Its index in `runs`.
     pub run: usize,
-    /// Its slowdown against the baseline (1 - its throughput over the baseline's).
+    /// Its slowdown against the baseline (1 - its throughput over the every-page runs'
+    /// mean).
     pub slowdown: f64,
     /// Memory it saved against the baseline's, bytes.
     pub saved_bytes: f64,
@@ -213,6 +234,15 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
+fn lcm(a: u64, b: u64) -> u64 {
+    a / gcd(a, b) * b
+}
+
+/// A draw in `[0, 1)`.
+fn unit_draw(rng: &mut Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// A zipf law over `n` ranks: its cumulative weights, drawn from by bisection.
 struct Zipf {
     cumulative: Vec<f64>,
@@ -232,7 +262,7 @@ impl Zipf {
 
     fn rank(&self, rng: &mut Rng) -> u64 {
         let total = *self.cumulative.last().expect("at least one rank");
-        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let u = unit_draw(rng) * total;
         self.cumulative.partition_point(|&c| c < u) as u64
     }
 }
@@ -252,7 +282,7 @@ impl Lookups {
                 page_size: PAGE,
             });
         }
-        let zipfs: Vec<Zipf> = self.skews.iter().map(|&s| Zipf::new(pages, s)).collect();
+        let zipfs = self.phase_laws(pages)?;
         let mut runs = vec![self.run(corpus, &zipfs, Budget::Unlimited, report)?];
         for &share in &self.fixed_shares {
             runs.push(self.run(corpus, &zipfs, Budget::Fixed(share), report)?);
@@ -260,13 +290,57 @@ impl Lookups {
         for &target in &self.stall_targets {
             runs.push(self.run(corpus, &zipfs, Budget::Autosized(target), report)?);
         }
-        Ok(self.verdict(corpus.name.clone(), pages, runs))
+        // The every-page run again, last: how far two runs of the same budget differ on
+        // this machine now, beside the differences the judgement reads.
+        let again = self.run(corpus, &zipfs, Budget::Unlimited, report)?;
+        Ok(self.verdict(corpus.name.clone(), pages, runs, &again))
     }
 
-    fn verdict(&self, corpus: String, pages: u64, runs: Vec<LookupRun>) -> LookupJudgement {
+    /// Each phase's law over its hot set, one for each phase of a cycle through the skews
+    /// and hot sets; or why the workload is refused.
+    fn phase_laws(&self, pages: u64) -> Result<Vec<Zipf>> {
+        let bad = |why: &'static str| Err(ReplayError::BadWorkload(why));
+        if self.skews.is_empty() || self.hot_shares.is_empty() {
+            return bad("each phase needs a skew and a hot set");
+        }
+        if !self.skews.iter().all(|s| s.is_finite() && *s >= 0.0) {
+            return bad("a skew must be a finite number, at least 0");
+        }
+        if !self.hot_shares.iter().all(|h| *h > 0.0 && *h <= 1.0) {
+            return bad("a hot set must be over 0 and at most every page");
+        }
+        if !(0.0..=1.0).contains(&self.cold_share) {
+            return bad("the cold share must be 0 to 1");
+        }
+        let cycle = lcm(self.skews.len() as u64, self.hot_shares.len() as u64);
+        Ok((0..cycle as usize)
+            .map(|k| {
+                let hot = self.hot_shares[k % self.hot_shares.len()];
+                let hot_pages = ((pages as f64 * hot).round() as u64).clamp(1, pages);
+                Zipf::new(hot_pages, self.skews[k % self.skews.len()])
+            })
+            .collect())
+    }
+
+    /// The judgement of `runs` (the every-page run first, then the fixed and the
+    /// self-sized runs), the every-page run made `again` after them.
+    fn verdict(
+        &self,
+        corpus: String,
+        pages: u64,
+        runs: Vec<LookupRun>,
+        again: &LookupRun,
+    ) -> LookupJudgement {
         let base = &runs[0];
+        let every_page_runs = [base.lookups_per_s, again.lookups_per_s];
+        let base_rate = (every_page_runs[0] + every_page_runs[1]) / 2.0;
+        let baseline_spread = if base_rate > 0.0 {
+            (every_page_runs[0] - every_page_runs[1]).abs() / base_rate
+        } else {
+            0.0
+        };
         let fixed = 1..1 + self.fixed_shares.len();
-        let within = |r: &LookupRun| r.lookups_per_s >= base.lookups_per_s * (1.0 - self.slowdown);
+        let within = |r: &LookupRun| r.lookups_per_s >= base_rate * (1.0 - self.slowdown);
         let least_memory = |a: &usize, b: &usize| {
             runs[*a]
                 .mean_memory_bytes
@@ -287,14 +361,13 @@ impl Lookups {
                 let oracle_saved = oracle.map_or(0.0, |i| saved(&runs[i]));
                 SelfSized {
                     run,
-                    slowdown: 1.0 - me.lookups_per_s / base.lookups_per_s,
+                    slowdown: 1.0 - me.lookups_per_s / base_rate,
                     saved_bytes: saved(me),
                     best_fixed_within_memory,
                     throughput_vs_best_fixed_within_memory: best_fixed_within_memory
                         .map(|i| me.lookups_per_s / runs[i].lookups_per_s),
                     share_of_oracle_saving: (oracle_saved > 0.0).then(|| saved(me) / oracle_saved),
-                    recovery_seconds: self
-                        .recoveries(me, base.lookups_per_s * (1.0 - self.slowdown)),
+                    recovery_seconds: self.recoveries(me, base_rate * (1.0 - self.slowdown)),
                     within_cap: me
                         .autosize
                         .as_ref()
@@ -309,6 +382,9 @@ impl Lookups {
             phase_seconds: self.phase_seconds,
             warmup_seconds: self.warmup_seconds,
             free_copies_when_full: self.free_copies_when_full,
+            baseline_lookups_per_s: base_rate,
+            every_page_runs_lookups_per_s: every_page_runs,
+            baseline_spread,
             oracle,
             oracle_saved_bytes: oracle.map_or(0.0, |i| saved(&runs[i])),
             self_sized,
@@ -420,7 +496,12 @@ impl Lookups {
             let offset = phase_offset + drift;
             let zipf = &zipfs[phase % zipfs.len()];
             for _ in 0..LOOKUPS_A_LOOK {
-                let rank = zipf.rank(&mut rng);
+                let cold = unit_draw(&mut rng) < self.cold_share;
+                let rank = if cold {
+                    rng.below(pages)
+                } else {
+                    zipf.rank(&mut rng)
+                };
                 let page = placement.page(rank, offset) as usize;
                 let first = (rank as usize * 7) % (WORDS - fold_words + 1);
                 let base = page * WORDS + first;
@@ -522,6 +603,13 @@ mod tests {
         };
         let pages = corpus.pages() as u64;
         assert_eq!(judged.runs.len(), 3);
+        let [first, last] = judged.every_page_runs_lookups_per_s;
+        assert!(first > 0.0 && last > 0.0, "{first} {last}");
+        assert_eq!(judged.baseline_lookups_per_s, (first + last) / 2.0);
+        assert_eq!(
+            judged.baseline_spread,
+            (first - last).abs() / judged.baseline_lookups_per_s
+        );
         let (every, fixed, sized) = (&judged.runs[0], &judged.runs[1], &judged.runs[2]);
         assert_eq!(every.faults, 0, "every page in budget: nothing evicted");
         assert!(
@@ -575,6 +663,40 @@ mod tests {
         };
         assert_eq!(w.recoveries(&run, 99.0), [Some(2), None, Some(0)]);
         assert_eq!(w.recoveries(&run, 40.0), [Some(0), Some(0), Some(0)]);
+    }
+
+    #[test]
+    fn each_phase_draws_from_its_own_hot_set_and_bad_phases_are_refused() {
+        let mut w = Lookups::new(RegionConfig::default().algorithm, 4);
+        w.skews = vec![1.0, 0.5];
+        w.hot_shares = vec![0.5, 0.25, 1.0];
+        let laws = w.phase_laws(1000).expect("valid");
+        // Six phases before the skews and the hot sets line up again.
+        let sizes: Vec<usize> = laws.iter().map(|z| z.cumulative.len()).collect();
+        assert_eq!(sizes, [500, 250, 1000, 500, 250, 1000]);
+        let mut rng = Rng::new(3);
+        assert!((0..10_000).all(|_| laws[1].rank(&mut rng) < 250));
+        for (skews, hot, cold) in [
+            (vec![], vec![0.5], 0.0),
+            (vec![1.0], vec![], 0.0),
+            (vec![f64::NAN], vec![0.5], 0.0),
+            (vec![1.0], vec![0.0], 0.0),
+            (vec![1.0], vec![1.5], 0.0),
+            (vec![1.0], vec![0.5], -0.1),
+        ] {
+            w.skews = skews;
+            w.hot_shares = hot;
+            w.cold_share = cold;
+            assert!(matches!(
+                w.phase_laws(1000),
+                Err(ReplayError::BadWorkload(_))
+            ));
+        }
+        // A hot set of a few pages of a small corpus keeps one page at least.
+        w.skews = vec![1.0];
+        w.hot_shares = vec![0.001];
+        w.cold_share = 0.0;
+        assert_eq!(w.phase_laws(10).expect("valid")[0].cumulative.len(), 1);
     }
 
     #[test]

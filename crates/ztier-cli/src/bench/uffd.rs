@@ -389,6 +389,13 @@ fn print_judgement(j: &LookupJudgement) {
             r.stall_ppm as f64 / 1e4
         );
     }
+    let [_, last] = j.every_page_runs_lookups_per_s;
+    println!(
+        "  every page again, last: {last:.0} lookups/s; the baseline is the two runs' mean, {:.0}, \
+         and they differ by {:.1} % (this machine's noise, to read each slowdown beside)",
+        j.baseline_lookups_per_s,
+        j.baseline_spread * 100.0
+    );
     for me in &j.self_sized {
         let r = &j.runs[me.run];
         let target = match r.budget {

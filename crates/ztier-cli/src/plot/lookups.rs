@@ -26,6 +26,9 @@ pub(super) struct LookupJudgement {
     slowdown: f64,
     oracle: Option<usize>,
     self_sized: Vec<SelfSized>,
+    /// What slowdowns are against (the mean of the every-page runs made first and last),
+    /// where the result has it; else the first run's throughput.
+    baseline_lookups_per_s: Option<f64>,
     /// Seconds a phase lasts and the warm-up before the measured seconds, where the result
     /// has them: then each phase's start is drawn on the panels over time.
     phase_seconds: Option<u64>,
@@ -104,10 +107,11 @@ impl LookupJudgement {
         // Every other run is drawn against these: a real run has thousands of lookups a
         // second and megabytes.
         let measured = |v: f64| v.is_finite() && v >= 1.0;
-        if !measured(base.lookups_per_s) || !measured(base.mean_memory_bytes) {
+        if !measured(self.base_rate()) || !measured(base.mean_memory_bytes) {
             return refuse(format!(
                 "the every-page run's throughput ({}) or memory ({}) is not a measured figure",
-                base.lookups_per_s, base.mean_memory_bytes
+                self.base_rate(),
+                base.mean_memory_bytes
             ));
         }
         for r in &self.runs {
@@ -164,9 +168,15 @@ impl LookupJudgement {
         &self.runs[0]
     }
 
-    /// A run's throughput as a percentage of the every-page run's.
+    /// The throughput every run is set against.
+    fn base_rate(&self) -> f64 {
+        self.baseline_lookups_per_s
+            .unwrap_or_else(|| self.base().lookups_per_s)
+    }
+
+    /// A run's throughput as a percentage of the baseline's.
     fn throughput_pct(&self, lookups: f64) -> f64 {
-        lookups / self.base().lookups_per_s * 100.0
+        lookups / self.base_rate() * 100.0
     }
 
     /// Where each phase starts, in measured seconds, within `[0, end]`, if the result says.
@@ -459,11 +469,13 @@ fn stall_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
     Ok(())
 }
 
-/// Memory saved against slowdown, both against the every-page run: the fixed budgets joined
+/// Memory saved against slowdown, both against the every-page run (its throughput the
+/// baseline's): the fixed budgets joined
 /// from every page down, the self-sized runs apart, the oracle ringed, the target a line.
 fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
     let base = j.base();
-    let slowdown = |r: &LookupRun| (1.0 - r.lookups_per_s / base.lookups_per_s) * 100.0;
+    let base_rate = j.base_rate();
+    let slowdown = |r: &LookupRun| (1.0 - r.lookups_per_s / base_rate) * 100.0;
     let saved = |r: &LookupRun| (1.0 - r.mean_memory_bytes / base.mean_memory_bytes) * 100.0;
     let point = |r: &LookupRun| (slowdown(r), saved(r));
     let mut fixed: Vec<&LookupRun> = j
@@ -492,7 +504,7 @@ fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
             format!(
                 "{}: memory saved against slowdown, each fixed budget and the self-sized runs \
                  (every page: {base_mb:.1} MB, {} lookups/s)",
-                j.corpus, base.lookups_per_s as u64
+                j.corpus, base_rate as u64
             ),
             ("sans-serif", 18),
         )
