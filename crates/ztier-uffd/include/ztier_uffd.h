@@ -122,8 +122,9 @@ typedef struct ztier_region_stats {
     uint64_t copies_freed;     /* copies of pages read in that a full store freed
                                   (ZTIER_REGION_FREE_COPIES_WHEN_FULL) */
     uint64_t fault_hold_pages; /* resident pages past which faults wait for reclaim:
-                                  the budget's margin past it, or while the budget
-                                  sizes itself, past its cap */
+                                  the budget plus its margin; while the budget sizes
+                                  itself, the cap plus its margin */
+    uint64_t budget_held_faults; /* of deferred_faults: held past fault_hold_pages */
 } ztier_region_stats;
 
 /* autosize_state and ztier_region_autosize_step's state: what the last step decided. */

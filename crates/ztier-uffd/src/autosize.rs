@@ -17,11 +17,12 @@
 //! lowers the budget: the reclaim thread evicts down to it through the one eviction path.
 //!
 //! A self-sized budget is a target, not a limit: faults wait for the reclaim thread only
-//! past the cap (`Shared::hold_at_least_pages`), never at the budget, as Meta moved from
-//! `memory.high` (which throttles the program that allocates) to `memory.reclaim` (which
-//! only reclaims). Held at a budget the controller had just lowered, a new phase's hot set
-//! waited on each batch of evictions (on the sample's lookups, one run each way: the lookup
-//! thread off its CPU 25-30 % of each second while the stall clock read 1.7 %, then 1-5 %).
+//! past the cap (`Shared::hold_at_least_pages`), not at a budget below it, as Meta moved
+//! from `memory.high` (which throttles the program that allocates) to `memory.reclaim`
+//! (which only reclaims). Held at a budget the controller had just lowered, a new phase's
+//! hot set waited on each batch of evictions (on the sample's lookups, one run each way: the
+//! lookup thread off its CPU 25-30 % of each second while the stall clock read 1.7 %; held
+//! only at the cap, off its CPU 1-5 %; docs/diary.md).
 //! Each decision is kept in a bounded history ([`HISTORY`] steps, the oldest dropped).
 //!
 //! "In use", where a shrink starts from: the budget, or the resident pages and the reclaim
@@ -564,16 +565,18 @@ mod tests {
         assert!(st.history.iter().all(|h| h.budget_pages <= st.cap_pages));
     }
 
-    /// A model program under the controller, the issue's goals held on a short run of it:
-    /// 10 000 pages; phases of 10 s whose hot sets are 50, 30, 60 and 40 % of them; an
+    /// A model program under the controller, issue #61's goals held on a short run of it:
+    /// 10 000 pages; phases of 40 s whose hot sets are 50, 30, 60 and 40 % of them; an
     /// interval's stall share 0.05 % (cold pages touched now and then) with the hot set in
     /// budget, and 20 % of the interval times the share of the hot set out of it otherwise;
-    /// resident pages the budget, or the hot set and a hundredth of the pages if fewer. The
-    /// oracle is the least fixed budget whose mean stall over the phases is within the
-    /// target. Over four cycles of the phases, the controller (the bench's: 1 % target,
-    /// 5 % shrinks, every 500 ms) saves at least 90 % of what the oracle saves, with a mean
-    /// stall within the target's band; after each phase change it is back within the band
-    /// in at most 30 s; and it is never over its cap.
+    /// resident pages (and what is in use) the budget, or the hot set and a hundredth of the
+    /// pages if fewer (the region adds its reclaim margin to what is in use; the model
+    /// does not). The oracle is the least fixed budget whose mean stall over the phases is
+    /// within the target. Over four cycles of the phases, the first not counted, the
+    /// controller (the bench's: 1 % target, 5 % shrinks, every 500 ms) saves at least 90 %
+    /// of what the oracle saves, and at least 20 % of the pages where the oracle saves 25 %,
+    /// with a mean stall within the target itself; after each phase change its stall is
+    /// back within the target in at most 30 s; and it is never over its cap.
     #[test]
     fn in_a_loop_with_a_model_program_the_controller_meets_its_goals() {
         const N: u64 = 10_000;
@@ -587,7 +590,6 @@ mod tests {
         c.shrink_step = 0.05;
         c.interval = Duration::from_millis(500);
         let lim = c.limits(PS).expect("valid");
-        let band_top = lim.target_ppm as f64 * (1.0 + lim.band);
         let oracle = (1..=N)
             .find(|&b| {
                 let mean = hot_sets.iter().map(|&h| stall_of(b, h)).sum::<u64>() as f64
@@ -597,7 +599,7 @@ mod tests {
             .expect("every page is within the target");
         let t0 = Instant::now();
         let mut a = Autosize::new(lim, c.interval, Duration::ZERO, t0, 0);
-        let (steps_a_phase, cycles) = (20u64, 4u64);
+        let (steps_a_phase, cycles) = (80u64, 4u64);
         let mut budget = N;
         let mut stalled_ns = 0u64;
         let (mut budget_sum, mut stall_sum, mut steps) = (0u64, 0u64, 0u64);
@@ -607,7 +609,7 @@ mod tests {
             let mut back_after = None;
             for k in 0..steps_a_phase {
                 let stall = stall_of(budget, hot);
-                if back_after.is_none() && (stall as f64) <= band_top {
+                if back_after.is_none() && stall <= lim.target_ppm {
                     back_after = Some(k);
                 }
                 stalled_ns += stall * 500_000_000 / PPM;
@@ -635,8 +637,14 @@ mod tests {
             saved >= 0.9 * oracle_saved,
             "saved {saved:.0} pages, the oracle ({oracle}) {oracle_saved:.0}"
         );
-        assert!(mean_stall <= band_top, "mean stall {mean_stall:.0} ppm");
-        // 30 s is 60 intervals; a phase lasts 20 here, so each must be back within it.
+        if oracle_saved >= 0.25 * N as f64 {
+            assert!(saved >= 0.2 * N as f64, "saved {saved:.0} of {N} pages");
+        }
+        assert!(
+            mean_stall <= lim.target_ppm as f64,
+            "mean stall {mean_stall:.0} ppm"
+        );
+        // 30 s is 60 intervals of 500 ms; a phase lasts 80.
         assert!(
             recoveries.iter().all(|r| r.is_some_and(|k| k <= 60)),
             "{recoveries:?}"

@@ -88,6 +88,7 @@ pub struct CStats {
     vanished_pages: u64,
     copies_freed: u64,
     fault_hold_pages: u64,
+    budget_held_faults: u64,
 }
 
 /// `ztier_region_autosize`: `AutosizeConfig` for C.
@@ -118,7 +119,7 @@ const _: () = assert!(size_of::<CAutosize>() == 7 * 8 && size_of::<CAutosizeStep
 
 /// The header's `ZTIER_REGION_LATENCY_BUCKETS` and its struct's size (the C test checks its
 /// side: `sizeof(ztier_region_stats)`, and the size this library fills).
-const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 85 * 8);
+const _: () = assert!(LATENCY_BUCKETS == 16 && size_of::<CStats>() == 86 * 8);
 
 /// The fields every caller has: `size` itself.
 const STATS_HEADER: usize = size_of::<u64>();
@@ -418,6 +419,7 @@ fn c_stats(s: &crate::RegionStats) -> CStats {
         vanished_pages: s.vanished_pages,
         copies_freed: s.copies_freed,
         fault_hold_pages: s.fault_hold_pages,
+        budget_held_faults: s.budget_held_faults,
     }
 }
 

@@ -454,6 +454,7 @@ impl Shared {
             return Served::Done;
         }
         if self.over_budget_hard() {
+            self.count(Count::BudgetHeld, 1);
             return Served::Later;
         }
         let addr = self.page_addr(page);

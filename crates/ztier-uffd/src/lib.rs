@@ -126,6 +126,9 @@
 //!   progress, and the reclaim thread wakes it after each batch. So the resident pages run
 //!   past the budget by at most the margin, one faulting page and its fault-around window
 //!   while reclaim catches up, and pages moved out sit in the pad until their batch ends.
+//!   While the budget sizes itself the same holds of its cap instead (faults wait only
+//!   past the cap and its margin, `Shared::hold_at_least_pages`): below the cap the budget
+//!   is what the reclaim thread evicts to, not a limit faults wait on.
 //! - **Dropping the region**: the evictors stop first (their drops of the pad need the
 //!   fault thread), then the CPU latency request's alarm watcher (a ring of its is read by
 //!   the fault thread, still running), then the fault thread, rung out of its read if parked

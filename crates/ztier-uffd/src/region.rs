@@ -65,6 +65,10 @@ pub struct RegionStats {
     /// its cap a self-sized budget is what the reclaim thread evicts to, not a limit a
     /// fault waits on).
     pub fault_hold_pages: u64,
+    /// Times a fault was held back because the resident pages were past
+    /// [`fault_hold_pages`](Self::fault_hold_pages) (of [`deferred_faults`](Self::deferred_faults)):
+    /// a fixed budget throttling the program while the reclaim thread catches up.
+    pub budget_held_faults: u64,
     /// Pages dropped with a copy in the store: `evictions_dirty + evictions_clean`.
     pub evictions: u64,
     /// Evictions that compressed the page and wrote it to the store.
@@ -123,7 +127,8 @@ pub struct RegionStats {
     /// included.
     pub fault_latency_us: [u64; LATENCY_BUCKETS],
     /// Faults served late: the address space was changing (`EAGAIN`), or the region was
-    /// over its budget while the reclaim thread caught up.
+    /// past [`fault_hold_pages`](Self::fault_hold_pages) while the reclaim thread caught up
+    /// (those counted in [`budget_held_faults`](Self::budget_held_faults) too).
     pub deferred_faults: u64,
     /// Whether the fault thread may run at idle priority ([`RegionConfig::idle_priority`],
     /// and the process may leave idle priority again).
@@ -494,9 +499,12 @@ impl Region {
         match config {
             Some(c) => start_autosize(&self.shared, &c)?,
             None => {
-                *self.shared.autosize.lock() = None;
+                // Under the controller's lock, as `start_autosize` sets it: a controller
+                // started meanwhile keeps its hold.
+                let mut autosize = self.shared.autosize.lock();
+                *autosize = None;
                 self.shared.hold_at_least_pages.store(0, Relaxed);
-                self.shared.fault.waker.wake();
+                drop(autosize);
                 self.shared
                     .stall
                     .set_fault_overhead(std::time::Duration::ZERO);
@@ -563,6 +571,7 @@ impl Region {
             clean_pages: sh.table.clean(),
             copies_freed: c(Count::CopiesFreed),
             fault_hold_pages: sh.fault_hold_above(),
+            budget_held_faults: c(Count::BudgetHeld),
             held_pages: sh.table.held_pages(),
             faults: sh.fault_ins(FaultIn::Store),
             zero_faults: sh.fault_ins(FaultIn::Zeros),

@@ -65,6 +65,7 @@ ztier_base::counters! {
         Remapped,
         Poisoned,
         Deferred,
+        BudgetHeld,
         FaultAround,
         StoreReads,
         LostPages,
@@ -503,32 +504,24 @@ impl Shared {
     }
 
     /// The self-sizing budget's step, if one is due (the reclaim thread's, at each look),
-    /// and the stall clock's second. A budget raised lets the faults held back for it go.
+    /// and the stall clock's second. (A budget the step raises releases no fault: while
+    /// the budget sizes itself faults wait only past its cap.)
     pub(crate) fn autosize_tick(&self) {
         let now = std::time::Instant::now();
         self.stall.tick(now);
-        let raised = {
-            let mut autosize = self.autosize.lock();
-            let Some(controller) = autosize.as_mut() else {
-                return;
-            };
-            let budget = self.budget_pages.load(Relaxed);
-            let resident = self.table.resident();
-            // What the program uses: the resident pages and the margin a pass leaves
-            // under the budget, when fewer than the budget.
-            let in_use = resident.saturating_add(Shared::budget_margin(budget));
-            let stalled = self.stall.stalled_ns(now);
-            let at_ms = self.stall.ms(now);
-            match controller.step(now, at_ms, stalled, budget, resident, in_use) {
-                Some(to) => {
-                    self.budget_pages.store(to, Relaxed);
-                    to > budget
-                }
-                None => false,
-            }
+        let mut autosize = self.autosize.lock();
+        let Some(controller) = autosize.as_mut() else {
+            return;
         };
-        if raised {
-            self.fault.waker.wake();
+        let budget = self.budget_pages.load(Relaxed);
+        let resident = self.table.resident();
+        // What the program uses: the resident pages and the margin a pass leaves under the
+        // budget, when fewer than the budget.
+        let in_use = resident.saturating_add(Shared::budget_margin(budget));
+        let stalled = self.stall.stalled_ns(now);
+        let at_ms = self.stall.ms(now);
+        if let Some(to) = controller.step(now, at_ms, stalled, budget, resident, in_use) {
+            self.budget_pages.store(to, Relaxed);
         }
     }
 

@@ -15,9 +15,9 @@
 
 #define PAGE 4096
 
-/* The layout this test was written against: 85 fields of 8 bytes, the histogram at field 31
+/* The layout this test was written against: 86 fields of 8 bytes, the histogram at field 31
  * (the library's side asserts the same size). */
-_Static_assert(sizeof(ztier_region_stats) == 85 * 8, "ztier_region_stats's size");
+_Static_assert(sizeof(ztier_region_stats) == 86 * 8, "ztier_region_stats's size");
 _Static_assert(offsetof(ztier_region_stats, fault_latency_us) == 31 * 8, "the histogram");
 _Static_assert(offsetof(ztier_region_stats, fault_thread_rung) == 65 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, reclaim_looks) == 66 * 8, "a field");
@@ -25,7 +25,8 @@ _Static_assert(offsetof(ztier_region_stats, reclaim_blocked_passes) == 68 * 8, "
 _Static_assert(offsetof(ztier_region_stats, stall_us) == 69 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, autosize_fault_overhead_ns) == 79 * 8, "a field");
 _Static_assert(offsetof(ztier_region_stats, copies_freed) == 83 * 8, "a field");
-_Static_assert(offsetof(ztier_region_stats, fault_hold_pages) == 84 * 8, "the last field");
+_Static_assert(offsetof(ztier_region_stats, fault_hold_pages) == 84 * 8, "a field");
+_Static_assert(offsetof(ztier_region_stats, budget_held_faults) == 85 * 8, "the last field");
 _Static_assert(sizeof(ztier_region_autosize) == 7 * 8, "ztier_region_autosize's size");
 _Static_assert(sizeof(ztier_region_autosize_step) == 5 * 8, "a step's size");
 
