@@ -10,12 +10,15 @@
 //! it looked up, sized so that a fault, whose cost docs/diary.md's region entries give,
 //! costs a few lookups, not hundreds) and checks one word against the corpus.
 //!
-//! The same lookups (the same seed) run with the whole corpus resident (the baseline), at
-//! each fixed budget of a sweep, and with the budget sizing itself from a stall target
-//! under a cap of every page (`ztier_uffd::AutosizeConfig`); each run reports its lookups,
-//! resident pages, budget and stall share each second. The judgement: the oracle is the fixed budget with the least memory whose throughput is
-//! within the slowdown target of the baseline's, chosen with hindsight; the self-sized run
-//! is set beside it: its slowdown, and the share of the oracle's savings it saves.
+//! The same lookups (the same seed) run with the whole corpus resident (the every-page run),
+//! at each fixed budget of a sweep, with the budget sizing itself from a stall target under
+//! a cap of every page (`ztier_uffd::AutosizeConfig`), and with every page again, last;
+//! each run reports its lookups, resident pages, budget and stall share each second. The
+//! baseline's throughput is the two every-page runs' mean (how far they differ is the
+//! machine's noise, reported beside), its memory the first's. The judgement: the oracle is
+//! the fixed budget with the least memory whose throughput is within the slowdown target of
+//! the baseline's, chosen with hindsight; the self-sized run is set beside it: its
+//! slowdown, and the share of the oracle's savings it saves.
 //!
 //! Memory is the region's resident pages plus its store's (`mem_used_total`), averaged over
 //! the measured seconds (a warm-up before them is not counted: the fixed budgets' first
@@ -35,6 +38,10 @@ use crate::{ReplayError, Result};
 
 const PAGE: usize = CORPUS_PAGE;
 const WORDS: usize = PAGE / 8;
+
+/// The most phases before the skews and the hot sets line up again: a law is kept for
+/// each (a float for each page of its hot set).
+const MAX_PHASE_CYCLE: u64 = 64;
 
 /// Lookups between two looks at the clock.
 const LOOKUPS_A_LOOK: u64 = 64;
@@ -176,7 +183,7 @@ pub struct LookupJudgement {
     /// every-page runs' mean): its index
     /// in `runs`; `None` if none was.
     pub oracle: Option<usize>,
-    /// Memory the oracle saved against the baseline's, bytes.
+    /// Memory the oracle saved against the first every-page run's, bytes.
     pub oracle_saved_bytes: f64,
     /// Each self-sized run set beside the oracle and the fixed runs.
     pub self_sized: Vec<SelfSized>,
@@ -190,7 +197,7 @@ pub struct SelfSized {
     /// Its slowdown against the baseline (1 - its throughput over the every-page runs'
     /// mean).
     pub slowdown: f64,
-    /// Memory it saved against the baseline's, bytes.
+    /// Memory it saved against the first every-page run's, bytes.
     pub saved_bytes: f64,
     /// The best fixed run that uses no more memory than it: its index, and this run's
     /// throughput over its.
@@ -313,6 +320,9 @@ impl Lookups {
             return bad("the cold share must be 0 to 1");
         }
         let cycle = lcm(self.skews.len() as u64, self.hot_shares.len() as u64);
+        if cycle > MAX_PHASE_CYCLE {
+            return bad("the skews and the hot sets must line up within 64 phases");
+        }
         Ok((0..cycle as usize)
             .map(|k| {
                 let hot = self.hot_shares[k % self.hot_shares.len()];
@@ -324,6 +334,16 @@ impl Lookups {
 
     /// The judgement of `runs` (the every-page run first, then the fixed and the
     /// self-sized runs), the every-page run made `again` after them.
+    /// A lookup's rank among `pages`: any page's (`cold_share` of the lookups), or one of
+    /// the phase's hot set's, by its law.
+    fn draw_rank(&self, zipf: &Zipf, pages: u64, rng: &mut Rng) -> u64 {
+        if unit_draw(rng) < self.cold_share {
+            rng.below(pages)
+        } else {
+            zipf.rank(rng)
+        }
+    }
+
     fn verdict(
         &self,
         corpus: String,
@@ -496,12 +516,7 @@ impl Lookups {
             let offset = phase_offset + drift;
             let zipf = &zipfs[phase % zipfs.len()];
             for _ in 0..LOOKUPS_A_LOOK {
-                let cold = unit_draw(&mut rng) < self.cold_share;
-                let rank = if cold {
-                    rng.below(pages)
-                } else {
-                    zipf.rank(&mut rng)
-                };
+                let rank = self.draw_rank(zipf, pages, &mut rng);
                 let page = placement.page(rank, offset) as usize;
                 let first = (rank as usize * 7) % (WORDS - fold_words + 1);
                 let base = page * WORDS + first;
@@ -674,8 +689,16 @@ mod tests {
         // Six phases before the skews and the hot sets line up again.
         let sizes: Vec<usize> = laws.iter().map(|z| z.cumulative.len()).collect();
         assert_eq!(sizes, [500, 250, 1000, 500, 250, 1000]);
+        // No lookup cold: every draw in the phase's hot set.
+        w.cold_share = 0.0;
         let mut rng = Rng::new(3);
-        assert!((0..10_000).all(|_| laws[1].rank(&mut rng) < 250));
+        assert!((0..10_000).all(|_| w.draw_rank(&laws[1], 1000, &mut rng) < 250));
+        // Every lookup cold: the draws reach the pages outside the hot set, most of them.
+        w.cold_share = 1.0;
+        let outside = (0..10_000)
+            .filter(|_| w.draw_rank(&laws[1], 1000, &mut rng) >= 250)
+            .count();
+        assert!((7000..8000).contains(&outside), "{outside}");
         for (skews, hot, cold) in [
             (vec![], vec![0.5], 0.0),
             (vec![1.0], vec![], 0.0),
@@ -683,6 +706,7 @@ mod tests {
             (vec![1.0], vec![0.0], 0.0),
             (vec![1.0], vec![1.5], 0.0),
             (vec![1.0], vec![0.5], -0.1),
+            (vec![1.0; 13], vec![0.5; 7], 0.0),
         ] {
             w.skews = skews;
             w.hot_shares = hot;

@@ -1,6 +1,7 @@
 //! A budget that sizes itself, judged (`ztier bench uffd --lookups SECONDS --json`): for each
 //! self-sized run, two panels over its measured seconds (its budget and resident pages with
-//! its throughput against the every-page run's; its stall share against its target), the
+//! its throughput against the baseline's, the every-page runs' mean; its stall share against
+//! its target), the
 //! oracle's fixed run drawn lightly beside it; then the savings/slowdown curve: each fixed
 //! budget a point, joined from every page down, the self-sized runs marked apart, the
 //! oracle ringed and the slowdown target a vertical line.
