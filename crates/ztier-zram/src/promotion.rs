@@ -1,7 +1,9 @@
 //! The far tier's idle age by promotion rate, chosen as Google's software-defined far memory
 //! chooses its cold-age threshold (Lagar-Cavilla et al., ASPLOS '19): so that the pages read
-//! back from the store ("promotions") stay under a share of the pages held there per minute
-//! (0.2 %/min in production), instead of a fixed age a person chose.
+//! back from the store ("promotions") stay under a share of the pages held there per minute,
+//! instead of a fixed age a person chose. (SDFM's SLO, 0.2 %/min in production, is a share
+//! of the job's working set, the pages touched within its youngest threshold of 120 s; the
+//! share here is of the pages on the store, as issue #61 states its goal.)
 //!
 //! It does not learn by going over. The device keeps two histograms by idle age
 //! (`access_ages.rs`): the reads, by the age of the page read, and the pages, by their age
@@ -46,7 +48,7 @@ pub const RATE_WINDOWS: usize = 30;
 /// of `n` windows, `n * (100 - PERCENTILE) / 100` (rounded down) may be over it.
 pub const PERCENTILE: usize = 98;
 
-/// SDFM's target: 0.2 % of the pages on the store per minute.
+/// SDFM's figure, 0.2 % a minute (of the working set there; of the pages on the store here).
 pub const SDFM_SHARE_PER_MINUTE: f64 = 0.002;
 
 /// What the controller aims at, and the ages it may choose.
