@@ -37,8 +37,9 @@
 //!
 //! # Reading order
 //!
-//! - `region.rs`: the public API ([`Region`], [`RegionConfig`], [`RegionStats`]); `error.rs`:
-//!   what it refuses ([`Error`]); `capi.rs`: the same for C (`include/ztier_uffd.h`).
+//! - `region.rs`: the public API ([`Region`]); `config.rs`: how a region is made
+//!   ([`RegionConfig`]); `stats.rs`: its figures ([`RegionStats`]); `error.rs`: what it
+//!   refuses ([`Error`]); `capi.rs`: the same for C (`include/ztier_uffd.h`).
 //! - `page_state.rs`: a page's state, the table below as a type; `page_table.rs`: every
 //!   page's state and lock, the gate, and the runs an evictor may move out.
 //! - `shared.rs`: what the threads share, grouped by who uses it, and how it is made.
@@ -252,6 +253,7 @@
 mod autosize;
 mod bell;
 mod capi;
+mod config;
 mod cpu_latency_qos;
 mod error;
 mod fault;
@@ -264,15 +266,18 @@ mod reclaim;
 mod region;
 pub mod rig;
 mod shared;
+mod stats;
 mod userfaultfd;
 
 pub use autosize::{
     AutosizeConfig, AutosizeState, AutosizeStats, AutosizeStep, HISTORY as AUTOSIZE_HISTORY,
     MIN_GROW_PAGES, PPM,
 };
+pub use config::{RegionConfig, MAX_AROUND};
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use error::{Error, Result, UnmovableReason};
 pub use placement::MAX_BACKOFF as IDLE_PRIORITY_MAX_BACKOFF;
-pub use region::{Region, RegionConfig, RegionPolicy, RegionStats, MAX_AROUND};
+pub use region::{Region, RegionPolicy};
 pub use shared::LATENCY_BUCKETS;
+pub use stats::RegionStats;
 pub use ztier_zram::{Backing, PageSelector, PolicyConfig, PolicyStats, WbFormat, WbResult};
