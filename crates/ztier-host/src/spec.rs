@@ -127,7 +127,8 @@ pub struct DeviceSpec {
     pub writeback_idle: Option<Duration>,
     /// The device's own policy, instead of `writeback_idle`: write back at the idle age
     /// that keeps reads from the store under this percent of the stored pages per minute
-    /// (`promotion_target=0.2%/min`, SDFM's; kept as the percent given, so a saved spec
+    /// (`promotion_target=0.2%/min`, SDFM's figure, there of the working set; kept as the
+    /// percent given, so a saved spec
     /// reads back the same).
     pub promotion_target_percent: Option<f64>,
     /// Secondary algorithms, priority 1 first.

@@ -567,8 +567,9 @@ mod tests {
 
     /// A model program under the controller, issue #61's goals held on a short run of it:
     /// 10 000 pages; phases of 40 s whose hot sets are 50, 30, 60 and 40 % of them; an
-    /// interval's stall share 0.05 % (cold pages touched now and then) with the hot set in
-    /// budget, and 20 % of the interval times the share of the hot set out of it otherwise;
+    /// interval's stall share 0.05 % (cold pages touched now and then) and 20 % of the
+    /// interval times the share of the hot set out of budget; the stall taken as the whole
+    /// slowdown (a region's clock sees only part of it: docs/region.md);
     /// resident pages (and what is in use) the budget, or the hot set and a hundredth of the
     /// pages if fewer (the region adds its reclaim margin to what is in use; the model
     /// does not). The oracle is the least fixed budget whose mean stall over the phases is

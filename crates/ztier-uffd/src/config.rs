@@ -1,7 +1,7 @@
-//! How a region is made ([`RegionConfig`](crate::RegionConfig)): its device (compressor, allocator, unit, store
+//! How a region is made ([`RegionConfig`]): its device (compressor, allocator, unit, store
 //! limit), how its fault thread serves (fault-around, clean pages, idle priority, the CPU
 //! latency request) and its budget's controller. A plain value, checked when a region is
-//! made ([`RegionConfig::device_unit`](crate::RegionConfig::device_unit), `AutosizeConfig::limits`).
+//! made ([`RegionConfig::device_unit`], `AutosizeConfig::limits`).
 
 use ztier_compress::Algorithm;
 use ztier_pool::AllocatorKind;
@@ -64,11 +64,11 @@ pub struct RegionConfig {
     /// pages), the kernel's zram, page by page, or 16 or 64 KiB (a power of two up to
     /// [`ztier_zram::MAX_UNIT_SIZE`]), which compress better and faster, and whose stored
     /// pages a fault brings in a unit at a time, each unit decompressed once (lib.rs,
-    /// "Compression units"). Anything else is refused ([`Error::BadUnitSize`](crate::Error::BadUnitSize)).
+    /// "Compression units"). Anything else is refused ([`Error::BadUnitSize`]).
     pub unit_size: usize,
 }
 
-/// The default of [`RegionConfig::fault_around`](crate::RegionConfig::fault_around): a sequential touch reaches windows of 63
+/// The default of [`RegionConfig::fault_around`]: a sequential touch reaches windows of 63
 /// pages (256 KiB) after six faults. Each window costs two faults (its first page, then the
 /// rest, which the faulting thread runs into while they are decompressed), so a larger one
 /// spreads them thinner: free sequential fault-in on postgres and python 1.15-1.19x what

@@ -1,7 +1,8 @@
-//! A region's figures ([`RegionStats`](crate::RegionStats)), as `Region::stats` reads them: counts kept per
-//! thread shard (shared.rs's `Count`), the page table's counts, the fault thread's latency
-//! histogram, the controller's figures and the device's `mm_stat` and `bd_stat`. A plain
-//! value: reading it takes no lock of the region's beyond what `Region::stats` takes.
+//! A region's figures ([`RegionStats`]), a plain value that
+//! `Region::stats` fills (taking what it needs there): the counts kept per thread shard
+//! (shared.rs's `Count`), the page table's, the fault thread's latency histogram and
+//! placement, the CPU latency request, the stall clock, the controller's figures, and the
+//! device's `mm_stat` and `bd_stat`.
 
 use serde::Serialize;
 use ztier_zram::{BdStat, MmStat};
@@ -9,12 +10,16 @@ use ztier_zram::{BdStat, MmStat};
 use crate::autosize::AutosizeStats;
 use crate::shared::LATENCY_BUCKETS;
 
+// The docs' links name them.
+#[cfg(doc)]
+use crate::{Region, RegionConfig};
+
 /// A region's figures.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RegionStats {
     pub pages: u64,
     /// The budget now: the one set, or where the controller put it
-    /// ([`RegionConfig::autosize`](crate::RegionConfig::autosize)).
+    /// ([`RegionConfig::autosize`]).
     pub budget_pages: u64,
     /// Where an eviction pass the budget starts stops: a sixteenth of the budget (at most
     /// 128 pages) under it.
@@ -42,7 +47,7 @@ pub struct RegionStats {
     /// since): evicting one again is only dropping it.
     pub clean_pages: u64,
     /// Copies of pages read in that the store freed because it was full
-    /// ([`RegionConfig::free_copies_when_full`](crate::RegionConfig::free_copies_when_full)): pages a read fault brought in dirty, and
+    /// ([`RegionConfig::free_copies_when_full`]): pages a read fault brought in dirty, and
     /// clean pages whose copy the clock freed as it gave them a second chance.
     pub copies_freed: u64,
     /// Where faults that bring pages in wait for the reclaim thread (counted in
@@ -52,8 +57,9 @@ pub struct RegionStats {
     /// fault waits on).
     pub fault_hold_pages: u64,
     /// Times a fault was held back because the resident pages were past
-    /// [`fault_hold_pages`](Self::fault_hold_pages) (of [`deferred_faults`](Self::deferred_faults)):
-    /// a fixed budget throttling the program while the reclaim thread catches up.
+    /// [`fault_hold_pages`](Self::fault_hold_pages), counted in
+    /// [`deferred_faults`](Self::deferred_faults) too: the budget (or, while it sizes
+    /// itself, its cap) throttling the program while the reclaim thread catches up.
     pub budget_held_faults: u64,
     /// Pages dropped with a copy in the store: `evictions_dirty + evictions_clean`.
     pub evictions: u64,
@@ -77,12 +83,12 @@ pub struct RegionStats {
     /// between them an evictor found all zeros, as the zero page).
     pub fault_around_pages: u64,
     /// Reads of the device by faults: each a decompression of one compression unit
-    /// ([`RegionConfig::unit_size`](crate::RegionConfig::unit_size); a page at page-sized units), which serves every stored
+    /// ([`RegionConfig::unit_size`]; a page at page-sized units), which serves every stored
     /// page of that unit the fault brings in.
     pub store_reads: u64,
     /// Pages the region held resident that an eviction's `UFFDIO_MOVE` found gone from
     /// the program's memory (`ENOENT`) and not in the pad either, which read back as zeros
-    /// from then on: content lost, and named in [`Region::last_error`](crate::Region::last_error). 0 unless the
+    /// from then on: content lost, and named in [`Region::last_error`]. 0 unless the
     /// kernel dropped a page behind the region's back (docs/region.md, "When the kernel
     /// swaps the region"): none in any test run since the pad is looked in
     /// ([`unreported_moves`](Self::unreported_moves)).
@@ -106,7 +112,7 @@ pub struct RegionStats {
     /// pages costs (a page never written or dropped by the program is not one).
     pub refaults: u64,
     /// Pages whose compressed copy the device has written back to its backing store
-    /// ([`Region::set_backing`](crate::Region::set_backing), [`Region::writeback`](crate::Region::writeback)): `bd_stat`'s `bd_count`.
+    /// ([`Region::set_backing`], [`Region::writeback`]): `bd_stat`'s `bd_count`.
     pub written_back_pages: u64,
     /// Faults by how long the fault thread took from reading one to installing its page or
     /// lifting its protection (see [`LATENCY_BUCKETS`]): every fault served, spurious ones
@@ -116,7 +122,7 @@ pub struct RegionStats {
     /// past [`fault_hold_pages`](Self::fault_hold_pages) while the reclaim thread caught up
     /// (those counted in [`budget_held_faults`](Self::budget_held_faults) too).
     pub deferred_faults: u64,
-    /// Whether the fault thread may run at idle priority ([`RegionConfig::idle_priority`](crate::RegionConfig::idle_priority),
+    /// Whether the fault thread may run at idle priority ([`RegionConfig::idle_priority`],
     /// and the process may leave idle priority again).
     pub idle_priority_usable: bool,
     /// Whether the fault thread runs at idle priority now, keeping a faulting thread on
@@ -128,7 +134,7 @@ pub struct RegionStats {
     /// How often the fault thread moved to the CPU of the thread whose faults it serves.
     pub fault_thread_moves: u64,
     /// Whether the region can ask the machine for CPU wake-ups without delay while faults
-    /// come ([`RegionConfig::cpu_latency_qos`](crate::RegionConfig::cpu_latency_qos); [`Region::cpu_latency_qos_unused`](crate::Region::cpu_latency_qos_unused) says
+    /// come ([`RegionConfig::cpu_latency_qos`]; [`Region::cpu_latency_qos_unused`] says
     /// why not where it cannot).
     pub cpu_latency_qos_usable: bool,
     /// Whether that request is held now: from a fault until the fault thread, waking after
@@ -140,7 +146,7 @@ pub struct RegionStats {
     /// the kernel allows it), not in `poll`: one system call less on each fault's path.
     pub parked_reads: u64,
     /// Times a thread needing the fault thread out of such a read (an evictor's batch,
-    /// [`Region::stats`](crate::Region::stats), the request's alarm) rang it out (module `bell`).
+    /// [`Region::stats`], the request's alarm) rang it out (module `bell`).
     pub fault_thread_rung: u64,
     /// Times the reclaim thread looked at the region: woken by a fault past the budget, or
     /// at its 100 ms tick, or for the next batch of a pass.

@@ -1,7 +1,7 @@
 //! A budget that sizes itself (autosize.rs) on a running program: it comes down to what the
 //! program touches, never past its cap, with every page reading back; and under its cap it
 //! is a target the reclaim thread evicts to, not a limit faults wait on (they wait only past
-//! the cap), where the same budget set by hand holds them back. (The controller's goals
+//! the cap), where the same budget set by hand sets the hold at itself and its margin. (The controller's goals
 //! against the best fixed budget are held on a model program in autosize.rs's own tests,
 //! and measured by `ztier bench uffd --lookups`.)
 
@@ -31,7 +31,7 @@ fn controller(cap: u64, interval: Duration) -> AutosizeConfig {
 /// so evicting it costs no stall), never past the cap, and every page, evicted or not,
 /// reads back.
 #[test]
-fn a_self_sized_budget_comes_down_to_what_the_program_touches() {
+fn a_self_sized_budget_comes_down_towards_what_the_program_touches() {
     let Some(r) = written_region(PAGES) else {
         return;
     };
@@ -74,8 +74,8 @@ fn a_self_sized_budget_comes_down_to_what_the_program_touches() {
     }
 }
 
-/// A budget of a sixteenth of the pages, set by hand, holds faults back past it (by its
-/// margin); set by a controller under a cap of every page, it holds them back only past the
+/// A budget of a sixteenth of the pages, set by hand, holds faults back past it and its
+/// margin (`fault_hold_pages`); set by a controller under a cap of every page, it holds them back only past the
 /// cap, which the region's pages never reach: a program reading every page has no fault
 /// held back (`budget_held_faults`), while the reclaim thread still brings the region down
 /// to the budget, and every page reads back, twice. Stopping the controller holds faults

@@ -54,8 +54,8 @@ pub const SDFM_SHARE_PER_MINUTE: f64 = 0.002;
 /// What the controller aims at, and the ages it may choose.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PromotionTarget {
-    /// Reads from the store allowed per minute, as a share of the pages on it (0.002 is
-    /// SDFM's 0.2 %/min); in (0, 1].
+    /// Reads from the store allowed per minute, as a share of the pages on it (0.002: SDFM's
+    /// figure, 0.2 %/min, which SDFM takes of the working set); in (0, 1].
     pub share_per_minute: f64,
     /// The youngest age a page may be written back at (at least a second).
     pub min_age: Duration,

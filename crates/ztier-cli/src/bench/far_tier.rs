@@ -22,9 +22,10 @@ use super::shared::{emit, read_trace};
 pub struct FarTierArgs {
     /// With --trace: judge the far tier instead: the device's policy writing back at each of
     /// --fixed-ages, then at the idle age that keeps reads from the store under this percent
-    /// of the pages on it per minute (0.2%/min, Google's far-memory target), against the
-    /// best fixed age in hindsight. Written back to a store in memory, a page to a block (the
-    /// kernel's format: one read from the store per page promoted, as the target counts).
+    /// of the pages on it per minute (Google's far memory uses 0.2%/min, of its working
+    /// set), against the best fixed age in hindsight. Written back to a store in memory, a
+    /// page to a block (the kernel's format: one read from the store per page promoted, as
+    /// the target counts).
     #[arg(long, value_name = "PERCENT%/min", requires = "trace",
           value_parser = |s: &str| parse_percent_per_minute(s).map_err(|e| e.to_string()))]
     pub promotion_target: Option<f64>,

@@ -258,7 +258,7 @@ where
 }
 
 /// A self-sized run's budget and resident pages over time (left axis) and its throughput
-/// against the every-page run's (right axis), the oracle's resident pages and throughput
+/// against the baseline's (right axis), the oracle's resident pages and throughput
 /// lightly beside them.
 fn pages_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Result<()> {
     let oracle = j.oracle.map(|o| &j.runs[o]);

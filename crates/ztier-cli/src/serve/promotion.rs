@@ -8,10 +8,11 @@ use ztier_zram::promotion::{parse_percent_per_minute, PromotionTarget};
 #[derive(Args, Debug, Clone)]
 pub struct PromotionArgs {
     /// Policy, instead of --writeback-idle: write back at the idle age that keeps reads from
-    /// the store under this percent of the pages on it per minute (0.2%/min is Google's
-    /// far-memory target). The age starts at 2 minutes and moves between 10 s and an hour:
-    /// twice as old after a minute over the target, an eighth younger after one under half
-    /// of it (needs --backing-dev).
+    /// the store under this percent of the pages on it per minute (Google's far memory uses
+    /// 0.2%/min, of its working set). The age, 10 s to an hour, is the youngest whose
+    /// promotion rate, worked out for every age from the reads and the pages by idle age,
+    /// was at most the target in 98 % of the last 30 minutes; an hour until some age is
+    /// known to be safe (needs --backing-dev).
     #[arg(long, value_name = "PERCENT%/min", value_parser = parse_target,
           conflicts_with = "writeback_idle")]
     pub promotion_target: Option<f64>,
