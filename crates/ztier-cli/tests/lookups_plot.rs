@@ -146,7 +146,7 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         edit(&mut j);
         j
     };
-    let cases: [(serde_json::Value, &[&str]); 6] = [
+    let cases: [(serde_json::Value, &[&str]); 7] = [
         (
             broken(&|j| {
                 j.as_object_mut().unwrap().remove("runs");
@@ -171,6 +171,10 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         ),
         (
             broken(&|j| j["runs"][0]["lookups_per_s"] = 0.into()),
+            &["every-page run's throughput", "not a measured figure"],
+        ),
+        (
+            broken(&|j| j["baseline_lookups_per_s"] = 0.into()),
             &["every-page run's throughput", "not a measured figure"],
         ),
         (

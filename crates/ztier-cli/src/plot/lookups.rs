@@ -108,9 +108,14 @@ impl LookupJudgement {
         // Every other run is drawn against these: a real run has thousands of lookups a
         // second and megabytes.
         let measured = |v: f64| v.is_finite() && v >= 1.0;
-        if !measured(self.base_rate()) || !measured(base.mean_memory_bytes) {
+        if !measured(base.lookups_per_s)
+            || !measured(self.base_rate())
+            || !measured(base.mean_memory_bytes)
+        {
             return refuse(format!(
-                "the every-page run's throughput ({}) or memory ({}) is not a measured figure",
+                "the every-page run's throughput ({}, the baseline's {}) or memory ({}) is not \
+                 a measured figure",
+                base.lookups_per_s,
                 self.base_rate(),
                 base.mean_memory_bytes
             ));
