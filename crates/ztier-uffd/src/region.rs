@@ -1,9 +1,9 @@
 //! The public API: a [`Region`] (made with a [`RegionConfig`], config.rs, or over a device
-//! of the caller's), its figures ([`RegionStats`], stats.rs), and zram's policy run on its device
-//! ([`RegionPolicy`]). Each method is a short way into the shared state (shared.rs) and the
-//! threads' work (fault.rs, fault_around.rs, reclaim.rs); making a region starts its
-//! threads, dropping it stops them in the order the protocol needs (lib.rs, "Dropping the
-//! region").
+//! of the caller's), its figures ([`RegionStats`], stats.rs), and zram's policy run on its
+//! device ([`RegionPolicy`]). Each method is a short way into the shared state (shared.rs)
+//! and the threads' work (fault.rs, fault_around.rs, reclaim.rs); making a region starts
+//! its threads, dropping it stops them in the order the protocol needs (lib.rs, "Dropping
+//! the region").
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
