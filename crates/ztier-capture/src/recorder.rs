@@ -37,6 +37,21 @@ pub struct CaptureOptions {
     pub stop: bool,
 }
 
+/// How many times a cgroup's later epoch is read before a process ending during each read
+/// ends the recording (see [`Recorder::epoch`]).
+pub const CGROUP_EPOCH_READS: u64 = 8;
+
+/// One whole read of an epoch, its new pages held (a later epoch's) until it is recorded.
+struct EpochRead {
+    snap: Snapshot,
+    epoch: Epoch,
+    next_hashes: HashMap<u64, [u8; 16]>,
+    held_appeared: Vec<u8>,
+    held_changed: Vec<u8>,
+    zero: u64,
+    same: u64,
+}
+
 /// What one epoch saw.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct EpochSummary {
@@ -55,6 +70,8 @@ pub struct EpochSummary {
     pub went: u64,
     pub unchanged: u64,
     pub vanished_mappings: u64,
+    /// Reads of this epoch cut short by a process of the cgroup ending, and made again.
+    pub read_again: u64,
 }
 
 /// `NAME.capture.json`: what was captured, from what, when.
@@ -92,6 +109,9 @@ pub struct Manifest {
     /// no epoch started because the epoch before was still running.
     pub period_millis: Option<u64>,
     pub missed_periods: u64,
+    /// Epoch reads of a cgroup cut short by one of its processes ending, and made again
+    /// (each epoch's in [`EpochSummary::read_again`]).
+    pub epochs_read_again: u64,
     /// A process ended the recording before its end (during an epoch or between two): the
     /// epochs done before are kept and written; the one it cut short, if any, is not.
     pub ended_by_exit: bool,
@@ -148,6 +168,7 @@ pub struct Recorder {
     same_filled_pages: u64,
     period: Option<Duration>,
     missed_periods: u64,
+    epochs_read_again: u64,
     ended_by_exit: bool,
     exited_pid: Option<u32>,
 }
@@ -226,6 +247,7 @@ impl Recorder {
             same_filled_pages: 0,
             period: None,
             missed_periods: 0,
+            epochs_read_again: 0,
             ended_by_exit: false,
             exited_pid: None,
         };
@@ -286,12 +308,136 @@ impl Recorder {
     /// Reads the processes once more and records the epoch. `observer` is called with each
     /// page's key (`crate::key`: a private page of the first process by its virtual page
     /// number) as it is read (a progress count, or a test acting on a process mid-capture).
+    ///
+    /// A cgroup's later epoch whose read a process of the cgroup ended (it exited or ran
+    /// another program: a compiler of a build, a backend that served one query) is read again
+    /// from a new listing of the cgroup, up to [`CGROUP_EPOCH_READS`] reads: processes coming
+    /// and going are what a cgroup does, and nothing of a read cut short is kept (its pages
+    /// are held until the read is whole). The process's pages go at the epoch that no longer
+    /// finds it. The first epoch writes its pages as it reads them, so it is not read again.
     pub fn epoch(&mut self, observer: &mut dyn FnMut(u64)) -> Result<&EpochSummary> {
         let millis = self.started.elapsed().as_millis() as u64;
         let first = self.first.is_none();
-        if !first {
-            self.list_processes()?;
+        let reads_allowed = if !first && self.target.cgroup().is_some() {
+            CGROUP_EPOCH_READS
+        } else {
+            1
+        };
+        let mut read_again = 0u64;
+        let read = loop {
+            if !first {
+                self.list_processes()?;
+            }
+            match self.read_once(first, millis, observer) {
+                Ok(read) => break read,
+                Err(e) if e.ended_process().is_some() && read_again + 1 < reads_allowed => {
+                    read_again += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.epochs_read_again += read_again;
+        let EpochRead {
+            snap,
+            mut epoch,
+            next_hashes,
+            held_appeared,
+            held_changed,
+            zero,
+            same,
+        } = read;
+        let base = self.corpus.pages()
+            - if first {
+                epoch.appeared.len() as u64
+            } else {
+                0
+            };
+        let new_pages = (epoch.appeared.len() + epoch.changed.len()) as u64;
+        if u32::try_from(base + new_pages).is_err() {
+            return Err(CaptureError::TooManyPages);
         }
+        for (n, w) in epoch
+            .appeared
+            .iter_mut()
+            .chain(&mut epoch.changed)
+            .enumerate()
+        {
+            w.corpus_page = (base + n as u64) as u32;
+        }
+        for page in held_appeared
+            .chunks_exact(PAGE)
+            .chain(held_changed.chunks_exact(PAGE))
+        {
+            self.corpus
+                .push(page)
+                .map_err(|e| output_error(&self.corpus_path, e))?;
+        }
+        let mut went: Vec<u64> = self
+            .hashes
+            .keys()
+            .filter(|key| !next_hashes.contains_key(key))
+            .copied()
+            .collect();
+        went.sort_unstable();
+        epoch.went = went;
+        self.trace
+            .write_epoch(&epoch)
+            .map_err(|e| output_error(&self.trace_path, e))?;
+        self.hashes = next_hashes;
+        self.zero_pages += zero;
+        self.same_filled_pages += same;
+        let epoch_number = self.epochs.len() as u64;
+        let summary = EpochSummary {
+            epoch: epoch_number,
+            millis,
+            seconds: snap.seconds,
+            stopped_seconds: snap.stopped_seconds,
+            processes: snap.processes.len() as u64,
+            present: snap.pages_read,
+            swapped: snap.pages_swapped,
+            appeared: epoch.appeared.len() as u64,
+            changed: epoch.changed.len() as u64,
+            went: epoch.went.len() as u64,
+            unchanged: epoch.unchanged,
+            vanished_mappings: snap
+                .processes
+                .iter()
+                .flat_map(|p| &p.mappings)
+                .filter(|m| m.vanished)
+                .count() as u64,
+            read_again,
+        };
+        match &self.first {
+            None => self.first = Some(snap),
+            Some(first) => {
+                for p in snap.processes {
+                    let seen = first.processes.iter().any(|f| f.number == p.number)
+                        || self.joined_later.iter().any(|j| j.number == p.number);
+                    if !seen {
+                        self.joined_later.push(JoinedProcess {
+                            pid: p.pid,
+                            number: p.number,
+                            name: p.name,
+                            command_line: p.command_line,
+                            epoch: epoch_number,
+                        });
+                    }
+                }
+            }
+        }
+        self.epochs.push(summary);
+        Ok(self.epochs.last().expect("just pushed"))
+    }
+
+    /// One read of the current processes for an epoch at `millis`: every page hashed and
+    /// compared with the last epoch's; the first epoch's pages written to the corpus as they
+    /// come, a later epoch's held in the result.
+    fn read_once(
+        &mut self,
+        first: bool,
+        millis: u64,
+        observer: &mut dyn FnMut(u64),
+    ) -> Result<EpochRead> {
         let mut next_hashes: HashMap<u64, [u8; 16]> = HashMap::with_capacity(self.hashes.len());
         let mut epoch = Epoch {
             millis,
@@ -353,94 +499,24 @@ impl Recorder {
                 Ok(())
             },
         )?;
-        let base = self.corpus.pages()
-            - if first {
-                epoch.appeared.len() as u64
-            } else {
-                0
-            };
-        let new_pages = (epoch.appeared.len() + epoch.changed.len()) as u64;
-        if u32::try_from(base + new_pages).is_err() {
-            return Err(CaptureError::TooManyPages);
-        }
-        for (n, w) in epoch
-            .appeared
-            .iter_mut()
-            .chain(&mut epoch.changed)
-            .enumerate()
-        {
-            w.corpus_page = (base + n as u64) as u32;
-        }
-        for page in held_appeared
-            .chunks_exact(PAGE)
-            .chain(held_changed.chunks_exact(PAGE))
-        {
-            self.corpus
-                .push(page)
-                .map_err(|e| output_error(&self.corpus_path, e))?;
-        }
-        let mut went: Vec<u64> = self
-            .hashes
-            .keys()
-            .filter(|key| !next_hashes.contains_key(key))
-            .copied()
-            .collect();
-        went.sort_unstable();
-        epoch.went = went;
-        self.trace
-            .write_epoch(&epoch)
-            .map_err(|e| output_error(&self.trace_path, e))?;
-        self.hashes = next_hashes;
-        self.zero_pages += zero;
-        self.same_filled_pages += same;
-        let epoch_number = self.epochs.len() as u64;
-        let summary = EpochSummary {
-            epoch: epoch_number,
-            millis,
-            seconds: snap.seconds,
-            stopped_seconds: snap.stopped_seconds,
-            processes: snap.processes.len() as u64,
-            present: snap.pages_read,
-            swapped: snap.pages_swapped,
-            appeared: epoch.appeared.len() as u64,
-            changed: epoch.changed.len() as u64,
-            went: epoch.went.len() as u64,
-            unchanged: epoch.unchanged,
-            vanished_mappings: snap
-                .processes
-                .iter()
-                .flat_map(|p| &p.mappings)
-                .filter(|m| m.vanished)
-                .count() as u64,
-        };
-        match &self.first {
-            None => self.first = Some(snap),
-            Some(first) => {
-                for p in snap.processes {
-                    let seen = first.processes.iter().any(|f| f.number == p.number)
-                        || self.joined_later.iter().any(|j| j.number == p.number);
-                    if !seen {
-                        self.joined_later.push(JoinedProcess {
-                            pid: p.pid,
-                            number: p.number,
-                            name: p.name,
-                            command_line: p.command_line,
-                            epoch: epoch_number,
-                        });
-                    }
-                }
-            }
-        }
-        self.epochs.push(summary);
-        Ok(self.epochs.last().expect("just pushed"))
+        Ok(EpochRead {
+            snap,
+            epoch,
+            next_hashes,
+            held_appeared,
+            held_changed,
+            zero,
+            same,
+        })
     }
 
     /// Epochs every `every` for `total`, the first at once, epoch `n` no earlier than `n`
     /// periods after the first; `on_epoch` is told of each. An epoch that outlasts the period
     /// makes the next start at the next multiple of `every`, and the multiples skipped count in
-    /// [`Manifest::missed_periods`]. A process ending after the first epoch (exiting or running
-    /// another program, during an epoch or between two, reaped or not; or the cgroup
-    /// emptying) ends the recording with `Ok`, keeping the epochs done:
+    /// [`Manifest::missed_periods`]. A process named ending after the first epoch (exiting
+    /// or running another program, during an epoch or between two, reaped or not), a
+    /// cgroup's ending during each of an epoch's [`CGROUP_EPOCH_READS`] reads, or the cgroup
+    /// emptying ends the recording with `Ok`, keeping the epochs done:
     /// [`finish`](Self::finish) then writes them, with [`Manifest::ended_by_exit`] set. A
     /// process ending before the first epoch is whole is an error.
     pub fn record(
@@ -555,6 +631,7 @@ impl Recorder {
             epochs: self.epochs,
             period_millis: self.period.map(|p| p.as_millis() as u64),
             missed_periods: self.missed_periods,
+            epochs_read_again: self.epochs_read_again,
             ended_by_exit: self.ended_by_exit,
             exited_pid: self.exited_pid,
             corpus: written.path,

@@ -6,7 +6,8 @@
 //! The processes named are the capture's for its whole length: one that exits ends it. A
 //! cgroup's are listed again at every epoch (`cgroup.procs` of PATH and of every directory
 //! below it, a cgroup v2 or v1 hierarchy): a process that joined since is read from that
-//! epoch on, one that left or exited between two epochs is no longer read (its pages go).
+//! epoch on, one that left or exited between two epochs is no longer read (its pages go), and
+//! one that exits while an epoch reads it has the epoch read again without it.
 
 use std::path::{Path, PathBuf};
 

@@ -1,15 +1,19 @@
 //! A recording whose process ends under it: a child that exits during an epoch (an error,
 //! nothing written, or the epochs before kept whole), one that exits between epochs (the
 //! recording ends, not as an error), and a process of 512 MiB killed while it is read (an
-//! error, though while the kernel tears its memory down the process still looks alive).
+//! error, though while the kernel tears its memory down the process still looks alive); and a
+//! cgroup's process that exits while an epoch reads it (the epoch is read again without it,
+//! its pages go).
 
 mod common;
 
 use std::io::Write;
 
 use common::shared::{
-    big_holder, files_in, kill_and_wait_for_exit, serve_memory_child, MemoryChild,
+    big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, serve_memory_child,
+    MemoryChild,
 };
+use ztier_capture::target::Target;
 use ztier_capture::{CaptureError, CaptureOptions, Recorder};
 use ztier_corpus::trace::Trace;
 use ztier_corpus::Corpus;
@@ -151,5 +155,82 @@ fn a_process_killed_while_it_is_read_is_an_error_and_leaves_no_file() {
     drop(recorder);
     assert!(files_in(&dir).is_empty(), "{:?}", files_in(&dir));
     drop(holder);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_without_it() {
+    if !rustix::process::geteuid().is_root() {
+        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+        return;
+    }
+    let Some(mount) = cgroup2_mount() else {
+        ztier_corpus::cannot_test("no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let cgroup = mount.join(format!("ztier-test-exit-read-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&cgroup) {
+        ztier_corpus::cannot_test(&format!("cannot make a cgroup in {mount:?}: {e}"));
+        return;
+    }
+    let dir = common::temp_dir("capture-cgroup-exit");
+    let mut children = [MemoryChild::spawn(), MemoryChild::spawn()];
+    for child in &children {
+        std::fs::write(cgroup.join("cgroup.procs"), child.pid().to_string()).unwrap();
+    }
+    // The epoch reads its processes in increasing pid order: the first read is the lower's.
+    children.sort_by_key(MemoryChild::pid);
+    let [mut leaving, staying] = children;
+    let output = dir.join("cg.pages.zst");
+    let mut recorder = Recorder::start(
+        Target::Cgroup(cgroup.clone()),
+        &output,
+        CaptureOptions::default(),
+    )
+    .unwrap();
+    let first = recorder.epoch(&mut |_| {}).unwrap().clone();
+    assert_eq!(first.processes, 2);
+    let mut exited = false;
+    let second = recorder
+        .epoch(&mut |_| {
+            // At the first page read: the process being read exits under the read.
+            if !exited {
+                writeln!(leaving.stdin, "exit").unwrap();
+                leaving.child.wait().unwrap();
+                exited = true;
+            }
+        })
+        .expect("the epoch is read again without the process that exited")
+        .clone();
+    assert_eq!(second.read_again, 1, "{second:?}");
+    assert_eq!(second.processes, 1, "{second:?}");
+    // Every page of the one that exited went; the pages present are the others'.
+    assert_eq!(
+        second.present + second.went,
+        first.present + second.appeared,
+        "{second:?}"
+    );
+    let manifest = recorder.finish().unwrap();
+    let leaving_pages = manifest
+        .processes
+        .iter()
+        .find(|p| p.pid == leaving.pid())
+        .expect("the first epoch read both")
+        .pages_read;
+    assert!(leaving_pages > 0);
+    assert!(second.went >= leaving_pages, "{second:?}, {leaving_pages}");
+    assert_eq!(manifest.epochs_read_again, 1);
+    assert!(!manifest.ended_by_exit);
+    // Nothing of the read cut short is in the corpus or the trace.
+    let trace = Trace::read(&dir.join("cg.trace")).unwrap();
+    assert_eq!(trace.epochs.len(), 2);
+    assert_eq!(trace.epochs[1].went.len() as u64, second.went);
+    assert_eq!(
+        Corpus::load(&output).unwrap().pages() as u64,
+        trace.corpus_pages()
+    );
+    assert_eq!(manifest.pages, manifest.first_capture_pages);
+    drop(staying);
+    std::fs::remove_dir(&cgroup).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

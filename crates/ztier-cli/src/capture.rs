@@ -266,6 +266,12 @@ fn print_manifest(m: &Manifest) {
             }
         );
     }
+    if m.epochs_read_again > 0 {
+        println!(
+            "  {} epoch reads made again: a process of the cgroup ended during the read",
+            m.epochs_read_again
+        );
+    }
     if !m.joined_later.is_empty() {
         println!(
             "  joined the cgroup later: {}",

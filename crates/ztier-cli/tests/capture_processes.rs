@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shared::{big_holder, files_in, kill_and_wait_for_exit, state_and_flags, PAGE};
+use shared::{
+    big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, state_and_flags, PAGE,
+};
 use ztier_corpus::Corpus;
 
 /// Pages written in each region of [`SHARED_HOLDER`].
@@ -183,16 +185,6 @@ fn assert_each_page_once(corpus: &Path, manifest: &serde_json::Value) {
     let memfd = kind_row(manifest, "memfd");
     assert_eq!(memfd["mappings"], 3, "{memfd}");
     assert!(manifest["duplicate_pages"].as_u64().unwrap() >= 5 * SHARED_PAGES);
-}
-
-/// Where the cgroup v2 hierarchy is mounted, if it is.
-fn cgroup2_mount() -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        let point = mount.split_whitespace().nth(4)?;
-        (fs.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(point))
-    })
 }
 
 #[test]

@@ -1,14 +1,16 @@
 //! What ztier-capture's tests of the library and ztier-cli's tests of `ztier capture` share
 //! (the CLI's include this file by its path): the processes they capture, a child whose memory
 //! the test knows (this test binary run again, see [`serve_memory_child`]) and a Python process
-//! holding hundreds of MiB, to kill while it is read; reading `/proc/PID/stat`; and the check
-//! that a recording's epochs began on multiples of its period. Only std, rustix and
+//! holding hundreds of MiB, to kill while it is read; reading `/proc/PID/stat`; where the
+//! cgroup v2 hierarchy is; and the check that a recording's epochs began on multiples of its
+//! period. Only std, rustix and
 //! ztier-base (its one seeded generator), which both crates' tests have, so it reads the same
 //! in either crate.
 #![allow(dead_code)] // each test file uses its own part
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -345,4 +347,14 @@ pub fn period_multiples(starts: &[u64], period_ms: u64) -> Vec<u64> {
         "two epochs in one period: {starts:?}"
     );
     multiples
+}
+
+/// Where the cgroup v2 hierarchy is mounted, if it is.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let (mount, fs) = line.split_once(" - ")?;
+        let point = mount.split_whitespace().nth(4)?;
+        (fs.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(point))
+    })
 }
