@@ -30,6 +30,8 @@ programs=("$@")
 ztier=${ZTIER:-ztier}
 minutes=${MINUTES:-14}
 secs=$((minutes * 60))
+# The programs work on 15 s past the recording, so its last epoch finds them running.
+work_secs=$((secs + 15))
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -74,7 +76,7 @@ work_postgres() {
             -c "select aid % 97, avg(abalance) from pgbench_accounts group by 1 order by 2 desc limit 5" \
             > /dev/null
     done &
-    pgbench -h /dev/shm -U postgres -c 4 -j 2 -R 300 -T "$secs" postgres > "$out/postgres.pgbench" 2>&1
+    pgbench -h /dev/shm -U postgres -c 4 -j 2 -R 300 -T "$work_secs" postgres > "$out/postgres.pgbench" 2>&1
     wait
     su postgres -c "$pg_bin/pg_ctl -D $pg_data -m fast stop" > /dev/null
     rm -rf "$pg_data"
@@ -86,7 +88,7 @@ start_python() {
         /dev/shm/ztier-capture-python.stop > "$out/python.log" 2>&1 &
     until grep -q ready "$out/python.log" 2> /dev/null; do sleep 1; done
 }
-work_python() { sleep "$secs"; touch /dev/shm/ztier-capture-python.stop; }
+work_python() { sleep "$work_secs"; touch /dev/shm/ztier-capture-python.stop; }
 
 sqlite_c=${SQLITE_C:-$(find ~/.cargo/registry/src -path '*/libsqlite3-sys-*/sqlite3/sqlite3.c' 2> /dev/null | sort -V | tail -1)}
 start_cc1() {
@@ -102,7 +104,7 @@ start_cc1() {
         done' "$sqlite_c" &
     sleep 2
 }
-work_cc1() { sleep "$secs"; touch /dev/shm/ztier-capture-cc1.stop; }
+work_cc1() { sleep "$work_secs"; touch /dev/shm/ztier-capture-cc1.stop; }
 
 for p in "${programs[@]}"; do
     case $p in
