@@ -10,8 +10,7 @@ mod common;
 use std::io::Write;
 
 use common::shared::{
-    big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, serve_memory_child,
-    MemoryChild,
+    big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, serve_memory_child, MemoryChild,
 };
 use ztier_capture::target::Target;
 use ztier_capture::{CaptureError, CaptureOptions, Recorder};

@@ -14,9 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shared::{
-    big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, state_and_flags, PAGE,
-};
+use shared::{big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, state_and_flags, PAGE};
 use ztier_corpus::Corpus;
 
 /// Pages written in each region of [`SHARED_HOLDER`].
