@@ -9,12 +9,13 @@
 //! (`access_ages.rs`): the reads, by the age of the page read, and the pages, by their age now.
 //! For every candidate age T (a bucket's start, from the target's youngest age to its oldest),
 //! a window of the policy's passes gives the promotions T would have caused (the reads of pages
-//! at least T old: they would have been on the store) over the pages T would have held the
-//! whole window (those at least T old at its start, or the mean over its passes if fewer), per
-//! minute. Pages that only grew T old during the window tell nothing of the ages past T: a
-//! program that changes its pages about every 75 s looks safe at 64 s from pages that reached
-//! 64 s at the window's end (a capture of CPython refreshing its package index so did, and the
-//! first minute's choice of 64 s promoted 38 % of what it wrote back within 11 s). [`choose`]
+//! at least T old: they would have been on the store) over the pages T would hold (those at
+//! least T old, the mean over the window's passes), per minute. A window tells of T only by
+//! the pages it held past T from its start: pages that only grew T old during it show the ages
+//! just past T, not those beyond, and a program that changes its pages about every 75 s looks
+//! safe at 64 s from pages that reached 64 s at the window's end (a capture of CPython
+//! refreshing its package index did, and the first minute's choice of 64 s promoted 38 % of
+//! what it wrote back within 11 s). [`choose`]
 //! is the whole rule, pure: from the last [`RATE_WINDOWS`] windows, the youngest T whose
 //! [`PERCENTILE`]th percentile of the windows' rates is at most the target, among those the
 //! windows saw enough of to tell ([`WindowSeen::exposure`]); the oldest age when none is. So
@@ -184,29 +185,30 @@ impl Observation {
 pub struct WindowSeen {
     /// Reads during the window of pages at least the candidate's age old.
     pub promotions: Vec<u64>,
-    /// Pages at least the candidate's age old the whole window: those at its start, or the
-    /// mean over its passes if fewer.
+    /// Pages at least the candidate's age old, the mean over the window's passes.
     pub cold: Vec<f64>,
+    /// Pages at least the candidate's age old at the window's start: held past it the whole
+    /// window (unless read or gone). A window with none cannot tell the candidate's rate.
+    pub held: Vec<f64>,
     /// The window's length in minutes.
     pub minutes: f64,
 }
 
 impl WindowSeen {
     /// Candidate `i`'s promotions per minute over the pages it would hold; `None` where the
-    /// window saw neither (nothing to tell by). Promotions with nothing held count as over
-    /// one page.
+    /// window held no page past it from its start (nothing to tell by).
     pub fn rate(&self, i: usize) -> Option<f64> {
         let (promotions, cold) = (*self.promotions.get(i)?, *self.cold.get(i)?);
-        if promotions == 0 && cold <= 0.0 {
+        if self.held.get(i).is_none_or(|&held| held <= 0.0) {
             return None;
         }
         Some(promotions as f64 / cold.max(1.0) / self.minutes.max(1.0 / 60.0))
     }
 
-    /// Candidate `i`'s page-minutes held: at the target, the promotions expected are this
-    /// times the share.
+    /// Candidate `i`'s page-minutes held past it from the window's start: at the target, the
+    /// promotions expected of them are this times the share.
     pub fn exposure(&self, i: usize) -> f64 {
-        self.cold.get(i).copied().unwrap_or(0.0) * self.minutes
+        self.held.get(i).copied().unwrap_or(0.0) * self.minutes
     }
 }
 
@@ -409,8 +411,10 @@ impl PromotionController {
         let seen = WindowSeen {
             promotions: candidates.clone().map(|b| promotions[b]).collect(),
             cold: candidates
-                .map(|b| (window.cold_sum[b] as f64 / passes).min(window.cold_at_start[b] as f64))
+                .clone()
+                .map(|b| window.cold_sum[b] as f64 / passes)
                 .collect(),
+            held: candidates.map(|b| window.cold_at_start[b] as f64).collect(),
             // A window closed early counts as a whole one: its promotions already exceed
             // what the whole window allows.
             minutes: elapsed.max(self.target.window).as_secs_f64() / 60.0,
@@ -519,6 +523,7 @@ mod tests {
                 })
                 .collect(),
             cold: t.candidates().map(|_| cold).collect(),
+            held: t.candidates().map(|_| cold).collect(),
             minutes: 1.0,
         }
     }
@@ -574,9 +579,12 @@ mod tests {
         };
         let quiet = window(&t11, 10_000.0, 0, 0);
         assert_eq!(choose(&t11, &[quiet]).age_secs, 12);
-        // Promotions from pages nothing held count as over one page.
+        // A window that held no page past a candidate from its start tells nothing there,
+        // whatever it promoted; one that held some counts its promotions over at least one.
         let mut empty = window(&t, 0.0, 0, 0);
         empty.promotions[0] = 1;
+        assert_eq!(empty.rate(0), None);
+        empty.held[0] = 1.0;
         assert_eq!(empty.rate(0), Some(1.0));
         assert_eq!(empty.rate(1), None);
     }
@@ -751,13 +759,16 @@ mod tests {
 
     /// Windows of random promotions and pages at each of a target's candidates.
     fn windows(candidates: usize) -> impl Strategy<Value = Vec<WindowSeen>> {
+        // A fifth of the candidates held nothing from the window's start.
+        let held = (0u64..2500).prop_map(|h| h.saturating_sub(500));
         let one = (
-            proptest::collection::vec((0u64..50, 0u64..2000), candidates),
+            proptest::collection::vec((0u64..50, 0u64..2000, held), candidates),
             1u64..120,
         )
             .prop_map(|(at, secs)| WindowSeen {
-                promotions: at.iter().map(|&(p, _)| p).collect(),
-                cold: at.iter().map(|&(_, c)| c as f64).collect(),
+                promotions: at.iter().map(|&(p, _, _)| p).collect(),
+                cold: at.iter().map(|&(_, c, _)| c as f64).collect(),
+                held: at.iter().map(|&(_, _, h)| h as f64).collect(),
                 minutes: secs as f64 / 60.0,
             });
         proptest::collection::vec(one, 0..60)
@@ -765,8 +776,9 @@ mod tests {
 
     proptest! {
         /// The choice against the rule spelled out: an age is safe when the windows held
-        /// enough there to expect a promotion at the target and at most 2 % of the rates
-        /// they give are over it; the youngest safe candidate, else the oldest age.
+        /// enough past it from their starts to expect a promotion at the target and at most
+        /// 2 % of the rates those windows give are over it; the youngest safe candidate,
+        /// else the oldest age.
         #[test]
         fn the_choice_is_the_youngest_age_the_history_shows_safe(
             share in 0.0005f64..0.2,
@@ -786,14 +798,15 @@ mod tests {
                 .map(|mut w| {
                     w.promotions.truncate(n);
                     w.cold.truncate(n);
+                    w.held.truncate(n);
                     w
                 })
                 .collect();
             let safe = |i: usize| {
-                let held: f64 = seen.iter().map(|w| w.cold[i] * w.minutes).sum();
+                let held: f64 = seen.iter().map(|w| w.held[i] * w.minutes).sum();
                 let rates: Vec<f64> = seen
                     .iter()
-                    .filter(|w| w.promotions[i] > 0 || w.cold[i] > 0.0)
+                    .filter(|w| w.held[i] > 0.0)
                     .map(|w| w.promotions[i] as f64 / w.cold[i].max(1.0) / w.minutes)
                     .collect();
                 let over = rates.iter().filter(|&&r| r > share).count();
