@@ -2,11 +2,12 @@
 # shellcheck disable=SC2317 # (start_NAME and work_NAME are called by name)
 # Captures the shared corpora's three programs over time, each in a cgroup of its own, for
 # the far tier's judgement (docs/far-tier.md): `ztier capture --cgroup --every 10s --for
-# 14m`, then `ztier bench --trace --promotion-target ... --corpus OUT/NAME.pages.zst`.
+# 14m` of each; judge them with `ztier bench --trace --promotion-target ... --corpus
+# OUT/NAME.pages.zst`.
 #
 #   scripts/capture-programs.sh OUT [postgres] [python] [cc1]   (all three by default, at once)
 #
-# - postgres: PostgreSQL 15 after `pgbench -i -s 20` and pg_prewarm (shared_buffers 256 MB,
+# - postgres: PostgreSQL (the newest installed; the corpus's was 15) after `pgbench -i -s 20` and pg_prewarm (shared_buffers 256 MB,
 #   data on /dev/shm), pgbench from outside the cgroup at 300 transactions a second with 4
 #   clients, two GROUP BY queries every 2 minutes.
 # - python: CPython holding the Debian package index, dependency maps, a word counter, a JSON
@@ -14,7 +15,7 @@
 #   index service: a minute of dependency closures over a hot set drifting through the names
 #   (a bounded cache), one list parsed again, the maps rebuilt, a new JSON dump every third
 #   round (scripts/capture-programs-python.py).
-# - cc1: GCC 12 compiling the SQLite amalgamation again and again (-O2, -O3, -Os, -O2 -g);
+# - cc1: gcc's cc1 (the corpus's was GCC 12) compiling the SQLite amalgamation again and again (-O2, -O3, -Os, -O2 -g);
 #   the source from $SQLITE_C, else libsqlite3-sys's bundled copy in ~/.cargo/registry
 #   (`cargo fetch` of any crate with libsqlite3-sys and the `bundled` feature brings it).
 #
@@ -48,7 +49,7 @@ run_in() { # CGROUP COMMAND...: runs COMMAND in CGROUP
     bash -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$cg" "$@"
 }
 
-pg_bin=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2> /dev/null | sort -V | tail -1)
+pg_bin=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2> /dev/null | sort -V | tail -1 || true)
 pg_data=/dev/shm/ztier-capture-pgdata
 start_postgres() {
     [ -x "$pg_bin/postgres" ] || { echo "postgres: PostgreSQL is not installed" >&2; exit 1; }
@@ -64,6 +65,11 @@ shared_preload_libraries = 'pg_prewarm'
 EOF
     run_in "$(cgroup_of postgres)" su postgres -c \
         "$pg_bin/pg_ctl -D $pg_data -l /dev/shm/ztier-capture-pg.log -w start" > /dev/null
+    # su's PAM session may move it elsewhere (a systemd host's user slice).
+    grep -q ztier-capture-postgres "/proc/$(head -1 "$pg_data/postmaster.pid")/cgroup" || {
+        echo "postgres: the postmaster is not in $(cgroup_of postgres) (su moved it?)" >&2
+        exit 1
+    }
     pgbench -h /dev/shm -U postgres -i -s 20 postgres > /dev/null 2>&1
     psql -h /dev/shm -U postgres -q -c "create extension pg_prewarm" \
         -c "select pg_prewarm('pgbench_accounts')" > /dev/null
@@ -78,19 +84,25 @@ work_postgres() {
     done &
     pgbench -h /dev/shm -U postgres -c 4 -j 2 -R 300 -T "$work_secs" postgres > "$out/postgres.pgbench" 2>&1
     wait
-    su postgres -c "$pg_bin/pg_ctl -D $pg_data -m fast stop" > /dev/null
-    rm -rf "$pg_data"
 }
 
 start_python() {
     rm -f /dev/shm/ztier-capture-python.stop
     run_in "$(cgroup_of python)" python3 "$here/capture-programs-python.py" \
         /dev/shm/ztier-capture-python.stop > "$out/python.log" 2>&1 &
-    until grep -q ready "$out/python.log" 2> /dev/null; do sleep 1; done
+    local service=$!
+    until grep -q ready "$out/python.log" 2> /dev/null; do
+        kill -0 "$service" 2> /dev/null || {
+            echo "python: the program ended before it was ready ($out/python.log):" >&2
+            tail -5 "$out/python.log" >&2
+            exit 1
+        }
+        sleep 1
+    done
 }
 work_python() { sleep "$work_secs"; touch /dev/shm/ztier-capture-python.stop; }
 
-sqlite_c=${SQLITE_C:-$(find ~/.cargo/registry/src -path '*/libsqlite3-sys-*/sqlite3/sqlite3.c' 2> /dev/null | sort -V | tail -1)}
+sqlite_c=${SQLITE_C:-$(find ~/.cargo/registry/src -path '*/libsqlite3-sys-*/sqlite3/sqlite3.c' 2> /dev/null | sort -V | tail -1 || true)}
 start_cc1() {
     [ -f "$sqlite_c" ] || { echo "cc1: no sqlite3.c (set SQLITE_C)" >&2; exit 1; }
     rm -f /dev/shm/ztier-capture-cc1.stop
@@ -105,6 +117,23 @@ start_cc1() {
     sleep 2
 }
 work_cc1() { sleep "$work_secs"; touch /dev/shm/ztier-capture-cc1.stop; }
+
+# On any way out: every program told to stop, PostgreSQL stopped, the cgroups removed.
+cleanup() {
+    touch /dev/shm/ztier-capture-python.stop /dev/shm/ztier-capture-cc1.stop
+    if [ -d "$pg_data" ]; then
+        su postgres -c "$pg_bin/pg_ctl -D $pg_data -m fast stop" > /dev/null 2>&1 || true
+        rm -rf "$pg_data"
+    fi
+    for p in postgres python cc1; do
+        local cg
+        cg=$(cgroup_of "$p")
+        [ -d "$cg" ] || continue
+        for _ in $(seq 1 100); do [ -s "$cg/cgroup.procs" ] || break; sleep 0.1; done
+        rmdir "$cg" 2> /dev/null || true
+    done
+}
+trap cleanup EXIT
 
 for p in "${programs[@]}"; do
     case $p in
@@ -121,6 +150,5 @@ done
 for p in "${programs[@]}"; do "work_$p" & done
 status=0
 for c in "${captures[@]}"; do wait "$c" || status=1; done
-wait
-for p in "${programs[@]}"; do rmdir "$(cgroup_of "$p")" 2> /dev/null || true; done
+wait || true
 exit $status

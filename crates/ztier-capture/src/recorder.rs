@@ -150,6 +150,9 @@ pub struct Recorder {
     processes: Vec<Process>,
     /// The numbers of the processes the next epoch reads.
     current: Vec<u32>,
+    /// Numbers of processes found running another program: their handles read the old
+    /// program's memory (none), so the pid is opened afresh under a new number.
+    replaced: Vec<u32>,
     objects: ObjectNumbers,
     options: CaptureOptions,
     corpus: CorpusWriter,
@@ -228,6 +231,7 @@ impl Recorder {
             target,
             processes: Vec::new(),
             current: Vec::new(),
+            replaced: Vec::new(),
             objects: ObjectNumbers::default(),
             options,
             corpus: CorpusWriter::create(output).map_err(|e| output_error(output, e))?,
@@ -283,7 +287,8 @@ impl Recorder {
             let known = self
                 .processes
                 .iter()
-                .rposition(|p| p.pid() == pid && p.liveness() != crate::process::Liveness::Gone);
+                .rposition(|p| p.pid() == pid && p.liveness() != crate::process::Liveness::Gone)
+                .filter(|&n| !self.replaced.contains(&(n as u32)));
             let number = match known {
                 Some(n) => n,
                 None => match Process::open(pid) {
@@ -309,14 +314,16 @@ impl Recorder {
     /// page's key (`crate::key`: a private page of the first process by its virtual page
     /// number) as it is read (a progress count, or a test acting on a process mid-capture).
     ///
-    /// A cgroup's later epoch whose read a process of the cgroup ended (it exited or ran
-    /// another program: a compiler of a build, a backend that served one query) is read again
-    /// from a new listing of the cgroup, up to [`CGROUP_EPOCH_READS`] reads: processes coming
-    /// and going are what a cgroup does, and nothing of a read cut short is kept (its pages
-    /// are held until the read is whole). The process's pages go at the epoch that no longer
-    /// finds it. The first epoch writes its pages as it reads them, so it is not read again.
+    /// A cgroup's later epoch whose read a process of the cgroup ended (it exited, or ran
+    /// another program: a compiler of a build, a backend that served one query, a shell
+    /// running its command) is read again from a new listing of the cgroup, up to
+    /// [`CGROUP_EPOCH_READS`] reads: processes coming and going are what a cgroup does, and
+    /// nothing of a read cut short is kept but the numbers given to shared memory objects
+    /// it met (its pages are held until the read is whole). A process that exited is no
+    /// longer listed; one that runs another program is opened afresh, a new process of the
+    /// capture. The old one's pages go at the epoch read whole; the epoch's time is its last
+    /// read's. The first epoch writes its pages as it reads them, so it is not read again.
     pub fn epoch(&mut self, observer: &mut dyn FnMut(u64)) -> Result<&EpochSummary> {
-        let millis = self.started.elapsed().as_millis() as u64;
         let first = self.first.is_none();
         let reads_allowed = if !first && self.target.cgroup().is_some() {
             CGROUP_EPOCH_READS
@@ -324,16 +331,23 @@ impl Recorder {
             1
         };
         let mut read_again = 0u64;
-        let read = loop {
+        let (read, millis) = loop {
             if !first {
                 self.list_processes()?;
             }
+            let millis = self.started.elapsed().as_millis() as u64;
             match self.read_once(first, millis, observer) {
-                Ok(read) => break read,
+                Ok(read) => break (read, millis),
                 Err(e) if e.ended_process().is_some() && read_again + 1 < reads_allowed => {
                     read_again += 1;
+                    if let CaptureError::Replaced { pid, .. } = e {
+                        self.retire_replaced(pid);
+                    }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.epochs_read_again += read_again;
+                    return Err(e);
+                }
             }
         };
         self.epochs_read_again += read_again;
@@ -427,6 +441,15 @@ impl Recorder {
         }
         self.epochs.push(summary);
         Ok(self.epochs.last().expect("just pushed"))
+    }
+
+    /// Marks the process `pid` of the current ones as running another program, so the next
+    /// listing opens it afresh.
+    fn retire_replaced(&mut self, pid: u32) {
+        let mut current = self.current.iter().copied();
+        if let Some(n) = current.rfind(|&n| self.processes[n as usize].pid() == pid) {
+            self.replaced.push(n);
+        }
     }
 
     /// One read of the current processes for an epoch at `millis`: every page hashed and

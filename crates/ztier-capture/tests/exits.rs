@@ -3,7 +3,7 @@
 //! recording ends, not as an error), and a process of 512 MiB killed while it is read (an
 //! error, though while the kernel tears its memory down the process still looks alive); and a
 //! cgroup's process that exits while an epoch reads it (the epoch is read again without it,
-//! its pages go).
+//! its pages go), and one that runs another program (read afresh, as a new process).
 
 mod common;
 
@@ -228,8 +228,73 @@ fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_wit
         Corpus::load(&output).unwrap().pages() as u64,
         trace.corpus_pages()
     );
-    assert_eq!(manifest.pages, manifest.first_capture_pages);
+    assert_eq!(
+        manifest.pages,
+        manifest.first_capture_pages + second.appeared + second.changed
+    );
     drop(staying);
+    std::fs::remove_dir(&cgroup).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cgroup_process_that_runs_another_program_is_read_afresh_as_a_new_process() {
+    if !rustix::process::geteuid().is_root() {
+        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+        return;
+    }
+    let Some(mount) = cgroup2_mount() else {
+        ztier_corpus::cannot_test("no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let cgroup = mount.join(format!("ztier-test-exec-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&cgroup) {
+        ztier_corpus::cannot_test(&format!("cannot make a cgroup in {mount:?}: {e}"));
+        return;
+    }
+    let dir = common::temp_dir("capture-cgroup-exec");
+    // A shell that, given a line, runs `sleep` in its place (the same pid).
+    let mut shell = std::process::Command::new("sh")
+        .args(["-c", "read line; exec sleep 600"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = shell.id();
+    std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
+    let output = dir.join("exec.pages.zst");
+    let mut recorder = Recorder::start(
+        Target::Cgroup(cgroup.clone()),
+        &output,
+        CaptureOptions::default(),
+    )
+    .unwrap();
+    let first = recorder.epoch(&mut |_| {}).unwrap().clone();
+    assert_eq!(first.processes, 1);
+    writeln!(shell.stdin.as_mut().unwrap(), "go").unwrap();
+    let comm = format!("/proc/{pid}/comm");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&comm).unwrap().trim() != "sleep" {
+        assert!(std::time::Instant::now() < deadline, "sh never ran sleep");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The shell's handle reads nothing of the new program: the epoch is read again with
+    // the pid opened afresh, its old pages gone and the new program's appeared.
+    let second = recorder
+        .epoch(&mut |_| {})
+        .expect("the process running sleep is read as a new one")
+        .clone();
+    assert_eq!((second.read_again, second.processes), (1, 1), "{second:?}");
+    assert!(second.went > 0 && second.appeared > 0, "{second:?}");
+    let manifest = recorder.finish().unwrap();
+    assert_eq!(manifest.epochs_read_again, 1);
+    let joined: Vec<_> = manifest
+        .joined_later
+        .iter()
+        .map(|j| (j.pid, j.name.as_str(), j.epoch))
+        .collect();
+    assert_eq!(joined, [(pid, "sleep", 1)]);
+    let _ = shell.kill();
+    let _ = shell.wait();
     std::fs::remove_dir(&cgroup).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -10,12 +10,16 @@
 //! For every candidate age T (a bucket's start, from the target's youngest age to its oldest),
 //! a window of the policy's passes gives the promotions T would have caused (the reads of pages
 //! at least T old: they would have been on the store) over the pages T would hold (those at
-//! least T old, the mean over the window's passes), per minute. A window tells of T only by
-//! the pages it held past T from its start: pages that only grew T old during it show the ages
-//! just past T, not those beyond, and a program that changes its pages about every 75 s looks
-//! safe at 64 s from pages that reached 64 s at the window's end (a capture of CPython
-//! refreshing its package index did, and the first minute's choice of 64 s promoted 38 % of
-//! what it wrote back within 11 s). [`choose`]
+//! least T old, the mean over the window's passes), per minute. A window counts for T only if
+//! it began with pages at least T old, and only those pages' minutes are what it saw of T (its
+//! exposure): pages that only grew T old during it show the ages just past T, not those beyond,
+//! and a program that changes its pages about every 75 s looks safe at 64 s from pages that
+//! reached 64 s at the window's end (a capture of CPython refreshing its package index did, and
+//! the first minute's choice of 64 s promoted 38 % of what it wrote back within 11 s). It is
+//! not proof against every such case: pages long idle at a window's start vouch for the younger
+//! ages too, which pages newly idle only pass through (a window beginning with 1000 pages ten
+//! minutes idle may choose 24 s while 10 000 pages it watched grow from 10 s to 70 s old are
+//! read at 75 s); the window that follows sees their reads and goes older at once. [`choose`]
 //! is the whole rule, pure: from the last [`RATE_WINDOWS`] windows, the youngest T whose
 //! [`PERCENTILE`]th percentile of the windows' rates is at most the target, among those the
 //! windows saw enough of to tell ([`WindowSeen::exposure`]); the oldest age when none is. So
@@ -213,8 +217,9 @@ impl WindowSeen {
 }
 
 /// Candidate `i`'s predicted rate over `windows`: the [`PERCENTILE`]th percentile of the
-/// windows' rates, if the windows held enough at it for at least one promotion to be
-/// expected at `share` (fewer cannot tell a rate under the target from one over it).
+/// windows' rates, if the windows held enough past it from their starts for at least one
+/// promotion to be expected at `share` (fewer cannot tell a rate under the target from one
+/// over it).
 pub fn predicted_rate(share: f64, windows: &[WindowSeen], i: usize) -> Option<f64> {
     let exposure: f64 = windows.iter().map(|w| w.exposure(i)).sum();
     if exposure * share < 1.0 {
@@ -839,6 +844,7 @@ mod tests {
                 .map(|mut w| {
                     w.promotions.resize(n, 0);
                     w.cold.resize(n, 0.0);
+                    w.held.resize(n, 0.0);
                     w
                 })
                 .collect();
