@@ -20,8 +20,8 @@
 #   (`cargo fetch` of any crate with libsqlite3-sys and the `bundled` feature brings it).
 #
 # Needs root (cgroups, ptrace), a cgroup v2 hierarchy, ztier on PATH (or $ZTIER), and for
-# each program its packages: postgresql-15 (with pg_prewarm), gcc, python3 with PyYAML, lz4,
-# and apt's package lists in /var/lib/apt/lists.
+# each program its packages: PostgreSQL (with pg_prewarm, in postgresql's contrib), gcc,
+# python3 with PyYAML, lz4, and apt's package lists in /var/lib/apt/lists.
 set -euo pipefail
 
 out=${1:?usage: $0 OUT [postgres] [python] [cc1]}
@@ -37,7 +37,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-cgroup2=$(awk '$9 == "cgroup2" { print $5; exit }' /proc/self/mountinfo)
+command -v "$ztier" > /dev/null || { echo "no $ztier (set ZTIER)" >&2; exit 1; }
+# The field after " - " is the filesystem type; the fifth, the mount point.
+cgroup2=$(awk '{ for (i = 7; i <= NF; i++) if ($i == "-") break } $(i + 1) == "cgroup2" { print $5; exit }' /proc/self/mountinfo)
 [ -n "$cgroup2" ] || { echo "no cgroup v2 hierarchy mounted" >&2; exit 1; }
 cgroup_of() { echo "$cgroup2/ztier-capture-$1"; }
 
@@ -104,6 +106,7 @@ work_python() { sleep "$work_secs"; touch /dev/shm/ztier-capture-python.stop; }
 
 sqlite_c=${SQLITE_C:-$(find ~/.cargo/registry/src -path '*/libsqlite3-sys-*/sqlite3/sqlite3.c' 2> /dev/null | sort -V | tail -1 || true)}
 start_cc1() {
+    command -v gcc > /dev/null || { echo "cc1: gcc is not installed" >&2; exit 1; }
     [ -f "$sqlite_c" ] || { echo "cc1: no sqlite3.c (set SQLITE_C)" >&2; exit 1; }
     rm -f /dev/shm/ztier-capture-cc1.stop
     # shellcheck disable=SC2016 # (the loop's variables are the inner shell's)
@@ -118,19 +121,29 @@ start_cc1() {
 }
 work_cc1() { sleep "$work_secs"; touch /dev/shm/ztier-capture-cc1.stop; }
 
-# On any way out: every program told to stop, PostgreSQL stopped, the cgroups removed.
+# On any way out: this run's own jobs ended, its programs told to stop, PostgreSQL stopped,
+# the cgroups removed once empty (python ends at its round's end, a compile at its end).
 cleanup() {
-    touch /dev/shm/ztier-capture-python.stop /dev/shm/ztier-capture-cc1.stop
-    if [ -d "$pg_data" ]; then
-        su postgres -c "$pg_bin/pg_ctl -D $pg_data -m fast stop" > /dev/null 2>&1 || true
-        rm -rf "$pg_data"
-    fi
-    for p in postgres python cc1; do
+    # shellcheck disable=SC2046 # (the job pids are words)
+    kill $(jobs -p) 2> /dev/null || true
+    for p in "${programs[@]}"; do
+        case $p in
+            python | cc1) touch "/dev/shm/ztier-capture-$p.stop" ;;
+            postgres)
+                if [ -d "$pg_data" ]; then
+                    su postgres -c "$pg_bin/pg_ctl -D $pg_data -m fast stop" > /dev/null 2>&1 || true
+                    rm -rf "$pg_data"
+                fi
+                ;;
+        esac
+    done
+    for p in "${programs[@]}"; do
         local cg
         cg=$(cgroup_of "$p")
         [ -d "$cg" ] || continue
-        for _ in $(seq 1 100); do [ -s "$cg/cgroup.procs" ] || break; sleep 0.1; done
-        rmdir "$cg" 2> /dev/null || true
+        # cgroupfs files read as size 0: look at the content.
+        for _ in $(seq 1 1200); do grep -q . "$cg/cgroup.procs" || break; sleep 0.1; done
+        rmdir "$cg" 2> /dev/null || echo "left behind: $cg (its processes still run)" >&2
     done
 }
 trap cleanup EXIT

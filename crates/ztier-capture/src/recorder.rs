@@ -332,11 +332,9 @@ impl Recorder {
         };
         let mut read_again = 0u64;
         let (read, millis) = loop {
-            if !first {
-                self.list_processes()?;
-            }
+            let listed = if first { Ok(()) } else { self.list_processes() };
             let millis = self.started.elapsed().as_millis() as u64;
-            match self.read_once(first, millis, observer) {
+            match listed.and_then(|()| self.read_once(first, millis, observer)) {
                 Ok(read) => break (read, millis),
                 Err(e) if e.ended_process().is_some() && read_again + 1 < reads_allowed => {
                     read_again += 1;
