@@ -10,7 +10,7 @@ mod common;
 use std::io::Write;
 
 use common::shared::{
-    big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, serve_memory_child, MemoryChild,
+    big_holder, files_in, kill_and_wait_for_exit, new_test_cgroup, serve_memory_child, MemoryChild,
 };
 use ztier_capture::target::Target;
 use ztier_capture::{CaptureError, CaptureOptions, Recorder};
@@ -163,15 +163,13 @@ fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_wit
         ztier_corpus::cannot_test("moving a process into a cgroup needs root");
         return;
     }
-    let Some(mount) = cgroup2_mount() else {
-        ztier_corpus::cannot_test("no cgroup v2 hierarchy mounted");
-        return;
+    let cgroup = match new_test_cgroup("exit-read") {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            ztier_corpus::cannot_test(&why);
+            return;
+        }
     };
-    let cgroup = mount.join(format!("ztier-test-exit-read-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&cgroup) {
-        ztier_corpus::cannot_test(&format!("cannot make a cgroup in {mount:?}: {e}"));
-        return;
-    }
     let dir = common::temp_dir("capture-cgroup-exit");
     let mut children = [MemoryChild::spawn(), MemoryChild::spawn()];
     for child in &children {
@@ -243,15 +241,13 @@ fn a_cgroup_process_that_runs_another_program_is_read_afresh_as_a_new_process() 
         ztier_corpus::cannot_test("moving a process into a cgroup needs root");
         return;
     }
-    let Some(mount) = cgroup2_mount() else {
-        ztier_corpus::cannot_test("no cgroup v2 hierarchy mounted");
-        return;
+    let cgroup = match new_test_cgroup("exec") {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            ztier_corpus::cannot_test(&why);
+            return;
+        }
     };
-    let cgroup = mount.join(format!("ztier-test-exec-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&cgroup) {
-        ztier_corpus::cannot_test(&format!("cannot make a cgroup in {mount:?}: {e}"));
-        return;
-    }
     let dir = common::temp_dir("capture-cgroup-exec");
     // A shell that, given a line, runs `sleep` in its place (the same pid).
     let mut shell = std::process::Command::new("sh")

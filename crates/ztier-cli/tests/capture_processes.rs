@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shared::{big_holder, cgroup2_mount, files_in, kill_and_wait_for_exit, state_and_flags, PAGE};
+use shared::{
+    big_holder, files_in, kill_and_wait_for_exit, new_test_cgroup, state_and_flags, PAGE,
+};
 use ztier_corpus::Corpus;
 
 /// Pages written in each region of [`SHARED_HOLDER`].
@@ -220,15 +222,13 @@ fn shared_memory_of_every_kind_is_captured_page_exact_each_shared_page_once() {
     assert_eq!(memfd["pages_read"], SHARED_PAGES, "{memfd}");
 
     // The same two processes as a cgroup's.
-    let Some(mount) = cgroup2_mount() else {
-        ztier_corpus::cannot_test("no cgroup v2 hierarchy mounted");
-        return;
+    let cgroup = match new_test_cgroup("capture") {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            ztier_corpus::cannot_test(&why);
+            return;
+        }
     };
-    let cgroup = mount.join(format!("ztier-test-capture-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&cgroup) {
-        ztier_corpus::cannot_test(&format!("cannot make a cgroup in {mount:?}: {e}"));
-        return;
-    }
     for pid in [parent, child] {
         std::fs::write(cgroup.join("cgroup.procs"), pid).unwrap();
     }

@@ -358,3 +358,12 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
         (fs.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(point))
     })
 }
+
+/// A new cgroup of this test process's own (`ztier-test-NAME-PID`) in the cgroup v2
+/// hierarchy, or why there is none (the caller says so and skips).
+pub fn new_test_cgroup(name: &str) -> Result<PathBuf, String> {
+    let mount = cgroup2_mount().ok_or("no cgroup v2 hierarchy mounted")?;
+    let cgroup = mount.join(format!("ztier-test-{name}-{}", std::process::id()));
+    std::fs::create_dir(&cgroup).map_err(|e| format!("cannot make a cgroup in {mount:?}: {e}"))?;
+    Ok(cgroup)
+}
