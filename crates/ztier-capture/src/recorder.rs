@@ -145,14 +145,17 @@ pub struct KindSummary {
 /// A capture under way.
 pub struct Recorder {
     target: Target,
-    /// Every process the capture has opened; a process's number is its index here, never
-    /// given to another.
-    processes: Vec<Process>,
+    /// The processes open now, by number. A number is never given to another process: the
+    /// next one's is [`next_number`](Self::next_number). A cgroup's process is closed (its
+    /// handles dropped) once a listing no longer holds it, or once it runs another program,
+    /// so a recording of a build holds the handles of the processes running, not of every
+    /// process it ever met.
+    open: HashMap<u32, Process>,
+    /// The number of the open process of each pid.
+    number_of_pid: HashMap<u32, u32>,
+    next_number: u32,
     /// The numbers of the processes the next epoch reads.
     current: Vec<u32>,
-    /// Numbers of processes found running another program: their handles read the old
-    /// program's memory (none), so the pid is opened afresh under a new number.
-    replaced: Vec<u32>,
     objects: ObjectNumbers,
     options: CaptureOptions,
     corpus: CorpusWriter,
@@ -229,9 +232,10 @@ impl Recorder {
         let manifest_path = output.with_file_name(format!("{stem}.capture.json"));
         let mut recorder = Recorder {
             target,
-            processes: Vec::new(),
+            open: HashMap::new(),
+            number_of_pid: HashMap::new(),
+            next_number: 0,
             current: Vec::new(),
-            replaced: Vec::new(),
             objects: ObjectNumbers::default(),
             options,
             corpus: CorpusWriter::create(output).map_err(|e| output_error(output, e))?,
@@ -260,21 +264,41 @@ impl Recorder {
         Ok(recorder)
     }
 
-    /// The processes the capture has opened, by number.
-    pub fn processes(&self) -> &[Process] {
-        &self.processes
+    /// How many processes the capture holds open now (their `mem` and `pagemap` handles).
+    pub fn processes_open(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Opens `pid` under the next number.
+    fn open_process(&mut self, pid: u32) -> Result<u32> {
+        let process = Process::open(pid)?;
+        let number = self.next_number;
+        self.next_number += 1;
+        self.open.insert(number, process);
+        self.number_of_pid.insert(pid, number);
+        Ok(number)
+    }
+
+    /// Drops process `number`'s handles; its pid, if seen again, is a new process.
+    fn close_process(&mut self, number: u32) {
+        if let Some(process) = self.open.remove(&number) {
+            if self.number_of_pid.get(&process.pid()) == Some(&number) {
+                self.number_of_pid.remove(&process.pid());
+            }
+        }
     }
 
     /// Sets [`current`](Self::current) to the processes the next epoch reads: the ones named
-    /// (opened once, at the start), or the cgroup's now, opening the new ones.
+    /// (opened once, at the start), or the cgroup's now, opening the new ones and closing the
+    /// ones it no longer holds.
     fn list_processes(&mut self) -> Result<()> {
         let pids = self.target.pids()?;
         if let Target::Pids(_) = self.target {
-            if self.processes.is_empty() {
+            if self.open.is_empty() {
                 for &pid in &pids {
-                    self.processes.push(Process::open(pid)?);
+                    self.open_process(pid)?;
                 }
-                self.current = (0..self.processes.len() as u32).collect();
+                self.current = (0..self.next_number).collect();
             }
             return if self.current.is_empty() {
                 Err(CaptureError::NothingToCapture)
@@ -284,23 +308,32 @@ impl Recorder {
         }
         self.current.clear();
         for pid in pids {
-            let known = self
-                .processes
-                .iter()
-                .rposition(|p| p.pid() == pid && p.liveness() != crate::process::Liveness::Gone)
-                .filter(|&n| !self.replaced.contains(&(n as u32)));
-            let number = match known {
-                Some(n) => n,
-                None => match Process::open(pid) {
-                    Ok(process) => {
-                        self.processes.push(process);
-                        self.processes.len() - 1
-                    }
+            let known = self.number_of_pid.get(&pid).copied();
+            // A pid whose process is gone is another process's now (the pid reused).
+            if let Some(number) = known {
+                if self.open[&number].liveness() == crate::process::Liveness::Gone {
+                    self.close_process(number);
+                }
+            }
+            let number = match self.number_of_pid.get(&pid) {
+                Some(&number) => number,
+                None => match self.open_process(pid) {
+                    Ok(number) => number,
                     Err(e) if left_meanwhile(&e) => continue,
                     Err(e) => return Err(e),
                 },
             };
-            self.current.push(number as u32);
+            self.current.push(number);
+        }
+        let listed: std::collections::HashSet<u32> = self.current.iter().copied().collect();
+        let left: Vec<u32> = self
+            .open
+            .keys()
+            .copied()
+            .filter(|n| !listed.contains(n))
+            .collect();
+        for number in left {
+            self.close_process(number);
         }
         match self.target.cgroup() {
             Some(path) if self.current.is_empty() => Err(CaptureError::EmptyCgroup {
@@ -441,12 +474,11 @@ impl Recorder {
         Ok(self.epochs.last().expect("just pushed"))
     }
 
-    /// Marks the process `pid` of the current ones as running another program, so the next
-    /// listing opens it afresh.
+    /// Closes the process `pid` of the current ones, found running another program, so the
+    /// next listing opens it afresh under a new number.
     fn retire_replaced(&mut self, pid: u32) {
-        let mut current = self.current.iter().copied();
-        if let Some(n) = current.rfind(|&n| self.processes[n as usize].pid() == pid) {
-            self.replaced.push(n);
+        if let Some(&number) = self.number_of_pid.get(&pid) {
+            self.close_process(number);
         }
     }
 
@@ -477,7 +509,7 @@ impl Recorder {
         let processes: Vec<(u32, &Process)> = self
             .current
             .iter()
-            .map(|&n| (n, &self.processes[n as usize]))
+            .filter_map(|&n| self.open.get(&n).map(|p| (n, p)))
             .collect();
         let snap = snapshot::read(
             &processes,

@@ -281,6 +281,7 @@ fn a_cgroup_process_that_runs_another_program_is_read_afresh_as_a_new_process() 
         .clone();
     assert_eq!((second.read_again, second.processes), (1, 1), "{second:?}");
     assert!(second.went > 0 && second.appeared > 0, "{second:?}");
+    assert_eq!(recorder.processes_open(), 1, "the shell's handles dropped");
     let manifest = recorder.finish().unwrap();
     assert_eq!(manifest.epochs_read_again, 1);
     let joined: Vec<_> = manifest

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use ztier_capture::recorder::CGROUP_EPOCH_READS;
 use ztier_capture::{CaptureOptions, EpochSummary, Manifest, Recorder, Target};
 
 use crate::size::parse_positive_duration;
@@ -93,9 +94,13 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
         eprintln!(
             "ztier: {} during the recording, after {} epochs (the last at {:.1} s): they are \
              kept and written",
-            match manifest.exited_pid {
-                Some(pid) => format!("process {pid} exited"),
-                None => "every process of the cgroup exited".into(),
+            match (manifest.exited_pid, &manifest.cgroup) {
+                (Some(pid), Some(_)) => format!(
+                    "a process of the cgroup ended during each of {CGROUP_EPOCH_READS} reads of \
+                     an epoch (the last, process {pid})"
+                ),
+                (Some(pid), None) => format!("process {pid} exited"),
+                (None, _) => "every process of the cgroup exited".into(),
             },
             manifest.epochs.len(),
             last_epoch_seconds(&manifest)
