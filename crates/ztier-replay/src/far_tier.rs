@@ -14,9 +14,9 @@
 //! holds.
 //!
 //! Invariants: every run replays the same trace over its own device and its own store in
-//! memory; ages are whole seconds of the capture's time (the device's clock can run a
-//! second ahead within an epoch when a second of real time passes while it is replayed);
-//! every present page reads back as its last content at the end of each run.
+//! memory; ages are whole seconds of the capture's time alone (the device's clock is pinned
+//! to each epoch's, however long the epoch takes to replay), so two runs at one age are the
+//! same run; every present page reads back as its last content at the end of each run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,7 +157,7 @@ impl FarTierReplay {
         let mut minutes: Vec<(u64, f64, u64)> = Vec::new();
         for (n, epoch) in trace.epochs.iter().enumerate() {
             let at = Duration::from_millis(epoch.millis.saturating_sub(first));
-            dev.set_age(Duration::from_secs(CLOCK_BASE_SECS) + at);
+            dev.pin_clock(Some(Duration::from_secs(CLOCK_BASE_SECS) + at));
             let read_back = swapped.apply(n, epoch)?;
             promotions += read_back;
             if at >= next_pass {

@@ -126,6 +126,9 @@ struct ShardState {
 /// `index % PAGE_LOCK_STRIPES`).
 const PAGE_LOCK_STRIPES: usize = 256;
 
+/// [`Device::pin_clock`]'s "not held": the clock runs.
+const CLOCK_RUNS: u64 = u64::MAX;
+
 /// The largest compression unit a device stores.
 pub const MAX_UNIT_SIZE: usize = 64 << 10;
 
@@ -167,6 +170,9 @@ pub struct Device {
     /// Seconds the device is older than `created_secs` says: a loaded state's oldest page's
     /// age.
     age_shift: std::sync::atomic::AtomicU32,
+    /// The clock held still at this many seconds by a replay ([`Device::pin_clock`]), or
+    /// [`CLOCK_RUNS`]: running.
+    pinned_secs: AtomicU64,
     /// The backing store (`backing_dev`).
     backing: RwLock<Option<Arc<Backing>>>,
     /// 4 KiB blocks writeback may still write (`u64::MAX`: no limit).
@@ -251,6 +257,7 @@ impl Device {
             max_used_pages: AtomicU64::new(0),
             created_secs: ztier_base::os::coarse_monotonic_secs(),
             age_shift: std::sync::atomic::AtomicU32::new(0),
+            pinned_secs: AtomicU64::new(CLOCK_RUNS),
             backing: RwLock::new(None),
             wb_limit: AtomicU64::new(u64::MAX),
             recomp: RwLock::new(Vec::new()),
@@ -346,6 +353,10 @@ impl Device {
     /// Seconds since the device was made (slots' `ac_time`), plus the age of a loaded state.
     /// Read on every access, from the coarse clock (whole seconds need no more).
     fn now(&self) -> u32 {
+        let pinned = self.pinned_secs.load(Relaxed);
+        if pinned != CLOCK_RUNS {
+            return pinned as u32;
+        }
         let shift = u64::from(self.age_shift.load(Relaxed));
         (self.lived_secs() + shift).min(u64::from(u32::MAX)) as u32
     }
@@ -365,6 +376,26 @@ impl Device {
             .saturating_sub(self.lived_secs())
             .min(u64::from(u32::MAX)) as u32;
         self.age_shift.store(shift, Relaxed);
+    }
+
+    /// Holds the device's clock still at `at` (whole seconds, at most 2^32-1), or lets it
+    /// run again from where it was held (`None`). A replay pins it to each epoch's recorded
+    /// time: the pages it writes then are stamped, and its policy's pass judges their ages,
+    /// on the recording's clock alone, however long the replay takes, so two replays of one
+    /// recording age every page alike.
+    pub fn pin_clock(&self, at: Option<Duration>) {
+        match at {
+            Some(at) => {
+                let secs = at.as_secs().min(u64::from(u32::MAX));
+                self.pinned_secs.store(secs, Relaxed);
+            }
+            None => {
+                let held = self.pinned_secs.swap(CLOCK_RUNS, Relaxed);
+                if held != CLOCK_RUNS {
+                    self.set_age(Duration::from_secs(held));
+                }
+            }
+        }
     }
 
     /// Whole seconds since the device was made.

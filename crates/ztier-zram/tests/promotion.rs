@@ -1,7 +1,7 @@
 //! The policy's writeback age by promotion rate, chosen from the device's reads and pages by
 //! age, live on a device with a store in a file: the policy's passes run by hand, the
-//! device's clock moved by hand ([`Device::set_age`]), so nothing here waits for time to
-//! pass.
+//! device's clock pinned and moved by hand ([`Device::pin_clock`]), so nothing here waits for
+//! time to pass, and the test's own time never ages a page.
 
 mod common;
 
@@ -37,9 +37,8 @@ fn the_age_is_chosen_from_the_reads_by_age_without_going_over_to_learn() {
     let dev = device(PAGES, "lz4");
     dev.set_backing(Some(file_store("promotion", 32 << 20, WbFormat::Page)))
         .unwrap();
-    // Ages far from the device's real one, so the second or so the test takes is noise.
     let base = 10_000;
-    dev.set_age(Duration::from_secs(base));
+    dev.pin_clock(Some(Duration::from_secs(base)));
     fill(&dev, PAGES);
     let target = PromotionTarget {
         share_per_minute: 0.002,
@@ -55,7 +54,7 @@ fn the_age_is_chosen_from_the_reads_by_age_without_going_over_to_learn() {
     // About 8 minutes with the working set swapped every 30 s (a third of it each step),
     // then 7 with it swapped every 60 s (a sixth each step).
     for step in 1..=90u64 {
-        dev.set_age(Duration::from_secs(base + step * STEP_SECS));
+        dev.pin_clock(Some(Duration::from_secs(base + step * STEP_SECS)));
         let period = if step <= FIRST_PHASE { 3 } else { 6 };
         let reads_before = dev.bd_stat().unwrap().bd_reads;
         for i in (0..HOT).filter(|i| i % period == step % period) {
@@ -125,16 +124,16 @@ fn with_no_target_the_fixed_age_is_kept_and_the_controller_absent() {
     let dev = device(64, "lz4");
     dev.set_backing(Some(file_store("fixed", 4 << 20, WbFormat::Page)))
         .unwrap();
-    dev.set_age(Duration::from_secs(1000));
+    dev.pin_clock(Some(Duration::from_secs(1000)));
     fill(&dev, 64);
     let mut runner = PolicyRunner::new(PolicyConfig {
         writeback_idle: Some(Duration::from_secs(30)),
         ..config(None)
     });
     assert_eq!(runner.writeback_age(), Some(Duration::from_secs(30)));
-    dev.set_age(Duration::from_secs(1020));
+    dev.pin_clock(Some(Duration::from_secs(1020)));
     assert_eq!(runner.tick(&dev).written_back_pages, 0, "20 s idle");
-    dev.set_age(Duration::from_secs(1040));
+    dev.pin_clock(Some(Duration::from_secs(1040)));
     // Every page but the 4 same-filled ones.
     assert_eq!(runner.tick(&dev).written_back_pages, 60);
     assert!(runner.promotion_stats().is_none());
@@ -160,4 +159,31 @@ fn a_policy_that_cannot_be_followed_is_refused_with_its_reason() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("promotion target"), "{err}");
     assert!(config(Some(PromotionTarget::new(0.002))).validate().is_ok());
+}
+
+#[test]
+fn a_pinned_clock_stands_still_and_runs_on_from_where_it_was_held() {
+    let dev = device(8, "lz4");
+    dev.pin_clock(Some(Duration::from_secs(5000)));
+    fill(&dev, 8);
+    // Real time crosses a second: the pinned clock does not see it.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(dev.clock(), Duration::from_secs(5000));
+    // The pages held (a same-filled page among them holds no slot's age).
+    let zero_old = dev.idle_ages().at_least();
+    let held = zero_old[0];
+    assert!(held >= 4 && zero_old[1] == 0, "{zero_old:?}");
+    // Moved by hand, every page is exactly as old as the move.
+    dev.pin_clock(Some(Duration::from_secs(5300)));
+    let after = dev.idle_ages();
+    let at = ztier_zram::access_ages::bucket_of(300);
+    assert_eq!(after.counts()[at], held, "{:?}", after.counts());
+    assert_eq!(after.at_least()[at + 1], 0);
+    // Let go, it runs on from where it was held, not from the device's real age.
+    dev.pin_clock(None);
+    let running = dev.clock();
+    assert!(
+        running >= Duration::from_secs(5300) && running < Duration::from_secs(5400),
+        "{running:?}"
+    );
 }
