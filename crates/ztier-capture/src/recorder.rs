@@ -347,25 +347,30 @@ impl Recorder {
     /// page's key (`crate::key`: a private page of the first process by its virtual page
     /// number) as it is read (a progress count, or a test acting on a process mid-capture).
     ///
-    /// A cgroup's later epoch whose read a process of the cgroup ended (it exited, or ran
-    /// another program: a compiler of a build, a backend that served one query, a shell
-    /// running its command) is read again from a new listing of the cgroup, up to
-    /// [`CGROUP_EPOCH_READS`] reads: processes coming and going are what a cgroup does, and
-    /// nothing of a read cut short is kept but the numbers given to shared memory objects
-    /// it met (its pages are held until the read is whole). A process that exited is no
-    /// longer listed; one that runs another program is opened afresh, a new process of the
-    /// capture. The old one's pages go at the epoch read whole; the epoch's time is its last
-    /// read's. The first epoch writes its pages as it reads them, so it is not read again.
+    /// A cgroup's epoch whose read a process of the cgroup ended (it exited, or ran another
+    /// program: a compiler of a build, a backend that served one query, a shell running its
+    /// command) is read again from a new listing of the cgroup, up to [`CGROUP_EPOCH_READS`]
+    /// reads: processes coming and going are what a cgroup does, and nothing of a read cut
+    /// short is kept but the numbers given to shared memory objects it met (a later epoch's
+    /// pages are held until the read is whole; the first epoch's, written as they are read,
+    /// are dropped and the corpus started again). A process that exited is no longer listed;
+    /// one that runs another program is opened afresh, a new process of the capture. The old
+    /// one's pages go at the epoch read whole; the epoch's time is its last read's.
     pub fn epoch(&mut self, observer: &mut dyn FnMut(u64)) -> Result<&EpochSummary> {
         let first = self.first.is_none();
-        let reads_allowed = if !first && self.target.cgroup().is_some() {
+        let reads_allowed = if self.target.cgroup().is_some() {
             CGROUP_EPOCH_READS
         } else {
             1
         };
         let mut read_again = 0u64;
         let (read, millis) = loop {
-            let listed = if first { Ok(()) } else { self.list_processes() };
+            // The first read's processes were listed by `start`.
+            let listed = if first && read_again == 0 {
+                Ok(())
+            } else {
+                self.list_processes()
+            };
             let millis = self.started.elapsed().as_millis() as u64;
             match listed.and_then(|()| self.read_once(first, millis, observer)) {
                 Ok(read) => break (read, millis),
@@ -373,6 +378,12 @@ impl Recorder {
                     read_again += 1;
                     if let CaptureError::Replaced { pid, .. } = e {
                         self.retire_replaced(pid);
+                    }
+                    if first {
+                        // The first read wrote its pages as it went: none of them stay.
+                        self.corpus
+                            .restart()
+                            .map_err(|e| output_error(&self.corpus_path, e))?;
                     }
                 }
                 Err(e) => {
@@ -571,7 +582,8 @@ impl Recorder {
     /// cgroup's ending during each of an epoch's [`CGROUP_EPOCH_READS`] reads, or the cgroup
     /// emptying ends the recording with `Ok`, keeping the epochs done:
     /// [`finish`](Self::finish) then writes them, with [`Manifest::ended_by_exit`] set. A
-    /// process ending before the first epoch is whole is an error.
+    /// process named ending before the first epoch is whole is an error, as is a cgroup's
+    /// ending during each of the first epoch's reads.
     pub fn record(
         &mut self,
         every: Duration,

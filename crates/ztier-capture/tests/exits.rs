@@ -3,7 +3,8 @@
 //! recording ends, not as an error), and a process of 512 MiB killed while it is read (an
 //! error, though while the kernel tears its memory down the process still looks alive); and a
 //! cgroup's process that exits while an epoch reads it (the epoch is read again without it,
-//! its pages go), and one that runs another program (read afresh, as a new process).
+//! its pages go; the first epoch's too, its pages dropped from the corpus), and one that runs
+//! another program (read afresh, as a new process).
 
 mod common;
 
@@ -230,6 +231,62 @@ fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_wit
         manifest.pages,
         manifest.first_capture_pages + second.appeared + second.changed
     );
+    drop(staying);
+    std::fs::remove_dir(&cgroup).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cgroup_process_exiting_while_the_first_epoch_reads_it_has_the_first_epoch_read_again() {
+    if !rustix::process::geteuid().is_root() {
+        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+        return;
+    }
+    let cgroup = match new_test_cgroup("exit-first") {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            ztier_corpus::cannot_test(&why);
+            return;
+        }
+    };
+    let dir = common::temp_dir("capture-cgroup-exit-first");
+    let mut children = [MemoryChild::spawn(), MemoryChild::spawn()];
+    for child in &children {
+        std::fs::write(cgroup.join("cgroup.procs"), child.pid().to_string()).unwrap();
+    }
+    children.sort_by_key(MemoryChild::pid);
+    let [mut leaving, staying] = children;
+    let output = dir.join("first.pages.zst");
+    let mut recorder = Recorder::start(
+        Target::Cgroup(cgroup.clone()),
+        &output,
+        CaptureOptions::default(),
+    )
+    .unwrap();
+    let mut exited = false;
+    let first = recorder
+        .epoch(&mut |_| {
+            // At the first page read, the lower pid's: it exits under the read.
+            if !exited {
+                writeln!(leaving.stdin, "exit").unwrap();
+                leaving.child.wait().unwrap();
+                exited = true;
+            }
+        })
+        .expect("the first epoch is read again without the process that exited")
+        .clone();
+    assert_eq!((first.read_again, first.processes), (1, 1), "{first:?}");
+    let manifest = recorder.finish().unwrap();
+    assert_eq!(manifest.epochs_read_again, 1);
+    let pids: Vec<u32> = manifest.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, [staying.pid()]);
+    // The pages written by the read cut short are gone from the corpus: it holds the
+    // second read's alone, as the trace says.
+    let trace = Trace::read(&dir.join("first.trace")).unwrap();
+    let corpus_pages = Corpus::load(&output).unwrap().pages() as u64;
+    assert_eq!(corpus_pages, trace.corpus_pages());
+    assert_eq!(corpus_pages, manifest.first_capture_pages);
+    assert_eq!(corpus_pages, manifest.processes[0].pages_read);
     drop(staying);
     std::fs::remove_dir(&cgroup).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();

@@ -52,22 +52,7 @@ impl CorpusWriter {
             });
         }
         let temporary = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
-        let io = |source| CorpusError::Io {
-            path: temporary.clone(),
-            source,
-        };
-        let file = BufWriter::new(File::create(&temporary).map_err(io)?);
-        let sink = if compressed {
-            match zstd::stream::write::Encoder::new(file, 3) {
-                Ok(enc) => Sink::Zstd(enc),
-                Err(e) => {
-                    let _ = std::fs::remove_file(&temporary);
-                    return Err(io(e));
-                }
-            }
-        } else {
-            Sink::Raw(file)
-        };
+        let sink = Self::new_sink(&temporary, compressed)?;
         Ok(CorpusWriter {
             path: path.to_owned(),
             temporary,
@@ -75,6 +60,34 @@ impl CorpusWriter {
             sha: Sha256::new(),
             pages: 0,
         })
+    }
+
+    /// The temporary file made empty, and a sink writing it (zstd, level 3, or raw).
+    fn new_sink(temporary: &Path, compressed: bool) -> Result<Sink> {
+        let io = |source| CorpusError::Io {
+            path: temporary.to_owned(),
+            source,
+        };
+        let file = BufWriter::new(File::create(temporary).map_err(io)?);
+        if !compressed {
+            return Ok(Sink::Raw(file));
+        }
+        zstd::stream::write::Encoder::new(file, 3)
+            .map(Sink::Zstd)
+            .map_err(|e| {
+                let _ = std::fs::remove_file(temporary);
+                io(e)
+            })
+    }
+
+    /// Drops every page pushed and starts again from none (a capture's first read cut
+    /// short and made again).
+    pub fn restart(&mut self) -> Result<()> {
+        let compressed = matches!(self.sink.take(), Some(Sink::Zstd(_)));
+        self.sha = Sha256::new();
+        self.pages = 0;
+        self.sink = Some(Self::new_sink(&self.temporary, compressed)?);
+        Ok(())
     }
 
     /// Appends one page of [`CORPUS_PAGE`] bytes; returns its index in the corpus.
@@ -92,7 +105,12 @@ impl CorpusWriter {
         match self.sink.as_mut() {
             Some(Sink::Raw(w)) => w.write_all(page).map_err(io)?,
             Some(Sink::Zstd(w)) => w.write_all(page).map_err(io)?,
-            None => unreachable!("the sink is taken only by finish, which consumes the writer"),
+            // Taken by a restart that could not make the file again (it said why).
+            None => {
+                return Err(io(std::io::Error::other(
+                    "the corpus could not be started again",
+                )))
+            }
         }
         self.sha.update(page);
         self.pages += 1;
@@ -123,7 +141,11 @@ impl CorpusWriter {
                 .map_err(io)?
                 .into_inner()
                 .map_err(|e| io(e.into_error()))?,
-            None => unreachable!("finish runs once"),
+            None => {
+                return Err(io(std::io::Error::other(
+                    "the corpus could not be started again",
+                )))
+            }
         };
         file.sync_all().map_err(io)?;
         std::fs::rename(&self.temporary, &self.path).map_err(io)?;
@@ -178,6 +200,21 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains("dropped"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+        // Restarted: only the pages pushed since are in the corpus, and in its SHA-256.
+        for name in ["r.pages.zst", "r.pages"] {
+            let path = dir.join(name);
+            let mut w = CorpusWriter::create(&path).unwrap();
+            for i in 0..3u8 {
+                w.push(&[i; CORPUS_PAGE]).unwrap();
+            }
+            w.restart().unwrap();
+            assert_eq!(w.pages(), 0);
+            w.push(&[9u8; CORPUS_PAGE]).unwrap();
+            let done = w.finish().unwrap();
+            let c = Corpus::load(&path).unwrap();
+            assert_eq!(c.bytes(), &[9u8; CORPUS_PAGE][..]);
+            assert_eq!(done.raw_sha256, hex(&Sha256::digest(c.bytes())));
+        }
         assert!(matches!(
             CorpusWriter::create(&dir.join("x.bin")),
             Err(CorpusError::NotACorpusName { .. })

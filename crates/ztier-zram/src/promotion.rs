@@ -766,7 +766,11 @@ mod tests {
         // those ages. Once they are 448 s old (the window from 430 s), 224 s.
         let (last, older) = decisions.split_last().unwrap();
         for (now, d) in older {
-            assert_eq!((d.step, d.age_secs), (Step::Holding, 600), "at {now}: {d:?}");
+            assert_eq!(
+                (d.step, d.age_secs),
+                (Step::Holding, 600),
+                "at {now}: {d:?}"
+            );
         }
         assert_eq!(last.0, 490);
         assert_eq!((last.1.step, last.1.age_secs), (Step::Younger, 224));
