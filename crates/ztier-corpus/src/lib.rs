@@ -7,9 +7,12 @@
 //! into [`Truth`] and checked against the pages it sits beside (their count and SHA-256).
 //!
 //! - [`writer`]: writes a corpus (what `ztier capture` makes), its SHA-256 kept as it goes.
+//! - [`stream`]: reads one on from its start, holding only the pages asked for last (a
+//!   replay of a capture too large to hold).
 //! - [`trace`]: a capture over time: per epoch, the pages that appeared, changed and went.
 #![forbid(unsafe_code)]
 
+pub mod stream;
 pub mod trace;
 pub mod writer;
 
@@ -62,6 +65,19 @@ pub enum CorpusError {
     BadTrace { path: PathBuf, cause: TraceError },
     #[error("{path}: more than {max} bytes of pages, the most allowed for a corpus here")]
     TooLarge { path: PathBuf, max: u64 },
+    /// A streamed corpus asked for a page before those it holds (`stream`).
+    #[error("{path}: page {page} asked for after page {held_from}: a corpus read on from its start gives its pages in order (read it whole for this)")]
+    NotInOrder {
+        path: PathBuf,
+        page: u64,
+        held_from: u64,
+    },
+    #[error("{path}: ends after {pages} pages; {wanted} wanted")]
+    EndsBefore {
+        path: PathBuf,
+        pages: u64,
+        wanted: u64,
+    },
     #[error("{path} does not describe {corpus}: {reason}")]
     TruthMismatch {
         path: PathBuf,

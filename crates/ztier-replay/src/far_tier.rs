@@ -30,7 +30,7 @@ use ztier_pool::{AllocatorKind, ZsConfig};
 use ztier_zram::promotion::PromotionStats;
 use ztier_zram::{Backing, PolicyConfig, PolicyRunner, PromotionTarget, WbFormat};
 
-use crate::trace::{trace_device, SwappedPages};
+use crate::trace::{trace_device, CorpusPages, SwappedPages};
 use crate::{ReplayError, Result};
 
 /// The share of the oracle's pages on the store the controller must hold.
@@ -105,6 +105,11 @@ pub struct FarTierVerdict {
 impl FarTierReplay {
     /// Every fixed age, then the controller, over `trace` (captured with `corpus`).
     pub fn judge(&self, corpus: &Corpus, trace: &Trace) -> Result<FarTierVerdict> {
+        self.judge_over(&CorpusPages::Whole(corpus), trace)
+    }
+
+    /// As [`judge`](Self::judge), over the corpus read whole or on (each run reads it anew).
+    pub fn judge_over(&self, corpus: &CorpusPages<'_>, trace: &Trace) -> Result<FarTierVerdict> {
         let target = self.target.share_per_minute;
         let mut fixed = Vec::with_capacity(self.fixed_ages.len());
         for &age in &self.fixed_ages {
@@ -121,7 +126,7 @@ impl FarTierReplay {
             .map(|o| controller.mean_stored_pages / o.mean_stored_pages.max(f64::MIN_POSITIVE));
         let goal_met = controller.meets_target && of_oracle.is_none_or(|s| s >= GOAL_OF_ORACLE);
         Ok(FarTierVerdict {
-            corpus: corpus.name.clone(),
+            corpus: corpus.name().to_owned(),
             target_share_per_minute: target,
             fixed,
             controller,
@@ -132,7 +137,12 @@ impl FarTierReplay {
     }
 
     /// One run: at `age` fixed, or with the controller (`None`).
-    pub fn run(&self, corpus: &Corpus, trace: &Trace, age: Option<Duration>) -> Result<FarTierRun> {
+    pub fn run(
+        &self,
+        corpus: &CorpusPages<'_>,
+        trace: &Trace,
+        age: Option<Duration>,
+    ) -> Result<FarTierRun> {
         let (dev, device_pages) =
             trace_device(trace, corpus, self.allocator, &self.layout, &self.algorithm)?;
         let store = MemoryDevice::new(Backing::size_for(device_pages * CORPUS_PAGE as u64))
@@ -147,7 +157,7 @@ impl FarTierReplay {
         };
         let mut runner = PolicyRunner::new(config);
         let interval = self.interval.max(Duration::from_secs(1));
-        let mut swapped = SwappedPages::new(&dev, corpus, device_pages);
+        let mut swapped = SwappedPages::new(&dev, corpus.open()?, device_pages);
         let first = trace.epochs.first().map_or(0, |e| e.millis);
         let mut next_pass = interval;
         let (mut promotions, mut written_back) = (0u64, 0u64);
@@ -278,6 +288,28 @@ mod tests {
             target: PromotionTarget::new(0.002),
         };
         let v = replay.judge(&corpus, &trace).unwrap();
+        // The corpus read on from its file: every run the same.
+        let streamed = CorpusPages::Streamed {
+            path: &corpus.path,
+            max_held_bytes: 1 << 30,
+        };
+        let v_on = replay.judge_over(&streamed, &trace).unwrap();
+        let figures = |r: &FarTierRun| {
+            (
+                r.promotions,
+                r.written_back_pages,
+                r.mean_stored_pages,
+                r.ages_secs.clone(),
+            )
+        };
+        for (a, b) in v
+            .fixed
+            .iter()
+            .chain([&v.controller])
+            .zip(v_on.fixed.iter().chain([&v_on.controller]))
+        {
+            assert_eq!(figures(a), figures(b));
+        }
         let by_age = |s: u64| {
             v.fixed
                 .iter()

@@ -169,6 +169,10 @@ pub enum ReplayError {
     Zswap(Box<ztier_zswap::ZswapError>),
     #[error("page {page} of {corpus} read back different from what was written")]
     Mismatch { corpus: String, page: usize },
+    /// A trace's page read back different from its last content (remembered by its CRC-32:
+    /// the corpus was read on, not held).
+    #[error("the page at {vpn:#x} read back different from its last content in {corpus}")]
+    MismatchAt { corpus: String, vpn: u64 },
     /// A region page read back different from the corpus's.
     #[error("{corpus}: page {page} word {word} read back {got:#x} from the region {pass}, the corpus has {want:#x}{region_says}")]
     RegionMismatch {

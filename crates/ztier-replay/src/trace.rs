@@ -20,15 +20,20 @@
 //! Invariants: a virtual page holds one slot from its appearance to its going (zram; in
 //! zswap, until it changes, as a swapped-in page's slot is freed); zram's slots are
 //! reused lowest first, so the device is as large as the most pages present at once. The
-//! trace is checked against the corpus (its corpus pages all inside it) before anything runs.
+//! trace is checked against a corpus read whole (its corpus pages all inside it) before
+//! anything runs; a corpus too large to hold is read on from its start as the epochs come to
+//! their pages ([`CorpusPages::Streamed`]: each epoch's pages held while it is replayed, a page's
+//! last content remembered by its CRC-32 for the check at the end).
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_compress::Algorithm;
+use ztier_corpus::stream::CorpusStream;
 use ztier_corpus::trace::{Epoch, Trace};
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, ZsConfig};
@@ -106,9 +111,14 @@ pub struct TraceRun {
 impl TraceReplay {
     /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<TraceRun> {
+        self.run_over(&CorpusPages::Whole(corpus), trace)
+    }
+
+    /// Replays `trace` over `pages`, the corpus it was captured with, read whole or on.
+    pub fn run_over(&self, pages: &CorpusPages<'_>, trace: &Trace) -> Result<TraceRun> {
         let idle_epochs = self.idle_epochs.max(1) as usize;
         let (dev, device_pages) =
-            trace_device(trace, corpus, self.allocator, &self.layout, &self.algorithm)?;
+            trace_device(trace, pages, self.allocator, &self.layout, &self.algorithm)?;
         if let Some(alg) = &self.recompress {
             dev.set_recomp_algorithms(vec![alg.clone()])?;
         }
@@ -116,7 +126,7 @@ impl TraceReplay {
             dev.set_backing(Some(Backing::new(target.store.clone(), target.format)?))?;
         }
         let began = Instant::now();
-        let mut swapped = SwappedPages::new(&dev, corpus, device_pages);
+        let mut swapped = SwappedPages::new(&dev, pages.open()?, device_pages);
         let mut rows = Vec::with_capacity(trace.epochs.len());
         let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64); // written, discarded, recomp, wb, rb
         let mut peak = 0u64;
@@ -160,7 +170,7 @@ impl TraceReplay {
         }
         swapped.verify()?;
         Ok(TraceRun {
-            corpus: corpus.name.clone(),
+            corpus: pages.name().to_owned(),
             allocator: self.allocator.name(),
             compressor: self.algorithm.to_string(),
             chain_size: self.layout.chain_size,
@@ -189,7 +199,7 @@ impl TraceReplay {
 /// Returns it and its size in pages.
 pub(crate) fn trace_device(
     trace: &Trace,
-    corpus: &Corpus,
+    pages: &CorpusPages<'_>,
     allocator: AllocatorKind,
     layout: &ZsConfig,
     algorithm: &Algorithm,
@@ -205,12 +215,15 @@ pub(crate) fn trace_device(
             page_size: layout.page_size,
         });
     }
-    if trace.corpus_pages() > corpus.pages() as u64 {
-        return Err(ReplayError::NotTheCorpus {
-            trace_pages: trace.corpus_pages(),
-            corpus: corpus.name.clone(),
-            corpus_pages: corpus.pages(),
-        });
+    // A corpus read on is known to be short only once it ends (`CorpusError::EndsBefore`).
+    if let CorpusPages::Whole(corpus) = pages {
+        if trace.corpus_pages() > corpus.pages() as u64 {
+            return Err(ReplayError::NotTheCorpus {
+                trace_pages: trace.corpus_pages(),
+                corpus: corpus.name.clone(),
+                corpus_pages: corpus.pages(),
+            });
+        }
     }
     let device_pages = trace
         .epochs
@@ -224,25 +237,138 @@ pub(crate) fn trace_device(
     Ok((dev, device_pages))
 }
 
+/// The corpus a trace's writes name its pages in.
+#[derive(Clone, Copy)]
+pub enum CorpusPages<'a> {
+    /// Read whole into memory.
+    Whole(&'a Corpus),
+    /// Read on from its start as the epochs come to their pages, holding at most
+    /// `max_held_bytes` of them at once (a capture too large to hold: an epoch's pages are
+    /// those it wrote, the first epoch's the most).
+    Streamed { path: &'a Path, max_held_bytes: u64 },
+}
+
+impl<'a> CorpusPages<'a> {
+    /// The corpus's name (its file's, without `.pages` / `.pages.zst`).
+    pub fn name(&self) -> &str {
+        match self {
+            CorpusPages::Whole(corpus) => &corpus.name,
+            CorpusPages::Streamed { path, .. } => {
+                let file = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                let stem = file.strip_suffix(".zst").unwrap_or(file);
+                stem.strip_suffix(".pages").unwrap_or(stem)
+            }
+        }
+    }
+
+    /// A reader of the pages from the first, for one replay.
+    pub(crate) fn open(&self) -> Result<PageSource<'a>> {
+        Ok(match *self {
+            CorpusPages::Whole(corpus) => PageSource::Whole(corpus),
+            CorpusPages::Streamed {
+                path,
+                max_held_bytes,
+            } => PageSource::Streamed(CorpusStream::open(path, max_held_bytes)?),
+        })
+    }
+}
+
+/// The pages one replay reads.
+pub(crate) enum PageSource<'a> {
+    Whole(&'a Corpus),
+    Streamed(CorpusStream),
+}
+
+/// What a replay remembers of a page's last content, to check it at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remembered {
+    /// Its corpus page (the corpus is held whole).
+    Page(u32),
+    /// The CRC-32 of its content (the corpus page is gone by then).
+    Crc(u32),
+}
+
+impl PageSource<'_> {
+    /// Holds the pages `epoch` writes (a streamed corpus; one read whole holds them all).
+    fn prepare(&mut self, epoch: &Epoch) -> Result<()> {
+        let PageSource::Streamed(stream) = self else {
+            return Ok(());
+        };
+        let written = epoch.appeared.iter().chain(&epoch.changed);
+        let Some((low, high)) = written
+            .map(|w| u64::from(w.corpus_page))
+            .fold(None, |b, p| {
+                Some(b.map_or((p, p), |(l, h): (u64, u64)| (l.min(p), h.max(p))))
+            })
+        else {
+            return Ok(());
+        };
+        stream.hold(low, high + 1)?;
+        Ok(())
+    }
+
+    fn page(&self, index: u32) -> Result<&[u8]> {
+        match self {
+            PageSource::Whole(corpus) => {
+                let at = index as usize * CORPUS_PAGE;
+                corpus.bytes().get(at..at + CORPUS_PAGE).ok_or_else(|| {
+                    ReplayError::CorpusPageOutside {
+                        index,
+                        corpus: corpus.name.clone(),
+                        corpus_pages: corpus.pages(),
+                    }
+                })
+            }
+            // `prepare` held every page the epoch writes (or said why not).
+            PageSource::Streamed(stream) => {
+                stream
+                    .page(u64::from(index))
+                    .ok_or_else(|| ReplayError::CorpusPageOutside {
+                        index,
+                        corpus: stream.name.clone(),
+                        corpus_pages: stream.pages_read() as usize,
+                    })
+            }
+        }
+    }
+
+    fn remember(&self, index: u32, content: &[u8]) -> Remembered {
+        match self {
+            PageSource::Whole(_) => Remembered::Page(index),
+            PageSource::Streamed(_) => Remembered::Crc(crc32fast::hash(content)),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            PageSource::Whole(corpus) => &corpus.name,
+            PageSource::Streamed(stream) => &stream.name,
+        }
+    }
+}
+
 /// The pages of a trace as a swapping process keeps them on a zram device: a slot per
-/// present page (the lowest free one for a page that appears), its last content's corpus
-/// page, and the epoch's changes applied as swap-outs, swap-ins and frees.
+/// present page (the lowest free one for a page that appears), its last content, and the
+/// epoch's changes applied as swap-outs, swap-ins and frees.
 pub(crate) struct SwappedPages<'a> {
     dev: &'a Device,
-    corpus: &'a Corpus,
+    source: PageSource<'a>,
     device_pages: u64,
     slots: HashMap<u64, u64>,
-    latest: HashMap<u64, u32>,
+    latest: HashMap<u64, Remembered>,
     free: BTreeSet<u64>,
     next_slot: u64,
     scratch: Vec<u8>,
 }
 
 impl<'a> SwappedPages<'a> {
-    pub(crate) fn new(dev: &'a Device, corpus: &'a Corpus, device_pages: u64) -> Self {
+    pub(crate) fn new(dev: &'a Device, source: PageSource<'a>, device_pages: u64) -> Self {
         SwappedPages {
             dev,
-            corpus,
+            source,
             device_pages,
             slots: HashMap::new(),
             latest: HashMap::new(),
@@ -250,19 +376,6 @@ impl<'a> SwappedPages<'a> {
             next_slot: 0,
             scratch: vec![0u8; CORPUS_PAGE],
         }
-    }
-
-    fn page(&self, index: u32) -> Result<&'a [u8]> {
-        let corpus = self.corpus;
-        let at = index as usize * CORPUS_PAGE;
-        corpus
-            .bytes()
-            .get(at..at + CORPUS_PAGE)
-            .ok_or_else(|| ReplayError::CorpusPageOutside {
-                index,
-                corpus: corpus.name.clone(),
-                corpus_pages: corpus.pages(),
-            })
     }
 
     /// Epoch `n`: the pages that went are discarded (their slots free for those that
@@ -273,6 +386,7 @@ impl<'a> SwappedPages<'a> {
             ReplayError::TraceInconsistent { epoch, vpn, what }
         };
         let dev = self.dev;
+        self.source.prepare(epoch)?;
         for vpn in &epoch.went {
             let slot = self
                 .slots
@@ -293,9 +407,11 @@ impl<'a> SwappedPages<'a> {
             read_back += u64::from(dev.entry(slot)?.has(SlotFlag::Wb));
             dev.read_page(slot, &mut self.scratch)
                 .map_err(|e| at("reading", slot as usize, e))?;
-            dev.write_page(slot, self.page(w.corpus_page)?)
+            let content = self.source.page(w.corpus_page)?;
+            dev.write_page(slot, content)
                 .map_err(|e| at("writing", slot as usize, e))?;
-            self.latest.insert(w.vpn, w.corpus_page);
+            let remembered = self.source.remember(w.corpus_page, content);
+            self.latest.insert(w.vpn, remembered);
         }
         for w in &epoch.appeared {
             if self.slots.contains_key(&w.vpn) {
@@ -309,8 +425,10 @@ impl<'a> SwappedPages<'a> {
                 return Err(inconsistent(n, w.vpn, "appears beyond the pages present"));
             }
             self.slots.insert(w.vpn, slot);
-            self.latest.insert(w.vpn, w.corpus_page);
-            dev.write_page(slot, self.page(w.corpus_page)?)
+            let content = self.source.page(w.corpus_page)?;
+            let remembered = self.source.remember(w.corpus_page, content);
+            self.latest.insert(w.vpn, remembered);
+            dev.write_page(slot, content)
                 .map_err(|e| at("writing", slot as usize, e))?;
         }
         Ok(read_back)
@@ -319,15 +437,25 @@ impl<'a> SwappedPages<'a> {
     /// Every present page reads back as its last content.
     pub(crate) fn verify(&mut self) -> Result<()> {
         for (vpn, &slot) in &self.slots {
-            let content = self.latest[vpn]; // set with every slot
+            let remembered = self.latest[vpn]; // set with every slot
             self.dev
                 .read_page(slot, &mut self.scratch)
                 .map_err(|e| at("reading", slot as usize, e))?;
-            if self.scratch[..] != *self.page(content)? {
-                return Err(ReplayError::Mismatch {
-                    corpus: self.corpus.name.clone(),
-                    page: content as usize,
-                });
+            let corpus = || self.source.name().to_owned();
+            match remembered {
+                Remembered::Page(page) if self.scratch[..] != *self.source.page(page)? => {
+                    return Err(ReplayError::Mismatch {
+                        corpus: corpus(),
+                        page: page as usize,
+                    })
+                }
+                Remembered::Crc(crc) if crc32fast::hash(&self.scratch) != crc => {
+                    return Err(ReplayError::MismatchAt {
+                        corpus: corpus(),
+                        vpn: *vpn,
+                    })
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -615,6 +743,42 @@ mod tests {
         assert_eq!(run.pages_discarded, 20);
         assert_eq!(run.pages_written, 100 + 15 + 10 + 11);
         assert!(run.verified);
+        // The corpus read on from its file, an epoch's pages at a time (at most 100 held),
+        // not whole: the same run, epoch by epoch, checked by each page's CRC-32.
+        let on_a_new_store = || TraceReplay {
+            writeback: Some(WritebackTarget {
+                store: Arc::new(
+                    ztier_blockdev::memory::MemoryDevice::new(Backing::size_for(
+                        105 * CORPUS_PAGE as u64,
+                    ))
+                    .unwrap(),
+                ),
+                format: ztier_zram::WbFormat::Page,
+                name: "ram".into(),
+            }),
+            ..replay.clone()
+        };
+        let streamed = CorpusPages::Streamed {
+            path: &corpus.path,
+            max_held_bytes: 100 * CORPUS_PAGE as u64,
+        };
+        assert_eq!(streamed.name(), corpus.name);
+        let run_on = on_a_new_store().run_over(&streamed, &trace).unwrap();
+        let figures = |r: &TraceRun| -> Vec<_> {
+            r.epochs
+                .iter()
+                .map(|e| (e.mm_stat, e.bd_stat, e.read_back, e.written_back))
+                .collect()
+        };
+        assert_eq!(figures(&run_on), figures(&run));
+        assert!(run_on.verified);
+        // Too little room for the first epoch's 100 pages: refused, not held.
+        let cramped = CorpusPages::Streamed {
+            path: &corpus.path,
+            max_held_bytes: 99 * CORPUS_PAGE as u64,
+        };
+        let err = on_a_new_store().run_over(&cramped, &trace).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
         // A trace naming more pages than the corpus holds is refused.
         let short = dir.join("short.pages");
         let mut cw = CorpusWriter::create(&short).unwrap();
@@ -624,6 +788,13 @@ mod tests {
             .run(&Corpus::load(&short).unwrap(), &trace)
             .unwrap_err();
         assert!(err.to_string().contains("not the corpus"), "{err}");
+        // Read on, it is found short when it ends.
+        let short_on = CorpusPages::Streamed {
+            path: &short,
+            max_held_bytes: 1 << 20,
+        };
+        let err = on_a_new_store().run_over(&short_on, &trace).unwrap_err();
+        assert!(err.to_string().contains("ends after 1 pages"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -63,9 +63,9 @@ pub fn run(
     };
     let mut verdicts = Vec::new();
     for path in paths {
-        let corpus = replay_args.load(path)?;
         let trace = read_trace(path)?;
-        let verdict = replay.judge(&corpus, &trace)?;
+        let corpus = replay_args.trace_corpus(path, &trace)?;
+        let verdict = replay.judge_over(&corpus.pages(), &trace)?;
         emit(replay_args.json, &verdict, print_verdict)?;
         verdicts.push(serde_json::to_value(&verdict)?);
     }

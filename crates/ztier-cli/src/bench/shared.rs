@@ -12,6 +12,7 @@ use ztier_compress::Algorithm;
 use ztier_corpus::trace::Trace;
 use ztier_corpus::Corpus;
 use ztier_pool::ZsConfig;
+use ztier_replay::trace::CorpusPages;
 use ztier_replay::zram::FieldComparison;
 
 use crate::classes::PoolLayoutArgs;
@@ -33,7 +34,8 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
     /// quarter of this machine's memory (the bench holds the pages, their compressed copies
-    /// and the device).
+    /// and the device). With --trace --promotion-target, a corpus past it is read on from
+    /// its file, an epoch's pages at a time, instead.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub max_corpus: Option<u64>,
 }
@@ -50,10 +52,59 @@ impl ReplayArgs {
 
     /// The corpus at `path`, refused past `--max-corpus`.
     pub fn load(&self, path: &Path) -> anyhow::Result<Corpus> {
-        let max = self
-            .max_corpus
-            .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4);
-        Corpus::load_at_most(path, max).map_err(|cause| CliError::Corpus { cause }.into())
+        Corpus::load_at_most(path, self.max_corpus())
+            .map_err(|cause| CliError::Corpus { cause }.into())
+    }
+
+    /// `--max-corpus`, or a quarter of the memory.
+    fn max_corpus(&self) -> u64 {
+        self.max_corpus
+            .unwrap_or_else(|| ztier_pool::physical_memory_bytes() / 4)
+    }
+
+    /// The corpus at `path` that `trace` names its pages in: read whole within
+    /// `--max-corpus`, or read on from its file past it (said on stderr), an epoch's pages
+    /// held at a time, each epoch's within `--max-corpus`.
+    pub fn trace_corpus(&self, path: &Path, trace: &Trace) -> anyhow::Result<TraceCorpus> {
+        let max = self.max_corpus();
+        let bytes = trace
+            .corpus_pages()
+            .saturating_mul(ztier_corpus::CORPUS_PAGE as u64);
+        if bytes <= max {
+            return Ok(TraceCorpus::Whole(self.load(path)?));
+        }
+        eprintln!(
+            "ztier: {}: its trace names {:.1} GB of pages, past --max-corpus ({:.1} GB): read \
+             on from the file as the epochs come to them",
+            path.display(),
+            bytes as f64 / 1e9,
+            max as f64 / 1e9
+        );
+        Ok(TraceCorpus::Streamed {
+            path: path.to_owned(),
+            max_held_bytes: max,
+        })
+    }
+}
+
+/// A trace's corpus, as [`ReplayArgs::trace_corpus`] gives it.
+pub enum TraceCorpus {
+    Whole(Corpus),
+    Streamed { path: PathBuf, max_held_bytes: u64 },
+}
+
+impl TraceCorpus {
+    pub fn pages(&self) -> CorpusPages<'_> {
+        match self {
+            TraceCorpus::Whole(corpus) => CorpusPages::Whole(corpus),
+            TraceCorpus::Streamed {
+                path,
+                max_held_bytes,
+            } => CorpusPages::Streamed {
+                path,
+                max_held_bytes: *max_held_bytes,
+            },
+        }
     }
 }
 

@@ -1,0 +1,219 @@
+//! A corpus read from its start page by page, for a replay of a capture too large to hold in
+//! memory (a capture over time writes every page each epoch changed: an hour of a program's
+//! life is tens of gigabytes of pages). The replay asks for each epoch's pages as it comes to
+//! them, in the order the capture wrote them; only the pages asked for last are held.
+//!
+//! Invariants: the pages held are `held_from..next`, read in order from the file; a page
+//! before them cannot be had again (the replay that asks for one is told so: a corpus read
+//! whole can serve it); at most the pages of one request are held at a time, and a request
+//! of more than `max_held_bytes` is refused, whatever the file holds (a zstd bomb, a trace
+//! naming a page a terabyte in).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::{CorpusError, Result, CORPUS_PAGE};
+
+/// A corpus file read on from its start.
+pub struct CorpusStream {
+    /// File name without `.pages` / `.pages.zst`.
+    pub name: String,
+    pub path: PathBuf,
+    reader: Box<dyn Read + Send>,
+    held: Vec<u8>,
+    held_from: u64,
+    /// The page the next read begins with.
+    next: u64,
+    max_held_bytes: u64,
+}
+
+impl std::fmt::Debug for CorpusStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CorpusStream")
+            .field("path", &self.path)
+            .field("held_from", &self.held_from)
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CorpusStream {
+    /// Opens a `.pages` or `.pages.zst` file at its first page; holds at most
+    /// `max_held_bytes` of pages at a time.
+    pub fn open(path: &Path, max_held_bytes: u64) -> Result<CorpusStream> {
+        let io = |source| CorpusError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let file_name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let (name, reader): (&str, Box<dyn Read + Send>) =
+            if let Some(stem) = file_name.strip_suffix(".zst") {
+                let dec = zstd::stream::read::Decoder::new(file).map_err(io)?;
+                (stem, Box::new(dec))
+            } else {
+                (file_name, Box::new(std::io::BufReader::new(file)))
+            };
+        let name = name.strip_suffix(".pages").unwrap_or(name).to_owned();
+        Ok(CorpusStream {
+            name,
+            path: path.to_owned(),
+            reader,
+            held: Vec::new(),
+            held_from: 0,
+            next: 0,
+            max_held_bytes,
+        })
+    }
+
+    /// Holds pages `from..to` in place of those held before, reading on from where the last
+    /// request ended (the pages between are read past). A page before those held last is
+    /// [`CorpusError::NotInOrder`]; a file that ends first, [`CorpusError::EndsBefore`].
+    pub fn hold(&mut self, from: u64, to: u64) -> Result<()> {
+        if from < self.held_from || to < from {
+            return Err(CorpusError::NotInOrder {
+                path: self.path.clone(),
+                page: from.min(to),
+                held_from: self.held_from,
+            });
+        }
+        let asked = (to - from).saturating_mul(CORPUS_PAGE as u64);
+        if asked > self.max_held_bytes {
+            return Err(CorpusError::TooLarge {
+                path: self.path.clone(),
+                max: self.max_held_bytes,
+            });
+        }
+        // Pages already held that the request keeps: from..next of them, moved to the front.
+        let kept_from = from.min(self.next);
+        let keep = (kept_from - self.held_from) as usize * CORPUS_PAGE;
+        self.held.drain(..keep.min(self.held.len()));
+        if self.next < from {
+            self.held.clear();
+            self.skip(from - self.next)?;
+        }
+        self.held_from = from;
+        let wanted = (to.saturating_sub(self.next)) as usize * CORPUS_PAGE;
+        let have = self.held.len();
+        self.held.resize(have + wanted, 0);
+        self.fill(have)?;
+        self.next = self.next.max(to);
+        Ok(())
+    }
+
+    /// Page `index`, if it is held.
+    pub fn page(&self, index: u64) -> Option<&[u8]> {
+        let at = usize::try_from(index.checked_sub(self.held_from)?).ok()? * CORPUS_PAGE;
+        self.held.get(at..at + CORPUS_PAGE)
+    }
+
+    /// Pages read from the file so far.
+    pub fn pages_read(&self) -> u64 {
+        self.next
+    }
+
+    /// Reads `held[from..]` whole from the file.
+    fn fill(&mut self, from: usize) -> Result<()> {
+        let mut at = from;
+        while at < self.held.len() {
+            match self.reader.read(&mut self.held[at..]) {
+                Ok(0) => {
+                    return Err(CorpusError::EndsBefore {
+                        path: self.path.clone(),
+                        pages: self.held_from + (at / CORPUS_PAGE) as u64,
+                        wanted: self.held_from + (self.held.len() / CORPUS_PAGE) as u64,
+                    })
+                }
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(CorpusError::Io {
+                        path: self.path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `pages` pages past, a page at a time.
+    fn skip(&mut self, pages: u64) -> Result<()> {
+        let mut page = vec![0u8; CORPUS_PAGE];
+        for n in 0..pages {
+            let mut at = 0;
+            while at < CORPUS_PAGE {
+                match self.reader.read(&mut page[at..]) {
+                    Ok(0) => {
+                        return Err(CorpusError::EndsBefore {
+                            path: self.path.clone(),
+                            pages: self.next + n,
+                            wanted: self.next + pages,
+                        })
+                    }
+                    Ok(k) => at += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(source) => {
+                        return Err(CorpusError::Io {
+                            path: self.path.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+        self.next += pages;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::CorpusWriter;
+
+    #[test]
+    fn pages_are_held_in_order_and_what_cannot_be_had_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("ztier-corpus-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["s.pages.zst", "s.pages"] {
+            let path = dir.join(name);
+            let mut w = CorpusWriter::create(&path).unwrap();
+            for i in 0..10u8 {
+                w.push(&[i; CORPUS_PAGE]).unwrap();
+            }
+            w.finish().unwrap();
+            let mut s = CorpusStream::open(&path, 4 * CORPUS_PAGE as u64).unwrap();
+            assert_eq!(s.name, "s");
+            s.hold(0, 3).unwrap();
+            assert_eq!(s.page(2).unwrap(), &[2u8; CORPUS_PAGE][..]);
+            assert!(s.page(3).is_none());
+            // Overlapping the pages held: those kept, the rest read on.
+            s.hold(2, 5).unwrap();
+            assert_eq!(s.page(2).unwrap()[0], 2);
+            assert_eq!(s.page(4).unwrap()[0], 4);
+            assert!(s.page(1).is_none());
+            // Past a gap: the pages between read past.
+            s.hold(7, 8).unwrap();
+            assert_eq!(s.page(7).unwrap()[0], 7);
+            assert_eq!(s.pages_read(), 8);
+            assert!(matches!(
+                s.hold(6, 8),
+                Err(CorpusError::NotInOrder { page: 6, .. })
+            ));
+            assert!(matches!(s.hold(8, 13), Err(CorpusError::TooLarge { .. })));
+            assert!(matches!(
+                s.hold(8, 12),
+                Err(CorpusError::EndsBefore {
+                    pages: 10,
+                    wanted: 12,
+                    ..
+                })
+            ));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
