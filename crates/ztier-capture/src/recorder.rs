@@ -117,6 +117,10 @@ pub struct Manifest {
     pub ended_by_exit: bool,
     /// The process whose exit (or exec) ended it; none when the cgroup emptied.
     pub exited_pid: Option<u32>,
+    /// A capture's limit that ended the recording before its end (more processes met than
+    /// a page key numbers, [`PageKey::MAX_PROCESSES`](crate::key::PageKey::MAX_PROCESSES),
+    /// or 2^32 pages): the epochs done before are kept and written.
+    pub ended_at_limit: Option<String>,
     pub corpus: PathBuf,
     pub trace: PathBuf,
 }
@@ -177,6 +181,7 @@ pub struct Recorder {
     epochs_read_again: u64,
     ended_by_exit: bool,
     exited_pid: Option<u32>,
+    ended_at_limit: Option<String>,
 }
 
 /// A page's content hash: SHA-256, the first 16 bytes.
@@ -258,6 +263,7 @@ impl Recorder {
             epochs_read_again: 0,
             ended_by_exit: false,
             exited_pid: None,
+            ended_at_limit: None,
         };
         recorder.list_processes()?;
         recorder.started = Instant::now();
@@ -380,10 +386,12 @@ impl Recorder {
                         self.retire_replaced(pid);
                     }
                     if first {
-                        // The first read wrote its pages as it went: none of them stay.
+                        // The first read wrote its pages as it went: none of them stay, and
+                        // the capture's time starts again with the read made again.
                         self.corpus
                             .restart()
                             .map_err(|e| output_error(&self.corpus_path, e))?;
+                        self.started = Instant::now();
                     }
                 }
                 Err(e) => {
@@ -520,7 +528,7 @@ impl Recorder {
         let processes: Vec<(u32, &Process)> = self
             .current
             .iter()
-            .filter_map(|&n| self.open.get(&n).map(|p| (n, p)))
+            .map(|&n| (n, &self.open[&n])) // a listing opens every process it names
             .collect();
         let snap = snapshot::read(
             &processes,
@@ -581,7 +589,8 @@ impl Recorder {
     /// or running another program, during an epoch or between two, reaped or not), a
     /// cgroup's ending during each of an epoch's [`CGROUP_EPOCH_READS`] reads, or the cgroup
     /// emptying ends the recording with `Ok`, keeping the epochs done:
-    /// [`finish`](Self::finish) then writes them, with [`Manifest::ended_by_exit`] set. A
+    /// [`finish`](Self::finish) then writes them, with [`Manifest::ended_by_exit`] set; so
+    /// does a limit reached ([`Manifest::ended_at_limit`]). A
     /// process named ending before the first epoch is whole is an error, as is a cgroup's
     /// ending during each of the first epoch's reads.
     pub fn record(
@@ -609,6 +618,14 @@ impl Recorder {
                 }
                 Err(CaptureError::EmptyCgroup { .. }) if had_epochs => {
                     self.ended_by_exit = true;
+                    return Ok(());
+                }
+                // A cgroup that ran more processes than a page key can number (a long
+                // build), or a corpus of 2^32 pages: what was recorded is kept.
+                Err(e @ (CaptureError::TooMany { .. } | CaptureError::TooManyPages))
+                    if had_epochs =>
+                {
+                    self.ended_at_limit = Some(e.to_string());
                     return Ok(());
                 }
                 Err(e) => return Err(e),
@@ -699,6 +716,7 @@ impl Recorder {
             epochs_read_again: self.epochs_read_again,
             ended_by_exit: self.ended_by_exit,
             exited_pid: self.exited_pid,
+            ended_at_limit: self.ended_at_limit,
             corpus: written.path,
             trace: self.trace_path,
         };

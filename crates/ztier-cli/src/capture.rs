@@ -106,6 +106,14 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
             last_epoch_seconds(&manifest)
         );
     }
+    if let Some(limit) = &manifest.ended_at_limit {
+        eprintln!(
+            "ztier: the recording reached a capture's limit ({limit}) after {} epochs (the \
+             last at {:.1} s): they are kept and written",
+            manifest.epochs.len(),
+            last_epoch_seconds(&manifest)
+        );
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&manifest)?);
     } else {

@@ -24,6 +24,8 @@ enum Sink {
 pub struct CorpusWriter {
     path: PathBuf,
     temporary: PathBuf,
+    /// zstd (`.pages.zst`), or raw.
+    compressed: bool,
     sink: Option<Sink>,
     sha: Sha256,
     pages: u64,
@@ -56,6 +58,7 @@ impl CorpusWriter {
         Ok(CorpusWriter {
             path: path.to_owned(),
             temporary,
+            compressed,
             sink: Some(sink),
             sha: Sha256::new(),
             pages: 0,
@@ -83,11 +86,21 @@ impl CorpusWriter {
     /// Drops every page pushed and starts again from none (a capture's first read cut
     /// short and made again).
     pub fn restart(&mut self) -> Result<()> {
-        let compressed = matches!(self.sink.take(), Some(Sink::Zstd(_)));
+        // The old sink goes first: its buffered bytes reach the file before it is emptied.
+        drop(self.sink.take());
         self.sha = Sha256::new();
         self.pages = 0;
-        self.sink = Some(Self::new_sink(&self.temporary, compressed)?);
-        Ok(())
+        match Self::new_sink(&self.temporary, self.compressed) {
+            Ok(sink) => {
+                self.sink = Some(sink);
+                Ok(())
+            }
+            Err(e) => {
+                // No sink, so the drop would not remove it.
+                let _ = std::fs::remove_file(&self.temporary);
+                Err(e)
+            }
+        }
     }
 
     /// Appends one page of [`CORPUS_PAGE`] bytes; returns its index in the corpus.

@@ -379,10 +379,12 @@ impl Device {
     }
 
     /// Holds the device's clock still at `at` (whole seconds, at most 2^32-1), or lets it
-    /// run again from where it was held (`None`). A replay pins it to each epoch's recorded
-    /// time: the pages it writes then are stamped, and its policy's pass judges their ages,
-    /// on the recording's clock alone, however long the replay takes, so two replays of one
-    /// recording age every page alike.
+    /// run again (`None`): from where it was held, or from the device's own age if it has
+    /// lived longer ([`set_age`](Self::set_age) never takes the clock back; one called
+    /// while the clock was held is overruled by the let-go). A replay pins it to each
+    /// epoch's recorded time: the pages it writes then are stamped, and its policy's pass
+    /// judges their ages, on the recording's clock alone, however long the replay takes, so
+    /// two replays of one recording age every page alike.
     pub fn pin_clock(&self, at: Option<Duration>) {
         match at {
             Some(at) => {
@@ -390,9 +392,11 @@ impl Device {
                 self.pinned_secs.store(secs, Relaxed);
             }
             None => {
-                let held = self.pinned_secs.swap(CLOCK_RUNS, Relaxed);
+                let held = self.pinned_secs.load(Relaxed);
                 if held != CLOCK_RUNS {
+                    // The running clock is set before it shows, so no reader sees it step.
                     self.set_age(Duration::from_secs(held));
+                    self.pinned_secs.store(CLOCK_RUNS, Relaxed);
                 }
             }
         }

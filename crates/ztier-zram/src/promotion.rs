@@ -63,7 +63,8 @@ pub const RATE_WINDOWS: usize = 30;
 pub const PERCENTILE: usize = 98;
 
 /// Buckets a doubling of age spans (`access_ages`: four a doubling): a candidate's bucket
-/// plus this is twice its age's.
+/// plus this is twice its age's (from 4 s up; below, the bucket four past 1-3 s is 5-7 s, a
+/// little more than twice).
 pub const DOUBLING_BUCKETS: usize = 4;
 
 /// SDFM's figure, 0.2 % a minute (of the working set there; of the pages on the store here).
