@@ -74,11 +74,11 @@ impl ReplayArgs {
             return Ok(TraceCorpus::Whole(self.load(path)?));
         }
         eprintln!(
-            "ztier: {}: its trace names {:.1} GB of pages, past --max-corpus ({:.1} GB): read \
-             on from the file as the epochs come to them",
+            "ztier: {}: its trace names {:.1} GiB of pages, past --max-corpus ({:.1} GiB): \
+             read on from the file as the epochs come to them",
             path.display(),
-            bytes as f64 / 1e9,
-            max as f64 / 1e9
+            bytes as f64 / f64::from(1 << 30),
+            max as f64 / f64::from(1 << 30)
         );
         Ok(TraceCorpus::Streamed {
             path: path.to_owned(),
