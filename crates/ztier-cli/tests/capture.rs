@@ -614,6 +614,40 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
         }
         std::fs::remove_file(&drawn).unwrap();
     }
+    // The far tier over the corpus read on from its file, past a --max-corpus that holds
+    // its largest epoch (the first) but not the whole: said so, and the same verdict.
+    let trace = Trace::read(&Trace::path_for(&corpus)).unwrap();
+    let first_epoch = trace.epochs[0].appeared.len();
+    let verdict = |max_corpus: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+            .args(["bench", "--trace", "--promotion-target", "5%/min"])
+            .args([
+                "--fixed-ages",
+                "1s,2s",
+                "--json",
+                "--max-corpus",
+                max_corpus,
+            ])
+            .arg("--corpus")
+            .arg(&corpus)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let verdict: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (verdict, stderr)
+    };
+    let (whole, said_whole) = verdict("1G");
+    let (streamed, said_streamed) = verdict(&(first_epoch * 4096).to_string());
+    assert!(
+        !said_whole.contains("read on from the file"),
+        "{said_whole}"
+    );
+    assert!(
+        said_streamed.contains("read on from the file"),
+        "{said_streamed}"
+    );
+    assert_eq!(whole, streamed);
     // The same trace through zswap with a pool limit of 1 % of 16 MiB: verified, some pages
     // sent to the device.
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
