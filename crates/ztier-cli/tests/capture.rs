@@ -648,6 +648,24 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
         "{said_streamed}"
     );
     assert_eq!(whole, streamed);
+    // So is the trace through zram with its policy: the same memory, epoch by epoch.
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args(["bench", "--trace", "--json", "--max-corpus"])
+        .arg((first_epoch * 4096).to_string())
+        .arg("--corpus")
+        .arg(&corpus)
+        .arg("--writeback-file")
+        .arg(dir.join("wb-streamed"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let streamed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(streamed["epochs"], run["epochs"]);
+    assert_eq!(streamed["verified"], true);
     // The same trace through zswap with a pool limit of 1 % of 16 MiB: verified, some pages
     // sent to the device.
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))

@@ -22,7 +22,7 @@ use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, PoolError, ZsConfig};
 use ztier_zram::{Backing, MmStat, WbFormat};
 
-use crate::trace::{TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
+use crate::trace::{CorpusPages, TraceReplay, TraceRun, ZswapTraceReplay, ZswapTraceRun};
 use crate::uffd::{kernel_path, UffdReplay, UffdRun};
 use crate::uffd_units::UnitFaultIn;
 use crate::units::{UnitReplay, UnitRun};
@@ -212,16 +212,21 @@ impl ZramSweep {
         }))
     }
 
-    /// `trace` over `corpus` once for every allocator × compressor, the policy every
-    /// `idle_epochs` epochs.
+    /// `trace` over its corpus (read whole or on) once for every allocator × compressor,
+    /// the policy every `idle_epochs` epochs.
     pub fn traces<'a>(
         &'a self,
-        corpus: &'a Corpus,
+        corpus: CorpusPages<'a>,
         trace: &'a Trace,
         idle_epochs: u32,
     ) -> Result<impl Iterator<Item = Result<TraceRun>> + 'a> {
         let layout = self.sweep.first_layout()?;
-        let writeback = self.writeback_for(corpus)?;
+        // The store as large as the corpus the trace names (pages present are fewer).
+        let writeback = self
+            .writeback
+            .as_ref()
+            .map(|plan| plan.target_for(trace.corpus_pages()))
+            .transpose()?;
         Ok(self.sweep.pairs().map(move |(allocator, algorithm)| {
             TraceReplay {
                 allocator,
@@ -231,7 +236,7 @@ impl ZramSweep {
                 writeback: writeback.clone(),
                 idle_epochs,
             }
-            .run(corpus, trace)
+            .run_over(&corpus, trace)
         }))
     }
 

@@ -260,10 +260,10 @@ fn run_trace(
     let sweep = sweep(args, layout)?;
     let mut runs = Vec::new();
     for path in paths {
-        let corpus = args.replay.load(path)?;
         let trace = read_trace(path)?;
+        let corpus = args.replay.trace_corpus(path, &trace)?;
         for run in sweep
-            .traces(&corpus, &trace, args.idle_epochs)
+            .traces(corpus.pages(), &trace, args.idle_epochs)
             .map_err(CliError::from_replay)?
         {
             let run = run.map_err(CliError::from_replay)?;
