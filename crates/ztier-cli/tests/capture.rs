@@ -615,9 +615,35 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
         std::fs::remove_file(&drawn).unwrap();
     }
     // The far tier over the corpus read on from its file, past a --max-corpus that holds
-    // its largest epoch (the first) but not the whole: said so, and the same verdict.
+    // its largest epoch but not the whole: said so, and the same verdict.
     let trace = Trace::read(&Trace::path_for(&corpus)).unwrap();
-    let first_epoch = trace.epochs[0].appeared.len();
+    let largest_epoch = trace
+        .epochs
+        .iter()
+        .map(|e| e.appeared.len() + e.changed.len())
+        .max()
+        .unwrap();
+    assert!((largest_epoch as u64) < trace.corpus_pages());
+    // Past an epoch, the corpus cannot be read on either: said before anything runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
+        .args([
+            "bench",
+            "--trace",
+            "--promotion-target",
+            "5%/min",
+            "--max-corpus",
+        ])
+        .arg((largest_epoch * 4096 - 4096).to_string())
+        .arg("--corpus")
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("holds one epoch's pages at a time: give --max-corpus"),
+        "{said}"
+    );
     let verdict = |max_corpus: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
             .args(["bench", "--trace", "--promotion-target", "5%/min"])
@@ -638,7 +664,7 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
         (verdict, stderr)
     };
     let (whole, said_whole) = verdict("1G");
-    let (streamed, said_streamed) = verdict(&(first_epoch * 4096).to_string());
+    let (streamed, said_streamed) = verdict(&(largest_epoch * 4096).to_string());
     assert!(
         !said_whole.contains("read on from the file"),
         "{said_whole}"
@@ -651,7 +677,7 @@ fn a_sweep_and_a_trace_are_drawn_and_render_to_a_picture_that_is_not_blank() {
     // So is the trace through zram with its policy: the same memory, epoch by epoch.
     let out = Command::new(env!("CARGO_BIN_EXE_ztier"))
         .args(["bench", "--trace", "--json", "--max-corpus"])
-        .arg((first_epoch * 4096).to_string())
+        .arg((largest_epoch * 4096).to_string())
         .arg("--corpus")
         .arg(&corpus)
         .arg("--writeback-file")

@@ -5,9 +5,11 @@
 //!
 //! Invariants: the pages held are `held_from..next`, read in order from the file; a page
 //! before them cannot be had again (the replay that asks for one is told so: a corpus read
-//! whole can serve it); at most the pages of one request are held at a time, and a request
-//! of more than `max_held_bytes` is refused, whatever the file holds (a zstd bomb, a trace
-//! naming a page a terabyte in).
+//! whole can serve it); no more pages are held than the largest request asked for, and a
+//! request of more than `max_held_bytes` is refused, so memory is bounded whatever the file
+//! holds (a zstd bomb). Time is not: a request far into the file reads every page before it
+//! (a replay asks for each epoch's pages straight after the last's, a trace's invariant). A
+//! request that fails leaves nothing held.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,8 @@ pub struct CorpusStream {
     /// The page the next read begins with.
     next: u64,
     max_held_bytes: u64,
+    /// A read of the file failed: where the file stands is unknown, so nothing more is read.
+    failed: bool,
 }
 
 impl std::fmt::Debug for CorpusStream {
@@ -66,6 +70,7 @@ impl CorpusStream {
             held_from: 0,
             next: 0,
             max_held_bytes,
+            failed: false,
         })
     }
 
@@ -73,14 +78,20 @@ impl CorpusStream {
     /// request ended (the pages between are read past). A page before those held last is
     /// [`CorpusError::NotInOrder`]; a file that ends first, [`CorpusError::EndsBefore`].
     pub fn hold(&mut self, from: u64, to: u64) -> Result<()> {
-        if from < self.held_from || to < from {
+        if self.failed {
+            return Err(CorpusError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other("a read of it failed before: it is read no further"),
+            });
+        }
+        if from < self.held_from {
             return Err(CorpusError::NotInOrder {
                 path: self.path.clone(),
-                page: from.min(to),
+                page: from,
                 held_from: self.held_from,
             });
         }
-        let asked = (to - from).saturating_mul(CORPUS_PAGE as u64);
+        let asked = to.saturating_sub(from).saturating_mul(CORPUS_PAGE as u64);
         if asked > self.max_held_bytes {
             return Err(CorpusError::TooLarge {
                 path: self.path.clone(),
@@ -93,21 +104,31 @@ impl CorpusStream {
         self.held.drain(..keep.min(self.held.len()));
         if self.next < from {
             self.held.clear();
-            self.skip(from - self.next)?;
+            if let Err(e) = self.skip(from - self.next) {
+                self.failed = true;
+                return Err(e);
+            }
         }
         self.held_from = from;
-        let wanted = (to.saturating_sub(self.next)) as usize * CORPUS_PAGE;
+        // At most `max_held_bytes`, checked above.
+        let wanted = to.saturating_sub(self.next) as usize * CORPUS_PAGE;
         let have = self.held.len();
         self.held.resize(have + wanted, 0);
-        self.fill(have)?;
+        if let Err(e) = self.fill(have) {
+            self.held.clear();
+            self.failed = true;
+            return Err(e);
+        }
         self.next = self.next.max(to);
         Ok(())
     }
 
     /// Page `index`, if it is held.
     pub fn page(&self, index: u64) -> Option<&[u8]> {
-        let at = usize::try_from(index.checked_sub(self.held_from)?).ok()? * CORPUS_PAGE;
-        self.held.get(at..at + CORPUS_PAGE)
+        let at = usize::try_from(index.checked_sub(self.held_from)?)
+            .ok()?
+            .checked_mul(CORPUS_PAGE)?;
+        self.held.get(at..at.checked_add(CORPUS_PAGE)?)
     }
 
     /// Pages read from the file so far.
@@ -213,6 +234,9 @@ mod tests {
                     ..
                 })
             ));
+            // Nothing held after it, and nothing more read.
+            assert!(s.page(8).is_none());
+            assert!(matches!(s.hold(8, 9), Err(CorpusError::Io { .. })));
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -35,7 +35,8 @@ pub struct ReplayArgs {
     /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
     /// quarter of this machine's memory (the bench holds the pages, their compressed copies
     /// and the device). With --trace through zram (and its far tier), a corpus past it is
-    /// read on from its file, an epoch's pages at a time, instead.
+    /// read on from its file, an epoch's pages at a time, instead (the largest epoch's must
+    /// fit within it).
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub max_corpus: Option<u64>,
 }
@@ -67,18 +68,46 @@ impl ReplayArgs {
     /// held at a time, each epoch's within `--max-corpus`.
     pub fn trace_corpus(&self, path: &Path, trace: &Trace) -> anyhow::Result<TraceCorpus> {
         let max = self.max_corpus();
-        let bytes = trace
-            .corpus_pages()
-            .saturating_mul(ztier_corpus::CORPUS_PAGE as u64);
+        let page = ztier_corpus::CORPUS_PAGE as u64;
+        let gib = |bytes: u64| bytes as f64 / f64::from(1 << 30);
+        let bytes = trace.corpus_pages().saturating_mul(page);
         if bytes <= max {
-            return Ok(TraceCorpus::Whole(self.load(path)?));
+            match Corpus::load_at_most(path, max) {
+                Ok(corpus) => return Ok(TraceCorpus::Whole(corpus)),
+                // Longer than the trace names (pages past it are never read): read on.
+                Err(ztier_corpus::CorpusError::TooLarge { .. }) => {}
+                Err(cause) => return Err(CliError::Corpus { cause }.into()),
+            }
+        }
+        let default = if self.max_corpus.is_none() {
+            ", a quarter of the memory"
+        } else {
+            ""
+        };
+        // Read on, the corpus holds one epoch's pages at a time: the largest must fit.
+        let largest = trace
+            .epochs
+            .iter()
+            .enumerate()
+            .map(|(n, e)| (n, (e.appeared.len() + e.changed.len()) as u64 * page))
+            .max_by_key(|&(_, bytes)| bytes);
+        if let Some((epoch, epoch_bytes)) = largest.filter(|&(_, bytes)| bytes > max) {
+            anyhow::bail!(
+                "{}: epoch {epoch} writes {:.2} GiB of pages, past --max-corpus ({:.2} GiB{default}); \
+                 a corpus read on from its file holds one epoch's pages at a time: give \
+                 --max-corpus {}M or more",
+                path.display(),
+                gib(epoch_bytes),
+                gib(max),
+                epoch_bytes.div_ceil(1 << 20)
+            );
         }
         eprintln!(
-            "ztier: {}: its trace names {:.1} GiB of pages, past --max-corpus ({:.1} GiB): \
+            "ztier: {}: its trace names {:.1} GiB of pages, past --max-corpus ({:.1} GiB{default}): \
              read on from the file as the epochs come to them",
             path.display(),
-            bytes as f64 / f64::from(1 << 30),
-            max as f64 / f64::from(1 << 30)
+            gib(bytes),
+            gib(max),
         );
         Ok(TraceCorpus::Streamed {
             path: path.to_owned(),
