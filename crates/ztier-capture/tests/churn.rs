@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::shared::new_test_cgroup;
+use common::shared::cgroup_for_test;
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 use ztier_capture::target::Target;
 use ztier_capture::{CaptureOptions, Recorder};
@@ -28,16 +28,8 @@ impl Drop for Sleeper {
 
 #[test]
 fn a_recording_of_a_cgroup_whose_processes_come_and_go_holds_only_the_running_ones_open() {
-    if !rustix::process::geteuid().is_root() {
-        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+    let Some(cgroup) = cgroup_for_test("churn") else {
         return;
-    }
-    let cgroup = match new_test_cgroup("churn") {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            ztier_corpus::cannot_test(&why);
-            return;
-        }
     };
     let limit = getrlimit(Resource::Nofile);
     setrlimit(

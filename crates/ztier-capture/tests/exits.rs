@@ -11,7 +11,7 @@ mod common;
 use std::io::Write;
 
 use common::shared::{
-    big_holder, files_in, kill_and_wait_for_exit, new_test_cgroup, serve_memory_child, MemoryChild,
+    big_holder, cgroup_for_test, files_in, kill_and_wait_for_exit, serve_memory_child, MemoryChild,
 };
 use ztier_capture::target::Target;
 use ztier_capture::{CaptureError, CaptureOptions, Recorder};
@@ -158,27 +158,24 @@ fn a_process_killed_while_it_is_read_is_an_error_and_leaves_no_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_without_it() {
-    if !rustix::process::geteuid().is_root() {
-        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
-        return;
-    }
-    let cgroup = match new_test_cgroup("exit-read") {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            ztier_corpus::cannot_test(&why);
-            return;
-        }
-    };
-    let dir = common::temp_dir("capture-cgroup-exit");
+/// Two children moved into `cgroup`, the lower pid first: an epoch reads its processes in
+/// increasing pid order, so the first read is the first child's.
+fn two_children_in(cgroup: &std::path::Path) -> [MemoryChild; 2] {
     let mut children = [MemoryChild::spawn(), MemoryChild::spawn()];
     for child in &children {
         std::fs::write(cgroup.join("cgroup.procs"), child.pid().to_string()).unwrap();
     }
-    // The epoch reads its processes in increasing pid order: the first read is the lower's.
     children.sort_by_key(MemoryChild::pid);
-    let [mut leaving, staying] = children;
+    children
+}
+
+#[test]
+fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_without_it() {
+    let Some(cgroup) = cgroup_for_test("exit-read") else {
+        return;
+    };
+    let dir = common::temp_dir("capture-cgroup-exit");
+    let [mut leaving, staying] = two_children_in(&cgroup);
     let output = dir.join("cg.pages.zst");
     let mut recorder = Recorder::start(
         Target::Cgroup(cgroup.clone()),
@@ -238,24 +235,11 @@ fn a_cgroup_process_exiting_while_an_epoch_reads_it_has_the_epoch_read_again_wit
 
 #[test]
 fn a_cgroup_process_exiting_while_the_first_epoch_reads_it_has_the_first_epoch_read_again() {
-    if !rustix::process::geteuid().is_root() {
-        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+    let Some(cgroup) = cgroup_for_test("exit-first") else {
         return;
-    }
-    let cgroup = match new_test_cgroup("exit-first") {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            ztier_corpus::cannot_test(&why);
-            return;
-        }
     };
     let dir = common::temp_dir("capture-cgroup-exit-first");
-    let mut children = [MemoryChild::spawn(), MemoryChild::spawn()];
-    for child in &children {
-        std::fs::write(cgroup.join("cgroup.procs"), child.pid().to_string()).unwrap();
-    }
-    children.sort_by_key(MemoryChild::pid);
-    let [mut leaving, staying] = children;
+    let [mut leaving, staying] = two_children_in(&cgroup);
     let output = dir.join("first.pages.zst");
     let mut recorder = Recorder::start(
         Target::Cgroup(cgroup.clone()),
@@ -294,16 +278,8 @@ fn a_cgroup_process_exiting_while_the_first_epoch_reads_it_has_the_first_epoch_r
 
 #[test]
 fn a_cgroup_process_that_runs_another_program_is_read_afresh_as_a_new_process() {
-    if !rustix::process::geteuid().is_root() {
-        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+    let Some(cgroup) = cgroup_for_test("exec") else {
         return;
-    }
-    let cgroup = match new_test_cgroup("exec") {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            ztier_corpus::cannot_test(&why);
-            return;
-        }
     };
     let dir = common::temp_dir("capture-cgroup-exec");
     // A shell that, given a line, runs `sleep` in its place (the same pid).

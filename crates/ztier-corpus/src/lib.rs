@@ -88,6 +88,30 @@ pub enum CorpusError {
 
 pub type Result<T, E = CorpusError> = std::result::Result<T, E>;
 
+/// A corpus file's name: its file's, without `.pages.zst` or `.pages`.
+pub fn corpus_name(path: &Path) -> &str {
+    let file = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let stem = file.strip_suffix(".zst").unwrap_or(file);
+    stem.strip_suffix(".pages").unwrap_or(stem)
+}
+
+/// A corpus file's pages from the first, decompressed if its name ends in `.zst`.
+pub(crate) fn open_pages(path: &Path) -> Result<Box<dyn Read + Send>> {
+    let io = |source| CorpusError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    Ok(if path.extension().is_some_and(|e| e == "zst") {
+        Box::new(zstd::stream::read::Decoder::new(file).map_err(io)?)
+    } else {
+        Box::new(std::io::BufReader::new(file))
+    })
+}
+
 /// A corpus in memory.
 pub struct Corpus {
     /// File name without `.pages` / `.pages.zst`.
@@ -106,33 +130,21 @@ impl Corpus {
     /// As [`load`](Self::load), refusing more than `max` bytes of pages; reads at most
     /// `max + 1` bytes, whatever the file (a pipe, `/dev/zero`, a zstd bomb).
     pub fn load_at_most(path: &Path, max: u64) -> Result<Corpus> {
-        let io = |source| CorpusError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let file_name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
         let mut data = Vec::new();
-        let limit = max.saturating_add(1);
-        let name = if let Some(stem) = file_name.strip_suffix(".zst") {
-            let dec = zstd::stream::read::Decoder::new(file).map_err(io)?;
-            dec.take(limit).read_to_end(&mut data).map_err(io)?;
-            stem
-        } else {
-            file.take(limit).read_to_end(&mut data).map_err(io)?;
-            file_name
-        };
+        open_pages(path)?
+            .take(max.saturating_add(1))
+            .read_to_end(&mut data)
+            .map_err(|source| CorpusError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
         if data.len() as u64 > max {
             return Err(CorpusError::TooLarge {
                 path: path.to_owned(),
                 max,
             });
         }
-        let name = name.strip_suffix(".pages").unwrap_or(name).to_owned();
-        Corpus::new(&name, path, data)
+        Corpus::new(corpus_name(path), path, data)
     }
 
     fn new(name: &str, path: &Path, data: Vec<u8>) -> Result<Corpus> {

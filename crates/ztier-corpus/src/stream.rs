@@ -14,7 +14,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::{CorpusError, Result, CORPUS_PAGE};
+use crate::{corpus_name, open_pages, CorpusError, Result, CORPUS_PAGE};
 
 /// A corpus file read on from its start.
 pub struct CorpusStream {
@@ -45,27 +45,10 @@ impl CorpusStream {
     /// Opens a `.pages` or `.pages.zst` file at its first page; holds at most
     /// `max_held_bytes` of pages at a time.
     pub fn open(path: &Path, max_held_bytes: u64) -> Result<CorpusStream> {
-        let io = |source| CorpusError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let file_name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        let (name, reader): (&str, Box<dyn Read + Send>) =
-            if let Some(stem) = file_name.strip_suffix(".zst") {
-                let dec = zstd::stream::read::Decoder::new(file).map_err(io)?;
-                (stem, Box::new(dec))
-            } else {
-                (file_name, Box::new(std::io::BufReader::new(file)))
-            };
-        let name = name.strip_suffix(".pages").unwrap_or(name).to_owned();
         Ok(CorpusStream {
-            name,
+            name: corpus_name(path).to_owned(),
             path: path.to_owned(),
-            reader,
+            reader: open_pages(path)?,
             held: Vec::new(),
             held_from: 0,
             next: 0,
@@ -138,25 +121,14 @@ impl CorpusStream {
 
     /// Reads `held[from..]` whole from the file.
     fn fill(&mut self, from: usize) -> Result<()> {
-        let mut at = from;
-        while at < self.held.len() {
-            match self.reader.read(&mut self.held[at..]) {
-                Ok(0) => {
-                    return Err(CorpusError::EndsBefore {
-                        path: self.path.clone(),
-                        pages: self.held_from + (at / CORPUS_PAGE) as u64,
-                        wanted: self.held_from + (self.held.len() / CORPUS_PAGE) as u64,
-                    })
-                }
-                Ok(n) => at += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(CorpusError::Io {
-                        path: self.path.clone(),
-                        source,
-                    })
-                }
-            }
+        let got = read_up_to(&mut self.reader, &mut self.held[from..])
+            .map_err(|source| self.io_error(source))?;
+        if from + got < self.held.len() {
+            return Err(CorpusError::EndsBefore {
+                path: self.path.clone(),
+                pages: self.held_from + ((from + got) / CORPUS_PAGE) as u64,
+                wanted: self.held_from + (self.held.len() / CORPUS_PAGE) as u64,
+            });
         }
         Ok(())
     }
@@ -165,30 +137,40 @@ impl CorpusStream {
     fn skip(&mut self, pages: u64) -> Result<()> {
         let mut page = vec![0u8; CORPUS_PAGE];
         for n in 0..pages {
-            let mut at = 0;
-            while at < CORPUS_PAGE {
-                match self.reader.read(&mut page[at..]) {
-                    Ok(0) => {
-                        return Err(CorpusError::EndsBefore {
-                            path: self.path.clone(),
-                            pages: self.next + n,
-                            wanted: self.next + pages,
-                        })
-                    }
-                    Ok(k) => at += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(source) => {
-                        return Err(CorpusError::Io {
-                            path: self.path.clone(),
-                            source,
-                        })
-                    }
-                }
+            let got =
+                read_up_to(&mut self.reader, &mut page).map_err(|source| self.io_error(source))?;
+            if got < CORPUS_PAGE {
+                return Err(CorpusError::EndsBefore {
+                    path: self.path.clone(),
+                    pages: self.next + n,
+                    wanted: self.next + pages,
+                });
             }
         }
         self.next += pages;
         Ok(())
     }
+
+    fn io_error(&self, source: std::io::Error) -> CorpusError {
+        CorpusError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+/// Reads into `buf` until it is full or the reader ends; returns the bytes read.
+fn read_up_to(reader: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut at = 0;
+    while at < buf.len() {
+        match reader.read(&mut buf[at..]) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(at)
 }
 
 #[cfg(test)]

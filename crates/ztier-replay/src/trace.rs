@@ -253,14 +253,7 @@ impl<'a> CorpusPages<'a> {
     pub fn name(&self) -> &str {
         match self {
             CorpusPages::Whole(corpus) => &corpus.name,
-            CorpusPages::Streamed { path, .. } => {
-                let file = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .unwrap_or_default();
-                let stem = file.strip_suffix(".zst").unwrap_or(file);
-                stem.strip_suffix(".pages").unwrap_or(stem)
-            }
+            CorpusPages::Streamed { path, .. } => ztier_corpus::corpus_name(path),
         }
     }
 

@@ -359,6 +359,18 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
+/// As [`new_test_cgroup`], for a test that moves processes into it: `None`, said (and failing
+/// under CI), when this is not root or there is no cgroup; the caller then returns.
+pub fn cgroup_for_test(name: &str) -> Option<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        ztier_corpus::cannot_test("moving a process into a cgroup needs root");
+        return None;
+    }
+    new_test_cgroup(name)
+        .map_err(|why| ztier_corpus::cannot_test(&why))
+        .ok()
+}
+
 /// A new cgroup of this test process's own (`ztier-test-NAME-PID`) in the cgroup v2
 /// hierarchy, or why there is none (the caller says so and skips).
 pub fn new_test_cgroup(name: &str) -> Result<PathBuf, String> {
