@@ -787,3 +787,104 @@ fn serve_takes_a_promotion_target_and_reports_its_controller() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench --trace --promotion-target --through-nbd`: the far tier judged as a host serves it,
+/// on a trace of 8 s made by hand (200 pages written once, 20 changed every 3 s): each
+/// fixed age and the controller a device of one host, exported over NBD, replayed at once
+/// at the trace's pace, each device's policy on the server's clock. An age of 1 s writes
+/// the cold pages back and reads the hot ones from the store again; one of 30 s and the
+/// controller (an hour until an age is known safe) write nothing; every run read back whole
+/// through its export (or the bench fails), and says how far behind the pace it ran.
+#[test]
+fn the_far_tier_judged_through_nbd_at_the_traces_pace() {
+    use ztier_corpus::trace::{Epoch, PageWrite, Trace, TraceWriter};
+    use ztier_corpus::writer::CorpusWriter;
+    const COLD: u64 = 200;
+    const HOT: u64 = 20;
+    let dir = std::env::temp_dir().join(format!("ztier-cli-paced-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("paced.pages");
+    let mut cw = CorpusWriter::create(&corpus).unwrap();
+    let mut next = 0u32;
+    let mut write = |vpn: u64| {
+        let mut page = vec![0u8; 4096];
+        page[..8].copy_from_slice(&u64::from(next).to_le_bytes());
+        page[2048..2056].copy_from_slice(&vpn.to_le_bytes());
+        cw.push(&page).unwrap();
+        next += 1;
+        PageWrite {
+            vpn,
+            corpus_page: next - 1,
+        }
+    };
+    let mut epochs = vec![Epoch {
+        appeared: (0..COLD + HOT).map(&mut write).collect(),
+        ..Epoch::default()
+    }];
+    // Epochs of 500 ms; each hot page changes every sixth (3 s).
+    for n in 1..=16u64 {
+        let changed: Vec<PageWrite> = (COLD..COLD + HOT)
+            .filter(|vpn| vpn % 6 == n % 6)
+            .map(&mut write)
+            .collect();
+        epochs.push(Epoch {
+            millis: n * 500,
+            unchanged: COLD + HOT - changed.len() as u64,
+            changed,
+            ..Epoch::default()
+        });
+    }
+    cw.finish().unwrap();
+    let mut tw = TraceWriter::create(&Trace::path_for(&corpus)).unwrap();
+    for e in &epochs {
+        tw.write_epoch(e).unwrap();
+    }
+    tw.finish().unwrap();
+    let o = ztier(&[
+        "bench",
+        "--trace",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--compressor",
+        "lz4",
+        "--promotion-target",
+        "5%/min",
+        "--fixed-ages",
+        "1s,30s",
+        "--policy-interval",
+        "1s",
+        "--through-nbd",
+        "--store-dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let fixed = v["fixed"].as_array().unwrap();
+    let run = |age: u64| {
+        fixed
+            .iter()
+            .find(|r| r["age"]["fixed"]["age_secs"] == age)
+            .unwrap_or_else(|| panic!("no run at {age} s: {v}"))
+    };
+    let count = |r: &serde_json::Value, key: &str| r[key].as_u64().unwrap();
+    assert!(count(run(1), "written_back_pages") >= COLD, "{v}");
+    assert!(count(run(1), "promotions") > 0, "{v}");
+    for r in [run(30), &v["controller"]] {
+        assert_eq!(count(r, "written_back_pages"), 0, "{v}");
+        assert_eq!(count(r, "promotions"), 0, "{v}");
+    }
+    assert_eq!(v["controller"]["controller"]["age_secs"], 3600, "{v}");
+    for r in fixed.iter().chain([&v["controller"]]) {
+        assert!(r["pace"]["max_lag_secs"].as_f64().is_some(), "{v}");
+    }
+    // The run's stores and socket went with it.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with("ztier-far-tier-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -84,6 +84,10 @@ pub struct FarTierRun {
     /// The controller's age after each pass (empty for a fixed age).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ages_secs: Vec<u64>,
+    /// How far behind the recorded pace the replay ran (a run through a served device in
+    /// real time; none for one in the capture's time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pace: Option<crate::paced::Pace>,
 }
 
 /// The runs over one trace and the verdict.
@@ -102,20 +106,14 @@ pub struct FarTierVerdict {
     pub goal_met: bool,
 }
 
-impl FarTierReplay {
-    /// Every fixed age, then the controller, over `trace` (captured with `corpus`).
-    pub fn judge(&self, corpus: &Corpus, trace: &Trace) -> Result<FarTierVerdict> {
-        self.judge_over(&CorpusPages::Whole(corpus), trace)
-    }
-
-    /// As [`judge`](Self::judge), over the corpus read whole or on (each run reads it anew).
-    pub fn judge_over(&self, corpus: &CorpusPages<'_>, trace: &Trace) -> Result<FarTierVerdict> {
-        let target = self.target.share_per_minute;
-        let mut fixed = Vec::with_capacity(self.fixed_ages.len());
-        for &age in &self.fixed_ages {
-            fixed.push(self.run(corpus, trace, Some(age))?);
-        }
-        let controller = self.run(corpus, trace, None)?;
+impl FarTierVerdict {
+    /// The verdict on `controller` against the best of `fixed` that meets `target`.
+    pub fn of(
+        corpus: &str,
+        target: PromotionTarget,
+        fixed: Vec<FarTierRun>,
+        controller: FarTierRun,
+    ) -> FarTierVerdict {
         let oracle = fixed
             .iter()
             .filter(|r| r.meets_target)
@@ -125,15 +123,37 @@ impl FarTierReplay {
             .as_ref()
             .map(|o| controller.mean_stored_pages / o.mean_stored_pages.max(f64::MIN_POSITIVE));
         let goal_met = controller.meets_target && of_oracle.is_none_or(|s| s >= GOAL_OF_ORACLE);
-        Ok(FarTierVerdict {
-            corpus: corpus.name().to_owned(),
-            target_share_per_minute: target,
+        FarTierVerdict {
+            corpus: corpus.to_owned(),
+            target_share_per_minute: target.share_per_minute,
             fixed,
             controller,
             oracle,
             of_oracle,
             goal_met,
-        })
+        }
+    }
+}
+
+impl FarTierReplay {
+    /// Every fixed age, then the controller, over `trace` (captured with `corpus`).
+    pub fn judge(&self, corpus: &Corpus, trace: &Trace) -> Result<FarTierVerdict> {
+        self.judge_over(&CorpusPages::Whole(corpus), trace)
+    }
+
+    /// As [`judge`](Self::judge), over the corpus read whole or on (each run reads it anew).
+    pub fn judge_over(&self, corpus: &CorpusPages<'_>, trace: &Trace) -> Result<FarTierVerdict> {
+        let mut fixed = Vec::with_capacity(self.fixed_ages.len());
+        for &age in &self.fixed_ages {
+            fixed.push(self.run(corpus, trace, Some(age))?);
+        }
+        let controller = self.run(corpus, trace, None)?;
+        Ok(FarTierVerdict::of(
+            corpus.name(),
+            self.target,
+            fixed,
+            controller,
+        ))
     }
 
     /// One run: at `age` fixed, or with the controller (`None`).
@@ -160,16 +180,13 @@ impl FarTierReplay {
         let mut swapped = SwappedPages::new(&dev, corpus.open()?, device_pages);
         let first = trace.epochs.first().map_or(0, |e| e.millis);
         let mut next_pass = interval;
-        let (mut promotions, mut written_back) = (0u64, 0u64);
-        let mut stored_sum = 0f64;
+        let mut written_back = 0u64;
+        let mut tally = Tally::default();
         let mut ages = Vec::new();
-        // Per whole minute of the capture: promotions, the sum of pages stored, epochs.
-        let mut minutes: Vec<(u64, f64, u64)> = Vec::new();
         for (n, epoch) in trace.epochs.iter().enumerate() {
             let at = Duration::from_millis(epoch.millis.saturating_sub(first));
             dev.pin_clock(Some(Duration::from_secs(CLOCK_BASE_SECS) + at));
             let read_back = swapped.apply(n, epoch)?;
-            promotions += read_back;
             if at >= next_pass {
                 let tick = runner.tick(&dev);
                 if let Some(e) = tick.last_error {
@@ -183,51 +200,95 @@ impl FarTierReplay {
                     next_pass += interval;
                 }
             }
-            let stored = dev.bd_stat().map_or(0, |b| b.bd_count) as f64;
-            stored_sum += stored;
-            let minute = (at.as_secs() / 60) as usize;
-            if minutes.len() <= minute {
-                minutes.resize(minute + 1, (0, 0.0, 0));
-            }
-            let m = &mut minutes[minute];
-            m.0 += read_back;
-            m.1 += stored;
-            m.2 += 1;
+            tally.epoch(at, read_back, dev.bd_stat().map_or(0, |b| b.bd_count));
         }
         swapped.verify()?;
-        let epochs = trace.epochs.len().max(1) as f64;
-        let mean_stored = stored_sum / epochs;
+        let mut run = tally.finish(trace, AgeChoice::of(age), self.target, written_back);
+        run.controller = runner.promotion_stats();
+        run.ages_secs = ages;
+        Ok(run)
+    }
+}
+
+impl AgeChoice {
+    /// A fixed age, or the controller's (`None`).
+    pub fn of(age: Option<Duration>) -> AgeChoice {
+        match age {
+            Some(a) => AgeChoice::Fixed {
+                age_secs: a.as_secs(),
+            },
+            None => AgeChoice::Controller,
+        }
+    }
+}
+
+/// A run's figures as its epochs pass: the promotions and the pages stored, overall and
+/// per whole minute of the capture.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    promotions: u64,
+    stored_sum: f64,
+    epochs: u64,
+    /// Per whole minute of the capture: promotions, the sum of pages stored, epochs.
+    minutes: Vec<(u64, f64, u64)>,
+}
+
+impl Tally {
+    /// An epoch `at` into the capture: `promoted` pages read from the store, `stored` on it
+    /// after.
+    pub(crate) fn epoch(&mut self, at: Duration, promoted: u64, stored: u64) {
+        let stored = stored as f64;
+        self.promotions += promoted;
+        self.stored_sum += stored;
+        self.epochs += 1;
+        let minute = (at.as_secs() / 60) as usize;
+        if self.minutes.len() <= minute {
+            self.minutes.resize(minute + 1, (0, 0.0, 0));
+        }
+        let m = &mut self.minutes[minute];
+        m.0 += promoted;
+        m.1 += stored;
+        m.2 += 1;
+    }
+
+    /// The run over `trace` (its controller figures left empty).
+    pub(crate) fn finish(
+        self,
+        trace: &Trace,
+        age: AgeChoice,
+        target: PromotionTarget,
+        written_back_pages: u64,
+    ) -> FarTierRun {
+        let mean_stored = self.stored_sum / self.epochs.max(1) as f64;
+        let first = trace.epochs.first().map_or(0, |e| e.millis);
         let span = trace
             .epochs
             .last()
             .map_or(0, |e| e.millis.saturating_sub(first));
         let length = (span as f64 / 60_000.0).max(1.0 / 60.0);
-        let share = promotions as f64 / length / mean_stored.max(1.0);
+        let share = self.promotions as f64 / length / mean_stored.max(1.0);
         // Whole minutes only: the last, cut short, would count its promotions at a rate.
         let whole = (span / 60_000) as usize;
-        let worst = minutes
+        let worst = self
+            .minutes
             .iter()
             .take(whole)
             .filter(|m| m.2 > 0)
             .map(|&(p, s, e)| p as f64 / (s / e as f64).max(1.0))
             .fold(0.0, f64::max);
-        Ok(FarTierRun {
-            age: match age {
-                Some(a) => AgeChoice::Fixed {
-                    age_secs: a.as_secs(),
-                },
-                None => AgeChoice::Controller,
-            },
-            promotions,
-            written_back_pages: written_back,
+        FarTierRun {
+            age,
+            promotions: self.promotions,
+            written_back_pages,
             mean_stored_pages: mean_stored,
             minutes: length,
             share_per_minute: share,
             worst_minute_share: worst,
-            meets_target: share <= self.target.share_per_minute,
-            controller: runner.promotion_stats(),
-            ages_secs: ages,
-        })
+            meets_target: share <= target.share_per_minute,
+            controller: None,
+            ages_secs: Vec::new(),
+            pace: None,
+        }
     }
 }
 

@@ -26,6 +26,9 @@
 //! - [`far_tier`]: a capture over time replayed at its recorded pace through zram with a
 //!   store, its policy writing back at a range of fixed idle ages and at the age a
 //!   promotion-rate controller chooses, judged against the best fixed age in hindsight.
+//! - [`paced`]: the same judged as a host serves it: the capture in real time, at its
+//!   recorded pace, through served devices (NBD exports), each device's policy passing on
+//!   the server's clock, the store's figures read from the server.
 //! - [`swap_bench`]: threads swapping real pages out and in through zswap over a swap
 //!   file, with a working set larger than the pool, the shrinker writing back meanwhile.
 //! - [`swap_alloc`]: the swap-slot allocator's lock study: threads allocating and freeing
@@ -35,6 +38,7 @@
 
 pub mod driver;
 pub mod far_tier;
+pub mod paced;
 pub mod swap_alloc;
 pub mod swap_bench;
 pub mod sweep;
@@ -114,6 +118,12 @@ pub enum ReplayError {
     /// A pass of the device's policy failed (its error as the policy counted it).
     #[error("the device's policy: {0}")]
     Policy(String),
+    /// A paced judgement's devices must include one run by the controller, and one only.
+    #[error("a paced judgement needs one device with the controller, given {controllers}")]
+    ControllerCount { controllers: usize },
+    /// A request to a device served to the replay (an NBD export) failed.
+    #[error("the served device: {0}")]
+    Served(ztier_blockdev::BlockError),
     /// The file behind a swap device the replay made could not be created.
     #[error("{}: {source}", path.display())]
     SwapFile {

@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use ztier_blockdev::memory::MemoryDevice;
+use ztier_blockdev::BlockDevice;
 use ztier_compress::Algorithm;
 use ztier_corpus::stream::CorpusStream;
 use ztier_corpus::trace::{Epoch, Trace};
@@ -194,9 +195,8 @@ impl TraceReplay {
 }
 
 /// A zram device for replaying `trace` over the pages of `corpus` (the corpus it was
-/// captured with), as large as the most pages present at once, once the trace is checked
-/// against the corpus (its invariants, its page size, its corpus pages all inside it).
-/// Returns it and its size in pages.
+/// captured with), as large as the most pages present at once ([`trace_pages`]). Returns it
+/// and its size in pages.
 pub(crate) fn trace_device(
     trace: &Trace,
     pages: &CorpusPages<'_>,
@@ -204,17 +204,26 @@ pub(crate) fn trace_device(
     layout: &ZsConfig,
     algorithm: &Algorithm,
 ) -> Result<(Device, u64)> {
-    // A trace read from a file was checked by `Trace::read`; one built in memory is
-    // checked here, before its counts size anything.
-    trace
-        .check_invariants()
-        .map_err(ReplayError::TraceInvalid)?;
     layout.validate().map_err(ztier_pool::PoolError::from)?;
     if layout.page_size != CORPUS_PAGE {
         return Err(ReplayError::TracePageSize {
             page_size: layout.page_size,
         });
     }
+    let device_pages = trace_pages(trace, pages)?;
+    let pool = allocator.make_pool(layout)?;
+    let dev = Device::new(device_pages * CORPUS_PAGE as u64, algorithm.clone(), pool)?;
+    Ok((dev, device_pages))
+}
+
+/// The pages a device replaying `trace` over `pages` needs: the most present at once, once
+/// the trace is checked against the corpus (its invariants, its corpus pages all inside it).
+pub fn trace_pages(trace: &Trace, pages: &CorpusPages<'_>) -> Result<u64> {
+    // A trace read from a file was checked by `Trace::read`; one built in memory is
+    // checked here, before its counts size anything.
+    trace
+        .check_invariants()
+        .map_err(ReplayError::TraceInvalid)?;
     // A corpus read on is known to be short only once it ends (`CorpusError::EndsBefore`).
     if let CorpusPages::Whole(corpus) = pages {
         if trace.corpus_pages() > corpus.pages() as u64 {
@@ -225,16 +234,13 @@ pub(crate) fn trace_device(
             });
         }
     }
-    let device_pages = trace
+    Ok(trace
         .epochs
         .iter()
         .map(|e| e.present())
         .max()
         .unwrap_or(0)
-        .max(1);
-    let pool = allocator.make_pool(layout)?;
-    let dev = Device::new(device_pages * CORPUS_PAGE as u64, algorithm.clone(), pool)?;
-    Ok((dev, device_pages))
+        .max(1))
 }
 
 /// The corpus a trace's writes name its pages in.
@@ -343,11 +349,64 @@ impl PageSource<'_> {
     }
 }
 
-/// The pages of a trace as a swapping process keeps them on a zram device: a slot per
+/// Where a replay swaps its pages: page-sized slots read, written and discarded.
+pub(crate) trait SwapSpace {
+    /// Reads `slot` into `buf` (a swap-in); whether it came from the backing store, where
+    /// the space can tell (a zram device can; a device served over a socket cannot, and its
+    /// server counts the store's reads instead).
+    fn swap_in(&self, slot: u64, buf: &mut [u8]) -> Result<bool>;
+    fn swap_out(&self, slot: u64, page: &[u8]) -> Result<()>;
+    fn free(&self, slot: u64) -> Result<()>;
+}
+
+impl SwapSpace for Device {
+    fn swap_in(&self, slot: u64, buf: &mut [u8]) -> Result<bool> {
+        let from_store = self.entry(slot)?.has(SlotFlag::Wb);
+        self.read_page(slot, buf)
+            .map_err(|e| at("reading", slot as usize, e))?;
+        Ok(from_store)
+    }
+
+    fn swap_out(&self, slot: u64, page: &[u8]) -> Result<()> {
+        self.write_page(slot, page)
+            .map_err(|e| at("writing", slot as usize, e))
+    }
+
+    fn free(&self, slot: u64) -> Result<()> {
+        self.discard_page(slot)
+            .map_err(|e| at("discarding", slot as usize, e))
+    }
+}
+
+/// A block device as swap space: slot `n` is the page at `n * 4096`.
+pub(crate) struct BlockSpace<'a>(pub(crate) &'a dyn BlockDevice);
+
+impl SwapSpace for BlockSpace<'_> {
+    fn swap_in(&self, slot: u64, buf: &mut [u8]) -> Result<bool> {
+        self.0
+            .read_at(slot * CORPUS_PAGE as u64, buf)
+            .map_err(|e| at("reading", slot as usize, ReplayError::Served(e)))?;
+        Ok(false)
+    }
+
+    fn swap_out(&self, slot: u64, page: &[u8]) -> Result<()> {
+        self.0
+            .write_at(slot * CORPUS_PAGE as u64, page, false)
+            .map_err(|e| at("writing", slot as usize, ReplayError::Served(e)))
+    }
+
+    fn free(&self, slot: u64) -> Result<()> {
+        self.0
+            .discard(slot * CORPUS_PAGE as u64, CORPUS_PAGE as u64)
+            .map_err(|e| at("discarding", slot as usize, ReplayError::Served(e)))
+    }
+}
+
+/// The pages of a trace as a swapping process keeps them in its swap space: a slot per
 /// present page (the lowest free one for a page that appears), its last content, and the
 /// epoch's changes applied as swap-outs, swap-ins and frees.
 pub(crate) struct SwappedPages<'a> {
-    dev: &'a Device,
+    dev: &'a dyn SwapSpace,
     source: PageSource<'a>,
     device_pages: u64,
     slots: HashMap<u64, u64>,
@@ -358,7 +417,7 @@ pub(crate) struct SwappedPages<'a> {
 }
 
 impl<'a> SwappedPages<'a> {
-    pub(crate) fn new(dev: &'a Device, source: PageSource<'a>, device_pages: u64) -> Self {
+    pub(crate) fn new(dev: &'a dyn SwapSpace, source: PageSource<'a>, device_pages: u64) -> Self {
         SwappedPages {
             dev,
             source,
@@ -386,8 +445,7 @@ impl<'a> SwappedPages<'a> {
                 .remove(vpn)
                 .ok_or_else(|| inconsistent(n, *vpn, "goes while not present"))?;
             self.latest.remove(vpn);
-            dev.discard_page(slot)
-                .map_err(|e| at("discarding", slot as usize, e))?;
+            dev.free(slot)?;
             self.free.insert(slot);
         }
         let mut read_back = 0;
@@ -397,12 +455,9 @@ impl<'a> SwappedPages<'a> {
                 .get(&w.vpn)
                 .ok_or_else(|| inconsistent(n, w.vpn, "changes while not present"))?;
             // Swapped in before it is changed: from the store if it was written back.
-            read_back += u64::from(dev.entry(slot)?.has(SlotFlag::Wb));
-            dev.read_page(slot, &mut self.scratch)
-                .map_err(|e| at("reading", slot as usize, e))?;
+            read_back += u64::from(dev.swap_in(slot, &mut self.scratch)?);
             let content = self.source.page(w.corpus_page)?;
-            dev.write_page(slot, content)
-                .map_err(|e| at("writing", slot as usize, e))?;
+            dev.swap_out(slot, content)?;
             let remembered = self.source.remember(w.corpus_page, content);
             self.latest.insert(w.vpn, remembered);
         }
@@ -421,8 +476,7 @@ impl<'a> SwappedPages<'a> {
             let content = self.source.page(w.corpus_page)?;
             let remembered = self.source.remember(w.corpus_page, content);
             self.latest.insert(w.vpn, remembered);
-            dev.write_page(slot, content)
-                .map_err(|e| at("writing", slot as usize, e))?;
+            dev.swap_out(slot, content)?;
         }
         Ok(read_back)
     }
@@ -431,9 +485,7 @@ impl<'a> SwappedPages<'a> {
     pub(crate) fn verify(&mut self) -> Result<()> {
         for (vpn, &slot) in &self.slots {
             let remembered = self.latest[vpn]; // set with every slot
-            self.dev
-                .read_page(slot, &mut self.scratch)
-                .map_err(|e| at("reading", slot as usize, e))?;
+            self.dev.swap_in(slot, &mut self.scratch)?;
             let corpus = || self.source.name().to_owned();
             match remembered {
                 Remembered::Page(page) if self.scratch[..] != *self.source.page(page)? => {

@@ -38,6 +38,16 @@ pub struct FarTierArgs {
     #[arg(long, value_parser = crate::size::parse_positive_duration, default_value = "10s",
           requires = "promotion_target")]
     pub policy_interval: Duration,
+    /// Judge as a host serves it: the trace replayed in real time, at its recorded pace (as
+    /// long as the capture took), through a host of devices exported over NBD on a unix
+    /// socket, one device per fixed age and one with the controller, all at once, each
+    /// device's policy passing on the server's clock; its stores in --store-dir.
+    #[arg(long, requires = "promotion_target")]
+    pub through_nbd: bool,
+    /// With --through-nbd: where the devices' stores (and the socket) are made; removed at
+    /// the end. Default: the temporary directory.
+    #[arg(long, value_name = "DIR", requires = "through_nbd")]
+    pub store_dir: Option<PathBuf>,
 }
 
 /// Every corpus's trace judged; each verdict printed (or a JSON line each).
@@ -65,7 +75,11 @@ pub fn run(
     for path in paths {
         let trace = read_trace(path)?;
         let corpus = replay_args.trace_corpus(path, &trace)?;
-        let verdict = replay.judge_over(&corpus.pages(), &trace)?;
+        let verdict = if far.through_nbd {
+            served::judge(&replay, far, &corpus.pages(), &trace, percent)?
+        } else {
+            replay.judge_over(&corpus.pages(), &trace)?
+        };
         emit(replay_args.json, &verdict, print_verdict)?;
         verdicts.push(serde_json::to_value(&verdict)?);
     }
@@ -135,13 +149,144 @@ fn label(r: &FarTierRun) -> String {
 
 fn print_run(r: &FarTierRun) {
     println!(
-        "  {:<12} {:>10} {:>12.4} {:>12.4} {:>12.0} {:>12} {:>6}",
+        "  {:<12} {:>10} {:>12.4} {:>12.4} {:>12.0} {:>12} {:>6}{}",
         label(r),
         r.promotions,
         r.share_per_minute * 100.0,
         r.worst_minute_share * 100.0,
         r.mean_stored_pages,
         r.written_back_pages,
-        if r.meets_target { "yes" } else { "no" }
+        if r.meets_target { "yes" } else { "no" },
+        r.pace.map_or(String::new(), |p| format!(
+            "  (behind the pace: {:.2} s at most, {:.3} s mean, {} epochs late)",
+            p.max_lag_secs, p.mean_lag_secs, p.late_epochs
+        ))
     );
+}
+
+/// `--through-nbd`: the host, its NBD server and a client per device, wired for
+/// `ztier_replay::paced`.
+mod served {
+    use std::os::unix::net::UnixListener;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use anyhow::Context;
+    use ztier_corpus::trace::Trace;
+    use ztier_corpus::CORPUS_PAGE;
+    use ztier_host::{DeviceSpec, Host, HostConfig};
+    use ztier_nbd::{Client, Export, ExportTable, Listener, Server, ServerConfig};
+    use ztier_replay::far_tier::{AgeChoice, FarTierReplay, FarTierVerdict};
+    use ztier_replay::paced::{self, PacedDevice, ServedFigures};
+    use ztier_replay::trace::CorpusPages;
+
+    use super::FarTierArgs;
+
+    /// The directory made for the run, removed at its end whatever happened.
+    struct RunDir(PathBuf);
+
+    impl Drop for RunDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Every fixed age and the controller, each a device of one host served over NBD,
+    /// replayed at once at the trace's pace.
+    pub(super) fn judge(
+        replay: &FarTierReplay,
+        far: &FarTierArgs,
+        corpus: &CorpusPages<'_>,
+        trace: &Trace,
+        percent: f64,
+    ) -> anyhow::Result<FarTierVerdict> {
+        let base = far.store_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let dir = RunDir(base.join(format!("ztier-far-tier-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).with_context(|| format!("making {}", dir.0.display()))?;
+        let host = Host::new(HostConfig {
+            interval: Some(far.policy_interval),
+            store_dir: Some(dir.0.clone()),
+            ..HostConfig::default()
+        })?;
+        let size = paced::device_pages(trace, corpus)? * CORPUS_PAGE as u64;
+        let mut ages: Vec<(String, AgeChoice)> = replay
+            .fixed_ages
+            .iter()
+            .map(|a| (format!("age-{}s", a.as_secs()), AgeChoice::of(Some(*a))))
+            .collect();
+        ages.push(("controller".to_string(), AgeChoice::Controller));
+        let table = ExportTable::new();
+        for (name, age) in &ages {
+            let mut spec = DeviceSpec::new(name, size)?;
+            spec.compressor = replay.algorithm.clone();
+            spec.allocator = replay.allocator;
+            spec.layout = replay.layout;
+            spec.writeback_format = replay.format;
+            match age {
+                AgeChoice::Fixed { age_secs } => {
+                    spec.writeback_idle = Some(std::time::Duration::from_secs(*age_secs))
+                }
+                AgeChoice::Controller => spec.promotion_target_percent = Some(percent),
+            }
+            let device = host.create(spec)?;
+            table.insert(Export::new(name.as_str(), device.block_device()));
+        }
+        let server = Server::with_exports(
+            Arc::new(table),
+            ServerConfig {
+                max_connections: ages.len() + 1,
+                ..ServerConfig::default()
+            },
+        );
+        let socket = dir.0.join("nbd.sock");
+        let listener =
+            UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+        let serving = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || server.serve(Listener::Unix(listener)))
+        };
+        let verdict = replay_through(&host, &socket, &ages, corpus, trace, replay);
+        server.stop();
+        serving
+            .join()
+            .map_err(|_| anyhow::anyhow!("the NBD server's thread panicked"))?
+            .context("the NBD server")?;
+        for (name, _) in &ages {
+            host.destroy(name)?;
+        }
+        verdict
+    }
+
+    /// The clients, each with its device's figures as the host has them.
+    fn replay_through(
+        host: &Arc<Host>,
+        socket: &Path,
+        ages: &[(String, AgeChoice)],
+        corpus: &CorpusPages<'_>,
+        trace: &Trace,
+        replay: &FarTierReplay,
+    ) -> anyhow::Result<FarTierVerdict> {
+        let mut devices = Vec::with_capacity(ages.len());
+        for (name, age) in ages {
+            let uri = format!("nbd+unix:///{name}?socket={}", socket.display());
+            let client =
+                Client::connect(&uri.parse()?).with_context(|| format!("connecting to {uri}"))?;
+            let device = host
+                .get(name)
+                .with_context(|| format!("device {name} is gone from the host"))?;
+            devices.push(PacedDevice {
+                age: *age,
+                device: Arc::new(client),
+                figures: Box::new(move || {
+                    let bd = device.device().bd_stat().unwrap_or_default();
+                    ServedFigures {
+                        stored_pages: bd.bd_count,
+                        store_reads: bd.bd_reads,
+                        policy: device.policy_stats(),
+                    }
+                }),
+            });
+        }
+        Ok(paced::judge_paced(corpus, trace, replay.target, devices)?)
+    }
 }
