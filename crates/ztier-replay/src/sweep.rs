@@ -280,11 +280,11 @@ impl ZswapSweep {
         }))
     }
 
-    /// `trace` over `corpus` once for every allocator × compressor, zswap's pool limit
+    /// `trace` over its corpus (read whole or on) once for every allocator × compressor, zswap's pool limit
     /// `max_pool_percent` of `ram_bytes`.
     pub fn traces<'a>(
         &'a self,
-        corpus: &'a Corpus,
+        corpus: &'a CorpusPages<'a>,
         trace: &'a Trace,
         ram_bytes: u64,
         max_pool_percent: u32,
@@ -298,7 +298,7 @@ impl ZswapSweep {
                 ram_bytes,
                 max_pool_percent,
             }
-            .run(corpus, trace)
+            .run_over(corpus, trace)
         }))
     }
 }

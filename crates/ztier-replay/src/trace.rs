@@ -347,6 +347,22 @@ impl PageSource<'_> {
             PageSource::Streamed(stream) => &stream.name,
         }
     }
+
+    /// `got`, read back for page `vpn`, is the content `remembered` of it.
+    fn check(&self, vpn: u64, remembered: Remembered, got: &[u8]) -> Result<()> {
+        let corpus = || self.name().to_owned();
+        match remembered {
+            Remembered::Page(page) if got != self.page(page)? => Err(ReplayError::Mismatch {
+                corpus: corpus(),
+                page: page as usize,
+            }),
+            Remembered::Crc(crc) if crc32fast::hash(got) != crc => Err(ReplayError::MismatchAt {
+                corpus: corpus(),
+                vpn,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Where a replay swaps its pages: page-sized slots read, written and discarded.
@@ -484,24 +500,8 @@ impl<'a> SwappedPages<'a> {
     /// Every present page reads back as its last content.
     pub(crate) fn verify(&mut self) -> Result<()> {
         for (vpn, &slot) in &self.slots {
-            let remembered = self.latest[vpn]; // set with every slot
             self.dev.swap_in(slot, &mut self.scratch)?;
-            let corpus = || self.source.name().to_owned();
-            match remembered {
-                Remembered::Page(page) if self.scratch[..] != *self.source.page(page)? => {
-                    return Err(ReplayError::Mismatch {
-                        corpus: corpus(),
-                        page: page as usize,
-                    })
-                }
-                Remembered::Crc(crc) if crc32fast::hash(&self.scratch) != crc => {
-                    return Err(ReplayError::MismatchAt {
-                        corpus: corpus(),
-                        vpn: *vpn,
-                    })
-                }
-                _ => {}
-            }
+            self.source.check(*vpn, self.latest[vpn], &self.scratch)?; // set with every slot
         }
         Ok(())
     }
@@ -561,11 +561,11 @@ pub struct ZswapTraceRun {
 impl ZswapTraceReplay {
     /// Replays `trace` over the pages of `corpus` (the corpus it was captured with).
     pub fn run(&self, corpus: &Corpus, trace: &Trace) -> Result<ZswapTraceRun> {
-        // A trace read from a file was checked by `Trace::read`; one built in memory is
-        // checked here, before its counts size anything.
-        trace
-            .check_invariants()
-            .map_err(ReplayError::TraceInvalid)?;
+        self.run_over(&CorpusPages::Whole(corpus), trace)
+    }
+
+    /// Replays `trace` over `pages`, the corpus it was captured with, read whole or on.
+    pub fn run_over(&self, pages: &CorpusPages<'_>, trace: &Trace) -> Result<ZswapTraceRun> {
         self.layout
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
@@ -574,21 +574,11 @@ impl ZswapTraceReplay {
                 page_size: self.layout.page_size,
             });
         }
-        let page = |index: u32| {
-            let at = index as usize * CORPUS_PAGE;
-            corpus
-                .bytes()
-                .get(at..at + CORPUS_PAGE)
-                .ok_or_else(|| ReplayError::CorpusPageOutside {
-                    index,
-                    corpus: corpus.name.clone(),
-                    corpus_pages: corpus.pages(),
-                })
-        };
+        let most_present = trace_pages(trace, pages)?;
+        let mut source = pages.open()?;
         let inconsistent = |epoch: usize, vpn: u64, what: &'static str| {
             ReplayError::TraceInconsistent { epoch, vpn, what }
         };
-        let most_present = trace.epochs.iter().map(|e| e.present()).max().unwrap_or(0);
         // Room for every page present at once, twice over, so the slot allocator's clusters
         // never run short.
         let slots = (2 * most_present + 1).div_ceil(512) * 512 + 512;
@@ -602,7 +592,7 @@ impl ZswapTraceReplay {
         let cache = Cache::new(swap.clone(), pool, config).map_err(zswap_err)?;
         let began = Instant::now();
         let mut slot_of: HashMap<u64, u64> = HashMap::new();
-        let mut latest: HashMap<u64, u32> = HashMap::new();
+        let mut latest: HashMap<u64, Remembered> = HashMap::new();
         let mut scratch = vec![0u8; CORPUS_PAGE];
         let mut rows = Vec::with_capacity(trace.epochs.len());
         let (mut out, mut freed, mut read_back_total, mut peak) = (0u64, 0u64, 0u64, 0u64);
@@ -613,6 +603,7 @@ impl ZswapTraceReplay {
                 .map_err(|e| at("swapping out", slot as usize, zswap_err(e)))
         };
         for (n, epoch) in trace.epochs.iter().enumerate() {
+            source.prepare(epoch)?;
             for vpn in &epoch.went {
                 let slot = slot_of
                     .remove(vpn)
@@ -626,14 +617,15 @@ impl ZswapTraceReplay {
                 let slot = *slot_of
                     .get(&w.vpn)
                     .ok_or_else(|| inconsistent(n, w.vpn, "changes while not present"))?;
-                let source = cache.swap_in(slot, &mut scratch).map_err(zswap_err)?;
-                read_back += u64::from(source == Source::Device);
+                let from = cache.swap_in(slot, &mut scratch).map_err(zswap_err)?;
+                read_back += u64::from(from == Source::Device);
                 cache.swap_free(slot).map_err(zswap_err)?;
                 freed += 1;
                 let slot = swap.alloc(0)?;
                 slot_of.insert(w.vpn, slot);
-                latest.insert(w.vpn, w.corpus_page);
-                swap_out(slot, page(w.corpus_page)?)?;
+                let content = source.page(w.corpus_page)?;
+                latest.insert(w.vpn, source.remember(w.corpus_page, content));
+                swap_out(slot, content)?;
             }
             for w in &epoch.appeared {
                 if slot_of.contains_key(&w.vpn) {
@@ -641,8 +633,9 @@ impl ZswapTraceReplay {
                 }
                 let slot = swap.alloc(0)?;
                 slot_of.insert(w.vpn, slot);
-                latest.insert(w.vpn, w.corpus_page);
-                swap_out(slot, page(w.corpus_page)?)?;
+                let content = source.page(w.corpus_page)?;
+                latest.insert(w.vpn, source.remember(w.corpus_page, content));
+                swap_out(slot, content)?;
             }
             out += (epoch.appeared.len() + epoch.changed.len()) as u64;
             read_back_total += read_back;
@@ -663,17 +656,11 @@ impl ZswapTraceReplay {
         let final_zswap = cache.stats();
         // Every present page swaps in as its last content (from zswap or the device).
         for (vpn, &slot) in &slot_of {
-            let content = latest[vpn]; // set with every slot
             cache.swap_in(slot, &mut scratch).map_err(zswap_err)?;
-            if scratch[..] != *page(content)? {
-                return Err(ReplayError::Mismatch {
-                    corpus: corpus.name.clone(),
-                    page: content as usize,
-                });
-            }
+            source.check(*vpn, latest[vpn], &scratch)?; // `latest` is set with every slot
         }
         Ok(ZswapTraceRun {
-            corpus: corpus.name.clone(),
+            corpus: pages.name().to_owned(),
             front: "zswap",
             allocator: self.allocator.name(),
             compressor: self.algorithm.to_string(),
@@ -911,6 +898,26 @@ mod tests {
         assert_eq!(run.read_back_pages, 0);
         assert_eq!(run.final_zswap.written_back_pages, 0);
         assert!(run.verified);
+        // The corpus read on from its file: the same figures, every page checked by its
+        // CRC; too little room for the first epoch's 100 pages is refused, not held.
+        let streamed = CorpusPages::Streamed {
+            path: &corpus.path,
+            max_held_bytes: 100 * CORPUS_PAGE as u64,
+        };
+        let run_on = replay(1 << 40, 20).run_over(&streamed, &trace).unwrap();
+        let on: Vec<u64> = run_on.epochs.iter().map(|r| r.zswap.stored_pages).collect();
+        assert_eq!(on, stored);
+        assert_eq!(
+            (run_on.pages_swapped_out, run_on.slots_freed, run_on.corpus),
+            (run.pages_swapped_out, run.slots_freed, run.corpus.clone())
+        );
+        assert!(run_on.verified);
+        let cramped = CorpusPages::Streamed {
+            path: &corpus.path,
+            max_held_bytes: 99 * CORPUS_PAGE as u64,
+        };
+        let err = replay(1 << 40, 20).run_over(&cramped, &trace).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
         // A pool limit of a few pages: stores refused to the device, pages written back,
         // changed pages swapped in from the device; every page still right at the end.
         let run = replay(1 << 20, 1).run(&corpus, &trace).unwrap();

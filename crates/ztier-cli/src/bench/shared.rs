@@ -34,9 +34,9 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Refuse a corpus of more than this many bytes of pages (K, M, G suffixes). Default: a
     /// quarter of this machine's memory (the bench holds the pages, their compressed copies
-    /// and the device). With --trace through zram (and its far tier), a corpus past it is
-    /// read on from its file, an epoch's pages at a time, instead (the largest epoch's must
-    /// fit within it).
+    /// and the device). With --trace (through zram, its far tier or zswap), a corpus past it
+    /// is read on from its file, an epoch's pages at a time, instead (the largest epoch's
+    /// must fit within it).
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
     pub max_corpus: Option<u64>,
 }

@@ -61,9 +61,10 @@ fn run_trace(
     let sweep = sweep(args, layout);
     let ram_bytes = args.ram.unwrap_or_else(ztier_pool::physical_memory_bytes);
     for path in paths {
-        let corpus = args.replay.load(path)?;
         let trace = read_trace(path)?;
-        for run in sweep.traces(&corpus, &trace, ram_bytes, args.max_pool_percent)? {
+        let corpus = args.replay.trace_corpus(path, &trace)?;
+        let pages = corpus.pages();
+        for run in sweep.traces(&pages, &trace, ram_bytes, args.max_pool_percent)? {
             emit(args.replay.json, &run?, print_zswap_trace_run)?;
         }
     }
