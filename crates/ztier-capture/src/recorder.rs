@@ -250,9 +250,7 @@ impl Recorder {
             manifest_path,
             hashes: HashMap::new(),
             started: Instant::now(),
-            started_unix: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            started_unix: unix_now(),
             first: None,
             joined_later: Vec::new(),
             epochs: Vec::new(),
@@ -267,6 +265,7 @@ impl Recorder {
         };
         recorder.list_processes()?;
         recorder.started = Instant::now();
+        recorder.started_unix = unix_now();
         Ok(recorder)
     }
 
@@ -392,6 +391,7 @@ impl Recorder {
                             .restart()
                             .map_err(|e| output_error(&self.corpus_path, e))?;
                         self.started = Instant::now();
+                        self.started_unix = unix_now();
                     }
                 }
                 Err(e) => {
@@ -771,6 +771,13 @@ fn utc(unix: u64) -> String {
         secs / 60 % 60,
         secs % 60
     )
+}
+
+/// Seconds since the Unix epoch now (0 on a clock set before it).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
