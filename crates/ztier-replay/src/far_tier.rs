@@ -81,7 +81,8 @@ pub struct FarTierRun {
     /// The controller's figures at the end (its age, decisions and their history).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controller: Option<PromotionStats>,
-    /// The controller's age after each pass (empty for a fixed age).
+    /// The controller's age after each pass (empty for a fixed age); through a served
+    /// device, after each epoch that saw one or more passes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ages_secs: Vec<u64>,
     /// How far behind the recorded pace the replay ran (a run through a served device in

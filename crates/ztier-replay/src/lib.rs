@@ -121,6 +121,12 @@ pub enum ReplayError {
     /// A paced judgement's devices must include one run by the controller, and one only.
     #[error("a paced judgement needs one device with the controller, given {controllers}")]
     ControllerCount { controllers: usize },
+    /// A served device smaller than the pages the trace holds at once.
+    #[error("a served device of {bytes} bytes, where the trace needs {need}")]
+    ServedTooSmall { bytes: u64, need: u64 },
+    /// This device's replay stopped because another device's failed.
+    #[error("stopped: another device's replay failed")]
+    PacedStopped,
     /// A request to a device served to the replay (an NBD export) failed.
     #[error("the served device: {0}")]
     Served(ztier_blockdev::BlockError),

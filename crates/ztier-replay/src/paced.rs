@@ -8,24 +8,29 @@
 //! epoch ([`ServedFigures`]). A promotion is a page read from the store (`bd_reads`, one a
 //! page in the kernel's formats).
 //!
-//! Every device is replayed at once, on a thread of its own, against one start: they see
-//! the same hour. An epoch is begun at its recorded time after the first; one begun late
-//! (the machine busy) is counted in the run's [`Pace`], and the next ones are not hurried:
-//! the capture's times stand. Against [`crate::far_tier`]'s replay in the capture's own
-//! time, this one is as a server meets it: the policy passes when its clock says, beside
-//! the requests.
+//! Every device is replayed at once, on a thread of its own, against one start taken once
+//! every thread is ready: they see the same hour. An epoch is begun at its recorded time
+//! after the first, never before; one begun late (the machine busy) is counted in the run's
+//! [`Pace`], and those after it follow as soon as they can until the replay is back on the
+//! capture's times. Against [`crate::far_tier`]'s replay in the capture's own time, this
+//! one is as a server meets it: the policy passes when its clock says, beside the
+//! requests. A device's replay that fails stops the others at their next epoch (or within
+//! [`WAKE`] of their sleep), and the first error is returned.
 //!
-//! Invariants: each device is as large as the most pages the trace holds at once; every
-//! present page reads back through the device as its last content at the end of each run,
-//! after the figures are taken (its reads then are not promotions).
+//! Invariants: each device is at least as large as the most pages the trace holds at once
+//! (checked before anything runs); every present page reads back through the device as its
+//! last content at the end of each run, after the figures are taken (its reads then are not
+//! promotions).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use ztier_blockdev::BlockDevice;
 use ztier_corpus::trace::Trace;
+use ztier_corpus::CORPUS_PAGE;
 use ztier_zram::{PolicyStats, PromotionTarget};
 
 use crate::far_tier::{AgeChoice, FarTierRun, FarTierVerdict, Tally};
@@ -34,6 +39,9 @@ use crate::{ReplayError, Result};
 
 /// An epoch begun this much after its recorded time is late.
 pub const LATE: Duration = Duration::from_secs(1);
+
+/// The longest a replay sleeps before it looks whether another device's replay failed.
+pub const WAKE: Duration = Duration::from_millis(100);
 
 /// One served device to replay the trace through.
 pub struct PacedDevice<'a> {
@@ -65,9 +73,13 @@ pub struct Pace {
     pub late_epochs: u64,
 }
 
-/// The pages a device needs to replay `trace` over `corpus` (the most present at once):
-/// the size to make each served device.
-pub fn device_pages(trace: &Trace, corpus: &CorpusPages<'_>) -> Result<u64> {
+/// The pages a device needs to replay `trace` over `corpus` (the most present at once),
+/// once the trace is checked against the corpus: the size to make each served device. A
+/// trace's pages are 4 KiB ([`CORPUS_PAGE`]); `page_size` is the devices' page.
+pub fn device_pages(trace: &Trace, corpus: &CorpusPages<'_>, page_size: usize) -> Result<u64> {
+    if page_size != CORPUS_PAGE {
+        return Err(ReplayError::TracePageSize { page_size });
+    }
     trace_pages(trace, corpus)
 }
 
@@ -88,13 +100,31 @@ pub fn judge_paced(
         return Err(ReplayError::ControllerCount { controllers });
     }
     let pages = trace_pages(trace, corpus)?;
-    // Every thread's first epoch waits for this, so none has a head start from the others'
-    // setup (each opens its own reader of the corpus).
-    let start = Instant::now() + Duration::from_millis(200);
+    let need = pages * CORPUS_PAGE as u64;
+    if let Some(small) = devices.iter().find(|d| d.device.size() < need) {
+        return Err(ReplayError::ServedTooSmall {
+            bytes: small.device.size(),
+            need,
+        });
+    }
+    let race = Race {
+        ready: Barrier::new(devices.len()),
+        start: OnceLock::new(),
+        failed: AtomicBool::new(false),
+    };
     let runs: Vec<Result<FarTierRun>> = thread::scope(|scope| {
         let handles: Vec<_> = devices
             .iter()
-            .map(|d| scope.spawn(move || replay_one(corpus, trace, target, d, pages, start)))
+            .map(|d| {
+                let race = &race;
+                scope.spawn(move || {
+                    let run = replay_one(corpus, trace, target, d, pages, race);
+                    if run.is_err() {
+                        race.failed.store(true, Ordering::Relaxed);
+                    }
+                    run
+                })
+            })
             .collect();
         handles
             .into_iter()
@@ -102,15 +132,65 @@ pub fn judge_paced(
             .collect()
     });
     let (mut fixed, mut controller) = (Vec::new(), None);
+    // The first error, not the others' `Stopped` that it caused.
+    let mut stopped = false;
+    let mut first_error = None;
     for run in runs {
-        let run = run?;
-        match run.age {
-            AgeChoice::Controller => controller = Some(run),
-            AgeChoice::Fixed { .. } => fixed.push(run),
+        match run {
+            Ok(run) if run.age == AgeChoice::Controller => controller = Some(run),
+            Ok(run) => fixed.push(run),
+            Err(ReplayError::PacedStopped) => stopped = true,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
         }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    if stopped {
+        return Err(ReplayError::PacedStopped);
     }
     let controller = controller.expect("exactly one controller, checked above");
     Ok(FarTierVerdict::of(corpus.name(), target, fixed, controller))
+}
+
+/// What the replays of one judgement share: the wait until all are ready, the start they
+/// take together, and whether one failed.
+struct Race {
+    ready: Barrier,
+    start: OnceLock<Instant>,
+    failed: AtomicBool,
+}
+
+impl Race {
+    /// Waits with the others until every replay is ready; the start, the same for all.
+    fn start_together(&self) -> Instant {
+        let leader = self.ready.wait().is_leader();
+        if leader {
+            let _ = self.start.set(Instant::now());
+        }
+        // Every thread passes the second wait after the leader set the start.
+        self.ready.wait();
+        *self
+            .start
+            .get()
+            .expect("set by the leader before the second wait")
+    }
+
+    /// Sleeps until `due`, waking every [`WAKE`] to see whether another replay failed.
+    fn sleep_until(&self, due: Instant) -> Result<()> {
+        loop {
+            if self.failed.load(Ordering::Relaxed) {
+                return Err(ReplayError::PacedStopped);
+            }
+            let now = Instant::now();
+            if now >= due {
+                return Ok(());
+            }
+            thread::sleep((due - now).min(WAKE));
+        }
+    }
 }
 
 /// One device's run over the whole trace.
@@ -120,25 +200,27 @@ fn replay_one(
     target: PromotionTarget,
     device: &PacedDevice<'_>,
     pages: u64,
-    start: Instant,
+    race: &Race,
 ) -> Result<FarTierRun> {
     let space = BlockSpace(&*device.device);
-    let mut swapped = SwappedPages::new(&space, corpus.open()?, pages);
-    let first = trace.epochs.first().map_or(0, |e| e.millis);
+    // Opened before the start, so a corpus's opening is no epoch's lag; a thread that
+    // cannot open it still reaches the start, or the others would wait for it for ever.
+    let source = corpus.open();
     let began = (device.figures)();
+    let start = race.start_together();
+    let mut swapped = SwappedPages::new(&space, source?, pages);
+    let first = trace.epochs.first().map_or(0, |e| e.millis);
     let mut tally = Tally::default();
     let mut pace = Pace::default();
     let mut lag_sum = 0f64;
-    let (mut store_reads, mut ticks) = (began.store_reads, 0u64);
+    let mut store_reads = began.store_reads;
+    let mut ticks = began.policy.as_ref().map_or(0, |p| p.ticks);
     let mut ages = Vec::new();
     let mut last = began;
     for (n, epoch) in trace.epochs.iter().enumerate() {
         let at = Duration::from_millis(epoch.millis.saturating_sub(first));
         let due = start + at;
-        let now = Instant::now();
-        if now < due {
-            thread::sleep(due - now);
-        }
+        race.sleep_until(due)?;
         let lag = Instant::now().saturating_duration_since(due);
         lag_sum += lag.as_secs_f64();
         pace.max_lag_secs = pace.max_lag_secs.max(lag.as_secs_f64());
@@ -167,4 +249,111 @@ fn replay_one(
     pace.mean_lag_secs = lag_sum / trace.epochs.len().max(1) as f64;
     run.pace = Some(pace);
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ztier_blockdev::memory::MemoryDevice;
+    use ztier_blockdev::BlockError;
+    use ztier_corpus::trace::{Epoch, PageWrite};
+
+    /// A disk whose writes all fail: a store gone, or a server that went away.
+    struct Refusing(MemoryDevice);
+
+    impl BlockDevice for Refusing {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn block_size(&self) -> u32 {
+            self.0.block_size()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, _: u64, _: &[u8], _: bool) -> ztier_blockdev::Result<()> {
+            Err(BlockError::ReadOnly)
+        }
+        fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
+            self.0.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
+            self.0.write_zeroes(offset, len, unmap)
+        }
+        fn flush(&self) -> ztier_blockdev::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn device<'a>(age: AgeChoice, device: Arc<dyn BlockDevice>) -> PacedDevice<'a> {
+        PacedDevice {
+            age,
+            device,
+            figures: Box::new(ServedFigures::default),
+        }
+    }
+
+    /// One device's failure ends the judgement at once with its error, though the trace's
+    /// next epoch is an hour away (without the stop, the other replay would sleep until
+    /// then, and the test with it); a judgement without exactly one controller, or with a
+    /// device too small for the trace, is refused before anything runs.
+    #[test]
+    fn a_failing_device_stops_the_others_and_bad_judgements_are_refused() {
+        let dir = std::env::temp_dir().join(format!("ztier-paced-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let epochs = [
+            Epoch {
+                appeared: (0..4u64)
+                    .map(|vpn| PageWrite {
+                        vpn,
+                        corpus_page: vpn as u32,
+                    })
+                    .collect(),
+                ..Epoch::default()
+            },
+            Epoch {
+                millis: 3_600_000,
+                unchanged: 4,
+                ..Epoch::default()
+            },
+        ];
+        let (corpus, trace) = crate::test_traces::written(&dir.join("paced.pages"), 4, &epochs);
+        let pages = CorpusPages::Whole(&corpus);
+        let target = PromotionTarget::new(0.002);
+        let disk = |pages: u64| -> Arc<dyn BlockDevice> {
+            Arc::new(MemoryDevice::new(pages * CORPUS_PAGE as u64).unwrap())
+        };
+        let fixed = AgeChoice::Fixed { age_secs: 60 };
+        let refusing = Arc::new(Refusing(MemoryDevice::new(4 * 4096).unwrap()));
+        let err = judge_paced(
+            &pages,
+            &trace,
+            target,
+            vec![
+                device(AgeChoice::Controller, disk(4)),
+                device(fixed, refusing),
+            ],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("read-only"), "{err}");
+        let err = judge_paced(&pages, &trace, target, vec![device(fixed, disk(4))]).unwrap_err();
+        assert!(
+            matches!(err, ReplayError::ControllerCount { controllers: 0 }),
+            "{err}"
+        );
+        let err = judge_paced(
+            &pages,
+            &trace,
+            target,
+            vec![device(AgeChoice::Controller, disk(3))],
+        )
+        .unwrap_err();
+        assert!(matches!(err, ReplayError::ServedTooSmall { .. }), "{err}");
+        assert_eq!(
+            device_pages(&trace, &pages, 16384).unwrap_err().to_string(),
+            ReplayError::TracePageSize { page_size: 16384 }.to_string()
+        );
+        assert_eq!(device_pages(&trace, &pages, CORPUS_PAGE).unwrap(), 4);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -218,7 +218,7 @@ pub(crate) fn trace_device(
 
 /// The pages a device replaying `trace` over `pages` needs: the most present at once, once
 /// the trace is checked against the corpus (its invariants, its corpus pages all inside it).
-pub fn trace_pages(trace: &Trace, pages: &CorpusPages<'_>) -> Result<u64> {
+pub(crate) fn trace_pages(trace: &Trace, pages: &CorpusPages<'_>) -> Result<u64> {
     // A trace read from a file was checked by `Trace::read`; one built in memory is
     // checked here, before its counts size anything.
     trace

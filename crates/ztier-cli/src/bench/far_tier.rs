@@ -3,6 +3,8 @@
 //! zram with a store in memory, the device's policy writing back at each fixed idle age of
 //! `--fixed-ages` and then at the age the promotion controller chooses; a table of the
 //! runs, the best fixed age meeting the target (chosen with hindsight) and the verdict.
+//! With `--through-nbd`, the same in real time through a host of devices served over NBD,
+//! their stores files in `--store-dir` (`ztier_replay::paced`; the wiring in [`served`]).
 //! Flags in, the table out; a verdict short of the goal is reported, not an error.
 
 use std::path::PathBuf;
@@ -23,9 +25,9 @@ pub struct FarTierArgs {
     /// With --trace: judge the far tier instead: the device's policy writing back at each of
     /// --fixed-ages, then at the idle age that keeps reads from the store under this percent
     /// of the pages on it per minute (Google's far memory uses 0.2%/min, of its working
-    /// set), against the best fixed age in hindsight. Written back to a store in memory, a
-    /// page to a block (the kernel's format: one read from the store per page promoted, as
-    /// the target counts).
+    /// set), against the best fixed age in hindsight. Written back to a store in memory (with
+    /// --through-nbd, a file in --store-dir), a page to a block (the kernel's format: one
+    /// read from the store per page promoted, as the target counts).
     #[arg(long, value_name = "PERCENT%/min", requires = "trace",
           value_parser = |s: &str| parse_percent_per_minute(s).map_err(|e| e.to_string()))]
     pub promotion_target: Option<f64>,
@@ -41,11 +43,14 @@ pub struct FarTierArgs {
     /// Judge as a host serves it: the trace replayed in real time, at its recorded pace (as
     /// long as the capture took), through a host of devices exported over NBD on a unix
     /// socket, one device per fixed age and one with the controller, all at once, each
-    /// device's policy passing on the server's clock; its stores in --store-dir.
+    /// device's policy passing on the server's clock; its stores in --store-dir. Every
+    /// device is a pool of its own, and each reads the corpus on its own (a corpus past
+    /// --max-corpus: one epoch's pages held per device).
     #[arg(long, requires = "promotion_target")]
     pub through_nbd: bool,
-    /// With --through-nbd: where the devices' stores (and the socket) are made; removed at
-    /// the end. Default: the temporary directory.
+    /// With --through-nbd: the directory (it must exist) in which a directory of the run's
+    /// own is made for the devices' stores and the socket, and removed at the end. Default:
+    /// the temporary directory.
     #[arg(long, value_name = "DIR", requires = "through_nbd")]
     pub store_dir: Option<PathBuf>,
 }
@@ -175,7 +180,8 @@ mod served {
     use ztier_corpus::trace::Trace;
     use ztier_corpus::CORPUS_PAGE;
     use ztier_host::{DeviceSpec, Host, HostConfig};
-    use ztier_nbd::{Client, Export, ExportTable, Listener, Server, ServerConfig};
+    use ztier_nbd::client::Target;
+    use ztier_nbd::{Client, Export, ExportTable, Listener, Server, ServerConfig, Uri};
     use ztier_replay::far_tier::{AgeChoice, FarTierReplay, FarTierVerdict};
     use ztier_replay::paced::{self, PacedDevice, ServedFigures};
     use ztier_replay::trace::CorpusPages;
@@ -200,21 +206,33 @@ mod served {
         trace: &Trace,
         percent: f64,
     ) -> anyhow::Result<FarTierVerdict> {
+        let mut ages: Vec<(String, AgeChoice)> = Vec::new();
+        for age in &replay.fixed_ages {
+            let name = format!("age-{}s", age.as_secs());
+            if ages.iter().any(|(n, _)| *n == name) {
+                anyhow::bail!(
+                    "--fixed-ages: {} s given twice (ages are whole seconds)",
+                    age.as_secs()
+                );
+            }
+            ages.push((name, AgeChoice::of(Some(*age))));
+        }
+        ages.push(("controller".to_string(), AgeChoice::Controller));
         let base = far.store_dir.clone().unwrap_or_else(std::env::temp_dir);
-        let dir = RunDir(base.join(format!("ztier-far-tier-{}", std::process::id())));
-        std::fs::create_dir_all(&dir.0).with_context(|| format!("making {}", dir.0.display()))?;
+        if !base.is_dir() {
+            anyhow::bail!("--store-dir {}: no such directory", base.display());
+        }
+        let dir = base.join(format!("ztier-far-tier-{}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .with_context(|| format!("--store-dir: making {}", dir.display()))?;
+        let dir = RunDir(dir);
         let host = Host::new(HostConfig {
             interval: Some(far.policy_interval),
             store_dir: Some(dir.0.clone()),
             ..HostConfig::default()
         })?;
-        let size = paced::device_pages(trace, corpus)? * CORPUS_PAGE as u64;
-        let mut ages: Vec<(String, AgeChoice)> = replay
-            .fixed_ages
-            .iter()
-            .map(|a| (format!("age-{}s", a.as_secs()), AgeChoice::of(Some(*a))))
-            .collect();
-        ages.push(("controller".to_string(), AgeChoice::Controller));
+        let size =
+            paced::device_pages(trace, corpus, replay.layout.page_size)? * CORPUS_PAGE as u64;
         let table = ExportTable::new();
         for (name, age) in &ages {
             let mut spec = DeviceSpec::new(name, size)?;
@@ -239,22 +257,34 @@ mod served {
             },
         );
         let socket = dir.0.join("nbd.sock");
-        let listener =
-            UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+        let listener = UnixListener::bind(&socket).with_context(|| {
+            format!(
+                "binding {} (a unix socket's path is at most 107 bytes: a shorter \
+                 --store-dir)",
+                socket.display()
+            )
+        })?;
         let serving = {
             let server = Arc::clone(&server);
             std::thread::spawn(move || server.serve(Listener::Unix(listener)))
         };
         let verdict = replay_through(&host, &socket, &ages, corpus, trace, replay);
         server.stop();
-        serving
-            .join()
-            .map_err(|_| anyhow::anyhow!("the NBD server's thread panicked"))?
-            .context("the NBD server")?;
+        // The replay's own error first; then the server's, then a device's end.
+        let served = match serving.join() {
+            Ok(served) => served.context("the NBD server"),
+            Err(_) => Err(anyhow::anyhow!("the NBD server's thread panicked")),
+        };
+        let mut ended = Ok(());
         for (name, _) in &ages {
-            host.destroy(name)?;
+            if let Err(e) = host.destroy(name) {
+                ended = ended.and(Err(e));
+            }
         }
-        verdict
+        let verdict = verdict?;
+        served?;
+        ended?;
+        Ok(verdict)
     }
 
     /// The clients, each with its device's figures as the host has them.
@@ -268,9 +298,13 @@ mod served {
     ) -> anyhow::Result<FarTierVerdict> {
         let mut devices = Vec::with_capacity(ages.len());
         for (name, age) in ages {
-            let uri = format!("nbd+unix:///{name}?socket={}", socket.display());
-            let client =
-                Client::connect(&uri.parse()?).with_context(|| format!("connecting to {uri}"))?;
+            let uri = Uri {
+                target: Target::Unix(socket.to_owned()),
+                export: name.clone(),
+                tls: None,
+            };
+            let client = Client::connect(&uri)
+                .with_context(|| format!("connecting to export {name} on {}", socket.display()))?;
             let device = host
                 .get(name)
                 .with_context(|| format!("device {name} is gone from the host"))?;
