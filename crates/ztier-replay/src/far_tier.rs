@@ -88,7 +88,17 @@ pub struct FarTierRun {
     /// How far behind the recorded pace the replay ran (a run through a served device in
     /// real time; none for one in the capture's time).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pace: Option<crate::paced::Pace>,
+    pub pace: Option<Pace>,
+}
+
+/// How far a run in real time (`crate::paced`) fell behind the capture's pace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Pace {
+    /// The latest an epoch was begun after its recorded time.
+    pub max_lag_secs: f64,
+    pub mean_lag_secs: f64,
+    /// Epochs begun a second or more after their time.
+    pub late_epochs: u64,
 }
 
 /// The runs over one trace and the verdict.

@@ -27,17 +27,16 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use ztier_blockdev::BlockDevice;
 use ztier_corpus::trace::Trace;
 use ztier_corpus::CORPUS_PAGE;
 use ztier_zram::{PolicyStats, PromotionTarget};
 
-use crate::far_tier::{AgeChoice, FarTierRun, FarTierVerdict, Tally};
+use crate::far_tier::{AgeChoice, FarTierRun, FarTierVerdict, Pace, Tally};
 use crate::trace::{trace_pages, BlockSpace, CorpusPages, SwappedPages};
 use crate::{ReplayError, Result};
 
-/// An epoch begun this much after its recorded time is late.
+/// An epoch begun this much after its recorded time is late ([`Pace::late_epochs`]).
 pub const LATE: Duration = Duration::from_secs(1);
 
 /// The longest a replay sleeps before it looks whether another device's replay failed.
@@ -61,16 +60,6 @@ pub struct ServedFigures {
     pub store_reads: u64,
     /// The device's policy's counters (with its promotion controller's figures).
     pub policy: Option<PolicyStats>,
-}
-
-/// How far a run fell behind the capture's pace.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Pace {
-    /// The latest an epoch was begun after its recorded time.
-    pub max_lag_secs: f64,
-    pub mean_lag_secs: f64,
-    /// Epochs begun [`LATE`] or more after their time.
-    pub late_epochs: u64,
 }
 
 /// The pages a device needs to replay `trace` over `corpus` (the most present at once),
