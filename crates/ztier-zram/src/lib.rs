@@ -452,11 +452,13 @@ impl Device {
             })
     }
 
-    /// A hint that page `index` will be read soon: asks the CPU for its slot's line, so
-    /// that the miss on it overlaps the caller's own work before the read (a fault handler
-    /// taking its page's lock). Does nothing for an index out of range.
+    /// A hint that page `index` will be read soon: asks the CPU for the line of its slot
+    /// (its unit's, with larger units), so that the miss on it overlaps the caller's own
+    /// work before the read (a fault handler taking its page's lock). Does nothing for an
+    /// index out of range.
     pub fn prefetch(&self, index: u64) {
-        if let Some(slot) = usize::try_from(index).ok().and_then(|i| self.slots.get(i)) {
+        let unit = index / (self.unit_size / self.page_size) as u64;
+        if let Some(slot) = usize::try_from(unit).ok().and_then(|i| self.slots.get(i)) {
             ztier_base::prefetch::prefetch_read(std::ptr::from_ref(slot).addr());
         }
     }
