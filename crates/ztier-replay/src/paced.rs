@@ -62,16 +62,6 @@ pub struct ServedFigures {
     pub policy: Option<PolicyStats>,
 }
 
-/// The pages a device needs to replay `trace` over `corpus` (the most present at once),
-/// once the trace is checked against the corpus: the size to make each served device. A
-/// trace's pages are 4 KiB ([`CORPUS_PAGE`]); `page_size` is the devices' page.
-pub fn device_pages(trace: &Trace, corpus: &CorpusPages<'_>, page_size: usize) -> Result<u64> {
-    if page_size != CORPUS_PAGE {
-        return Err(ReplayError::TracePageSize { page_size });
-    }
-    trace_pages(trace, corpus)
-}
-
 /// Replays `trace` through every device at once, at its recorded pace, and judges the
 /// controller's run (the one device whose age is [`AgeChoice::Controller`]) against the
 /// best fixed age that meets `target`.
@@ -88,7 +78,7 @@ pub fn judge_paced(
     if controllers != 1 {
         return Err(ReplayError::ControllerCount { controllers });
     }
-    let pages = trace_pages(trace, corpus)?;
+    let pages = trace_pages(trace, corpus, CORPUS_PAGE)?;
     let need = pages * CORPUS_PAGE as u64;
     if let Some(small) = devices.iter().find(|d| d.device.size() < need) {
         return Err(ReplayError::ServedTooSmall {
@@ -244,35 +234,8 @@ fn replay_one(
 mod tests {
     use super::*;
     use ztier_blockdev::memory::MemoryDevice;
-    use ztier_blockdev::BlockError;
+    use ztier_blockdev::testing::Faulty;
     use ztier_corpus::trace::{Epoch, PageWrite};
-
-    /// A disk whose writes all fail: a store gone, or a server that went away.
-    struct Refusing(MemoryDevice);
-
-    impl BlockDevice for Refusing {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn block_size(&self) -> u32 {
-            self.0.block_size()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> ztier_blockdev::Result<()> {
-            self.0.read_at(offset, buf)
-        }
-        fn write_at(&self, _: u64, _: &[u8], _: bool) -> ztier_blockdev::Result<()> {
-            Err(BlockError::ReadOnly)
-        }
-        fn discard(&self, offset: u64, len: u64) -> ztier_blockdev::Result<()> {
-            self.0.discard(offset, len)
-        }
-        fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> ztier_blockdev::Result<()> {
-            self.0.write_zeroes(offset, len, unmap)
-        }
-        fn flush(&self) -> ztier_blockdev::Result<()> {
-            Ok(())
-        }
-    }
 
     fn device<'a>(age: AgeChoice, device: Arc<dyn BlockDevice>) -> PacedDevice<'a> {
         PacedDevice {
@@ -313,7 +276,9 @@ mod tests {
             Arc::new(MemoryDevice::new(pages * CORPUS_PAGE as u64).unwrap())
         };
         let fixed = AgeChoice::Fixed { age_secs: 60 };
-        let refusing = Arc::new(Refusing(MemoryDevice::new(4 * 4096).unwrap()));
+        // A disk whose writes all fail: a store gone, or a server that went away.
+        let refusing = Arc::new(Faulty::new(MemoryDevice::new(4 * 4096).unwrap()));
+        refusing.set_failing(true, false);
         let err = judge_paced(
             &pages,
             &trace,
@@ -324,7 +289,7 @@ mod tests {
             ],
         )
         .unwrap_err();
-        assert!(err.to_string().contains("read-only"), "{err}");
+        assert!(err.to_string().contains("failed the write"), "{err}");
         let err = judge_paced(&pages, &trace, target, vec![device(fixed, disk(4))]).unwrap_err();
         assert!(
             matches!(err, ReplayError::ControllerCount { controllers: 0 }),
@@ -339,10 +304,10 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, ReplayError::ServedTooSmall { .. }), "{err}");
         assert_eq!(
-            device_pages(&trace, &pages, 16384).unwrap_err().to_string(),
+            trace_pages(&trace, &pages, 16384).unwrap_err().to_string(),
             ReplayError::TracePageSize { page_size: 16384 }.to_string()
         );
-        assert_eq!(device_pages(&trace, &pages, CORPUS_PAGE).unwrap(), 4);
+        assert_eq!(trace_pages(&trace, &pages, CORPUS_PAGE).unwrap(), 4);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

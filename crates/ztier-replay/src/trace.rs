@@ -205,20 +205,20 @@ pub(crate) fn trace_device(
     algorithm: &Algorithm,
 ) -> Result<(Device, u64)> {
     layout.validate().map_err(ztier_pool::PoolError::from)?;
-    if layout.page_size != CORPUS_PAGE {
-        return Err(ReplayError::TracePageSize {
-            page_size: layout.page_size,
-        });
-    }
-    let device_pages = trace_pages(trace, pages)?;
+    let device_pages = trace_pages(trace, pages, layout.page_size)?;
     let pool = allocator.make_pool(layout)?;
     let dev = Device::new(device_pages * CORPUS_PAGE as u64, algorithm.clone(), pool)?;
     Ok((dev, device_pages))
 }
 
 /// The pages a device replaying `trace` over `pages` needs: the most present at once, once
-/// the trace is checked against the corpus (its invariants, its corpus pages all inside it).
-pub(crate) fn trace_pages(trace: &Trace, pages: &CorpusPages<'_>) -> Result<u64> {
+/// the trace is checked against the corpus (its invariants, its corpus pages all inside it)
+/// and the device's `page_size` against the trace's (4 KiB, [`CORPUS_PAGE`]). The size to make
+/// a device served to [`crate::paced`].
+pub fn trace_pages(trace: &Trace, pages: &CorpusPages<'_>, page_size: usize) -> Result<u64> {
+    if page_size != CORPUS_PAGE {
+        return Err(ReplayError::TracePageSize { page_size });
+    }
     // A trace read from a file was checked by `Trace::read`; one built in memory is
     // checked here, before its counts size anything.
     trace
@@ -569,12 +569,7 @@ impl ZswapTraceReplay {
         self.layout
             .validate()
             .map_err(ztier_pool::PoolError::from)?;
-        if self.layout.page_size != CORPUS_PAGE {
-            return Err(ReplayError::TracePageSize {
-                page_size: self.layout.page_size,
-            });
-        }
-        let most_present = trace_pages(trace, pages)?;
+        let most_present = trace_pages(trace, pages, self.layout.page_size)?;
         let mut source = pages.open()?;
         let inconsistent = |epoch: usize, vpn: u64, what: &'static str| {
             ReplayError::TraceInconsistent { epoch, vpn, what }

@@ -184,7 +184,7 @@ mod served {
     use ztier_nbd::{Client, Export, ExportTable, Listener, Server, ServerConfig, Uri};
     use ztier_replay::far_tier::{AgeChoice, FarTierReplay, FarTierVerdict};
     use ztier_replay::paced::{self, PacedDevice, ServedFigures};
-    use ztier_replay::trace::CorpusPages;
+    use ztier_replay::trace::{trace_pages, CorpusPages};
 
     use super::FarTierArgs;
 
@@ -231,8 +231,7 @@ mod served {
             store_dir: Some(dir.0.clone()),
             ..HostConfig::default()
         })?;
-        let size =
-            paced::device_pages(trace, corpus, replay.layout.page_size)? * CORPUS_PAGE as u64;
+        let size = trace_pages(trace, corpus, replay.layout.page_size)? * CORPUS_PAGE as u64;
         let table = ExportTable::new();
         for (name, age) in &ages {
             let mut spec = DeviceSpec::new(name, size)?;
