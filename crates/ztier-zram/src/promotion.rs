@@ -62,10 +62,10 @@ pub const RATE_WINDOWS: usize = 30;
 /// of `n` windows, `n * (100 - PERCENTILE) / 100` (rounded down) may be over it.
 pub const PERCENTILE: usize = 98;
 
-/// Buckets a doubling of age spans (`access_ages`: four a doubling): a candidate's bucket
-/// plus this is twice its age's (from 4 s up; below, the bucket four past 1-3 s is 5-7 s, a
-/// little more than twice).
-pub const DOUBLING_BUCKETS: usize = 4;
+/// Buckets a doubling of age spans (`access_ages`): a candidate's bucket plus this is twice
+/// its age's (from 8 s up; below, the bucket eight past 1-7 s is 9-15 s, a little more than
+/// twice).
+pub const DOUBLING_BUCKETS: usize = crate::access_ages::BUCKETS_PER_DOUBLING;
 
 /// SDFM's figure, 0.2 % a minute (of the working set there; of the pages on the store here).
 pub const SDFM_SHARE_PER_MINUTE: f64 = 0.002;
@@ -576,10 +576,11 @@ mod tests {
     #[test]
     fn the_choice_by_hand() {
         let t = target();
-        // The candidates: 10 s, 12, 14, 16, 20, … 448, 512 (600 is in 512's bucket).
+        // The candidates: 10 s, 11, …, 15, 16, 18, … 30, 32, 36, … 512, 576 (600 is in 576's
+        // bucket).
         let starts: Vec<u64> = t.candidates().map(bucket_start).collect();
-        assert_eq!(starts[..6], [10, 12, 14, 16, 20, 24]);
-        assert_eq!(*starts.last().unwrap(), 512);
+        assert_eq!(starts[..9], [10, 11, 12, 13, 14, 15, 16, 18, 20]);
+        assert_eq!(*starts.last().unwrap(), 576);
         // Nothing seen: the oldest age, nothing predicted.
         let none = Choice {
             age_secs: 600,
@@ -618,12 +619,12 @@ mod tests {
         // Reads at every age: no candidate is safe.
         assert_eq!(choose(&t, &[window(&t, 10_000.0, 500, 10_000)]), none);
         // A youngest age that is no bucket's start is rounded up to the next one.
-        let t11 = PromotionTarget {
-            min_age: secs(11),
+        let t17 = PromotionTarget {
+            min_age: secs(17),
             ..t
         };
-        let quiet = window(&t11, 10_000.0, 0, 0);
-        assert_eq!(choose(&t11, &[quiet]).age_secs, 12);
+        let quiet = window(&t17, 10_000.0, 0, 0);
+        assert_eq!(choose(&t17, &[quiet]).age_secs, 18);
         // A window that held no page past a candidate from its start tells nothing there,
         // whatever it promoted; one that held some counts its promotions over at least one.
         let mut empty = window(&t, 0.0, 0, 0);
@@ -761,20 +762,20 @@ mod tests {
             }
             hot_reads += 100;
         }
-        // From 250 s on, the first pages were at least 224 s old at a window's start and
-        // nothing was read at 224 s or older: without waiting for pages twice as old, 224 s
+        // From 250 s on, the first pages were at least 208 s old at a window's start and
+        // nothing was read at 208 s or older: without waiting for pages twice as old, 208 s
         // at 310 s, though nothing had yet shown what becomes of pages idle from later on at
-        // those ages. Once they are 448 s old (the window from 430 s), 224 s.
-        let (last, older) = decisions.split_last().unwrap();
-        for (now, d) in older {
-            assert_eq!(
-                (d.step, d.age_secs),
-                (Step::Holding, 600),
-                "at {now}: {d:?}"
-            );
+        // those ages. Once some are 416 s old (in the window from 370 s, decided at 430 s),
+        // 208 s.
+        for (now, d) in &decisions {
+            let expected = match now {
+                ..430 => (Step::Holding, 600),
+                430 => (Step::Younger, 208),
+                _ => (Step::Holding, 208),
+            };
+            assert_eq!((d.step, d.age_secs), expected, "at {now}: {d:?}");
         }
-        assert_eq!(last.0, 490);
-        assert_eq!((last.1.step, last.1.age_secs), (Step::Younger, 224));
+        assert_eq!(decisions.last().map(|(now, _)| *now), Some(490));
     }
 
     #[test]
@@ -864,7 +865,7 @@ mod tests {
             share in 0.0005f64..0.2,
             min in 1u64..100,
             span in 0u64..2000,
-            seed in windows(40),
+            seed in windows(80),
         ) {
             let t = PromotionTarget {
                 share_per_minute: share,
@@ -910,10 +911,10 @@ mod tests {
         /// More promotions never make the choice younger.
         #[test]
         fn more_promotions_never_choose_a_younger_age(
-            seed in windows(40),
-            extra in proptest::collection::vec(0u64..50, 40),
+            seed in windows(80),
+            extra in proptest::collection::vec(0u64..50, 80),
         ) {
-            // 35 candidates, 10 s to an hour.
+            // 69 candidates, 10 s to an hour.
             let t = PromotionTarget::new(0.01);
             let n = t.candidates().count();
             let fewer: Vec<WindowSeen> = seed
