@@ -720,16 +720,14 @@ mod tests {
         crate::test_traces::written(&dir.join("t.pages"), next, &epochs)
     }
 
-    #[test]
-    fn a_trace_replays_its_epochs_and_the_policy_writes_back_idle_pages() {
-        let dir = std::env::temp_dir().join(format!("ztier-trace-replay-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (corpus, trace) = made_trace(&dir);
+    /// The replay the tests run: lzo-rle on zsmalloc, writing back pages idle an epoch to a
+    /// store of its own in memory.
+    fn replay_on_a_new_store() -> TraceReplay {
         let store = Arc::new(
             ztier_blockdev::memory::MemoryDevice::new(Backing::size_for(105 * CORPUS_PAGE as u64))
                 .unwrap(),
         );
-        let replay = TraceReplay {
+        TraceReplay {
             allocator: AllocatorKind::Zsmalloc,
             layout: ZsConfig::default(),
             algorithm: "lzo-rle".parse().unwrap(),
@@ -740,7 +738,15 @@ mod tests {
                 name: "ram".into(),
             }),
             idle_epochs: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn a_trace_replays_its_epochs_and_the_policy_writes_back_idle_pages() {
+        let dir = std::env::temp_dir().join(format!("ztier-trace-replay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (corpus, trace) = made_trace(&dir);
+        let replay = replay_on_a_new_store();
         let run = replay.run(&corpus, &trace).unwrap();
         assert_eq!(run.device_pages, 100);
         let presents: Vec<u64> = run.epochs.iter().map(|r| r.present).collect();
@@ -772,25 +778,12 @@ mod tests {
         assert!(run.verified);
         // The corpus read on from its file, an epoch's pages at a time (at most 100 held),
         // not whole: the same run, epoch by epoch, checked by each page's CRC-32.
-        let on_a_new_store = || TraceReplay {
-            writeback: Some(WritebackTarget {
-                store: Arc::new(
-                    ztier_blockdev::memory::MemoryDevice::new(Backing::size_for(
-                        105 * CORPUS_PAGE as u64,
-                    ))
-                    .unwrap(),
-                ),
-                format: ztier_zram::WbFormat::Page,
-                name: "ram".into(),
-            }),
-            ..replay.clone()
-        };
         let streamed = CorpusPages::Streamed {
             path: &corpus.path,
             max_held_bytes: 100 * CORPUS_PAGE as u64,
         };
         assert_eq!(streamed.name(), corpus.name);
-        let run_on = on_a_new_store().run_over(&streamed, &trace).unwrap();
+        let run_on = replay_on_a_new_store().run_over(&streamed, &trace).unwrap();
         let figures = |r: &TraceRun| -> Vec<_> {
             r.epochs
                 .iter()
@@ -804,7 +797,9 @@ mod tests {
             path: &corpus.path,
             max_held_bytes: 99 * CORPUS_PAGE as u64,
         };
-        let err = on_a_new_store().run_over(&cramped, &trace).unwrap_err();
+        let err = replay_on_a_new_store()
+            .run_over(&cramped, &trace)
+            .unwrap_err();
         assert!(err.to_string().contains("more than"), "{err}");
         // A trace naming more pages than the corpus holds is refused.
         let short = dir.join("short.pages");
@@ -820,7 +815,9 @@ mod tests {
             path: &short,
             max_held_bytes: 1 << 20,
         };
-        let err = on_a_new_store().run_over(&short_on, &trace).unwrap_err();
+        let err = replay_on_a_new_store()
+            .run_over(&short_on, &trace)
+            .unwrap_err();
         assert!(err.to_string().contains("ends after 1 pages"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -830,22 +827,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ztier-trace-broken-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (corpus, trace) = made_trace(&dir);
-        let store = Arc::new(
-            ztier_blockdev::memory::MemoryDevice::new(Backing::size_for(105 * CORPUS_PAGE as u64))
-                .unwrap(),
-        );
-        let replay = TraceReplay {
-            allocator: AllocatorKind::Zsmalloc,
-            layout: ZsConfig::default(),
-            algorithm: "lzo-rle".parse().unwrap(),
-            recompress: None,
-            writeback: Some(WritebackTarget {
-                store,
-                format: ztier_zram::WbFormat::Page,
-                name: "ram".into(),
-            }),
-            idle_epochs: 1,
-        };
+        let replay = replay_on_a_new_store();
         // The trace as made replays: what follows breaks it one invariant at a time.
         assert!(replay.run(&corpus, &trace).is_ok());
         // A trace built in memory that breaks the invariants is an error, not a panic.
