@@ -6,7 +6,7 @@
 use plotters::prelude::*;
 use serde::Deserialize;
 
-use super::{draw_err, Area};
+use super::{draw_err, framed, Area};
 
 /// What the panel needs of a verdict.
 #[derive(Deserialize)]
@@ -48,20 +48,16 @@ pub(super) fn far_tier_panel(area: &Area, v: &FarTierResult) -> anyhow::Result<(
         .filter(|x| x.is_finite())
         .fold(0.01, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "{}: the far tier, pages held on the store against promotions (target {} %/min)",
-                v.corpus,
-                pct(v.target_share_per_minute)
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d((floor..right).log_scale(), 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        format!(
+            "{}: the far tier, pages held on the store against promotions (target {} %/min)",
+            v.corpus,
+            pct(v.target_share_per_minute)
+        ),
+    )
+    .build_cartesian_2d((floor..right).log_scale(), 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("promotions, % of the stored pages per minute (log scale; none drawn at 0.001)")

@@ -5,7 +5,7 @@ use anyhow::bail;
 use plotters::prelude::*;
 use serde::Deserialize;
 
-use super::{draw_err, Area, DISTINCT};
+use super::{draw_err, framed, Area, DISTINCT};
 
 /// One `ztier stat --json` of a host of devices.
 #[derive(Deserialize)]
@@ -71,20 +71,16 @@ pub(super) fn host_panel(area: &Area, samples: &[HostSample]) -> anyhow::Result<
         * 1.1;
     let start = seconds.iter().copied().fold(f64::INFINITY, f64::min);
     let end = seconds.iter().copied().fold(start + 1.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "a host's memory over time: {} devices' mem_used_total{}",
-                names.len(),
-                target.map_or(String::new(), |t| format!(", target {:.1} MiB", mib(t)))
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(start..end, 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        format!(
+            "a host's memory over time: {} devices' mem_used_total{}",
+            names.len(),
+            target.map_or(String::new(), |t| format!(", target {:.1} MiB", mib(t)))
+        ),
+    )
+    .build_cartesian_2d(start..end, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("seconds")

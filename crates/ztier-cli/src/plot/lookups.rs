@@ -15,7 +15,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Deserialize;
 
-use super::{draw_err, Area, DISTINCT};
+use super::{draw_err, framed, Area, DISTINCT};
 
 /// What the panels need of a judgement (`ztier_replay::uffd_lookups::LookupJudgement`).
 #[derive(Deserialize)]
@@ -290,22 +290,18 @@ fn pages_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
         .filter(|v| v.is_finite())
         .fold(100.0, f64::max)
         * 1.6;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "{}: {}, budget and resident pages over time, throughput against every page",
-                j.corpus,
-                name(run.budget)
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .right_y_label_area_size(60)
-        .build_cartesian_2d(start..end, 0f64..top)
-        .map_err(draw_err)?
-        .set_secondary_coord(start..end, 0f64..pct_top);
+    let mut chart = framed(
+        area,
+        format!(
+            "{}: {}, budget and resident pages over time, throughput against every page",
+            j.corpus,
+            name(run.budget)
+        ),
+    )
+    .right_y_label_area_size(60)
+    .build_cartesian_2d(start..end, 0f64..top)
+    .map_err(draw_err)?
+    .set_secondary_coord(start..end, 0f64..pct_top);
     chart
         .configure_mesh()
         .x_desc("seconds measured (after the warm-up)")
@@ -411,21 +407,17 @@ fn stall_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
         .map(stall)
         .fold(target.max(0.01), f64::max)
         * 1.5;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "{}: {}, the share of each second a lookup waited on the region",
-                j.corpus,
-                name(run.budget)
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .right_y_label_area_size(60)
-        .build_cartesian_2d(start..end, 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        format!(
+            "{}: {}, the share of each second a lookup waited on the region",
+            j.corpus,
+            name(run.budget)
+        ),
+    )
+    .right_y_label_area_size(60)
+    .build_cartesian_2d(start..end, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("seconds measured (after the warm-up)")
@@ -505,20 +497,16 @@ fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
     let top = ys().fold(1.0, f64::max);
     let ypad = (top - bottom).max(1.0) * 0.1;
     let base_mb = base.mean_memory_bytes / 1e6;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "{}: memory saved against slowdown, each fixed budget and the self-sized runs \
+    let mut chart = framed(
+        area,
+        format!(
+            "{}: memory saved against slowdown, each fixed budget and the self-sized runs \
                  (every page: {base_mb:.1} MB, {} lookups/s)",
-                j.corpus, base_rate as u64
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(left - pad..right + pad, bottom - ypad..top + ypad)
-        .map_err(draw_err)?;
+            j.corpus, base_rate as u64
+        ),
+    )
+    .build_cartesian_2d(left - pad..right + pad, bottom - ypad..top + ypad)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("slowdown, % of every page's lookups/s (negative: faster, the machine's noise)")

@@ -294,6 +294,21 @@ pub fn render(results: &[serde_json::Value], output: &Path) -> anyhow::Result<()
     Ok(())
 }
 
+/// A chart on `area` in the house's frame: `caption` over it, the same margin and room for
+/// the axes' labels in every picture.
+fn framed<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
+    caption: impl AsRef<str>,
+) -> ChartBuilder<'a, 'static, DB> {
+    let mut chart = ChartBuilder::on(area);
+    chart
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    chart
+}
+
 fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("drawing the SVG: {e:?}")
 }
@@ -350,22 +365,18 @@ fn size_class_panel(area: &Area, r: &ZramResult, classes: &[ClassBytes]) -> anyh
     let max_size = classes.iter().map(|c| c.size).max().unwrap_or(4096) as f64 + 64.0;
     let used: u64 = classes.iter().map(|c| c.used).sum();
     let pages: u64 = classes.iter().map(|c| c.pages).sum();
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "memory by size class, {}: {:.1} MiB in pages, {:.1} MiB wasted ({:.1} %)",
-                label(r),
-                pages as f64 / 1048576.0,
-                (pages - used.min(pages)) as f64 / 1048576.0,
-                100.0 * (pages - used.min(pages)) as f64 / pages.max(1) as f64
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..max_size, 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        format!(
+            "memory by size class, {}: {:.1} MiB in pages, {:.1} MiB wasted ({:.1} %)",
+            label(r),
+            pages as f64 / 1048576.0,
+            (pages - used.min(pages)) as f64 / 1048576.0,
+            100.0 * (pages - used.min(pages)) as f64 / pages.max(1) as f64
+        ),
+    )
+    .build_cartesian_2d(0f64..max_size, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("size class (bytes an object takes)")
@@ -427,16 +438,12 @@ fn distribution_panel(
         .max()
         .unwrap_or(4096) as f64
         + 64.0;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            "distribution of compressed page sizes (objects per size class)",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..right, 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        "distribution of compressed page sizes (objects per size class)",
+    )
+    .build_cartesian_2d(0f64..right, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("compressed size, by size class (bytes)")
@@ -489,21 +496,17 @@ fn sweep_panel(area: &Area, runs: &[ZramResult]) -> anyhow::Result<()> {
     let n = runs.len();
     // The key is in the caption: a legend box would hide the runs' labels at the top.
     let any_kernel = runs.iter().any(|r| r.kernel.is_some());
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            if any_kernel {
-                "sweep: mem_used_total of each run, ztier in blue, the kernel's in grey beside it \
+    let mut chart = framed(
+        area,
+        if any_kernel {
+            "sweep: mem_used_total of each run, ztier in blue, the kernel's in grey beside it \
                  where known; ratio above"
-            } else {
-                "sweep: mem_used_total of each run (no kernel figures for these runs); ratio above"
-            },
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..n as f64, 0f64..top)
-        .map_err(draw_err)?;
+        } else {
+            "sweep: mem_used_total of each run (no kernel figures for these runs); ratio above"
+        },
+    )
+    .build_cartesian_2d(0f64..n as f64, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -593,19 +596,15 @@ fn trace_panel(area: &Area, t: &TraceResult) -> anyhow::Result<()> {
         .fold(1.0, f64::max)
         * 1.1;
     let end = t.epochs.last().map_or(1.0, |e| e.seconds).max(1.0);
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "memory over time, trace of {} through zram ({} on {})",
-                t.corpus, t.compressor, t.allocator
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..end, 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        format!(
+            "memory over time, trace of {} through zram ({} on {})",
+            t.corpus, t.compressor, t.allocator
+        ),
+    )
+    .build_cartesian_2d(0f64..end, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("seconds into the capture")

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use plotters::prelude::*;
 use serde::Deserialize;
 
-use super::{draw_err, Area, DISTINCT};
+use super::{draw_err, framed, Area, DISTINCT};
 
 /// What the panel needs of a unit run.
 #[derive(Deserialize)]
@@ -63,16 +63,12 @@ pub(super) fn units_panel(area: &Area, runs: &[UnitResult], corpus: &str) -> any
         .map(|r| mib(r.mm_stat.mem_used_total))
         .fold(1.0, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("{corpus}: memory against a random 4 KiB read's p99, by unit size"),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..right, 0f64..top)
-        .map_err(draw_err)?;
+    let mut chart = framed(
+        area,
+        format!("{corpus}: memory against a random 4 KiB read's p99, by unit size"),
+    )
+    .build_cartesian_2d(0f64..right, 0f64..top)
+    .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_desc("random 4 KiB read, p99 (µs); hollow: the raw decompressor on the same units")
