@@ -11,14 +11,18 @@
 //!
 //! Ages fall in eighth-octave buckets of whole seconds (0, 1, 2, …, 16, 18, 20, …, 30, 32, 36,
 //! …), so a bucket's start is an age a policy can choose and the counts at or above it are
-//! exact for it; eight a doubling keep the ages a policy may choose within 12.5 % of one
-//! another (four a doubling left 330 s, the best fixed age on an hour of postgres at
-//! 5 %/min, between 320 s, over the target, and 384 s). Same-filled and empty slots count in neither: they never go to the store.
+//! exact for it. Eight a doubling keep the ages a policy may choose within 12.5 % of one
+//! another: four a doubling left 330 s, the best fixed age on an hour of postgres at
+//! 5 %/min, between 320 s and 384 s. A histogram is 1.5 KB (a shard's, made on its first
+//! read; the controller keeps three). Same-filled and empty slots count in neither: they
+//! never go to the store.
 //!
 //! Invariants: a shard's counts only grow (a device's reset leaves them: a reader takes
 //! differences, and counts that went back mean a new start); ages from
-//! [`OLDEST_BUCKET_SECS`] up fall in the last bucket. The recording is a plain add in the shard the read already
-//! holds: no atomic operation, no lock of its own, and no memory until a shard's first read.
+//! [`OLDEST_BUCKET_SECS`] up fall in the last bucket; a bucket [`BUCKETS_PER_DOUBLING`] on
+//! from another (from 8 s up) starts at twice its age. The recording is a plain add in the
+//! shard the read already holds: no atomic operation, no lock of its own, and no memory until
+//! a shard's first read.
 //!
 //! Locking: the calling thread's shard is held by the read (lib.rs's order);
 //! [`Device::read_ages`] takes the shards one at a time, holding nothing else;
@@ -38,6 +42,9 @@ pub const OLDEST_BUCKET_SECS: u64 = bucket_start(AGE_BUCKETS - 1);
 
 const _: () = assert!(bucket_of(OLDEST_BUCKET_SECS) == AGE_BUCKETS - 1);
 const _: () = assert!(bucket_of(u32::MAX as u64) == AGE_BUCKETS - 1);
+const _: () = assert!(
+    bucket_start(3 * BUCKETS_PER_DOUBLING + 5) == 2 * bucket_start(2 * BUCKETS_PER_DOUBLING + 5)
+);
 
 /// The bucket of a page `age_secs` old: 0 to 7 for those seconds, then eight a doubling.
 pub const fn bucket_of(age_secs: u64) -> usize {

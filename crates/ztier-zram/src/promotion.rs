@@ -63,8 +63,7 @@ pub const RATE_WINDOWS: usize = 30;
 pub const PERCENTILE: usize = 98;
 
 /// Buckets a doubling of age spans (`access_ages`): a candidate's bucket plus this is twice
-/// its age's (from 8 s up; below, the bucket eight past 1-7 s is 9-15 s, a little more than
-/// twice).
+/// its age's from 8 s up; below, more than twice (9 s for 1 s, 15 s for 7 s).
 pub const DOUBLING_BUCKETS: usize = crate::access_ages::BUCKETS_PER_DOUBLING;
 
 /// SDFM's figure, 0.2 % a minute (of the working set there; of the pages on the store here).
@@ -587,7 +586,7 @@ mod tests {
             predicted_share_per_minute: None,
         };
         assert_eq!(choose(&t, &[]), none);
-        // 10 000 cold pages; 100 reads a minute of pages 30 s old: every age up to 28 s
+        // 10 000 cold pages; 100 reads a minute of pages 30 s old: every age up to 30 s
         // would promote them (1 %/min), 32 s and over none.
         let hot = window(&t, 10_000.0, 100, 30);
         let c = choose(&t, std::slice::from_ref(&hot));
