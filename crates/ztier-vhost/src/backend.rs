@@ -16,9 +16,9 @@
 //! as the daemon does with any error.
 //!
 //! Locks: `mem` (a `RwLock`, written only by the daemon's `update_memory`, read once a
-//! batch), then a queue's `scratch` (its own worker's alone, uncontended), then the
-//! device's own; `exits` only at the daemon's start. No lock is held across the guest's
-//! notification.
+//! batch), then a queue's `scratch` (its own worker's, and a stop's to wait for the request
+//! in hand), then the device's own; `exits` only at the daemon's start. No lock is held
+//! across the guest's notification.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +79,17 @@ impl Blk {
             exits: Mutex::new(Vec::new()),
             stats,
             stopping,
+        }
+    }
+
+    /// Returns once no queue is running a request, after the server's stop was set: a
+    /// queue's pass holds its scratch buffer throughout and takes no request once the stop
+    /// is set, so each buffer taken here in turn is a queue with nothing in hand, now and
+    /// after.
+    pub(crate) fn wait_for_requests_in_hand(&self) {
+        debug_assert!(self.stopping.load(Ordering::SeqCst));
+        for scratch in &self.scratch {
+            drop(scratch.lock().unwrap_or_else(|p| p.into_inner()));
         }
     }
 

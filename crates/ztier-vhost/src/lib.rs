@@ -221,10 +221,19 @@ impl Server {
     /// finishes the request in hand and puts it on the used ring, and takes no other: the
     /// VMM, reconnecting to a server started again, resumes at the used index, and the
     /// requests it posted after are run then.
+    ///
+    /// The connection is closed only once no queue holds a request: the VMM reads the used
+    /// index when it sees the close, and a request put on the used ring after that would be
+    /// run again by the next server, on a descriptor the guest may have reused by then
+    /// (seen under load: QEMU's reconnect after a restart, `scripts/vm-swap.sh`). Waits for
+    /// the request in hand, as the daemon's end waits for it anyway.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-        if let Some((handle, _)) = self.active().connection.as_ref() {
+        // Taken out of `active`, which is never held across a request.
+        let connection = self.active().connection.clone();
+        if let Some((handle, blk)) = connection {
+            blk.wait_for_requests_in_hand();
             handle.shutdown();
         }
     }

@@ -44,8 +44,17 @@ fn a_stop_finishes_the_request_in_hand_and_a_server_started_again_runs_the_rest(
         assert!(std::time::Instant::now() < deadline);
         std::thread::yield_now();
     }
+    // The connection stays open while the read is in hand: a VMM that saw it close would
+    // read the used index now, and the next server would run the read again after the
+    // guest had it back and perhaps reused its descriptors.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        !guest.hung_up(),
+        "the connection closed with a request in hand"
+    );
     dev.stall(false);
     stopper.join().unwrap().unwrap();
+    assert!(guest.hung_up(), "the stopped server's connection is closed");
 
     // The read in hand was finished and used; the write behind it was not taken.
     let used = guest.wait_used(0, 1);

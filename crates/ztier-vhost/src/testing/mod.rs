@@ -251,6 +251,14 @@ impl Guest {
         drop(self);
     }
 
+    /// Whether the server has closed the connection, as a VMM finds it: a message it
+    /// sends (`GET_FEATURES`, which touches no ring) is not answered. (QEMU, seeing the
+    /// close, reads the used index and resets its rings to it.)
+    pub fn hung_up(&self) -> bool {
+        let mut slot = self.frontend.lock().unwrap();
+        slot.as_mut().expect("attached").get_features().is_err()
+    }
+
     /// Stops queue `q` as a VMM does (`GET_VRING_BASE`); returns the index it says the next
     /// request would be taken from.
     pub fn stop_ring(&self, q: usize) -> u32 {
