@@ -165,7 +165,9 @@ impl VhostUserBackend for Blk {
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         // CONFIG: QEMU refuses a vhost-user-blk backend without it. Not INFLIGHT_SHMFD:
         // requests are completed in order, so the used index is where a reconnect resumes
-        // (module header).
+        // (module header) after a stop, which closes with no request in hand; a VMM's own
+        // close, or the daemon's on a message it refuses, can fall between a request's run
+        // and its used entry, which the inflight region would cover.
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK

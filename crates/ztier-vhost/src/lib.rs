@@ -223,17 +223,41 @@ impl Server {
     /// requests it posted after are run then.
     ///
     /// The connection is closed only once no queue holds a request: the VMM reads the used
-    /// index when it sees the close, and a request put on the used ring after that would be
-    /// run again by the next server, on a descriptor the guest may have reused by then
-    /// (seen under load: QEMU's reconnect after a restart, `scripts/vm-swap.sh`). Waits for
-    /// the request in hand, as the daemon's end waits for it anyway.
+    /// index when it sees the close (QEMU: `virtio_queue_restore_last_avail_idx`), and a
+    /// request put on the used ring after that would leave the ring's used index one ahead
+    /// of where the next server takes requests from (vhost-user-backend reads it from
+    /// guest memory at `SET_VRING_ADDR`): that server runs the request again, and the guest
+    /// finds a head it does not hold and marks its queue broken, failing every request
+    /// after (seen under load: QEMU's reconnect after a restart, `scripts/vm-swap.sh`).
+    /// The wait and the close are a thread's of their own, so the caller (a signal's) is
+    /// never held by a device that does not answer; [`stop_now`](Server::stop_now) closes
+    /// at once. Closes this does not cover: a VMM's own, and the daemon's on a message it
+    /// refuses (`INFLIGHT_SHMFD` would cover those; module `backend`).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         // Taken out of `active`, which is never held across a request.
         let connection = self.active().connection.clone();
         if let Some((handle, blk)) = connection {
-            blk.wait_for_requests_in_hand();
+            let at_once = handle.clone();
+            let closer = std::thread::Builder::new()
+                .name("vhost-stop".into())
+                .spawn(move || {
+                    blk.wait_for_requests_in_hand();
+                    handle.shutdown();
+                });
+            if closer.is_err() {
+                at_once.shutdown();
+            }
+        }
+    }
+
+    /// Stops at once (a second signal): as [`stop`](Server::stop), but the connection is
+    /// closed now, whatever a queue has in hand; the VMM may run that request again.
+    pub fn stop_now(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        if let Some((handle, _)) = self.active().connection.as_ref() {
             handle.shutdown();
         }
     }

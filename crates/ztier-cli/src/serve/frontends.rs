@@ -21,14 +21,13 @@ impl Frontends {
         }
     }
 
-    /// Cuts NBD's connections at once (the second signal). A VMM's queues have no more than
-    /// a request each in hand: they are finished, as at a stop.
+    /// Cuts the connections at once (the second signal), whatever they have in hand.
     pub(super) fn stop_now(&self) {
         if let Some(s) = &self.nbd {
             s.stop_now();
         }
         if let Some(s) = &self.vhost {
-            s.stop();
+            s.stop_now();
         }
     }
 
