@@ -17,8 +17,8 @@ pub struct RegionConfig {
     /// The device's memory limit in bytes (0: none): a store past it fails and the page
     /// stays resident.
     pub store_limit: u64,
-    /// The most stored pages a fault brings in after its own (0: none), with the pages
-    /// between them an evictor found all zeros (as the zero page).
+    /// The most pages a fault brings in after its own (0: none): stored pages, and the
+    /// pages among them an evictor found all zeros (as the zero page).
     pub fault_around: usize,
     /// Whether a page read in from the store keeps its copy there, so that evicting it
     /// again unwritten costs no compression or store write (module's "Clean pages"). Off,

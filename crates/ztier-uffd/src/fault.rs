@@ -468,6 +468,9 @@ impl Shared {
             };
             return self.serve_stored(page, buf, around, how);
         }
+        if state.is(Kind::Empty) && state.zeroed() && !f.write {
+            return self.serve_zeroed(page, state, around);
+        }
         let held = if state.is(Kind::Held) {
             self.table.take_held(page)
         } else {

@@ -7,9 +7,9 @@
 //! here, in page order, fewer than `STRIPES` pages from the faulting unit's first page (so
 //! their stripes are distinct), and held until each page's state says where its content
 //! is. A neighbour is brought in only if it is stored or an evictor found it all zeros; any
-//! other page ends the run (lib.rs, "The eviction protocol"), which ends at its last stored
-//! page. The faulting
-//! page goes in first, which wakes its thread. Lock order: lib.rs.
+//! other page ends the run (lib.rs, "The eviction protocol"). The faulting page goes in
+//! first, which wakes its thread. A fault on a page an evictor found all zeros brings in the
+//! zeroed pages after it the same way, as the zero page, reading nothing. Lock order: lib.rs.
 
 use std::time::Instant;
 
@@ -118,15 +118,15 @@ impl Shared {
         // evictor holding several waits for none after its first (lib.rs's lock order). The
         // neighbours are stored pages and the pages between them an evictor found all zeros
         // (each maps the zero page in this fault): a run stopped at a zero page would leave
-        // the rest of its unit to a fault that decompresses the unit again. The run ends at
-        // its last stored page. A page empty for any other reason stops it: one the program
+        // the rest of its unit to a fault that decompresses the unit again, and the zero
+        // pages at its end to a fault each. A page empty for any other reason stops it: one
+        // the program
         // dropped may still be mapped until the kernel zaps it, after the fault thread read
         // the drop's event (lib.rs, "The eviction protocol"), and a zero page mapped there
         // meanwhile would be zapped with it, leaving the page resident in the table with
         // nothing mapped; an evictor unmapped a zeroed page itself, under the page's lock.
         let mut guards = Vec::new();
         let mut states = Vec::new();
-        let mut through = 0;
         while page + 1 + (states.len() as u64) < end {
             let next = page + 1 + states.len() as u64;
             let g = self.table.lock(next);
@@ -136,13 +136,8 @@ impl Shared {
             }
             guards.push(g);
             states.push(state);
-            if state.is(Kind::Stored) {
-                through = states.len();
-            }
         }
-        guards.truncate(through);
-        states.truncate(through);
-        let n = 1 + through;
+        let n = 1 + states.len();
         // Page `q` of the units read is at `at(q)` in `buf`, from the faulting page's unit on.
         let at = |q: u64| (q - base) as usize * ps;
         let unit_bytes = upp as usize * ps;
@@ -239,8 +234,8 @@ impl Shared {
             let state = state_of(first + k);
             self.table.leave(first + k, state, brought_as(state));
         }
-        // In runs of stored pages (one copy each) and of zeroed ones (the zero page, a page
-        // at a time: such runs are short), until one fails.
+        // In runs of stored pages (one copy each) and of zeroed ones (the zero page, one
+        // mapping each), until one fails.
         let mut installed = 0;
         while installed < read {
             let start = first + installed as u64;
@@ -256,8 +251,10 @@ impl Shared {
                 );
                 (done / ps, outcome)
             } else {
-                let outcome = self.uffd.zeropage(self.page_addr(start), ps as u64);
-                (usize::from(outcome.is_ok()), outcome)
+                let (done, outcome) = self
+                    .uffd
+                    .zeropage_run(self.page_addr(start), (run * ps) as u64);
+                (done / ps, outcome)
             };
             if stored && dirty {
                 for q in start..start + done as u64 {
@@ -296,5 +293,97 @@ impl Shared {
         around.served(page, installed + 1);
         drop(guards);
         Served::Done
+    }
+
+    /// Serves a read fault on a page an evictor found all zeros (locked by the caller), with
+    /// the zeroed pages after it as far as a fault on a stored page there would bring its
+    /// neighbours in (the window as it stands, on to a unit's end): all as the zero page,
+    /// with one mapping, which wakes the faulting thread. Nothing is read. Without it, a
+    /// program reading through a run of zero pages faults on each of them. The window is
+    /// neither grown nor shrunk, but the next fault after the run follows on from it.
+    pub(crate) fn serve_zeroed(&self, page: u64, state: PageState, around: &mut Around) -> Served {
+        let ps = self.page_size;
+        let upp = self.unit_pages;
+        let base = page - page % upp;
+        let end = (page + 1 + around.window as u64)
+            .next_multiple_of(upp)
+            .min(base + STRIPES as u64)
+            .min(self.pages);
+        // The neighbours' stripes in page order, as `serve_stored` takes them; only pages an
+        // evictor found all zeros (an empty page for any other reason ends the run, as
+        // there).
+        let mut guards = Vec::new();
+        let mut states = Vec::new();
+        while page + 1 + (states.len() as u64) < end {
+            let next = page + 1 + states.len() as u64;
+            let g = self.table.lock(next);
+            let next_state = self.table.state(next);
+            if !(next_state.is(Kind::Empty) && next_state.zeroed()) {
+                break;
+            }
+            guards.push(g);
+            states.push(next_state);
+        }
+        let n = 1 + states.len();
+        let (faulted_in, around_in) = (
+            PageState::resident(true, false),
+            PageState::resident(false, false),
+        );
+        // In before the mapping, which lets the faulting thread run on; taken back unless
+        // the faulting page is mapped.
+        self.count_fault_in(FaultIn::Zeros);
+        self.drop_stored(page, state);
+        self.table.leave(page, state, faulted_in);
+        for (k, &s) in states.iter().enumerate() {
+            self.table.leave(page + 1 + k as u64, s, around_in);
+        }
+        around.woke_at = Some(Instant::now());
+        let (done, outcome) = self
+            .uffd
+            .zeropage_run(self.page_addr(page), (n * ps) as u64);
+        let mapped = done / ps;
+        // The neighbours mapped, and the one found present (not ours, not clean) if the
+        // mapping stopped there.
+        let mut installed = mapped.saturating_sub(1);
+        let served = match outcome {
+            Ok(()) => Served::Done,
+            Err(libc::EEXIST) if mapped == 0 => {
+                // The faulting page is present already: what the program sees is that page.
+                // Nothing came in: a spurious fault, not a refault.
+                self.take_back_fault_in(FaultIn::Zeros);
+                self.count(Count::SpuriousFaults, 1);
+                self.uffd.wake(self.page_addr(page), ps as u64);
+                Served::Done
+            }
+            Err(libc::EEXIST) => {
+                let p = page + mapped as u64;
+                self.table.leave(p, around_in, around_in.dirtied());
+                self.uffd.wake(self.page_addr(p), ps as u64);
+                installed += 1;
+                Served::Done
+            }
+            Err(e) if mapped == 0 => {
+                self.take_back_fault_in(FaultIn::Zeros);
+                self.table.leave(page, faulted_in, state);
+                match e {
+                    libc::EAGAIN => Served::Later,
+                    // ENOENT: the mapping went (its unmap event is on its way); ESRCH: the
+                    // process is exiting.
+                    _ => Served::Done,
+                }
+            }
+            Err(_) => Served::Done,
+        };
+        if mapped > 0 {
+            self.count(Count::ZeroRefaults, 1);
+            self.count(Count::FaultAround, mapped as u64 - 1);
+        }
+        // The neighbours not installed: as they were.
+        for (k, &s) in states.iter().enumerate().skip(installed) {
+            self.table.leave(page + 1 + k as u64, around_in, s);
+        }
+        around.served(page, 1 + installed);
+        drop(guards);
+        served
     }
 }

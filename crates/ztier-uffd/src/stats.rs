@@ -80,7 +80,7 @@ pub struct RegionStats {
     /// Pages whose stored copy could not be read: a touch raises SIGBUS.
     pub poisoned_pages: u64,
     /// Pages installed by fault-around beside the faulting page (stored pages, and the ones
-    /// between them an evictor found all zeros, as the zero page).
+    /// an evictor found all zeros, as the zero page).
     pub fault_around_pages: u64,
     /// Reads of the device by faults: each a decompression of one compression unit
     /// ([`RegionConfig::unit_size`]; a page at page-sized units), which serves every stored

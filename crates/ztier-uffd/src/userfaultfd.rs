@@ -307,13 +307,19 @@ impl Uffd {
 
     /// `UFFDIO_ZEROPAGE`: maps the zero page at the empty pages of the range.
     pub fn zeropage(&self, start: u64, len: u64) -> Outcome {
+        self.zeropage_run(start, len).1
+    }
+
+    /// `UFFDIO_ZEROPAGE` of several pages: the bytes mapped (a whole number of pages from
+    /// `start` on, all of them if the outcome is `Ok`) and the outcome.
+    pub fn zeropage_run(&self, start: u64, len: u64) -> (usize, Outcome) {
         let mut z = UffdioZeropage {
             range: UffdioRange { start, len },
             ..Default::default()
         };
         // SAFETY: as `copy`: only empty entries of a registered mapping are filled.
         let r = unsafe { libc::ioctl(self.raw(), UFFDIO_ZEROPAGE, &mut z) };
-        outcome(r, z.done, len as usize)
+        (z.done.max(0) as usize, outcome(r, z.done, len as usize))
     }
 
     /// `UFFDIO_POISON`: the range's empty pages raise `SIGBUS` when touched (a page whose

@@ -6,8 +6,8 @@
 //! sequence evicts (the reclaim thread under a budget is `budget.rs`'s eight-thread test),
 //! and fault-around is off (`region.rs` reads every page back with it on). The same runs at
 //! 16 and 64 KiB units, where a fault from the store brings in the stored pages after its
-//! own up to its unit's end, and the pages found all zeros between them (the model does
-//! too), and the store holds whole units. The region's refaults (pages brought back that
+//! own up to its unit's end, and the pages found all zeros among them, a read of a page
+//! found all zeros the ones after it (the model does too), and the store holds whole units. The region's refaults (pages brought back that
 //! had been evicted) are the model's. Once more at each unit size with the store freeing
 //! copies once full (`free_copies_when_full`), which under a budget of every page it
 //! always is: at page-sized units no page comes in clean, and each a read brings from the
@@ -595,9 +595,10 @@ impl Places {
     /// What a touch of page `p` (a write's, or a read's) brings in, in the model, and how many
     /// of the pages it brings had been evicted (refaults): nothing if it is resident; else the
     /// page (from the store if it holds it: clean if read; zeros are not clean) and, on a region
-    /// of larger units, the stored pages after it up to its unit's end (up to the first that is
-    /// neither stored nor zeroed), which come in as it does, with the zeroed pages between
-    /// them (not clean; none after the last stored one).
+    /// of larger units, the pages after it up to its unit's end that are stored or zeroed (up
+    /// to the first that is neither): the stored ones come in as it does, the zeroed ones not
+    /// clean. A read of a zeroed page brings in the zeroed pages after it up to its unit's end
+    /// the same way (up to the first that is not zeroed).
     fn fault_in(&mut self, p: u64, write: bool, unit_pages: u64, model: &[u64]) -> u64 {
         let Places {
             out,
@@ -617,16 +618,15 @@ impl Places {
         out[p as usize] = false;
         zeroed[p as usize] = false;
         clean[p as usize] = from_store && keeps_copy;
-        if !from_store {
+        let zero_read = !from_store && refault == 1 && !write;
+        if !from_store && !zero_read {
             return refault;
         }
-        *copies_freed += u64::from(frees_copy);
+        *copies_freed += u64::from(from_store && frees_copy);
         let unit_end = (p / unit_pages + 1) * unit_pages;
         let run_end = (p + 1..unit_end)
-            .take_while(|&q| stored(q, out) || zeroed[q as usize])
-            .filter(|&q| stored(q, out))
-            .last()
-            .map_or(p + 1, |q| q + 1);
+            .find(|&q| !(zeroed[q as usize] || from_store && stored(q, out)))
+            .unwrap_or(unit_end);
         for q in p + 1..run_end {
             *copies_freed += u64::from(stored(q, out) && frees_copy);
             clean[q as usize] = stored(q, out) && keeps_copy;

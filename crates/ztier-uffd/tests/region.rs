@@ -75,6 +75,51 @@ fn an_evicted_page_is_stored_and_comes_back() {
     assert!(r.evict(64).is_err(), "page 64 is beyond the region");
 }
 
+/// Pages an evictor found all zeros come back in runs, not a fault each: fault-around maps
+/// them among and after the stored pages it brings in, and a read of one maps the zeroed
+/// ones after it, with the window it reached (a run of them used to cost a fault a page).
+#[test]
+fn pages_found_all_zeros_come_back_in_runs() {
+    let Some(r) = written_region(96) else {
+        return;
+    };
+    let words = r.words();
+    // Pages 24-29 and 40-95 all zeros: six among the stored pages, 56 after them.
+    let zeros = |page: u64| (24..30).contains(&page) || page >= 40;
+    for page in (0..96).filter(|&p| zeros(p)) {
+        for w in 0..WORDS {
+            words[page as usize * WORDS + w].store(0, Relaxed);
+        }
+    }
+    for page in 0..96 {
+        assert!(r.evict(page).unwrap());
+    }
+    let b = r.stats();
+    assert_eq!((b.stored_pages, b.zero_evictions), (34, 62), "{b:?}");
+    for page in 0..96 {
+        if zeros(page) {
+            let base = page as usize * WORDS;
+            assert!(
+                words[base..base + WORDS]
+                    .iter()
+                    .all(|w| w.load(Relaxed) == 0),
+                "page {page}"
+            );
+        } else {
+            check_page(words, page, 1).unwrap();
+        }
+    }
+    let s = r.stats();
+    assert_eq!(s.resident_pages, 96, "{s:?}");
+    let (faults, zero_faults) = (s.faults - b.faults, s.zero_faults - b.zero_faults);
+    let around = s.fault_around_pages - b.fault_around_pages;
+    assert_eq!(faults + zero_faults + around, 96, "{s:?}");
+    // The window doubles from one page as the reads follow on (1, 2, 4, 8, 16, 32 after
+    // each fault's own): six faults reach page 62, a seventh the rest.
+    assert!(faults + zero_faults <= 8, "{s:?}");
+    assert!(zero_faults <= 2, "{s:?}");
+}
+
 /// The pages `Region::evict` takes out go back to the OS sixteen at a time, or once the
 /// region is idle: the pad never holds more, holds none once a sixteenth call has emptied
 /// it, and none soon after the calls stop.
