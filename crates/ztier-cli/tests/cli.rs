@@ -454,6 +454,8 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
             "ratio_to_allowed",
             "cap",
             "ratio_to_cap",
+            "bare_cap",
+            "ratio_to_bare",
         ] {
             assert!(p[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
         }
@@ -464,9 +466,14 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
                 "raw_unit_mb_s",
                 "copy_in_mb_s",
                 "round_trip_us",
+                "bare_unit_fault_in_mb_s",
             ] {
                 assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {p}");
             }
+            // The bare handler reads a fault a window at least: the corpus's pages over 64.
+            let pages = r["corpus_pages"].as_u64().unwrap();
+            let bare_faults = r["bare_unit_faults"].as_u64().unwrap();
+            assert!(bare_faults >= pages / 64, "{bare_faults} faults: {p}");
         }
     }
     for r in &runs {
@@ -495,7 +502,9 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
     assert!(
         against
             .iter()
-            .all(|l| l.contains("median of 5 paired rounds") && l.contains("allows")),
+            .all(|l| l.contains("median of 5 paired rounds")
+                && l.contains("allows")
+                && l.contains("at a bare handler's fault-in")),
         "{against:?}"
     );
 }

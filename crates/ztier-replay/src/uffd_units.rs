@@ -30,6 +30,19 @@
 //! would be were the larger unit's fault-in its floor (the cap); the larger unit's fault-in
 //! over its floor says how near the region comes to it.
 //!
+//! The floor leaves out what a handler cannot: the waits between faults (the toucher
+//! running to its next fault, the handler woken for it), the zero pages' mappings, the
+//! faults on pages of a window not yet in. So each round also times a bare handler doing
+//! the whole fault-in ([`ztier_uffd::rig::unit_fault_in`]): the same corpus at the same
+//! unit, each fault's unit and window read with the raw decompressor and put in as a
+//! region's fault thread puts them, placed as it places itself, and none of a region's
+//! own work (its page table, states, locks, store, figures). Its speed over the 4 KiB
+//! units' fault-in is the ratio a region with no work of its own would reach here (the
+//! bare cap); the larger unit's fault-in over it is how near the region comes to that.
+//! Both are taken at each pass's best over the rounds, not paired: beside the regions, a
+//! bare pass now and then runs at a fifth of its speed (a region's pass too, more seldom),
+//! which a median of five paired ratios does not shed.
+//!
 //! Only the public APIs of ztier-uffd (its region and its rig) and the raw compressor are
 //! used.
 
@@ -76,6 +89,10 @@ pub struct Round {
     pub unit_faults: u64,
     pub unit_pages_in: u64,
     pub unit_pages_copied: u64,
+    /// The bare handler's fault-in of the same pages at the larger unit (MB of pages a
+    /// second), and the faults it read.
+    pub bare_unit_fault_in_mb_s: f64,
+    pub bare_unit_faults: u64,
 }
 
 impl Round {
@@ -108,6 +125,12 @@ impl Round {
     pub fn cap(&self) -> f64 {
         self.floor_mb_s() / self.page_fault_in_mb_s
     }
+
+    /// What the ratio would be were the larger unit's fault-in the bare handler's: its
+    /// speed over the page's fault-in.
+    pub fn bare_cap(&self) -> f64 {
+        self.bare_unit_fault_in_mb_s / self.page_fault_in_mb_s
+    }
 }
 
 /// The paired rounds of one corpus, compressor and clean-pages setting.
@@ -127,6 +150,13 @@ pub struct UnitFaultIn {
     /// and the ratio over it (the larger unit's fault-in over its floor).
     pub cap: f64,
     pub ratio_to_cap: f64,
+    /// Each at its best over the rounds (the fastest pass of each, where the machine's
+    /// stalls, which only slow a pass, least reach it: a bare pass's speed swings by up to
+    /// five times from one to the next with regions beside it): what the ratio would be at
+    /// the bare handler's fault-in (its best over the page's best), and the larger unit's
+    /// best fault-in over the bare handler's best.
+    pub bare_cap: f64,
+    pub ratio_to_bare: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -195,8 +225,9 @@ impl UffdReplay {
             unit_size,
             ..RegionConfig::default()
         };
+        let unit_config = config(self.unit_size);
         let page_region = filled_region(corpus, &config(ps))?;
-        let unit_region = filled_region(corpus, &config(self.unit_size))?;
+        let unit_region = filled_region(corpus, &unit_config)?;
         let raw = RawSequential::new(corpus, &self.algorithm, self.unit_size)?;
         let zero_pages = raw.zero_pages();
         let mut rounds = Vec::with_capacity(ROUNDS);
@@ -210,6 +241,12 @@ impl UffdReplay {
                 let page = timed_pass(&page_region, corpus, zero_pages)?;
                 (page, timed_pass(&unit_region, corpus, zero_pages)?)
             };
+            let bare = raw.bare_unit_fault_in(
+                unit_config.fault_around,
+                self.clean_pages,
+                self.idle_priority,
+                self.cpu_latency_qos,
+            )?;
             let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s(unit_first)?;
             let decompress_unit_mb_s = raw.unit_decompress_mb_s()?;
             let copy_in_mb_s =
@@ -231,6 +268,8 @@ impl UffdReplay {
                 corpus_pages: corpus.pages() as u64,
                 unit_pages_in: unit.pages_in,
                 unit_pages_copied: unit.pages_copied,
+                bare_unit_fault_in_mb_s: bare.mb_s(ps),
+                bare_unit_faults: bare.faults,
             });
         }
         let ratio = median(rounds.iter().map(Round::ratio).collect());
@@ -238,6 +277,10 @@ impl UffdReplay {
         let ratio_to_allowed = median(rounds.iter().map(|r| r.ratio() / r.allowed()).collect());
         let cap = median(rounds.iter().map(Round::cap).collect());
         let ratio_to_cap = median(rounds.iter().map(|r| r.ratio() / r.cap()).collect());
+        let best = |speed: fn(&Round) -> f64| rounds.iter().map(speed).fold(0.0, f64::max);
+        let best_bare = best(|r| r.bare_unit_fault_in_mb_s);
+        let bare_cap = best_bare / best(|r| r.page_fault_in_mb_s);
+        let ratio_to_bare = best(|r| r.unit_fault_in_mb_s) / best_bare;
         Ok(UnitFaultIn {
             corpus: corpus.name.clone(),
             compressor: self.algorithm.to_string(),
@@ -249,6 +292,8 @@ impl UffdReplay {
             ratio_to_allowed,
             cap,
             ratio_to_cap,
+            bare_cap,
+            ratio_to_bare,
         })
     }
 }

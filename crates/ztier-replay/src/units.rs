@@ -23,6 +23,7 @@ use serde::Serialize;
 use ztier_compress::{same_filled, worst_case_len, Algorithm, Compressor};
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_pool::{AllocatorKind, ZsConfig};
+use ztier_uffd::rig::unit_fault_in::{self, BareFaultIn, UnitRead};
 use ztier_zram::{Device, MmStat};
 
 use crate::driver::{at, best_of_fresh_pairs, best_of_pairs, mb_s, passes_for, round1, round3};
@@ -343,6 +344,11 @@ impl RawUnits {
         Ok(())
     }
 
+    /// Whether unit `u` is all zeros (a region maps the zero page for its pages).
+    pub fn zeros(&self, u: usize) -> bool {
+        matches!(self.units[u], RawUnit::Filled(0))
+    }
+
     /// Seconds for decompressing every unit once, in order, into one buffer: the
     /// decompressor's part alone of a sequential read. A unit of zeros is not read at all
     /// (a region maps the zero page for its pages); another same-filled one is filled.
@@ -434,6 +440,40 @@ impl RawSequential {
         let mut comp = self.algorithm.new_compressor();
         let s = self.units.decompress_all(&mut *comp, &self.data)?;
         Ok(self.page_bytes as f64 / s.max(f64::EPSILON) / 1e6)
+    }
+
+    /// A bare handler's sequential fault-in of the corpus's pages at the unit size
+    /// ([`ztier_uffd::rig::unit_fault_in`]): each unit decompressed by the raw compressor,
+    /// a unit of zeros mapped to the zero page; `window`, `write_protect`, `idle_priority`
+    /// and `latency_qos` as the region's config has them.
+    pub(crate) fn bare_unit_fault_in(
+        &self,
+        window: usize,
+        write_protect: bool,
+        idle_priority: bool,
+        latency_qos: bool,
+    ) -> Result<BareFaultIn> {
+        let mut comp = self.algorithm.new_compressor();
+        let units = &self.units;
+        let read_unit = |u: usize, into: &mut [u8]| {
+            if units.zeros(u) {
+                return Ok(UnitRead::Zeros);
+            }
+            units
+                .decompress(&mut *comp, u, &self.data, into)
+                .map(|()| UnitRead::Content)
+                .map_err(|e| e.to_string())
+        };
+        unit_fault_in::sequential_fault_in(
+            self.page_bytes / CORPUS_PAGE,
+            units.unit / CORPUS_PAGE,
+            window,
+            write_protect,
+            idle_priority,
+            latency_qos,
+            read_unit,
+        )
+        .map_err(crate::uffd::region_err("the bare handler's fault-in"))
     }
 
     /// One timing of each, the unit's first if `unit_first`: MB of pages a second at the

@@ -1,5 +1,6 @@
 //! The measuring rig (`ztier_uffd::rig`) on this machine: the floor's bare handler serves
-//! every touch, on one CPU, on two and placed as a region's fault thread; the kernel's own
+//! every touch, on one CPU, on two and placed as a region's fault thread; the bare unit
+//! handler brings every page in where it belongs; the kernel's own
 //! path for a region's pages is measured where it exists and refused, saying why, where
 //! not.
 
@@ -47,6 +48,69 @@ fn the_floors_bare_handler_serves_every_touch_on_one_cpu_on_two_and_placed_as_a_
             "idle priority usable on two CPUs but no placed floor measured"
         ),
     }
+}
+
+/// The bare handler's fault-in of whole units brings every page in where it belongs, a
+/// unit of zeros as zeros, in few faults (a window each), at the page and at 16 pages a
+/// unit, write-protected or not; a unit it cannot read ends the pass with that error.
+#[test]
+fn the_bare_unit_handler_brings_every_page_in_where_it_belongs() {
+    use ztier_uffd::rig::unit_fault_in::{sequential_fault_in, UnitRead};
+    if region(PAGE, PAGE).is_none() {
+        return;
+    }
+    let _dog = common::Watchdog::new(common::WATCHDOG);
+    let ps = ztier_base::os::page_size();
+    // Not a whole number of units, every fifth unit all zeros.
+    let pages = 1000;
+    for (unit_pages, write_protect) in [(1, false), (16, true), (16, false)] {
+        let zeros = |u: usize| u % 5 == 3;
+        let first_byte = |page: usize| (page % 251 + 1) as u8;
+        let expected: u64 = (0..pages)
+            .filter(|&q| !zeros(q / unit_pages))
+            .map(|q| u64::from(first_byte(q)))
+            .sum();
+        let mut reads = 0;
+        let pass = sequential_fault_in(
+            pages,
+            unit_pages,
+            63,
+            write_protect,
+            true,
+            false,
+            |u, buf| {
+                reads += 1;
+                assert_eq!(buf.len(), unit_pages * ps);
+                if zeros(u) {
+                    return Ok(UnitRead::Zeros);
+                }
+                for (k, page) in buf.chunks_exact_mut(ps).enumerate() {
+                    page.fill(0xee);
+                    page[0] = first_byte(u * unit_pages + k);
+                }
+                Ok(UnitRead::Content)
+            },
+        )
+        .unwrap();
+        assert_eq!(pass.pages_in, pages as u64, "unit of {unit_pages} pages");
+        assert_eq!(pass.first_bytes_sum, expected, "unit of {unit_pages} pages");
+        // Each unit read once; a window of 63 pages after each fault, so about one fault
+        // in 64 pages (and one more each on a page of the window not in yet).
+        assert_eq!(
+            reads,
+            pages.div_ceil(unit_pages),
+            "unit of {unit_pages} pages"
+        );
+        assert!(pass.faults >= (pages / 80) as u64, "{} faults", pass.faults);
+        assert!(pass.faults <= (pages / 20) as u64, "{} faults", pass.faults);
+        assert!(pass.seconds > 0.0);
+    }
+    let failed = sequential_fault_in(64, 16, 63, false, true, false, |u, _| match u {
+        2 => Err("the store is gone".to_string()),
+        _ => Ok(UnitRead::Zeros),
+    });
+    let e = failed.unwrap_err().to_string();
+    assert!(e.contains("the store is gone"), "{e}");
 }
 
 /// The kernel's own path for a region's pages: where swap and zswap are on, every page comes

@@ -109,8 +109,9 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
 }
 
 /// A larger unit's sequential fault-in against the page's, paired round by round, beside
-/// what the decompression it saves allows and what the sum of its parts, each timed
-/// alone, would give (`ztier_replay::uffd_units`).
+/// what the decompression it saves allows, what the sum of its parts, each timed alone,
+/// would give, and what a bare handler doing the same fault-in gives
+/// (`ztier_replay::uffd_units`).
 fn print_unit_pair(p: &UnitFaultIn) {
     let rounds: Vec<String> = p
         .rounds
@@ -123,18 +124,21 @@ fn print_unit_pair(p: &UnitFaultIn) {
                 (false, false) => " (both fault threads at normal priority)",
             };
             format!(
-                "{:.0} against {:.0} MB/s, allowed {:.2}x, floor {:.0} MB/s ({} faults), cap {:.2}x{normal}",
+                "{:.0} against {:.0} MB/s, allowed {:.2}x, floor {:.0} MB/s ({} faults), cap {:.2}x, bare handler {:.0} MB/s ({} faults), bare cap {:.2}x{normal}",
                 r.unit_fault_in_mb_s,
                 r.page_fault_in_mb_s,
                 r.allowed(),
                 r.floor_mb_s(),
                 r.unit_faults,
-                r.cap()
+                r.cap(),
+                r.bare_unit_fault_in_mb_s,
+                r.bare_unit_faults,
+                r.bare_cap()
             )
         })
         .collect();
     println!(
-        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; at the floor under the unit's fault-in (the sum of its decompression alone, the kernel's copy-in of its ready pages and a bare round trip a fault, each timed alone) it would be {:.2}x: {:.2} of that ({})",
+        "{} / {} / clean pages {}: {} KiB units' sequential fault-in into free memory {:.2}x the 4 KiB units' (median of {} paired rounds); the decompression they save allows {:.2}x: {:.2} of it; at the floor under the unit's fault-in (the sum of its decompression alone, the kernel's copy-in of its ready pages and a bare round trip a fault, each timed alone) it would be {:.2}x: {:.2} of that; at a bare handler's fault-in of the same units (the same faults and copies, none of a region's own work; each at its best of the rounds) {:.2}x: {:.2} of that ({})",
         p.corpus,
         p.compressor,
         if p.clean_pages { "on" } else { "off" },
@@ -145,6 +149,8 @@ fn print_unit_pair(p: &UnitFaultIn) {
         p.ratio_to_allowed,
         p.cap,
         p.ratio_to_cap,
+        p.bare_cap,
+        p.ratio_to_bare,
         rounds.join("; "),
     );
 }

@@ -113,22 +113,16 @@ pub fn bare_fault_latency(samples: usize) -> Result<Floor> {
 /// own work (the trap, the two wake-ups): what a self-sizing region's stall clock adds a
 /// fault (autosize.rs).
 pub fn round_trip_median(samples: usize, latency_qos: bool) -> Result<Duration> {
-    let cpus = placement::allowed_cpus();
     let qos = CpuLatencyQos::open(latency_qos);
     qos.hold(Instant::now());
     let placement = Placement::new(true);
-    let mut taken = if cpus.len() > 1 && placement.usable() {
-        measure(samples.max(1), Placing::AsRegion(&placement))?
-    } else {
-        let cpu = cpus.first().copied().unwrap_or(0);
-        measure(samples.max(1), Placing::Pinned(cpu, cpu))?
-    };
+    let mut taken = measure(samples.max(1), Placing::as_region_or_one_cpu(&placement))?;
     taken.sort_unstable();
     Ok(taken[taken.len() / 2])
 }
 
 /// Where the two threads of a measurement run.
-enum Placing<'a> {
+pub(super) enum Placing<'a> {
     /// The toucher held on the first CPU, the handler on the second.
     Pinned(usize, usize),
     /// The toucher where the scheduler puts it; the handler places itself as a region's
@@ -136,6 +130,20 @@ enum Placing<'a> {
     /// priority while one thread faults, with a guard that ends idle priority should faults
     /// starve.
     AsRegion(&'a Placement),
+}
+
+impl Placing<'_> {
+    /// Placed as a region's fault thread places itself by default, where the process has two
+    /// CPUs and `placement` is usable; else both threads on the first allowed CPU.
+    pub(super) fn as_region_or_one_cpu(placement: &Placement) -> Placing<'_> {
+        let cpus = placement::allowed_cpus();
+        if cpus.len() > 1 && placement.usable() {
+            Placing::AsRegion(placement)
+        } else {
+            let cpu = cpus.first().copied().unwrap_or(0);
+            Placing::Pinned(cpu, cpu)
+        }
+    }
 }
 
 /// The round trips of a toucher served by a bare handler, placed as `placing` says.
@@ -148,16 +156,62 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
     let mut map = PlainPages::new(PAGES * page_size).map_err(os("mmap"))?;
     uffd.register(map.addr(), map.len() as u64, userfaultfd::MODE_MISSING)
         .map_err(os("UFFDIO_REGISTER"))?;
-    let waker = Waker::new().map_err(os("eventfd"))?;
-    let (stop, failed) = (AtomicBool::new(false), AtomicBool::new(false));
     let content = vec![0x5au8; page_size];
+    let serve = |addr: u64| {
+        // EEXIST (already there) or EAGAIN: the touch faults again.
+        let _ = uffd.copy(addr & !(page_size as u64 - 1), &content);
+        Ok(())
+    };
+    beside_bare_handler(&uffd, placing, serve, |failed| {
+        let mut taken = Vec::with_capacity(samples);
+        for i in 0..samples {
+            let offset = (i % PAGES) * page_size;
+            // The handler's copy goes, so that the touch faults again.
+            map.drop_pages(offset, page_size).map_err(os("madvise"))?;
+            let t = Instant::now();
+            // The read faults, the handler fills the page, and the read returns.
+            let byte = map.touch(offset);
+            taken.push(t.elapsed());
+            std::hint::black_box(byte);
+            if failed.load(Relaxed) {
+                return Err(handler_failed());
+            }
+        }
+        Ok(taken)
+    })
+}
+
+/// What the toucher returns once the bare handler has stopped reading.
+pub(super) fn handler_failed() -> Error {
+    Error::Os {
+        what: "reading the userfaultfd",
+        source: std::io::Error::other("the bare handler's read failed"),
+    }
+}
+
+/// Runs `touch` on a thread of its own (held where `placing` says) beside a bare handler
+/// thread, placed as `placing` says, that reads `uffd`'s messages and calls `serve` with each
+/// page fault's address, until `touch` returns. Where a read or `serve` fails, the handler
+/// sets the flag `touch` is given and shuts the descriptor (a touch waiting then, or made
+/// later, is the kernel's own), and `serve`'s error is the outcome.
+pub(super) fn beside_bare_handler<T: Send>(
+    uffd: &Uffd,
+    placing: Placing,
+    mut serve: impl FnMut(u64) -> Result<()> + Send,
+    touch: impl FnOnce(&AtomicBool) -> Result<T> + Send,
+) -> Result<T> {
+    let waker = Waker::new().map_err(|source| Error::Os {
+        what: "eventfd",
+        source,
+    })?;
+    let (stop, failed) = (AtomicBool::new(false), AtomicBool::new(false));
     let placement = match placing {
         Placing::AsRegion(placement) => Some(placement),
         Placing::Pinned(..) => None,
     };
-    std::thread::scope(|s| -> Result<Vec<Duration>> {
+    std::thread::scope(|s| -> Result<T> {
         let guard = placement.map(|p| s.spawn(|| p.run_guard(|| uffd.unread())));
-        let serve = s.spawn(|| {
+        let handler = s.spawn(|| -> Result<()> {
             let mut follow = match placing {
                 Placing::Pinned(_, handler) => {
                     placement::pin_to_cpu(handler);
@@ -167,7 +221,8 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
             };
             let mut msgs = [Msg::default(); 16];
             let mut after_serving = false;
-            while !stop.load(Relaxed) {
+            let mut outcome = Ok(());
+            'reading: while !stop.load(Relaxed) {
                 // Placed as a region's: after a turn that served a fault, a read before any
                 // wait (the faulting thread's next fault is usually in by then), and only if
                 // nothing is in, the looks where the faulting thread runs, as the fault
@@ -206,9 +261,12 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
                         // The last: nothing waits after its copy (as fault.rs says).
                         p.holding(false);
                     }
-                    let addr = m.arg[1] & !(page_size as u64 - 1);
-                    // EEXIST (already there) or EAGAIN: the touch faults again.
-                    let _ = uffd.copy(addr, &content);
+                    if let Err(e) = serve(m.arg[1]) {
+                        outcome = Err(e);
+                        failed.store(true, Relaxed);
+                        uffd.shutdown();
+                        break 'reading;
+                    }
                     if let Some(p) = placement {
                         p.progress();
                     }
@@ -221,31 +279,15 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
             if let Some(p) = placement {
                 p.done();
             }
+            outcome
         });
-        let touch = s.spawn(|| -> Result<Vec<Duration>> {
+        let toucher = s.spawn(|| -> Result<T> {
             if let Placing::Pinned(toucher, _) = placing {
                 placement::pin_to_cpu(toucher);
             }
-            let mut taken = Vec::with_capacity(samples);
-            for i in 0..samples {
-                let offset = (i % PAGES) * page_size;
-                // The handler's copy goes, so that the touch faults again.
-                map.drop_pages(offset, page_size).map_err(os("madvise"))?;
-                let t = Instant::now();
-                // The read faults, the handler fills the page, and the read returns.
-                let byte = map.touch(offset);
-                taken.push(t.elapsed());
-                std::hint::black_box(byte);
-                if failed.load(Relaxed) {
-                    return Err(Error::Os {
-                        what: "reading the userfaultfd",
-                        source: std::io::Error::other("the bare handler's read failed"),
-                    });
-                }
-            }
-            Ok(taken)
+            touch(&failed)
         });
-        let taken = touch.join().unwrap_or_else(|_| {
+        let touched = toucher.join().unwrap_or_else(|_| {
             Err(Error::Os {
                 what: "measuring the floor",
                 source: std::io::Error::other("the measuring thread panicked"),
@@ -253,12 +295,17 @@ fn measure(samples: usize, placing: Placing) -> Result<Vec<Duration>> {
         });
         stop.store(true, Relaxed);
         waker.wake();
-        let _ = serve.join();
+        let served = handler.join().unwrap_or_else(|_| {
+            Err(Error::Os {
+                what: "measuring the floor",
+                source: std::io::Error::other("the bare handler panicked"),
+            })
+        });
         if let (Some(p), Some(guard)) = (placement, guard) {
             // The handler has ended (`done`): the guard acts on its id no more.
             p.stop();
             let _ = guard.join();
         }
-        taken
+        served.and(touched)
     })
 }

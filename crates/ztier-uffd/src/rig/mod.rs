@@ -6,6 +6,9 @@
 //!   region's fault thread places itself.
 //! - [`copy_in`]: a part of the floor under a region's fault-in of whole units: the
 //!   kernel's copy-in of ready pages, a unit at a time, with no fault.
+//! - [`unit_fault_in`]: the reference under a region's sequential fault-in of whole units:
+//!   the same faults served by a bare handler, each a unit read and put in with the window
+//!   after it, placed as a region's fault thread places itself.
 //! - [`pageout`]: the kernel's own path for the same pages, where the machine has one
 //!   (`MADV_PAGEOUT` through zswap, the pages touched back).
 //! - [`oracle`]: the pages MIN, LRU, CLOCK and a model of a region's own clock bring in for
@@ -17,3 +20,4 @@ pub mod copy_in;
 pub mod floor;
 pub mod oracle;
 pub mod pageout;
+pub mod unit_fault_in;
