@@ -1,8 +1,8 @@
 //! The fault thread: reads the userfaultfd's messages, handles the program's changes to its
 //! address space (remove, unmap, remap events) and serves the faults: missing pages, and the
 //! first write to a clean page (its copy discarded before its protection is lifted: lib.rs,
-//! "Clean pages"). A fault on a stored page, with the neighbours it brings in, is
-//! fault_around.rs's.
+//! "Clean pages"). A fault on a stored page, or a read of a page an evictor found all
+//! zeros, with the neighbours it brings in, is fault_around.rs's.
 //!
 //! Invariants: it never reads or writes the region or the pad (the kernel copies into them
 //! for it); events are handled, under `gate` (write), before any fault read after them is

@@ -1,7 +1,8 @@
-//! Fault-around (the kernel's `do_fault_around()`, for a region's stored pages): a fault on
-//! a stored page brings in the stored pages after it too, up to a window that grows while
-//! faults follow on from where the last one's pages ended and shrinks when one does not;
-//! with larger units, at least to the end of the faulting page's unit, each unit read once.
+//! Fault-around (the kernel's `do_fault_around()`, for a region's stored and zeroed pages): a
+//! fault on a stored page brings in the stored pages after it too, and the pages among them
+//! an evictor found all zeros, up to a window that grows while faults follow on from where
+//! the last one's pages ended and shrinks when one does not; with larger units, at least to
+//! the end of the faulting page's unit, each unit read once.
 //!
 //! Invariants: the faulting page's lock is the caller's; the neighbours' locks are taken
 //! here, in page order, fewer than `STRIPES` pages from the faulting unit's first page (so
@@ -18,7 +19,7 @@ use crate::page_table::STRIPES;
 use crate::placement::involuntary_switches;
 use crate::shared::{Count, FaultIn, Served, Shared};
 
-/// The fault-around window: how many stored pages after a faulting one come in with it.
+/// The fault-around window: how many pages after a faulting one come in with it.
 /// It doubles while faults follow on from where the last one's pages ended (a sequential
 /// or clustered touch), up to the region's most (`RegionConfig::fault_around`), and halves
 /// when one does not.
@@ -77,9 +78,9 @@ pub(crate) enum BringIn {
 }
 
 impl Shared {
-    /// Serves a fault on a stored page (locked by the caller), then as many of the stored pages
-    /// after it as the fault-around window takes (and the pages between them an evictor found
-    /// all zeros, as the zero page): with larger units, at least to the end of its unit, and
+    /// Serves a fault on a stored page (locked by the caller), then as many of the pages after
+    /// it as the fault-around window takes that are stored or that an evictor found all zeros
+    /// (those as the zero page): with larger units, at least to the end of its unit, and
     /// always to the end of a unit (each unit read is decompressed once, straight into `buf`,
     /// and serves all of its pages the fault brings in). The faulting page goes in alone first,
     /// after its unit's decompression, which wakes its thread; the neighbours follow, a copy
@@ -116,11 +117,10 @@ impl Shared {
             .min(self.pages);
         // The neighbours' stripes: the fault thread may hold several, taken in page order; an
         // evictor holding several waits for none after its first (lib.rs's lock order). The
-        // neighbours are stored pages and the pages between them an evictor found all zeros
-        // (each maps the zero page in this fault): a run stopped at a zero page would leave
-        // the rest of its unit to a fault that decompresses the unit again, and the zero
-        // pages at its end to a fault each. A page empty for any other reason stops it: one
-        // the program
+        // neighbours are stored pages and pages an evictor found all zeros (each maps the zero
+        // page in this fault): a run stopped at a zero page would leave the rest of its unit
+        // to a fault that decompresses the unit again, and the zero pages at its end to a
+        // fault each. A page empty for any other reason stops it: one the program
         // dropped may still be mapped until the kernel zaps it, after the fault thread read
         // the drop's event (lib.rs, "The eviction protocol"), and a zero page mapped there
         // meanwhile would be zapped with it, leaving the page resident in the table with
@@ -296,11 +296,13 @@ impl Shared {
     }
 
     /// Serves a read fault on a page an evictor found all zeros (locked by the caller), with
-    /// the zeroed pages after it as far as a fault on a stored page there would bring its
-    /// neighbours in (the window as it stands, on to a unit's end): all as the zero page,
-    /// with one mapping, which wakes the faulting thread. Nothing is read. Without it, a
-    /// program reading through a run of zero pages faults on each of them. The window is
-    /// neither grown nor shrunk, but the next fault after the run follows on from it.
+    /// the zeroed pages after it up to the window as it stands (on to a unit's end, fewer
+    /// than `STRIPES` pages from the faulting unit's first): all as the zero page, with one
+    /// mapping, which wakes the faulting thread. Nothing is read. Without it, a program
+    /// reading through a run of zero pages faults on each of them. The window is neither
+    /// grown nor shrunk (a zero page costs no memory, so a wide window over zeros costs
+    /// nothing but its page-table entries), but the next fault after the run follows on
+    /// from it.
     pub(crate) fn serve_zeroed(&self, page: u64, state: PageState, around: &mut Around) -> Served {
         let ps = self.page_size;
         let upp = self.unit_pages;
@@ -338,9 +340,15 @@ impl Shared {
             self.table.leave(page + 1 + k as u64, s, around_in);
         }
         around.woke_at = Some(Instant::now());
-        let (done, outcome) = self
+        let (mut done, mut outcome) = self
             .uffd
             .zeropage_run(self.page_addr(page), (n * ps) as u64);
+        if done == 0 && n > 1 && !matches!(outcome, Err(libc::EEXIST | libc::EAGAIN)) {
+            // The run reaches past the faulting page's mapping (the program split the region
+            // with `mprotect` or `mlock`), and the kernel maps none of a range that does
+            // (ENOENT): the faulting page alone, or its thread would wait for ever.
+            (done, outcome) = self.uffd.zeropage_run(self.page_addr(page), ps as u64);
+        }
         let mapped = done / ps;
         // The neighbours mapped, and the one found present (not ours, not clean) if the
         // mapping stopped there.

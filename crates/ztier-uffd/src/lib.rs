@@ -43,8 +43,8 @@
 //! - `page_state.rs`: a page's state, the table below as a type; `page_table.rs`: every
 //!   page's state and lock, the gate, and the runs an evictor may move out.
 //! - `shared.rs`: what the threads share, grouped by who uses it, and how it is made.
-//! - `fault.rs`: the fault thread; `fault_around.rs`: a fault on a stored page, with the
-//!   neighbours it brings in; `reclaim.rs`: the evictors; `bell.rs`: how others get the
+//! - `fault.rs`: the fault thread; `fault_around.rs`: a fault on a stored or zeroed page,
+//!   with the neighbours it brings in; `reclaim.rs`: the evictors; `bell.rs`: how others get the
 //!   fault thread out of its blocking read.
 //! - `autosize.rs`: the stall clock (the region's own PSI "some") and the controller of a
 //!   budget that sizes itself from it ([`AutosizeConfig`]).

@@ -7,7 +7,8 @@
 //! and fault-around is off (`region.rs` reads every page back with it on). The same runs at
 //! 16 and 64 KiB units, where a fault from the store brings in the stored pages after its
 //! own up to its unit's end, and the pages found all zeros among them, a read of a page
-//! found all zeros the ones after it (the model does too), and the store holds whole units. The region's refaults (pages brought back that
+//! found all zeros the ones after it (the model does too), and the store holds whole
+//! units. The region's refaults (pages brought back that
 //! had been evicted) are the model's. Once more at each unit size with the store freeing
 //! copies once full (`free_copies_when_full`), which under a budget of every page it
 //! always is: at page-sized units no page comes in clean, and each a read brings from the

@@ -1,7 +1,7 @@
 //! The program's own changes to the region's memory never bring back a stale copy: its
 //! `MADV_DONTNEED`, `munmap` and `mremap`, its `fork` (the child has no region), a page it
-//! makes read-only in the middle of a run, and the last of many faulting threads dropping
-//! the region.
+//! makes read-only in the middle of a run (of pages stored or found all zeros), and the
+//! last of many faulting threads dropping the region.
 // The program's own madvise, munmap, mremap, mprotect and fork are raw calls on the
 // region's memory, each with its reason.
 #![allow(unsafe_code)]
@@ -280,6 +280,60 @@ fn a_run_across_a_protection_change_goes_out_page_by_page() {
     for page in 0..PAGES {
         check_page(words, page, 2).unwrap();
     }
+}
+
+/// A read of a page found all zeros brings in the zeroed pages after it with one mapping;
+/// where that run reaches a page the program made read-only (another mapping, to the
+/// kernel, which then maps none of the run), the faulting page still comes in alone, and
+/// every page reads back.
+#[test]
+fn zeroed_pages_read_up_to_a_protection_change_come_in() {
+    let Some(r) = written_region(32) else {
+        return;
+    };
+    let _dog = common::Watchdog::new(common::WATCHDOG);
+    let words = r.words();
+    let zeros = |page: u64| (8..16).contains(&page);
+    for page in (0..32).filter(|&p| zeros(p)) {
+        for w in 0..WORDS {
+            words[page as usize * WORDS + w].store(0, Relaxed);
+        }
+    }
+    for page in 0..32 {
+        assert!(r.evict(page).unwrap());
+    }
+    // SAFETY: page 12 of the region, out as zeros, made read-only; the test only reads it
+    // until it is made writable again below.
+    let rc = unsafe { libc::mprotect(r.as_ptr().add(12 * PAGE).cast(), PAGE, libc::PROT_READ) };
+    assert_eq!(rc, 0);
+    let b = r.stats();
+    // In order: the window has grown to four pages by page 11, whose run of zeroed pages
+    // then reaches page 12.
+    for page in 0..32 {
+        if zeros(page) {
+            let base = page as usize * WORDS;
+            assert!(
+                words[base..base + WORDS]
+                    .iter()
+                    .all(|w| w.load(Relaxed) == 0),
+                "page {page}"
+            );
+        } else {
+            check_page(words, page, 1).unwrap();
+        }
+    }
+    let s = r.stats();
+    assert_eq!(s.resident_pages, 32, "{s:?}");
+    assert!(s.zero_faults - b.zero_faults >= 2, "{s:?}");
+    // SAFETY: the same page made writable again, as the rest of the region.
+    let rc = unsafe {
+        libc::mprotect(
+            r.as_ptr().add(12 * PAGE).cast(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(rc, 0);
 }
 
 #[test]
