@@ -41,7 +41,12 @@
 //! bare cap); the larger unit's fault-in over it is how near the region comes to that.
 //! Both are taken at each pass's best over the rounds, not paired: beside the regions, a
 //! bare pass now and then runs at a fifth of its speed (a region's pass too, more seldom),
-//! which a median of five paired ratios does not shed.
+//! which a median of five paired ratios does not shed. It runs before both regions' passes
+//! in the rounds the unit's goes first, after them in the others. It does a little more
+//! than a region for zero pages in a unit with content: it copies them, where a region
+//! maps the zero page (each unit of zeros it maps, as a region does). Memory: the corpus,
+//! its raw copies at both sizes, both regions resident after their passes, and during the
+//! bare pass a third copy of the pages.
 //!
 //! Only the public APIs of ztier-uffd (its region and its rig) and the raw compressor are
 //! used.
@@ -234,6 +239,17 @@ impl UffdReplay {
         for round in 0..ROUNDS {
             // Each goes first in every other round, as in the raw decompressor's turns.
             let unit_first = round % 2 == 1;
+            // The bare handler's pass before both regions' when the unit's goes first, after
+            // them when the page's does.
+            let bare_pass = || {
+                raw.bare_unit_fault_in(
+                    unit_config.fault_around,
+                    self.clean_pages,
+                    self.idle_priority,
+                    self.cpu_latency_qos,
+                )
+            };
+            let bare_before = unit_first.then(bare_pass).transpose()?;
             let (page, unit) = if unit_first {
                 let unit = timed_pass(&unit_region, corpus, zero_pages)?;
                 (timed_pass(&page_region, corpus, zero_pages)?, unit)
@@ -241,12 +257,10 @@ impl UffdReplay {
                 let page = timed_pass(&page_region, corpus, zero_pages)?;
                 (page, timed_pass(&unit_region, corpus, zero_pages)?)
             };
-            let bare = raw.bare_unit_fault_in(
-                unit_config.fault_around,
-                self.clean_pages,
-                self.idle_priority,
-                self.cpu_latency_qos,
-            )?;
+            let bare = match bare_before {
+                Some(bare) => bare,
+                None => bare_pass()?,
+            };
             let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s(unit_first)?;
             let decompress_unit_mb_s = raw.unit_decompress_mb_s()?;
             let copy_in_mb_s =

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::cpu_latency_qos::CpuLatencyQos;
 use crate::mapping::PlainPages;
-use crate::placement::Placement;
+use crate::placement::{self, Placement};
 use crate::rig::floor::{beside_bare_handler, handler_failed, Placing};
 use crate::userfaultfd::{self, Uffd};
 use crate::{Error, Result};
@@ -61,7 +61,7 @@ impl BareFaultIn {
 /// in after each faulting one (a region's `fault_around`, at its widest), write-protected
 /// if `write_protect` (a region's clean pages), the handler placed as a region's fault
 /// thread (at idle priority if `idle_priority`, a CPU latency request held if
-/// `latency_qos`, where the process may; `round_trip_median`'s placing). `read_unit(u,
+/// `latency_qos`, where the process may). `read_unit(u,
 /// buf)` reads unit `u` into `buf` (`unit_pages` pages) and says what it found; its error
 /// ends the pass with that error.
 pub fn sequential_fault_in(
@@ -96,8 +96,14 @@ pub fn sequential_fault_in(
         .map_err(os("UFFDIO_REGISTER"))?;
     let qos = CpuLatencyQos::open(latency_qos);
     qos.hold(Instant::now());
+    // Placed as a region's fault thread places itself, at idle priority or not (it follows
+    // the faulting thread either way); both threads on one CPU where there is one.
     let placement = Placement::new(idle_priority);
-    let placing = Placing::as_region_or_one_cpu(&placement);
+    let placing = match placement::allowed_cpus()[..] {
+        [] => Placing::Pinned(0, 0),
+        [cpu] => Placing::Pinned(cpu, cpu),
+        _ => Placing::AsRegion(&placement),
+    };
 
     let base_addr = map.addr();
     let mut brought = vec![false; pages];
