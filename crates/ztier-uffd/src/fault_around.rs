@@ -14,6 +14,8 @@
 
 use std::time::Instant;
 
+use parking_lot::MutexGuard;
+
 use crate::page_state::{Kind, PageState};
 use crate::page_table::STRIPES;
 use crate::placement::involuntary_switches;
@@ -78,6 +80,46 @@ pub(crate) enum BringIn {
 }
 
 impl Shared {
+    /// The pages after `page` (locked by the caller) that a fault there brings in with it,
+    /// each locked, and their states: on while `joins` takes a page's state, up to `window`
+    /// pages after `page` and on to a unit's end (a page's, at page-sized units), within the
+    /// region, and fewer than `STRIPES` pages from the first page of `page`'s unit, so the
+    /// stripes locked are distinct (`STRIPES` is a whole number of units). The stripes are
+    /// taken in page order: the fault thread may hold several; an evictor holding several
+    /// waits for none after its first (lib.rs's lock order). Only stored pages and pages an
+    /// evictor found all zeros may join: a page empty for any other reason ends the run.
+    /// One the program dropped may still be mapped until the kernel zaps it, after the
+    /// fault thread read the drop's event (lib.rs, "The eviction protocol"), and a zero page
+    /// mapped there meanwhile would be zapped with it, leaving the page resident in the
+    /// table with nothing mapped; an evictor unmapped a zeroed page itself, under the
+    /// page's lock.
+    fn lock_run(
+        &self,
+        page: u64,
+        window: usize,
+        joins: impl Fn(PageState) -> bool,
+    ) -> (Vec<MutexGuard<'_, ()>>, Vec<PageState>) {
+        let upp = self.unit_pages;
+        let base = page - page % upp;
+        let end = (page + 1 + window as u64)
+            .next_multiple_of(upp)
+            .min(base + STRIPES as u64)
+            .min(self.pages);
+        let mut guards = Vec::new();
+        let mut states = Vec::new();
+        while page + 1 + (states.len() as u64) < end {
+            let next = page + 1 + states.len() as u64;
+            let guard = self.table.lock(next);
+            let state = self.table.state(next);
+            if !joins(state) {
+                break;
+            }
+            guards.push(guard);
+            states.push(state);
+        }
+        (guards, states)
+    }
+
     /// Serves a fault on a stored page (locked by the caller), then as many of the pages after
     /// it as the fault-around window takes that are stored or that an evictor found all zeros
     /// (those as the zero page): with larger units, at least to the end of its unit, and
@@ -106,37 +148,14 @@ impl Shared {
         };
         let ps = self.page_size;
         let upp = self.unit_pages;
-        let window = around.window(page);
-        // Where the window ends: a unit's end (a page's, at page-sized units), within the
-        // region, and fewer than `STRIPES` pages from the first page of the faulting one's
-        // unit, so the stripes it locks are distinct (`STRIPES` is a whole number of units).
         let base = page - page % upp;
-        let end = (page + 1 + window as u64)
-            .next_multiple_of(upp)
-            .min(base + STRIPES as u64)
-            .min(self.pages);
-        // The neighbours' stripes: the fault thread may hold several, taken in page order; an
-        // evictor holding several waits for none after its first (lib.rs's lock order). The
-        // neighbours are stored pages and pages an evictor found all zeros (each maps the zero
-        // page in this fault): a run stopped at a zero page would leave the rest of its unit
-        // to a fault that decompresses the unit again, and the zero pages at its end to a
-        // fault each. A page empty for any other reason stops it: one the program
-        // dropped may still be mapped until the kernel zaps it, after the fault thread read
-        // the drop's event (lib.rs, "The eviction protocol"), and a zero page mapped there
-        // meanwhile would be zapped with it, leaving the page resident in the table with
-        // nothing mapped; an evictor unmapped a zeroed page itself, under the page's lock.
-        let mut guards = Vec::new();
-        let mut states = Vec::new();
-        while page + 1 + (states.len() as u64) < end {
-            let next = page + 1 + states.len() as u64;
-            let g = self.table.lock(next);
-            let state = self.table.state(next);
-            if !(state.is(Kind::Stored) || state.is(Kind::Empty) && state.zeroed()) {
-                break;
-            }
-            guards.push(g);
-            states.push(state);
-        }
+        // The neighbours (`lock_run`) are stored pages and pages an evictor found all zeros
+        // (each maps the zero page in this fault): a run stopped at a zero page would leave
+        // the rest of its unit to a fault that decompresses the unit again, and the zero
+        // pages at its end to a fault each.
+        let (guards, states) = self.lock_run(page, around.window(page), |state| {
+            state.is(Kind::Stored) || state.is(Kind::Empty) && state.zeroed()
+        });
         let n = 1 + states.len();
         // Page `q` of the units read is at `at(q)` in `buf`, from the faulting page's unit on.
         let at = |q: u64| (q - base) as usize * ps;
@@ -305,27 +324,9 @@ impl Shared {
     /// from it.
     pub(crate) fn serve_zeroed(&self, page: u64, state: PageState, around: &mut Around) -> Served {
         let ps = self.page_size;
-        let upp = self.unit_pages;
-        let base = page - page % upp;
-        let end = (page + 1 + around.window as u64)
-            .next_multiple_of(upp)
-            .min(base + STRIPES as u64)
-            .min(self.pages);
-        // The neighbours' stripes in page order, as `serve_stored` takes them; only pages an
-        // evictor found all zeros (an empty page for any other reason ends the run, as
-        // there).
-        let mut guards = Vec::new();
-        let mut states = Vec::new();
-        while page + 1 + (states.len() as u64) < end {
-            let next = page + 1 + states.len() as u64;
-            let g = self.table.lock(next);
-            let next_state = self.table.state(next);
-            if !(next_state.is(Kind::Empty) && next_state.zeroed()) {
-                break;
-            }
-            guards.push(g);
-            states.push(next_state);
-        }
+        let (guards, states) = self.lock_run(page, around.window, |state| {
+            state.is(Kind::Empty) && state.zeroed()
+        });
         let n = 1 + states.len();
         let (faulted_in, around_in) = (
             PageState::resident(true, false),
