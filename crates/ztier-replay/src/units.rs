@@ -473,7 +473,10 @@ impl RawSequential {
             latency_qos,
             read_unit,
         )
-        .map_err(crate::uffd::region_err("the bare handler's fault-in"))
+        .map_err(|source| ReplayError::Region {
+            what: "the bare handler's fault-in",
+            source,
+        })
     }
 
     /// One timing of each, the unit's first if `unit_first`: MB of pages a second at the
