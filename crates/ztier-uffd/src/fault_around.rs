@@ -1,16 +1,17 @@
-//! Fault-around (the kernel's `do_fault_around()`, for a region's stored and zeroed pages): a
-//! fault on a stored page brings in the stored pages after it too, and the pages among them
-//! an evictor found all zeros, up to a window that grows while faults follow on from where
-//! the last one's pages ended and shrinks when one does not; with larger units, at least to
-//! the end of the faulting page's unit, each unit read once.
+//! Fault-around (the kernel's `do_fault_around()`, for a region's stored and zeroed pages):
+//! a fault on a stored page brings in the stored pages after it too, and the pages among
+//! and after them an evictor found all zeros, up to a window that grows while faults follow
+//! on from where the last one's pages ended and shrinks when one does not; with larger
+//! units, at least to the end of the faulting page's unit, each unit read once.
 //!
 //! Invariants: the faulting page's lock is the caller's; the neighbours' locks are taken
 //! here, in page order, fewer than `STRIPES` pages from the faulting unit's first page (so
-//! their stripes are distinct), and held until each page's state says where its content
-//! is. A neighbour is brought in only if it is stored or an evictor found it all zeros; any
+//! their stripes are distinct), and held until each page's state says where its content is.
+//! A neighbour is brought in only if it is stored or an evictor found it all zeros; any
 //! other page ends the run (lib.rs, "The eviction protocol"). The faulting page goes in
-//! first, which wakes its thread. A fault on a page an evictor found all zeros brings in the
-//! zeroed pages after it the same way, as the zero page, reading nothing. Lock order: lib.rs.
+//! first, which wakes its thread. A read fault on a page an evictor found all zeros brings
+//! in the zeroed pages after it the same way, as the zero page, reading nothing. Lock
+//! order: lib.rs.
 
 use std::time::Instant;
 
@@ -317,7 +318,8 @@ impl Shared {
     /// Serves a read fault on a page an evictor found all zeros (locked by the caller), with
     /// the zeroed pages after it up to the window as it stands (on to a unit's end, fewer
     /// than `STRIPES` pages from the faulting unit's first): all as the zero page, with one
-    /// mapping, which wakes the faulting thread. Nothing is read. Without it, a program
+    /// mapping (the faulting page's alone where the run reaches another mapping), which
+    /// wakes the faulting thread. Nothing is read. Without it, a program
     /// reading through a run of zero pages faults on each of them. The window is neither
     /// grown nor shrunk (a zero page costs no memory, so a wide window over zeros costs
     /// nothing but its page-table entries), but the next fault after the run follows on
@@ -352,7 +354,8 @@ impl Shared {
         }
         let mapped = done / ps;
         // The neighbours mapped, and the one found present (not ours, not clean) if the
-        // mapping stopped there.
+        // mapping stopped there with EEXIST (Linux reports a run stopped part way as EAGAIN
+        // with the bytes done, as serve_stored's copies: then the rest stays as it was).
         let mut installed = mapped.saturating_sub(1);
         let served = match outcome {
             Ok(()) => Served::Done,

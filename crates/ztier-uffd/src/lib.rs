@@ -207,7 +207,7 @@
 //! zram page `i`, and a page's state still says where its content is; what changes:
 //! - **A fault** from the store reads its unit whole, decompressed straight into the fault
 //!   thread's buffer, and brings in the stored pages after the faulting one at least to
-//!   its unit's end (the zeroed pages among them as the zero page); a fault-around
+//!   its unit's end (the zeroed pages among and after them as the zero page); a fault-around
 //!   window always ends at a unit's end, so a sequential touch decompresses each unit once
 //!   (`store_reads` counts the device reads).
 //! - **Reclaim** takes runs up to a unit's end where the excess allows, and stores a run's
