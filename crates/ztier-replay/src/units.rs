@@ -356,7 +356,7 @@ impl RawUnits {
         let mut whole = vec![0u8; self.unit];
         let began = Instant::now();
         for u in 0..self.units.len() {
-            if !matches!(self.units[u], RawUnit::Filled(0)) {
+            if !self.zeros(u) {
                 self.decompress(comp, u, data, &mut whole)?;
                 std::hint::black_box(&whole);
             }

@@ -119,6 +119,11 @@ pub fn sequential_fault_in(
             source: std::io::Error::from_raw_os_error(e),
         }
     };
+    // Pages of one kind put in at `dst`: `bytes` copied, or as many pages of zeros mapped.
+    let put_in = |dst: u64, bytes: &[u8], kind: UnitRead| match kind {
+        UnitRead::Content => uffd.copy_run(dst, bytes, write_protect).1,
+        UnitRead::Zeros => uffd.zeropage(dst, bytes.len() as u64),
+    };
     let serve = |addr: u64| -> Result<()> {
         faults += 1;
         let page = ((addr - base_addr) / ps as u64) as usize;
@@ -142,14 +147,7 @@ pub fn sequential_fault_in(
         reads.clear();
         reads.push(read(units.start, &mut buf[..upp * ps])?);
         let off = (page - base) * ps;
-        let put = match reads[0] {
-            UnitRead::Content => {
-                uffd.copy_run(at(page), &buf[off..off + ps], write_protect)
-                    .1
-            }
-            UnitRead::Zeros => uffd.zeropage(at(page), ps as u64),
-        };
-        match put {
+        match put_in(at(page), &buf[off..off + ps], reads[0]) {
             Ok(()) => {}
             // Present already (not by this handler: nothing else maps here): woken as is.
             Err(libc::EEXIST) => uffd.wake(at(page), ps as u64),
@@ -172,14 +170,7 @@ pub fn sequential_fault_in(
             let run_end = run_end.min(end);
             let len = (run_end - q) * ps;
             let from = (q - base) * ps;
-            let put = match kind {
-                UnitRead::Content => {
-                    uffd.copy_run(at(q), &buf[from..from + len], write_protect)
-                        .1
-                }
-                UnitRead::Zeros => uffd.zeropage(at(q), len as u64),
-            };
-            if let Err(e) = put {
+            if let Err(e) = put_in(at(q), &buf[from..from + len], kind) {
                 return Err(ioctl("UFFDIO_COPY of a window")(e));
             }
             brought[q..run_end].fill(true);
