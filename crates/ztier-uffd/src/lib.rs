@@ -277,7 +277,7 @@ pub use config::{RegionConfig, MAX_AROUND};
 pub use cpu_latency_qos::NO_CPU_LATENCY_TARGET_US;
 pub use error::{Error, Result, UnmovableReason};
 pub use placement::MAX_BACKOFF as IDLE_PRIORITY_MAX_BACKOFF;
-pub use region::{Region, RegionPolicy};
+pub use region::{Region, RegionPolicy, EVICT_WAITS_OUT};
 pub use shared::LATENCY_BUCKETS;
 pub use stats::RegionStats;
 pub use ztier_zram::{Backing, PageSelector, PolicyConfig, PolicyStats, WbFormat, WbResult};

@@ -21,6 +21,11 @@ use crate::shared::{Count, EvictorParts, FaultIn, ManualPad, Serving, Shared, MA
 use crate::stats::RegionStats;
 use crate::{fault, reclaim};
 
+/// How long [`Region::evict`] waits for an address space that is changing (the kernel
+/// refusing every move until the fault thread reads the change's event) before it gives up
+/// on the page: far past any event's wait on a loaded machine.
+pub const EVICT_WAITS_OUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// zram's policy running on a region's device ([`Region::start_policy`]); it stops when
 /// dropped, which the region's borrow makes happen before the region goes.
 pub struct RegionPolicy<'a> {
@@ -272,8 +277,12 @@ impl Region {
     }
 
     /// Evicts page `page` now if it is resident: `Ok(true)` if it went out, `Ok(false)` if
-    /// it was not resident or the address space was changing, the store's error if it
-    /// refused (the page stays in memory). The page's memory goes back to the OS with those
+    /// it was not resident (or the address space kept changing for [`EVICT_WAITS_OUT`]),
+    /// the store's error if it refused (the page stays in memory). While the address space
+    /// is changing (a drop, unmap or move, the program's or the region's own, whose event
+    /// the fault thread has not read yet) the kernel refuses every move for a moment: the
+    /// call waits that out and tries again, as the kernel's `MADV_PAGEOUT` does not fail
+    /// for it either. The page's memory goes back to the OS with those
     /// of the calls after it, 16 calls at a time, or when the reclaim thread
     /// next finds the region within its budget and idle (within about 0.1 s): until then it
     /// is in the pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
@@ -283,7 +292,14 @@ impl Region {
         }
         let mut manual = self.shared.evictors.manual.lock();
         let ManualPad { part, used } = &mut *manual;
-        let r = self.shared.evict_one(page, part, *used);
+        let since = std::time::Instant::now();
+        let mut r = self.shared.evict_one(page, part, *used);
+        // The fault thread reads an event within microseconds unless it is held up (its CPU
+        // taken): a short sleep between tries, not a spin, so as not to be what holds it.
+        while matches!(r, Ok(reclaim::Evicted::Busy)) && since.elapsed() < EVICT_WAITS_OUT {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            r = self.shared.evict_one(page, part, *used);
+        }
         *used += 1;
         if *used == MANUAL_PAD {
             self.shared.empty_pad(part, MANUAL_PAD);
@@ -584,10 +600,8 @@ mod tests {
         let words = r.words();
         let w = page as usize * (PS / 8);
         words[w].store(page + 1, Relaxed);
-        // A ring just read may make the kernel refuse the move for a moment.
-        while !r.evict(page).unwrap() {
-            std::thread::yield_now();
-        }
+        // A ring just read makes the kernel refuse the move for a moment: `evict` waits.
+        assert!(r.evict(page).unwrap(), "page {page} went out");
         assert_eq!(words[w].load(Relaxed), page + 1);
     }
 

@@ -41,6 +41,54 @@ fn a_never_written_page_reads_as_zeros_and_costs_no_store() {
     assert_eq!(r.stats().stored_pages, 0);
 }
 
+/// While another thread of the program drops a page every few microseconds (each drop an
+/// event the fault thread must read, until which the kernel refuses every move), an
+/// eviction of a resident page waits that out and goes: it never says "not resident" for
+/// it.
+#[test]
+fn an_eviction_waits_out_the_programs_drops() {
+    const PAGES: u64 = 512;
+    let Some(r) = written_region(PAGES + 1) else {
+        return;
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let drops = std::thread::scope(|s| {
+        let dropper = s.spawn(|| {
+            let mut drops = 0u64;
+            while !stop.load(Relaxed) {
+                r.discard(PAGES as usize * PAGE, PAGE).unwrap();
+                drops += 1;
+                // A pause between drops, as a program's allocator makes them: back to back,
+                // the kernel refuses every move for as long as they go on.
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+            drops
+        });
+        // Stops the dropper however the evictions end (a failed assertion included).
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Relaxed);
+            }
+        }
+        let stopping = Stop(&stop);
+        for round in 0..4 {
+            for page in 0..PAGES {
+                assert!(
+                    r.evict(page).unwrap(),
+                    "round {round}: page {page} went out"
+                );
+                check_page(r.words(), page, 1).unwrap();
+            }
+        }
+        drop(stopping);
+        dropper.join().unwrap()
+    });
+    assert!(drops > 100, "the drops ran beside the evictions: {drops}");
+    let s = r.stats();
+    assert_eq!(s.evictions, 4 * PAGES, "{s:?}");
+}
+
 #[test]
 fn an_evicted_page_is_stored_and_comes_back() {
     let Some(r) = written_region(64) else {
