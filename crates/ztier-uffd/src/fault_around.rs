@@ -2,7 +2,8 @@
 //! a fault on a stored page brings in the stored pages after it too, and the pages among
 //! and after them an evictor found all zeros, up to a window that grows while faults follow
 //! on from where the last one's pages ended and shrinks when one does not; with larger
-//! units, at least to the end of the faulting page's unit, each unit read once.
+//! units, at least to the end of the faulting page's unit, each unit read once, and a
+//! zeroed page inside a unit read comes in with the unit's copy, as a page of zeros.
 //!
 //! Invariants: the faulting page's lock is the caller's; the neighbours' locks are taken
 //! here, in page order, fewer than `STRIPES` pages from the faulting unit's first page (so
@@ -106,8 +107,9 @@ impl Shared {
             .next_multiple_of(upp)
             .min(base + STRIPES as u64)
             .min(self.pages);
-        let mut guards = Vec::new();
-        let mut states = Vec::new();
+        let most = end.saturating_sub(page + 1) as usize;
+        let mut guards = Vec::with_capacity(most);
+        let mut states = Vec::with_capacity(most);
         while page + 1 + (states.len() as u64) < end {
             let next = page + 1 + states.len() as u64;
             let guard = self.table.lock(next);
@@ -123,16 +125,17 @@ impl Shared {
 
     /// Serves a fault on a stored page (locked by the caller), then as many of the pages after
     /// it as the fault-around window takes that are stored or that an evictor found all zeros
-    /// (those as the zero page): with larger units, at least to the end of its unit, and
-    /// always to the end of a unit (each unit read is decompressed once, straight into `buf`,
-    /// and serves all of its pages the fault brings in). The faulting page goes in alone first,
-    /// after its unit's decompression, which wakes its thread; the neighbours follow, a copy
-    /// for each run of stored ones. `how` says whether they come in clean (write-protected,
-    /// their copies kept in the store) or dirty: unprotected, their copies discarded once
-    /// the copy is done (until then, under their locks, the store's
-    /// copy is what goes back if the copy fails: nothing to compress again; with larger units,
-    /// only units the fault brought in whole are discarded, the rest keep stale bytes:
-    /// `Shared::drop_stored`).
+    /// (those in a unit read as pages of zeros, the others as the zero page): with larger
+    /// units, at least to the end of its unit, and always to the end of a unit (each unit
+    /// read is decompressed once, straight into `buf`, and serves all of its pages the fault
+    /// brings in). The faulting page goes in alone first, after its unit's decompression,
+    /// which wakes its thread; the neighbours follow, a copy for each run of pages in units
+    /// read and a zero-page mapping for each run of zeroed pages outside them. `how` says
+    /// whether they come in clean (write-protected, their copies kept in the store) or
+    /// dirty: unprotected, their copies discarded once the copy is done (until then, under
+    /// their locks, the store's copy is what goes back if the copy fails: nothing to
+    /// compress again; with larger units, only units the fault brought in whole are
+    /// discarded, the rest keep stale bytes: `Shared::drop_stored`).
     pub(crate) fn serve_stored(
         &self,
         page: u64,
@@ -230,9 +233,13 @@ impl Shared {
         let last = page + n as u64;
         let state_of = |q: u64| states[(q - first) as usize];
         let mut ready = (base + upp).min(last);
+        // Whether each unit from the faulting page's on was read (has content in `buf`).
+        let mut units_read = Vec::with_capacity((last - base).div_ceil(upp) as usize);
+        units_read.push(true);
         while ready < last {
             let unit_end = (ready + upp).min(last);
-            if (ready..unit_end).any(|q| state_of(q).is(Kind::Stored)) {
+            let has_stored = (ready..unit_end).any(|q| state_of(q).is(Kind::Stored));
+            if has_stored {
                 self.count(Count::StoreReads, 1);
                 let unit = &mut buf[at(ready)..at(ready) + unit_bytes];
                 if let Err(e) = self.device.read_unit(ready / upp, unit) {
@@ -240,10 +247,18 @@ impl Shared {
                     break;
                 }
             }
+            units_read.push(has_stored);
             ready = unit_end;
         }
-        // A stored neighbour comes in clean or not, as the faulting page; a zeroed one as the
-        // zero page, with no copy anywhere.
+        // A neighbour in a unit read is copied from `buf` (a zeroed one as a page of zeros,
+        // in the same copy as the stored pages around it, as the bare handler puts a unit
+        // in: a run split at each zeroed page would cost a copy and a wake-up more, and the
+        // faulting thread, run on ahead, a trap more); in a unit not read, it is mapped as
+        // the zero page with the zeroed pages beside it.
+        let copied = |q: u64| units_read[((q - base) / upp) as usize];
+        // A stored neighbour comes in clean or not, as the faulting page; a zeroed one not
+        // clean, with no copy anywhere (copied in a clean run, it is write-protected with
+        // the run: its first write lifts that, as any first write's does).
         let zero_in = PageState::resident(false, false);
         let brought_as = |state: PageState| match state.is(Kind::Stored) {
             true => around_in,
@@ -251,19 +266,23 @@ impl Shared {
         };
         let read = (ready - first) as usize;
         for k in 0..read as u64 {
-            let state = state_of(first + k);
-            self.table.leave(first + k, state, brought_as(state));
+            let q = first + k;
+            let state = state_of(q);
+            if !state.is(Kind::Stored) && copied(q) {
+                buf[at(q)..at(q) + ps].fill(0);
+            }
+            self.table.leave(q, state, brought_as(state));
         }
-        // In runs of stored pages (one copy each) and of zeroed ones (the zero page, one
-        // mapping each), until one fails.
+        // In runs of pages copied (one copy each) and of zeroed ones mapped (the zero page,
+        // one mapping each), until one fails.
         let mut installed = 0;
         while installed < read {
             let start = first + installed as u64;
-            let stored = state_of(start).is(Kind::Stored);
+            let copy = copied(start);
             let run = (start..first + read as u64)
-                .take_while(|&q| state_of(q).is(Kind::Stored) == stored)
+                .take_while(|&q| copied(q) == copy)
                 .count();
-            let (done, outcome) = if stored {
+            let (done, outcome) = if copy {
                 let (done, outcome) = self.uffd.copy_run(
                     self.page_addr(start),
                     &buf[at(start)..at(start) + run * ps],
@@ -276,11 +295,16 @@ impl Shared {
                     .zeropage_run(self.page_addr(start), (run * ps) as u64);
                 (done / ps, outcome)
             };
-            if stored && dirty {
+            if copy && dirty {
+                // The stored pages among them: their copies go (a zeroed one has none).
+                let mut copies = 0;
                 for q in start..start + done as u64 {
-                    self.drop_stored(q, PageState::STORED);
+                    if state_of(q).is(Kind::Stored) {
+                        self.drop_stored(q, PageState::STORED);
+                        copies += 1;
+                    }
                 }
-                freed(done as u64);
+                freed(copies);
             }
             // All of them refaults (`RegionStats::refaults` counts fault-around pages).
             self.count(Count::FaultAround, done as u64);

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::{check_page, own_pages_at_random, region_with, write_page, PAGE};
+use common::{check_page, own_pages_at_random, region_with, rss_of, write_page, PAGE, WORDS};
 use ztier_uffd::{Error, Region, RegionConfig};
 
 const UNITS: [usize; 2] = [16 << 10, 64 << 10];
@@ -159,6 +159,61 @@ fn a_sequential_touch_of_n_units_costs_n_unit_reads() {
                 s.store_reads
             );
         }
+    }
+}
+
+/// A page an evictor found all zeros, inside a unit a fault reads, comes in with the unit's
+/// stored pages in their copy, as a page of zeros of its own: the run is not split around
+/// it (the zero page mapped apart would cost a copy and a wake-up more, and the program,
+/// run on ahead, a trap more).
+#[test]
+fn a_zeroed_page_inside_a_unit_read_comes_in_with_the_units_copy() {
+    const PAGES: u64 = 32;
+    let len = PAGES as usize * PAGE;
+    let Some(r) = region_with(len, len, &config(64 << 10)) else {
+        return;
+    };
+    let words = r.words();
+    for page in 0..PAGES {
+        write_page(words, page, 1);
+    }
+    // Page 5 holds zeros when it is evicted: found all zeros, nothing stored for it.
+    for w in &words[5 * WORDS..6 * WORDS] {
+        w.store(0, Relaxed);
+    }
+    for page in 0..PAGES {
+        assert!(r.evict(page).unwrap());
+    }
+    let before = r.stats();
+    assert_eq!(
+        (before.stored_pages, before.zero_evictions),
+        (PAGES - 1, 1),
+        "{before:?}"
+    );
+    // A fault on page 0 brings its unit in (pages 0-15).
+    check_page(words, 0, 1).unwrap();
+    let s = r.stats();
+    assert_eq!(
+        (
+            s.faults - before.faults,
+            s.fault_around_pages - before.fault_around_pages,
+            s.zero_faults - before.zero_faults,
+            s.store_reads - before.store_reads,
+        ),
+        (1, 15, 0, 1),
+        "{s:?}"
+    );
+    let base = r.as_ptr() as usize;
+    assert_eq!(
+        rss_of(base..base + len),
+        16 * PAGE,
+        "page 5 came in a page of its own, with the unit's copy, not as the zero page"
+    );
+    assert!(words[5 * WORDS..6 * WORDS]
+        .iter()
+        .all(|w| w.load(Relaxed) == 0));
+    for page in (0..PAGES).filter(|&p| p != 5) {
+        check_page(words, page, 1).unwrap();
     }
 }
 
