@@ -20,7 +20,8 @@
 //! units of zeros not at all
 //! ([`RawUnits::decompress_all`](crate::units::RawUnits::decompress_all)); the kernel's
 //! copy-in of ready pages a unit at a time ([`ztier_uffd::rig::copy_in`]) for every page
-//! but the zero pages and each fault's own; and a bare handler's round trip, placed as a
+//! but each fault's own and the zero pages fault-around maps (those of units of zeros: a
+//! zero page in a unit with content comes in with the unit's copy); and a bare handler's round trip, placed as a
 //! region's fault thread places itself, for each fault, spurious ones included
 //! ([`ztier_uffd::rig::floor::round_trip_median`], its one copy a fault's page). It is a
 //! reference, not a bound: the parts can overlap (the fault thread wakes the faulting
@@ -42,9 +43,9 @@
 //! Both are taken at each pass's best over the rounds, not paired: beside the regions, a
 //! bare pass now and then runs at a fifth of its speed (a region's pass too, more seldom),
 //! which a median of five paired ratios does not shed. It runs before both regions' passes
-//! in the rounds the unit's goes first, after them in the others. It does a little more
-//! than a region for zero pages in a unit with content: it copies them, where a region
-//! maps the zero page (each unit of zeros it maps, as a region does). Memory: the corpus,
+//! in the rounds the unit's goes first, after them in the others. Zero pages it puts in as
+//! a region does: those in a unit with content with the unit's copy, each run of units of
+//! zeros as the zero page. Memory: the corpus,
 //! its raw copies at both sizes, both regions resident after their passes, and during the
 //! bare pass a third copy of the pages.
 //!
@@ -86,7 +87,7 @@ pub struct Round {
     /// (from the store, of zeros, spurious: each a round trip), the pages it brought in as
     /// its fault-in counts them (each store fault's page and every page fault-around
     /// brought), and of those the pages copied in besides each fault's own (not the zero
-    /// pages fault-around mapped).
+    /// pages fault-around mapped: those of units of zeros).
     pub decompress_unit_mb_s: f64,
     pub copy_in_mb_s: f64,
     pub round_trip_us: f64,
@@ -196,18 +197,19 @@ struct Pass {
     /// The faults the fault thread served (from the store, of zeros, spurious), the pages
     /// the pass brought in (each store fault's and fault-around's), and of those the ones
     /// copied in besides each store fault's own: all but the zero pages fault-around mapped
-    /// (the corpus's `zero_pages` less those faulted on themselves).
+    /// (`zero_mapped`, the pages of the corpus's units of zeros at the region's unit size,
+    /// less those faulted on themselves).
     faults: u64,
     pages_in: u64,
     pages_copied: u64,
 }
 
-fn timed_pass(region: &Region, corpus: &Corpus, zero_pages: u64) -> Result<Pass> {
+fn timed_pass(region: &Region, corpus: &Corpus, zero_mapped: u64) -> Result<Pass> {
     let pass = free_pass(region, corpus)?;
     let (a, b) = (&pass.after, &pass.before);
     let store_faults = a.faults - b.faults;
     let zero_faults = a.zero_faults - b.zero_faults;
-    let zeros_around = zero_pages.saturating_sub(zero_faults);
+    let zeros_around = zero_mapped.saturating_sub(zero_faults);
     Ok(Pass {
         mb_s: pass.mb_s,
         idle_priority: a.idle_priority || !a.idle_priority_usable,
@@ -234,7 +236,10 @@ impl UffdReplay {
         let page_region = filled_region(corpus, &config(ps))?;
         let unit_region = filled_region(corpus, &unit_config)?;
         let raw = RawSequential::new(corpus, &self.algorithm, self.unit_size)?;
-        let zero_pages = raw.zero_pages();
+        // The pages each region maps as the zero page: at page-sized units every page of
+        // zeros, at larger ones those of units of zeros.
+        let (page_zeros, unit_zeros) =
+            (raw.zero_unit_pages(ps), raw.zero_unit_pages(self.unit_size));
         let mut rounds = Vec::with_capacity(ROUNDS);
         for round in 0..ROUNDS {
             // Each goes first in every other round, as in the raw decompressor's turns.
@@ -251,11 +256,11 @@ impl UffdReplay {
             };
             let bare_before = unit_first.then(bare_pass).transpose()?;
             let (page, unit) = if unit_first {
-                let unit = timed_pass(&unit_region, corpus, zero_pages)?;
-                (timed_pass(&page_region, corpus, zero_pages)?, unit)
+                let unit = timed_pass(&unit_region, corpus, unit_zeros)?;
+                (timed_pass(&page_region, corpus, page_zeros)?, unit)
             } else {
-                let page = timed_pass(&page_region, corpus, zero_pages)?;
-                (page, timed_pass(&unit_region, corpus, zero_pages)?)
+                let page = timed_pass(&page_region, corpus, page_zeros)?;
+                (page, timed_pass(&unit_region, corpus, unit_zeros)?)
             };
             let bare = match bare_before {
                 Some(bare) => bare,

@@ -427,12 +427,18 @@ impl RawSequential {
         })
     }
 
-    /// The corpus's pages that are all zeros (a region maps the zero page for them).
-    pub(crate) fn zero_pages(&self) -> u64 {
+    /// The corpus's pages a region at `unit_size` maps as the zero page when they come in:
+    /// those of its units that are all zeros (at page-sized units, every page of zeros; a
+    /// zero page in a unit with content comes in with the unit's copy).
+    pub(crate) fn zero_unit_pages(&self, unit_size: usize) -> u64 {
         self.data[..self.page_bytes]
-            .chunks_exact(CORPUS_PAGE)
-            .filter(|p| same_filled(p) == Some(0))
-            .count() as u64
+            .chunks(unit_size.max(CORPUS_PAGE))
+            .filter(|unit| {
+                unit.chunks_exact(CORPUS_PAGE)
+                    .all(|p| same_filled(p) == Some(0))
+            })
+            .map(|unit| (unit.len() / CORPUS_PAGE) as u64)
+            .sum()
     }
 
     /// The unit's decompression alone ([`RawUnits::decompress_all`]): MB of pages a second.

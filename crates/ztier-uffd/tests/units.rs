@@ -165,7 +165,8 @@ fn a_sequential_touch_of_n_units_costs_n_unit_reads() {
 /// A page an evictor found all zeros, inside a unit a fault reads, comes in with the unit's
 /// stored pages in their copy, as a page of zeros of its own: the run is not split around
 /// it (the zero page mapped apart would cost a copy and a wake-up more, and the program,
-/// run on ahead, a trap more).
+/// run on ahead, a trap more). Its bytes in the unit read are stale (the unit was stored
+/// while the page held other data): it reads zeros all the same.
 #[test]
 fn a_zeroed_page_inside_a_unit_read_comes_in_with_the_units_copy() {
     const PAGES: u64 = 32;
@@ -177,7 +178,14 @@ fn a_zeroed_page_inside_a_unit_read_comes_in_with_the_units_copy() {
     for page in 0..PAGES {
         write_page(words, page, 1);
     }
-    // Page 5 holds zeros when it is evicted: found all zeros, nothing stored for it.
+    for page in 0..PAGES {
+        assert!(r.evict(page).unwrap());
+    }
+    // Read back (clean: the units' copies stay), then page 5 zeroed and evicted alone: found
+    // all zeros, while its unit's copy in the store still holds its version 1.
+    for page in 0..PAGES {
+        check_page(words, page, 1).unwrap();
+    }
     for w in &words[5 * WORDS..6 * WORDS] {
         w.store(0, Relaxed);
     }
@@ -186,8 +194,8 @@ fn a_zeroed_page_inside_a_unit_read_comes_in_with_the_units_copy() {
     }
     let before = r.stats();
     assert_eq!(
-        (before.stored_pages, before.zero_evictions),
-        (PAGES - 1, 1),
+        (before.stored_pages, before.resident_pages),
+        (PAGES - 1, 0),
         "{before:?}"
     );
     // A fault on page 0 brings its unit in (pages 0-15).
@@ -209,12 +217,20 @@ fn a_zeroed_page_inside_a_unit_read_comes_in_with_the_units_copy() {
         16 * PAGE,
         "page 5 came in a page of its own, with the unit's copy, not as the zero page"
     );
-    assert!(words[5 * WORDS..6 * WORDS]
-        .iter()
-        .all(|w| w.load(Relaxed) == 0));
+    assert!(
+        words[5 * WORDS..6 * WORDS]
+            .iter()
+            .all(|w| w.load(Relaxed) == 0),
+        "page 5 reads zeros, not its unit's stale bytes"
+    );
     for page in (0..PAGES).filter(|&p| p != 5) {
         check_page(words, page, 1).unwrap();
     }
+    // Its first write lifts the protection it came in with, and lands.
+    words[5 * WORDS].store(7, Relaxed);
+    assert_eq!(words[5 * WORDS].load(Relaxed), 7);
+    assert!(r.evict(5).unwrap());
+    assert_eq!(words[5 * WORDS].load(Relaxed), 7);
 }
 
 /// A fault inside a unit brings the rest of the unit in with it even with fault-around
