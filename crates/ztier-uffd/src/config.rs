@@ -18,7 +18,8 @@ pub struct RegionConfig {
     /// stays resident.
     pub store_limit: u64,
     /// The most pages a fault brings in after its own (0: none): stored pages, and the
-    /// pages among and after them an evictor found all zeros (as the zero page).
+    /// pages among and after them an evictor found all zeros (as the zero page; at larger
+    /// units, those inside a unit read as pages of zeros with its copy).
     pub fault_around: usize,
     /// Whether a page read in from the store keeps its copy there, so that evicting it
     /// again unwritten costs no compression or store write (module's "Clean pages"). Off,

@@ -154,7 +154,7 @@ impl Shared {
         let upp = self.unit_pages;
         let base = page - page % upp;
         // The neighbours (`lock_run`) are stored pages and pages an evictor found all zeros
-        // (each maps the zero page in this fault): a run stopped at a zero page would leave
+        // (each comes in zeros in this fault): a run stopped at a zero page would leave
         // the rest of its unit to a fault that decompresses the unit again, and the zero
         // pages at its end to a fault each.
         let (guards, states) = self.lock_run(page, around.window(page), |state| {

@@ -77,7 +77,7 @@
 //! |---|---|---|---|
 //! | empty | empty, or about to be (a drop whose event was read) | nothing | zeros |
 //! | empty, zeroed | empty: an evictor found the page all zeros | nothing | zeros, a refault (a read: with the zeroed pages after it, fault_around.rs) |
-//! | resident | present (maybe the zero page) | nothing | spurious: wake (nothing there: zeros) |
+//! | resident | present (maybe the zero page; write-protected if it came in with a clean unit's copy, fault_around.rs) | nothing | spurious: wake (nothing there: zeros); a write to one write-protected: the protection goes |
 //! | resident, clean | present, write-protected | zram page `i`, the same bytes | a write: the copy goes, then the protection |
 //! | stored | empty | zram page `i` | decompress, copy |
 //! | held | empty | a heap copy (the store refused it) | copy |
@@ -174,7 +174,11 @@
 //! clean is unprotected when written (its write-protect fault is outside the region) and the
 //! new range's unregistering clears the protection; a copy that finds the page present
 //! (`EEXIST`) makes it dirty. A user-mode-only userfaultfd cannot serve a write the kernel
-//! makes (a `read(2)` into a clean page fails with `EFAULT`), as for missing pages.
+//! makes (a `read(2)` into a clean page fails with `EFAULT`), as for missing pages. At
+//! larger units a page an evictor found all zeros, inside a unit a fault reads, comes in
+//! with the unit's copy, write-protected with it though it has no copy: its first write
+//! costs the same fault (counted in `first_write_faults`), where the zero page mapped
+//! apart would have been copied by the kernel on its own.
 //!
 //! **When the store is full** ([`RegionConfig::free_copies_when_full`]): a clean page's
 //! copy is memory beside the page itself, which a budget set to save memory does not want.
@@ -207,7 +211,8 @@
 //! zram page `i`, and a page's state still says where its content is; what changes:
 //! - **A fault** from the store reads its unit whole, decompressed straight into the fault
 //!   thread's buffer, and brings in the stored pages after the faulting one at least to
-//!   its unit's end (the zeroed pages among and after them as the zero page); a fault-around
+//!   its unit's end (the zeroed pages among them with the unit's copy, as pages of zeros;
+//!   those in units of zeros after them as the zero page); a fault-around
 //!   window always ends at a unit's end, so a sequential touch decompresses each unit once
 //!   (`store_reads` counts the device reads).
 //! - **Reclaim** takes runs up to a unit's end where the excess allows, and stores a run's

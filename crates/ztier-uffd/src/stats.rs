@@ -41,7 +41,7 @@ pub struct RegionStats {
     pub spurious_faults: u64,
     /// Write-protect faults served: the program's first writes to clean pages, each of
     /// which discarded the page's copy in the store (and any that found it out or dirty
-    /// already).
+    /// already, or a zeroed page that came in with a clean unit's copy).
     pub first_write_faults: u64,
     /// Resident pages the store still holds a copy of (faulted in by a read, not written
     /// since): evicting one again is only dropping it.
@@ -80,7 +80,8 @@ pub struct RegionStats {
     /// Pages whose stored copy could not be read: a touch raises SIGBUS.
     pub poisoned_pages: u64,
     /// Pages installed by fault-around beside the faulting page (stored pages, and the ones
-    /// an evictor found all zeros, as the zero page).
+    /// an evictor found all zeros: as the zero page, or at larger units, inside a unit read,
+    /// as pages of zeros with its copy).
     pub fault_around_pages: u64,
     /// Reads of the device by faults: each a decompression of one compression unit
     /// ([`RegionConfig::unit_size`]; a page at page-sized units), which serves every stored
