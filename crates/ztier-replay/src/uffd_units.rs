@@ -21,8 +21,9 @@
 //! ([`RawUnits::decompress_all`](crate::units::RawUnits::decompress_all)); the kernel's
 //! copy-in of ready pages a unit at a time ([`ztier_uffd::rig::copy_in`]) for every page
 //! but each fault's own and the zero pages fault-around maps (those of units of zeros: a
-//! zero page in a unit with content comes in with the unit's copy); and a bare handler's round trip, placed as a
-//! region's fault thread places itself, for each fault, spurious ones included
+//! zero page in a unit with content comes in with the unit's copy, but for the few a read
+//! of a zeroed page maps at the head of such a unit); and a bare handler's round trip,
+//! placed as a region's fault thread places itself, for each fault, spurious ones included
 //! ([`ztier_uffd::rig::floor::round_trip_median`], its one copy a fault's page). It is a
 //! reference, not a bound: the parts can overlap (the fault thread wakes the faulting
 //! thread before it decompresses and copies the neighbours, which the program then runs
@@ -43,9 +44,11 @@
 //! Both are taken at each pass's best over the rounds, not paired: beside the regions, a
 //! bare pass now and then runs at a fifth of its speed (a region's pass too, more seldom),
 //! which a median of five paired ratios does not shed. It runs before both regions' passes
-//! in the rounds the unit's goes first, after them in the others. Zero pages it puts in as
-//! a region does: those in a unit with content with the unit's copy, each run of units of
-//! zeros as the zero page. Memory: the corpus,
+//! in the rounds the unit's goes first, after them in the others. Zero pages it puts in
+//! nearly as a region does: those in a unit with content with the unit's copy (a region's
+//! read fault on a zeroed page maps the zeroed pages after it up to the next stored one,
+//! where the handler copies their unit whole), each run of units of zeros as the zero
+//! page. Memory: the corpus,
 //! its raw copies at both sizes, both regions resident after their passes, and during the
 //! bare pass a third copy of the pages.
 //!

@@ -40,8 +40,9 @@ pub struct RegionStats {
     /// of the program's own was there when the copy came (nothing brought in).
     pub spurious_faults: u64,
     /// Write-protect faults served: the program's first writes to clean pages, each of
-    /// which discarded the page's copy in the store (and any that found it out or dirty
-    /// already, or a zeroed page that came in with a clean unit's copy).
+    /// which discarded the page's copy in the store (at larger units, left its bytes stale
+    /// in its unit; and any that found it out or dirty already, or a zeroed page that came in
+    /// with a clean unit's copy).
     pub first_write_faults: u64,
     /// Resident pages the store still holds a copy of (faulted in by a read, not written
     /// since): evicting one again is only dropping it.
