@@ -281,9 +281,8 @@ impl Region {
     /// the store's error if it refused (the page stays in memory). While the address space
     /// is changing (a drop, unmap or move, the program's or the region's own, whose event
     /// the fault thread has not read yet) the kernel refuses every move for a moment: the
-    /// call waits that out and tries again, as the kernel's `MADV_PAGEOUT` does not fail
-    /// for it either. The page's memory goes back to the OS with those
-    /// of the calls after it, 16 calls at a time, or when the reclaim thread
+    /// call waits that out and tries again. The page's memory goes back to the OS with
+    /// those of the calls after it, 16 calls at a time, or when the reclaim thread
     /// next finds the region within its budget and idle (within about 0.1 s): until then it
     /// is in the pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
     pub fn evict(&self, page: u64) -> Result<bool> {
