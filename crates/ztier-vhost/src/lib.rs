@@ -294,6 +294,12 @@ impl Server {
             if watched < 2 || !fds[1].revents().contains(PollFlags::IN) {
                 continue;
             }
+            // Closed since the poll began watching the listener: the VMM waits in the
+            // backlog until a reopen, as one that connects while closed does (accepted, it
+            // would only be turned away).
+            if self.is_closed() {
+                continue;
+            }
             self.serve_one(&mut vhost_listener)?;
         }
         Ok(())
