@@ -171,16 +171,10 @@ fn a_sequential_touch_of_n_units_costs_n_unit_reads() {
 fn a_zeroed_page_inside_a_unit_read_comes_in_with_the_units_copy() {
     const PAGES: u64 = 32;
     let len = PAGES as usize * PAGE;
-    let Some(r) = region_with(len, len, &config(64 << 10)) else {
+    let Some(r) = evicted_region(PAGES, 64 << 10) else {
         return;
     };
     let words = r.words();
-    for page in 0..PAGES {
-        write_page(words, page, 1);
-    }
-    for page in 0..PAGES {
-        assert!(r.evict(page).unwrap());
-    }
     // Read back (clean: the units' copies stay), then page 5 zeroed and evicted alone: found
     // all zeros, while its unit's copy in the store still holds its version 1.
     for page in 0..PAGES {
