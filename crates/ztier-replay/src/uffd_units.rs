@@ -241,8 +241,7 @@ impl UffdReplay {
         let raw = RawSequential::new(corpus, &self.algorithm, self.unit_size)?;
         // The pages each region maps as the zero page: at page-sized units every page of
         // zeros, at larger ones those of units of zeros.
-        let (page_zeros, unit_zeros) =
-            (raw.zero_unit_pages(ps), raw.zero_unit_pages(self.unit_size));
+        let (page_zeros, unit_zeros) = raw.zero_mapped_pages();
         let mut rounds = Vec::with_capacity(ROUNDS);
         for round in 0..ROUNDS {
             // Each goes first in every other round, as in the raw decompressor's turns.

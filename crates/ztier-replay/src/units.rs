@@ -349,6 +349,17 @@ impl RawUnits {
         matches!(self.units[u], RawUnit::Filled(0))
     }
 
+    /// Of the first `pages` corpus pages, those in units of zeros: the pages a region at
+    /// this unit maps as the zero page when they come in (a zero page in a unit with content
+    /// comes in with the unit's copy).
+    pub fn zero_unit_pages(&self, pages: usize) -> u64 {
+        let per_unit = self.unit / CORPUS_PAGE;
+        (0..self.units.len())
+            .filter(|&u| self.zeros(u))
+            .map(|u| pages.saturating_sub(u * per_unit).min(per_unit) as u64)
+            .sum()
+    }
+
     /// Seconds for decompressing every unit once, in order, into one buffer: the
     /// decompressor's part alone of a sequential read. A unit of zeros is not read at all
     /// (a region maps the zero page for its pages); another same-filled one is filled.
@@ -427,18 +438,14 @@ impl RawSequential {
         })
     }
 
-    /// The corpus's pages a region at `unit_size` maps as the zero page when they come in:
-    /// those of its units that are all zeros (at page-sized units, every page of zeros; a
-    /// zero page in a unit with content comes in with the unit's copy).
-    pub(crate) fn zero_unit_pages(&self, unit_size: usize) -> u64 {
-        self.data[..self.page_bytes]
-            .chunks(unit_size.max(CORPUS_PAGE))
-            .filter(|unit| {
-                unit.chunks_exact(CORPUS_PAGE)
-                    .all(|p| same_filled(p) == Some(0))
-            })
-            .map(|unit| (unit.len() / CORPUS_PAGE) as u64)
-            .sum()
+    /// The corpus's pages a region maps as the zero page when they come in, at page-sized
+    /// units and at the unit ([`RawUnits::zero_unit_pages`]).
+    pub(crate) fn zero_mapped_pages(&self) -> (u64, u64) {
+        let pages = self.page_bytes / CORPUS_PAGE;
+        (
+            self.pages.zero_unit_pages(pages),
+            self.units.zero_unit_pages(pages),
+        )
     }
 
     /// The unit's decompression alone ([`RawUnits::decompress_all`]): MB of pages a second.
