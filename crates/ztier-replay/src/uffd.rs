@@ -315,6 +315,16 @@ pub(crate) fn wait_for_reclaim_pass(region: &Region, deadline: Option<Instant>) 
     }
 }
 
+/// Has every page of the region stored (evicted), the budget at one page; returns once the
+/// reclaim thread's pass is over.
+pub(crate) fn store_all(region: &Region) -> Result<()> {
+    region
+        .set_budget(PAGE)
+        .map_err(region_err("setting the budget"))?;
+    wait_for_reclaim_pass(region, None);
+    Ok(())
+}
+
 /// One pass of every page stored, then read in order into free memory (nothing evicted
 /// meanwhile), verified after.
 pub(crate) struct FreePass {
@@ -349,10 +359,7 @@ fn pages_brought(before: &RegionStats, after: &RegionStats) -> u64 {
 pub(crate) fn free_pass(region: &Region, corpus: &Corpus) -> Result<FreePass> {
     let ps = PAGE;
     let pages = corpus.pages();
-    region
-        .set_budget(ps)
-        .map_err(region_err("setting the budget"))?;
-    wait_for_reclaim_pass(region, None);
+    store_all(region)?;
     let before = region.stats();
     region
         .set_budget(pages * ps)

@@ -43,8 +43,12 @@
 //! bare cap); the larger unit's fault-in over it is how near the region comes to that.
 //! Both are taken at each pass's best over the rounds, not paired: beside the regions, a
 //! bare pass now and then runs at a fifth of its speed (a region's pass too, more seldom),
-//! which a median of five paired ratios does not shed. It runs before both regions' passes
-//! in the rounds the unit's goes first, after them in the others. Zero pages it puts in
+//! which a median of five paired ratios does not shed. It runs right before the larger
+//! unit's region's pass, once that region's pages are all stored: in the memory their
+//! eviction freed, as the region's own pass would be. The kernel hands out pages freed a
+//! moment ago dearer than those of a mapping unmapped whole (more misses taking each off
+//! its CPU's list): run anywhere else, the bare pass would gain that over the region for no
+//! work of its own (docs/diary.md, 2026-12-01). Zero pages it puts in
 //! nearly as a region does: those in a unit with content with the unit's copy (a region's
 //! read fault on a zeroed page maps the zeroed pages after it up to the next stored one,
 //! where the handler copies their unit whole), each run of units of zeros as the zero
@@ -62,7 +66,7 @@ use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_uffd::rig::{copy_in, floor::round_trip_median};
 use ztier_uffd::{Region, RegionConfig};
 
-use crate::uffd::{free_pass, region_err, UffdReplay};
+use crate::uffd::{free_pass, region_err, store_all, UffdReplay};
 use crate::units::RawSequential;
 use crate::Result;
 
@@ -246,27 +250,24 @@ impl UffdReplay {
         for round in 0..ROUNDS {
             // Each goes first in every other round, as in the raw decompressor's turns.
             let unit_first = round % 2 == 1;
-            // The bare handler's pass before both regions' when the unit's goes first, after
-            // them when the page's does.
-            let bare_pass = || {
-                raw.bare_unit_fault_in(
+            // The bare handler's pass right before the larger unit's region's, once that
+            // region's pages are all stored (module doc).
+            let bare_then_unit = || -> Result<_> {
+                store_all(&unit_region)?;
+                let bare = raw.bare_unit_fault_in(
                     unit_config.fault_around,
                     self.clean_pages,
                     self.idle_priority,
                     self.cpu_latency_qos,
-                )
+                )?;
+                Ok((bare, timed_pass(&unit_region, corpus, unit_zeros)?))
             };
-            let bare_before = unit_first.then(bare_pass).transpose()?;
-            let (page, unit) = if unit_first {
-                let unit = timed_pass(&unit_region, corpus, unit_zeros)?;
-                (timed_pass(&page_region, corpus, page_zeros)?, unit)
+            let (page, (bare, unit)) = if unit_first {
+                let bare_and_unit = bare_then_unit()?;
+                (timed_pass(&page_region, corpus, page_zeros)?, bare_and_unit)
             } else {
                 let page = timed_pass(&page_region, corpus, page_zeros)?;
-                (page, timed_pass(&unit_region, corpus, unit_zeros)?)
-            };
-            let bare = match bare_before {
-                Some(bare) => bare,
-                None => bare_pass()?,
+                (page, bare_then_unit()?)
             };
             let (raw_unit_mb_s, raw_page_mb_s) = raw.mb_s(unit_first)?;
             let decompress_unit_mb_s = raw.unit_decompress_mb_s()?;
