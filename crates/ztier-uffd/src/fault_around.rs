@@ -265,14 +265,14 @@ impl Shared {
             false => zero_in,
         };
         let read = (ready - first) as usize;
-        for k in 0..read as u64 {
-            let q = first + k;
-            let state = state_of(q);
+        for (q, state) in (first..).zip(&states[..read]) {
             if !state.is(Kind::Stored) && copied(q) {
                 buf[at(q)..at(q) + ps].fill(0);
             }
-            self.table.leave(q, state, brought_as(state));
         }
+        let run = &states[..read];
+        self.table
+            .leave_run(first, run.iter().map(|&s| (s, brought_as(s))));
         // In runs of pages copied (one copy each) and of zeroed ones mapped (the zero page,
         // one mapping each), until one fails.
         let mut installed = 0;
@@ -325,11 +325,11 @@ impl Shared {
             }
         }
         // The pages not installed: as they were (a stored one's copy is still in the store).
-        for k in installed..read {
-            let p = first + k as u64;
-            let state = state_of(p);
-            self.table.leave(p, brought_as(state), state);
-        }
+        let not_installed = &states[installed..read];
+        self.table.leave_run(
+            first + installed as u64,
+            not_installed.iter().map(|&s| (brought_as(s), s)),
+        );
         if dirty {
             // The units brought in whole, all locked here and none with a copy any more.
             self.discard_unused_units(page..first + installed as u64, true);
@@ -363,9 +363,8 @@ impl Shared {
         self.count_fault_in(FaultIn::Zeros);
         self.drop_stored(page, state);
         self.table.leave(page, state, faulted_in);
-        for (k, &s) in states.iter().enumerate() {
-            self.table.leave(page + 1 + k as u64, s, around_in);
-        }
+        self.table
+            .leave_run(page + 1, states.iter().map(|&s| (s, around_in)));
         around.woke_at = Some(Instant::now());
         let (mut done, mut outcome) = self
             .uffd
@@ -415,9 +414,11 @@ impl Shared {
             self.count(Count::FaultAround, mapped as u64 - 1);
         }
         // The neighbours not installed: as they were.
-        for (k, &s) in states.iter().enumerate().skip(installed) {
-            self.table.leave(page + 1 + k as u64, around_in, s);
-        }
+        let not_installed = states.get(installed..).unwrap_or_default();
+        self.table.leave_run(
+            page + 1 + installed as u64,
+            not_installed.iter().map(|&s| (around_in, s)),
+        );
         around.served(page, 1 + installed);
         drop(guards);
         served

@@ -4,8 +4,9 @@
 //! clean, and the whole copies of pages the store refused. The one way to a page an
 //! evictor may move out is a [`MovableRun`], made here under the gate and the pages' locks.
 //!
-//! Invariants: a page's state and the counts change together, in [`PageTable::leave`],
-//! under the page's lock (the clock's clearing of a referenced bit is the one change made
+//! Invariants: a page's state and the counts change together, in [`PageTable::leave`]
+//! (or [`PageTable::leave_run`] for a run of pages, under all their locks), under the
+//! page's lock (the clock's clearing of a referenced bit is the one change made
 //! without it, page_state.rs); a page leaves the region (unmapped, gone) only under `gate`
 //! (write): the fault thread handles the program's unmap or remap holding it, and until
 //! such an event is read the kernel refuses every move (`EAGAIN`), so a page read resident
@@ -75,34 +76,36 @@ impl PageTable {
     /// Leaves `page`'s state `from` for `to` (its lock held), keeping the counts and
     /// dropping a held copy it leaves behind.
     pub(crate) fn leave(&self, page: u64, from: PageState, to: PageState) {
-        match from.kind() {
-            Kind::Resident => {
-                self.resident.fetch_sub(1, Relaxed);
-                if from.clean() {
-                    self.clean.fetch_sub(1, Relaxed);
-                }
-            }
-            Kind::Stored => {
-                self.stored.fetch_sub(1, Relaxed);
-            }
-            Kind::Held => {
+        self.leave_run(page, [(from, to)]);
+    }
+
+    /// As [`leave`](Self::leave) for each page of the run from `first` on (all their locks
+    /// held), given as (from, to) in page order: each count changed once for the whole run,
+    /// not once a page (a fault-around window is up to a thousand pages).
+    pub(crate) fn leave_run(
+        &self,
+        first: u64,
+        pages: impl IntoIterator<Item = (PageState, PageState)>,
+    ) {
+        let mut counts = Counts::default();
+        for (page, (from, to)) in (first..).zip(pages) {
+            if from.is(Kind::Held) {
                 self.held.lock().remove(&page);
             }
-            _ => {}
+            counts.add(from, -1);
+            counts.add(to, 1);
+            self.states.set(page, to);
         }
-        match to.kind() {
-            Kind::Resident => {
-                self.resident.fetch_add(1, Relaxed);
-                if to.clean() {
-                    self.clean.fetch_add(1, Relaxed);
-                }
+        for (count, change) in [
+            (&self.resident, counts.resident),
+            (&self.stored, counts.stored),
+            (&self.clean, counts.clean),
+        ] {
+            if change != 0 {
+                // Two's complement: adding a negative change as u64 subtracts it.
+                count.fetch_add(change as u64, Relaxed);
             }
-            Kind::Stored => {
-                self.stored.fetch_add(1, Relaxed);
-            }
-            _ => {}
         }
-        self.states.set(page, to);
     }
 
     /// The clock passes a referenced page: it loses its second chance.
@@ -187,6 +190,30 @@ impl PageTable {
     }
 }
 
+/// Changes to the table's counts of resident, stored and clean pages, gathered over a run.
+#[derive(Default)]
+struct Counts {
+    resident: i64,
+    stored: i64,
+    clean: i64,
+}
+
+impl Counts {
+    /// A page in `state` counted `by` (1 entering it, -1 leaving it).
+    fn add(&mut self, state: PageState, by: i64) {
+        match state.kind() {
+            Kind::Resident => {
+                self.resident += by;
+                if state.clean() {
+                    self.clean += by;
+                }
+            }
+            Kind::Stored => self.stored += by,
+            _ => {}
+        }
+    }
+}
+
 /// A page whose lock is held, and its state when it was taken.
 pub(crate) struct LockedPage<'t> {
     pub(crate) state: PageState,
@@ -216,5 +243,68 @@ impl<'t> MovableRun<'t, '_> {
     /// The run's pages, still locked, no longer movable.
     pub(crate) fn into_pages(self) -> Vec<LockedPage<'t>> {
         self.pages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PAGES: u64 = 64;
+
+    fn states() -> [PageState; 9] {
+        [
+            PageState::EMPTY,
+            PageState::ZEROED,
+            PageState::STORED,
+            PageState::HELD,
+            PageState::GONE,
+            PageState::resident(false, false),
+            PageState::resident(true, false),
+            PageState::resident(false, true),
+            PageState::resident(true, true),
+        ]
+    }
+
+    /// The counts as the model has them: every page's state looked at.
+    fn counted(table: &PageTable) -> (u64, u64, u64) {
+        let all: Vec<PageState> = (0..PAGES).map(|p| table.state(p)).collect();
+        let count = |f: &dyn Fn(&PageState) -> bool| all.iter().filter(|s| f(s)).count() as u64;
+        (
+            count(&|s| s.is(Kind::Resident)),
+            count(&|s| s.is(Kind::Stored)),
+            count(&|s| s.is(Kind::Resident) && s.clean()),
+        )
+    }
+
+    proptest! {
+        /// Runs of pages left together keep the counts as page-by-page leaving does: equal
+        /// to the states' own count after every step, whichever way the pages went.
+        #[test]
+        fn a_run_left_at_once_keeps_the_counts_as_its_pages_one_by_one(
+            steps in prop::collection::vec(
+                (0..PAGES, 1..PAGES, prop::collection::vec(0..9usize, 64), any::<bool>()),
+                1..40,
+            )
+        ) {
+            let table = PageTable::new(PAGES).expect("a small table");
+            for (first, len, to, as_run) in steps {
+                let len = len.min(PAGES - first);
+                let pages = (first..first + len)
+                    .map(|p| (table.state(p), states()[to[(p - first) as usize]]));
+                if as_run {
+                    table.leave_run(first, pages.collect::<Vec<_>>());
+                } else {
+                    for (p, (from, to)) in (first..).zip(pages.collect::<Vec<_>>()) {
+                        table.leave(p, from, to);
+                    }
+                }
+                prop_assert_eq!(
+                    (table.resident(), table.stored(), table.clean()),
+                    counted(&table)
+                );
+            }
+        }
     }
 }
