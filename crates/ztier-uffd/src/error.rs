@@ -64,6 +64,19 @@ pub enum Error {
         what: &'static str,
         cause: ZramError,
     },
+    /// [`Region::evict`](crate::Region::evict) tried for [`EVICT_WAITS_OUT`](crate::EVICT_WAITS_OUT)
+    /// and the kernel refused every move: the program's address space kept changing (drops,
+    /// unmaps or moves whose events the fault thread had not read yet). The page stays
+    /// resident; a later call may move it.
+    #[error(
+        "page {page} stays resident: the address space kept changing for {waited:?} (drops, \
+         unmaps or moves not yet read by the fault thread), and the kernel refused every move \
+         meanwhile"
+    )]
+    AddressSpaceBusy {
+        page: u64,
+        waited: std::time::Duration,
+    },
     /// A page the reclaim could not move out, and why: it stays resident, and reclaim
     /// backs off (waiting longer each time nothing can go) until the program undoes it.
     #[error("page {page} cannot be evicted: {reason}; reclaim backs off while it stays so")]

@@ -277,11 +277,12 @@ impl Region {
     }
 
     /// Evicts page `page` now if it is resident: `Ok(true)` if it went out, `Ok(false)` if
-    /// it was not resident (or the address space kept changing for [`EVICT_WAITS_OUT`]),
-    /// the store's error if it refused (the page stays in memory). While the address space
-    /// is changing (a drop, unmap or move, the program's or the region's own, whose event
-    /// the fault thread has not read yet) the kernel refuses every move for a moment: the
-    /// call waits that out and tries again. The page's memory goes back to the OS with
+    /// it was not resident, the store's error if it refused (the page stays in memory).
+    /// While the address space is changing (a drop, unmap or move, the program's or the
+    /// region's own, whose event the fault thread has not read yet) the kernel refuses
+    /// every move for a moment: the call waits that out and tries again, for at most
+    /// [`EVICT_WAITS_OUT`], then gives [`Error::AddressSpaceBusy`] (the page stays in
+    /// memory). The page's memory goes back to the OS with
     /// those of the calls after it, 16 calls at a time, or when the reclaim thread
     /// next finds the region within its budget and idle (within about 0.1 s): until then it
     /// is in the pad ([`pad_range`](Self::pad_range)), at most 16 pages a region.
@@ -304,7 +305,14 @@ impl Region {
             self.shared.empty_pad(part, MANUAL_PAD);
             *used = 0;
         }
-        Ok(matches!(r?, reclaim::Evicted::Out))
+        match r? {
+            reclaim::Evicted::Out => Ok(true),
+            reclaim::Evicted::Busy => Err(Error::AddressSpaceBusy {
+                page,
+                waited: since.elapsed(),
+            }),
+            reclaim::Evicted::Skipped => Ok(false),
+        }
     }
 
     /// The region's figures. They include every drop, unmap and move the program's calls
@@ -656,6 +664,72 @@ mod tests {
         fault_in(&r, 3);
         parks(&r);
         drop(r);
+    }
+
+    /// An eviction the kernel refuses for longer than [`EVICT_WAITS_OUT`] (an event waits
+    /// for the fault thread, held up here by a page lock this test holds while it serves a
+    /// fault) says so, rather than "not resident", and the page stays in memory, whole;
+    /// once the event is read, the page goes. The stored page is the reclaim thread's
+    /// (its pad emptied before the test begins), not `evict`'s: the reclaim thread empties
+    /// `evict`'s pad when idle, holding that pad's lock, and that drop too would wait for the
+    /// held-up fault thread.
+    #[test]
+    fn an_eviction_refused_past_its_wait_says_the_address_space_was_busy() {
+        use crate::page_state::Kind;
+        let Some(r) = region(4, false) else {
+            return;
+        };
+        let words = r.words();
+        for page in 0..4 {
+            words[page * (PS / 8)].store(page as u64 + 1, Relaxed);
+        }
+        r.set_budget(PS).unwrap();
+        let state = |p: u64| r.shared.table.state(p);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (0..4).filter(|&p| state(p).is(Kind::Stored)).count() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the reclaim thread stored too few"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        r.set_budget(4 * PS).unwrap();
+        let stored = (0..4).find(|&p| state(p).is(Kind::Stored)).unwrap();
+        let resident = (0..4).find(|&p| p != stored).unwrap();
+        // Read back into memory if it was stored too.
+        assert_eq!(
+            words[resident as usize * (PS / 8)].load(Relaxed),
+            resident + 1
+        );
+        let dropped = (0..4).find(|&p| p != stored && p != resident).unwrap();
+        // The reclaim thread's pad emptied, and nothing else in flight.
+        std::thread::sleep(Duration::from_millis(300));
+        let held = r.shared.table.lock(stored);
+        std::thread::scope(|s| {
+            // Its fault holds the fault thread, waiting for the page's lock.
+            let toucher = s.spawn(|| words[stored as usize * (PS / 8)].load(Relaxed));
+            std::thread::sleep(Duration::from_millis(50));
+            // An event the fault thread cannot read meanwhile: the kernel refuses moves.
+            let dropper = s.spawn(|| r.discard(dropped as usize * PS, PS).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+            match r.evict(resident) {
+                Err(Error::AddressSpaceBusy { page, waited }) => {
+                    assert_eq!(page, resident);
+                    assert!(waited >= EVICT_WAITS_OUT, "{waited:?}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(state(resident).is(Kind::Resident));
+            drop(held);
+            assert_eq!(toucher.join().unwrap(), stored + 1);
+            dropper.join().unwrap();
+        });
+        assert!(r.evict(resident).unwrap());
+        assert_eq!(
+            words[resident as usize * (PS / 8)].load(Relaxed),
+            resident + 1
+        );
+        assert_eq!(words[dropped as usize * (PS / 8)].load(Relaxed), 0);
     }
 
     /// A fault thread parked when faults stop is rung out by the CPU latency request's
