@@ -315,8 +315,8 @@ pub(crate) fn wait_for_reclaim_pass(region: &Region, deadline: Option<Instant>) 
     }
 }
 
-/// Has every page of the region stored (evicted), the budget at one page; returns once the
-/// reclaim thread's pass is over.
+/// Evicts the region down to a budget of one page (every page but at most one stored, or
+/// dropped if it was all zeros); returns once the reclaim thread's pass is over.
 pub(crate) fn store_all(region: &Region) -> Result<()> {
     region
         .set_budget(PAGE)

@@ -46,15 +46,17 @@
 //! which a median of five paired ratios does not shed. It runs right before the larger
 //! unit's region's pass, once that region's pages are all stored: in the memory their
 //! eviction freed, as the region's own pass would be. The kernel hands out pages freed a
-//! moment ago dearer than those of a mapping unmapped whole (more misses taking each off
-//! its CPU's list): run anywhere else, the bare pass would gain that over the region for no
-//! work of its own (docs/diary.md, 2026-12-01). Zero pages it puts in
+//! moment ago dearer than pages long free (more misses taking each off its CPU's list):
+//! run anywhere else, the bare pass would gain that over the region for no work of its
+//! own. The region's pass then follows the bare pass's unmap, which frees as many pages a
+//! moment before (its speed did not move: docs/diary.md, 2026-12-01). Zero pages it puts in
 //! nearly as a region does: those in a unit with content with the unit's copy (a region's
 //! read fault on a zeroed page maps the zeroed pages after it up to the next stored one,
 //! where the handler copies their unit whole), each run of units of zeros as the zero
 //! page. Memory: the corpus,
 //! its raw copies at both sizes, both regions resident after their passes, and during the
-//! bare pass a third copy of the pages.
+//! bare pass the bare handler's own copy of the pages (the larger unit's region then
+//! stored).
 //!
 //! Only the public APIs of ztier-uffd (its region and its rig) and the raw compressor are
 //! used.

@@ -270,9 +270,9 @@ impl Shared {
                 buf[at(q)..at(q) + ps].fill(0);
             }
         }
-        let run = &states[..read];
+        let brought = &states[..read];
         self.table
-            .leave_run(first, run.iter().map(|&s| (s, brought_as(s))));
+            .leave_run(first, brought.iter().map(|&s| (s, brought_as(s))));
         // In runs of pages copied (one copy each) and of zeroed ones mapped (the zero page,
         // one mapping each), until one fails.
         let mut installed = 0;

@@ -4,10 +4,10 @@
 //! clean, and the whole copies of pages the store refused. The one way to a page an
 //! evictor may move out is a [`MovableRun`], made here under the gate and the pages' locks.
 //!
-//! Invariants: a page's state and the counts change together, in [`PageTable::leave`]
-//! (or [`PageTable::leave_run`] for a run of pages, under all their locks), under the
-//! page's lock (the clock's clearing of a referenced bit is the one change made
-//! without it, page_state.rs); a page leaves the region (unmapped, gone) only under `gate`
+//! Invariants: a page's state and the counts change together under the page's lock, in
+//! [`PageTable::leave`], or for a run of pages in [`PageTable::leave_run`] under all their
+//! locks, the counts changed once after the run's states (the clock's clearing of a
+//! referenced bit is the one change made without a lock, page_state.rs); a page leaves the region (unmapped, gone) only under `gate`
 //! (write): the fault thread handles the program's unmap or remap holding it, and until
 //! such an event is read the kernel refuses every move (`EAGAIN`), so a page read resident
 //! under `gate` (read) is the region's for as long as that is held.
@@ -253,13 +253,14 @@ mod tests {
 
     const PAGES: u64 = 64;
 
-    fn states() -> [PageState; 9] {
+    fn states() -> [PageState; 10] {
         [
             PageState::EMPTY,
             PageState::ZEROED,
             PageState::STORED,
             PageState::HELD,
             PageState::GONE,
+            PageState::UNMAPPED,
             PageState::resident(false, false),
             PageState::resident(true, false),
             PageState::resident(false, true),
@@ -284,7 +285,7 @@ mod tests {
         #[test]
         fn a_run_left_at_once_keeps_the_counts_as_its_pages_one_by_one(
             steps in prop::collection::vec(
-                (0..PAGES, 1..PAGES, prop::collection::vec(0..9usize, 64), any::<bool>()),
+                (0..PAGES, 1..PAGES, prop::collection::vec(0..10usize, 64), any::<bool>()),
                 1..40,
             )
         ) {

@@ -300,6 +300,7 @@ impl Region {
             std::thread::sleep(std::time::Duration::from_micros(50));
             r = self.shared.evict_one(page, part, *used);
         }
+        let waited = since.elapsed();
         *used += 1;
         if *used == MANUAL_PAD {
             self.shared.empty_pad(part, MANUAL_PAD);
@@ -307,10 +308,7 @@ impl Region {
         }
         match r? {
             reclaim::Evicted::Out => Ok(true),
-            reclaim::Evicted::Busy => Err(Error::AddressSpaceBusy {
-                page,
-                waited: since.elapsed(),
-            }),
+            reclaim::Evicted::Busy => Err(Error::AddressSpaceBusy { page, waited }),
             reclaim::Evicted::Skipped => Ok(false),
         }
     }
@@ -670,9 +668,9 @@ mod tests {
     /// for the fault thread, held up here by a page lock this test holds while it serves a
     /// fault) says so, rather than "not resident", and the page stays in memory, whole;
     /// once the event is read, the page goes. The stored page is the reclaim thread's
-    /// (its pad emptied before the test begins), not `evict`'s: the reclaim thread empties
-    /// `evict`'s pad when idle, holding that pad's lock, and that drop too would wait for the
-    /// held-up fault thread.
+    /// (its pad emptied before the test begins), not `evict`'s, and no eviction succeeds
+    /// while the fault thread is held up: the reclaim thread empties `evict`'s pad when
+    /// idle, holding that pad's lock, and that drop too would wait for the fault thread.
     #[test]
     fn an_eviction_refused_past_its_wait_says_the_address_space_was_busy() {
         use crate::page_state::Kind;
@@ -704,14 +702,39 @@ mod tests {
         let dropped = (0..4).find(|&p| p != stored && p != resident).unwrap();
         // The reclaim thread's pad emptied, and nothing else in flight.
         std::thread::sleep(Duration::from_millis(300));
-        let held = r.shared.table.lock(stored);
+        // Waits (5 s at most) until `held` holds for 20 looks a millisecond apart.
+        let steadily = |what: &str, held: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut looks = 0;
+            while looks < 20 {
+                assert!(Instant::now() < deadline, "never {what}");
+                looks = if held() { looks + 1 } else { 0 };
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let dropper_tid = std::sync::atomic::AtomicI32::new(0);
         std::thread::scope(|s| {
-            // Its fault holds the fault thread, waiting for the page's lock.
+            // Taken in the scope, so that a failed assertion lets it go before the scope
+            // waits for the threads that wait for it.
+            let held = r.shared.table.lock(stored);
+            // Its fault holds the fault thread, serving it (`serving` held throughout) and
+            // waiting for the page's lock.
             let toucher = s.spawn(|| words[stored as usize * (PS / 8)].load(Relaxed));
-            std::thread::sleep(Duration::from_millis(50));
-            // An event the fault thread cannot read meanwhile: the kernel refuses moves.
-            let dropper = s.spawn(|| r.discard(dropped as usize * PS, PS).unwrap());
-            std::thread::sleep(Duration::from_millis(50));
+            steadily("serving", &|| r.shared.fault.serving.try_lock().is_none());
+            // An event the fault thread cannot read meanwhile: the kernel refuses moves, and
+            // the drop waits (uninterruptibly, in `madvise`) until it is read.
+            let dropper = s.spawn(|| {
+                dropper_tid.store(ztier_base::sched::ThreadId::current().as_raw(), Relaxed);
+                r.discard(dropped as usize * PS, PS).unwrap()
+            });
+            steadily("dropping", &|| {
+                let tid = dropper_tid.load(Relaxed);
+                std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+                    .is_ok_and(|stat| stat.rsplit(") ").next().is_some_and(|s| s.starts_with('D')))
+            });
+            // The test holds a page lock here, which `gate_read` says an evictor must not
+            // (a parked fault thread is rung out, and the ring waits for its read): the
+            // fault thread is not parked but serving, and never takes `gate` meanwhile.
             match r.evict(resident) {
                 Err(Error::AddressSpaceBusy { page, waited }) => {
                     assert_eq!(page, resident);
