@@ -197,11 +197,11 @@ impl PageStates {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Every state there is: each kind, with each flag it may carry.
-    fn every_state() -> Vec<PageState> {
+    pub(crate) fn every_state() -> Vec<PageState> {
         let mut all = vec![
             PageState::EMPTY,
             PageState::ZEROED,

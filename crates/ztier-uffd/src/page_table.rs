@@ -249,24 +249,10 @@ impl<'t> MovableRun<'t, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::page_state::tests::every_state;
     use proptest::prelude::*;
 
     const PAGES: u64 = 64;
-
-    fn states() -> [PageState; 10] {
-        [
-            PageState::EMPTY,
-            PageState::ZEROED,
-            PageState::STORED,
-            PageState::HELD,
-            PageState::GONE,
-            PageState::UNMAPPED,
-            PageState::resident(false, false),
-            PageState::resident(true, false),
-            PageState::resident(false, true),
-            PageState::resident(true, true),
-        ]
-    }
 
     /// The counts as the model has them: every page's state looked at.
     fn counted(table: &PageTable) -> (u64, u64, u64) {
@@ -285,15 +271,16 @@ mod tests {
         #[test]
         fn a_run_left_at_once_keeps_the_counts_as_its_pages_one_by_one(
             steps in prop::collection::vec(
-                (0..PAGES, 1..PAGES, prop::collection::vec(0..10usize, 64), any::<bool>()),
+                (0..PAGES, 1..PAGES, prop::collection::vec(any::<prop::sample::Index>(), 64), any::<bool>()),
                 1..40,
             )
         ) {
             let table = PageTable::new(PAGES).expect("a small table");
+        let states = every_state();
             for (first, len, to, as_run) in steps {
                 let len = len.min(PAGES - first);
                 let pages = (first..first + len)
-                    .map(|p| (table.state(p), states()[to[(p - first) as usize]]));
+                    .map(|p| (table.state(p), *to[(p - first) as usize].get(&states)));
                 if as_run {
                     table.leave_run(first, pages.collect::<Vec<_>>());
                 } else {
