@@ -49,7 +49,8 @@
 //! moment ago dearer than pages long free (more misses taking each off its CPU's list):
 //! run anywhere else, the bare pass would gain that over the region for no work of its
 //! own. The region's pass then follows the bare pass's unmap, which frees as many pages a
-//! moment before (its speed did not move: docs/diary.md, 2026-12-01). Zero pages it puts in
+//! moment before (its fault thread's CPU a pass stayed as it was: docs/diary.md,
+//! 2026-12-01). Zero pages it puts in
 //! nearly as a region does: those in a unit with content with the unit's copy (a region's
 //! read fault on a zeroed page maps the zeroed pages after it up to the next stored one,
 //! where the handler copies their unit whole), each run of units of zeros as the zero

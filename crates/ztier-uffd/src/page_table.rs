@@ -7,10 +7,11 @@
 //! Invariants: a page's state and the counts change together under the page's lock, in
 //! [`PageTable::leave`], or for a run of pages in [`PageTable::leave_run`] under all their
 //! locks, the counts changed once after the run's states (the clock's clearing of a
-//! referenced bit is the one change made without a lock, page_state.rs); a page leaves the region (unmapped, gone) only under `gate`
-//! (write): the fault thread handles the program's unmap or remap holding it, and until
-//! such an event is read the kernel refuses every move (`EAGAIN`), so a page read resident
-//! under `gate` (read) is the region's for as long as that is held.
+//! referenced bit is the one change made without a lock, page_state.rs); a page leaves
+//! the region (unmapped, gone) only under `gate` (write): the fault thread handles the
+//! program's unmap or remap holding it, and until such an event is read the kernel refuses
+//! every move (`EAGAIN`), so a page read resident under `gate` (read) is the region's for
+//! as long as that is held.
 //!
 //! Lock order (lib.rs, DESIGN.md): `gate` → `locks[page % STRIPES]` → (the device's locks)
 //! and `held`, a leaf. Page locks, several at once: the fault thread takes a faulting page's
@@ -271,12 +272,17 @@ mod tests {
         #[test]
         fn a_run_left_at_once_keeps_the_counts_as_its_pages_one_by_one(
             steps in prop::collection::vec(
-                (0..PAGES, 1..PAGES, prop::collection::vec(any::<prop::sample::Index>(), 64), any::<bool>()),
+                (
+                    0..PAGES,
+                    1..PAGES,
+                    prop::collection::vec(any::<prop::sample::Index>(), 64),
+                    any::<bool>(),
+                ),
                 1..40,
             )
         ) {
             let table = PageTable::new(PAGES).expect("a small table");
-        let states = every_state();
+            let states = every_state();
             for (first, len, to, as_run) in steps {
                 let len = len.min(PAGES - first);
                 let pages = (first..first + len)

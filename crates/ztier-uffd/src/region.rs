@@ -668,9 +668,10 @@ mod tests {
     /// for the fault thread, held up here by a page lock this test holds while it serves a
     /// fault) says so, rather than "not resident", and the page stays in memory, whole;
     /// once the event is read, the page goes. The stored page is the reclaim thread's
-    /// (its pad emptied before the test begins), not `evict`'s, and no eviction succeeds
-    /// while the fault thread is held up: the reclaim thread empties `evict`'s pad when
-    /// idle, holding that pad's lock, and that drop too would wait for the fault thread.
+    /// (its pad emptied before the test begins), not `evict`'s, and `evict` is called once
+    /// while the fault thread is held up: each call takes a slot of `evict`'s pad, which the
+    /// reclaim thread empties when idle, holding that pad's lock, and that drop too waits
+    /// for the fault thread.
     #[test]
     fn an_eviction_refused_past_its_wait_says_the_address_space_was_busy() {
         use crate::page_state::Kind;
