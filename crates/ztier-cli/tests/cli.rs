@@ -397,6 +397,9 @@ fn a_flag_a_front_does_not_take_is_refused_by_the_parser() {
         &["bench", "--writeback-format", "page"],
         &["bench", "zswap", "--max-pool-percent", "5"],
         &["bench", "zswap", "--trace", "--threads", "1,2"],
+        &["bench", "uffd", "--rounds", "3"],
+        &["bench", "uffd", "--unit-size", "4K,64K", "--rounds", "0"],
+        &["bench", "uffd", "--unit-size", "4K,64K", "--rounds", "101"],
     ] {
         let o = ztier(args);
         // Refused by the parser (clap's status), before any work.
@@ -486,8 +489,8 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
         }
     }
     // The report sets each larger unit's fault-in against the page's and its cap, with
-    // clean pages on and off.
-    let o = units_bench(&[]);
+    // clean pages on and off, over the rounds asked for.
+    let o = units_bench(&["--rounds", "3"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let against: Vec<_> = stdout(&o)
         .lines()
@@ -502,7 +505,7 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
     assert!(
         against
             .iter()
-            .all(|l| l.contains("median of 5 paired rounds")
+            .all(|l| l.contains("median of 3 paired rounds")
                 && l.contains("allows")
                 && l.contains("at a bare handler's fault-in")),
         "{against:?}"

@@ -344,6 +344,9 @@ pub struct UffdSweep {
     pub cpu_latency_qos: bool,
     /// The region's compression units, a run each (empty: the page, 4096).
     pub unit_sizes: Vec<usize>,
+    /// Rounds of each larger unit's pairing against the page
+    /// ([`crate::uffd_units::DEFAULT_ROUNDS`] unless asked for more).
+    pub unit_rounds: usize,
 }
 
 impl UffdSweep {
@@ -395,7 +398,7 @@ impl UffdSweep {
             .filter(|&u| u > CORPUS_PAGE)
             .collect();
         self.replays(larger)
-            .map(move |replay| replay.fault_in_against_pages(corpus))
+            .map(move |replay| replay.fault_in_against_pages(corpus, self.unit_rounds))
     }
 }
 

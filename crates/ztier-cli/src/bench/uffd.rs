@@ -4,6 +4,7 @@
 //! or, with `--lookups SECONDS`, the lookup workload that judges a budget sizing itself
 //! (`ztier_replay::uffd_lookups`). Flags in, reports out.
 
+use clap::builder::TypedValueParser;
 use clap::Args;
 use ztier_replay::sweep::UffdSweep;
 use ztier_replay::uffd::UffdRun;
@@ -55,11 +56,18 @@ pub struct UffdArgs {
     /// The region's compression units (4K, 16K or 64K; RegionConfig::unit_size), a run
     /// each: a fault decompresses its page's unit once and brings the rest of it in. Then
     /// each unit larger than the page against the page: two regions, their sequential
-    /// fault-ins into free memory in turns over 5 rounds, beside the most the decompression
-    /// the unit saves allows.
+    /// fault-ins into free memory in turns over --rounds rounds, beside the most the
+    /// decompression the unit saves allows and a bare handler's fault-in of the same units.
     #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
           value_parser = crate::size::parse_size, conflicts_with = "lookups")]
     pub unit_size: Vec<u64>,
+    /// With --unit-size: rounds of each larger unit's pairing against the page (1 to 100).
+    /// More rounds steady the figures taken at each pass's best where passes swing from one
+    /// to the next (a busy or shared machine); each round takes a few seconds a corpus.
+    #[arg(long, value_name = "N", requires = "unit_size",
+          default_value_t = ztier_replay::uffd_units::DEFAULT_ROUNDS,
+          value_parser = clap::value_parser!(u16).range(1..=100).map(usize::from))]
+    pub rounds: usize,
 }
 
 /// `--budget`: a share of the region, `25%` or `0.25`.
@@ -93,6 +101,7 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
             .iter()
             .map(|&size| usize::try_from(size))
             .collect::<Result<_, _>>()?,
+        unit_rounds: args.rounds,
     };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
