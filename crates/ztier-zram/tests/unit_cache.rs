@@ -3,8 +3,11 @@
 //! hit the cache) of units that other threads write, beside compactions and between resets,
 //! checked against a model; and the cache's memory bounded, given back on `compact`,
 //! `mark_idle` and `reset`, absent at 4 KiB units, and outside every `mm_stat` figure.
+//! And threads sharing units, each changing only its own pages inside them (whole pages,
+//! 512-byte sectors, discards), each page read back as exactly its owner's last change: a
+//! read-modify-write of a unit never puts back a neighbour's older page.
 //!
-//! Model: each unit is written by one thread (unit % threads), which stamps every page it
+//! Model of the stale-read tests: each unit is written by one thread (unit % threads), which stamps every page it
 //! writes with the page's index and a sequence number, and publishes the page's stamp (the
 //! sequence, and whether the change was a discard) as started before the device call and as
 //! done after it returns. A reader loads the done stamp before its read and the started one
@@ -351,4 +354,116 @@ fn a_cached_unit_follows_writes_and_discards_in_one_thread() {
         page.iter().all(|&b| b == 0),
         "a discard of the unit after the fill"
     );
+}
+
+/// Threads that share units, each owning its own pages inside every unit (page % threads),
+/// write whole pages, write 512-byte sectors, discard pages and read runs across the units,
+/// a compactor beside them: a write or discard of part of a unit is a read-modify-write of
+/// the whole unit, so one done without the unit held would put back a neighbour's older
+/// page. Each thread knows its own pages exactly (no one else changes them), so every read
+/// of one must be exactly the owner's last change, during the run and at its end.
+fn pages_of_one_unit_changed_by_several_threads(unit: usize, alg: &str) {
+    const SECTOR: usize = 512;
+    const THREADS: u64 = 4;
+    const OPS: usize = 3000;
+    let units = 4;
+    let dev = device(units, unit, alg);
+    let ppu = (unit / PAGE) as u64;
+    let pages = units * ppu;
+    let done = AtomicU64::new(0);
+    let finals: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        s.spawn(|| {
+            while done.load(Ordering::Acquire) < THREADS {
+                dev.compact();
+                std::thread::yield_now();
+            }
+        });
+        let owners: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (dev, done) = (&dev, &done);
+                s.spawn(move || {
+                    // Counts the thread out even if a check fails, so the compactor stops.
+                    struct Out<'a>(&'a AtomicU64);
+                    impl Drop for Out<'_> {
+                        fn drop(&mut self) {
+                            self.0.fetch_add(1, Ordering::Release);
+                        }
+                    }
+                    let _out = Out(done);
+                    let mine: Vec<u64> = (0..pages).filter(|p| p % THREADS == t).collect();
+                    // The model: each of my pages as I last left it (zeros at first).
+                    let mut model = vec![vec![0u8; PAGE]; mine.len()];
+                    let mut rng = Rng::from_state((t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    let mut got = vec![0u8; PAGE];
+                    for op in 0..OPS as u64 {
+                        let i = (rng.next_u64() % mine.len() as u64) as usize;
+                        let page = mine[i];
+                        let at = page * PAGE as u64;
+                        match rng.next_u64() % 6 {
+                            0 | 1 => {
+                                let bytes = page_bytes(page, op << 8 | t);
+                                dev.write_bytes(at, &bytes).unwrap();
+                                model[i] = bytes;
+                            }
+                            2 | 3 => {
+                                let sector = (rng.next_u64() % (PAGE / SECTOR) as u64) as usize;
+                                let bytes = &page_bytes(page, op << 8 | t)[..SECTOR];
+                                dev.write_bytes(at + (sector * SECTOR) as u64, bytes)
+                                    .unwrap();
+                                model[i][sector * SECTOR..][..SECTOR].copy_from_slice(bytes);
+                            }
+                            4 => {
+                                dev.discard(at, PAGE as u64).unwrap();
+                                model[i].fill(0);
+                            }
+                            _ => {
+                                // A run of pages across units: mine in it checked.
+                                let first = rng.next_u64() % pages;
+                                let n = 1 + rng.next_u64() % (pages - first).min(ppu + 1);
+                                let mut out = vec![0u8; n as usize * PAGE];
+                                dev.read_bytes(first * PAGE as u64, &mut out).unwrap();
+                                for (k, bytes) in out.chunks_exact(PAGE).enumerate() {
+                                    let p = first + k as u64;
+                                    if p % THREADS == t {
+                                        let j = (p / THREADS) as usize;
+                                        assert!(
+                                            bytes == model[j],
+                                            "page {p} of thread {t}: not its last change \
+                                             (a neighbour's write put back an older unit?)"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                        dev.read_page(page, &mut got).unwrap();
+                        assert!(
+                            got == model[i],
+                            "page {page} of thread {t}: not its last change"
+                        );
+                    }
+                    model
+                })
+            })
+            .collect();
+        owners.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut got = vec![0u8; PAGE];
+    for p in 0..pages {
+        dev.read_page(p, &mut got).unwrap();
+        let last = &finals[(p % THREADS) as usize][(p / THREADS) as usize];
+        assert!(
+            got == *last,
+            "page {p}: not its owner's last change at the end"
+        );
+    }
+}
+
+#[test]
+fn pages_of_one_64k_unit_changed_by_several_threads_lose_nothing() {
+    pages_of_one_unit_changed_by_several_threads(64 << 10, "lz4");
+}
+
+#[test]
+fn pages_of_one_16k_unit_changed_by_several_threads_lose_nothing() {
+    pages_of_one_unit_changed_by_several_threads(16 << 10, "zstd");
 }
