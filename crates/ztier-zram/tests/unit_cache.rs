@@ -82,6 +82,24 @@ fn check_page(page: u64, got: &[u8], before: u64, after: u64) {
     assert_eq!(got, &page_bytes(page, seq)[..], "page {page}: torn bytes");
 }
 
+/// A worker thread's count in `done`, made when it ends, even by a failed check, so that
+/// the compactor beside it stops.
+struct CountedOut<'a>(&'a AtomicU64);
+
+impl Drop for CountedOut<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Compacts `dev` until `workers` threads are counted out in `done`.
+fn compact_until_out(dev: &Device, done: &AtomicU64, workers: u64) {
+    while done.load(Ordering::Acquire) < workers {
+        dev.compact();
+        std::thread::yield_now();
+    }
+}
+
 /// `threads` threads for `rounds` rounds of `ops` operations each on a device of `units`
 /// units; one compacting thread beside them; a reset between rounds (each round's threads
 /// are new, and joined, so that a failed check ends the test).
@@ -95,12 +113,7 @@ fn run(unit: usize, alg: &str, units: u64, threads: u64, rounds: u64, ops: usize
     for round in 0..rounds {
         let done = AtomicU64::new(0);
         std::thread::scope(|s| {
-            s.spawn(|| {
-                while done.load(Ordering::Acquire) < threads {
-                    dev.compact();
-                    std::thread::yield_now();
-                }
-            });
+            s.spawn(|| compact_until_out(&dev, &done, threads));
             for t in 0..threads {
                 let model = Model {
                     done: &stamps,
@@ -108,14 +121,7 @@ fn run(unit: usize, alg: &str, units: u64, threads: u64, rounds: u64, ops: usize
                 };
                 let (dev, seqs, done) = (&dev, &seqs, &done);
                 s.spawn(move || {
-                    // Counts the thread out even if a check fails, so the compactor stops.
-                    struct Out<'a>(&'a AtomicU64);
-                    impl Drop for Out<'_> {
-                        fn drop(&mut self) {
-                            self.0.fetch_add(1, Ordering::Release);
-                        }
-                    }
-                    let _out = Out(done);
+                    let _out = CountedOut(done);
                     let seed = (round * threads + t + 1).wrapping_mul(0x1234_5678_9abc_def1);
                     work(dev, &model, &seqs[t as usize], t, threads, seed, ops);
                 });
@@ -372,24 +378,12 @@ fn pages_of_one_unit_changed_by_several_threads(unit: usize, alg: &str) {
     let pages = units * ppu;
     let done = AtomicU64::new(0);
     let finals: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
-        s.spawn(|| {
-            while done.load(Ordering::Acquire) < THREADS {
-                dev.compact();
-                std::thread::yield_now();
-            }
-        });
+        s.spawn(|| compact_until_out(&dev, &done, THREADS));
         let owners: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (dev, done) = (&dev, &done);
                 s.spawn(move || {
-                    // Counts the thread out even if a check fails, so the compactor stops.
-                    struct Out<'a>(&'a AtomicU64);
-                    impl Drop for Out<'_> {
-                        fn drop(&mut self) {
-                            self.0.fetch_add(1, Ordering::Release);
-                        }
-                    }
-                    let _out = Out(done);
+                    let _out = CountedOut(done);
                     let mine: Vec<u64> = (0..pages).filter(|p| p % THREADS == t).collect();
                     // The model: each of my pages as I last left it (zeros at first).
                     let mut model = vec![vec![0u8; PAGE]; mine.len()];
