@@ -509,6 +509,22 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
                 && l.contains("allows")
                 && l.contains("at a bare handler's fault-in")),
         "{against:?}"
+    ); // Rounds with no unit larger than the page to pair: refused before any work.
+    let o = ztier(&[
+        "bench",
+        "uffd",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--unit-size",
+        "4K",
+        "--rounds",
+        "3",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--rounds") && stderr(&o).contains("--unit-size gives none"),
+        "{}",
+        stderr(&o)
     );
 }
 

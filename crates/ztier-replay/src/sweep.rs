@@ -345,7 +345,7 @@ pub struct UffdSweep {
     /// The region's compression units, a run each (empty: the page, 4096).
     pub unit_sizes: Vec<usize>,
     /// Rounds of each larger unit's pairing against the page
-    /// ([`crate::uffd_units::DEFAULT_ROUNDS`] unless asked for more).
+    /// ([`crate::uffd_units::DEFAULT_ROUNDS`] unless asked for another number).
     pub unit_rounds: usize,
 }
 

@@ -1,9 +1,8 @@
 //! A userfaultfd region's sequential fault-in at a larger compression unit against the
 //! page's, paired in one run (`ztier bench uffd --unit-size 4K,64K`): two regions hold the
 //! same corpus, one at each unit size, and in each of the rounds (by default
-//! [`DEFAULT_ROUNDS`]) each in turn has
-//! every page stored and then read back in order into free memory, the raw decompressor
-//! timed beside them at both sizes. A round's figures share the machine's moment, so their
+//! [`DEFAULT_ROUNDS`]) each in turn has every page stored and then read back in order into
+//! free memory, the raw decompressor timed beside them at both sizes. A round's figures share the machine's moment, so their
 //! ratio holds where the speeds themselves swing by half from one pass to the next (a
 //! fault thread's wake-ups and moves, the neighbours' work on a shared host); the median of
 //! the rounds' ratios is the run's.
@@ -74,9 +73,10 @@ use crate::uffd::{free_pass, region_err, store_all, UffdReplay};
 use crate::units::RawSequential;
 use crate::Result;
 
-/// Rounds of paired passes unless the caller asks for more: the median of their ratios is
-/// the run's, and each pass's best over them is set beside the bare handler's best. More
-/// rounds steady the bests on a machine whose passes swing (`ztier bench uffd --rounds`).
+/// Rounds of paired passes unless the caller asks for another number: the median of their
+/// ratios is the run's, and each pass's best over them is set beside the bare handler's
+/// best. More rounds (`ztier bench uffd --rounds`) give each pass more chances at its best
+/// and show how far the figures swing; on this project's VM 15 did not steady them.
 pub const DEFAULT_ROUNDS: usize = 5;
 
 /// Bare round trips a round times for the floor (their median is taken).
@@ -233,10 +233,14 @@ fn timed_pass(region: &Region, corpus: &Corpus, zero_mapped: u64) -> Result<Pass
 }
 
 impl UffdReplay {
-    /// This replay's unit (larger than the page) against the page's, paired: `rounds`
+    /// This replay's unit (larger than the page) against the page's, paired: `round_count`
     /// rounds (at least one) of a pass of each region, then of the raw decompressor at both
     /// sizes.
-    pub fn fault_in_against_pages(&self, corpus: &Corpus, rounds: usize) -> Result<UnitFaultIn> {
+    pub fn fault_in_against_pages(
+        &self,
+        corpus: &Corpus,
+        round_count: usize,
+    ) -> Result<UnitFaultIn> {
         let ps = CORPUS_PAGE;
         let config = |unit_size| RegionConfig {
             algorithm: self.algorithm.clone(),
@@ -253,9 +257,9 @@ impl UffdReplay {
         // The pages each region maps as the zero page: at page-sized units every page of
         // zeros, at larger ones those of units of zeros.
         let (page_zeros, unit_zeros) = raw.zero_mapped_pages();
-        let rounds_asked = rounds.max(1);
-        let mut rounds = Vec::with_capacity(rounds_asked);
-        for round in 0..rounds_asked {
+        let round_count = round_count.max(1);
+        let mut rounds = Vec::with_capacity(round_count);
+        for round in 0..round_count {
             // Each goes first in every other round, as in the raw decompressor's turns.
             let unit_first = round % 2 == 1;
             // The bare handler's pass right before the larger unit's region's, once that

@@ -7,8 +7,8 @@
 //! 512-byte sectors, discards), each page read back as exactly its owner's last change: a
 //! read-modify-write of a unit never puts back a neighbour's older page.
 //!
-//! Model of the stale-read tests: each unit is written by one thread (unit % threads), which stamps every page it
-//! writes with the page's index and a sequence number, and publishes the page's stamp (the
+//! Model of the stale-read tests: each unit is written by one thread (unit % threads),
+//! which stamps every page it writes with the page's index and a sequence number, and publishes the page's stamp (the
 //! sequence, and whether the change was a discard) as started before the device call and as
 //! done after it returns. A reader loads the done stamp before its read and the started one
 //! after: the page read must carry a sequence between the two (zeros only if a discard or a
@@ -365,10 +365,12 @@ fn a_cached_unit_follows_writes_and_discards_in_one_thread() {
 /// Threads that share units, each owning its own pages inside every unit (page % threads),
 /// write whole pages, write 512-byte sectors, discard pages and read runs across the units,
 /// a compactor beside them: a write or discard of part of a unit is a read-modify-write of
-/// the whole unit, so one done without the unit held would put back a neighbour's older
-/// page. Each thread knows its own pages exactly (no one else changes them), so every read
-/// of one must be exactly the owner's last change, during the run and at its end.
-fn pages_of_one_unit_changed_by_several_threads(unit: usize, alg: &str) {
+/// the whole unit (a page is part of a 16 or 64 KiB unit, so every change here is one; whole
+/// units written or discarded are the stale-read tests'), so one done without the unit held
+/// would put back a neighbour's older page. Each thread knows its own pages exactly (no one
+/// else changes them), so every read of one must be exactly the owner's last change, during
+/// the run and at its end.
+fn threads_owning_pages_of_shared_units(unit: usize, alg: &str) {
     const SECTOR: usize = 512;
     const THREADS: u64 = 4;
     const OPS: usize = 3000;
@@ -453,11 +455,11 @@ fn pages_of_one_unit_changed_by_several_threads(unit: usize, alg: &str) {
 }
 
 #[test]
-fn pages_of_one_64k_unit_changed_by_several_threads_lose_nothing() {
-    pages_of_one_unit_changed_by_several_threads(64 << 10, "lz4");
+fn threads_owning_pages_of_shared_64k_units_lose_nothing() {
+    threads_owning_pages_of_shared_units(64 << 10, "lz4");
 }
 
 #[test]
-fn pages_of_one_16k_unit_changed_by_several_threads_lose_nothing() {
-    pages_of_one_unit_changed_by_several_threads(16 << 10, "zstd");
+fn threads_owning_pages_of_shared_16k_units_lose_nothing() {
+    threads_owning_pages_of_shared_units(16 << 10, "zstd");
 }

@@ -61,13 +61,13 @@ pub struct UffdArgs {
     #[arg(long, value_delimiter = ',', value_name = "SIZE,SIZE,...",
           value_parser = crate::size::parse_size, conflicts_with = "lookups")]
     pub unit_size: Vec<u64>,
-    /// With --unit-size: rounds of each larger unit's pairing against the page (1 to 100).
-    /// More rounds steady the figures taken at each pass's best where passes swing from one
-    /// to the next (a busy or shared machine); each round takes a few seconds a corpus.
+    /// With --unit-size and a unit larger than 4K: rounds of each larger unit's pairing
+    /// against the page (1 to 100; 5 if not given). More rounds give each pass more chances
+    /// at its best and show how far a pairing swings from round to round (on this project's
+    /// VM, 15 did not steady it: docs/region.md); a round takes up to about 10 s a corpus.
     #[arg(long, value_name = "N", requires = "unit_size",
-          default_value_t = ztier_replay::uffd_units::DEFAULT_ROUNDS,
           value_parser = clap::value_parser!(u16).range(1..=100).map(usize::from))]
-    pub rounds: usize,
+    pub rounds: Option<usize>,
 }
 
 /// `--budget`: a share of the region, `25%` or `0.25`.
@@ -91,6 +91,12 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
     if let Some(seconds) = args.lookups {
         return run_lookups(args, seconds);
     }
+    if args.rounds.is_some() && args.unit_size.iter().all(|&size| size <= 4096) {
+        anyhow::bail!(
+            "--rounds: it sets the rounds of each unit larger than 4K against 4K, and --unit-size \
+             gives none: add one (--unit-size 4K,64K), or leave --rounds out"
+        );
+    }
     let sweep = UffdSweep {
         compressors: args.replay.compressors.clone(),
         budget_share: args.budget,
@@ -101,7 +107,9 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
             .iter()
             .map(|&size| usize::try_from(size))
             .collect::<Result<_, _>>()?,
-        unit_rounds: args.rounds,
+        unit_rounds: args
+            .rounds
+            .unwrap_or(ztier_replay::uffd_units::DEFAULT_ROUNDS),
     };
     for path in args.replay.paths()? {
         let corpus = args.replay.load(&path)?;
