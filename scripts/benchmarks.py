@@ -81,7 +81,8 @@ def zram_rows(ztier, corpus_paths):
                 f"zram store, {r['corpus']}, {r['compressor']}",
                 f"{r['store_mb_s']:.0f} MB/s",
                 f"raw compressor {r['raw_compress_mb_s']:.0f} MB/s ({r['store_vs_raw']:.2f}x)"
-                + (f"; kernel zram `dd` write {kernel['write_mb_s']:.0f} MB/s" if kernel.get("write_mb_s") else ""),
+                + (f"; kernel zram `dd` write {kernel['write_mb_s']:.0f} MB/s recorded with the corpus"
+                   " (its truth file: another day, maybe another machine)" if kernel.get("write_mb_s") else ""),
                 shown(cmd, ztier),
             ])
             rows.append([

@@ -2,10 +2,10 @@
 //! page's, paired in one run (`ztier bench uffd --unit-size 4K,64K`): two regions hold the
 //! same corpus, one at each unit size, and in each of the rounds (by default
 //! [`DEFAULT_ROUNDS`]) each in turn has every page stored and then read back in order into
-//! free memory, the raw decompressor timed beside them at both sizes. A round's figures share the machine's moment, so their
-//! ratio holds where the speeds themselves swing by half from one pass to the next (a
-//! fault thread's wake-ups and moves, the neighbours' work on a shared host); the median of
-//! the rounds' ratios is the run's.
+//! free memory, the raw decompressor timed beside them at both sizes. A round's figures
+//! share the machine's moment, so their ratio holds where the speeds themselves swing by
+//! half from one pass to the next (a fault thread's wake-ups and moves, the neighbours'
+//! work on a shared host); the median of the rounds' ratios is the run's.
 //!
 //! Beside the ratio, what the decompression a larger unit saves allows: the page's fault-in
 //! with the raw decompressor's difference between the two sizes taken off it. The trap, the

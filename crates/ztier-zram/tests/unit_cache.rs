@@ -8,12 +8,12 @@
 //! read-modify-write of a unit never puts back a neighbour's older page.
 //!
 //! Model of the stale-read tests: each unit is written by one thread (unit % threads),
-//! which stamps every page it writes with the page's index and a sequence number, and publishes the page's stamp (the
-//! sequence, and whether the change was a discard) as started before the device call and as
-//! done after it returns. A reader loads the done stamp before its read and the started one
-//! after: the page read must carry a sequence between the two (zeros only if a discard or a
-//! change lies in that span). A cached copy served after a change it missed carries an
-//! older sequence and fails.
+//! which stamps every page it writes with the page's index and a sequence number, and
+//! publishes the page's stamp (the sequence, and whether the change was a discard) as
+//! started before the device call and as done after it returns. A reader loads the done
+//! stamp before its read and the started one after: the page read must carry a sequence
+//! between the two (zeros only if a discard or a change lies in that span). A cached copy
+//! served after a change it missed carries an older sequence and fails.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -364,10 +364,9 @@ fn a_cached_unit_follows_writes_and_discards_in_one_thread() {
 
 /// Threads that share units, each owning its own pages inside every unit (page % threads),
 /// write whole pages, write 512-byte sectors, discard pages and read runs across the units,
-/// a compactor beside them: a write or discard of part of a unit is a read-modify-write of
-/// the whole unit (a page is part of a 16 or 64 KiB unit, so every change here is one; whole
-/// units written or discarded are the stale-read tests'), so one done without the unit held
-/// would put back a neighbour's older page. Each thread knows its own pages exactly (no one
+/// a compactor beside them. Every change here is to a page of a 16 or 64 KiB unit, so each
+/// is a read-modify-write of the whole unit, and one done without the unit held would put
+/// back a neighbour's older page (the stale-read tests write and discard whole units). Each thread knows its own pages exactly (no one
 /// else changes them), so every read of one must be exactly the owner's last change, during
 /// the run and at its end.
 fn threads_owning_pages_of_shared_units(unit: usize, alg: &str) {

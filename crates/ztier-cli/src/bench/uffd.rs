@@ -93,8 +93,8 @@ pub fn run(args: &UffdArgs) -> anyhow::Result<()> {
     }
     if args.rounds.is_some() && args.unit_size.iter().all(|&size| size <= 4096) {
         anyhow::bail!(
-            "--rounds: it sets the rounds of each unit larger than 4K against 4K, and --unit-size \
-             gives none: add one (--unit-size 4K,64K), or leave --rounds out"
+            "--rounds: --unit-size gives no unit larger than 4K to pair against 4K; add one \
+             (--unit-size 4K,64K) or leave --rounds out"
         );
     }
     let sweep = UffdSweep {
