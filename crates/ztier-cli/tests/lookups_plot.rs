@@ -97,7 +97,7 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         "memory saved against slowdown",
         "budget (pages)",
         "resident pages",
-        "lookups/s, % of every page",
+        "pace (lookups per reference fold), % of every page",
         "stall target 1 %",
         "slowdown target 1 %",
     ] {
@@ -140,13 +140,37 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         .unwrap()
         .contains("a phase begins"));
 
+    // A result from before the machine's speed was taken beside the lookups (no pace
+    // anywhere): drawn in lookups a second.
+    let mut unpaced = judgement.clone();
+    unpaced
+        .as_object_mut()
+        .unwrap()
+        .remove("baseline_lookups_per_reference_fold");
+    for run in unpaced["runs"].as_array_mut().unwrap() {
+        run.as_object_mut()
+            .unwrap()
+            .remove("lookups_per_reference_fold");
+        for second in run["seconds"].as_array_mut().unwrap() {
+            second
+                .as_object_mut()
+                .unwrap()
+                .remove("reference_folds_per_s");
+        }
+    }
+    let (o, drawn) = plot(&dir, "unpaced", &unpaced);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let drawn = std::fs::read_to_string(&drawn).unwrap();
+    assert!(drawn.contains("lookups/s, % of every page"));
+    assert!(!drawn.contains("pace (lookups per reference fold)"));
+
     // Malformed judgements: each refused with its reason, exit status 1, no picture.
     let broken = |edit: &dyn Fn(&mut serde_json::Value)| {
         let mut j = judgement.clone();
         edit(&mut j);
         j
     };
-    let cases: [(serde_json::Value, &[&str]); 7] = [
+    let cases: [(serde_json::Value, &[&str]); 9] = [
         (
             broken(&|j| {
                 j.as_object_mut().unwrap().remove("runs");
@@ -176,6 +200,19 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         (
             broken(&|j| j["baseline_lookups_per_s"] = 0.into()),
             &["every-page run's throughput", "not a measured figure"],
+        ),
+        (
+            broken(&|j| j["baseline_lookups_per_reference_fold"] = 0.into()),
+            &["the baseline's pace (0) is not a measured figure"],
+        ),
+        (
+            broken(&|j| {
+                j["runs"][3]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("lookups_per_reference_fold");
+            }),
+            &["has no pace, or one out of range, beside the baseline's"],
         ),
         (
             broken(&|j| {

@@ -23,8 +23,20 @@
 //! Memory is the region's resident pages plus its store's (`mem_used_total`), averaged over
 //! the measured seconds (a warm-up before them is not counted: the fixed budgets' first
 //! eviction, the controller's first steps). Throughput is lookups a second over the same
-//! seconds; on a machine shared with other work the figures carry its noise.
+//! seconds.
+//!
+//! The machine's own speed is taken beside it, because on a shared machine (a VM) it moves
+//! by more than the 1 % a judgement reads: the same loop over the same memory ran 5-15 %
+//! faster or slower from one 4 s run to the next here (docs/diary.md). Every 5 ms the
+//! lookup thread folds a page of its own (a heap page, never in the region: no fault or
+//! eviction touches it) as a lookup folds its page, once untimed and then 4 times timed; a
+//! second's reference speed is the median of its slices (a slice an interrupt or an
+//! eviction's TLB flush landed in is an outlier the median leaves out, so that the region's
+//! own costs are not taken for the machine's). A second's pace is its lookups over its reference folds:
+//! lookups per reference fold, a figure the machine's speed divides out of. The judgement
+//! reads paces; lookups a second are reported beside them.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -45,6 +57,13 @@ const MAX_PHASE_CYCLE: u64 = 64;
 
 /// Lookups between two looks at the clock.
 const LOOKUPS_A_LOOK: u64 = 64;
+
+/// How often the lookup thread times the machine's speed on its own page, and how many
+/// folds of it a slice times (about 12 µs here, after one fold untimed to bring the page
+/// back into the CPU's cache: 0.3 % of the thread's time). Short, so that a slice is seldom
+/// one an eviction's TLB flush lands in even when thousands come a second.
+const REFERENCE_EVERY: Duration = Duration::from_millis(5);
+const REFERENCE_FOLDS: usize = 4;
 
 /// The workload and the runs that judge the controller on it.
 #[derive(Debug, Clone)]
@@ -135,6 +154,17 @@ pub struct Second {
     pub budget_pages: u64,
     /// The share of the second some lookup waited on the region, parts per million.
     pub stall_ppm: u64,
+    /// The machine's speed this second: the median of its reference slices, folds a second
+    /// (0 if no slice was made: the thread never got to the clock).
+    pub reference_folds_per_s: f64,
+}
+
+impl Second {
+    /// Lookups per reference fold: the second's lookups with the machine's speed divided
+    /// out (`None` without a reference).
+    pub fn pace(&self) -> Option<f64> {
+        (self.reference_folds_per_s > 0.0).then(|| self.lookups as f64 / self.reference_folds_per_s)
+    }
 }
 
 /// One run of the workload.
@@ -145,6 +175,11 @@ pub struct LookupRun {
     /// Over the measured seconds: lookups a second, the region's memory (resident pages and
     /// the store's bytes), the resident pages alone, the budget, the stall share.
     pub lookups_per_s: f64,
+    /// The mean of the measured seconds' paces (lookups per reference fold: the machine's
+    /// speed divided out), what the judgement reads; and the machine's speed over them (the
+    /// median of every slice).
+    pub lookups_per_reference_fold: f64,
+    pub reference_folds_per_s: f64,
     pub mean_memory_bytes: f64,
     pub mean_resident_pages: f64,
     pub mean_budget_pages: f64,
@@ -171,16 +206,22 @@ pub struct LookupJudgement {
     pub warmup_seconds: u64,
     /// Whether the runs' stores freed copies once full (`Lookups::free_copies_when_full`).
     pub free_copies_when_full: bool,
-    /// What every slowdown is against: the mean throughput of the every-page run, made
-    /// first (`runs[0]`) and again after every other run.
-    pub baseline_lookups_per_s: f64,
-    /// Those two runs' lookups a second, the first and the last.
-    pub every_page_runs_lookups_per_s: [f64; 2],
-    /// How far they differ, a share of their mean: the noise this machine put between two
-    /// runs of the same budget, to read each slowdown beside.
+    /// What every slowdown is against: the mean pace of the every-page run, made first
+    /// (`runs[0]`) and again after every other run, lookups per reference fold.
+    pub baseline_lookups_per_reference_fold: f64,
+    /// Those two runs' paces, the first and the last.
+    pub every_page_runs_lookups_per_reference_fold: [f64; 2],
+    /// How far they differ, a share of their mean: the noise left between two runs of the
+    /// same budget once the machine's speed is divided out, to read each slowdown beside.
     pub baseline_spread: f64,
+    /// The same in lookups a second, the machine's speed left in: the two runs' mean, each,
+    /// and how far they differ (what the reference takes out is this less
+    /// `baseline_spread`).
+    pub baseline_lookups_per_s: f64,
+    pub every_page_runs_lookups_per_s: [f64; 2],
+    pub raw_baseline_spread: f64,
     /// The fixed run with the least memory within the slowdown of the baseline (the
-    /// every-page runs' mean): its index
+    /// every-page runs' mean pace): its index
     /// in `runs`; `None` if none was.
     pub oracle: Option<usize>,
     /// Memory the oracle saved against the first every-page run's, bytes.
@@ -194,23 +235,48 @@ pub struct LookupJudgement {
 pub struct SelfSized {
     /// Its index in `runs`.
     pub run: usize,
-    /// Its slowdown against the baseline (1 - its throughput over the every-page runs'
-    /// mean).
+    /// Its slowdown against the baseline (1 - its pace over the every-page runs' mean).
     pub slowdown: f64,
     /// Memory it saved against the first every-page run's, bytes.
     pub saved_bytes: f64,
     /// The best fixed run that uses no more memory than it: its index, and this run's
-    /// throughput over its.
+    /// pace over its.
     pub best_fixed_within_memory: Option<usize>,
     pub throughput_vs_best_fixed_within_memory: Option<f64>,
     /// Its saving over the oracle's, where the oracle saved something.
     pub share_of_oracle_saving: Option<f64>,
-    /// For each phase change in the measured seconds: the seconds until a second's lookups
-    /// were back within the slowdown of the baseline's (0: the first second after it
+    /// For each phase change in the measured seconds: the seconds until a second's pace
+    /// was back within the slowdown of the baseline's (0: the first second after it
     /// already was); `None` if not before the next change or the run's end.
     pub recovery_seconds: Vec<Option<u64>>,
     /// Whether the budget stayed within the controller's cap every second.
     pub within_cap: bool,
+}
+
+/// A lookup's work on the words it read: `rounds` folds of them (the same code times the
+/// machine's speed on the reference page).
+#[inline]
+fn fold(words: &[AtomicU64], rounds: usize) -> u64 {
+    let mut acc = 0u64;
+    for _ in 0..rounds {
+        for w in words {
+            acc = acc.rotate_left(5) ^ w.load(Relaxed);
+        }
+    }
+    acc
+}
+
+/// The median of `values` (reordered), `None` if there are none.
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(match values.len() % 2 {
+        1 => values[mid],
+        _ => (values[mid - 1] + values[mid]) / 2.0,
+    })
 }
 
 /// A rank's page: a bijection of the pages (a multiplier coprime to their number), so that
@@ -352,15 +418,26 @@ impl Lookups {
         again: &LookupRun,
     ) -> LookupJudgement {
         let base = &runs[0];
-        let every_page_runs = [base.lookups_per_s, again.lookups_per_s];
-        let base_rate = (every_page_runs[0] + every_page_runs[1]) / 2.0;
-        let baseline_spread = if base_rate > 0.0 {
-            (every_page_runs[0] - every_page_runs[1]).abs() / base_rate
-        } else {
-            0.0
+        let mean_and_spread = |pair: [f64; 2]| {
+            let mean = (pair[0] + pair[1]) / 2.0;
+            let spread = if mean > 0.0 {
+                (pair[0] - pair[1]).abs() / mean
+            } else {
+                0.0
+            };
+            (mean, spread)
         };
+        let every_page_runs = [
+            base.lookups_per_reference_fold,
+            again.lookups_per_reference_fold,
+        ];
+        let (base_pace, baseline_spread) = mean_and_spread(every_page_runs);
+        let every_page_runs_lookups_per_s = [base.lookups_per_s, again.lookups_per_s];
+        let (baseline_lookups_per_s, raw_baseline_spread) =
+            mean_and_spread(every_page_runs_lookups_per_s);
         let fixed = 1..1 + self.fixed_shares.len();
-        let within = |r: &LookupRun| r.lookups_per_s >= base_rate * (1.0 - self.slowdown);
+        let within =
+            |r: &LookupRun| r.lookups_per_reference_fold >= base_pace * (1.0 - self.slowdown);
         let least_memory = |a: &usize, b: &usize| {
             runs[*a]
                 .mean_memory_bytes
@@ -377,17 +454,22 @@ impl Lookups {
                 let best_fixed_within_memory = fixed
                     .clone()
                     .filter(|&i| runs[i].mean_memory_bytes <= me.mean_memory_bytes)
-                    .max_by(|a, b| runs[*a].lookups_per_s.total_cmp(&runs[*b].lookups_per_s));
+                    .max_by(|a, b| {
+                        runs[*a]
+                            .lookups_per_reference_fold
+                            .total_cmp(&runs[*b].lookups_per_reference_fold)
+                    });
                 let oracle_saved = oracle.map_or(0.0, |i| saved(&runs[i]));
                 SelfSized {
                     run,
-                    slowdown: 1.0 - me.lookups_per_s / base_rate,
+                    slowdown: 1.0 - me.lookups_per_reference_fold / base_pace,
                     saved_bytes: saved(me),
                     best_fixed_within_memory,
-                    throughput_vs_best_fixed_within_memory: best_fixed_within_memory
-                        .map(|i| me.lookups_per_s / runs[i].lookups_per_s),
+                    throughput_vs_best_fixed_within_memory: best_fixed_within_memory.map(|i| {
+                        me.lookups_per_reference_fold / runs[i].lookups_per_reference_fold
+                    }),
                     share_of_oracle_saving: (oracle_saved > 0.0).then(|| saved(me) / oracle_saved),
-                    recovery_seconds: self.recoveries(me, base_rate * (1.0 - self.slowdown)),
+                    recovery_seconds: self.recoveries(me, base_pace * (1.0 - self.slowdown)),
                     within_cap: me
                         .autosize
                         .as_ref()
@@ -402,9 +484,12 @@ impl Lookups {
             phase_seconds: self.phase_seconds,
             warmup_seconds: self.warmup_seconds,
             free_copies_when_full: self.free_copies_when_full,
-            baseline_lookups_per_s: base_rate,
-            every_page_runs_lookups_per_s: every_page_runs,
+            baseline_lookups_per_reference_fold: base_pace,
+            every_page_runs_lookups_per_reference_fold: every_page_runs,
             baseline_spread,
+            baseline_lookups_per_s,
+            every_page_runs_lookups_per_s,
+            raw_baseline_spread,
             oracle,
             oracle_saved_bytes: oracle.map_or(0.0, |i| saved(&runs[i])),
             self_sized,
@@ -413,7 +498,7 @@ impl Lookups {
     }
 
     /// For each phase change within `run`'s measured seconds, the seconds until one of them
-    /// served at least `good` lookups (see [`SelfSized::recovery_seconds`]).
+    /// kept a pace of at least `good` (see [`SelfSized::recovery_seconds`]).
     fn recoveries(&self, run: &LookupRun, good: f64) -> Vec<Option<u64>> {
         let phase = self.phase_seconds.max(1) as i64;
         let (first, last) = match (run.seconds.first(), run.seconds.last()) {
@@ -431,7 +516,7 @@ impl Lookups {
                 run.seconds
                     .iter()
                     .filter(|s| s.at > change && s.at <= change + phase)
-                    .find(|s| s.lookups as f64 >= good)
+                    .find(|s| s.pace().is_some_and(|pace| pace >= good))
                     .map(|s| (s.at - change - 1) as u64)
             })
             .collect()
@@ -494,7 +579,18 @@ impl Lookups {
         let mut rng = Rng::new(self.seed);
         let mut phase_rng = Rng::new(self.seed ^ 0x61);
         let fold_words = (self.lookup_bytes / 8).clamp(1, WORDS);
+        let rounds = self.rounds.max(1);
+        // The machine's speed is timed on a page of the thread's own, folded as a lookup
+        // folds its page.
+        let mut reference_rng = Rng::new(self.seed ^ 0x5eed);
+        let reference: Vec<AtomicU64> = (0..fold_words)
+            .map(|_| AtomicU64::new(reference_rng.next_u64()))
+            .collect();
+        let mut slices_this_second: Vec<f64> = Vec::new();
+        let mut measured_slices: Vec<f64> = Vec::new();
+        let mut reference_time_this_second = Duration::ZERO;
         let started = Instant::now();
+        let mut next_slice = started;
         let measure_from = started + Duration::from_secs(self.warmup_seconds);
         let end = measure_from + Duration::from_secs(self.seconds);
         let mut phase = usize::MAX;
@@ -520,12 +616,7 @@ impl Lookups {
                 let page = placement.page(rank, offset) as usize;
                 let first = (rank as usize * 7) % (WORDS - fold_words + 1);
                 let base = page * WORDS + first;
-                let mut acc = 0u64;
-                for _ in 0..self.rounds.max(1) {
-                    for w in &words[base..base + fold_words] {
-                        acc = acc.rotate_left(5) ^ w.load(Relaxed);
-                    }
-                }
+                let acc = fold(&words[base..base + fold_words], rounds);
                 let got = words[base].load(Relaxed);
                 let at = base * 8;
                 let want =
@@ -545,22 +636,42 @@ impl Lookups {
             }
             lookups_this_second += LOOKUPS_A_LOOK;
             now = Instant::now();
+            if now >= next_slice {
+                let reference_began = now;
+                // Untimed: the page back in the CPU's cache after the lookups.
+                sink = sink.wrapping_add(fold(&reference, rounds));
+                let slice_began = Instant::now();
+                for _ in 0..REFERENCE_FOLDS {
+                    sink = sink.wrapping_add(fold(&reference, rounds));
+                }
+                now = Instant::now();
+                let took = now.duration_since(slice_began);
+                reference_time_this_second += now.duration_since(reference_began);
+                slices_this_second.push(REFERENCE_FOLDS as f64 / took.as_secs_f64().max(1e-9));
+                next_slice = now + REFERENCE_EVERY;
+            }
             if now.duration_since(second_began) >= Duration::from_secs(1) {
                 let s = region.stats();
                 let wall = now.duration_since(second_began);
                 let stalled = s.stall_us.saturating_sub(stall_then);
+                // The lookups' own time: the reference slices' taken out.
+                let serving = wall.saturating_sub(reference_time_this_second);
                 let second = Second {
                     at: (now.duration_since(started).as_secs() as i64) - self.warmup_seconds as i64,
-                    lookups: (lookups_this_second as f64 / wall.as_secs_f64()) as u64,
+                    lookups: (lookups_this_second as f64 / serving.as_secs_f64().max(1e-9)) as u64,
                     resident_pages: s.resident_pages,
                     store_bytes: s.mm_stat.mem_used_total,
                     budget_pages: s.budget_pages,
                     stall_ppm: (stalled as f64 / wall.as_secs_f64()) as u64,
+                    reference_folds_per_s: median(&mut slices_this_second).unwrap_or(0.0),
                 };
                 report(budget, &second);
                 if now > measure_from {
                     seconds.push(second);
+                    measured_slices.append(&mut slices_this_second);
                 }
+                slices_this_second.clear();
+                reference_time_this_second = Duration::ZERO;
                 stall_then = s.stall_us;
                 second_began = now;
                 lookups_this_second = 0;
@@ -570,10 +681,13 @@ impl Lookups {
         let s = region.stats();
         let n = seconds.len().max(1) as f64;
         let mean = |f: &dyn Fn(&Second) -> f64| seconds.iter().map(f).sum::<f64>() / n;
+        let paces: Vec<f64> = seconds.iter().filter_map(Second::pace).collect();
         Ok(LookupRun {
             budget,
             pages,
             lookups_per_s: mean(&|s| s.lookups as f64),
+            lookups_per_reference_fold: paces.iter().sum::<f64>() / paces.len().max(1) as f64,
+            reference_folds_per_s: median(&mut measured_slices).unwrap_or(0.0),
             mean_memory_bytes: mean(&|s| (s.resident_pages * PAGE as u64 + s.store_bytes) as f64),
             mean_resident_pages: mean(&|s| s.resident_pages as f64),
             mean_budget_pages: mean(&|s| s.budget_pages as f64),
@@ -618,13 +732,31 @@ mod tests {
         };
         let pages = corpus.pages() as u64;
         assert_eq!(judged.runs.len(), 3);
-        let [first, last] = judged.every_page_runs_lookups_per_s;
+        let [first, last] = judged.every_page_runs_lookups_per_reference_fold;
         assert!(first > 0.0 && last > 0.0, "{first} {last}");
-        assert_eq!(judged.baseline_lookups_per_s, (first + last) / 2.0);
+        assert_eq!(
+            judged.baseline_lookups_per_reference_fold,
+            (first + last) / 2.0
+        );
         assert_eq!(
             judged.baseline_spread,
+            (first - last).abs() / judged.baseline_lookups_per_reference_fold
+        );
+        let [first, last] = judged.every_page_runs_lookups_per_s;
+        assert_eq!(judged.baseline_lookups_per_s, (first + last) / 2.0);
+        assert_eq!(
+            judged.raw_baseline_spread,
             (first - last).abs() / judged.baseline_lookups_per_s
         );
+        for r in &judged.runs {
+            // Every measured second timed the machine (a slice each 25 ms), and the run's
+            // pace is its seconds' mean.
+            assert!(r.reference_folds_per_s > 0.0, "{r:?}");
+            assert!(r.seconds.iter().all(|s| s.reference_folds_per_s > 0.0));
+            let paces: Vec<f64> = r.seconds.iter().filter_map(Second::pace).collect();
+            let mean = paces.iter().sum::<f64>() / paces.len() as f64;
+            assert!((r.lookups_per_reference_fold - mean).abs() <= mean * 1e-9);
+        }
         let (every, fixed, sized) = (&judged.runs[0], &judged.runs[1], &judged.runs[2]);
         assert_eq!(every.faults, 0, "every page in budget: nothing evicted");
         assert!(
@@ -658,6 +790,8 @@ mod tests {
             budget: Budget::Autosized(0.01),
             pages: 1,
             lookups_per_s: 0.0,
+            lookups_per_reference_fold: 0.0,
+            reference_folds_per_s: 0.0,
             mean_memory_bytes: 0.0,
             mean_resident_pages: 0.0,
             mean_budget_pages: 0.0,
@@ -672,12 +806,34 @@ mod tests {
                     store_bytes: 0,
                     budget_pages: 1,
                     stall_ppm: 0,
+                    // A machine twice as fast from second 20: the pace, not the lookups,
+                    // says when a run is back.
+                    reference_folds_per_s: if at >= 20 { 2.0 } else { 1.0 },
                 })
                 .collect(),
             autosize: None,
         };
-        assert_eq!(w.recoveries(&run, 99.0), [Some(2), None, Some(0)]);
-        assert_eq!(w.recoveries(&run, 40.0), [Some(0), Some(0), Some(0)]);
+        // From second 26 the lookups are back to 100 a second, but on a machine twice as
+        // fast: half the pace, not back.
+        assert_eq!(w.recoveries(&run, 99.0), [Some(2), None, None]);
+        assert_eq!(w.recoveries(&run, 20.0), [Some(0), Some(0), Some(0)]);
+        // A second without a reference slice never counts as back.
+        let mut blind = run.clone();
+        blind
+            .seconds
+            .iter_mut()
+            .for_each(|s| s.reference_folds_per_s = 0.0);
+        assert_eq!(w.recoveries(&blind, 1.0), [None, None, None]);
+    }
+
+    #[test]
+    fn the_median_of_the_slices() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [3.0]), Some(3.0));
+        assert_eq!(median(&mut [9.0, 1.0, 5.0]), Some(5.0));
+        assert_eq!(median(&mut [9.0, 1.0, 5.0, 2.0]), Some(3.5));
+        // One slice an interrupt landed in moves it by no more than a slice's rank.
+        assert_eq!(median(&mut [10.0, 10.0, 0.1, 10.0, 10.0]), Some(10.0));
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! budget a point, joined from every page down, the self-sized runs marked apart, the
 //! oracle ringed and the slowdown target a vertical line.
 //!
+//! Throughput is drawn as the judgement read it: in pace (lookups per reference fold, the
+//! machine's speed divided out) where the result has it, for every run and the baseline;
+//! else (a result from before the reference) in lookups a second.
+//!
 //! Invariants: a judgement is checked before anything is drawn ([`LookupJudgement::check`]):
 //! its first run has every page, its oracle is a fixed run and its self-sized verdicts name
 //! self-sized runs, all within `runs`; the baseline's throughput and memory are finite and
@@ -30,6 +34,8 @@ pub(super) struct LookupJudgement {
     /// What slowdowns are against (the mean of the every-page runs made first and last),
     /// where the result has it; else the first run's throughput.
     baseline_lookups_per_s: Option<f64>,
+    /// The same in pace (lookups per reference fold), where the result has it.
+    baseline_lookups_per_reference_fold: Option<f64>,
     /// Seconds a phase lasts and the warm-up before the measured seconds, where the result
     /// has them: then each phase's start is drawn on the panels over time.
     phase_seconds: Option<u64>,
@@ -40,6 +46,7 @@ pub(super) struct LookupJudgement {
 struct LookupRun {
     budget: Budget,
     lookups_per_s: f64,
+    lookups_per_reference_fold: Option<f64>,
     mean_memory_bytes: f64,
     seconds: Vec<Second>,
     /// The controller's figures, a self-sized run's.
@@ -66,6 +73,8 @@ struct Second {
     resident_pages: u64,
     budget_pages: u64,
     stall_ppm: u64,
+    /// The machine's speed that second (0: not timed), where the result has it.
+    reference_folds_per_s: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +128,22 @@ impl LookupJudgement {
                 self.base_rate(),
                 base.mean_memory_bytes
             ));
+        }
+        if let Some(base_pace) = self.baseline_lookups_per_reference_fold {
+            if !(base_pace.is_finite() && base_pace > 0.0) {
+                return refuse(format!(
+                    "the baseline's pace ({base_pace}) is not a measured figure"
+                ));
+            }
+            if let Some(r) = self.runs.iter().find(|r| {
+                !r.lookups_per_reference_fold
+                    .is_some_and(|pace| pace.is_finite() && pace >= 0.0)
+            }) {
+                return refuse(format!(
+                    "run {:?} has no pace, or one out of range, beside the baseline's",
+                    name(r.budget)
+                ));
+            }
         }
         for r in &self.runs {
             let share = match r.budget {
@@ -180,9 +205,41 @@ impl LookupJudgement {
             .unwrap_or_else(|| self.base().lookups_per_s)
     }
 
+    /// Whether throughput is read in pace (the machine's speed divided out): the result has
+    /// the baseline's (and then, checked, every run's).
+    fn paced(&self) -> bool {
+        self.baseline_lookups_per_reference_fold.is_some()
+    }
+
+    /// What the throughput axes say they show.
+    fn throughput_name(&self) -> &'static str {
+        match self.paced() {
+            true => "pace (lookups per reference fold)",
+            false => "lookups/s",
+        }
+    }
+
     /// A run's throughput as a percentage of the baseline's.
-    fn throughput_pct(&self, lookups: f64) -> f64 {
-        lookups / self.base_rate() * 100.0
+    fn run_pct(&self, r: &LookupRun) -> f64 {
+        match (
+            self.baseline_lookups_per_reference_fold,
+            r.lookups_per_reference_fold,
+        ) {
+            (Some(base), Some(pace)) => pace / base * 100.0,
+            _ => r.lookups_per_s / self.base_rate() * 100.0,
+        }
+    }
+
+    /// A second's throughput as a percentage of the baseline's; `None` for a second a paced
+    /// result did not time the machine in.
+    fn second_pct(&self, s: &Second) -> Option<f64> {
+        match self.baseline_lookups_per_reference_fold {
+            Some(base) => match s.reference_folds_per_s {
+                Some(folds) if folds > 0.0 => Some(s.lookups as f64 / folds / base * 100.0),
+                _ => None,
+            },
+            None => Some(s.lookups as f64 / self.base_rate() * 100.0),
+        }
     }
 
     /// Where each phase starts, in measured seconds, within `[0, end]`, if the result says.
@@ -286,7 +343,7 @@ fn pages_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
         .seconds
         .iter()
         .chain(oracle.iter().flat_map(|o| &o.seconds))
-        .map(|s| j.throughput_pct(s.lookups as f64))
+        .filter_map(|s| j.second_pct(s))
         .filter(|v| v.is_finite())
         .fold(100.0, f64::max)
         * 1.6;
@@ -310,7 +367,7 @@ fn pages_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
         .map_err(draw_err)?;
     chart
         .configure_secondary_axes()
-        .y_desc("lookups/s, % of every page's")
+        .y_desc(format!("{}, % of every page's", j.throughput_name()))
         .draw()
         .map_err(draw_err)?;
     let at = |s: &Second| s.at as f64;
@@ -357,22 +414,25 @@ fn pages_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
         .draw_secondary_series(LineSeries::new(
             run.seconds
                 .iter()
-                .map(|s| (at(s), j.throughput_pct(s.lookups as f64))),
+                .filter_map(|s| Some((at(s), j.second_pct(s)?))),
             THROUGHPUT.stroke_width(2),
         ))
         .map_err(draw_err)?
-        .label("lookups/s, % of every page's (right)")
+        .label(format!(
+            "{}, % of every page's (right)",
+            j.throughput_name()
+        ))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], THROUGHPUT.stroke_width(2)));
     if let Some(o) = oracle {
         chart
             .draw_secondary_series(LineSeries::new(
                 o.seconds
                     .iter()
-                    .map(|s| (at(s), j.throughput_pct(s.lookups as f64))),
+                    .filter_map(|s| Some((at(s), j.second_pct(s)?))),
                 THROUGHPUT.mix(0.35).stroke_width(1),
             ))
             .map_err(draw_err)?
-            .label("oracle: lookups/s, % (right)")
+            .label(format!("oracle: {}, % (right)", j.throughput_name()))
             .legend(|(x, y)| {
                 PathElement::new(
                     vec![(x, y), (x + 16, y)],
@@ -473,7 +533,7 @@ fn stall_panel(area: &Area, j: &LookupJudgement, run: &LookupRun) -> anyhow::Res
 fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
     let base = j.base();
     let base_rate = j.base_rate();
-    let slowdown = |r: &LookupRun| (1.0 - r.lookups_per_s / base_rate) * 100.0;
+    let slowdown = |r: &LookupRun| 100.0 - j.run_pct(r);
     let saved = |r: &LookupRun| (1.0 - r.mean_memory_bytes / base.mean_memory_bytes) * 100.0;
     let point = |r: &LookupRun| (slowdown(r), saved(r));
     let mut fixed: Vec<&LookupRun> = j
@@ -509,7 +569,10 @@ fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
     .map_err(draw_err)?;
     chart
         .configure_mesh()
-        .x_desc("slowdown, % of every page's lookups/s (negative: faster, the machine's noise)")
+        .x_desc(format!(
+            "slowdown, % of every page's {} (negative: faster, the machine's noise)",
+            j.throughput_name()
+        ))
         .y_desc("memory saved, % of every page's")
         .draw()
         .map_err(draw_err)?;
