@@ -400,6 +400,8 @@ fn a_flag_a_front_does_not_take_is_refused_by_the_parser() {
         &["bench", "uffd", "--rounds", "3"],
         &["bench", "uffd", "--unit-size", "4K,64K", "--rounds", "0"],
         &["bench", "uffd", "--unit-size", "4K,64K", "--rounds", "101"],
+        // No seconds measured: nothing to judge.
+        &["bench", "uffd", "--lookups", "0"],
     ] {
         let o = ztier(args);
         // Refused by the parser (clap's status), before any work.

@@ -170,7 +170,7 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         edit(&mut j);
         j
     };
-    let cases: [(serde_json::Value, &[&str]); 9] = [
+    let cases: [(serde_json::Value, &[&str]); 10] = [
         (
             broken(&|j| {
                 j.as_object_mut().unwrap().remove("runs");
@@ -204,6 +204,12 @@ fn a_lookups_judgement_is_drawn_and_a_malformed_one_refused() {
         (
             broken(&|j| j["baseline_lookups_per_reference_fold"] = 0.into()),
             &["the baseline's pace (0) is not a measured figure"],
+        ),
+        (
+            // Every run at an infinite share of a baseline next to nothing: refused, not
+            // drawn on an axis without end.
+            broken(&|j| j["baseline_lookups_per_reference_fold"] = 1e-308.into()),
+            &["has no pace, or one out of range, beside the baseline's"],
         ),
         (
             broken(&|j| {

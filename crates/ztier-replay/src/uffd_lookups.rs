@@ -13,28 +13,31 @@
 //! The same lookups (the same seed) run with the whole corpus resident (the every-page run),
 //! at each fixed budget of a sweep, with the budget sizing itself from a stall target under
 //! a cap of every page (`ztier_uffd::AutosizeConfig`), and with every page again, last;
-//! each run reports its lookups, resident pages, budget and stall share each second. The
-//! baseline's throughput is the two every-page runs' mean (how far they differ is the
-//! machine's noise, reported beside), its memory the first's. The judgement: the oracle is
-//! the fixed budget with the least memory whose throughput is within the slowdown target of
-//! the baseline's, chosen with hindsight; the self-sized run is set beside it: its
+//! each run reports its lookups, resident pages, budget, stall share and the CPU's speed
+//! (below) each second. The baseline's pace is the two every-page runs' mean (how far they
+//! differ is the noise left, reported beside), its memory the first's. The judgement: the
+//! oracle is the fixed budget with the least memory whose pace is within the slowdown target
+//! of the baseline's, chosen with hindsight; the self-sized run is set beside it: its
 //! slowdown, and the share of the oracle's savings it saves.
 //!
 //! Memory is the region's resident pages plus its store's (`mem_used_total`), averaged over
 //! the measured seconds (a warm-up before them is not counted: the fixed budgets' first
-//! eviction, the controller's first steps). Throughput is lookups a second over the same
-//! seconds.
+//! eviction, the controller's first steps). Lookups a second are over the same seconds, the
+//! time the thread spent timing its reference (below) taken out.
 //!
-//! The machine's own speed is taken beside it, because on a shared machine (a VM) it moves
-//! by more than the 1 % a judgement reads: the same loop over the same memory ran 5-15 %
-//! faster or slower from one 4 s run to the next here (docs/diary.md). Every 5 ms the
-//! lookup thread folds a page of its own (a heap page, never in the region: no fault or
-//! eviction touches it) as a lookup folds its page, once untimed and then 4 times timed; a
-//! second's reference speed is the median of its slices (a slice an interrupt or an
-//! eviction's TLB flush landed in is an outlier the median leaves out, so that the region's
-//! own costs are not taken for the machine's). A second's pace is its lookups over its reference folds:
-//! lookups per reference fold, a figure the machine's speed divides out of. The judgement
-//! reads paces; lookups a second are reported beside them.
+//! The CPU's own speed is taken beside them, because on a shared machine (a VM) it moves by
+//! more than the 1 % a judgement reads: the same loop over the same memory ran 5-10 % faster
+//! or slower from one 4 s run to the next here, 15 % over half a minute (docs/diary.md,
+//! 2026-12-01, "The CPU's speed divided out"). Every 5 ms the lookup thread folds
+//! `lookup_bytes` of its own heap (never in the region: no fault or eviction touches it) as
+//! a lookup folds its page, once untimed (back into the CPU's cache) and then 4 times timed;
+//! a second's reference speed is the median of its slices. A second's pace is its lookups
+//! over its reference folds: lookups per reference fold. What it divides out is the CPU
+//! core's speed (the reference stays in its first-level cache); not the memory's (where the
+//! host put each run's pages), nor a load that slows the core all second long (the region's
+//! own threads on its CPU would be). A short interruption (an interrupt, an eviction's TLB
+//! flush) lands in a few slices, which the median leaves out, so it stays a cost of the
+//! lookups. The judgement reads paces; lookups a second are reported beside them.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -58,11 +61,12 @@ const MAX_PHASE_CYCLE: u64 = 64;
 /// Lookups between two looks at the clock.
 const LOOKUPS_A_LOOK: u64 = 64;
 
-/// How often the lookup thread times the machine's speed on its own page, and how many
-/// folds of it a slice times (about 12 µs here, after one fold untimed to bring the page
-/// back into the CPU's cache: 0.3 % of the thread's time). Short, so that a slice is seldom
-/// one an eviction's TLB flush lands in even when thousands come a second.
+/// How often the lookup thread times the CPU's speed on its own page (0.3 % of the thread's
+/// time here).
 const REFERENCE_EVERY: Duration = Duration::from_millis(5);
+/// The folds a slice times (about 12 µs here, after one fold untimed to bring the page back
+/// into the CPU's cache): short, so that a slice is seldom one an eviction's TLB flush lands
+/// in even when thousands come a second.
 const REFERENCE_FOLDS: usize = 4;
 
 /// The workload and the runs that judge the controller on it.
@@ -148,22 +152,26 @@ pub enum Budget {
 pub struct Second {
     /// Seconds since the measured part began (negative in the warm-up).
     pub at: i64,
+    /// Lookups a second of the lookup thread's time, its reference slices' taken out.
     pub lookups: u64,
     pub resident_pages: u64,
     pub store_bytes: u64,
     pub budget_pages: u64,
     /// The share of the second some lookup waited on the region, parts per million.
     pub stall_ppm: u64,
-    /// The machine's speed this second: the median of its reference slices, folds a second
-    /// (0 if no slice was made: the thread never got to the clock).
-    pub reference_folds_per_s: f64,
+    /// The CPU's speed this second: the median of its reference slices, folds a second
+    /// (`None` only if it had no slice, which the run's loop does not allow: a second ends
+    /// after a slice is due).
+    pub reference_folds_per_s: Option<f64>,
 }
 
 impl Second {
-    /// Lookups per reference fold: the second's lookups with the machine's speed divided
-    /// out (`None` without a reference).
+    /// Lookups per reference fold: the second's lookups with the CPU's speed divided out
+    /// (`None` without a reference).
     pub fn pace(&self) -> Option<f64> {
-        (self.reference_folds_per_s > 0.0).then(|| self.lookups as f64 / self.reference_folds_per_s)
+        self.reference_folds_per_s
+            .filter(|folds| *folds > 0.0)
+            .map(|folds| self.lookups as f64 / folds)
     }
 }
 
@@ -212,14 +220,13 @@ pub struct LookupJudgement {
     /// Those two runs' paces, the first and the last.
     pub every_page_runs_lookups_per_reference_fold: [f64; 2],
     /// How far they differ, a share of their mean: the noise left between two runs of the
-    /// same budget once the machine's speed is divided out, to read each slowdown beside.
-    pub baseline_spread: f64,
-    /// The same in lookups a second, the machine's speed left in: the two runs' mean, each,
-    /// and how far they differ (what the reference takes out is this less
-    /// `baseline_spread`).
+    /// same budget once the CPU's speed is divided out, to read each slowdown beside.
+    pub baseline_pace_spread: f64,
+    /// The same in lookups a second, the CPU's speed left in: the two runs' mean, each,
+    /// and how far they differ (to compare with `baseline_pace_spread`).
     pub baseline_lookups_per_s: f64,
     pub every_page_runs_lookups_per_s: [f64; 2],
-    pub raw_baseline_spread: f64,
+    pub baseline_spread_lookups_per_s: f64,
     /// The fixed run with the least memory within the slowdown of the baseline (the
     /// every-page runs' mean pace): its index
     /// in `runs`; `None` if none was.
@@ -242,7 +249,7 @@ pub struct SelfSized {
     /// The best fixed run that uses no more memory than it: its index, and this run's
     /// pace over its.
     pub best_fixed_within_memory: Option<usize>,
-    pub throughput_vs_best_fixed_within_memory: Option<f64>,
+    pub pace_vs_best_fixed_within_memory: Option<f64>,
     /// Its saving over the oracle's, where the oracle saved something.
     pub share_of_oracle_saving: Option<f64>,
     /// For each phase change in the measured seconds: the seconds until a second's pace
@@ -398,8 +405,6 @@ impl Lookups {
             .collect())
     }
 
-    /// The judgement of `runs` (the every-page run first, then the fixed and the
-    /// self-sized runs), the every-page run made `again` after them.
     /// A lookup's rank among `pages`: any page's (`cold_share` of the lookups), or one of
     /// the phase's hot set's, by its law.
     fn draw_rank(&self, zipf: &Zipf, pages: u64, rng: &mut Rng) -> u64 {
@@ -410,6 +415,8 @@ impl Lookups {
         }
     }
 
+    /// The judgement of `runs` (the every-page run first, then the fixed and the
+    /// self-sized runs), the every-page run made `again` after them.
     fn verdict(
         &self,
         corpus: String,
@@ -427,13 +434,13 @@ impl Lookups {
             };
             (mean, spread)
         };
-        let every_page_runs = [
+        let every_page_paces = [
             base.lookups_per_reference_fold,
             again.lookups_per_reference_fold,
         ];
-        let (base_pace, baseline_spread) = mean_and_spread(every_page_runs);
+        let (base_pace, baseline_pace_spread) = mean_and_spread(every_page_paces);
         let every_page_runs_lookups_per_s = [base.lookups_per_s, again.lookups_per_s];
-        let (baseline_lookups_per_s, raw_baseline_spread) =
+        let (baseline_lookups_per_s, baseline_spread_lookups_per_s) =
             mean_and_spread(every_page_runs_lookups_per_s);
         let fixed = 1..1 + self.fixed_shares.len();
         let within =
@@ -465,7 +472,7 @@ impl Lookups {
                     slowdown: 1.0 - me.lookups_per_reference_fold / base_pace,
                     saved_bytes: saved(me),
                     best_fixed_within_memory,
-                    throughput_vs_best_fixed_within_memory: best_fixed_within_memory.map(|i| {
+                    pace_vs_best_fixed_within_memory: best_fixed_within_memory.map(|i| {
                         me.lookups_per_reference_fold / runs[i].lookups_per_reference_fold
                     }),
                     share_of_oracle_saving: (oracle_saved > 0.0).then(|| saved(me) / oracle_saved),
@@ -485,11 +492,11 @@ impl Lookups {
             warmup_seconds: self.warmup_seconds,
             free_copies_when_full: self.free_copies_when_full,
             baseline_lookups_per_reference_fold: base_pace,
-            every_page_runs_lookups_per_reference_fold: every_page_runs,
-            baseline_spread,
+            every_page_runs_lookups_per_reference_fold: every_page_paces,
+            baseline_pace_spread,
             baseline_lookups_per_s,
             every_page_runs_lookups_per_s,
-            raw_baseline_spread,
+            baseline_spread_lookups_per_s,
             oracle,
             oracle_saved_bytes: oracle.map_or(0.0, |i| saved(&runs[i])),
             self_sized,
@@ -639,10 +646,11 @@ impl Lookups {
             if now >= next_slice {
                 let reference_began = now;
                 // Untimed: the page back in the CPU's cache after the lookups.
-                sink = sink.wrapping_add(fold(&reference, rounds));
+                sink = sink.wrapping_add(fold(std::hint::black_box(&reference), rounds));
                 let slice_began = Instant::now();
                 for _ in 0..REFERENCE_FOLDS {
-                    sink = sink.wrapping_add(fold(&reference, rounds));
+                    // Each fold made: the compiler may not merge the same work done again.
+                    sink = sink.wrapping_add(fold(std::hint::black_box(&reference), rounds));
                 }
                 now = Instant::now();
                 let took = now.duration_since(slice_began);
@@ -663,7 +671,7 @@ impl Lookups {
                     store_bytes: s.mm_stat.mem_used_total,
                     budget_pages: s.budget_pages,
                     stall_ppm: (stalled as f64 / wall.as_secs_f64()) as u64,
-                    reference_folds_per_s: median(&mut slices_this_second).unwrap_or(0.0),
+                    reference_folds_per_s: median(&mut slices_this_second),
                 };
                 report(budget, &second);
                 if now > measure_from {
@@ -739,20 +747,23 @@ mod tests {
             (first + last) / 2.0
         );
         assert_eq!(
-            judged.baseline_spread,
+            judged.baseline_pace_spread,
             (first - last).abs() / judged.baseline_lookups_per_reference_fold
         );
         let [first, last] = judged.every_page_runs_lookups_per_s;
         assert_eq!(judged.baseline_lookups_per_s, (first + last) / 2.0);
         assert_eq!(
-            judged.raw_baseline_spread,
+            judged.baseline_spread_lookups_per_s,
             (first - last).abs() / judged.baseline_lookups_per_s
         );
         for r in &judged.runs {
-            // Every measured second timed the machine (a slice each 25 ms), and the run's
-            // pace is its seconds' mean.
+            // Every measured second timed the CPU (a slice each 5 ms), and the run's pace is
+            // its seconds' mean.
             assert!(r.reference_folds_per_s > 0.0, "{r:?}");
-            assert!(r.seconds.iter().all(|s| s.reference_folds_per_s > 0.0));
+            assert!(r
+                .seconds
+                .iter()
+                .all(|s| s.reference_folds_per_s.is_some_and(|f| f > 0.0)));
             let paces: Vec<f64> = r.seconds.iter().filter_map(Second::pace).collect();
             let mean = paces.iter().sum::<f64>() / paces.len() as f64;
             assert!((r.lookups_per_reference_fold - mean).abs() <= mean * 1e-9);
@@ -808,7 +819,7 @@ mod tests {
                     stall_ppm: 0,
                     // A machine twice as fast from second 20: the pace, not the lookups,
                     // says when a run is back.
-                    reference_folds_per_s: if at >= 20 { 2.0 } else { 1.0 },
+                    reference_folds_per_s: Some(if at >= 20 { 2.0 } else { 1.0 }),
                 })
                 .collect(),
             autosize: None,
@@ -822,8 +833,57 @@ mod tests {
         blind
             .seconds
             .iter_mut()
-            .for_each(|s| s.reference_folds_per_s = 0.0);
+            .for_each(|s| s.reference_folds_per_s = None);
         assert_eq!(w.recoveries(&blind, 1.0), [None, None, None]);
+    }
+
+    /// A run of the given pace, lookups a second and memory, for the judgement alone.
+    fn judged_run(budget: Budget, pace: f64, lookups_per_s: f64, memory: f64) -> LookupRun {
+        LookupRun {
+            budget,
+            pages: 100,
+            lookups_per_s,
+            lookups_per_reference_fold: pace,
+            reference_folds_per_s: lookups_per_s / pace,
+            mean_memory_bytes: memory,
+            mean_resident_pages: 0.0,
+            mean_budget_pages: 0.0,
+            stall_ppm: 0,
+            max_budget_pages: 0,
+            faults: 0,
+            seconds: Vec::new(),
+            autosize: None,
+        }
+    }
+
+    #[test]
+    fn the_judgement_reads_pace_not_lookups_a_second() {
+        let mut w = Lookups::new(RegionConfig::default().algorithm, 4);
+        w.fixed_shares = vec![0.9, 0.5];
+        w.stall_targets = vec![0.01];
+        // The CPU slowed down for the 90 % run (fewer lookups a second, the same pace) and
+        // sped up for the 50 % run (as many lookups a second as every page, a slower pace).
+        let runs = vec![
+            judged_run(Budget::Unlimited, 1.0, 100.0, 100.0),
+            judged_run(Budget::Fixed(0.9), 0.995, 90.0, 90.0),
+            judged_run(Budget::Fixed(0.5), 0.95, 100.0, 50.0),
+            judged_run(Budget::Autosized(0.01), 0.992, 80.0, 85.0),
+        ];
+        let again = judged_run(Budget::Unlimited, 1.0, 100.0, 100.0);
+        let j = w.verdict("model".to_string(), 100, runs, &again);
+        assert_eq!(j.baseline_lookups_per_reference_fold, 1.0);
+        assert_eq!(j.baseline_pace_spread, 0.0);
+        // Within 1 % in pace: the 90 % run, not the 50 % one (within in lookups a second).
+        assert_eq!(j.oracle, Some(1));
+        assert_eq!(j.oracle_saved_bytes, 10.0);
+        let me = &j.self_sized[0];
+        assert_eq!(me.run, 3);
+        assert!((me.slowdown - 0.008).abs() < 1e-12, "{}", me.slowdown);
+        assert_eq!(me.share_of_oracle_saving, Some(1.5));
+        // The best fixed run within its memory is the 50 % one, set beside it in pace.
+        assert_eq!(me.best_fixed_within_memory, Some(2));
+        let ratio = me.pace_vs_best_fixed_within_memory.expect("a ratio");
+        assert!((ratio - 0.992 / 0.95).abs() < 1e-12, "{ratio}");
     }
 
     #[test]
@@ -832,7 +892,7 @@ mod tests {
         assert_eq!(median(&mut [3.0]), Some(3.0));
         assert_eq!(median(&mut [9.0, 1.0, 5.0]), Some(5.0));
         assert_eq!(median(&mut [9.0, 1.0, 5.0, 2.0]), Some(3.5));
-        // One slice an interrupt landed in moves it by no more than a slice's rank.
+        // A slice an interrupt slowed leaves the median where the other slices put it.
         assert_eq!(median(&mut [10.0, 10.0, 0.1, 10.0, 10.0]), Some(10.0));
     }
 

@@ -38,7 +38,12 @@ pub struct UffdArgs {
     /// against the best fixed budget chosen with hindsight within a 1% slowdown, in pace
     /// (lookups over the machine's speed, timed beside them on a page of the lookup thread's
     /// own). --budget is not used.
-    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["budget", "normal_priority", "no_cpu_latency_qos"])]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..),
+        conflicts_with_all = ["budget", "normal_priority", "no_cpu_latency_qos"]
+    )]
     pub lookups: Option<u64>,
     /// With --lookups: the stall share a self-sized run steers to (1% or 0.01); repeatable,
     /// a self-sized run each.
@@ -359,10 +364,10 @@ fn run_lookups(args: &UffdArgs, seconds: u64) -> anyhow::Result<()> {
             let mut each_second = |budget: Budget, s: &ztier_replay::uffd_lookups::Second| {
                 if !json {
                     println!(
-                        "  {budget:?} {:>4} s: {:>9} lookups/s, pace {:.4}, resident {:>7} pages, budget {:>7}, store {:>6.1} MB, stall {:.3} %",
+                        "  {budget:?} {:>4} s: {:>9} lookups/s, pace {}, resident {:>7} pages, budget {:>7}, store {:>6.1} MB, stall {:.3} %",
                         s.at,
                         s.lookups,
-                        s.pace().unwrap_or(0.0),
+                        s.pace().map_or("—".to_string(), |pace| format!("{pace:.4}")),
                         s.resident_pages,
                         s.budget_pages,
                         s.store_bytes as f64 / 1e6,
@@ -398,7 +403,7 @@ fn print_judgement(j: &LookupJudgement) {
         }
     );
     println!(
-        "  budget           lookups/s    pace   memory MB  resident pages  budget pages  stall %"
+        "  budget           lookups/s    pace  ref. folds/s   memory MB  resident pages  budget pages  stall %"
     );
     for (i, r) in j.runs.iter().enumerate() {
         let name = match r.budget {
@@ -408,9 +413,10 @@ fn print_judgement(j: &LookupJudgement) {
         };
         let mark = if Some(i) == j.oracle { " (oracle)" } else { "" };
         println!(
-            "  {name:<14} {:>11.0} {:>7.4} {:>11.1} {:>15.0} {:>13.0} {:>8.3}{mark}",
+            "  {name:<14} {:>11.0} {:>7.4} {:>13.0} {:>11.1} {:>15.0} {:>13.0} {:>8.3}{mark}",
             r.lookups_per_s,
             r.lookups_per_reference_fold,
+            r.reference_folds_per_s,
             mb(r.mean_memory_bytes),
             r.mean_resident_pages,
             r.mean_budget_pages,
@@ -421,11 +427,11 @@ fn print_judgement(j: &LookupJudgement) {
     let [_, last_pace] = j.every_page_runs_lookups_per_reference_fold;
     println!(
         "  every page again, last: {last:.0} lookups/s, pace {last_pace:.4}; the baseline is the two \
-         runs' mean pace, {:.4}, and they differ by {:.1} % (the noise left once the machine's \
+         runs' mean pace, {:.4}, and they differ by {:.1} % (the noise left once the CPU's \
          speed is divided out, to read each slowdown beside; in lookups a second {:.1} %)",
         j.baseline_lookups_per_reference_fold,
-        j.baseline_spread * 100.0,
-        j.raw_baseline_spread * 100.0
+        j.baseline_pace_spread * 100.0,
+        j.baseline_spread_lookups_per_s * 100.0
     );
     for me in &j.self_sized {
         let r = &j.runs[me.run];
@@ -464,7 +470,7 @@ fn print_judgement(j: &LookupJudgement) {
         );
         if let (Some(i), Some(ratio)) = (
             me.best_fixed_within_memory,
-            me.throughput_vs_best_fixed_within_memory,
+            me.pace_vs_best_fixed_within_memory,
         ) {
             println!(
                 "    against the best fixed budget using no more memory ({:.1} MB): {:.1} % of its pace",

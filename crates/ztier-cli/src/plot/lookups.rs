@@ -7,13 +7,15 @@
 //! oracle ringed and the slowdown target a vertical line.
 //!
 //! Throughput is drawn as the judgement read it: in pace (lookups per reference fold, the
-//! machine's speed divided out) where the result has it, for every run and the baseline;
-//! else (a result from before the reference) in lookups a second.
+//! CPU's speed divided out) where the result has it, for every run and the baseline; else (a
+//! result from before the reference) in lookups a second.
 //!
 //! Invariants: a judgement is checked before anything is drawn ([`LookupJudgement::check`]):
 //! its first run has every page, its oracle is a fixed run and its self-sized verdicts name
-//! self-sized runs, all within `runs`; the baseline's throughput and memory are finite and
-//! at least 1, every figure finite. A file that breaks any of these is refused with the reason, never drawn half.
+//! self-sized runs, all within `runs`; the baseline's lookups a second and memory are finite
+//! and at least 1, every figure finite; where it has a pace, the baseline's is over 0, every
+//! run has one, and each run's share of the baseline's is finite. A file that breaks any of
+//! these is refused with the reason, never drawn half (nor drawn on an axis without end).
 
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
@@ -31,10 +33,12 @@ pub(super) struct LookupJudgement {
     slowdown: f64,
     oracle: Option<usize>,
     self_sized: Vec<SelfSized>,
-    /// What slowdowns are against (the mean of the every-page runs made first and last),
-    /// where the result has it; else the first run's throughput.
+    /// The mean lookups a second of the every-page runs made first and last, where the
+    /// result has it; else the first run's are taken. What slowdowns are against in a result
+    /// without pace.
     baseline_lookups_per_s: Option<f64>,
-    /// The same in pace (lookups per reference fold), where the result has it.
+    /// The same in pace (lookups per reference fold), where the result has it: then what
+    /// slowdowns are against.
     baseline_lookups_per_reference_fold: Option<f64>,
     /// Seconds a phase lasts and the warm-up before the measured seconds, where the result
     /// has them: then each phase's start is drawn on the panels over time.
@@ -135,9 +139,12 @@ impl LookupJudgement {
                     "the baseline's pace ({base_pace}) is not a measured figure"
                 ));
             }
+            // A pace far past the baseline's would put a run at an infinite share of it,
+            // and the curve's axis with it.
             if let Some(r) = self.runs.iter().find(|r| {
-                !r.lookups_per_reference_fold
+                !(r.lookups_per_reference_fold
                     .is_some_and(|pace| pace.is_finite() && pace >= 0.0)
+                    && self.run_pct(r).is_finite())
             }) {
                 return refuse(format!(
                     "run {:?} has no pace, or one out of range, beside the baseline's",
@@ -199,7 +206,7 @@ impl LookupJudgement {
         &self.runs[0]
     }
 
-    /// The throughput every run is set against.
+    /// The baseline's lookups a second (what a result without pace sets every run against).
     fn base_rate(&self) -> f64 {
         self.baseline_lookups_per_s
             .unwrap_or_else(|| self.base().lookups_per_s)
@@ -561,8 +568,11 @@ fn curve_panel(area: &Area, j: &LookupJudgement) -> anyhow::Result<()> {
         area,
         format!(
             "{}: memory saved against slowdown, each fixed budget and the self-sized runs \
-                 (every page: {base_mb:.1} MB, {} lookups/s)",
-            j.corpus, base_rate as u64
+                 (every page: {base_mb:.1} MB, {} lookups/s{})",
+            j.corpus,
+            base_rate as u64,
+            j.baseline_lookups_per_reference_fold
+                .map_or(String::new(), |pace| format!(", pace {pace:.4}"))
         ),
     )
     .build_cartesian_2d(left - pad..right + pad, bottom - ypad..top + ypad)
