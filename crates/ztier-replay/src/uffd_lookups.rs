@@ -26,18 +26,20 @@
 //! time the thread spent timing its reference (below) taken out.
 //!
 //! The CPU's own speed is taken beside them, because on a shared machine (a VM) it moves by
-//! more than the 1 % a judgement reads: the same loop over the same memory ran 5-10 % faster
-//! or slower from one 4 s run to the next here, 15 % over half a minute (docs/diary.md,
+//! more than the 1 % a judgement reads: the same loop over the same memory ranged 5.6-9 %
+//! over ten 4 s runs here, and moved 15 % over half a minute (docs/diary.md,
 //! 2026-12-01, "The CPU's speed divided out"). Every 5 ms the lookup thread folds
 //! `lookup_bytes` of its own heap (never in the region: no fault or eviction touches it) as
 //! a lookup folds its page, once untimed (back into the CPU's cache) and then 4 times timed;
 //! a second's reference speed is the median of its slices. A second's pace is its lookups
-//! over its reference folds: lookups per reference fold. What it divides out is the CPU
-//! core's speed (the reference stays in its first-level cache); not the memory's (where the
-//! host put each run's pages), nor a load that slows the core all second long (the region's
-//! own threads on its CPU would be). A short interruption (an interrupt, an eviction's TLB
-//! flush) lands in a few slices, which the median leaves out, so it stays a cost of the
-//! lookups. The judgement reads paces; lookups a second are reported beside them.
+//! over its reference folds: lookups per reference fold. What it divides out is how fast
+//! the core runs while the thread is on it (the reference stays in its first-level cache),
+//! a load that shares the core all second long included (so a region's thread on an SMT
+//! sibling would have its cost hidden); not the memory's speed (where the host put each
+//! run's pages), nor time the thread is off its CPU or interrupted (preemption, the
+//! region's threads sharing its CPU, a VM's stolen time, an eviction's TLB flush): that
+//! lands in a few slices, which the median leaves out, so it stays a cost of the lookups.
+//! The judgement reads paces; lookups a second are reported beside them.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -64,7 +66,7 @@ const LOOKUPS_A_LOOK: u64 = 64;
 /// How often the lookup thread times the CPU's speed on its own page (0.3 % of the thread's
 /// time here).
 const REFERENCE_EVERY: Duration = Duration::from_millis(5);
-/// The folds a slice times (about 12 µs here, after one fold untimed to bring the page back
+/// The folds a slice times (about 9 µs here, after one fold untimed to bring the page back
 /// into the CPU's cache): short, so that a slice is seldom one an eviction's TLB flush lands
 /// in even when thousands come a second.
 const REFERENCE_FOLDS: usize = 4;

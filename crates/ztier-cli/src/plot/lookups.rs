@@ -77,7 +77,7 @@ struct Second {
     resident_pages: u64,
     budget_pages: u64,
     stall_ppm: u64,
-    /// The machine's speed that second (0: not timed), where the result has it.
+    /// The CPU's speed that second (none or 0: not timed), where the result has it.
     reference_folds_per_s: Option<f64>,
 }
 
