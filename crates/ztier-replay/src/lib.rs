@@ -227,3 +227,17 @@ pub enum ReplayError {
 }
 
 pub type Result<T, E = ReplayError> = std::result::Result<T, E>;
+
+/// The median of `values` (reordered), `None` if there are none: the lookups' reference
+/// slices, the region's paired rounds.
+pub(crate) fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(match values.len() % 2 {
+        1 => values[mid],
+        _ => (values[mid - 1] + values[mid]) / 2.0,
+    })
+}

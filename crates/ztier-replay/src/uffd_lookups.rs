@@ -51,7 +51,7 @@ use ztier_compress::Algorithm;
 use ztier_corpus::{Corpus, CORPUS_PAGE};
 use ztier_uffd::{AutosizeConfig, AutosizeStats, Region, RegionConfig};
 
-use crate::{ReplayError, Result};
+use crate::{median, ReplayError, Result};
 
 const PAGE: usize = CORPUS_PAGE;
 const WORDS: usize = PAGE / 8;
@@ -273,19 +273,6 @@ fn fold(words: &[AtomicU64], rounds: usize) -> u64 {
         }
     }
     acc
-}
-
-/// The median of `values` (reordered), `None` if there are none.
-fn median(values: &mut [f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    Some(match values.len() % 2 {
-        1 => values[mid],
-        _ => (values[mid - 1] + values[mid]) / 2.0,
-    })
 }
 
 /// A rank's page: a bijection of the pages (a multiplier coprime to their number), so that

@@ -71,7 +71,7 @@ use ztier_uffd::{Region, RegionConfig};
 
 use crate::uffd::{free_pass, region_err, store_all, UffdReplay};
 use crate::units::RawSequential;
-use crate::Result;
+use crate::{median, Result};
 
 /// Rounds of paired passes unless the caller asks for another number: the median of their
 /// ratios is the run's, and each pass's best over them is set beside the bare handler's
@@ -178,13 +178,9 @@ pub struct UnitFaultIn {
     pub ratio_to_bare: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+/// The median of the rounds' figures (NaN for none).
+fn median_of(mut v: Vec<f64>) -> f64 {
+    median(&mut v).unwrap_or(f64::NAN)
 }
 
 /// A region holding every page of `corpus`, all resident.
@@ -306,11 +302,11 @@ impl UffdReplay {
                 bare_unit_faults: bare.faults,
             });
         }
-        let ratio = median(rounds.iter().map(Round::ratio).collect());
-        let allowed = median(rounds.iter().map(Round::allowed).collect());
-        let ratio_to_allowed = median(rounds.iter().map(|r| r.ratio() / r.allowed()).collect());
-        let cap = median(rounds.iter().map(Round::cap).collect());
-        let ratio_to_cap = median(rounds.iter().map(|r| r.ratio() / r.cap()).collect());
+        let ratio = median_of(rounds.iter().map(Round::ratio).collect());
+        let allowed = median_of(rounds.iter().map(Round::allowed).collect());
+        let ratio_to_allowed = median_of(rounds.iter().map(|r| r.ratio() / r.allowed()).collect());
+        let cap = median_of(rounds.iter().map(Round::cap).collect());
+        let ratio_to_cap = median_of(rounds.iter().map(|r| r.ratio() / r.cap()).collect());
         let best = |speed: fn(&Round) -> f64| rounds.iter().map(speed).fold(0.0, f64::max);
         let best_bare = best(|r| r.bare_unit_fault_in_mb_s);
         let bare_cap = best_bare / best(|r| r.page_fault_in_mb_s);
