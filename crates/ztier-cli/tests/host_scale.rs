@@ -271,12 +271,20 @@ fn destroyed_devices_give_their_memory_back_to_the_os() {
     for i in 0..64 {
         destroy(&nbd, &format!("vm{i}"));
     }
-    let after = rss(server.child.id());
+    // The arena helper may be partway through a release or trim that still holds the
+    // destroyed devices' arenas: waited out.
+    let bound = start + 24_000_000;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut after = rss(server.child.id());
+    while after > bound && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        after = rss(server.child.id());
+    }
     // What stays is the C library's: small blocks the devices freed, kept in its arenas
     // for the next (11 to 14 MB, measured on this test before and after the allocator's
     // tables followed use); not the ~170 MB they held.
     assert!(
-        after <= start + 24_000_000,
+        after <= bound,
         "{after} bytes after 64 devices were destroyed (start: {start}, with them: {made})"
     );
     server.stop();

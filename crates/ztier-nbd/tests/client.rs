@@ -432,11 +432,13 @@ fn an_outage_shorter_than_the_timeout_costs_latency_not_errors() {
     client.write_at(8192, &[6u8; 4096], false).unwrap();
     s.stop();
     let _ = std::fs::remove_file(&s.path);
+    // Before the reader starts, so that a reader thread started late cannot shorten the
+    // outage it sees: the store is back a second after this.
+    let started = std::time::Instant::now();
     let reader = {
         let client = Arc::clone(&client);
         std::thread::spawn(move || {
             let mut page = [0u8; 4096];
-            let started = std::time::Instant::now();
             client
                 .read_at(8192, &mut page)
                 .map(|()| (page, started.elapsed()))
@@ -476,8 +478,9 @@ fn a_store_that_is_back_is_found_without_a_request() {
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // The backoff is at most 200 ms here; far less than a second in all.
-    assert!(back_at.elapsed() < std::time::Duration::from_secs(2));
+    // The backoff is at most 200 ms here: far less than a second in all, and five leave
+    // room for a loaded machine.
+    assert!(back_at.elapsed() < std::time::Duration::from_secs(5));
 }
 
 /// `reconnect` on a link that seems up proves it first: a store stopped a moment ago is

@@ -38,7 +38,12 @@ fn a_self_sized_budget_comes_down_towards_what_the_program_touches() {
     let cap = PAGES * 3 / 4;
     r.set_autosize(Some(controller(cap, Duration::from_millis(50))))
         .unwrap();
-    assert_eq!(r.stats().budget_pages, cap, "brought within the cap");
+    // At the cap, or a controller's step or two under it if the test thread was slow.
+    let set = r.stats().budget_pages;
+    assert!(
+        set <= cap && set >= cap * 9 / 10,
+        "brought to the cap: {set}"
+    );
     let words = r.words();
     let hot = 0..PAGES / 4;
     let deadline = Instant::now() + Duration::from_secs(20);

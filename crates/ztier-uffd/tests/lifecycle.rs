@@ -182,6 +182,8 @@ fn a_terabyte_region_holding_64_mib_costs_what_it_holds() {
         assert!(Instant::now() < deadline, "{:?}", r.stats());
         std::thread::sleep(Duration::from_millis(10));
     }
+    // The arena helper's ready chunk and releases in flight, settled.
+    settle();
     let s = r.stats();
     let holds = s.resident_pages * PAGE as u64 + s.mm_stat.mem_used_total;
     let (rss1, _, _) = memory();
@@ -199,7 +201,9 @@ fn a_terabyte_region_holding_64_mib_costs_what_it_holds() {
         cost >> 20,
         holds >> 20
     );
-    assert!(made_in < Duration::from_millis(100), "made in {made_in:?}");
+    // Slot tables and page states for 2^28 pages made up front would take seconds; a second
+    // leaves room for a loaded machine's scheduling of the region's threads.
+    assert!(made_in < Duration::from_secs(1), "made in {made_in:?}");
     for &first in &areas {
         for page in (first..first + area_pages).step_by(97) {
             common::check_page(words, page, 1).unwrap();

@@ -1,13 +1,18 @@
 //! A region over its budget whose pages cannot go out (the program locked them with `mlock`,
 //! or made them read-only, as docs/region.md allows) does not spin: its reclaim backs off, costs
 //! next to no CPU, and says why it cannot evict. Alone in its test binary, because it reads
-//! the CPU time of the region's threads, which other tests' regions would share names with.
+//! the CPU time of the region's threads, which other tests' regions would share names with;
+//! and its two tests one at a time, for the same reason.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{region, write_page, PAGE};
+
+/// The tests one at a time: each reads the CPU time of every thread named for a region's
+/// reclaim, the other test's region's too.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// CPU time (user and system, in clock ticks) of this process's threads named `names`.
 fn cpu_ticks(names: &[&str]) -> u64 {
@@ -41,6 +46,7 @@ fn stays_quiet_and_says_why(
     unlock: impl Fn(*mut u8, usize),
     why: &str,
 ) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     const LEN: usize = 16 << 20;
     let Some(r) = region(LEN, LEN) else {
         return;

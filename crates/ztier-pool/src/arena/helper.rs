@@ -2,8 +2,8 @@
 //! one ready for whichever arena needs a chunk next, so the kernel's zeroing of fresh pages
 //! runs beside the store path instead of on it; when arenas take chunks faster than that
 //! (many pools making their first zspages), it faults in a window ahead of each such
-//! arena's use as the arena asks; it releases the arenas' gathered pages when one asks, and
-//! trims idle arenas once allocation stops. Started with the process's first
+//! arena's use as the arena asks; it releases an arena's gathered pages when the arena asks
+//! (a full batch), and trims idle arenas once allocation stops. Started with the process's first
 //! arena and ended with its last; it runs at idle priority, on a core that would otherwise
 //! be idle, and no arena ever waits for it.
 //!
@@ -275,6 +275,7 @@ mod tests {
     /// and offered as not resident; told to stop, it unmaps it and ends.
     #[test]
     fn an_untaken_ready_chunk_goes_back_to_the_os() {
+        let _one = super::super::ONE_TEST_AT_A_TIME.lock();
         let shared = std::sync::Arc::new(HelperShared {
             slot: std::sync::Mutex::new(HelperSlot::default()),
             changed: std::sync::Condvar::new(),

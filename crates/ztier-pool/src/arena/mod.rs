@@ -570,6 +570,11 @@ impl ArenaState {
     /// meanwhile (so the arena, if dropped, leaks its chunks rather than unmap pages being
     /// released).
     fn take_gathered(&mut self) -> Vec<NonNull<u8>> {
+        // Only an arena that asked, or whose gathered pages filled a batch again since:
+        // another's unfilled batch stays gathered, within the bound the module promises.
+        if !self.release_asked && self.gathered.len() < RELEASE_BATCH_BYTES / self.page_size {
+            return Vec::new();
+        }
         // The list keeps its room: the frees that gather the next batch (a load pass's,
         // on the loading thread) grow no vector.
         let room = self.gathered.capacity();
@@ -639,7 +644,8 @@ fn fault_in_window(arena: &Weak<Mutex<ArenaState>>) {
     }
 }
 
-/// The helper's release of every arena's gathered pages, a step per hold of its lock.
+/// The helper's release of the gathered pages of every arena that asked (`take_gathered`),
+/// a step per hold of its lock.
 fn release_gathered_arenas() {
     let live: Vec<Arc<Mutex<ArenaState>>> = {
         let mut list = arenas();
@@ -681,12 +687,18 @@ fn trim_idle_arenas() -> bool {
     pending
 }
 
+/// The arena's tests one at a time: the process's helper releases and trims every arena,
+/// so one test's release or idle look would otherwise land in another's counts.
+#[cfg(test)]
+pub(crate) static ONE_TEST_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn fresh_chains_are_contiguous_and_straddles_read_in_place() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         // 512 pages a chunk: 102 chains of 5 leave 2 pages, too few for the 103rd.
         let chains: Vec<PageChain> = (0..103).map(|_| arena.alloc_chain(5).unwrap()).collect();
@@ -725,6 +737,7 @@ mod tests {
     /// asks for it.
     #[test]
     fn a_chunk_not_faulted_in_gets_a_window_ahead_of_use() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let page = 4096;
         let window = PREFAULT_WINDOW_BYTES / page;
         let arena = Arena::new(page);
@@ -783,6 +796,7 @@ mod tests {
     /// ones fault in again when taken.
     #[test]
     fn an_idle_arena_is_trimmed() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         // Take pages until the fresh run is a chunk the helper faulted in.
         let mut taken = Vec::new();
@@ -824,6 +838,7 @@ mod tests {
 
     #[test]
     fn pages_are_distinct_and_writable() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         // 75 chains of 8 span two chunks.
         let mut chains: Vec<PageChain> = (0..75).map(|_| arena.alloc_chain(8).unwrap()).collect();
@@ -850,6 +865,7 @@ mod tests {
     /// helper releases them (zeroed when taken again), and the pages out stay counted.
     #[test]
     fn released_pages_come_back_zeroed() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(16384);
         let batch = RELEASE_BATCH_BYTES / 16384;
         let mut chain = arena.alloc_chain(HOT_PAGES_MAX + batch - 1).unwrap();
@@ -890,6 +906,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "another arena")]
     fn a_chain_cannot_be_freed_into_another_arena() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let a = Arena::new(4096);
         let b = Arena::new(4096);
         let chain = a.alloc_chain(1).unwrap();
@@ -899,6 +916,7 @@ mod tests {
 
     #[test]
     fn a_chain_longer_than_a_chunk_is_not_contiguous_and_overwrites_nothing() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         let per_chunk = CHUNK_BYTES / 4096;
         let mut before: Vec<PageChain> = (0..32).map(|_| arena.alloc_chain(8).unwrap()).collect();
@@ -925,6 +943,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside the chain")]
     fn a_write_whose_end_overflows_is_refused() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         let mut chain = arena.alloc_chain(2).unwrap();
         assert!(chain.is_contiguous());
@@ -934,6 +953,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside the chain")]
     fn a_read_whose_end_overflows_is_refused() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         let chain = arena.alloc_chain(2).unwrap();
         let mut out = [0; 16];
@@ -943,6 +963,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside the chain")]
     fn a_scattered_chain_refuses_ranges_past_its_end() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         let (a, b, c) = (
             arena.alloc_chain(1).unwrap(),
@@ -962,6 +983,7 @@ mod tests {
     /// a contiguous one is contiguous again; pages taken out of order are not.
     #[test]
     fn a_chain_given_back_whole_comes_back_contiguous() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         let a = arena.alloc_chain(4).unwrap();
         let b = arena.alloc_chain(4).unwrap();
@@ -1000,6 +1022,7 @@ mod tests {
 
     #[test]
     fn chains_come_back_resident() {
+        let _one = ONE_TEST_AT_A_TIME.lock();
         let arena = Arena::new(4096);
         // Three chunks' worth at once: the helper has at most one ready, so the others are
         // mapped by this thread unpopulated, and alloc_chain must fault them in.
