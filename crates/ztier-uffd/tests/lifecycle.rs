@@ -76,12 +76,13 @@ fn memory() -> (u64, u64, usize) {
 /// Waits until the process's memory is at rest: the pool's helper gives its ready chunk
 /// back to the OS a second after allocation stops, and its idle trim follows, so a reading
 /// right after a region's drop may hold up to a chunk (2 MiB) that is the process's, not
-/// the region's. At rest: the RSS the same at three looks in a row, 200 ms apart.
+/// the region's. At rest: the RSS the same at eight looks in a row, 200 ms apart (1.6 s:
+/// past that second and the trim's tick).
 fn settle() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut same = 0;
     let mut last = memory().0;
-    while same < 3 && Instant::now() < deadline {
+    while same < 8 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
         let now = memory().0;
         same = if now == last { same + 1 } else { 0 };

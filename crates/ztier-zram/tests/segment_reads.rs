@@ -288,10 +288,10 @@ fn a_sequential_reader_finds_the_next_segments_read_in_the_background() {
     verify(&dev, n, |_| None);
     let mine = store.by_maker.load(Relaxed) - mine;
     let others = store.by_others.load(Relaxed) - others;
-    // Most are, here; at least a window's worth on a loaded machine, where the two
+    // Most are, here; at least two windows' worth on a loaded machine, where the two
     // readahead threads can fall behind the reader.
     assert!(
-        others >= 16,
+        others >= 32,
         "of {segments} segments, {others} were read in the background and {mine} by the reader"
     );
     assert_eq!(dev.bd_stat().unwrap().bd_reads, segments);

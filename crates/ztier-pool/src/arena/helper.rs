@@ -130,8 +130,8 @@ pub(super) fn helper_take_ready() -> Option<(Mapping, bool)> {
     taken
 }
 
-/// Asks the helper to release the arenas' gathered pages; false if no helper runs (the
-/// caller releases them itself).
+/// Asks the helper to release the gathered pages of the arenas that asked; false if no
+/// helper runs (the caller releases them itself).
 pub(super) fn helper_ask_release() -> bool {
     let h = helper_state();
     let Some(shared) = &h.shared else {
