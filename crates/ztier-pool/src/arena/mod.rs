@@ -150,10 +150,10 @@ struct ArenaState {
     activity: u64,
     /// `activity` when the helper last looked (`None`: not since it last trimmed or began).
     activity_seen: Option<u64>,
-    /// Times the helper trimmed this arena (for the tests, which must tell a trim's release
-    /// of the hot pages from a batch's).
+    /// Hot pages the helper's trims released (for the tests, which must tell a trim's
+    /// release of the hot pages from a batch's).
     #[cfg(test)]
-    trims: usize,
+    hot_pages_trimmed: usize,
     /// The helper was asked to release `gathered` and has not drained it yet.
     release_asked: bool,
     /// The helper was asked to fault in the fresh run's window and has not looked yet.
@@ -244,7 +244,7 @@ impl Arena {
             pages_out: 0,
             activity: 0,
             #[cfg(test)]
-            trims: 0,
+            hot_pages_trimmed: 0,
             activity_seen: None,
             release_asked: false,
             window_asked: false,
@@ -270,10 +270,10 @@ impl Arena {
         self.state.lock().hot.len()
     }
 
-    /// Times the helper trimmed the arena as idle.
+    /// Hot pages the helper's trims of the idle arena released.
     #[cfg(test)]
-    pub fn trims(&self) -> usize {
-        self.state.lock().trims
+    pub fn hot_pages_trimmed(&self) -> usize {
+        self.state.lock().hot_pages_trimmed
     }
 
     /// Free pages past the hot list, resident, waiting for a release batch to fill.
@@ -459,7 +459,10 @@ impl Arena {
                 }
             }
             // No helper, or it has had no core for a while: a batch released here. Out of
-            // every list while it goes: counted as out, as a chain's pages are.
+            // every list while it goes: counted as out, as a chain's pages are. An ask still
+            // pending is let go, so that one the helper lost does not keep the arena from
+            // asking again (the helper, if it comes, finds less than a batch and does nothing).
+            st.release_asked = false;
             let from = st.gathered.len() - batch;
             let released = st.gathered.split_off(from);
             st.pages_out += released.len();
@@ -608,15 +611,15 @@ impl ArenaState {
                 || !self.gathered.is_empty()
                 || self.next_fresh.is_some_and(|run| run.resident > 0);
         }
+        #[cfg(test)]
+        {
+            self.hot_pages_trimmed += self.hot.len();
+        }
         let mut free = std::mem::take(&mut self.hot);
         free.append(&mut self.gathered);
         // An ask the helper lost (taken as it ended, unable to map a chunk) is answered
         // here too: with the list empty, the arena may ask again.
         self.release_asked = false;
-        #[cfg(test)]
-        {
-            self.trims += 1;
-        }
         for p in free {
             // SAFETY: a free page of this arena, hot or gathered, reached by no one but
             // through this state, whose lock the caller holds.
@@ -908,21 +911,15 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let again = arena.alloc_chain(HOT_PAGES_MAX + batch).unwrap();
-        // Read at once: a trim needs two looks without activity, and the taking was some.
-        let trimmed_before_taking = arena.trims() > 0;
+        // Exact whenever a trim came: after the taking, the hot list is empty.
+        let trimmed = arena.hot_pages_trimmed();
         assert!(!again.is_contiguous(), "made of freed pages");
         let zeroed = again
             .pages
             .iter()
             .filter(|p| p.bytes().iter().all(|&b| b == 0))
             .count();
-        // The hot pages too, if the helper found the arena idle meanwhile and trimmed it
-        // (a trim while the batch was gathered would have failed the count above).
-        let trimmed = if trimmed_before_taking {
-            HOT_PAGES_MAX
-        } else {
-            0
-        };
+        // The hot pages too, if the helper found the arena idle meanwhile and trimmed it.
         assert_eq!(
             zeroed,
             batch + trimmed,
