@@ -433,9 +433,9 @@ impl Arena {
             self.id
         );
         let pages = chain.pages;
-        let batch = RELEASE_BATCH_BYTES / self.page_size;
         let mut released = {
             let mut st = self.state.lock();
+            let batch = st.batch_pages();
             st.activity += 1;
             st.pages_out -= pages.len();
             let kept = HOT_PAGES_MAX.saturating_sub(st.hot.len()).min(pages.len());
@@ -583,13 +583,18 @@ unsafe fn release_sorted(pages: &mut [NonNull<u8>], page_size: usize) {
 }
 
 impl ArenaState {
+    /// Pages in a release batch ([`RELEASE_BATCH_BYTES`]) at this arena's page size.
+    fn batch_pages(&self) -> usize {
+        RELEASE_BATCH_BYTES / self.page_size
+    }
+
     /// Takes the gathered pages off the list for the helper to release, counted as out
     /// meanwhile (so the arena, if dropped, leaks its chunks rather than unmap pages being
     /// released).
     fn take_gathered(&mut self) -> Vec<NonNull<u8>> {
         // Only an arena that asked, or whose gathered pages filled a batch again since:
         // another's unfilled batch stays gathered, within the bound the module promises.
-        if !self.release_asked && self.gathered.len() < RELEASE_BATCH_BYTES / self.page_size {
+        if !self.release_asked && self.gathered.len() < self.batch_pages() {
             return Vec::new();
         }
         // The list keeps its room: the frees that gather the next batch (a load pass's,
