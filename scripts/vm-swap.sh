@@ -41,6 +41,13 @@
 # --iothread serves the swap disk from a QEMU iothread instead of the main loop (on this
 # project's 2-core VM under TCG it changed nothing measurable).
 #
+# --timeout (default 900 s) ends a guest that has not finished. A guest still running at
+# half of it shows, once, its kernel's blocked tasks, its memory and the requests its disks
+# still wait on, then reads one block of its swap disk: a request the device completed
+# without telling the guest is found when that read's completion is, and the run goes on
+# (RESULT's guest_watchdog=1 says so); a request the server never answered stays unanswered.
+# At the time-out the state of QEMU's devices and of the server follows.
+#
 # Defaults: 160 MiB of guest RAM, a 320 MiB workload, the bundled sample as corpus
 # (../shared/corpus's files are larger and more varied: pass them with --corpus). TCG
 # (QEMU's emulation) unless --kvm: a nested KVM guest hangs at boot on some hosts.
@@ -49,7 +56,8 @@
 # workload's times, its swap-in latency (p50/p99 of the first load of a page mincore() said
 # was not in memory), the guest's pswpin/pswpout, pages that came back wrong (mismatches),
 # block and swap I/O errors in the guest's kernel log (guest_io_errors: the guest reads its
-# own log with dmesg, since loglevel=3 keeps them off the console), the host memory the
+# own log with dmesg, since loglevel=3 keeps them off the console), whether the guest still
+# ran at half the time-out (guest_watchdog, below), the host memory the
 # swapped pages held (host_mem_mib: the server's peak RSS less the guest memory it maps
 # shared, RssShmem, which is the guest's RAM and not held for the swap; for qemu-storage-
 # daemon that plus its tmpfs file's blocks, sampled together; the guest's zram
@@ -152,9 +160,11 @@ trap 'exit 130' INT TERM
 trap 'echo "vm-swap: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 # What a hung run leaves to look at: the guest's CPU (halted or not, where), QEMU's view of
-# its disks (requests done on each), and the server's own counts (requests read against
-# replies sent: a server that owes no reply did not lose one). Asked of QEMU's monitor
-# socket $1, of ztier serve on socket $2 (empty for other servers).
+# its disks (requests done on each, and the requests each virtio queue still holds), and the
+# server's own counts (requests read against replies sent: a server that owes no reply did
+# not lose one). Asked of QEMU's monitor socket $1, of ztier serve on socket $2 (empty for
+# other servers). The guest's own view (its blocked tasks, the requests it waits on) is on
+# its console, from the watchdog at half the time-out (scripts/vm/init).
 dump_hang() {
   local monitor=$1 served=$2
   echo "vm-swap: the state at the time-out:" >&2
@@ -162,31 +172,46 @@ dump_hang() {
     echo "vm-swap: no python3 to ask QEMU's monitor" >&2
   elif [ -S "$monitor" ]; then
     python3 - "$monitor" <<'PY' >&2 || echo "vm-swap: QEMU's monitor did not answer" >&2
-import socket, sys, time
+import re, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(5)
 s.connect(sys.argv[1])
 out = b""
-for cmd in (b"info status", b"info registers", b"info blockstats", b"info block"):
+
+
+def ask(cmd):
+    """Whatever comes within a second of the command (a slow guest's QEMU answers late)."""
     s.sendall(cmd + b"\n")
-    # Whatever comes within a second of the command (a slow guest's QEMU answers late).
     s.settimeout(1)
+    got = b""
     try:
         while True:
             chunk = s.recv(65536)
             if not chunk:
                 break
-            out += chunk
+            got += chunk
     except socket.timeout:
         pass
+    return got
+
+
+for cmd in (b"info status", b"info registers", b"info blockstats", b"info block"):
+    out += ask(cmd)
+# Each virtio device's first queue as the device sees it: requests the guest made available
+# against those it was given back (used) and those still held (inuse). A device that holds
+# none has answered every request; one that holds some still owes them.
+for path in sorted(set(re.findall(rb"(/machine/\S+/virtio-backend)", ask(b"info virtio")))):
+    out += b"virtio queue 0 of " + path + b":\n"
+    out += ask(b"info virtio-queue-status " + path + b" 0")
 if not out:
     sys.exit(1)
 # The general registers, RIP and whether the vCPU is halted; not the segment, FPU and
 # vector registers.
 noise = ("ES =", "CS =", "SS =", "DS =", "FS =", "GS =", "LDT", "TR =", "GDT", "IDT", "DR",
-         "EFER", "FCW", "FPR", "XMM", "(qemu)", "QEMU ")
+         "EFER", "FCW", "FPR", "XMM", "(qemu)", "QEMU ", "info ")
 for line in out.decode(errors="replace").splitlines():
-    if line.strip() and not line.lstrip().startswith(noise):
+    # (Lines with escape sequences are the monitor echoing what was typed.)
+    if line.strip() and not line.lstrip().startswith(noise) and "\x1b" not in line:
         print("  qemu| " + line.rstrip())
 PY
   fi
@@ -374,7 +399,7 @@ run() {
     -display none -monitor "unix:$work/$kind.monitor,server=on,wait=off"
     -serial "file:$console" -no-reboot -no-shutdown
     -kernel "$kernel" -initrd "$work/initrd.gz"
-    -append "console=ttyS0 panic=-1 quiet loglevel=3 transparent_hugepage=never vmswap.swap=$swap vmswap.mib=$mib vmswap.touches=$touches${guest_args:+ $guest_args}"
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 transparent_hugepage=never vmswap.swap=$swap vmswap.mib=$mib vmswap.touches=$touches vmswap.watchdog=$((timeout / 2))${guest_args:+ $guest_args}"
     -drive "file=$work/corpus.raw,format=raw,if=none,id=corpus,readonly=on"
     -device "virtio-blk-pci,drive=corpus")
   if [ -n "$drive" ] && [ "$iothread" = 1 ]; then
@@ -467,6 +492,13 @@ run() {
     echo "vm-swap: $kind: the guest's kernel logged ${io_errors:-missing (no report)} block or swap I/O errors" >&2
     failed=1
   fi
+  # Whether the guest's watchdog (scripts/vm/init) found the workload still running at half
+  # the time-out: it showed where the guest waited, and read the swap disk once.
+  local watchdog=0
+  if grep -q '^vmswap: the workload still runs' "$console"; then
+    watchdog=1
+    echo "vm-swap: $kind: the guest still ran at half the time-out; what its watchdog found is above" >&2
+  fi
   local host_mem extra=""
   if [ -n "$server" ]; then
     r=$(rss_kib "$server")
@@ -530,7 +562,7 @@ run() {
     pages = v["pswpin"] + v["pswpout"]
     if (pages > 0) printf "cpu_us_per_page=%.1f server_cpu_us_per_page=%.2f", (s + q) * 1e6 / pages, s * 1e6 / pages }')
   local line
-  line="RESULT swap=$kind wall_s=$wall ${vmline#VMSWAP } guest_io_errors=${io_errors:-missing} host_mem_mib=${host_mem:-0} server_cpu_s=$server_cpu qemu_cpu_s=$qemu_cpu $per_page $extra"
+  line="RESULT swap=$kind wall_s=$wall ${vmline#VMSWAP } guest_io_errors=${io_errors:-missing} guest_watchdog=$watchdog host_mem_mib=${host_mem:-0} server_cpu_s=$server_cpu qemu_cpu_s=$qemu_cpu $per_page $extra"
   echo "$line"
   [ -z "$results" ] || echo "$line" >>"$results"
   table+=("$line")
