@@ -43,10 +43,10 @@
 #
 # --timeout (default 900 s) ends a guest that has not finished. A guest still running at
 # half of it shows, once, its kernel's blocked tasks, its memory and the requests its disks
-# still wait on, then reads one block of its swap disk: a request the device completed
-# without telling the guest is found when that read's completion is, and the run goes on
-# (RESULT's guest_watchdog=1 says so); a request the server never answered stays unanswered.
-# At the time-out the state of QEMU's devices and of the server follows.
+# still wait on, then reads one block of each disk: a request the device completed without
+# telling the guest is found when that read's completion is, and the run goes on (RESULT's
+# guest_watchdog=1 says so); a request the server never answered stays unanswered. At the
+# time-out the state of QEMU's virtio queues (not vhost-user's) and of the server follows.
 #
 # Defaults: 160 MiB of guest RAM, a 320 MiB workload, the bundled sample as corpus
 # (../shared/corpus's files are larger and more varied: pass them with --corpus). TCG
@@ -57,7 +57,7 @@
 # was not in memory), the guest's pswpin/pswpout, pages that came back wrong (mismatches),
 # block and swap I/O errors in the guest's kernel log (guest_io_errors: the guest reads its
 # own log with dmesg, since loglevel=3 keeps them off the console), whether the guest still
-# ran at half the time-out (guest_watchdog, below), the host memory the
+# ran at half the time-out (guest_watchdog, above), the host memory the
 # swapped pages held (host_mem_mib: the server's peak RSS less the guest memory it maps
 # shared, RssShmem, which is the guest's RAM and not held for the swap; for qemu-storage-
 # daemon that plus its tmpfs file's blocks, sampled together; the guest's zram
@@ -176,43 +176,51 @@ import re, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(5)
 s.connect(sys.argv[1])
-out = b""
+# The general registers, RIP and whether the vCPU is halted; not the segment, FPU and
+# vector registers. (Lines with escape sequences are the monitor echoing what was typed.)
+noise = ("ES =", "CS =", "SS =", "DS =", "FS =", "GS =", "LDT", "TR =", "GDT", "IDT", "DR",
+         "EFER", "FCW", "FPR", "XMM", "(qemu)", "QEMU ", "info ")
+answered = False
 
 
-def ask(cmd):
-    """Whatever comes within a second of the command (a slow guest's QEMU answers late)."""
-    s.sendall(cmd + b"\n")
-    s.settimeout(1)
+def ask(cmd, show=True):
+    """Whatever comes within a second of the command (a slow guest's QEMU answers late),
+    shown as it comes: a monitor that goes away keeps what it said before."""
+    global answered
     got = b""
     try:
+        s.sendall(cmd + b"\n")
+        s.settimeout(1)
         while True:
             chunk = s.recv(65536)
             if not chunk:
                 break
             got += chunk
-    except socket.timeout:
+    except OSError:  # (socket.timeout among them: the answer is complete)
         pass
+    answered |= bool(got)
+    for line in got.decode(errors="replace").splitlines():
+        if show and line.strip() and not line.lstrip().startswith(noise) and "\x1b" not in line:
+            print("  qemu| " + line.rstrip(), flush=True)
     return got
 
 
 for cmd in (b"info status", b"info registers", b"info blockstats", b"info block"):
-    out += ask(cmd)
-# Each virtio device's first queue as the device sees it: requests the guest made available
-# against those it was given back (used) and those still held (inuse). A device that holds
-# none has answered every request; one that holds some still owes them.
-for path in sorted(set(re.findall(rb"(/machine/\S+/virtio-backend)", ask(b"info virtio")))):
-    out += b"virtio queue 0 of " + path + b":\n"
-    out += ask(b"info virtio-queue-status " + path + b" 0")
-if not out:
+    ask(cmd)
+# Each virtio disk's first queue as QEMU sees it: requests the guest made available against
+# those given back (used) and those still held (inuse), and the ring's indexes in the
+# guest's memory (the avail index past QEMU's last_avail_idx: a request QEMU was never told
+# of). Not a vhost-user disk: QEMU would ask its server for the ring's base, which stops
+# the ring.
+for line in ask(b"info virtio", show=False).decode(errors="replace").splitlines():
+    m = re.match(r"\s*(/machine/\S+/virtio-backend) \[([\w-]+)\]", line)
+    if m and not m.group(2).startswith("vhost"):
+        path = m.group(1).encode()
+        print("  qemu| virtio queue 0 of " + m.group(1) + ":", flush=True)
+        ask(b"info virtio-queue-status " + path + b" 0")
+        ask(b"info virtio-queue-element " + path + b" 0")
+if not answered:
     sys.exit(1)
-# The general registers, RIP and whether the vCPU is halted; not the segment, FPU and
-# vector registers.
-noise = ("ES =", "CS =", "SS =", "DS =", "FS =", "GS =", "LDT", "TR =", "GDT", "IDT", "DR",
-         "EFER", "FCW", "FPR", "XMM", "(qemu)", "QEMU ", "info ")
-for line in out.decode(errors="replace").splitlines():
-    # (Lines with escape sequences are the monitor echoing what was typed.)
-    if line.strip() and not line.lstrip().startswith(noise) and "\x1b" not in line:
-        print("  qemu| " + line.rstrip())
 PY
   fi
   if [ -n "$served" ] && [ -S "$served.ctl" ]; then
