@@ -501,9 +501,9 @@ run() {
     failed=1
   fi
   # Whether the guest's watchdog (scripts/vm/init) found the workload still running at half
-  # the time-out: it showed where the guest waited, and read the swap disk once.
+  # the time-out: it showed where the guest waited, and read each of its disks once.
   local watchdog=0
-  if grep -q '^vmswap: the workload still runs' "$console"; then
+  if grep -q '^vmswap: the guest has not finished' "$console"; then
     watchdog=1
     echo "vm-swap: $kind: the guest still ran at half the time-out; what its watchdog found is above" >&2
   fi
