@@ -500,8 +500,8 @@ run() {
     echo "vm-swap: $kind: the guest's kernel logged ${io_errors:-missing (no report)} block or swap I/O errors" >&2
     failed=1
   fi
-  # Whether the guest's watchdog (scripts/vm/init) found the workload still running at half
-  # the time-out: it showed where the guest waited, and read each of its disks once.
+  # Whether the guest's watchdog (scripts/vm/init) found the guest not finished at half the
+  # time-out: it showed where the guest waited, and read each of its disks once.
   local watchdog=0
   if grep -q '^vmswap: the guest has not finished' "$console"; then
     watchdog=1

@@ -163,12 +163,10 @@ fn vm_swap(dir: &Path, kinds: &[&str], mib: u32) -> HashMap<String, HashMap<Stri
     // so that a passing run's log keeps it.
     for (kind, r) in &results {
         if r.get("guest_watchdog").map(String::as_str) == Some("1") {
-            let _ = std::io::stderr().write_all(
-                format!(
-                    "vm-swap: the {kind} guest needed its watchdog to finish; all it said:\n\
-                     {stdout}{stderr}"
-                )
-                .as_bytes(),
+            let _ = writeln!(
+                std::io::stderr(),
+                "vm-swap: the {kind} guest needed its watchdog to finish; all it said:\n\
+                 {stdout}{stderr}"
             );
         }
     }
