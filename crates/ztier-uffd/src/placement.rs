@@ -24,6 +24,17 @@
 //!   once. The fault thread is then pinned to that CPU (following moves the pin), and the
 //!   evictors keep off it while faults come (an evictor's batch compresses for a millisecond
 //!   or so, and would take the CPU from it), where the process has another CPU.
+//! - **Only while faults come densely.** The copy's wake-up leaves the fault thread
+//!   runnable behind the faulting thread until that thread's next fault. Where the program
+//!   runs milliseconds between faults, an idle CPU's load balancing finds the pinned thread
+//!   waiting there, cannot pull it, and pushes the program's running thread across instead
+//!   (the stopper's active balance), and the fault thread then follows it: on the lookup
+//!   workload at 97 % (about 270 faults a second) the program's thread changed CPU 40-55
+//!   times a second, each time onto cold caches, and once in a whole run with load
+//!   balancing off (docs/diary.md, 2026-12-02). So while the faults' mean gap is over
+//!   [`SPARSE_GAP`], the fault thread floats at idle priority (its affinity every CPU it
+//!   may use, and no following): an idle CPU pulls it, not the program, and a fault then
+//!   costs a trip across CPUs, a few microseconds more where the CPU latency request holds.
 //!
 //! Idle priority starves beside any busy thread of normal priority, and a fault waits for
 //! it. So faults from a second thread end it at the next look (and it is not tried again for
@@ -65,6 +76,17 @@ use ztier_base::sched::{self, lower_to_idle_priority, CpuSet, Policy, ThreadId};
 /// How often, at most, the fault thread looks where the faulting thread runs. A look is
 /// one `pread` of a stat file: cheap, but a system call, so not one on every fault.
 const LOOK_EVERY: Duration = Duration::from_micros(250);
+
+/// The faults' mean gap (an average over about the last eight) over which the fault thread
+/// is not pinned to the faulting thread's CPU: a program that runs this long between
+/// faults gives an idle CPU's load balancing time to find the fault thread waiting behind
+/// it. A dense run of faults (a sequential fault-in: microseconds apart) stays pinned.
+const SPARSE_GAP: Duration = Duration::from_millis(1);
+
+/// The most a single gap counts in the mean: a pause in a dense run of faults (a pass of
+/// evictions, a turn of another thread) moves it by at most half a millisecond, so it takes
+/// three long gaps in a row to leave the pin.
+const GAP_COUNTED: Duration = Duration::from_millis(4);
 
 /// How long a look a fault found due may wait for a moment when the fault thread has
 /// nothing in hand ([`Follow::look_if_due`]) before the next fault makes it on its path: a
@@ -378,6 +400,10 @@ pub(crate) struct Follow<'a> {
     fruitless: bool,
     /// A fault found a look due, left for [`look_if_due`](Follow::look_if_due).
     look_due: bool,
+    /// When the last fault was read, and the mean gap between faults (nanoseconds, an
+    /// exponential average with weight 1/8): sparse faults leave this thread unpinned.
+    last_fault_read: Option<Instant>,
+    mean_gap_ns: u64,
 }
 
 impl<'a> Follow<'a> {
@@ -398,7 +424,14 @@ impl<'a> Follow<'a> {
             stat: None,
             fruitless: false,
             look_due: false,
+            last_fault_read: None,
+            mean_gap_ns: 0,
         }
+    }
+
+    /// Whether faults come too far apart for pinning to pay ([`SPARSE_GAP`]).
+    fn sparse(&self) -> bool {
+        self.mean_gap_ns > SPARSE_GAP.as_nanos() as u64
     }
 
     /// A sign, after a turn of the fault thread's loop that served faults, that the
@@ -429,6 +462,11 @@ impl<'a> Follow<'a> {
         let p = self.placement;
         p.last_fault.store(p.now(), Relaxed);
         p.holding.store(true, Relaxed);
+        let now = Instant::now();
+        if let Some(last) = self.last_fault_read.replace(now) {
+            let gap = now.duration_since(last).min(GAP_COUNTED).as_nanos() as u64;
+            self.mean_gap_ns = self.mean_gap_ns - self.mean_gap_ns / 8 + gap / 8;
+        }
         if tid == 0 {
             return;
         }
@@ -491,6 +529,14 @@ impl<'a> Follow<'a> {
             }
         }
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
+        if p.mode.load(Acquire) == IDLE && self.sparse() {
+            // Floating: unpinned, wherever the scheduler puts it (the module header).
+            if self.pinned.take().is_some() {
+                set_affinity(0, cpus);
+                p.pinned.store(NOT_PINNED, Relaxed);
+            }
+            return false;
+        }
         if p.mode.load(Acquire) == IDLE {
             // Pinned there already: nothing to do (`self.pinned` is reset on every entry to
             // idle priority, after whoever ended it last set the affinity back).

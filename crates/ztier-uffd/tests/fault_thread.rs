@@ -1,7 +1,8 @@
 //! Where a region's fault thread runs: it holds the CPU latency request while faults come
 //! and lets it go after, runs at idle priority while one thread faults (given back its
 //! priority when starved, kept at normal priority while two threads fault), and follows a
-//! faulting thread to its CPU.
+//! faulting thread to its CPU while its faults come densely, and leaves a thread that
+//! faults now and then where it runs.
 mod common;
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -10,12 +11,21 @@ use ztier_base::sched::{self, CpuSet, ThreadId};
 
 use common::{check_page, region, region_with, write_page, PAGE};
 
+/// Held by each test: one keeps a CPU busy on purpose, and where the fault threads run is
+/// what the others look at.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fault takes the region's CPU latency request (idle CPUs then poll, so a fault's
 /// wake-ups across CPUs cost little), a spell with no fault gives it back, the next faults
 /// take it again, and a region told not to makes none. Where `/dev/cpu_dma_latency`
 /// cannot be opened (not root), the region says why, and this skips.
 #[test]
 fn a_fault_holds_the_cpu_latency_request_until_faults_stop() {
+    let _one = one_at_a_time();
     let Some(r) = region(4 * PAGE, 4 * PAGE) else {
         return;
     };
@@ -143,6 +153,7 @@ fn fault_until_idle_priority(r: &ztier_uffd::Region) -> bool {
 
 #[test]
 fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
+    let _one = one_at_a_time();
     // A fault a page (no fault-around), so that a pass is 64 faults.
     let config = ztier_uffd::RegionConfig {
         fault_around: 0,
@@ -206,6 +217,7 @@ fn a_fault_thread_starved_at_idle_priority_is_given_back_its_priority() {
 
 #[test]
 fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
+    let _one = one_at_a_time();
     let Some(r) = written_region_for_idle_priority(&ztier_uffd::RegionConfig::default()) else {
         return;
     };
@@ -245,6 +257,7 @@ fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
 
 #[test]
 fn the_fault_thread_follows_a_faulting_thread_to_another_cpu() {
+    let _one = one_at_a_time();
     let cpus = allowed_cpus();
     if cpus.len() < 2 {
         eprintln!("skipped: one CPU, nowhere to follow a thread to");
@@ -281,4 +294,72 @@ fn the_fault_thread_follows_a_faulting_thread_to_another_cpu() {
     });
     assert!(entered, "never at idle priority: {:?}", r.stats());
     assert!(after > before, "{:?}", r.stats());
+}
+
+/// How often the calling thread has changed CPU (`se.nr_migrations` in its sched file, a
+/// kernel with scheduler statistics); `None` where the kernel does not say.
+fn migrations_of_this_thread() -> Option<u64> {
+    let sched = std::fs::read_to_string("/proc/thread-self/sched").ok()?;
+    sched
+        .lines()
+        .find(|l| l.starts_with("se.nr_migrations"))?
+        .rsplit(':')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A thread that runs milliseconds between its faults stays on its CPU. The fault thread,
+/// pinned behind it, would leave an idle CPU's load balancing nothing to pull but the
+/// faulting thread itself, pushed across tens of times a second (placement.rs, "Only while
+/// faults come densely"); with faults that far apart it is not pinned.
+#[test]
+fn a_thread_faulting_now_and_then_keeps_its_cpu() {
+    let _one = one_at_a_time();
+    if allowed_cpus().len() < 2 {
+        eprintln!("skipped: one CPU, nowhere to be pushed to");
+        return;
+    }
+    let config = ztier_uffd::RegionConfig {
+        fault_around: 0,
+        ..Default::default()
+    };
+    let Some(r) = written_region_for_idle_priority(&config) else {
+        return;
+    };
+    let Some(before) = migrations_of_this_thread() else {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI must run this test: no se.nr_migrations in /proc/thread-self/sched");
+        }
+        eprintln!("skipped: the kernel keeps no scheduler statistics (se.nr_migrations)");
+        return;
+    };
+    assert!(
+        fault_until_idle_priority(&r),
+        "never at idle priority: {:?}",
+        r.stats()
+    );
+    // Two seconds of a fault every 3 ms, the CPU kept busy between them.
+    let before = migrations_of_this_thread().unwrap_or(before);
+    let started = std::time::Instant::now();
+    let mut faults = 0u64;
+    while started.elapsed() < std::time::Duration::from_secs(2) {
+        let page = faults % 64;
+        assert!(r.evict(page).unwrap());
+        check_page(r.words(), page, 1).unwrap();
+        faults += 1;
+        let busy = std::time::Instant::now();
+        while busy.elapsed() < std::time::Duration::from_millis(3) {
+            std::hint::spin_loop();
+        }
+    }
+    let moved = migrations_of_this_thread().unwrap() - before;
+    eprintln!("changed CPU {moved} times in 2 s of {faults} faults");
+    // Pinned behind it at every fault, it was pushed across about 40 times a second here.
+    assert!(
+        moved <= 10,
+        "changed CPU {moved} times in 2 s of {faults} faults: {:?}",
+        r.stats()
+    );
 }
