@@ -135,6 +135,22 @@ fn written_region_for_idle_priority(config: &ztier_uffd::RegionConfig) -> Option
     Some(r)
 }
 
+/// The CPUs this thread may use, at least two, and a written region whose faults bring in
+/// one page each (no fault-around), its fault thread able to use idle priority; `None`
+/// (the test skips, saying why: one CPU, `why_two`) otherwise.
+fn two_cpus_and_a_page_a_fault(why_two: &str) -> Option<(Vec<usize>, common::Guarded)> {
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: one CPU, {why_two}");
+        return None;
+    }
+    let config = ztier_uffd::RegionConfig {
+        fault_around: 0,
+        ..Default::default()
+    };
+    written_region_for_idle_priority(&config).map(|r| (cpus, r))
+}
+
 /// Evicts and reads every page from the calling thread until the fault thread is seen at
 /// idle priority (entered at the first fault's look; a busy thread of another test on its
 /// CPU may end it meanwhile, and each time it is ended it is not tried again for a
@@ -258,16 +274,7 @@ fn faults_from_two_threads_keep_the_fault_thread_at_normal_priority() {
 #[test]
 fn the_fault_thread_follows_a_faulting_thread_to_another_cpu() {
     let _one = one_at_a_time();
-    let cpus = allowed_cpus();
-    if cpus.len() < 2 {
-        eprintln!("skipped: one CPU, nowhere to follow a thread to");
-        return;
-    }
-    let config = ztier_uffd::RegionConfig {
-        fault_around: 0,
-        ..Default::default()
-    };
-    let Some(r) = written_region_for_idle_priority(&config) else {
+    let Some((cpus, r)) = two_cpus_and_a_page_a_fault("nowhere to follow a thread to") else {
         return;
     };
     // One thread faults on one CPU until the fault thread runs there at idle priority, then
@@ -317,15 +324,7 @@ fn migrations_of_this_thread() -> Option<u64> {
 #[test]
 fn a_thread_faulting_now_and_then_keeps_its_cpu() {
     let _one = one_at_a_time();
-    if allowed_cpus().len() < 2 {
-        eprintln!("skipped: one CPU, nowhere to be pushed to");
-        return;
-    }
-    let config = ztier_uffd::RegionConfig {
-        fault_around: 0,
-        ..Default::default()
-    };
-    let Some(r) = written_region_for_idle_priority(&config) else {
+    let Some((_, r)) = two_cpus_and_a_page_a_fault("nowhere to be pushed to") else {
         return;
     };
     let Some(before) = migrations_of_this_thread() else {
