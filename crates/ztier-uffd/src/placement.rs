@@ -24,17 +24,24 @@
 //!   once. The fault thread is then pinned to that CPU (following moves the pin), and the
 //!   evictors keep off it while faults come (an evictor's batch compresses for a millisecond
 //!   or so, and would take the CPU from it), where the process has another CPU.
-//! - **Only while faults come densely.** The copy's wake-up leaves the fault thread
-//!   runnable behind the faulting thread until that thread's next fault. Where the program
-//!   runs milliseconds between faults, an idle CPU's load balancing finds the pinned thread
-//!   waiting there, cannot pull it, and pushes the program's running thread across instead
-//!   (the stopper's active balance), and the fault thread then follows it: on the lookup
-//!   workload at 97 % (about 270 faults a second) the program's thread changed CPU 40-55
-//!   times a second, each time onto cold caches, and once in a whole run with load
-//!   balancing off (docs/diary.md, 2026-12-02). So while the faults' mean gap is over
-//!   [`SPARSE_GAP`], the fault thread floats at idle priority (its affinity every CPU it
-//!   may use, and no following): an idle CPU pulls it, not the program, and a fault then
-//!   costs a trip across CPUs, a few microseconds more where the CPU latency request holds.
+//!
+//! **Only while faults come densely.** The copy's wake-up leaves the pinned fault thread
+//! runnable behind the faulting thread until that thread's next fault. Where the program
+//! runs milliseconds between faults, an idle CPU's load balancing finds the pinned thread
+//! waiting there, cannot pull it, and pushes the program's running thread across instead
+//! (the stopper's active balance), and the fault thread then follows it: on the lookup
+//! workload at 97 % (about 270 faults a second) the program's thread changed CPU 37 times a
+//! second, each time onto cold caches, the stopper's pushes 40-55 a second in most seconds;
+//! a process's moves fell from about 800 to under 50 with load balancing off
+//! (docs/diary.md, 2026-12-02). So while the faults' mean gap is over [`SPARSE_GAP`], the
+//! fault thread neither pins itself nor follows; it stays at idle priority, its affinity
+//! every CPU it may use, and an idle CPU pulls it rather than push the program. A fault then
+//! costs a trip across CPUs: while the CPU latency request holds (faults under 10 ms apart,
+//! cpu_latency_qos.rs), about 5-7 µs more to the program than on one CPU on this project's
+//! VM; where it does not (sparser faults, or a process that may not open
+//! `/dev/cpu_dma_latency`) and idle CPUs halt, the wake-ups into a halted CPU (about 80 µs
+//! a round trip there), which a pinned fault thread on the program's CPU would not have paid
+//! (not measured against the pushes it would have caused).
 //!
 //! Idle priority starves beside any busy thread of normal priority, and a fault waits for
 //! it. So faults from a second thread end it at the next look (and it is not tried again for
@@ -58,7 +65,9 @@
 //! `IDLE` to `NORMAL` with a compare-and-swap (the fault thread or the guard) makes the change
 //! of policy and affinity back, so each change back is made once. `DONE` (the fault thread has
 //! ended) is never left: the guard never acts on a thread id that may be reused. No locks but
-//! the guard's own sleep (`nap`, a leaf).
+//! the guard's own sleep (`nap`, a leaf). `pinned` names a CPU only while the fault thread's
+//! affinity is that CPU alone (stored after the pin, cleared after the affinity is set
+//! back, so stale for a moment either way).
 //!
 //! The scheduler's calls themselves (policy, affinity, the current CPU, preemptions) are
 //! `ztier_base::sched`'s; this module decides when to make them.
@@ -81,6 +90,8 @@ const LOOK_EVERY: Duration = Duration::from_micros(250);
 /// is not pinned to the faulting thread's CPU: a program that runs this long between
 /// faults gives an idle CPU's load balancing time to find the fault thread waiting behind
 /// it. A dense run of faults (a sequential fault-in: microseconds apart) stays pinned.
+/// Chosen between the two measured cases (microseconds, and the lookups' 3.7 ms), not
+/// measured between them.
 const SPARSE_GAP: Duration = Duration::from_millis(1);
 
 /// The most a single gap counts in the mean: a pause in a dense run of faults (a pass of
@@ -400,9 +411,10 @@ pub(crate) struct Follow<'a> {
     fruitless: bool,
     /// A fault found a look due, left for [`look_if_due`](Follow::look_if_due).
     look_due: bool,
-    /// When the last fault was read, and the mean gap between faults (nanoseconds, an
-    /// exponential average with weight 1/8): sparse faults leave this thread unpinned.
-    last_fault_read: Option<Instant>,
+    /// When the last fault was read (ns since the placement's epoch), and the mean gap
+    /// between faults (ns, an exponential average with weight 1/8): sparse faults leave
+    /// this thread unpinned.
+    last_fault_read: Option<u64>,
     mean_gap_ns: u64,
 }
 
@@ -434,6 +446,16 @@ impl<'a> Follow<'a> {
         self.mean_gap_ns > SPARSE_GAP.as_nanos() as u64
     }
 
+    /// Unpinned, wherever the scheduler puts it (the module header, "Only while faults come
+    /// densely"): the affinity back to every CPU this thread could use, if pinned.
+    fn float(&mut self) {
+        if self.pinned.take().is_some() {
+            let p = self.placement;
+            set_affinity(0, p.cpus.get().map_or(&[][..], Vec::as_slice));
+            p.pinned.store(NOT_PINNED, Relaxed);
+        }
+    }
+
     /// A sign, after a turn of the fault thread's loop that served faults, that the
     /// faulting thread was woken on another CPU: at idle priority, a copy's wake-up of a
     /// faulting thread on this CPU takes the CPU from this thread until that thread blocks
@@ -446,7 +468,8 @@ impl<'a> Follow<'a> {
     /// finds the two together (the faulting thread blocked on something else, or ran on
     /// beside this thread given a slice) is not repeated within [`LOOK_EVERY`].
     pub(crate) fn maybe_apart(&mut self) {
-        if self.placement.mode.load(Relaxed) != IDLE {
+        // Faults far apart are not followed (the module header).
+        if self.placement.mode.load(Relaxed) != IDLE || self.sparse() {
             return;
         }
         let due = !self.fruitless || self.last_look.is_none_or(|t| t.elapsed() >= LOOK_EVERY);
@@ -460,11 +483,11 @@ impl<'a> Follow<'a> {
     /// for [`LOOK_OVERDUE`] (or none was ever made): then it is made now, on the fault's path.
     pub(crate) fn fault(&mut self, tid: u64) {
         let p = self.placement;
-        p.last_fault.store(p.now(), Relaxed);
+        let now = p.now();
+        p.last_fault.store(now, Relaxed);
         p.holding.store(true, Relaxed);
-        let now = Instant::now();
         if let Some(last) = self.last_fault_read.replace(now) {
-            let gap = now.duration_since(last).min(GAP_COUNTED).as_nanos() as u64;
+            let gap = now.saturating_sub(last).min(GAP_COUNTED.as_nanos() as u64);
             self.mean_gap_ns = self.mean_gap_ns - self.mean_gap_ns / 8 + gap / 8;
         }
         if tid == 0 {
@@ -492,13 +515,18 @@ impl<'a> Follow<'a> {
     }
 
     /// Looks where thread `tid` runs, and follows it there (entering or leaving idle
-    /// priority as the faults since the last look allow); whether this thread moved to
-    /// another CPU.
+    /// priority as the faults since the last look allow; at idle priority with faults far
+    /// apart, unpinned instead, and no look); whether this thread moved to another CPU.
     fn look(&mut self, tid: u64) -> bool {
         let p = self.placement;
         self.last_look = Some(Instant::now());
         self.look_due = false;
         let mixed = std::mem::take(&mut self.mixed);
+        if !mixed && p.mode.load(Acquire) == IDLE && self.sparse() {
+            // Floating: nowhere to follow to, so no stat to read.
+            self.float();
+            return false;
+        }
         let Some(cpu) = self.cpu_of(tid) else {
             return false;
         };
@@ -530,11 +558,8 @@ impl<'a> Follow<'a> {
         }
         let cpus = p.cpus.get().map_or(&[][..], Vec::as_slice);
         if p.mode.load(Acquire) == IDLE && self.sparse() {
-            // Floating: unpinned, wherever the scheduler puts it (the module header).
-            if self.pinned.take().is_some() {
-                set_affinity(0, cpus);
-                p.pinned.store(NOT_PINNED, Relaxed);
-            }
+            // Just entered idle priority, faults far apart.
+            self.float();
             return false;
         }
         if p.mode.load(Acquire) == IDLE {
