@@ -33,9 +33,9 @@
 //! workload at 97 % (about 270 faults a second) the program's thread changed CPU 37 times a
 //! second, each time onto cold caches, the stopper's pushes 40-55 a second in most seconds;
 //! a process's moves fell from about 800 to under 50 with load balancing off
-//! (docs/diary.md, 2026-12-02). So while the faults' mean gap is over [`SPARSE_GAP`], the
-//! fault thread neither pins itself nor follows; it stays at idle priority, its affinity
-//! every CPU it may use, and an idle CPU pulls it rather than push the program. A fault then
+//! (docs/diary.md, 2026-12-02). So at idle priority, while the faults' mean gap is over
+//! [`SPARSE_GAP`], the fault thread neither pins itself nor follows: its affinity is every
+//! CPU it may use, and an idle CPU pulls it rather than push the program. A fault then
 //! costs a trip across CPUs: while the CPU latency request holds (faults under 10 ms apart,
 //! cpu_latency_qos.rs), about 5-7 µs more to the program than on one CPU on this project's
 //! VM; where it does not (sparser faults, or a process that may not open

@@ -137,7 +137,7 @@ fn written_region_for_idle_priority(config: &ztier_uffd::RegionConfig) -> Option
 
 /// The CPUs this thread may use, at least two, and a written region whose faults bring in
 /// one page each (no fault-around), its fault thread able to use idle priority; `None`
-/// (the test skips, saying why: one CPU, `why_two`) otherwise.
+/// (the test skips, saying why: one CPU, `why_two`; under `CI` it fails instead) otherwise.
 fn two_cpus_and_a_page_a_fault(why_two: &str) -> Option<(Vec<usize>, common::Guarded)> {
     let cpus = allowed_cpus();
     if cpus.len() < 2 {
