@@ -411,10 +411,8 @@ pub(crate) struct Follow<'a> {
     fruitless: bool,
     /// A fault found a look due, left for [`look_if_due`](Follow::look_if_due).
     look_due: bool,
-    /// When the last fault was read (ns since the placement's epoch), and the mean gap
-    /// between faults (ns, an exponential average with weight 1/8): sparse faults leave
-    /// this thread unpinned.
-    last_fault_read: Option<u64>,
+    /// The mean gap between faults (ns, an exponential average with weight 1/8, from the
+    /// placement's `last_fault`): sparse faults leave this thread unpinned.
     mean_gap_ns: u64,
 }
 
@@ -436,7 +434,6 @@ impl<'a> Follow<'a> {
             stat: None,
             fruitless: false,
             look_due: false,
-            last_fault_read: None,
             mean_gap_ns: 0,
         }
     }
@@ -484,9 +481,11 @@ impl<'a> Follow<'a> {
     pub(crate) fn fault(&mut self, tid: u64) {
         let p = self.placement;
         let now = p.now();
-        p.last_fault.store(now, Relaxed);
+        // Only this thread writes `last_fault`: the value it replaces is the last fault's
+        // (0 before the first).
+        let last = p.last_fault.swap(now, Relaxed);
         p.holding.store(true, Relaxed);
-        if let Some(last) = self.last_fault_read.replace(now) {
+        if last != 0 {
             let gap = now.saturating_sub(last).min(GAP_COUNTED.as_nanos() as u64);
             self.mean_gap_ns = self.mean_gap_ns - self.mean_gap_ns / 8 + gap / 8;
         }
