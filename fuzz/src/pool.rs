@@ -1,7 +1,8 @@
 //! The pools' safe API against a model, under AddressSanitizer.
 
 /// Arbitrary malloc / write / read / free / stale-free / invented-handle / compact sequences
-/// on zsmalloc (any chain size, both page sizes) and zblock, checked against a model by
+/// on zsmalloc (any chain size, both page sizes) and zblock (objects up to a page, 16 or
+/// 64 KiB), checked against a model by
 /// `ztier_pool::testing::run_model`: under AddressSanitizer, no sequence of calls to the
 /// pools' safe API may touch memory outside live pages.
 pub fn pool_model(data: &[u8]) {
@@ -37,6 +38,12 @@ pub fn pool_model(data: &[u8]) {
         let pool = ZblockPool::new(ZblockConfig {
             page_size,
             odd_blocks: layout & 0x20 != 0,
+            // Objects larger than a page too (zram's 16 and 64 KiB units).
+            max_object: match layout & 0x03 {
+                1 => Some(16384.max(page_size)),
+                2 => Some(65536),
+                _ => None,
+            },
             ..ZblockConfig::default()
         })
         .expect("valid layout");

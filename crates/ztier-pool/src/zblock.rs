@@ -9,6 +9,14 @@
 //! to the type that stores it in the fewest bytes. A size → type table indexed by 16-byte
 //! steps makes the lookup one load.
 //!
+//! Objects larger than a page (zram's 16 and 64 KiB compression units; `max_object`, which
+//! the kernel's zblock does not have): the page's table stays as it is, and types for the
+//! larger objects follow it, computed the same way from blocks of up to
+//! [`LARGE_BLOCK_FACTOR`] times the largest object's pages (as zsmalloc's classes above a
+//! page chain up to four times an object's fewest pages), each with a larger slot than any
+//! of the page's types. A handle names up to 256 types; the page's table keeps the Rust
+//! version's 64.
+//!
 //! Each type keeps its non-full blocks on an "active" list and takes slots from its first
 //! block; a block that fills leaves the list and comes back (at the tail) when a slot is freed,
 //! and a block whose last slot is freed is given back at once. So a new block is allocated
@@ -39,15 +47,21 @@ pub const BLOCK_PAGES: [usize; 4] = [1, 2, 4, 8];
 pub const BLOCK_PAGES_EXTRA: [usize; 3] = [3, 5, 6];
 /// Slot sizes are multiples of this (the Rust version's alignment).
 const SLOT_ALIGN: usize = 16;
-/// At most this many types (6 handle bits, as the Rust version reserves).
-const MAX_TYPES: usize = 64;
+/// At most this many types for objects up to a page (the Rust version's 6 handle bits).
+const MAX_PAGE_TYPES: usize = 64;
+/// At most this many types in all: the page's, then those for larger objects.
+const MAX_TYPES: usize = 256;
+/// Blocks for objects larger than a page have up to this many times the largest object's
+/// pages (zsmalloc's `LARGE_CHAIN_FACTOR`).
+pub const LARGE_BLOCK_FACTOR: usize = 4;
 
 // Handle layout (u64; `crate::handle` packs it):
-//   63        54 53      43 42   37 36                     9 8        1 0
-//  | pool (10)  | gen (11)  | type  | block id (28)          | slot (8)  |1|
+//   63        54 53      43 42     35 34                   9 8        1 0
+//  | pool (10)  | gen (11)  | type (8) | block id (26)        | slot (8)  |1|
+// 2^26 blocks of a type hold 256 GiB at the smallest block, a 4 KiB page.
 const H_SLOT: Field = Field::after(handle::TAG_BIT, 8);
-const H_BLOCK: Field = Field::after(H_SLOT, 28);
-const H_TYPE: Field = Field::after(H_BLOCK, 6);
+const H_BLOCK: Field = Field::after(H_SLOT, 26);
+const H_TYPE: Field = Field::after(H_BLOCK, 8);
 const H_GEN: Field = Field::after(H_TYPE, 11);
 const _: () = assert!(H_GEN.end() == 64 - handle::POOL_TAG_BITS);
 const _: () = assert!(H_TYPE.max() + 1 >= MAX_TYPES as u64);
@@ -87,78 +101,153 @@ impl BlockType {
 #[derive(Debug, Clone)]
 pub struct BlockTable {
     pub page_size: usize,
+    /// The largest object: the page size, or a larger power of two up to 64 KiB.
+    pub max_object: usize,
     pub types: Vec<BlockType>,
     /// Type for sizes in `(16 (i - 1), 16 i]`.
     lookup: Vec<u8>,
 }
 
+/// The types worth having among `candidates`, for objects of up to `reach` bytes: from the
+/// largest slots down, a candidate is kept only if it stores objects in fewer bytes than
+/// every larger-slotted type already kept (the Pareto frontier of slot size against
+/// footprint); then, if more than `max_types`, thinned (see below). In ascending slot size.
+fn frontier(
+    mut candidates: Vec<BlockType>,
+    page_size: usize,
+    reach: usize,
+    max_types: usize,
+) -> Vec<BlockType> {
+    // No object exceeds `reach`, so every slot of `reach` or more is as good as `reach`.
+    let reach = |t: &BlockType| t.slot_size.min(reach);
+    candidates.sort_by(|a, b| {
+        reach(b).cmp(&reach(a)).then(
+            a.footprint(page_size)
+                .total_cmp(&b.footprint(page_size))
+                .then(a.pages.cmp(&b.pages)),
+        )
+    });
+    let mut types: Vec<BlockType> = Vec::new();
+    for c in candidates {
+        if types
+            .last()
+            .is_none_or(|l| c.footprint(page_size) < l.footprint(page_size))
+        {
+            types.push(c);
+        }
+    }
+    // More types than the handle can name: keep, from the largest down, only the types
+    // whose objects would pay more than `ratio` times their footprint in the next larger
+    // kept type; the smallest ratio that fits bounds every object's overhead against the
+    // best type for it.
+    let thin = |ratio: f64| -> Vec<BlockType> {
+        let mut kept: Vec<BlockType> = Vec::new();
+        for t in &types {
+            if kept
+                .last()
+                .is_none_or(|l| l.footprint(page_size) > ratio * t.footprint(page_size))
+            {
+                kept.push(*t);
+            }
+        }
+        kept
+    };
+    let (mut lo, mut hi) = (1.0, 2.0);
+    for _ in 0..40 {
+        let mid = (lo + hi) / 2.0;
+        if thin(mid).len() <= max_types {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let mut types = if types.len() <= max_types {
+        types
+    } else {
+        thin(hi)
+    };
+    types.reverse();
+    types
+}
+
+/// The blocks a type for objects larger than a page may have: `pages` pages of `slots`
+/// equal slots, each larger than `above`, in at most [`LARGE_BLOCK_FACTOR`] times the
+/// fewest pages one slot needs (as zsmalloc chains its zspages above a page).
+fn larger_candidates(page_size: usize, above: usize, max_object: usize) -> Vec<BlockType> {
+    let header = header_size(page_size);
+    let most_pages = LARGE_BLOCK_FACTOR * (max_object + header).div_ceil(page_size);
+    (1..=most_pages)
+        .flat_map(|pages| {
+            (1..=max_slots(page_size)).map(move |slots| BlockType {
+                slot_size: ((pages * page_size - header) / slots) / SLOT_ALIGN * SLOT_ALIGN,
+                slots_per_block: slots,
+                pages,
+            })
+        })
+        .filter(|t| {
+            t.slot_size > above
+                && t.pages <= LARGE_BLOCK_FACTOR * (t.slot_size + header).div_ceil(page_size)
+        })
+        .collect()
+}
+
+/// Types for objects from `above` bytes (exclusive) up to `max_object`: the frontier of
+/// [`larger_candidates`] (each kept only if it stores objects in fewer bytes than every
+/// larger-slotted one), thinned to `room` types. The bound on a block's pages matters: each
+/// type in use keeps one block partly filled, and a frontier of blocks of up to 64 pages
+/// cost more than it saved on a small device (the bundled sample at 64 KiB units held 3.4
+/// times zsmalloc's memory).
+fn larger_types(page_size: usize, above: usize, max_object: usize, room: usize) -> Vec<BlockType> {
+    frontier(
+        larger_candidates(page_size, above, max_object),
+        page_size,
+        max_object,
+        room,
+    )
+}
+
 impl BlockTable {
     /// Computes the table for `page_size` from blocks of `block_pages` pages.
     pub fn new(page_size: usize, block_pages: &[usize]) -> BlockTable {
+        BlockTable::with_max_object(page_size, block_pages, page_size)
+    }
+
+    /// The page's table from blocks of `block_pages` pages, then types for objects up to
+    /// `max_object` bytes (a power of two from the page size; the page size gives the
+    /// page's table alone; see `larger_types`), each with a larger slot than the page's
+    /// largest.
+    pub fn with_max_object(
+        page_size: usize,
+        block_pages: &[usize],
+        max_object: usize,
+    ) -> BlockTable {
+        assert!(max_object.is_power_of_two() && max_object >= page_size);
         let header = header_size(page_size);
-        let mut candidates: Vec<BlockType> = block_pages
-            .iter()
-            .flat_map(|&pages| {
-                (1..=max_slots(page_size)).map(move |slots| BlockType {
-                    slot_size: ((pages * page_size - header) / slots) / SLOT_ALIGN * SLOT_ALIGN,
-                    slots_per_block: slots,
-                    pages,
+        let candidates = |pages: &mut dyn Iterator<Item = usize>| -> Vec<BlockType> {
+            pages
+                .flat_map(|pages| {
+                    (1..=max_slots(page_size)).map(move |slots| BlockType {
+                        slot_size: ((pages * page_size - header) / slots) / SLOT_ALIGN * SLOT_ALIGN,
+                        slots_per_block: slots,
+                        pages,
+                    })
                 })
-            })
-            .filter(|t| t.slot_size >= SLOT_ALIGN)
-            .collect();
-        // No object exceeds a page, so every slot of a page or more is as good as a page.
-        let reach = |t: &BlockType| t.slot_size.min(page_size);
-        candidates.sort_by(|a, b| {
-            reach(b).cmp(&reach(a)).then(
-                a.footprint(page_size)
-                    .total_cmp(&b.footprint(page_size))
-                    .then(a.pages.cmp(&b.pages)),
-            )
-        });
-        // From the largest slots down, a candidate is worth a type only if it stores objects
-        // in fewer bytes than every larger-slotted type already kept.
-        let mut types: Vec<BlockType> = Vec::new();
-        for c in candidates {
-            if types
-                .last()
-                .is_none_or(|l| c.footprint(page_size) < l.footprint(page_size))
-            {
-                types.push(c);
-            }
-        }
-        // More types than the handle can name: keep, from the largest down, only the types
-        // whose objects would pay more than `ratio` times their footprint in the next larger
-        // kept type; the smallest ratio that fits bounds every object's overhead against the
-        // best type for it.
-        let thin = |ratio: f64| -> Vec<BlockType> {
-            let mut kept: Vec<BlockType> = Vec::new();
-            for t in &types {
-                if kept
-                    .last()
-                    .is_none_or(|l| l.footprint(page_size) > ratio * t.footprint(page_size))
-                {
-                    kept.push(*t);
-                }
-            }
-            kept
+                .filter(|t| t.slot_size >= SLOT_ALIGN)
+                .collect()
         };
-        let (mut lo, mut hi) = (1.0, 2.0);
-        for _ in 0..40 {
-            let mid = (lo + hi) / 2.0;
-            if thin(mid).len() <= MAX_TYPES {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
+        let mut types = frontier(
+            candidates(&mut block_pages.iter().copied()),
+            page_size,
+            page_size,
+            MAX_PAGE_TYPES,
+        );
+        if max_object > page_size {
+            let largest = types.last().map_or(0, |t| t.slot_size);
+            let room = MAX_TYPES - types.len();
+            types.extend(larger_types(page_size, largest, max_object, room));
+            assert!(types.len() <= MAX_TYPES);
         }
-        let mut types = if types.len() <= MAX_TYPES {
-            types
-        } else {
-            thin(hi)
-        };
-        types.reverse();
-        let lookup = (0..=page_size / SLOT_ALIGN)
+        let lookup = (0..=max_object / SLOT_ALIGN)
             .map(|step| {
                 let t = types.partition_point(|t| t.slot_size < step * SLOT_ALIGN);
                 t.min(types.len() - 1) as u8
@@ -166,24 +255,26 @@ impl BlockTable {
             .collect();
         BlockTable {
             page_size,
+            max_object,
             types,
             lookup,
         }
     }
 
-    /// The type storing an object of `len` bytes (1..=page_size).
+    /// The type storing an object of `len` bytes (1..=max_object).
     pub fn type_for(&self, len: usize) -> usize {
         self.lookup[len.div_ceil(SLOT_ALIGN)] as usize
     }
 
-    /// The smallest length whose object costs a whole page or more in its type: from here
-    /// on compression saves nothing, so a front end stores the page raw.
+    /// The smallest length whose object costs its largest object (a page, or a unit) or
+    /// more in its type: from here on compression saves nothing, so a front end stores the
+    /// page or unit raw.
     pub fn huge_size(&self) -> usize {
-        (1..=self.page_size)
+        (1..=self.max_object)
             .find(|&len| {
-                self.types[self.type_for(len)].footprint(self.page_size) >= self.page_size as f64
+                self.types[self.type_for(len)].footprint(self.page_size) >= self.max_object as f64
             })
-            .unwrap_or(self.page_size)
+            .unwrap_or(self.max_object)
     }
 }
 
@@ -199,6 +290,9 @@ pub struct ZblockConfig {
     /// zsmalloc's for the same page size, so the two allocators are compared on identical
     /// objects.
     pub huge_class_size: Option<usize>,
+    /// The largest object, if above a page: types up to it (a power of two up to 64 KiB,
+    /// for zram's large compression units). `None`: objects up to a page.
+    pub max_object: Option<usize>,
 }
 
 impl Default for ZblockConfig {
@@ -207,6 +301,7 @@ impl Default for ZblockConfig {
             page_size: 4096,
             odd_blocks: false,
             huge_class_size: None,
+            max_object: None,
         }
     }
 }
@@ -249,8 +344,9 @@ struct Block {
     free_slots: u32,
     /// Slot in use, per slot.
     occupied: Vec<bool>,
-    /// Per slot: object length, and a generation bumped on every free.
-    lens: Vec<u16>,
+    /// Per slot: object length (up to 64 KiB, so not a `u16`), and a generation bumped on
+    /// every free.
+    lens: Vec<u32>,
     generations: Vec<u16>,
     /// On the active list.
     links: Links,
@@ -261,6 +357,17 @@ impl ZblockPool {
     /// pool tag can name no more pools.
     pub fn new(config: ZblockConfig) -> Result<ZblockPool> {
         crate::check_page_size(config.page_size)?;
+        let max_object = config.max_object.unwrap_or(config.page_size);
+        if !max_object.is_power_of_two()
+            || max_object < config.page_size
+            || max_object > crate::zsmalloc::MAX_OBJECT_SIZE.max(config.page_size)
+        {
+            return Err(crate::ConfigError::MaxObject {
+                max_object,
+                page_size: config.page_size,
+            }
+            .into());
+        }
         let pages: Vec<usize> = if config.odd_blocks {
             let mut p: Vec<usize> = BLOCK_PAGES
                 .iter()
@@ -272,7 +379,7 @@ impl ZblockPool {
         } else {
             BLOCK_PAGES.to_vec()
         };
-        let table = BlockTable::new(config.page_size, &pages);
+        let table = BlockTable::with_max_object(config.page_size, &pages, max_object);
         let lists = table
             .types
             .iter()
@@ -287,7 +394,7 @@ impl ZblockPool {
         let huge_class_size = config
             .huge_class_size
             .unwrap_or_else(|| table.huge_size())
-            .min(config.page_size);
+            .min(max_object);
         Ok(ZblockPool {
             tag: PoolTag::new()?,
             arena: Arena::new(config.page_size),
@@ -355,11 +462,9 @@ impl ZblockPool {
         if len == 0 {
             return Err(PoolError::ZeroSize);
         }
-        if len > page_size {
-            return Err(PoolError::TooLarge {
-                len,
-                max: page_size,
-            });
+        let max = self.table.max_object;
+        if len > max {
+            return Err(PoolError::TooLarge { len, max });
         }
         let ty = self.table.type_for(len);
         let list = &self.lists[ty];
@@ -380,7 +485,7 @@ impl ZblockPool {
             .position(|&o| !o)
             .expect("an active block has a free slot");
         b.occupied[slot] = true;
-        b.lens[slot] = len as u16;
+        b.lens[slot] = len as u32;
         b.free_slots -= 1;
         let generation = b.generations[slot];
         if let Some(data) = data {
@@ -540,7 +645,7 @@ impl ZPool for ZblockPool {
     }
 
     fn max_alloc_size(&self) -> usize {
-        self.table.page_size
+        self.table.max_object
     }
 
     fn huge_class_size(&self) -> usize {
@@ -548,7 +653,7 @@ impl ZPool for ZblockPool {
     }
 
     fn size_class(&self, len: usize) -> usize {
-        self.table.type_for(len.clamp(1, self.table.page_size))
+        self.table.type_for(len.clamp(1, self.table.max_object))
     }
 
     /// zblock has no compaction: its blocks are freed as soon as they empty.
@@ -625,7 +730,7 @@ mod table_tests {
     fn thinning_bounds_the_overhead() {
         // Against the full frontier, no object pays more than a few percent for the cap.
         let t = BlockTable::new(16384, &BLOCK_PAGES);
-        assert_eq!(t.types.len(), MAX_TYPES);
+        assert_eq!(t.types.len(), MAX_PAGE_TYPES);
         let gaps = t
             .types
             .windows(2)
@@ -644,7 +749,7 @@ mod table_tests {
             for pages in [&BLOCK_PAGES[..], &[1, 2, 3, 4, 5, 6, 8]] {
                 let t = BlockTable::new(page_size, pages);
                 assert!(
-                    t.types.len() <= MAX_TYPES && t.types.len() > 8,
+                    t.types.len() <= MAX_PAGE_TYPES && t.types.len() > 8,
                     "{}",
                     t.types.len()
                 );
@@ -661,6 +766,49 @@ mod table_tests {
                     assert!(ty.slots_per_block <= max_slots(page_size));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn larger_objects_get_types_of_their_own_after_the_pages() {
+        for (page_size, max_object) in [(4096, 16384), (4096, 65536), (16384, 65536)] {
+            let page = BlockTable::new(page_size, &BLOCK_PAGES);
+            let t = BlockTable::with_max_object(page_size, &BLOCK_PAGES, max_object);
+            // The page's types come first, untouched.
+            assert_eq!(t.types[..page.types.len()], page.types[..]);
+            assert!(t.types.len() <= MAX_TYPES);
+            assert!(t.types.windows(2).all(|w| w[0].slot_size < w[1].slot_size));
+            let above = page.types.last().unwrap().slot_size;
+            let allowed = larger_candidates(page_size, above, max_object);
+            for len in (1..=max_object).step_by(7).chain([max_object]) {
+                let i = t.type_for(len);
+                let ty = t.types[i];
+                assert!(ty.slot_size >= len, "{len} into {ty:?}");
+                assert!(
+                    i == 0 || t.types[i - 1].slot_size < len,
+                    "{len}: a smaller type fits"
+                );
+                assert!(ty.slots_per_block <= max_slots(page_size));
+                if i >= page.types.len() {
+                    // Within 5 % of the fewest bytes any allowed block stores it in (the
+                    // thinning to the types a handle can name), in a block of at most four
+                    // times its slot's fewest pages.
+                    let best = allowed
+                        .iter()
+                        .filter(|c| c.slot_size >= len)
+                        .map(|c| c.footprint(page_size))
+                        .fold(f64::INFINITY, f64::min);
+                    let cost = ty.footprint(page_size);
+                    assert!(cost <= best * 1.05, "{len}: {cost} in {ty:?}, best {best}");
+                    let fewest = (ty.slot_size + header_size(page_size)).div_ceil(page_size);
+                    assert!(ty.pages <= LARGE_BLOCK_FACTOR * fewest, "{len}: {ty:?}");
+                }
+            }
+            // A unit stored raw costs less than a page more than itself.
+            let raw = t.types[t.type_for(max_object)].footprint(page_size);
+            assert!(raw < (max_object + page_size) as f64, "{raw}");
+            let huge = t.huge_size();
+            assert!(huge > page_size && huge <= max_object, "{huge}");
         }
     }
 

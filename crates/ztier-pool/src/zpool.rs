@@ -54,25 +54,38 @@ impl AllocatorKind {
         names.join(", ")
     }
 
-    /// This allocator's config for the layout a user chose (a page size, and zsmalloc's
-    /// chain settings): zsmalloc takes it whole; zblock takes the page size (its block types
-    /// are computed) and zsmalloc's huge threshold for it, so that a front end stores the same
-    /// pages raw on either allocator and the two are compared on identical objects.
+    /// This allocator's config for the layout a user chose (a page size, the largest object,
+    /// and zsmalloc's chain settings): zsmalloc takes it whole; zblock takes the page size
+    /// and the largest object (its block types are computed) and zsmalloc's huge threshold
+    /// for them, so that a front end stores the same pages and units raw on either allocator
+    /// and the two are compared on identical objects.
     pub fn config(self, layout: &ZsConfig) -> PoolConfig {
         match self {
             AllocatorKind::Zsmalloc => PoolConfig::Zsmalloc(*layout),
-            AllocatorKind::Zblock => PoolConfig::Zblock(ZblockConfig {
-                page_size: layout.page_size,
-                odd_blocks: false,
-                huge_class_size: crate::PAGE_SIZES.contains(&layout.page_size).then(|| {
-                    crate::ClassTable::new(
-                        layout.page_size,
-                        crate::zsmalloc::DEFAULT_CHAIN_SIZE,
-                        crate::ChainRule::LeastWaste,
-                    )
-                    .huge_class_size
-                }),
-            }),
+            AllocatorKind::Zblock => {
+                // zsmalloc's table for the page size and largest object, with the kernel's
+                // chain size; a layout it would refuse leaves zblock its own threshold (and
+                // zblock then refuses the layout itself).
+                let zsmalloc = ZsConfig {
+                    chain_size: crate::zsmalloc::DEFAULT_CHAIN_SIZE,
+                    chain_rule: crate::ChainRule::LeastWaste,
+                    ..*layout
+                };
+                PoolConfig::Zblock(ZblockConfig {
+                    page_size: layout.page_size,
+                    odd_blocks: false,
+                    huge_class_size: zsmalloc.validate().is_ok().then(|| {
+                        crate::ClassTable::with_max_object(
+                            zsmalloc.page_size,
+                            zsmalloc.chain_size,
+                            zsmalloc.chain_rule,
+                            zsmalloc.largest_object(),
+                        )
+                        .huge_class_size
+                    }),
+                    max_object: layout.max_object,
+                })
+            }
         }
     }
 
@@ -122,6 +135,13 @@ mod tests {
             zsmalloc.huge_class_size(),
             "compared on identical objects"
         );
+        // With 64 KiB units too: the same units stored raw on either allocator.
+        let layout = ZsConfig::default().with_max_object(65536);
+        let zsmalloc = AllocatorKind::Zsmalloc.make_pool(&layout).unwrap();
+        let zblock = AllocatorKind::Zblock.make_pool(&layout).unwrap();
+        assert_eq!(zblock.max_alloc_size(), 65536);
+        assert_eq!(zblock.huge_class_size(), zsmalloc.huge_class_size());
+        assert!(zblock.huge_class_size() > 4096);
         let bad = ZsConfig {
             page_size: 8192,
             ..ZsConfig::default()

@@ -33,6 +33,41 @@ fn conformance_16k_and_odd_blocks() {
     testing::run_all(|| pool(4096, true));
 }
 
+/// Objects up to 16 and 64 KiB (zram's large compression units), on both page sizes.
+#[test]
+fn conformance_with_objects_larger_than_a_page() {
+    for (page_size, max_object) in [(4096, 16384), (4096, 65536), (16384, 65536)] {
+        let make = || {
+            ZblockPool::new(ZblockConfig {
+                page_size,
+                max_object: Some(max_object),
+                ..ZblockConfig::default()
+            })
+            .unwrap()
+        };
+        assert_eq!(make().max_alloc_size(), max_object);
+        testing::run_all(make);
+    }
+}
+
+#[test]
+fn a_largest_object_that_is_not_a_power_of_two_from_the_page_is_refused() {
+    for max_object in [8192 + 4096, 131072, 2048] {
+        let refused = ZblockPool::new(ZblockConfig {
+            max_object: Some(max_object),
+            ..ZblockConfig::default()
+        });
+        assert!(
+            matches!(
+                refused,
+                Err(PoolError::Config(ConfigError::MaxObject { max_object: m, page_size: 4096 }))
+                    if m == max_object
+            ),
+            "{max_object}"
+        );
+    }
+}
+
 #[test]
 fn bad_page_size_is_refused() {
     let refused = ZblockPool::new(ZblockConfig {
@@ -159,10 +194,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// The model properties of `testing::run_model`, with the types' block counts as the
-    /// allocator's own page count.
+    /// allocator's own page count; objects up to a page, 16 or 64 KiB.
     #[test]
-    fn matches_a_model(big in any::<bool>(), odd in any::<bool>(), ops in proptest::collection::vec(model_op(), 1..400)) {
-        let pool = pool(if big { 16384 } else { 4096 }, odd);
+    fn matches_a_model(big in any::<bool>(), odd in any::<bool>(), units in 0usize..3, ops in proptest::collection::vec(model_op(), 1..400)) {
+        let page_size = if big { 16384 } else { 4096 };
+        let pool = ZblockPool::new(ZblockConfig {
+            page_size,
+            odd_blocks: odd,
+            max_object: [None, Some(16384.max(page_size)), Some(65536)][units],
+            ..ZblockConfig::default()
+        })
+        .unwrap();
         testing::run_model(&pool, &ops, |p| {
             p.block_stats().iter().map(|r| r.blocks * r.pages_per_block as u64).sum()
         });
