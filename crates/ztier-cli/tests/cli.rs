@@ -555,6 +555,7 @@ fn bench_unit_sizes_report_the_raw_decompressors_floors() {
     assert_eq!(runs.len(), 2, "{}", stdout(&o));
     for r in &runs {
         assert_eq!(r["verified"], true, "{r}");
+        assert_eq!(r["allocator"], "zsmalloc", "{r}");
         for figure in [
             "sequential_read_mb_s",
             "raw_sequential_read_mb_s",
@@ -563,6 +564,29 @@ fn bench_unit_sizes_report_the_raw_decompressors_floors() {
             assert!(r[figure].as_f64().is_some_and(|v| v > 0.0), "{figure}: {r}");
         }
     }
+    // On zblock, whose types reach the unit's size: the allocator asked for, not zsmalloc.
+    let o = ztier(&[
+        "bench",
+        "--corpus",
+        path.to_str().unwrap(),
+        "--compressor",
+        "lz4",
+        "--unit-size",
+        "64K",
+        "--allocator",
+        "zblock",
+        "--random-reads",
+        "200",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs = json_lines(&o);
+    assert_eq!(runs.len(), 1, "{}", stdout(&o));
+    assert_eq!(runs[0]["allocator"], "zblock", "{}", runs[0]);
+    assert_eq!(runs[0]["verified"], true, "{}", runs[0]);
+    assert!(runs[0]["mm_stat"]["mem_used_total"]
+        .as_u64()
+        .is_some_and(|m| m > 0));
 }
 
 /// `bench uffd` as a user runs it: a pass with clean pages on and one with them off,

@@ -307,6 +307,8 @@ impl ZswapSweep {
 #[derive(Debug, Clone)]
 pub struct UnitSweep {
     pub layout: ZsConfig,
+    /// Each allocator in turn, under every compressor and unit size.
+    pub allocators: Vec<AllocatorKind>,
     pub compressors: Vec<Algorithm>,
     /// Bytes per unit, each run in turn.
     pub unit_sizes: Vec<usize>,
@@ -317,15 +319,18 @@ pub struct UnitSweep {
 impl UnitSweep {
     /// Every run over `corpus`, each made when asked for.
     pub fn runs<'a>(&'a self, corpus: &'a Corpus) -> impl Iterator<Item = Result<UnitRun>> + 'a {
-        self.compressors.iter().flat_map(move |algorithm| {
-            self.unit_sizes.iter().map(move |&unit_size| {
-                UnitReplay {
-                    layout: self.layout,
-                    algorithm: algorithm.clone(),
-                    unit_size,
-                    random_reads: self.random_reads,
-                }
-                .run(corpus)
+        self.allocators.iter().flat_map(move |&allocator| {
+            self.compressors.iter().flat_map(move |algorithm| {
+                self.unit_sizes.iter().map(move |&unit_size| {
+                    UnitReplay {
+                        layout: self.layout,
+                        allocator,
+                        algorithm: algorithm.clone(),
+                        unit_size,
+                        random_reads: self.random_reads,
+                    }
+                    .run(corpus)
+                })
             })
         })
     }

@@ -33,6 +33,8 @@ use crate::{ReplayError, Result};
 #[derive(Debug, Clone)]
 pub struct UnitReplay {
     pub layout: ZsConfig,
+    /// The allocator under the device (its objects up to the unit).
+    pub allocator: AllocatorKind,
     pub algorithm: Algorithm,
     /// Bytes per unit: the layout's page size or a power of two up to 64 KiB.
     pub unit_size: usize,
@@ -45,6 +47,7 @@ pub struct UnitReplay {
 pub struct UnitRun {
     pub corpus: String,
     pub compressor: String,
+    pub allocator: String,
     pub unit_size: usize,
     /// Pages of the corpus (the device rounds up to whole units; the tail reads as zeros).
     pub pages: u64,
@@ -108,7 +111,7 @@ impl UnitReplay {
         let units: Vec<&[u8]> = data.chunks_exact(unit).collect();
         let pages = (page_bytes / ps) as u64;
         let make_device = || -> Result<Device> {
-            let pool = AllocatorKind::Zsmalloc.make_pool(&layout)?;
+            let pool = self.allocator.make_pool(&layout)?;
             Ok(Device::with_unit_size(
                 data.len() as u64,
                 self.algorithm.clone(),
@@ -244,6 +247,7 @@ impl UnitReplay {
         Ok(UnitRun {
             corpus: corpus.name.clone(),
             compressor: self.algorithm.to_string(),
+            allocator: self.allocator.name().to_string(),
             unit_size: unit,
             pages,
             mm_stat,

@@ -3,7 +3,7 @@
 //! against a plain byte model; the block-device conformance suite at each unit size; the
 //! per-unit counters (same-filled, stored raw); bad unit sizes refused. The model test
 //! runs also with writebacks of every unit (or those stored raw) among the operations, in
-//! each format of the store. (Writeback,
+//! each format of the store, and on zblock (conformance too). (Writeback,
 //! recompression and saved states of units: `units_store.rs`.)
 //!
 //! Model properties: every read returns the model's bytes (the last written at each offset,
@@ -12,13 +12,13 @@
 
 mod common;
 
-use common::units::{device, pool};
+use common::units::{device, device_on, pool};
 use proptest::prelude::*;
 use std::sync::Arc;
 use ztier_base::rng::Rng;
 use ztier_blockdev::memory::MemoryDevice;
 use ztier_compress::Algorithm;
-use ztier_pool::{ZsConfig, ZsPool};
+use ztier_pool::{AllocatorKind, ZsConfig, ZsPool};
 use ztier_zram::{Backing, Device, PageSelector, SlotFlag, WbFormat, ZramError};
 
 const PAGE: usize = 4096;
@@ -128,20 +128,21 @@ fn op_or_writeback(disk: u64, units: u64, pages: u64) -> impl Strategy<Value = O
 /// Runs `ops` on a device of `units` units of `unit` bytes and on the model; checks every
 /// read, the whole disk at the end, the page counts, and that discarding all frees the pool.
 fn check_against_model(unit: usize, units: u64, alg: &str, ops: &[Op]) {
-    check_against_model_on(unit, units, alg, None, ops);
+    check_against_model_on(AllocatorKind::Zsmalloc, unit, units, alg, None, ops);
 }
 
 /// [`check_against_model`] on a device with a backing store in `format`, if given (for
 /// [`Op::Writeback`]); at the end `bd_count` is the written-back units' pages, and
 /// discarding all empties the store too.
 fn check_against_model_on(
+    allocator: AllocatorKind,
     unit: usize,
     units: u64,
     alg: &str,
     format: Option<WbFormat>,
     ops: &[Op],
 ) {
-    let dev = device(units, unit, alg);
+    let dev = device_on(allocator, units, unit, alg);
     if let Some(format) = format {
         let store = MemoryDevice::new(Backing::size_for(units * unit as u64)).unwrap();
         dev.set_backing(Some(Backing::new(Arc::new(store), format).unwrap()))
@@ -265,7 +266,7 @@ proptest! {
         ops in prop::collection::vec(op_or_writeback(8 * 16384, 8, 32), 1..40),
         format in 0..3usize,
     ) {
-        check_against_model_on(16384, 8, "lz4", Some(FORMATS[format]), &ops);
+        check_against_model_on(AllocatorKind::Zsmalloc, 16384, 8, "lz4", Some(FORMATS[format]), &ops);
     }
 
     #[test]
@@ -273,15 +274,26 @@ proptest! {
         ops in prop::collection::vec(op_or_writeback(4 * 65536, 4, 64), 1..40),
         format in 0..3usize,
     ) {
-        check_against_model_on(65536, 4, "zstd", Some(FORMATS[format]), &ops);
+        check_against_model_on(AllocatorKind::Zsmalloc, 65536, 4, "zstd", Some(FORMATS[format]), &ops);
+    }
+
+    /// zblock's types above a page hold units too, written back among the operations.
+    #[test]
+    fn units_on_zblock_follow_the_model(
+        ops in prop::collection::vec(op_or_writeback(4 * 65536, 4, 64), 1..40),
+        format in 0..3usize,
+    ) {
+        check_against_model_on(AllocatorKind::Zblock, 65536, 4, "lz4", Some(FORMATS[format]), &ops);
     }
 }
 
 #[test]
 fn block_device_conformance_at_each_unit_size() {
-    for unit in [16384, 65536] {
-        let dev = device(4 * 65536 / unit as u64, unit, "lz4");
-        ztier_blockdev::testing::run_all(&dev);
+    for allocator in AllocatorKind::ALL {
+        for unit in [16384, 65536] {
+            let dev = device_on(*allocator, 4 * 65536 / unit as u64, unit, "lz4");
+            ztier_blockdev::testing::run_all(&dev);
+        }
     }
 }
 

@@ -179,8 +179,9 @@ fn run_units(
 ) -> anyhow::Result<()> {
     if !args.replay.json {
         println!(
-            "{:<10} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
+            "{:<10} {:<9} {:<8} {:>5} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9}",
             "corpus",
+            "allocator",
             "alg",
             "unit",
             "mem_used",
@@ -203,6 +204,7 @@ fn run_units(
     }
     let sweep = ztier_replay::sweep::UnitSweep {
         layout,
+        allocators: args.pool.allocator.kinds().to_vec(),
         compressors: args.replay.compressors.clone(),
         unit_sizes: args
             .unit_size
@@ -228,8 +230,9 @@ fn run_units(
 
 fn print_unit_run(r: &ztier_replay::units::UnitRun) {
     println!(
-        "{:<10} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
+        "{:<10} {:<9} {:<8} {:>4}K {:>10} {:>10} {:>7.3} {:>8.3} {:>8.3} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>8.1} {:>8.1} {:>9}",
         r.corpus,
+        r.allocator,
         r.compressor,
         r.unit_size >> 10,
         r.mm_stat.mem_used_total,

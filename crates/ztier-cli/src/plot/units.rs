@@ -1,7 +1,8 @@
 //! Large compression units (`ztier bench --unit-size 4K,16K,64K --json`): for each corpus,
 //! memory against a random 4 KiB read's p99, a point per compressor and unit size, each
-//! compressor's points joined from its smallest unit to its largest; beside each point the
-//! floor of that read (the raw decompressor on the same units), where the run has it.
+//! compressor's points joined from its smallest unit to its largest (each allocator's apart,
+//! where a run has more than zsmalloc); beside each point the floor of that read (the raw
+//! decompressor on the same units), where the run has it.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,8 @@ use super::{draw_err, framed, Area, DISTINCT};
 pub(super) struct UnitResult {
     corpus: String,
     compressor: String,
+    /// Absent from runs before the allocator could be chosen: zsmalloc.
+    allocator: Option<String>,
     unit_size: u64,
     mm_stat: MemUsed,
     random_read_p99_us: f64,
@@ -41,9 +44,13 @@ pub(super) fn corpora(runs: &[UnitResult]) -> Vec<&str> {
 /// One corpus's panel.
 pub(super) fn units_panel(area: &Area, runs: &[UnitResult], corpus: &str) -> anyhow::Result<()> {
     let mib = |b: u64| b as f64 / 1048576.0;
-    let mut by_compressor: BTreeMap<&str, Vec<&UnitResult>> = BTreeMap::new();
+    let mut by_compressor: BTreeMap<String, Vec<&UnitResult>> = BTreeMap::new();
     for r in runs.iter().filter(|r| r.corpus == corpus) {
-        by_compressor.entry(&r.compressor).or_default().push(r);
+        let series = match r.allocator.as_deref() {
+            None | Some("zsmalloc") => r.compressor.clone(),
+            Some(allocator) => format!("{} on {allocator}", r.compressor),
+        };
+        by_compressor.entry(series).or_default().push(r);
     }
     for points in by_compressor.values_mut() {
         points.sort_by_key(|r| r.unit_size);
@@ -84,7 +91,7 @@ pub(super) fn units_panel(area: &Area, runs: &[UnitResult], corpus: &str) -> any
                 color.stroke_width(2),
             ))
             .map_err(draw_err)?
-            .label(*compressor)
+            .label(compressor.as_str())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
             });
