@@ -538,21 +538,26 @@ fn bench_uffd_runs_a_region_of_each_unit_size() {
 #[test]
 fn bench_unit_sizes_report_the_raw_decompressors_floors() {
     let path = corpus("units.pages", 256, 0);
-    let o = ztier(&[
-        "bench",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lz4",
-        "--unit-size",
-        "4K,64K",
-        "--random-reads",
-        "200",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let runs = json_lines(&o);
-    assert_eq!(runs.len(), 2, "{}", stdout(&o));
+    let bench = |unit_sizes: &str, more: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--corpus",
+            path.to_str().unwrap(),
+            "--compressor",
+            "lz4",
+            "--unit-size",
+            unit_sizes,
+            "--random-reads",
+            "200",
+            "--json",
+        ];
+        args.extend_from_slice(more);
+        let o = ztier(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json_lines(&o)
+    };
+    let runs = bench("4K,64K", &[]);
+    assert_eq!(runs.len(), 2, "{runs:?}");
     for r in &runs {
         assert_eq!(r["verified"], true, "{r}");
         assert_eq!(r["allocator"], "zsmalloc", "{r}");
@@ -565,23 +570,8 @@ fn bench_unit_sizes_report_the_raw_decompressors_floors() {
         }
     }
     // On zblock, whose types reach the unit's size: the allocator asked for, not zsmalloc.
-    let o = ztier(&[
-        "bench",
-        "--corpus",
-        path.to_str().unwrap(),
-        "--compressor",
-        "lz4",
-        "--unit-size",
-        "64K",
-        "--allocator",
-        "zblock",
-        "--random-reads",
-        "200",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let runs = json_lines(&o);
-    assert_eq!(runs.len(), 1, "{}", stdout(&o));
+    let runs = bench("64K", &["--allocator", "zblock"]);
+    assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0]["allocator"], "zblock", "{}", runs[0]);
     assert_eq!(runs[0]["verified"], true, "{}", runs[0]);
     assert!(runs[0]["mm_stat"]["mem_used_total"]
