@@ -1,6 +1,7 @@
 //! `ztier serve --unit`: a device of 16 or 64 KiB compression units served over NBD, its
-//! pages written back to a store and kept across a restart by `--state`; a host's device
-//! with `unit_size`; sizes that are not whole units refused.
+//! pages written back to a store and kept across a restart by `--state`, on zsmalloc and on
+//! zblock; a host's devices with `unit_size` (one on zblock); sizes that are not whole units
+//! refused.
 
 mod common;
 
@@ -23,7 +24,14 @@ fn pages(n: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn a_device_of_64k_units_serves_writes_back_and_keeps_its_pages() {
-    let dir = temp_dir("units-serve");
+    for allocator in ["zsmalloc", "zblock"] {
+        serves_writes_back_and_keeps_its_pages(allocator);
+    }
+}
+
+/// `a_device_of_64k_units_serves_writes_back_and_keeps_its_pages` on `allocator`.
+fn serves_writes_back_and_keeps_its_pages(allocator: &str) {
+    let dir = temp_dir(&format!("units-serve-{allocator}"));
     let (nbd, log, state, store) = (
         dir.join("nbd.sock"),
         dir.join("log"),
@@ -37,6 +45,8 @@ fn a_device_of_64k_units_serves_writes_back_and_keeps_its_pages() {
         "64K",
         "--compressor",
         "lz4",
+        "--allocator",
+        allocator,
         "--socket",
         nbd.to_str().unwrap(),
         "--state",
@@ -63,7 +73,7 @@ fn a_device_of_64k_units_serves_writes_back_and_keeps_its_pages() {
     c.read_at(0, &mut back).unwrap();
     assert!(
         back == want,
-        "the pages came back through the state and the store"
+        "the pages came back through the state and the store ({allocator})"
     );
     drop(c);
     server.stop();
@@ -78,6 +88,8 @@ fn a_hosts_device_takes_a_unit_size_and_a_size_of_whole_units() {
         &[
             "--device",
             "vm1,size=8M,unit_size=16K,compressor=lz4",
+            "--device",
+            "vm2,size=8M,unit_size=64K,compressor=lz4,allocator=zblock",
             "--socket",
             nbd.to_str().unwrap(),
         ],
@@ -85,12 +97,13 @@ fn a_hosts_device_takes_a_unit_size_and_a_size_of_whole_units() {
         &log,
     );
     let data = pages(256, 3);
-    let c = export(&nbd, "vm1").unwrap();
-    c.write_at(0, &data, false).unwrap();
-    let mut back = vec![0u8; data.len()];
-    c.read_at(0, &mut back).unwrap();
-    assert!(back == data);
-    drop(c);
+    for name in ["vm1", "vm2"] {
+        let c = export(&nbd, name).unwrap();
+        c.write_at(0, &data, false).unwrap();
+        let mut back = vec![0u8; data.len()];
+        c.read_at(0, &mut back).unwrap();
+        assert!(back == data, "{name}");
+    }
     let refused = ctl(&nbd, &["create", "odd", "size=20K", "unit_size=16K"]);
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);

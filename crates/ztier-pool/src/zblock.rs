@@ -11,11 +11,13 @@
 //!
 //! Objects larger than a page (zram's 16 and 64 KiB compression units; `max_object`, which
 //! the kernel's zblock does not have): the page's table stays as it is, and types for the
-//! larger objects follow it, computed the same way from blocks of up to
-//! [`LARGE_BLOCK_FACTOR`] times the largest object's pages (as zsmalloc's classes above a
-//! page chain up to four times an object's fewest pages), each with a larger slot than any
-//! of the page's types. A handle names up to 256 types; the page's table keeps the Rust
-//! version's 64.
+//! larger objects follow it, computed the same way (a frontier of slot size against bytes
+//! an object) from blocks of at most [`LARGE_BLOCK_FACTOR`] times a slot's fewest pages (as
+//! zsmalloc's classes above a page chain up to four times an object's fewest pages), each
+//! with a larger slot than any of the page's types. A handle names up to 256 types; the
+//! page's table keeps the Rust version's 64. zblock's in-block header keeps a slot from
+//! filling whole pages, so a unit stored raw costs a little more than on zsmalloc (64 KiB:
+//! four slots in a block of 65 pages, 66 560 bytes each, against zsmalloc's 16 pages).
 //!
 //! Each type keeps its non-full blocks on an "active" list and takes slots from its first
 //! block; a block that fills leaves the list and comes back (at the tail) when a slot is freed,
@@ -51,8 +53,8 @@ const SLOT_ALIGN: usize = 16;
 const MAX_PAGE_TYPES: usize = 64;
 /// At most this many types in all: the page's, then those for larger objects.
 const MAX_TYPES: usize = 256;
-/// Blocks for objects larger than a page have up to this many times the largest object's
-/// pages (zsmalloc's `LARGE_CHAIN_FACTOR`).
+/// A block for objects larger than a page has at most this many times the fewest pages one
+/// of its slots needs (zsmalloc's `LARGE_CHAIN_FACTOR`).
 pub const LARGE_BLOCK_FACTOR: usize = 4;
 
 // Handle layout (u64; `crate::handle` packs it):
@@ -119,9 +121,9 @@ fn frontier(
     max_types: usize,
 ) -> Vec<BlockType> {
     // No object exceeds `reach`, so every slot of `reach` or more is as good as `reach`.
-    let reach = |t: &BlockType| t.slot_size.min(reach);
+    let reached = |t: &BlockType| t.slot_size.min(reach);
     candidates.sort_by(|a, b| {
-        reach(b).cmp(&reach(a)).then(
+        reached(b).cmp(&reached(a)).then(
             a.footprint(page_size)
                 .total_cmp(&b.footprint(page_size))
                 .then(a.pages.cmp(&b.pages)),
@@ -176,19 +178,30 @@ fn frontier(
 fn larger_candidates(page_size: usize, above: usize, max_object: usize) -> Vec<BlockType> {
     let header = header_size(page_size);
     let most_pages = LARGE_BLOCK_FACTOR * (max_object + header).div_ceil(page_size);
-    (1..=most_pages)
-        .flat_map(|pages| {
+    candidates(page_size, 1..=most_pages)
+        .filter(|t| {
+            t.slot_size > above
+                && t.pages <= LARGE_BLOCK_FACTOR * (t.slot_size + header).div_ceil(page_size)
+        })
+        .collect()
+}
+
+/// Every block type of `pages` pages (each count in turn) cut into 1 to `max_slots` equal
+/// slots after the header, slots of at least 16 bytes.
+fn candidates(
+    page_size: usize,
+    pages: impl Iterator<Item = usize>,
+) -> impl Iterator<Item = BlockType> {
+    let header = header_size(page_size);
+    pages
+        .flat_map(move |pages| {
             (1..=max_slots(page_size)).map(move |slots| BlockType {
                 slot_size: ((pages * page_size - header) / slots) / SLOT_ALIGN * SLOT_ALIGN,
                 slots_per_block: slots,
                 pages,
             })
         })
-        .filter(|t| {
-            t.slot_size > above
-                && t.pages <= LARGE_BLOCK_FACTOR * (t.slot_size + header).div_ceil(page_size)
-        })
-        .collect()
+        .filter(|t| t.slot_size >= SLOT_ALIGN)
 }
 
 /// Types for objects from `above` bytes (exclusive) up to `max_object`: the frontier of
@@ -213,30 +226,23 @@ impl BlockTable {
     }
 
     /// The page's table from blocks of `block_pages` pages, then types for objects up to
-    /// `max_object` bytes (a power of two from the page size; the page size gives the
-    /// page's table alone; see `larger_types`), each with a larger slot than the page's
-    /// largest.
+    /// `max_object` bytes (a power of two from the page size up to 64 KiB; the page size
+    /// gives the page's table alone; see `larger_types`), each with a larger slot than the
+    /// page's largest. Panics on any other `max_object` (`ZblockPool::new` refuses them with
+    /// an error first).
     pub fn with_max_object(
         page_size: usize,
         block_pages: &[usize],
         max_object: usize,
     ) -> BlockTable {
-        assert!(max_object.is_power_of_two() && max_object >= page_size);
-        let header = header_size(page_size);
-        let candidates = |pages: &mut dyn Iterator<Item = usize>| -> Vec<BlockType> {
-            pages
-                .flat_map(|pages| {
-                    (1..=max_slots(page_size)).map(move |slots| BlockType {
-                        slot_size: ((pages * page_size - header) / slots) / SLOT_ALIGN * SLOT_ALIGN,
-                        slots_per_block: slots,
-                        pages,
-                    })
-                })
-                .filter(|t| t.slot_size >= SLOT_ALIGN)
-                .collect()
-        };
+        assert!(
+            max_object.is_power_of_two()
+                && max_object >= page_size
+                && max_object <= crate::zsmalloc::MAX_OBJECT_SIZE.max(page_size),
+            "a largest object of {max_object} bytes on pages of {page_size}"
+        );
         let mut types = frontier(
-            candidates(&mut block_pages.iter().copied()),
+            candidates(page_size, block_pages.iter().copied()).collect(),
             page_size,
             page_size,
             MAX_PAGE_TYPES,

@@ -303,7 +303,8 @@ impl ZswapSweep {
     }
 }
 
-/// Every compressor × unit size over a corpus, on zsmalloc, one thread (see [`crate::units`]).
+/// Every allocator × compressor × unit size over a corpus, one thread (see
+/// [`crate::units`]).
 #[derive(Debug, Clone)]
 pub struct UnitSweep {
     pub layout: ZsConfig,

@@ -1,5 +1,5 @@
 //! Large compression units measured (memory and CPU against the kernel's 4 KiB pages): a corpus written to a fresh zram device of
-//! one unit size (4, 16 or 64 KiB) on zsmalloc, one thread, whole units at a time; beside it,
+//! one unit size (4, 16 or 64 KiB) on the allocator asked for (zsmalloc or zblock), one thread, whole units at a time; beside it,
 //! the raw compressor on the same units in the same run (bytes and time), so that
 //! `mem_used_total` over the raw compressed bytes is the allocator's overhead. Then reads:
 //! every page in order (sequential), random single pages (uniform: each a 4 KiB read of a

@@ -73,7 +73,8 @@ pub struct ZramArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub idle_epochs: u32,
     /// Compression unit sizes to compare (`4K,16K,64K`): each corpus × compressor stored in
-    /// units of each size on zsmalloc, one thread; memory, store time beside the raw
+    /// units of each size on the allocator asked for (--allocator; zsmalloc by default, `all`
+    /// for each), one thread; memory, store time beside the raw
     /// compressor's, sequential 4 KiB reads beside the raw decompressor's least for them
     /// (raw_seq), random 4 KiB reads beside the raw decompression of their units (raw_p99),
     /// readahead windows of 8 pages (ra_*), and what the device's cache of decompressed
