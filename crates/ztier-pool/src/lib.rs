@@ -210,6 +210,22 @@ fn check_page_size(page_size: usize) -> std::result::Result<(), ConfigError> {
     }
 }
 
+/// Refuses a largest object no allocator lays out: a power of two from the page size up to
+/// 64 KiB (zram's largest unit).
+fn check_max_object(max_object: usize, page_size: usize) -> std::result::Result<(), ConfigError> {
+    if max_object.is_power_of_two()
+        && max_object >= page_size
+        && max_object <= zsmalloc::MAX_OBJECT_SIZE.max(page_size)
+    {
+        Ok(())
+    } else {
+        Err(ConfigError::MaxObject {
+            max_object,
+            page_size,
+        })
+    }
+}
+
 pub type Result<T, E = PoolError> = std::result::Result<T, E>;
 
 /// Refuses a buffer of `room` bytes for an object of `stored`.

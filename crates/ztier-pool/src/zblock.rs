@@ -174,7 +174,11 @@ fn frontier(
 
 /// The blocks a type for objects larger than a page may have: `pages` pages of `slots`
 /// equal slots, each larger than `above`, in at most [`LARGE_BLOCK_FACTOR`] times the
-/// fewest pages one slot needs (as zsmalloc chains its zspages above a page).
+/// fewest pages one slot needs (as zsmalloc chains its zspages above a page). Their
+/// frontier is the larger objects' types. The bound on a block's pages matters: each type
+/// in use keeps one block partly filled, and a frontier of blocks of up to 64 pages cost
+/// more than it saved on a small device (the bundled sample at 64 KiB units held 3.4 times
+/// zsmalloc's memory).
 fn larger_candidates(page_size: usize, above: usize, max_object: usize) -> Vec<BlockType> {
     let header = header_size(page_size);
     let most_pages = LARGE_BLOCK_FACTOR * (max_object + header).div_ceil(page_size);
@@ -204,21 +208,6 @@ fn candidates(
         .filter(|t| t.slot_size >= SLOT_ALIGN)
 }
 
-/// Types for objects from `above` bytes (exclusive) up to `max_object`: the frontier of
-/// [`larger_candidates`] (each kept only if it stores objects in fewer bytes than every
-/// larger-slotted one), thinned to `room` types. The bound on a block's pages matters: each
-/// type in use keeps one block partly filled, and a frontier of blocks of up to 64 pages
-/// cost more than it saved on a small device (the bundled sample at 64 KiB units held 3.4
-/// times zsmalloc's memory).
-fn larger_types(page_size: usize, above: usize, max_object: usize, room: usize) -> Vec<BlockType> {
-    frontier(
-        larger_candidates(page_size, above, max_object),
-        page_size,
-        max_object,
-        room,
-    )
-}
-
 impl BlockTable {
     /// Computes the table for `page_size` from blocks of `block_pages` pages.
     pub fn new(page_size: usize, block_pages: &[usize]) -> BlockTable {
@@ -227,7 +216,7 @@ impl BlockTable {
 
     /// The page's table from blocks of `block_pages` pages, then types for objects up to
     /// `max_object` bytes (a power of two from the page size up to 64 KiB; the page size
-    /// gives the page's table alone; see `larger_types`), each with a larger slot than the
+    /// gives the page's table alone; see `larger_candidates`), each with a larger slot than the
     /// page's largest. Panics on any other `max_object` (`ZblockPool::new` refuses them with
     /// an error first).
     pub fn with_max_object(
@@ -236,9 +225,7 @@ impl BlockTable {
         max_object: usize,
     ) -> BlockTable {
         assert!(
-            max_object.is_power_of_two()
-                && max_object >= page_size
-                && max_object <= crate::zsmalloc::MAX_OBJECT_SIZE.max(page_size),
+            crate::check_max_object(max_object, page_size).is_ok(),
             "a largest object of {max_object} bytes on pages of {page_size}"
         );
         let mut types = frontier(
@@ -250,7 +237,8 @@ impl BlockTable {
         if max_object > page_size {
             let largest = types.last().map_or(0, |t| t.slot_size);
             let room = MAX_TYPES - types.len();
-            types.extend(larger_types(page_size, largest, max_object, room));
+            let larger = larger_candidates(page_size, largest, max_object);
+            types.extend(frontier(larger, page_size, max_object, room));
             assert!(types.len() <= MAX_TYPES);
         }
         let lookup = (0..=max_object / SLOT_ALIGN)
@@ -364,16 +352,7 @@ impl ZblockPool {
     pub fn new(config: ZblockConfig) -> Result<ZblockPool> {
         crate::check_page_size(config.page_size)?;
         let max_object = config.max_object.unwrap_or(config.page_size);
-        if !max_object.is_power_of_two()
-            || max_object < config.page_size
-            || max_object > crate::zsmalloc::MAX_OBJECT_SIZE.max(config.page_size)
-        {
-            return Err(crate::ConfigError::MaxObject {
-                max_object,
-                page_size: config.page_size,
-            }
-            .into());
-        }
+        crate::check_max_object(max_object, config.page_size)?;
         let pages: Vec<usize> = if config.odd_blocks {
             let mut p: Vec<usize> = BLOCK_PAGES
                 .iter()

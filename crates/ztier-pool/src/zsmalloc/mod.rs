@@ -149,17 +149,7 @@ impl ZsConfig {
                 chain_size: self.chain_size,
             });
         }
-        let max_object = self.largest_object();
-        if !max_object.is_power_of_two()
-            || max_object < self.page_size
-            || max_object > MAX_OBJECT_SIZE.max(self.page_size)
-        {
-            return Err(ConfigError::MaxObject {
-                max_object,
-                page_size: self.page_size,
-            });
-        }
-        Ok(())
+        crate::check_max_object(self.largest_object(), self.page_size)
     }
 
     /// The largest object a pool of this layout takes.
